@@ -1,0 +1,176 @@
+"""``fusegrad.autograd``: backward(), grad(), grad modes, gradcheck, anomaly mode, Function.
+
+``backward`` and ``grad`` validate their arguments (PyTorch's error texts), build the root
+gradients and hand over to the engine.  When a compiled-autograd context is active (see
+``fusegrad.compiler``), they are routed through it instead; the compiler falls back to the same
+engine for whatever it cannot compile.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import AutogradError, ShapeError
+from .anomaly import detect_anomaly, is_anomaly_enabled, set_detect_anomaly
+from .grad_mode import (
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
+    set_grad_enabled,
+)
+
+__all__ = [
+    "backward", "grad", "no_grad", "enable_grad", "set_grad_enabled", "inference_mode",
+    "is_grad_enabled", "is_inference_mode_enabled", "detect_anomaly", "set_detect_anomaly",
+    "is_anomaly_enabled", "gradcheck", "gradgradcheck",
+]
+
+# The compiler installs a callable here (``fusegrad.compiler`` sets it while a compiled region
+# is active); it receives the validated arguments of run_backward and may run them compiled.
+_backward_runner: Callable[..., Any] | None = None
+
+
+def _as_tuple(x: Any) -> tuple:
+    if x is None:
+        return ()
+    if isinstance(x, (list, tuple)):
+        return tuple(x)
+    return (x,)
+
+
+def _make_grads(outputs: tuple, grad_outputs: tuple, create_graph: bool) -> list:
+    from ..tensor import Tensor
+
+    if grad_outputs and len(grad_outputs) != len(outputs):
+        raise AutogradError(
+            f"grad requires one gradient per output: got {len(grad_outputs)} gradients for "
+            f"{len(outputs)} outputs"
+        )
+    grads = []
+    for i, out in enumerate(outputs):
+        g = grad_outputs[i] if grad_outputs else None
+        if g is None:
+            if out.numel() != 1:
+                raise AutogradError(
+                    "grad can be implicitly created only for scalar outputs (output "
+                    f"{i} has shape {tuple(out.shape)}); pass a gradient of that shape"
+                )
+            g = Tensor._make(np.ones(out._data.shape, dtype=out.dtype.np))
+        else:
+            if not isinstance(g, Tensor):
+                g = Tensor._make(np.asarray(g, dtype=out.dtype.np))
+            if g.shape != out.shape:
+                raise ShapeError(
+                    f"Mismatch in shape: grad_output[{i}] has a shape of {g.shape} and "
+                    f"output[{i}] has a shape of {out.shape}."
+                )
+            if g.dtype.category != 2:
+                raise AutogradError(
+                    f"grad_output[{i}] must be a floating point tensor, got {g.dtype.name}"
+                )
+            if not create_graph:
+                g = g.detach()
+        grads.append(g)
+    return grads
+
+
+def _check_roots(outputs: tuple) -> None:
+    for i, out in enumerate(outputs):
+        if not out.requires_grad:
+            raise AutogradError(
+                f"element {i} of tensors does not require grad and does not have a grad_fn"
+            )
+
+
+def _run(outputs: tuple, grads: list, retain_graph: bool, create_graph: bool,
+         inputs: tuple | None, accumulate: bool) -> list | None:
+    from .engine import run_backward
+
+    if _backward_runner is not None:
+        return _backward_runner(outputs, grads, retain_graph, create_graph, inputs, accumulate)
+    return run_backward(outputs, grads, retain_graph, create_graph, inputs, accumulate)
+
+
+def backward(
+    tensors: Any,
+    grad_tensors: Any = None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    inputs: Any = None,
+) -> None:
+    """Accumulate gradients of ``tensors`` into the ``.grad`` of leaves (or of ``inputs``)."""
+    outputs = _as_tuple(tensors)
+    grad_outputs = _as_tuple(grad_tensors)
+    if retain_graph is None:
+        retain_graph = create_graph
+    _check_roots(outputs)
+    grads = _make_grads(outputs, grad_outputs, create_graph)
+    ins = _as_tuple(inputs) if inputs is not None else None
+    if ins is not None:
+        if not ins:
+            raise AutogradError("backward: 'inputs' argument to backward() cannot be empty.")
+        for t in ins:
+            if not t.requires_grad:
+                raise AutogradError("backward: One of the differentiated Tensors does not require grad")
+    _run(outputs, grads, retain_graph, create_graph, ins, True)
+
+
+def grad(
+    outputs: Any,
+    inputs: Any,
+    grad_outputs: Any = None,
+    retain_graph: bool | None = None,
+    create_graph: bool = False,
+    allow_unused: bool | None = None,
+    is_grads_batched: bool = False,
+    materialize_grads: bool = False,
+) -> tuple:
+    """Gradients of ``outputs`` with respect to ``inputs``, without touching ``.grad``."""
+    from ..ops.creation import zeros_like
+
+    outs = _as_tuple(outputs)
+    ins = _as_tuple(inputs)
+    if is_grads_batched:
+        raise NotImplementedError("grad: is_grads_batched is not supported")
+    if allow_unused is None:
+        allow_unused = materialize_grads
+    if materialize_grads and allow_unused is False:
+        raise ValueError("grad: Expected allow_unused to be True or not passed when "
+                         "materialize_grads=True")
+    if retain_graph is None:
+        retain_graph = create_graph
+    _check_roots(outs)
+    for t in ins:
+        if not t.requires_grad:
+            raise AutogradError("One of the differentiated Tensors does not require grad")
+    grads = _make_grads(outs, _as_tuple(grad_outputs), create_graph)
+    result = _run(outs, grads, retain_graph, create_graph, ins, False) or [None] * len(ins)
+    final = []
+    for t, g in zip(ins, result):
+        if g is None:
+            if materialize_grads:
+                g = zeros_like(t)
+            elif not allow_unused:
+                raise AutogradError(
+                    "One of the differentiated Tensors appears to not have been used in the "
+                    "graph. Set allow_unused=True if this is the desired behavior."
+                )
+        final.append(g)
+    return tuple(final)
+
+
+def __getattr__(name: str) -> Any:
+    # gradcheck pulls in the op surface; load it lazily
+    if name in ("gradcheck", "gradgradcheck", "GradcheckError"):
+        from . import gradcheck as _gc
+
+        return getattr(_gc, name)
+    if name == "Function":
+        from .function import Function
+
+        return Function
+    raise AttributeError(f"module 'fusegrad.autograd' has no attribute {name!r}")

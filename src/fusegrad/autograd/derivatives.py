@@ -1,0 +1,355 @@
+"""THE derivative table: one vector-Jacobian rule per differentiable primitive.
+
+Each rule is ``fn(node, g, *saved) -> tuple`` with one entry per forward input (None where the
+input gets no gradient).  Rules are written only with the op surface (``fusegrad.ops`` functions
+and Tensor methods), never raw numpy, so that they are differentiable again (double backward,
+``create_graph``) and traceable by the compiler (DESIGN.md contracts 1 and 3).  Rules return
+gradients in the *output's* shape where that is natural: undoing broadcasting (sum-to-shape) and
+summing fan-in is the engine's job (contract 2).
+
+``node.attrs`` are the primitive's keyword attributes, ``node.input_shapes`` /
+``node.input_dtypes`` describe the forward inputs, and ``node.needs_input_grad[i]`` says whether
+input ``i`` wants a gradient (skip work for the ones that do not).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import ops as F
+from ..ops.registry import vjp
+
+# ---- elementwise unary -------------------------------------------------------------------------
+
+
+@vjp("neg")
+def _neg(node, g):
+    return (-g,)
+
+
+@vjp("exp", save="out")
+def _exp(node, g, out):
+    return (g * out,)
+
+
+@vjp("expm1", save="out")
+def _expm1(node, g, out):
+    return (g * (out + 1.0),)
+
+
+@vjp("log", save="x")
+def _log(node, g, x):
+    return (g / x,)
+
+
+@vjp("log1p", save="x")
+def _log1p(node, g, x):
+    return (g / (x + 1.0),)
+
+
+@vjp("sin", save="x")
+def _sin(node, g, x):
+    return (g * x.cos(),)
+
+
+@vjp("cos", save="x")
+def _cos(node, g, x):
+    return (-(g * x.sin()),)
+
+
+@vjp("tanh", save="out")
+def _tanh(node, g, out):
+    return (g * (1.0 - out * out),)
+
+
+@vjp("sigmoid", save="out")
+def _sigmoid(node, g, out):
+    return (g * (out * (1.0 - out)),)
+
+
+@vjp("sqrt", save="out")
+def _sqrt(node, g, out):
+    return (g / (out * 2.0),)
+
+
+@vjp("reciprocal", save="out")
+def _reciprocal(node, g, out):
+    return (-(g * (out * out)),)
+
+
+@vjp("abs", save="x")
+def _abs(node, g, x):
+    return (g * x.sign(),)
+
+
+@vjp("erf", save="x")
+def _erf(node, g, x):
+    return (g * ((-(x * x)).exp() * (2.0 / math.sqrt(math.pi))),)
+
+
+def _zero_grad(node, g):
+    """Piecewise-constant ops: the gradient is zero almost everywhere (PyTorch gives zeros)."""
+    return (F.zeros_like(g),)
+
+
+for _name in ("sign", "floor", "ceil", "trunc", "round"):
+    vjp(_name)(_zero_grad)
+
+
+@vjp("cast")
+def _cast(node, g):
+    src = node.input_dtypes[0]
+    return (g.to(src) if src.is_floating_point else None,)
+
+
+@vjp("clone")
+def _clone(node, g):
+    return (g,)
+
+
+# ---- elementwise binary ------------------------------------------------------------------------
+
+
+@vjp("add")
+def _add(node, g):
+    return (g, g)
+
+
+@vjp("sub")
+def _sub(node, g):
+    return (g, -g if node.needs_input_grad[1] else None)
+
+
+@vjp("mul", save="a b")
+def _mul(node, g, a, b):
+    need = node.needs_input_grad
+    return (g * b if need[0] else None, g * a if need[1] else None)
+
+
+@vjp("div", save="a b")
+def _div(node, g, a, b):
+    need = node.needs_input_grad
+    ga = g / b if need[0] else None
+    gb = -(g * a) / (b * b) if need[1] else None
+    return (ga, gb)
+
+
+@vjp("pow", save="a b out")
+def _pow(node, g, a, b, out):
+    need = node.needs_input_grad
+    ga = gb = None
+    if need[0]:
+        # d/da a**b = b * a**(b-1), defined as 0 where b == 0 (PyTorch's convention)
+        ga = F.where(b == 0, 0.0, g * (b * a ** (b - 1.0)))
+    if need[1]:
+        # d/db a**b = a**b * log(a), defined as 0 where a == 0 and b >= 0
+        gb = F.where((a == 0) & (b >= 0), 0.0, g * (out * a.log()))
+    return (ga, gb)
+
+
+def _tie_weights(a, b, dtype):
+    """1 where a wins, 0.5 on ties (the gradient is split evenly), 0 where b wins."""
+    return F.where(a == b, 0.5, (a > b).to(dtype))
+
+
+@vjp("maximum", save="a b")
+def _maximum(node, g, a, b):
+    w = _tie_weights(a, b, g.dtype)
+    return (g * w, g * (1.0 - w))
+
+
+@vjp("minimum", save="a b")
+def _minimum(node, g, a, b):
+    w = _tie_weights(b, a, g.dtype)
+    return (g * w, g * (1.0 - w))
+
+
+@vjp("remainder", save="a b")
+def _remainder(node, g, a, b):
+    need = node.needs_input_grad
+    return (g if need[0] else None, -(g * (a / b).floor()) if need[1] else None)
+
+
+@vjp("where", save="cond")
+def _where(node, g, cond):
+    need = node.needs_input_grad
+    zero = F.zeros_like(g)
+    return (
+        None,
+        F.where(cond, g, zero) if need[1] else None,
+        F.where(cond, zero, g) if need[2] else None,
+    )
+
+
+# ---- reductions --------------------------------------------------------------------------------
+
+
+def _keepdim_shape(shape: tuple, dim: tuple | None) -> tuple:
+    if dim is None:
+        return (1,) * len(shape)
+    return tuple(1 if i in dim else s for i, s in enumerate(shape))
+
+
+@vjp("sum")
+def _sum(node, g):
+    shape = node.input_shapes[0]
+    dim, keepdim = node.attrs["dim"], node.attrs["keepdim"]
+    if not keepdim:
+        g = g.reshape(_keepdim_shape(shape, dim))
+    return (g.broadcast_to(shape),)
+
+
+@vjp("sum_to")
+def _sum_to(node, g):
+    return (g.broadcast_to(node.input_shapes[0]),)
+
+
+def _extremum(node, g, x, out):
+    """amax/amin: the gradient is split evenly between tied extrema."""
+    shape = node.input_shapes[0]
+    dim, keepdim = node.attrs["dim"], node.attrs["keepdim"]
+    if not keepdim:
+        kshape = _keepdim_shape(shape, dim)
+        g, out = g.reshape(kshape), out.reshape(kshape)
+    mask = (x == out).to(g.dtype)
+    count = mask.sum(dim=dim, keepdim=True) if dim is not None else mask.sum().reshape(
+        (1,) * len(shape)
+    )
+    return (g * mask / count,)
+
+
+vjp("amax", save="x out")(_extremum)
+vjp("amin", save="x out")(_extremum)
+
+
+@vjp("prod", save="x out")
+def _prod(node, g, x, out):
+    shape = node.input_shapes[0]
+    dim, keepdim = node.attrs["dim"], node.attrs["keepdim"]
+    kshape = _keepdim_shape(shape, dim)
+    if not keepdim:
+        g, out = g.reshape(kshape), out.reshape(kshape)
+    # Exact with zeros: where no element is zero, d prod / dx_i = prod / x_i; where exactly one
+    # is zero, only that element gets the product of the others; with two or more, all get 0.
+    is_zero = x == 0
+    nonzero = F.where(is_zero, 1.0, x)
+    red = dict(dim=dim, keepdim=True) if dim is not None else {}
+    prod_nonzero = nonzero.prod(**red).reshape(kshape)
+    zeros = is_zero.to(g.dtype).sum(**red).reshape(kshape)
+    grad = F.where(
+        zeros == 0,
+        out / nonzero,
+        F.where((zeros == 1) & is_zero, prod_nonzero, F.zeros_like(x)),
+    )
+    return (g * grad,)
+
+
+@vjp("cumsum")
+def _cumsum(node, g):
+    d = node.attrs["dim"]
+    return (g.flip((d,)).cumsum(d).flip((d,)),)
+
+
+# ---- movement ----------------------------------------------------------------------------------
+
+
+@vjp("reshape")
+def _reshape(node, g):
+    return (g.reshape(node.input_shapes[0]),)
+
+
+@vjp("permute")
+def _permute(node, g):
+    dims = node.attrs["dims"]
+    inverse = [0] * len(dims)
+    for i, d in enumerate(dims):
+        inverse[d] = i
+    return (g.permute(tuple(inverse)),)
+
+
+@vjp("broadcast_to")
+def _broadcast_to(node, g):
+    return (F.sum_to(g, node.input_shapes[0]),)
+
+
+@vjp("flip")
+def _flip(node, g):
+    return (g.flip(node.attrs["dims"]),)
+
+
+@vjp("cat")
+def _cat(node, g):
+    d = node.attrs["dim"]
+    grads = []
+    start = 0
+    for shape, need in zip(node.input_shapes, node.needs_input_grad):
+        size = shape[d]
+        grads.append(g.narrow(d, start, size) if need else None)
+        start += size
+    return tuple(grads)
+
+
+@vjp("pad")
+def _pad(node, g):
+    shape = node.input_shapes[0]
+    key = tuple(slice(b, b + s) for (b, _), s in zip(node.attrs["widths"], shape))
+    return (g[key],)
+
+
+@vjp("diagonal")
+def _diagonal(node, g):
+    shape = node.input_shapes[0]
+    a = node.attrs
+    return (F.diagonal_backward(g, shape, a["offset"], a["dim1"], a["dim2"]),)
+
+
+@vjp("getitem", save="idx*")
+def _getitem(node, g, *idx):
+    shape = node.input_shapes[0]
+    return (F.index_add_at(g, idx, node.attrs["key"], shape),) + (None,) * len(idx)
+
+
+@vjp("index_put", save="idx*")
+def _index_put(node, g, *idx):
+    need = node.needs_input_grad
+    key = node.attrs["key"]
+    gx = F.index_put_spec(g, F.zeros((), dtype=g.dtype), idx, key) if need[0] else None
+    gv = F.getitem_spec(g, idx, key) if need[1] else None
+    return (gx, gv) + (None,) * len(idx)
+
+
+@vjp("index_add_at", save="idx*")
+def _index_add_at(node, g, *idx):
+    return (F.getitem_spec(g, idx, node.attrs["key"]),) + (None,) * len(idx)
+
+
+@vjp("gather", save="index")
+def _gather(node, g, index):
+    shape = node.input_shapes[0]
+    zeros = F.zeros(shape, dtype=g.dtype)
+    return (F.scatter_add(zeros, node.attrs["dim"], index, g), None)
+
+
+@vjp("scatter_add", save="index")
+def _scatter_add(node, g, index):
+    need = node.needs_input_grad
+    return (g if need[0] else None, None, g.gather(node.attrs["dim"], index) if need[2] else None)
+
+
+@vjp("scatter", save="index")
+def _scatter(node, g, index):
+    need = node.needs_input_grad
+    d = node.attrs["dim"]
+    gx = F.scatter(g, d, index, F.zeros(index.shape, dtype=g.dtype)) if need[0] else None
+    return (gx, None, g.gather(d, index) if need[2] else None)
+
+
+# ---- opaque ------------------------------------------------------------------------------------
+
+
+@vjp("matmul", save="a b")
+def _matmul(node, g, a, b):
+    need = node.needs_input_grad
+    ga = g @ b.mT if need[0] else None
+    gb = a.mT @ g if need[1] else None
+    return (ga, gb)

@@ -1,0 +1,136 @@
+"""dtypes and PyTorch type promotion.
+
+fusegrad has five dtypes (float32 default, float64, int32, int64, bool), each a thin record
+around a numpy dtype.  ``result_type`` implements PyTorch's promotion: operands are ranked by
+category (bool < integer < floating); within the highest category present, dimensioned tensors
+win over 0-d tensors, which win over Python scalars ("wrapped numbers").  A Python scalar never
+upcasts a tensor of its own category (``float32 * 2.0`` stays float32); a scalar of a higher
+category gives the default dtype of that category (``int_tensor * 2.5`` is float32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class dtype:  # noqa: N801 - torch-style lowercase name
+    name: str
+    np: np.dtype
+    category: int  # 0 bool, 1 integer, 2 floating
+    itemsize: int
+
+    @property
+    def is_floating_point(self) -> bool:
+        return self.category == 2
+
+    def __repr__(self) -> str:
+        return f"fusegrad.{self.name}"
+
+
+bool_ = dtype("bool", np.dtype(np.bool_), 0, 1)
+int32 = dtype("int32", np.dtype(np.int32), 1, 4)
+int64 = dtype("int64", np.dtype(np.int64), 1, 8)
+float32 = dtype("float32", np.dtype(np.float32), 2, 4)
+float64 = dtype("float64", np.dtype(np.float64), 2, 8)
+
+ALL = (bool_, int32, int64, float32, float64)
+_BY_NP = {d.np: d for d in ALL}
+_BY_NAME = {d.name: d for d in ALL}
+_BY_NAME.update({"float": float32, "double": float64, "long": int64, "int": int32})
+
+_default_float = float32
+
+
+def get_default_dtype() -> dtype:
+    return _default_float
+
+
+def set_default_dtype(d: dtype) -> None:
+    global _default_float
+    d = as_dtype(d)
+    if not d.is_floating_point:
+        raise TypeError(f"set_default_dtype: only floating dtypes are allowed, got {d}")
+    _default_float = d
+
+
+def as_dtype(d: object) -> dtype:
+    """Turn a fusegrad dtype, numpy dtype, Python type or name into a fusegrad dtype."""
+    if isinstance(d, dtype):
+        return d
+    if d is float:
+        return _default_float
+    if d is int:
+        return int64
+    if d is bool:
+        return bool_
+    if isinstance(d, str) and d in _BY_NAME:
+        return _BY_NAME[d]
+    try:
+        npd = np.dtype(d)  # type: ignore[call-overload]
+    except TypeError:
+        npd = None
+    if npd is not None and npd in _BY_NP:
+        return _BY_NP[npd]
+    if npd is not None:
+        # numpy dtypes fusegrad does not store: map to the nearest of its category
+        if npd.kind == "f":
+            return float64 if npd.itemsize > 4 else float32
+        if npd.kind in "iu":
+            return int64 if npd.itemsize > 4 else int32
+    raise TypeError(f"unsupported dtype {d!r}; expected one of {', '.join(x.name for x in ALL)}")
+
+
+def from_numpy_dtype(npd: np.dtype) -> dtype:
+    return _BY_NP.get(npd) or as_dtype(npd)
+
+
+def _scalar_category(x: object) -> int:
+    if isinstance(x, (bool, np.bool_)):
+        return 0
+    if isinstance(x, (int, np.integer)):
+        return 1
+    if isinstance(x, (float, np.floating)):
+        return 2
+    raise TypeError(f"unsupported scalar type {type(x).__name__}")
+
+
+def _default_for(category: int) -> dtype:
+    return (bool_, int64, _default_float)[category]
+
+
+def _promote_pair(a: dtype, b: dtype) -> dtype:
+    if a is b:
+        return a
+    if a.category != b.category:
+        return a if a.category > b.category else b
+    return a if a.itemsize >= b.itemsize else b
+
+
+def result_type(*operands: object) -> dtype:
+    """PyTorch promotion over tensors (anything with ``.dtype`` and ``.ndim``) and scalars."""
+    dim_t: dtype | None = None
+    zero_t: dtype | None = None
+    scalar_cat = -1
+    for x in operands:
+        d = getattr(x, "dtype", None)
+        if isinstance(d, dtype):
+            if getattr(x, "_wrapped_number", False):
+                scalar_cat = max(scalar_cat, d.category)
+            elif x.ndim == 0:  # type: ignore[attr-defined]
+                zero_t = d if zero_t is None else _promote_pair(zero_t, d)
+            else:
+                dim_t = d if dim_t is None else _promote_pair(dim_t, d)
+        else:
+            scalar_cat = max(scalar_cat, _scalar_category(x))
+    result = dim_t
+    if zero_t is not None:
+        if result is None or zero_t.category > result.category:
+            result = zero_t
+    if scalar_cat >= 0 and (result is None or scalar_cat > result.category):
+        result = _default_for(scalar_cat)
+    if result is None:
+        raise TypeError("result_type: no operands")
+    return result

@@ -1,0 +1,42 @@
+"""The exception hierarchy and message builders.
+
+Every fusegrad error derives from ``FusegradError`` and also from the builtin a PyTorch user
+would catch: shape errors are ``ValueError``, dtype errors ``TypeError``, autograd errors
+``RuntimeError``, bad indices ``IndexError``.  Messages name the op, the shapes and dtypes of
+its inputs, what was expected and what was found.
+"""
+
+from __future__ import annotations
+
+
+class FusegradError(Exception):
+    """Root of fusegrad's errors."""
+
+
+class ShapeError(FusegradError, ValueError):
+    """Shapes that do not fit the op (broadcasting, reshape, matmul, ...)."""
+
+
+class DTypeError(FusegradError, TypeError):
+    """A dtype the op does not accept."""
+
+
+class AutogradError(FusegradError, RuntimeError):
+    """Misuse of the autograd engine (double backward without retain_graph, ...)."""
+
+
+class IndexOutOfRange(FusegradError, IndexError):
+    """An index or ``dim`` outside the valid range."""
+
+
+def describe(*tensors: object) -> str:
+    """``(3, 4) float32, (5,) int64`` for the given tensors (scalars as their Python type)."""
+    parts = []
+    for t in tensors:
+        shape = getattr(t, "shape", None)
+        d = getattr(t, "dtype", None)
+        if shape is not None and d is not None:
+            parts.append(f"{tuple(shape)} {getattr(d, 'name', d)}")
+        else:
+            parts.append(type(t).__name__)
+    return ", ".join(parts)

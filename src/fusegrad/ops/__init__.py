@@ -1,0 +1,370 @@
+"""The op surface: every public op as a function, and the same ops installed on ``Tensor`` as
+methods and operators (one definition each).
+
+Import order matters: primitives register kernels in the registry, the surface modules define
+functions over ``registry.apply``, then ``autograd.derivatives`` registers one rule per
+primitive, written in this surface.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..autograd import grad_mode as _grad_mode
+from ..errors import AutogradError, DTypeError, ShapeError, describe
+from ..tensor import Tensor
+from . import primitives as _primitives  # noqa: F401  (registers kernels)
+from ._util import cast, to_tensor
+from .creation import *  # noqa: F401,F403
+from .creation import (
+    Generator,
+    _to_array,
+    arange,
+    as_tensor,
+    bernoulli,
+    default_generator,
+    empty,
+    empty_like,
+    eye,
+    from_numpy,
+    full,
+    full_like,
+    get_rng_state,
+    linspace,
+    manual_seed,
+    ones,
+    ones_like,
+    rand,
+    rand_like,
+    randint,
+    randn,
+    randn_like,
+    randperm,
+    seed,
+    set_rng_state,
+    tensor,
+    zeros,
+    zeros_like,
+)
+from .elementwise import *  # noqa: F401,F403
+from .elementwise import (
+    abs, absolute, add, allclose, bitwise_and, bitwise_not, bitwise_or, bitwise_xor, ceil, clamp,
+    clip, cos, div, divide, elu, eq, equal, erf, exp, exp2, expm1, fix, floor, floor_divide, ge,
+    gelu, greater, greater_equal, gt, isclose, isfinite, isinf, isnan, le, leaky_relu, lerp, less,
+    less_equal, log, log1p, log2, log10, logical_and, logical_not, logical_or, logical_xor, lt,
+    maximum, minimum, mul, nan_to_num, ne, neg, negative, not_equal, pow, reciprocal, relu,
+    remainder, round, rsqrt, rsub, sigmoid, sign, silu, sin, softplus, sqrt, square, sub, tan,
+    tanh, true_divide, trunc, where,
+)
+from .functional import (
+    binary_cross_entropy, binary_cross_entropy_with_logits, conv2d, cross_entropy, dropout,
+    layer_norm, max_pool2d, avg_pool2d, mse_loss, l1_loss, nll_loss, unfold,
+)
+from .indexing import (
+    embedding, gather, getitem, getitem_spec, index_add_at, index_put_spec, index_select,
+    masked_fill, masked_select, one_hot, scatter, scatter_add, setitem_value, take_along_dim,
+)
+from .linalg import bmm, dot, einsum, ger, inner, linear, matmul, mm, mv, outer
+from .reduction import (
+    all, amax, amin, any, argmax, argmin, count_nonzero, cumsum, logsumexp, log_softmax, max,
+    mean, min, norm, prod, softmax, std, sum, var, var_mean,
+)
+from .registry import REGISTRY, RULES, apply
+from .shape import (
+    broadcast_tensors, broadcast_to, cat, chunk, clone, concat, concatenate, contiguous, diag,
+    diagonal, diagonal_backward, expand, expand_as, flatten, flip, hstack, movedim, narrow, pad,
+    permute, repeat, reshape, reshape_as, roll, select, split, squeeze, stack, sum_to,
+    sum_to_size, swapaxes, swapdims, t, tile, transpose, tril, triu, unbind, unflatten, unsqueeze,
+    view, view_as, vstack,
+)
+
+
+def detach(input: Tensor) -> Tensor:
+    return input.detach()
+
+
+# ---- conversions -------------------------------------------------------------------------------
+def to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+    """``to(dtype)``, ``to(device)``, ``to(device, dtype)``, ``to(other)``; ``copy=`` too."""
+    from ..device import as_device
+
+    dtype = kwargs.pop("dtype", None)
+    device = kwargs.pop("device", None)
+    copy = kwargs.pop("copy", False)
+    kwargs.pop("non_blocking", None)
+    for a in args:
+        if isinstance(a, Tensor):
+            dtype = a.dtype
+        elif isinstance(a, (_dt.dtype, type)) or (isinstance(a, str) and a in ("float32",
+                                                                               "float64")):
+            dtype = a
+        else:
+            device = a
+    if kwargs:
+        raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
+    as_device(device)
+    out = self if dtype is None else cast(self, _dt.as_dtype(dtype))
+    if copy and out is self:
+        out = clone(self)
+    return out
+
+
+def _type(self: Tensor, dtype: Any = None) -> Any:
+    if dtype is None:
+        return {"float32": "fusegrad.FloatTensor", "float64": "fusegrad.DoubleTensor",
+                "int64": "fusegrad.LongTensor", "int32": "fusegrad.IntTensor",
+                "bool": "fusegrad.BoolTensor"}[self.dtype.name]
+    return to(self, dtype)
+
+
+def _converter(d: _dt.dtype) -> Any:
+    def convert(self: Tensor) -> Tensor:
+        return cast(self, d)
+
+    convert.__name__ = d.name
+    return convert
+
+
+# ---- in-place ops ------------------------------------------------------------------------------
+def _check_inplace(self: Tensor, op: str) -> None:
+    if not _grad_mode._state.enabled:
+        return
+    if self.grad_fn is None and self._requires_grad:
+        raise AutogradError(
+            f"{op}: a leaf Variable that requires grad is being used in an in-place operation."
+        )
+    base = self._base
+    if base is not None and base.grad_fn is None and base._requires_grad:
+        raise AutogradError(
+            f"{op}: a view of a leaf Variable that requires grad is being used in an in-place "
+            "operation."
+        )
+
+
+def _write(self: Tensor, result: Tensor, op: str) -> None:
+    """Copy ``result`` into ``self``'s storage (shape and dtype checked), bumping the version."""
+    if tuple(result.shape) != tuple(self.shape):
+        raise ShapeError(
+            f"{op}: output with shape {list(self.shape)} doesn't match the broadcast shape "
+            f"{list(result.shape)}"
+        )
+    if result._dtype is not self._dtype:
+        if result._dtype.category > self._dtype.category:
+            raise DTypeError(
+                f"{op}: result type {result._dtype.name} can't be cast to the desired output "
+                f"type {self._dtype.name}"
+            )
+    if not self._data.flags.writeable:
+        raise AutogradError(
+            f"{op}: unsupported operation: more than one element of the written-to tensor refers "
+            f"to a single memory location (tensor {describe(self)} is an expanded view). Please "
+            "clone() the tensor before performing the operation."
+        )
+    np.copyto(self._data, result._data, casting="unsafe")
+    self._version_counter.value += 1
+
+
+def inplace(self: Tensor, op: str, fn: Any, *args: Any, **kwargs: Any) -> Tensor:
+    """Run ``fn(self, *args)`` out of place and write the result into ``self``.
+
+    With autograd involved, ``self``'s history is rebased onto the op's node: the op runs on a
+    snapshot that carries self's old history and data, so nodes that saved ``self`` before keep
+    seeing a version mismatch (and error), while the new node computes with the old value."""
+    _check_inplace(self, op)
+    needs_graph = _grad_mode._state.enabled and (
+        self.requires_grad
+        or any(isinstance(a, Tensor) and a.requires_grad for a in args)
+        or any(isinstance(a, Tensor) and a.requires_grad for a in kwargs.values())
+    )
+    if not needs_graph:
+        with _grad_mode.no_grad():
+            result = fn(self, *args, **kwargs)
+        _write(self, result, op)
+        return self
+    if self._base is not None:
+        raise AutogradError(
+            f"{op}: in-place operations on views that take part in autograd are not supported "
+            f"yet (view {describe(self)}); use the out-of-place op or clone() the view first"
+        )
+    snapshot = Tensor._make(self._data.copy())
+    snapshot.grad_fn, snapshot._output_nr = self.grad_fn, self._output_nr
+    result = fn(snapshot, *args, **kwargs)
+    if result._dtype is not self._dtype:
+        result = cast(result, self._dtype) if result._dtype.category <= self._dtype.category \
+            else result
+    _write(self, result, op)
+    self.grad_fn, self._output_nr = result.grad_fn, result._output_nr
+    return self
+
+
+def _inplace_method(name: str, fn: Any) -> Any:
+    def method(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        return inplace(self, name, fn, *args, **kwargs)
+
+    method.__name__ = name
+    method.__doc__ = f"In-place version of :func:`{fn.__name__}`."
+    return method
+
+
+def _fill(self: Tensor, value: Any) -> Tensor:
+    return full_like(self, value.item() if isinstance(value, Tensor) else value)
+
+
+def _zero(self: Tensor) -> Tensor:
+    return zeros_like(self)
+
+
+def _copy(self: Tensor, src: Any) -> Tensor:
+    s = to_tensor(src)
+    s = cast(s, self.dtype)
+    if tuple(s.shape) != tuple(self.shape):
+        s = s.broadcast_to(tuple(self.shape))
+    # self * 0 keeps self's node in the graph only for shape; PyTorch's copy_ gives self no grad
+    return add(mul(self.detach(), 0), s) if s.requires_grad else clone(s).detach()
+
+
+def _normal(self: Tensor, mean: float = 0.0, std: float = 1.0, *, generator: Any = None) -> Tensor:
+    from .creation import _gen
+
+    return Tensor._make((_gen(generator).standard_normal(self.shape) * std + mean).astype(
+        self.dtype.np))
+
+
+def _uniform(self: Tensor, a: float = 0.0, b: float = 1.0, *, generator: Any = None) -> Tensor:
+    from .creation import _gen
+
+    return Tensor._make(_gen(generator).uniform(a, b, self.shape).astype(self.dtype.np))
+
+
+def _addcmul(self: Tensor, t1: Any, t2: Any, *, value: Any = 1) -> Tensor:
+    return add(self, mul(mul(t1, t2), value))
+
+
+def _addcdiv(self: Tensor, t1: Any, t2: Any, *, value: Any = 1) -> Tensor:
+    return add(self, mul(div(t1, t2), value))
+
+
+def addcmul(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
+    return _addcmul(to_tensor(input), tensor1, tensor2, value=value)
+
+
+def addcdiv(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
+    return _addcdiv(to_tensor(input), tensor1, tensor2, value=value)
+
+
+def _setitem(self: Tensor, key: Any, value: Any) -> None:
+    inplace(self, "__setitem__", setitem_value, key, value)
+
+
+# ---- installation on Tensor ------------------------------------------------------------------
+_METHODS = [
+    # elementwise
+    "add", "sub", "mul", "div", "true_divide", "divide", "floor_divide", "remainder", "neg",
+    "negative", "pow", "square", "reciprocal", "abs", "absolute", "sign", "maximum", "minimum",
+    "lerp", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos",
+    "tan", "tanh", "sigmoid", "erf", "floor", "ceil", "trunc", "fix", "round", "relu", "clamp",
+    "clip", "nan_to_num", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
+    "logical_xor", "logical_not", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
+    "isnan", "isinf", "isfinite", "isclose", "allclose", "equal", "where",
+    "greater", "greater_equal", "less", "less_equal", "not_equal",
+    # reductions
+    "sum", "mean", "prod", "max", "min", "amax", "amin", "argmax", "argmin", "var", "std", "norm",
+    "logsumexp", "softmax", "log_softmax", "cumsum", "all", "any", "count_nonzero",
+    # shape
+    "reshape", "view", "view_as", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze",
+    "permute", "transpose", "swapaxes", "swapdims", "t", "movedim", "expand", "expand_as",
+    "broadcast_to", "sum_to_size", "contiguous", "clone", "narrow", "select", "split", "chunk",
+    "unbind", "flip", "roll", "repeat", "tile", "diagonal", "diag", "tril", "triu",
+    # indexing
+    "gather", "scatter", "scatter_add", "index_select", "masked_fill", "masked_select",
+    "take_along_dim",
+    # linalg
+    "matmul", "mm", "bmm", "mv", "dot", "inner", "outer", "ger",
+    "addcmul", "addcdiv",
+]
+
+_INPLACE = {
+    "add_": add, "sub_": sub, "mul_": mul, "div_": div, "pow_": pow, "neg_": neg, "abs_": abs,
+    "exp_": exp, "log_": log, "sqrt_": sqrt, "sin_": sin, "cos_": cos, "tanh_": tanh,
+    "sigmoid_": sigmoid, "relu_": relu, "clamp_": clamp, "clip_": clamp, "floor_": floor,
+    "ceil_": ceil, "round_": round, "trunc_": trunc, "reciprocal_": reciprocal, "sign_": sign,
+    "square_": square, "lerp_": lerp, "masked_fill_": masked_fill, "scatter_": scatter,
+    "scatter_add_": scatter_add, "addcmul_": _addcmul, "addcdiv_": _addcdiv, "fill_": _fill,
+    "zero_": _zero, "copy_": _copy, "normal_": _normal, "uniform_": _uniform,
+    "maximum_": maximum, "minimum_": minimum, "erf_": erf, "expm1_": expm1, "log1p_": log1p,
+    "nan_to_num_": nan_to_num, "remainder_": remainder, "floor_divide_": floor_divide,
+}
+
+
+def _install_methods() -> None:
+    g = globals()
+    for name in _METHODS:
+        setattr(Tensor, name, g[name])
+    for name, fn in _INPLACE.items():
+        setattr(Tensor, name, _inplace_method(name, fn))
+    Tensor.to = to
+    Tensor.type = _type
+    for attr, d in [("float", _dt.float32), ("double", _dt.float64), ("long", _dt.int64),
+                    ("int", _dt.int32), ("bool", _dt.bool_)]:
+        setattr(Tensor, attr, _converter(d))
+    Tensor.T = property(lambda self: permute(self, tuple(range(self.ndim))[::-1]))
+    Tensor.mT = property(lambda self: transpose(self, -2, -1))
+    Tensor.H = Tensor.T
+    Tensor.mH = Tensor.mT
+    Tensor.__getitem__ = getitem
+    Tensor.__setitem__ = _setitem
+    binary = {
+        "add": add, "sub": sub, "mul": mul, "truediv": div, "floordiv": floor_divide,
+        "mod": remainder, "pow": pow, "matmul": matmul, "and": bitwise_and, "or": bitwise_or,
+        "xor": bitwise_xor,
+    }
+    for name, fn in binary.items():
+        setattr(Tensor, f"__{name}__", _forward(fn))
+        setattr(Tensor, f"__r{name}__", _reverse(fn))
+        setattr(Tensor, f"__i{name}__", _inplace_method(f"__i{name}__", fn))
+    for name, fn in {"eq": eq, "ne": ne, "lt": lt, "le": le, "gt": gt, "ge": ge}.items():
+        setattr(Tensor, f"__{name}__", _forward(fn))
+    Tensor.__neg__ = neg
+    Tensor.__pos__ = lambda self: self
+    Tensor.__abs__ = abs
+    Tensor.__invert__ = bitwise_not
+    for name in ("new_zeros", "new_ones", "new_empty"):
+        setattr(Tensor, name, _new_factory({"new_zeros": zeros, "new_ones": ones,
+                                            "new_empty": empty}[name]))
+    Tensor.new_full = lambda self, size, fill_value, *, dtype=None, requires_grad=False: full(
+        size, fill_value, dtype=dtype or self.dtype, requires_grad=requires_grad)
+    Tensor.new_tensor = lambda self, data, *, dtype=None, requires_grad=False: tensor(
+        data, dtype=dtype or self.dtype, requires_grad=requires_grad)
+
+
+def _forward(fn: Any) -> Any:
+    def op(self: Tensor, other: Any) -> Any:
+        if not isinstance(other, (Tensor, int, float, bool, np.ndarray, np.number, list)):
+            return NotImplemented
+        return fn(self, other)
+
+    return op
+
+
+def _reverse(fn: Any) -> Any:
+    def op(self: Tensor, other: Any) -> Any:
+        if not isinstance(other, (Tensor, int, float, bool, np.ndarray, np.number, list)):
+            return NotImplemented
+        return fn(other, self)
+
+    return op
+
+
+def _new_factory(factory: Any) -> Any:
+    def make(self: Tensor, *size: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+        return factory(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
+
+    return make
+
+
+_install_methods()
+
+from ..autograd import derivatives as _derivatives  # noqa: E402,F401  (registers rules)

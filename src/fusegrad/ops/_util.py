@@ -1,0 +1,120 @@
+"""Helpers shared by the op surface: argument conversion, promotion, shape and dim checks.
+
+These never compute tensor values; they prepare the arguments of ``registry.apply``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
+from ..tensor import Tensor
+from .registry import REGISTRY, apply
+
+P = REGISTRY  # short alias used by the op surface modules
+
+
+def is_tensor(x: object) -> bool:
+    return isinstance(x, Tensor)
+
+
+def scalar_tensor(value: Any, dtype: _dt.dtype) -> Tensor:
+    """A Python number as a 0-d "wrapped number" tensor (weak in type promotion)."""
+    t = Tensor._make(np.array(value, dtype=dtype.np))
+    t._wrapped_number = True
+    return t
+
+
+def to_tensor(x: Any, dtype: _dt.dtype | None = None) -> Tensor:
+    """Tensors pass through; numbers become wrapped scalars; arrays and lists become tensors."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (bool, int, float, np.number, np.bool_)):
+        return scalar_tensor(x, dtype if dtype is not None else _dt.result_type(x))
+    from .creation import tensor
+
+    return tensor(x, dtype=dtype)
+
+
+def cast(t: Tensor, dtype: _dt.dtype) -> Tensor:
+    if t._dtype is dtype:
+        return t
+    if t._wrapped_number:
+        return scalar_tensor(t._data.item(), dtype)
+    return apply(P["cast"], (t,), {"dtype": dtype})
+
+
+def as_operand(x: Any, dtype: _dt.dtype) -> Tensor:
+    if isinstance(x, Tensor):
+        return cast(x, dtype)
+    if isinstance(x, (bool, int, float, np.number, np.bool_)):
+        return scalar_tensor(x, dtype)
+    return cast(to_tensor(x), dtype)
+
+
+def broadcast_shape(op: str, *tensors: Tensor) -> tuple:
+    shapes = [t._data.shape for t in tensors]
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        return first
+    try:
+        return np.broadcast_shapes(*shapes)
+    except ValueError:
+        detail = ""
+        a, b = shapes[0], shapes[1] if len(shapes) > 1 else ()
+        for i in range(1, max(len(a), len(b)) + 1):
+            da = a[-i] if i <= len(a) else 1
+            db = b[-i] if i <= len(b) else 1
+            if da != db and da != 1 and db != 1:
+                detail = f" (dim -{i}: {da} vs {db})"
+                break
+        shown = " and ".join(str(tuple(s)) for s in shapes)
+        raise ShapeError(f"{op}: shapes {shown} cannot broadcast{detail}") from None
+
+
+def require_float(op: str, t: Tensor) -> None:
+    if t._dtype.category != 2:
+        raise DTypeError(f"{op}: expected a floating point tensor, got {describe(t)}")
+
+
+def wrap_dim(op: str, dim: Any, ndim: int) -> int:
+    bound = max(ndim, 1)
+    if isinstance(dim, Tensor):
+        dim = int(dim)
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):
+        raise TypeError(f"{op}: dim must be an int, got {dim!r}")
+    if not -bound <= dim < bound:
+        raise IndexOutOfRange(
+            f"{op}: Dimension out of range (expected to be in range of [{-bound}, {bound - 1}], "
+            f"but got {dim})"
+        )
+    return int(dim) % bound
+
+
+def wrap_dims(op: str, dim: Any, ndim: int) -> tuple[int, ...] | None:
+    """``None`` (all dims) or a sorted tuple of distinct non-negative dims."""
+    if dim is None:
+        return None
+    if isinstance(dim, (list, tuple)):
+        dims = tuple(wrap_dim(op, d, ndim) for d in dim)
+        if len(set(dims)) != len(dims):
+            raise ShapeError(f"{op}: dim {tuple(dim)} appears multiple times in the list of dims")
+        return tuple(sorted(dims))
+    return (wrap_dim(op, dim, ndim),)
+
+
+def shape_arg(shape: Sequence[Any] | Iterable[Any]) -> tuple[int, ...]:
+    """Accept ``f(2, 3)``, ``f((2, 3))`` and ``f([2, 3])`` shapes."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):  # type: ignore[arg-type]
+        shape = shape[0]  # type: ignore[index]
+    out = []
+    for s in shape:
+        if isinstance(s, Tensor):
+            s = int(s)
+        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
+            raise TypeError(f"shape entries must be ints, got {s!r}")
+        out.append(int(s))
+    return tuple(out)

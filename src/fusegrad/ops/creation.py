@@ -1,0 +1,270 @@
+"""Creation functions and random numbers (tensor, zeros, arange, randn, Generator, ...).
+
+Creation results are leaves; ``requires_grad=True`` is accepted for floating dtypes.  Random
+numbers come from a ``Generator`` (numpy PCG64 underneath); ``manual_seed`` seeds the default one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..device import as_device
+from ..errors import DTypeError
+from ..tensor import Tensor
+from ._util import shape_arg
+
+
+def _to_array(data: Any, dtype: Any = None) -> np.ndarray:
+    """Copy ``data`` into a fresh array with PyTorch's dtype inference."""
+    if isinstance(data, Tensor):
+        arr = np.array(data._data, copy=True)
+    else:
+        arr = _infer(data)
+    if dtype is not None:
+        arr = arr.astype(_dt.as_dtype(dtype).np, copy=False)
+    elif arr.dtype not in (d.np for d in _dt.ALL):
+        arr = arr.astype(_dt.as_dtype(arr.dtype).np)
+    return arr
+
+
+def _infer(data: Any) -> np.ndarray:
+    if isinstance(data, np.ndarray):
+        return np.array(data, copy=True)
+    if isinstance(data, (list, tuple)) and any(isinstance(d, Tensor) for d in _flat(data)):
+        data = _untensor(data)
+    arr = np.array(data)
+    if arr.dtype.kind == "f" and not isinstance(data, np.generic):
+        # Python floats are the default float dtype (float32), not numpy's float64
+        arr = arr.astype(_dt.get_default_dtype().np)
+    elif arr.dtype.kind in "iu" and not isinstance(data, np.generic):
+        arr = arr.astype(np.int64)
+    elif arr.dtype.kind == "O":
+        raise TypeError(f"tensor: could not infer dtype of {type(data).__name__}")
+    return arr
+
+
+def _flat(data: Any) -> list:
+    out, stack = [], [data]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, (list, tuple)):
+            stack.extend(x)
+        else:
+            out.append(x)
+    return out
+
+
+def _untensor(data: Any) -> Any:
+    if isinstance(data, Tensor):
+        return data._data
+    if isinstance(data, (list, tuple)):
+        return [_untensor(d) for d in data]
+    return data
+
+
+def _leaf(arr: np.ndarray, requires_grad: bool) -> Tensor:
+    t = Tensor._make(arr)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _dtype_or_default(dtype: Any) -> _dt.dtype:
+    return _dt.get_default_dtype() if dtype is None else _dt.as_dtype(dtype)
+
+
+def tensor(data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    as_device(device)
+    return _leaf(_to_array(data, dtype), requires_grad)
+
+
+def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
+    as_device(device)
+    if isinstance(data, Tensor):
+        return data if dtype is None else data.to(_dt.as_dtype(dtype))
+    if isinstance(data, np.ndarray) and data.dtype in (d.np for d in _dt.ALL):
+        if dtype is None or _dt.as_dtype(dtype).np == data.dtype:
+            return Tensor._make(data)
+    return tensor(data, dtype=dtype)
+
+
+def from_numpy(array: np.ndarray) -> Tensor:
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"from_numpy: expected np.ndarray, got {type(array).__name__}")
+    if array.dtype not in (d.np for d in _dt.ALL):
+        raise DTypeError(
+            f"from_numpy: can't convert np.ndarray of type {array.dtype}. The only supported "
+            "types are: float64, float32, int64, int32, and bool."
+        )
+    return Tensor._make(array)
+
+
+def zeros(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    as_device(device)
+    return _leaf(np.zeros(shape_arg(size), _dtype_or_default(dtype).np), requires_grad)
+
+
+def ones(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    as_device(device)
+    return _leaf(np.ones(shape_arg(size), _dtype_or_default(dtype).np), requires_grad)
+
+
+def empty(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+    as_device(device)
+    return _leaf(np.empty(shape_arg(size), _dtype_or_default(dtype).np), requires_grad)
+
+
+def full(size: Sequence[int], fill_value: Any, *, dtype: Any = None, device: Any = None,
+         requires_grad: bool = False) -> Tensor:
+    as_device(device)
+    dt = _dt.as_dtype(dtype) if dtype is not None else _dt.result_type(fill_value)
+    return _leaf(np.full(shape_arg((size,)), fill_value, dt.np), requires_grad)
+
+
+def _like_dtype(t: Tensor, dtype: Any) -> _dt.dtype:
+    return t.dtype if dtype is None else _dt.as_dtype(dtype)
+
+
+def zeros_like(input: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    return _leaf(np.zeros(input.shape, _like_dtype(input, dtype).np), requires_grad)
+
+
+def ones_like(input: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    return _leaf(np.ones(input.shape, _like_dtype(input, dtype).np), requires_grad)
+
+
+def empty_like(input: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
+    return _leaf(np.empty(input.shape, _like_dtype(input, dtype).np), requires_grad)
+
+
+def full_like(input: Tensor, fill_value: Any, *, dtype: Any = None,
+              requires_grad: bool = False) -> Tensor:
+    return _leaf(np.full(input.shape, fill_value, _like_dtype(input, dtype).np), requires_grad)
+
+
+def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, device: Any = None,
+           requires_grad: bool = False) -> Tensor:
+    as_device(device)
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise ValueError("arange: step must be nonzero")
+    if dtype is None:
+        dt = _dt.result_type(start, end, step)
+    else:
+        dt = _dt.as_dtype(dtype)
+    n = int(np.ceil((float(end) - float(start)) / float(step)))
+    arr = (np.arange(max(n, 0), dtype=np.float64) * step + start).astype(dt.np)
+    return _leaf(arr, requires_grad)
+
+
+def linspace(start: float, end: float, steps: int, *, dtype: Any = None, device: Any = None,
+             requires_grad: bool = False) -> Tensor:
+    as_device(device)
+    arr = np.linspace(start, end, int(steps)).astype(_dtype_or_default(dtype).np)
+    return _leaf(arr, requires_grad)
+
+
+def eye(n: int, m: int | None = None, *, dtype: Any = None, device: Any = None,
+        requires_grad: bool = False) -> Tensor:
+    as_device(device)
+    return _leaf(np.eye(n, m, dtype=_dtype_or_default(dtype).np), requires_grad)
+
+
+# ---- random ------------------------------------------------------------------------------------
+class Generator:
+    """A random number generator (PCG64); ``manual_seed``, ``seed``, ``get_state``/``set_state``."""
+
+    def __init__(self, device: Any = "cpu") -> None:
+        as_device(device)
+        self._rng = np.random.Generator(np.random.PCG64())
+        self._seed: int | None = None
+
+    def manual_seed(self, seed: int) -> "Generator":
+        self._seed = int(seed)
+        self._rng = np.random.Generator(np.random.PCG64(self._seed))
+        return self
+
+    def seed(self) -> int:
+        s = int(np.random.SeedSequence().entropy % (2**63))
+        self.manual_seed(s)
+        return s
+
+    def initial_seed(self) -> int:
+        return self._seed if self._seed is not None else 0
+
+    def get_state(self) -> dict:
+        return self._rng.bit_generator.state
+
+    def set_state(self, state: dict) -> None:
+        self._rng.bit_generator.state = state
+
+
+default_generator = Generator()
+
+
+def manual_seed(seed: int) -> Generator:
+    return default_generator.manual_seed(seed)
+
+
+def seed() -> int:
+    return default_generator.seed()
+
+
+def get_rng_state() -> dict:
+    return default_generator.get_state()
+
+
+def set_rng_state(state: dict) -> None:
+    default_generator.set_state(state)
+
+
+def _gen(generator: Generator | None) -> np.random.Generator:
+    return (generator or default_generator)._rng
+
+
+def rand(*size: Any, generator: Generator | None = None, dtype: Any = None, device: Any = None,
+         requires_grad: bool = False) -> Tensor:
+    as_device(device)
+    dt = _dtype_or_default(dtype)
+    arr = _gen(generator).random(shape_arg(size), dtype=np.float64).astype(dt.np)
+    return _leaf(arr, requires_grad)
+
+
+def randn(*size: Any, generator: Generator | None = None, dtype: Any = None, device: Any = None,
+          requires_grad: bool = False) -> Tensor:
+    as_device(device)
+    dt = _dtype_or_default(dtype)
+    arr = _gen(generator).standard_normal(shape_arg(size)).astype(dt.np)
+    return _leaf(arr, requires_grad)
+
+
+def randint(low: int, high: int | None = None, size: Sequence[int] = (), *,
+            generator: Generator | None = None, dtype: Any = None, device: Any = None) -> Tensor:
+    as_device(device)
+    if high is None:
+        low, high = 0, low
+    dt = _dt.int64 if dtype is None else _dt.as_dtype(dtype)
+    arr = _gen(generator).integers(low, high, size=tuple(size)).astype(dt.np)
+    return Tensor._make(arr)
+
+
+def randperm(n: int, *, generator: Generator | None = None, dtype: Any = None) -> Tensor:
+    dt = _dt.int64 if dtype is None else _dt.as_dtype(dtype)
+    return Tensor._make(_gen(generator).permutation(n).astype(dt.np))
+
+
+def rand_like(input: Tensor, *, dtype: Any = None, generator: Generator | None = None) -> Tensor:
+    return rand(*input.shape, dtype=_like_dtype(input, dtype), generator=generator)
+
+
+def randn_like(input: Tensor, *, dtype: Any = None, generator: Generator | None = None) -> Tensor:
+    return randn(*input.shape, dtype=_like_dtype(input, dtype), generator=generator)
+
+
+def bernoulli(p: Tensor, *, generator: Generator | None = None) -> Tensor:
+    u = _gen(generator).random(p.shape)
+    return Tensor._make((u < p._data).astype(p.dtype.np))

@@ -1,0 +1,429 @@
+"""Elementwise op surface: arithmetic, math functions, activations, comparisons, logic.
+
+Each function promotes its arguments (PyTorch rules, ``dtypes.result_type``), checks that shapes
+broadcast, and calls one primitive through ``registry.apply``; activations and the like are
+composites of those primitives (CONVENTIONS.md "composites over primitives").
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .. import dtypes as _dt
+from ..errors import DTypeError, describe
+from ..tensor import Tensor
+from ._util import P, apply, as_operand, broadcast_shape, cast, to_tensor
+
+_CLAMP_SENTINEL = object()
+
+
+def _binary(name: str, a: Any, b: Any, dtype: _dt.dtype | None = None) -> Tensor:
+    dt = dtype if dtype is not None else _dt.result_type(a, b)
+    a, b = as_operand(a, dt), as_operand(b, dt)
+    broadcast_shape(name, a, b)
+    return apply(P[name], (a, b), {})
+
+
+def _float_binary(name: str, a: Any, b: Any) -> Tensor:
+    dt = _dt.result_type(a, b)
+    if dt.category < 2:
+        dt = _dt.get_default_dtype()
+    return _binary(name, a, b, dt)
+
+
+def _float_unary(name: str, x: Any) -> Tensor:
+    x = to_tensor(x)
+    if x._dtype.category < 2:
+        x = cast(x, _dt.get_default_dtype())
+    return apply(P[name], (x,), {})
+
+
+def _same_unary(name: str, x: Any) -> Tensor:
+    return apply(P[name], (to_tensor(x),), {})
+
+
+# ---- arithmetic -------------------------------------------------------------------------------
+def add(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
+    if alpha != 1:
+        other = mul(other, alpha)
+    return _binary("add", input, other)
+
+
+def sub(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
+    if alpha != 1:
+        other = mul(other, alpha)
+    dt = _dt.result_type(input, other)
+    if dt is _dt.bool_:
+        raise DTypeError(
+            "sub: subtraction of bool tensors is not supported; use logical_xor instead "
+            f"(got {describe(input, other)})"
+        )
+    return _binary("sub", input, other, dt)
+
+
+def rsub(input: Any, other: Any) -> Tensor:
+    return sub(other, input)
+
+
+def mul(input: Any, other: Any) -> Tensor:
+    return _binary("mul", input, other)
+
+
+def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor:
+    if rounding_mode is None:
+        return _float_binary("div", input, other)
+    if rounding_mode == "floor":
+        return floor_divide(input, other)
+    if rounding_mode == "trunc":
+        dt = _dt.result_type(input, other)
+        q = _float_binary("div", input, other)
+        if dt.category < 2:
+            q = cast(q.detach(), _dt.float64)  # exact for int32; int64 up to 2**53
+        return cast(trunc(q), dt)
+    raise ValueError(
+        f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
+        f"'{rounding_mode}'"
+    )
+
+
+true_divide = divide = div
+
+
+def floor_divide(input: Any, other: Any) -> Tensor:
+    return _binary("floor_divide", input, other)
+
+
+def remainder(input: Any, other: Any) -> Tensor:
+    return _binary("remainder", input, other)
+
+
+def neg(input: Any) -> Tensor:
+    x = to_tensor(input)
+    if x._dtype is _dt.bool_:
+        raise DTypeError("neg: negation, the `-` operator, on a bool tensor is not supported")
+    return apply(P["neg"], (x,), {})
+
+
+negative = neg
+
+
+def pow(input: Any, exponent: Any) -> Tensor:
+    return _binary("pow", input, exponent)
+
+
+def square(input: Any) -> Tensor:
+    return mul(input, input)
+
+
+def reciprocal(input: Any) -> Tensor:
+    return _float_unary("reciprocal", input)
+
+
+def abs(input: Any) -> Tensor:
+    return _same_unary("abs", input)
+
+
+absolute = abs
+
+
+def sign(input: Any) -> Tensor:
+    return _same_unary("sign", input)
+
+
+def maximum(input: Any, other: Any) -> Tensor:
+    return _binary("maximum", input, other)
+
+
+def minimum(input: Any, other: Any) -> Tensor:
+    return _binary("minimum", input, other)
+
+
+def where(condition: Any, input: Any, other: Any) -> Tensor:
+    cond = to_tensor(condition)
+    if cond._dtype is not _dt.bool_:
+        raise DTypeError(f"where: expected condition to be a bool tensor, got {describe(cond)}")
+    dt = _dt.result_type(input, other)
+    a, b = as_operand(input, dt), as_operand(other, dt)
+    broadcast_shape("where", cond, a, b)
+    return apply(P["where"], (cond, a, b), {})
+
+
+def lerp(input: Any, end: Any, weight: Any) -> Tensor:
+    return add(input, mul(weight, sub(end, input)))
+
+
+# ---- math functions -----------------------------------------------------------------------------
+def exp(input: Any) -> Tensor:
+    return _float_unary("exp", input)
+
+
+def exp2(input: Any) -> Tensor:
+    return exp(mul(_floatify(input), math.log(2.0)))
+
+
+def expm1(input: Any) -> Tensor:
+    return _float_unary("expm1", input)
+
+
+def log(input: Any) -> Tensor:
+    return _float_unary("log", input)
+
+
+def log2(input: Any) -> Tensor:
+    return mul(log(input), 1.0 / math.log(2.0))
+
+
+def log10(input: Any) -> Tensor:
+    return mul(log(input), 1.0 / math.log(10.0))
+
+
+def log1p(input: Any) -> Tensor:
+    return _float_unary("log1p", input)
+
+
+def sqrt(input: Any) -> Tensor:
+    return _float_unary("sqrt", input)
+
+
+def rsqrt(input: Any) -> Tensor:
+    return reciprocal(sqrt(input))
+
+
+def sin(input: Any) -> Tensor:
+    return _float_unary("sin", input)
+
+
+def cos(input: Any) -> Tensor:
+    return _float_unary("cos", input)
+
+
+def tan(input: Any) -> Tensor:
+    x = _floatify(input)
+    return div(sin(x), cos(x))
+
+
+def tanh(input: Any) -> Tensor:
+    return _float_unary("tanh", input)
+
+
+def sigmoid(input: Any) -> Tensor:
+    return _float_unary("sigmoid", input)
+
+
+def erf(input: Any) -> Tensor:
+    return _float_unary("erf", input)
+
+
+def floor(input: Any) -> Tensor:
+    x = to_tensor(input)
+    return x if x._dtype.category < 2 else apply(P["floor"], (x,), {})
+
+
+def ceil(input: Any) -> Tensor:
+    x = to_tensor(input)
+    return x if x._dtype.category < 2 else apply(P["ceil"], (x,), {})
+
+
+def trunc(input: Any) -> Tensor:
+    x = to_tensor(input)
+    return x if x._dtype.category < 2 else apply(P["trunc"], (x,), {})
+
+
+fix = trunc
+
+
+def round(input: Any, *, decimals: int = 0) -> Tensor:
+    x = to_tensor(input)
+    if x._dtype.category < 2 and decimals >= 0:
+        return x
+    return apply(P["round"], (x,), {"decimals": int(decimals)})
+
+
+def _floatify(x: Any) -> Tensor:
+    x = to_tensor(x)
+    return cast(x, _dt.get_default_dtype()) if x._dtype.category < 2 else x
+
+
+# ---- activations (composites) ---------------------------------------------------------------
+def relu(input: Any) -> Tensor:
+    x = to_tensor(input)
+    # where(x > 0, x, 0): the gradient at 0 is 0, as in PyTorch
+    return where(gt(x, 0), x, 0)
+
+
+def leaky_relu(input: Any, negative_slope: float = 0.01) -> Tensor:
+    x = to_tensor(input)
+    return where(gt(x, 0), x, mul(x, negative_slope))
+
+
+def elu(input: Any, alpha: float = 1.0) -> Tensor:
+    x = to_tensor(input)
+    return where(gt(x, 0), x, mul(expm1(x), alpha))
+
+
+def gelu(input: Any, approximate: str = "none") -> Tensor:
+    x = _floatify(input)
+    if approximate == "none":
+        return mul(mul(x, 0.5), add(erf(mul(x, 1.0 / math.sqrt(2.0))), 1.0))
+    if approximate == "tanh":
+        inner = mul(add(x, mul(mul(mul(x, x), x), 0.044715)), math.sqrt(2.0 / math.pi))
+        return mul(mul(x, 0.5), add(tanh(inner), 1.0))
+    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def silu(input: Any) -> Tensor:
+    x = _floatify(input)
+    return mul(x, sigmoid(x))
+
+
+def softplus(input: Any, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    x = _floatify(input)
+    bx = mul(x, beta) if beta != 1 else x
+    # log(1 + exp(bx)) computed stably as max(bx, 0) + log1p(exp(-|bx|)); linear above threshold
+    soft = add(relu(bx), log1p(exp(neg(abs(bx)))))
+    if beta != 1:
+        soft = div(soft, beta)
+    return where(gt(bx, threshold), x, soft)
+
+
+def clamp(input: Any, min: Any = None, max: Any = None) -> Tensor:
+    x = to_tensor(input)
+    if min is None and max is None:
+        raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
+    # where-based so that the gradient passes at a bound (x == min goes to the x branch) and NaN
+    # inputs stay NaN, as in PyTorch.
+    out = x
+    if min is not None:
+        out = where(lt(out, min), _like(min, out), out)
+    if max is not None:
+        out = where(gt(out, max), _like(max, out), out)
+    return out
+
+
+clip = clamp
+
+
+def _like(v: Any, ref: Tensor) -> Any:
+    return v if isinstance(v, Tensor) else as_operand(v, _dt.result_type(ref, v))
+
+
+def nan_to_num(
+    input: Any, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None
+) -> Tensor:
+    x = to_tensor(input)
+    if x._dtype.category < 2:
+        return x
+    import numpy as np
+
+    info = np.finfo(x._dtype.np)
+    big = float(info.max) if posinf is None else posinf
+    small = float(info.min) if neginf is None else neginf
+    out = where(isnan(x), nan, x)
+    out = where(eq(x, math.inf), big, out)
+    return where(eq(x, -math.inf), small, out)
+
+
+# ---- comparisons and logic ---------------------------------------------------------------------
+def eq(input: Any, other: Any) -> Tensor:
+    return _binary("eq", input, other)
+
+
+def ne(input: Any, other: Any) -> Tensor:
+    return _binary("ne", input, other)
+
+
+def lt(input: Any, other: Any) -> Tensor:
+    return _binary("lt", input, other)
+
+
+def le(input: Any, other: Any) -> Tensor:
+    return _binary("le", input, other)
+
+
+def gt(input: Any, other: Any) -> Tensor:
+    return _binary("gt", input, other)
+
+
+def ge(input: Any, other: Any) -> Tensor:
+    return _binary("ge", input, other)
+
+
+less, less_equal, greater, greater_equal, not_equal = lt, le, gt, ge, ne
+
+
+def logical_and(input: Any, other: Any) -> Tensor:
+    return _binary("logical_and", input, other, _dt.result_type(input, other))
+
+
+def logical_or(input: Any, other: Any) -> Tensor:
+    return _binary("logical_or", input, other, _dt.result_type(input, other))
+
+
+def logical_xor(input: Any, other: Any) -> Tensor:
+    return _binary("logical_xor", input, other, _dt.result_type(input, other))
+
+
+def logical_not(input: Any) -> Tensor:
+    return _same_unary("logical_not", input)
+
+
+def _bitwise(name: str, a: Any, b: Any) -> Tensor:
+    dt = _dt.result_type(a, b)
+    if dt.category == 2:
+        raise DTypeError(f"{name}: expected integer or bool tensors, got {describe(a, b)}")
+    return _binary(name, a, b, dt)
+
+
+def bitwise_and(input: Any, other: Any) -> Tensor:
+    return _bitwise("bitwise_and", input, other)
+
+
+def bitwise_or(input: Any, other: Any) -> Tensor:
+    return _bitwise("bitwise_or", input, other)
+
+
+def bitwise_xor(input: Any, other: Any) -> Tensor:
+    return _bitwise("bitwise_xor", input, other)
+
+
+def bitwise_not(input: Any) -> Tensor:
+    x = to_tensor(input)
+    if x._dtype is _dt.bool_:
+        return logical_not(x)
+    if x._dtype.category != 1:
+        raise DTypeError(f"bitwise_not: expected an integer or bool tensor, got {describe(x)}")
+    return sub(neg(x), 1)
+
+
+def isnan(input: Any) -> Tensor:
+    return _same_unary("isnan", input)
+
+
+def isinf(input: Any) -> Tensor:
+    return _same_unary("isinf", input)
+
+
+def isfinite(input: Any) -> Tensor:
+    x = to_tensor(input)
+    return logical_not(logical_or(isnan(x), isinf(x)))
+
+
+def isclose(input: Any, other: Any, rtol: float = 1e-5, atol: float = 1e-8,
+            equal_nan: bool = False) -> Tensor:
+    a, b = to_tensor(input).detach(), to_tensor(other).detach()
+    close = le(abs(sub(a, b)), add(mul(abs(b), rtol), atol))
+    close = logical_or(close, eq(a, b))
+    if equal_nan:
+        close = logical_or(close, logical_and(isnan(a), isnan(b)))
+    return close
+
+
+def allclose(input: Any, other: Any, rtol: float = 1e-5, atol: float = 1e-8,
+             equal_nan: bool = False) -> bool:
+    return bool(isclose(input, other, rtol, atol, equal_nan)._data.all())
+
+
+def equal(input: Any, other: Any) -> bool:
+    a, b = to_tensor(input), to_tensor(other)
+    return a.shape == b.shape and bool((a._data == b._data).all())

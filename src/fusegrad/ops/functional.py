@@ -1,0 +1,381 @@
+"""``fusegrad.nn.functional``: losses, dropout, layer_norm, conv2d and pooling, all composites of
+primitives (conv2d and pooling go through ``unfold``/im2col: an advanced-indexing gather plus a
+matmul), so each is differentiable twice and visible to the compiler as ordinary primitives.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import DTypeError, ShapeError, describe
+from ..tensor import Tensor
+from ._util import to_tensor
+from .elementwise import (
+    abs,
+    add,
+    clamp,
+    elu,
+    exp,
+    gelu,
+    leaky_relu,
+    log,
+    log1p,
+    mul,
+    neg,
+    relu,
+    sigmoid,
+    silu,
+    softplus,
+    sub,
+    tanh,
+    where,
+)
+from .linalg import linear
+from .reduction import log_softmax, mean, softmax, sum, var
+from .shape import pad
+
+__all__ = [
+    "relu", "leaky_relu", "elu", "gelu", "silu", "softplus", "sigmoid", "tanh", "softmax",
+    "log_softmax", "linear", "pad", "cross_entropy", "nll_loss", "mse_loss", "l1_loss",
+    "binary_cross_entropy", "binary_cross_entropy_with_logits", "dropout", "layer_norm",
+    "unfold", "conv2d", "max_pool2d", "avg_pool2d", "one_hot", "embedding", "normalize",
+]
+
+from .indexing import embedding, one_hot  # noqa: E402
+
+
+def _reduce(loss: Tensor, reduction: str, op: str) -> Tensor:
+    if reduction == "mean":
+        return mean(loss)
+    if reduction == "sum":
+        return sum(loss)
+    if reduction == "none":
+        return loss
+    raise ValueError(f"{op}: {reduction!r} is not a valid value for reduction")
+
+
+def _class_dim_last(x: Tensor) -> Tensor:
+    """(N, C, d1, ...) -> (N, d1, ..., C) so the class dim is last."""
+    if x.ndim <= 2:
+        return x
+    return x.movedim(1, -1)
+
+
+def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
+             ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    logp = to_tensor(input)
+    tgt = to_tensor(target)
+    if tgt._dtype.category != 1:
+        raise DTypeError(f"nll_loss: expected an integer class-index target, got {describe(tgt)}")
+    if logp.ndim == 1:
+        logp, tgt = logp.unsqueeze(0), tgt.unsqueeze(0)
+        squeeze = True
+    else:
+        squeeze = False
+    if logp.ndim < 2 or tgt.shape != logp.shape[:1] + logp.shape[2:]:
+        raise ShapeError(
+            f"nll_loss: expected target of shape {tuple(logp.shape[:1] + logp.shape[2:])} for "
+            f"input {describe(logp)}, got {describe(tgt)}"
+        )
+    n_classes = logp.shape[1]
+    ignored = tgt == ignore_index
+    safe = where(ignored, 0, tgt)
+    bad = (safe._data < 0) | (safe._data >= n_classes)
+    if bad.any():
+        raise IndexError(
+            f"nll_loss: Target {int(safe._data[bad].flat[0])} is out of bounds "
+            f"(number of classes {n_classes})"
+        )
+    picked = _class_dim_last(logp).gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+    if weight is not None:
+        w = to_tensor(weight)[safe]
+    else:
+        w = Tensor._make(np.ones(safe.shape, logp.dtype.np))
+    w = where(ignored, 0.0, w)
+    loss = neg(picked) * w
+    if squeeze and reduction == "none":
+        loss = loss.squeeze(0)
+    if reduction == "mean":
+        return sum(loss) / sum(w)
+    return _reduce(loss, reduction, "nll_loss")
+
+
+def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                  ignore_index: int = -100, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    x = to_tensor(input)
+    tgt = to_tensor(target)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    class_dim = 0 if x.ndim == 1 else 1
+    logp = log_softmax(x, class_dim)
+    n_classes = x.shape[class_dim]
+    w = to_tensor(weight) if weight is not None else None
+    if tgt._dtype.category == 2:  # class probabilities
+        if tgt.shape != x.shape:
+            raise ShapeError(
+                f"cross_entropy: probability target {describe(tgt)} must match input {describe(x)}"
+            )
+        if label_smoothing:
+            tgt = tgt * (1 - label_smoothing) + label_smoothing / n_classes
+        terms = logp * tgt
+        if w is not None:
+            shape = [1] * x.ndim
+            shape[class_dim] = n_classes
+            terms = terms * w.reshape(shape)
+        loss = neg(sum(terms, class_dim))
+        if reduction == "mean":
+            return sum(loss) / (loss.numel() if loss.numel() else math.nan)
+        return _reduce(loss, reduction, "cross_entropy")
+    nll = nll_loss(logp, tgt, w, ignore_index, reduction)
+    if not label_smoothing:
+        return nll
+    # smoothing term: -sum_c w_c log p_c / C per element, ignored positions excluded
+    lp = logp.unsqueeze(0) if logp.ndim == 1 else logp
+    t = tgt.unsqueeze(0) if tgt.ndim == 0 else tgt
+    if w is not None:
+        shape = [1] * lp.ndim
+        shape[1] = n_classes
+        lp = lp * w.reshape(shape)
+    smooth = neg(sum(lp, 1)) / n_classes
+    ignored = t == ignore_index
+    smooth = where(ignored, 0.0, smooth)
+    if reduction == "mean":
+        if w is not None:
+            denom = sum(where(ignored, 0.0, w[where(ignored, 0, t)]))
+        else:
+            denom = sum((~ignored).to(x.dtype))
+        smooth_red = sum(smooth) / denom
+    elif reduction == "sum":
+        smooth_red = sum(smooth)
+    else:
+        smooth_red = smooth.squeeze(0) if tgt.ndim == 0 else smooth
+    return nll * (1 - label_smoothing) + smooth_red * label_smoothing
+
+
+def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    d = sub(input, target)
+    return _reduce(d * d, reduction, "mse_loss")
+
+
+def l1_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    return _reduce(abs(sub(input, target)), reduction, "l1_loss")
+
+
+def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                         reduction: str = "mean") -> Tensor:
+    p, t = to_tensor(input), to_tensor(target)
+    if p.shape != t.shape:
+        raise ShapeError(
+            f"binary_cross_entropy: target {describe(t)} must have the same size as input "
+            f"{describe(p)}"
+        )
+    # PyTorch clamps the logs at -100 so that p in {0, 1} gives a finite loss
+    log_p = clamp(log(p), min=-100.0)
+    log_1mp = clamp(log(sub(1.0, p)), min=-100.0)
+    loss = neg(t * log_p + sub(1.0, t) * log_1mp)
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction, "binary_cross_entropy")
+
+
+def binary_cross_entropy_with_logits(input: Tensor, target: Tensor,
+                                     weight: Tensor | None = None, reduction: str = "mean",
+                                     pos_weight: Tensor | None = None) -> Tensor:
+    x, t = to_tensor(input), to_tensor(target)
+    if x.shape != t.shape:
+        raise ShapeError(
+            f"binary_cross_entropy_with_logits: target {describe(t)} must have the same size as "
+            f"input {describe(x)}"
+        )
+    # log(1 + exp(-|x|)) + max(-x, 0) = -log(sigmoid(x)), computed without overflow
+    log_sig_neg = add(log1p(exp(neg(abs(x)))), relu(neg(x)))
+    if pos_weight is not None:
+        coef = add(mul(sub(pos_weight, 1.0), t), 1.0)
+        loss = add(mul(sub(1.0, t), x), mul(coef, log_sig_neg))
+    else:
+        loss = add(mul(sub(1.0, t), x), log_sig_neg)
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction, "binary_cross_entropy_with_logits")
+
+
+def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False,
+            generator: Any = None) -> Tensor:
+    x = to_tensor(input)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0:
+        return x
+    if p == 1.0:
+        return mul(x, 0.0)
+    from .creation import _gen
+
+    keep = _gen(generator).random(x.shape) >= p
+    mask = Tensor._make((keep / (1.0 - p)).astype(x.dtype.np))
+    return mul(x, mask)
+
+
+def layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
+               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    x = to_tensor(input)
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if tuple(x.shape[x.ndim - len(shape):]) != shape:
+        raise ShapeError(
+            f"layer_norm: normalized_shape {list(shape)} does not match the trailing dims of "
+            f"input {describe(x)}"
+        )
+    dims = tuple(range(x.ndim - len(shape), x.ndim))
+    mu = mean(x, dims, keepdim=True)
+    centred = sub(x, mu)
+    sigma2 = var(x, dims, keepdim=True, correction=0)
+    out = centred * (sigma2 + eps).rsqrt()
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out
+
+
+def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    x = to_tensor(input)
+    n = x.norm(p, dim, keepdim=True)
+    return x / clamp(n, min=eps)
+
+
+# ---- convolution and pooling via im2col ----------------------------------------------------------
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (int(v), int(v)) if isinstance(v, (int, np.integer)) else (int(v[0]), int(v[1]))
+
+
+def _out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool = False) -> int:
+    span = size + 2 * p - d * (k - 1) - 1
+    n = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (n - 1) * s >= size + p:
+        n -= 1  # the last window must start inside the input or left padding
+    return n
+
+
+def _windows(x: Tensor, kernel: tuple, stride: tuple, padding: tuple, dilation: tuple,
+             pad_value: float, ceil_mode: bool = False, op: str = "unfold") -> Tensor:
+    """(N, C, H, W) -> (N, C, kh, kw, oh, ow): every kernel window, by one gather."""
+    if x.ndim != 4:
+        raise ShapeError(f"{op}: expected a 4-D input (N, C, H, W), got {describe(x)}")
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    H, W = x.shape[2], x.shape[3]
+    oh = _out_size(H, kh, sh, ph, dh, ceil_mode)
+    ow = _out_size(W, kw, sw, pw, dw, ceil_mode)
+    if oh <= 0 or ow <= 0:
+        raise ShapeError(
+            f"{op}: input {describe(x)} is too small for kernel {kernel} with padding {padding}, "
+            f"stride {stride}, dilation {dilation} (output would be {oh}x{ow})"
+        )
+    extra_h = max((oh - 1) * sh + dh * (kh - 1) + 1 - (H + 2 * ph), 0)
+    extra_w = max((ow - 1) * sw + dw * (kw - 1) + 1 - (W + 2 * pw), 0)
+    if ph or pw or extra_h or extra_w:
+        x = pad(x, (pw, pw + extra_w, ph, ph + extra_h), value=pad_value)
+    ih = (np.arange(kh) * dh)[:, None] + (np.arange(oh) * sh)[None, :]
+    iw = (np.arange(kw) * dw)[:, None] + (np.arange(ow) * sw)[None, :]
+    rows = Tensor._make(ih[:, None, :, None].astype(np.int64))
+    cols = Tensor._make(iw[None, :, None, :].astype(np.int64))
+    return x[:, :, rows, cols]
+
+
+def unfold(input: Tensor, kernel_size: Any, dilation: Any = 1, padding: Any = 0,
+           stride: Any = 1) -> Tensor:
+    x = to_tensor(input)
+    win = _windows(x, _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation), 0.0)
+    n, c, kh, kw, oh, ow = win.shape
+    return win.reshape(n, c * kh * kw, oh * ow)
+
+
+def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,
+           padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:
+    x, w = to_tensor(input), to_tensor(weight)
+    if w.ndim != 4:
+        raise ShapeError(f"conv2d: weight must be 4-D (out, in/groups, kh, kw), got {describe(w)}")
+    if x.ndim == 3:
+        return conv2d(x.unsqueeze(0), w, bias, stride, padding, dilation, groups).squeeze(0)
+    if x.ndim != 4 or x.shape[1] != w.shape[1] * groups or w.shape[0] % groups:
+        raise ShapeError(
+            f"conv2d: input {describe(x)} does not fit weight {describe(w)} with groups={groups} "
+            f"(expected {w.shape[1] * groups} input channels)"
+        )
+    if isinstance(padding, str):
+        if padding == "valid":
+            padding = 0
+        elif padding == "same":
+            kh, kw = w.shape[2], w.shape[3]
+            dh, dw = _pair(dilation)
+            padding = ((dh * (kh - 1)) // 2, (dw * (kw - 1)) // 2)
+        else:
+            raise ValueError(f"conv2d: invalid padding string {padding!r}")
+    out_c, cin_g, kh, kw = w.shape
+    win = _windows(x, (kh, kw), _pair(stride), _pair(padding), _pair(dilation), 0.0, op="conv2d")
+    n, c, _, _, oh, ow = win.shape
+    cols = win.reshape(n, groups, cin_g * kh * kw, oh * ow)
+    wmat = w.reshape(groups, out_c // groups, cin_g * kh * kw)
+    out = (wmat @ cols).reshape(n, out_c, oh, ow)
+    if bias is not None:
+        out = out + to_tensor(bias).reshape(1, out_c, 1, 1)
+    return out
+
+
+def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
+               dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
+    x = to_tensor(input)
+    squeeze = x.ndim == 3
+    if squeeze:
+        x = x.unsqueeze(0)
+    k = _pair(kernel_size)
+    s = _pair(stride) if stride is not None else k
+    p = _pair(padding)
+    if p[0] > k[0] // 2 or p[1] > k[1] // 2:
+        raise ShapeError(f"max_pool2d: pad should be at most half of effective kernel size, got "
+                         f"padding {p} for kernel {k}")
+    win = _windows(x, k, s, p, _pair(dilation), -math.inf, ceil_mode, op="max_pool2d")
+    n, c, kh, kw, oh, ow = win.shape
+    flat = win.reshape(n, c, kh * kw, oh, ow)
+    # values via argmax + gather: the gradient goes to one element per window, as in PyTorch
+    values, idx = flat.max(dim=2)
+    if squeeze:
+        values = values.squeeze(0)
+    if return_indices:
+        return values, idx
+    return values
+
+
+def avg_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
+               ceil_mode: bool = False, count_include_pad: bool = True,
+               divisor_override: int | None = None) -> Tensor:
+    x = to_tensor(input)
+    squeeze = x.ndim == 3
+    if squeeze:
+        x = x.unsqueeze(0)
+    k = _pair(kernel_size)
+    s = _pair(stride) if stride is not None else k
+    p = _pair(padding)
+    win = _windows(x, k, s, p, (1, 1), 0.0, ceil_mode, op="avg_pool2d")
+    n, c, kh, kw, oh, ow = win.shape
+    total = sum(win.reshape(n, c, kh * kw, oh, ow), 2)
+    if divisor_override:
+        out = total / divisor_override
+    elif count_include_pad and not ceil_mode:
+        out = total / (kh * kw)
+    else:
+        ones = Tensor._make(np.ones((1, 1) + tuple(x.shape[2:]), x.dtype.np))
+        if count_include_pad:
+            ones = pad(ones, (p[1], p[1], p[0], p[0]), value=1.0)
+            p2 = (0, 0)
+        else:
+            p2 = p
+        cnt = _windows(ones, k, s, p2, (1, 1), 0.0, ceil_mode, op="avg_pool2d")
+        cnt = sum(cnt.reshape(1, 1, kh * kw, oh, ow), 2)
+        out = total / cnt
+    return out.squeeze(0) if squeeze else out
+

@@ -1,0 +1,289 @@
+"""Indexing op surface: ``__getitem__`` (basic and advanced), gather/scatter, index_select,
+masked_fill/masked_select, take_along_dim, one_hot, embedding.
+
+``__getitem__`` normalises a Python key into a hashable *spec* (a tuple of tagged entries:
+``("s", start, stop, step)`` slices, ``("i", n)`` ints, ``("n",)`` None, ``("e",)`` Ellipsis,
+``("t", k)`` the k-th index tensor) plus the index tensors, which become primitive inputs.  Its
+gradient (``index_add_at``) accumulates duplicate indices, as in PyTorch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
+from ..tensor import Tensor
+from ._util import P, apply, as_operand, to_tensor, wrap_dim
+from .primitives import numpy_key
+
+
+def _normalise_key(x: Tensor, key: Any) -> tuple[tuple, tuple]:
+    if not isinstance(key, tuple):
+        key = (key,)
+    spec: list = []
+    tensors: list = []
+    consumed = 0  # dims of x used so far (for bounds checks of ints)
+    has_ellipsis = any(k is Ellipsis for k in key)
+    used = sum(
+        1 if not (k is None or k is Ellipsis) else 0
+        for k in key
+        if not (isinstance(k, Tensor) and k._dtype is _dt.bool_)
+    ) + sum(k.ndim for k in key if isinstance(k, Tensor) and k._dtype is _dt.bool_)
+    if used > x.ndim:
+        raise IndexOutOfRange(
+            f"getitem: too many indices for tensor of dimension {x.ndim} (shape {tuple(x.shape)})"
+        )
+    for k in key:
+        if k is None:
+            spec.append(("n",))
+        elif k is Ellipsis:
+            spec.append(("e",))
+            consumed = x.ndim - (used - consumed)
+        elif isinstance(k, slice):
+            for part in (k.start, k.stop, k.step):
+                if part is not None and not isinstance(part, (int, np.integer, Tensor)):
+                    raise TypeError(f"getitem: slice indices must be integers, got {part!r}")
+            step = 1 if k.step is None else int(k.step)
+            if step <= 0:
+                raise ValueError("getitem: step must be greater than zero")
+            start = None if k.start is None else int(k.start)
+            stop = None if k.stop is None else int(k.stop)
+            spec.append(("s", start, stop, step))
+            consumed += 1
+        elif isinstance(k, (bool, np.bool_)):
+            t = Tensor._make(np.array(bool(k)))
+            spec.append(("t", len(tensors)))
+            tensors.append(t)
+        elif isinstance(k, (int, np.integer)) or (
+            isinstance(k, Tensor) and k.ndim == 0 and k._dtype.category == 1
+        ):
+            i = int(k)
+            size = x._data.shape[consumed] if consumed < x.ndim else 0
+            if not -size <= i < size:
+                raise IndexOutOfRange(
+                    f"getitem: index {i} is out of bounds for dimension {consumed} with size "
+                    f"{size} (tensor shape {tuple(x.shape)})"
+                )
+            spec.append(("i", i % size))
+            consumed += 1
+        else:
+            t = k if isinstance(k, Tensor) else Tensor._make(np.asarray(k))
+            if t._data.dtype.kind == "f":
+                raise IndexOutOfRange(
+                    "getitem: tensors used as indices must be long, int or bool tensors, "
+                    f"got {describe(t)}"
+                )
+            if t._dtype is not _dt.bool_ and t._data.dtype.kind in "iu":
+                dim = consumed
+                size = x._data.shape[dim] if dim < x.ndim else 0
+                if t._data.size and (t._data.max() >= size or t._data.min() < -size):
+                    bad = t._data.max() if t._data.max() >= size else t._data.min()
+                    raise IndexOutOfRange(
+                        f"getitem: index {int(bad)} is out of bounds for dimension {dim} with "
+                        f"size {size} (tensor shape {tuple(x.shape)})"
+                    )
+                consumed += 1
+            elif t._dtype is _dt.bool_:
+                dims = x._data.shape[consumed : consumed + t.ndim]
+                if tuple(dims) != tuple(t.shape):
+                    raise IndexOutOfRange(
+                        f"getitem: the shape of the mask {tuple(t.shape)} does not match the "
+                        f"shape of the indexed tensor {tuple(x.shape)} at dims "
+                        f"{consumed}..{consumed + t.ndim - 1}"
+                    )
+                consumed += t.ndim
+            spec.append(("t", len(tensors)))
+            tensors.append(t)
+    del has_ellipsis
+    return tuple(spec), tuple(tensors)
+
+
+def getitem(input: Tensor, key: Any) -> Tensor:
+    x = to_tensor(input)
+    spec, tensors = _normalise_key(x, key)
+    out = apply(P["getitem"], (x,) + tensors, {"key": spec})
+    if not tensors:
+        from .shape import _as_view
+
+        _as_view(out, x)
+    return out
+
+
+def getitem_spec(x: Tensor, tensors: tuple, spec: tuple) -> Tensor:
+    """``x[key]`` for an already normalised key (used by derivative rules)."""
+    out = apply(P["getitem"], (x,) + tuple(tensors), {"key": spec})
+    return out
+
+
+def index_put_spec(x: Tensor, v: Tensor, tensors: tuple, spec: tuple) -> Tensor:
+    """A copy of ``x`` with ``[key] = v`` for a normalised key (v broadcast to the target)."""
+    probe = np.broadcast_to(np.empty((), dtype=bool), tuple(x.shape))
+    target = probe[numpy_key(spec, tuple(t._data for t in tensors))].shape
+    if tuple(v.shape) != tuple(target):
+        v = v.broadcast_to(target)
+    return apply(P["index_put"], (x, v) + tuple(tensors), {"key": spec})
+
+
+def setitem_value(x: Tensor, key: Any, value: Any) -> Tensor:
+    """Out-of-place ``x[key] = value``: the value of the in-place assignment."""
+    spec, tensors = _normalise_key(x, key)
+    v = as_operand(value, x.dtype)
+    return index_put_spec(x, v, tensors, spec)
+
+
+def index_add_at(g: Tensor, tensors: tuple, spec: tuple, shape: tuple) -> Tensor:
+    """Zeros of ``shape`` with ``g`` accumulated at ``[key]`` (the gradient of getitem)."""
+    return apply(P["index_add_at"], (g,) + tuple(tensors), {"key": spec, "shape": tuple(shape)})
+
+
+def _index_tensor(op: str, index: Any) -> Tensor:
+    t = to_tensor(index)
+    if t._dtype.category != 1:
+        raise DTypeError(f"{op}: expected an int64 or int32 index tensor, got {describe(t)}")
+    return t
+
+
+def _check_index_range(op: str, index: Tensor, size: int, dim: int) -> None:
+    if index._data.size:
+        lo, hi = int(index._data.min()), int(index._data.max())
+        if lo < -size or hi >= size:
+            bad = hi if hi >= size else lo
+            raise IndexOutOfRange(
+                f"{op}: index {bad} is out of bounds for dimension {dim} with size {size}"
+            )
+
+
+def gather(input: Any, dim: int, index: Any) -> Tensor:
+    x = to_tensor(input)
+    idx = _index_tensor("gather", index)
+    d = wrap_dim("gather", dim, x.ndim)
+    if idx.ndim != x.ndim:
+        raise ShapeError(
+            f"gather: index tensor must have the same number of dimensions as input tensor "
+            f"(index {describe(idx)}, input {describe(x)})"
+        )
+    for i in range(x.ndim):
+        if i != d and idx._data.shape[i] > x._data.shape[i]:
+            raise ShapeError(
+                f"gather: size of index {tuple(idx.shape)} does not fit input {tuple(x.shape)} "
+                f"at dimension {i} (only dimension {d} may be larger)"
+            )
+    _check_index_range("gather", idx, x._data.shape[d], d)
+    return apply(P["gather"], (x, idx), {"dim": d})
+
+
+def _scatter_args(op: str, x: Tensor, dim: int, index: Any, src: Any) -> tuple:
+    idx = _index_tensor(op, index)
+    d = wrap_dim(op, dim, x.ndim)
+    if idx.ndim != x.ndim:
+        raise ShapeError(f"{op}: index {describe(idx)} must have as many dims as input {describe(x)}")
+    _check_index_range(op, idx, x._data.shape[d], d)
+    if isinstance(src, Tensor):
+        s = as_operand(src, x.dtype)
+        if s.shape != idx.shape:
+            if any(a < b for a, b in zip(s.shape, idx.shape)) or s.ndim != idx.ndim:
+                raise ShapeError(f"{op}: src {describe(s)} is smaller than index {describe(idx)}")
+            s = s[tuple(slice(0, n) for n in idx.shape)]
+    else:
+        s = Tensor._make(np.full(idx.shape, src, dtype=x.dtype.np))
+    return d, idx, s
+
+
+def scatter(input: Any, dim: int, index: Any, src: Any = None, *, value: Any = None) -> Tensor:
+    x = to_tensor(input)
+    d, idx, s = _scatter_args("scatter", x, dim, index, src if src is not None else value)
+    return apply(P["scatter"], (x, idx, s), {"dim": d})
+
+
+def scatter_add(input: Any, dim: int, index: Any, src: Any) -> Tensor:
+    x = to_tensor(input)
+    d, idx, s = _scatter_args("scatter_add", x, dim, index, src)
+    return apply(P["scatter_add"], (x, idx, s), {"dim": d})
+
+
+def index_select(input: Any, dim: int, index: Any) -> Tensor:
+    x = to_tensor(input)
+    idx = _index_tensor("index_select", index)
+    if idx.ndim > 1:
+        raise ShapeError(f"index_select: index must be 0-D or 1-D, got {describe(idx)}")
+    d = wrap_dim("index_select", dim, x.ndim)
+    _check_index_range("index_select", idx, x._data.shape[d] if x.ndim else 1, d)
+    return getitem(x, (slice(None),) * d + (idx.reshape(-1),))
+
+
+def masked_fill(input: Any, mask: Any, value: Any) -> Tensor:
+    from .elementwise import where
+
+    x = to_tensor(input)
+    m = to_tensor(mask)
+    if m._dtype is not _dt.bool_:
+        raise DTypeError(f"masked_fill: expected a bool mask, got {describe(m)}")
+    if isinstance(value, Tensor) and value.ndim != 0:
+        raise ShapeError(
+            f"masked_fill only supports a 0-dimensional value tensor, but got tensor with "
+            f"{value.ndim} dimension(s)"
+        )
+    v = value if isinstance(value, Tensor) else as_operand(value, x.dtype)
+    out = where(m, as_operand(v, x.dtype), x)
+    if out.shape != x.shape:
+        raise ShapeError(f"masked_fill: mask {describe(m)} does not broadcast to input {describe(x)}")
+    return out
+
+
+def masked_select(input: Any, mask: Any) -> Tensor:
+    from .shape import broadcast_tensors
+
+    x, m = broadcast_tensors(to_tensor(input), to_tensor(mask))
+    if m._dtype is not _dt.bool_:
+        raise DTypeError(f"masked_select: expected a bool mask, got {describe(m)}")
+    return getitem(x, Tensor._make(np.ascontiguousarray(m._data)))
+
+
+def take_along_dim(input: Any, indices: Any, dim: int | None = None) -> Tensor:
+    x = to_tensor(input)
+    idx = _index_tensor("take_along_dim", indices)
+    if dim is None:
+        return gather(x.reshape(-1), 0, idx.reshape(-1))
+    d = wrap_dim("take_along_dim", dim, x.ndim)
+    if idx.ndim != x.ndim:
+        raise ShapeError(
+            f"take_along_dim: input {describe(x)} and indices {describe(idx)} should have the "
+            "same number of dimensions"
+        )
+    xs, ix = list(x.shape), list(idx.shape)
+    xs[d] = ix[d] = 1
+    shape = np.broadcast_shapes(tuple(xs), tuple(ix))
+    xb = x.broadcast_to(shape[:d] + (x.shape[d],) + shape[d + 1 :])
+    ib = idx.broadcast_to(shape[:d] + (idx.shape[d],) + shape[d + 1 :])
+    return gather(xb, d, ib)
+
+
+def one_hot(tensor: Any, num_classes: int = -1) -> Tensor:
+    idx = _index_tensor("one_hot", tensor)
+    if num_classes < 0:
+        num_classes = int(idx._data.max()) + 1 if idx._data.size else 0
+    if idx._data.size and (idx._data.min() < 0 or idx._data.max() >= num_classes):
+        raise IndexOutOfRange(f"one_hot: class values must be in [0, {num_classes})")
+    classes = Tensor._make(np.arange(num_classes, dtype=np.int64))
+    from .elementwise import eq
+
+    return eq(idx.unsqueeze(-1), classes).to(_dt.int64)
+
+
+def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Tensor:
+    idx = _index_tensor("embedding", input)
+    if weight.ndim != 2:
+        raise ShapeError(f"embedding: weight must be 2-D, got {describe(weight)}")
+    _check_index_range("embedding", idx, weight.shape[0], 0)
+    out = getitem(weight, idx)
+    if padding_idx is not None:
+        from .elementwise import eq, where
+
+        if padding_idx < 0:
+            padding_idx += weight.shape[0]
+        # rows looked up at padding_idx get no gradient
+        out = where(eq(idx, padding_idx).unsqueeze(-1), out.detach(), out)
+    return out

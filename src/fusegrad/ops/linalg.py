@@ -1,0 +1,237 @@
+"""Linear algebra op surface: matmul/@ (batched, broadcasting), mm, bmm, dot, mv, outer, einsum,
+linear.
+
+``matmul`` is the one primitive (operands of rank >= 2, numpy batch broadcasting); 1-D operands
+are unsqueezed and squeezed around it.  ``einsum`` reduces each contraction to permute/reshape
+plus one batched matmul, so it is differentiable through those primitives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..errors import DTypeError, ShapeError, describe
+from ..tensor import Tensor
+from ._util import P, apply, cast, to_tensor
+
+
+def _check_dtypes(op: str, a: Tensor, b: Tensor) -> _dt.dtype:
+    if a._dtype is not b._dtype:
+        raise DTypeError(
+            f"{op}: expected both operands to have the same dtype, but got {describe(a, b)}"
+        )
+    if a._dtype is _dt.bool_:
+        raise DTypeError(f"{op}: not implemented for bool tensors ({describe(a, b)})")
+    return a._dtype
+
+
+def matmul(input: Any, other: Any) -> Tensor:
+    a, b = to_tensor(input), to_tensor(other)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError(
+            f"matmul: both arguments need to be at least 1D, but they are {a.ndim}D and {b.ndim}D"
+        )
+    _check_dtypes("matmul", a, b)
+    a2 = a.unsqueeze(0) if a.ndim == 1 else a
+    b2 = b.unsqueeze(-1) if b.ndim == 1 else b
+    if a2.shape[-1] != b2.shape[-2]:
+        raise ShapeError(
+            f"matmul: shapes {tuple(a.shape)} and {tuple(b.shape)} cannot be multiplied "
+            f"({a2.shape[-1]} != {b2.shape[-2]})"
+        )
+    try:
+        np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+    except ValueError:
+        raise ShapeError(
+            f"matmul: batch dimensions of {tuple(a.shape)} and {tuple(b.shape)} cannot broadcast"
+        ) from None
+    out = apply(P["matmul"], (a2, b2), {})
+    if a.ndim == 1:
+        out = out.squeeze(-2)
+    if b.ndim == 1:
+        out = out.squeeze(-1)
+    return out
+
+
+def mm(input: Tensor, mat2: Tensor) -> Tensor:
+    a, b = to_tensor(input), to_tensor(mat2)
+    if a.ndim != 2 or b.ndim != 2:
+        raise ShapeError(f"mm: expected 2-D tensors, got {describe(a, b)}")
+    return matmul(a, b)
+
+
+def bmm(input: Tensor, mat2: Tensor) -> Tensor:
+    a, b = to_tensor(input), to_tensor(mat2)
+    if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0]:
+        raise ShapeError(f"bmm: expected 3-D tensors with equal batch size, got {describe(a, b)}")
+    return matmul(a, b)
+
+
+def mv(input: Tensor, vec: Tensor) -> Tensor:
+    a, b = to_tensor(input), to_tensor(vec)
+    if a.ndim != 2 or b.ndim != 1:
+        raise ShapeError(f"mv: expected a matrix and a vector, got {describe(a, b)}")
+    return matmul(a, b)
+
+
+def dot(input: Tensor, other: Tensor) -> Tensor:
+    a, b = to_tensor(input), to_tensor(other)
+    if a.ndim != 1 or b.ndim != 1:
+        raise ShapeError(f"dot: 1D tensors expected, but got {describe(a, b)}")
+    if a.shape[0] != b.shape[0]:
+        raise ShapeError(
+            f"dot: inconsistent tensor size, expected tensor [{a.shape[0]}] and src "
+            f"[{b.shape[0]}] to have the same number of elements"
+        )
+    return matmul(a, b)
+
+
+inner = dot
+
+
+def outer(input: Tensor, vec2: Tensor) -> Tensor:
+    a, b = to_tensor(input), to_tensor(vec2)
+    if a.ndim != 1 or b.ndim != 1:
+        raise ShapeError(f"outer: 1D tensors expected, but got {describe(a, b)}")
+    return a.unsqueeze(1) * b.unsqueeze(0)
+
+
+ger = outer
+
+
+def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    x, w = to_tensor(input), to_tensor(weight)
+    if x.shape[-1] != w.shape[-1]:
+        raise ShapeError(
+            f"linear: input {describe(x)} and weight {describe(w)} are incompatible "
+            f"(in_features {x.shape[-1]} != {w.shape[-1]})"
+        )
+    out = matmul(x, w.mT if w.ndim == 2 else w)
+    return out + bias if bias is not None else out
+
+
+# ---- einsum ----------------------------------------------------------------------------------
+
+
+def _parse(equation: str, operands: list[Tensor]) -> tuple[list[str], str]:
+    eq = equation.replace(" ", "")
+    if "->" in eq:
+        lhs, rhs = eq.split("->")
+    else:
+        lhs, rhs = eq, None
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        raise ShapeError(
+            f"einsum(): {len(terms)} operand subscripts for {len(operands)} operands in "
+            f"{equation!r}"
+        )
+    # expand '...' into fresh upper-case letters, right-aligned across operands (broadcasting)
+    ell_letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    ranks = []
+    for term, op in zip(terms, operands):
+        if "..." in term:
+            n = op.ndim - (len(term) - 3)
+            if n < 0:
+                raise ShapeError(f"einsum(): subscript {term!r} has too many dims for {describe(op)}")
+            ranks.append(n)
+        else:
+            if len(term) != op.ndim:
+                raise ShapeError(
+                    f"einsum(): the number of subscripts in {term!r} does not match the number "
+                    f"of dimensions ({op.ndim}) of operand {describe(op)}"
+                )
+            ranks.append(0)
+    ell_rank = max(ranks, default=0)
+    expanded = [
+        term.replace("...", ell_letters[ell_rank - n : ell_rank]) for term, n in zip(terms, ranks)
+    ]
+    ell = ell_letters[:ell_rank]
+    if rhs is None:
+        counts: dict[str, int] = {}
+        for term in expanded:
+            for c in term:
+                counts[c] = counts.get(c, 0) + 1
+        rhs = ell + "".join(sorted(c for c, k in counts.items() if k == 1 and c.islower()))
+    else:
+        rhs = rhs.replace("...", ell)
+    return expanded, rhs
+
+
+def _diagonalise(x: Tensor, term: str) -> tuple[Tensor, str]:
+    """Take diagonals for repeated letters within one operand ('ii' -> 'i')."""
+    while len(set(term)) != len(term):
+        for i, c in enumerate(term):
+            j = term.find(c, i + 1)
+            if j >= 0:
+                x = x.diagonal(0, i, j)  # diagonal dim goes last
+                term = term[:i] + term[i + 1 : j] + term[j + 1 :] + c
+                break
+    return x, term
+
+
+def _sum_out(x: Tensor, term: str, keep: set[str]) -> tuple[Tensor, str]:
+    drop = [i for i, c in enumerate(term) if c not in keep]
+    if drop:
+        x = x.sum(dim=tuple(drop))
+        term = "".join(c for c in term if c in keep)
+    return x, term
+
+
+def _contract(a: Tensor, ta: str, b: Tensor, tb: str, keep: set[str]) -> tuple[Tensor, str]:
+    """Contract two operands over the letters they share that are not kept."""
+    batch = [c for c in ta if c in tb and c in keep]
+    contracted = [c for c in ta if c in tb and c not in keep]
+    left = [c for c in ta if c not in tb]
+    right = [c for c in tb if c not in ta]
+    a = a.permute([ta.index(c) for c in batch + left + contracted])
+    b = b.permute([tb.index(c) for c in batch + contracted + right])
+    nb = len(batch)
+    bshape = tuple(np.broadcast_shapes(tuple(a.shape[:nb]), tuple(b.shape[:nb])))
+    lsz = [a.shape[nb + i] for i in range(len(left))]
+    rsz = [b.shape[nb + len(contracted) + i] for i in range(len(right))]
+    csz_a = [a.shape[nb + len(left) + i] for i in range(len(contracted))]
+    csz_b = [b.shape[nb + i] for i in range(len(contracted))]
+    if csz_a != csz_b:
+        raise ShapeError(f"einsum(): contracted dims {contracted} differ: {csz_a} vs {csz_b}")
+    a3 = a.reshape(tuple(a.shape[:nb]) + (int(np.prod(lsz)), int(np.prod(csz_a))))
+    b3 = b.reshape(tuple(b.shape[:nb]) + (int(np.prod(csz_b)), int(np.prod(rsz))))
+    out = matmul(a3, b3).reshape(bshape + tuple(lsz) + tuple(rsz))
+    return out, "".join(batch + left + right)
+
+
+def einsum(equation: str, *operands: Any) -> Tensor:
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    ops = [to_tensor(o) for o in operands]
+    dt = _dt.result_type(*ops)
+    ops = [cast(o, dt) for o in ops]
+    terms, rhs = _parse(equation, ops)
+    pairs = [_diagonalise(o, t) for o, t in zip(ops, terms)]
+    sizes: dict[str, int] = {}
+    for o, t in pairs:
+        for c, s in zip(t, o.shape):
+            if c in sizes and s != sizes[c] and 1 not in (s, sizes[c]):
+                raise ShapeError(
+                    f"einsum(): subscript {c} has size {s} which does not broadcast with "
+                    f"previously seen size {sizes[c]}"
+                )
+            sizes[c] = s if c not in sizes or sizes[c] == 1 else sizes[c]
+    # contract left to right; a letter is kept while the output or a later operand needs it
+    x, tx = pairs[0]
+    later = "".join(t for _, t in pairs[1:])
+    x, tx = _sum_out(x, tx, set(rhs) | set(later))
+    for k in range(1, len(pairs)):
+        y, ty = pairs[k]
+        later = "".join(t for _, t in pairs[k + 1 :])
+        keep = set(rhs) | set(later)
+        y, ty = _sum_out(y, ty, keep | set(tx))
+        x, tx = _contract(x, tx, y, ty, keep)
+    for c in rhs:
+        if c not in tx:
+            raise ShapeError(f"einsum(): output subscript {c} does not appear in the inputs")
+    x, tx = _sum_out(x, tx, set(rhs))
+    out = x.permute([tx.index(c) for c in rhs]) if tx != rhs else x
+    return out

@@ -1,0 +1,336 @@
+"""Eager kernels of every primitive, registered in the op registry.
+
+Kernels take numpy arrays that the op surface has already promoted to one dtype and checked
+for shape, plus keyword attributes, and return one array.  They never allocate more than numpy
+needs and never touch autograd.  The full list is small on purpose: everything else in fusegrad
+is a composite of these (CONVENTIONS.md), so there is one derivative rule and one compiler
+lowering per entry here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .registry import primitive
+
+_ERR = {"divide": "ignore", "invalid": "ignore", "over": "ignore", "under": "ignore"}
+
+
+def _quiet(fn):  # type: ignore[no-untyped-def]
+    """Wrap a numpy call so that IEEE edge cases (log(0), 0/0) give inf/nan silently."""
+
+    def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+        with np.errstate(**_ERR):
+            return fn(*args, **kwargs)
+
+    call.__name__ = getattr(fn, "__name__", "kernel")
+    return call
+
+
+# ---- elementwise: unary ---------------------------------------------------------------------
+def _unary(name: str, fn, differentiable: bool = True) -> None:  # type: ignore[no-untyped-def]
+    primitive(name, "elementwise", "x", differentiable=differentiable)(_quiet(fn))
+
+
+for _name, _fn in [
+    ("neg", np.negative),
+    ("exp", np.exp),
+    ("expm1", np.expm1),
+    ("log", np.log),
+    ("log1p", np.log1p),
+    ("sin", np.sin),
+    ("cos", np.cos),
+    ("tanh", np.tanh),
+    ("sqrt", np.sqrt),
+    ("reciprocal", np.reciprocal),
+    ("abs", np.abs),
+    ("sign", np.sign),
+    ("floor", np.floor),
+    ("ceil", np.ceil),
+    ("trunc", np.trunc),
+]:
+    _unary(_name, _fn)
+
+
+@primitive("sigmoid", "elementwise", "x")
+def _sigmoid(x):  # type: ignore[no-untyped-def]
+    # A primitive (not exp-based composite) for stability: never evaluates exp of a large
+    # positive number, and its rule reuses the output.
+    with np.errstate(over="ignore"):
+        e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+
+
+@primitive("erf", "elementwise", "x")
+def _erf(x):  # type: ignore[no-untyped-def]
+    try:
+        from scipy.special import erf  # optional, vectorised
+
+        return erf(x).astype(x.dtype, copy=False)
+    except ImportError:
+        return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
+
+
+@primitive("round", "elementwise", "x")
+def _round(x, decimals=0):  # type: ignore[no-untyped-def]
+    return np.round(x, decimals)
+
+
+@primitive("cast", "elementwise", "x")
+def _cast(x, dtype):  # type: ignore[no-untyped-def]
+    return x.astype(dtype.np)
+
+
+@primitive("clone", "elementwise", "x")
+def _clone(x):  # type: ignore[no-untyped-def]
+    return np.array(x, copy=True, order="C")
+
+
+# predicates and logical ops: bool results, never differentiable
+for _name, _fn in [
+    ("isnan", np.isnan),
+    ("isinf", np.isinf),
+    ("logical_not", np.logical_not),
+]:
+    _unary(_name, _fn, differentiable=False)
+
+
+# ---- elementwise: binary / ternary ----------------------------------------------------------
+def _binary(name: str, fn, differentiable: bool = True) -> None:  # type: ignore[no-untyped-def]
+    primitive(name, "elementwise", "a b", differentiable=differentiable)(_quiet(fn))
+
+
+for _name, _fn in [
+    ("add", np.add),
+    ("sub", np.subtract),
+    ("mul", np.multiply),
+    ("maximum", np.maximum),
+    ("minimum", np.minimum),
+    ("remainder", np.remainder),
+]:
+    _binary(_name, _fn)
+
+
+@primitive("div", "elementwise", "a b")
+def _div(a, b):  # type: ignore[no-untyped-def]
+    with np.errstate(**_ERR):
+        out = np.true_divide(a, b)
+    return out.astype(a.dtype, copy=False) if a.dtype.kind == "f" else out
+
+
+@primitive("pow", "elementwise", "a b")
+def _pow(a, b):  # type: ignore[no-untyped-def]
+    if a.dtype.kind in "iu" and np.any(b < 0):
+        raise ValueError("Integers to negative integer powers are not allowed.")
+    with np.errstate(**_ERR):
+        return np.power(a, b)
+
+
+@primitive("floor_divide", "elementwise", "a b", differentiable=False)
+def _floor_divide(a, b):  # type: ignore[no-untyped-def]
+    if a.dtype.kind in "iub" and np.any(b == 0):
+        raise ZeroDivisionError("floor_divide: integer division by zero")
+    with np.errstate(**_ERR):
+        return np.floor_divide(a, b)
+
+
+for _name, _fn in [
+    ("eq", np.equal),
+    ("ne", np.not_equal),
+    ("lt", np.less),
+    ("le", np.less_equal),
+    ("gt", np.greater),
+    ("ge", np.greater_equal),
+    ("logical_and", np.logical_and),
+    ("logical_or", np.logical_or),
+    ("logical_xor", np.logical_xor),
+    ("bitwise_and", np.bitwise_and),
+    ("bitwise_or", np.bitwise_or),
+    ("bitwise_xor", np.bitwise_xor),
+]:
+    _binary(_name, _fn, differentiable=False)
+
+
+@primitive("where", "elementwise", "cond a b")
+def _where(cond, a, b):  # type: ignore[no-untyped-def]
+    return np.where(cond, a, b)
+
+
+# ---- reductions -----------------------------------------------------------------------------
+@primitive("sum", "reduce", "x")
+def _sum(x, dim, keepdim):  # type: ignore[no-untyped-def]
+    dt = np.int64 if x.dtype.kind in "biu" else x.dtype
+    return np.sum(x, axis=dim, keepdims=keepdim, dtype=dt)
+
+
+@primitive("sum_to", "reduce", "x")
+def _sum_to(x, shape):  # type: ignore[no-untyped-def]
+    """Sum a broadcast result back to ``shape`` (leading dims and dims of size 1)."""
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, s in enumerate(shape) if s == 1 and x.shape[lead + i] != 1
+    )
+    out = np.sum(x, axis=axes, keepdims=True) if axes else x
+    return out.reshape(shape)
+
+
+@primitive("amax", "reduce", "x")
+def _amax(x, dim, keepdim):  # type: ignore[no-untyped-def]
+    return np.amax(x, axis=dim, keepdims=keepdim)
+
+
+@primitive("amin", "reduce", "x")
+def _amin(x, dim, keepdim):  # type: ignore[no-untyped-def]
+    return np.amin(x, axis=dim, keepdims=keepdim)
+
+
+@primitive("prod", "reduce", "x")
+def _prod(x, dim, keepdim):  # type: ignore[no-untyped-def]
+    dt = np.int64 if x.dtype.kind in "biu" else x.dtype
+    return np.prod(x, axis=dim, keepdims=keepdim, dtype=dt)
+
+
+@primitive("argmax", "reduce", "x", differentiable=False)
+def _argmax(x, dim, keepdim):  # type: ignore[no-untyped-def]
+    if dim is None:
+        out = np.argmax(x.reshape(-1))
+        return np.asarray(out, np.int64).reshape((1,) * x.ndim if keepdim else ())
+    return np.argmax(x, axis=dim, keepdims=keepdim).astype(np.int64)
+
+
+@primitive("argmin", "reduce", "x", differentiable=False)
+def _argmin(x, dim, keepdim):  # type: ignore[no-untyped-def]
+    if dim is None:
+        out = np.argmin(x.reshape(-1))
+        return np.asarray(out, np.int64).reshape((1,) * x.ndim if keepdim else ())
+    return np.argmin(x, axis=dim, keepdims=keepdim).astype(np.int64)
+
+
+@primitive("all", "reduce", "x", differentiable=False)
+def _all(x, dim, keepdim):  # type: ignore[no-untyped-def]
+    return np.all(x, axis=dim, keepdims=keepdim)
+
+
+@primitive("any", "reduce", "x", differentiable=False)
+def _any(x, dim, keepdim):  # type: ignore[no-untyped-def]
+    return np.any(x, axis=dim, keepdims=keepdim)
+
+
+@primitive("cumsum", "opaque", "x")
+def _cumsum(x, dim):  # type: ignore[no-untyped-def]
+    dt = np.int64 if x.dtype.kind in "biu" else x.dtype
+    return np.cumsum(x, axis=dim, dtype=dt)
+
+
+# ---- movement (views where numpy gives one) ------------------------------------------------
+@primitive("reshape", "movement", "x")
+def _reshape(x, shape):  # type: ignore[no-untyped-def]
+    return np.reshape(x, shape)
+
+
+@primitive("permute", "movement", "x")
+def _permute(x, dims):  # type: ignore[no-untyped-def]
+    return np.transpose(x, dims)
+
+
+@primitive("broadcast_to", "movement", "x")
+def _broadcast_to(x, shape):  # type: ignore[no-untyped-def]
+    return np.broadcast_to(x, shape)
+
+
+@primitive("flip", "movement", "x")
+def _flip(x, dims):  # type: ignore[no-untyped-def]
+    return np.flip(x, dims).copy()  # PyTorch's flip copies
+
+
+@primitive("cat", "movement", "xs*")
+def _cat(*xs, dim):  # type: ignore[no-untyped-def]
+    return np.concatenate(xs, axis=dim)
+
+
+@primitive("pad", "movement", "x")
+def _pad(x, widths, value):  # type: ignore[no-untyped-def]
+    """Constant padding; ``widths`` is numpy's ((before, after), ...) per dim."""
+    return np.pad(x, widths, mode="constant", constant_values=value)
+
+
+@primitive("diagonal", "movement", "x")
+def _diagonal(x, offset, dim1, dim2):  # type: ignore[no-untyped-def]
+    return np.diagonal(x, offset, dim1, dim2)
+
+
+def numpy_key(spec: tuple, idx: tuple) -> tuple:
+    """Rebuild a numpy index from a normalised key spec and the index arrays it refers to."""
+    key = []
+    for entry in spec:
+        tag = entry[0]
+        if tag == "s":
+            key.append(slice(entry[1], entry[2], entry[3]))
+        elif tag == "i":
+            key.append(entry[1])
+        elif tag == "t":
+            key.append(idx[entry[1]])
+        elif tag == "n":
+            key.append(None)
+        else:
+            key.append(Ellipsis)
+    return tuple(key)
+
+
+@primitive("getitem", "movement", "x idx*")
+def _getitem(x, *idx, key):  # type: ignore[no-untyped-def]
+    """Basic indexing (a view) or advanced indexing (a copy), numpy/PyTorch semantics."""
+    return x[numpy_key(key, idx)]
+
+
+@primitive("index_put", "movement", "x v idx*")
+def _index_put(x, v, *idx, key):  # type: ignore[no-untyped-def]
+    """A copy of ``x`` with ``out[key] = v`` (last write wins for duplicate indices)."""
+    out = np.array(x, copy=True)
+    out[numpy_key(key, idx)] = v
+    return out
+
+
+@primitive("index_add_at", "movement", "g idx*")
+def _index_add_at(g, *idx, key, shape):  # type: ignore[no-untyped-def]
+    """Zeros of ``shape`` with ``g`` added at ``x[key]``; duplicate indices accumulate."""
+    out = np.zeros(shape, dtype=g.dtype)
+    k = numpy_key(key, idx)
+    if idx:
+        np.add.at(out, k, g)
+    else:
+        out[k] = g
+    return out
+
+
+def _scatter_key(index: np.ndarray, dim: int) -> tuple:
+    grids = np.indices(index.shape, sparse=True)
+    return tuple(index if d == dim else grids[d] for d in range(index.ndim))
+
+
+@primitive("gather", "movement", "x index")
+def _gather(x, index, dim):  # type: ignore[no-untyped-def]
+    return x[_scatter_key(index, dim)]
+
+
+@primitive("scatter_add", "movement", "x index src")
+def _scatter_add(x, index, src, dim):  # type: ignore[no-untyped-def]
+    out = np.array(x, copy=True)
+    np.add.at(out, _scatter_key(index, dim), src)
+    return out
+
+
+@primitive("scatter", "movement", "x index src")
+def _scatter(x, index, src, dim):  # type: ignore[no-untyped-def]
+    out = np.array(x, copy=True)
+    out[_scatter_key(index, dim)] = src
+    return out
+
+
+# ---- opaque -----------------------------------------------------------------------------
+@primitive("matmul", "opaque", "a b")
+def _matmul(a, b):  # type: ignore[no-untyped-def]
+    """Batched matrix product of operands with at least 2 dims (numpy broadcasting of batch)."""
+    return np.matmul(a, b)

@@ -1,0 +1,251 @@
+"""Reduction op surface: sum, mean, prod, max/min (values + indices), amax/amin, argmax/argmin,
+var/std, norm, logsumexp, softmax/log_softmax, cumsum, all/any.
+
+Primitives: sum, amax, amin, prod, argmax, argmin, cumsum, all, any.  mean, var, std, norm,
+logsumexp, softmax, log_softmax and max/min with ``dim`` are composites.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import namedtuple
+from typing import Any
+
+from .. import dtypes as _dt
+from ..errors import DTypeError, ShapeError, describe
+from ..tensor import Tensor
+from ._util import P, apply, cast, to_tensor, wrap_dim, wrap_dims
+from .elementwise import abs, add, div, eq, exp, isfinite, log, mul, sqrt, sub, where
+
+_values_indices = namedtuple("_values_indices", ["values", "indices"])
+
+
+def _reduce(name: str, x: Tensor, dim: Any, keepdim: bool) -> Tensor:
+    dims = wrap_dims(name, dim, x.ndim)
+    if x.ndim == 0:
+        dims = None
+    return apply(P[name], (x,), {"dim": dims, "keepdim": bool(keepdim)})
+
+
+def sum(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    x = to_tensor(input)
+    if dtype is not None:
+        x = cast(x, _dt.as_dtype(dtype))
+    return _reduce("sum", x, dim, keepdim)
+
+
+def _count(x: Tensor, dims: tuple | None) -> int:
+    if dims is None:
+        return x.numel()
+    n = 1
+    for d in dims:
+        n *= x._data.shape[d]
+    return n
+
+
+def mean(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    x = to_tensor(input)
+    if dtype is not None:
+        x = cast(x, _dt.as_dtype(dtype))
+    if x._dtype.category != 2:
+        raise DTypeError(
+            "mean(): could not infer output dtype. Input dtype must be either a floating point "
+            f"or complex dtype. Got: {x._dtype.name}"
+        )
+    dims = wrap_dims("mean", dim, x.ndim) if x.ndim else None
+    n = _count(x, dims)
+    return div(sum(x, dims, keepdim), n) if n else mul(sum(x, dims, keepdim), math.nan)
+
+
+def var(input: Any, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *,
+        correction: float | None = None) -> Tensor:
+    x = to_tensor(input)
+    if x._dtype.category != 2:
+        raise DTypeError(f"var: expected a floating point tensor, got {describe(x)}")
+    if correction is None:
+        correction = 1 if unbiased is None or unbiased else 0
+    dims = wrap_dims("var", dim, x.ndim) if x.ndim else None
+    n = _count(x, dims)
+    centred = sub(x, mean(x, dims, keepdim=True))
+    ssq = sum(mul(centred, centred), dims, keepdim)
+    denom = n - correction
+    return div(ssq, denom) if denom > 0 else mul(ssq, math.inf if n else math.nan)
+
+
+def std(input: Any, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *,
+        correction: float | None = None) -> Tensor:
+    return sqrt(var(input, dim, unbiased, keepdim, correction=correction))
+
+
+def var_mean(input: Any, dim: Any = None, *, correction: float = 1, keepdim: bool = False) -> tuple:
+    return var(input, dim, keepdim=keepdim, correction=correction), mean(input, dim, keepdim)
+
+
+def prod(input: Any, dim: int | None = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    x = to_tensor(input)
+    if dtype is not None:
+        x = cast(x, _dt.as_dtype(dtype))
+    return _reduce("prod", x, dim, keepdim)
+
+
+def _check_nonempty(op: str, x: Tensor, dims: tuple | None) -> None:
+    if x.numel() == 0 and (dims is None or any(x._data.shape[d] == 0 for d in dims)):
+        raise ShapeError(
+            f"{op}(): Expected reduction dim to be specified for input.numel() == 0 (or the "
+            f"reduced dim has size 0); input {describe(x)}"
+        )
+
+
+def amax(input: Any, dim: Any = (), keepdim: bool = False) -> Tensor:
+    x = to_tensor(input)
+    dims = None if dim == () or dim is None else wrap_dims("amax", dim, x.ndim)
+    _check_nonempty("amax", x, dims)
+    return apply(P["amax"], (x,), {"dim": dims if x.ndim else None, "keepdim": bool(keepdim)})
+
+
+def amin(input: Any, dim: Any = (), keepdim: bool = False) -> Tensor:
+    x = to_tensor(input)
+    dims = None if dim == () or dim is None else wrap_dims("amin", dim, x.ndim)
+    _check_nonempty("amin", x, dims)
+    return apply(P["amin"], (x,), {"dim": dims if x.ndim else None, "keepdim": bool(keepdim)})
+
+
+def argmax(input: Any, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    x = to_tensor(input)
+    d = None if dim is None or x.ndim == 0 else wrap_dim("argmax", dim, x.ndim)
+    _check_nonempty("argmax", x, None if d is None else (d,))
+    return apply(P["argmax"], (x,), {"dim": d, "keepdim": bool(keepdim)})
+
+
+def argmin(input: Any, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    x = to_tensor(input)
+    d = None if dim is None or x.ndim == 0 else wrap_dim("argmin", dim, x.ndim)
+    _check_nonempty("argmin", x, None if d is None else (d,))
+    return apply(P["argmin"], (x,), {"dim": d, "keepdim": bool(keepdim)})
+
+
+def _max_min(op: str, x: Any, dim: Any, keepdim: bool) -> Any:
+    x = to_tensor(x)
+    if isinstance(dim, Tensor):  # max(a, b): elementwise
+        from .elementwise import maximum, minimum
+
+        return (maximum if op == "max" else minimum)(x, dim)
+    if dim is None:
+        return amax(x) if op == "max" else amin(x)
+    d = wrap_dim(op, dim, x.ndim)
+    if x.ndim == 0:
+        return _values_indices(x.reshape(()), Tensor._make(__import__("numpy").array(0)))
+    idx = argmax(x, d, keepdim=True) if op == "max" else argmin(x, d, keepdim=True)
+    # values via gather: the gradient goes to the selected index only (as PyTorch's max(dim))
+    values = x.gather(d, idx)
+    if not keepdim:
+        values, idx = values.squeeze(d), idx.squeeze(d)
+    return _values_indices(values, idx)
+
+
+def max(input: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    return _max_min("max", input, dim, keepdim)
+
+
+def min(input: Any, dim: Any = None, keepdim: bool = False) -> Any:
+    return _max_min("min", input, dim, keepdim)
+
+
+def all(input: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return _reduce("all", to_tensor(input), dim, keepdim)
+
+
+def any(input: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return _reduce("any", to_tensor(input), dim, keepdim)
+
+
+def count_nonzero(input: Any, dim: Any = None) -> Tensor:
+    from .elementwise import ne
+
+    return sum(ne(to_tensor(input), 0), dim)
+
+
+def cumsum(input: Any, dim: int, *, dtype: Any = None) -> Tensor:
+    x = to_tensor(input)
+    if dtype is not None:
+        x = cast(x, _dt.as_dtype(dtype))
+    if x.ndim == 0:
+        return x.clone()
+    return apply(P["cumsum"], (x,), {"dim": wrap_dim("cumsum", dim, x.ndim)})
+
+
+def norm(input: Any, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> Tensor:
+    x = to_tensor(input)
+    if x._dtype.category != 2:
+        raise DTypeError(f"norm: expected a floating point tensor, got {describe(x)}")
+    dims = wrap_dims("norm", dim, x.ndim) if x.ndim else None
+    if p in ("fro", 2, 2.0):
+        return _safe_sqrt(sum(mul(x, x), dims, keepdim))
+    if p in (math.inf, "inf"):
+        return amax(abs(x), dims if dims is not None else (), keepdim)
+    if p in (-math.inf, "-inf"):
+        return amin(abs(x), dims if dims is not None else (), keepdim)
+    if p == 1:
+        return sum(abs(x), dims, keepdim)
+    if p == 0:
+        from .elementwise import ne
+
+        return sum(cast(ne(x, 0), x.dtype), dims, keepdim)
+    if isinstance(p, (int, float)):
+        a = abs(x)
+        s = sum(_safe_pow(a, p), dims, keepdim)
+        return where(eq(s, 0), 0.0, _safe_pow(where(eq(s, 0), 1.0, s), 1.0 / p))
+    raise ValueError(f"norm: unsupported norm type {p!r}")
+
+
+def _safe_pow(a: Tensor, p: float) -> Tensor:
+    # a**p with a zero gradient at a == 0 (the subgradient PyTorch uses for p-norms)
+    zero = eq(a, 0)
+    return where(zero, 0.0, where(zero, 1.0, a) ** p)
+
+
+def _safe_sqrt(s: Tensor) -> Tensor:
+    # sqrt with gradient 0 (not inf * 0 = nan) at s == 0, as PyTorch's norm backward
+    zero = eq(s, 0)
+    return where(zero, 0.0, sqrt(where(zero, 1.0, s)))
+
+
+def logsumexp(input: Any, dim: Any, keepdim: bool = False) -> Tensor:
+    x = to_tensor(input)
+    if x._dtype.category != 2:
+        x = cast(x, _dt.get_default_dtype())
+    dims = wrap_dims("logsumexp", dim, x.ndim) if x.ndim else None
+    if x.numel() == 0:
+        return log(sum(exp(x), dims, keepdim))
+    # shift by the (detached) max for stability; an all -inf or inf slice is not shifted
+    m = amax(x, dims if dims is not None else (), keepdim=True).detach()
+    m = where(isfinite(m), m, 0.0)
+    out = add(log(sum(exp(sub(x, m)), dims, keepdim=True)), m)
+    if not keepdim:
+        out = out.squeeze(dims) if dims is not None else out.reshape(())
+    return out
+
+
+def softmax(input: Any, dim: int, dtype: Any = None) -> Tensor:
+    x = to_tensor(input)
+    if dtype is not None:
+        x = cast(x, _dt.as_dtype(dtype))
+    if x._dtype.category != 2:
+        raise DTypeError(f"softmax: expected a floating point tensor, got {describe(x)}")
+    d = wrap_dim("softmax", dim, x.ndim) if x.ndim else None
+    dims = (d,) if d is not None else None
+    m = amax(x, dims if dims else (), keepdim=True).detach() if x.numel() else x.detach()
+    e = exp(sub(x, where(isfinite(m), m, 0.0)))
+    return div(e, sum(e, dims, keepdim=True))
+
+
+def log_softmax(input: Any, dim: int, dtype: Any = None) -> Tensor:
+    x = to_tensor(input)
+    if dtype is not None:
+        x = cast(x, _dt.as_dtype(dtype))
+    if x._dtype.category != 2:
+        raise DTypeError(f"log_softmax: expected a floating point tensor, got {describe(x)}")
+    if x.ndim == 0:
+        return sub(x, x)
+    d = wrap_dim("log_softmax", dim, x.ndim)
+    return sub(x, logsumexp(x, d, keepdim=True))

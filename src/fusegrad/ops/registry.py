@@ -1,0 +1,132 @@
+"""THE op registry: one record per primitive, and ``apply``, the single place where a primitive
+runs and, when autograd needs it, a backward node is recorded.
+
+A primitive record holds its eager kernel (numpy arrays in, array out), its kind
+(elementwise | reduce | movement | opaque) and the names of its tensor inputs.  Its derivative
+rule lives in ``autograd/derivatives.py`` (``RULES``) and is looked up by name; the compiler adds
+a lowering per primitive.  Composites (sigmoid-free ops such as softmax, layer_norm, ...) never
+appear here: they are written in the op surface over these primitives.
+
+``apply`` has one extension point, ``set_interceptor``: the compiler's capture installs a
+function that receives every primitive call whose inputs include symbolic values, so derivative
+rules written in the op surface record IR instead of computing (DESIGN.md contract 3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ..autograd import grad_mode
+from ..errors import AutogradError
+
+
+@dataclass(frozen=True, slots=True)
+class Primitive:
+    name: str
+    kind: str  # "elementwise" | "reduce" | "movement" | "opaque"
+    inputs: tuple[str, ...]  # names of the tensor inputs ("*" suffix: variadic)
+    kernel: Callable[..., Any]
+    differentiable: bool = True
+    variadic: bool = False
+    doc: str = field(default="", compare=False)
+
+
+REGISTRY: dict[str, Primitive] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A derivative rule: ``fn(node, g, *saved) -> tuple of input gradients``.
+
+    ``save`` names what the rule needs: forward input names, or ``"out"`` for the output.
+    ``save_index`` maps those names to input positions (>= 0) or outputs (-1 is output 0)."""
+
+    prim: str
+    fn: Callable[..., tuple]
+    save: tuple[str, ...]
+    save_index: tuple[int, ...]
+
+
+RULES: dict[str, Rule] = {}
+
+
+def primitive(
+    name: str, kind: str, inputs: str, *, differentiable: bool = True
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``kernel`` as the eager implementation of primitive ``name``."""
+    names = tuple(inputs.split())
+    variadic = bool(names) and names[-1].endswith("*")
+
+    def register(kernel: Callable[..., Any]) -> Callable[..., Any]:
+        if name in REGISTRY:
+            raise ValueError(f"primitive {name!r} registered twice")
+        REGISTRY[name] = Primitive(
+            name, kind, names, kernel, differentiable, variadic, kernel.__doc__ or ""
+        )
+        return kernel
+
+    return register
+
+
+def vjp(name: str, save: str = "") -> Callable[[Callable[..., tuple]], Callable[..., tuple]]:
+    """Register the derivative rule of primitive ``name`` (see ``Rule``)."""
+    prim = REGISTRY[name]
+    names = tuple(save.split())
+    index = []
+    for n in names:
+        if n == "out":
+            index.append(-1)
+        elif n in prim.inputs:
+            index.append(prim.inputs.index(n))
+        else:
+            raise ValueError(f"rule for {name!r} saves unknown value {n!r}")
+
+    def register(fn: Callable[..., tuple]) -> Callable[..., tuple]:
+        if name in RULES:
+            raise ValueError(f"rule for {name!r} registered twice")
+        RULES[name] = Rule(name, fn, names, tuple(index))
+        return fn
+
+    return register
+
+
+_interceptor: Callable[..., Any] | None = None
+
+
+def set_interceptor(fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """Install (or clear) the capture hook; returns the previous one."""
+    global _interceptor
+    prev, _interceptor = _interceptor, fn
+    return prev
+
+
+def apply(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
+    """Run ``prim`` on Tensors ``inputs`` with keyword ``attrs``; record a node if needed."""
+    from ..tensor import Tensor
+
+    if _interceptor is not None:
+        result = _interceptor(prim, inputs, attrs)
+        if result is not NotImplemented:
+            return result
+    data = prim.kernel(*[t._data for t in inputs], **attrs)
+    out = Tensor._make(data if type(data) is np.ndarray else np.asarray(data))
+    if prim.differentiable and grad_mode._state.enabled:
+        for t in inputs:
+            if t.requires_grad:
+                break
+        else:
+            return out
+        rule = RULES.get(prim.name)
+        if rule is None:
+            raise AutogradError(f"{prim.name}: no derivative rule is registered")
+        from ..autograd.node import OpNode
+
+        out.grad_fn = OpNode(prim, rule, attrs, inputs, (out,))
+        from ..autograd import anomaly
+
+        if anomaly._state.enabled:
+            anomaly.record_forward_trace(out.grad_fn)
+    return out

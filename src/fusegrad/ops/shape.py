@@ -1,0 +1,550 @@
+"""Shape and view op surface: reshape/view, permute/transpose, expand, squeeze/unsqueeze,
+flatten, narrow/select/split/chunk/unbind, cat/stack, flip/roll, repeat/tile, pad, diagonal,
+tril/triu.
+
+Only reshape, permute, broadcast_to, getitem (for slicing), cat, flip, pad and diagonal are
+primitives; the rest are composites of those.  Results that numpy can express as views share
+storage and the version counter with their base.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import ShapeError, describe
+from ..tensor import Tensor
+from ._util import P, apply, shape_arg, to_tensor, wrap_dim, wrap_dims
+
+
+def _as_view(out: Tensor, base: Tensor) -> Tensor:
+    """Mark ``out`` as a view of ``base`` when it shares base's memory."""
+    if out._data is not base._data and np.shares_memory(out._data, base._data):
+        out._version_counter = base._version_counter
+        out._base = base._base if base._base is not None else base
+    return out
+
+
+def _infer_shape(op: str, x: Tensor, shape: tuple) -> tuple:
+    n = x._data.size
+    if shape.count(-1) > 1:
+        raise ShapeError(f"{op}: only one dimension can be inferred, got shape {shape}")
+    known = 1
+    for s in shape:
+        if s != -1:
+            if s < 0:
+                raise ShapeError(f"{op}: invalid shape dimension {s} in {shape}")
+            known *= s
+    if -1 in shape:
+        if known == 0 or n % known:
+            raise ShapeError(
+                f"{op}: shape {list(shape)} is invalid for input of size {n} "
+                f"(input shape {tuple(x.shape)})"
+            )
+        shape = tuple(n // known if s == -1 else s for s in shape)
+    elif known != n:
+        raise ShapeError(
+            f"{op}: shape {list(shape)} is invalid for input of size {n} "
+            f"(input shape {tuple(x.shape)})"
+        )
+    return shape
+
+
+def reshape(input: Any, *shape: Any) -> Tensor:
+    x = to_tensor(input)
+    target = _infer_shape("reshape", x, shape_arg(shape))
+    if target == x._data.shape:
+        return _alias(x)
+    return _as_view(apply(P["reshape"], (x,), {"shape": target}), x)
+
+
+def _alias(x: Tensor) -> Tensor:
+    # reshape to the same shape: still a new tensor object (a view), as in PyTorch
+    return _as_view(apply(P["reshape"], (x,), {"shape": x._data.shape}), x)
+
+
+def view(input: Tensor, *shape: Any) -> Tensor:
+    x = to_tensor(input)
+    if len(shape) == 1 and not isinstance(shape[0], (int, tuple, list, np.integer)):
+        from .. import dtypes as _dt
+
+        return x.to(_dt.as_dtype(shape[0]))
+    target = _infer_shape("view", x, shape_arg(shape))
+    probe = x._data.view()
+    try:
+        probe.shape = target
+    except AttributeError:
+        raise ShapeError(
+            f"view: view size is not compatible with input tensor's size and stride (input "
+            f"shape {tuple(x.shape)}, strides {x.stride()}, requested {list(target)}); at least "
+            "one dimension spans across two contiguous subspaces. Use .reshape(...) instead."
+        ) from None
+    return _as_view(apply(P["reshape"], (x,), {"shape": target}), x)
+
+
+def view_as(input: Tensor, other: Tensor) -> Tensor:
+    return view(input, tuple(other.shape))
+
+
+def reshape_as(input: Tensor, other: Tensor) -> Tensor:
+    return reshape(input, tuple(other.shape))
+
+
+def flatten(input: Any, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    x = to_tensor(input)
+    if x.ndim == 0:
+        return reshape(x, (1,))
+    s = wrap_dim("flatten", start_dim, x.ndim)
+    e = wrap_dim("flatten", end_dim, x.ndim)
+    if s > e:
+        raise ShapeError(f"flatten: start_dim {start_dim} cannot come after end_dim {end_dim}")
+    shp = x._data.shape
+    return reshape(x, shp[:s] + (int(np.prod(shp[s : e + 1])),) + shp[e + 1 :])
+
+
+def unflatten(input: Any, dim: int, sizes: Sequence[int]) -> Tensor:
+    x = to_tensor(input)
+    d = wrap_dim("unflatten", dim, x.ndim)
+    shp = x._data.shape
+    sizes = tuple(sizes)
+    if -1 in sizes:
+        known = int(np.prod([s for s in sizes if s != -1]))
+        sizes = tuple(shp[d] // known if s == -1 else s for s in sizes)
+    if int(np.prod(sizes)) != shp[d]:
+        raise ShapeError(
+            f"unflatten: provided sizes {list(sizes)} don't multiply up to the size of dim {dim} "
+            f"({shp[d]}) in the input tensor of shape {tuple(shp)}"
+        )
+    return reshape(x, shp[:d] + sizes + shp[d + 1 :])
+
+
+def squeeze(input: Any, dim: Any = None) -> Tensor:
+    x = to_tensor(input)
+    shp = x._data.shape
+    if dim is None:
+        dims = tuple(i for i, s in enumerate(shp) if s == 1)
+    else:
+        dims = wrap_dims("squeeze", dim, x.ndim) or ()
+        dims = tuple(d for d in dims if x.ndim and shp[d] == 1)
+    return reshape(x, tuple(s for i, s in enumerate(shp) if i not in dims))
+
+
+def unsqueeze(input: Any, dim: int) -> Tensor:
+    x = to_tensor(input)
+    d = wrap_dim("unsqueeze", dim, x.ndim + 1)
+    shp = x._data.shape
+    return reshape(x, shp[:d] + (1,) + shp[d:])
+
+
+def permute(input: Any, *dims: Any) -> Tensor:
+    x = to_tensor(input)
+    dims = shape_arg(dims)
+    if len(dims) != x.ndim:
+        raise ShapeError(
+            f"permute: number of dims don't match: tensor of shape {tuple(x.shape)} has "
+            f"{x.ndim} dims but {len(dims)} were given ({dims})"
+        )
+    wrapped = tuple(wrap_dim("permute", d, x.ndim) for d in dims)
+    if len(set(wrapped)) != len(wrapped):
+        raise ShapeError(f"permute: repeated dim in {dims}")
+    if wrapped == tuple(range(x.ndim)):
+        return _alias(x)
+    return _as_view(apply(P["permute"], (x,), {"dims": wrapped}), x)
+
+
+def transpose(input: Any, dim0: int, dim1: int) -> Tensor:
+    x = to_tensor(input)
+    if x.ndim == 0:
+        return _alias(x)
+    a = wrap_dim("transpose", dim0, x.ndim)
+    b = wrap_dim("transpose", dim1, x.ndim)
+    dims = list(range(x.ndim))
+    dims[a], dims[b] = dims[b], dims[a]
+    return permute(x, dims)
+
+
+swapaxes = swapdims = transpose
+
+
+def t(input: Any) -> Tensor:
+    x = to_tensor(input)
+    if x.ndim > 2:
+        raise ShapeError(f"t() expects a tensor with <= 2 dimensions, but self is {x.ndim}D")
+    return transpose(x, 0, 1) if x.ndim == 2 else _alias(x)
+
+
+def movedim(input: Any, source: Any, destination: Any) -> Tensor:
+    x = to_tensor(input)
+    src = [source] if isinstance(source, int) else list(source)
+    dst = [destination] if isinstance(destination, int) else list(destination)
+    src = [wrap_dim("movedim", s, x.ndim) for s in src]
+    dst = [wrap_dim("movedim", d, x.ndim) for d in dst]
+    order = [d for d in range(x.ndim) if d not in src]
+    for d, s in sorted(zip(dst, src)):
+        order.insert(d, s)
+    return permute(x, order)
+
+
+def expand(input: Any, *sizes: Any) -> Tensor:
+    x = to_tensor(input)
+    sizes = shape_arg(sizes)
+    if len(sizes) < x.ndim:
+        raise ShapeError(
+            f"expand: the number of sizes provided ({len(sizes)}) must be greater or equal to the "
+            f"number of dimensions in the tensor ({x.ndim})"
+        )
+    lead = len(sizes) - x.ndim
+    target = []
+    for i, s in enumerate(sizes):
+        old = x._data.shape[i - lead] if i >= lead else None
+        if s == -1:
+            if old is None:
+                raise ShapeError("expand: -1 is not allowed in a leading, non-existing dimension")
+            s = old
+        elif old is not None and old != 1 and old != s:
+            raise ShapeError(
+                f"expand: the expanded size of the tensor ({s}) must match the existing size "
+                f"({old}) at non-singleton dimension {i}.  Target sizes: {list(sizes)}.  "
+                f"Tensor sizes: {list(x.shape)}"
+            )
+        target.append(s)
+    return broadcast_to(x, tuple(target))
+
+
+def expand_as(input: Tensor, other: Tensor) -> Tensor:
+    return expand(input, tuple(other.shape))
+
+
+def broadcast_to(input: Any, shape: Sequence[int]) -> Tensor:
+    x = to_tensor(input)
+    shape = shape_arg((shape,))
+    if shape == x._data.shape:
+        return _alias(x)
+    try:
+        np.broadcast_shapes(x._data.shape, shape)
+        ok = len(shape) >= x.ndim and np.broadcast_shapes(x._data.shape, shape) == shape
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ShapeError(
+            f"broadcast_to: tensor of shape {tuple(x.shape)} cannot be broadcast to {shape}"
+        )
+    return _as_view(apply(P["broadcast_to"], (x,), {"shape": shape}), x)
+
+
+def broadcast_tensors(*tensors: Any) -> tuple:
+    from ._util import broadcast_shape
+
+    ts = [to_tensor(t) for t in tensors]
+    shape = broadcast_shape("broadcast_tensors", *ts)
+    return tuple(broadcast_to(t, shape) for t in ts)
+
+
+def sum_to(input: Tensor, shape: Sequence[int]) -> Tensor:
+    """Sum a broadcast tensor back down to ``shape`` (the inverse of broadcast_to)."""
+    shape = tuple(shape)
+    if tuple(input.shape) == shape:
+        return input
+    return apply(P["sum_to"], (input,), {"shape": shape})
+
+
+def sum_to_size(input: Tensor, *size: Any) -> Tensor:
+    return sum_to(input, shape_arg(size))
+
+
+def contiguous(input: Tensor) -> Tensor:
+    return input if input._data.flags.c_contiguous else clone(input)
+
+
+def clone(input: Any) -> Tensor:
+    return apply(P["clone"], (to_tensor(input),), {})
+
+
+def narrow(input: Any, dim: int, start: int, length: int) -> Tensor:
+    x = to_tensor(input)
+    d = wrap_dim("narrow", dim, x.ndim)
+    size = x._data.shape[d]
+    if start < 0:
+        start += size
+    if not (0 <= start <= size and 0 <= length and start + length <= size):
+        raise ShapeError(
+            f"narrow: start ({start}) + length ({length}) exceeds dimension size ({size}) of "
+            f"dim {dim} in tensor of shape {tuple(x.shape)}"
+        )
+    key = (slice(None),) * d + (slice(start, start + length),)
+    return x[key]
+
+
+def select(input: Any, dim: int, index: int) -> Tensor:
+    x = to_tensor(input)
+    d = wrap_dim("select", dim, x.ndim)
+    return x[(slice(None),) * d + (int(index),)]
+
+
+def split(tensor: Any, split_size_or_sections: Any, dim: int = 0) -> tuple:
+    x = to_tensor(tensor)
+    d = wrap_dim("split", dim, x.ndim)
+    size = x._data.shape[d]
+    if isinstance(split_size_or_sections, (int, np.integer)):
+        step = int(split_size_or_sections)
+        if step <= 0 and size:
+            raise ValueError(f"split: split_size must be positive, got {step}")
+        sizes = [min(step, size - i) for i in range(0, size, step)] if size else [0]
+    else:
+        sizes = [int(s) for s in split_size_or_sections]
+        if sum(sizes) != size:
+            raise ShapeError(
+                f"split: split_with_sizes expects split_sizes to sum exactly to {size} "
+                f"(input tensor's size at dimension {dim}), but got split_sizes={sizes}"
+            )
+    outs, start = [], 0
+    for s in sizes:
+        outs.append(narrow(x, d, start, s))
+        start += s
+    return tuple(outs)
+
+
+def chunk(input: Any, chunks: int, dim: int = 0) -> tuple:
+    x = to_tensor(input)
+    if chunks <= 0:
+        raise ValueError(f"chunk: chunks must be positive, got {chunks}")
+    d = wrap_dim("chunk", dim, x.ndim)
+    size = x._data.shape[d]
+    step = max(math.ceil(size / chunks), 1)
+    return split(x, step, d)
+
+
+def unbind(input: Any, dim: int = 0) -> tuple:
+    x = to_tensor(input)
+    d = wrap_dim("unbind", dim, x.ndim)
+    return tuple(select(x, d, i) for i in range(x._data.shape[d]))
+
+
+def cat(tensors: Sequence[Any], dim: int = 0) -> Tensor:
+    ts = [to_tensor(t) for t in tensors]
+    if not ts:
+        raise ValueError("cat: expected a non-empty list of Tensors")
+    # PyTorch skips 1-D empty tensors (legacy behaviour)
+    nonempty = [t for t in ts if not (t.ndim == 1 and t._data.shape[0] == 0)] or ts[:1]
+    ref = nonempty[0]
+    d = wrap_dim("cat", dim, ref.ndim)
+    from .. import dtypes as _dt
+    from ._util import cast
+
+    dt = _dt.result_type(*nonempty)
+    for i, t in enumerate(nonempty):
+        if t.ndim != ref.ndim or any(
+            a != b for j, (a, b) in enumerate(zip(t.shape, ref.shape)) if j != d
+        ):
+            raise ShapeError(
+                f"cat: sizes of tensors must match except in dimension {d}: expected "
+                f"{tuple(ref.shape)}, got {tuple(t.shape)} for tensor number {i} in the list"
+            )
+    nonempty = [cast(t, dt) for t in nonempty]
+    if len(nonempty) == 1:
+        return _alias(nonempty[0]) if nonempty[0] is ts[0] else nonempty[0]
+    return apply(P["cat"], tuple(nonempty), {"dim": d})
+
+
+concat = concatenate = cat
+
+
+def stack(tensors: Sequence[Any], dim: int = 0) -> Tensor:
+    ts = [to_tensor(t) for t in tensors]
+    if not ts:
+        raise ValueError("stack: expected a non-empty list of Tensors")
+    for i, t in enumerate(ts):
+        if t.shape != ts[0].shape:
+            raise ShapeError(
+                f"stack: expects each tensor to be equal size, but got {tuple(ts[0].shape)} at "
+                f"entry 0 and {tuple(t.shape)} at entry {i}"
+            )
+    d = wrap_dim("stack", dim, ts[0].ndim + 1)
+    return cat([unsqueeze(t, d) for t in ts], d)
+
+
+def hstack(tensors: Sequence[Any]) -> Tensor:
+    ts = [to_tensor(t) for t in tensors]
+    return cat(ts, 0 if ts[0].ndim == 1 else 1)
+
+
+def vstack(tensors: Sequence[Any]) -> Tensor:
+    return cat([to_tensor(t) if to_tensor(t).ndim > 1 else unsqueeze(t, 0) for t in tensors], 0)
+
+
+def flip(input: Any, dims: Any) -> Tensor:
+    x = to_tensor(input)
+    d = wrap_dims("flip", dims, x.ndim)
+    if not d or x.ndim == 0:
+        return clone(x)
+    return apply(P["flip"], (x,), {"dims": d})
+
+
+def roll(input: Any, shifts: Any, dims: Any = None) -> Tensor:
+    x = to_tensor(input)
+    if dims is None:
+        return reshape(roll(flatten(x), shifts, 0), tuple(x.shape))
+    shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    if len(shifts) != len(dims):
+        raise ShapeError(f"roll: shifts {shifts} and dims {dims} must have the same length")
+    out = x
+    for s, d in zip(shifts, dims):
+        d = wrap_dim("roll", d, x.ndim)
+        n = x._data.shape[d]
+        if n == 0:
+            continue
+        s %= n
+        if s:
+            out = cat([narrow(out, d, n - s, s), narrow(out, d, 0, n - s)], d)
+    return out if out is not x else clone(x)
+
+
+def repeat(input: Any, *sizes: Any) -> Tensor:
+    x = to_tensor(input)
+    reps = shape_arg(sizes)
+    if len(reps) < x.ndim:
+        raise ShapeError(
+            f"repeat: number of repeat dims ({len(reps)}) can not be smaller than number of "
+            f"dimensions of tensor ({x.ndim})"
+        )
+    shp = (1,) * (len(reps) - x.ndim) + tuple(x.shape)
+    # interleave a new axis of size r before each dim, broadcast, and merge the pairs
+    y = reshape(x, tuple(v for s in shp for v in (1, s)))
+    y = broadcast_to(y, tuple(v for r, s in zip(reps, shp) for v in (r, s)))
+    return reshape(y, tuple(r * s for r, s in zip(reps, shp)))
+
+
+def tile(input: Any, dims: Sequence[int]) -> Tensor:
+    x = to_tensor(input)
+    dims = tuple(dims)
+    if len(dims) < x.ndim:
+        dims = (1,) * (x.ndim - len(dims)) + dims
+    return repeat(x, dims)
+
+
+def pad(input: Any, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
+    """``F.pad``: ``pad`` lists (left, right) pairs starting from the last dimension."""
+    x = to_tensor(input)
+    pad = [int(p) for p in pad]
+    if len(pad) % 2 or len(pad) // 2 > x.ndim:
+        raise ShapeError(
+            f"pad: padding length {len(pad)} must be even and at most 2 * ndim ({x.ndim}) "
+            f"for input {describe(x)}"
+        )
+    widths = [(0, 0)] * x.ndim
+    for i in range(len(pad) // 2):
+        widths[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    if any(b < 0 or a < 0 for b, a in widths):
+        # negative padding crops
+        key = tuple(slice(max(-b, 0), s - max(-a, 0)) for (b, a), s in zip(widths, x.shape))
+        x = x[key]
+        widths = [(max(b, 0), max(a, 0)) for b, a in widths]
+    if mode == "constant":
+        if all(w == (0, 0) for w in widths):
+            return clone(x)
+        return apply(P["pad"], (x,), {"widths": tuple(widths), "value": value or 0.0})
+    if mode in ("reflect", "replicate", "circular"):
+        out = x
+        for d, (before, after) in enumerate(widths):
+            if before or after:
+                out = _index_pad(out, d, before, after, mode)
+        return out
+    raise ValueError(f"pad: unsupported mode {mode!r}")
+
+
+def _index_pad(x: Tensor, d: int, before: int, after: int, mode: str) -> Tensor:
+    n = x._data.shape[d]
+    idx = np.arange(-before, n + after)
+    if mode == "reflect":
+        if before >= n or after >= n:
+            raise ShapeError(
+                f"pad: padding ({before}, {after}) should be less than the input dimension {n} "
+                "in reflect mode"
+            )
+        idx = np.abs(idx)
+        idx = np.where(idx >= n, 2 * (n - 1) - idx, idx)
+    elif mode == "replicate":
+        idx = np.clip(idx, 0, n - 1)
+    else:
+        idx = idx % n
+    from .indexing import index_select
+
+    return index_select(x, d, Tensor._make(idx.astype(np.int64)))
+
+
+def diagonal(input: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    x = to_tensor(input)
+    a = wrap_dim("diagonal", dim1, x.ndim)
+    b = wrap_dim("diagonal", dim2, x.ndim)
+    if a == b:
+        raise ShapeError(f"diagonal: dimensions cannot be identical {dim1}, {dim2}")
+    out = apply(P["diagonal"], (x,), {"offset": int(offset), "dim1": a, "dim2": b})
+    return _as_view(out, x)
+
+
+def diagonal_backward(g: Tensor, shape: tuple, offset: int, dim1: int, dim2: int) -> Tensor:
+    """The gradient of ``diagonal``: ``g`` placed on the diagonal of zeros of ``shape``."""
+    ndim = len(shape)
+    others = [d for d in range(ndim) if d not in (dim1, dim2)]
+    length = g.shape[-1]
+    r = np.arange(length, dtype=np.int64)
+    i1 = Tensor._make(r + max(-offset, 0))
+    i2 = Tensor._make(r + max(offset, 0))
+    # in the permuted layout (others..., dim1, dim2) the diagonal is [..., i1, i2]
+    pshape = tuple(shape[d] for d in others) + (shape[dim1], shape[dim2])
+    from .indexing import index_add_at
+
+    key = (("e",), ("t", 0), ("t", 1))
+    placed = index_add_at(g, (i1, i2), key, pshape)
+    order = others + [dim1, dim2]
+    inverse = [order.index(d) for d in range(ndim)]
+    return permute(placed, inverse)
+
+
+def diag(input: Any, diagonal_: int = 0) -> Tensor:
+    x = to_tensor(input)
+    if x.ndim == 2:
+        return diagonal(x, diagonal_)
+    if x.ndim != 1:
+        raise ShapeError(f"diag: expected a 1-D or 2-D tensor, got {describe(x)}")
+    n = x._data.shape[0] + builtins_abs(diagonal_)
+    from .creation import zeros
+
+    z = zeros(n, n, dtype=x.dtype)
+    return add_diag(z, x, diagonal_)
+
+
+def builtins_abs(v: int) -> int:
+    return v if v >= 0 else -v
+
+
+def add_diag(z: Tensor, x: Tensor, offset: int) -> Tensor:
+    from .elementwise import add
+
+    return add(z, diagonal_backward(x, tuple(z.shape), offset, 0, 1))
+
+
+def _tri_mask(x: Tensor, diagonal_: int, lower: bool) -> Tensor:
+    if x.ndim < 2:
+        raise ShapeError(f"{'tril' if lower else 'triu'}: input tensor must have at least 2 "
+                         f"dimensions, got {describe(x)}")
+    r, c = x._data.shape[-2:]
+    m = np.tri(r, c, diagonal_, dtype=bool)
+    return Tensor._make(m if lower else ~np.tri(r, c, diagonal_ - 1, dtype=bool))
+
+
+def tril(input: Any, diagonal: int = 0) -> Tensor:
+    from .elementwise import where
+
+    x = to_tensor(input)
+    return where(_tri_mask(x, diagonal, True), x, 0)
+
+
+def triu(input: Any, diagonal: int = 0) -> Tensor:
+    from .elementwise import where
+
+    x = to_tensor(input)
+    return where(_tri_mask(x, diagonal, False), x, 0)
