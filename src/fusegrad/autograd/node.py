@@ -130,7 +130,7 @@ class SavedTensor:
         if is_output:
             self._tensor = None
             self._data = t._data
-            self._rg = t.requires_grad
+            self._rg = True  # outputs of a recorded node always require grad
         else:
             self._tensor = t
             self._data = None

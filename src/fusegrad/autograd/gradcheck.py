@@ -1,0 +1,249 @@
+"""gradcheck / gradgradcheck: compare analytical gradients with central finite differences.
+
+``gradcheck`` builds, for every (output, differentiable input) pair, the numerical Jacobian by
+perturbing one input element at a time (``(f(x + eps) - f(x - eps)) / 2 eps``, float64 advised)
+and the analytical Jacobian row by row through ``autograd.grad`` with one-hot output gradients.
+It also checks that backward is deterministic (reentrant) and that a zero output gradient gives
+zero input gradients.  ``fast_mode`` compares random projections ``v^T J u`` instead of whole
+Jacobians.  ``gradgradcheck`` runs gradcheck on the function that computes first gradients with
+``create_graph=True``.  The op surface is imported lazily (this module loads with autograd).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import AutogradError
+
+
+class GradcheckError(AutogradError):
+    """A gradient check failed (a RuntimeError, as in PyTorch)."""
+
+
+def _tuple(x: Any) -> tuple:
+    return tuple(x) if isinstance(x, (list, tuple)) else (x,)
+
+
+def _is_tensor(x: Any) -> bool:
+    from ..tensor import Tensor
+
+    return isinstance(x, Tensor)
+
+
+def _diff_inputs(inputs: tuple) -> list[int]:
+    return [i for i, x in enumerate(inputs) if _is_tensor(x) and x.requires_grad]
+
+
+def _outputs(fn: Callable, inputs: tuple) -> tuple:
+    out = _tuple(fn(*inputs))
+    return tuple(o for o in out if _is_tensor(o) and o.dtype.is_floating_point)
+
+
+def _eval(fn: Callable, inputs: tuple) -> list[np.ndarray]:
+    # grad mode stays on: for gradgradcheck ``fn`` itself differentiates
+    return [np.array(o._data, dtype=np.float64, copy=True) for o in _outputs(fn, inputs)]
+
+
+def _numerical(fn: Callable, inputs: tuple, i: int, eps: float,
+               direction: np.ndarray | None = None) -> list[np.ndarray]:
+    """d outputs / d inputs[i]: a Jacobian (out_numel, in_numel) per output, or, with
+    ``direction``, the directional derivative J u per output (flattened)."""
+    x = inputs[i]
+    data = x._data
+    flat = data.reshape(-1) if data.flags.c_contiguous else None
+    if flat is None:
+        raise GradcheckError("gradcheck: inputs must be contiguous")
+    if direction is not None:
+        orig = flat.copy()
+        flat += eps * direction.astype(flat.dtype)
+        plus = _eval(fn, inputs)
+        flat[:] = orig - eps * direction.astype(flat.dtype)
+        minus = _eval(fn, inputs)
+        flat[:] = orig
+        return [((p - m) / (2 * eps)).reshape(-1) for p, m in zip(plus, minus)]
+    cols: list[list[np.ndarray]] | None = None
+    for j in range(flat.size):
+        orig = flat[j]
+        flat[j] = orig + eps
+        plus = _eval(fn, inputs)
+        flat[j] = orig - eps
+        minus = _eval(fn, inputs)
+        flat[j] = orig
+        diffs = [((p - m) / (2 * eps)).reshape(-1) for p, m in zip(plus, minus)]
+        if cols is None:
+            cols = [[] for _ in diffs]
+        for k, d in enumerate(diffs):
+            cols[k].append(d)
+    if cols is None:  # empty input: one empty Jacobian per output
+        return [np.zeros((o.size, 0)) for o in _eval(fn, inputs)]
+    return [np.stack(c, axis=1) if c else np.zeros((0, flat.size)) for c in cols]
+
+
+def _vjp(outputs: tuple, inputs: tuple, diff: list[int], k: int, v: np.ndarray) -> list:
+    from ..tensor import Tensor
+    from . import grad
+
+    out = outputs[k]
+    g = Tensor._make(v.reshape(out._data.shape).astype(out.dtype.np))
+    if not out.requires_grad:
+        return [None] * len(diff)
+    return list(grad(out, [inputs[i] for i in diff], g, retain_graph=True, allow_unused=True))
+
+
+def _analytical(fn: Callable, inputs: tuple, diff: list[int]) -> tuple[list, tuple]:
+    """Per output k, per diff input: the Jacobian built row by row through ``grad``."""
+    outputs = _outputs(fn, inputs)
+    jac = []
+    for k, out in enumerate(outputs):
+        n_out = out.numel()
+        rows = [np.zeros((n_out, inputs[i].numel())) for i in diff]
+        for r in range(n_out):
+            v = np.zeros(n_out)
+            v[r] = 1.0
+            for col, g in enumerate(_vjp(outputs, inputs, diff, k, v)):
+                if g is not None:
+                    rows[col][r] = np.asarray(g._data, dtype=np.float64).reshape(-1)
+        jac.append(rows)
+    return jac, outputs
+
+
+def _fail(msg: str, raise_exception: bool) -> bool:
+    if raise_exception:
+        raise GradcheckError(msg)
+    return False
+
+
+def gradcheck(
+    func: Callable[..., Any],
+    inputs: Any,
+    *,
+    eps: float = 1e-6,
+    atol: float = 1e-5,
+    rtol: float = 1e-3,
+    raise_exception: bool = True,
+    nondet_tol: float = 0.0,
+    check_undefined_grad: bool = True,
+    check_backward_ad: bool = True,
+    fast_mode: bool = False,
+    seed: int = 0,
+) -> bool:
+    """True when analytical and numerical Jacobians agree (else raise ``GradcheckError``)."""
+    inputs = _tuple(inputs)
+    diff = _diff_inputs(inputs)
+    if not diff:
+        raise ValueError("gradcheck expects at least one input tensor to require gradient")
+    for i in diff:
+        if inputs[i].dtype.name != "float64":
+            import warnings
+
+            warnings.warn(
+                f"gradcheck: input {i} is {inputs[i].dtype.name}, not float64; the check may "
+                "fail from rounding alone",
+                stacklevel=2,
+            )
+    if not check_backward_ad:
+        return True
+    if fast_mode:
+        return _fast_check(func, inputs, diff, eps, atol, rtol, nondet_tol, raise_exception, seed)
+    analytical, outputs = _analytical(func, inputs, diff)
+    for col, i in enumerate(diff):
+        numerical = _numerical(func, inputs, i, eps)
+        for k in range(len(outputs)):
+            a, n = analytical[k][col], numerical[k]
+            if a.shape != n.shape or not np.allclose(a, n, rtol=rtol, atol=atol):
+                return _fail(
+                    f"Jacobian mismatch for output {k} with respect to input {i},\n"
+                    f"numerical:{n}\nanalytical:{a}\n", raise_exception)
+    again, _ = _analytical(func, inputs, diff)
+    for k in range(len(outputs)):
+        for col in range(len(diff)):
+            if np.abs(again[k][col] - analytical[k][col]).max(initial=0.0) > nondet_tol:
+                return _fail(
+                    "Backward is not reentrant, i.e., running backward with same input and "
+                    "grad_output multiple times gives different values, although analytical "
+                    f"gradient matches numerical gradient (output {k}, input {diff[col]})",
+                    raise_exception)
+    if check_undefined_grad:
+        for k, out in enumerate(outputs):
+            for col, g in enumerate(_vjp(outputs, inputs, diff, k, np.zeros(out.numel()))):
+                if g is not None and np.any(g._data != 0):
+                    return _fail(
+                        f"gradcheck: a zero gradient for output {k} gave a nonzero gradient for "
+                        f"input {diff[col]}", raise_exception)
+    return True
+
+
+def _fast_check(func: Callable, inputs: tuple, diff: list[int], eps: float, atol: float,
+                rtol: float, nondet_tol: float, raise_exception: bool, seed: int) -> bool:
+    rng = np.random.default_rng(seed)
+    outputs = _outputs(func, inputs)
+    vs = [rng.standard_normal(o.numel()) for o in outputs]
+    for col, i in enumerate(diff):
+        u = rng.standard_normal(inputs[i].numel())
+        ju = _numerical(func, inputs, i, eps, direction=u)
+        for k, out in enumerate(outputs):
+            numeric = float(vs[k] @ ju[k])
+            grads = _vjp(outputs, inputs, diff, k, vs[k])
+            g = grads[col]
+            analytic = 0.0 if g is None else float(
+                np.asarray(g._data, dtype=np.float64).reshape(-1) @ u)
+            grads2 = _vjp(outputs, inputs, diff, k, vs[k])
+            g2 = grads2[col]
+            analytic2 = 0.0 if g2 is None else float(
+                np.asarray(g2._data, dtype=np.float64).reshape(-1) @ u)
+            if abs(analytic2 - analytic) > nondet_tol:
+                return _fail("Backward is not reentrant (fast mode)", raise_exception)
+            if not np.isclose(analytic, numeric, rtol=rtol, atol=atol):
+                return _fail(
+                    f"Jacobian mismatch for output {k} with respect to input {i} (fast mode: "
+                    f"v^T J u),\nnumerical:{numeric}\nanalytical:{analytic}\n", raise_exception)
+    return True
+
+
+def gradgradcheck(
+    func: Callable[..., Any],
+    inputs: Any,
+    grad_outputs: Sequence[Any] | None = None,
+    *,
+    eps: float = 1e-6,
+    atol: float = 1e-5,
+    rtol: float = 1e-3,
+    gen_non_contig_grad_outputs: bool = False,
+    raise_exception: bool = True,
+    nondet_tol: float = 0.0,
+    check_undefined_grad: bool = True,
+    fast_mode: bool = False,
+    seed: int = 0,
+) -> bool:
+    """gradcheck of the gradient: checks second derivatives (vector-Hessian products)."""
+    from ..tensor import Tensor
+    from . import grad
+
+    inputs = _tuple(inputs)
+    diff = _diff_inputs(inputs)
+    outputs = _outputs(func, inputs)
+    if grad_outputs is None:
+        rng = np.random.default_rng(seed)
+        grad_outputs = []
+        for o in outputs:
+            g = Tensor._make(rng.standard_normal(o._data.shape).astype(o.dtype.np))
+            g.requires_grad_(True)
+            grad_outputs.append(g)
+    grad_outputs = tuple(grad_outputs)
+    n_in = len(inputs)
+
+    def first_grads(*args: Any) -> tuple:
+        ins, gos = args[:n_in], args[n_in:]
+        outs = _outputs(func, ins)
+        pairs = [(o, g) for o, g in zip(outs, gos) if o.requires_grad]
+        if not pairs:
+            return ()
+        gs = grad([p[0] for p in pairs], [ins[i] for i in diff], [p[1] for p in pairs],
+                  create_graph=True, allow_unused=True)
+        return tuple(g for g in gs if g is not None)
+
+    return gradcheck(first_grads, inputs + grad_outputs, eps=eps, atol=atol, rtol=rtol,
+                     raise_exception=raise_exception, nondet_tol=nondet_tol,
+                     check_undefined_grad=check_undefined_grad, fast_mode=fast_mode, seed=seed)
