@@ -12,7 +12,9 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..tensor import Tensor
-from .registry import REGISTRY, apply
+from .registry import REGISTRY, _bind_late, apply
+
+_bind_late()
 
 P = REGISTRY  # short alias used by the op surface modules
 

@@ -104,29 +104,40 @@ def set_interceptor(fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
 
 
 def apply(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
-    """Run ``prim`` on Tensors ``inputs`` with keyword ``attrs``; record a node if needed."""
-    from ..tensor import Tensor
+    """Run ``prim`` on Tensors ``inputs`` with keyword ``attrs``; record a node if needed.
 
+    This is the hot path of eager execution: keep it free of per-call imports and checks that
+    the op surface has already done."""
     if _interceptor is not None:
         result = _interceptor(prim, inputs, attrs)
         if result is not NotImplemented:
             return result
     data = prim.kernel(*[t._data for t in inputs], **attrs)
-    out = Tensor._make(data if type(data) is np.ndarray else np.asarray(data))
+    out = _make(data if type(data) is np.ndarray else np.asarray(data))
     if prim.differentiable and grad_mode._state.enabled:
         for t in inputs:
-            if t.requires_grad:
+            if t._requires_grad or t.grad_fn is not None:
                 break
         else:
             return out
         rule = RULES.get(prim.name)
         if rule is None:
             raise AutogradError(f"{prim.name}: no derivative rule is registered")
-        from ..autograd.node import OpNode
-
-        out.grad_fn = OpNode(prim, rule, attrs, inputs, (out,))
-        from ..autograd import anomaly
-
-        if anomaly._state.enabled:
-            anomaly.record_forward_trace(out.grad_fn)
+        node = _OpNode(prim, rule, attrs, inputs, (out,))
+        out.grad_fn = node
+        if _anomaly_state.enabled:
+            _record_forward_trace(node)
     return out
+
+
+def _bind_late() -> None:
+    """Resolve names from modules that import this one (called once by ``fusegrad.ops``)."""
+    global _make, _OpNode, _anomaly_state, _record_forward_trace
+    from ..autograd import anomaly
+    from ..autograd.node import OpNode
+    from ..tensor import Tensor
+
+    _make = Tensor._make
+    _OpNode = OpNode
+    _anomaly_state = anomaly._state
+    _record_forward_trace = anomaly.record_forward_trace

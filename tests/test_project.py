@@ -1,0 +1,35 @@
+"""Project-level checks: import stays light, README and CI agree, packaging maps both packages."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_import_does_not_load_numba_or_compiler() -> None:
+    code = "import sys, fusegrad; print('numba' in sys.modules, 'fusegrad.compiler' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False"
+
+
+def test_compiler_package_is_mapped() -> None:
+    import fusegrad.compiler
+
+    assert pathlib.Path(fusegrad.compiler.__file__).resolve().parent == ROOT / "compiler"
+
+
+def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one() -> None:
+    readme = (ROOT / "README.md").read_text()
+    setup = [line for line in readme.splitlines() if line.startswith("python3 -m venv")]
+    assert len(setup) == 2
+    demo, tests = setup
+    assert demo.endswith("python -m fusegrad")
+    assert tests.endswith("python -m pytest")
+    ci = (ROOT / ".ci" / "run").read_text()
+    # CI runs the README's test command (with an optional torch install spliced in)
+    assert 'python3 -m venv .venv && . .venv/bin/activate && pip install -q -e ".[test]"' in ci
+    assert ci.rstrip().endswith("python -m pytest")
+    assert "set -euo pipefail" in ci
