@@ -96,8 +96,8 @@ class FunctionCtx(Node):
         grads = list(grads)
         if self.materialize_grads:
             for i, g in enumerate(grads):
-                if g is None:
-                    shape, dtype = self._output_meta[i]
+                shape, dtype = self._output_meta[i]
+                if g is None and dtype is not None:
                     grads[i] = Tensor._make(np.zeros(shape, dtype.np))
         result = self._cls.backward(self, *grads)
         if not isinstance(result, tuple):
@@ -154,6 +154,7 @@ class Function:
         final = []
         for i, o in enumerate(outs):
             if not isinstance(o, Tensor):
+                ctx._output_meta.append(((), None))  # keeps output_nr == position
                 final.append(o)
                 continue
             if id(o) in input_ids and id(o) not in dirty_ids:
