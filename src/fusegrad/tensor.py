@@ -9,11 +9,13 @@ the op surface in ``fusegrad.ops``; they are installed on the class by ``ops._in
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 from . import dtypes as _dt
+from .autograd import grad_mode as _grad_mode
 from .device import CPU
 from .errors import AutogradError, DTypeError, ShapeError
 
@@ -27,21 +29,22 @@ class _VersionCounter:
 
 class Tensor:
     __slots__ = (
+        "__dict__",
+        "__weakref__",
+        "_accumulator",
+        "_base",
         "_data",
         "_dtype",
-        "_requires_grad",
-        "grad_fn",
-        "_output_nr",
         "_grad",
-        "_version_counter",
-        "_base",
-        "_accumulator",
         "_hooks",
+        "_inference",
+        "_output_nr",
         "_post_acc_hooks",
+        "_requires_grad",
         "_retains_grad",
+        "_version_counter",
         "_wrapped_number",
-        "__weakref__",
-        "__dict__",
+        "grad_fn",
     )
 
     __array_priority__ = 1000  # numpy defers binary operators to Tensor
@@ -68,9 +71,10 @@ class Tensor:
         self._post_acc_hooks = None
         self._retains_grad = False
         self._wrapped_number = False
+        self._inference = _grad_mode._state.inference
 
     @classmethod
-    def _make(cls, arr: np.ndarray) -> "Tensor":
+    def _make(cls, arr: np.ndarray) -> Tensor:
         """Wrap an array without copying or checking (internal)."""
         t = object.__new__(cls)
         t._init(arr)
@@ -157,7 +161,7 @@ class Tensor:
     def requires_grad(self, value: bool) -> None:
         self.requires_grad_(value)
 
-    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
         if self.grad_fn is not None:
             if not requires_grad:
                 raise AutogradError(
@@ -171,19 +175,29 @@ class Tensor:
                 "only Tensors of floating point dtype can require gradients "
                 f"(got {self._dtype.name} tensor of shape {tuple(self._data.shape)})"
             )
+        if requires_grad and self._inference and not _grad_mode._state.inference:
+            raise AutogradError(
+                "Setting requires_grad=True on inference tensor outside InferenceMode is not "
+                "allowed."
+            )
         self._requires_grad = bool(requires_grad)
         return self
+
+    def is_inference(self) -> bool:
+        """True for tensors created under ``inference_mode`` (they cannot be saved for
+        backward)."""
+        return self._inference
 
     @property
     def is_leaf(self) -> bool:
         return self.grad_fn is None
 
     @property
-    def grad(self) -> "Tensor | None":
+    def grad(self) -> Tensor | None:
         return self._grad
 
     @grad.setter
-    def grad(self, value: "Tensor | None") -> None:
+    def grad(self, value: Tensor | None) -> None:
         if value is not None:
             if not isinstance(value, Tensor):
                 raise TypeError(f"assigned grad expected to be a Tensor or None, got {value!r}")
@@ -225,12 +239,26 @@ class Tensor:
         if self._retains_grad:
             return
         self._retains_grad = True
+        self._register_retain_grad()
+
+    def _register_retain_grad(self) -> None:
         import weakref
 
         node = self.grad_fn
         if node._retain_grad_hooks is None:
             node._retain_grad_hooks = {}
         node._retain_grad_hooks[self._output_nr] = weakref.ref(self)
+
+    def _set_history(self, grad_fn: Any, output_nr: int) -> None:
+        """Rebase this tensor onto ``grad_fn`` (after an in-place op).  As in PyTorch, a
+        retain_grad moves to the new node: ``.grad`` is the gradient of the current value.
+        Tensor hooks stay with the node that was current when they were registered."""
+        self.grad_fn, self._output_nr = grad_fn, output_nr
+        if self._retains_grad:
+            if grad_fn is None:
+                self._retains_grad = False
+            else:
+                self._register_retain_grad()
 
     @property
     def retains_grad(self) -> bool:
@@ -272,28 +300,30 @@ class Tensor:
 
         backward(self, gradient, retain_graph, create_graph, inputs=inputs)
 
-    def detach(self) -> "Tensor":
-        """A new leaf sharing storage and version counter, not requiring grad."""
+    def detach(self) -> Tensor:
+        """A new leaf sharing storage and version counter, not requiring grad.
+
+        It is not a view in the autograd sense (no ``_base``): in-place ops on it are allowed
+        even when this tensor is a leaf that requires grad (``p.detach().add_(1)``), and bump
+        the shared version counter so saved tensors still notice."""
         t = Tensor._make(self._data)
         t._version_counter = self._version_counter
-        t._base = self._base if self._base is not None else self
+        t._inference = self._inference
         return t
 
-    def detach_(self) -> "Tensor":
+    def detach_(self) -> Tensor:
         if self._base is not None and self._base.requires_grad:
-            raise AutogradError(
-                "Can't detach views in-place. Use detach() instead."
-            )
+            raise AutogradError("Can't detach views in-place. Use detach() instead.")
         self.grad_fn = None
         self._requires_grad = False
         return self
 
     @property
-    def data(self) -> "Tensor":
+    def data(self) -> Tensor:
         return self.detach()
 
     @data.setter
-    def data(self, value: "Tensor") -> None:
+    def data(self, value: Tensor) -> None:
         if not isinstance(value, Tensor):
             raise TypeError(f"data must be a Tensor, got {type(value).__name__}")
         self._data = value._data
@@ -329,7 +359,7 @@ class Tensor:
             raise TypeError("len() of a 0-d tensor")
         return self._data.shape[0]
 
-    def __iter__(self) -> Iterator["Tensor"]:
+    def __iter__(self) -> Iterator[Tensor]:
         if self._data.ndim == 0:
             raise TypeError("iteration over a 0-d tensor")
         return iter(self.unbind(0))  # type: ignore[attr-defined]
@@ -375,7 +405,7 @@ class Tensor:
     def __reduce_ex__(self, protocol: int) -> Any:
         return (_rebuild, (self._data.copy(), self._requires_grad))
 
-    def __deepcopy__(self, memo: dict) -> "Tensor":
+    def __deepcopy__(self, memo: dict) -> Tensor:
         if self.grad_fn is not None:
             raise AutogradError(
                 "Only Tensors created explicitly by the user (graph leaves) support the "

@@ -8,7 +8,8 @@ engine for whatever it cannot compile.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -24,9 +25,21 @@ from .grad_mode import (
 )
 
 __all__ = [
-    "backward", "grad", "no_grad", "enable_grad", "set_grad_enabled", "inference_mode",
-    "is_grad_enabled", "is_inference_mode_enabled", "detect_anomaly", "set_detect_anomaly",
-    "is_anomaly_enabled", "gradcheck", "gradgradcheck",
+    "Function",
+    "GradcheckError",
+    "backward",
+    "detect_anomaly",
+    "enable_grad",
+    "grad",
+    "gradcheck",
+    "gradgradcheck",
+    "inference_mode",
+    "is_anomaly_enabled",
+    "is_grad_enabled",
+    "is_inference_mode_enabled",
+    "no_grad",
+    "set_detect_anomaly",
+    "set_grad_enabled",
 ]
 
 # The compiler installs a callable here (``fusegrad.compiler`` sets it while a compiled region
@@ -74,6 +87,9 @@ def _make_grads(outputs: tuple, grad_outputs: tuple, create_graph: bool) -> list
                 )
             if not create_graph:
                 g = g.detach()
+            if g._dtype is not out._dtype:
+                # the engine's buffers and ``.grad`` keep the dtype of what they belong to
+                g = g.to(out._dtype)
         grads.append(g)
     return grads
 
@@ -86,8 +102,14 @@ def _check_roots(outputs: tuple) -> None:
             )
 
 
-def _run(outputs: tuple, grads: list, retain_graph: bool, create_graph: bool,
-         inputs: tuple | None, accumulate: bool) -> list | None:
+def _run(
+    outputs: tuple,
+    grads: list,
+    retain_graph: bool,
+    create_graph: bool,
+    inputs: tuple | None,
+    accumulate: bool,
+) -> list | None:
     from .engine import run_backward
 
     if _backward_runner is not None:
@@ -115,7 +137,9 @@ def backward(
             raise AutogradError("backward: 'inputs' argument to backward() cannot be empty.")
         for t in ins:
             if not t.requires_grad:
-                raise AutogradError("backward: One of the differentiated Tensors does not require grad")
+                raise AutogradError(
+                    "backward: One of the differentiated Tensors does not require grad"
+                )
     _run(outputs, grads, retain_graph, create_graph, ins, True)
 
 
@@ -131,6 +155,7 @@ def grad(
 ) -> tuple:
     """Gradients of ``outputs`` with respect to ``inputs``, without touching ``.grad``."""
     from ..ops.creation import zeros_like
+    from ..tensor import Tensor
 
     outs = _as_tuple(outputs)
     ins = _as_tuple(inputs)
@@ -139,12 +164,17 @@ def grad(
     if allow_unused is None:
         allow_unused = materialize_grads
     if materialize_grads and allow_unused is False:
-        raise ValueError("grad: Expected allow_unused to be True or not passed when "
-                         "materialize_grads=True")
+        raise ValueError(
+            "grad: Expected allow_unused to be True or not passed when materialize_grads=True"
+        )
     if retain_graph is None:
         retain_graph = create_graph
+    if not ins:
+        raise AutogradError("grad requires non-empty inputs.")
     _check_roots(outs)
     for t in ins:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"grad: inputs must be Tensors, got {type(t).__name__}")
         if not t.requires_grad:
             raise AutogradError("One of the differentiated Tensors does not require grad")
     grads = _make_grads(outs, _as_tuple(grad_outputs), create_graph)
@@ -171,4 +201,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'fusegrad.autograd' has no attribute {name!r}")
 
 
-from .gradcheck import GradcheckError, gradcheck, gradgradcheck  # noqa: E402
+from .gradcheck import GradcheckError, gradcheck, gradgradcheck

@@ -2,23 +2,36 @@
 
 One iterative loop (no recursion over graph depth):
 
-1. discover the nodes reachable from the roots and count, per node, the edges pointing at it;
-   with ``inputs`` given, keep only nodes on a path to one of them;
-2. seed the roots' gradients, then repeatedly run the ready node (all its incoming gradients
-   summed) created latest in the forward pass; AccumulateGrad nodes run as soon as ready;
-3. per node: tensor hooks, retain_grad, capture for ``grad()``, node pre-hooks, the rule (under
-   no_grad unless ``create_graph``), post-accumulate hooks, node post-hooks;
+1. discover the nodes reachable from the roots and count, per node, the edges pointing at it
+   (``x * x`` gives x's accumulator two); with ``inputs`` given, keep only nodes on a path to one
+   of them (walking parent links back from the targets);
+2. seed the roots' gradients, then repeatedly run the ready node (every incoming gradient has
+   arrived and been summed) created latest in the forward pass; AccumulateGrad nodes carry an
+   infinite sequence number, so they run as soon as they are ready (as in PyTorch);
+3. per node: tensor hooks, retain_grad, capture for ``grad()`` / ``backward(inputs=...)``, node
+   pre-hooks, the rule (under no_grad unless ``create_graph``) or, for a leaf, the ``.grad``
+   write, post-accumulate-grad hooks, node post-hooks;
 4. per outgoing edge: undo broadcasting with ``sum_to`` (the engine owns this, DESIGN.md
    contract 2), cast to the input's dtype, and sum fan-in into the next node's buffer.
 
-Saved tensors are released after each node unless ``retain_graph``.
+Reentrant calls (``backward()``/``grad()`` inside a node's backward, e.g. a custom Function or
+reentrant checkpointing) nest Python frames; past ``MAX_REENTRANT_DEPTH`` nested calls on one
+thread, the nested call runs on a fresh thread (with this thread's grad-mode and anomaly state)
+while the caller waits, so nesting thousands deep never hits the recursion limit (PyTorch does
+the same with its reentrant thread pool).
+
+Saved tensors are released after each node unless ``retain_graph``.  Gradients are never
+mutated in place here except an existing ``.grad`` (which the engine or the user owns), so root
+gradients and tensors returned by rules or hooks can be shared freely; None stays None.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Any, Sequence
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -35,8 +48,15 @@ def _sum_to_compatible(gshape: tuple, shape: tuple) -> bool:
     return all(s == gs or s == 1 for s, gs in zip(shape, gshape[lead:]))
 
 
-def validate_gradient(node: Node, index: int, g: Tensor, shape: tuple, dtype: Any) -> Tensor:
-    """Bring a rule's gradient for input ``index`` to that input's shape and dtype."""
+def validate_gradient(node: Node, index: int, g: Any, shape: tuple, dtype: Any) -> Tensor:
+    """Bring a rule's gradient for input ``index`` to that input's shape and dtype: a gradient
+    that can be summed to the input's shape is (broadcasting undone); anything else is an
+    error naming the node and the index."""
+    if not isinstance(g, Tensor):
+        raise AutogradError(
+            f"Function {node.name()} returned an invalid gradient at index {index} - expected a "
+            f"Tensor or None, got {type(g).__name__}"
+        )
     if g._data.shape != shape:
         if not _sum_to_compatible(g._data.shape, shape):
             raise AutogradError(
@@ -60,74 +80,146 @@ def _tensor_hooks(node: Node, nr: int) -> list:
     return []
 
 
+def _hook_name(hook: Any) -> str:
+    return getattr(hook, "__name__", type(hook).__name__)
+
+
+def _check_hook_result(hook: Any, old: Tensor, new: Any) -> Tensor:
+    """A tensor hook may replace the gradient, but not change its type, size or dtype."""
+    if not isinstance(new, Tensor):
+        raise TypeError(
+            f"hook '{_hook_name(hook)}' returned {type(new).__name__}; expected a Tensor or None"
+        )
+    if new._data.shape != old._data.shape:
+        raise AutogradError(
+            f"hook '{_hook_name(hook)}' has changed the size of value: got "
+            f"{list(new._data.shape)}, expected {list(old._data.shape)}"
+        )
+    if new._dtype is not old._dtype:
+        raise AutogradError(
+            f"hook '{_hook_name(hook)}' has changed the type of value: got {new._dtype.name}, "
+            f"expected {old._dtype.name}"
+        )
+    return new
+
+
 def _store_grad(t: Tensor, g: Tensor, create_graph: bool) -> None:
-    """``.grad`` accumulation: first store copies (no aliasing), later adds in place; under
-    create_graph (or when .grad itself has history) ``.grad = .grad + g``."""
+    """``.grad`` accumulation (leaves, retain_grad, ``backward(inputs=...)``).
+
+    The first gradient is stored as a fresh copy: ``g`` may be the user's root gradient, the
+    same tensor a rule handed to several inputs (``add``) or another tensor's ``.grad``, and
+    a later in-place accumulation must not reach any of them.  Under ``create_graph`` the copy
+    is a differentiable ``clone`` and accumulation is ``.grad = .grad + g`` (a new tensor with
+    history); otherwise later gradients are added in place into the same ``.grad`` object."""
     old = t._grad
-    if create_graph:
-        t._grad = g if old is None else old + g
-        return
     if old is None:
-        t._grad = Tensor._make(np.array(g._data, copy=True, order="C"))
-    elif old.requires_grad:
-        t._grad = old + g.detach()
-    else:
-        np.add(old._data, g._data, out=old._data)
+        if create_graph:
+            t._grad = g.clone()
+        else:
+            t._grad = Tensor._make(np.array(g._data, dtype=t._dtype.np, copy=True, order="C"))
+    elif create_graph:
+        t._grad = old + g
+    elif old._data.flags.writeable:
+        np.add(old._data, g._data, out=old._data, casting="unsafe")
         old._version_counter.value += 1
+    else:  # a read-only (e.g. expanded) .grad the user assigned: replace it
+        t._grad = Tensor._make(old._data + g._data)
 
 
-def _discover(root_nodes: list[Node]) -> tuple[dict, list]:
-    """Dependency counts over every edge among nodes reachable from the roots."""
-    deps: dict = {}
-    seen = set()
-    order: list = []
-    stack = [n for n in root_nodes]
-    for n in root_nodes:
-        seen.add(n)
+def _discover(root_nodes: list[Node]) -> dict:
+    """Dependency counts over every edge among the nodes reachable from the roots."""
+    deps: dict = {node: 0 for node in root_nodes}
+    stack = list(root_nodes)
     while stack:
         node = stack.pop()
-        order.append(node)
         for nxt, _ in node._edges:
             if nxt is None:
                 continue
-            deps[nxt] = deps.get(nxt, 0) + 1
-            if nxt not in seen:
-                seen.add(nxt)
+            if nxt in deps:
+                deps[nxt] += 1
+            else:
+                deps[nxt] = 1
                 stack.append(nxt)
-    return deps, order
+    return deps
 
 
-def _needed(order: list, targets: set) -> set:
-    """Nodes from which some target node is reachable (targets included)."""
-    needed = set(targets)
-    # ``order`` lists parents before children only partially (DFS); iterate to a fixpoint
-    # over a reverse topological pass built iteratively.
-    children = {n: [e[0] for e in n._edges if e[0] is not None] for n in order}
-    post: list = []
-    state: dict = {}
-    for start in order:
-        if start in state:
-            continue
-        stack = [(start, iter(children.get(start, ())))]
-        state[start] = 1
-        while stack:
-            node, it = stack[-1]
-            advanced = False
-            for c in it:
-                if c not in state:
-                    state[c] = 1
-                    stack.append((c, iter(children.get(c, ()))))
-                    advanced = True
-                    break
-            if not advanced:
-                stack.pop()
-                post.append(node)
-    for node in post:  # children before parents
-        if node in needed:
-            continue
-        if any(c in needed for c in children.get(node, ())):
-            needed.add(node)
+def _needed(reachable: dict, targets: set) -> set:
+    """The reachable nodes from which some target can be reached (targets included)."""
+    parents: dict = {}
+    for node in reachable:
+        for nxt, _ in node._edges:
+            if nxt is not None:
+                parents.setdefault(nxt, []).append(node)
+    needed = {t for t in targets if t in reachable}
+    stack = list(needed)
+    while stack:
+        for parent in parents.get(stack.pop(), ()):
+            if parent not in needed:
+                needed.add(parent)
+                stack.append(parent)
     return needed
+
+
+class _Task:
+    """What one backward call needs while it runs (passed to ``_run_node``)."""
+
+    __slots__ = (
+        "accumulate",
+        "capture",
+        "captured",
+        "create_graph",
+        "inputs",
+        "needed",
+        "retain_graph",
+    )
+
+    def __init__(
+        self,
+        retain_graph: bool,
+        create_graph: bool,
+        accumulate: bool,
+        inputs: Sequence[Tensor] | None,
+        needed: set | None,
+        capture: dict,
+    ) -> None:
+        self.retain_graph = retain_graph
+        self.create_graph = create_graph
+        self.accumulate = accumulate
+        self.inputs = inputs
+        self.needed = needed
+        self.capture = capture  # (node, nr) -> positions in ``inputs``
+        self.captured: list = [None] * (len(inputs) if inputs is not None else 0)
+
+
+MAX_REENTRANT_DEPTH = 16
+"""Nested engine calls per thread before the next one hops to a fresh thread (each level costs
+roughly ten Python frames plus the user's backward code)."""
+
+_depth = threading.local()
+
+
+def _grad_mode_state() -> tuple:
+    return grad_mode._state.enabled, grad_mode._state.inference
+
+
+def _set_grad_mode_state(state: tuple) -> None:
+    grad_mode._state.enabled, grad_mode._state.inference = state
+
+
+def _anomaly_state() -> tuple:
+    return anomaly._state.enabled, anomaly._state.check_nan
+
+
+def _set_anomaly_state(state: tuple) -> None:
+    anomaly._state.enabled, anomaly._state.check_nan = state
+
+
+# (capture, restore) pairs: thread-local state a reentrant call carries to its fresh thread.
+# Modules with their own thread-local autograd state (e.g. saved-tensor hooks) append to it.
+THREAD_STATE: list[tuple[Callable[[], Any], Callable[[Any], None]]] = [
+    (_grad_mode_state, _set_grad_mode_state),
+    (_anomaly_state, _set_anomaly_state),
+]
 
 
 def run_backward(
@@ -139,158 +231,199 @@ def run_backward(
     accumulate: bool = True,
 ) -> list | None:
     """Execute the graph.  Returns captured gradients for ``inputs`` when not accumulating."""
-    root_edges = [r._edge() for r in roots]
-    root_nodes = []
-    for node, _ in root_edges:
-        if node is not None and node not in root_nodes:
-            root_nodes.append(node)
-    deps, order = _discover(root_nodes)
+    args = (roots, grad_roots, retain_graph, create_graph, inputs, accumulate)
+    depth = getattr(_depth, "value", 0)
+    if depth >= MAX_REENTRANT_DEPTH:
+        return _run_on_fresh_thread(args)
+    _depth.value = depth + 1
+    try:
+        return _execute(*args)
+    finally:
+        _depth.value = depth
 
-    capture: dict = {}  # (node, nr) -> list of input positions
+
+def _run_on_fresh_thread(args: tuple) -> list | None:
+    """Run a deeply nested backward on a new thread (new Python stack); wait; re-raise."""
+    states = [(capture(), restore) for capture, restore in THREAD_STATE]
+    outcome: dict = {}
+
+    def work() -> None:
+        for state, restore in states:
+            restore(state)
+        try:
+            outcome["result"] = _execute(*args)
+        except BaseException as e:  # noqa: BLE001  (re-raised on the calling thread)
+            outcome["error"] = e
+
+    worker = threading.Thread(target=work, name="fusegrad-reentrant-backward")
+    worker.start()
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
+
+
+def _execute(
+    roots: Sequence[Tensor],
+    grad_roots: Sequence[Tensor],
+    retain_graph: bool,
+    create_graph: bool,
+    inputs: Sequence[Tensor] | None,
+    accumulate: bool,
+) -> list | None:
+    """The engine loop proper (see the module docstring)."""
+    root_edges = [r._edge() for r in roots]
+    root_nodes = list(dict.fromkeys(node for node, _ in root_edges if node is not None))
+    deps = _discover(root_nodes)
+
+    capture: dict = {}
+    needed = None
     if inputs is not None:
         for i, t in enumerate(inputs):
-            edge = t._edge()
-            capture.setdefault(edge, []).append(i)
-        needed = _needed(order, {e[0] for e in capture if e[0] is not None})
-    else:
-        needed = None
-    captured: list = [None] * (len(inputs) if inputs is not None else 0)
+            capture.setdefault(t._edge(), []).append(i)
+        needed = _needed(deps, {node for node, _ in capture if node is not None})
+    task = _Task(retain_graph, create_graph, accumulate, inputs, needed, capture)
 
-    buffers: dict = {}
+    buffers: dict = {}  # node -> list of summed incoming gradients, one per output
     for (node, nr), g in zip(root_edges, grad_roots):
-        if node is None:
-            continue
-        buf = buffers.setdefault(node, [None] * _num_outputs(node))
-        buf[nr] = g if buf[nr] is None else buf[nr] + g
+        if node is not None:
+            buf = buffers.setdefault(node, [None] * node.num_outputs)
+            buf[nr] = g if buf[nr] is None else buf[nr] + g
 
-    tie = itertools.count()
+    tie = itertools.count()  # FIFO among equal sequence numbers (AccumulateGrad)
     ready: list = []
     for node in root_nodes:
-        if deps.get(node, 0) == 0 and (needed is None or node in needed):
+        if deps[node] == 0 and (needed is None or node in needed):
             heapq.heappush(ready, (-node._seq, next(tie), node))
 
     prev_mode = grad_mode._state.enabled
     grad_mode._state.enabled = create_graph
     try:
         while ready:
-            _, _, node = heapq.heappop(ready)
-            grads = buffers.pop(node, None) or [None] * _num_outputs(node)
-            results = _run_node(node, grads, capture, captured, needed, accumulate,
-                                retain_graph, create_graph, inputs)
+            node = heapq.heappop(ready)[2]
+            grads = buffers.pop(node, None) or [None] * node.num_outputs
+            results = _run_node(node, grads, task)
             for i, (nxt, nr) in enumerate(node._edges):
                 if nxt is None or (needed is not None and nxt not in needed):
                     continue
-                g = results[i] if results is not None and i < len(results) else None
+                g = results[i] if results is not None else None
                 if g is not None:
                     shape, dtype = node._input_meta[i]
                     g = validate_gradient(node, i, g, shape, dtype)
-                    buf = buffers.setdefault(nxt, [None] * _num_outputs(nxt))
+                    buf = buffers.setdefault(nxt, [None] * nxt.num_outputs)
                     buf[nr] = g if buf[nr] is None else buf[nr] + g
                 deps[nxt] -= 1
                 if deps[nxt] == 0:
                     heapq.heappush(ready, (-nxt._seq, next(tie), nxt))
     finally:
         grad_mode._state.enabled = prev_mode
-    return captured if not accumulate else None
+    return None if accumulate else task.captured
 
 
-def _num_outputs(node: Node) -> int:
-    return node.num_outputs
-
-
-def _run_node(node: Node, grads: list, capture: dict, captured: list, needed: set | None,
-              accumulate: bool, retain_graph: bool, create_graph: bool,
-              inputs: Sequence[Tensor] | None) -> tuple | None:
-    # 1. tensor hooks (a returned tensor replaces the gradient)
-    for nr in range(len(grads)):
-        if grads[nr] is None:
-            continue
-        for hook in _tensor_hooks(node, nr):
-            out = hook(grads[nr])
-            if out is not None:
-                grads[nr] = out
-    # 2. retain_grad
+def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
+    """Hooks and the node itself, in SEMANTICS.md's order; the gradients for its edges."""
+    # 1. tensor hooks, in registration order (a returned tensor replaces the gradient)
+    for nr, g in enumerate(grads):
+        if g is not None:
+            for hook in _tensor_hooks(node, nr):
+                out = hook(grads[nr])
+                if out is not None:
+                    grads[nr] = _check_hook_result(hook, grads[nr], out)
+    # 2. retain_grad (only while the tensor's history still ends in this node)
+    retained: set = set()
     if node._retain_grad_hooks:
         for nr, ref in list(node._retain_grad_hooks.items()):
             t = ref()
             if t is not None and grads[nr] is not None and t.grad_fn is node:
-                _store_grad(t, grads[nr], create_graph)
+                _store_grad(t, grads[nr], task.create_graph)
+                retained.add(nr)
     # capture for grad() / backward(inputs=...)
-    is_target = False
-    if capture:
-        for nr in range(len(grads)):
-            positions = capture.get((node, nr))
+    if task.capture:
+        for nr, g in enumerate(grads):
+            positions = task.capture.get((node, nr))
             if positions is None:
                 continue
-            is_target = True
-            if accumulate:
-                if not isinstance(node, AccumulateGrad) and grads[nr] is not None:
-                    # a non-leaf listed in backward(inputs=...) accumulates into its .grad
-                    _store_grad(inputs[positions[0]], grads[nr], create_graph)  # type: ignore
-            else:
+            if not task.accumulate:
                 for p in positions:
-                    captured[p] = grads[nr]
-    if isinstance(node, AccumulateGrad):
-        if accumulate and (not capture or is_target) and grads[0] is not None:
-            _accumulate(node, grads[0], create_graph)
-        return None
-    if needed is not None and capture and is_target and not _has_needed_child(node, needed):
+                    task.captured[p] = g
+            elif g is not None and not isinstance(node, AccumulateGrad) and nr not in retained:
+                # a non-leaf listed in backward(inputs=...) accumulates into its .grad
+                _store_grad(task.inputs[positions[0]], g, task.create_graph)  # type: ignore
+    # a target whose own inputs lead to no other target: its gradient is all that is needed
+    is_leaf_write = isinstance(node, AccumulateGrad) and task.accumulate
+    if (
+        task.needed is not None
+        and not is_leaf_write
+        and not any(e[0] is not None and e[0] in task.needed for e in node._edges)
+    ):
         return None
     # 3. node pre-hooks
     if node._pre_hooks:
         for hook in list(node._pre_hooks.values()):
             out = hook(tuple(grads))
             if out is not None:
-                grads = list(out)
-    # 4. the node itself
-    if all(g is None for g in grads):
-        results: tuple = (None,) * len(node._edges)
-        if not retain_graph and hasattr(node, "release"):
+                grads = _hook_tuple(hook, out, len(grads))
+    # 4. the node itself; 5. post-accumulate-grad hooks (leaves)
+    if isinstance(node, AccumulateGrad):
+        results: tuple = ()
+        if grads[0] is not None:
+            var = node.variable
+            _store_grad(var, grads[0], task.create_graph)
+            if var._post_acc_hooks:
+                for hook in list(var._post_acc_hooks.values()):
+                    hook(var)
+    elif all(g is None for g in grads):
+        results = (None,) * len(node._edges)
+        if not task.retain_graph and hasattr(node, "release"):
             node.release()
     else:
-        try:
-            results = node.apply(tuple(grads), retain_graph)
-        except Exception as e:
-            if anomaly._state.enabled:
-                tb = node.metadata.get("traceback_", "")
-                raise type(e)(
-                    f"Error detected in {node.name()}. Traceback of forward call that caused "
-                    f"the error:\n{tb}\n{e}"
-                ) from e
-            raise
-        if not isinstance(results, tuple):
-            results = (results,)
-        if len(results) != len(node._edges):
-            raise AutogradError(
-                f"Function {node.name()} returned an incorrect number of gradients (expected "
-                f"{len(node._edges)}, got {len(results)})"
-            )
-        if anomaly._state.enabled and anomaly._state.check_nan:
-            for i, r in enumerate(results):
-                if r is not None and np.isnan(r._data).any():
-                    raise AutogradError(
-                        f"Function '{node.name()}' returned nan values in its {i}th output."
-                    )
-    # 6. node post-hooks
+        results = _apply(node, grads, task.retain_graph)
+    # 6. node post-hooks (may replace the gradients for the inputs)
     if node._post_hooks:
         for hook in list(node._post_hooks.values()):
             out = hook(results, tuple(grads))
             if out is not None:
-                results = tuple(out)
+                results = _hook_tuple(hook, out, len(results))
     return results
 
 
-def _has_needed_child(node: Node, needed: set) -> bool:
-    return any(e[0] is not None and e[0] in needed for e in node._edges)
+def _hook_tuple(hook: Any, out: Any, expected: int) -> list | tuple:
+    out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    if len(out) != expected:
+        raise AutogradError(
+            f"hook '{_hook_name(hook)}' has returned an incorrect number of values (got "
+            f"{len(out)}, but expected {expected})"
+        )
+    return list(out)
 
 
-def _accumulate(node: AccumulateGrad, g: Tensor, create_graph: bool) -> None:
-    var = node.variable
-    _store_grad(var, g, create_graph)
-    # 5. post-accumulate-grad hooks
-    if var._post_acc_hooks:
-        for hook in list(var._post_acc_hooks.values()):
-            hook(var)
-    if node._post_hooks:
-        for hook in list(node._post_hooks.values()):
-            hook((), (g,))
+def _apply(node: Node, grads: list, retain_graph: bool) -> tuple:
+    """Run a node's rule; check the number of gradients (and NaNs under anomaly mode)."""
+    try:
+        results = node.apply(tuple(grads), retain_graph)
+    except Exception as e:
+        if not anomaly._state.enabled:
+            raise
+        message = (
+            f"Error detected in {node.name()}. Traceback of forward call that caused the "
+            f"error:\n{node.metadata.get('traceback_', '')}\n{e}"
+        )
+        try:
+            error = type(e)(message)
+        except Exception:  # noqa: BLE001  (an exception type that does not take a message)
+            error = AutogradError(message)
+        raise error from e
+    if not isinstance(results, tuple):
+        results = tuple(results) if isinstance(results, list) else (results,)
+    if len(results) != len(node._edges):
+        raise AutogradError(
+            f"Function {node.name()} returned an incorrect number of gradients (expected "
+            f"{len(node._edges)}, got {len(results)})"
+        )
+    if anomaly._state.enabled and anomaly._state.check_nan:
+        for i, r in enumerate(results):
+            if isinstance(r, Tensor) and np.isnan(r._data).any():
+                raise AutogradError(
+                    f"Function '{node.name()}' returned nan values in its {i}th output."
+                )
+    return results

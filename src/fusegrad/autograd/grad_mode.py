@@ -1,14 +1,19 @@
 """Grad modes: no_grad, enable_grad, set_grad_enabled, inference_mode (thread-local).
 
-Each works as a context manager and as a decorator; ``set_grad_enabled(False)`` also works as a
-plain call, as in PyTorch.
+``registry.apply`` reads ``_state.enabled`` to decide whether an op records a backward node; the
+engine switches it to ``create_graph`` while it runs.  Every mode works as a context manager and
+as a decorator (``@no_grad()`` and bare ``@no_grad``); ``set_grad_enabled(False)`` also works as
+a plain call, as in PyTorch.  The state is a ``threading.local``: a thread starts with grad mode
+on and never sees another thread's modes.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,15 +36,16 @@ def is_inference_mode_enabled() -> bool:
 
 
 class _Mode:
-    """Base: subclasses set ``_target``; entering saves the previous state, exit restores it."""
+    """Base: ``_enter_state`` switches the mode; ``__exit__`` restores what was there before.
 
-    _target: bool = True
+    The saved states form a stack, so one instance may be entered re-entrantly; decorated
+    functions make a fresh instance per call (thread-safe and recursion-safe)."""
 
     def __init__(self) -> None:
         self._prev: list[tuple[bool, bool]] = []
 
     def _enter_state(self) -> None:
-        _state.enabled = self._target
+        raise NotImplementedError
 
     def __enter__(self) -> None:
         self._prev.append((_state.enabled, _state.inference))
@@ -48,28 +54,73 @@ class _Mode:
     def __exit__(self, *exc: object) -> None:
         _state.enabled, _state.inference = self._prev.pop()
 
+    def _clone(self) -> _Mode:
+        return self.__class__()
+
     def __call__(self, fn: F) -> F:
+        if inspect.isgeneratorfunction(fn):
+            # the mode must hold while the generator runs, not just while it is created
+            @functools.wraps(fn)
+            def generator(*args: Any, **kwargs: Any) -> Any:
+                gen = fn(*args, **kwargs)
+                try:
+                    with self._clone():
+                        request = gen.send(None)
+                    while True:
+                        try:
+                            response = yield request
+                        except GeneratorExit:
+                            with self._clone():
+                                gen.close()
+                            raise
+                        except BaseException as e:  # noqa: BLE001  (forwarded into gen)
+                            with self._clone():
+                                request = gen.throw(e)
+                        else:
+                            with self._clone():
+                                request = gen.send(response)
+                except StopIteration as stop:
+                    return stop.value
+
+            return generator  # type: ignore[return-value]
+
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self.__class__(*self._init_args()):
+            with self._clone():
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
 
-    def _init_args(self) -> tuple[Any, ...]:
-        return ()
+
+class _NoParamMode(_Mode):
+    """A mode without arguments that can also decorate bare: ``@no_grad`` as ``@no_grad()``."""
+
+    def __new__(cls, orig_func: Callable | None = None) -> Any:
+        if orig_func is None:
+            return super().__new__(cls)
+        return cls()(orig_func)
+
+    def __init__(self, orig_func: Callable | None = None) -> None:
+        super().__init__()
 
 
-class no_grad(_Mode):  # noqa: N801
-    _target = False
+class no_grad(_NoParamMode):
+    """Ops record no backward graph inside (outputs do not require grad)."""
+
+    def _enter_state(self) -> None:
+        _state.enabled = False
 
 
-class enable_grad(_Mode):  # noqa: N801
-    _target = True
+class enable_grad(_NoParamMode):
+    """Turns grad mode back on inside ``no_grad`` (not inside ``inference_mode``' tensors)."""
+
+    def _enter_state(self) -> None:
+        _state.enabled = True
 
 
-class set_grad_enabled(_Mode):  # noqa: N801
-    """``set_grad_enabled(mode)``: takes effect at once (plain call) and restores on ``__exit__``."""
+class set_grad_enabled(_Mode):
+    """``set_grad_enabled(mode)``: takes effect at once (plain call) and restores the previous
+    mode on ``__exit__`` (context manager); as a decorator it changes nothing until called."""
 
     def __init__(self, mode: bool) -> None:
         super().__init__()
@@ -79,37 +130,39 @@ class set_grad_enabled(_Mode):  # noqa: N801
         _state.enabled = self._target
 
     def __enter__(self) -> None:
-        # state already switched in __init__; keep the saved previous state for __exit__
+        # the state was switched (and the previous one saved) by __init__
         _state.enabled = self._target
 
-    def _init_args(self) -> tuple[Any, ...]:
-        return (self._target,)
+    def _clone(self) -> _Mode:
+        return set_grad_enabled(self._target)
 
     def __call__(self, fn: F) -> F:
         # used as a decorator: undo the immediate switch made by __init__
         if self._prev:
             _state.enabled, _state.inference = self._prev.pop()
-        target = self._target
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with set_grad_enabled(target):
-                return fn(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
-
-
-class inference_mode(_Mode):  # noqa: N801
-    """Like no_grad; tensors made inside are marked as inference tensors."""
-
-    def __init__(self, mode: bool = True) -> None:
-        super().__init__()
-        self._mode = bool(mode)
+        return super().__call__(fn)
 
     def _enter_state(self) -> None:
-        if self._mode:
-            _state.enabled = False
-            _state.inference = True
+        _state.enabled = self._target
 
-    def _init_args(self) -> tuple[Any, ...]:
-        return (self._mode,)
+
+class inference_mode(_Mode):
+    """``inference_mode(True)``: grad mode off and tensors created inside are inference tensors
+    (``Tensor.is_inference()``), which cannot be saved for backward.  ``inference_mode(False)``
+    turns it off again (grad mode on), as in PyTorch."""
+
+    def __new__(cls, mode: Any = True) -> Any:
+        if isinstance(mode, bool):
+            return super().__new__(cls)
+        return cls()(mode)  # bare decorator: @inference_mode
+
+    def __init__(self, mode: Any = True) -> None:
+        super().__init__()
+        self._mode = mode if isinstance(mode, bool) else True
+
+    def _enter_state(self) -> None:
+        _state.enabled = not self._mode
+        _state.inference = self._mode
+
+    def _clone(self) -> _Mode:
+        return inference_mode(self._mode)

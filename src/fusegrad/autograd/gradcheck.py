@@ -6,12 +6,15 @@ and the analytical Jacobian row by row through ``autograd.grad`` with one-hot ou
 It also checks that backward is deterministic (reentrant) and that a zero output gradient gives
 zero input gradients.  ``fast_mode`` compares random projections ``v^T J u`` instead of whole
 Jacobians.  ``gradgradcheck`` runs gradcheck on the function that computes first gradients with
-``create_graph=True``.  The op surface is imported lazily (this module loads with autograd).
+``create_graph=True``.  Inputs are perturbed in place (any memory layout; restored afterwards,
+also when the function raises).  The op surface is imported lazily (this module loads with
+autograd).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -46,39 +49,55 @@ def _eval(fn: Callable, inputs: tuple) -> list[np.ndarray]:
     return [np.array(o._data, dtype=np.float64, copy=True) for o in _outputs(fn, inputs)]
 
 
-def _numerical(fn: Callable, inputs: tuple, i: int, eps: float,
-               direction: np.ndarray | None = None) -> list[np.ndarray]:
+def _numerical(
+    fn: Callable, inputs: tuple, i: int, eps: float, direction: np.ndarray | None = None
+) -> list[np.ndarray]:
     """d outputs / d inputs[i]: a Jacobian (out_numel, in_numel) per output, or, with
-    ``direction``, the directional derivative J u per output (flattened)."""
-    x = inputs[i]
-    data = x._data
-    flat = data.reshape(-1) if data.flags.c_contiguous else None
-    if flat is None:
-        raise GradcheckError("gradcheck: inputs must be contiguous")
-    if direction is not None:
-        orig = flat.copy()
-        flat += eps * direction.astype(flat.dtype)
+    ``direction``, the directional derivative J u per output (flattened).
+
+    The input's array is perturbed in place (any layout, element by element in C order, the
+    order of a flattened gradient) and restored afterwards, also when ``fn`` raises."""
+    data = inputs[i]._data
+    if not data.flags.writeable:
+        raise GradcheckError(
+            f"gradcheck: input {i} is a read-only (e.g. expanded) array whose elements share "
+            "memory; pass a contiguous copy"
+        )
+    saved = data.copy()
+
+    def central(perturb: Callable[[float], None]) -> list[np.ndarray]:
+        perturb(eps)
         plus = _eval(fn, inputs)
-        flat[:] = orig - eps * direction.astype(flat.dtype)
+        data[...] = saved
+        perturb(-eps)
         minus = _eval(fn, inputs)
-        flat[:] = orig
+        data[...] = saved
         return [((p - m) / (2 * eps)).reshape(-1) for p, m in zip(plus, minus)]
-    cols: list[list[np.ndarray]] | None = None
-    for j in range(flat.size):
-        orig = flat[j]
-        flat[j] = orig + eps
-        plus = _eval(fn, inputs)
-        flat[j] = orig - eps
-        minus = _eval(fn, inputs)
-        flat[j] = orig
-        diffs = [((p - m) / (2 * eps)).reshape(-1) for p, m in zip(plus, minus)]
-        if cols is None:
-            cols = [[] for _ in diffs]
-        for k, d in enumerate(diffs):
-            cols[k].append(d)
-    if cols is None:  # empty input: one empty Jacobian per output
+
+    try:
+        if direction is not None:
+            u = direction.reshape(data.shape)
+
+            def along(step: float) -> None:
+                data[...] = saved + step * u
+
+            return central(along)
+        cols: list[list[np.ndarray]] = []
+        for index in np.ndindex(*data.shape):
+
+            def at(step: float, index: tuple = index) -> None:
+                data[index] = saved[index] + step
+
+            diffs = central(at)
+            if not cols:
+                cols = [[] for _ in diffs]
+            for k, d in enumerate(diffs):
+                cols[k].append(d)
+    finally:
+        data[...] = saved
+    if not cols:  # empty input: one empty Jacobian per output
         return [np.zeros((o.size, 0)) for o in _eval(fn, inputs)]
-    return [np.stack(c, axis=1) if c else np.zeros((0, flat.size)) for c in cols]
+    return [np.stack(c, axis=1) for c in cols]
 
 
 def _vjp(outputs: tuple, inputs: tuple, diff: list[int], k: int, v: np.ndarray) -> list:
@@ -146,7 +165,18 @@ def gradcheck(
     if not check_backward_ad:
         return True
     if fast_mode:
-        return _fast_check(func, inputs, diff, eps, atol, rtol, nondet_tol, raise_exception, seed)
+        return _fast_check(
+            func,
+            inputs,
+            diff,
+            eps,
+            atol,
+            rtol,
+            nondet_tol,
+            raise_exception,
+            seed,
+            check_undefined_grad,
+        )
     analytical, outputs = _analytical(func, inputs, diff)
     for col, i in enumerate(diff):
         numerical = _numerical(func, inputs, i, eps)
@@ -155,7 +185,9 @@ def gradcheck(
             if a.shape != n.shape or not np.allclose(a, n, rtol=rtol, atol=atol):
                 return _fail(
                     f"Jacobian mismatch for output {k} with respect to input {i},\n"
-                    f"numerical:{n}\nanalytical:{a}\n", raise_exception)
+                    f"numerical:{n}\nanalytical:{a}\n",
+                    raise_exception,
+                )
     again, _ = _analytical(func, inputs, diff)
     for k in range(len(outputs)):
         for col in range(len(diff)):
@@ -164,41 +196,79 @@ def gradcheck(
                     "Backward is not reentrant, i.e., running backward with same input and "
                     "grad_output multiple times gives different values, although analytical "
                     f"gradient matches numerical gradient (output {k}, input {diff[col]})",
-                    raise_exception)
+                    raise_exception,
+                )
     if check_undefined_grad:
-        for k, out in enumerate(outputs):
-            for col, g in enumerate(_vjp(outputs, inputs, diff, k, np.zeros(out.numel()))):
-                if g is not None and np.any(g._data != 0):
-                    return _fail(
-                        f"gradcheck: a zero gradient for output {k} gave a nonzero gradient for "
-                        f"input {diff[col]}", raise_exception)
+        return _check_zero_grad(outputs, inputs, diff, raise_exception)
     return True
 
 
-def _fast_check(func: Callable, inputs: tuple, diff: list[int], eps: float, atol: float,
-                rtol: float, nondet_tol: float, raise_exception: bool, seed: int) -> bool:
+def _fast_check(
+    func: Callable,
+    inputs: tuple,
+    diff: list[int],
+    eps: float,
+    atol: float,
+    rtol: float,
+    nondet_tol: float,
+    raise_exception: bool,
+    seed: int,
+    check_undefined_grad: bool,
+) -> bool:
+    """Compare ``v^T J u`` (random ``v`` per output, ``u`` per input) both ways: one vjp per
+    output (twice, for determinism) against one directional finite difference per input."""
     rng = np.random.default_rng(seed)
     outputs = _outputs(func, inputs)
     vs = [rng.standard_normal(o.numel()) for o in outputs]
+    us = [rng.standard_normal(inputs[i].numel()) for i in diff]
+
+    def project(grads: list, col: int) -> float:
+        g = grads[col]
+        if g is None:
+            return 0.0
+        return float(np.asarray(g._data, dtype=np.float64).reshape(-1) @ us[col])
+
+    analytic: list[list[float]] = []  # [output][input]
+    for k in range(len(outputs)):
+        first = _vjp(outputs, inputs, diff, k, vs[k])
+        second = _vjp(outputs, inputs, diff, k, vs[k])
+        row = []
+        for col in range(len(diff)):
+            a, b = project(first, col), project(second, col)
+            if abs(a - b) > nondet_tol:
+                return _fail(
+                    "Backward is not reentrant, i.e., running backward with same input and "
+                    f"grad_output multiple times gives different values (fast mode; output {k}, "
+                    f"input {diff[col]})",
+                    raise_exception,
+                )
+            row.append(a)
+        analytic.append(row)
     for col, i in enumerate(diff):
-        u = rng.standard_normal(inputs[i].numel())
-        ju = _numerical(func, inputs, i, eps, direction=u)
-        for k, out in enumerate(outputs):
+        ju = _numerical(func, inputs, i, eps, direction=us[col])
+        for k in range(len(outputs)):
             numeric = float(vs[k] @ ju[k])
-            grads = _vjp(outputs, inputs, diff, k, vs[k])
-            g = grads[col]
-            analytic = 0.0 if g is None else float(
-                np.asarray(g._data, dtype=np.float64).reshape(-1) @ u)
-            grads2 = _vjp(outputs, inputs, diff, k, vs[k])
-            g2 = grads2[col]
-            analytic2 = 0.0 if g2 is None else float(
-                np.asarray(g2._data, dtype=np.float64).reshape(-1) @ u)
-            if abs(analytic2 - analytic) > nondet_tol:
-                return _fail("Backward is not reentrant (fast mode)", raise_exception)
-            if not np.isclose(analytic, numeric, rtol=rtol, atol=atol):
+            if not np.isclose(analytic[k][col], numeric, rtol=rtol, atol=atol):
                 return _fail(
                     f"Jacobian mismatch for output {k} with respect to input {i} (fast mode: "
-                    f"v^T J u),\nnumerical:{numeric}\nanalytical:{analytic}\n", raise_exception)
+                    f"v^T J u),\nnumerical:{numeric}\nanalytical:{analytic[k][col]}\n",
+                    raise_exception,
+                )
+    if check_undefined_grad:
+        return _check_zero_grad(outputs, inputs, diff, raise_exception)
+    return True
+
+
+def _check_zero_grad(outputs: tuple, inputs: tuple, diff: list[int], raise_exception: bool) -> bool:
+    """A zero gradient for an output must give zero (or no) gradients for every input."""
+    for k, out in enumerate(outputs):
+        for col, g in enumerate(_vjp(outputs, inputs, diff, k, np.zeros(out.numel()))):
+            if g is not None and np.any(g._data != 0):
+                return _fail(
+                    f"gradcheck: a zero gradient for output {k} gave a nonzero gradient for "
+                    f"input {diff[col]}",
+                    raise_exception,
+                )
     return True
 
 
@@ -240,10 +310,24 @@ def gradgradcheck(
         pairs = [(o, g) for o, g in zip(outs, gos) if o.requires_grad]
         if not pairs:
             return ()
-        gs = grad([p[0] for p in pairs], [ins[i] for i in diff], [p[1] for p in pairs],
-                  create_graph=True, allow_unused=True)
+        gs = grad(
+            [p[0] for p in pairs],
+            [ins[i] for i in diff],
+            [p[1] for p in pairs],
+            create_graph=True,
+            allow_unused=True,
+        )
         return tuple(g for g in gs if g is not None)
 
-    return gradcheck(first_grads, inputs + grad_outputs, eps=eps, atol=atol, rtol=rtol,
-                     raise_exception=raise_exception, nondet_tol=nondet_tol,
-                     check_undefined_grad=check_undefined_grad, fast_mode=fast_mode, seed=seed)
+    return gradcheck(
+        first_grads,
+        inputs + grad_outputs,
+        eps=eps,
+        atol=atol,
+        rtol=rtol,
+        raise_exception=raise_exception,
+        nondet_tol=nondet_tol,
+        check_undefined_grad=check_undefined_grad,
+        fast_mode=fast_mode,
+        seed=seed,
+    )

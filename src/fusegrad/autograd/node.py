@@ -12,7 +12,8 @@ from __future__ import annotations
 import itertools
 import re
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AutogradError
 
@@ -25,7 +26,7 @@ _sequence = itertools.count()
 class _Handle:
     """Returned by every hook registration; ``remove()`` takes the hook out (idempotent)."""
 
-    __slots__ = ("_store", "_key")
+    __slots__ = ("_key", "_store")
 
     def __init__(self, store: dict, key: int) -> None:
         self._store = store
@@ -34,7 +35,7 @@ class _Handle:
     def remove(self) -> None:
         self._store.pop(self._key, None)
 
-    def __enter__(self) -> "_Handle":
+    def __enter__(self) -> _Handle:  # noqa: PYI034  (py3.10: no typing.Self)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -54,15 +55,15 @@ class Node:
     """Base of all backward nodes."""
 
     __slots__ = (
-        "_edges",
-        "_seq",
-        "_input_meta",
-        "_pre_hooks",
-        "_post_hooks",
-        "_tensor_pre_hooks",
-        "_retain_grad_hooks",
-        "metadata",
         "__weakref__",
+        "_edges",
+        "_input_meta",
+        "_post_hooks",
+        "_pre_hooks",
+        "_retain_grad_hooks",
+        "_seq",
+        "_tensor_pre_hooks",
+        "metadata",
     )
 
     def __init__(self, edges: tuple, input_meta: tuple) -> None:
@@ -120,32 +121,58 @@ class SavedTensor:
     reference cycle node -> output -> node) and rebuilt with ``grad_fn`` = that node on unpack,
     so double backward flows through the node as in PyTorch."""
 
-    __slots__ = ("_tensor", "_data", "_version", "_counter", "_is_output", "_output_nr", "_rg")
+    __slots__ = (
+        "_counter",
+        "_data",
+        "_is_output",
+        "_output_nr",
+        "_producer",
+        "_rg",
+        "_tensor",
+        "_version",
+    )
 
-    def __init__(self, t: "Tensor", is_output: bool = False, output_nr: int = 0) -> None:
+    def __init__(self, t: Tensor, is_output: bool = False, output_nr: int = 0) -> None:
+        if t._inference:
+            raise AutogradError(
+                "Inference tensors cannot be saved for backward. Please do not use Tensors "
+                "created in inference mode in computation tracked by autograd. To work around "
+                "this, you can make a clone to get a normal tensor and use it in autograd, or "
+                "use `fusegrad.no_grad()` instead of `fusegrad.inference_mode()`."
+            )
         self._counter = t._version_counter
         self._version = t._version_counter.value
         self._is_output = is_output
-        self._output_nr = output_nr
         if is_output:
             self._tensor = None
             self._data = t._data
             self._rg = True  # outputs of a recorded node always require grad
+            self._output_nr = output_nr
+            self._producer = None  # the saving node itself (passed to unpack)
         else:
             self._tensor = t
             self._data = None
             self._rg = False
+            # remembered now: an in-place op later rebases ``t.grad_fn``
+            self._output_nr = t._output_nr
+            self._producer = t.grad_fn
 
-    def unpack(self, node: Node) -> "Tensor":
+    def unpack(self, node: Node) -> Tensor:
         if self._counter.value != self._version:
             t = self._tensor
             shape = tuple(t.shape) if t is not None else self._data.shape
             dtype = t.dtype.name if t is not None else str(self._data.dtype)
+            producer = node if self._is_output else self._producer
+            origin = (
+                ""
+                if producer is None
+                else (f", which is output {self._output_nr} of {producer.name()},")
+            )
             raise AutogradError(
                 "one of the variables needed for gradient computation has been modified by an "
-                f"inplace operation: [{dtype} {list(shape)}], which is output {self._output_nr} "
-                f"of {node.name()}, is at version {self._counter.value}; expected version "
-                f"{self._version} instead. Hint: enable anomaly detection to find the operation "
+                f"inplace operation: [{dtype} {list(shape)}]{origin} is at version "
+                f"{self._counter.value}; expected version {self._version} instead (needed by "
+                f"{node.name()}). Hint: enable anomaly detection to find the operation "
                 "that failed to compute its gradient, with "
                 "fusegrad.autograd.set_detect_anomaly(True)."
             )
@@ -177,7 +204,7 @@ def _camel(name: str) -> str:
 class OpNode(Node):
     """The node of one primitive call: applies the primitive's rule from the derivative table."""
 
-    __slots__ = ("_prim", "_rule", "attrs", "_saved", "_freed", "needs_input_grad")
+    __slots__ = ("_freed", "_prim", "_rule", "_saved", "attrs", "needs_input_grad")
 
     def __init__(self, prim: Any, rule: Any, attrs: dict, inputs: tuple, outputs: tuple) -> None:
         edges = tuple(t._edge() for t in inputs)
@@ -242,7 +269,7 @@ class AccumulateGrad(Node):
 
     __slots__ = ("variable",)
 
-    def __init__(self, variable: "Tensor") -> None:
+    def __init__(self, variable: Tensor) -> None:
         super().__init__((), ((variable._data.shape, variable._dtype),))
         self._seq = float("inf")  # run as soon as ready, like PyTorch
         self.variable = variable
@@ -254,7 +281,7 @@ class AccumulateGrad(Node):
         raise AssertionError("AccumulateGrad is executed by the engine")
 
 
-def accumulator_for(t: "Tensor") -> AccumulateGrad:
+def accumulator_for(t: Tensor) -> AccumulateGrad:
     """The (cached, weakly referenced) AccumulateGrad of a leaf."""
     ref = t._accumulator
     acc = ref() if ref is not None else None
