@@ -20,6 +20,9 @@ from .device import CPU
 from .errors import AutogradError, DTypeError, ShapeError
 
 
+_DTYPE_OF = {d.np: d for d in _dt.ALL}
+
+
 class _VersionCounter:
     __slots__ = ("value",)
 
@@ -76,8 +79,24 @@ class Tensor:
     @classmethod
     def _make(cls, arr: np.ndarray) -> Tensor:
         """Wrap an array without copying or checking (internal)."""
+        # _init inlined: this runs once per op result, the hottest allocation in eager mode
         t = object.__new__(cls)
-        t._init(arr)
+        t._data = arr
+        t._dtype = _DTYPE_OF[arr.dtype] if arr.dtype in _DTYPE_OF else _dt.from_numpy_dtype(
+            arr.dtype
+        )
+        t._requires_grad = False
+        t.grad_fn = None
+        t._output_nr = 0
+        t._grad = None
+        t._version_counter = _VersionCounter()
+        t._base = None
+        t._accumulator = None
+        t._hooks = None
+        t._post_acc_hooks = None
+        t._retains_grad = False
+        t._wrapped_number = False
+        t._inference = _grad_mode._state.inference
         return t
 
     # -- metadata ---------------------------------------------------------------------------

@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import AutogradError
 from ..tensor import Tensor
 from . import anomaly, grad_mode
-from .node import AccumulateGrad, Node
+from .node import AccumulateGrad, Node, OpNode
 
 
 def _sum_to_compatible(gshape: tuple, shape: tuple) -> bool:
@@ -322,6 +322,17 @@ def _execute(
 
 def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
     """Hooks and the node itself, in SEMANTICS.md's order; the gradients for its edges."""
+    if (
+        type(node) is OpNode
+        and not task.capture
+        and node._tensor_pre_hooks is None
+        and node._retain_grad_hooks is None
+        and node._pre_hooks is None
+        and node._post_hooks is None
+        and grads[0] is not None
+    ):
+        # the common case (a primitive's node without hooks): no bookkeeping beyond the rule
+        return _apply(node, grads, task.retain_graph)
     # 1. tensor hooks, in registration order (a returned tensor replaces the gradient)
     for nr, g in enumerate(grads):
         if g is not None:
