@@ -1,0 +1,80 @@
+"""``fusegrad.nn``: modules, parameters, layers, losses, ``init`` and ``functional``.
+
+The same names and behaviour as ``torch.nn``: ``Module`` registers ``Parameter``s, submodules
+and buffers on attribute assignment; layers initialise their weights as PyTorch does; forward
+passes call ``fusegrad.nn.functional``, which is built from fusegrad's primitives so autograd
+(and the backward compiler) see ordinary ops.  Importing this package loads neither numba nor
+the compiler.
+"""
+
+from __future__ import annotations
+
+from . import functional, init
+from .containers import ModuleDict, ModuleList, Sequential
+from .layers import (
+    ELU,
+    GELU,
+    AvgPool2d,
+    Conv2d,
+    Dropout,
+    Embedding,
+    Flatten,
+    Identity,
+    LayerNorm,
+    LeakyReLU,
+    Linear,
+    LogSoftmax,
+    MaxPool2d,
+    Mish,
+    ReLU,
+    ReLU6,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Softplus,
+    Tanh,
+    Unflatten,
+)
+from .loss import BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss, NLLLoss
+from .module import LoadStateDictError, Module, RemovableHandle
+from .parameter import Parameter
+
+__all__ = [
+    "ELU",
+    "GELU",
+    "AvgPool2d",
+    "BCELoss",
+    "BCEWithLogitsLoss",
+    "Conv2d",
+    "CrossEntropyLoss",
+    "Dropout",
+    "Embedding",
+    "Flatten",
+    "Identity",
+    "L1Loss",
+    "LayerNorm",
+    "LeakyReLU",
+    "Linear",
+    "LoadStateDictError",
+    "LogSoftmax",
+    "MSELoss",
+    "MaxPool2d",
+    "Mish",
+    "Module",
+    "ModuleDict",
+    "ModuleList",
+    "NLLLoss",
+    "Parameter",
+    "ReLU",
+    "ReLU6",
+    "RemovableHandle",
+    "Sequential",
+    "SiLU",
+    "Sigmoid",
+    "Softmax",
+    "Softplus",
+    "Tanh",
+    "Unflatten",
+    "functional",
+    "init",
+]

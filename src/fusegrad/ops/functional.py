@@ -346,7 +346,13 @@ def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
     if squeeze:
         values = values.squeeze(0)
     if return_indices:
-        return values, idx
+        # PyTorch's indices address the flattened (H, W) input plane, not the window
+        (sh, sw), (ph, pw), (dh, dw) = s, p, _pair(dilation)
+        local = idx._data
+        rows = np.arange(oh)[:, None] * sh - ph + (local // kw) * dh
+        cols = np.arange(ow)[None, :] * sw - pw + (local % kw) * dw
+        flat_idx = Tensor._make((rows * x.shape[3] + cols).astype(np.int64))
+        return values, (flat_idx.squeeze(0) if squeeze else flat_idx)
     return values
 
 

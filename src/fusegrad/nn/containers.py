@@ -1,0 +1,214 @@
+"""Container modules: ``Sequential``, ``ModuleList``, ``ModuleDict``.
+
+They hold submodules under string keys ("0", "1", ... for the sequence types) in ``_modules``,
+so parameters, ``state_dict`` keys (``0.weight``) and ``repr`` follow PyTorch's layout.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .module import Module
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+
+def _index(n: int, idx: Any, kind: str) -> int:
+    i = operator.index(idx)
+    if not -n <= i < n:
+        raise IndexError(f"index {i} is out of range for {kind} of length {n}")
+    return i % n
+
+
+class Sequential(Module):
+    """Modules applied in order: ``Sequential(m0, m1, ...)`` or ``Sequential(OrderedDict)``."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__()
+        if len(args) == 1 and isinstance(args[0], OrderedDict):
+            for key, module in args[0].items():
+                self.add_module(key, module)
+        else:
+            for i, module in enumerate(args):
+                self.add_module(str(i), module)
+
+    def forward(self, input: Any) -> Any:
+        for module in self._modules.values():
+            input = module(input)
+        return input
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+    def __getitem__(self, idx: Any) -> Any:
+        if isinstance(idx, slice):
+            return type(self)(OrderedDict(list(self._modules.items())[idx]))
+        keys = list(self._modules)
+        return self._modules[keys[_index(len(keys), idx, "Sequential")]]
+
+    def __setitem__(self, idx: int, module: Module) -> None:
+        keys = list(self._modules)
+        setattr(self, keys[_index(len(keys), idx, "Sequential")], module)
+
+    def __delitem__(self, idx: Any) -> None:
+        keys = list(self._modules)
+        if isinstance(idx, slice):
+            doomed = keys[idx]
+        else:
+            doomed = [keys[_index(len(keys), idx, "Sequential")]]
+        for key in doomed:
+            del self._modules[key]
+        # keep the string indices contiguous, as PyTorch does
+        items = list(self._modules.values())
+        self._modules.clear()
+        for i, module in enumerate(items):
+            self._modules[str(i)] = module
+
+    def append(self, module: Module) -> Sequential:
+        self.add_module(str(len(self)), module)
+        return self
+
+    def extend(self, modules: Iterable[Module]) -> Sequential:
+        for module in modules:
+            self.append(module)
+        return self
+
+    def insert(self, index: int, module: Module) -> Sequential:
+        if not isinstance(module, Module):
+            raise TypeError(f"module should be of type: Module, got {type(module).__name__}")
+        n = len(self._modules)
+        if not -n <= index <= n:
+            raise IndexError(f"Index out of range: {index}")
+        index = index % (n + 1) if index < 0 else index
+        items = list(self._modules.values())
+        items.insert(index, module)
+        self._modules.clear()
+        for i, m in enumerate(items):
+            self._modules[str(i)] = m
+        return self
+
+    def __add__(self, other: Sequential) -> Sequential:
+        if not isinstance(other, Sequential):
+            raise ValueError(  # noqa: TRY004  (PyTorch raises ValueError here)
+                "add operator supports only objects of Sequential class, but "
+                f"{type(other).__name__} is given."
+            )
+        return Sequential(*self, *other)
+
+
+class ModuleList(Module):
+    """A list of submodules, registered so that ``parameters()`` and ``state_dict`` see them."""
+
+    def __init__(self, modules: Iterable[Module] | None = None) -> None:
+        super().__init__()
+        if modules is not None:
+            self.extend(modules)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+    def __getitem__(self, idx: Any) -> Any:
+        if isinstance(idx, slice):
+            return type(self)(list(self._modules.values())[idx])
+        return self._modules[str(_index(len(self), idx, "ModuleList"))]
+
+    def __setitem__(self, idx: int, module: Module) -> None:
+        setattr(self, str(_index(len(self), idx, "ModuleList")), module)
+
+    def __delitem__(self, idx: Any) -> None:
+        items = list(self._modules.values())
+        del items[idx if isinstance(idx, slice) else _index(len(items), idx, "ModuleList")]
+        self._modules.clear()
+        for i, m in enumerate(items):
+            self._modules[str(i)] = m
+
+    def __iadd__(self, modules: Iterable[Module]) -> Self:
+        self.extend(modules)
+        return self
+
+    def __add__(self, other: Iterable[Module]) -> ModuleList:
+        return ModuleList([*self, *other])
+
+    def append(self, module: Module) -> ModuleList:
+        self.add_module(str(len(self)), module)
+        return self
+
+    def extend(self, modules: Iterable[Module]) -> ModuleList:
+        if isinstance(modules, Module) and not isinstance(modules, (ModuleList, Sequential)):
+            raise TypeError(
+                "ModuleList.extend should be called with an iterable, but got "
+                + type(modules).__name__
+            )
+        for module in modules:
+            self.append(module)
+        return self
+
+    def insert(self, index: int, module: Module) -> None:
+        items = list(self._modules.values())
+        items.insert(index, module)
+        self._modules.clear()
+        for i, m in enumerate(items):
+            self.add_module(str(i), m)
+
+
+class ModuleDict(Module):
+    """An ordered dict of submodules keyed by name."""
+
+    def __init__(
+        self,
+        modules: Mapping[str, Module] | Iterable[tuple[str, Module]] | None = None,
+    ) -> None:
+        super().__init__()
+        if modules is not None:
+            self.update(modules)
+
+    def __getitem__(self, key: str) -> Module:
+        return self._modules[key]
+
+    def __setitem__(self, key: str, module: Module) -> None:
+        self.add_module(key, module)
+
+    def __delitem__(self, key: str) -> None:
+        del self._modules[key]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._modules)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._modules
+
+    def clear(self) -> None:
+        self._modules.clear()
+
+    def pop(self, key: str) -> Module:
+        value = self[key]
+        del self[key]
+        return value
+
+    def keys(self) -> Iterable[str]:
+        return self._modules.keys()
+
+    def items(self) -> Iterable[tuple[str, Module]]:
+        return self._modules.items()
+
+    def values(self) -> Iterable[Module]:
+        return self._modules.values()
+
+    def update(self, modules: Any) -> None:
+        pairs = modules.items() if isinstance(modules, Mapping) else modules
+        for entry in pairs:
+            key, module = entry
+            self[key] = module

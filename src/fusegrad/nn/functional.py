@@ -1,0 +1,168 @@
+"""``fusegrad.nn.functional`` (``import fusegrad.nn.functional as F``): the functional API.
+
+Losses, dropout, normalisation, convolution and pooling live in ``fusegrad.ops.functional`` (they
+are composites of primitives); this module re-exports them and adds PyTorch's signatures for the
+activations (``inplace=``, ``dim=None`` for softmax), so that code written for ``torch.nn.functional``
+runs unchanged.  Nothing here is a new primitive.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from ..ops import elementwise as _ew
+from ..ops import inplace as _inplace
+from ..ops import reduction as _red
+from ..ops.functional import (
+    avg_pool2d,
+    binary_cross_entropy,
+    binary_cross_entropy_with_logits,
+    conv2d,
+    cross_entropy,
+    dropout,
+    embedding,
+    l1_loss,
+    layer_norm,
+    linear,
+    max_pool2d,
+    mse_loss,
+    nll_loss,
+    normalize,
+    one_hot,
+    pad,
+    unfold,
+)
+from ..ops.shape import flatten
+from ..tensor import Tensor
+
+__all__ = [
+    "avg_pool2d",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "conv2d",
+    "cross_entropy",
+    "dropout",
+    "elu",
+    "embedding",
+    "flatten",
+    "gelu",
+    "hardtanh",
+    "l1_loss",
+    "layer_norm",
+    "leaky_relu",
+    "linear",
+    "log_softmax",
+    "logsigmoid",
+    "max_pool2d",
+    "mish",
+    "mse_loss",
+    "nll_loss",
+    "normalize",
+    "one_hot",
+    "pad",
+    "relu",
+    "relu6",
+    "sigmoid",
+    "silu",
+    "softmax",
+    "softmin",
+    "softplus",
+    "tanh",
+    "unfold",
+]
+
+
+def _maybe_inplace(name: str, fn: Any, input: Tensor, inplace: bool, *args: Any) -> Tensor:
+    if inplace:
+        # same path as Tensor.relu_(): writes into input's storage and rebases its history
+        return _inplace(input, name, fn, *args)
+    return fn(input, *args)
+
+
+def relu(input: Tensor, inplace: bool = False) -> Tensor:
+    return _maybe_inplace("relu_", _ew.relu, input, inplace)
+
+
+def relu6(input: Tensor, inplace: bool = False) -> Tensor:
+    return hardtanh(input, 0.0, 6.0, inplace)
+
+
+def hardtanh(
+    input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False
+) -> Tensor:
+    return _maybe_inplace("hardtanh_", _ew.clamp, input, inplace, min_val, max_val)
+
+
+def leaky_relu(input: Tensor, negative_slope: float = 0.01, inplace: bool = False) -> Tensor:
+    return _maybe_inplace("leaky_relu_", _ew.leaky_relu, input, inplace, negative_slope)
+
+
+def elu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+    return _maybe_inplace("elu_", _ew.elu, input, inplace, alpha)
+
+
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
+    return _ew.gelu(input, approximate)
+
+
+def silu(input: Tensor, inplace: bool = False) -> Tensor:
+    return _maybe_inplace("silu_", _ew.silu, input, inplace)
+
+
+def mish(input: Tensor, inplace: bool = False) -> Tensor:
+    def _mish(x: Tensor) -> Tensor:
+        return _ew.mul(x, _ew.tanh(_ew.softplus(x)))
+
+    return _maybe_inplace("mish_", _mish, input, inplace)
+
+
+def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    return _ew.softplus(input, beta, threshold)
+
+
+def sigmoid(input: Tensor) -> Tensor:
+    return _ew.sigmoid(input)
+
+
+def tanh(input: Tensor) -> Tensor:
+    return _ew.tanh(input)
+
+
+def logsigmoid(input: Tensor) -> Tensor:
+    # log(sigmoid(x)) = -softplus(-x), stable for large |x|
+    return _ew.neg(_ew.softplus(_ew.neg(input)))
+
+
+def _get_softmax_dim(name: str, ndim: int) -> int:
+    warnings.warn(
+        f"Implicit dimension choice for {name} has been deprecated. Change the call to include "
+        "dim=X as an argument.",
+        stacklevel=3,
+    )
+    # PyTorch's legacy rule: dim 0 for 0-, 1- and 3-D inputs, else dim 1
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def softmax(
+    input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None
+) -> Tensor:
+    if dim is None:
+        dim = _get_softmax_dim("softmax", input.dim())
+    return _red.softmax(input, dim, dtype=dtype)
+
+
+def softmin(
+    input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None
+) -> Tensor:
+    if dim is None:
+        dim = _get_softmax_dim("softmin", input.dim())
+    return _red.softmax(_ew.neg(input), dim, dtype=dtype)
+
+
+def log_softmax(
+    input: Tensor, dim: int | None = None, _stacklevel: int = 3, dtype: Any = None
+) -> Tensor:
+    if dim is None:
+        dim = _get_softmax_dim("log_softmax", input.dim())
+    return _red.log_softmax(input, dim, dtype=dtype)

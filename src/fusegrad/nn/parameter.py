@@ -1,0 +1,58 @@
+"""``Parameter``: a Tensor that a ``Module`` registers as one of its learnable weights.
+
+A Parameter is an ordinary leaf Tensor (a subclass, so ``isinstance(p, Tensor)`` holds) whose
+``requires_grad`` defaults to True.  Assigning one to a Module attribute registers it (see
+``module.py``).  Wrapping an existing tensor shares its storage and version counter, as
+``torch.nn.Parameter(t)`` does, so ``Parameter(t)`` and ``t`` see each other's in-place updates.
+Op results computed from a Parameter are plain Tensors (the registry builds ``Tensor`` outputs).
+"""
+
+from __future__ import annotations
+
+from typing import Any, SupportsIndex
+
+import numpy as np
+
+from .. import dtypes as _dt
+from ..tensor import Tensor
+
+
+class Parameter(Tensor):
+    """A learnable tensor: ``Parameter(data=None, requires_grad=True)``."""
+
+    def __init__(self, data: Any = None, requires_grad: bool = True) -> None:
+        if data is None:
+            arr = np.empty((0,), _dt.get_default_dtype().np)
+            self._init(arr)
+        elif isinstance(data, Tensor):
+            # share storage and version counter: Parameter(t) is t.detach() re-typed
+            self._init(data._data)
+            self._version_counter = data._version_counter
+        else:
+            from ..ops.creation import _to_array
+
+            self._init(_to_array(data))
+        self.requires_grad_(requires_grad)
+
+    def __repr__(self) -> str:
+        return "Parameter containing:\n" + super().__repr__()
+
+    def __deepcopy__(self, memo: dict) -> Parameter:
+        if id(self) in memo:
+            return memo[id(self)]
+        p = Parameter(Tensor._make(self._data.copy()), self.requires_grad)
+        if self._grad is not None:
+            p._grad = Tensor._make(self._grad._data.copy())
+        memo[id(self)] = p
+        return p
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
+        return (_rebuild_parameter, (self._data.copy(), self.requires_grad))
+
+
+def _rebuild_parameter(arr: np.ndarray, requires_grad: bool) -> Parameter:
+    return Parameter(Tensor._make(arr), requires_grad)
+
+
+def is_parameter(obj: object) -> bool:
+    return isinstance(obj, Parameter)

@@ -1,0 +1,161 @@
+"""``Adam`` and ``AdamW``: adaptive moment estimation, PyTorch's update rule.
+
+Per parameter (``torch.optim.Adam``, single-tensor path), with t the step count:
+
+    g = grad (negated if maximize)
+    Adam:  g = g + weight_decay * p          AdamW: p *= 1 - lr * weight_decay (decoupled)
+    m = lerp(m, g, 1 - beta1);  v = beta2 * v + (1 - beta2) * g * g
+    v_hat = max(v_hat, v) if amsgrad else v
+    p -= lr / (1 - beta1^t) * m / (sqrt(v_hat) / sqrt(1 - beta2^t) + eps)
+
+State per parameter: ``step`` (a 0-d float32 tensor, as PyTorch stores it), ``exp_avg``,
+``exp_avg_sq`` and, with amsgrad, ``max_exp_avg_sq``; all updated in place under ``no_grad``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from .. import dtypes as _dt
+from ..autograd.grad_mode import no_grad
+from ..ops.creation import tensor, zeros_like
+from ..ops.elementwise import maximum
+from .optimizer import Optimizer, OptimizerError
+
+
+class Adam(Optimizer):
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        *,
+        foreach: bool | None = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        decoupled_weight_decay: bool = False,
+    ) -> None:
+        if not 0.0 <= lr:
+            raise OptimizerError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise OptimizerError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise OptimizerError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise OptimizerError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise OptimizerError(f"Invalid weight_decay value: {weight_decay}")
+        if differentiable:
+            raise NotImplementedError(
+                f"{type(self).__name__}: differentiable=True is not supported"
+            )
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "amsgrad": amsgrad,
+            "maximize": maximize,
+            "foreach": foreach,
+            "capturable": capturable,
+            "differentiable": differentiable,
+            "fused": fused,
+            "decoupled_weight_decay": decoupled_weight_decay,
+        }
+        super().__init__(params, defaults)
+
+    def _init_state(self, p: Any, amsgrad: bool) -> dict[str, Any]:
+        state = self.state[p]
+        if not state:
+            state["step"] = tensor(0.0, dtype=_dt.float32)
+            state["exp_avg"] = zeros_like(p)
+            state["exp_avg_sq"] = zeros_like(p)
+            if amsgrad:
+                state["max_exp_avg_sq"] = zeros_like(p)
+        elif amsgrad and "max_exp_avg_sq" not in state:
+            # amsgrad switched on after some steps (e.g. via a loaded state dict)
+            state["max_exp_avg_sq"] = zeros_like(p)
+        return state
+
+    @no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One update of every parameter that has a gradient; returns the closure's loss."""
+        loss = self._evaluate_closure(closure)
+        for group in self.param_groups:
+            lr = group["lr"]
+            beta1, beta2 = group["betas"]
+            eps = group["eps"]
+            weight_decay = group["weight_decay"]
+            amsgrad = group["amsgrad"]
+            maximize = group["maximize"]
+            decoupled = group.get("decoupled_weight_decay", False)
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = -p.grad if maximize else p.grad
+                state = self._init_state(p, amsgrad)
+                step_t = state["step"]
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                step_t.add_(1)
+                if weight_decay != 0:
+                    if decoupled:
+                        p.mul_(1 - lr * weight_decay)
+                    else:
+                        g = g.add(p, alpha=weight_decay)
+                exp_avg.lerp_(g, 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                step = step_t.item()
+                bias_correction1 = 1 - beta1**step
+                bias_correction2 = 1 - beta2**step
+                step_size = lr / bias_correction1
+                bias_correction2_sqrt = math.sqrt(bias_correction2)
+                if amsgrad:
+                    max_sq = state["max_exp_avg_sq"]
+                    max_sq.copy_(maximum(max_sq, exp_avg_sq))
+                    second = max_sq
+                else:
+                    second = exp_avg_sq
+                denom = (second.sqrt() / bias_correction2_sqrt).add_(eps)
+                p.addcdiv_(exp_avg, denom, value=-step_size)
+        return loss
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter); ``weight_decay`` defaults to 1e-2."""
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        super().__init__(
+            params,
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            amsgrad,
+            foreach=foreach,
+            maximize=maximize,
+            capturable=capturable,
+            differentiable=differentiable,
+            fused=fused,
+            decoupled_weight_decay=True,
+        )

@@ -1,0 +1,221 @@
+"""``Optimizer``: the base class of fusegrad's optimizers, with PyTorch's param-group model.
+
+An optimizer holds ``param_groups`` (each a dict: ``params`` plus per-group options such as
+``lr``, defaulted from the constructor's ``defaults``) and a per-parameter ``state`` dict.
+Subclasses implement ``step``; they update parameters *in place* under ``no_grad`` with the
+Tensor in-place methods, so the parameter objects (and any model holding them) keep their
+identity, and every update bumps the parameter's version counter like PyTorch's does.
+
+``state_dict()`` refers to parameters by their position across groups (0, 1, ...), so a saved
+state can be loaded into a fresh optimizer over a fresh model of the same structure.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from ..autograd.grad_mode import enable_grad
+from ..errors import FusegradError
+from ..tensor import Tensor
+
+
+class OptimizerError(FusegradError, ValueError):
+    """A bad optimizer argument, param group or state dict."""
+
+
+class _RequiredParameter:
+    """Marks an option (``lr`` for SGD in old PyTorch) that every param group must set."""
+
+    def __repr__(self) -> str:
+        return "<required parameter>"
+
+
+required = _RequiredParameter()
+
+
+def _type_name(obj: object) -> str:
+    if isinstance(obj, Tensor):
+        return obj.type()  # type: ignore[attr-defined]
+    return type(obj).__name__
+
+
+class Optimizer:
+    """Base class: ``Optimizer(params, defaults)``; subclasses define ``step``."""
+
+    def __init__(self, params: Any, defaults: dict[str, Any]) -> None:
+        self.defaults = defaults
+        if isinstance(params, Tensor):
+            raise TypeError(
+                "params argument given to the optimizer should be an iterable of Tensors or "
+                f"dicts, but got {_type_name(params)}"
+            )
+        self.state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
+        self.param_groups: list[dict[str, Any]] = []
+        param_groups = list(params)
+        if len(param_groups) == 0:
+            raise OptimizerError("optimizer got an empty parameter list")
+        if not isinstance(param_groups[0], dict):
+            param_groups = [{"params": param_groups}]
+        for group in param_groups:
+            self.add_param_group(group)
+
+    # -- groups --------------------------------------------------------------------------------
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group of parameters with its own options (missing options take defaults)."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
+        params = param_group["params"]
+        if isinstance(params, Tensor):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError(
+                "optimizer parameters need to be organized in ordered collections, but the "
+                "ordering of tensors in sets will change between runs. Please use a list instead."
+            )
+        else:
+            params = list(params)
+        # named parameters (name, tensor) are accepted, as torch >= 2.6 does
+        names = None
+        if params and isinstance(params[0], tuple):
+            names = [n for n, _ in params]
+            params = [p for _, p in params]
+        for p in params:
+            if not isinstance(p, Tensor):
+                raise TypeError(
+                    "optimizer can only optimize Tensors, but one of the params is " + _type_name(p)
+                )
+            if not p.is_leaf:
+                raise OptimizerError("can't optimize a non-leaf Tensor")
+        if len({id(p) for p in params}) != len(params):
+            raise OptimizerError(
+                "optimizer contains a parameter group with duplicate parameters; in future, "
+                "this will cause an error"
+            )
+        group = dict(param_group)
+        group["params"] = params
+        if names is not None:
+            group["param_names"] = names
+        for name, default in self.defaults.items():
+            if default is required and name not in group:
+                raise OptimizerError(
+                    "parameter group didn't specify a value of required optimization parameter "
+                    + name
+                )
+            group.setdefault(name, default)
+        existing = {id(p) for g in self.param_groups for p in g["params"]}
+        if existing & {id(p) for p in params}:
+            raise OptimizerError("some parameters appear in more than one parameter group")
+        self.param_groups.append(group)
+
+    # -- gradients -----------------------------------------------------------------------------
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset the gradients of all optimized parameters (to None by default)."""
+        from ..nn.module import _zero_grad
+
+        for group in self.param_groups:
+            for p in group["params"]:
+                _zero_grad(p, set_to_none)
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def _evaluate_closure(closure: Callable[[], Any] | None) -> Any:
+        # the closure recomputes the loss and calls backward, so it needs grad mode even though
+        # step() itself runs under no_grad
+        if closure is None:
+            return None
+        with enable_grad():
+            return closure()
+
+    # -- serialisation -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{"state": {index: {...}}, "param_groups": [{options..., "params": [index...]}]}``.
+
+        State tensors are returned by reference, as in PyTorch; deep-copy to snapshot."""
+        index_of: dict[int, int] = {}
+        groups = []
+        next_index = 0
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            indices = []
+            for p in group["params"]:
+                if id(p) not in index_of:
+                    index_of[id(p)] = next_index
+                    next_index += 1
+                indices.append(index_of[id(p)])
+            packed["params"] = indices
+            groups.append(packed)
+        state = {
+            index_of[id(p)]: value
+            for p, value in self.state.items()
+            if isinstance(p, Tensor) and id(p) in index_of
+        }
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load options and per-parameter state saved by ``state_dict()``."""
+        state_dict = copy.deepcopy(state_dict)  # never alias the caller's tensors
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise OptimizerError("loaded state dict has a different number of parameter groups")
+        for ours, saved in zip(self.param_groups, saved_groups):
+            if len(ours["params"]) != len(saved["params"]):
+                raise OptimizerError(
+                    "loaded state dict contains a parameter group that doesn't match the size "
+                    "of optimizer's group"
+                )
+        id_map = {
+            old: p
+            for ours, saved in zip(self.param_groups, saved_groups)
+            for old, p in zip(saved["params"], ours["params"])
+        }
+        state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
+        for key, value in state_dict["state"].items():
+            if key in id_map:
+                param = id_map[key]
+                state[param] = {k: _cast_state(param, k, v) for k, v in value.items()}
+            else:
+                state[key] = value  # type: ignore[index]
+        new_groups = []
+        for ours, saved in zip(self.param_groups, saved_groups):
+            group = dict(saved)
+            group["params"] = ours["params"]
+            if "param_names" in ours and "param_names" not in saved:
+                group["param_names"] = ours["param_names"]
+            new_groups.append(group)
+        self.state = state
+        self.param_groups = new_groups
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "defaults": self.defaults,
+            "state": self.state,
+            "param_groups": self.param_groups,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        lines = [type(self).__name__ + " ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            for key in sorted(group):
+                if key not in ("params", "param_names"):
+                    lines.append(f"    {key}: {group[key]}")
+        lines.append(")")
+        return "\n".join(lines)
+
+
+def _cast_state(param: Tensor, key: str, value: Any) -> Any:
+    """Floating state follows the parameter's dtype (``step`` stays as saved), as in PyTorch."""
+    if isinstance(value, Tensor) and key != "step" and value.is_floating_point():
+        return value.to(param.dtype)  # type: ignore[attr-defined]
+    return value
+
+
+__all__ = ["Optimizer", "OptimizerError", "required"]

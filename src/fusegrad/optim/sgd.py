@@ -1,0 +1,91 @@
+"""``SGD``: stochastic gradient descent with momentum, dampening, Nesterov and weight decay.
+
+The update is PyTorch's (``torch.optim.SGD``, single-tensor path), written with in-place
+Tensor methods under ``no_grad``:
+
+    g = grad (negated if maximize) + weight_decay * p
+    buf = g                                   (first step)
+    buf = momentum * buf + (1 - dampening) * g (later steps)
+    g = g + momentum * buf if nesterov else buf
+    p -= lr * g
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..autograd.grad_mode import no_grad
+from .optimizer import Optimizer, OptimizerError
+
+
+class SGD(Optimizer):
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        *,
+        maximize: bool = False,
+        foreach: bool | None = None,
+        differentiable: bool = False,
+        fused: bool | None = None,
+    ) -> None:
+        if lr < 0.0:
+            raise OptimizerError(f"Invalid learning rate: {lr}")
+        if momentum < 0.0:
+            raise OptimizerError(f"Invalid momentum value: {momentum}")
+        if weight_decay < 0.0:
+            raise OptimizerError(f"Invalid weight_decay value: {weight_decay}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise OptimizerError("Nesterov momentum requires a momentum and zero dampening")
+        if differentiable:
+            raise NotImplementedError("SGD: differentiable=True is not supported")
+        # foreach/fused are accepted for PyTorch compatibility; there is one implementation
+        defaults = {
+            "lr": lr,
+            "momentum": momentum,
+            "dampening": dampening,
+            "weight_decay": weight_decay,
+            "nesterov": nesterov,
+            "maximize": maximize,
+            "foreach": foreach,
+            "differentiable": differentiable,
+            "fused": fused,
+        }
+        super().__init__(params, defaults)
+
+    @no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One update of every parameter that has a gradient; returns the closure's loss."""
+        loss = self._evaluate_closure(closure)
+        for group in self.param_groups:
+            lr = group["lr"]
+            momentum = group["momentum"]
+            dampening = group["dampening"]
+            weight_decay = group["weight_decay"]
+            nesterov = group["nesterov"]
+            maximize = group["maximize"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                if maximize:
+                    g = -g
+                if weight_decay != 0:
+                    g = g.add(p, alpha=weight_decay)
+                if momentum != 0:
+                    state = self.state[p]
+                    buf = state.get("momentum_buffer")
+                    if buf is None:
+                        # a copy: the buffer must not alias p.grad, which the user zeroes
+                        buf = g.clone().detach()
+                        state["momentum_buffer"] = buf
+                    else:
+                        buf.mul_(momentum).add_(g, alpha=1 - dampening)
+                    g = g.add(buf, alpha=momentum) if nesterov else buf
+                p.add_(g, alpha=-lr)
+        return loss
