@@ -1,0 +1,286 @@
+"""Shared benchmark machinery: thread pinning, timing, markdown tables and JSON results.
+
+Every benchmark module (``benchmarks/eager_overhead.py`` now, the compiled suite later) uses these
+helpers so that all results are measured and reported the same way:
+
+* ``pin_threads`` fixes the BLAS / OpenMP thread count through environment variables.  It must run
+  *before* numpy or torch is imported, so this module imports neither at load time; when numpy is
+  already loaded (an in-process caller) it falls back to ``threadpoolctl`` if that is installed.
+* ``measure`` runs a step function that times its own phases (``forward``, ``backward``, ...),
+  discards warm-up repetitions and summarizes each phase by its median and quartiles.  A ``total``
+  phase is the per-repetition sum, so its median is not the sum of the phase medians.
+  ``measure_interleaved`` does the same for several implementations at once, alternating them
+  in rounds so that background load is shared fairly.
+* ``markdown_table`` / ``write_json`` / ``environment`` produce the report.
+
+Timing is wall-clock (``time.perf_counter``) with the garbage collector left enabled: collecting
+the objects an eager framework allocates is part of its real cost.  ``gc.collect()`` runs before
+the warm-up and before the measured repetitions so that one benchmark's garbage is not billed to
+the next.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+THREAD_ENV_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+
+
+# ---- threads -----------------------------------------------------------------------------------
+
+
+def pin_threads(n: int) -> dict[str, Any]:
+    """Fix the thread count of BLAS / OpenMP / numba to ``n``; call before importing numpy.
+
+    Returns a record for the report: the requested count and whether the environment variables
+    were set early enough (numpy not yet imported) to take effect.  When numpy is already loaded,
+    ``threadpoolctl`` (if installed) limits the loaded BLAS libraries in-process instead.
+    """
+    if n < 1:
+        raise ValueError(f"pin_threads: thread count must be >= 1, got {n}")
+    numpy_was_loaded = "numpy" in sys.modules
+    for var in THREAD_ENV_VARS:
+        os.environ[var] = str(n)
+    record: dict[str, Any] = {"requested": n, "env_before_numpy": not numpy_was_loaded}
+    if numpy_was_loaded:
+        try:
+            from threadpoolctl import threadpool_limits
+        except ImportError:
+            record["threadpoolctl"] = "unavailable: thread count may not be applied"
+        else:
+            # Kept alive for the rest of the process: the limit holds until it is garbage.
+            _LIMITERS.append(threadpool_limits(limits=n))
+            record["threadpoolctl"] = "applied"
+    return record
+
+
+_LIMITERS: list[Any] = []
+
+
+def pin_torch_threads(torch: Any, n: int) -> dict[str, Any]:
+    """Apply the thread count to an imported torch module (intra-op and, if still allowed,
+    inter-op) and return what torch reports."""
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(n)
+    except RuntimeError:
+        pass  # already fixed by earlier parallel work in this process; intra-op is what matters
+    return {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()}
+
+
+def blas_threads() -> list[dict[str, Any]]:
+    """The thread pools actually loaded (BLAS, OpenMP) and their sizes, via threadpoolctl."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return []
+    keys = ("user_api", "internal_api", "num_threads", "version")
+    return [{k: info.get(k) for k in keys} for info in threadpool_info()]
+
+
+# ---- timing ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Summary of one phase's repetitions, in seconds."""
+
+    median: float
+    q1: float
+    q3: float
+    min: float
+    reps: int
+
+    def scaled(self, factor: float) -> Stats:
+        """The same summary with every time multiplied by ``factor`` (per-op normalization)."""
+        return Stats(
+            self.median * factor, self.q1 * factor, self.q3 * factor, self.min * factor, self.reps
+        )
+
+
+def summarize(samples: Sequence[float]) -> Stats:
+    """Median, quartiles and minimum of ``samples`` (at least one)."""
+    if not samples:
+        raise ValueError("summarize: no samples")
+    ordered = sorted(samples)
+    if len(ordered) >= 2:
+        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+    else:
+        q1 = q3 = ordered[0]
+    return Stats(statistics.median(ordered), q1, q3, ordered[0], len(ordered))
+
+
+StepFn = Callable[[], Mapping[str, float]]
+
+
+def measure(step: StepFn, *, warmup: int, reps: int) -> dict[str, Stats]:
+    """Run ``step`` ``warmup`` times unmeasured, then ``reps`` times; summarize each phase.
+
+    ``step`` does one repetition and returns ``{phase: seconds}``, timing the phases itself (use
+    ``clock``), so that setup such as building inputs or clearing ``.grad`` stays outside.  The
+    returned mapping has one ``Stats`` per phase plus ``"total"``, the per-repetition sum.
+    """
+    return measure_interleaved({"step": step}, warmup=warmup, reps=reps)["step"]
+
+
+def measure_interleaved(
+    steps: Mapping[str, StepFn], *, warmup: int, reps: int, rounds: int = 10
+) -> dict[str, dict[str, Stats]]:
+    """``measure`` for several implementations of one workload, interleaved in ``rounds``.
+
+    Each round runs every implementation (in an order rotated per round) for one unmeasured
+    re-warm-up step and then its share of the ``reps`` measured steps, back to back.  Background
+    load, CPU frequency changes and thermal drift then hit all implementations alike, which is
+    what makes their ratios (measured in the same run) trustworthy; running each one in blocks
+    (rather than alternating every step) keeps its caches warm, as in a real training loop,
+    instead of billing it for the cache pollution of the others.  Returns
+    ``{name: {phase: Stats}}``.
+    """
+    if reps < 1:
+        raise ValueError(f"measure: reps must be >= 1, got {reps}")
+    names = list(steps)
+    rounds = max(1, min(rounds, reps))
+    gc.collect()
+    for _ in range(warmup):
+        for name in names:
+            steps[name]()
+    gc.collect()
+    samples: dict[str, dict[str, list[float]]] = {name: {} for name in names}
+    for round_index in range(rounds):
+        count = reps // rounds + (1 if round_index < reps % rounds else 0)
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            if round_index and warmup:
+                steps[name]()  # re-warm after the other implementations ran
+            for _ in range(count):
+                phases = steps[name]()
+                for phase, seconds in phases.items():
+                    samples[name].setdefault(phase, []).append(seconds)
+                samples[name].setdefault("total", []).append(sum(phases.values()))
+    return {
+        name: {phase: summarize(values) for phase, values in by_phase.items()}
+        for name, by_phase in samples.items()
+    }
+
+
+clock = time.perf_counter
+
+
+# ---- reporting ---------------------------------------------------------------------------------
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``, or None where either is missing or the denominator is 0."""
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def format_number(value: float | None, digits: int = 3) -> str:
+    """A time or ratio with ``digits`` significant digits; an em dash where there is none."""
+    if value is None:
+        return "—"
+    if value == 0:
+        return "0"
+    if abs(value) >= 10**digits:
+        return f"{value:,.0f}"
+    return f"{value:#.{digits}g}".rstrip(".")
+
+
+def markdown_table(
+    headers: Sequence[str], rows: Iterable[Sequence[str]], align: Sequence[str] | None = None
+) -> str:
+    """A GitHub markdown table; ``align`` holds ``"l"`` or ``"r"`` per column (default: first
+    column left, the rest right).  Columns are padded so the text table reads well too."""
+    body = [list(map(str, row)) for row in rows]
+    for row in body:
+        if len(row) != len(headers):
+            raise ValueError(
+                f"markdown_table: row {row} has {len(row)} cells, expected {len(headers)}"
+            )
+    if align is None:
+        align = ["l"] + ["r"] * (len(headers) - 1)
+    widths = [max([len(h)] + [len(r[i]) for r in body] + [3]) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(cells, widths, align)]
+        return "| " + " | ".join(padded) + " |"
+
+    rule = ["-" * (w - 1) + ":" if a == "r" else "-" * w for w, a in zip(widths, align)]
+    return "\n".join([line(headers), "| " + " | ".join(rule) + " |"] + [line(r) for r in body])
+
+
+def stats_dict(stats: Stats | None, unit_scale: float = 1.0) -> dict[str, Any] | None:
+    """``Stats`` as a JSON-ready dict, times multiplied by ``unit_scale``."""
+    if stats is None:
+        return None
+    return asdict(stats.scaled(unit_scale))
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def environment(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Where and with what the benchmark ran: interpreter, machine, library versions, commit."""
+    versions: dict[str, str | None] = {}
+    for name in ("numpy", "torch", "fusegrad", "numba"):
+        module = sys.modules.get(name)
+        versions[name] = getattr(module, "__version__", None) if module is not None else None
+    env: dict[str, Any] = {
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor() or None,
+        "cpu_count": os.cpu_count(),
+        "versions": versions,
+        "git_commit": _git_commit(),
+        "thread_env": {var: os.environ.get(var) for var in THREAD_ENV_VARS},
+        "blas_threads": blas_threads(),
+    }
+    if extra:
+        env.update(extra)
+    return env
+
+
+def write_json(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path:
+    """Write ``payload`` as indented JSON, creating the folder; returns the path written."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return target
