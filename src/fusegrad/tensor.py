@@ -245,9 +245,7 @@ class Tensor:
         if self.grad_fn is not None:
             return (self.grad_fn, self._output_nr)
         if self._requires_grad:
-            from .autograd.node import accumulator_for
-
-            return (accumulator_for(self), 0)
+            return (_accumulator_for(self), 0)
         return (None, 0)
 
     def retain_grad(self) -> None:
@@ -442,3 +440,6 @@ def _rebuild(arr: np.ndarray, requires_grad: bool) -> Tensor:
     t = Tensor._make(arr)
     t._requires_grad = requires_grad
     return t
+
+
+from .autograd.node import accumulator_for as _accumulator_for  # noqa: E402

@@ -40,6 +40,8 @@ from ..tensor import Tensor
 from . import anomaly, grad_mode
 from .node import AccumulateGrad, Node, OpNode
 
+_make = Tensor._make
+
 
 def _sum_to_compatible(gshape: tuple, shape: tuple) -> bool:
     if len(gshape) < len(shape):
@@ -309,9 +311,21 @@ def _execute(
                 g = results[i] if results is not None else None
                 if g is not None:
                     shape, dtype = node._input_meta[i]
-                    g = validate_gradient(node, i, g, shape, dtype)
-                    buf = buffers.setdefault(nxt, [None] * nxt.num_outputs)
-                    buf[nr] = g if buf[nr] is None else buf[nr] + g
+                    if type(g) is not Tensor or g._data.shape != shape or g._dtype is not dtype:
+                        g = validate_gradient(node, i, g, shape, dtype)
+                    buf = buffers.get(nxt)
+                    if buf is None:
+                        buf = buffers[nxt] = [None] * nxt.num_outputs
+                    prev = buf[nr]
+                    if prev is None:
+                        buf[nr] = g
+                    elif not create_graph and type(prev) is Tensor and type(g) is Tensor:
+                        # fan-in of plain tensors outside create_graph: add the arrays directly
+                        # (both already have the input's shape and dtype).  Symbolic values
+                        # (compiler capture) are subclasses and take the op-surface add below.
+                        buf[nr] = _make(np.add(prev._data, g._data))
+                    else:
+                        buf[nr] = prev + g
                 deps[nxt] -= 1
                 if deps[nxt] == 0:
                     heapq.heappush(ready, (-nxt._seq, next(tie), nxt))
