@@ -1,62 +1,154 @@
-"""PyTorch-like printing: ``tensor([1., 2.], requires_grad=True)``, ``grad_fn=<MulBackward0>``."""
+"""PyTorch-like printing: ``tensor([1., 2.], requires_grad=True)``, ``grad_fn=<MulBackward0>``.
+
+The layout follows ``torch/_tensor_str.py`` so that printed tensors look the same as in PyTorch:
+one formatter per tensor decides between integer-valued (``1.``), fixed (``1.5000``) and
+scientific (``1.0000e-05``) notation from the nonzero finite values, every element is padded to
+the widest one, lines wrap at 80 columns, and tensors with more than 1000 elements are
+summarised with 3 edge items per dimension.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from . import dtypes as _dt
 
-
-def _float_formatter(arr: np.ndarray) -> Any:
-    finite = arr[np.isfinite(arr)]
-    if finite.size == 0:
-        return lambda v: _special(v) or f"{v:.4f}"
-    amax = float(np.abs(finite).max())
-    amin = float(np.abs(finite[finite != 0]).min()) if np.any(finite != 0) else 0.0
-    ints = bool(np.all(finite == np.round(finite)))
-    if ints and amax < 1e8:
-        return lambda v: _special(v) or f"{v:.0f}."
-    if amax >= 1e8 or (amin != 0 and amin < 1e-4) or (amin != 0 and amax / amin > 1e3 and amax > 1e4):
-        return lambda v: _special(v) or f"{v:.4e}"
-    return lambda v: _special(v) or f"{v:.4f}"
+_PRECISION = 4
+_THRESHOLD = 1000
+_EDGEITEMS = 3
+_LINEWIDTH = 80
 
 
-def _special(v: float) -> str | None:
-    if np.isnan(v):
-        return "nan"
-    if np.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return None
+class _Formatter:
+    """Chooses the notation and the common element width for one tensor (its summary)."""
+
+    def __init__(self, arr: np.ndarray) -> None:
+        self.floating = arr.dtype.kind == "f"
+        self.int_mode = True
+        self.sci_mode = False
+        self.max_width = 1
+        flat = arr.reshape(-1)
+        if not self.floating:
+            for v in flat.tolist():
+                self.max_width = max(self.max_width, len(f"{v}"))
+            return
+        values = flat[np.isfinite(flat) & (flat != 0)].astype(np.float64)
+        if values.size == 0:
+            return
+        absval = np.abs(values)
+        vmin, vmax = float(absval.min()), float(absval.max())
+        self.int_mode = bool(np.all(values == np.ceil(values)))
+        if self.int_mode:
+            if vmax / vmin > 1000.0 or vmax > 1.0e8:
+                self.sci_mode = True
+                self.max_width = max(len(f"{v:.{_PRECISION}e}") for v in values.tolist())
+            else:
+                self.max_width = max(len(f"{v:.0f}") + 1 for v in values.tolist())
+        elif vmax / vmin > 1000.0 or vmax > 1.0e8 or vmin < 1.0e-4:
+            self.sci_mode = True
+            self.max_width = max(len(f"{v:.{_PRECISION}e}") for v in values.tolist())
+        else:
+            self.max_width = max(len(f"{v:.{_PRECISION}f}") for v in values.tolist())
+
+    def width(self) -> int:
+        return self.max_width
+
+    def format(self, value: Any) -> str:
+        if self.floating:
+            if self.sci_mode:
+                text = f"{value:{self.max_width}.{_PRECISION}e}"
+            elif self.int_mode:
+                text = f"{value:.0f}"
+                if not (math.isinf(value) or math.isnan(value)):
+                    text += "."
+            else:
+                text = f"{value:.{_PRECISION}f}"
+        else:
+            text = f"{value}"
+        return (self.max_width - len(text)) * " " + text
+
+
+def _summarized(arr: np.ndarray) -> np.ndarray:
+    """The elements that will be shown (edge items of every dimension)."""
+    if arr.ndim == 0:
+        return arr
+    if arr.ndim == 1:
+        if arr.shape[0] > 2 * _EDGEITEMS:
+            return np.concatenate((arr[:_EDGEITEMS], arr[-_EDGEITEMS:]))
+        return arr
+    if arr.shape[0] > 2 * _EDGEITEMS:
+        rows = list(range(_EDGEITEMS)) + list(range(arr.shape[0] - _EDGEITEMS, arr.shape[0]))
+    else:
+        rows = list(range(arr.shape[0]))
+    return np.stack([_summarized(arr[i]) for i in rows])
+
+
+def _vector_str(arr: np.ndarray, indent: int, summarize: bool, fmt: _Formatter) -> str:
+    per_line = max(1, (_LINEWIDTH - indent) // (fmt.width() + 2))
+    if summarize and arr.shape[0] > 2 * _EDGEITEMS:
+        data = ([fmt.format(v) for v in arr[:_EDGEITEMS].tolist()] + [" ..."]
+                + [fmt.format(v) for v in arr[-_EDGEITEMS:].tolist()])
+    else:
+        data = [fmt.format(v) for v in arr.tolist()]
+    lines = [", ".join(data[i : i + per_line]) for i in range(0, len(data), per_line)]
+    return "[" + ("," + "\n" + " " * (indent + 1)).join(lines) + "]"
+
+
+def _tensor_str(arr: np.ndarray, indent: int, summarize: bool, fmt: _Formatter) -> str:
+    if arr.ndim == 0:
+        return fmt.format(arr.item())
+    if arr.ndim == 1:
+        return _vector_str(arr, indent, summarize, fmt)
+    n = arr.shape[0]
+    if summarize and n > 2 * _EDGEITEMS:
+        slices = ([_tensor_str(arr[i], indent + 1, summarize, fmt) for i in range(_EDGEITEMS)]
+                  + ["..."]
+                  + [_tensor_str(arr[i], indent + 1, summarize, fmt)
+                     for i in range(n - _EDGEITEMS, n)])
+    else:
+        slices = [_tensor_str(arr[i], indent + 1, summarize, fmt) for i in range(n)]
+    return "[" + ("," + "\n" * (arr.ndim - 1) + " " * (indent + 1)).join(slices) + "]"
+
+
+def _add_suffixes(body: str, suffixes: list[str], indent: int) -> str:
+    parts = [body]
+    last_line_len = len(body) - body.rfind("\n") + 1
+    for suffix in suffixes:
+        if last_line_len + len(suffix) + 2 > _LINEWIDTH:
+            parts.append(",\n" + " " * indent + suffix)
+            last_line_len = indent + len(suffix)
+        else:
+            parts.append(", " + suffix)
+            last_line_len += len(suffix) + 2
+    parts.append(")")
+    return "".join(parts)
 
 
 def format_tensor(t: Any) -> str:
     arr = t._data
     prefix = "tensor("
-    if arr.dtype.kind == "f":
-        fmt = _float_formatter(arr) if arr.size else (lambda v: f"{v:.4f}")
-        body = np.array2string(
-            arr, separator=", ", prefix=prefix, formatter={"float_kind": fmt}, threshold=1000,
-            edgeitems=3, max_line_width=80,
-        )
-    elif arr.dtype.kind == "b":
-        body = np.array2string(
-            arr, separator=", ", prefix=prefix, threshold=1000,
-            formatter={"bool": lambda v: "True" if v else "False"},
-        )
-    else:
-        body = np.array2string(arr, separator=", ", prefix=prefix, threshold=1000)
-    if arr.size == 0 and arr.ndim > 1:
+    indent = len(prefix)
+    suffixes = []
+    dtype_suffix = f"dtype=fusegrad.{t.dtype.name}"
+    if arr.size == 0:
+        # like numpy, the shape is shown unless it is (0,); an empty tensor shows any dtype
+        # but the default float one, since there are no elements to infer it from
+        if arr.ndim != 1:
+            suffixes.append(f"size={tuple(arr.shape)}")
+        if t.dtype is not _dt.get_default_dtype():
+            suffixes.append(dtype_suffix)
         body = "[]"
-    extras = []
-    if arr.size == 0 and arr.ndim != 1:
-        extras.append(f"size={tuple(arr.shape)}")
-    default = {_dt.get_default_dtype(), _dt.int64, _dt.bool_}
-    if t.dtype not in default:
-        extras.append(f"dtype=fusegrad.{t.dtype.name}")
+    else:
+        if t.dtype not in (_dt.get_default_dtype(), _dt.int64, _dt.bool_):
+            suffixes.append(dtype_suffix)
+        summarize = arr.size > _THRESHOLD
+        fmt = _Formatter(_summarized(arr) if summarize else arr)
+        body = _tensor_str(arr, indent, summarize, fmt)
     if t.grad_fn is not None:
-        extras.append(f"grad_fn=<{t.grad_fn.name()}>")
+        suffixes.append(f"grad_fn=<{t.grad_fn.name()}>")
     elif t.requires_grad:
-        extras.append("requires_grad=True")
-    return prefix + body + "".join(", " + e for e in extras) + ")"
+        suffixes.append("requires_grad=True")
+    return _add_suffixes(prefix + body, suffixes, indent)

@@ -113,12 +113,14 @@ def result_type(*operands: object) -> dtype:
     """PyTorch promotion over tensors (anything with ``.dtype`` and ``.ndim``) and scalars."""
     dim_t: dtype | None = None
     zero_t: dtype | None = None
+    wrapped_t: dtype | None = None
     scalar_cat = -1
     for x in operands:
         d = getattr(x, "dtype", None)
         if isinstance(d, dtype):
             if getattr(x, "_wrapped_number", False):
                 scalar_cat = max(scalar_cat, d.category)
+                wrapped_t = d if wrapped_t is None else _promote_pair(wrapped_t, d)
             elif x.ndim == 0:  # type: ignore[attr-defined]
                 zero_t = d if zero_t is None else _promote_pair(zero_t, d)
             else:
@@ -126,9 +128,12 @@ def result_type(*operands: object) -> dtype:
         else:
             scalar_cat = max(scalar_cat, _scalar_category(x))
     result = dim_t
-    if zero_t is not None:
-        if result is None or zero_t.category > result.category:
-            result = zero_t
+    if zero_t is not None and (result is None or zero_t.category > result.category):
+        result = zero_t
+    if result is None and wrapped_t is not None and wrapped_t.category >= scalar_cat:
+        # only weak operands, one of them an already-typed wrapped number (a scalar a primitive
+        # saved, e.g. pow's exponent inside its derivative rule): keep its precision
+        return wrapped_t
     if scalar_cat >= 0 and (result is None or scalar_cat > result.category):
         result = _default_for(scalar_cat)
     if result is None:

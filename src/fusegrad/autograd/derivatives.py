@@ -152,6 +152,13 @@ def _tie_weights(a, b, dtype):
     return F.where(a == b, 0.5, (a > b).to(dtype))
 
 
+@vjp("floor_divide")
+def _floor_divide(node, g):
+    # piecewise constant in both operands
+    zero = F.zeros_like(g)
+    return (zero, zero)
+
+
 @vjp("maximum", save="a b")
 def _maximum(node, g, a, b):
     w = _tie_weights(a, b, g.dtype)
@@ -229,17 +236,26 @@ def _prod(node, g, x, out):
     kshape = _keepdim_shape(shape, dim)
     if not keepdim:
         g, out = g.reshape(kshape), out.reshape(kshape)
-    # Exact with zeros: where no element is zero, d prod / dx_i = prod / x_i; where exactly one
-    # is zero, only that element gets the product of the others; with two or more, all get 0.
+    red = {"dim": dim, "keepdim": True} if dim is not None else {}
+    # Exact with zeros, and exact again when differentiated (double backward).  Per slice:
+    #   no zero:     d prod / dx_i = prod / x_i
+    #   one zero:    the zero element gets the product P of the others; every other element
+    #                gets P / x_j * z, where z (the sum of the slice's zeros) is 0 in value but
+    #                carries the derivative with respect to the zero element
+    #   two zeros:   each zero gets P * (z - x_i), i.e. 0 with derivative P w.r.t. the other zero
+    #   three+:      0 (all first and second derivatives vanish)
+    # Every branch is computed (rules never branch on data) and where() picks per element.
     is_zero = x == 0
     nonzero = F.where(is_zero, 1.0, x)
-    red = dict(dim=dim, keepdim=True) if dim is not None else {}
+    count = is_zero.to(g.dtype).sum(**red).reshape(kshape)
     prod_nonzero = nonzero.prod(**red).reshape(kshape)
-    zeros = is_zero.to(g.dtype).sum(**red).reshape(kshape)
+    zero_sum = F.where(is_zero, x, 0.0).sum(**red).reshape(kshape)
+    one_zero = prod_nonzero * F.where(is_zero, 1.0, zero_sum / nonzero)
+    two_zeros = F.where(is_zero, prod_nonzero * (zero_sum - x), 0.0)
     grad = F.where(
-        zeros == 0,
+        count == 0,
         out / nonzero,
-        F.where((zeros == 1) & is_zero, prod_nonzero, F.zeros_like(x)),
+        F.where(count == 1, one_zero, F.where(count == 2, two_zeros, 0.0)),
     )
     return (g * grad,)
 

@@ -17,6 +17,7 @@ from ..autograd import grad_mode as _grad_mode
 from ..errors import AutogradError, DTypeError, ShapeError, describe
 from ..tensor import Tensor
 from . import primitives as _primitives  # noqa: F401  (registers kernels)
+from . import _util
 from ._util import cast, to_tensor
 from .creation import *  # noqa: F401,F403
 from .creation import (
@@ -173,11 +174,13 @@ def inplace(self: Tensor, op: str, fn: Any, *args: Any, **kwargs: Any) -> Tensor
     With autograd involved, ``self``'s history is rebased onto the op's node: the op runs on a
     snapshot that carries self's old history and data, so nodes that saved ``self`` before keep
     seeing a version mismatch (and error), while the new node computes with the old value."""
+    import builtins  # this module's ``any`` is the tensor reduction
+
     _check_inplace(self, op)
     needs_graph = _grad_mode._state.enabled and (
         self.requires_grad
-        or any(isinstance(a, Tensor) and a.requires_grad for a in args)
-        or any(isinstance(a, Tensor) and a.requires_grad for a in kwargs.values())
+        or builtins.any(isinstance(a, Tensor) and a.requires_grad for a in args)
+        or builtins.any(isinstance(a, Tensor) and a.requires_grad for a in kwargs.values())
     )
     if not needs_graph:
         with _grad_mode.no_grad():
@@ -196,7 +199,7 @@ def inplace(self: Tensor, op: str, fn: Any, *args: Any, **kwargs: Any) -> Tensor
         result = cast(result, self._dtype) if result._dtype.category <= self._dtype.category \
             else result
     _write(self, result, op)
-    self.grad_fn, self._output_nr = result.grad_fn, result._output_nr
+    self._set_history(result.grad_fn, result._output_nr)  # moves a retain_grad along
     return self
 
 
@@ -210,20 +213,36 @@ def _inplace_method(name: str, fn: Any) -> Any:
 
 
 def _fill(self: Tensor, value: Any) -> Tensor:
-    return full_like(self, value.item() if isinstance(value, Tensor) else value)
+    grad_value = isinstance(value, Tensor) and value.requires_grad
+    if not (_grad_mode._state.enabled and (self.requires_grad or grad_value)):
+        return full_like(self, value.item() if isinstance(value, Tensor) else value)
+    # keep the result in the graph (PyTorch's FillBackward): self gets a zero gradient, a
+    # tensor value the sum of the gradient
+    if isinstance(value, Tensor) and value.ndim != 0:
+        raise ShapeError(
+            f"fill_ only supports 0-dimension value tensor but got tensor with {value.ndim} "
+            "dimensions."
+        )
+    everywhere = Tensor._make(np.ones(self._data.shape, dtype=bool))
+    v = value if isinstance(value, Tensor) else _util.as_operand(value, self.dtype)
+    return where(everywhere, cast(v, self.dtype), self)
 
 
 def _zero(self: Tensor) -> Tensor:
-    return zeros_like(self)
+    return _fill(self, 0)
 
 
 def _copy(self: Tensor, src: Any) -> Tensor:
-    s = to_tensor(src)
+    s = src if isinstance(src, Tensor) else to_tensor(src, self.dtype)
     s = cast(s, self.dtype)
     if tuple(s.shape) != tuple(self.shape):
         s = s.broadcast_to(tuple(self.shape))
-    # self * 0 keeps self's node in the graph only for shape; PyTorch's copy_ gives self no grad
-    return add(mul(self.detach(), 0), s) if s.requires_grad else clone(s).detach()
+    if _grad_mode._state.enabled and (self.requires_grad or s.requires_grad):
+        # PyTorch's CopyBackwards: src gets the gradient, self's old history a zero one (a
+        # where, not ``self * 0``, which would turn an inf or nan in self into nan)
+        everywhere = Tensor._make(np.ones(self._data.shape, dtype=bool))
+        return where(everywhere, s, self)
+    return clone(s).detach()
 
 
 def _normal(self: Tensor, mean: float = 0.0, std: float = 1.0, *, generator: Any = None) -> Tensor:

@@ -41,6 +41,18 @@ def to_tensor(x: Any, dtype: _dt.dtype | None = None) -> Tensor:
     return tensor(x, dtype=dtype)
 
 
+def is_number(x: object) -> bool:
+    return isinstance(x, (bool, int, float, np.number, np.bool_))
+
+
+def operand(x: Any) -> Any:
+    """Tensors and Python/numpy numbers pass through (numbers stay weak in promotion); arrays,
+    lists and other data become tensors."""
+    if isinstance(x, Tensor) or is_number(x):
+        return x
+    return to_tensor(x)
+
+
 def cast(t: Tensor, dtype: _dt.dtype) -> Tensor:
     if t._dtype is dtype:
         return t
@@ -66,12 +78,12 @@ def broadcast_shape(op: str, *tensors: Tensor) -> tuple:
         return np.broadcast_shapes(*shapes)
     except ValueError:
         detail = ""
-        a, b = shapes[0], shapes[1] if len(shapes) > 1 else ()
-        for i in range(1, max(len(a), len(b)) + 1):
-            da = a[-i] if i <= len(a) else 1
-            db = b[-i] if i <= len(b) else 1
-            if da != db and da != 1 and db != 1:
-                detail = f" (dim -{i}: {da} vs {db})"
+        ndim = max(len(s) for s in shapes)
+        for i in range(1, ndim + 1):
+            sizes = [s[-i] if i <= len(s) else 1 for s in shapes]
+            distinct = sorted({n for n in sizes if n != 1})
+            if len(distinct) > 1:
+                detail = f" (dim -{i}: {' vs '.join(str(n) for n in distinct)})"
                 break
         shown = " and ".join(str(tuple(s)) for s in shapes)
         raise ShapeError(f"{op}: shapes {shown} cannot broadcast{detail}") from None
@@ -100,6 +112,8 @@ def wrap_dims(op: str, dim: Any, ndim: int) -> tuple[int, ...] | None:
     """``None`` (all dims) or a sorted tuple of distinct non-negative dims."""
     if dim is None:
         return None
+    if isinstance(dim, (list, tuple)) and len(dim) == 0:
+        return None  # PyTorch: an empty dim list reduces over all dims
     if isinstance(dim, (list, tuple)):
         dims = tuple(wrap_dim(op, d, ndim) for d in dim)
         if len(set(dims)) != len(dims):

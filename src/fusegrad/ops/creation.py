@@ -37,8 +37,14 @@ def _infer(data: Any) -> np.ndarray:
         data = _untensor(data)
     arr = np.array(data)
     if arr.dtype.kind == "f" and not isinstance(data, np.generic):
-        # Python floats are the default float dtype (float32), not numpy's float64
-        arr = arr.astype(_dt.get_default_dtype().np)
+        # Python floats are the default float dtype (float32), not numpy's float64; numpy float
+        # scalars inside a list keep their own precision (PyTorch: [np.float64(1.5)] is float64)
+        typed = [e.dtype for e in _flat(data) if isinstance(e, np.floating)]
+        widest = max(typed, key=lambda d: d.itemsize) if typed else None
+        if widest is None or widest.itemsize < _dt.get_default_dtype().np.itemsize:
+            arr = arr.astype(_dt.get_default_dtype().np)
+        else:
+            arr = arr.astype(_dt.as_dtype(widest).np)
     elif arr.dtype.kind in "iu" and not isinstance(data, np.generic):
         arr = arr.astype(np.int64)
     elif arr.dtype.kind == "O":

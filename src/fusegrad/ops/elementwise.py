@@ -13,12 +13,13 @@ from typing import Any
 from .. import dtypes as _dt
 from ..errors import DTypeError, describe
 from ..tensor import Tensor
-from ._util import P, apply, as_operand, broadcast_shape, cast, to_tensor
+from ._util import P, apply, as_operand, broadcast_shape, cast, is_number, operand, to_tensor
 
 _CLAMP_SENTINEL = object()
 
 
 def _binary(name: str, a: Any, b: Any, dtype: _dt.dtype | None = None) -> Tensor:
+    a, b = operand(a), operand(b)
     dt = dtype if dtype is not None else _dt.result_type(a, b)
     a, b = as_operand(a, dt), as_operand(b, dt)
     broadcast_shape(name, a, b)
@@ -26,6 +27,7 @@ def _binary(name: str, a: Any, b: Any, dtype: _dt.dtype | None = None) -> Tensor
 
 
 def _float_binary(name: str, a: Any, b: Any) -> Tensor:
+    a, b = operand(a), operand(b)
     dt = _dt.result_type(a, b)
     if dt.category < 2:
         dt = _dt.get_default_dtype()
@@ -44,15 +46,21 @@ def _same_unary(name: str, x: Any) -> Tensor:
 
 
 # ---- arithmetic -------------------------------------------------------------------------------
+def _scaled(other: Any, alpha: Any) -> Any:
+    """``alpha * other`` for add/sub; a Python number stays a (weak) Python number."""
+    if is_number(alpha) and alpha == 1:
+        return other
+    if is_number(other) and is_number(alpha):
+        return other * alpha
+    return mul(other, alpha)
+
+
 def add(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
-    if alpha != 1:
-        other = mul(other, alpha)
-    return _binary("add", input, other)
+    return _binary("add", input, _scaled(operand(other), alpha))
 
 
 def sub(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
-    if alpha != 1:
-        other = mul(other, alpha)
+    input, other = operand(input), _scaled(operand(other), alpha)
     dt = _dt.result_type(input, other)
     if dt is _dt.bool_:
         raise DTypeError(
@@ -71,6 +79,7 @@ def mul(input: Any, other: Any) -> Tensor:
 
 
 def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor:
+    input, other = operand(input), operand(other)
     if rounding_mode is None:
         return _float_binary("div", input, other)
     if rounding_mode == "floor":
@@ -128,7 +137,10 @@ absolute = abs
 
 
 def sign(input: Any) -> Tensor:
-    return _same_unary("sign", input)
+    x = to_tensor(input)
+    if x._dtype is _dt.bool_:
+        return _int_identity(x)  # sign(True) = True, sign(False) = False
+    return apply(P["sign"], (x,), {})
 
 
 def maximum(input: Any, other: Any) -> Tensor:
@@ -143,6 +155,7 @@ def where(condition: Any, input: Any, other: Any) -> Tensor:
     cond = to_tensor(condition)
     if cond._dtype is not _dt.bool_:
         raise DTypeError(f"where: expected condition to be a bool tensor, got {describe(cond)}")
+    input, other = operand(input), operand(other)
     dt = _dt.result_type(input, other)
     a, b = as_operand(input, dt), as_operand(other, dt)
     broadcast_shape("where", cond, a, b)
@@ -217,26 +230,32 @@ def erf(input: Any) -> Tensor:
 
 def floor(input: Any) -> Tensor:
     x = to_tensor(input)
-    return x if x._dtype.category < 2 else apply(P["floor"], (x,), {})
+    return _int_identity(x) if x._dtype.category < 2 else apply(P["floor"], (x,), {})
 
 
 def ceil(input: Any) -> Tensor:
     x = to_tensor(input)
-    return x if x._dtype.category < 2 else apply(P["ceil"], (x,), {})
+    return _int_identity(x) if x._dtype.category < 2 else apply(P["ceil"], (x,), {})
 
 
 def trunc(input: Any) -> Tensor:
     x = to_tensor(input)
-    return x if x._dtype.category < 2 else apply(P["trunc"], (x,), {})
+    return _int_identity(x) if x._dtype.category < 2 else apply(P["trunc"], (x,), {})
 
 
 fix = trunc
 
 
+def _int_identity(x: Tensor) -> Tensor:
+    """Rounding an integer tensor: the same values in a new tensor (never ``x`` itself, so that
+    writing into the result cannot change ``x``)."""
+    return apply(P["clone"], (x,), {})
+
+
 def round(input: Any, *, decimals: int = 0) -> Tensor:
     x = to_tensor(input)
     if x._dtype.category < 2 and decimals >= 0:
-        return x
+        return _int_identity(x)
     return apply(P["round"], (x,), {"decimals": int(decimals)})
 
 
@@ -298,6 +317,9 @@ def clamp(input: Any, min: Any = None, max: Any = None) -> Tensor:
         out = where(lt(out, min), _like(min, out), out)
     if max is not None:
         out = where(gt(out, max), _like(max, out), out)
+    if out._dtype.category == 2 and out.requires_grad:
+        # a NaN input stays NaN but gets no gradient (PyTorch: grad * (min <= x <= max))
+        out = where(isnan(x), x.detach(), out)
     return out
 
 
@@ -353,15 +375,15 @@ less, less_equal, greater, greater_equal, not_equal = lt, le, gt, ge, ne
 
 
 def logical_and(input: Any, other: Any) -> Tensor:
-    return _binary("logical_and", input, other, _dt.result_type(input, other))
+    return _binary("logical_and", input, other)
 
 
 def logical_or(input: Any, other: Any) -> Tensor:
-    return _binary("logical_or", input, other, _dt.result_type(input, other))
+    return _binary("logical_or", input, other)
 
 
 def logical_xor(input: Any, other: Any) -> Tensor:
-    return _binary("logical_xor", input, other, _dt.result_type(input, other))
+    return _binary("logical_xor", input, other)
 
 
 def logical_not(input: Any) -> Tensor:
@@ -369,6 +391,7 @@ def logical_not(input: Any) -> Tensor:
 
 
 def _bitwise(name: str, a: Any, b: Any) -> Tensor:
+    a, b = operand(a), operand(b)
     dt = _dt.result_type(a, b)
     if dt.category == 2:
         raise DTypeError(f"{name}: expected integer or bool tensors, got {describe(a, b)}")

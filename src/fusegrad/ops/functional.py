@@ -99,8 +99,14 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
     if squeeze and reduction == "none":
         loss = loss.squeeze(0)
     if reduction == "mean":
-        return sum(loss) / sum(w)
+        return _weighted_mean(sum(loss), sum(w))
     return _reduce(loss, reduction, "nll_loss")
+
+
+def _weighted_mean(total: Tensor, denom: Tensor) -> Tensor:
+    # every target ignored: the loss is nan (0 / 0) as in PyTorch, but its gradient is 0, not nan
+    none_left = denom == 0
+    return where(none_left, math.nan, total / where(none_left, 1.0, denom))
 
 
 def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
@@ -148,7 +154,7 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
             denom = sum(where(ignored, 0.0, w[where(ignored, 0, t)]))
         else:
             denom = sum((~ignored).to(x.dtype))
-        smooth_red = sum(smooth) / denom
+        smooth_red = _weighted_mean(sum(smooth), denom)
     elif reduction == "sum":
         smooth_red = sum(smooth)
     else:
@@ -312,7 +318,10 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: An
         elif padding == "same":
             kh, kw = w.shape[2], w.shape[3]
             dh, dw = _pair(dilation)
-            padding = ((dh * (kh - 1)) // 2, (dw * (kw - 1)) // 2)
+            th, tw = dh * (kh - 1), dw * (kw - 1)
+            # as PyTorch: an odd total padding puts the extra row/column at the end
+            x = pad(x, (tw // 2, tw - tw // 2, th // 2, th - th // 2))
+            padding = 0
         else:
             raise ValueError(f"conv2d: invalid padding string {padding!r}")
     out_c, cin_g, kh, kw = w.shape

@@ -70,7 +70,13 @@ def _normalise_key(x: Tensor, key: Any) -> tuple[tuple, tuple]:
             spec.append(("i", i % size))
             consumed += 1
         else:
-            t = k if isinstance(k, Tensor) else Tensor._make(np.asarray(k))
+            if isinstance(k, Tensor):
+                t = k
+            else:
+                arr = np.asarray(k)
+                if arr.size == 0 and arr.dtype.kind == "f":
+                    arr = arr.astype(np.int64)  # ``x[[]]``: an empty list selects nothing
+                t = Tensor._make(arr)
             if t._data.dtype.kind == "f":
                 raise IndexOutOfRange(
                     "getitem: tensors used as indices must be long, int or bool tensors, "
@@ -147,9 +153,11 @@ def _index_tensor(op: str, index: Any) -> Tensor:
 
 
 def _check_index_range(op: str, index: Tensor, size: int, dim: int) -> None:
+    """Indices of gather/scatter/index_select/embedding must lie in [0, size), as in PyTorch
+    (negative indices are an error there, not counted from the end)."""
     if index._data.size:
         lo, hi = int(index._data.min()), int(index._data.max())
-        if lo < -size or hi >= size:
+        if lo < 0 or hi >= size:
             bad = hi if hi >= size else lo
             raise IndexOutOfRange(
                 f"{op}: index {bad} is out of bounds for dimension {dim} with size {size}"

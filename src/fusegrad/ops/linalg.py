@@ -186,6 +186,13 @@ def _contract(a: Tensor, ta: str, b: Tensor, tb: str, keep: set[str]) -> tuple[T
     contracted = [c for c in ta if c in tb and c not in keep]
     left = [c for c in ta if c not in tb]
     right = [c for c in tb if c not in ta]
+    # a contracted letter of size 1 on one side broadcasts: sum(a_0 * b_c) = a_0 * sum(b_c)
+    for c in contracted:
+        na, nb = a.shape[ta.index(c)], b.shape[tb.index(c)]
+        if na == 1 and nb != 1:
+            b = b.sum(dim=tb.index(c), keepdim=True)
+        elif nb == 1 and na != 1:
+            a = a.sum(dim=ta.index(c), keepdim=True)
     a = a.permute([ta.index(c) for c in batch + left + contracted])
     b = b.permute([tb.index(c) for c in batch + contracted + right])
     nb = len(batch)

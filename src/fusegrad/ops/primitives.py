@@ -128,7 +128,9 @@ def _pow(a, b):  # type: ignore[no-untyped-def]
         return np.power(a, b)
 
 
-@primitive("floor_divide", "elementwise", "a b", differentiable=False)
+# Differentiable with a zero gradient (PyTorch's div(rounding_mode="floor") gives zeros), so the
+# result of a float floor division still takes part in autograd.
+@primitive("floor_divide", "elementwise", "a b")
 def _floor_divide(a, b):  # type: ignore[no-untyped-def]
     if a.dtype.kind in "iub" and np.any(b == 0):
         raise ZeroDivisionError("floor_divide: integer division by zero")
@@ -258,7 +260,11 @@ def _pad(x, widths, value):  # type: ignore[no-untyped-def]
 
 @primitive("diagonal", "movement", "x")
 def _diagonal(x, offset, dim1, dim2):  # type: ignore[no-untyped-def]
-    return np.diagonal(x, offset, dim1, dim2)
+    out = np.diagonal(x, offset, dim1, dim2)
+    if x.flags.writeable:
+        # numpy's diagonal view is read-only; PyTorch's is writable (x.diagonal().fill_(1))
+        out.flags.writeable = True
+    return out
 
 
 def numpy_key(spec: tuple, idx: tuple) -> tuple:
@@ -282,7 +288,13 @@ def numpy_key(spec: tuple, idx: tuple) -> tuple:
 @primitive("getitem", "movement", "x idx*")
 def _getitem(x, *idx, key):  # type: ignore[no-untyped-def]
     """Basic indexing (a view) or advanced indexing (a copy), numpy/PyTorch semantics."""
-    return x[numpy_key(key, idx)]
+    k = numpy_key(key, idx)
+    out = x[k]
+    if not isinstance(out, np.ndarray):
+        # a single element: numpy returns a scalar (a copy); ``x[k + (...,)]`` is the same
+        # element as a 0-d view, so ``x[0].add_(1)`` writes through as in PyTorch
+        out = x[k + (Ellipsis,)]
+    return out
 
 
 @primitive("index_put", "movement", "x v idx*")

@@ -54,7 +54,10 @@ def mean(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = Non
         )
     dims = wrap_dims("mean", dim, x.ndim) if x.ndim else None
     n = _count(x, dims)
-    return div(sum(x, dims, keepdim), n) if n else mul(sum(x, dims, keepdim), math.nan)
+    if n == 0:
+        # the mean of nothing is nan; built as 0 * sum + nan so that no nan reaches gradients
+        return add(mul(sum(x, dims, keepdim), 0.0), math.nan)
+    return div(sum(x, dims, keepdim), n)
 
 
 def var(input: Any, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *,
@@ -74,7 +77,8 @@ def var(input: Any, dim: Any = None, unbiased: bool | None = None, keepdim: bool
 
 def std(input: Any, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *,
         correction: float | None = None) -> Tensor:
-    return sqrt(var(input, dim, unbiased, keepdim, correction=correction))
+    # where the variance is 0 the gradient is 0, not inf * 0 = nan (PyTorch's std_backward)
+    return _safe_sqrt(var(input, dim, unbiased, keepdim, correction=correction))
 
 
 def var_mean(input: Any, dim: Any = None, *, correction: float = 1, keepdim: bool = False) -> tuple:

@@ -312,8 +312,9 @@ def chunk(input: Any, chunks: int, dim: int = 0) -> tuple:
         raise ValueError(f"chunk: chunks must be positive, got {chunks}")
     d = wrap_dim("chunk", dim, x.ndim)
     size = x._data.shape[d]
-    step = max(math.ceil(size / chunks), 1)
-    return split(x, step, d)
+    if size == 0:
+        return tuple(narrow(x, d, 0, 0) for _ in range(chunks))  # PyTorch: `chunks` empties
+    return split(x, math.ceil(size / chunks), d)
 
 
 def unbind(input: Any, dim: int = 0) -> tuple:
@@ -342,9 +343,11 @@ def cat(tensors: Sequence[Any], dim: int = 0) -> Tensor:
                 f"cat: sizes of tensors must match except in dimension {d}: expected "
                 f"{tuple(ref.shape)}, got {tuple(t.shape)} for tensor number {i} in the list"
             )
-    nonempty = [cast(t, dt) for t in nonempty]
-    if len(nonempty) == 1:
-        return _alias(nonempty[0]) if nonempty[0] is ts[0] else nonempty[0]
+    cast_ts = [cast(t, dt) for t in nonempty]
+    if len(cast_ts) == 1:
+        # cat always returns new memory (never a view of its input)
+        return cast_ts[0] if cast_ts[0] is not nonempty[0] else clone(cast_ts[0])
+    nonempty = cast_ts
     return apply(P["cat"], tuple(nonempty), {"dim": d})
 
 
@@ -414,7 +417,9 @@ def repeat(input: Any, *sizes: Any) -> Tensor:
     # interleave a new axis of size r before each dim, broadcast, and merge the pairs
     y = reshape(x, tuple(v for s in shp for v in (1, s)))
     y = broadcast_to(y, tuple(v for r, s in zip(reps, shp) for v in (r, s)))
-    return reshape(y, tuple(r * s for r, s in zip(reps, shp)))
+    out = reshape(y, tuple(r * s for r, s in zip(reps, shp)))
+    # repeat always returns new memory; with only unit repeats the reshapes above are views
+    return clone(out) if np.may_share_memory(out._data, x._data) else out
 
 
 def tile(input: Any, dims: Sequence[int]) -> Tensor:
@@ -536,15 +541,17 @@ def _tri_mask(x: Tensor, diagonal_: int, lower: bool) -> Tensor:
     return Tensor._make(m if lower else ~np.tri(r, c, diagonal_ - 1, dtype=bool))
 
 
-def tril(input: Any, diagonal: int = 0) -> Tensor:
+def _tri(x: Tensor, diagonal_: int, lower: bool) -> Tensor:
+    from ._util import scalar_tensor
     from .elementwise import where
 
-    x = to_tensor(input)
-    return where(_tri_mask(x, diagonal, True), x, 0)
+    # the zero is of x's own dtype, so bool and int tensors keep their dtype
+    return where(_tri_mask(x, diagonal_, lower), x, scalar_tensor(0, x.dtype))
+
+
+def tril(input: Any, diagonal: int = 0) -> Tensor:
+    return _tri(to_tensor(input), diagonal, True)
 
 
 def triu(input: Any, diagonal: int = 0) -> Tensor:
-    from .elementwise import where
-
-    x = to_tensor(input)
-    return where(_tri_mask(x, diagonal, False), x, 0)
+    return _tri(to_tensor(input), diagonal, False)

@@ -1,0 +1,2296 @@
+"""The op table: one entry per public op (PyTorch's OpInfo idea, Chainer's FunctionTestCase).
+
+Each ``OpInfo`` names an op, says how to call it (``op(lib, *args, **kwargs)``, where ``lib`` is
+the fusegrad namespace ``FG`` or the same view of torch, so one lambda drives both libraries),
+gives a numpy reference, and generates sample cases: broadcasting pairs, 0-d and empty (size-0)
+shapes, non-contiguous inputs, keyword variants and domain restrictions.  Samples hold numpy
+arrays; ``build`` turns them into tensors of either library.  Float arrays become leaves that
+require grad (unless the entry is not differentiable or the sample says ``nograd``); integer and
+bool arrays become constant tensors; everything else is passed through as a Python value.
+
+A sample marked ``noncontig`` reaches the op as a strided, transposed *view* of its leaf
+(``leaf[..., 0].permute(reversed)``), so kernels see non-contiguous arrays while gradcheck still
+perturbs a contiguous leaf.
+
+The generated tests live in ``test_op_table.py``; this module only holds data and helpers.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import fusegrad
+from fusegrad.ops import functional as _fg_functional
+
+# ---- the two libraries ------------------------------------------------------------------------
+
+
+class Lib:
+    """A library namespace the ops are written against (``lib.F`` is its functional module)."""
+
+    def __init__(self, module: Any, functional: Any, name: str) -> None:
+        self._module = module
+        self.F = functional
+        self.name = name
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._module, item)
+
+
+FG = Lib(fusegrad, _fg_functional, "fusegrad")
+
+
+def torch_lib() -> Lib:
+    import torch
+
+    return Lib(torch, torch.nn.functional, "torch")
+
+
+# ---- records ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    """One case: positional and keyword arguments (numpy arrays stand for tensors)."""
+
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    name: str = ""
+    noncontig: bool = False  # float tensors reach the op as non-contiguous views
+    nograd: frozenset = frozenset()  # positions / keyword names of float arrays without grad
+    grad: bool = True  # gradcheck this case (False: at a kink, or forward-only)
+    gradgrad: bool = True  # gradgradcheck this case (when the entry is twice differentiable)
+    torch: bool = True  # cross-check this case against PyTorch
+
+
+@dataclass
+class OpInfo:
+    name: str
+    op: Callable[..., Any]
+    ref: Callable[..., Any] | None
+    samples: Callable[[np.random.Generator], list[Sample]]
+    differentiable: bool = True
+    twice: bool = True
+    zero_grad: bool = False  # piecewise constant: the gradient is exactly zero
+    f32_tol: tuple[float, float] = (2e-5, 2e-6)  # rtol, atol of float32 vs the float64 reference
+    f64_tol: tuple[float, float] = (1e-9, 1e-12)
+    torch: bool = True  # cross-check against PyTorch
+    torch_grad: bool = True  # ... including gradients
+    torch_op: Callable[..., Any] | None = None  # when torch spells the call differently
+    out_dtype: str | None = None  # dtype of the float outputs when not the inputs' dtype
+    ref_takes_dtype: bool = False  # the reference gets ``dtype=`` (the input float dtype)
+
+    def get_samples(self) -> list[Sample]:
+        rng = np.random.default_rng(zlib.crc32(self.name.encode()))
+        samples = self.samples(rng)
+        for i, s in enumerate(samples):
+            if not s.name:
+                s.name = f"case{i}"
+        return samples
+
+    def call(self, lib: Lib, *args: Any, **kwargs: Any) -> Any:
+        if lib.name == "torch" and self.torch_op is not None:
+            return self.torch_op(lib, *args, **kwargs)
+        return self.op(lib, *args, **kwargs)
+
+
+# ---- turning samples into tensors ---------------------------------------------------------------
+
+
+def _noncontig_layout(a: np.ndarray) -> np.ndarray:
+    """Leaf data whose view ``leaf[..., 0].permute(reversed dims)`` equals ``a``."""
+    base = np.full(a.shape[::-1] + (2,), 7.0, dtype=a.dtype)
+    base[..., 0] = a.T
+    return base
+
+
+def _noncontig_view(t: Any) -> Any:
+    v = t[..., 0]
+    return v.permute(tuple(range(v.ndim))[::-1])
+
+
+def _is_array_list(a: Any) -> bool:
+    return isinstance(a, list) and bool(a) and all(isinstance(e, np.ndarray) for e in a)
+
+
+def build(
+    entry: OpInfo, lib: Lib, sample: Sample, dtype: str = "float64", requires_grad: bool = True
+) -> tuple[list, Callable[..., Any]]:
+    """``(leaves, fn)``: the leaf tensors that require grad, and ``fn(*leaves)`` running the op."""
+    leaves: list = []
+
+    def convert(a: Any, key: Any) -> tuple:
+        if isinstance(a, np.ndarray):
+            if a.dtype.kind == "f":
+                nc = sample.noncontig and a.ndim > 0
+                data = (_noncontig_layout(a) if nc else a).astype(dtype)
+                grad = requires_grad and key not in sample.nograd
+                t = lib.tensor(data, requires_grad=grad)
+                if grad:
+                    leaves.append(t)
+                    return ("leaf", len(leaves) - 1, nc)
+                return ("const", t, nc)
+            return ("const", lib.tensor(a), False)
+        if _is_array_list(a):
+            return ("list", [convert(e, key) for e in a])
+        return ("py", a)
+
+    arg_specs = [convert(a, i) for i, a in enumerate(sample.args)]
+    kw_specs = {k: convert(v, k) for k, v in sample.kwargs.items()}
+
+    def realise(spec: tuple, values: tuple) -> Any:
+        kind = spec[0]
+        if kind == "leaf":
+            t = values[spec[1]]
+            return _noncontig_view(t) if spec[2] else t
+        if kind == "const":
+            return _noncontig_view(spec[1]) if spec[2] else spec[1]
+        if kind == "list":
+            return [realise(s, values) for s in spec[1]]
+        return spec[1]
+
+    def fn(*values: Any) -> Any:
+        args = [realise(s, values) for s in arg_specs]
+        kwargs = {k: realise(s, values) for k, s in kw_specs.items()}
+        return entry.call(lib, *args, **kwargs)
+
+    return leaves, fn
+
+
+def ref_inputs(sample: Sample, dtype: str = "float64") -> tuple[list, dict]:
+    """The sample's arguments for the numpy reference (float arrays rounded to ``dtype``, then
+    computed in float64)."""
+
+    def convert(a: Any) -> Any:
+        if isinstance(a, np.ndarray) and a.dtype.kind == "f":
+            return a.astype(dtype).astype(np.float64)
+        if _is_array_list(a):
+            return [convert(e) for e in a]
+        return a
+
+    return [convert(a) for a in sample.args], {k: convert(v) for k, v in sample.kwargs.items()}
+
+
+def run_ref(entry: OpInfo, sample: Sample, dtype: str = "float64") -> list[np.ndarray]:
+    args, kwargs = ref_inputs(sample, dtype)
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        if entry.ref_takes_dtype:
+            kwargs = dict(kwargs, dtype=dtype)
+        out = entry.ref(*args, **kwargs)  # type: ignore[misc]
+    return [np.asarray(o) for o in flat_outputs(out)]
+
+
+def flat_outputs(result: Any) -> list:
+    if isinstance(result, (list, tuple)):
+        out: list = []
+        for r in result:
+            out.extend(flat_outputs(r))
+        return out
+    return [result]
+
+
+def to_numpy(t: Any) -> np.ndarray:
+    return np.asarray(t.detach().numpy())
+
+
+def is_float(t: Any) -> bool:
+    return bool(t.is_floating_point())
+
+
+# ---- value generators ---------------------------------------------------------------------------
+
+Gen = Callable[[np.random.Generator, tuple], np.ndarray]
+
+
+def uni(rng: np.random.Generator, shape: tuple, lo: float = -2.0, hi: float = 2.0) -> np.ndarray:
+    return np.asarray(rng.uniform(lo, hi, shape), dtype=np.float64)
+
+
+def pos(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    return uni(rng, shape, 0.5, 2.0)
+
+
+def away(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    """Values with |x| in [0.1, 2]: clear of the kink at 0."""
+    return np.asarray(uni(rng, shape, 0.1, 2.0) * rng.choice([-1.0, 1.0], size=shape))
+
+
+def nonint(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    """Values clear of integers and of halves (floor/round/trunc are smooth there)."""
+    whole = rng.integers(-3, 3, shape).astype(np.float64)
+    frac = uni(rng, shape, 0.15, 0.35) + rng.choice([0.0, 0.5], size=shape)
+    return np.asarray(whole + frac)
+
+
+def small(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    return uni(rng, shape, -1.0, 1.0)
+
+
+def intvals(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    """Integer-valued floats (so comparisons meet equal values)."""
+    return rng.integers(-2, 3, shape).astype(np.float64)
+
+
+def boolean(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    return np.asarray(rng.random(shape) < 0.5)
+
+
+def ints(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    return np.asarray(rng.integers(-4, 5, shape), dtype=np.int64)
+
+
+def perm_index(rng: np.random.Generator, shape: tuple, dim: int, size: int) -> np.ndarray:
+    """An int64 index of ``shape`` with distinct values < ``size`` along ``dim``."""
+    moved = list(shape)
+    n = moved.pop(dim)
+    flat = [rng.permutation(size)[:n] for _ in range(int(np.prod(moved)))]
+    arr = np.array(flat, dtype=np.int64).reshape(tuple(moved) + (n,))
+    return np.moveaxis(arr, -1, dim)
+
+
+# ---- sample factories ---------------------------------------------------------------------------
+
+
+def _arrays(gen: Gen) -> Gen:
+    """Make a generator return arrays even for 0-d shapes (numpy arithmetic gives scalars)."""
+    return lambda rng, shape: np.asarray(gen(rng, shape))
+
+
+def unary(gen: Gen = uni, **kwargs: Any) -> Callable[[np.random.Generator], list[Sample]]:
+    gen = _arrays(gen)
+
+    def make(rng: np.random.Generator) -> list[Sample]:
+        return [
+            Sample((gen(rng, (3, 4)),), dict(kwargs), "2d"),
+            Sample((gen(rng, ()),), dict(kwargs), "0d"),
+            Sample((gen(rng, (0, 3)),), dict(kwargs), "empty"),
+            Sample((gen(rng, (2, 3)),), dict(kwargs), "noncontig", noncontig=True),
+            Sample((gen(rng, (5,)),), dict(kwargs), "1d"),
+        ]
+
+    return make
+
+
+def binary(
+    gen_a: Gen = uni, gen_b: Gen | None = None, scalars: bool = True, scalar_left: bool = True
+) -> Callable[[np.random.Generator], list[Sample]]:
+    gen_a, gb = _arrays(gen_a), _arrays(gen_b or gen_a)
+
+    def make(rng: np.random.Generator) -> list[Sample]:
+        s = [
+            Sample((gen_a(rng, (3, 4)), gb(rng, (3, 4))), name="same"),
+            Sample((gen_a(rng, (3, 1)), gb(rng, (1, 4))), name="bcast"),
+            Sample((gen_a(rng, (2, 1, 4)), gb(rng, (3, 1))), name="bcast_rank"),
+            Sample((gen_a(rng, ()), gb(rng, (3,))), name="0d_1d"),
+            Sample((gen_a(rng, (0, 4)), gb(rng, (4,))), name="empty"),
+            Sample((gen_a(rng, (2, 3)), gb(rng, (2, 3))), name="noncontig", noncontig=True),
+        ]
+        if scalars:
+            s.append(Sample((gen_a(rng, (3, 2)), float(gb(rng, ()))), name="scalar_right"))
+            if scalar_left:
+                s.append(Sample((float(gen_a(rng, ())), gb(rng, (2, 3))), name="scalar_left"))
+        return s
+
+    return make
+
+
+def exact_quotients(rng: np.random.Generator) -> list[Sample]:
+    """(a, b) with a / b clear of integers: floor/trunc division is smooth there."""
+    out = []
+    for name, sa, sb, nc in [
+        ("same", (3, 4), (3, 4), False),
+        ("bcast", (3, 4), (1, 4), False),
+        ("0d", (), (), False),
+        ("noncontig", (2, 3), (2, 3), True),
+    ]:
+        b = away(rng, sb) + np.sign(away(rng, sb)) * 0.4
+        q = nonint(rng, sa)
+        out.append(Sample((np.asarray(q * b), b), name=name, noncontig=nc))
+    out.append(Sample((nonint(rng, (3, 2)) * 1.5, 1.5), name="scalar_right"))
+    return out
+
+
+def _axis(x: np.ndarray, dim: Any) -> Any:
+    return None if np.ndim(x) == 0 else dim
+
+
+def reductions(
+    gen: Gen = uni, multi_dim: bool = True, empty: bool = True, full: bool = True
+) -> Callable[[np.random.Generator], list[Sample]]:
+    def make(rng: np.random.Generator) -> list[Sample]:
+        s = [
+            Sample((gen(rng, (3, 4)),), {"dim": 1}, "dim1"),
+            Sample((gen(rng, (3, 4)),), {"dim": -1, "keepdim": True}, "dim_neg_keep"),
+            Sample((gen(rng, (2, 3, 2)),), {"dim": 0}, "3d_dim0"),
+            Sample((gen(rng, ()),), {"dim": 0}, "0d_dim0"),
+            Sample((gen(rng, (2, 3)),), {"dim": 0}, "noncontig", noncontig=True),
+        ]
+        if full:
+            s += [
+                Sample((gen(rng, (3, 4)),), {}, "full"),
+                Sample((gen(rng, ()),), {}, "0d"),
+            ]
+        if multi_dim:
+            s.append(Sample((gen(rng, (2, 3, 2)),), {"dim": (0, 2), "keepdim": True}, "dims"))
+        if empty:
+            s.append(Sample((gen(rng, (0, 3)),), {"dim": 0}, "empty_reduced"))
+            s.append(Sample((gen(rng, (0, 3)),), {"dim": 1}, "empty_kept"))
+            if full:
+                s.append(Sample((gen(rng, (0, 3)),), {}, "empty_full"))
+        return s
+
+    return make
+
+
+# ---- numpy references ---------------------------------------------------------------------------
+
+_erf_scalar = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def erf_ref(x: Any) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return _erf_scalar(x) if x.size else x.copy()
+
+
+def sigmoid_ref(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def gelu_ref(x: np.ndarray, approximate: str = "none") -> np.ndarray:
+    if approximate == "tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1 + erf_ref(x / math.sqrt(2)))
+
+
+def softplus_ref(x: np.ndarray, beta: float = 1.0, threshold: float = 20.0) -> np.ndarray:
+    return np.where(beta * x > threshold, x, np.log1p(np.exp(beta * x)) / beta)
+
+
+def reduce_ref(fn: Callable) -> Callable:
+    def ref(x: np.ndarray, dim: Any = None, keepdim: bool = False) -> np.ndarray:
+        return fn(x, axis=_axis(x, dim), keepdims=keepdim)
+
+    return ref
+
+
+def var_ref(
+    x: np.ndarray,
+    dim: Any = None,
+    keepdim: bool = False,
+    correction: float = 1,
+    unbiased: bool | None = None,
+) -> np.ndarray:
+    if unbiased is not None:
+        correction = 1 if unbiased else 0
+    ax = _axis(x, dim)
+    n = x.size if ax is None else int(np.prod([x.shape[d] for d in np.atleast_1d(ax)]))
+    mu = np.mean(x, axis=ax, keepdims=True)
+    return np.sum((x - mu) ** 2, axis=ax, keepdims=keepdim) / (n - correction)
+
+
+def norm_ref(x: np.ndarray, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> np.ndarray:
+    a = np.abs(x)
+    ax = _axis(x, dim)
+    if p in ("fro", 2):
+        return np.sqrt(np.sum(a * a, axis=ax, keepdims=keepdim))
+    if p == math.inf:
+        return np.max(a, axis=ax, keepdims=keepdim)
+    if p == 1:
+        return np.sum(a, axis=ax, keepdims=keepdim)
+    return np.sum(a**p, axis=ax, keepdims=keepdim) ** (1.0 / p)
+
+
+def logsumexp_ref(x: np.ndarray, dim: Any, keepdim: bool = False) -> np.ndarray:
+    return np.log(np.sum(np.exp(x), axis=_axis(x, dim), keepdims=keepdim))
+
+
+def softmax_ref(x: np.ndarray, dim: int) -> np.ndarray:
+    ax = _axis(x, dim)
+    e = np.exp(x - np.max(x, axis=ax, keepdims=True))
+    return e / np.sum(e, axis=ax, keepdims=True)
+
+
+def log_softmax_ref(x: np.ndarray, dim: int) -> np.ndarray:
+    ax = _axis(x, dim)
+    return x - np.log(np.sum(np.exp(x), axis=ax, keepdims=True))
+
+
+def max_dim_ref(fn: Callable, argfn: Callable) -> Callable:
+    def ref(x: np.ndarray, dim: int, keepdim: bool = False) -> tuple:
+        ax = _axis(x, dim)
+        if ax is None:
+            return x.copy(), np.array(0)
+        return fn(x, axis=ax, keepdims=keepdim), argfn(x, axis=ax, keepdims=keepdim)
+
+    return ref
+
+
+def arg_ref(fn: Callable) -> Callable:
+    def ref(x: np.ndarray, dim: Any = None, keepdim: bool = False) -> np.ndarray:
+        if dim is None or x.ndim == 0:
+            out = np.asarray(fn(x.reshape(-1)))
+            return out.reshape((1,) * x.ndim) if keepdim else out
+        return fn(x, axis=dim, keepdims=keepdim)
+
+    return ref
+
+
+def pad_ref(x: np.ndarray, pad: tuple, mode: str = "constant", value: float = 0.0) -> np.ndarray:
+    widths = [(0, 0)] * x.ndim
+    for i in range(len(pad) // 2):
+        widths[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
+    # negative padding crops
+    x = x[tuple(slice(max(-b, 0), n - max(-a, 0)) for (b, a), n in zip(widths, x.shape))]
+    widths = [(max(b, 0), max(a, 0)) for b, a in widths]
+    np_mode = {
+        "constant": "constant",
+        "reflect": "reflect",
+        "replicate": "edge",
+        "circular": "wrap",
+    }[mode]
+    extra = {"constant_values": value} if mode == "constant" else {}
+    return np.pad(x, widths, mode=np_mode, **extra)
+
+
+def scatter_key(index: np.ndarray, dim: int) -> tuple:
+    dim %= index.ndim
+    grids = np.indices(index.shape, sparse=True)
+    return tuple(index if d == dim else grids[d] for d in range(index.ndim))
+
+
+def _src_for(index: np.ndarray, src: Any) -> Any:
+    if np.ndim(src) == 0:
+        return np.full(index.shape, src)
+    return src[tuple(slice(0, n) for n in index.shape)]
+
+
+def gather_ref(x: np.ndarray, dim: int, index: np.ndarray) -> np.ndarray:
+    return x[scatter_key(index, dim)]
+
+
+def scatter_ref(x: np.ndarray, dim: int, index: np.ndarray, src: Any) -> np.ndarray:
+    out = x.copy()
+    out[scatter_key(index, dim)] = _src_for(index, src)
+    return out
+
+
+def scatter_add_ref(x: np.ndarray, dim: int, index: np.ndarray, src: np.ndarray) -> np.ndarray:
+    out = x.copy()
+    np.add.at(out, scatter_key(index, dim), _src_for(index, src))
+    return out
+
+
+def _pair(v: Any) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)  # type: ignore[return-value]
+
+
+def _windows_ref(x: np.ndarray, k: tuple, s: tuple, p: tuple, d: tuple, fill: float) -> tuple:
+    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])), constant_values=fill)
+    oh = (xp.shape[2] - d[0] * (k[0] - 1) - 1) // s[0] + 1
+    ow = (xp.shape[3] - d[1] * (k[1] - 1) - 1) // s[1] + 1
+
+    def window(i: int, j: int) -> np.ndarray:
+        r0, c0 = i * s[0], j * s[1]
+        return xp[
+            :, :, r0 : r0 + d[0] * (k[0] - 1) + 1 : d[0], c0 : c0 + d[1] * (k[1] - 1) + 1 : d[1]
+        ]
+
+    return oh, ow, window
+
+
+def conv2d_ref(
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> np.ndarray:
+    if x.ndim == 3:
+        return conv2d_ref(x[None], w, bias, stride, padding, dilation, groups)[0]
+    oc, cin_g, kh, kw = w.shape
+    if padding == "valid":
+        padding = 0
+    elif padding == "same":
+        dh, dw = _pair(dilation)
+        th, tw = dh * (kh - 1), dw * (kw - 1)  # odd totals: the extra goes at the end
+        x = np.pad(x, ((0, 0), (0, 0), (th // 2, th - th // 2), (tw // 2, tw - tw // 2)))
+        padding = 0
+    oh, ow, window = _windows_ref(x, (kh, kw), _pair(stride), _pair(padding), _pair(dilation), 0.0)
+    out = np.zeros((x.shape[0], oc, oh, ow))
+    per_group = oc // groups
+    for i in range(oh):
+        for j in range(ow):
+            win = window(i, j)
+            for o in range(oc):
+                g = o // per_group
+                out[:, o, i, j] = np.sum(win[:, g * cin_g : (g + 1) * cin_g] * w[o], axis=(1, 2, 3))
+    if bias is not None:
+        out += bias.reshape(1, oc, 1, 1)
+    return out
+
+
+def _pool_out(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    span = size + 2 * p - d * (k - 1) - 1
+    n = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (n - 1) * s >= size + p:
+        n -= 1  # the last window must start inside the input or the left padding
+    return n
+
+
+def max_pool2d_ref(
+    x: np.ndarray,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+) -> np.ndarray:
+    batch = x.ndim == 4
+    x = x if batch else x[None]
+    k, p, d = _pair(kernel_size), _pair(padding), _pair(dilation)
+    s = _pair(stride if stride is not None else kernel_size)
+    size = [_pool_out(x.shape[2 + a], k[a], s[a], p[a], d[a], ceil_mode) for a in (0, 1)]
+    out = np.zeros(x.shape[:2] + tuple(size))
+    for i in range(size[0]):
+        for j in range(size[1]):
+            rows = [
+                r for r in (i * s[0] - p[0] + d[0] * t for t in range(k[0])) if 0 <= r < x.shape[2]
+            ]
+            cols = [
+                c for c in (j * s[1] - p[1] + d[1] * t for t in range(k[1])) if 0 <= c < x.shape[3]
+            ]
+            out[:, :, i, j] = x[:, :, rows][:, :, :, cols].max(axis=(2, 3))
+    return out if batch else out[0]
+
+
+def max_pool2d_indices_ref(x: np.ndarray, k: int) -> np.ndarray:
+    """Flat index into each (H, W) plane of every k x k window's maximum (stride k)."""
+    n, c, h, w = x.shape
+    out = np.zeros((n, c, h // k, w // k), dtype=np.int64)
+    for i in range(h // k):
+        for j in range(w // k):
+            arg = x[:, :, i * k : (i + 1) * k, j * k : (j + 1) * k].reshape(n, c, -1).argmax(-1)
+            out[:, :, i, j] = (i * k + arg // k) * w + j * k + arg % k
+    return out
+
+
+def avg_pool2d_ref(
+    x: np.ndarray,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: Any = None,
+) -> np.ndarray:
+    """PyTorch's rule: a window is clipped to the padded input for the count_include_pad
+    divisor and to the input itself for the sum (and the other divisor)."""
+    batch = x.ndim == 4
+    x = x if batch else x[None]
+    k, p = _pair(kernel_size), _pair(padding)
+    s = _pair(stride if stride is not None else kernel_size)
+    H, W = x.shape[2:]
+    size = [_pool_out(x.shape[2 + a], k[a], s[a], p[a], 1, ceil_mode) for a in (0, 1)]
+    out = np.zeros(x.shape[:2] + tuple(size))
+    for i in range(size[0]):
+        for j in range(size[1]):
+            h0, w0 = i * s[0] - p[0], j * s[1] - p[1]
+            h1, w1 = min(h0 + k[0], H + p[0]), min(w0 + k[1], W + p[1])
+            pool_size = (h1 - h0) * (w1 - w0)
+            h0, w0, h1, w1 = max(h0, 0), max(w0, 0), min(h1, H), min(w1, W)
+            total = x[:, :, h0:h1, w0:w1].sum(axis=(2, 3))
+            if divisor_override:
+                n = divisor_override
+            else:
+                n = pool_size if count_include_pad else (h1 - h0) * (w1 - w0)
+            out[:, :, i, j] = total / n
+    return out if batch else out[0]
+
+
+def nll_ref(
+    logp: np.ndarray,
+    t: np.ndarray,
+    weight: Any = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> np.ndarray:
+    """nll_loss of log-probabilities with class indices (and cross_entropy's smoothing)."""
+    cdim = 0 if logp.ndim == 1 else 1
+    lp = np.moveaxis(logp, cdim, -1)
+    n_classes = lp.shape[-1]
+    w = np.ones(n_classes) if weight is None else weight
+    valid = t != ignore_index
+    safe = np.where(valid, t, 0)
+    picked = np.take_along_axis(lp, safe[..., None], -1)[..., 0]
+    wt = w[safe] * valid
+    loss = -picked * wt * (1 - label_smoothing)
+    loss = loss - label_smoothing * np.sum(lp * w, -1) / n_classes * valid
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return np.sum(loss)
+    return np.sum(loss) / np.sum(wt)
+
+
+def cross_entropy_ref(
+    x: np.ndarray,
+    t: np.ndarray,
+    weight: Any = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> np.ndarray:
+    cdim = 0 if x.ndim == 1 else 1
+    logp = log_softmax_ref(x, cdim)
+    if t.dtype.kind != "f":
+        return nll_ref(logp, t, weight, ignore_index, reduction, label_smoothing)
+    n_classes = x.shape[cdim]
+    tt = t * (1 - label_smoothing) + label_smoothing / n_classes
+    if weight is not None:
+        shape = [1] * x.ndim
+        shape[cdim] = n_classes
+        tt = tt * weight.reshape(shape)
+    loss = -np.sum(logp * tt, axis=cdim)
+    if reduction == "none":
+        return loss
+    return np.sum(loss) if reduction == "sum" else np.sum(loss) / max(loss.size, 1)
+
+
+def _reduce_ref(loss: np.ndarray, reduction: str) -> np.ndarray:
+    if reduction == "none":
+        return loss
+    return np.sum(loss) if reduction == "sum" else np.mean(loss)
+
+
+def bce_ref(p: np.ndarray, t: np.ndarray, weight: Any = None, reduction: str = "mean") -> Any:
+    loss = -(t * np.log(p) + (1 - t) * np.log(1 - p))
+    return _reduce_ref(loss * (1 if weight is None else weight), reduction)
+
+
+def bce_logits_ref(
+    x: np.ndarray,
+    t: np.ndarray,
+    weight: Any = None,
+    reduction: str = "mean",
+    pos_weight: Any = None,
+) -> Any:
+    pw = 1.0 if pos_weight is None else pos_weight
+    loss = -(pw * t * np.log(sigmoid_ref(x)) + (1 - t) * np.log(1 - sigmoid_ref(x)))
+    return _reduce_ref(loss * (1 if weight is None else weight), reduction)
+
+
+def layer_norm_ref(
+    x: np.ndarray, shape: tuple, weight: Any = None, bias: Any = None, eps: float = 1e-5
+) -> np.ndarray:
+    axes = tuple(range(x.ndim - len(shape), x.ndim))
+    mu = x.mean(axis=axes, keepdims=True)
+    var = x.var(axis=axes, keepdims=True)
+    out = (x - mu) / np.sqrt(var + eps)
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out
+
+
+def setitem_op(m: Lib, x: Any, v: Any, key: Any) -> Any:
+    y = x.clone()
+    y[key] = v
+    return y
+
+
+def setitem_ref(x: np.ndarray, v: Any, key: Any) -> np.ndarray:
+    y = x.copy()
+    y[key] = v
+    return y
+
+
+# ---- the table ----------------------------------------------------------------------------------
+
+S = Sample
+OPS: list[OpInfo] = []
+
+
+def add(name: str, op: Callable, ref: Callable | None, samples: Callable, **kw: Any) -> None:
+    OPS.append(OpInfo(name, op, ref, samples, **kw))
+
+
+# elementwise arithmetic ------------------------------------------------------------------------
+add("add", lambda m, a, b: a + b, np.add, binary())
+add(
+    "add_alpha",
+    lambda m, a, b: m.add(a, b, alpha=2.5),
+    lambda a, b: a + 2.5 * b,
+    binary(scalar_left=False),
+)
+add("sub", lambda m, a, b: a - b, np.subtract, binary())
+add(
+    "sub_alpha",
+    lambda m, a, b: m.sub(a, b, alpha=-0.5),
+    lambda a, b: a + 0.5 * b,
+    binary(scalar_left=False),
+)
+add("mul", lambda m, a, b: a * b, np.multiply, binary())
+add("div", lambda m, a, b: a / b, np.divide, binary(uni, away))
+add(
+    "div_floor",
+    lambda m, a, b: m.div(a, b, rounding_mode="floor"),
+    np.floor_divide,
+    exact_quotients,
+    zero_grad=True,
+)
+add(
+    "div_trunc",
+    lambda m, a, b: m.div(a, b, rounding_mode="trunc"),
+    lambda a, b: np.trunc(np.divide(a, b)),
+    exact_quotients,
+    zero_grad=True,
+)
+# torch has no derivative for floor_divide (backward raises); fusegrad gives zeros, as for
+# div(rounding_mode="floor"), so the torch check compares forward values only
+add(
+    "floor_divide",
+    lambda m, a, b: a // b,
+    np.floor_divide,
+    exact_quotients,
+    zero_grad=True,
+    torch_grad=False,
+)
+add("remainder", lambda m, a, b: a % b, np.remainder, exact_quotients)
+add("neg", lambda m, x: -x, np.negative, unary())
+add("pow", lambda m, a, b: a**b, np.power, binary(pos, uni))
+add("pow_int_exponent", lambda m, x: x**3, lambda x: x**3, unary())
+add("pow_square", lambda m, x: m.pow(x, 2), lambda x: x**2, unary())
+add("pow_fractional", lambda m, x: x**-1.5, lambda x: x**-1.5, unary(pos))
+add("pow_scalar_base", lambda m, x: 2.5**x, lambda x: 2.5**x, unary())
+add("abs", lambda m, x: m.abs(x), np.abs, unary(away))
+add("sign", lambda m, x: m.sign(x), np.sign, unary(away), zero_grad=True)
+add("exp", lambda m, x: m.exp(x), np.exp, unary())
+add("exp2", lambda m, x: m.exp2(x), np.exp2, unary())
+add("expm1", lambda m, x: m.expm1(x), np.expm1, unary())
+add("log", lambda m, x: m.log(x), np.log, unary(pos))
+add("log2", lambda m, x: m.log2(x), np.log2, unary(pos))
+add("log1p", lambda m, x: m.log1p(x), np.log1p, unary(lambda r, s: uni(r, s, -0.5, 2.0)))
+add("sqrt", lambda m, x: m.sqrt(x), np.sqrt, unary(pos))
+add("rsqrt", lambda m, x: m.rsqrt(x), lambda x: 1 / np.sqrt(x), unary(pos))
+add("reciprocal", lambda m, x: m.reciprocal(x), np.reciprocal, unary(away))
+add("square", lambda m, x: m.square(x), np.square, unary())
+add("sin", lambda m, x: m.sin(x), np.sin, unary())
+add("cos", lambda m, x: m.cos(x), np.cos, unary())
+add("tan", lambda m, x: m.tan(x), np.tan, unary(lambda r, s: uni(r, s, -1.2, 1.2)))
+add("tanh", lambda m, x: m.tanh(x), np.tanh, unary())
+add("sigmoid", lambda m, x: m.sigmoid(x), sigmoid_ref, unary(lambda r, s: uni(r, s, -4, 4)))
+add("erf", lambda m, x: m.erf(x), erf_ref, unary())
+add("floor", lambda m, x: m.floor(x), np.floor, unary(nonint), zero_grad=True)
+add("ceil", lambda m, x: m.ceil(x), np.ceil, unary(nonint), zero_grad=True)
+add("round", lambda m, x: m.round(x), np.round, unary(nonint), zero_grad=True)
+add(
+    "round_decimals",
+    lambda m, x: m.round(x, decimals=1),
+    lambda x: np.round(x, 1),
+    unary(lambda r, s: nonint(r, s) / 10 + 0.01),
+    zero_grad=True,
+    f32_tol=(1e-6, 1e-6),
+)
+add("trunc", lambda m, x: m.trunc(x), np.trunc, unary(nonint), zero_grad=True)
+
+# activations -----------------------------------------------------------------------------------
+add("relu", lambda m, x: m.relu(x), lambda x: np.maximum(x, 0), unary(away))
+add("F.relu", lambda m, x: m.F.relu(x), lambda x: np.maximum(x, 0), unary(away))
+add(
+    "leaky_relu",
+    lambda m, x: m.F.leaky_relu(x, 0.2),
+    lambda x: np.where(x > 0, x, 0.2 * x),
+    unary(away),
+)
+add("gelu", lambda m, x: m.F.gelu(x), gelu_ref, unary())
+add(
+    "gelu_tanh",
+    lambda m, x: m.F.gelu(x, approximate="tanh"),
+    lambda x: gelu_ref(x, "tanh"),
+    unary(),
+)
+add("silu", lambda m, x: m.F.silu(x), lambda x: x * sigmoid_ref(x), unary())
+add("softplus", lambda m, x: m.F.softplus(x), softplus_ref, unary())
+add(
+    "softplus_beta",
+    lambda m, x: m.F.softplus(x, beta=2.0, threshold=1.5),
+    lambda x: softplus_ref(x, 2.0, 1.5),
+    unary(lambda r, s: away(r, s) + 0.75 * (away(r, s) > 0)),
+)
+add(
+    "elu",
+    lambda m, x: m.F.elu(x, alpha=0.7),
+    lambda x: np.where(x > 0, x, 0.7 * np.expm1(x)),
+    unary(away),
+)
+
+# clamp, extrema, where, lerp -----------------------------------------------------------------------
+
+
+def _clamp_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 4)),), {"min": -0.5, "max": 0.7}, "both"),
+        S((uni(rng, (3, 4)),), {"min": -0.5}, "min_only"),
+        S((uni(rng, (3, 4)),), {"max": 0.3}, "max_only"),
+        S((uni(rng, ()),), {"min": -0.5, "max": 0.7}, "0d"),
+        S((uni(rng, (0, 2)),), {"min": -0.5, "max": 0.7}, "empty"),
+        S((uni(rng, (2, 3)),), {"min": -0.5, "max": 0.7}, "noncontig", noncontig=True),
+        S((uni(rng, (3, 4)), uni(rng, (3, 1), -1, 0), uni(rng, (4,), 0, 1)), {}, "tensor_bounds"),
+        S((uni(rng, (2, 3)),), {"min": uni(rng, (2, 3), -1, 0)}, "tensor_min"),
+        S((uni(rng, (2, 3)),), {"min": 0.5, "max": -0.5}, "min_gt_max"),
+    ]
+
+
+def _clamp_ref(x: np.ndarray, min: Any = None, max: Any = None) -> np.ndarray:
+    out = x if min is None else np.maximum(x, min)
+    return out if max is None else np.minimum(out, max)
+
+
+add("clamp", lambda m, x, *a, **k: m.clamp(x, *a, **k), _clamp_ref, _clamp_samples)
+add("clip", lambda m, x, *a, **k: x.clip(*a, **k), _clamp_ref, _clamp_samples)
+add("maximum", lambda m, a, b: m.maximum(a, b), np.maximum, binary(scalars=False))
+add("minimum", lambda m, a, b: m.minimum(a, b), np.minimum, binary(scalars=False))
+
+
+def _where_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((boolean(rng, (3, 4)), uni(rng, (3, 4)), uni(rng, (3, 4))), name="same"),
+        S((boolean(rng, (3, 1)), uni(rng, (1, 4)), uni(rng, (3, 4))), name="bcast"),
+        S((boolean(rng, (2, 3)), uni(rng, (2, 3)), 0.5), name="scalar_other"),
+        S((boolean(rng, ()), uni(rng, ()), uni(rng, (3,))), name="0d"),
+        S((boolean(rng, (0, 2)), uni(rng, (0, 2)), uni(rng, (2,))), name="empty"),
+        S(
+            (boolean(rng, (2, 3)), uni(rng, (2, 3)), uni(rng, (2, 3))),
+            name="noncontig",
+            noncontig=True,
+        ),
+    ]
+
+
+add("where", lambda m, c, a, b: m.where(c, a, b), np.where, _where_samples)
+
+
+def _lerp_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 4)), uni(rng, (3, 4)), 0.3), name="scalar_weight"),
+        S((uni(rng, (3, 4)), uni(rng, (3, 4)), uni(rng, (3, 4), 0, 1)), name="tensor_weight"),
+        S((uni(rng, (3, 1)), uni(rng, (4,)), uni(rng, (3, 4), 0, 1)), name="bcast"),
+        S((uni(rng, ()), uni(rng, ()), 0.7), name="0d"),
+        S((uni(rng, (2, 3)), uni(rng, (2, 3)), uni(rng, (2, 3))), name="noncontig", noncontig=True),
+    ]
+
+
+add("lerp", lambda m, a, b, w: m.lerp(a, b, w), lambda a, b, w: a + w * (b - a), _lerp_samples)
+
+# comparisons, logic, predicates (bool results, no grad) ---------------------------------------
+for _name, _fn, _ref in [
+    ("eq", lambda m, a, b: a == b, np.equal),
+    ("ne", lambda m, a, b: a != b, np.not_equal),
+    ("lt", lambda m, a, b: a < b, np.less),
+    ("le", lambda m, a, b: a <= b, np.less_equal),
+    ("gt", lambda m, a, b: a > b, np.greater),
+    ("ge", lambda m, a, b: a >= b, np.greater_equal),
+]:
+    add(_name, _fn, _ref, binary(intvals), differentiable=False)
+add(
+    "eq_int",
+    lambda m, a, b: m.eq(a, b),
+    np.equal,
+    binary(ints, scalars=False),
+    differentiable=False,
+)
+for _name, _fn, _ref in [
+    ("logical_and", lambda m, a, b: m.logical_and(a, b), np.logical_and),
+    ("logical_or", lambda m, a, b: m.logical_or(a, b), np.logical_or),
+    ("logical_xor", lambda m, a, b: m.logical_xor(a, b), np.logical_xor),
+    ("bitwise_and_bool", lambda m, a, b: a & b, np.bitwise_and),
+    ("bitwise_or_bool", lambda m, a, b: a | b, np.bitwise_or),
+    ("bitwise_xor_bool", lambda m, a, b: a ^ b, np.bitwise_xor),
+]:
+    add(_name, _fn, _ref, binary(boolean, scalars=False), differentiable=False)
+add(
+    "bitwise_and_int",
+    lambda m, a, b: a & b,
+    np.bitwise_and,
+    binary(ints, scalars=False),
+    differentiable=False,
+)
+add(
+    "logical_and_float",
+    lambda m, a, b: m.logical_and(a, b),
+    np.logical_and,
+    binary(intvals, scalars=False),
+    differentiable=False,
+)
+add(
+    "logical_not",
+    lambda m, x: m.logical_not(x),
+    np.logical_not,
+    unary(boolean),
+    differentiable=False,
+)
+add("bitwise_not", lambda m, x: ~x, np.invert, unary(ints), differentiable=False)
+
+
+def _special(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    x = uni(rng, shape).reshape(-1)
+    specials = [np.nan, np.inf, -np.inf]
+    for i in range(min(x.size, 6)):
+        if i % 2 == 0:
+            x[i] = specials[(i // 2) % 3]
+    return rng.permutation(x).reshape(shape)
+
+
+def _method_call(name: str) -> Callable:
+    def call(m: Lib, x: Any) -> Any:
+        return getattr(m, name)(x)
+
+    return call
+
+
+for _name, _ref in [("isnan", np.isnan), ("isinf", np.isinf), ("isfinite", np.isfinite)]:
+    add(_name, _method_call(_name), _ref, unary(_special), differentiable=False)
+add(
+    "nan_to_num",
+    lambda m, x: m.nan_to_num(x),
+    lambda x, dtype: np.nan_to_num(x, posinf=np.finfo(dtype).max, neginf=np.finfo(dtype).min),
+    unary(_special),
+    ref_takes_dtype=True,
+)
+add(
+    "nan_to_num_values",
+    lambda m, x: m.nan_to_num(x, nan=1.5, posinf=9.0, neginf=-8.0),
+    lambda x: np.nan_to_num(x, nan=1.5, posinf=9.0, neginf=-8.0),
+    unary(_special),
+)
+
+# reductions ------------------------------------------------------------------------------------
+add("sum", lambda m, x, **k: x.sum(**k), reduce_ref(np.sum), reductions())
+add("sum_fn", lambda m, x, **k: m.sum(x, **k), reduce_ref(np.sum), reductions(empty=False))
+add(
+    "sum_dtype",
+    lambda m, x: x.sum(dtype=m.float64),
+    lambda x: np.sum(x),
+    unary(),
+    out_dtype="float64",
+)
+add("mean", lambda m, x, **k: x.mean(**k), reduce_ref(np.mean), reductions())
+
+
+def _prod_samples(rng: np.random.Generator) -> list[Sample]:
+    one_zero = uni(rng, (3, 4))
+    one_zero[1, 2] = 0.0
+    two_zeros = uni(rng, (3, 4))
+    two_zeros[0, 1] = two_zeros[0, 3] = 0.0
+    two_zeros[2, 0] = 0.0
+    flat_zero = uni(rng, (2, 3))
+    flat_zero[1, 1] = 0.0
+    return reductions(multi_dim=False)(rng) + [
+        S((one_zero,), {"dim": 1}, "one_zero_dim"),
+        S((two_zeros,), {"dim": 1}, "two_zeros_dim"),
+        S((two_zeros,), {"dim": 0, "keepdim": True}, "zeros_dim0_keep"),
+        S((flat_zero,), {}, "one_zero_full"),
+        S((two_zeros[:2, :3].copy(),), {}, "two_zeros_full"),
+    ]
+
+
+add("prod", lambda m, x, **k: x.prod(**k), reduce_ref(np.prod), _prod_samples)
+
+
+def _max_full_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 4)),), name="2d"),
+        S((uni(rng, ()),), name="0d"),
+        S((uni(rng, (2, 3)),), name="noncontig", noncontig=True),
+    ]
+
+
+add("max", lambda m, x: x.max(), np.max, _max_full_samples)
+add("min", lambda m, x: m.min(x), np.min, _max_full_samples)
+add(
+    "max_dim",
+    lambda m, x, **k: m.max(x, **k),
+    max_dim_ref(np.max, np.argmax),
+    reductions(multi_dim=False, empty=False, full=False),
+)
+add(
+    "min_dim",
+    lambda m, x, **k: x.min(**k),
+    max_dim_ref(np.min, np.argmin),
+    reductions(multi_dim=False, empty=False, full=False),
+)
+add("amax", lambda m, x, **k: x.amax(**k), reduce_ref(np.max), reductions(empty=False))
+add("amin", lambda m, x, **k: m.amin(x, **k), reduce_ref(np.min), reductions(empty=False))
+
+
+def _arg_samples(rng: np.random.Generator) -> list[Sample]:
+    return reductions(multi_dim=False, empty=False)(rng) + [
+        S((uni(rng, (3, 4)),), {"keepdim": True}, "full_keepdim"),
+        S((intvals(rng, (3, 4)),), {"dim": 1}, "ties"),
+    ]
+
+
+add(
+    "argmax",
+    lambda m, x, **k: x.argmax(**k),
+    arg_ref(np.argmax),
+    _arg_samples,
+    differentiable=False,
+)
+add(
+    "argmin",
+    lambda m, x, **k: m.argmin(x, **k),
+    arg_ref(np.argmin),
+    _arg_samples,
+    differentiable=False,
+)
+
+
+def _var_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 4)),), {}, "full"),
+        S((uni(rng, (3, 4)),), {"dim": 1}, "dim1"),
+        S((uni(rng, (3, 4)),), {"dim": 0, "keepdim": True}, "dim0_keep"),
+        S((uni(rng, (3, 4)),), {"dim": 1, "correction": 0}, "correction0"),
+        S((uni(rng, (3, 4)),), {"dim": 1, "correction": 2}, "correction2"),
+        S((uni(rng, (2, 3, 2)),), {"dim": (0, 2)}, "dims"),
+        S((uni(rng, (3, 4)),), {"unbiased": False}, "unbiased_false"),
+        S((uni(rng, (2, 3)),), {"dim": 0}, "noncontig", noncontig=True),
+    ]
+
+
+add("var", lambda m, x, **k: x.var(**k), var_ref, _var_samples)
+add("std", lambda m, x, **k: m.std(x, **k), lambda *a, **k: np.sqrt(var_ref(*a, **k)), _var_samples)
+
+
+def _norm_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 4)),), {}, "fro_default"),
+        S((uni(rng, (3, 4)),), {"p": 2, "dim": 1}, "p2_dim"),
+        S((away(rng, (3, 4)),), {"p": 1}, "p1"),
+        S((uni(rng, (3, 4)),), {"p": math.inf}, "pinf"),
+        S((uni(rng, (3, 4)),), {"p": math.inf, "dim": 0, "keepdim": True}, "pinf_dim"),
+        S((uni(rng, (3, 4)),), {"p": "fro", "dim": (0, 1)}, "fro_dims"),
+        S((away(rng, (3, 4)),), {"p": 3, "dim": 1}, "p3"),
+        S((uni(rng, ()),), {}, "0d"),
+        S((uni(rng, (2, 3)),), {"p": 2, "dim": 0}, "noncontig", noncontig=True),
+    ]
+
+
+add("norm", lambda m, x, **k: x.norm(**k), norm_ref, _norm_samples)
+
+
+def _dim_samples(gen: Gen = uni, zero_d: bool = True) -> Callable:
+    def make(rng: np.random.Generator) -> list[Sample]:
+        s = [
+            S((gen(rng, (3, 4)),), {"dim": 1}, "dim1"),
+            S((gen(rng, (3, 4)),), {"dim": 0}, "dim0"),
+            S((gen(rng, (2, 3, 2)),), {"dim": -2}, "3d"),
+            S((gen(rng, (0, 3)),), {"dim": 1}, "empty"),
+            S((gen(rng, (2, 3)),), {"dim": 1}, "noncontig", noncontig=True),
+        ]
+        if zero_d:
+            s.append(S((gen(rng, ()),), {"dim": 0}, "0d"))
+        return s
+
+    return make
+
+
+def _lse_samples(rng: np.random.Generator) -> list[Sample]:
+    return _dim_samples()(rng)[:3] + [
+        S((uni(rng, (2, 3, 2)),), {"dim": (0, 2), "keepdim": True}, "dims_keep"),
+        S((uni(rng, (2, 3)),), {"dim": 1}, "noncontig", noncontig=True),
+        S((uni(rng, (3, 2)) + 500.0,), {"dim": 1}, "large"),
+    ]
+
+
+add(
+    "logsumexp",
+    lambda m, x, **k: x.logsumexp(**k),
+    lambda x, dim, keepdim=False: logsumexp_ref(x - 500, dim, keepdim) + 500,
+    _lse_samples,
+)
+add("softmax", lambda m, x, dim: m.softmax(x, dim), softmax_ref, _dim_samples())
+add("F.softmax", lambda m, x, dim: m.F.softmax(x, dim=dim), softmax_ref, _dim_samples())
+add("log_softmax", lambda m, x, dim: x.log_softmax(dim), log_softmax_ref, _dim_samples())
+add(
+    "cumsum",
+    lambda m, x, dim: x.cumsum(dim),
+    lambda x, dim: np.cumsum(x, axis=dim) if x.ndim else x.copy(),
+    _dim_samples(),
+)
+
+
+def _bool_reduce_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((boolean(rng, (3, 4)),), {}, "full"),
+        S((boolean(rng, (3, 4)),), {"dim": 1}, "dim"),
+        S((boolean(rng, (3, 4)),), {"dim": 0, "keepdim": True}, "keepdim"),
+        S((boolean(rng, (0, 3)),), {}, "empty"),
+        S((intvals(rng, (3, 4)),), {"dim": 1}, "float_input"),
+    ]
+
+
+add(
+    "all",
+    lambda m, x, **k: x.all(**k),
+    reduce_ref(np.all),
+    _bool_reduce_samples,
+    differentiable=False,
+)
+add(
+    "any",
+    lambda m, x, **k: m.any(x, **k),
+    reduce_ref(np.any),
+    _bool_reduce_samples,
+    differentiable=False,
+)
+
+# shape and views -------------------------------------------------------------------------------
+
+
+def _shape_samples(*cases: tuple) -> Callable:
+    """Cases ``(name, shape, args, kwargs[, noncontig])`` of a single-tensor op."""
+
+    def make(rng: np.random.Generator) -> list[Sample]:
+        out = []
+        for case in cases:
+            name, shape, args, kwargs = case[:4]
+            nc = case[4] if len(case) > 4 else False
+            out.append(S((uni(rng, shape),) + tuple(args), dict(kwargs), name, noncontig=nc))
+        return out
+
+    return make
+
+
+add(
+    "reshape",
+    lambda m, x, *s: x.reshape(*s),
+    lambda x, *s: x.reshape(*s),
+    _shape_samples(
+        ("2d", (3, 4), (2, 6), {}),
+        ("infer", (3, 4), (-1, 2), {}),
+        ("to_0d", (1, 1), ((),), {}),
+        ("from_0d", (), (1, 1), {}),
+        ("empty", (0, 4), (2, -1, 4), {}),
+        ("same", (3, 4), (3, 4), {}),
+        ("noncontig", (2, 3), (6,), {}, True),
+    ),
+)
+add(
+    "view",
+    lambda m, x, *s: x.view(*s),
+    lambda x, *s: x.reshape(*s),
+    _shape_samples(
+        ("2d", (3, 4), (2, 6), {}),
+        ("infer", (3, 4), (-1,), {}),
+        ("0d", (), (1,), {}),
+        ("empty", (0, 4), (4, 0), {}),
+        ("noncontig_split_dim", (2, 4), (2, 2, 2), {}, True),
+    ),
+)
+add(
+    "flatten",
+    lambda m, x, *a: x.flatten(*a),
+    lambda x, s=0, e=-1: (
+        x.reshape(x.shape[: s % max(x.ndim, 1)] + (-1,) + x.shape[e % max(x.ndim, 1) + 1 :])
+        if x.ndim
+        else x.reshape(1)
+    ),
+    _shape_samples(
+        ("all", (2, 3, 2), (), {}),
+        ("start1", (2, 3, 2), (1,), {}),
+        ("mid", (2, 3, 2), (0, 1), {}),
+        ("0d", (), (), {}),
+        ("empty", (2, 0, 3), (1,), {}),
+        ("noncontig", (2, 3), (), {}, True),
+    ),
+)
+add(
+    "unflatten",
+    lambda m, x, d, s: x.unflatten(d, s),
+    lambda x, d, s: x.reshape(
+        x.shape[: d % x.ndim]
+        + tuple(x.shape[d] // -int(np.prod(s)) if v == -1 else v for v in s)
+        + x.shape[d % x.ndim + 1 :]
+    ),
+    _shape_samples(
+        ("dim1", (3, 4), (1, (2, 2)), {}),
+        ("infer", (3, 4), (0, (-1, 1)), {}),
+        ("noncontig", (2, 4), (-1, (2, 2)), {}, True),
+    ),
+)
+
+
+def _squeeze_ref(x: np.ndarray, dim: Any = None) -> np.ndarray:
+    if dim is None:
+        return np.squeeze(x)
+    dims = tuple(d % max(x.ndim, 1) for d in np.atleast_1d(dim) if x.ndim and x.shape[d] == 1)
+    return np.squeeze(x, axis=dims) if dims else x
+
+
+add(
+    "squeeze",
+    lambda m, x, *a: x.squeeze(*a),
+    _squeeze_ref,
+    _shape_samples(
+        ("all", (3, 1, 2, 1), (), {}),
+        ("dim", (3, 1, 2), (1,), {}),
+        ("dim_not1", (3, 1, 2), (0,), {}),
+        ("dims", (1, 3, 1), ((0, 2),), {}),
+        ("0d", (), (), {}),
+        ("0d_dim", (), (0,), {}),
+        ("empty", (0, 1), (1,), {}),
+        ("noncontig", (2, 1), (1,), {}, True),
+    ),
+)
+add(
+    "unsqueeze",
+    lambda m, x, d: x.unsqueeze(d),
+    lambda x, d: np.expand_dims(x, d),
+    _shape_samples(
+        ("front", (3, 4), (0,), {}),
+        ("back", (3, 4), (-1,), {}),
+        ("mid", (3, 4), (1,), {}),
+        ("0d", (), (0,), {}),
+        ("empty", (0,), (1,), {}),
+        ("noncontig", (2, 3), (1,), {}, True),
+    ),
+)
+add(
+    "transpose",
+    lambda m, x, a, b: x.transpose(a, b),
+    lambda x, a, b: np.swapaxes(x, a, b),
+    _shape_samples(
+        ("2d", (3, 4), (0, 1), {}),
+        ("3d", (2, 3, 2), (0, -1), {}),
+        ("same", (3, 4), (1, 1), {}),
+        ("empty", (0, 3), (0, 1), {}),
+        ("noncontig", (2, 3), (1, 0), {}, True),
+    ),
+)
+add(
+    "permute",
+    lambda m, x, *d: x.permute(*d),
+    lambda x, *d: np.transpose(x, d),
+    _shape_samples(
+        ("3d", (2, 3, 2), (2, 0, 1), {}),
+        ("neg", (2, 3, 2), (-1, 1, 0), {}),
+        ("noncontig", (2, 3), (1, 0), {}, True),
+    ),
+)
+add(
+    "permute_tuple",
+    lambda m, x, d: m.permute(x, d),
+    lambda x, d: np.transpose(x, d),
+    _shape_samples(
+        ("3d", (2, 3, 2), ((1, 2, 0),), {}),
+        ("identity", (3, 4), ((0, 1),), {}),
+        ("0d", (), ((),), {}),
+    ),
+)
+add(
+    "t",
+    lambda m, x: x.t(),
+    lambda x: x.T,
+    _shape_samples(
+        ("2d", (3, 4), (), {}),
+        ("1d", (4,), (), {}),
+        ("0d", (), (), {}),
+        ("noncontig", (2, 3), (), {}, True),
+    ),
+)
+add(
+    "T",
+    lambda m, x: x.T,
+    lambda x: x.T,
+    _shape_samples(("2d", (3, 4), (), {}), ("noncontig", (2, 3), (), {}, True)),
+)
+add(
+    "mT",
+    lambda m, x: x.mT,
+    lambda x: np.swapaxes(x, -1, -2),
+    _shape_samples(
+        ("3d", (2, 3, 2), (), {}), ("2d", (3, 4), (), {}), ("noncontig", (2, 3), (), {}, True)
+    ),
+)
+add(
+    "expand",
+    lambda m, x, *s: x.expand(*s),
+    lambda x, *s: np.broadcast_to(
+        x, tuple(x.shape[i - len(s) + x.ndim] if v == -1 else v for i, v in enumerate(s))
+    ),
+    _shape_samples(
+        ("bcast", (3, 1), (2, 3, 4), {}),
+        ("minus1", (3, 1), (-1, 4), {}),
+        ("0d", (), (3,), {}),
+        ("empty", (1, 3), (0, 3), {}),
+        ("noncontig", (2, 1), (2, 2, 3), {}, True),
+    ),
+)
+
+
+def _expand_as_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 1)), uni(rng, (2, 3, 4))), name="bcast", nograd=frozenset({1})),
+        S((uni(rng, ()), uni(rng, (2,))), name="0d", nograd=frozenset({1})),
+    ]
+
+
+add(
+    "expand_as",
+    lambda m, x, y: x.expand_as(y),
+    lambda x, y: np.broadcast_to(x, y.shape),
+    _expand_as_samples,
+)
+add(
+    "broadcast_to",
+    lambda m, x, s: m.broadcast_to(x, s),
+    np.broadcast_to,
+    _shape_samples(
+        ("bcast", (3, 1), ((2, 3, 4),), {}),
+        ("0d", (), ((2, 2),), {}),
+        ("same", (2, 3), ((2, 3),), {}),
+        ("noncontig", (2, 1), ((2, 3),), {}, True),
+    ),
+)
+add(
+    "narrow",
+    lambda m, x, d, s, n: m.narrow(x, d, s, n),
+    lambda x, d, s, n: np.take(x, range(s % x.shape[d], s % x.shape[d] + n), axis=d),
+    _shape_samples(
+        ("dim0", (4, 3), (0, 1, 2), {}),
+        ("neg_start", (3, 4), (1, -3, 2), {}),
+        ("empty", (3, 4), (1, 2, 0), {}),
+        ("noncontig", (2, 3), (1, 1, 2), {}, True),
+    ),
+)
+add(
+    "select",
+    lambda m, x, d, i: x.select(d, i),
+    lambda x, d, i: np.take(x, i, axis=d),
+    _shape_samples(
+        ("dim0", (4, 3), (0, 1), {}),
+        ("neg", (3, 4), (1, -1), {}),
+        ("1d", (5,), (0, 2), {}),
+        ("noncontig", (2, 3), (1, 2), {}, True),
+    ),
+)
+
+
+def _split_ref(x: np.ndarray, size: Any, dim: int = 0) -> list:
+    n = x.shape[dim]
+    if isinstance(size, int):
+        cuts = list(range(size, n, size))
+    else:
+        cuts = list(np.cumsum(size)[:-1])
+    return np.split(x, cuts, axis=dim)
+
+
+add(
+    "split",
+    lambda m, x, s, dim=0: m.split(x, s, dim=dim),
+    _split_ref,
+    _shape_samples(
+        ("even", (4, 3), (2,), {}),
+        ("uneven", (3, 5), (2,), {"dim": 1}),
+        ("sections", (3, 4), ([1, 3],), {"dim": 1}),
+        ("noncontig", (2, 3), (1,), {"dim": 1}, True),
+    ),
+)
+add(
+    "chunk",
+    lambda m, x, c, dim=0: x.chunk(c, dim=dim),
+    lambda x, c, dim=0: _split_ref(x, -(-x.shape[dim] // c), dim),
+    _shape_samples(
+        ("even", (4, 3), (2,), {}),
+        ("uneven", (3, 5), (2,), {"dim": 1}),
+        ("more_chunks", (3, 2), (5,), {}),
+        ("noncontig", (2, 3), (3,), {"dim": 1}, True),
+    ),
+)
+add(
+    "unbind",
+    lambda m, x, dim=0: x.unbind(dim),
+    lambda x, dim=0: [np.take(x, i, axis=dim) for i in range(x.shape[dim])],
+    _shape_samples(
+        ("dim0", (3, 4), (), {}),
+        ("dim1", (2, 3), (), {"dim": 1}),
+        ("1d", (3,), (), {}),
+        ("noncontig", (2, 3), (), {"dim": -1}, True),
+    ),
+)
+
+
+def _cat_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S(([uni(rng, (2, 3)), uni(rng, (1, 3))],), {}, "dim0"),
+        S(([uni(rng, (2, 1)), uni(rng, (2, 3)), uni(rng, (2, 2))],), {"dim": 1}, "dim1_three"),
+        S(([uni(rng, (2, 3)), uni(rng, (0, 3))],), {}, "with_empty"),
+        S(([uni(rng, (2, 3)), uni(rng, (0,))],), {}, "legacy_empty_1d"),
+        S(([uni(rng, (2, 2))],), {"dim": -1}, "single"),
+        S(([uni(rng, (2, 3)), uni(rng, (2, 3))],), {"dim": 1}, "noncontig", noncontig=True),
+    ]
+
+
+def _cat_ref(xs: list, dim: int = 0) -> np.ndarray:
+    xs = [x for x in xs if not (x.ndim == 1 and x.shape[0] == 0)]
+    return np.concatenate(xs, axis=dim)
+
+
+add("cat", lambda m, xs, dim=0: m.cat(xs, dim=dim), _cat_ref, _cat_samples)
+
+
+def _stack_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S(([uni(rng, (2, 3)), uni(rng, (2, 3))],), {}, "dim0"),
+        S(([uni(rng, (2, 3)), uni(rng, (2, 3)), uni(rng, (2, 3))],), {"dim": 2}, "last"),
+        S(([uni(rng, ()), uni(rng, ())],), {}, "0d"),
+        S(([uni(rng, (0, 2)), uni(rng, (0, 2))],), {"dim": 1}, "empty"),
+        S(([uni(rng, (2, 3)), uni(rng, (2, 3))],), {"dim": -1}, "noncontig", noncontig=True),
+    ]
+
+
+add(
+    "stack",
+    lambda m, xs, dim=0: m.stack(xs, dim=dim),
+    lambda xs, dim=0: np.stack(xs, dim),
+    _stack_samples,
+)
+add("contiguous", lambda m, x: x.contiguous(), lambda x: x, unary())
+add("clone", lambda m, x: x.clone(), lambda x: x, unary())
+add("detach", lambda m, x: x.detach(), lambda x: x, unary(), differentiable=False)
+add(
+    "flip",
+    lambda m, x, d: x.flip(d),
+    lambda x, d: np.flip(x, d),
+    _shape_samples(
+        ("dim0", (3, 4), ((0,),), {}),
+        ("both", (3, 4), ((0, 1),), {}),
+        ("neg", (2, 3, 2), ((-1,),), {}),
+        ("empty", (0, 3), ((1,),), {}),
+        ("noncontig", (2, 3), ((1,),), {}, True),
+    ),
+)
+add(
+    "roll",
+    lambda m, x, s, d=None: m.roll(x, s, d),
+    lambda x, s, d=None: np.roll(x, s, d),
+    _shape_samples(
+        ("dim", (3, 4), (1, 0), {}),
+        ("neg", (3, 4), (-3, 1), {}),
+        ("flat", (3, 4), (5,), {}),
+        ("multi", (3, 4), ((1, 2), (0, 1)), {}),
+        ("noncontig", (2, 3), (1, 1), {}, True),
+    ),
+)
+add(
+    "repeat",
+    lambda m, x, *r: x.repeat(*r),
+    lambda x, *r: np.tile(x, r),
+    _shape_samples(
+        ("2d", (2, 3), (2, 1), {}),
+        ("more_dims", (2, 3), (2, 1, 2), {}),
+        ("0d", (), (3,), {}),
+        ("noncontig", (2, 3), (1, 2), {}, True),
+    ),
+)
+add(
+    "tile",
+    lambda m, x, r: x.tile(r),
+    np.tile,
+    _shape_samples(
+        ("2d", (2, 3), ((2, 1),), {}),
+        ("short", (2, 3), ((2,),), {}),
+        ("long", (3,), ((2, 2),), {}),
+        ("noncontig", (2, 3), ((2, 1),), {}, True),
+    ),
+)
+add(
+    "pad",
+    lambda m, x, p, **k: m.F.pad(x, p, **k),
+    pad_ref,
+    _shape_samples(
+        ("constant", (3, 4), ((1, 2),), {}),
+        ("constant_2d", (2, 3), ((1, 0, 2, 1),), {"value": 1.5}),
+        ("constant_neg", (3, 4), ((-1, 2),), {}),
+        ("reflect", (2, 5), ((2, 1),), {"mode": "reflect"}),
+        ("reflect_2d", (1, 3, 4), ((1, 2, 2, 1),), {"mode": "reflect"}),
+        ("replicate", (1, 2, 4), ((1, 2, 1, 0),), {"mode": "replicate"}),
+        ("circular", (1, 2, 4), ((2, 1),), {"mode": "circular"}),
+        ("noncontig", (2, 3), ((1, 1),), {"mode": "reflect"}, True),
+    ),
+)
+add(
+    "diagonal",
+    lambda m, x, *a: x.diagonal(*a),
+    lambda x, *a: np.diagonal(x, *a),
+    _shape_samples(
+        ("main", (3, 4), (), {}),
+        ("offset", (3, 4), (1,), {}),
+        ("neg_offset", (4, 3), (-2,), {}),
+        ("3d", (2, 3, 3), (0, 1, 2), {}),
+        ("3d_outer", (3, 2, 3), (-1, 0, 2), {}),
+        ("empty", (3, 4), (5,), {}),
+        ("noncontig", (2, 3), (), {}, True),
+    ),
+)
+add(
+    "tril",
+    lambda m, x, k=0: m.tril(x, k),
+    np.tril,
+    _shape_samples(
+        ("main", (3, 4), (), {}),
+        ("k1", (3, 4), (1,), {}),
+        ("k_neg", (4, 3), (-1,), {}),
+        ("batched", (2, 3, 3), (), {}),
+        ("noncontig", (2, 3), (), {}, True),
+    ),
+)
+add(
+    "triu",
+    lambda m, x, k=0: x.triu(k),
+    np.triu,
+    _shape_samples(
+        ("main", (3, 4), (), {}),
+        ("k1", (3, 4), (1,), {}),
+        ("k_neg", (4, 3), (-1,), {}),
+        ("batched", (2, 3, 3), (), {}),
+        ("noncontig", (2, 3), (), {}, True),
+    ),
+)
+
+# indexing --------------------------------------------------------------------------------------
+_getitem_cases: list[tuple[str, Callable, tuple, bool]] = [
+    ("int", lambda x: x[1], (3, 4), False),
+    ("neg_int", lambda x: x[-1, 2], (3, 4), False),
+    ("int_1d", lambda x: x[2], (4,), False),
+    ("slice", lambda x: x[1:3], (4, 3), False),
+    ("slice_step", lambda x: x[::2, 1::2], (4, 5), False),
+    ("slice_neg", lambda x: x[-3:-1, :-1], (4, 3), False),
+    ("slice_out_of_range", lambda x: x[2:10], (4, 3), False),
+    ("empty_slice", lambda x: x[2:1], (4, 3), False),
+    ("none", lambda x: x[None, :, None], (3, 2), False),
+    ("ellipsis", lambda x: x[..., 1], (2, 3, 2), False),
+    ("ellipsis_none", lambda x: x[0, ..., None], (2, 3, 2), False),
+    ("list", lambda x: x[[0, 2]], (3, 4), False),
+    ("list_dup", lambda x: x[[0, 2, 0, 0]], (3, 4), False),
+    ("list_2", lambda x: x[[0, 1], [1, 3]], (3, 4), False),
+    ("empty_list", lambda x: x[[]], (3, 4), False),
+    ("mixed_slice_list", lambda x: x[:, [2, 0, 2]], (3, 4), False),
+    ("mixed_separated", lambda x: x[[0, 1], :, [1, 0]], (2, 3, 2), False),
+    ("mixed_int_list", lambda x: x[1, [0, 2, 2]], (2, 3), False),
+    ("0d_full", lambda x: x[()], (), False),
+    ("0d_none", lambda x: x[None], (), False),
+    ("noncontig", lambda x: x[1:, ::2], (3, 4), True),
+    ("noncontig_adv", lambda x: x[[1, 1]], (2, 3), True),
+]
+
+
+def _getitem_entry(name: str, key: Callable, shape: tuple, noncontig: bool) -> None:
+    def op(m: Lib, x: Any) -> Any:
+        return key(x)
+
+    def samples(rng: np.random.Generator) -> list[Sample]:
+        return [S((uni(rng, shape),), name="case", noncontig=noncontig)]
+
+    add(f"getitem_{name}", op, key, samples)
+
+
+for _name, _key, _shape, _nc in _getitem_cases:
+    _getitem_entry(_name, _key, _shape, _nc)
+
+
+def _getitem_tensor_samples(rng: np.random.Generator) -> list[Sample]:
+    x = uni(rng, (4, 3))
+    return [
+        S((x, np.array([3, 0, 3, 1])), name="int_tensor_dup"),
+        S((x, np.array([[0, 1], [2, 0]])), name="int_tensor_2d"),
+        S((x, np.array(2)), name="int_tensor_0d"),
+        S((x, np.array([-1, -4])), name="negative"),
+        S((x, np.array([True, False, True, True])), name="bool_rows"),
+        S((x, x > 0), name="bool_full_mask"),
+        S((uni(rng, (0, 3)), np.zeros((0,), dtype=np.int64)), name="empty"),
+        S((uni(rng, (3, 2)), np.array([2, 0])), name="noncontig", noncontig=True),
+    ]
+
+
+add("getitem_tensor", lambda m, x, i: x[i], lambda x, i: x[i], _getitem_tensor_samples)
+
+
+def _getitem_mixed_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 4)), np.array([0, 3, 3])), name="slice_tensor"),
+        S((uni(rng, (2, 4)), np.array([True, False, True, True])), name="slice_bool"),
+    ]
+
+
+add("getitem_mixed_tensor", lambda m, x, i: x[1:, i], lambda x, i: x[1:, i], _getitem_mixed_samples)
+
+
+def _setitem_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 4)), uni(rng, (4,)), 1), name="row"),
+        S((uni(rng, (3, 4)), uni(rng, (3, 1)), (slice(None), slice(1, 3))), name="slice_bcast"),
+        S((uni(rng, (3, 4)), 2.5, (slice(None), 0)), name="scalar"),
+        S((uni(rng, (4, 3)), uni(rng, (2, 3)), np.array([0, 2])), name="int_tensor"),
+        S(
+            (uni(rng, (2, 3)), uni(rng, ()), np.array([[True, False, True], [False, True, True]])),
+            name="bool_mask",
+        ),
+    ]
+
+
+add("setitem", lambda m, x, v, key: setitem_op(m, x, v, key), setitem_ref, _setitem_samples)
+
+
+def _gather_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 4)), 1, rng.integers(0, 4, (3, 5))), name="dim1_dup"),
+        S((uni(rng, (3, 4)), 0, rng.integers(0, 3, (2, 4))), name="dim0"),
+        S((uni(rng, (3, 4)), -1, rng.integers(0, 4, (2, 2))), name="smaller_index"),
+        S((uni(rng, (3, 4)), 1, np.zeros((3, 0), dtype=np.int64)), name="empty_index"),
+        S((uni(rng, (2, 3)), 0, rng.integers(0, 2, (2, 3))), name="noncontig", noncontig=True),
+    ]
+
+
+add("gather", lambda m, x, d, i: x.gather(d, i), gather_ref, _gather_samples)
+add(
+    "take_along_dim",
+    lambda m, x, d, i: m.take_along_dim(x, i, dim=d),
+    lambda x, d, i: np.take_along_axis(x, i, axis=d),
+    lambda rng: [
+        S((uni(rng, (3, 4)), 1, rng.integers(0, 4, (3, 2))), name="dim1"),
+        S((uni(rng, (3, 4)), 0, rng.integers(0, 3, (1, 4))), name="bcast_index"),
+        S((uni(rng, (2, 3)), 1, rng.integers(0, 3, (2, 2))), name="noncontig", noncontig=True),
+    ],
+)
+add(
+    "take_along_dim_flat",
+    lambda m, x, i: m.take_along_dim(x, i),
+    lambda x, i: np.take(x.reshape(-1), i.reshape(-1)),
+    lambda rng: [S((uni(rng, (3, 4)), rng.integers(0, 12, (5,))), name="flat")],
+)
+
+
+def _scatter_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 4)), 1, perm_index(rng, (3, 2), 1, 4), uni(rng, (3, 2))), name="dim1"),
+        # torch's own backward rejects a src larger than index ("invalid gradient at index 1")
+        S(
+            (uni(rng, (3, 4)), 0, perm_index(rng, (2, 4), 0, 3), uni(rng, (3, 4))),
+            name="dim0_bigger_src",
+            torch=False,
+        ),
+        S((uni(rng, (3, 4)), 1, perm_index(rng, (2, 3), 1, 4), 1.5), name="scalar_src"),
+        S(
+            (uni(rng, (2, 3)), 1, perm_index(rng, (2, 2), 1, 3), uni(rng, (2, 2))),
+            name="noncontig",
+            noncontig=True,
+        ),
+    ]
+
+
+def _scatter_add_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 4)), 1, rng.integers(0, 4, (3, 5)), uni(rng, (3, 5))), name="dim1_dup"),
+        S(
+            (uni(rng, (3, 4)), 0, rng.integers(0, 3, (2, 4)), uni(rng, (3, 4))),
+            name="dim0_bigger_src",
+            torch=False,
+        ),
+        S(
+            (uni(rng, (2, 3)), 1, rng.integers(0, 3, (2, 4)), uni(rng, (2, 4))),
+            name="noncontig",
+            noncontig=True,
+        ),
+    ]
+
+
+add("scatter", lambda m, x, d, i, s: x.scatter(d, i, s), scatter_ref, _scatter_samples)
+add(
+    "scatter_add",
+    lambda m, x, d, i, s: m.scatter_add(x, d, i, s),
+    scatter_add_ref,
+    _scatter_add_samples,
+)
+add(
+    "index_select",
+    lambda m, x, d, i: m.index_select(x, d, i),
+    lambda x, d, i: np.take(x, i.reshape(-1), axis=d),
+    lambda rng: [
+        S((uni(rng, (3, 4)), 1, np.array([3, 0, 3])), name="dim1_dup"),
+        S((uni(rng, (3, 4)), 0, np.array([2])), name="dim0"),
+        S((uni(rng, (3, 4)), 0, np.array(1)), name="0d_index"),
+        S((uni(rng, (3, 4)), -1, np.zeros(0, dtype=np.int64)), name="empty_index"),
+        S((uni(rng, (2, 3)), 1, np.array([2, 2, 0])), name="noncontig", noncontig=True),
+    ],
+)
+
+
+def _masked_fill_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 4)), boolean(rng, (3, 4)), 0.5), name="scalar"),
+        S((uni(rng, (3, 4)), boolean(rng, (4,)), -1.0), name="bcast_mask"),
+        S((uni(rng, (3, 4)), boolean(rng, (3, 4)), uni(rng, ())), name="tensor_value"),
+        S((uni(rng, (2, 3)), boolean(rng, (2, 3)), 2.0), name="noncontig", noncontig=True),
+    ]
+
+
+add(
+    "masked_fill",
+    lambda m, x, mask, v: x.masked_fill(mask, v),
+    lambda x, mask, v: np.where(mask, v, x),
+    _masked_fill_samples,
+)
+add(
+    "masked_select",
+    lambda m, x, mask: m.masked_select(x, mask),
+    lambda x, mask: np.broadcast_to(x, np.broadcast_shapes(x.shape, mask.shape))[
+        np.broadcast_to(mask, np.broadcast_shapes(x.shape, mask.shape))
+    ],
+    lambda rng: [
+        S((uni(rng, (3, 4)), boolean(rng, (3, 4))), name="same"),
+        S((uni(rng, (3, 1)), boolean(rng, (3, 4))), name="bcast_input"),
+        S((uni(rng, (2, 3)), boolean(rng, (3,))), name="bcast_mask"),
+        S((uni(rng, (2, 3)), boolean(rng, (2, 3))), name="noncontig", noncontig=True),
+    ],
+)
+add(
+    "one_hot",
+    lambda m, i, n=-1: m.F.one_hot(i, n),
+    lambda i, n=-1: np.eye(n if n >= 0 else i.max() + 1, dtype=np.int64)[i],
+    lambda rng: [
+        S((rng.integers(0, 4, (3,)), 5), name="explicit"),
+        S((rng.integers(0, 3, (2, 3)),), name="inferred"),
+        S((np.array(2),), name="0d"),
+    ],
+    differentiable=False,
+)
+
+
+def _embedding_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((rng.integers(0, 5, (2, 3)), uni(rng, (5, 3))), name="2d_dup"),
+        S((np.array([4, 0, 4]), uni(rng, (5, 2))), name="1d"),
+        S(
+            (np.array([1, 2, 1]), uni(rng, (4, 2))), {"padding_idx": 1}, "padding_idx", grad=False
+        ),  # padding rows get no gradient by definition: torch check only
+    ]
+
+
+def _embedding_ref(i: np.ndarray, w: np.ndarray, padding_idx: Any = None) -> np.ndarray:
+    return w[i]
+
+
+add("embedding", lambda m, i, w, **k: m.F.embedding(i, w, **k), _embedding_ref, _embedding_samples)
+
+# linear algebra --------------------------------------------------------------------------------
+
+
+def _matmul_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3,)), uni(rng, (3,))), name="1d_1d"),
+        S((uni(rng, (2, 3)), uni(rng, (3,))), name="2d_1d"),
+        S((uni(rng, (3,)), uni(rng, (3, 2))), name="1d_2d"),
+        S((uni(rng, (2, 3)), uni(rng, (3, 4))), name="2d_2d"),
+        S((uni(rng, (2, 2, 3)), uni(rng, (2, 3, 2))), name="batched"),
+        S((uni(rng, (2, 1, 2, 3)), uni(rng, (3, 3, 2))), name="bcast_batch"),
+        S((uni(rng, (2, 2, 3)), uni(rng, (3,))), name="batched_1d"),
+        S((uni(rng, (3,)), uni(rng, (2, 3, 2))), name="1d_batched"),
+        S((uni(rng, (0, 3)), uni(rng, (3, 2))), name="empty"),
+        S((uni(rng, (2, 0)), uni(rng, (0, 3))), name="empty_inner"),
+        S((uni(rng, (3, 2)), uni(rng, (2, 3))), name="noncontig", noncontig=True),
+    ]
+
+
+add("matmul", lambda m, a, b: a @ b, np.matmul, _matmul_samples)
+add("matmul_fn", lambda m, a, b: m.matmul(a, b), np.matmul, lambda rng: _matmul_samples(rng)[:6])
+add(
+    "mm",
+    lambda m, a, b: m.mm(a, b),
+    np.matmul,
+    lambda rng: [
+        S((uni(rng, (2, 3)), uni(rng, (3, 4))), name="2d"),
+        S((uni(rng, (3, 2)), uni(rng, (2, 3))), name="noncontig", noncontig=True),
+    ],
+)
+add(
+    "bmm",
+    lambda m, a, b: a.bmm(b),
+    np.matmul,
+    lambda rng: [
+        S((uni(rng, (2, 2, 3)), uni(rng, (2, 3, 2))), name="3d"),
+        S((uni(rng, (2, 3, 2)), uni(rng, (2, 2, 2))), name="noncontig", noncontig=True),
+    ],
+)
+add(
+    "dot",
+    lambda m, a, b: m.dot(a, b),
+    np.dot,
+    lambda rng: [
+        S((uni(rng, (4,)), uni(rng, (4,))), name="1d"),
+        S((uni(rng, (0,)), uni(rng, (0,))), name="empty"),
+        S((uni(rng, (3,)), uni(rng, (3,))), name="noncontig", noncontig=True),
+    ],
+)
+add(
+    "outer",
+    lambda m, a, b: m.outer(a, b),
+    np.outer,
+    lambda rng: [
+        S((uni(rng, (3,)), uni(rng, (4,))), name="1d"),
+        S((uni(rng, (3,)), uni(rng, (2,))), name="noncontig", noncontig=True),
+    ],
+)
+
+
+def _einsum_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S(("ij,jk->ik", uni(rng, (2, 3)), uni(rng, (3, 4))), name="matmul"),
+        S(("bij,bjk->bik", uni(rng, (2, 2, 3)), uni(rng, (2, 3, 2))), name="batch"),
+        S(("ii->", uni(rng, (3, 3))), name="trace"),
+        S(("ii->i", uni(rng, (3, 3))), name="diag"),
+        S(("ij->ji", uni(rng, (2, 3))), name="transpose"),
+        S(("ij", uni(rng, (2, 3))), name="implicit_identity"),
+        S(("ji", uni(rng, (2, 3))), name="implicit_transpose"),
+        S(("ij->", uni(rng, (2, 3))), name="sum_all"),
+        S(("...ij,...jk->...ik", uni(rng, (2, 2, 3)), uni(rng, (3, 2))), name="ellipsis"),
+        S(("i...->...", uni(rng, (3, 2, 2))), name="ellipsis_sum"),
+        S(("ij,jk,kl->il", uni(rng, (2, 3)), uni(rng, (3, 2)), uni(rng, (2, 2))), name="three"),
+        S(("i,j->ij", uni(rng, (3,)), uni(rng, (4,))), name="outer"),
+        S(("i,i->", uni(rng, (4,)), uni(rng, (4,))), name="dot"),
+        S(("bi,bi->b", uni(rng, (3, 2)), uni(rng, (3, 2))), name="batch_dot"),
+        S(("ij,kj->ik", uni(rng, (2, 3)), uni(rng, (4, 3))), name="transposed_rhs"),
+        S(("ij,ij->ij", uni(rng, (2, 3)), uni(rng, (2, 3))), name="hadamard"),
+        S(("ij,jk->ik", uni(rng, (3, 2)), uni(rng, (2, 3))), name="noncontig", noncontig=True),
+        S(("ab,ab->", uni(rng, (2, 1)), uni(rng, (2, 3))), name="bcast_contracted"),
+        S(("ab,ab->ab", uni(rng, (1, 3)), uni(rng, (2, 3))), name="bcast_batch"),
+        S(("...i,...i->...", uni(rng, (2, 3, 2)), uni(rng, (3, 2))), name="ellipsis_bcast"),
+        S(("ii...->i...", uni(rng, (3, 3, 2))), name="diag_ellipsis"),
+        S(("i,i,i->", uni(rng, (4,)), uni(rng, (4,)), uni(rng, (4,))), name="three_way"),
+    ]
+
+
+add("einsum", lambda m, eq, *ops: m.einsum(eq, *ops), np.einsum, _einsum_samples)
+
+
+def _linear_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (2, 3)), uni(rng, (4, 3)), uni(rng, (4,))), name="bias"),
+        S((uni(rng, (2, 3)), uni(rng, (4, 3))), name="no_bias"),
+        S((uni(rng, (2, 2, 3)), uni(rng, (2, 3)), uni(rng, (2,))), name="3d_input"),
+        S((uni(rng, (3,)), uni(rng, (2, 3)), uni(rng, (2,))), name="1d_input"),
+        S((uni(rng, (2, 3)), uni(rng, (2, 3)), uni(rng, (2,))), name="noncontig", noncontig=True),
+    ]
+
+
+add(
+    "linear",
+    lambda m, x, w, b=None: m.F.linear(x, w, b),
+    lambda x, w, b=None: x @ w.T + (0 if b is None else b),
+    _linear_samples,
+)
+
+# in-place variants (on a non-leaf copy, so that gradients reach the leaves) ------------------
+
+
+def _inplace_samples(gen_a: Gen = uni, gen_b: Gen = uni) -> Callable:
+    gen_a, gen_b = _arrays(gen_a), _arrays(gen_b)
+
+    def make(rng: np.random.Generator) -> list[Sample]:
+        return [
+            S((gen_a(rng, (3, 4)), gen_b(rng, (3, 4))), name="same"),
+            S((gen_a(rng, (3, 4)), gen_b(rng, (4,))), name="bcast_other"),
+            S((gen_a(rng, (2, 3)), float(gen_b(rng, ()))), name="scalar"),
+            S((gen_a(rng, ()), gen_b(rng, ())), name="0d"),
+            S((gen_a(rng, (2, 3)), gen_b(rng, (2, 3))), name="noncontig", noncontig=True),
+        ]
+
+    return make
+
+
+for _name, _fn, _ref, _gens in [
+    ("add_", lambda m, a, b: (a * 1.0).add_(b), np.add, (uni, uni)),
+    (
+        "add_alpha_",
+        lambda m, a, b: (a * 1.0).add_(b, alpha=-2.0),
+        lambda a, b: a - 2 * b,
+        (uni, uni),
+    ),
+    ("sub_", lambda m, a, b: (a * 1.0).sub_(b), np.subtract, (uni, uni)),
+    ("mul_", lambda m, a, b: (a * 1.0).mul_(b), np.multiply, (uni, uni)),
+    ("div_", lambda m, a, b: (a * 1.0).div_(b), np.divide, (uni, away)),
+    ("pow_", lambda m, a, b: (a * 1.0).pow_(b), np.power, (pos, uni)),
+    ("iadd", lambda m, a, b: _iadd(a * 1.0, b), np.add, (uni, uni)),
+    ("imul", lambda m, a, b: _imul(a * 1.0, b), np.multiply, (uni, uni)),
+    (
+        "copy_",
+        lambda m, a, b: (a * 1.0).copy_(b),
+        lambda a, b: np.broadcast_to(b, np.shape(a)),
+        (uni, uni),
+    ),
+    (
+        "lerp_",
+        lambda m, a, b: (a * 1.0).lerp_(b, 0.25),
+        lambda a, b: a + 0.25 * (b - a),
+        (uni, uni),
+    ),
+]:
+    add(_name, _fn, _ref, _inplace_samples(*_gens))
+# torch's lerp_ takes no Python number as ``end``
+OPS[-1].torch_op = lambda m, a, b: (a * 1.0).lerp_(
+    b if not isinstance(b, float) else m.full_like(a, b), 0.25
+)
+
+
+def _iadd(a: Any, b: Any) -> Any:
+    a += b
+    return a
+
+
+def _imul(a: Any, b: Any) -> Any:
+    a *= b
+    return a
+
+
+for _name, _fn, _ref, _gen in [
+    ("exp_", lambda m, x: (x * 1.0).exp_(), np.exp, uni),
+    ("sigmoid_", lambda m, x: (x * 1.0).sigmoid_(), sigmoid_ref, uni),
+    ("tanh_", lambda m, x: (x * 1.0).tanh_(), np.tanh, uni),
+    ("sqrt_", lambda m, x: (x * 1.0).sqrt_(), np.sqrt, pos),
+    ("relu_", lambda m, x: (x * 1.0).relu_(), lambda x: np.maximum(x, 0), away),
+    ("clamp_", lambda m, x: (x * 1.0).clamp_(-0.5, 0.8), lambda x: np.clip(x, -0.5, 0.8), uni),
+    ("neg_", lambda m, x: (x * 1.0).neg_(), np.negative, uni),
+    ("fill_", lambda m, x: (x * 1.0).fill_(1.5), lambda x: np.full(np.shape(x), 1.5), uni),
+    ("zero_", lambda m, x: (x * 1.0).zero_(), np.zeros_like, uni),
+]:
+    add(_name, _fn, _ref, unary(_gen))
+add(
+    "masked_fill_",
+    lambda m, x, mask, v: (x * 1.0).masked_fill_(mask, v),
+    lambda x, mask, v: np.where(mask, v, x),
+    _masked_fill_samples,
+)
+add(
+    "scatter_add_",
+    lambda m, x, d, i, s: (x * 1.0).scatter_add_(d, i, s),
+    scatter_add_ref,
+    _scatter_add_samples,
+)
+
+# nn.functional ---------------------------------------------------------------------------------
+
+
+def _ce_samples(rng: np.random.Generator) -> list[Sample]:
+    tgt = np.array([0, 3, 1, 3])
+    probs = softmax_ref(uni(rng, (4, 4)), 1)
+    return [
+        S((uni(rng, (4, 4)), tgt), name="indices"),
+        S((uni(rng, (4, 4)), tgt), {"reduction": "sum"}, "sum"),
+        S((uni(rng, (4, 4)), tgt), {"reduction": "none"}, "none"),
+        S(
+            (uni(rng, (4, 4)), tgt),
+            {"weight": pos(rng, (4,))},
+            "weight",
+            nograd=frozenset({"weight"}),
+        ),
+        S((uni(rng, (4, 4)), np.array([0, -100, 1, 2])), name="ignore_index"),
+        S((uni(rng, (4, 4)), np.array([0, 2, 2, 1])), {"ignore_index": 2}, "ignore_index_2"),
+        S((uni(rng, (4, 4)), tgt), {"label_smoothing": 0.2}, "label_smoothing"),
+        S(
+            (uni(rng, (4, 4)), np.array([0, -100, 1, 2])),
+            {"label_smoothing": 0.1, "weight": pos(rng, (4,))},
+            "smoothing_weight_ignore",
+            nograd=frozenset({"weight"}),
+        ),
+        S((uni(rng, (4, 4)), probs), name="probabilities", nograd=frozenset({1})),
+        S(
+            (uni(rng, (4, 4)), probs),
+            {"label_smoothing": 0.3, "weight": pos(rng, (4,))},
+            "probabilities_smoothing_weight",
+            nograd=frozenset({1, "weight"}),
+        ),
+        S((uni(rng, (2, 3, 2)), np.array([[0, 2], [1, 1]])), name="spatial"),
+        S((uni(rng, (3,)), np.array(1)), name="unbatched"),
+        S((uni(rng, (3,)), np.array(1)), {"label_smoothing": 0.2}, "unbatched_smoothing"),
+        # every target ignored: the loss is nan (0/0) but the gradient is 0, as in PyTorch
+        S((uni(rng, (2, 3)), np.array([-100, -100])), name="all_ignored", grad=False),
+        S(
+            (uni(rng, (2, 3)), np.array([-100, -100])),
+            {"label_smoothing": 0.1},
+            "all_ignored_smoothing",
+            grad=False,
+        ),
+        S(
+            (uni(rng, (2, 4, 3)), np.array([[0, 3, 1], [2, 2, -100]])),
+            {"weight": pos(rng, (4,)), "label_smoothing": 0.1, "reduction": "none"},
+            "spatial_weight_smoothing_none",
+            nograd=frozenset({"weight"}),
+        ),
+        S((uni(rng, (3, 4)), np.array([0, 3, 1])), name="noncontig", noncontig=True),
+    ]
+
+
+add(
+    "cross_entropy",
+    lambda m, x, t, **k: m.F.cross_entropy(x, t, **k),
+    cross_entropy_ref,
+    _ce_samples,
+)
+
+
+def _nll_samples(rng: np.random.Generator) -> list[Sample]:
+    lp = lambda s: log_softmax_ref(uni(rng, s), 1)
+    return [
+        S((lp((4, 3)), np.array([0, 2, 1, 2])), name="mean"),
+        S((lp((4, 3)), np.array([0, 2, 1, 2])), {"reduction": "none"}, "none"),
+        S(
+            (lp((4, 3)), np.array([0, 2, 1, 2])),
+            {"weight": pos(rng, (3,)), "reduction": "sum"},
+            "weight_sum",
+            nograd=frozenset({"weight"}),
+        ),
+        S(
+            (lp((4, 3)), np.array([0, -100, 1, 2])),
+            {"weight": pos(rng, (3,))},
+            "weight_ignore",
+            nograd=frozenset({"weight"}),
+        ),
+        S((lp((2, 3, 2)), np.array([[0, 2], [1, 1]])), name="spatial"),
+    ]
+
+
+add("nll_loss", lambda m, x, t, **k: m.F.nll_loss(x, t, **k), nll_ref, _nll_samples)
+
+
+def _pair_loss_samples(gen_a: Gen = uni, gen_b: Gen = uni) -> Callable:
+    gen_a, gen_b = _arrays(gen_a), _arrays(gen_b)
+
+    def make(rng: np.random.Generator) -> list[Sample]:
+        return [
+            S((gen_a(rng, (3, 4)), gen_b(rng, (3, 4))), name="mean"),
+            S((gen_a(rng, (3, 4)), gen_b(rng, (3, 4))), {"reduction": "sum"}, "sum"),
+            S((gen_a(rng, (3, 4)), gen_b(rng, (3, 4))), {"reduction": "none"}, "none"),
+            S((gen_a(rng, ()), gen_b(rng, ())), name="0d"),
+            S((gen_a(rng, (2, 3)), gen_b(rng, (2, 3))), name="noncontig", noncontig=True),
+        ]
+
+    return make
+
+
+def _offset(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    return away(rng, shape) + 5.0
+
+
+add(
+    "mse_loss",
+    lambda m, a, b, **k: m.F.mse_loss(a, b, **k),
+    lambda a, b, reduction="mean": _reduce_ref((a - b) ** 2, reduction),
+    _pair_loss_samples(),
+)
+add(
+    "l1_loss",
+    lambda m, a, b, **k: m.F.l1_loss(a, b, **k),
+    lambda a, b, reduction="mean": _reduce_ref(np.abs(a - b), reduction),
+    _pair_loss_samples(uni, _offset),
+)
+
+
+def _prob(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    return uni(rng, shape, 0.05, 0.95)
+
+
+def _bce_samples(rng: np.random.Generator) -> list[Sample]:
+    return _pair_loss_samples(_prob, _prob)(rng) + [
+        S(
+            (_prob(rng, (3, 4)), _prob(rng, (3, 4))),
+            {"weight": pos(rng, (4,))},
+            "weight",
+            nograd=frozenset({"weight"}),
+        ),
+    ]
+
+
+add(
+    "binary_cross_entropy",
+    lambda m, p, t, **k: m.F.binary_cross_entropy(p, t, **k),
+    bce_ref,
+    _bce_samples,
+)
+
+
+def _bce_logits_samples(rng: np.random.Generator) -> list[Sample]:
+    return _pair_loss_samples(uni, _prob)(rng) + [
+        # torch refuses a pos_weight that requires grad
+        S(
+            (uni(rng, (3, 4)), _prob(rng, (3, 4))),
+            {"pos_weight": pos(rng, (4,))},
+            "pos_weight",
+            nograd=frozenset({"pos_weight"}),
+        ),
+        S(
+            (uni(rng, (3, 4)), _prob(rng, (3, 4))),
+            {"weight": pos(rng, (3, 1)), "pos_weight": pos(rng, (4,)), "reduction": "sum"},
+            "weight_pos_weight",
+            nograd=frozenset({"weight", "pos_weight"}),
+        ),
+    ]
+
+
+add(
+    "binary_cross_entropy_with_logits",
+    lambda m, x, t, **k: m.F.binary_cross_entropy_with_logits(x, t, **k),
+    bce_logits_ref,
+    _bce_logits_samples,
+)
+add("dropout_p0", lambda m, x: m.F.dropout(x, p=0.0), lambda x: x, unary())
+add("dropout_eval", lambda m, x: m.F.dropout(x, 0.5, training=False), lambda x: x, unary())
+
+
+def _layer_norm_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 4)), (4,)), name="plain"),
+        S((uni(rng, (3, 4)), (4,), pos(rng, (4,)), uni(rng, (4,))), name="affine"),
+        S((uni(rng, (2, 2, 3)), (2, 3), pos(rng, (2, 3)), uni(rng, (2, 3))), name="2d_shape"),
+        S(
+            (uni(rng, (2, 3)), (3,), pos(rng, (3,)), uni(rng, (3,))),
+            name="noncontig",
+            noncontig=True,
+        ),
+    ]
+
+
+add(
+    "layer_norm",
+    lambda m, x, s, *a: m.F.layer_norm(x, s, *a),
+    layer_norm_ref,
+    _layer_norm_samples,
+    f32_tol=(1e-4, 1e-5),
+)
+
+
+def _conv_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (1, 2, 4, 4)), uni(rng, (2, 2, 2, 2)), uni(rng, (2,))), name="bias"),
+        S((uni(rng, (2, 1, 4, 3)), uni(rng, (2, 1, 2, 2))), name="no_bias"),
+        S(
+            (uni(rng, (1, 1, 5, 5)), uni(rng, (1, 1, 3, 3))),
+            {"stride": 2, "padding": 1},
+            "stride_padding",
+        ),
+        S((uni(rng, (1, 1, 5, 5)), uni(rng, (1, 1, 2, 2))), {"dilation": 2}, "dilation"),
+        S(
+            (uni(rng, (1, 2, 3, 3)), uni(rng, (2, 1, 2, 2)), uni(rng, (2,))),
+            {"groups": 2},
+            "groups",
+        ),
+        S(
+            (uni(rng, (1, 1, 3, 4)), uni(rng, (1, 1, 2, 3))),
+            {"stride": (1, 2), "padding": (1, 0)},
+            "asymmetric",
+        ),
+        S((uni(rng, (1, 1, 3, 4)), uni(rng, (1, 1, 2, 2))), {"padding": "same"}, "same_even"),
+        S(
+            (uni(rng, (1, 1, 4, 4)), uni(rng, (1, 1, 3, 2))),
+            {"padding": "same", "dilation": 2},
+            "same_dilation",
+        ),
+        S((uni(rng, (1, 2, 3, 3)), uni(rng, (1, 2, 2, 2))), {"padding": "valid"}, "valid"),
+        S((uni(rng, (1, 3, 2, 3)), uni(rng, (3, 1, 1, 2))), {"groups": 3}, "depthwise"),
+        S((uni(rng, (2, 3, 3)), uni(rng, (1, 2, 2, 2)), uni(rng, (1,))), name="unbatched"),
+    ]
+
+
+add(
+    "conv2d",
+    lambda m, x, w, b=None, **k: m.F.conv2d(x, w, b, **k),
+    conv2d_ref,
+    _conv_samples,
+    f32_tol=(1e-4, 1e-5),
+)
+
+
+def _pool_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (1, 2, 4, 4)), 2), name="k2"),
+        S((uni(rng, (1, 1, 5, 5)), 3), {"stride": 2, "padding": 1}, "stride_padding"),
+        S((uni(rng, (2, 1, 3, 4)), (2, 3)), {"stride": 1}, "overlap"),
+    ]
+
+
+add(
+    "max_pool2d",
+    lambda m, x, k, **kw: m.F.max_pool2d(x, k, **kw),
+    max_pool2d_ref,
+    lambda rng: (
+        _pool_samples(rng)
+        + [
+            S((uni(rng, (1, 1, 5, 5)), 2), {"dilation": 2}, "dilation"),
+            S((uni(rng, (1, 1, 5, 5)), 2), {"ceil_mode": True}, "ceil_mode"),
+            S(
+                (uni(rng, (1, 1, 5, 4)), (3, 2)),
+                {"stride": 2, "padding": 1, "ceil_mode": True},
+                "ceil_mode_padding",
+            ),
+            S((uni(rng, (2, 3, 4)), 2), name="unbatched"),
+        ]
+    ),
+)
+add(
+    "max_pool2d_indices",
+    lambda m, x, k: m.F.max_pool2d(x, k, return_indices=True)[1],
+    lambda x, k: max_pool2d_indices_ref(x, k),
+    lambda rng: [S((uni(rng, (1, 2, 4, 4)), 2), name="k2")],
+    differentiable=False,
+)
+add(
+    "avg_pool2d",
+    lambda m, x, k, **kw: m.F.avg_pool2d(x, k, **kw),
+    avg_pool2d_ref,
+    lambda rng: (
+        _pool_samples(rng)
+        + [
+            S(
+                (uni(rng, (1, 1, 5, 5)), 3),
+                {"stride": 2, "padding": 1, "count_include_pad": False},
+                "exclude_pad",
+            ),
+            S((uni(rng, (1, 1, 5, 5)), 2), {"ceil_mode": True}, "ceil_mode"),
+            S(
+                (uni(rng, (1, 1, 5, 6)), 3),
+                {"stride": 2, "padding": 1, "ceil_mode": True},
+                "ceil_mode_padding",
+            ),
+            S(
+                (uni(rng, (1, 1, 5, 6)), 3),
+                {"stride": 2, "padding": 1, "ceil_mode": True, "count_include_pad": False},
+                "ceil_mode_exclude_pad",
+            ),
+            S((uni(rng, (1, 2, 4, 4)), 2), {"divisor_override": 3}, "divisor_override"),
+            S(
+                (
+                    uni(rng, (2, 4, 3)),
+                    (2, 3),
+                ),
+                {"stride": (1, 2)},
+                "unbatched",
+            ),
+        ]
+    ),
+)
+
+OPS_BY_NAME = {e.name: e for e in OPS}
+assert len(OPS_BY_NAME) == len(OPS), "duplicate op table names"
