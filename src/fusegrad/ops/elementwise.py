@@ -13,12 +13,48 @@ from typing import Any
 from .. import dtypes as _dt
 from ..errors import DTypeError, describe
 from ..tensor import Tensor
-from ._util import P, apply, as_operand, broadcast_shape, cast, is_number, operand, to_tensor
+from ._util import (
+    P,
+    apply,
+    as_operand,
+    broadcast_shape,
+    cast,
+    is_number,
+    operand,
+    scalar_tensor,
+    to_tensor,
+)
 
 _CLAMP_SENTINEL = object()
 
 
+def _fast_binary(name: str, a: Any, b: Any) -> Tensor | None:
+    """The common cases without general promotion: two tensors of one dtype, or a float tensor
+    and a Python int/float.  Returns None when the general path is needed.  (These are most of
+    the calls that derivative rules make, so this is the eager backward's hot path.)"""
+    if isinstance(a, Tensor):
+        dt = a._dtype
+        tb = type(b)
+        if isinstance(b, Tensor):
+            if b._dtype is not dt:
+                return None
+            if a._data.shape != b._data.shape:
+                broadcast_shape(name, a, b)
+            return apply(P[name], (a, b), {})
+        if (tb is float or tb is int) and dt.category == 2:
+            return apply(P[name], (a, scalar_tensor(b, dt)), {})
+    elif isinstance(b, Tensor):
+        ta = type(a)
+        if (ta is float or ta is int) and b._dtype.category == 2:
+            return apply(P[name], (scalar_tensor(a, b._dtype), b), {})
+    return None
+
+
 def _binary(name: str, a: Any, b: Any, dtype: _dt.dtype | None = None) -> Tensor:
+    if dtype is None:
+        out = _fast_binary(name, a, b)
+        if out is not None:
+            return out
     a, b = operand(a), operand(b)
     dt = dtype if dtype is not None else _dt.result_type(a, b)
     a, b = as_operand(a, dt), as_operand(b, dt)
@@ -56,10 +92,18 @@ def _scaled(other: Any, alpha: Any) -> Any:
 
 
 def add(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
+    if type(alpha) is int and alpha == 1:
+        return _binary("add", input, other)
     return _binary("add", input, _scaled(operand(other), alpha))
 
 
 def sub(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
+    if type(alpha) is int and alpha == 1 and not (
+        isinstance(input, Tensor) and input._dtype is _dt.bool_
+    ):
+        out = _fast_binary("sub", input, other)
+        if out is not None:
+            return out
     input, other = operand(input), _scaled(operand(other), alpha)
     dt = _dt.result_type(input, other)
     if dt is _dt.bool_:
