@@ -10,25 +10,56 @@ lowering per entry here.
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 
 from .registry import primitive
 
 # IEEE edge cases (log(0) = -inf, 0/0 = nan, overflow to inf) are results, not warnings, as in
-# PyTorch.  Instead of an ``np.errstate`` block per kernel call (about 1 us each, as much as the
-# arithmetic on small tensors), numpy's floating-point RuntimeWarnings are ignored when they are
-# raised from this module's kernels or from ``registry.apply`` (which calls bare ufuncs).  The
-# filter names only fusegrad's own modules, so the user's numpy code warns as before.
-warnings.filterwarnings(
-    "ignore", category=RuntimeWarning, module=r"fusegrad\.ops\.(primitives|registry)$"
-)
+# PyTorch.  ``np.errstate`` costs about 0.8 us per call, as much as the arithmetic on small
+# tensors, so kernels switch numpy's error state through the context variable behind it
+# (0.2 us); numpy versions without it fall back to ``np.errstate``.
+try:
+    from numpy._core._ufunc_config import _extobj_contextvar, _make_extobj
+
+    _QUIET = _make_extobj(all="ignore")
+except ImportError:  # pragma: no cover - numpy < 2
+    _extobj_contextvar = None
+
+
+def _quiet(fn):  # type: ignore[no-untyped-def]
+    """``fn`` with numpy's floating-point errors ignored."""
+    if _extobj_contextvar is None:  # pragma: no cover
+
+        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+            with np.errstate(all="ignore"):
+                return fn(*args, **kwargs)
+
+    else:
+        get, set_, reset = _extobj_contextvar.get, _extobj_contextvar.set, _extobj_contextvar.reset
+
+        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+            if get() is _QUIET:
+                return fn(*args, **kwargs)
+            token = set_(_QUIET)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                reset(token)
+
+    call.__name__ = getattr(fn, "__name__", "kernel")
+    call.__doc__ = getattr(fn, "__doc__", None)
+    return call
+
+
+def _quiet_kernel(fn):  # type: ignore[no-untyped-def]
+    """Decorator form of ``_quiet`` for kernels whose arithmetic can hit IEEE edge cases."""
+    return _quiet(fn)
 
 
 # ---- elementwise: unary ---------------------------------------------------------------------
 def _unary(name: str, fn, differentiable: bool = True) -> None:  # type: ignore[no-untyped-def]
-    primitive(name, "elementwise", "x", differentiable=differentiable)(fn)
+    primitive(name, "elementwise", "x", differentiable=differentiable)(_quiet(fn))
 
 
 for _name, _fn in [
@@ -95,7 +126,7 @@ for _name, _fn in [
 
 # ---- elementwise: binary / ternary ----------------------------------------------------------
 def _binary(name: str, fn, differentiable: bool = True) -> None:  # type: ignore[no-untyped-def]
-    primitive(name, "elementwise", "a b", differentiable=differentiable)(fn)
+    primitive(name, "elementwise", "a b", differentiable=differentiable)(_quiet(fn))
 
 
 for _name, _fn in [
@@ -110,12 +141,14 @@ for _name, _fn in [
 
 
 @primitive("div", "elementwise", "a b")
+@_quiet_kernel
 def _div(a, b):  # type: ignore[no-untyped-def]
     out = np.true_divide(a, b)
     return out.astype(a.dtype, copy=False) if a.dtype.kind == "f" else out
 
 
 @primitive("pow", "elementwise", "a b")
+@_quiet_kernel
 def _pow(a, b):  # type: ignore[no-untyped-def]
     if a.dtype.kind in "iu" and np.any(b < 0):
         raise ValueError("Integers to negative integer powers are not allowed.")
@@ -125,6 +158,7 @@ def _pow(a, b):  # type: ignore[no-untyped-def]
 # Differentiable with a zero gradient (PyTorch's div(rounding_mode="floor") gives zeros), so the
 # result of a float floor division still takes part in autograd.
 @primitive("floor_divide", "elementwise", "a b")
+@_quiet_kernel
 def _floor_divide(a, b):  # type: ignore[no-untyped-def]
     if a.dtype.kind in "iub" and np.any(b == 0):
         raise ZeroDivisionError("floor_divide: integer division by zero")
@@ -155,12 +189,14 @@ def _where(cond, a, b):  # type: ignore[no-untyped-def]
 
 # ---- reductions -----------------------------------------------------------------------------
 @primitive("sum", "reduce", "x")
+@_quiet_kernel
 def _sum(x, dim, keepdim):  # type: ignore[no-untyped-def]
     dt = np.int64 if x.dtype.kind in "biu" else x.dtype
     return np.sum(x, axis=dim, keepdims=keepdim, dtype=dt)
 
 
 @primitive("sum_to", "reduce", "x")
+@_quiet_kernel
 def _sum_to(x, shape):  # type: ignore[no-untyped-def]
     """Sum a broadcast result back to ``shape`` (leading dims and dims of size 1)."""
     lead = x.ndim - len(shape)
@@ -182,6 +218,7 @@ def _amin(x, dim, keepdim):  # type: ignore[no-untyped-def]
 
 
 @primitive("prod", "reduce", "x")
+@_quiet_kernel
 def _prod(x, dim, keepdim):  # type: ignore[no-untyped-def]
     dt = np.int64 if x.dtype.kind in "biu" else x.dtype
     return np.prod(x, axis=dim, keepdims=keepdim, dtype=dt)
@@ -214,6 +251,7 @@ def _any(x, dim, keepdim):  # type: ignore[no-untyped-def]
 
 
 @primitive("cumsum", "opaque", "x")
+@_quiet_kernel
 def _cumsum(x, dim):  # type: ignore[no-untyped-def]
     dt = np.int64 if x.dtype.kind in "biu" else x.dtype
     return np.cumsum(x, axis=dim, dtype=dt)
@@ -299,6 +337,7 @@ def _index_put(x, v, *idx, key):  # type: ignore[no-untyped-def]
 
 
 @primitive("index_add_at", "movement", "g idx*")
+@_quiet_kernel
 def _index_add_at(g, *idx, key, shape):  # type: ignore[no-untyped-def]
     """Zeros of ``shape`` with ``g`` added at ``x[key]``; duplicate indices accumulate."""
     out = np.zeros(shape, dtype=g.dtype)
@@ -321,6 +360,7 @@ def _gather(x, index, dim):  # type: ignore[no-untyped-def]
 
 
 @primitive("scatter_add", "movement", "x index src")
+@_quiet_kernel
 def _scatter_add(x, index, src, dim):  # type: ignore[no-untyped-def]
     out = np.array(x, copy=True)
     np.add.at(out, _scatter_key(index, dim), src)
@@ -336,6 +376,7 @@ def _scatter(x, index, src, dim):  # type: ignore[no-untyped-def]
 
 # ---- opaque -----------------------------------------------------------------------------
 @primitive("matmul", "opaque", "a b")
+@_quiet_kernel
 def _matmul(a, b):  # type: ignore[no-untyped-def]
     """Batched matrix product of operands with at least 2 dims (numpy broadcasting of batch)."""
     return np.matmul(a, b)
