@@ -380,3 +380,142 @@ def _scatter(x, index, src, dim):  # type: ignore[no-untyped-def]
 def _matmul(a, b):  # type: ignore[no-untyped-def]
     """Batched matrix product of operands with at least 2 dims (numpy broadcasting of batch)."""
     return np.matmul(a, b)
+
+
+# ---- shape/dtype rules ------------------------------------------------------------------------
+# ``meta(shapes, dtypes, **attrs) -> (shape, dtype)``: what each primitive produces, computed from
+# input shapes and dtypes alone.  The compiler's capture runs derivative rules on symbolic values
+# (shapes, no data) and uses these; the IR verifier checks every value against them.  View-like
+# primitives are probed by running the kernel on a zero-stride array (a view: no memory).
+
+_BOOL_RESULT = {
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+    "logical_not", "isnan", "isinf",
+}
+
+
+def _dtypes():  # type: ignore[no-untyped-def]
+    from .. import dtypes as _dt
+
+    return _dt
+
+
+def _elementwise_meta(name: str):  # type: ignore[no-untyped-def]
+    def meta(shapes, dtypes, **attrs):  # type: ignore[no-untyped-def]
+        shape = np.broadcast_shapes(*shapes) if len(shapes) > 1 else tuple(shapes[0])
+        if name in _BOOL_RESULT:
+            return shape, _dtypes().bool_
+        if name == "cast":
+            return shape, attrs["dtype"]
+        if name == "where":
+            return shape, dtypes[1]
+        return shape, dtypes[0]
+
+    return meta
+
+
+def _probe(shape: tuple, dtype) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """A zero-stride array of ``shape``: kernels that return views run on it for free."""
+    return np.broadcast_to(np.zeros((), dtype.np), shape)
+
+
+def _probe_meta(name: str):  # type: ignore[no-untyped-def]
+    from .registry import REGISTRY
+
+    def meta(shapes, dtypes, **attrs):  # type: ignore[no-untyped-def]
+        out = REGISTRY[name].kernel(*[_probe(s, d) for s, d in zip(shapes, dtypes)], **attrs)
+        return tuple(out.shape), _dtypes().from_numpy_dtype(out.dtype)
+
+    return meta
+
+
+def _reduced_shape(shape: tuple, dim, keepdim: bool) -> tuple:  # type: ignore[no-untyped-def]
+    if dim is None:
+        return (1,) * len(shape) if keepdim else ()
+    if keepdim:
+        return tuple(1 if i in dim else s for i, s in enumerate(shape))
+    return tuple(s for i, s in enumerate(shape) if i not in dim)
+
+
+def _reduce_meta(kind: str):  # type: ignore[no-untyped-def]
+    def meta(shapes, dtypes, dim, keepdim):  # type: ignore[no-untyped-def]
+        _dt = _dtypes()
+        dims = (dim,) if isinstance(dim, int) else dim
+        shape = _reduced_shape(tuple(shapes[0]), dims, keepdim)
+        if kind == "index":
+            return shape, _dt.int64
+        if kind == "bool":
+            return shape, _dt.bool_
+        if kind == "accumulate" and dtypes[0].category < 2:
+            return shape, _dt.int64
+        return shape, dtypes[0]
+
+    return meta
+
+
+def _key_meta(shape: tuple, idx_shapes: tuple, idx_dtypes: tuple, key: tuple) -> tuple:
+    """The shape of ``x[key]`` for an ``x`` of ``shape`` and index tensors of given shapes."""
+    if any(d.name == "bool" for d in idx_dtypes):
+        from .registry import DataDependentShape
+
+        raise DataDependentShape("indexing with a boolean mask has a data-dependent shape")
+    idx = tuple(np.broadcast_to(np.zeros((), np.int64), s) for s in idx_shapes)
+    return tuple(np.broadcast_to(np.zeros((), np.bool_), shape)[numpy_key(key, idx)].shape)
+
+
+def _set_metas() -> None:
+    from .registry import REGISTRY, set_meta
+
+    _dt = _dtypes()
+    for name, prim in list(REGISTRY.items()):
+        if prim.kind == "elementwise":
+            set_meta(name, _elementwise_meta(name))
+    for name in ("sum", "amax", "amin", "all", "any", "prod", "argmax", "argmin"):
+        kind = {"argmax": "index", "argmin": "index", "all": "bool", "any": "bool",
+                "sum": "accumulate", "prod": "accumulate"}.get(name, "same")
+        set_meta(name, _reduce_meta(kind))
+    set_meta("sum_to", lambda shapes, dtypes, shape: (tuple(shape), dtypes[0]))
+    set_meta("cumsum", lambda shapes, dtypes, dim: (
+        tuple(shapes[0]), _dt.int64 if dtypes[0].category < 2 else dtypes[0]))
+    for name in ("reshape", "permute", "broadcast_to", "diagonal"):
+        set_meta(name, _probe_meta(name))
+    set_meta("flip", lambda shapes, dtypes, dims: (tuple(shapes[0]), dtypes[0]))
+
+    def cat_meta(shapes, dtypes, dim):  # type: ignore[no-untyped-def]
+        out = list(shapes[0])
+        out[dim] = sum(s[dim] for s in shapes)
+        return tuple(out), dtypes[0]
+
+    set_meta("cat", cat_meta)
+    set_meta("pad", lambda shapes, dtypes, widths, value: (
+        tuple(s + b + a for s, (b, a) in zip(shapes[0], widths)), dtypes[0]))
+    set_meta("getitem", lambda shapes, dtypes, key: (
+        _key_meta(tuple(shapes[0]), tuple(shapes[1:]), tuple(dtypes[1:]), key), dtypes[0]))
+
+    def index_put_meta(shapes, dtypes, key):  # type: ignore[no-untyped-def]
+        _key_meta(tuple(shapes[0]), tuple(shapes[2:]), tuple(dtypes[2:]), key)
+        return tuple(shapes[0]), dtypes[0]
+
+    set_meta("index_put", index_put_meta)
+
+    def index_add_at_meta(shapes, dtypes, key, shape):  # type: ignore[no-untyped-def]
+        _key_meta(tuple(shape), tuple(shapes[1:]), tuple(dtypes[1:]), key)
+        return tuple(shape), dtypes[0]
+
+    set_meta("index_add_at", index_add_at_meta)
+    set_meta("gather", lambda shapes, dtypes, dim: (tuple(shapes[1]), dtypes[0]))
+    for name in ("scatter", "scatter_add"):
+        set_meta(name, lambda shapes, dtypes, dim: (tuple(shapes[0]), dtypes[0]))
+
+    def matmul_meta(shapes, dtypes):  # type: ignore[no-untyped-def]
+        a, b = shapes
+        batch = np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
+        return tuple(batch) + (a[-2], b[-1]), dtypes[0]
+
+    set_meta("matmul", matmul_meta)
+    missing = [name for name, prim in REGISTRY.items() if prim.meta is None]
+    if missing:
+        raise AssertionError(f"primitives without a shape/dtype rule: {missing}")
+
+
+_set_metas()

@@ -32,6 +32,10 @@ class Primitive:
     differentiable: bool = True
     variadic: bool = False
     doc: str = field(default="", compare=False)
+    # shape/dtype rule: ``meta(shapes, dtypes, **attrs) -> (shape, dtype)`` over the inputs'
+    # shapes and fusegrad dtypes, without data.  Used by the compiler's capture (symbolic values
+    # have shapes but no data) and by the IR verifier; set with ``set_meta``.
+    meta: Callable[..., tuple] | None = field(default=None, compare=False)
 
 
 REGISTRY: dict[str, Primitive] = {}
@@ -69,6 +73,17 @@ def primitive(
         return kernel
 
     return register
+
+
+class DataDependentShape(Exception):
+    """A primitive's output shape depends on input *values* (boolean-mask indexing)."""
+
+
+def set_meta(name: str, fn: Callable[..., tuple]) -> None:
+    """Attach the shape/dtype rule of primitive ``name`` (see ``Primitive.meta``)."""
+    import dataclasses
+
+    REGISTRY[name] = dataclasses.replace(REGISTRY[name], meta=fn)
 
 
 def vjp(name: str, save: str = "") -> Callable[[Callable[..., tuple]], Callable[..., tuple]]:
