@@ -198,6 +198,10 @@ def __getattr__(name: str) -> Any:
         from .function import Function
 
         return Function
+    if name in ("graph", "function"):  # submodules, loaded on first use as in torch.autograd
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'fusegrad.autograd' has no attribute {name!r}")
 
 

@@ -1,14 +1,24 @@
 """Anomaly mode: ``detect_anomaly`` / ``set_detect_anomaly``.
 
-Nodes created while it is on keep the forward traceback (``node.metadata["traceback_"]``);
-the engine then re-raises backward errors with ``Error detected in <Node>`` and that traceback,
-and checks every rule's outputs for NaN when ``check_nan`` is on.
+Nodes created while it is on keep the forward traceback (``node.metadata["traceback_"]``).  A
+node created while the engine runs another node's rule (double backward: a create_graph backward
+builds new nodes) also records that node as ``node.metadata["parent_"]``, so an error in the
+second backward can show both the forward line that built the node and the forward line of the
+calculation whose backward built it (PyTorch's "Previous calculation was induced by ...").
+
+The engine re-raises any error raised while it processes a node with ``error_detected_in``:
+``Error detected in <Node>. Traceback of forward call that caused the error:`` and the stored
+traces (PyTorch prints them as a warning; here they are part of the message so they cannot be
+lost), and, with ``check_nan``, checks every node's outputs for NaN.  The state is thread-local;
+the engine carries it to the threads that run deeply nested backward calls.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import traceback
+import warnings
 from typing import Any
 
 
@@ -16,6 +26,7 @@ class _State(threading.local):
     def __init__(self) -> None:
         self.enabled = False
         self.check_nan = True
+        self.current_node: Any = None  # the node whose rule the engine is running (anomaly on)
 
 
 _state = _State()
@@ -30,10 +41,50 @@ def is_anomaly_check_nan_enabled() -> bool:
 
 
 def record_forward_trace(node: Any) -> None:
+    """Called for every node created under anomaly mode (``registry.apply``, ``Function``)."""
+    # [:-2]: leave out this function and the op machinery frame that called it
     node.metadata["traceback_"] = "".join(traceback.format_stack()[:-2])
+    parent = _state.current_node
+    if parent is not None:
+        node.metadata["parent_"] = parent
 
 
-class set_detect_anomaly:  # noqa: N801
+def error_detected_in(node: Any, error: BaseException) -> BaseException:
+    """``error`` (raised while the engine processed ``node``) re-made with the node's name and
+    the forward tracebacks of it and of its parents in front of the original message."""
+    parts = []
+    trace = node.metadata.get("traceback_")
+    if trace is None:
+        parts.append(
+            f"Error detected in {node.name()}. No forward pass information available. Enable "
+            "detect anomaly during forward pass for more information."
+        )
+    else:
+        parts.append(
+            f"Error detected in {node.name()}. Traceback of forward call that caused the "
+            f"error:\n{trace}"
+        )
+    parent = node.metadata.get("parent_")
+    seen = {id(node)}
+    while parent is not None and id(parent) not in seen:  # iterative: chains can be long
+        seen.add(id(parent))
+        parent_trace = parent.metadata.get("traceback_", "(not recorded)\n")
+        parts.append(
+            f"\nPrevious calculation was induced by {parent.name()}. Traceback of forward call "
+            f"that induced the previous calculation:\n{parent_trace}"
+        )
+        parent = parent.metadata.get("parent_")
+    message = "\n".join(parts) + f"\n{type(error).__name__}: {error}"
+    try:
+        wrapped = type(error)(message)
+    except Exception:  # noqa: BLE001  (an exception type whose constructor takes other args)
+        from ..errors import AutogradError
+
+        wrapped = AutogradError(message)
+    return wrapped
+
+
+class set_detect_anomaly:
     """Turn anomaly detection on or off (plain call or context manager)."""
 
     def __init__(self, mode: bool, check_nan: bool = True) -> None:
@@ -48,12 +99,18 @@ class set_detect_anomaly:  # noqa: N801
         _state.enabled, _state.check_nan = self._prev
 
 
-class detect_anomaly:  # noqa: N801
-    """Context manager (and decorator) enabling anomaly detection."""
+class detect_anomaly:
+    """Context manager (and decorator) enabling anomaly detection.  Like PyTorch, it warns
+    that it slows things down: it records a traceback per node and scans every gradient."""
 
     def __init__(self, check_nan: bool = True) -> None:
         self.check_nan = check_nan
         self._prev: list[tuple[bool, bool]] = []
+        warnings.warn(
+            "Anomaly Detection has been enabled. This mode will increase the runtime and should "
+            "only be enabled for debugging.",
+            stacklevel=2,
+        )
 
     def __enter__(self) -> None:
         self._prev.append((_state.enabled, _state.check_nan))
@@ -63,11 +120,16 @@ class detect_anomaly:  # noqa: N801
         _state.enabled, _state.check_nan = self._prev.pop()
 
     def __call__(self, fn: Any) -> Any:
-        import functools
+        check_nan = self.check_nan
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with detect_anomaly(self.check_nan):
+            # no new instance per call: it warned once, when the decorator was made
+            prev = (_state.enabled, _state.check_nan)
+            _state.enabled, _state.check_nan = True, check_nan
+            try:
                 return fn(*args, **kwargs)
+            finally:
+                _state.enabled, _state.check_nan = prev
 
         return wrapper

@@ -20,6 +20,16 @@ thread, the nested call runs on a fresh thread (with this thread's grad-mode and
 while the caller waits, so nesting thousands deep never hits the recursion limit (PyTorch does
 the same with its reentrant thread pool).
 
+Each call is a *graph task*: a thread-local record of the running task gives
+``current_graph_task_id()`` (non-reentrant checkpointing keys recomputation on it) and
+``is_checkpoint_valid()`` (reentrant checkpointing cannot work under ``grad()`` or
+``backward(inputs=...)``, in this task or an enclosing one).
+
+Under anomaly mode the engine marks the node it is running, so that nodes created by its rule
+(double backward) record it as their parent, checks every node's outputs for NaN, and re-raises
+any error raised while processing a node (hooks, rule, gradient validation) with
+``Error detected in <Node>`` and the forward tracebacks (``anomaly.py``).
+
 Saved tensors are released after each node unless ``retain_graph``.  Gradients are never
 mutated in place here except an existing ``.grad`` (which the engine or the user owns), so root
 gradients and tensors returned by rules or hooks can be shared freely; None stays None.
@@ -105,6 +115,11 @@ def _check_hook_result(hook: Any, old: Tensor, new: Any) -> Tensor:
     return new
 
 
+# Set by the compiler while it captures a backward graph: ``capture_store(tensor, g)`` records a
+# ``.grad`` write as an effect of the compiled program instead of performing it.
+capture_store: Callable[..., Any] | None = None
+
+
 def _store_grad(t: Tensor, g: Tensor, create_graph: bool) -> None:
     """``.grad`` accumulation (leaves, retain_grad, ``backward(inputs=...)``).
 
@@ -113,6 +128,9 @@ def _store_grad(t: Tensor, g: Tensor, create_graph: bool) -> None:
     a later in-place accumulation must not reach any of them.  Under ``create_graph`` the copy
     is a differentiable ``clone`` and accumulation is ``.grad = .grad + g`` (a new tensor with
     history); otherwise later gradients are added in place into the same ``.grad`` object."""
+    if capture_store is not None:  # the compiler is capturing: record the write instead
+        capture_store(t, g)
+        return
     old = t._grad
     if old is None:
         if create_graph:
@@ -163,13 +181,15 @@ def _needed(reachable: dict, targets: set) -> set:
 
 
 class _Task:
-    """What one backward call needs while it runs (passed to ``_run_node``)."""
+    """What one backward call (graph task) needs while it runs (passed to ``_run_node``)."""
 
     __slots__ = (
         "accumulate",
         "capture",
         "captured",
+        "checkpoint_valid",
         "create_graph",
+        "id",
         "inputs",
         "needed",
         "retain_graph",
@@ -191,6 +211,32 @@ class _Task:
         self.needed = needed
         self.capture = capture  # (node, nr) -> positions in ``inputs``
         self.captured: list = [None] * (len(inputs) if inputs is not None else 0)
+        self.id = next(_task_ids)
+        # reentrant checkpointing needs a plain backward() here and in every enclosing task
+        parent = _current.task
+        self.checkpoint_valid = inputs is None and (parent is None or parent.checkpoint_valid)
+
+
+class _Current(threading.local):
+    def __init__(self) -> None:
+        self.task: _Task | None = None
+
+
+_current = _Current()
+_task_ids = itertools.count(1)
+
+
+def current_graph_task_id() -> int:
+    """Id of the backward call running on this thread (-1 outside backward)."""
+    task = _current.task
+    return -1 if task is None else task.id
+
+
+def is_checkpoint_valid() -> bool:
+    """False inside a backward started by ``grad()`` or ``backward(inputs=...)`` (or nested in
+    one): reentrant checkpointing cannot run there (PyTorch's ``_is_checkpoint_valid``)."""
+    task = _current.task
+    return True if task is None else task.checkpoint_valid
 
 
 MAX_REENTRANT_DEPTH = 16
@@ -208,19 +254,29 @@ def _set_grad_mode_state(state: tuple) -> None:
     grad_mode._state.enabled, grad_mode._state.inference = state
 
 
-def _anomaly_state() -> tuple:
-    return anomaly._state.enabled, anomaly._state.check_nan
-
-
 def _set_anomaly_state(state: tuple) -> None:
-    anomaly._state.enabled, anomaly._state.check_nan = state
+    anomaly._state.enabled, anomaly._state.check_nan, anomaly._state.current_node = state
 
 
-# (capture, restore) pairs: thread-local state a reentrant call carries to its fresh thread.
-# Modules with their own thread-local autograd state (e.g. saved-tensor hooks) append to it.
+def _anomaly_state() -> tuple:
+    return anomaly._state.enabled, anomaly._state.check_nan, anomaly._state.current_node
+
+
+def _task_state() -> _Task | None:
+    return _current.task
+
+
+def _set_task_state(task: _Task | None) -> None:
+    _current.task = task
+
+
+# (capture, restore) pairs: thread-local state a reentrant call carries to its fresh thread
+# (and that the thread puts back to its own when the call ends).  Modules with their own
+# thread-local autograd state (saved-tensor hooks in graph.py) append to it.
 THREAD_STATE: list[tuple[Callable[[], Any], Callable[[Any], None]]] = [
     (_grad_mode_state, _set_grad_mode_state),
     (_anomaly_state, _set_anomaly_state),
+    (_task_state, _set_task_state),
 ]
 
 
@@ -250,12 +306,16 @@ def _run_on_fresh_thread(args: tuple) -> list | None:
     outcome: dict = {}
 
     def work() -> None:
+        own = [(capture(), restore) for capture, restore in THREAD_STATE]
         for state, restore in states:
             restore(state)
         try:
             outcome["result"] = _execute(*args)
         except BaseException as e:  # noqa: BLE001  (re-raised on the calling thread)
             outcome["error"] = e
+        finally:
+            for state, restore in own:
+                restore(state)
 
     worker = threading.Thread(target=work, name="fusegrad-reentrant-backward")
     worker.start()
@@ -300,11 +360,21 @@ def _execute(
 
     prev_mode = grad_mode._state.enabled
     grad_mode._state.enabled = create_graph
+    parent_task, _current.task = _current.task, task
+    anomaly_state = anomaly._state
+    parent_node = anomaly_state.current_node
+    node = None
     try:
         while ready:
             node = heapq.heappop(ready)[2]
             grads = buffers.pop(node, None) or [None] * node.num_outputs
-            results = _run_node(node, grads, task)
+            if anomaly_state.enabled:
+                # nodes created by this rule (create_graph) record it as their parent
+                anomaly_state.current_node = node
+                results = _run_node(node, grads, task)
+                _check_nan(node, results)
+            else:
+                results = _run_node(node, grads, task)
             for i, (nxt, nr) in enumerate(node._edges):
                 if nxt is None or (needed is not None and nxt not in needed):
                     continue
@@ -329,9 +399,26 @@ def _execute(
                 deps[nxt] -= 1
                 if deps[nxt] == 0:
                     heapq.heappush(ready, (-nxt._seq, next(tie), nxt))
+    except Exception as e:
+        if node is None or not anomaly_state.enabled:
+            raise
+        raise anomaly.error_detected_in(node, e) from e
     finally:
         grad_mode._state.enabled = prev_mode
+        _current.task = parent_task
+        anomaly_state.current_node = parent_node
     return None if accumulate else task.captured
+
+
+def _check_nan(node: Node, results: tuple | None) -> None:
+    """Anomaly mode: a node's outputs (after its post-hooks) must not contain NaN."""
+    if not anomaly._state.check_nan or results is None:
+        return
+    for i, r in enumerate(results):
+        if isinstance(r, Tensor) and r._dtype.category == 2 and np.isnan(r._data).any():
+            raise AutogradError(
+                f"Function '{node.name()}' returned nan values in its {i}th output."
+            )
 
 
 def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
@@ -397,7 +484,7 @@ def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
             if var._post_acc_hooks:
                 for hook in list(var._post_acc_hooks.values()):
                     hook(var)
-    elif all(g is None for g in grads):
+    elif not node._runs_without_grads and all(g is None for g in grads):
         results = (None,) * len(node._edges)
         if not task.retain_graph and hasattr(node, "release"):
             node.release()
@@ -423,21 +510,8 @@ def _hook_tuple(hook: Any, out: Any, expected: int) -> list | tuple:
 
 
 def _apply(node: Node, grads: list, retain_graph: bool) -> tuple:
-    """Run a node's rule; check the number of gradients (and NaNs under anomaly mode)."""
-    try:
-        results = node.apply(tuple(grads), retain_graph)
-    except Exception as e:
-        if not anomaly._state.enabled:
-            raise
-        message = (
-            f"Error detected in {node.name()}. Traceback of forward call that caused the "
-            f"error:\n{node.metadata.get('traceback_', '')}\n{e}"
-        )
-        try:
-            error = type(e)(message)
-        except Exception:  # noqa: BLE001  (an exception type that does not take a message)
-            error = AutogradError(message)
-        raise error from e
+    """Run a node's rule; check the number of gradients."""
+    results = node.apply(tuple(grads), retain_graph)
     if not isinstance(results, tuple):
         results = tuple(results) if isinstance(results, list) else (results,)
     if len(results) != len(node._edges):
@@ -445,10 +519,4 @@ def _apply(node: Node, grads: list, retain_graph: bool) -> tuple:
             f"Function {node.name()} returned an incorrect number of gradients (expected "
             f"{len(node._edges)}, got {len(results)})"
         )
-    if anomaly._state.enabled and anomaly._state.check_nan:
-        for i, r in enumerate(results):
-            if isinstance(r, Tensor) and np.isnan(r._data).any():
-                raise AutogradError(
-                    f"Function '{node.name()}' returned nan values in its {i}th output."
-                )
     return results

@@ -3,19 +3,38 @@
 
 ``apply`` runs ``forward`` under no_grad with a context object that is also the backward node
 (as in PyTorch, ``ctx`` *is* ``grad_fn``).  The node has one edge per forward argument (None for
-non-tensors and tensors not requiring grad) and one output slot per returned tensor.  Saved
-tensors are version-checked on access and freed after backward unless ``retain_graph``.
+non-tensors and tensors not requiring grad) and one output slot per returned value (non-tensor
+outputs keep their slot so that ``output_nr`` is the position).  ``forward`` may also be written
+without ``ctx`` when the class defines ``setup_context(ctx, inputs, output)`` (PyTorch 2 style).
+
+What ``ctx`` offers inside ``forward`` / ``setup_context``:
+
+* ``save_for_backward(*tensors)``: saved tensors are version-checked on access (an in-place
+  change in between is an error), go through saved-tensor hooks, and are freed after backward
+  unless ``retain_graph`` (later access: "Trying to backward through the graph a second time");
+* ``mark_dirty(*inputs)``: the inputs were modified in place and are returned; their history
+  is rebased onto this node (a leaf that requires grad may not be modified in place);
+* ``mark_non_differentiable(*outputs)``: those outputs do not require grad;
+* ``set_materialize_grads(False)``: backward receives None (not zeros) for outputs that got no
+  gradient.
+
+``backward`` returns one gradient per forward argument (extra trailing Nones are allowed; a
+wrong count is ``returned an incorrect number of gradients``); None means "no gradient" and stays
+None.  Gradients the engine cannot sum to the input's shape are its ``invalid gradient at index``
+error.  Under ``create_graph`` backward runs with grad mode on, so a backward written with
+fusegrad ops is itself differentiable; ``once_differentiable`` marks one that is not.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from ..errors import AutogradError
-from . import grad_mode
+from . import anomaly, grad_mode
 from .node import Node, SavedTensor, _freed_message
 
 
@@ -23,24 +42,25 @@ class FunctionCtx(Node):
     """The ``ctx`` of a custom Function and, once forward returns, its backward node."""
 
     __slots__ = (
+        "__dict__",
         "_cls",
-        "_to_save",
-        "_saved",
-        "_released",
         "_dirty",
         "_non_differentiable",
+        "_output_meta",
+        "_released",
+        "_saved",
+        "_to_save",
         "materialize_grads",
         "needs_input_grad",
-        "_output_meta",
-        "__dict__",
     )
+
+    # PyTorch calls a custom backward even when no output received a gradient
+    _runs_without_grads = True
 
     def __init__(self, cls: type, args: tuple) -> None:
         from ..tensor import Tensor
 
-        edges = tuple(
-            a._edge() if isinstance(a, Tensor) else (None, 0) for a in args
-        )
+        edges = tuple(a._edge() if isinstance(a, Tensor) else (None, 0) for a in args)
         meta = tuple(
             (a._data.shape, a._dtype) if isinstance(a, Tensor) else ((), None) for a in args
         )
@@ -57,12 +77,36 @@ class FunctionCtx(Node):
 
     # -- used inside forward ------------------------------------------------------------------
     def save_for_backward(self, *tensors: Any) -> None:
+        from ..tensor import Tensor
+
+        for i, t in enumerate(tensors):
+            if t is not None and not isinstance(t, Tensor):
+                raise TypeError(
+                    "save_for_backward can only save variables, but argument "
+                    f"{i} is of type {type(t).__name__}"
+                )
         self._to_save = tensors
 
     def mark_dirty(self, *tensors: Any) -> None:
+        from ..tensor import Tensor
+
+        for i, t in enumerate(tensors):
+            if not isinstance(t, Tensor):
+                raise TypeError(
+                    f"mark_dirty can only accept variables, but argument {i} is of type "
+                    f"{type(t).__name__}"
+                )
         self._dirty = tensors
 
     def mark_non_differentiable(self, *tensors: Any) -> None:
+        from ..tensor import Tensor
+
+        for i, t in enumerate(tensors):
+            if not isinstance(t, Tensor):
+                raise TypeError(
+                    "mark_non_differentiable can only accept variables, but argument "
+                    f"{i} is of type {type(t).__name__}"
+                )
         self._non_differentiable = tensors
 
     def set_materialize_grads(self, value: bool) -> None:
@@ -71,7 +115,7 @@ class FunctionCtx(Node):
     # -- used inside backward -----------------------------------------------------------------
     @property
     def saved_tensors(self) -> tuple:
-        if self._released or self._saved is None and self._to_save:
+        if self._released:
             raise AutogradError(_freed_message)
         if self._saved is None:
             return ()
@@ -87,6 +131,9 @@ class FunctionCtx(Node):
 
     def release(self) -> None:
         if self._saved is not None:
+            for s in self._saved:
+                if s is not None:
+                    s.release()
             self._saved = None
             self._released = True
 
@@ -123,6 +170,7 @@ class FunctionCtx(Node):
                 )
         if not retain:
             self.release()
+        # a gradient for an input that does not require grad is dropped, as in PyTorch
         return tuple(r if self.needs_input_grad[i] else None for i, r in enumerate(result))
 
 
@@ -134,6 +182,10 @@ class Function:
         raise NotImplementedError("You must implement the forward function for custom Function.")
 
     @staticmethod
+    def setup_context(ctx: FunctionCtx, inputs: tuple, output: Any) -> None:
+        raise NotImplementedError("setup_context is not implemented.")
+
+    @staticmethod
     def backward(ctx: FunctionCtx, *grads: Any) -> Any:
         raise NotImplementedError("You must implement the backward function for custom Function.")
 
@@ -142,8 +194,13 @@ class Function:
         from ..tensor import Tensor
 
         ctx = FunctionCtx(cls, args)
+        separate_setup = cls.setup_context is not Function.setup_context
         with grad_mode.no_grad():
-            outputs = cls.forward(ctx, *args, **kwargs)
+            if separate_setup:
+                outputs = cls.forward(*args, **kwargs)
+                cls.setup_context(ctx, args, outputs)
+            else:
+                outputs = cls.forward(ctx, *args, **kwargs)
         single = not isinstance(outputs, tuple)
         outs = (outputs,) if single else outputs
         tensor_args = [a for a in args if isinstance(a, Tensor)]
@@ -151,6 +208,13 @@ class Function:
         dirty_ids = {id(t) for t in ctx._dirty}
         nondiff_ids = {id(t) for t in ctx._non_differentiable}
         input_ids = {id(a) for a in tensor_args}
+        output_ids = {id(o) for o in outs if isinstance(o, Tensor)}
+        if not dirty_ids <= output_ids:
+            raise AutogradError(
+                "Some elements marked as dirty during the forward method were not returned as "
+                "output. The inputs that are modified inplace must all be outputs of the "
+                "Function."
+            )
         final = []
         for i, o in enumerate(outs):
             if not isinstance(o, Tensor):
@@ -165,14 +229,19 @@ class Function:
                 o = alias
             ctx._output_meta.append((o._data.shape, o._dtype))
             if record and id(o) not in nondiff_ids and o._dtype.is_floating_point:
-                if id(o) in dirty_ids and o.grad_fn is None and o._requires_grad:
-                    raise AutogradError(
-                        "a leaf Variable that requires grad is being used in an in-place "
-                        "operation."
-                    )
-                o.grad_fn = ctx
-                o._output_nr = i
+                if id(o) in dirty_ids:
+                    if o.grad_fn is None and o._requires_grad:
+                        raise AutogradError(
+                            "a leaf Variable that requires grad is being used in an in-place "
+                            "operation."
+                        )
+                    o._set_history(ctx, i)  # the in-place result's history is this node
+                else:
+                    o.grad_fn = ctx
+                    o._output_nr = i
             final.append(o)
+        if record and anomaly._state.enabled:
+            anomaly.record_forward_trace(ctx)
         if record:
             saved = []
             outputs_by_id = {id(o): k for k, o in enumerate(final) if isinstance(o, Tensor)}
@@ -193,52 +262,52 @@ class Function:
 
 def once_differentiable(fn: Callable) -> Callable:
     """Decorate a ``backward`` that is not itself differentiable: it runs under no_grad, and
-    differentiating its result raises."""
+    when the caller asked for a graph (``create_graph``) its results carry a node that raises if
+    differentiated (PyTorch's DelayedError)."""
 
     @functools.wraps(fn)
     def wrapper(ctx: Any, *grads: Any) -> Any:
+        from ..tensor import Tensor
+
         with grad_mode.no_grad():
             result = fn(ctx, *grads)
         if not grad_mode.is_grad_enabled():
             return result
-        if not any(getattr(g, "requires_grad", False) for g in grads):
+        if not any(isinstance(g, Tensor) and g.requires_grad for g in grads):
             return result
-        return _mark_twice_error(result, ctx)
+        single = not isinstance(result, tuple)
+        items = (result,) if single else result
+        message = (
+            "trying to differentiate twice a function that was marked with "
+            f"@once_differentiable ({ctx.name()})"
+        )
+        wrapped = _DelayedError.apply(message, *[_fake_requires_grad(r) for r in items])
+        if not isinstance(wrapped, tuple):
+            wrapped = (wrapped,)
+        return wrapped[0] if single else wrapped
 
     return wrapper
 
 
+def _fake_requires_grad(value: Any) -> Any:
+    """A leaf alias that requires grad, so that ``_DelayedError`` records its node."""
+    from ..tensor import Tensor
+
+    if not isinstance(value, Tensor) or not value.is_floating_point():
+        return value
+    alias = value.detach()
+    alias.requires_grad_(True)
+    return alias
+
+
 class _DelayedError(Function):
+    """Passes its tensors through; differentiating them raises ``message``."""
+
     @staticmethod
-    def forward(ctx: FunctionCtx, msg: str, *tensors: Any) -> Any:
-        ctx.msg = msg
-        out = tuple(t.detach() for t in tensors)
-        return out if len(out) > 1 else out[0]
+    def forward(ctx: FunctionCtx, message: str, *values: Any) -> Any:
+        ctx.message = message
+        return values if len(values) != 1 else values[0]
 
     @staticmethod
     def backward(ctx: FunctionCtx, *grads: Any) -> Any:
-        raise AutogradError(ctx.msg)
-
-
-def _mark_twice_error(result: Any, ctx: Any) -> Any:
-    from ..tensor import Tensor
-
-    single = not isinstance(result, tuple)
-    items = (result,) if single else result
-    msg = (
-        f"trying to differentiate twice a function that was marked with @once_differentiable "
-        f"({ctx.name()})"
-    )
-    tensors = [r for r in items if isinstance(r, Tensor)]
-    if not tensors:
-        return result
-    # give each output a grad_fn that raises when differentiated
-    anchor = Tensor._make(np.zeros(()))
-    anchor.requires_grad_(True)
-    wrapped = []
-    for r in items:
-        if isinstance(r, Tensor):
-            wrapped.append(_DelayedError.apply(msg, r + anchor.to(r.dtype) * 0))
-        else:
-            wrapped.append(r)
-    return wrapped[0] if single else tuple(wrapped)
+        raise AutogradError(ctx.message)

@@ -5,17 +5,24 @@ A node's ``next_functions`` are its edges ``(node or None, input_nr)``, one per 
 Each node records the shape and dtype of every forward input so that the engine can undo
 broadcasting (sum-to-shape) and check what a rule returned without keeping the inputs alive.
 The rule of an OpNode comes from the one derivative table (``autograd/derivatives.py``).
+
+Saved-tensor hooks (``fusegrad.autograd.graph.saved_tensors_hooks``) live here because
+``SavedTensor`` is where they act: the innermost pair active on this thread when a tensor is saved
+packs it at once; every access unpacks it.  The stack is thread-local (the engine carries it to
+the threads that run deeply nested backward calls) and ``graph.py`` holds the public API.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
+import threading
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AutogradError
+from . import grad_mode
 
 if TYPE_CHECKING:
     from ..tensor import Tensor
@@ -51,8 +58,17 @@ def add_hook(store: dict, fn: Callable) -> _Handle:
     return _Handle(store, key)
 
 
+def _check_callable(fn: Any) -> None:
+    if not callable(fn):
+        raise TypeError(f"hook must be callable, got {type(fn).__name__}")
+
+
 class Node:
-    """Base of all backward nodes."""
+    """Base of all backward nodes (``fusegrad.autograd.graph.Node``)."""
+
+    # The engine skips a node whose incoming gradients are all None (its inputs get None);
+    # custom Functions still run, as PyTorch calls their backward with None / zeros.
+    _runs_without_grads = False
 
     __slots__ = (
         "__weakref__",
@@ -85,14 +101,24 @@ class Node:
         return self._edges
 
     def register_prehook(self, fn: Callable) -> _Handle:
+        """``fn(grad_outputs) -> tuple | None`` runs before the node (a tuple replaces the
+        incoming gradients)."""
+        _check_callable(fn)
         if self._pre_hooks is None:
             self._pre_hooks = {}
         return add_hook(self._pre_hooks, fn)
 
     def register_hook(self, fn: Callable) -> _Handle:
+        """``fn(grad_inputs, grad_outputs) -> tuple | None`` runs after the node (a tuple
+        replaces the gradients it computed for its inputs)."""
+        _check_callable(fn)
         if self._post_hooks is None:
             self._post_hooks = {}
         return add_hook(self._post_hooks, fn)
+
+    def _sequence_nr(self) -> float:
+        """Creation order in the forward pass (the engine runs later nodes first)."""
+        return self._seq
 
     def __repr__(self) -> str:
         return f"<{self.name()} object at {id(self):#x}>"
@@ -116,23 +142,80 @@ class Node:
         return add_hook(store, fn)
 
 
+class _SavedHooksState(threading.local):
+    """Per thread: the stack of (pack, unpack) pairs and the "disabled" message, if any."""
+
+    def __init__(self) -> None:
+        self.stack: list[tuple[Callable, Callable]] = []
+        self.disabled_message: str | None = None
+
+
+saved_hooks_state = _SavedHooksState()
+
+# Number of pairs pushed on any thread and not yet popped: while it is 0 (almost always), saving
+# a tensor skips the thread-local lookup, which keeps ``SavedTensor`` cheap on the hot path.
+_hooks_in_use = 0
+
+
+def push_saved_hooks(pack_hook: Callable, unpack_hook: Callable) -> None:
+    global _hooks_in_use
+    message = saved_hooks_state.disabled_message
+    if message is not None:
+        raise AutogradError(message)
+    saved_hooks_state.stack.append((pack_hook, unpack_hook))
+    _hooks_in_use += 1
+
+
+def pop_saved_hooks() -> None:
+    global _hooks_in_use
+    saved_hooks_state.stack.pop()
+    _hooks_in_use -= 1
+
+
+def _current_saved_hooks() -> tuple[Callable, Callable] | None:
+    stack = saved_hooks_state.stack
+    return stack[-1] if stack else None
+
+
+_pack_in_place_message = (
+    "A saved tensor pack hook is modifying its input in place. Tensors provided as input to "
+    "pack hook cannot be modified by in-place operations as this can lead to unexpected "
+    "side-effects. Please open an issue if you need to perform in-place operations on the "
+    "input to a pack hook."
+)
+
+
+# Set by the compiler while it captures a backward graph (``fusegrad.compiler.capture``):
+# ``capture_unpack(saved, node)`` returns the symbolic value standing for a saved tensor.
+capture_unpack: Callable[..., Any] | None = None
+
+
 class SavedTensor:
     """A tensor saved for backward.  Outputs of the node itself are kept as their data only (no
     reference cycle node -> output -> node) and rebuilt with ``grad_fn`` = that node on unpack,
-    so double backward flows through the node as in PyTorch."""
+    so double backward flows through the node as in PyTorch.
+
+    With saved-tensor hooks active, ``pack(t)`` runs once here and its result is all that is
+    kept, with just enough metadata (producing node and output number, or the leaf's
+    AccumulateGrad) to give ``unpack(packed)``'s value the same place in the graph.  Versions are
+    not checked then: what the hooks keep is theirs (as in PyTorch)."""
 
     __slots__ = (
         "_counter",
         "_data",
         "_is_output",
         "_output_nr",
+        "_packed",
         "_producer",
         "_rg",
         "_tensor",
+        "_unpack_hook",
         "_version",
     )
 
-    def __init__(self, t: Tensor, is_output: bool = False, output_nr: int = 0) -> None:
+    def __init__(
+        self, t: Tensor, is_output: bool = False, output_nr: int = 0, node: Node | None = None
+    ) -> None:
         if t._inference:
             raise AutogradError(
                 "Inference tensors cannot be saved for backward. Please do not use Tensors "
@@ -143,6 +226,17 @@ class SavedTensor:
         self._counter = t._version_counter
         self._version = t._version_counter.value
         self._is_output = is_output
+        self._unpack_hook = None
+        # Python numbers wrapped as tensors are never shown to hooks (as in PyTorch)
+        if _hooks_in_use and not t._wrapped_number:
+            hooks = _current_saved_hooks()
+            if hooks is not None:
+                if is_output and node is not None and t.grad_fn is None:
+                    # the pack hook sees the output with its grad_fn, as in PyTorch (the op
+                    # machinery would set the same right after the node is built)
+                    t.grad_fn, t._output_nr = node, output_nr
+                self._pack(t, output_nr, hooks)
+                return
         if is_output:
             self._tensor = None
             self._data = t._data
@@ -157,7 +251,78 @@ class SavedTensor:
             self._output_nr = t._output_nr
             self._producer = t.grad_fn
 
-    def unpack(self, node: Node) -> Tensor:
+    def _pack(self, t: Tensor, output_nr: int, hooks: tuple[Callable, Callable]) -> None:
+        """Keep ``pack_hook(t)`` and the graph position of ``t`` instead of ``t``."""
+        pack_hook, unpack_hook = hooks
+        if self._is_output:
+            self._producer, self._output_nr, self._rg = None, output_nr, True  # the node itself
+        elif t.grad_fn is not None:
+            self._producer, self._output_nr, self._rg = t.grad_fn, t._output_nr, True
+        elif t._requires_grad:
+            # a leaf: its AccumulateGrad is its place in the graph (kept alive by this reference)
+            self._producer, self._output_nr, self._rg = accumulator_for(t), 0, True
+        else:
+            self._producer, self._output_nr, self._rg = None, 0, False
+        version = t._version_counter.value
+        with grad_mode.no_grad():
+            packed = pack_hook(t)
+        if t._version_counter.value != version:
+            raise AutogradError(_pack_in_place_message)
+        self._tensor = None
+        self._data = None
+        self._packed = packed
+        self._unpack_hook = unpack_hook
+
+    def register_hooks(self, pack_hook: Callable, unpack_hook: Callable) -> None:
+        """Pack this one saved tensor now and unpack it on every use (``grad_fn._raw_saved_x``)."""
+        if not callable(pack_hook) or not callable(unpack_hook):
+            raise TypeError("register_hooks(): pack_hook and unpack_hook must be callable")
+        if self._unpack_hook is not None:
+            raise AutogradError(
+                "Calling register_hooks on a saved tensor whose hooks have already been set. "
+                "Hint: only one pair of hooks is allowed at a time."
+            )
+        if self._counter is None:
+            raise AutogradError(
+                "Calling register_hooks on a saved tensor after it has been freed. Saved "
+                "intermediate values of the graph are freed when you call .backward() or "
+                "autograd.grad(). Specify retain_graph=True if you need to backward through the "
+                "graph a second time or if you need to access saved variables after calling "
+                "backward."
+            )
+        if self._is_output:
+            from ..tensor import Tensor
+
+            t = Tensor._make(self._data)
+            t._version_counter = self._counter
+        else:
+            t = self._tensor
+        # a non-leaf keeps the producer it had when saved (an in-place op may have rebased it)
+        producer, output_nr = self._producer, self._output_nr
+        self._pack(t, output_nr, (pack_hook, unpack_hook))
+        if not self._is_output and producer is not None:
+            self._producer, self._output_nr, self._rg = producer, output_nr, True
+
+    @property
+    def has_hooks(self) -> bool:
+        """True when unpacking runs user code (saved-tensor hooks): compiled autograd must run
+        such a graph eagerly (DESIGN.md contract 4)."""
+        return self._unpack_hook is not None
+
+    def release(self) -> None:
+        """Drop what was saved (after a backward without retain_graph)."""
+        self._tensor = self._data = None
+        if self._unpack_hook is not None:
+            self._packed = None
+        self._counter = None  # marks the tensor as freed
+
+    def unpack(self, node: Node | None) -> Tensor:
+        if capture_unpack is not None:  # the compiler is capturing: hand out a symbolic value
+            return capture_unpack(self, node)
+        if self._counter is None:
+            raise AutogradError(_freed_message)
+        if self._unpack_hook is not None:
+            return self._unpack_with_hook(node)
         if self._counter.value != self._version:
             t = self._tensor
             shape = tuple(t.shape) if t is not None else self._data.shape
@@ -171,19 +336,39 @@ class SavedTensor:
             raise AutogradError(
                 "one of the variables needed for gradient computation has been modified by an "
                 f"inplace operation: [{dtype} {list(shape)}]{origin} is at version "
-                f"{self._counter.value}; expected version {self._version} instead (needed by "
-                f"{node.name()}). Hint: enable anomaly detection to find the operation "
+                f"{self._counter.value}; expected version {self._version} instead"
+                f"{'' if node is None else f' (needed by {node.name()})'}. Hint: enable "
+                "anomaly detection to find the operation "
                 "that failed to compute its gradient, with "
                 "fusegrad.autograd.set_detect_anomaly(True)."
             )
         if not self._is_output:
             return self._tensor  # type: ignore[return-value]
-        from ..tensor import Tensor
-
-        out = Tensor._make(self._data)
+        out = _make_tensor(self._data)
         out._version_counter = self._counter
         if self._rg:
             out.grad_fn = node
+            out._output_nr = self._output_nr
+        return out
+
+    def _unpack_with_hook(self, node: Node | None) -> Tensor:
+        from ..tensor import Tensor
+
+        value = self._unpack_hook(self._packed)  # type: ignore[misc]
+        if not isinstance(value, Tensor):
+            raise TypeError(
+                "Output of saved tensor unpack_hook expected to be a Tensor but got result of "
+                f"type {type(value).__name__}"
+            )
+        # A fresh tensor on the hook's data, placed where the saved tensor was in the graph.
+        out = Tensor._make(value._data)
+        out._version_counter = value._version_counter
+        producer = node if self._is_output else self._producer
+        if isinstance(producer, AccumulateGrad):
+            out._requires_grad = True
+            out._accumulator = weakref.ref(producer)
+        elif producer is not None and self._rg:
+            out.grad_fn = producer
             out._output_nr = self._output_nr
         return out
 
@@ -207,21 +392,37 @@ class OpNode(Node):
     __slots__ = ("_freed", "_prim", "_rule", "_saved", "attrs", "needs_input_grad")
 
     def __init__(self, prim: Any, rule: Any, attrs: dict, inputs: tuple, outputs: tuple) -> None:
-        edges = tuple(t._edge() for t in inputs)
-        super().__init__(edges, tuple((t._data.shape, t._dtype) for t in inputs))
+        # Hot path (one per recorded op): plain loops, Node.__init__ inlined.
+        edges = []
+        meta = []
+        needs = []
+        for t in inputs:
+            edge = t._edge()
+            edges.append(edge)
+            meta.append((t._data.shape, t._dtype))
+            needs.append(edge[0] is not None)
+        self._edges = tuple(edges)
+        self._seq = next(_sequence)
+        self._input_meta = tuple(meta)
+        self._pre_hooks = None
+        self._post_hooks = None
+        self._tensor_pre_hooks = None
+        self._retain_grad_hooks = None
+        self.metadata = {}
         self._prim = prim
         self._rule = rule
         self.attrs = attrs
-        self.needs_input_grad = tuple(e[0] is not None for e in edges)
+        self.needs_input_grad = tuple(needs)
         saved = []
-        variadic_at = len(prim.inputs) - 1 if prim.variadic else -2
-        for index in rule.save_index:
-            if index < 0:  # an output of the node
-                saved.append(SavedTensor(outputs[-1 - index], True, -1 - index))
-            elif index == variadic_at:  # "name*": every input from here on
-                saved.extend(SavedTensor(t) for t in inputs[index:])
-            else:
-                saved.append(SavedTensor(inputs[index]))
+        if rule.save_index:
+            variadic_at = len(prim.inputs) - 1 if prim.variadic else -2
+            for index in rule.save_index:
+                if index < 0:  # an output of the node
+                    saved.append(SavedTensor(outputs[-1 - index], True, -1 - index, self))
+                elif index == variadic_at:  # "name*": every input from here on
+                    saved.extend(SavedTensor(t) for t in inputs[index:])
+                else:
+                    saved.append(SavedTensor(inputs[index]))
         self._saved: list | None = saved
         self._freed = False
 
@@ -243,24 +444,71 @@ class OpNode(Node):
 
     def release(self) -> None:
         """Free saved tensors (after a backward without retain_graph)."""
-        if self._saved:
+        saved = self._saved
+        if saved:
+            # each one too: a ``_raw_saved_<name>`` the user holds must not keep the memory
+            for s in saved:
+                s.release()
             self._saved = None
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
-        saved = self.saved_values() if self._rule.save_index else ()
-        result = self._rule.fn(self, grads[0], *saved)
+        rule = self._rule
+        if rule.save_index:
+            saved = self._saved
+            if saved is None:
+                raise AutogradError(_freed_message)
+            result = rule.fn(self, grads[0], *[s.unpack(self) for s in saved])
+        else:
+            result = rule.fn(self, grads[0])
         if not retain:
             self.release()
         return result
 
+    # -- introspection: ``_saved_<name>`` / ``_raw_saved_<name>``, as in PyTorch --------------
+    def _slots_of_saved(self) -> dict:
+        """Saved name -> slice of ``_saved`` (a variadic "name*" covers several tensors)."""
+        slots: dict = {}
+        variadic_at = len(self._prim.inputs) - 1 if self._prim.variadic else -2
+        n_inputs = len(self._edges)
+        at = 0
+        for name, index in zip(self._rule.save, self._rule.save_index):
+            width = n_inputs - index if index == variadic_at else 1
+            slots[name.rstrip("*")] = (slice(at, at + width), index == variadic_at)
+            at += width
+        # PyTorch's names: self / other are the first / second input, result the output
+        inputs = [n.rstrip("*") for n in self._prim.inputs]
+        for alias, target in (("self", 0), ("other", 1)):
+            if alias not in slots and len(inputs) > target and inputs[target] in slots:
+                slots[alias] = slots[inputs[target]]
+        if "out" in slots:
+            slots.setdefault("result", slots["out"])
+        return slots
+
+    def _lookup_saved(self, name: str, raw: bool) -> Any:
+        slot = self._slots_of_saved().get(name)
+        if slot is None:
+            if not raw and name in self.attrs:
+                return self.attrs[name]  # a non-tensor argument (dim, keepdim, ...)
+            raise AttributeError(f"'{self.name()}' object has no attribute '_saved_{name}'")
+        where, variadic = slot
+        if self._saved is None:
+            raise AutogradError(_freed_message)
+        items = self._saved[where]
+        values = items if raw else [s.unpack(self) for s in items]
+        return tuple(values) if variadic else values[0]
+
     def __getattr__(self, item: str) -> Any:
-        # _saved_<name> accessors, as in PyTorch (``grad_fn._saved_self``)
         if item.startswith("_saved_"):
-            name = item[len("_saved_") :]
-            names = self._rule.save
-            if name in names:
-                return self.saved_values()[names.index(name)]
-        raise AttributeError(item)
+            return self._lookup_saved(item[len("_saved_") :], raw=False)
+        if item.startswith("_raw_saved_"):
+            return self._lookup_saved(item[len("_raw_saved_") :], raw=True)
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{item}'")
+
+    def __dir__(self) -> list:
+        names = [f"_saved_{n}" for n in self._slots_of_saved()]
+        names += [f"_raw_saved_{n}" for n in self._slots_of_saved()]
+        names += [f"_saved_{n}" for n in self.attrs]
+        return sorted(set(super().__dir__()) | set(names))
 
 
 class AccumulateGrad(Node):
@@ -289,3 +537,12 @@ def accumulator_for(t: Tensor) -> AccumulateGrad:
         acc = AccumulateGrad(t)
         t._accumulator = weakref.ref(acc)
     return acc
+
+
+def _make_tensor(data: Any) -> Tensor:
+    """``Tensor._make``, imported on first use (tensor.py imports this module)."""
+    global _make_tensor
+    from ..tensor import Tensor
+
+    _make_tensor = Tensor._make
+    return Tensor._make(data)
