@@ -1,6 +1,173 @@
-"""``fusegrad.compiler``: compiled autograd (capture backward as IR, fuse, numba codegen).
+"""``fusegrad.compiler``: compiled autograd.
 
-Not implemented yet (see the compiled-autograd issue).  ``src/fusegrad`` never imports this
-package at load time; the engine exposes ``fusegrad.autograd._backward_runner`` and the op
-registry exposes ``set_interceptor`` as the two hooks the compiler will use.
+Inside ``fusegrad.compile(fn)`` or ``with fusegrad.compiler.compiled_autograd():`` every
+``backward()`` and ``autograd.grad()`` goes through ``run``: a cheap walk of the eager graph
+builds a cache key (``capture.walk``); on a miss the engine's own walk runs the derivative rules
+on symbolic values to record an IR graph (``capture.capture``), the passes run (``passes``), and
+the result is cached as a ``Program``; the program then runs on this call's data.  Whatever the
+compiler cannot handle (``create_graph``, anomaly mode, custom Functions, hooks, saved-tensor
+hooks, data-dependent shapes, ...) runs on the eager engine instead, counted in
+``counters.fallbacks`` and logged with its reason — decided before anything is freed or written.
+``fullgraph=True`` raises instead of falling back.
+
+Status: capture, IR, passes (DCE; CSE by interning) and a reference executor are in place; the
+fused numba code generators are the next step (``codegen/``).
+
+src/fusegrad never imports this package at load time; it is loaded by ``fusegrad.compile``.
 """
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from typing import Any, Callable, Iterator, Sequence
+
+import fusegrad.autograd as _autograd
+from fusegrad.autograd.engine import run_backward
+from fusegrad.tensor import Tensor
+
+from . import logs, passes
+from .cache import counters, miss_reason, programs
+from .cache import reset as _reset_cache
+from .capture import Fallback, capture, walk
+from .ir import format_graph, verify
+from .logs import set_logs
+from .program import Program
+
+__all__ = ["compile", "compiled_autograd", "counters", "reset", "explain", "set_logs",
+           "CompilationError"]
+
+
+class CompilationError(RuntimeError):
+    """Raised under ``fullgraph=True`` when a backward cannot be compiled."""
+
+
+class _Config(threading.local):
+    def __init__(self) -> None:
+        self.depth = 0
+        self.fullgraph = False
+        self.mode = "default"
+        self.check = False  # verify the IR after every pass (tests)
+        self.report: list | None = None
+
+
+_config = _Config()
+
+
+def reset() -> None:
+    """Clear in-memory program caches and counters."""
+    _reset_cache()
+
+
+def _fallback(reason: str, outputs: Sequence[Tensor], grads: Sequence[Tensor],
+              retain_graph: bool, create_graph: bool, inputs: Any, accumulate: bool) -> Any:
+    if _config.fullgraph:
+        raise CompilationError(f"fullgraph=True: this backward cannot be compiled: {reason}")
+    counters.fallbacks[reason] += 1
+    logs.log("fallback", f"running eagerly: {reason}")
+    if _config.report is not None:
+        _config.report.append(("fallback", reason))
+    return run_backward(outputs, grads, retain_graph, create_graph, inputs, accumulate)
+
+
+def run(outputs: Sequence[Tensor], grads: Sequence[Tensor], retain_graph: bool,
+        create_graph: bool, inputs: Sequence[Tensor] | None, accumulate: bool) -> Any:
+    """The backward runner installed while compiled autograd is active."""
+    w = walk(outputs, grads, inputs, accumulate, create_graph)
+    if w.fallback is not None:
+        return _fallback(w.fallback, outputs, grads, retain_graph, create_graph, inputs,
+                         accumulate)
+    program = programs.get(w.key)
+    if program is None:
+        reason = miss_reason(w.key)
+        try:
+            graph = capture(w, outputs, grads, inputs, accumulate)
+            if _config.check:
+                verify(graph)
+            graph = passes.run(graph, check=_config.check)
+        except Fallback as e:
+            return _fallback(str(e), outputs, grads, retain_graph, create_graph, inputs,
+                             accumulate)
+        counters.captures += 1
+        logs.log("recompiles", f"capture #{counters.captures}: {reason}")
+        logs.log("graph", "backward graph:\n" + format_graph(graph))
+        program = Program(graph)
+        programs[w.key] = program
+        if _config.report is not None:
+            _config.report.append(("capture", reason, program))
+    else:
+        counters.cache_hits += 1
+        logs.log("cache", "program cache hit")
+    counters.compiled_runs += 1
+    return program.run(w, grads, retain_graph, inputs)
+
+
+@contextlib.contextmanager
+def compiled_autograd(fullgraph: bool = False, mode: str = "default") -> Iterator[None]:
+    """Compile every backward()/grad() executed in the block (nests; the innermost wins)."""
+    if mode not in ("default", "debug"):
+        raise ValueError(f"compiled_autograd: unknown mode {mode!r} (expected default or debug)")
+    prev = (_config.fullgraph, _config.mode, _autograd._backward_runner)
+    _config.fullgraph, _config.mode = fullgraph, mode
+    _config.depth += 1
+    _autograd._backward_runner = run
+    try:
+        yield
+    finally:
+        _config.depth -= 1
+        _config.fullgraph, _config.mode, _autograd._backward_runner = prev
+
+
+def compile(fn: Callable | None = None, *, fullgraph: bool = False, dynamic: bool = True,
+            mode: str = "default") -> Any:
+    """Decorator (``@fusegrad.compile`` or ``@fusegrad.compile(fullgraph=True)``) or function:
+    every backward()/grad() executed inside ``fn`` is compiled.  ``dynamic`` is accepted for
+    torch.compile compatibility: sizes are always runtime arguments of generated code."""
+    if fn is None:
+        return functools.partial(compile, fullgraph=fullgraph, dynamic=dynamic, mode=mode)
+    if not callable(fn):
+        raise TypeError(f"compile() expects a callable, got {type(fn).__name__}")
+
+    @functools.wraps(fn)
+    def compiled(*args: Any, **kwargs: Any) -> Any:
+        with compiled_autograd(fullgraph=fullgraph, mode=mode):
+            return fn(*args, **kwargs)
+
+    return compiled
+
+
+class Report:
+    """What ``explain`` saw: captured graphs (with their IR) and fallbacks with reasons."""
+
+    def __init__(self, events: list) -> None:
+        self.captures = [(reason, prog) for kind, reason, *rest in events if kind == "capture"
+                         for prog in rest]
+        self.fallbacks = [reason for kind, reason, *rest in events if kind == "fallback"]
+
+    def __str__(self) -> str:
+        lines = [f"{len(self.captures)} graph(s) captured, {len(self.fallbacks)} fallback(s)"]
+        for i, (reason, prog) in enumerate(self.captures):
+            n = sum(1 for v in prog.graph.values if v.op not in ("input", "scalar", "constant"))
+            lines.append(f"graph {i}: {n} ops ({reason})")
+            lines.extend("    " + line for line in str(prog).splitlines())
+        for reason in self.fallbacks:
+            lines.append(f"fallback: {reason}")
+        return "\n".join(lines)
+
+
+def explain(fn: Callable, *args: Any, **kwargs: Any) -> Report:
+    """Run ``fn`` once with compiled autograd and report what was captured and what fell back.
+    Uses a fresh program cache so every graph is captured (the caller's cache is kept)."""
+    saved = dict(programs)
+    programs.clear()
+    events: list = []
+    prev_report, _config.report = _config.report, events
+    try:
+        with compiled_autograd():
+            fn(*args, **kwargs)
+    finally:
+        _config.report = prev_report
+        programs.clear()
+        programs.update(saved)
+    return Report(events)

@@ -1,0 +1,73 @@
+"""Program caches and counters.
+
+``programs`` maps a walk key (``capture.walk``: structure, attributes, shapes, dtypes, leaves
+and their ``.grad`` state) to its ``Program``.  A miss whose key differs from a cached one only
+in sizes is logged as a new-size capture; any other difference is logged with the first entry
+that changed (the recompile reason).  ``counters`` are for tests and users.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Counters:
+    captures: int = 0
+    compiles: int = 0
+    cache_hits: int = 0
+    disk_hits: int = 0
+    compiled_runs: int = 0
+    fallbacks: Counter = field(default_factory=Counter)
+
+    def __repr__(self) -> str:
+        fb = dict(self.fallbacks)
+        return (f"Counters(captures={self.captures}, compiles={self.compiles}, "
+                f"cache_hits={self.cache_hits}, disk_hits={self.disk_hits}, "
+                f"compiled_runs={self.compiled_runs}, fallbacks={fb})")
+
+
+counters = Counters()
+programs: dict[tuple, Any] = {}
+
+
+def _strip_sizes(entry: Any) -> Any:
+    """A key entry with every shape replaced by its rank and broadcast pattern (1-dims)."""
+    if isinstance(entry, tuple):
+        if entry and all(isinstance(x, int) and not isinstance(x, bool) for x in entry):
+            return ("shape", tuple(x == 1 for x in entry))
+        return tuple(_strip_sizes(e) for e in entry)
+    return entry
+
+
+def miss_reason(key: tuple) -> str:
+    """Why ``key`` missed the cache, relative to the closest cached key."""
+    if not programs:
+        return "first capture"
+    same_structure = [k for k in programs if len(k) == len(key)
+                      and _strip_sizes(k) == _strip_sizes(key)]
+    if same_structure:
+        return "new sizes (same structure, dtypes and broadcast patterns)"
+    best = None
+    for k in programs:
+        if len(k) != len(key):
+            continue
+        for i, (a, b) in enumerate(zip(k, key)):
+            if a != b:
+                if best is None or i > best[0]:
+                    best = (i, a, b)
+                break
+    if best is None:
+        return "a graph of a different size"
+    return f"entry {best[0]} changed: {best[1]!r} -> {best[2]!r}"
+
+
+def reset() -> None:
+    """Clear cached programs and counters."""
+    global counters
+    programs.clear()
+    counters.captures = counters.compiles = counters.cache_hits = counters.disk_hits = 0
+    counters.compiled_runs = 0
+    counters.fallbacks.clear()

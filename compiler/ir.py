@@ -1,0 +1,202 @@
+"""The backward IR: a ``Graph`` of ``Value``s, each an op applied to earlier values.
+
+A value is a primitive of the op registry (``exp``, ``mul``, ``sum_to``, ``matmul``, ...) or one
+of the IR's own ops:
+
+``input``      a runtime argument of the program: ``attrs["kind"]`` is ``root`` (a root
+               gradient), ``saved`` (a tensor saved by a node) or ``grad`` (a leaf's existing
+               ``.grad``); ``attrs["index"]`` is its position in that list;
+``constant``   a tensor created inside a derivative rule (``zeros_like(g)``, index ranges):
+               ``attrs["index"]`` points into ``Graph.constants``;
+``scalar``     a Python number inside a rule (``1.0 - out * out``), ``attrs["value"]``.
+
+The graph's *effects* say what the program does with its results: ``("grad", leaf, value)``
+accumulates into leaf ``leaf``'s ``.grad`` (in place when it exists, keeping its identity),
+``("input_grad", position, value)`` does the same for a non-leaf listed in
+``backward(inputs=...)``, and ``("capture", position, value)`` returns a gradient for
+``autograd.grad``.
+
+Values are interned: asking for the same op on the same inputs with the same attributes returns
+the existing value, so common subexpressions are shared at construction.  Shapes are the
+concrete shapes seen at capture; generated code takes sizes as runtime arguments.
+``verify`` checks a graph's invariants (run after every pass in tests); ``format_graph`` prints
+it one value per line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fusegrad import dtypes as _dt
+from fusegrad.ops.registry import REGISTRY, DataDependentShape
+
+IR_OPS = ("input", "constant", "scalar")
+
+
+def freeze(value: Any) -> Any:
+    """A hashable, comparable form of an attribute value (lists and dicts become tuples)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, freeze(v)) for k, v in value.items()))
+    if isinstance(value, slice):
+        return ("slice", value.start, value.stop, value.step)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    return value
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Value:
+    """One IR value.  Identity is the value itself (``eq=False``): interning makes equal
+    computations the same object."""
+
+    id: int
+    op: str
+    inputs: tuple["Value", ...]
+    attrs: tuple[tuple[str, Any], ...]
+    shape: tuple[int, ...]
+    dtype: _dt.dtype
+    origin: str = ""  # the eager node whose rule produced it (for comments and reports)
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        for key, value in self.attrs:
+            if key == name:
+                return value
+        return default
+
+    @property
+    def kind(self) -> str:
+        prim = REGISTRY.get(self.op)
+        return prim.kind if prim is not None else self.op
+
+    def __repr__(self) -> str:
+        return f"%{self.id}"
+
+
+@dataclass
+class Graph:
+    values: list[Value] = field(default_factory=list)
+    constants: list[np.ndarray] = field(default_factory=list)
+    effects: list[tuple[str, int, Value]] = field(default_factory=list)
+    _interned: dict = field(default_factory=dict, repr=False)
+
+    def add(self, op: str, inputs: tuple, attrs: dict | tuple, shape: tuple, dtype: _dt.dtype,
+            origin: str = "") -> Value:
+        frozen = attrs if isinstance(attrs, tuple) else tuple(sorted(
+            (k, freeze(v)) for k, v in attrs.items()))
+        key = (op, tuple(v.id for v in inputs), frozen)
+        if op != "input":
+            found = self._interned.get(key)
+            if found is not None:
+                return found
+        value = Value(len(self.values), op, tuple(inputs), frozen, tuple(int(s) for s in shape),
+                      dtype, origin)
+        self.values.append(value)
+        if op != "input":
+            self._interned[key] = value
+        return value
+
+    def input(self, kind: str, index: int, shape: tuple, dtype: _dt.dtype) -> Value:
+        return self.add("input", (), {"kind": kind, "index": index}, shape, dtype)
+
+    def scalar(self, value: float | int | bool, dtype: _dt.dtype) -> Value:
+        return self.add("scalar", (), {"value": value}, (), dtype)
+
+    def constant(self, array: np.ndarray) -> Value:
+        # identical constant arrays (e.g. the same zeros) are stored once
+        for i, c in enumerate(self.constants):
+            if c.shape == array.shape and c.dtype == array.dtype and np.array_equal(c, array):
+                return self.add("constant", (), {"index": i}, array.shape,
+                                _dt.from_numpy_dtype(array.dtype))
+        self.constants.append(np.array(array, copy=True))
+        return self.add("constant", (), {"index": len(self.constants) - 1}, array.shape,
+                        _dt.from_numpy_dtype(array.dtype))
+
+    def inputs_of(self, kind: str) -> list[Value]:
+        return sorted(
+            (v for v in self.values if v.op == "input" and v.attr("kind") == kind),
+            key=lambda v: v.attr("index"),
+        )
+
+    def users(self) -> dict[Value, list[Value]]:
+        out: dict[Value, list[Value]] = {v: [] for v in self.values}
+        for v in self.values:
+            for i in v.inputs:
+                out[i].append(v)
+        return out
+
+
+class VerifyError(AssertionError):
+    """A graph broke an IR invariant."""
+
+
+def verify(graph: Graph) -> None:
+    """Check the invariants every pass must keep: values in topological order with ids equal to
+    positions, inputs defined earlier, primitives known with shapes and dtypes equal to their
+    shape/dtype rule, IR ops well formed, effects pointing at values of the graph."""
+    index = {}
+    for pos, v in enumerate(graph.values):
+        if v.id != pos:
+            raise VerifyError(f"value at position {pos} has id {v.id}")
+        for i in v.inputs:
+            if index.get(i) is None or index[i] >= pos:
+                raise VerifyError(f"%{v.id} = {v.op} uses %{i.id}, which is not defined before it")
+        index[v] = pos
+        if v.op in IR_OPS:
+            if v.inputs:
+                raise VerifyError(f"%{v.id}: {v.op} takes no inputs")
+            if v.op == "input" and v.attr("kind") not in ("root", "saved", "grad"):
+                raise VerifyError(f"%{v.id}: unknown input kind {v.attr('kind')!r}")
+            if v.op == "constant" and not 0 <= v.attr("index", -1) < len(graph.constants):
+                raise VerifyError(f"%{v.id}: constant index out of range")
+            continue
+        prim = REGISTRY.get(v.op)
+        if prim is None:
+            raise VerifyError(f"%{v.id}: unknown op {v.op!r}")
+        try:
+            shape, dtype = prim.meta(
+                tuple(i.shape for i in v.inputs), tuple(i.dtype for i in v.inputs), **dict(v.attrs)
+            )
+        except DataDependentShape as e:
+            raise VerifyError(f"%{v.id}: {e}") from None
+        if tuple(shape) != v.shape or dtype is not v.dtype:
+            raise VerifyError(
+                f"%{v.id} = {v.op}: recorded {v.dtype.name}{list(v.shape)}, rule gives "
+                f"{dtype.name}{list(shape)}"
+            )
+    for kind, slot, value in graph.effects:
+        if kind not in ("grad", "input_grad", "capture"):
+            raise VerifyError(f"unknown effect {kind!r}")
+        if index.get(value) is None:
+            raise VerifyError(f"effect ({kind}, {slot}) refers to a value outside the graph")
+
+
+def _format_attrs(v: Value) -> str:
+    if v.op == "input":
+        return f"{v.attr('kind')}[{v.attr('index')}]"
+    if v.op == "scalar":
+        return repr(v.attr("value"))
+    parts = [f"{k}={val!r}" for k, val in v.attrs]
+    return ", ".join(parts)
+
+
+def format_value(v: Value) -> str:
+    args = ", ".join(repr(i) for i in v.inputs)
+    attrs = _format_attrs(v)
+    inner = ", ".join(p for p in (args, attrs) if p)
+    text = f"%{v.id}: {v.dtype.name}{list(v.shape)} = {v.op}({inner})"
+    return f"{text}  # {v.origin}" if v.origin else text
+
+
+def format_graph(graph: Graph) -> str:
+    """The graph as text, one value per line, then its effects."""
+    lines = [format_value(v) for v in graph.values]
+    for kind, slot, value in graph.effects:
+        lines.append(f"{kind}[{slot}] <- {value!r}")
+    return "\n".join(lines)

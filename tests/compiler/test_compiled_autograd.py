@@ -1,0 +1,282 @@
+"""Compiled autograd vs eager: values *and* how many captures / fallbacks happened.
+
+Every differentiable op of the op table runs its backward compiled (with the IR verified after
+capture and after every pass) and must give the eager gradients; then the cache, fallback and
+state rules of the compiled path (DESIGN.md contracts 4 and 5).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from op_table import FG, OPS, build, flat_outputs, is_float
+
+import fusegrad as fg
+from fusegrad import compiler
+from fusegrad.compiler.capture import capture as capture_graph
+from fusegrad.compiler.capture import walk as walk_graph
+
+GRAD_CASES = [(e, s) for e in OPS for s in e.get_samples() if e.differentiable and s.grad]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compiler() -> Any:
+    compiler.reset()
+    compiler._config.check = True
+    yield
+    compiler._config.check = False
+    compiler.reset()
+
+
+def _grads(entry: Any, sample: Any, compiled: bool) -> tuple[list, list]:
+    leaves, fn = build(entry, FG, sample, "float64")
+    outs = [o for o in flat_outputs(fn(*leaves)) if is_float(o) and o.requires_grad]
+    if not leaves or not outs:
+        return [], []
+    rng = np.random.default_rng(7)
+    cots = [fg.tensor(rng.standard_normal(tuple(o.shape))) for o in outs]
+    if compiled:
+        with compiler.compiled_autograd():
+            fg.autograd.backward(outs, cots)
+    else:
+        fg.autograd.backward(outs, cots)
+    return leaves, [None if t.grad is None else t.grad.numpy() for t in leaves]
+
+
+@pytest.mark.parametrize(
+    "entry,sample", GRAD_CASES, ids=[f"{e.name}-{s.name}" for e, s in GRAD_CASES]
+)
+def test_op_table_compiled_matches_eager(entry: Any, sample: Any) -> None:
+    leaves, eager = _grads(entry, sample, compiled=False)
+    if not leaves:
+        pytest.skip("no differentiable input")
+    _, compiled = _grads(entry, sample, compiled=True)
+    for e, c in zip(eager, compiled):
+        assert (e is None) == (c is None)
+        if e is not None:
+            np.testing.assert_allclose(c, e, rtol=1e-12, atol=1e-12)
+    counts = compiler.counters
+    assert counts.compiled_runs + sum(counts.fallbacks.values()) == 1
+    for reason in counts.fallbacks:  # only data-dependent shapes may fall back here
+        assert "data-dependent" in reason, reason
+
+
+def _model(x: fg.Tensor, w: fg.Tensor, b: fg.Tensor) -> fg.Tensor:
+    return ((x * w + b).tanh() * x.sigmoid() + (-x * x).exp() * 0.5).sum()
+
+
+def _leaves(n: int, seed: int = 0, bshape: tuple = (1,)) -> list:
+    rng = np.random.default_rng(seed)
+    return [
+        fg.tensor(rng.standard_normal(n).astype(np.float32), requires_grad=True),
+        fg.tensor(rng.standard_normal(n).astype(np.float32), requires_grad=True),
+        fg.tensor(rng.standard_normal(bshape).astype(np.float32), requires_grad=True),
+    ]
+
+
+def test_ten_steps_capture_once_and_match_eager() -> None:
+    ref = _leaves(64)
+    _model(*ref).backward()
+    leaves = _leaves(64)
+    step = fg.compile(lambda: _model(*leaves).backward())
+    for _ in range(10):
+        for t in leaves:
+            t.grad = None
+        step()
+    assert compiler.counters.captures == 1
+    assert compiler.counters.cache_hits == 9
+    for a, b in zip(leaves, ref):
+        np.testing.assert_array_equal(a.grad.numpy(), b.grad.numpy())
+
+
+def test_new_batch_size_and_broadcast_change_are_logged_with_reasons(caplog: Any) -> None:
+    compiler.set_logs("recompiles")
+    try:
+        with caplog.at_level("INFO", logger="fusegrad.compiler"):
+            with compiler.compiled_autograd():
+                _model(*_leaves(64)).backward()
+                _model(*_leaves(128)).backward()  # same structure, new sizes
+                _model(*_leaves(128, bshape=(128,))).backward()  # broadcast pattern changed
+    finally:
+        compiler.set_logs(None)
+    assert compiler.counters.captures == 3
+    text = caplog.text
+    assert "first capture" in text
+    assert "new sizes" in text
+    assert "changed" in text
+
+
+def test_grad_identity_is_kept_and_accumulates_in_place() -> None:
+    leaves = _leaves(16)
+    _model(*leaves).backward()
+    grads = [t.grad for t in leaves]
+    before = [g.numpy().copy() for g in grads]
+    with compiler.compiled_autograd():
+        _model(*leaves).backward()
+    for t, g, b in zip(leaves, grads, before):
+        assert t.grad is g
+        np.testing.assert_allclose(g.numpy(), 2 * b, rtol=1e-6)
+
+
+def test_retain_graph_interleaving_eager_and_compiled() -> None:
+    leaves = _leaves(16)
+    loss = _model(*leaves)
+    loss.backward(retain_graph=True)
+    once = [t.grad.numpy().copy() for t in leaves]
+    with compiler.compiled_autograd():
+        loss.backward(retain_graph=True)
+    loss.backward(retain_graph=True)
+    with compiler.compiled_autograd():
+        loss.backward()  # frees the graph
+    for t, g in zip(leaves, once):
+        np.testing.assert_allclose(t.grad.numpy(), 4 * g, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="Specify retain_graph=True"):
+        with compiler.compiled_autograd():
+            loss.backward()
+
+
+def test_autograd_grad_compiled_does_not_touch_grad() -> None:
+    x, w, b = _leaves(8)
+    y = _model(x, w, b)
+    eager = fg.autograd.grad(y, [x, b], retain_graph=True)
+    with compiler.compiled_autograd():
+        got = fg.autograd.grad(y, [x, b])
+    assert x.grad is None and b.grad is None
+    for e, g in zip(eager, got):
+        np.testing.assert_array_equal(e.numpy(), g.numpy())
+
+
+def test_version_check_raises_before_any_grad_is_written() -> None:
+    x, w, b = _leaves(8)
+    y = _model(x, w, b)
+    with fg.no_grad():
+        w.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        with compiler.compiled_autograd():
+            y.backward()
+    assert x.grad is None and w.grad is None and b.grad is None
+
+
+class _Square(fg.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+@pytest.mark.parametrize(
+    "case,reason",
+    [
+        ("create_graph", "create_graph"),
+        ("anomaly", "anomaly"),
+        ("function", "custom Function"),
+        ("hook", "hooks"),
+        ("saved_hooks", "saved-tensor hooks"),
+    ],
+)
+def test_fallbacks_run_eagerly_with_one_reason(case: str, reason: str) -> None:
+    def program(x: fg.Tensor) -> fg.Tensor:
+        if case == "function":
+            return _Square.apply(x).sum()
+        if case == "saved_hooks":
+            with fg.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+                return (x.exp() * x).sum()
+        y = (x.exp() * x).sum()
+        if case == "hook":
+            x.register_hook(lambda g: g * 1.0)
+        return y
+
+    x_ref = fg.tensor([0.5, -1.0, 2.0], dtype=fg.float64, requires_grad=True)
+    program(x_ref).backward(create_graph=case == "create_graph")
+    x = fg.tensor([0.5, -1.0, 2.0], dtype=fg.float64, requires_grad=True)
+    with compiler.compiled_autograd():
+        y = program(x)
+        if case == "anomaly":
+            with pytest.warns(UserWarning), fg.autograd.detect_anomaly():
+                y.backward()
+        else:
+            y.backward(create_graph=case == "create_graph")
+    np.testing.assert_allclose(x.grad.detach().numpy(), x_ref.grad.detach().numpy())
+    assert compiler.counters.captures == 0
+    assert sum(compiler.counters.fallbacks.values()) == 1
+    assert any(reason in r for r in compiler.counters.fallbacks), compiler.counters.fallbacks
+
+
+def test_fullgraph_raises_instead_of_falling_back() -> None:
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    y = _Square.apply(x).sum()
+    with pytest.raises(compiler.CompilationError, match="custom Function"):
+        fg.compile(lambda: y.backward(), fullgraph=True)()
+    assert x.grad is None
+
+
+def test_explain_reports_graphs_and_fallbacks() -> None:
+    leaves = _leaves(8)
+    report = compiler.explain(lambda: _model(*leaves).backward())
+    text = str(report)
+    assert "1 graph(s) captured, 0 fallback(s)" in text
+    assert "tanh" not in text or "TanhBackward0" in text
+    assert "grad[0]" in text and "grad[2]" in text
+    x = fg.tensor([1.0], requires_grad=True)
+    report = compiler.explain(lambda: _Square.apply(x).sum().backward())
+    assert report.fallbacks and "custom Function" in report.fallbacks[0]
+
+
+def test_symbolic_values_never_run_kernels() -> None:
+    x, w, b = _leaves(4)
+    y = _model(x, w, b)
+    w_ = walk_graph([y], [fg.ones_like(y)], None, True, False)
+    graph = capture_graph(w_, [y], [fg.ones_like(y)], None, True)
+    assert x.grad is None  # capture recorded the .grad writes as effects, performed none
+    assert sorted(slot for kind, slot, _ in graph.effects if kind == "grad") == [0, 1, 2]
+
+
+# ---- random graphs ----------------------------------------------------------------------------
+
+_UNARY = ["exp", "tanh", "sigmoid", "sin", "neg", "relu", "abs"]
+_BINARY = ["add", "sub", "mul", "maximum"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(_UNARY + _BINARY), st.integers(0, 50), st.integers(0, 50)),
+        min_size=1,
+        max_size=12,
+    ),
+    shapes=st.sampled_from([((3, 4), (4,)), ((2, 1, 3), (4, 1)), ((5,), ()), ((2, 3), (2, 3))]),
+    reduce_dim=st.sampled_from([None, 0, -1]),
+)
+def test_random_graphs_compiled_match_eager(ops: list, shapes: tuple, reduce_dim: Any) -> None:
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s) for s in shapes]
+
+    def run(compiled: bool) -> list:
+        leaves = [fg.tensor(a, requires_grad=True) for a in arrays]
+        vals = list(leaves)
+        for name, i, j in ops:
+            a, b = vals[i % len(vals)], vals[j % len(vals)]
+            vals.append(getattr(fg, name)(a) if name in _UNARY else getattr(fg, name)(a, b))
+        out = sum(v.sum() if reduce_dim is None or v.ndim == 0 else v.sum(reduce_dim).sum()
+                  for v in vals[len(leaves):])
+        if compiled:
+            with compiler.compiled_autograd():
+                out.backward()
+        else:
+            out.backward()
+        return [None if t.grad is None else t.grad.numpy() for t in leaves]
+
+    eager, comp = run(False), run(True)
+    for e, c in zip(eager, comp):
+        assert (e is None) == (c is None)
+        if e is not None:
+            np.testing.assert_allclose(c, e, rtol=1e-12, atol=1e-12)
