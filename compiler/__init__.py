@@ -92,7 +92,8 @@ def run(outputs: Sequence[Tensor], grads: Sequence[Tensor], retain_graph: bool,
         counters.captures += 1
         logs.log("recompiles", f"capture #{counters.captures}: {reason}")
         logs.log("graph", "backward graph:\n" + format_graph(graph))
-        program = Program(graph)
+        with_grad = frozenset(i for i, leaf in enumerate(w.leaves) if leaf._grad is not None)
+        program = Program(graph, mode=_config.mode, leaves_with_grad=with_grad)
         programs[w.key] = program
         if _config.report is not None:
             _config.report.append(("capture", reason, program))

@@ -1,20 +1,24 @@
-"""A compiled backward: the IR graph after the passes, and how to run it on one call's data.
+"""A compiled backward: the schedule of fused kernels and externs, and how to run it.
 
-This first executor evaluates the graph value by value with the primitives' own eager kernels
-(no op-surface dispatch, no promotion, no node bookkeeping): the reference against which fused
-numba kernels are checked, and what ``mode="debug"`` runs.  Running a program:
+Building a ``Program`` runs fusion (``passes.fuse``), emits one module for all its kernels
+(``codegen.numba_cpu``) and loads it.  ``mode="debug"`` skips fusion and code generation and
+evaluates the graph value by value with the primitives' eager kernels (the reference executor).
+
+Running a program on one call's data:
 
 1. unpack every saved tensor first, through ``SavedTensor.unpack`` — the same version checks
    and errors as eager mode — before anything is computed or written (a failing check leaves
    every ``.grad`` untouched);
-2. evaluate the values in order, dropping each array after its last use;
-3. perform the effects with the engine's own ``.grad`` semantics (first write copies, later
+2. run the steps in order: externs through their eager kernel, kernels through generated code
+   (sizes passed at run time), dropping each array after its last use;
+3. perform the effects with the engine's own ``.grad`` semantics (first write stores, later
    writes add in place into the existing ``.grad``, keeping its identity);
 4. free the nodes' saved tensors unless ``retain_graph``.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -25,53 +29,121 @@ from fusegrad.autograd.node import OpNode
 from fusegrad.ops.registry import REGISTRY
 from fusegrad.tensor import Tensor
 
+from . import logs
+from .cache import counters
 from .capture import Walk
-from .ir import Graph, format_graph
+from .ir import Graph, Value, format_graph
+from .passes.fuse import Extern, Kernel, fuse
 
 
 @dataclass
 class Program:
     graph: Graph
-    last_use: dict = field(default_factory=dict, repr=False)
+    mode: str = "default"
+    steps: list = field(default_factory=list)
+    plans: list = field(default_factory=list)  # (KernelPlan, function) per kernel step
+    source_path: str | None = None
+    compile_seconds: float = 0.0
+    _first_run: bool = True
+
+    # leaves (by walk position) whose .grad existed at capture; the cache key guarantees the
+    # same at every run, so their accumulation can be fused into the kernels
+    leaves_with_grad: frozenset = frozenset()
 
     def __post_init__(self) -> None:
-        effects = {v for _, _, v in self.graph.effects}
-        for v in self.graph.values:
-            for i in v.inputs:
-                self.last_use[i] = v
-        for v in effects:
-            self.last_use.pop(v, None)  # effect values live to the end
+        if self.mode == "debug":
+            self.steps = [Extern(v) for v in self.graph.values
+                          if v.op not in ("input", "constant", "scalar")]
+        else:
+            self.steps = fuse(self.graph)
+        kernels = [s for s in self.steps if isinstance(s, Kernel)]
+        # the .grad accumulation epilogue: a kernel output that is the gradient of exactly one
+        # leaf with an existing .grad is added straight into that .grad by the kernel
+        self._epilogue: dict[Value, int] = {}
+        users: dict[Value, int] = {}
+        for _, _, v in self.graph.effects:
+            users[v] = users.get(v, 0) + 1
+        for kind, slot, v in self.graph.effects:
+            if kind == "grad" and slot in self.leaves_with_grad and users[v] == 1:
+                for kern in kernels:
+                    if v in kern.outputs and v not in kern.reductions and v.dtype.is_floating_point:
+                        kern.accumulate.add(v)
+                        self._epilogue[v] = slot
+        self._kernel_fns: dict[int, Any] = {}
+        if kernels:
+            from .codegen.numba_cpu import emit_module, load_module
+
+            summary = f"{len(kernels)} fused kernel(s) of a backward graph with " \
+                      f"{len(self.graph.values)} IR values"
+            source, plans = emit_module(kernels, summary)
+            module, path, on_disk = load_module(source)
+            self.source_path = path
+            counters.compiles += 0 if on_disk else 1
+            logs.log("output_code", f"generated code: {path}")
+            for step, plan in zip(kernels, plans):
+                self._kernel_fns[id(step)] = (plan, getattr(module, plan.name))
+        # last use of every value, by step index, for freeing arrays early
+        effect_values = {v for _, _, v in self.graph.effects}
+        self._dying: dict[int, list[Value]] = {}
+        last: dict[Value, int] = {}
+        for k, step in enumerate(self.steps):
+            for v in _step_inputs(step):
+                last[v] = k
+        for v, k in last.items():
+            if v not in effect_values:
+                self._dying.setdefault(k, []).append(v)
 
     def __str__(self) -> str:
         return format_graph(self.graph)
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        return [s for s in self.steps if isinstance(s, Kernel)]
+
+    @property
+    def externs(self) -> list[Value]:
+        return [s.value for s in self.steps if isinstance(s, Extern)]
 
     def run(self, w: Walk, grad_roots: Sequence[Tensor], retain_graph: bool,
             inputs: Sequence[Tensor] | None) -> list | None:
         saved_arrays = [s.unpack(node)._data for node, s in w.saved]  # version checks first
         env: dict = {}
-        dying: dict = {}
-        for v, last in self.last_use.items():
-            dying.setdefault(last, []).append(v)
         for v in self.graph.values:
-            op = v.op
-            if op == "input":
+            if v.op == "input":
                 kind, index = v.attr("kind"), v.attr("index")
                 env[v] = grad_roots[index]._data if kind == "root" else saved_arrays[index]
-            elif op == "scalar":
+            elif v.op == "scalar":
                 env[v] = np.array(v.attr("value"), dtype=v.dtype.np)
-            elif op == "constant":
+            elif v.op == "constant":
                 env[v] = self.graph.constants[v.attr("index")]
-            else:
-                result = REGISTRY[op].kernel(*[env[i] for i in v.inputs], **dict(v.attrs))
+        start = time.perf_counter() if self._first_run else 0.0
+        for k, step in enumerate(self.steps):
+            if isinstance(step, Extern):
+                v = step.value
+                result = REGISTRY[v.op].kernel(*[env[i] for i in v.inputs], **dict(v.attrs))
                 env[v] = result if type(result) is np.ndarray else np.asarray(result)
-            for dead in dying.get(v, ()):
+            else:
+                plan, fn = self._kernel_fns[id(step)]
+                _run_kernel(step, plan, fn, env, self._epilogue, w.leaves)
+            for dead in self._dying.get(k, ()):
                 env.pop(dead, None)
+        if self._first_run:
+            self._first_run = False
+            self.compile_seconds = time.perf_counter() - start  # includes numba's JIT
+            _note_disk_hits(self)
         captured: list | None = None
         if inputs is not None:
             captured = [None] * len(inputs)
+        fresh = self._fresh_outputs()
         for kind, slot, v in self.graph.effects:
+            if v in self._epilogue:
+                continue  # already added into .grad by its kernel
             g = Tensor._make(env[v])
-            if kind == "grad":
+            if kind == "grad" and v in fresh and w.leaves[slot]._grad is None:
+                # a kernel's freshly allocated output, used by this effect only: it becomes
+                # the .grad without the defensive copy _store_grad makes
+                w.leaves[slot]._grad = g
+            elif kind == "grad":
                 _engine._store_grad(w.leaves[slot], g, False)
             elif kind == "input_grad":
                 _engine._store_grad(inputs[slot], g, False)  # type: ignore[index]
@@ -82,3 +154,84 @@ class Program:
                 if type(n) is OpNode:
                     n.release()
         return captured
+
+
+def _fresh(program: Program) -> set:
+    users: dict[Value, int] = {}
+    for _, _, v in program.graph.effects:
+        users[v] = users.get(v, 0) + 1
+    out = set()
+    for step in program.steps:
+        if isinstance(step, Kernel):
+            out.update(v for v in step.outputs if users.get(v) == 1)
+    return out
+
+
+Program._fresh_outputs = lambda self: self.__dict__.setdefault("_fresh_cache", _fresh(self))
+
+
+def _step_inputs(step: Any) -> list[Value]:
+    if isinstance(step, Extern):
+        return list(step.value.inputs)
+    return list(step.inputs)
+
+
+def _epilogue_buffer(leaf: Tensor, v: Value, sizes: tuple, flat: bool) -> np.ndarray | None:
+    """The leaf's .grad array shaped for the kernel, or None when it cannot be written
+    through (not contiguous, read-only, or replaced by a tensor with history)."""
+    g = leaf._grad
+    if g is None or g.requires_grad or g._dtype is not v.dtype:
+        return None
+    a = g._data
+    if not (a.flags.c_contiguous and a.flags.writeable) or a.shape != v.shape:
+        return None
+    g._version_counter.value += 1
+    return a.reshape(sizes)
+
+
+def _run_kernel(kernel: Kernel, plan: Any, fn: Any, env: dict, epilogue: dict,
+                leaves: list) -> None:
+    space = kernel.shape
+    if plan.flat:
+        n = int(np.prod(space)) if space else 1
+        sizes = (n,)
+        args = []
+        for v in plan.inputs:
+            a = env[v]
+            args.append(a.reshape(-1) if a.size == n else a.reshape(1))
+    else:
+        sizes = tuple(space) if space else (1,)
+        rank = len(sizes)
+        args = []
+        for v in plan.inputs:
+            a = env[v]
+            args.append(a.reshape((1,) * (rank - a.ndim) + a.shape) if a.ndim < rank else a)
+    out_shape = sizes if plan.flat else (space or (1,))
+    outs = []
+    late_adds = []
+    for v, acc in zip(plan.outputs, plan.accumulate):
+        buf = _epilogue_buffer(leaves[epilogue[v]], v, out_shape, plan.flat) if acc else None
+        if acc and buf is None:
+            # cannot write through: accumulate into zeros, add into .grad afterwards
+            buf = np.zeros(out_shape, dtype=v.dtype.np)
+            late_adds.append((v, buf))
+        outs.append(buf if acc else np.empty(out_shape, dtype=v.dtype.np))
+    reds = [np.zeros(shape, dtype=np.float64) for shape in plan.reduced_shapes]
+    fn(*sizes, *args, *outs, *reds)
+    for v, o in zip(plan.outputs, outs):
+        env[v] = o.reshape(v.shape)
+    for v, buf in late_adds:
+        _engine._store_grad(leaves[epilogue[v]], Tensor._make(buf.reshape(v.shape)), False)
+    for v, r in zip(plan.reductions, reds):
+        env[v] = r.astype(v.dtype.np).reshape(v.shape)
+
+
+def _note_disk_hits(program: Program) -> None:
+    hits = 0
+    for plan, fn in program._kernel_fns.values():
+        stats = getattr(fn, "stats", None)
+        if stats is not None and sum(stats.cache_hits.values()):
+            hits += 1
+    if hits:
+        counters.disk_hits += 1
+        logs.log("cache", f"{hits} kernel(s) loaded from numba's disk cache")

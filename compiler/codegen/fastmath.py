@@ -1,0 +1,412 @@
+"""Vectorisable float32 math helpers for generated CPU kernels.
+
+Where this sits: ``numba_cpu.py`` lowers the float32 form of each transcendental primitive to a
+call of one of these helpers (``FLOAT32_HELPERS`` maps primitive name -> helper name); the
+float64 form stays libm (``math.exp``, ``math.log``, ..., see ``cpu_helpers.MATH64``), which is
+correctly rounded or nearly so and which generated float64 code can afford.
+
+Why they exist: this numba has no SVML, so ``math.exp`` & co. inside a loop are scalar libm calls
+that LLVM cannot vectorise (a fused loop ran 18x slower with them).  Every helper here is
+straight-line float/integer arithmetic -- range reduction, a minimax polynomial, exponent
+manipulation through integer views of the float bits, and selects (``a if c else b``, which LLVM
+turns into blend instructions) for the special cases -- so a loop calling them vectorises to
+``<16 x float>`` on AVX-512 (checked by ``tests/compiler/test_fastmath.py``).
+
+Accuracy (max error in float32 ulp against numpy/libm in float64 rounded to float32, measured by
+that test over every 61st bit pattern of the whole float32 line plus special values):
+``MAX_ULP_ERROR`` below.  Special values follow numpy: NaN in -> NaN out, overflow -> inf,
+underflow -> 0 through the denormals, ``log(0) = -inf``, ``log(x<0) = nan``, saturation of tanh,
+sigmoid and erf to their limits, the sign of zero kept where numpy keeps it.  ``sin``/``cos`` are
+accurate for ``|x| <= SINCOS_ACCURATE_MAX`` (about 1.7e9); beyond it they return a value in
+``[-1, 1]`` without accuracy guarantee (a full Payne-Hanek reduction needs a per-lane table
+lookup that would cost every call; inputs that large are not meaningful angles in float32, whose
+spacing there is >= 128).
+
+Numerics contract with the caller: the helpers rely on exact IEEE evaluation order (Cody-Waite
+reduction, the TwoSum in ``log1p``), which the generated kernels' ``reassoc``/``nsz`` fastmath
+flags would be free to rewrite.  So the helpers are ordinary ``@njit`` functions, *not* inlined
+by numba at the IR level (``inline="always"`` would re-lower their bodies under the caller's
+flags): LLVM inlines them into the caller after numba has set per-instruction flags, and LLVM
+keeps those flags per instruction, so the helper's arithmetic stays strict while the loop around
+it still vectorises.  The test checks the error bounds inside a kernel compiled with the
+emitter's flags too.
+
+Coefficients: fitted by ``_fastmath_fit.py`` (weighted minimax by Lawson's algorithm against
+mpmath, rounded to float32 one coefficient at a time with refitting); nothing is copied from a
+library.  Range-reduction constants are standard splits of ln 2 and pi/2, noted where used.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+# Bumped whenever a helper's numerics change: numba's on-disk cache of a *caller* does not notice
+# that a callee changed, so the code generator puts this in its module hash.
+FASTMATH_VERSION = 1
+
+FLOAT32_HELPERS: dict[str, str] = {
+    "exp": "fast_exp_f32",
+    "expm1": "fast_expm1_f32",
+    "log": "fast_log_f32",
+    "log1p": "fast_log1p_f32",
+    "tanh": "fast_tanh_f32",
+    "sigmoid": "fast_sigmoid_f32",
+    "erf": "fast_erf_f32",
+    "sin": "fast_sin_f32",
+    "cos": "fast_cos_f32",
+    "sqrt": "fast_sqrt_f32",
+}
+
+# Max error in ulp measured by tests/compiler/test_fastmath.py (which asserts these bounds).
+MAX_ULP_ERROR: dict[str, int] = {
+    "exp": 1,
+    "expm1": 2,
+    "log": 2,
+    "log1p": 2,
+    "tanh": 2,
+    "sigmoid": 2,
+    "erf": 2,
+    "sin": 1,
+    "cos": 1,
+    "sqrt": 0,
+}
+
+# |x| up to which sin/cos are accurate: the Cody-Waite multiple k = rint(x * 2/pi) must stay below
+# 2**30 so that k times each 23-bit piece of pi/2 is exact in float64.
+SINCOS_ACCURATE_MAX = float(2**30 * (math.pi / 2) * 0.999)
+
+# Not ``inline="always"``: see the module docstring (LLVM inlines them with their strict flags).
+_jit = numba.njit(error_model="numpy", cache=True, nogil=True)
+
+_f32 = np.float32
+_ONE = _f32(1.0)
+_TWO = _f32(2.0)
+_HALF = _f32(0.5)
+_INF = _f32(np.inf)
+_NAN = _f32(np.nan)
+_SMALLEST_NORMAL = _f32(np.finfo(np.float32).tiny)  # 2**-126
+_TWO_POW_23 = _f32(2.0**23)
+_TWENTY_THREE = _f32(23.0)
+
+# ln 2 split for Cody-Waite reduction: _LN2_HI has 9 significant bits (0x3f318000), so k * _LN2_HI
+# is exact for |k| < 2**15 and x - k * _LN2_HI is exact (Sterbenz); _LN2_LO = ln 2 - _LN2_HI.
+_LOG2E = _f32(1.4426950408889634)  # 1/ln 2
+_LN2_HI = _f32(float.fromhex("0x1.63p-1"))  # 0.693359375
+_LN2_LO = _f32(-2.1219444005469057e-4)
+
+# exp: clamp so that k = rint(x / ln 2) lies in [-150, 128].  89 -> k = 128 and the result
+# overflows to inf for every x above ln(FLT_MAX) = 88.7228; -104 -> k = -150, whose result rounds
+# to 0 like every x below ln(2**-150) = -103.97.
+_EXP_CLAMP_HI = _f32(89.0)
+_EXP_CLAMP_LO = _f32(-104.0)
+# exp(r) = 1 + r + r**2 * P(r), |r| <= ln(2)/2; max polynomial error 0.053 x 2**-24
+_EXP_P0 = _f32(0.4999999403953552)
+_EXP_P1 = _f32(0.1666652113199234)
+_EXP_P2 = _f32(0.04166828840970993)
+_EXP_P3 = _f32(0.008368703536689281)
+_EXP_P4 = _f32(0.0013818938750773668)
+
+# expm1: below -20 the float32 result is -1 (e**-20 < 2**-25), and k stays >= -29 so that 2**k
+# and 2**k - 1 are exact.
+_EXPM1_CLAMP_LO = _f32(-20.0)
+# expm1(r) = r + r**2 * Q(r), |r| <= ln(2)/2; max polynomial error 0.0074 x 2**-24
+_EXPM1_Q0 = _f32(0.5)
+_EXPM1_Q1 = _f32(0.1666666567325592)
+_EXPM1_Q2 = _f32(0.04166649281978607)
+_EXPM1_Q3 = _f32(0.008333543315529823)
+_EXPM1_Q4 = _f32(0.0013932365691289306)
+_EXPM1_Q5 = _f32(0.0001976435596588999)
+
+# log: x = 2**k * m with m in [sqrt(1/2), sqrt(2)) (the musl/FreeBSD bit trick: adding
+# 0x3f800000 - 0x3f3504f3 to the bits carries into the exponent exactly when m >= sqrt(2)).
+_LOG_OFFSET = 0x3F800000 - 0x3F3504F3
+_LOG_SQRT_HALF_BITS = 0x3F3504F3
+_MANTISSA_MASK = 0x007FFFFF
+# log1p(f) = f - f**2/2 + f**3 * L(f), f in [sqrt(1/2) - 1, sqrt(2) - 1]; max error 0.099 x 2**-24
+_LOG_L0 = _f32(0.3333333134651184)
+_LOG_L1 = _f32(-0.2500082552433014)
+_LOG_L2 = _f32(0.20001249015331268)
+_LOG_L3 = _f32(-0.1662318855524063)
+_LOG_L4 = _f32(0.14201216399669647)
+_LOG_L5 = _f32(-0.13161522150039673)
+_LOG_L6 = _f32(0.1276593804359436)
+_LOG_L7 = _f32(-0.07635954022407532)
+
+# tanh(x) = x + x**3 * T(x**2) for |x| < 0.625 (max polynomial error 0.003 x 2**-24);
+# above, tanh(|x|) = (1 - e) / (1 + e) with e = exp(-2|x|) <= 0.287, which has no cancellation.
+# tanh(10) rounds to 1 in float32, so |x| is clamped there to keep exp in its normal range.
+TANH_POLY_MAX = 0.625
+_TANH_POLY_MAX = _f32(TANH_POLY_MAX)
+_TANH_CLAMP = _f32(10.0)
+_MINUS_TWO = _f32(-2.0)
+_TANH_T0 = _f32(-0.3333333134651184)
+_TANH_T1 = _f32(0.13333220779895782)
+_TANH_T2 = _f32(-0.05394817888736725)
+_TANH_T3 = _f32(0.021706894040107727)
+_TANH_T4 = _f32(-0.008190012536942959)
+_TANH_T5 = _f32(0.002152681117877364)
+
+# erf(x) = x + x * E(x**2) for |x| < 0.875 (max polynomial error 0.015 x 2**-24; storing
+# 2/sqrt(pi) - 1 rather than 2/sqrt(pi) avoids the latter's 0.9 x 2**-24 rounding); above,
+# erf(|x|) = 1 - exp(H(|x| - 2)) with H a fit of log(erfc) on [0.875, 4] (max error in erf
+# 0.012 x 2**-24): log(erfc) is smooth and slowly curving there, unlike erfc itself, so 8
+# coefficients suffice.  erf(x) rounds to 1 in float32 from x = 3.92 on, so |x| is clamped at 4.
+ERF_POLY_MAX = 0.875
+ERF_TAIL_CENTRE = 2.0
+ERF_SATURATE = 4.0
+_ERF_POLY_MAX = _f32(ERF_POLY_MAX)
+_ERF_TAIL_CENTRE = _f32(ERF_TAIL_CENTRE)
+_ERF_SATURATE = _f32(ERF_SATURATE)
+_ERF_E0 = _f32(0.12837916612625122)  # 2/sqrt(pi) - 1
+_ERF_E1 = _f32(-0.3761262893676758)
+_ERF_E2 = _f32(0.11283621937036514)
+_ERF_E3 = _f32(-0.026855282485485077)
+_ERF_E4 = _f32(0.0051906355656683445)
+_ERF_E5 = _f32(-0.0008021723479032516)
+_ERF_E6 = _f32(7.842241757316515e-05)
+_ERF_H0 = _f32(-5.364941120147705)
+_ERF_H1 = _f32(-4.4181599617004395)
+_ERF_H2 = _f32(-0.9237520098686218)
+_ERF_H3 = _f32(-0.01647583395242691)
+_ERF_H4 = _f32(0.0035571970511227846)
+_ERF_H5 = _f32(-0.0007291450165212154)
+_ERF_H6 = _f32(0.00014873965119477361)
+_ERF_H7 = _f32(-1.6741953004384413e-05)
+
+# sin/cos: reduction and polynomials in float64 (one rounding at the end, so <= 1 ulp).
+# pi/2 = _PIO2_1 + _PIO2_2 + _PIO2_3 to ~99 bits; _PIO2_1 and _PIO2_2 have 23 significant bits so
+# k * piece is exact for |k| < 2**30 (Cody-Waite), and x - k * _PIO2_1 is exact.
+_TWO_OVER_PI = 0.6366197723675814
+_PIO2_1 = float.fromhex("0x1.921fb4p+0")
+_PIO2_2 = float.fromhex("0x1.4442d0p-24")
+_PIO2_3 = float.fromhex("0x1.8469898cc5170p-48")
+_PIO4 = math.pi / 4 * 1.0001
+_QUARTER = 0.25
+_FOUR = 4.0
+# sin(r) = r * (1 + r**2 * S(r**2)), cos(r) = 1 - r**2/2 + r**4 * C(r**2), |r| <= pi/4
+_SIN_S0 = -0.1666666664037792
+_SIN_S1 = 0.00833332925608609
+_SIN_S2 = -0.00019839296538429283
+_SIN_S3 = 2.7179712449830473e-06
+_COS_C0 = 0.041666666618718276
+_COS_C1 = -0.00138888834341744
+_COS_C2 = 2.479944289698042e-05
+_COS_C3 = -2.720433596066496e-07
+
+
+# ---- bit-level building blocks ----------------------------------------------------------------
+# ``np.float32(x).view(np.int32)`` on a scalar lowers to an LLVM bitcast, which vectorises.
+# numba widens int32 arithmetic to int64, so results are narrowed with np.int32 before a view.
+
+
+@_jit
+def _float_bits(x):  # type: ignore[no-untyped-def]
+    return np.float32(x).view(np.int32)
+
+
+@_jit
+def _pow2(n):  # type: ignore[no-untyped-def]
+    """2**n as float32 for integer n in [-126, 127], built from the exponent field."""
+    return np.int32((n + 127) << 23).view(np.float32)
+
+
+@_jit
+def _exp_reduce(x):  # type: ignore[no-untyped-def]
+    """(p, k) with exp(x) = p * 2**k, k = rint(x / ln 2), p = exp(r) for |r| <= ln(2)/2."""
+    k = np.rint(x * _LOG2E)
+    # Cody-Waite: x - k*_LN2_HI is exact, so r carries only the rounding of k*_LN2_LO
+    r = (x - k * _LN2_HI) - k * _LN2_LO
+    poly = _EXP_P0 + r * (_EXP_P1 + r * (_EXP_P2 + r * (_EXP_P3 + r * _EXP_P4)))
+    return _ONE + (r + r * r * poly), k
+
+
+@_jit
+def _exp_normal_range(x):  # type: ignore[no-untyped-def]
+    """exp(x) for x in [-87, 88] (normal results only; no special cases)."""
+    p, k = _exp_reduce(x)
+    return p * _pow2(np.int32(k))
+
+
+# ---- public helpers (float32 in, float32 out) -------------------------------------------------
+
+
+@_jit
+def fast_exp_f32(x):  # type: ignore[no-untyped-def]
+    """exp(x) in float32, <= 1 ulp; inf above 88.72, denormals down to -103.97, then 0."""
+    xc = x if x < _EXP_CLAMP_HI else _EXP_CLAMP_HI  # NaN -> clamp; restored at the end
+    xc = xc if xc > _EXP_CLAMP_LO else _EXP_CLAMP_LO
+    p, kf = _exp_reduce(xc)
+    k = np.int32(kf)
+    # 2**k for k in [-150, 128] is not a float32, but its halves are: p * 2**k1 is exact (normal),
+    # and the product with 2**k2 is the only rounding, so overflow and denormal results come
+    # out of one correctly rounded multiplication.
+    k1 = k >> 1
+    y = (p * _pow2(k1)) * _pow2(k - k1)
+    return y if x == x else x
+
+
+@_jit
+def fast_expm1_f32(x):  # type: ignore[no-untyped-def]
+    """exp(x) - 1 in float32, accurate near 0 (<= 2 ulp everywhere)."""
+    xc = x if x < _EXP_CLAMP_HI else _EXP_CLAMP_HI
+    xc = xc if xc > _EXPM1_CLAMP_LO else _EXPM1_CLAMP_LO
+    kf = np.rint(xc * _LOG2E)
+    r = (xc - kf * _LN2_HI) - kf * _LN2_LO
+    poly = _EXPM1_Q0 + r * (
+        _EXPM1_Q1 + r * (_EXPM1_Q2 + r * (_EXPM1_Q3 + r * (_EXPM1_Q4 + r * _EXPM1_Q5)))
+    )
+    em1 = r + r * r * poly  # expm1(r), relative accuracy kept for tiny r
+    k = np.int32(kf)
+    # expm1(x) = 2**k * expm1(r) + (2**k - 1); 2**k - 1 is exact for k in [-29, 24] and the
+    # exact value is irrelevant beyond.  k = 128 (x > 88.38) is done as 2 * (k = 127 result).
+    t = _pow2(k if k < 128 else 127)
+    y = t * em1 + (t - _ONE)
+    y = y * _TWO if k > 127 else y
+    y = y if x != 0 else x  # keeps the sign of zero: expm1(-0) = -0
+    return y if x == x else x
+
+
+@_jit
+def _log_parts(u):  # type: ignore[no-untyped-def]
+    """(k, f) with u = 2**k * (1 + f), f in [sqrt(1/2) - 1, sqrt(2) - 1), for normal u > 0."""
+    bits = np.int64(_float_bits(u)) + _LOG_OFFSET
+    k = np.float32((bits >> 23) - 127)
+    m = np.int32((bits & _MANTISSA_MASK) + _LOG_SQRT_HALF_BITS).view(np.float32)
+    return k, m - _ONE
+
+
+@_jit
+def _log1p_reduced(f):  # type: ignore[no-untyped-def]
+    """(f - f**2/2, f**3 * L(f)): log1p(f) as a large and a small part, summed by the caller."""
+    poly = _LOG_L0 + f * (
+        _LOG_L1
+        + f * (_LOG_L2 + f * (_LOG_L3 + f * (_LOG_L4 + f * (_LOG_L5 + f * (_LOG_L6 + f * _LOG_L7)))))
+    )
+    f2 = f * f
+    return f - _HALF * f2, f2 * f * poly
+
+
+@_jit
+def fast_log_f32(x):  # type: ignore[no-untyped-def]
+    """log(x) in float32, <= 2 ulp; log(0) = -inf, log(x < 0) = nan, denormals exact-scaled."""
+    # denormals: scale by 2**23 into the normal range first (exact), and take 23 off k
+    tiny = x < _SMALLEST_NORMAL
+    xs = x * _TWO_POW_23 if tiny else x
+    k, f = _log_parts(xs)
+    k = k - _TWENTY_THREE if tiny else k
+    head, tail = _log1p_reduced(f)
+    # k * _LN2_HI is exact; adding the small terms first keeps their rounding below half an ulp
+    y = k * _LN2_HI + (head + (tail + k * _LN2_LO))
+    y = -_INF if x == 0 else y
+    y = _NAN if x < 0 else y
+    return x if (x == _INF) | (x != x) else y
+
+
+@_jit
+def fast_log1p_f32(x):  # type: ignore[no-untyped-def]
+    """log(1 + x) in float32, accurate for tiny x (<= 2 ulp); -1 -> -inf, < -1 -> nan."""
+    u = _ONE + x
+    # TwoSum (Knuth): c = (1 + x) - u exactly, the part of x that rounding u dropped; the result
+    # is log(u) + log(1 + c/u) ~ log(u) + c/u.  Branch-free and exact for any magnitudes.
+    x_part = u - _ONE
+    one_part = u - x_part
+    c = (_ONE - one_part) + (x - x_part)
+    k, f = _log_parts(u)  # u >= 2**-24 for x > -1, so u is normal
+    head, tail = _log1p_reduced(f)
+    y = k * _LN2_HI + (head + (tail + (c / u + k * _LN2_LO)))
+    y = y if x != 0 else x  # log1p(-0) = -0
+    y = -_INF if x == -_ONE else y
+    y = _NAN if x < -_ONE else y
+    return x if (x == _INF) | (x != x) else y
+
+
+@_jit
+def fast_tanh_f32(x):  # type: ignore[no-untyped-def]
+    """tanh(x) in float32, <= 2 ulp; exactly +-1 from |x| >= 9.01, tanh(-0) = -0."""
+    ax = abs(x)
+    x2 = x * x
+    poly = _TANH_T0 + x2 * (_TANH_T1 + x2 * (_TANH_T2 + x2 * (_TANH_T3 + x2 * (_TANH_T4 + x2 * _TANH_T5))))
+    small = x + x * x2 * poly
+    e = _exp_normal_range(_MINUS_TWO * (ax if ax < _TANH_CLAMP else _TANH_CLAMP))
+    large = (_ONE - e) / (_ONE + e)
+    large = large if x > 0 else -large
+    y = small if ax < _TANH_POLY_MAX else large
+    return y if x == x else x
+
+
+@_jit
+def fast_sigmoid_f32(x):  # type: ignore[no-untyped-def]
+    """1 / (1 + exp(-x)) in float32, <= 2 ulp, never overflowing: with e = exp(-|x|) in (0, 1],
+    1/(1 + e) for x >= 0 and e/(1 + e) for x < 0 (relative accuracy kept in the tail)."""
+    e = fast_exp_f32(-abs(x))
+    numerator = _ONE if x >= 0 else e  # NaN: e is NaN
+    return numerator / (_ONE + e)
+
+
+@_jit
+def fast_erf_f32(x):  # type: ignore[no-untyped-def]
+    """erf(x) in float32, <= 2 ulp; exactly +-1 from |x| >= 3.92, erf(-0) = -0."""
+    ax = abs(x)
+    x2 = x * x
+    small = x + x * (
+        _ERF_E0
+        + x2 * (_ERF_E1 + x2 * (_ERF_E2 + x2 * (_ERF_E3 + x2 * (_ERF_E4 + x2 * (_ERF_E5 + x2 * _ERF_E6)))))
+    )
+    t = ax if ax < _ERF_SATURATE else _ERF_SATURATE  # NaN and inf -> 4
+    t = (t if t > _ERF_POLY_MAX else _ERF_POLY_MAX) - _ERF_TAIL_CENTRE
+    h = _ERF_H0 + t * (
+        _ERF_H1
+        + t * (_ERF_H2 + t * (_ERF_H3 + t * (_ERF_H4 + t * (_ERF_H5 + t * (_ERF_H6 + t * _ERF_H7)))))
+    )
+    large = _ONE - _exp_normal_range(h)  # h in [-17.4, -1.5]
+    large = large if x > 0 else -large
+    y = small if ax < _ERF_POLY_MAX else large
+    return y if x == x else x
+
+
+@_jit
+def _sincos_reduce(x):  # type: ignore[no-untyped-def]
+    """(sin r, cos r, q) in float64 with x = r + (4n + q) * pi/2, |r| <= pi/4."""
+    xd = np.float64(x)
+    k = np.rint(xd * _TWO_OVER_PI)
+    r = ((xd - k * _PIO2_1) - k * _PIO2_2) - k * _PIO2_3
+    # beyond SINCOS_ACCURATE_MAX r is inexact: keep it in range so the result stays in [-1, 1]
+    # (comparisons are false for NaN, which passes through)
+    r = _PIO4 if r > _PIO4 else r
+    r = -_PIO4 if r < -_PIO4 else r
+    q = k - _FOUR * np.floor(k * _QUARTER)  # k mod 4, exact in float64 for any k
+    r2 = r * r
+    s = r + r * (r2 * (_SIN_S0 + r2 * (_SIN_S1 + r2 * (_SIN_S2 + r2 * _SIN_S3))))
+    c = 1.0 - 0.5 * r2 + (r2 * r2) * (_COS_C0 + r2 * (_COS_C1 + r2 * (_COS_C2 + r2 * _COS_C3)))
+    return s, c, q
+
+
+@_jit
+def fast_sin_f32(x):  # type: ignore[no-untyped-def]
+    """sin(x) in float32, <= 1 ulp for |x| <= SINCOS_ACCURATE_MAX; sin(+-inf) = nan."""
+    s, c, q = _sincos_reduce(x)
+    odd = (q == 1.0) | (q == 3.0)
+    y = c if odd else s
+    y = -y if q >= 2.0 else y
+    y = np.float32(y)
+    return y if x != 0 else x  # sin(-0) = -0
+
+
+@_jit
+def fast_cos_f32(x):  # type: ignore[no-untyped-def]
+    """cos(x) in float32, <= 1 ulp for |x| <= SINCOS_ACCURATE_MAX; cos(+-inf) = nan."""
+    s, c, q = _sincos_reduce(x)
+    odd = (q == 1.0) | (q == 3.0)
+    y = s if odd else c
+    y = -y if (q == 1.0) | (q == 2.0) else y
+    return np.float32(y)
+
+
+@_jit
+def fast_sqrt_f32(x):  # type: ignore[no-untyped-def]
+    """sqrt(x): ``math.sqrt`` lowers to the ``llvm.sqrt`` intrinsic (correctly rounded, vectorised
+    to vsqrtps), so it needs no polynomial; here for a uniform table."""
+    return math.sqrt(x)
