@@ -126,7 +126,10 @@ def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
     args += [f"red{k}" for k in range(len(reds))]
     math32 = _float32_math()
     lines = [
-        f'@numba.njit(cache=True, error_model="numpy", nogil=True, fastmath={set(FASTMATH)!r})',
+        # a sorted literal: a set's repr varies between processes (string hashing), and the
+        # source must be byte-identical for the disk cache to hit
+        "@numba.njit(cache=True, error_model=\"numpy\", nogil=True, fastmath={"
+        + ", ".join(repr(f) for f in sorted(FASTMATH)) + "})",
         f"def {name}({', '.join(args)}):",
     ]
     for k, r in enumerate(reds):

@@ -1,0 +1,161 @@
+"""Golden tests on fusion decisions, the generated module, and the on-disk cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+import fusegrad.nn as nn
+import fusegrad.nn.functional as F
+from fusegrad import compiler
+from fusegrad.compiler.codegen.lowering import EXPRESSIONS, EXTERNS, FUSED_REDUCTIONS
+from fusegrad.ops.registry import REGISTRY
+
+VIEWS = {"reshape", "permute", "broadcast_to"}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compiler() -> Any:
+    compiler.reset()
+    yield
+    compiler.reset()
+
+
+def _workload_a(n: int = 1000) -> list:
+    rng = np.random.default_rng(0)
+    x = fg.tensor(rng.standard_normal(n).astype(np.float32), requires_grad=True)
+    w = fg.tensor(rng.standard_normal(n).astype(np.float32), requires_grad=True)
+    b = fg.tensor(rng.standard_normal(1).astype(np.float32), requires_grad=True)
+    return [x, w, b]
+
+
+def _loss_a(x: fg.Tensor, w: fg.Tensor, b: fg.Tensor) -> fg.Tensor:
+    return ((x * w + b).tanh() * x.sigmoid() + (-x * x).exp() * 0.5).sum()
+
+
+def test_every_primitive_has_exactly_one_lowering() -> None:
+    kinds = [set(EXPRESSIONS), set(FUSED_REDUCTIONS), set(EXTERNS)]
+    for name in REGISTRY:
+        assert sum(name in k for k in kinds) == 1, name
+    assert set().union(*kinds) == set(REGISTRY)
+
+
+def test_workload_a_backward_is_one_kernel() -> None:
+    leaves = _workload_a()
+    report = compiler.explain(lambda: _loss_a(*leaves).backward())
+    (_, program), = report.captures
+    assert len(program.kernels) == 1
+    assert {v.op for v in program.externs} <= VIEWS  # only free numpy views outside it
+    kernel = program.kernels[0]
+    assert [r.op for r in kernel.reductions] == ["sum_to"]  # b's gradient, fused
+    assert len(kernel.outputs) == 3  # grad x, grad w, grad b
+
+
+def test_mlp_backward_is_matmul_externs_plus_one_kernel_per_hidden_layer() -> None:
+    fg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
+                          nn.Linear(16, 4))
+    x, y = fg.randn(8, 32), fg.randint(0, 4, (8,))
+    report = compiler.explain(lambda: F.cross_entropy(model(x), y).backward())
+    (_, program), = report.captures
+    ops = [v.op for v in program.externs]
+    assert ops.count("matmul") == 5  # 2 per layer, none for the input's gradient
+    assert not any(v.op == "matmul" for k in program.kernels for v in k.values)
+    hidden = [k for k in program.kernels if k.shape == (8, 16)]
+    assert len(hidden) == 2  # ReLU backward + bias gradient, one loop per hidden layer
+    for k in hidden:
+        assert [v.op for v in k.values] == ["where"]
+        assert [r.op for r in k.reductions] == ["sum_to"]
+
+
+def test_generated_module_is_readable_and_names_ir_values() -> None:
+    leaves = _workload_a()
+    with compiler.compiled_autograd():
+        _loss_a(*leaves).backward()
+    (program,) = compiler.programs.values()
+    source = open(program.source_path).read()
+    assert "def kernel_0(" in source
+    assert "# %" in source and "TanhBackward0" in source
+    assert "@numba.njit(cache=True" in source
+    assert "fastmath={" in source and "nnan" not in source and "ninf" not in source
+
+
+def test_batch_size_change_reuses_compiled_code() -> None:
+    with compiler.compiled_autograd():
+        _loss_a(*_workload_a(100)).backward()
+        assert compiler.counters.compiles == 1 or compiler.counters.compiles == 0
+        first = compiler.counters.compiles
+        _loss_a(*_workload_a(333)).backward()
+    assert compiler.counters.captures == 2
+    assert compiler.counters.compiles == first  # same source: no new compilation
+    paths = {p.source_path for p in compiler.programs.values()}
+    assert len(paths) == 1
+
+
+def test_broadcast_change_compiles_a_new_kernel() -> None:
+    def loss(x: fg.Tensor, b: fg.Tensor) -> fg.Tensor:
+        return (x * b).tanh().sum()
+
+    with compiler.compiled_autograd():
+        loss(fg.randn(4, 5, requires_grad=True), fg.randn(5, requires_grad=True)).backward()
+        loss(fg.randn(4, 5, requires_grad=True), fg.randn(4, 1, requires_grad=True)).backward()
+    paths = {p.source_path for p in compiler.programs.values()}
+    assert len(paths) == 2
+
+
+def test_corrupt_cache_file_is_rewritten(tmp_path: Any, monkeypatch: Any) -> None:
+    monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
+    from fusegrad.compiler.codegen import numba_cpu
+
+    monkeypatch.setattr(numba_cpu, "_loaded", {})
+    leaves = _workload_a(10)
+    with compiler.compiled_autograd():
+        _loss_a(*leaves).backward()
+    (program,) = compiler.programs.values()
+    path = program.source_path
+    assert path.startswith(str(tmp_path))
+    with open(path, "w") as fh:
+        fh.write("this is not python (")
+    compiler.reset()
+    numba_cpu._loaded.clear()
+    ref = [t.grad.numpy().copy() for t in leaves]
+    for t in leaves:
+        t.grad = None
+    with compiler.compiled_autograd():
+        _loss_a(*leaves).backward()
+    for t, r in zip(leaves, ref):
+        np.testing.assert_allclose(t.grad.numpy(), r, rtol=1e-6)
+    assert "def kernel_0(" in open(path).read()
+
+
+_SECOND_PROCESS = textwrap.dedent(
+    """
+    import numpy as np
+    import fusegrad as fg
+    from fusegrad import compiler
+    rng = np.random.default_rng(0)
+    x = fg.tensor(rng.standard_normal(50).astype(np.float32), requires_grad=True)
+    w = fg.tensor(rng.standard_normal(50).astype(np.float32), requires_grad=True)
+    b = fg.tensor(rng.standard_normal(1).astype(np.float32), requires_grad=True)
+    with compiler.compiled_autograd():
+        ((x * w + b).tanh() * x.sigmoid() + (-x * x).exp() * 0.5).sum().backward()
+    print(compiler.counters.compiles, compiler.counters.disk_hits)
+    """
+)
+
+
+def test_second_process_hits_the_disk_cache(tmp_path: Any) -> None:
+    env = dict(os.environ, FUSEGRAD_CACHE_DIR=str(tmp_path))
+    first = subprocess.run([sys.executable, "-c", _SECOND_PROCESS], env=env,
+                           capture_output=True, text=True, check=True)
+    assert first.stdout.split() == ["1", "0"], first.stdout + first.stderr
+    second = subprocess.run([sys.executable, "-c", _SECOND_PROCESS], env=env,
+                            capture_output=True, text=True, check=True)
+    assert second.stdout.split() == ["0", "1"], second.stdout + second.stderr
