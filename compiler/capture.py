@@ -96,45 +96,63 @@ def walk(roots: Sequence[Tensor], grad_roots: Sequence[Tensor], inputs: Sequence
                 stack.append(child)
     key: list = [("call", accumulate, len(roots))]
     for (n, nr), g in zip(root_edges, grad_roots):
-        key.append(("root", index.get(n, -1), nr, _tensor_meta(g)))
+        key.append(("root", index.get(n, -1), nr, g._data.shape, g._dtype))
     if inputs is not None:
         for t in inputs:
             n, nr = t._edge()
             key.append(("input", index.get(n, -1), nr))
+    # The hot loop of every compiled backward: per node only attribute reads and tuple
+    # building (dtype objects, not their names; attrs as items, frozen only if unhashable).
+    append = key.append
+    saved_out = out.saved
     for n in order:
-        reason = _unsupported(n)
-        if reason is not None:
-            out.fallback = reason
-            return out
-        edges = tuple((index[c] if c is not None else -1, nr) for c, nr in n._edges)
-        if type(n) is AccumulateGrad:
+        kind = type(n)
+        if kind is OpNode:
+            if n._pre_hooks or n._post_hooks or n._tensor_pre_hooks or n._retain_grad_hooks:
+                out.fallback = _unsupported(n)
+                return out
+            saved = n._saved
+            if saved is None:
+                if n._rule.save_index:
+                    # freed: the eager engine raises its "Specify retain_graph=True" error
+                    out.fallback = f"{n.name()} has freed its saved tensors"
+                    return out
+                saved = ()
+            smeta = []
+            for s in saved:
+                if s._counter is None or s._unpack_hook is not None:
+                    out.fallback = (f"{n.name()} has freed its saved tensors"
+                                    if s._counter is None else
+                                    f"{n.name()} has saved-tensor hooks (user code on unpack)")
+                    return out
+                t = s._tensor
+                data = s._data if t is None else t._data
+                smeta.append((data.shape, data.dtype))
+                saved_out.append((n, s))
+            append((n._prim.name, tuple(n.attrs.items()),
+                    tuple((index[c] if c is not None else -1, nr) for c, nr in n._edges),
+                    n._input_meta, tuple(smeta)))
+        elif kind is AccumulateGrad:
+            reason = _unsupported(n)
+            if reason is not None:
+                out.fallback = reason
+                return out
             v = n.variable
             grad = v._grad
-            gmeta = None if grad is None else (_tensor_meta(grad), grad.requires_grad,
-                                               grad._data.flags.writeable)
-            key.append(("leaf", _tensor_meta(v), gmeta))
+            gmeta = None if grad is None else (grad._data.shape, grad._dtype,
+                                               grad.requires_grad, grad._data.flags.writeable,
+                                               grad._data.flags.c_contiguous)
+            append(("leaf", v._data.shape, v._dtype, gmeta))
             out.leaves.append(v)
-            continue
-        saved = n._saved
-        if saved is None and n._rule.save_index:
-            # freed: the eager engine raises its "Specify retain_graph=True" error
-            out.fallback = f"{n.name()} has freed its saved tensors"
+        else:
+            out.fallback = _unsupported(n)
             return out
-        smeta = []
-        for s in saved or ():
-            if s._counter is None:
-                out.fallback = f"{n.name()} has freed its saved tensors"
-                return out
-            if s.has_hooks:
-                out.fallback = f"{n.name()} has saved-tensor hooks (user code on unpack)"
-                return out
-            data = s._data if s._tensor is None else s._tensor._data
-            smeta.append((tuple(data.shape), str(data.dtype), s._is_output))
-            out.saved.append((n, s))
-        key.append(("op", n._prim.name, freeze(n.attrs), edges,
-                    tuple((tuple(m[0]), m[1].name) for m in n._input_meta), tuple(smeta)))
     out.nodes = order
-    out.key = tuple(key)
+    try:
+        out.key = tuple(key)
+        hash(out.key)
+    except TypeError:  # an attribute value that is not hashable: freeze everything
+        out.key = freeze(tuple(key))
     return out
 
 
