@@ -83,3 +83,10 @@ def test_command_line_rejects_bad_arguments():
         check=False,
     )
     assert out.returncode == 2 and "must be positive" in out.stderr
+
+
+def test_compiled_training_matches_eager_gradients() -> None:
+    from fusegrad.__main__ import compare_gradients, load_data
+
+    data = load_data(0, log=lambda msg: None)
+    assert compare_gradients(data, hidden=32, seed=0, batch_size=16) < 1e-4
