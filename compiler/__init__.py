@@ -150,8 +150,16 @@ class Report:
         lines = [f"{len(self.captures)} graph(s) captured, {len(self.fallbacks)} fallback(s)"]
         for i, (reason, prog) in enumerate(self.captures):
             n = sum(1 for v in prog.graph.values if v.op not in ("input", "scalar", "constant"))
-            lines.append(f"graph {i}: {n} ops ({reason})")
+            lines.append(f"graph {i}: {n} ops, {len(prog.kernels)} kernel(s), "
+                         f"{len(prog.externs)} extern call(s) ({reason})")
             lines.extend("    " + line for line in str(prog).splitlines())
+            for k, kern in enumerate(prog.kernels):
+                fused = ", ".join(f"%{v.id} {v.op}" for v in kern.values + kern.reductions)
+                lines.append(f"  kernel {k} over {list(kern.shape)}: {fused}")
+            for v in prog.externs:
+                lines.append(f"  extern %{v.id} = {v.op}")
+            if prog.source_path:
+                lines.append(f"  generated code: {prog.source_path}")
         for reason in self.fallbacks:
             lines.append(f"fallback: {reason}")
         return "\n".join(lines)

@@ -79,7 +79,7 @@ MAX_ULP_ERROR: dict[str, int] = {
 SINCOS_ACCURATE_MAX = float(2**30 * (math.pi / 2) * 0.999)
 
 # Not ``inline="always"``: see the module docstring (LLVM inlines them with their strict flags).
-_jit = numba.njit(error_model="numpy", cache=True, nogil=True)
+_jit = numba.njit(error_model="numpy", fastmath={"contract"}, forceinline=True, cache=True, nogil=True)
 
 _f32 = np.float32
 _ONE = _f32(1.0)
@@ -154,27 +154,27 @@ _TANH_T5 = _f32(0.002152681117877364)
 # erf(|x|) = 1 - exp(H(|x| - 2)) with H a fit of log(erfc) on [0.875, 4] (max error in erf
 # 0.012 x 2**-24): log(erfc) is smooth and slowly curving there, unlike erfc itself, so 8
 # coefficients suffice.  erf(x) rounds to 1 in float32 from x = 3.92 on, so |x| is clamped at 4.
-ERF_POLY_MAX = 0.875
+ERF_POLY_MAX = 1.0
 ERF_TAIL_CENTRE = 2.0
 ERF_SATURATE = 4.0
 _ERF_POLY_MAX = _f32(ERF_POLY_MAX)
 _ERF_TAIL_CENTRE = _f32(ERF_TAIL_CENTRE)
 _ERF_SATURATE = _f32(ERF_SATURATE)
 _ERF_E0 = _f32(0.12837916612625122)  # 2/sqrt(pi) - 1
-_ERF_E1 = _f32(-0.3761262893676758)
-_ERF_E2 = _f32(0.11283621937036514)
-_ERF_E3 = _f32(-0.026855282485485077)
-_ERF_E4 = _f32(0.0051906355656683445)
-_ERF_E5 = _f32(-0.0008021723479032516)
-_ERF_E6 = _f32(7.842241757316515e-05)
+_ERF_E1 = _f32(-0.3761262595653534)
+_ERF_E2 = _f32(0.11283578723669052)
+_ERF_E3 = _f32(-0.026853347197175026)
+_ERF_E4 = _f32(0.005187162198126316)
+_ERF_E5 = _f32(-0.0007997853099368513)
+_ERF_E6 = _f32(7.806903158780187e-05)
 _ERF_H0 = _f32(-5.364941120147705)
 _ERF_H1 = _f32(-4.4181599617004395)
-_ERF_H2 = _f32(-0.9237520098686218)
-_ERF_H3 = _f32(-0.01647583395242691)
-_ERF_H4 = _f32(0.0035571970511227846)
-_ERF_H5 = _f32(-0.0007291450165212154)
-_ERF_H6 = _f32(0.00014873965119477361)
-_ERF_H7 = _f32(-1.6741953004384413e-05)
+_ERF_H2 = _f32(-0.9237529039382935)
+_ERF_H3 = _f32(-0.016479894518852234)
+_ERF_H4 = _f32(0.0035551264882087708)
+_ERF_H5 = _f32(-0.0007168080774135888)
+_ERF_H6 = _f32(0.0001681818685028702)
+_ERF_H7 = _f32(-8.5419524111785e-06)
 
 # sin/cos: reduction and polynomials in float64 (one rounding at the end, so <= 1 ulp).
 # pi/2 = _PIO2_1 + _PIO2_2 + _PIO2_3 to ~99 bits; _PIO2_1 and _PIO2_2 have 23 significant bits so
@@ -280,13 +280,13 @@ def _log_parts(u):  # type: ignore[no-untyped-def]
 
 @_jit
 def _log1p_reduced(f):  # type: ignore[no-untyped-def]
-    """(f - f**2/2, f**3 * L(f)): log1p(f) as a large and a small part, summed by the caller."""
+    """(f**2/2, f**3 * L(f)): log1p(f) = f - f**2/2 + f**3 * L(f), summed by the caller."""
     poly = _LOG_L0 + f * (
         _LOG_L1
         + f * (_LOG_L2 + f * (_LOG_L3 + f * (_LOG_L4 + f * (_LOG_L5 + f * (_LOG_L6 + f * _LOG_L7)))))
     )
     f2 = f * f
-    return f - _HALF * f2, f2 * f * poly
+    return _HALF * f2, f2 * f * poly
 
 
 @_jit
@@ -297,9 +297,10 @@ def fast_log_f32(x):  # type: ignore[no-untyped-def]
     xs = x * _TWO_POW_23 if tiny else x
     k, f = _log_parts(xs)
     k = k - _TWENTY_THREE if tiny else k
-    head, tail = _log1p_reduced(f)
-    # k * _LN2_HI is exact; adding the small terms first keeps their rounding below half an ulp
-    y = k * _LN2_HI + (head + (tail + k * _LN2_LO))
+    half_f2, tail = _log1p_reduced(f)
+    # k * _LN2_HI is exact; the small terms are summed first so that only the last additions
+    # round at the result's magnitude
+    y = k * _LN2_HI + (f + ((tail - half_f2) + k * _LN2_LO))
     y = -_INF if x == 0 else y
     y = _NAN if x < 0 else y
     return x if (x == _INF) | (x != x) else y
@@ -315,8 +316,10 @@ def fast_log1p_f32(x):  # type: ignore[no-untyped-def]
     one_part = u - x_part
     c = (_ONE - one_part) + (x - x_part)
     k, f = _log_parts(u)  # u >= 2**-24 for x > -1, so u is normal
-    head, tail = _log1p_reduced(f)
-    y = k * _LN2_HI + (head + (tail + (c / u + k * _LN2_LO)))
+    half_f2, tail = _log1p_reduced(f)
+    # c/u joins f before f**2/2 is subtracted: for tiny x, f and c/u nearly cancel, and the
+    # rounding of f - f**2/2 would otherwise be a whole ulp of the result
+    y = k * _LN2_HI + (f + ((c / u + (tail - half_f2)) + k * _LN2_LO))
     y = y if x != 0 else x  # log1p(-0) = -0
     y = -_INF if x == -_ONE else y
     y = _NAN if x < -_ONE else y

@@ -1,0 +1,69 @@
+"""Algebraic simplification: rewrite values into cheaper equal ones, in one topological sweep.
+
+Assumes a verified graph; guarantees a verified graph computing bit-identical results (only
+rewrites that are exact in IEEE arithmetic, including NaN, inf and signed zeros):
+
+* ``mul(x, 1)`` / ``mul(1, x)`` / ``div(x, 1)`` -> ``x`` (x * 1.0 is exact for every x);
+* ``neg(neg(x))`` -> ``x``;
+* ``reshape``/``broadcast_to``/``sum_to`` to ``x``'s own shape, and ``cast`` to its own
+  dtype -> ``x``;
+* ``reshape(reshape(x))`` -> ``reshape(x)``; ``permute(permute(x))`` -> one ``permute``
+  (or ``x`` when the composition is the identity).
+
+Not rewritten on purpose: ``x * 0`` (NaN/inf inputs), ``x + 0`` (signed zero).
+The sweep is a single pass (each value sees its already simplified inputs): no fixpoint loop.
+"""
+
+from __future__ import annotations
+
+from ..ir import Graph, Value
+
+
+def _is_scalar(v: Value, value: float) -> bool:
+    return v.op == "scalar" and v.attr("value") == value and v.shape == ()
+
+
+def _rewrite(graph: Graph, v: Value, inputs: tuple[Value, ...]) -> Value | None:
+    """The simplified form of ``v`` (with already-mapped ``inputs``), or None."""
+    op = v.op
+    if op == "mul" and v.dtype.is_floating_point:
+        a, b = inputs
+        if _is_scalar(b, 1) and a.shape == v.shape and a.dtype is v.dtype:
+            return a
+        if _is_scalar(a, 1) and b.shape == v.shape and b.dtype is v.dtype:
+            return b
+    if op == "div" and v.dtype.is_floating_point:
+        a, b = inputs
+        if _is_scalar(b, 1) and a.shape == v.shape and a.dtype is v.dtype:
+            return a
+    if op == "neg" and inputs[0].op == "neg":
+        return inputs[0].inputs[0]
+    if op in ("reshape", "broadcast_to", "sum_to") and inputs[0].shape == v.shape:
+        return inputs[0]
+    if op == "cast" and inputs[0].dtype is v.dtype:
+        return inputs[0]
+    if op == "reshape" and inputs[0].op == "reshape":
+        inner = inputs[0].inputs[0]
+        return graph.add("reshape", (inner,), {"shape": v.attr("shape")}, v.shape, v.dtype,
+                         v.origin)
+    if op == "permute" and inputs[0].op == "permute":
+        inner = inputs[0].inputs[0]
+        first, second = inputs[0].attr("dims"), v.attr("dims")
+        dims = tuple(first[d] for d in second)
+        if dims == tuple(range(len(dims))):
+            return inner
+        return graph.add("permute", (inner,), {"dims": dims}, v.shape, v.dtype, v.origin)
+    return None
+
+
+def simplify(graph: Graph) -> Graph:
+    out = Graph(constants=list(graph.constants))
+    mapping: dict[Value, Value] = {}
+    for v in graph.values:
+        inputs = tuple(mapping[i] for i in v.inputs)
+        new = _rewrite(out, v, inputs)
+        if new is None:
+            new = out.add(v.op, inputs, v.attrs, v.shape, v.dtype, v.origin)
+        mapping[v] = new
+    out.effects = [(kind, slot, mapping[v]) for kind, slot, v in graph.effects]
+    return out
