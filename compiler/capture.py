@@ -31,6 +31,7 @@ from fusegrad.autograd import engine as _engine
 from fusegrad.autograd import node as _node
 from fusegrad.autograd.node import AccumulateGrad, OpNode
 from fusegrad.ops import registry
+from fusegrad import dtypes as _dt
 from fusegrad.tensor import Tensor
 
 from .ir import Graph, Value, freeze
@@ -65,6 +66,8 @@ class Walk:
     saved: list = field(default_factory=list)  # (node, SavedTensor) in key order
     leaves: list = field(default_factory=list)  # leaf tensors in key order
     fallback: str | None = None
+    index: dict = field(default_factory=dict)  # node -> position in ``nodes``
+    has_hooks: bool = False  # user hooks run as opaque steps (effects then happen in order)
 
 
 def _tensor_meta(t: Any) -> tuple:
@@ -108,9 +111,14 @@ def walk(roots: Sequence[Tensor], grad_roots: Sequence[Tensor], inputs: Sequence
     for n in order:
         kind = type(n)
         if kind is OpNode:
+            hooks = None
             if n._pre_hooks or n._post_hooks or n._tensor_pre_hooks or n._retain_grad_hooks:
-                out.fallback = _unsupported(n)
-                return out
+                # hook *counts* per site are structure; the callables are looked up at run time
+                out.has_hooks = True
+                hooks = (len(n._pre_hooks or ()), len(n._post_hooks or ()),
+                         tuple(sorted((nr, len(h)) for nr, h in
+                                      (n._tensor_pre_hooks or {}).items())),
+                         tuple(sorted(n._retain_grad_hooks or ())))
             saved = n._saved
             if saved is None:
                 if n._rule.save_index:
@@ -131,23 +139,25 @@ def walk(roots: Sequence[Tensor], grad_roots: Sequence[Tensor], inputs: Sequence
                 saved_out.append((n, s))
             append((n._prim.name, tuple(n.attrs.items()),
                     tuple((index[c] if c is not None else -1, nr) for c, nr in n._edges),
-                    n._input_meta, tuple(smeta)))
+                    n._input_meta, tuple(smeta), hooks))
         elif kind is AccumulateGrad:
-            reason = _unsupported(n)
-            if reason is not None:
-                out.fallback = reason
-                return out
             v = n.variable
+            hooks = None
+            if n._pre_hooks or n._post_hooks or v._hooks or v._post_acc_hooks:
+                out.has_hooks = True
+                hooks = (len(n._pre_hooks or ()), len(n._post_hooks or ()), len(v._hooks or ()),
+                         len(v._post_acc_hooks or ()))
             grad = v._grad
             gmeta = None if grad is None else (grad._data.shape, grad._dtype,
                                                grad.requires_grad, grad._data.flags.writeable,
                                                grad._data.flags.c_contiguous)
-            append(("leaf", v._data.shape, v._dtype, gmeta))
+            append(("leaf", v._data.shape, v._dtype, gmeta, hooks))
             out.leaves.append(v)
         else:
             out.fallback = _unsupported(n)
             return out
     out.nodes = order
+    out.index = index
     try:
         out.key = tuple(key)
         hash(out.key)
@@ -156,15 +166,8 @@ def walk(roots: Sequence[Tensor], grad_roots: Sequence[Tensor], inputs: Sequence
     return out
 
 
-def _unsupported(n: Any) -> str | None:
-    kind = type(n)
-    if kind is not OpNode and kind is not AccumulateGrad:
-        return f"{n.name()} is not a primitive's node (custom Function or other node type)"
-    if n._pre_hooks or n._post_hooks or n._tensor_pre_hooks or n._retain_grad_hooks:
-        return f"{n.name()} has hooks (hooks are not compiled yet)"
-    if kind is AccumulateGrad and (n.variable._hooks or n.variable._post_acc_hooks):
-        return "a leaf has tensor or post-accumulate-grad hooks (hooks are not compiled yet)"
-    return None
+def _unsupported(n: Any) -> str:
+    return f"{n.name()} is not a primitive's node (custom Function or other node type)"
 
 
 def capture(w: Walk, roots: Sequence[Tensor], grad_roots: Sequence[Tensor],
@@ -210,13 +213,63 @@ def capture(w: Walk, roots: Sequence[Tensor], grad_roots: Sequence[Tensor],
         # a gradient a rule built from nothing (e.g. zeros_like(g) for floor) is a constant
         return g._value if isinstance(g, SymbolicTensor) else graph.constant(g._data)
 
+    seq = iter(range(1 << 62))  # side-effecting values are never interned together
+    last_store: dict = {}  # id(tensor) -> its latest store_grad value (orders hooks after it)
+
     def store(t: Tensor, g: Tensor) -> None:
         if id(t) in leaf_index:
-            graph.effects.append(("grad", leaf_index[id(t)], as_value(g)))
+            target: tuple = ("grad", leaf_index[id(t)])
         elif id(t) in input_index:
-            graph.effects.append(("input_grad", input_index[id(t)], as_value(g)))
+            target = ("input_grad", input_index[id(t)])
+        elif t.grad_fn is not None and t.grad_fn in w.index:
+            target = ("retain_grad", w.index[t.grad_fn], t._output_nr)  # retain_grad()
         else:
             raise Fallback("a .grad write to a tensor the walk did not see")
+        if not w.has_hooks:
+            # no user code runs during this backward: writes can all happen at the end
+            graph.effects.append((target[0], target[1], as_value(g)))
+            return
+        value = graph.add("store_grad", (as_value(g),), {"target": target, "seq": next(seq)},
+                          (), _dt.bool_, origin=current[0])
+        last_store[id(t)] = value
+
+    def call_hook(hook: Any, kind: str, node: Any, slot: int, position: int, *args: Any) -> Any:
+        # a user hook is an opaque step of the program: record where it sits and what it gets
+        site = (w.index[node], kind, slot, position)
+        if kind == "post_acc":
+            var = args[0]
+            graph.add("hook", (last_store[id(var)],), {"site": site, "layout": (),
+                      "seq": next(seq)}, (), _dt.bool_, origin=node.name())
+            return None
+        groups = [args[0]] if kind == "tensor" else list(args)
+        layout = []
+        values = []
+        for group in groups:
+            items = (group,) if kind == "tensor" else tuple(group)
+            mask = []
+            for item in items:
+                mask.append(item is not None)
+                if item is not None:
+                    values.append(as_value(item))
+            layout.append(tuple(mask))
+        token = graph.add("hook", tuple(values), {"site": site, "layout": tuple(layout),
+                          "seq": next(seq)}, (), _dt.bool_, origin=node.name())
+        # the hook may replace (a) the gradient (tensor hook), (b) the node's incoming
+        # gradients (pre-hook) or (c) its results (post-hook): one hook_output per slot
+        replaced = [args[0]] if kind == "tensor" else list(args[0])
+        outs = []
+        for i, item in enumerate(replaced):
+            if item is None:
+                outs.append(None)
+                continue
+            v = as_value(item)
+            # position i of what the hook returns, or v itself when it returns None
+            out = graph.add("hook_output", (token, v), {"index": i}, v.shape, v.dtype,
+                            origin=node.name())
+            outs.append(SymbolicTensor.of(out))
+        if kind == "tensor":
+            return outs[0]
+        return tuple(outs)
 
     engine_apply = _engine._apply
 
@@ -231,14 +284,17 @@ def capture(w: Walk, roots: Sequence[Tensor], grad_roots: Sequence[Tensor],
     ]
     prev = registry.set_interceptor(intercept)
     prev_unpack, prev_store = _node.capture_unpack, _engine.capture_store
+    prev_call_hook = _engine.call_hook
     _node.capture_unpack, _engine.capture_store = unpack, store
     _engine._apply = apply_named
+    _engine.call_hook = call_hook
     try:
         captured = _engine.run_backward(roots, sym_roots, True, False, inputs, accumulate)
     finally:
         registry.set_interceptor(prev)
         _node.capture_unpack, _engine.capture_store = prev_unpack, prev_store
         _engine._apply = engine_apply
+        _engine.call_hook = prev_call_hook
     if not accumulate:
         for pos, g in enumerate(captured or ()):
             if g is not None:

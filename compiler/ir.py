@@ -8,7 +8,9 @@ of the IR's own ops:
                ``.grad``); ``attrs["index"]`` is its position in that list;
 ``constant``   a tensor created inside a derivative rule (``zeros_like(g)``, index ranges):
                ``attrs["index"]`` points into ``Graph.constants``;
-``scalar``     a Python number inside a rule (``1.0 - out * out``), ``attrs["value"]``.
+``scalar``     a Python number inside a rule (``1.0 - out * out``), ``attrs["value"]``;
+``hook``, ``hook_output``, ``store_grad``: user hooks as opaque steps and ``.grad`` writes at
+               their eager positions (only in graphs whose backward runs user hooks).
 
 The graph's *effects* say what the program does with its results: ``("grad", leaf, value)``
 accumulates into leaf ``leaf``'s ``.grad`` (in place when it exists, keeping its identity),
@@ -34,6 +36,12 @@ from fusegrad import dtypes as _dt
 from fusegrad.ops.registry import REGISTRY, DataDependentShape
 
 IR_OPS = ("input", "constant", "scalar")
+# side-effecting steps, present only when user hooks run during the backward (they keep eager
+# order): ``hook`` calls a user hook (inputs: the tensors it is given; ``attrs["site"]`` says
+# which), ``hook_output`` is what it returned for one slot (or the slot's old value when it
+# returned None), ``store_grad`` performs one ``.grad`` write at its eager position
+EFFECT_OPS = ("hook", "store_grad")
+IR_OWN_OPS = IR_OPS + EFFECT_OPS + ("hook_output",)
 
 
 def freeze(value: Any) -> Any:
@@ -148,6 +156,13 @@ def verify(graph: Graph) -> None:
             if index.get(i) is None or index[i] >= pos:
                 raise VerifyError(f"%{v.id} = {v.op} uses %{i.id}, which is not defined before it")
         index[v] = pos
+        if v.op in EFFECT_OPS or v.op == "hook_output":
+            if v.op == "hook_output" and (len(v.inputs) != 2 or v.inputs[0].op != "hook"):
+                raise VerifyError(f"%{v.id}: hook_output takes (hook, original value)")
+            if v.op == "hook_output" and (v.shape, v.dtype) != (v.inputs[1].shape,
+                                                                 v.inputs[1].dtype):
+                raise VerifyError(f"%{v.id}: hook_output must keep its slot's shape and dtype")
+            continue
         if v.op in IR_OPS:
             if v.inputs:
                 raise VerifyError(f"%{v.id}: {v.op} takes no inputs")

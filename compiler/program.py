@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from fusegrad.autograd import engine as _engine
+from fusegrad.autograd import grad_mode
 from fusegrad.autograd.node import OpNode
 from fusegrad.ops.registry import REGISTRY
 from fusegrad.tensor import Tensor
@@ -106,6 +107,16 @@ class Program:
 
     def run(self, w: Walk, grad_roots: Sequence[Tensor], retain_graph: bool,
             inputs: Sequence[Tensor] | None) -> list | None:
+        # as in the eager engine, the backward (and any user hook in it) runs without recording
+        prev_mode = grad_mode._state.enabled
+        grad_mode._state.enabled = False
+        try:
+            return self._run(w, grad_roots, retain_graph, inputs)
+        finally:
+            grad_mode._state.enabled = prev_mode
+
+    def _run(self, w: Walk, grad_roots: Sequence[Tensor], retain_graph: bool,
+             inputs: Sequence[Tensor] | None) -> list | None:
         saved_arrays = [s.unpack(node)._data for node, s in w.saved]  # version checks first
         env: dict = {}
         for v in self.graph.values:
@@ -120,6 +131,9 @@ class Program:
         for k, step in enumerate(self.steps):
             if isinstance(step, Extern):
                 v = step.value
+                if v.op in _SPECIAL:
+                    env[v] = _SPECIAL[v.op](v, env, w, inputs)
+                    continue
                 result = REGISTRY[v.op].kernel(*[env[i] for i in v.inputs], **dict(v.attrs))
                 env[v] = result if type(result) is np.ndarray else np.asarray(result)
             else:
@@ -168,6 +182,70 @@ def _fresh(program: Program) -> set:
 
 
 Program._fresh_outputs = lambda self: self.__dict__.setdefault("_fresh_cache", _fresh(self))
+
+
+# ---- the side-effecting steps of graphs whose backward runs user hooks ------------------------
+
+
+def _site_hooks(node: Any, kind: str, slot: int) -> list:
+    """The hooks registered *now* at a site (the walk key fixed how many there are)."""
+    if kind == "tensor":
+        return _engine._tensor_hooks(node, slot)
+    if kind == "pre":
+        return list(node._pre_hooks.values())
+    if kind == "post":
+        return list(node._post_hooks.values())
+    return list(node.variable._post_acc_hooks.values())  # post_acc
+
+
+def _run_hook(v: Value, env: dict, w: Walk, inputs: Any) -> Any:
+    node_index, kind, slot, position = v.attr("site")
+    node = w.nodes[node_index]
+    hooks = _site_hooks(node, kind, slot)
+    if position >= len(hooks):
+        return None  # removed during this backward before its turn (as eager: it still ran)
+    hook = hooks[position]
+    if kind == "post_acc":
+        return hook(node.variable)
+    arrays = iter(env[i] for i in v.inputs)
+    groups = []
+    for mask in v.attr("layout"):
+        groups.append(tuple(Tensor._make(next(arrays)) if present else None for present in mask))
+    if kind == "tensor":
+        old = groups[0][0]
+        out = hook(old)
+        return None if out is None else _engine._check_hook_result(hook, old, out)
+    out = hook(*groups)
+    if out is None:
+        return None
+    return _engine._hook_tuple(hook, out, len(groups[0]))
+
+
+def _hook_output(v: Value, env: dict, w: Walk, inputs: Any) -> np.ndarray:
+    returned, original = env[v.inputs[0]], env[v.inputs[1]]
+    if returned is None:
+        return original
+    item = returned if isinstance(returned, Tensor) else returned[v.attr("index")]
+    return original if item is None else item._data
+
+
+def _store(v: Value, env: dict, w: Walk, inputs: Any) -> None:
+    target = v.attr("target")
+    g = Tensor._make(env[v.inputs[0]])
+    if target[0] == "grad":
+        _engine._store_grad(w.leaves[target[1]], g, False)
+    elif target[0] == "input_grad":
+        _engine._store_grad(inputs[target[1]], g, False)
+    else:  # retain_grad: only while the tensor's history still ends in this node
+        node = w.nodes[target[1]]
+        ref = (node._retain_grad_hooks or {}).get(target[2])
+        t = ref() if ref is not None else None
+        if t is not None and t.grad_fn is node:
+            _engine._store_grad(t, g, False)
+    return None
+
+
+_SPECIAL = {"hook": _run_hook, "hook_output": _hook_output, "store_grad": _store}
 
 
 def _step_inputs(step: Any) -> list[Value]:

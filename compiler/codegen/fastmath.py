@@ -22,14 +22,23 @@ accurate for ``|x| <= SINCOS_ACCURATE_MAX`` (about 1.7e9); beyond it they return
 lookup that would cost every call; inputs that large are not meaningful angles in float32, whose
 spacing there is >= 128).
 
-Numerics contract with the caller: the helpers rely on exact IEEE evaluation order (Cody-Waite
-reduction, the TwoSum in ``log1p``), which the generated kernels' ``reassoc``/``nsz`` fastmath
-flags would be free to rewrite.  So the helpers are ordinary ``@njit`` functions, *not* inlined
-by numba at the IR level (``inline="always"`` would re-lower their bodies under the caller's
-flags): LLVM inlines them into the caller after numba has set per-instruction flags, and LLVM
-keeps those flags per instruction, so the helper's arithmetic stays strict while the loop around
-it still vectorises.  The test checks the error bounds inside a kernel compiled with the
-emitter's flags too.
+How they are compiled, and why: the helpers rely on exact IEEE evaluation order (Cody-Waite
+reduction, the TwoSum in ``log1p``, the split scaling in ``exp``), which the generated kernels'
+``reassoc``/``nsz`` fastmath flags would be free to rewrite (measured: with ``reassoc`` LLVM
+turned ``(p * 2**k1) * 2**k2`` into ``p * 2**k`` and ``exp(88.4)`` overflowed to inf).  Hence:
+
+* ``fastmath={"contract"}`` is set explicitly.  numba *inherits* a caller's fastmath flags into a
+  callee that does not set its own, so leaving it out would compile the helpers with the
+  kernel's ``reassoc``.  ``contract`` only lets LLVM fuse a multiply and an add into an FMA (one
+  rounding instead of two): no NaN/inf/signed-zero change, and every trick above stays exact
+  under it; the bounds hold with and without FMA hardware (both measured).
+* ``forceinline=True`` (LLVM ``alwaysinline``), not numba's ``inline="always"``: numba's IR
+  inlining would re-lower the body under the caller's flags, while LLVM inlining keeps each
+  instruction's own flags.  Plain LLVM inlining is not enough either: ``fast_erf_f32`` was over
+  the inliner's size threshold, stayed a call, and the loop around it did not vectorise.
+
+``tests/compiler/test_fastmath.py`` checks the error bounds inside a loop compiled with the
+emitter's flags, and that the loop vectorises.
 
 Coefficients: fitted by ``_fastmath_fit.py`` (weighted minimax by Lawson's algorithm against
 mpmath, rounded to float32 one coefficient at a time with refitting); nothing is copied from a
@@ -38,14 +47,16 @@ library.  Range-reduction constants are standard splits of ln 2 and pi/2, noted 
 
 from __future__ import annotations
 
+import hashlib
 import math
+from pathlib import Path
 
 import numba
 import numpy as np
 
-# Bumped whenever a helper's numerics change: numba's on-disk cache of a *caller* does not notice
-# that a callee changed, so the code generator puts this in its module hash.
-FASTMATH_VERSION = 1
+# numba's on-disk cache of a *caller* (a generated kernel) does not notice that an inlined callee
+# changed, so the code generator must put this digest of the helpers' source in its module hash.
+SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 FLOAT32_HELPERS: dict[str, str] = {
     "exp": "fast_exp_f32",
@@ -78,8 +89,10 @@ MAX_ULP_ERROR: dict[str, int] = {
 # 2**30 so that k times each 23-bit piece of pi/2 is exact in float64.
 SINCOS_ACCURATE_MAX = float(2**30 * (math.pi / 2) * 0.999)
 
-# Not ``inline="always"``: see the module docstring (LLVM inlines them with their strict flags).
-_jit = numba.njit(error_model="numpy", fastmath={"contract"}, forceinline=True, cache=True, nogil=True)
+# Flags: see "How they are compiled" in the module docstring.
+_jit = numba.njit(
+    error_model="numpy", fastmath={"contract"}, forceinline=True, cache=True, nogil=True
+)
 
 _f32 = np.float32
 _ONE = _f32(1.0)
@@ -203,18 +216,31 @@ _COS_C3 = -2.720433596066496e-07
 
 
 @_jit
-def _float_bits(x):  # type: ignore[no-untyped-def]
+def _float_bits(x: np.float32) -> np.int32:
     return np.float32(x).view(np.int32)
 
 
 @_jit
-def _pow2(n):  # type: ignore[no-untyped-def]
+def _pow2(n: int | np.integer) -> np.float32:
     """2**n as float32 for integer n in [-126, 127], built from the exponent field."""
     return np.int32((n + 127) << 23).view(np.float32)
 
 
 @_jit
-def _exp_reduce(x):  # type: ignore[no-untyped-def]
+def _at_most(x: np.float32, limit: np.float32) -> np.float32:
+    """``x`` capped at ``limit``; NaN becomes ``limit`` (a select, so the NaN behaviour is ours,
+    not that of ``min``); callers that care restore NaN at the end."""
+    return x if x < limit else limit  # noqa: FURB136
+
+
+@_jit
+def _at_least(x: np.float32, limit: np.float32) -> np.float32:
+    """``x`` raised to ``limit``; NaN becomes ``limit`` (see ``_at_most``)."""
+    return x if x > limit else limit  # noqa: FURB136
+
+
+@_jit
+def _exp_reduce(x: np.float32) -> tuple[np.float32, np.float32]:
     """(p, k) with exp(x) = p * 2**k, k = rint(x / ln 2), p = exp(r) for |r| <= ln(2)/2."""
     k = np.rint(x * _LOG2E)
     # Cody-Waite: x - k*_LN2_HI is exact, so r carries only the rounding of k*_LN2_LO
@@ -224,7 +250,7 @@ def _exp_reduce(x):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def _exp_normal_range(x):  # type: ignore[no-untyped-def]
+def _exp_normal_range(x: np.float32) -> np.float32:
     """exp(x) for x in [-87, 88] (normal results only; no special cases)."""
     p, k = _exp_reduce(x)
     return p * _pow2(np.int32(k))
@@ -234,10 +260,9 @@ def _exp_normal_range(x):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def fast_exp_f32(x):  # type: ignore[no-untyped-def]
+def fast_exp_f32(x: np.float32) -> np.float32:
     """exp(x) in float32, <= 1 ulp; inf above 88.72, denormals down to -103.97, then 0."""
-    xc = x if x < _EXP_CLAMP_HI else _EXP_CLAMP_HI  # NaN -> clamp; restored at the end
-    xc = xc if xc > _EXP_CLAMP_LO else _EXP_CLAMP_LO
+    xc = _at_least(_at_most(x, _EXP_CLAMP_HI), _EXP_CLAMP_LO)  # NaN: restored at the end
     p, kf = _exp_reduce(xc)
     k = np.int32(kf)
     # 2**k for k in [-150, 128] is not a float32, but its halves are: p * 2**k1 is exact (normal),
@@ -245,14 +270,13 @@ def fast_exp_f32(x):  # type: ignore[no-untyped-def]
     # out of one correctly rounded multiplication.
     k1 = k >> 1
     y = (p * _pow2(k1)) * _pow2(k - k1)
-    return y if x == x else x
+    return x if np.isnan(x) else y
 
 
 @_jit
-def fast_expm1_f32(x):  # type: ignore[no-untyped-def]
+def fast_expm1_f32(x: np.float32) -> np.float32:
     """exp(x) - 1 in float32, accurate near 0 (<= 2 ulp everywhere)."""
-    xc = x if x < _EXP_CLAMP_HI else _EXP_CLAMP_HI
-    xc = xc if xc > _EXPM1_CLAMP_LO else _EXPM1_CLAMP_LO
+    xc = _at_least(_at_most(x, _EXP_CLAMP_HI), _EXPM1_CLAMP_LO)  # NaN: restored at the end
     kf = np.rint(xc * _LOG2E)
     r = (xc - kf * _LN2_HI) - kf * _LN2_LO
     poly = _EXPM1_Q0 + r * (
@@ -266,11 +290,11 @@ def fast_expm1_f32(x):  # type: ignore[no-untyped-def]
     y = t * em1 + (t - _ONE)
     y = y * _TWO if k > 127 else y
     y = y if x != 0 else x  # keeps the sign of zero: expm1(-0) = -0
-    return y if x == x else x
+    return x if np.isnan(x) else y
 
 
 @_jit
-def _log_parts(u):  # type: ignore[no-untyped-def]
+def _log_parts(u: np.float32) -> tuple[np.float32, np.float32]:
     """(k, f) with u = 2**k * (1 + f), f in [sqrt(1/2) - 1, sqrt(2) - 1), for normal u > 0."""
     bits = np.int64(_float_bits(u)) + _LOG_OFFSET
     k = np.float32((bits >> 23) - 127)
@@ -279,18 +303,19 @@ def _log_parts(u):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def _log1p_reduced(f):  # type: ignore[no-untyped-def]
+def _log1p_reduced(f: np.float32) -> tuple[np.float32, np.float32]:
     """(f**2/2, f**3 * L(f)): log1p(f) = f - f**2/2 + f**3 * L(f), summed by the caller."""
     poly = _LOG_L0 + f * (
         _LOG_L1
-        + f * (_LOG_L2 + f * (_LOG_L3 + f * (_LOG_L4 + f * (_LOG_L5 + f * (_LOG_L6 + f * _LOG_L7)))))
+        + f
+        * (_LOG_L2 + f * (_LOG_L3 + f * (_LOG_L4 + f * (_LOG_L5 + f * (_LOG_L6 + f * _LOG_L7)))))
     )
     f2 = f * f
     return _HALF * f2, f2 * f * poly
 
 
 @_jit
-def fast_log_f32(x):  # type: ignore[no-untyped-def]
+def fast_log_f32(x: np.float32) -> np.float32:
     """log(x) in float32, <= 2 ulp; log(0) = -inf, log(x < 0) = nan, denormals exact-scaled."""
     # denormals: scale by 2**23 into the normal range first (exact), and take 23 off k
     tiny = x < _SMALLEST_NORMAL
@@ -303,11 +328,11 @@ def fast_log_f32(x):  # type: ignore[no-untyped-def]
     y = k * _LN2_HI + (f + ((tail - half_f2) + k * _LN2_LO))
     y = -_INF if x == 0 else y
     y = _NAN if x < 0 else y
-    return x if (x == _INF) | (x != x) else y
+    return x if (x == _INF) | np.isnan(x) else y
 
 
 @_jit
-def fast_log1p_f32(x):  # type: ignore[no-untyped-def]
+def fast_log1p_f32(x: np.float32) -> np.float32:
     """log(1 + x) in float32, accurate for tiny x (<= 2 ulp); -1 -> -inf, < -1 -> nan."""
     u = _ONE + x
     # TwoSum (Knuth): c = (1 + x) - u exactly, the part of x that rounding u dropped; the result
@@ -323,25 +348,27 @@ def fast_log1p_f32(x):  # type: ignore[no-untyped-def]
     y = y if x != 0 else x  # log1p(-0) = -0
     y = -_INF if x == -_ONE else y
     y = _NAN if x < -_ONE else y
-    return x if (x == _INF) | (x != x) else y
+    return x if (x == _INF) | np.isnan(x) else y
 
 
 @_jit
-def fast_tanh_f32(x):  # type: ignore[no-untyped-def]
+def fast_tanh_f32(x: np.float32) -> np.float32:
     """tanh(x) in float32, <= 2 ulp; exactly +-1 from |x| >= 9.01, tanh(-0) = -0."""
     ax = abs(x)
     x2 = x * x
-    poly = _TANH_T0 + x2 * (_TANH_T1 + x2 * (_TANH_T2 + x2 * (_TANH_T3 + x2 * (_TANH_T4 + x2 * _TANH_T5))))
+    poly = _TANH_T0 + x2 * (
+        _TANH_T1 + x2 * (_TANH_T2 + x2 * (_TANH_T3 + x2 * (_TANH_T4 + x2 * _TANH_T5)))
+    )
     small = x + x * x2 * poly
-    e = _exp_normal_range(_MINUS_TWO * (ax if ax < _TANH_CLAMP else _TANH_CLAMP))
+    e = _exp_normal_range(_MINUS_TWO * _at_most(ax, _TANH_CLAMP))
     large = (_ONE - e) / (_ONE + e)
     large = large if x > 0 else -large
     y = small if ax < _TANH_POLY_MAX else large
-    return y if x == x else x
+    return x if np.isnan(x) else y
 
 
 @_jit
-def fast_sigmoid_f32(x):  # type: ignore[no-untyped-def]
+def fast_sigmoid_f32(x: np.float32) -> np.float32:
     """1 / (1 + exp(-x)) in float32, <= 2 ulp, never overflowing: with e = exp(-|x|) in (0, 1],
     1/(1 + e) for x >= 0 and e/(1 + e) for x < 0 (relative accuracy kept in the tail)."""
     e = fast_exp_f32(-abs(x))
@@ -350,36 +377,40 @@ def fast_sigmoid_f32(x):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def fast_erf_f32(x):  # type: ignore[no-untyped-def]
+def fast_erf_f32(x: np.float32) -> np.float32:
     """erf(x) in float32, <= 2 ulp; exactly +-1 from |x| >= 3.92, erf(-0) = -0."""
     ax = abs(x)
     x2 = x * x
     small = x + x * (
         _ERF_E0
-        + x2 * (_ERF_E1 + x2 * (_ERF_E2 + x2 * (_ERF_E3 + x2 * (_ERF_E4 + x2 * (_ERF_E5 + x2 * _ERF_E6)))))
+        + x2
+        * (
+            _ERF_E1
+            + x2 * (_ERF_E2 + x2 * (_ERF_E3 + x2 * (_ERF_E4 + x2 * (_ERF_E5 + x2 * _ERF_E6))))
+        )
     )
-    t = ax if ax < _ERF_SATURATE else _ERF_SATURATE  # NaN and inf -> 4
-    t = (t if t > _ERF_POLY_MAX else _ERF_POLY_MAX) - _ERF_TAIL_CENTRE
+    t = _at_least(_at_most(ax, _ERF_SATURATE), _ERF_POLY_MAX) - _ERF_TAIL_CENTRE  # NaN, inf -> 4
     h = _ERF_H0 + t * (
         _ERF_H1
-        + t * (_ERF_H2 + t * (_ERF_H3 + t * (_ERF_H4 + t * (_ERF_H5 + t * (_ERF_H6 + t * _ERF_H7)))))
+        + t
+        * (_ERF_H2 + t * (_ERF_H3 + t * (_ERF_H4 + t * (_ERF_H5 + t * (_ERF_H6 + t * _ERF_H7)))))
     )
     large = _ONE - _exp_normal_range(h)  # h in [-17.4, -1.5]
     large = large if x > 0 else -large
     y = small if ax < _ERF_POLY_MAX else large
-    return y if x == x else x
+    return x if np.isnan(x) else y
 
 
 @_jit
-def _sincos_reduce(x):  # type: ignore[no-untyped-def]
+def _sincos_reduce(x: np.float32) -> tuple[float, float, float]:
     """(sin r, cos r, q) in float64 with x = r + (4n + q) * pi/2, |r| <= pi/4."""
     xd = np.float64(x)
     k = np.rint(xd * _TWO_OVER_PI)
     r = ((xd - k * _PIO2_1) - k * _PIO2_2) - k * _PIO2_3
     # beyond SINCOS_ACCURATE_MAX r is inexact: keep it in range so the result stays in [-1, 1]
     # (comparisons are false for NaN, which passes through)
-    r = _PIO4 if r > _PIO4 else r
-    r = -_PIO4 if r < -_PIO4 else r
+    r = _PIO4 if r > _PIO4 else r  # noqa: FURB136 (min() would not keep NaN)
+    r = -_PIO4 if r < -_PIO4 else r  # noqa: FURB136
     q = k - _FOUR * np.floor(k * _QUARTER)  # k mod 4, exact in float64 for any k
     r2 = r * r
     s = r + r * (r2 * (_SIN_S0 + r2 * (_SIN_S1 + r2 * (_SIN_S2 + r2 * _SIN_S3))))
@@ -388,18 +419,18 @@ def _sincos_reduce(x):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def fast_sin_f32(x):  # type: ignore[no-untyped-def]
+def fast_sin_f32(x: np.float32) -> np.float32:
     """sin(x) in float32, <= 1 ulp for |x| <= SINCOS_ACCURATE_MAX; sin(+-inf) = nan."""
     s, c, q = _sincos_reduce(x)
     odd = (q == 1.0) | (q == 3.0)
     y = c if odd else s
     y = -y if q >= 2.0 else y
-    y = np.float32(y)
-    return y if x != 0 else x  # sin(-0) = -0
+    result = np.float32(y)  # the one rounding to float32
+    return result if x != 0 else x  # sin(-0) = -0
 
 
 @_jit
-def fast_cos_f32(x):  # type: ignore[no-untyped-def]
+def fast_cos_f32(x: np.float32) -> np.float32:
     """cos(x) in float32, <= 1 ulp for |x| <= SINCOS_ACCURATE_MAX; cos(+-inf) = nan."""
     s, c, q = _sincos_reduce(x)
     odd = (q == 1.0) | (q == 3.0)
@@ -409,7 +440,7 @@ def fast_cos_f32(x):  # type: ignore[no-untyped-def]
 
 
 @_jit
-def fast_sqrt_f32(x):  # type: ignore[no-untyped-def]
-    """sqrt(x): ``math.sqrt`` lowers to the ``llvm.sqrt`` intrinsic (correctly rounded, vectorised
-    to vsqrtps), so it needs no polynomial; here for a uniform table."""
-    return math.sqrt(x)
+def fast_sqrt_f32(x: np.float32) -> np.float32:
+    """sqrt(x), correctly rounded: numba lowers it to the ``llvm.sqrt`` intrinsic, which
+    vectorises (vsqrtps), so it needs no polynomial; here to keep the table uniform."""
+    return np.sqrt(x)

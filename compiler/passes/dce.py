@@ -7,7 +7,7 @@ argument lists are positional), everything else unused goes.
 
 from __future__ import annotations
 
-from ..ir import Graph, Value
+from ..ir import EFFECT_OPS, Graph, Value
 
 
 def rebuild(graph: Graph, keep: set[Value]) -> Graph:
@@ -25,6 +25,7 @@ def rebuild(graph: Graph, keep: set[Value]) -> Graph:
 def dce(graph: Graph) -> Graph:
     live: set[Value] = {v for v in graph.values if v.op == "input"}
     stack = [v for _, _, v in graph.effects]
+    stack += [v for v in graph.values if v.op in EFFECT_OPS]  # side effects are always live
     while stack:
         v = stack.pop()
         if v in live and v.op != "input":

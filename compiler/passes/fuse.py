@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..codegen.lowering import EXPRESSIONS, FUSED_REDUCTIONS
-from ..ir import Graph, Value
+from ..ir import EFFECT_OPS, Graph, Value
 
 MAX_VALUES = 48
 
@@ -99,6 +99,10 @@ def fuse(graph: Graph, enabled: bool = True) -> list[Kernel | Extern]:
         if not placed:
             steps.append(Extern(v))
             step_of[v] = len(steps) - 1
+            if v.op in EFFECT_OPS:
+                # a user hook or an ordered .grad write: nothing computed after it in eager
+                # order may move before it, so no earlier kernel grows past this point
+                open_kernels.clear()
     _connect(graph, steps)
     return steps
 

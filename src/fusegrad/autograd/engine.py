@@ -46,11 +46,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import AutogradError
-from ..tensor import Tensor
+from ..tensor import Tensor, _ViewTensor
 from . import anomaly, grad_mode
 from .node import AccumulateGrad, Node, OpNode
 
 _make = Tensor._make
+# eager tensors, views included (views are ``_ViewTensor``, a Tensor subclass with a lazy
+# grad_fn); other subclasses (the compiler's symbolic values) take the op-surface paths
+_EAGER = (Tensor, _ViewTensor)
 
 
 def _sum_to_compatible(gshape: tuple, shape: tuple) -> bool:
@@ -381,7 +384,7 @@ def _execute(
                 g = results[i] if results is not None else None
                 if g is not None:
                     shape, dtype = node._input_meta[i]
-                    if type(g) is not Tensor or g._data.shape != shape or g._dtype is not dtype:
+                    if type(g) not in _EAGER or g._data.shape != shape or g._dtype is not dtype:
                         g = validate_gradient(node, i, g, shape, dtype)
                     buf = buffers.get(nxt)
                     if buf is None:
@@ -389,7 +392,7 @@ def _execute(
                     prev = buf[nr]
                     if prev is None:
                         buf[nr] = g
-                    elif not create_graph and type(prev) is Tensor and type(g) is Tensor:
+                    elif not create_graph and type(prev) in _EAGER and type(g) in _EAGER:
                         # fan-in of plain tensors outside create_graph: add the arrays directly
                         # (both already have the input's shape and dtype).  Symbolic values
                         # (compiler capture) are subclasses and take the op-surface add below.
@@ -437,8 +440,8 @@ def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
     # 1. tensor hooks, in registration order (a returned tensor replaces the gradient)
     for nr, g in enumerate(grads):
         if g is not None:
-            for hook in _tensor_hooks(node, nr):
-                out = hook(grads[nr])
+            for k, hook in enumerate(_tensor_hooks(node, nr)):
+                out = call_hook(hook, "tensor", node, nr, k, grads[nr])
                 if out is not None:
                     grads[nr] = _check_hook_result(hook, grads[nr], out)
     # 2. retain_grad (only while the tensor's history still ends in this node)
@@ -471,8 +474,8 @@ def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
         return None
     # 3. node pre-hooks
     if node._pre_hooks:
-        for hook in list(node._pre_hooks.values()):
-            out = hook(tuple(grads))
+        for k, hook in enumerate(list(node._pre_hooks.values())):
+            out = call_hook(hook, "pre", node, 0, k, tuple(grads))
             if out is not None:
                 grads = _hook_tuple(hook, out, len(grads))
     # 4. the node itself; 5. post-accumulate-grad hooks (leaves)
@@ -482,8 +485,8 @@ def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
             var = node.variable
             _store_grad(var, grads[0], task.create_graph)
             if var._post_acc_hooks:
-                for hook in list(var._post_acc_hooks.values()):
-                    hook(var)
+                for k, hook in enumerate(list(var._post_acc_hooks.values())):
+                    call_hook(hook, "post_acc", node, 0, k, var)
     elif not node._runs_without_grads and all(g is None for g in grads):
         results = (None,) * len(node._edges)
         if not task.retain_graph and hasattr(node, "release"):
@@ -492,11 +495,22 @@ def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
         results = _apply(node, grads, task.retain_graph)
     # 6. node post-hooks (may replace the gradients for the inputs)
     if node._post_hooks:
-        for hook in list(node._post_hooks.values()):
-            out = hook(results, tuple(grads))
+        for k, hook in enumerate(list(node._post_hooks.values())):
+            out = call_hook(hook, "post", node, 0, k, results, tuple(grads))
             if out is not None:
                 results = _hook_tuple(hook, out, len(results))
     return results
+
+
+def _call_hook(hook: Any, kind: str, node: Node, slot: int, position: int, *args: Any) -> Any:
+    """Call a user hook.  ``kind``/``node``/``slot``/``position`` say where it sits (tensor
+    hook of output ``slot``, node pre-/post-hook, post-accumulate-grad hook, and its index among
+    that site's hooks); the compiler's capture replaces ``call_hook`` to record the call as an
+    opaque step of the compiled program instead of running it."""
+    return hook(*args)
+
+
+call_hook = _call_hook
 
 
 def _hook_tuple(hook: Any, out: Any, expected: int) -> list | tuple:
