@@ -18,6 +18,7 @@ Running a program on one call's data:
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -131,7 +132,8 @@ class Program:
             v for k in self.kernels for v in k.outputs
             if v not in escaping and v not in k.reductions and v not in k.accumulate
         }
-        self._pool: dict[Value, np.ndarray] = {}
+        # per thread: two threads running this program at once must not share buffers
+        self._pools = threading.local()
 
     def __str__(self) -> str:
         return format_graph(self.graph)
@@ -177,8 +179,8 @@ class Program:
                 env[v] = result if type(result) is np.ndarray else np.asarray(result)
             else:
                 plan, fn = self._kernel_fns[id(step)]
-                _run_kernel(step, plan, fn, env, self._epilogue, w.leaves, self._pooled,
-                            self._pool)
+                pool = self._pools.__dict__.setdefault("pool", {})
+                _run_kernel(step, plan, fn, env, self._epilogue, w.leaves, self._pooled, pool)
             for dead in self._dying.get(k, ()):
                 env.pop(dead, None)
         if self._first_run:
