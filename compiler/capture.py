@@ -64,6 +64,7 @@ class Walk:
     key: tuple
     nodes: list = field(default_factory=list)
     saved: list = field(default_factory=list)  # (node, SavedTensor) in key order
+    saved_alias: list = field(default_factory=list)  # per saved: index of its first alias
     leaves: list = field(default_factory=list)  # leaf tensors in key order
     fallback: str | None = None
     index: dict = field(default_factory=dict)  # node -> position in ``nodes``
@@ -108,6 +109,7 @@ def walk(roots: Sequence[Tensor], grad_roots: Sequence[Tensor], inputs: Sequence
     # building (dtype objects, not their names; attrs as items, frozen only if unhashable).
     append = key.append
     saved_out = out.saved
+    aliases: dict = {}
     for n in order:
         kind = type(n)
         if kind is OpNode:
@@ -135,8 +137,12 @@ def walk(roots: Sequence[Tensor], grad_roots: Sequence[Tensor], inputs: Sequence
                     return out
                 t = s._tensor
                 data = s._data if t is None else t._data
-                smeta.append((data.shape, data.dtype))
+                # which saved arrays are the same array is structure too: one program input
+                # (and one kernel argument) per distinct array
+                alias = aliases.setdefault(id(data), len(saved_out))
+                smeta.append((data.shape, data.dtype, alias))
                 saved_out.append((n, s))
+                out.saved_alias.append(alias)
             append((n._prim.name, tuple(n.attrs.items()),
                     tuple((index[c] if c is not None else -1, nr) for c, nr in n._edges),
                     n._input_meta, tuple(smeta), hooks))
@@ -178,6 +184,7 @@ def capture(w: Walk, roots: Sequence[Tensor], grad_roots: Sequence[Tensor],
     leaf_index = {id(t): k for k, t in enumerate(w.leaves)}
     input_index = {id(t): k for k, t in enumerate(inputs or ())}
     current: list[str] = [""]
+    saved_values: dict = {}  # alias class -> its input value
 
     def intercept(prim: registry.Primitive, args: tuple, attrs: dict) -> Any:
         values = []
@@ -207,7 +214,10 @@ def capture(w: Walk, roots: Sequence[Tensor], grad_roots: Sequence[Tensor],
         k = saved_index.get(id(saved))
         if k is None:
             raise Fallback(f"{node.name()} unpacked a tensor the walk did not see")
-        return SymbolicTensor.of(graph.input("saved", k, real._data.shape, real._dtype))
+        first = w.saved_alias[k]
+        if first not in saved_values:
+            saved_values[first] = graph.input("saved", first, real._data.shape, real._dtype)
+        return SymbolicTensor.of(saved_values[first])
 
     def as_value(g: Tensor) -> Value:
         # a gradient a rule built from nothing (e.g. zeros_like(g) for floor) is a constant

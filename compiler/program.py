@@ -158,7 +158,7 @@ class Program:
 
     def _run(self, w: Walk, grad_roots: Sequence[Tensor], retain_graph: bool,
              inputs: Sequence[Tensor] | None) -> list | None:
-        saved_arrays = [s.unpack(node)._data for node, s in w.saved]  # version checks first
+        saved_arrays = _saved_arrays(w)  # version checks first, before anything is written
         env: dict = {}
         for v in self.graph.values:
             if v.op == "input":
@@ -280,6 +280,21 @@ def _step_inputs(step: Any) -> list[Value]:
     if isinstance(step, Extern):
         return list(step.value.inputs)
     return list(step.inputs)
+
+
+def _saved_arrays(w: Walk) -> list:
+    """The saved arrays in walk order, each version-checked; a failing check raises the eager
+    engine's own error (through ``SavedTensor.unpack``)."""
+    arrays = []
+    append = arrays.append
+    for node, s in w.saved:
+        counter = s._counter
+        if counter is not None and counter.value == s._version and s._unpack_hook is None:
+            t = s._tensor
+            append(s._data if t is None else t._data)
+        else:
+            append(s.unpack(node)._data)
+    return arrays
 
 
 def _epilogue_buffer(leaf: Tensor, v: Value, sizes: tuple, flat: bool) -> np.ndarray | None:
