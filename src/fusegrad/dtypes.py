@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class dtype:  # noqa: N801 - torch-style lowercase name
+    # eq=False: the five dtypes are singletons, so identity is equality, and hashing by
+    # identity is fast (dtypes are hashed in every compiled backward's cache key)
     name: str
     np: np.dtype
     category: int  # 0 bool, 1 integer, 2 floating
@@ -28,6 +30,10 @@ class dtype:  # noqa: N801 - torch-style lowercase name
 
     def __repr__(self) -> str:
         return f"fusegrad.{self.name}"
+
+    def __reduce__(self) -> tuple:
+        # unpickling gives back the singleton, keeping identity comparisons valid
+        return (as_dtype, (self.name,))
 
 
 bool_ = dtype("bool", np.dtype(np.bool_), 0, 1)
