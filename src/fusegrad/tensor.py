@@ -5,6 +5,15 @@ with their base; every in-place op bumps it so that saved tensors can detect mut
 metadata: ``grad_fn`` (None for leaves), ``_output_nr``, ``requires_grad`` (stored only for
 leaves), ``grad``, tensor hooks and the retain_grad flag.  Operators and most methods delegate to
 the op surface in ``fusegrad.ops``; they are installed on the class by ``ops._install_methods``.
+
+A view (``_base`` is its root base, never itself a view) also carries a ``_ViewInfo``: the view
+ops that rebuild it from the base, how it was created, and the version at which its ``grad_fn``
+was last set.  As in PyTorch, a view's ``grad_fn`` is *lazy*: once the shared version moved (the
+base or another view of it was modified in place, which may have rewritten the base's history),
+reading ``grad_fn`` replays the view ops on the base's current history (``_view_grad_fn``).
+Views are instances of ``_ViewTensor``, a subclass whose ``grad_fn`` is that property; every
+other tensor reads ``grad_fn`` from a plain slot, so the eager hot path (which reads it several
+times per op) pays nothing for views.
 """
 
 from __future__ import annotations
@@ -30,6 +39,33 @@ class _VersionCounter:
         self.value = 0
 
 
+# How a view was created (PyTorch's CreationMeta).  Anything but DEFAULT forbids rewriting the
+# view's history after an in-place change, with the error ``view_rebase_error`` builds.
+DEFAULT = "default"
+MULTI_OUTPUT = "multi_output"  # an output of split / chunk / unbind
+NO_GRAD = "no_grad"  # created with grad mode off
+INFERENCE = "inference"  # created under inference_mode
+
+
+class _ViewInfo:
+    """What a view keeps besides ``_base`` (see the module docstring).
+
+    ``steps`` are ``(primitive name, attribute dict)`` pairs that rebuild the view from its
+    root base; ``origin`` names a multi-output op and the output's position for error
+    messages; ``node`` is the view's ``grad_fn`` (kept here, not in the tensor's slot, so that
+    the lazy property reads one object) and ``attr_version`` the version counter value when it
+    was last set."""
+
+    __slots__ = ("attr_version", "creation", "node", "origin", "steps")
+
+    def __init__(self, steps: tuple, creation: str, node: Any, version: int) -> None:
+        self.steps = steps
+        self.creation = creation
+        self.origin: tuple | None = None
+        self.node = node
+        self.attr_version = version
+
+
 class Tensor:
     __slots__ = (
         "__dict__",
@@ -46,8 +82,9 @@ class Tensor:
         "_requires_grad",
         "_retains_grad",
         "_version_counter",
+        "_view_info",  # set on views only (read only when ``_base`` is not None)
         "_wrapped_number",
-        "grad_fn",
+        "grad_fn",  # a lazy property on views (``_ViewTensor``)
     )
 
     __array_priority__ = 1000  # numpy defers binary operators to Tensor
@@ -207,6 +244,10 @@ class Tensor:
         backward)."""
         return self._inference
 
+    def _is_view(self) -> bool:
+        """True when this tensor is a view of another (``_base``), as ``torch.Tensor._is_view``."""
+        return self._base is not None
+
     @property
     def is_leaf(self) -> bool:
         return self.grad_fn is None
@@ -242,8 +283,9 @@ class Tensor:
 
     def _edge(self) -> tuple:
         """The backward edge that gradients for this tensor flow into."""
-        if self.grad_fn is not None:
-            return (self.grad_fn, self._output_nr)
+        node = self.grad_fn
+        if node is not None:
+            return (node, self._output_nr)
         if self._requires_grad:
             return (_accumulator_for(self), 0)
         return (None, 0)
@@ -276,6 +318,22 @@ class Tensor:
                 self._retains_grad = False
             else:
                 self._register_retain_grad()
+
+    def _rebase_history(self, grad_fn: Any, output_nr: int) -> None:
+        """After ``self`` was modified in place by an op whose backward is output ``output_nr``
+        of ``grad_fn`` (a custom Function's ``mark_dirty``): a tensor takes that node as its
+        history; a view hands it to its base, whose history is rewritten as for the built-in
+        in-place ops (PyTorch's CopySlices), and the view's ``grad_fn`` is regenerated."""
+        if self._base is None:
+            self._set_history(grad_fn, output_nr)
+            return
+        from .ops import _check_inplace, _rewrite_base
+
+        _check_inplace(self, "mark_dirty", True)
+        value = Tensor._make(self._data)
+        value.grad_fn, value._output_nr = grad_fn, output_nr
+        _rewrite_base(self, value)
+        self._view_info.attr_version = -1  # stale even if forward wrote without bumping
 
     @property
     def retains_grad(self) -> bool:
@@ -337,14 +395,31 @@ class Tensor:
 
     @property
     def data(self) -> Tensor:
-        return self.detach()
+        """A leaf sharing this tensor's storage but not its version counter (PyTorch's
+        ``.data``): changes made through it are invisible to autograd, which is what makes it
+        dangerous, and what optimizers written against ``.data`` rely on."""
+        t = Tensor._make(self._data)
+        t._inference = self._inference
+        return t
 
     @data.setter
     def data(self, value: Tensor) -> None:
+        """Swap the storage (shape and dtype may change), keeping this object, its autograd
+        metadata and its own version counter (nothing is bumped), as in PyTorch."""
         if not isinstance(value, Tensor):
             raise TypeError(f"data must be a Tensor, got {type(value).__name__}")
         self._data = value._data
         self._dtype = value._dtype
+        if self._base is not None:
+            # the storage is no longer the base's: stop being a view (PyTorch keeps the view
+            # link, and a later in-place op would then rewrite the base's history for a change
+            # the base never saw)
+            grad_fn = self.grad_fn
+            if type(self) is _ViewTensor:
+                self.__class__ = Tensor
+            self._base = None
+            self.grad_fn = grad_fn
+            self._version_counter = _VersionCounter()
 
     # -- numpy interop ----------------------------------------------------------------------
     def numpy(self, force: bool = False) -> np.ndarray:
@@ -434,6 +509,105 @@ class Tensor:
             t._grad = Tensor._make(self._grad._data.copy())
         memo[id(self)] = t
         return t
+
+
+def _view_grad_fn(view: Tensor) -> Any:
+    """``view.grad_fn``, regenerated from the base when the shared version moved since it was
+    set (PyTorch's ``VariableHooks::grad_fn``): the base, or another view of it, was modified in
+    place, which may have given the base a new history.  The view ops are replayed on the base
+    with grad mode on, so the view's node is e.g. ``GetitemBackward0`` feeding the base's current
+    node; a ``retain_grad`` moves to it, other tensor hooks stay with the old node."""
+    info = view._view_info
+    if info.attr_version == view._version_counter.value:
+        return info.node
+    base = view._base
+    if info.node is None and not base.requires_grad:
+        return None  # nothing to regenerate (checked again once the base requires grad)
+    if info.creation is not DEFAULT:
+        raise view_rebase_error(view, info, indirect=True)
+    from .ops.shape import replay_view
+
+    state = _grad_mode._state
+    enabled, state.enabled = state.enabled, True  # also when read with grad mode off (engine)
+    try:
+        fresh = replay_view(base, info.steps)
+    finally:
+        state.enabled = enabled
+    view._set_history(fresh.grad_fn, fresh._output_nr)
+    return fresh.grad_fn
+
+
+def _set_view_grad_fn(view: Tensor, node: Any) -> None:
+    info = view._view_info
+    info.node = node
+    info.attr_version = view._version_counter.value
+
+
+class _ViewTensor(Tensor):
+    """A tensor that is a view of another (``_base``, ``_view_info``; see the module docstring).
+    Only ``grad_fn`` differs: it is regenerated from the base after in-place changes."""
+
+    __slots__ = ()
+
+    grad_fn = property(  # type: ignore[assignment]
+        _view_grad_fn, _set_view_grad_fn, doc="The node that produced this view (regenerated "
+        "from the base when the base or another view of it was modified in place)."
+    )
+
+
+def view_rebase_error(view: Tensor, info: _ViewInfo | None, indirect: bool) -> AutogradError:
+    """The error for rewriting the history of a view that does not allow it (PyTorch's
+    ``handle_view_on_rebase`` wording): ``indirect`` when its base or another view of it was
+    modified, else the view itself is being modified in place."""
+    modified = (
+        "its base or another view of its base has been" if indirect else "is being"
+    )
+    node = info.node if info is not None else view.grad_fn
+    creation = info.creation if info is not None else None
+    if creation in (NO_GRAD, INFERENCE) or node is None:
+        prefix = (
+            "A view was created in"
+            if node is None
+            else f"Output {view._output_nr} of {node.name()} is a view of a view which was "
+            "created in"
+        )
+        if creation == INFERENCE:
+            msg = f"{prefix} inference mode and {modified} modified inplace in normal mode."
+        else:
+            msg = f"{prefix} no_grad mode and {modified} modified inplace with grad mode enabled."
+    else:
+        origin = info.origin if info is not None else None
+        name, nr = origin if origin else (node.name(), view._output_nr)
+        msg = f"Output {nr} of {name} is a view and {modified} modified inplace."
+    if creation == MULTI_OUTPUT:
+        msg += (
+            " This view is the output of a function that returns multiple views. Such functions "
+            "do not allow the output views to be modified inplace. You should replace the "
+            "inplace operation by an out-of-place one."
+        )
+    elif creation == NO_GRAD:
+        msg += (
+            " Given that this use case is ambiguous and error-prone, it is forbidden. You can "
+            "clarify your code by moving both the view and the inplace either both inside the "
+            "no_grad block (if you don't want the inplace to be tracked) or both outside (if you "
+            "want the inplace to be tracked)."
+        )
+    elif creation == INFERENCE:
+        msg += (
+            " Given that this use case is ambiguous and error-prone, it is forbidden. You can "
+            "clarify your code by moving both the view and the inplace either both inside the "
+            "inference_mode block (if you don't want the inplace to be tracked) or both outside "
+            "(if you want the inplace to be tracked)."
+        )
+    else:  # an alias returned by a custom Function (no view info)
+        msg += (
+            " This view was created inside a custom Function (or because an input was returned "
+            "as-is) and the autograd logic to handle view+inplace would override the custom "
+            "backward associated with the custom Function, leading to incorrect gradients. This "
+            "behavior is forbidden. You can fix this by cloning the output of the custom "
+            "Function."
+        )
+    return AutogradError(msg)
 
 
 def _rebuild(arr: np.ndarray, requires_grad: bool) -> Tensor:

@@ -235,7 +235,8 @@ class Function:
                             "a leaf Variable that requires grad is being used in an in-place "
                             "operation."
                         )
-                    o._set_history(ctx, i)  # the in-place result's history is this node
+                    # the in-place result's history is this node (a view's base's, too)
+                    o._rebase_history(ctx, i)
                 else:
                     o.grad_fn = ctx
                     o._output_nr = i

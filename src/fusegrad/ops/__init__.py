@@ -8,6 +8,7 @@ primitive, written in this surface.
 
 from __future__ import annotations
 
+import builtins as _builtins
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,9 @@ import numpy as np
 from .. import dtypes as _dt
 from ..autograd import grad_mode as _grad_mode
 from ..errors import AutogradError, DTypeError, ShapeError, describe
+from ..tensor import DEFAULT as _DEFAULT_VIEW
 from ..tensor import Tensor
+from ..tensor import view_rebase_error as _view_rebase_error
 from . import primitives as _primitives  # noqa: F401  (registers kernels)
 from . import _util
 from ._util import cast, to_tensor
@@ -65,8 +68,9 @@ from .functional import (
     layer_norm, max_pool2d, avg_pool2d, mse_loss, l1_loss, nll_loss, unfold,
 )
 from .indexing import (
-    embedding, gather, getitem, getitem_spec, index_add_at, index_put_spec, index_select,
-    masked_fill, masked_select, one_hot, scatter, scatter_add, setitem_value, take_along_dim,
+    embedding, gather, getitem, getitem_spec, index_add, index_add_at, index_copy, index_fill,
+    index_put_spec, index_select, masked_fill, masked_select, one_hot, scatter, scatter_add,
+    setitem_value, take_along_dim,
 )
 from .linalg import bmm, dot, einsum, ger, inner, linear, matmul, mm, mv, outer
 from .reduction import (
@@ -130,41 +134,108 @@ def _converter(d: _dt.dtype) -> Any:
 
 
 # ---- in-place ops ------------------------------------------------------------------------------
-def _check_inplace(self: Tensor, op: str) -> None:
-    if not _grad_mode._state.enabled:
-        return
-    if self.grad_fn is None and self._requires_grad:
+#
+# Every in-place op goes through ``inplace``: the op runs out of place and its result is written
+# into the target's storage, bumping the version counter the target shares with its base and
+# views (also under no_grad), so saved tensors notice.  When a graph is recorded the target's
+# history is rebased onto the op's node; when the target is a view, the *base's* history is
+# rewritten instead (PyTorch's CopySlices, see ``_inplace_on_view``) and the view's ``grad_fn``
+# is regenerated from the base on its next read (``tensor._view_grad_fn``).
+
+_INFERENCE_INPLACE = (
+    "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a "
+    "clone to get a normal tensor before doing inplace update.See "
+    "https://github.com/pytorch/rfcs/pull/17 for more details."
+)
+
+
+def _check_inplace(self: Tensor, op: str, needs_graph: bool) -> None:
+    """The errors PyTorch raises before an in-place op runs (its ``check_inplace``)."""
+    if self._inference and not _grad_mode._state.inference:
+        raise AutogradError(f"{op}: {_INFERENCE_INPLACE}")
+    if not needs_graph:
+        return  # no_grad (optimizers, init) may write anything
+    base = self._base
+    if base is not None:
+        info = getattr(self, "_view_info", None)
+        if info is None or info.creation != _DEFAULT_VIEW:
+            raise _view_rebase_error(self, info, indirect=False)
+        if base.grad_fn is None and base._requires_grad:
+            raise AutogradError(
+                f"{op}: a view of a leaf Variable that requires grad is being used in an "
+                "in-place operation."
+            )
+    if self._requires_grad and self.grad_fn is None:
         raise AutogradError(
             f"{op}: a leaf Variable that requires grad is being used in an in-place operation."
         )
-    base = self._base
-    if base is not None and base.grad_fn is None and base._requires_grad:
+
+
+class _ArrayInterface:
+    """Exposes another array's memory through ``__array_interface__`` (see ``_writable``)."""
+
+    def __init__(self, interface: dict, owner: np.ndarray) -> None:
+        self.__array_interface__ = interface
+        self.owner = owner  # keeps the memory alive as long as the alias
+
+
+def _check_writable(self: Tensor, op: str) -> None:
+    """Refuse to write a tensor in which several elements share one memory location (an
+    expanded view, PyTorch's internal-overlap check) or whose memory is read-only."""
+    arr = self._data
+    if arr.flags.writeable:
+        return
+    if _builtins.any(st == 0 and n > 1 for st, n in zip(arr.strides, arr.shape)):
         raise AutogradError(
-            f"{op}: a view of a leaf Variable that requires grad is being used in an in-place "
-            "operation."
+            "unsupported operation: more than one element of the written-to tensor refers to a "
+            "single memory location. Please clone() the tensor before performing the operation. "
+            f"({op} on {describe(self)}, an expanded view)"
+        )
+    root = self._base._data if self._base is not None else arr
+    if not root.flags.writeable:
+        raise AutogradError(
+            f"{op}: the memory of {describe(self)} is read-only (it wraps a non-writable numpy "
+            "array); clone() the tensor before performing the operation"
         )
 
 
-def _write(self: Tensor, result: Tensor, op: str) -> None:
-    """Copy ``result`` into ``self``'s storage (shape and dtype checked), bumping the version."""
+def _writable(arr: np.ndarray) -> np.ndarray:
+    """``arr``, or a writable alias of it when numpy marked it read-only although its memory is
+    writable: a view of an expanded view without repeated elements (``x.expand(2, 3)[0]``),
+    which PyTorch lets one write.  ``_check_writable`` has ruled out the other cases."""
+    if arr.flags.writeable:
+        return arr
+    interface = dict(arr.__array_interface__)
+    interface["data"] = (interface["data"][0], False)  # (pointer, read-only flag)
+    return np.asarray(_ArrayInterface(interface, arr))
+
+
+def _cast_result(self: Tensor, result: Tensor) -> Tensor:
+    """The op's result in ``self``'s dtype where it may be written there (a float result into an
+    int tensor is refused by ``_check_result``)."""
+    if result._dtype is not self._dtype and result._dtype.category <= self._dtype.category:
+        return cast(result, self._dtype)
+    return result
+
+
+def _check_result(self: Tensor, result: Tensor, op: str) -> None:
     if tuple(result.shape) != tuple(self.shape):
         raise ShapeError(
             f"{op}: output with shape {list(self.shape)} doesn't match the broadcast shape "
             f"{list(result.shape)}"
         )
-    if result._dtype is not self._dtype:
-        if result._dtype.category > self._dtype.category:
-            raise DTypeError(
-                f"{op}: result type {result._dtype.name} can't be cast to the desired output "
-                f"type {self._dtype.name}"
-            )
-    if not self._data.flags.writeable:
-        raise AutogradError(
-            f"{op}: unsupported operation: more than one element of the written-to tensor refers "
-            f"to a single memory location (tensor {describe(self)} is an expanded view). Please "
-            "clone() the tensor before performing the operation."
+    if result._dtype is not self._dtype and result._dtype.category > self._dtype.category:
+        raise DTypeError(
+            f"{op}: result type {result._dtype.name} can't be cast to the desired output "
+            f"type {self._dtype.name}"
         )
-    np.copyto(self._data, result._data, casting="unsafe")
+
+
+def _write(self: Tensor, result: Tensor, op: str) -> None:
+    """Copy ``result`` into ``self``'s storage (shape and dtype checked), bumping the version."""
+    _check_result(self, result, op)
+    _check_writable(self, op)
+    np.copyto(_writable(self._data), result._data, casting="unsafe")
     self._version_counter.value += 1
 
 
@@ -173,34 +244,88 @@ def inplace(self: Tensor, op: str, fn: Any, *args: Any, **kwargs: Any) -> Tensor
 
     With autograd involved, ``self``'s history is rebased onto the op's node: the op runs on a
     snapshot that carries self's old history and data, so nodes that saved ``self`` before keep
-    seeing a version mismatch (and error), while the new node computes with the old value."""
-    import builtins  # this module's ``any`` is the tensor reduction
-
-    _check_inplace(self, op)
+    seeing a version mismatch (and error), while the new node computes with the old value.
+    A view hands the rebase to its base (``_inplace_on_view``)."""
     needs_graph = _grad_mode._state.enabled and (
         self.requires_grad
-        or builtins.any(isinstance(a, Tensor) and a.requires_grad for a in args)
-        or builtins.any(isinstance(a, Tensor) and a.requires_grad for a in kwargs.values())
+        # a view made under no_grad has no grad_fn, yet its base's history is at stake (the
+        # error for it is raised by ``_check_inplace``)
+        or (self._base is not None and self._base.requires_grad)
+        or _builtins.any(isinstance(a, Tensor) and a.requires_grad for a in args)
+        or _builtins.any(isinstance(a, Tensor) and a.requires_grad for a in kwargs.values())
     )
+    _check_inplace(self, op, needs_graph)
+    _check_writable(self, op)  # before computing anything (PyTorch checks overlap first too)
     if not needs_graph:
         with _grad_mode.no_grad():
             result = fn(self, *args, **kwargs)
         _write(self, result, op)
         return self
     if self._base is not None:
-        raise AutogradError(
-            f"{op}: in-place operations on views that take part in autograd are not supported "
-            f"yet (view {describe(self)}); use the out-of-place op or clone() the view first"
-        )
+        return _inplace_on_view(self, op, fn, args, kwargs)
     snapshot = Tensor._make(self._data.copy())
     snapshot.grad_fn, snapshot._output_nr = self.grad_fn, self._output_nr
-    result = fn(snapshot, *args, **kwargs)
-    if result._dtype is not self._dtype:
-        result = cast(result, self._dtype) if result._dtype.category <= self._dtype.category \
-            else result
+    result = _cast_result(self, fn(snapshot, *args, **kwargs))
+    if result.grad_fn is None and snapshot.grad_fn is not None:
+        # a non-differentiable result (eq_, sign-like ops, normal_): as in PyTorch the tensor
+        # keeps requiring grad, with a zero gradient for its old value (the same as a view of
+        # it would get through its base, see ``_inplace_on_view``)
+        result = _zero_grad_through(result, snapshot)
     _write(self, result, op)
     self._set_history(result.grad_fn, result._output_nr)  # moves a retain_grad along
     return self
+
+
+def _zero_grad_through(result: Tensor, old: Tensor) -> Tensor:
+    """``result``'s value, recorded as depending on ``old`` with a zero gradient (a ``where``
+    that always picks ``result``: unlike ``old * 0`` it cannot turn an inf or nan into nan)."""
+    everywhere = Tensor._make(np.ones(result._data.shape, dtype=bool))
+    return where(everywhere, result, old)
+
+
+def _inplace_on_view(view: Tensor, op: str, fn: Any, args: tuple, kwargs: dict) -> Tensor:
+    """In-place op on a view while recording: rewrite the base's history (PyTorch's CopySlices)
+    with existing primitives.
+
+    The op runs out of place on the view's old value, taken as the view ops replayed on the
+    base's old history (so, as in PyTorch, hooks on the view's previous ``grad_fn`` are not on
+    the path).  The base's new value is ``index_put(old base, result, view positions)``: its
+    rule sends the gradient of the written region to the op's node (and on to the view's old
+    value and the op's other operands) and the rest to the base's old history.  The view's
+    ``grad_fn`` is regenerated from the base on its next read, since the version moved."""
+    from .shape import replay_view
+
+    base = view._base
+    # The base's current value with its current history.  Its data is shared, not copied:
+    # the view primitives replayed on it save no data tensors.
+    old_base = Tensor._make(base._data)
+    old_base.grad_fn, old_base._output_nr = base.grad_fn, base._output_nr
+    region = replay_view(old_base, view._view_info.steps)
+    # a copy: the op's node may save its input, and the view's storage is overwritten below
+    snapshot = Tensor._make(np.array(region._data, copy=True))
+    snapshot.grad_fn, snapshot._output_nr = region.grad_fn, region._output_nr
+    result = _cast_result(view, fn(snapshot, *args, **kwargs))
+    _check_result(view, result, op)  # before the base's history changes
+    _write(view, result, op)
+    _rewrite_base(view, result)
+    return view
+
+
+def _rewrite_base(view: Tensor, result: Tensor) -> None:
+    """Give ``view``'s base the history of its new value: its old value and history with the
+    view's elements replaced by ``result`` (whose node is the in-place op's), i.e.
+    ``index_put(old base, result, positions of the view in the base)``."""
+    from .shape import view_positions
+
+    base = view._base
+    # The base's value with its history before this change.  Its data is shared, not copied:
+    # index_put saves only its index tensors, and only the node is kept.
+    old_base = Tensor._make(base._data)
+    old_base.grad_fn, old_base._output_nr = base.grad_fn, base._output_nr
+    index, key = view_positions(base, view._view_info.steps)
+    value = result if index or result.ndim == 0 else result.reshape(())  # 0-d base: key ()
+    new_base = index_put_spec(old_base, value, index, key)
+    base._set_history(new_base.grad_fn, new_base._output_nr)
 
 
 def _inplace_method(name: str, fn: Any) -> Any:
@@ -274,6 +399,14 @@ def addcdiv(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor
     return _addcdiv(to_tensor(input), tensor1, tensor2, value=value)
 
 
+def _clamp_min(input: Tensor, min: Any) -> Tensor:  # noqa: A002  (PyTorch's argument name)
+    return clamp(input, min=min)
+
+
+def _clamp_max(input: Tensor, max: Any) -> Tensor:  # noqa: A002
+    return clamp(input, max=max)
+
+
 def _setitem(self: Tensor, key: Any, value: Any) -> None:
     inplace(self, "__setitem__", setitem_value, key, value)
 
@@ -299,7 +432,7 @@ _METHODS = [
     "unbind", "flip", "roll", "repeat", "tile", "diagonal", "diag", "tril", "triu",
     # indexing
     "gather", "scatter", "scatter_add", "index_select", "masked_fill", "masked_select",
-    "take_along_dim",
+    "take_along_dim", "index_add", "index_copy", "index_fill",
     # linalg
     "matmul", "mm", "bmm", "mv", "dot", "inner", "outer", "ger",
     "addcmul", "addcdiv",
@@ -313,8 +446,18 @@ _INPLACE = {
     "square_": square, "lerp_": lerp, "masked_fill_": masked_fill, "scatter_": scatter,
     "scatter_add_": scatter_add, "addcmul_": _addcmul, "addcdiv_": _addcdiv, "fill_": _fill,
     "zero_": _zero, "copy_": _copy, "normal_": _normal, "uniform_": _uniform,
-    "maximum_": maximum, "minimum_": minimum, "erf_": erf, "expm1_": expm1, "log1p_": log1p,
+    "erf_": erf, "expm1_": expm1, "log1p_": log1p,
     "nan_to_num_": nan_to_num, "remainder_": remainder, "floor_divide_": floor_divide,
+    "exp2_": exp2, "log2_": log2, "log10_": log10, "rsqrt_": rsqrt, "tan_": tan,
+    "true_divide_": true_divide, "divide_": divide, "negative_": negative, "absolute_": absolute,
+    "fix_": fix, "clamp_min_": _clamp_min, "clamp_max_": _clamp_max,
+    # comparisons and logical ops write 0 / 1 in self's dtype, as in PyTorch
+    "eq_": eq, "ne_": ne, "lt_": lt, "le_": le, "gt_": gt, "ge_": ge, "greater_": greater,
+    "greater_equal_": greater_equal, "less_": less, "less_equal_": less_equal,
+    "not_equal_": not_equal, "logical_not_": logical_not, "logical_and_": logical_and,
+    "logical_or_": logical_or, "logical_xor_": logical_xor, "bitwise_and_": bitwise_and,
+    "bitwise_or_": bitwise_or, "bitwise_xor_": bitwise_xor, "bitwise_not_": bitwise_not,
+    "index_add_": index_add, "index_copy_": index_copy, "index_fill_": index_fill,
 }
 
 

@@ -18,6 +18,7 @@ from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..tensor import Tensor
 from ._util import P, apply, as_operand, to_tensor, wrap_dim
 from .primitives import numpy_key
+from .shape import _view_op
 
 
 def _normalise_key(x: Tensor, key: Any) -> tuple[tuple, tuple]:
@@ -110,12 +111,9 @@ def _normalise_key(x: Tensor, key: Any) -> tuple[tuple, tuple]:
 def getitem(input: Tensor, key: Any) -> Tensor:
     x = to_tensor(input)
     spec, tensors = _normalise_key(x, key)
-    out = apply(P["getitem"], (x,) + tensors, {"key": spec})
-    if not tensors:
-        from .shape import _as_view
-
-        _as_view(out, x)
-    return out
+    if not tensors:  # basic indexing: a view
+        return _view_op(x, "getitem", {"key": spec})
+    return apply(P["getitem"], (x,) + tensors, {"key": spec})
 
 
 def getitem_spec(x: Tensor, tensors: tuple, spec: tuple) -> Tensor:
@@ -210,6 +208,69 @@ def scatter_add(input: Any, dim: int, index: Any, src: Any) -> Tensor:
     x = to_tensor(input)
     d, idx, s = _scatter_args("scatter_add", x, dim, index, src)
     return apply(P["scatter_add"], (x, idx, s), {"dim": d})
+
+
+def _dim_index(op: str, x: Tensor, dim: int, index: Any) -> tuple[int, Tensor, tuple]:
+    """Check a ``dim`` / 1-D ``index`` pair of the index_* ops; returns the wrapped dim, the
+    index as a 1-D tensor and the normalised key ``x[:, ..., index]``."""
+    if x.ndim == 0:
+        raise ShapeError(f"{op}: expected a tensor with at least one dimension, got {describe(x)}")
+    idx = _index_tensor(op, index)
+    if idx.ndim > 1:
+        raise ShapeError(f"{op}: index must be 0-D or 1-D, got {describe(idx)}")
+    d = wrap_dim(op, dim, x.ndim)
+    _check_index_range(op, idx, x._data.shape[d], d)
+    return d, idx.reshape(-1), (("s", None, None, 1),) * d + (("t", 0),)
+
+
+def _index_source(op: str, x: Tensor, d: int, idx: Tensor, source: Any) -> Tensor:
+    """``source`` of index_add / index_copy: x's dtype and x's shape with dim ``d`` the number
+    of indices."""
+    src = to_tensor(source)
+    if src._dtype is not x._dtype:
+        raise DTypeError(
+            f"{op}: self ({x.dtype.name}) and source ({src.dtype.name}) must have the same "
+            "scalar type"
+        )
+    expected = tuple(x.shape[:d]) + (idx.shape[0],) + tuple(x.shape[d + 1 :])
+    if tuple(src.shape) != expected:
+        raise ShapeError(
+            f"{op}: source {describe(src)} should have shape {expected} (self {describe(x)} with "
+            f"dim {d} of size {idx.shape[0]}, the number of indices)"
+        )
+    return src
+
+
+def index_add(input: Any, dim: int, index: Any, source: Any, *, alpha: Any = 1) -> Tensor:
+    """``input`` with ``alpha * source`` added at ``index`` along ``dim``; repeated indices
+    accumulate."""
+    from .elementwise import add, mul
+
+    x = to_tensor(input)
+    d, idx, key = _dim_index("index_add", x, dim, index)
+    src = _index_source("index_add", x, d, idx, source)
+    if not (isinstance(alpha, (int, float)) and alpha == 1):
+        src = mul(src, alpha)
+    return add(x, index_add_at(src, (idx,), key, tuple(x.shape)))
+
+
+def index_copy(input: Any, dim: int, index: Any, source: Any) -> Tensor:
+    """``input`` with the slices at ``index`` along ``dim`` replaced by ``source``'s."""
+    x = to_tensor(input)
+    d, idx, key = _dim_index("index_copy", x, dim, index)
+    src = _index_source("index_copy", x, d, idx, source)
+    return index_put_spec(x, src, (idx,), key)
+
+
+def index_fill(input: Any, dim: int, index: Any, value: Any) -> Tensor:
+    """``input`` with the slices at ``index`` along ``dim`` set to the scalar ``value``."""
+    x = to_tensor(input)
+    _, idx, key = _dim_index("index_fill", x, dim, index)
+    if isinstance(value, Tensor) and value.ndim != 0:
+        raise ShapeError(
+            f"index_fill: only supports a 0-dimensional value tensor, but got {describe(value)}"
+        )
+    return index_put_spec(x, as_operand(value, x.dtype), (idx,), key)
 
 
 def index_select(input: Any, dim: int, index: Any) -> Tensor:
