@@ -547,7 +547,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     }
 
     print(
-        f"# fusegrad eager overhead{' (QUICK: smoke test, not a measurement)' if args.quick else ''}"
+        "# fusegrad eager overhead"
+        + (" (QUICK: smoke test, not a measurement)" if args.quick else "")
     )
     print()
     print(

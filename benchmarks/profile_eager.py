@@ -80,7 +80,7 @@ def category_times(stats: pstats.Stats) -> dict[str, float]:
     caller spent in it, resolved through chains of builtins (bounded walk)."""
     raw: dict[FuncKey, Any] = stats.stats  # type: ignore[attr-defined]
     totals: dict[str, float] = {}
-    for key, (_, _, tottime, _, callers) in raw.items():
+    for key, (_, _, tottime, _, _callers) in raw.items():
         shares: list[tuple[FuncKey, float]] = [(key, tottime)]
         for _ in range(8):  # builtins calling builtins: a few levels at most
             pending: list[tuple[FuncKey, float]] = []

@@ -21,7 +21,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import fusegrad.autograd as _autograd
 from fusegrad.autograd.engine import run_backward
@@ -35,8 +36,15 @@ from .ir import format_graph, verify
 from .logs import set_logs
 from .program import Program
 
-__all__ = ["compile", "compiled_autograd", "counters", "reset", "explain", "set_logs",
-           "CompilationError"]
+__all__ = [
+    "compile",
+    "compiled_autograd",
+    "counters",
+    "reset",
+    "explain",
+    "set_logs",
+    "CompilationError",
+]
 
 
 class CompilationError(RuntimeError):
@@ -60,8 +68,15 @@ def reset() -> None:
     _reset_cache()
 
 
-def _fallback(reason: str, outputs: Sequence[Tensor], grads: Sequence[Tensor],
-              retain_graph: bool, create_graph: bool, inputs: Any, accumulate: bool) -> Any:
+def _fallback(
+    reason: str,
+    outputs: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    retain_graph: bool,
+    create_graph: bool,
+    inputs: Any,
+    accumulate: bool,
+) -> Any:
     if _config.fullgraph:
         raise CompilationError(f"fullgraph=True: this backward cannot be compiled: {reason}")
     counters.fallbacks[reason] += 1
@@ -71,13 +86,18 @@ def _fallback(reason: str, outputs: Sequence[Tensor], grads: Sequence[Tensor],
     return run_backward(outputs, grads, retain_graph, create_graph, inputs, accumulate)
 
 
-def run(outputs: Sequence[Tensor], grads: Sequence[Tensor], retain_graph: bool,
-        create_graph: bool, inputs: Sequence[Tensor] | None, accumulate: bool) -> Any:
+def run(
+    outputs: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    retain_graph: bool,
+    create_graph: bool,
+    inputs: Sequence[Tensor] | None,
+    accumulate: bool,
+) -> Any:
     """The backward runner installed while compiled autograd is active."""
     w = walk(outputs, grads, inputs, accumulate, create_graph)
     if w.fallback is not None:
-        return _fallback(w.fallback, outputs, grads, retain_graph, create_graph, inputs,
-                         accumulate)
+        return _fallback(w.fallback, outputs, grads, retain_graph, create_graph, inputs, accumulate)
     program = programs.get(w.key)
     if program is None:
         reason = miss_reason(w.key)
@@ -87,8 +107,7 @@ def run(outputs: Sequence[Tensor], grads: Sequence[Tensor], retain_graph: bool,
                 verify(graph)
             graph = passes.run(graph, check=_config.check)
         except Fallback as e:
-            return _fallback(str(e), outputs, grads, retain_graph, create_graph, inputs,
-                             accumulate)
+            return _fallback(str(e), outputs, grads, retain_graph, create_graph, inputs, accumulate)
         counters.captures += 1
         logs.log("recompiles", f"capture #{counters.captures}: {reason}")
         logs.log("graph", "backward graph:\n" + format_graph(graph))
@@ -120,8 +139,13 @@ def compiled_autograd(fullgraph: bool = False, mode: str = "default") -> Iterato
         _config.fullgraph, _config.mode, _autograd._backward_runner = prev
 
 
-def compile(fn: Callable | None = None, *, fullgraph: bool = False, dynamic: bool = True,
-            mode: str = "default") -> Any:
+def compile(
+    fn: Callable | None = None,
+    *,
+    fullgraph: bool = False,
+    dynamic: bool = True,
+    mode: str = "default",
+) -> Any:
     """Decorator (``@fusegrad.compile`` or ``@fusegrad.compile(fullgraph=True)``) or function:
     every backward()/grad() executed inside ``fn`` is compiled.  ``dynamic`` is accepted for
     torch.compile compatibility: sizes are always runtime arguments of generated code."""
@@ -142,16 +166,19 @@ class Report:
     """What ``explain`` saw: captured graphs (with their IR) and fallbacks with reasons."""
 
     def __init__(self, events: list) -> None:
-        self.captures = [(reason, prog) for kind, reason, *rest in events if kind == "capture"
-                         for prog in rest]
+        self.captures = [
+            (reason, prog) for kind, reason, *rest in events if kind == "capture" for prog in rest
+        ]
         self.fallbacks = [reason for kind, reason, *rest in events if kind == "fallback"]
 
     def __str__(self) -> str:
         lines = [f"{len(self.captures)} graph(s) captured, {len(self.fallbacks)} fallback(s)"]
         for i, (reason, prog) in enumerate(self.captures):
             n = sum(1 for v in prog.graph.values if v.op not in ("input", "scalar", "constant"))
-            lines.append(f"graph {i}: {n} ops, {len(prog.kernels)} kernel(s), "
-                         f"{len(prog.externs)} extern call(s) ({reason})")
+            lines.append(
+                f"graph {i}: {n} ops, {len(prog.kernels)} kernel(s), "
+                f"{len(prog.externs)} extern call(s) ({reason})"
+            )
             lines.extend("    " + line for line in str(prog).splitlines())
             for k, kern in enumerate(prog.kernels):
                 fused = ", ".join(f"%{v.id} {v.op}" for v in kern.values + kern.reductions)

@@ -24,9 +24,11 @@ class Counters:
 
     def __repr__(self) -> str:
         fb = dict(self.fallbacks)
-        return (f"Counters(captures={self.captures}, compiles={self.compiles}, "
-                f"cache_hits={self.cache_hits}, disk_hits={self.disk_hits}, "
-                f"compiled_runs={self.compiled_runs}, fallbacks={fb})")
+        return (
+            f"Counters(captures={self.captures}, compiles={self.compiles}, "
+            f"cache_hits={self.cache_hits}, disk_hits={self.disk_hits}, "
+            f"compiled_runs={self.compiled_runs}, fallbacks={fb})"
+        )
 
 
 counters = Counters()
@@ -46,8 +48,9 @@ def miss_reason(key: tuple) -> str:
     """Why ``key`` missed the cache, relative to the closest cached key."""
     if not programs:
         return "first capture"
-    same_structure = [k for k in programs if len(k) == len(key)
-                      and _strip_sizes(k) == _strip_sizes(key)]
+    same_structure = [
+        k for k in programs if len(k) == len(key) and _strip_sizes(k) == _strip_sizes(key)
+    ]
     if same_structure:
         return "new sizes (same structure, dtypes and broadcast patterns)"
     best = None

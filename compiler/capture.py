@@ -21,17 +21,18 @@ a new batch size costs a capture (Python only), not a compilation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
+from fusegrad import dtypes as _dt
 from fusegrad.autograd import anomaly
 from fusegrad.autograd import engine as _engine
 from fusegrad.autograd import node as _node
 from fusegrad.autograd.node import AccumulateGrad, OpNode
 from fusegrad.ops import registry
-from fusegrad import dtypes as _dt
 from fusegrad.tensor import Tensor
 
 from .ir import Graph, Value, freeze
@@ -51,7 +52,7 @@ class SymbolicTensor(Tensor):
     __slots__ = ("_value",)
 
     @classmethod
-    def of(cls, value: Value) -> "SymbolicTensor":
+    def of(cls, value: Value) -> SymbolicTensor:
         t = cls._make(np.broadcast_to(np.zeros((), value.dtype.np), value.shape))
         t._value = value
         return t
@@ -75,8 +76,13 @@ def _tensor_meta(t: Any) -> tuple:
     return (tuple(t._data.shape), t._dtype.name)
 
 
-def walk(roots: Sequence[Tensor], grad_roots: Sequence[Tensor], inputs: Sequence[Tensor] | None,
-         accumulate: bool, create_graph: bool) -> Walk:
+def walk(
+    roots: Sequence[Tensor],
+    grad_roots: Sequence[Tensor],
+    inputs: Sequence[Tensor] | None,
+    accumulate: bool,
+    create_graph: bool,
+) -> Walk:
     """Build the key and collect the runtime arguments (see the module docstring)."""
     out = Walk(key=())
     if create_graph:
@@ -113,14 +119,16 @@ def walk(roots: Sequence[Tensor], grad_roots: Sequence[Tensor], inputs: Sequence
     for n in order:
         kind = type(n)
         if kind is OpNode:
-            hooks = None
+            hooks: tuple | None = None
             if n._pre_hooks or n._post_hooks or n._tensor_pre_hooks or n._retain_grad_hooks:
                 # hook *counts* per site are structure; the callables are looked up at run time
                 out.has_hooks = True
-                hooks = (len(n._pre_hooks or ()), len(n._post_hooks or ()),
-                         tuple(sorted((nr, len(h)) for nr, h in
-                                      (n._tensor_pre_hooks or {}).items())),
-                         tuple(sorted(n._retain_grad_hooks or ())))
+                hooks = (
+                    len(n._pre_hooks or ()),
+                    len(n._post_hooks or ()),
+                    tuple(sorted((nr, len(h)) for nr, h in (n._tensor_pre_hooks or {}).items())),
+                    tuple(sorted(n._retain_grad_hooks or ())),
+                )
             saved = n._saved
             if saved is None:
                 if n._rule.save_index:
@@ -131,9 +139,11 @@ def walk(roots: Sequence[Tensor], grad_roots: Sequence[Tensor], inputs: Sequence
             smeta = []
             for s in saved:
                 if s._counter is None or s._unpack_hook is not None:
-                    out.fallback = (f"{n.name()} has freed its saved tensors"
-                                    if s._counter is None else
-                                    f"{n.name()} has saved-tensor hooks (user code on unpack)")
+                    out.fallback = (
+                        f"{n.name()} has freed its saved tensors"
+                        if s._counter is None
+                        else f"{n.name()} has saved-tensor hooks (user code on unpack)"
+                    )
                     return out
                 t = s._tensor
                 data = s._data if t is None else t._data
@@ -143,20 +153,39 @@ def walk(roots: Sequence[Tensor], grad_roots: Sequence[Tensor], inputs: Sequence
                 smeta.append((data.shape, data.dtype, alias))
                 saved_out.append((n, s))
                 out.saved_alias.append(alias)
-            append((n._prim.name, tuple(n.attrs.items()),
+            append(
+                (
+                    n._prim.name,
+                    tuple(n.attrs.items()),
                     tuple((index[c] if c is not None else -1, nr) for c, nr in n._edges),
-                    n._input_meta, tuple(smeta), hooks))
+                    n._input_meta,
+                    tuple(smeta),
+                    hooks,
+                )
+            )
         elif kind is AccumulateGrad:
             v = n.variable
-            hooks = None
+            hooks = None  # (annotated above)
             if n._pre_hooks or n._post_hooks or v._hooks or v._post_acc_hooks:
                 out.has_hooks = True
-                hooks = (len(n._pre_hooks or ()), len(n._post_hooks or ()), len(v._hooks or ()),
-                         len(v._post_acc_hooks or ()))
+                hooks = (
+                    len(n._pre_hooks or ()),
+                    len(n._post_hooks or ()),
+                    len(v._hooks or ()),
+                    len(v._post_acc_hooks or ()),
+                )
             grad = v._grad
-            gmeta = None if grad is None else (grad._data.shape, grad._dtype,
-                                               grad.requires_grad, grad._data.flags.writeable,
-                                               grad._data.flags.c_contiguous)
+            gmeta = (
+                None
+                if grad is None
+                else (
+                    grad._data.shape,
+                    grad._dtype,
+                    grad.requires_grad,
+                    grad._data.flags.writeable,
+                    grad._data.flags.c_contiguous,
+                )
+            )
             append(("leaf", v._data.shape, v._dtype, gmeta, hooks))
             out.leaves.append(v)
         else:
@@ -176,8 +205,13 @@ def _unsupported(n: Any) -> str:
     return f"{n.name()} is not a primitive's node (custom Function or other node type)"
 
 
-def capture(w: Walk, roots: Sequence[Tensor], grad_roots: Sequence[Tensor],
-            inputs: Sequence[Tensor] | None, accumulate: bool) -> Graph:
+def capture(
+    w: Walk,
+    roots: Sequence[Tensor],
+    grad_roots: Sequence[Tensor],
+    inputs: Sequence[Tensor] | None,
+    accumulate: bool,
+) -> Graph:
     """Record the backward of ``roots`` as an IR graph (see the module docstring)."""
     graph = Graph()
     saved_index = {id(s): k for k, (_, s) in enumerate(w.saved)}
@@ -239,8 +273,14 @@ def capture(w: Walk, roots: Sequence[Tensor], grad_roots: Sequence[Tensor],
             # no user code runs during this backward: writes can all happen at the end
             graph.effects.append((target[0], target[1], as_value(g)))
             return
-        value = graph.add("store_grad", (as_value(g),), {"target": target, "seq": next(seq)},
-                          (), _dt.bool_, origin=current[0])
+        value = graph.add(
+            "store_grad",
+            (as_value(g),),
+            {"target": target, "seq": next(seq)},
+            (),
+            _dt.bool_,
+            origin=current[0],
+        )
         last_store[id(t)] = value
 
     def call_hook(hook: Any, kind: str, node: Any, slot: int, position: int, *args: Any) -> Any:
@@ -248,8 +288,14 @@ def capture(w: Walk, roots: Sequence[Tensor], grad_roots: Sequence[Tensor],
         site = (w.index[node], kind, slot, position)
         if kind == "post_acc":
             var = args[0]
-            graph.add("hook", (last_store[id(var)],), {"site": site, "layout": (),
-                      "seq": next(seq)}, (), _dt.bool_, origin=node.name())
+            graph.add(
+                "hook",
+                (last_store[id(var)],),
+                {"site": site, "layout": (), "seq": next(seq)},
+                (),
+                _dt.bool_,
+                origin=node.name(),
+            )
             return None
         groups = [args[0]] if kind == "tensor" else list(args)
         layout = []
@@ -262,20 +308,27 @@ def capture(w: Walk, roots: Sequence[Tensor], grad_roots: Sequence[Tensor],
                 if item is not None:
                     values.append(as_value(item))
             layout.append(tuple(mask))
-        token = graph.add("hook", tuple(values), {"site": site, "layout": tuple(layout),
-                          "seq": next(seq)}, (), _dt.bool_, origin=node.name())
+        token = graph.add(
+            "hook",
+            tuple(values),
+            {"site": site, "layout": tuple(layout), "seq": next(seq)},
+            (),
+            _dt.bool_,
+            origin=node.name(),
+        )
         # the hook may replace (a) the gradient (tensor hook), (b) the node's incoming
         # gradients (pre-hook) or (c) its results (post-hook): one hook_output per slot
         replaced = [args[0]] if kind == "tensor" else list(args[0])
-        outs = []
+        outs: list[SymbolicTensor | None] = []
         for i, item in enumerate(replaced):
             if item is None:
                 outs.append(None)
                 continue
             v = as_value(item)
             # position i of what the hook returns, or v itself when it returns None
-            out = graph.add("hook_output", (token, v), {"index": i}, v.shape, v.dtype,
-                            origin=node.name())
+            out = graph.add(
+                "hook_output", (token, v), {"index": i}, v.shape, v.dtype, origin=node.name()
+            )
             outs.append(SymbolicTensor.of(out))
         if kind == "tensor":
             return outs[0]

@@ -66,7 +66,7 @@ class Value:
 
     id: int
     op: str
-    inputs: tuple["Value", ...]
+    inputs: tuple[Value, ...]
     attrs: tuple[tuple[str, Any], ...]
     shape: tuple[int, ...]
     dtype: _dt.dtype
@@ -94,17 +94,28 @@ class Graph:
     effects: list[tuple[str, int, Value]] = field(default_factory=list)
     _interned: dict = field(default_factory=dict, repr=False)
 
-    def add(self, op: str, inputs: tuple, attrs: dict | tuple, shape: tuple, dtype: _dt.dtype,
-            origin: str = "") -> Value:
-        frozen = attrs if isinstance(attrs, tuple) else tuple(sorted(
-            (k, freeze(v)) for k, v in attrs.items()))
+    def add(
+        self,
+        op: str,
+        inputs: tuple,
+        attrs: dict | tuple,
+        shape: tuple,
+        dtype: _dt.dtype,
+        origin: str = "",
+    ) -> Value:
+        frozen = (
+            attrs
+            if isinstance(attrs, tuple)
+            else tuple(sorted((k, freeze(v)) for k, v in attrs.items()))
+        )
         key = (op, tuple(v.id for v in inputs), frozen)
         if op != "input":
             found = self._interned.get(key)
             if found is not None:
                 return found
-        value = Value(len(self.values), op, tuple(inputs), frozen, tuple(int(s) for s in shape),
-                      dtype, origin)
+        value = Value(
+            len(self.values), op, tuple(inputs), frozen, tuple(int(s) for s in shape), dtype, origin
+        )
         self.values.append(value)
         if op != "input":
             self._interned[key] = value
@@ -120,11 +131,17 @@ class Graph:
         # identical constant arrays (e.g. the same zeros) are stored once
         for i, c in enumerate(self.constants):
             if c.shape == array.shape and c.dtype == array.dtype and np.array_equal(c, array):
-                return self.add("constant", (), {"index": i}, array.shape,
-                                _dt.from_numpy_dtype(array.dtype))
+                return self.add(
+                    "constant", (), {"index": i}, array.shape, _dt.from_numpy_dtype(array.dtype)
+                )
         self.constants.append(np.array(array, copy=True))
-        return self.add("constant", (), {"index": len(self.constants) - 1}, array.shape,
-                        _dt.from_numpy_dtype(array.dtype))
+        return self.add(
+            "constant",
+            (),
+            {"index": len(self.constants) - 1},
+            array.shape,
+            _dt.from_numpy_dtype(array.dtype),
+        )
 
     def inputs_of(self, kind: str) -> list[Value]:
         return sorted(
@@ -148,7 +165,7 @@ def verify(graph: Graph) -> None:
     """Check the invariants every pass must keep: values in topological order with ids equal to
     positions, inputs defined earlier, primitives known with shapes and dtypes equal to their
     shape/dtype rule, IR ops well formed, effects pointing at values of the graph."""
-    index = {}
+    index: dict[Value, int] = {}
     for pos, v in enumerate(graph.values):
         if v.id != pos:
             raise VerifyError(f"value at position {pos} has id {v.id}")
@@ -159,8 +176,10 @@ def verify(graph: Graph) -> None:
         if v.op in EFFECT_OPS or v.op == "hook_output":
             if v.op == "hook_output" and (len(v.inputs) != 2 or v.inputs[0].op != "hook"):
                 raise VerifyError(f"%{v.id}: hook_output takes (hook, original value)")
-            if v.op == "hook_output" and (v.shape, v.dtype) != (v.inputs[1].shape,
-                                                                 v.inputs[1].dtype):
+            if v.op == "hook_output" and (v.shape, v.dtype) != (
+                v.inputs[1].shape,
+                v.inputs[1].dtype,
+            ):
                 raise VerifyError(f"%{v.id}: hook_output must keep its slot's shape and dtype")
             continue
         if v.op in IR_OPS:

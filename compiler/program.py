@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,6 @@ from .cache import counters
 from .capture import Walk
 from .ir import EFFECT_OPS, IR_OWN_OPS, Graph, Value, format_graph
 from .passes.fuse import Extern, Kernel, fuse
-
 
 # externs whose result may share memory with an input
 VIEW_OPS = frozenset({"reshape", "permute", "broadcast_to", "getitem", "diagonal", "hook_output"})
@@ -58,8 +58,9 @@ class Program:
 
     def __post_init__(self) -> None:
         if self.mode == "debug":
-            self.steps = [Extern(v) for v in self.graph.values
-                          if v.op not in ("input", "constant", "scalar")]
+            self.steps = [
+                Extern(v) for v in self.graph.values if v.op not in ("input", "constant", "scalar")
+            ]
         else:
             self.steps = fuse(self.graph)
         kernels = [s for s in self.steps if isinstance(s, Kernel)]
@@ -79,8 +80,10 @@ class Program:
         if kernels:
             from .codegen.numba_cpu import emit_module, load_module
 
-            summary = f"{len(kernels)} fused kernel(s) of a backward graph with " \
-                      f"{len(self.graph.values)} IR values"
+            summary = (
+                f"{len(kernels)} fused kernel(s) of a backward graph with "
+                f"{len(self.graph.values)} IR values"
+            )
             source, plans = emit_module(kernels, summary)
             module, path, on_disk = load_module(source)
             self.source_path = path
@@ -128,10 +131,16 @@ class Program:
             if v.op in VIEW_OPS:
                 stack.extend(v.inputs)
         has_hooks = any(v.op in EFFECT_OPS for v in self.graph.values)
-        self._pooled: set = set() if has_hooks else {
-            v for k in self.kernels for v in k.outputs
-            if v not in escaping and v not in k.reductions and v not in k.accumulate
-        }
+        self._pooled: set = (
+            set()
+            if has_hooks
+            else {
+                v
+                for k in self.kernels
+                for v in k.outputs
+                if v not in escaping and v not in k.reductions and v not in k.accumulate
+            }
+        )
         # per thread: two threads running this program at once must not share buffers
         self._pools = threading.local()
 
@@ -146,8 +155,13 @@ class Program:
     def externs(self) -> list[Value]:
         return [s.value for s in self.steps if isinstance(s, Extern)]
 
-    def run(self, w: Walk, grad_roots: Sequence[Tensor], retain_graph: bool,
-            inputs: Sequence[Tensor] | None) -> list | None:
+    def run(
+        self,
+        w: Walk,
+        grad_roots: Sequence[Tensor],
+        retain_graph: bool,
+        inputs: Sequence[Tensor] | None,
+    ) -> list | None:
         # as in the eager engine, the backward (and any user hook in it) runs without recording
         prev_mode = grad_mode._state.enabled
         grad_mode._state.enabled = False
@@ -156,8 +170,13 @@ class Program:
         finally:
             grad_mode._state.enabled = prev_mode
 
-    def _run(self, w: Walk, grad_roots: Sequence[Tensor], retain_graph: bool,
-             inputs: Sequence[Tensor] | None) -> list | None:
+    def _run(
+        self,
+        w: Walk,
+        grad_roots: Sequence[Tensor],
+        retain_graph: bool,
+        inputs: Sequence[Tensor] | None,
+    ) -> list | None:
         saved_arrays = _saved_arrays(w)  # version checks first, before anything is written
         env: dict = {}
         for v in self.graph.values:
@@ -285,7 +304,7 @@ def _step_inputs(step: Any) -> list[Value]:
 def _saved_arrays(w: Walk) -> list:
     """The saved arrays in walk order, each version-checked; a failing check raises the eager
     engine's own error (through ``SavedTensor.unpack``)."""
-    arrays = []
+    arrays: list[np.ndarray] = []
     append = arrays.append
     for node, s in w.saved:
         counter = s._counter
@@ -310,12 +329,20 @@ def _epilogue_buffer(leaf: Tensor, v: Value, sizes: tuple, flat: bool) -> np.nda
     return a.reshape(sizes)
 
 
-def _run_kernel(kernel: Kernel, plan: Any, fn: Any, env: dict, epilogue: dict,
-                leaves: list, pooled: set, pool: dict) -> None:
+def _run_kernel(
+    kernel: Kernel,
+    plan: Any,
+    fn: Any,
+    env: dict,
+    epilogue: dict,
+    leaves: list,
+    pooled: set,
+    pool: dict,
+) -> None:
     space = kernel.shape
     if plan.flat:
         n = int(np.prod(space)) if space else 1
-        sizes = (n,)
+        sizes: tuple[int, ...] = (n,)
         args = []
         for v in plan.inputs:
             a = env[v]
@@ -342,6 +369,7 @@ def _run_kernel(kernel: Kernel, plan: Any, fn: Any, env: dict, epilogue: dict,
                 buf = np.empty(out_shape, dtype=v.dtype.np)
                 if v in pooled:
                     pool[v] = buf
+        assert buf is not None
         outs.append(buf)
     reds = [np.zeros(shape, dtype=np.float64) for shape in plan.reduced_shapes]
     fn(*sizes, *args, *outs, *reds)
@@ -355,7 +383,7 @@ def _run_kernel(kernel: Kernel, plan: Any, fn: Any, env: dict, epilogue: dict,
 
 def _note_disk_hits(program: Program) -> None:
     hits = 0
-    for plan, fn in program._kernel_fns.values():
+    for _plan, fn in program._kernel_fns.values():
         stats = getattr(fn, "stats", None)
         if stats is not None and sum(stats.cache_hits.values()):
             hits += 1

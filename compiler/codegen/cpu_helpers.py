@@ -13,10 +13,11 @@ import math
 import numba
 import numpy as np
 
-_inline = {"inline": "always", "error_model": "numpy", "cache": True}
+# inlined into every kernel that calls them, numpy error model (no division checks), cached
+_helper = numba.njit(inline="always", error_model="numpy", cache=True)
 
 
-@numba.njit(**_inline)
+@_helper
 def _maximum(a, b):  # type: ignore[no-untyped-def]
     if a != a:
         return a
@@ -25,7 +26,7 @@ def _maximum(a, b):  # type: ignore[no-untyped-def]
     return a if a > b else b
 
 
-@numba.njit(**_inline)
+@_helper
 def _minimum(a, b):  # type: ignore[no-untyped-def]
     if a != a:
         return a
@@ -34,7 +35,7 @@ def _minimum(a, b):  # type: ignore[no-untyped-def]
     return a if a < b else b
 
 
-@numba.njit(**_inline)
+@_helper
 def _sign(a):  # type: ignore[no-untyped-def]
     if a > 0:
         return a - a + 1
@@ -43,45 +44,51 @@ def _sign(a):  # type: ignore[no-untyped-def]
     return a  # 0, -0 and nan are their own sign
 
 
-@numba.njit(**_inline)
+@_helper
 def _pow(a, b):  # type: ignore[no-untyped-def]
     return np.power(a, b)
 
 
-@numba.njit(**_inline)
+@_helper
 def _sigmoid64(x):  # type: ignore[no-untyped-def]
     e = math.exp(-abs(x))
     return 1.0 / (1.0 + e) if x >= 0 else e / (1.0 + e)
 
 
-@numba.njit(**_inline)
+@_helper
 def _cast_float32(x):  # type: ignore[no-untyped-def]
     return np.float32(x)
 
 
-@numba.njit(**_inline)
+@_helper
 def _cast_float64(x):  # type: ignore[no-untyped-def]
     return np.float64(x)
 
 
-@numba.njit(**_inline)
+@_helper
 def _cast_int64(x):  # type: ignore[no-untyped-def]
     return np.int64(x)
 
 
-@numba.njit(**_inline)
+@_helper
 def _cast_int32(x):  # type: ignore[no-untyped-def]
     return np.int32(x)
 
 
-@numba.njit(**_inline)
+@_helper
 def _cast_bool(x):  # type: ignore[no-untyped-def]
     return x != 0
 
 
 # float64 math: libm
 MATH64 = {
-    "exp": "math.exp", "expm1": "math.expm1", "log": "math.log", "log1p": "math.log1p",
-    "sin": "math.sin", "cos": "math.cos", "tanh": "math.tanh", "sigmoid": "_sigmoid64",
+    "exp": "math.exp",
+    "expm1": "math.expm1",
+    "log": "math.log",
+    "log1p": "math.log1p",
+    "sin": "math.sin",
+    "cos": "math.cos",
+    "tanh": "math.tanh",
+    "sigmoid": "_sigmoid64",
     "erf": "math.erf",
 }

@@ -62,12 +62,38 @@ MATH = ("exp", "expm1", "log", "log1p", "sin", "cos", "tanh", "sigmoid", "erf")
 
 FUSED_REDUCTIONS = frozenset({"sum_to", "sum"})
 
-EXTERNS = frozenset({
-    "round", "remainder", "floor_divide", "bitwise_and", "bitwise_or", "bitwise_xor",
-    "amax", "amin", "prod", "argmax", "argmin", "all", "any", "cumsum",
-    "reshape", "permute", "broadcast_to", "flip", "cat", "pad", "diagonal", "getitem",
-    "index_put", "index_add_at", "gather", "scatter", "scatter_add", "matmul",
-})
+EXTERNS = frozenset(
+    {
+        "round",
+        "remainder",
+        "floor_divide",
+        "bitwise_and",
+        "bitwise_or",
+        "bitwise_xor",
+        "amax",
+        "amin",
+        "prod",
+        "argmax",
+        "argmin",
+        "all",
+        "any",
+        "cumsum",
+        "reshape",
+        "permute",
+        "broadcast_to",
+        "flip",
+        "cat",
+        "pad",
+        "diagonal",
+        "getitem",
+        "index_put",
+        "index_add_at",
+        "gather",
+        "scatter",
+        "scatter_add",
+        "matmul",
+    }
+)
 # ``broadcast_to`` is also fused (as a broadcasting read) when its consumer is in a kernel;
 # standing alone it is an extern (a numpy view).
 # ``sum``/``sum_to`` over integer values and reductions that cannot fuse run as externs too.

@@ -33,8 +33,8 @@ import numpy as np
 
 from ..ir import Value
 from ..passes.fuse import Kernel
-from .lowering import EXPRESSIONS, MATH
 from .cpu_helpers import MATH64
+from .lowering import EXPRESSIONS, MATH
 
 CODEGEN_VERSION = 1
 FASTMATH = ("reassoc", "contract", "nsz")
@@ -93,8 +93,11 @@ def _literal(value: Any, dtype: Any) -> str:
         return "True" if value else "False"
     if dtype.is_floating_point:
         v = float(value)
-        text = repr(v) if np.isfinite(v) else ("np.inf" if v > 0 else ("-np.inf" if v < 0
-                                                                        else "np.nan"))
+        text = (
+            repr(v)
+            if np.isfinite(v)
+            else ("np.inf" if v > 0 else ("-np.inf" if v < 0 else "np.nan"))
+        )
         return f"np.{dtype.name}({text})"
     return f"np.{dtype.name}({int(value)})"
 
@@ -106,8 +109,10 @@ def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
     flat = all(
         i.shape == space or int(np.prod(i.shape)) == 1
         for i in kernel.inputs + [v.inputs[0] for v in kernel.values if v.op == "broadcast_to"]
-    ) and all(all(_reduction_target(r, space)[d] == 1 for d in range(len(space)))
-              for r in kernel.reductions)
+    ) and all(
+        all(_reduction_target(r, space)[d] == 1 for d in range(len(space)))
+        for r in kernel.reductions
+    )
     rank = 1 if flat else max(len(space), 1)
     loop_space = (int(np.prod(space)),) if flat else (space if space else (1,))
     idx = [f"i{d}" for d in range(rank)]
@@ -128,8 +133,9 @@ def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
     lines = [
         # a sorted literal: a set's repr varies between processes (string hashing), and the
         # source must be byte-identical for the disk cache to hit
-        "@numba.njit(cache=True, error_model=\"numpy\", nogil=True, fastmath={"
-        + ", ".join(repr(f) for f in sorted(FASTMATH)) + "})",
+        '@numba.njit(cache=True, error_model="numpy", nogil=True, fastmath={'
+        + ", ".join(repr(f) for f in sorted(FASTMATH))
+        + "})",
         f"def {name}({', '.join(args)}):",
     ]
     for k, r in enumerate(reds):
@@ -170,37 +176,46 @@ def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
                     sub = ", ".join("0" if (d < pad or b[d]) else idx[d] for d in range(rank))
                     expr = f"in{k}[{sub}]"
         else:
-            fmt: dict[str, str] = {"dtype": v.attr("dtype").name if v.op == "cast" else
-                                   v.dtype.name,
-                                   "one": _literal(1, v.dtype) if v.dtype.is_floating_point
-                                   else "1"}
+            fmt: dict[str, str] = {
+                "dtype": v.attr("dtype").name if v.op == "cast" else v.dtype.name,
+                "one": _literal(1, v.dtype) if v.dtype.is_floating_point else "1",
+            }
             for m in MATH:
                 operand_dtype = v.inputs[0].dtype if v.inputs else v.dtype
                 fmt[m] = math32[m] if operand_dtype.name == "float32" else MATH64[m]
-            expr = EXPRESSIONS[v.op].format(*[read(i) for i in v.inputs], **fmt)
+            expr = EXPRESSIONS[v.op].format(*[read(a) for a in v.inputs], **fmt)
         if v.dtype.is_floating_point:
             expr = f"np.{v.dtype.name}({expr})"
         origin = f"  # {v.origin}" if v.origin else ""
         lines.append(f"{body_indent}v{v.id} = {expr}  # %{v.id} = {v.op}{origin}")
         if v in out_index:
-            target = "i0" if flat else ", ".join(idx)
+            position = "i0" if flat else ", ".join(idx)
             op = "+=" if v in kernel.accumulate else "="
-            lines.append(f"{body_indent}out{out_index[v]}[{target}] {op} v{v.id}")
+            lines.append(f"{body_indent}out{out_index[v]}[{position}] {op} v{v.id}")
     for k, r in enumerate(reds):
-        src = read(r.inputs[0])
+        term = read(r.inputs[0])
         if full_red[k]:
-            lines.append(f"{body_indent}acc{k} += {src}  # %{r.id} = {r.op}")
+            lines.append(f"{body_indent}acc{k} += {term}  # %{r.id} = {r.op}")
         else:
             target = _reduction_target(r, space)
-            sub = ", ".join("0" if target[d] == 1 and space[d] != 1 else idx[d]
-                            for d in range(rank))
-            lines.append(f"{body_indent}red{k}[{sub}] += {src}  # %{r.id} = {r.op}")
-    for k, r in enumerate(reds):
+            sub = ", ".join(
+                "0" if target[d] == 1 and space[d] != 1 else idx[d] for d in range(rank)
+            )
+            lines.append(f"{body_indent}red{k}[{sub}] += {term}  # %{r.id} = {r.op}")
+    for k in range(len(reds)):
         if full_red[k]:
             lines.append(f"    red{k}[{', '.join('0' for _ in range(rank))}] = acc{k}")
-    plan = KernelPlan(name, rank, flat, tuple(kernel.inputs), tuple(full_out),
-                      tuple(v in kernel.accumulate for v in full_out), tuple(reds),
-                      tuple(red_shapes), tuple(full_red))
+    plan = KernelPlan(
+        name,
+        rank,
+        flat,
+        tuple(kernel.inputs),
+        tuple(full_out),
+        tuple(v in kernel.accumulate for v in full_out),
+        tuple(reds),
+        tuple(red_shapes),
+        tuple(full_red),
+    )
     return "\n".join(lines), plan
 
 

@@ -16,8 +16,9 @@ def rebuild(graph: Graph, keep: set[Value]) -> Graph:
     mapping: dict[Value, Value] = {}
     for v in graph.values:
         if v in keep:
-            mapping[v] = out.add(v.op, tuple(mapping[i] for i in v.inputs), v.attrs, v.shape,
-                                 v.dtype, v.origin)
+            mapping[v] = out.add(
+                v.op, tuple(mapping[i] for i in v.inputs), v.attrs, v.shape, v.dtype, v.origin
+            )
     out.effects = [(kind, slot, mapping[v]) for kind, slot, v in graph.effects]
     return out
 

@@ -111,9 +111,11 @@ def _connect(graph: Graph, steps: list[Kernel | Extern]) -> None:
     """Fill each kernel's inputs and outputs."""
     needed_outside: dict[Value, set[int]] = {}
     for idx, step in enumerate(steps):
-        uses = step.value.inputs if isinstance(step, Extern) else [
-            i for m in step.values + step.reductions for i in m.inputs
-        ]
+        uses = (
+            step.value.inputs
+            if isinstance(step, Extern)
+            else [i for m in step.values + step.reductions for i in m.inputs]
+        )
         for i in uses:
             needed_outside.setdefault(i, set()).add(idx)
     effect_values = {v for _, _, v in graph.effects}

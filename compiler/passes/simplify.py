@@ -44,8 +44,9 @@ def _rewrite(graph: Graph, v: Value, inputs: tuple[Value, ...]) -> Value | None:
         return inputs[0]
     if op == "reshape" and inputs[0].op == "reshape":
         inner = inputs[0].inputs[0]
-        return graph.add("reshape", (inner,), {"shape": v.attr("shape")}, v.shape, v.dtype,
-                         v.origin)
+        return graph.add(
+            "reshape", (inner,), {"shape": v.attr("shape")}, v.shape, v.dtype, v.origin
+        )
     if op == "permute" and inputs[0].op == "permute":
         inner = inputs[0].inputs[0]
         first, second = inputs[0].attr("dims"), v.attr("dims")

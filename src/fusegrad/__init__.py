@@ -9,34 +9,149 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import dtypes as _dtypes
-from .device import device
-from .dtypes import float32, float64, int32, int64, get_default_dtype, set_default_dtype
-from .dtypes import bool_ as bool  # noqa: A001  (torch-style name)
-from .dtypes import dtype
-from .errors import AutogradError, DTypeError, FusegradError, IndexOutOfRange, ShapeError
-from .size import Size
-from .tensor import Tensor
-from . import ops  # noqa: E402  (installs Tensor methods, registers derivative rules)
-from .ops import *  # noqa: F401,F403,E402
-from .ops import (  # noqa: E402
-    abs, add, all, amax, amin, any, arange, argmax, argmin, as_tensor, bmm, broadcast_tensors,
-    broadcast_to, cat, chunk, clamp, clip, clone, concat, cos, cumsum, diag, diagonal, div, dot,
-    einsum, empty, empty_like, eq, erf, exp, exp2, expm1, eye, flatten, flip, floor, from_numpy,
-    full, full_like, gather, ge, gt, index_select, isfinite, isinf, isnan, le, lerp, linspace,
-    log, log1p, log2, log_softmax, logsumexp, lt, manual_seed, masked_fill, masked_select,
-    matmul, max, maximum, mean, min, minimum, mm, mul, nan_to_num, ne, neg, norm, ones,
-    ones_like, outer, permute, pow, prod, rand, rand_like, randint, randn, randn_like, reshape,
-    relu, roll, round, rsqrt, scatter, scatter_add, sigmoid, sign, sin, softmax, split, sqrt,
-    square, squeeze, stack, std, sub, sum, take_along_dim, tan, tanh, tensor, tile, transpose,
-    tril, triu, trunc, unbind, unsqueeze, var, where, zeros, zeros_like, Generator,
-    get_rng_state, set_rng_state, seed, default_generator,
+from . import (
+    autograd,  # noqa: E402
+    ops,  # noqa: E402  (installs Tensor methods, registers derivative rules)
 )
-from . import autograd  # noqa: E402
+from . import dtypes as _dtypes
 from .autograd import (  # noqa: E402
-    enable_grad, inference_mode, is_grad_enabled, is_inference_mode_enabled, no_grad,
+    enable_grad,
+    inference_mode,
+    is_grad_enabled,
+    is_inference_mode_enabled,
+    no_grad,
     set_grad_enabled,
 )
+from .device import device
+from .dtypes import bool_ as bool  # noqa: A001  (torch-style name)
+from .dtypes import dtype, float32, float64, get_default_dtype, int32, int64, set_default_dtype
+from .errors import AutogradError, DTypeError, FusegradError, IndexOutOfRange, ShapeError
+from .ops import *  # noqa: F401,F403,E402
+from .ops import (  # noqa: E402
+    Generator,
+    abs,
+    add,
+    all,
+    amax,
+    amin,
+    any,
+    arange,
+    argmax,
+    argmin,
+    as_tensor,
+    bmm,
+    broadcast_tensors,
+    broadcast_to,
+    cat,
+    chunk,
+    clamp,
+    clip,
+    clone,
+    concat,
+    cos,
+    cumsum,
+    default_generator,
+    diag,
+    diagonal,
+    div,
+    dot,
+    einsum,
+    empty,
+    empty_like,
+    eq,
+    erf,
+    exp,
+    exp2,
+    expm1,
+    eye,
+    flatten,
+    flip,
+    floor,
+    from_numpy,
+    full,
+    full_like,
+    gather,
+    ge,
+    get_rng_state,
+    gt,
+    index_select,
+    isfinite,
+    isinf,
+    isnan,
+    le,
+    lerp,
+    linspace,
+    log,
+    log1p,
+    log2,
+    log_softmax,
+    logsumexp,
+    lt,
+    manual_seed,
+    masked_fill,
+    masked_select,
+    matmul,
+    max,
+    maximum,
+    mean,
+    min,
+    minimum,
+    mm,
+    mul,
+    nan_to_num,
+    ne,
+    neg,
+    norm,
+    ones,
+    ones_like,
+    outer,
+    permute,
+    pow,
+    prod,
+    rand,
+    rand_like,
+    randint,
+    randn,
+    randn_like,
+    relu,
+    reshape,
+    roll,
+    round,
+    rsqrt,
+    scatter,
+    scatter_add,
+    seed,
+    set_rng_state,
+    sigmoid,
+    sign,
+    sin,
+    softmax,
+    split,
+    sqrt,
+    square,
+    squeeze,
+    stack,
+    std,
+    sub,
+    sum,
+    take_along_dim,
+    tan,
+    tanh,
+    tensor,
+    tile,
+    transpose,
+    tril,
+    triu,
+    trunc,
+    unbind,
+    unsqueeze,
+    var,
+    where,
+    zeros,
+    zeros_like,
+)
+from .size import Size
+from .tensor import Tensor
 
 float = float32  # noqa: A001
 double = float64

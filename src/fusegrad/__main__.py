@@ -186,7 +186,10 @@ def compare_gradients(data: Dataset, hidden: int, seed: int, batch_size: int) ->
         loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
         xb = fusegrad.from_numpy(data.x_train[:batch_size])
         yb = fusegrad.from_numpy(data.y_train[:batch_size])
-        step = (lambda: loss_fn(model(xb), yb).backward())
+
+        def step(model=model, loss_fn=loss_fn, xb=xb, yb=yb) -> None:  # bound now (B023)
+            loss_fn(model(xb), yb).backward()
+
         (fusegrad.compile(step) if compiled else step)()
         grads.append([p.grad.numpy().copy() for p in model.parameters()])
     return max(float(np.abs(a - b).max()) for a, b in zip(*grads))
@@ -265,7 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed for data split and weights")
     parser.add_argument("--hidden", type=int, default=256, help="width of the hidden layer")
     parser.add_argument(
-        "--mode", choices=("eager", "compiled", "both"), default="both",
+        "--mode",
+        choices=("eager", "compiled", "both"),
+        default="both",
         help="eager autograd, compiled backward (fusegrad.compile), or both and compare",
     )
     args = parser.parse_args(argv)
@@ -278,13 +283,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"== {mode} ==")
         if data is None:
             data = load_data(args.seed, log=print)
-        results[mode] = train(args.epochs, args.batch_size, args.lr, args.seed, args.hidden,
-                              data=data, compiled=mode == "compiled")
+        results[mode] = train(
+            args.epochs,
+            args.batch_size,
+            args.lr,
+            args.seed,
+            args.hidden,
+            data=data,
+            compiled=mode == "compiled",
+        )
     if args.mode == "both":
-        eager_ms = statistics.median(e.step_ms for e in results["eager"].history[1:] or
-                                     results["eager"].history)
-        comp_ms = statistics.median(e.step_ms for e in results["compiled"].history[1:] or
-                                    results["compiled"].history)
+        eager_ms = statistics.median(
+            e.step_ms for e in results["eager"].history[1:] or results["eager"].history
+        )
+        comp_ms = statistics.median(
+            e.step_ms for e in results["compiled"].history[1:] or results["compiled"].history
+        )
         diff = compare_gradients(data, args.hidden, args.seed, args.batch_size)
         print(
             f"compiled backward: median step {comp_ms:.2f} ms vs eager {eager_ms:.2f} ms "

@@ -89,8 +89,11 @@ def _summarized(arr: np.ndarray) -> np.ndarray:
 def _vector_str(arr: np.ndarray, indent: int, summarize: bool, fmt: _Formatter) -> str:
     per_line = max(1, (_LINEWIDTH - indent) // (fmt.width() + 2))
     if summarize and arr.shape[0] > 2 * _EDGEITEMS:
-        data = ([fmt.format(v) for v in arr[:_EDGEITEMS].tolist()] + [" ..."]
-                + [fmt.format(v) for v in arr[-_EDGEITEMS:].tolist()])
+        data = (
+            [fmt.format(v) for v in arr[:_EDGEITEMS].tolist()]
+            + [" ..."]
+            + [fmt.format(v) for v in arr[-_EDGEITEMS:].tolist()]
+        )
     else:
         data = [fmt.format(v) for v in arr.tolist()]
     lines = [", ".join(data[i : i + per_line]) for i in range(0, len(data), per_line)]
@@ -104,10 +107,11 @@ def _tensor_str(arr: np.ndarray, indent: int, summarize: bool, fmt: _Formatter) 
         return _vector_str(arr, indent, summarize, fmt)
     n = arr.shape[0]
     if summarize and n > 2 * _EDGEITEMS:
-        slices = ([_tensor_str(arr[i], indent + 1, summarize, fmt) for i in range(_EDGEITEMS)]
-                  + ["..."]
-                  + [_tensor_str(arr[i], indent + 1, summarize, fmt)
-                     for i in range(n - _EDGEITEMS, n)])
+        slices = (
+            [_tensor_str(arr[i], indent + 1, summarize, fmt) for i in range(_EDGEITEMS)]
+            + ["..."]
+            + [_tensor_str(arr[i], indent + 1, summarize, fmt) for i in range(n - _EDGEITEMS, n)]
+        )
     else:
         slices = [_tensor_str(arr[i], indent + 1, summarize, fmt) for i in range(n)]
     return "[" + ("," + "\n" * (arr.ndim - 1) + " " * (indent + 1)).join(slices) + "]"

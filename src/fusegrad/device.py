@@ -15,8 +15,10 @@ class device:  # noqa: N801 - torch-style name
         return self.type if self.index is None else f"{self.type}:{self.index}"
 
     def __repr__(self) -> str:
-        return f"device(type='{self.type}')" if self.index is None else (
-            f"device(type='{self.type}', index={self.index})"
+        return (
+            f"device(type='{self.type}')"
+            if self.index is None
+            else (f"device(type='{self.type}', index={self.index})")
         )
 
     def __eq__(self, other: object) -> bool:

@@ -1,4 +1,5 @@
-"""``Size``: the tuple subclass returned by ``Tensor.shape`` (prints like ``fusegrad.Size([2, 3])``)."""
+"""``Size``: the tuple subclass returned by ``Tensor.shape``; prints like
+``fusegrad.Size([2, 3])``."""
 
 from __future__ import annotations
 

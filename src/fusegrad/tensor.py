@@ -28,7 +28,6 @@ from .autograd import grad_mode as _grad_mode
 from .device import CPU
 from .errors import AutogradError, DTypeError, ShapeError
 
-
 _DTYPE_OF = {d.np: d for d in _dt.ALL}
 
 
@@ -119,8 +118,8 @@ class Tensor:
         # _init inlined: this runs once per op result, the hottest allocation in eager mode
         t = object.__new__(cls)
         t._data = arr
-        t._dtype = _DTYPE_OF[arr.dtype] if arr.dtype in _DTYPE_OF else _dt.from_numpy_dtype(
-            arr.dtype
+        t._dtype = (
+            _DTYPE_OF[arr.dtype] if arr.dtype in _DTYPE_OF else _dt.from_numpy_dtype(arr.dtype)
         )
         t._requires_grad = False
         t.grad_fn = None
@@ -550,8 +549,10 @@ class _ViewTensor(Tensor):
     __slots__ = ()
 
     grad_fn = property(  # type: ignore[assignment]
-        _view_grad_fn, _set_view_grad_fn, doc="The node that produced this view (regenerated "
-        "from the base when the base or another view of it was modified in place)."
+        _view_grad_fn,
+        _set_view_grad_fn,
+        doc="The node that produced this view (regenerated "
+        "from the base when the base or another view of it was modified in place).",
     )
 
 
@@ -559,9 +560,7 @@ def view_rebase_error(view: Tensor, info: _ViewInfo | None, indirect: bool) -> A
     """The error for rewriting the history of a view that does not allow it (PyTorch's
     ``handle_view_on_rebase`` wording): ``indirect`` when its base or another view of it was
     modified, else the view itself is being modified in place."""
-    modified = (
-        "its base or another view of its base has been" if indirect else "is being"
-    )
+    modified = "its base or another view of its base has been" if indirect else "is being"
     node = info.node if info is not None else view.grad_fn
     creation = info.creation if info is not None else None
     if creation in (NO_GRAD, INFERENCE) or node is None:

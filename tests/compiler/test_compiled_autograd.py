@@ -11,14 +11,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fusegrad.compiler.capture import capture as capture_graph
+from fusegrad.compiler.capture import walk as walk_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from op_table import FG, OPS, build, flat_outputs, is_float
 
 import fusegrad as fg
 from fusegrad import compiler
-from fusegrad.compiler.capture import capture as capture_graph
-from fusegrad.compiler.capture import walk as walk_graph
 
 GRAD_CASES = [(e, s) for e in OPS for s in e.get_samples() if e.differentiable and s.grad]
 # numba compiles each new kernel (~0.3 s): the generated-code run covers the first sample of
@@ -278,8 +278,10 @@ def test_random_graphs_compiled_match_eager(ops: list, shapes: tuple, reduce_dim
         for name, i, j in ops:
             a, b = vals[i % len(vals)], vals[j % len(vals)]
             vals.append(getattr(fg, name)(a) if name in _UNARY else getattr(fg, name)(a, b))
-        out = sum(v.sum() if reduce_dim is None or v.ndim == 0 else v.sum(reduce_dim).sum()
-                  for v in vals[len(leaves):])
+        out = sum(
+            v.sum() if reduce_dim is None or v.ndim == 0 else v.sum(reduce_dim).sum()
+            for v in vals[len(leaves) :]
+        )
         if compiled:
             with compiler.compiled_autograd():
                 out.backward()

@@ -3,7 +3,8 @@ boundary), same order, same replacement semantics, same .grad states seen by the
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest

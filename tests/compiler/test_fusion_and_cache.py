@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fusegrad.compiler.codegen.lowering import EXPRESSIONS, EXTERNS, FUSED_REDUCTIONS
 
 import fusegrad as fg
 import fusegrad.nn as nn
 import fusegrad.nn.functional as F
 from fusegrad import compiler
-from fusegrad.compiler.codegen.lowering import EXPRESSIONS, EXTERNS, FUSED_REDUCTIONS
 from fusegrad.ops.registry import REGISTRY
 
 VIEWS = {"reshape", "permute", "broadcast_to"}
@@ -50,7 +50,7 @@ def test_every_primitive_has_exactly_one_lowering() -> None:
 def test_workload_a_backward_is_one_kernel() -> None:
     leaves = _workload_a()
     report = compiler.explain(lambda: _loss_a(*leaves).backward())
-    (_, program), = report.captures
+    ((_, program),) = report.captures
     assert len(program.kernels) == 1
     assert {v.op for v in program.externs} <= VIEWS  # only free numpy views outside it
     kernel = program.kernels[0]
@@ -60,11 +60,12 @@ def test_workload_a_backward_is_one_kernel() -> None:
 
 def test_mlp_backward_is_matmul_externs_plus_one_kernel_per_hidden_layer() -> None:
     fg.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
-                          nn.Linear(16, 4))
+    model = nn.Sequential(
+        nn.Linear(32, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)
+    )
     x, y = fg.randn(8, 32), fg.randint(0, 4, (8,))
     report = compiler.explain(lambda: F.cross_entropy(model(x), y).backward())
-    (_, program), = report.captures
+    ((_, program),) = report.captures
     ops = [v.op for v in program.externs]
     assert ops.count("matmul") == 5  # 2 per layer, none for the input's gradient
     assert not any(v.op == "matmul" for k in program.kernels for v in k.values)
@@ -153,9 +154,11 @@ _SECOND_PROCESS = textwrap.dedent(
 
 def test_second_process_hits_the_disk_cache(tmp_path: Any) -> None:
     env = dict(os.environ, FUSEGRAD_CACHE_DIR=str(tmp_path))
-    first = subprocess.run([sys.executable, "-c", _SECOND_PROCESS], env=env,
-                           capture_output=True, text=True, check=True)
+    first = subprocess.run(
+        [sys.executable, "-c", _SECOND_PROCESS], env=env, capture_output=True, text=True, check=True
+    )
     assert first.stdout.split() == ["1", "0"], first.stdout + first.stderr
-    second = subprocess.run([sys.executable, "-c", _SECOND_PROCESS], env=env,
-                            capture_output=True, text=True, check=True)
+    second = subprocess.run(
+        [sys.executable, "-c", _SECOND_PROCESS], env=env, capture_output=True, text=True, check=True
+    )
     assert second.stdout.split() == ["0", "1"], second.stdout + second.stderr

@@ -836,7 +836,7 @@ add(
     unary(away),
 )
 
-# clamp, extrema, where, lerp -----------------------------------------------------------------------
+# clamp, extrema, where, lerp ------------------------------------------------------------------
 
 
 def _clamp_samples(rng: np.random.Generator) -> list[Sample]:

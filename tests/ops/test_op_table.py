@@ -157,7 +157,7 @@ def test_backward_float32(entry: OpInfo, sample: Sample) -> None:
 def test_zero_gradient(entry: OpInfo, sample: Sample) -> None:
     outs, leaves, gs = grads(entry, FG, sample, "float64")
     assert all(o.requires_grad for o in outs if is_float(o)), "output must take part in autograd"
-    for leaf, g in zip(leaves, gs):
+    for _leaf, g in zip(leaves, gs):
         assert g is not None and not np.any(to_numpy(g))
 
 

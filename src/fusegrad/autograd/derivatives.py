@@ -219,8 +219,10 @@ def _extremum(node, g, x, out):
         kshape = _keepdim_shape(shape, dim)
         g, out = g.reshape(kshape), out.reshape(kshape)
     mask = (x == out).to(g.dtype)
-    count = mask.sum(dim=dim, keepdim=True) if dim is not None else mask.sum().reshape(
-        (1,) * len(shape)
+    count = (
+        mask.sum(dim=dim, keepdim=True)
+        if dim is not None
+        else mask.sum().reshape((1,) * len(shape))
     )
     return (g * mask / count,)
 

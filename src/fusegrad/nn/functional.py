@@ -1,9 +1,9 @@
 """``fusegrad.nn.functional`` (``import fusegrad.nn.functional as F``): the functional API.
 
 Losses, dropout, normalisation, convolution and pooling live in ``fusegrad.ops.functional`` (they
-are composites of primitives); this module re-exports them and adds PyTorch's signatures for the
-activations (``inplace=``, ``dim=None`` for softmax), so that code written for ``torch.nn.functional``
-runs unchanged.  Nothing here is a new primitive.
+are composites of primitives); this module re-exports them and adds PyTorch's signatures for
+the activations (``inplace=``, ``dim=None`` for softmax), so that code written for
+``torch.nn.functional`` runs unchanged.  Nothing here is a new primitive.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ These never compute tensor values; they prepare the arguments of ``registry.appl
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -6,7 +6,8 @@ numbers come from a ``Generator`` (numpy PCG64 underneath); ``manual_seed`` seed
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +83,9 @@ def _dtype_or_default(dtype: Any) -> _dt.dtype:
     return _dt.get_default_dtype() if dtype is None else _dt.as_dtype(dtype)
 
 
-def tensor(data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
+def tensor(
+    data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False
+) -> Tensor:
     as_device(device)
     return _leaf(_to_array(data, dtype), requires_grad)
 
@@ -123,8 +126,14 @@ def empty(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool
     return _leaf(np.empty(shape_arg(size), _dtype_or_default(dtype).np), requires_grad)
 
 
-def full(size: Sequence[int], fill_value: Any, *, dtype: Any = None, device: Any = None,
-         requires_grad: bool = False) -> Tensor:
+def full(
+    size: Sequence[int],
+    fill_value: Any,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    requires_grad: bool = False,
+) -> Tensor:
     as_device(device)
     dt = _dt.as_dtype(dtype) if dtype is not None else _dt.result_type(fill_value)
     return _leaf(np.full(shape_arg((size,)), fill_value, dt.np), requires_grad)
@@ -146,13 +155,21 @@ def empty_like(input: Tensor, *, dtype: Any = None, requires_grad: bool = False)
     return _leaf(np.empty(input.shape, _like_dtype(input, dtype).np), requires_grad)
 
 
-def full_like(input: Tensor, fill_value: Any, *, dtype: Any = None,
-              requires_grad: bool = False) -> Tensor:
+def full_like(
+    input: Tensor, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False
+) -> Tensor:
     return _leaf(np.full(input.shape, fill_value, _like_dtype(input, dtype).np), requires_grad)
 
 
-def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, device: Any = None,
-           requires_grad: bool = False) -> Tensor:
+def arange(
+    start: Any,
+    end: Any = None,
+    step: Any = 1,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    requires_grad: bool = False,
+) -> Tensor:
     as_device(device)
     if end is None:
         start, end = 0, start
@@ -167,15 +184,28 @@ def arange(start: Any, end: Any = None, step: Any = 1, *, dtype: Any = None, dev
     return _leaf(arr, requires_grad)
 
 
-def linspace(start: float, end: float, steps: int, *, dtype: Any = None, device: Any = None,
-             requires_grad: bool = False) -> Tensor:
+def linspace(
+    start: float,
+    end: float,
+    steps: int,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    requires_grad: bool = False,
+) -> Tensor:
     as_device(device)
     arr = np.linspace(start, end, int(steps)).astype(_dtype_or_default(dtype).np)
     return _leaf(arr, requires_grad)
 
 
-def eye(n: int, m: int | None = None, *, dtype: Any = None, device: Any = None,
-        requires_grad: bool = False) -> Tensor:
+def eye(
+    n: int,
+    m: int | None = None,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    requires_grad: bool = False,
+) -> Tensor:
     as_device(device)
     return _leaf(np.eye(n, m, dtype=_dtype_or_default(dtype).np), requires_grad)
 
@@ -189,7 +219,7 @@ class Generator:
         self._rng = np.random.Generator(np.random.PCG64())
         self._seed: int | None = None
 
-    def manual_seed(self, seed: int) -> "Generator":
+    def manual_seed(self, seed: int) -> Generator:
         self._seed = int(seed)
         self._rng = np.random.Generator(np.random.PCG64(self._seed))
         return self
@@ -232,24 +262,41 @@ def _gen(generator: Generator | None) -> np.random.Generator:
     return (generator or default_generator)._rng
 
 
-def rand(*size: Any, generator: Generator | None = None, dtype: Any = None, device: Any = None,
-         requires_grad: bool = False) -> Tensor:
+def rand(
+    *size: Any,
+    generator: Generator | None = None,
+    dtype: Any = None,
+    device: Any = None,
+    requires_grad: bool = False,
+) -> Tensor:
     as_device(device)
     dt = _dtype_or_default(dtype)
     arr = _gen(generator).random(shape_arg(size), dtype=np.float64).astype(dt.np)
     return _leaf(arr, requires_grad)
 
 
-def randn(*size: Any, generator: Generator | None = None, dtype: Any = None, device: Any = None,
-          requires_grad: bool = False) -> Tensor:
+def randn(
+    *size: Any,
+    generator: Generator | None = None,
+    dtype: Any = None,
+    device: Any = None,
+    requires_grad: bool = False,
+) -> Tensor:
     as_device(device)
     dt = _dtype_or_default(dtype)
     arr = _gen(generator).standard_normal(shape_arg(size)).astype(dt.np)
     return _leaf(arr, requires_grad)
 
 
-def randint(low: int, high: int | None = None, size: Sequence[int] = (), *,
-            generator: Generator | None = None, dtype: Any = None, device: Any = None) -> Tensor:
+def randint(
+    low: int,
+    high: int | None = None,
+    size: Sequence[int] = (),
+    *,
+    generator: Generator | None = None,
+    dtype: Any = None,
+    device: Any = None,
+) -> Tensor:
     as_device(device)
     if high is None:
         low, high = 0, low

@@ -98,8 +98,10 @@ def add(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
 
 
 def sub(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
-    if type(alpha) is int and alpha == 1 and not (
-        isinstance(input, Tensor) and input._dtype is _dt.bool_
+    if (
+        type(alpha) is int
+        and alpha == 1
+        and not (isinstance(input, Tensor) and input._dtype is _dt.bool_)
     ):
         out = _fast_binary("sub", input, other)
         if out is not None:
@@ -476,8 +478,9 @@ def isfinite(input: Any) -> Tensor:
     return logical_not(logical_or(isnan(x), isinf(x)))
 
 
-def isclose(input: Any, other: Any, rtol: float = 1e-5, atol: float = 1e-8,
-            equal_nan: bool = False) -> Tensor:
+def isclose(
+    input: Any, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False
+) -> Tensor:
     a, b = to_tensor(input).detach(), to_tensor(other).detach()
     close = le(abs(sub(a, b)), add(mul(abs(b), rtol), atol))
     close = logical_or(close, eq(a, b))
@@ -486,8 +489,9 @@ def isclose(input: Any, other: Any, rtol: float = 1e-5, atol: float = 1e-8,
     return close
 
 
-def allclose(input: Any, other: Any, rtol: float = 1e-5, atol: float = 1e-8,
-             equal_nan: bool = False) -> bool:
+def allclose(
+    input: Any, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False
+) -> bool:
     return bool(isclose(input, other, rtol, atol, equal_nan)._data.all())
 
 

@@ -6,7 +6,8 @@ matmul), so each is differentiable twice and visible to the compiler as ordinary
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,10 +39,33 @@ from .reduction import log_softmax, mean, softmax, sum, var
 from .shape import pad
 
 __all__ = [
-    "relu", "leaky_relu", "elu", "gelu", "silu", "softplus", "sigmoid", "tanh", "softmax",
-    "log_softmax", "linear", "pad", "cross_entropy", "nll_loss", "mse_loss", "l1_loss",
-    "binary_cross_entropy", "binary_cross_entropy_with_logits", "dropout", "layer_norm",
-    "unfold", "conv2d", "max_pool2d", "avg_pool2d", "one_hot", "embedding", "normalize",
+    "relu",
+    "leaky_relu",
+    "elu",
+    "gelu",
+    "silu",
+    "softplus",
+    "sigmoid",
+    "tanh",
+    "softmax",
+    "log_softmax",
+    "linear",
+    "pad",
+    "cross_entropy",
+    "nll_loss",
+    "mse_loss",
+    "l1_loss",
+    "binary_cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "dropout",
+    "layer_norm",
+    "unfold",
+    "conv2d",
+    "max_pool2d",
+    "avg_pool2d",
+    "one_hot",
+    "embedding",
+    "normalize",
 ]
 
 from .indexing import embedding, one_hot  # noqa: E402
@@ -64,8 +88,13 @@ def _class_dim_last(x: Tensor) -> Tensor:
     return x.movedim(1, -1)
 
 
-def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None,
-             ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+def nll_loss(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> Tensor:
     logp = to_tensor(input)
     tgt = to_tensor(target)
     if tgt._dtype.category != 1:
@@ -109,9 +138,14 @@ def _weighted_mean(total: Tensor, denom: Tensor) -> Tensor:
     return where(none_left, math.nan, total / where(none_left, 1.0, denom))
 
 
-def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
-                  ignore_index: int = -100, reduction: str = "mean",
-                  label_smoothing: float = 0.0) -> Tensor:
+def cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
     x = to_tensor(input)
     tgt = to_tensor(target)
     if not 0.0 <= label_smoothing <= 1.0:
@@ -171,8 +205,9 @@ def l1_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     return _reduce(abs(sub(input, target)), reduction, "l1_loss")
 
 
-def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None,
-                         reduction: str = "mean") -> Tensor:
+def binary_cross_entropy(
+    input: Tensor, target: Tensor, weight: Tensor | None = None, reduction: str = "mean"
+) -> Tensor:
     p, t = to_tensor(input), to_tensor(target)
     if p.shape != t.shape:
         raise ShapeError(
@@ -188,9 +223,13 @@ def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = 
     return _reduce(loss, reduction, "binary_cross_entropy")
 
 
-def binary_cross_entropy_with_logits(input: Tensor, target: Tensor,
-                                     weight: Tensor | None = None, reduction: str = "mean",
-                                     pos_weight: Tensor | None = None) -> Tensor:
+def binary_cross_entropy_with_logits(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    reduction: str = "mean",
+    pos_weight: Tensor | None = None,
+) -> Tensor:
     x, t = to_tensor(input), to_tensor(target)
     if x.shape != t.shape:
         raise ShapeError(
@@ -209,8 +248,13 @@ def binary_cross_entropy_with_logits(input: Tensor, target: Tensor,
     return _reduce(loss, reduction, "binary_cross_entropy_with_logits")
 
 
-def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False,
-            generator: Any = None) -> Tensor:
+def dropout(
+    input: Tensor,
+    p: float = 0.5,
+    training: bool = True,
+    inplace: bool = False,
+    generator: Any = None,
+) -> Tensor:
     x = to_tensor(input)
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
@@ -225,11 +269,16 @@ def dropout(input: Tensor, p: float = 0.5, training: bool = True, inplace: bool 
     return mul(x, mask)
 
 
-def layer_norm(input: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
-               bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+def layer_norm(
+    input: Tensor,
+    normalized_shape: Sequence[int],
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
     x = to_tensor(input)
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if tuple(x.shape[x.ndim - len(shape):]) != shape:
+    if tuple(x.shape[x.ndim - len(shape) :]) != shape:
         raise ShapeError(
             f"layer_norm: normalized_shape {list(shape)} does not match the trailing dims of "
             f"input {describe(x)}"
@@ -267,8 +316,16 @@ def _out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool = False
     return n
 
 
-def _windows(x: Tensor, kernel: tuple, stride: tuple, padding: tuple, dilation: tuple,
-             pad_value: float, ceil_mode: bool = False, op: str = "unfold") -> Tensor:
+def _windows(
+    x: Tensor,
+    kernel: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    pad_value: float,
+    ceil_mode: bool = False,
+    op: str = "unfold",
+) -> Tensor:
     """(N, C, H, W) -> (N, C, kh, kw, oh, ow): every kernel window, by one gather."""
     if x.ndim != 4:
         raise ShapeError(f"{op}: expected a 4-D input (N, C, H, W), got {describe(x)}")
@@ -292,16 +349,24 @@ def _windows(x: Tensor, kernel: tuple, stride: tuple, padding: tuple, dilation: 
     return x[:, :, rows, cols]
 
 
-def unfold(input: Tensor, kernel_size: Any, dilation: Any = 1, padding: Any = 0,
-           stride: Any = 1) -> Tensor:
+def unfold(
+    input: Tensor, kernel_size: Any, dilation: Any = 1, padding: Any = 0, stride: Any = 1
+) -> Tensor:
     x = to_tensor(input)
     win = _windows(x, _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation), 0.0)
     n, c, kh, kw, oh, ow = win.shape
     return win.reshape(n, c * kh * kw, oh * ow)
 
 
-def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Any = 1,
-           padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Tensor:
+def conv2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> Tensor:
     x, w = to_tensor(input), to_tensor(weight)
     if w.ndim != 4:
         raise ShapeError(f"conv2d: weight must be 4-D (out, in/groups, kh, kw), got {describe(w)}")
@@ -335,8 +400,15 @@ def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: An
     return out
 
 
-def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
-               dilation: Any = 1, ceil_mode: bool = False, return_indices: bool = False) -> Any:
+def max_pool2d(
+    input: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Any:
     x = to_tensor(input)
     squeeze = x.ndim == 3
     if squeeze:
@@ -345,8 +417,10 @@ def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
     s = _pair(stride) if stride is not None else k
     p = _pair(padding)
     if p[0] > k[0] // 2 or p[1] > k[1] // 2:
-        raise ShapeError(f"max_pool2d: pad should be at most half of effective kernel size, got "
-                         f"padding {p} for kernel {k}")
+        raise ShapeError(
+            f"max_pool2d: pad should be at most half of effective kernel size, got "
+            f"padding {p} for kernel {k}"
+        )
     win = _windows(x, k, s, p, _pair(dilation), -math.inf, ceil_mode, op="max_pool2d")
     n, c, kh, kw, oh, ow = win.shape
     flat = win.reshape(n, c, kh * kw, oh, ow)
@@ -365,9 +439,15 @@ def max_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
     return values
 
 
-def avg_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any = 0,
-               ceil_mode: bool = False, count_include_pad: bool = True,
-               divisor_override: int | None = None) -> Tensor:
+def avg_pool2d(
+    input: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
     x = to_tensor(input)
     squeeze = x.ndim == 3
     if squeeze:
@@ -393,4 +473,3 @@ def avg_pool2d(input: Tensor, kernel_size: Any, stride: Any = None, padding: Any
         cnt = sum(cnt.reshape(1, 1, kh * kw, oh, ow), 2)
         out = total / cnt
     return out.squeeze(0) if squeeze else out
-

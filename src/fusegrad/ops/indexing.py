@@ -185,7 +185,9 @@ def _scatter_args(op: str, x: Tensor, dim: int, index: Any, src: Any) -> tuple:
     idx = _index_tensor(op, index)
     d = wrap_dim(op, dim, x.ndim)
     if idx.ndim != x.ndim:
-        raise ShapeError(f"{op}: index {describe(idx)} must have as many dims as input {describe(x)}")
+        raise ShapeError(
+            f"{op}: index {describe(idx)} must have as many dims as input {describe(x)}"
+        )
     _check_index_range(op, idx, x._data.shape[d], d)
     if isinstance(src, Tensor):
         s = as_operand(src, x.dtype)
@@ -298,7 +300,9 @@ def masked_fill(input: Any, mask: Any, value: Any) -> Tensor:
     v = value if isinstance(value, Tensor) else as_operand(value, x.dtype)
     out = where(m, as_operand(v, x.dtype), x)
     if out.shape != x.shape:
-        raise ShapeError(f"masked_fill: mask {describe(m)} does not broadcast to input {describe(x)}")
+        raise ShapeError(
+            f"masked_fill: mask {describe(m)} does not broadcast to input {describe(x)}"
+        )
     return out
 
 

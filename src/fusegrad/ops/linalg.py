@@ -135,7 +135,9 @@ def _parse(equation: str, operands: list[Tensor]) -> tuple[list[str], str]:
         if "..." in term:
             n = op.ndim - (len(term) - 3)
             if n < 0:
-                raise ShapeError(f"einsum(): subscript {term!r} has too many dims for {describe(op)}")
+                raise ShapeError(
+                    f"einsum(): subscript {term!r} has too many dims for {describe(op)}"
+                )
             ranks.append(n)
         else:
             if len(term) != op.ndim:

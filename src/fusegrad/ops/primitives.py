@@ -389,8 +389,18 @@ def _matmul(a, b):  # type: ignore[no-untyped-def]
 # primitives are probed by running the kernel on a zero-stride array (a view: no memory).
 
 _BOOL_RESULT = {
-    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
-    "logical_not", "isnan", "isinf",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "logical_and",
+    "logical_or",
+    "logical_xor",
+    "logical_not",
+    "isnan",
+    "isinf",
 }
 
 
@@ -471,12 +481,23 @@ def _set_metas() -> None:
         if prim.kind == "elementwise":
             set_meta(name, _elementwise_meta(name))
     for name in ("sum", "amax", "amin", "all", "any", "prod", "argmax", "argmin"):
-        kind = {"argmax": "index", "argmin": "index", "all": "bool", "any": "bool",
-                "sum": "accumulate", "prod": "accumulate"}.get(name, "same")
+        kind = {
+            "argmax": "index",
+            "argmin": "index",
+            "all": "bool",
+            "any": "bool",
+            "sum": "accumulate",
+            "prod": "accumulate",
+        }.get(name, "same")
         set_meta(name, _reduce_meta(kind))
     set_meta("sum_to", lambda shapes, dtypes, shape: (tuple(shape), dtypes[0]))
-    set_meta("cumsum", lambda shapes, dtypes, dim: (
-        tuple(shapes[0]), _dt.int64 if dtypes[0].category < 2 else dtypes[0]))
+    set_meta(
+        "cumsum",
+        lambda shapes, dtypes, dim: (
+            tuple(shapes[0]),
+            _dt.int64 if dtypes[0].category < 2 else dtypes[0],
+        ),
+    )
     for name in ("reshape", "permute", "broadcast_to", "diagonal"):
         set_meta(name, _probe_meta(name))
     set_meta("flip", lambda shapes, dtypes, dims: (tuple(shapes[0]), dtypes[0]))
@@ -487,10 +508,20 @@ def _set_metas() -> None:
         return tuple(out), dtypes[0]
 
     set_meta("cat", cat_meta)
-    set_meta("pad", lambda shapes, dtypes, widths, value: (
-        tuple(s + b + a for s, (b, a) in zip(shapes[0], widths)), dtypes[0]))
-    set_meta("getitem", lambda shapes, dtypes, key: (
-        _key_meta(tuple(shapes[0]), tuple(shapes[1:]), tuple(dtypes[1:]), key), dtypes[0]))
+    set_meta(
+        "pad",
+        lambda shapes, dtypes, widths, value: (
+            tuple(s + b + a for s, (b, a) in zip(shapes[0], widths)),
+            dtypes[0],
+        ),
+    )
+    set_meta(
+        "getitem",
+        lambda shapes, dtypes, key: (
+            _key_meta(tuple(shapes[0]), tuple(shapes[1:]), tuple(dtypes[1:]), key),
+            dtypes[0],
+        ),
+    )
 
     def index_put_meta(shapes, dtypes, key):  # type: ignore[no-untyped-def]
         _key_meta(tuple(shapes[0]), tuple(shapes[2:]), tuple(dtypes[2:]), key)

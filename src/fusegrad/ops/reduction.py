@@ -60,8 +60,14 @@ def mean(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = Non
     return div(sum(x, dims, keepdim), n)
 
 
-def var(input: Any, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *,
-        correction: float | None = None) -> Tensor:
+def var(
+    input: Any,
+    dim: Any = None,
+    unbiased: bool | None = None,
+    keepdim: bool = False,
+    *,
+    correction: float | None = None,
+) -> Tensor:
     x = to_tensor(input)
     if x._dtype.category != 2:
         raise DTypeError(f"var: expected a floating point tensor, got {describe(x)}")
@@ -75,8 +81,14 @@ def var(input: Any, dim: Any = None, unbiased: bool | None = None, keepdim: bool
     return div(ssq, denom) if denom > 0 else mul(ssq, math.inf if n else math.nan)
 
 
-def std(input: Any, dim: Any = None, unbiased: bool | None = None, keepdim: bool = False, *,
-        correction: float | None = None) -> Tensor:
+def std(
+    input: Any,
+    dim: Any = None,
+    unbiased: bool | None = None,
+    keepdim: bool = False,
+    *,
+    correction: float | None = None,
+) -> Tensor:
     # where the variance is 0 the gradient is 0, not inf * 0 = nan (PyTorch's std_backward)
     return _safe_sqrt(var(input, dim, unbiased, keepdim, correction=correction))
 

@@ -14,8 +14,9 @@ rules written in the op surface record IR instead of computing (DESIGN.md contra
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -412,8 +413,9 @@ def chunk(input: Any, chunks: int, dim: int = 0) -> tuple:
     d = wrap_dim("chunk", dim, x.ndim)
     size = x._data.shape[d]
     if size == 0:  # PyTorch: `chunks` empties
-        return _mark_multi_output(tuple(narrow(x, d, 0, 0) for _ in range(chunks)),
-                                  "SplitBackward0")
+        return _mark_multi_output(
+            tuple(narrow(x, d, 0, 0) for _ in range(chunks)), "SplitBackward0"
+        )
     return split(x, math.ceil(size / chunks), d)
 
 
@@ -531,7 +533,9 @@ def tile(input: Any, dims: Sequence[int]) -> Tensor:
     return repeat(x, dims)
 
 
-def pad(input: Any, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
+def pad(
+    input: Any, pad: Sequence[int], mode: str = "constant", value: float | None = None
+) -> Tensor:
     """``F.pad``: ``pad`` lists (left, right) pairs starting from the last dimension."""
     x = to_tensor(input)
     pad = [int(p) for p in pad]
@@ -634,8 +638,10 @@ def add_diag(z: Tensor, x: Tensor, offset: int) -> Tensor:
 
 def _tri_mask(x: Tensor, diagonal_: int, lower: bool) -> Tensor:
     if x.ndim < 2:
-        raise ShapeError(f"{'tril' if lower else 'triu'}: input tensor must have at least 2 "
-                         f"dimensions, got {describe(x)}")
+        raise ShapeError(
+            f"{'tril' if lower else 'triu'}: input tensor must have at least 2 "
+            f"dimensions, got {describe(x)}"
+        )
     r, c = x._data.shape[-2:]
     m = np.tri(r, c, diagonal_, dtype=bool)
     return Tensor._make(m if lower else ~np.tri(r, c, diagonal_ - 1, dtype=bool))
