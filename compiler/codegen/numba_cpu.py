@@ -36,18 +36,18 @@ from ..passes.fuse import Kernel
 from .cpu_helpers import MATH64
 from .lowering import EXPRESSIONS, MATH
 
+try:
+    from . import fastmath
+except ImportError:  # pragma: no cover - part of the package; float32 would use libm
+    fastmath = None  # type: ignore[assignment]
+
 CODEGEN_VERSION = 1
 FASTMATH = ("reassoc", "contract", "nsz")
 
 
 def _float32_math() -> dict[str, str]:
     """Primitive -> helper name for float32 (fast vectorisable helpers when available)."""
-    try:
-        from . import fastmath
-
-        helpers = dict(getattr(fastmath, "FLOAT32_HELPERS", {}))
-    except ImportError:  # pragma: no cover - helpers are part of the package
-        helpers = {}
+    helpers = dict(getattr(fastmath, "FLOAT32_HELPERS", {})) if fastmath is not None else {}
     out = {}
     for name in MATH:
         out[name] = f"fastmath.{helpers[name]}" if name in helpers else MATH64[name]
@@ -271,7 +271,9 @@ _loaded: dict[str, ModuleType] = {}
 
 
 def module_name(source: str) -> str:
-    flags = f"v{CODEGEN_VERSION}|{FASTMATH}|numba{_numba_version()}"
+    # the helpers are inlined: numba's cache cannot see them change, so their digest is a flag
+    helpers = getattr(fastmath, "SOURCE_DIGEST", "none") if fastmath is not None else "none"
+    flags = f"v{CODEGEN_VERSION}|{FASTMATH}|numba{_numba_version()}|helpers{helpers}"
     digest = hashlib.sha256((flags + "\n" + source).encode()).hexdigest()[:20]
     return f"fusegrad_generated_{digest}"
 
