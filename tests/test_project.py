@@ -33,3 +33,20 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one() -> Non
     assert 'python3 -m venv .venv && . .venv/bin/activate && pip install -q -e ".[test]"' in ci
     assert ci.rstrip().endswith("python -m pytest")
     assert "set -euo pipefail" in ci
+
+
+def test_every_package_directory_is_listed_in_pyproject() -> None:
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = set()
+    for base, prefix in (
+        (ROOT / "src" / "fusegrad", "fusegrad"),
+        (ROOT / "compiler", "fusegrad.compiler"),
+    ):
+        for init in base.rglob("__init__.py"):
+            rel = init.parent.relative_to(base).parts
+            found.add(".".join((prefix, *rel)))
+    assert found == listed
