@@ -94,7 +94,10 @@ def run(
     inputs: Sequence[Tensor] | None,
     accumulate: bool,
 ) -> Any:
-    """The backward runner installed while compiled autograd is active."""
+    """The backward runner (installed once, when this package is imported): compiled only in a
+    thread that is inside ``compiled_autograd()`` / a ``compile``d function."""
+    if _config.depth == 0:
+        return run_backward(outputs, grads, retain_graph, create_graph, inputs, accumulate)
     w = walk(outputs, grads, inputs, accumulate, create_graph)
     if w.fallback is not None:
         return _fallback(w.fallback, outputs, grads, retain_graph, create_graph, inputs, accumulate)
@@ -128,15 +131,14 @@ def compiled_autograd(fullgraph: bool = False, mode: str = "default") -> Iterato
     """Compile every backward()/grad() executed in the block (nests; the innermost wins)."""
     if mode not in ("default", "debug"):
         raise ValueError(f"compiled_autograd: unknown mode {mode!r} (expected default or debug)")
-    prev = (_config.fullgraph, _config.mode, _autograd._backward_runner)
+    prev = (_config.fullgraph, _config.mode)
     _config.fullgraph, _config.mode = fullgraph, mode
     _config.depth += 1
-    _autograd._backward_runner = run
     try:
         yield
     finally:
         _config.depth -= 1
-        _config.fullgraph, _config.mode, _autograd._backward_runner = prev
+        _config.fullgraph, _config.mode = prev
 
 
 def compile(
@@ -207,3 +209,8 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> Report:
         programs.clear()
         programs.update(saved)
     return Report(events)
+
+
+# The compiled path is per thread (``_config`` is thread-local); the hook into
+# ``fusegrad.autograd`` is installed once and defers to the eager engine outside compiled regions.
+_autograd._backward_runner = run

@@ -294,3 +294,27 @@ def test_random_graphs_compiled_match_eager(ops: list, shapes: tuple, reduce_dim
         assert (e is None) == (c is None)
         if e is not None:
             np.testing.assert_allclose(c, e, rtol=1e-12, atol=1e-12)
+
+
+def test_compiled_regions_are_per_thread() -> None:
+    import threading
+
+    x = fg.tensor([1.0, 2.0], requires_grad=True)
+    inside = threading.Event()
+    release = threading.Event()
+
+    def other_thread() -> None:
+        with compiler.compiled_autograd():
+            inside.set()
+            release.wait(5)
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    inside.wait(5)
+    try:
+        (x * x).sum().backward()  # this thread is not in a compiled region: eager
+    finally:
+        release.set()
+        t.join()
+    assert compiler.counters.compiled_runs == 0
+    np.testing.assert_allclose(x.grad.numpy(), [2.0, 4.0])
