@@ -57,6 +57,7 @@ def _loops(names: list[str]) -> dict[str, dict[str, Callable[..., Any]]]:
 
     import numba
     import numpy as np
+
     from fusegrad.compiler.codegen import fastmath
 
     def loop_of(scalar: Callable[..., Any]) -> Callable[..., Any]:
@@ -121,6 +122,7 @@ def _fused_loops() -> dict[str, Callable[..., Any]]:
 
     import numba
     import numpy as np
+
     from fusegrad.compiler.codegen.fastmath import fast_exp_f32
 
     @numba.njit(error_model="numpy", fastmath=KERNEL_FASTMATH)

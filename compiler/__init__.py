@@ -51,6 +51,20 @@ class CompilationError(RuntimeError):
     """Raised under ``fullgraph=True`` when a backward cannot be compiled."""
 
 
+class Config:
+    """Process-wide settings (``fusegrad.compiler.config``)."""
+
+    def __init__(self) -> None:
+        from .codegen.interpreter import MAX_ELEMENTS
+
+        # kernels over at most this many elements run on the precompiled interpreter instead
+        # of generated code (no per-graph JIT); 0 disables the interpreter
+        self.interpreter_max_elements = MAX_ELEMENTS
+
+
+config = Config()
+
+
 class _Config(threading.local):
     def __init__(self) -> None:
         self.depth = 0
@@ -115,7 +129,12 @@ def run(
         logs.log("recompiles", f"capture #{counters.captures}: {reason}")
         logs.log("graph", "backward graph:\n" + format_graph(graph))
         with_grad = frozenset(i for i, leaf in enumerate(w.leaves) if leaf._grad is not None)
-        program = Program(graph, mode=_config.mode, leaves_with_grad=with_grad)
+        program = Program(
+            graph,
+            mode=_config.mode,
+            leaves_with_grad=with_grad,
+            interpreter_max_elements=config.interpreter_max_elements,
+        )
         programs[w.key] = program
         if _config.report is not None:
             _config.report.append(("capture", reason, program))

@@ -55,6 +55,8 @@ class Program:
     # leaves (by walk position) whose .grad existed at capture; the cache key guarantees the
     # same at every run, so their accumulation can be fused into the kernels
     leaves_with_grad: frozenset = frozenset()
+    # kernels over at most this many elements use the interpreter (0: always generate code)
+    interpreter_max_elements: int = 0
 
     def __post_init__(self) -> None:
         if self.mode == "debug":
@@ -64,6 +66,16 @@ class Program:
         else:
             self.steps = fuse(self.graph)
         kernels = [s for s in self.steps if isinstance(s, Kernel)]
+        # small flat kernels run on the precompiled interpreter (no JIT per graph)
+        self._interpreted: dict[int, Any] = {}
+        if kernels and self.interpreter_max_elements > 0:
+            from .codegen.interpreter import InterpretedKernel, eligible
+            from .codegen.numba_cpu import is_flat
+
+            for kern in kernels:
+                if eligible(kern, is_flat(kern), self.interpreter_max_elements):
+                    self._interpreted[id(kern)] = InterpretedKernel(kern)
+            kernels = [k for k in kernels if id(k) not in self._interpreted]
         # the .grad accumulation epilogue: a kernel output that is the gradient of exactly one
         # leaf with an existing .grad is added straight into that .grad by the kernel
         self._epilogue: dict[Value, int] = {}
@@ -196,6 +208,8 @@ class Program:
                     continue
                 result = REGISTRY[v.op].kernel(*[env[i] for i in v.inputs], **dict(v.attrs))
                 env[v] = result if type(result) is np.ndarray else np.asarray(result)
+            elif id(step) in self._interpreted:
+                env.update(self._interpreted[id(step)](env))
             else:
                 plan, fn = self._kernel_fns[id(step)]
                 pool = self._pools.__dict__.setdefault("pool", {})

@@ -102,17 +102,23 @@ def _literal(value: Any, dtype: Any) -> str:
     return f"np.{dtype.name}({int(value)})"
 
 
-def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
-    """The source of one kernel and its calling plan."""
+def is_flat(kernel: Kernel) -> bool:
+    """Every input full-size or a single element and every reduction full: one flat loop."""
     space = kernel.shape
-    members = kernel.members()
-    flat = all(
+    return all(
         i.shape == space or int(np.prod(i.shape)) == 1
         for i in kernel.inputs + [v.inputs[0] for v in kernel.values if v.op == "broadcast_to"]
     ) and all(
         all(_reduction_target(r, space)[d] == 1 for d in range(len(space)))
         for r in kernel.reductions
     )
+
+
+def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
+    """The source of one kernel and its calling plan."""
+    space = kernel.shape
+    members = kernel.members()
+    flat = is_flat(kernel)
     rank = 1 if flat else max(len(space), 1)
     loop_space = (int(np.prod(space)),) if flat else (space if space else (1,))
     idx = [f"i{d}" for d in range(rank)]

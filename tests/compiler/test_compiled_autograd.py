@@ -11,14 +11,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fusegrad.compiler.capture import capture as capture_graph
-from fusegrad.compiler.capture import walk as walk_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from op_table import FG, OPS, build, flat_outputs, is_float
 
 import fusegrad as fg
 from fusegrad import compiler
+from fusegrad.compiler.capture import capture as capture_graph
+from fusegrad.compiler.capture import walk as walk_graph
 
 GRAD_CASES = [(e, s) for e in OPS for s in e.get_samples() if e.differentiable and s.grad]
 # numba compiles each new kernel (~0.3 s): the generated-code run covers the first sample of
@@ -78,7 +78,24 @@ def test_op_table_reference_executor_matches_eager(entry: Any, sample: Any) -> N
 )
 def test_op_table_generated_code_matches_eager(entry: Any, sample: Any) -> None:
     # float64 throughout; fused loops may contract a*b+c into an FMA and reassociate sums
-    _check_op(entry, sample, "default", 1e-10)
+    previous = compiler.config.interpreter_max_elements
+    compiler.config.interpreter_max_elements = 0  # every kernel as generated code
+    try:
+        _check_op(entry, sample, "default", 1e-10)
+    finally:
+        compiler.config.interpreter_max_elements = previous
+
+
+@pytest.mark.parametrize(
+    "entry,sample", FIRST_CASES, ids=[f"{e.name}-{s.name}" for e, s in FIRST_CASES]
+)
+def test_op_table_interpreter_matches_eager(entry: Any, sample: Any) -> None:
+    previous = compiler.config.interpreter_max_elements
+    compiler.config.interpreter_max_elements = 1 << 30  # every eligible kernel interpreted
+    try:
+        _check_op(entry, sample, "default", 1e-10)
+    finally:
+        compiler.config.interpreter_max_elements = previous
 
 
 def _model(x: fg.Tensor, w: fg.Tensor, b: fg.Tensor) -> fg.Tensor:

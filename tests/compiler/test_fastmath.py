@@ -28,6 +28,7 @@ from typing import Any
 import numba
 import numpy as np
 import pytest
+
 from fusegrad.compiler.codegen import fastmath
 
 # the flags of generated kernels (compiler/codegen/numba_cpu.py, FASTMATH)

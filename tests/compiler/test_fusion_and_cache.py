@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fusegrad.compiler.codegen.lowering import EXPRESSIONS, EXTERNS, FUSED_REDUCTIONS
 
 import fusegrad as fg
 import fusegrad.nn as nn
 import fusegrad.nn.functional as F
 from fusegrad import compiler
+from fusegrad.compiler.codegen.lowering import EXPRESSIONS, EXTERNS, FUSED_REDUCTIONS
 from fusegrad.ops.registry import REGISTRY
 
 VIEWS = {"reshape", "permute", "broadcast_to"}
@@ -23,8 +23,12 @@ VIEWS = {"reshape", "permute", "broadcast_to"}
 
 @pytest.fixture(autouse=True)
 def _fresh_compiler() -> Any:
+    # these tests are about generated code: small kernels must not go to the interpreter
     compiler.reset()
+    previous = compiler.config.interpreter_max_elements
+    compiler.config.interpreter_max_elements = 0
     yield
+    compiler.config.interpreter_max_elements = previous
     compiler.reset()
 
 
@@ -141,6 +145,7 @@ _SECOND_PROCESS = textwrap.dedent(
     import numpy as np
     import fusegrad as fg
     from fusegrad import compiler
+    compiler.config.interpreter_max_elements = 0
     rng = np.random.default_rng(0)
     x = fg.tensor(rng.standard_normal(50).astype(np.float32), requires_grad=True)
     w = fg.tensor(rng.standard_normal(50).astype(np.float32), requires_grad=True)

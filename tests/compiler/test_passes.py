@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+
+from fusegrad import float32, float64
 from fusegrad.compiler.ir import Graph, VerifyError, format_graph, verify
 from fusegrad.compiler.passes import run
 from fusegrad.compiler.passes.dce import dce
 from fusegrad.compiler.passes.fuse import Extern, Kernel, fuse
 from fusegrad.compiler.passes.simplify import simplify
-
-from fusegrad import float32, float64
 
 
 def _graph() -> tuple[Graph, dict]:
