@@ -1,6 +1,6 @@
 """Shared benchmark machinery: thread pinning, timing, markdown tables and JSON results.
 
-Every benchmark module (``benchmarks/eager_overhead.py`` now, the compiled suite later) uses these
+Every benchmark module (``benchmarks/eager_overhead.py``, ``benchmarks/compiled.py``) uses these
 helpers so that all results are measured and reported the same way:
 
 * ``pin_threads`` fixes the BLAS / OpenMP thread count through environment variables.  It must run
@@ -12,6 +12,8 @@ helpers so that all results are measured and reported the same way:
   ``measure_interleaved`` does the same for several implementations at once, alternating them
   in rounds so that background load is shared fairly.
 * ``markdown_table`` / ``write_json`` / ``environment`` produce the report.
+* ``memory_bandwidth`` measures this machine's streaming bandwidth (numpy copy and add over
+  arrays far larger than the caches), for bandwidth bounds of memory-bound workloads.
 
 Timing is wall-clock (``time.perf_counter``) with the garbage collector left enabled: collecting
 the objects an eager framework allocates is part of its real cost.  ``gc.collect()`` runs before
@@ -186,6 +188,50 @@ def measure_interleaved(
 
 
 clock = time.perf_counter
+
+
+# ---- memory bandwidth ----------------------------------------------------------------------------
+
+
+def memory_bandwidth(np: Any, *, mib: int = 256, reps: int = 7) -> dict[str, Any]:
+    """This machine's streaming memory bandwidth, measured with numpy on ``mib``-MiB float32
+    arrays (far larger than any cache), in the current thread setting.
+
+    Two kernels, both over preallocated, already-touched arrays (no page faults):
+
+    * ``copy``: ``np.copyto(dst, src)``, counted as ``2 * nbytes`` (one read, one write);
+    * ``add``: ``np.add(a, b, out=c)``, counted as ``3 * nbytes`` (two reads, one write) — the
+      access pattern of a fused elementwise loop with ordinary stores.
+
+    Write-allocate traffic (the cache line read before it is written) is not counted, as in
+    STREAM.  Returns per kernel the median and best GB/s (10**9 bytes per second), plus
+    ``"gbps"``: the larger of the two medians, the figure bandwidth bounds are computed with.
+    """
+    n = mib * 2**20 // 4
+    a = np.ones(n, np.float32)
+    b = np.full(n, 2.0, np.float32)
+    c = np.zeros(n, np.float32)
+    kernels: dict[str, tuple[Callable[[], Any], int]] = {
+        "copy": (lambda: np.copyto(c, a), 2),
+        "add": (lambda: np.add(a, b, out=c), 3),
+    }
+    result: dict[str, Any] = {"array_mib": mib, "reps": reps}
+    for name, (kernel, passes) in kernels.items():
+        kernel()  # warm-up
+        times = []
+        for _ in range(reps):
+            t0 = clock()
+            kernel()
+            times.append(clock() - t0)
+        stats = summarize(times)
+        nbytes = passes * a.nbytes
+        result[name] = {
+            "bytes_per_rep": nbytes,
+            "gbps_median": nbytes / stats.median / 1e9,
+            "gbps_best": nbytes / stats.min / 1e9,
+        }
+    result["gbps"] = max(result[k]["gbps_median"] for k in kernels)
+    return result
 
 
 # ---- reporting ---------------------------------------------------------------------------------

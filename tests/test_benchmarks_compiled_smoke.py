@@ -1,0 +1,160 @@
+"""Smoke test of ``benchmarks/compiled.py``: ``--quick`` runs end to end (as a module, in a
+subprocess, since it pins threads before numpy is imported) and prints / writes the expected
+table rows, compile-time results and JSON fields; ``python -m benchmarks`` dispatches to it.
+
+Only structure and correctness are asserted (rows present, gradients of every implementation
+agree, no compile-time subprocess failed, no fallback to eager); timing never is, nor which
+caches the compile-time subprocesses hit.  torch.compile is left out (``--no-torch-compile``):
+its first compile alone takes longer than this test may.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = REPO_ROOT / "benchmarks" / "compiled.py"
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+HAVE_JAX = importlib.util.find_spec("jax") is not None
+
+QUICK_LABELS = ["A N=1e3", "A N=1e4", "B 256x1024", "C MLP", "D chain200"]
+METRICS = ["forward", "backward", "forward+backward"]
+A_METRICS = ["forward", "backward", "backward, .grad kept", "forward+backward"]
+
+
+def _run(args: list[str], cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _tables(stdout: str) -> list[list[list[str]]]:
+    """Every markdown table in ``stdout``: a list of rows of cells, header first, rule dropped."""
+    tables: list[list[list[str]]] = []
+    current: list[list[str]] | None = None
+    for line in stdout.splitlines():
+        if line.startswith("|"):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            if current is None:
+                current = []
+                tables.append(current)
+            if not all(set(c) <= set("-:") for c in cells):
+                current.append(cells)
+        else:
+            current = None
+    return tables
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("bench") / "compiled.json"
+    proc = _run(["-m", "benchmarks.compiled", "--quick", "--no-torch-compile", "--json", str(out)])
+    return proc.stdout, json.loads(out.read_text(encoding="utf-8"))
+
+
+def test_quick_table_has_every_row(quick_run: tuple[str, dict[str, Any]]) -> None:
+    stdout, _ = quick_run
+    times, compile_times = _tables(stdout)[:2]
+    header = times[0]
+    expected = ["fg eager", "fg compiled", "numpy", "numpy fused"]
+    expected += ["torch"] if HAVE_TORCH else []
+    expected += ["jax jit"] if HAVE_JAX else []
+    assert header[3 : 3 + len(expected)] == expected
+    assert "compiled/eager" in header and "compiled/numpy" in header
+    assert ("compiled/torch" in header) == HAVE_TORCH
+    assert "torch.compile" not in header
+    rows = [(r[0], r[1]) for r in times[1:]]
+    assert rows == [
+        (label, metric)
+        for label in QUICK_LABELS
+        for metric in (A_METRICS if label.startswith("A") else METRICS)
+    ]
+    for row in times[1:]:
+        assert len(row) == len(header)
+        assert row[header.index("fg compiled")] != "—", row
+    assert [r[0] for r in compile_times[1:]] == QUICK_LABELS
+    assert "FAILED" not in stdout.split("JSON written")[0]
+
+
+def test_quick_json_structure(quick_run: tuple[str, dict[str, Any]]) -> None:
+    _, payload = quick_run
+    assert payload["benchmark"] == "compiled"
+    assert payload["quick"] is True and payload["ok"] is True
+    assert payload["threads"]["requested"] == 1
+    assert payload["threads"]["env_before_numpy"] is True
+    assert list(payload["workloads"]) == QUICK_LABELS
+    for row in payload["rows"]:
+        for impl in ("fg_eager", "fg_compiled"):
+            assert row[impl] is not None and row[impl] > 0, (row["workload"], row["metric"])
+        if row["metric"] != "backward, .grad kept":
+            assert row["numpy"] is not None and row["fg_compiled/numpy"] is not None
+        assert (row["torch"] is not None) == HAVE_TORCH
+        assert row["torch_compile"] is None
+    for label in QUICK_LABELS:
+        check = payload["checks"][label]
+        assert check["ok"], (label, check)
+        assert "fg_compiled" in check["max_rel_error"]
+        assert ("torch" in check["max_rel_error"]) == HAVE_TORCH
+        events = payload["compiler_events"][label]
+        assert events["fallbacks"] == 0 and events["captures_steady_state"] == 0, events
+        assert payload["programs"][label]["kernels"] >= 1
+    # cold and warm-from-disk compile, once per workload, in fresh processes
+    assert set(payload["compile_time"]) == {"A", "B", "C", "D"}
+    for name, cases in payload["compile_time"].items():
+        cold, warm = cases["cold"], cases["warm_disk"]
+        assert "error" not in cold and "error" not in warm, (name, cases)
+        # which caches a process hits (generated modules, a precompiled interpreter for small
+        # tensors, ...) is the compiler tests' business; here: both ran compiled, no fallback
+        for result in (cold, warm):
+            assert result["counters"]["captures"] >= 1 and not result["counters"]["fallbacks"]
+            assert result["first_backward_s"] > 0 and result["second_backward_s"] > 0
+    bandwidth = payload["bandwidth"]
+    assert bandwidth["gbps"] > 0 and bandwidth["copy"]["gbps_median"] > 0
+    bound = payload["bandwidth_bound"]
+    assert bound["workload"] == "A N=1e4" and bound["N"] == 10**4
+    assert bound["bounds"]["issue"]["bytes"] == 6 * 4 * 10**4
+    assert bound["bounds"]["minimum"]["bytes"] == 4 * 4 * 10**4
+    assert payload["table"].splitlines()[0].startswith("| workload")
+
+
+def test_subset_without_torch_and_dispatch_from_package(tmp_path: Path) -> None:
+    out = tmp_path / "d.json"
+    proc = _run(
+        [
+            "-m",
+            "benchmarks",
+            "--suites",
+            "compiled",
+            "--quick",
+            "--no-torch",
+            "--workloads",
+            "D",
+            "--no-compile-time",
+            "--reps",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+            str(out),
+        ]
+    )
+    header = _tables(proc.stdout)[0][0]
+    assert "torch" not in header and "numpy fused" not in header
+    payload = json.loads(out.read_text(encoding="utf-8"))
+    assert list(payload["workloads"]) == ["D chain200"]
+    assert payload["compile_time"] == {} and payload["bandwidth_bound"] is None
+    assert payload["checks"]["D chain200"]["ok"]
+
+
+def test_runs_as_a_script_from_another_directory(tmp_path: Path) -> None:
+    proc = _run([str(SCRIPT), "--help"], cwd=tmp_path)
+    assert "--quick" in proc.stdout and "--workloads" in proc.stdout
