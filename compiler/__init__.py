@@ -31,7 +31,9 @@ from fusegrad.tensor import Tensor
 from . import logs, passes
 from .cache import counters, miss_reason, programs
 from .cache import reset as _reset_cache
-from .capture import Fallback, capture, walk
+from .capture import Fallback
+from .capture import capture as _capture_graph
+from .capture import walk as _walk
 from .ir import format_graph, verify
 from .logs import set_logs
 from .program import Program
@@ -112,14 +114,14 @@ def run(
     thread that is inside ``compiled_autograd()`` / a ``compile``d function."""
     if _config.depth == 0:
         return run_backward(outputs, grads, retain_graph, create_graph, inputs, accumulate)
-    w = walk(outputs, grads, inputs, accumulate, create_graph)
+    w = _walk(outputs, grads, inputs, accumulate, create_graph)
     if w.fallback is not None:
         return _fallback(w.fallback, outputs, grads, retain_graph, create_graph, inputs, accumulate)
     program = programs.get(w.key)
     if program is None:
         reason = miss_reason(w.key)
         try:
-            graph = capture(w, outputs, grads, inputs, accumulate)
+            graph = _capture_graph(w, outputs, grads, inputs, accumulate)
             if _config.check:
                 verify(graph)
             graph = passes.run(graph, check=_config.check)

@@ -104,6 +104,23 @@ class Program:
             for step, plan in zip(kernels, plans):
                 self._kernel_fns[id(step)] = (plan, getattr(module, plan.name))
         self._plan_buffers()
+        # per-call work precomputed once: where inputs come from, fixed arrays, extern calls
+        self._inputs = [
+            (v, v.attr("kind") == "root", v.attr("index"))
+            for v in self.graph.values
+            if v.op == "input"
+        ]
+        self._fixed = {}
+        for v in self.graph.values:
+            if v.op == "scalar":
+                self._fixed[v] = np.array(v.attr("value"), dtype=v.dtype.np)
+            elif v.op == "constant":
+                self._fixed[v] = self.graph.constants[v.attr("index")]
+        self._externs = {
+            k: (REGISTRY[s.value.op].kernel, dict(s.value.attrs))
+            for k, s in enumerate(self.steps)
+            if isinstance(s, Extern) and s.value.op in REGISTRY
+        }
         # last use of every value, by step index, for freeing arrays early
         effect_values = {v for _, _, v in self.graph.effects}
         self._dying: dict[int, list[Value]] = {}
@@ -190,15 +207,9 @@ class Program:
         inputs: Sequence[Tensor] | None,
     ) -> list | None:
         saved_arrays = _saved_arrays(w)  # version checks first, before anything is written
-        env: dict = {}
-        for v in self.graph.values:
-            if v.op == "input":
-                kind, index = v.attr("kind"), v.attr("index")
-                env[v] = grad_roots[index]._data if kind == "root" else saved_arrays[index]
-            elif v.op == "scalar":
-                env[v] = np.array(v.attr("value"), dtype=v.dtype.np)
-            elif v.op == "constant":
-                env[v] = self.graph.constants[v.attr("index")]
+        env: dict = dict(self._fixed)  # scalars and constants
+        for v, is_root, index in self._inputs:
+            env[v] = grad_roots[index]._data if is_root else saved_arrays[index]
         start = time.perf_counter() if self._first_run else 0.0
         for k, step in enumerate(self.steps):
             if isinstance(step, Extern):
@@ -206,7 +217,8 @@ class Program:
                 if v.op in _SPECIAL:
                     env[v] = _SPECIAL[v.op](v, env, w, inputs)
                     continue
-                result = REGISTRY[v.op].kernel(*[env[i] for i in v.inputs], **dict(v.attrs))
+                kernel, attrs = self._externs[k]
+                result = kernel(*[env[i] for i in v.inputs], **attrs)
                 env[v] = result if type(result) is np.ndarray else np.asarray(result)
             elif id(step) in self._interpreted:
                 env.update(self._interpreted[id(step)](env))

@@ -148,7 +148,10 @@ def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
         if full_red[k]:
             lines.append(f"    acc{k} = 0.0  # %{r.id} = {r.op} (full reduction, float64)")
     body_indent = "    " * (rank + 1)
+    inner_loop_at = len(lines)
     for d in range(rank):
+        if d == rank - 1:
+            inner_loop_at = len(lines)  # row accumulators are declared just before this loop
         lines.append("    " * (d + 1) + f"for {idx[d]} in range(n{d}):")
 
     def read(v: Value) -> str:
@@ -198,16 +201,26 @@ def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
             position = "i0" if flat else ", ".join(idx)
             op = "+=" if v in kernel.accumulate else "="
             lines.append(f"{body_indent}out{out_index[v]}[{position}] {op} v{v.id}")
+    row_inits: list[str] = []
+    row_stores: list[str] = []
     for k, r in enumerate(reds):
         term = read(r.inputs[0])
         if full_red[k]:
             lines.append(f"{body_indent}acc{k} += {term}  # %{r.id} = {r.op}")
+            continue
+        target = _reduction_target(r, space)
+        sub = ", ".join("0" if target[d] == 1 and space[d] != 1 else idx[d] for d in range(rank))
+        if rank >= 2 and target[-1] == 1 and space[-1] != 1:
+            # reduced along the innermost loop: a local accumulator per row keeps that loop
+            # vectorisable (a store into red[...] on every iteration made it ~40x slower)
+            outer_indent = "    " * rank
+            row_inits.append(f"{outer_indent}racc{k} = 0.0  # %{r.id} = {r.op} (row sum)")
+            lines.append(f"{body_indent}racc{k} += {term}  # %{r.id} = {r.op}")
+            row_stores.append(f"{outer_indent}red{k}[{sub}] += racc{k}")
         else:
-            target = _reduction_target(r, space)
-            sub = ", ".join(
-                "0" if target[d] == 1 and space[d] != 1 else idx[d] for d in range(rank)
-            )
             lines.append(f"{body_indent}red{k}[{sub}] += {term}  # %{r.id} = {r.op}")
+    lines.extend(row_stores)
+    lines[inner_loop_at:inner_loop_at] = row_inits
     for k in range(len(reds)):
         if full_red[k]:
             lines.append(f"    red{k}[{', '.join('0' for _ in range(rank))}] = acc{k}")
