@@ -617,12 +617,12 @@ def program_info(np: Any, fc: Any, impl: Impl) -> dict[str, Any]:
     """One extra (untimed) compiled backward of ``impl`` that records which program ran: its
     kernels and externs, and the bytes its kernels move (each distinct array a kernel reads
     counted once per kernel, every output written once; externs not counted).  Uses compiler
-    internals (``compiler.walk``, ``Program.kernels``) and reports an error instead of failing
+    internals (``compiler._walk``, ``Program.kernels``) and reports an error instead of failing
     when they change."""
     box: list[tuple[Any, list[Any] | None]] = []
-    original = getattr(fc, "walk", None)
+    original = getattr(fc, "_walk", None)
     if original is None or impl.fn is None:
-        return {"error": "fusegrad.compiler.walk not found"}
+        return {"error": "fusegrad.compiler._walk not found"}
 
     def recording_walk(*a: Any, **k: Any) -> Any:
         w = original(*a, **k)
@@ -633,14 +633,14 @@ def program_info(np: Any, fc: Any, impl: Impl) -> dict[str, Any]:
         box.append((w, arrays))
         return w
 
-    fc.walk = recording_walk
+    fc._walk = recording_walk
     try:
         for t in impl.leaf_tensors:
             t.grad = None
         with fc.compiled_autograd():
             impl.fn(*impl.args).backward()
     finally:
-        fc.walk = original
+        fc._walk = original
     if not box:
         return {"error": "no compiled backward was recorded"}
     w, arrays = box[0]
