@@ -10,6 +10,12 @@ rewrites that are exact in IEEE arithmetic, including NaN, inf and signed zeros)
 * ``reshape(reshape(x))`` -> ``reshape(x)``; ``permute(permute(x))`` -> one ``permute``
   (or ``x`` when the composition is the identity).
 
+One rewrite is equal up to the order of a matrix product's sums (BLAS blocking): a transpose of
+a matmul that nothing else uses becomes the matmul of the swapped, transposed operands,
+``permute(a @ b) -> b.mT @ a.mT``.  The result then comes out of BLAS in the layout it is used
+in (a weight's gradient): no strided copy when it becomes ``.grad``, and the operands' own
+transposes usually cancel (``w.mT.mT`` is ``w``).
+
 Not rewritten on purpose: ``x * 0`` (NaN/inf inputs), ``x + 0`` (signed zero).
 The sweep is a single pass (each value sees its already simplified inputs): no fixpoint loop.
 """
@@ -23,9 +29,36 @@ def _is_scalar(v: Value, value: float) -> bool:
     return v.op == "scalar" and v.attr("value") == value and v.shape == ()
 
 
-def _rewrite(graph: Graph, v: Value, inputs: tuple[Value, ...]) -> Value | None:
+def _swap_last_two(dims: tuple) -> bool:
+    n = len(dims)
+    return n >= 2 and dims == tuple(range(n - 2)) + (n - 1, n - 2)
+
+
+def _transpose(graph: Graph, x: Value, origin: str) -> Value:
+    n = len(x.shape)
+    dims = tuple(range(n - 2)) + (n - 1, n - 2)
+    shape = x.shape[:-2] + (x.shape[-1], x.shape[-2])
+    if x.op == "permute" and _swap_last_two(x.attr("dims")):
+        return x.inputs[0]  # the transposes cancel
+    return graph.add("permute", (x,), {"dims": dims}, shape, x.dtype, origin)
+
+
+def _rewrite(
+    graph: Graph, v: Value, inputs: tuple[Value, ...], users: dict | None = None
+) -> Value | None:
     """The simplified form of ``v`` (with already-mapped ``inputs``), or None."""
     op = v.op
+    if (
+        op == "permute"
+        and users is not None
+        and inputs[0].op == "matmul"
+        and _swap_last_two(v.attr("dims"))
+        and users.get(v.inputs[0], 0) == 1
+        and len(inputs[0].inputs[0].shape) == len(inputs[0].inputs[1].shape) == len(v.shape)
+    ):
+        a, b = inputs[0].inputs
+        bt, at = _transpose(graph, b, v.origin), _transpose(graph, a, v.origin)
+        return graph.add("matmul", (bt, at), {}, v.shape, v.dtype, v.origin)
     if op == "mul" and v.dtype.is_floating_point:
         a, b = inputs
         if _is_scalar(b, 1) and a.shape == v.shape and a.dtype is v.dtype:
@@ -60,9 +93,15 @@ def _rewrite(graph: Graph, v: Value, inputs: tuple[Value, ...]) -> Value | None:
 def simplify(graph: Graph) -> Graph:
     out = Graph(constants=list(graph.constants))
     mapping: dict[Value, Value] = {}
+    users: dict[Value, int] = {}
+    for v in graph.values:
+        for i in v.inputs:
+            users[i] = users.get(i, 0) + 1
+    for _, _, v in graph.effects:
+        users[v] = users.get(v, 0) + 1
     for v in graph.values:
         inputs = tuple(mapping[i] for i in v.inputs)
-        new = _rewrite(out, v, inputs)
+        new = _rewrite(out, v, inputs, users)
         if new is None:
             new = out.add(v.op, inputs, v.attrs, v.shape, v.dtype, v.origin)
         mapping[v] = new

@@ -92,3 +92,22 @@ def test_fuse_makes_one_convex_kernel_with_a_reduction_epilogue() -> None:
     assert [r.op for r in first.reductions] == ["sum_to"]
     assert set(first.outputs) == {m, s}
     assert [v.op for v in kernels[1].values] == ["exp"] and kernels[1].inputs == [s]
+
+
+def test_transposed_matmul_is_rewritten_when_nothing_else_uses_it() -> None:
+    g = Graph()
+    a = g.input("saved", 0, (8, 3), float32)
+    w = g.input("saved", 1, (5, 3), float32)
+    wt = g.add("permute", (w,), {"dims": (1, 0)}, (3, 5), float32)
+    m = g.add("matmul", (a, wt), {}, (8, 5), float32)
+    t = g.add("permute", (m,), {"dims": (1, 0)}, (5, 8), float32)
+    g.effects = [("grad", 0, t)]
+    out = run(g, check=True)
+    ops = [v.op for v in out.values if v.op not in ("input",)]
+    assert ops == ["permute", "matmul"]  # w.mT.mT cancelled; a.mT remains; result in layout
+    ((_, _, final),) = out.effects
+    assert final.op == "matmul" and final.inputs[0].op == "input"
+    # a matmul used elsewhere too is left alone (recomputing it would cost a second product)
+    g.effects = [("grad", 0, t), ("grad", 1, m)]
+    kept = run(g, check=True)
+    assert [v.op for v in kept.values].count("matmul") == 1
