@@ -139,28 +139,28 @@ class Unflatten(Module):
 # ---- activations ---------------------------------------------------------------------------
 
 
-class ReLU(Module):
+class _InplaceActivation(Module):
+    """An activation with PyTorch's ``inplace`` flag; subclasses name their functional op."""
+
+    _function = "relu"
+
     def __init__(self, inplace: bool = False) -> None:
         super().__init__()
         self.inplace = inplace
 
     def forward(self, input: Tensor) -> Tensor:
-        return F.relu(input, inplace=self.inplace)
+        return getattr(F, self._function)(input, inplace=self.inplace)
 
     def extra_repr(self) -> str:
         return "inplace=True" if self.inplace else ""
 
 
-class ReLU6(Module):
-    def __init__(self, inplace: bool = False) -> None:
-        super().__init__()
-        self.inplace = inplace
+class ReLU(_InplaceActivation):
+    _function = "relu"
 
-    def forward(self, input: Tensor) -> Tensor:
-        return F.relu6(input, inplace=self.inplace)
 
-    def extra_repr(self) -> str:
-        return "inplace=True" if self.inplace else ""
+class ReLU6(_InplaceActivation):
+    _function = "relu6"
 
 
 class GELU(Module):
@@ -187,28 +187,12 @@ class Sigmoid(Module):
         return F.sigmoid(input)
 
 
-class SiLU(Module):
-    def __init__(self, inplace: bool = False) -> None:
-        super().__init__()
-        self.inplace = inplace
-
-    def forward(self, input: Tensor) -> Tensor:
-        return F.silu(input, inplace=self.inplace)
-
-    def extra_repr(self) -> str:
-        return "inplace=True" if self.inplace else ""
+class SiLU(_InplaceActivation):
+    _function = "silu"
 
 
-class Mish(Module):
-    def __init__(self, inplace: bool = False) -> None:
-        super().__init__()
-        self.inplace = inplace
-
-    def forward(self, input: Tensor) -> Tensor:
-        return F.mish(input, inplace=self.inplace)
-
-    def extra_repr(self) -> str:
-        return "inplace=True" if self.inplace else ""
+class Mish(_InplaceActivation):
+    _function = "mish"
 
 
 class ELU(Module):
