@@ -203,11 +203,7 @@ class Report:
                 f"{len(prog.externs)} extern call(s) ({reason})"
             )
             lines.extend("    " + line for line in str(prog).splitlines())
-            for k, kern in enumerate(prog.kernels):
-                fused = ", ".join(f"%{v.id} {v.op}" for v in kern.values + kern.reductions)
-                lines.append(f"  kernel {k} over {list(kern.shape)}: {fused}")
-            for v in prog.externs:
-                lines.append(f"  extern %{v.id} = {v.op}")
+            lines.extend("  " + line for line in prog.describe_schedule().splitlines())
             if prog.source_path:
                 lines.append(f"  generated code: {prog.source_path}")
         for reason in self.fallbacks:

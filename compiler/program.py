@@ -104,6 +104,8 @@ class Program:
             for step, plan in zip(kernels, plans):
                 self._kernel_fns[id(step)] = (plan, getattr(module, plan.name))
         self._plan_buffers()
+        if logs.enabled("fusion"):
+            logs.log("fusion", self.describe_schedule())
         # per-call work precomputed once: where inputs come from, fixed arrays, extern calls
         self._inputs = [
             (v, v.attr("kind") == "root", v.attr("index"))
@@ -176,6 +178,18 @@ class Program:
     def __str__(self) -> str:
         return format_graph(self.graph)
 
+    def describe_schedule(self) -> str:
+        """One line per step: kernels with the IR values fused into them, and externs."""
+        lines = []
+        for step in self.steps:
+            if isinstance(step, Kernel):
+                how = "interpreted" if id(step) in self._interpreted else "generated"
+                fused = ", ".join(f"%{v.id} {v.op}" for v in step.values + step.reductions)
+                lines.append(f"kernel over {list(step.shape)} ({how}): {fused}")
+            else:
+                lines.append(f"extern %{step.value.id} = {step.value.op}")
+        return "\n".join(lines)
+
     @property
     def kernels(self) -> list[Kernel]:
         return [s for s in self.steps if isinstance(s, Kernel)]
@@ -232,6 +246,10 @@ class Program:
             self._first_run = False
             self.compile_seconds = time.perf_counter() - start  # includes numba's JIT
             _note_disk_hits(self)
+            logs.log(
+                "perf",
+                f"first run (JIT or cache load included): {1e3 * self.compile_seconds:.1f} ms",
+            )
         captured: list | None = None
         if inputs is not None:
             captured = [None] * len(inputs)

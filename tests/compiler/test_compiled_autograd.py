@@ -335,3 +335,22 @@ def test_compiled_regions_are_per_thread() -> None:
         t.join()
     assert compiler.counters.compiled_runs == 0
     np.testing.assert_allclose(x.grad.numpy(), [2.0, 4.0])
+
+
+def test_log_channels_report_graph_fusion_and_timing(caplog: Any) -> None:
+    compiler.set_logs("graph,fusion,perf,cache")
+    try:
+        with caplog.at_level("INFO", logger="fusegrad.compiler"):
+            x = fg.randn(6, requires_grad=True)
+            with compiler.compiled_autograd():
+                for _ in range(2):
+                    x.tanh().sum().backward()
+    finally:
+        compiler.set_logs(None)
+    text = caplog.text
+    assert "backward graph:" in text and "tanh" not in text.split("backward graph:")[0]
+    assert "kernel over [6]" in text
+    assert "first run" in text
+    assert "program cache hit" in text
+    with pytest.raises(ValueError, match="unknown log channels"):
+        compiler.set_logs("graph,nonsense")
