@@ -344,6 +344,7 @@ def test_log_channels_report_graph_fusion_and_timing(caplog: Any) -> None:
             x = fg.randn(6, requires_grad=True)
             with compiler.compiled_autograd():
                 for _ in range(2):
+                    x.grad = None  # same .grad state: the second call hits the cache
                     x.tanh().sum().backward()
     finally:
         compiler.set_logs(None)
