@@ -18,6 +18,7 @@ Running a program on one call's data:
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -239,7 +240,9 @@ class Program:
             else:
                 plan, fn = self._kernel_fns[id(step)]
                 pool = self._pools.__dict__.setdefault("pool", {})
-                _run_kernel(step, plan, fn, env, self._epilogue, w.leaves, self._pooled, pool)
+                _run_kernel(
+                    step, plan, fn, env, self._epilogue, w.leaves, self._pooled, pool, self._fresh
+                )
             for dead in self._dying.get(k, ()):
                 env.pop(dead, None)
         if self._first_run:
@@ -382,6 +385,7 @@ def _run_kernel(
     leaves: list,
     pooled: set,
     pool: dict,
+    recyclable: frozenset | set = frozenset(),
 ) -> None:
     space = kernel.shape
     if plan.flat:
@@ -408,10 +412,14 @@ def _run_kernel(
             buf = np.zeros(out_shape, dtype=v.dtype.np)
             late_adds.append((v, buf))
         if not acc:
-            buf = pool.get(v) if v in pooled else None
+            buf = pool.get(v) if v in pooled or v in recyclable else None
+            # a buffer that became a .grad last time is reused once nothing else holds it
+            # (the user set .grad to None): references are the pool's, ``buf`` and the call's
+            if buf is not None and v in recyclable and sys.getrefcount(buf) > 3:
+                buf = None
             if buf is None or buf.shape != out_shape:
                 buf = np.empty(out_shape, dtype=v.dtype.np)
-                if v in pooled:
+                if v in pooled or v in recyclable:
                     pool[v] = buf
         assert buf is not None
         outs.append(buf)

@@ -167,3 +167,28 @@ def test_second_process_hits_the_disk_cache(tmp_path: Any) -> None:
         [sys.executable, "-c", _SECOND_PROCESS], env=env, capture_output=True, text=True, check=True
     )
     assert second.stdout.split() == ["0", "1"], second.stdout + second.stderr
+
+
+def test_grad_buffers_are_recycled_only_when_nobody_holds_them() -> None:
+    leaves = _workload_a(64)
+
+    def step() -> None:
+        for t in leaves:
+            t.grad = None
+        with compiler.compiled_autograd():
+            _loss_a(*leaves).backward()
+
+    step()
+    first = leaves[0].grad
+    kept = first.numpy().copy()
+    step()  # the user still holds ``first``: a new buffer, ``first`` untouched
+    assert leaves[0].grad is not first
+    np.testing.assert_array_equal(first.numpy(), kept)
+    del first
+    step()
+    import weakref
+
+    previous = weakref.ref(leaves[0].grad.numpy().base)  # the buffer behind the current .grad
+    step()  # .grad was set to None and nothing else holds that buffer: it is reused
+    assert previous() is not None and leaves[0].grad.numpy().base is previous()
+    np.testing.assert_allclose(leaves[0].grad.numpy(), kept, rtol=1e-6)
