@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import fusegrad.autograd as _autograd
+from fusegrad.autograd import node as _node
 from fusegrad.autograd.engine import run_backward
 from fusegrad.tensor import Tensor
 
@@ -155,9 +156,11 @@ def compiled_autograd(fullgraph: bool = False, mode: str = "default") -> Iterato
     prev = (_config.fullgraph, _config.mode)
     _config.fullgraph, _config.mode = fullgraph, mode
     _config.depth += 1
+    _node.record_input_versions += 1  # nodes made here keep their inputs' versions
     try:
         yield
     finally:
+        _node.record_input_versions -= 1
         _config.depth -= 1
         _config.fullgraph, _config.mode = prev
 

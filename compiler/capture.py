@@ -66,6 +66,9 @@ class Walk:
     nodes: list = field(default_factory=list)
     saved: list = field(default_factory=list)  # (node, SavedTensor) in key order
     saved_alias: list = field(default_factory=list)  # per saved: index of its first alias
+    # saved index -> (primitive, attrs, saved index of its input): saved values recomputed in
+    # the program from an array it reads anyway (see ``_plan_rematerialisation``)
+    remat: dict = field(default_factory=dict)
     leaves: list = field(default_factory=list)  # leaf tensors in key order
     fallback: str | None = None
     index: dict = field(default_factory=dict)  # node -> position in ``nodes``
@@ -193,12 +196,53 @@ def walk(
             return out
     out.nodes = order
     out.index = index
+    out.remat = _plan_rematerialisation(out, aliases)
+    if out.remat:
+        key.append(("remat", tuple(sorted(out.remat.items()))))
     try:
         out.key = tuple(key)
         hash(out.key)
     except TypeError:  # an attribute value that is not hashable: freeze everything
         out.key = freeze(tuple(key))
     return out
+
+
+# unary primitives cheap enough to recompute instead of reading their saved result from memory
+# (a fused loop is memory-bound: one arithmetic op costs far less than loading 4 bytes)
+REMATERIALISE = frozenset({"neg", "abs"})
+
+
+def _plan_rematerialisation(w: Walk, aliases: dict) -> dict:
+    """Saved inputs that are ``neg``/``abs`` of a leaf whose array the program reads anyway.
+
+    Safe only if the leaf still holds the values the op saw: the op's node recorded its input's
+    version (``OpNode._input_versions``, kept inside compiled regions) and the leaf is still at
+    that version.  The decision (and so the version equality) is part of the cache key."""
+    plan: dict = {}
+    candidates = []
+    for k, (_, s) in enumerate(w.saved):
+        t = s._tensor
+        producer = s._producer
+        if t is None or type(producer) is not OpNode or s._output_nr != 0:
+            continue
+        if producer._prim.name not in REMATERIALISE or producer._input_versions is None:
+            continue
+        child = producer._edges[0][0]
+        if type(child) is not AccumulateGrad:
+            continue
+        leaf = child.variable
+        if leaf._version_counter.value != producer._input_versions[0]:
+            continue
+        candidates.append((k, producer, leaf))
+    remat_ids = set()
+    for k, producer, leaf in candidates:
+        first = aliases.get(id(leaf._data))
+        if first is None or first in remat_ids:
+            continue  # the leaf's array is not read by the program: recomputing saves nothing
+        plan[k] = (producer._prim.name, tuple(producer.attrs.items()), first)
+        remat_ids.add(w.saved_alias[k])
+    # keep only plans whose input is itself read from memory (not recomputed)
+    return {k: p for k, p in plan.items() if p[2] not in remat_ids}
 
 
 def _unsupported(n: Any) -> str:
@@ -238,20 +282,34 @@ def capture(
         value = graph.add(prim.name, tuple(values), attrs, shape, dtype, origin=current[0])
         return SymbolicTensor.of(value)
 
+    def saved_input(first: int) -> Value:
+        """The program input for the saved array of alias class ``first``."""
+        if first not in saved_values:
+            s = w.saved[first][1]
+            data = s._data if s._tensor is None else s._tensor._data
+            dtype = s._tensor._dtype if s._tensor is not None else _dt.from_numpy_dtype(data.dtype)
+            saved_values[first] = graph.input("saved", first, data.shape, dtype)
+        return saved_values[first]
+
     def unpack(saved: Any, node: Any) -> Tensor:
         # the real unpack first: the same version check and error as eager mode
         _node.capture_unpack = None
         try:
-            real = saved.unpack(node)
+            saved.unpack(node)  # for its version check (and error) only
         finally:
             _node.capture_unpack = unpack
         k = saved_index.get(id(saved))
         if k is None:
             raise Fallback(f"{node.name()} unpacked a tensor the walk did not see")
-        first = w.saved_alias[k]
-        if first not in saved_values:
-            saved_values[first] = graph.input("saved", first, real._data.shape, real._dtype)
-        return SymbolicTensor.of(saved_values[first])
+        remat = w.remat.get(k)
+        if remat is not None:  # recompute from the leaf the program reads anyway
+            prim_name, attrs, leaf_first = remat
+            source = saved_input(leaf_first)
+            prim = registry.REGISTRY[prim_name]
+            shape, dtype = prim.meta((source.shape,), (source.dtype,), **dict(attrs))
+            value = graph.add(prim_name, (source,), dict(attrs), shape, dtype, origin=current[0])
+            return SymbolicTensor.of(value)
+        return SymbolicTensor.of(saved_input(w.saved_alias[k]))
 
     def as_value(g: Tensor) -> Value:
         # a gradient a rule built from nothing (e.g. zeros_like(g) for floor) is a constant

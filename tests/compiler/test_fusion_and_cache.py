@@ -192,3 +192,32 @@ def test_grad_buffers_are_recycled_only_when_nobody_holds_them() -> None:
     step()  # .grad was set to None and nothing else holds that buffer: it is reused
     assert previous() is not None and leaves[0].grad.numpy().base is previous()
     np.testing.assert_allclose(leaves[0].grad.numpy(), kept, rtol=1e-6)
+
+
+def test_cheap_saved_values_are_recomputed_only_from_unchanged_leaves() -> None:
+    def program(modify: bool) -> list:
+        rng = np.random.default_rng(1)
+        x = fg.tensor(rng.standard_normal(32), requires_grad=True)
+        with compiler.compiled_autograd():
+            n = -x  # neg's node records x's version
+            if modify:
+                with fg.no_grad():
+                    x.mul_(2.0)  # x changes after neg saw it: n must not be recomputed from x
+            loss = (n * x).exp().sum()  # mul saves n and x
+            loss.backward()
+        return [x.grad.numpy().copy()]
+
+    for modify in (False, True):
+        compiler.reset()
+        compiled = program(modify)
+        (prog,) = compiler.programs.values()
+        recomputed = [v for v in prog.graph.values if v.op == "neg" and v.inputs[0].op == "input"]
+        assert bool(recomputed) == (not modify)
+        rng = np.random.default_rng(1)
+        x = fg.tensor(rng.standard_normal(32), requires_grad=True)
+        n = -x
+        if modify:
+            with fg.no_grad():
+                x.mul_(2.0)
+        (n * x).exp().sum().backward()
+        np.testing.assert_allclose(compiled[0], x.grad.numpy(), rtol=1e-12)

@@ -185,6 +185,10 @@ _pack_in_place_message = (
 )
 
 
+# Raised (a count of active compiled regions, any thread) by ``fusegrad.compiler``: while it is
+# non-zero, new OpNodes record their inputs' versions (``OpNode._input_versions``).
+record_input_versions = 0
+
 # Set by the compiler while it captures a backward graph (``fusegrad.compiler.capture``):
 # ``capture_unpack(saved, node)`` returns the symbolic value standing for a saved tensor.
 capture_unpack: Callable[..., Any] | None = None
@@ -389,7 +393,15 @@ def _camel(name: str) -> str:
 class OpNode(Node):
     """The node of one primitive call: applies the primitive's rule from the derivative table."""
 
-    __slots__ = ("_freed", "_prim", "_rule", "_saved", "attrs", "needs_input_grad")
+    __slots__ = (
+        "_freed",
+        "_input_versions",
+        "_prim",
+        "_rule",
+        "_saved",
+        "attrs",
+        "needs_input_grad",
+    )
 
     def __init__(self, prim: Any, rule: Any, attrs: dict, inputs: tuple, outputs: tuple) -> None:
         # Hot path (one per recorded op): plain loops, Node.__init__ inlined.
@@ -425,6 +437,11 @@ class OpNode(Node):
                     saved.append(SavedTensor(inputs[index]))
         self._saved: list | None = saved
         self._freed = False
+        # the inputs' versions when this op ran, recorded only inside compiled regions: they let
+        # the compiler recompute a cheap saved value from an input that has not changed since
+        self._input_versions = (
+            tuple(t._version_counter.value for t in inputs) if record_input_versions else None
+        )
 
     def name(self) -> str:
         return f"{_camel(self._prim.name)}Backward0"
