@@ -21,6 +21,7 @@ a new batch size costs a capture (Python only), not a compilation.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -264,7 +265,13 @@ def capture(
     current: list[str] = [""]
     saved_values: dict = {}  # alias class -> its input value
 
+    # The hooks below are module-level globals while this capture runs; a backward running in
+    # another thread at the same time must not see them: for it they step aside.
+    me = threading.get_ident()
+
     def intercept(prim: registry.Primitive, args: tuple, attrs: dict) -> Any:
+        if threading.get_ident() != me:
+            return NotImplemented
         values = []
         for a in args:
             if isinstance(a, SymbolicTensor):
@@ -291,7 +298,9 @@ def capture(
             saved_values[first] = graph.input("saved", first, data.shape, dtype)
         return saved_values[first]
 
-    def unpack(saved: Any, node: Any) -> Tensor:
+    def unpack(saved: Any, node: Any) -> Any:
+        if threading.get_ident() != me:
+            return NotImplemented
         # the real unpack first: the same version check and error as eager mode
         _node.capture_unpack = None
         try:
@@ -318,7 +327,9 @@ def capture(
     seq = iter(range(1 << 62))  # side-effecting values are never interned together
     last_store: dict = {}  # id(tensor) -> its latest store_grad value (orders hooks after it)
 
-    def store(t: Tensor, g: Tensor) -> None:
+    def store(t: Tensor, g: Tensor) -> Any:
+        if threading.get_ident() != me:
+            return NotImplemented
         if id(t) in leaf_index:
             target: tuple = ("grad", leaf_index[id(t)])
         elif id(t) in input_index:
@@ -342,6 +353,8 @@ def capture(
         last_store[id(t)] = value
 
     def call_hook(hook: Any, kind: str, node: Any, slot: int, position: int, *args: Any) -> Any:
+        if threading.get_ident() != me:
+            return hook(*args)
         # a user hook is an opaque step of the program: record where it sits and what it gets
         site = (w.index[node], kind, slot, position)
         if kind == "post_acc":
@@ -396,7 +409,8 @@ def capture(
 
     def apply_named(node: Any, grads: Any, retain_graph: bool) -> Any:
         # remember which eager node's rule is running: IR values name it in comments/reports
-        current[0] = node.name()
+        if threading.get_ident() == me:
+            current[0] = node.name()
         return engine_apply(node, grads, retain_graph)
 
     sym_roots = [

@@ -355,3 +355,50 @@ def test_log_channels_report_graph_fusion_and_timing(caplog: Any) -> None:
     assert "program cache hit" in text
     with pytest.raises(ValueError, match="unknown log channels"):
         compiler.set_logs("graph,nonsense")
+
+
+def test_an_eager_backward_in_another_thread_during_a_capture_is_unaffected() -> None:
+    import threading
+
+    x = fg.tensor(np.linspace(-1, 1, 50), requires_grad=True)
+    other = fg.tensor(np.linspace(0.5, 2, 50), requires_grad=True)
+    expected = 1 / other.detach().numpy()  # d/dx sum(log x) = 1/x
+    results: dict = {}
+    started, finish = threading.Event(), threading.Event()
+
+    def eager_worker() -> None:
+        started.wait(5)  # runs while the main thread is inside its capture
+        loss = other.log().sum()
+        loss.backward()
+        results["grad"] = other.grad.numpy().copy()
+        finish.set()
+
+    from fusegrad.compiler.capture import SymbolicTensor
+
+    real_of = SymbolicTensor.of.__func__  # type: ignore[attr-defined]
+
+    calls = [0]
+
+    def of(cls: Any, value: Any) -> Any:
+        # from the second call on (the first makes the root gradient, before the capture's
+        # hooks are installed) the interceptor, unpack, store, apply and call_hook hooks are
+        # all live: let the other thread run a whole eager backward now
+        calls[0] += 1
+        if calls[0] == 2:
+            started.set()
+            finish.wait(5)
+        return real_of(cls, value)
+
+    t = threading.Thread(target=eager_worker)
+    t.start()
+    SymbolicTensor.of = classmethod(of)  # type: ignore[method-assign,assignment]
+    try:
+        with compiler.compiled_autograd():
+            (x.exp() * x).sum().backward()
+    finally:
+        SymbolicTensor.of = classmethod(real_of)  # type: ignore[method-assign,assignment]
+        started.set()
+        t.join(10)
+    np.testing.assert_allclose(results["grad"], expected, rtol=1e-12)
+    xs = x.detach().numpy()
+    np.testing.assert_allclose(x.grad.numpy(), np.exp(xs) * (1 + xs), rtol=1e-10)

@@ -131,9 +131,8 @@ def _store_grad(t: Tensor, g: Tensor, create_graph: bool) -> None:
     a later in-place accumulation must not reach any of them.  Under ``create_graph`` the copy
     is a differentiable ``clone`` and accumulation is ``.grad = .grad + g`` (a new tensor with
     history); otherwise later gradients are added in place into the same ``.grad`` object."""
-    if capture_store is not None:  # the compiler is capturing: record the write instead
-        capture_store(t, g)
-        return
+    if capture_store is not None and capture_store(t, g) is not NotImplemented:
+        return  # the compiler is capturing: it recorded the write instead
     old = t._grad
     if old is None:
         if create_graph:

@@ -322,7 +322,9 @@ class SavedTensor:
 
     def unpack(self, node: Node | None) -> Tensor:
         if capture_unpack is not None:  # the compiler is capturing: hand out a symbolic value
-            return capture_unpack(self, node)
+            symbolic = capture_unpack(self, node)
+            if symbolic is not NotImplemented:  # (NotImplemented: another thread's backward)
+                return symbolic
         if self._counter is None:
             raise AutogradError(_freed_message)
         if self._unpack_hook is not None:
