@@ -76,7 +76,6 @@ OPCODES: dict[str, int] = {
         ]
     )
 }
-_UNARY_COPY = ("clone", "cast", "broadcast_to", "load")
 
 
 def eligible(kernel: Kernel, flat: bool, max_elements: int = MAX_ELEMENTS) -> bool:
@@ -274,12 +273,15 @@ def _math_op(op, n, x, out, is32):  # type: ignore[no-untyped-def]
             out[i] = np.sqrt(x[i])
 
 
+_ZERO = object()  # the register key of the 0.0 constant used by float -> bool casts
+
+
 class InterpretedKernel:
     """A kernel encoded as an op list over registers (see the module docstring)."""
 
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
-        reg: dict[Value, int] = {}
+        reg: dict[Any, int] = {}  # IR value (or the zero constant) -> register
         self.scalars: list[tuple[int, Any]] = []
         for v in kernel.inputs:
             reg[v] = len(reg)
@@ -291,18 +293,16 @@ class InterpretedKernel:
                 self.scalars.append((reg[v], v.attr("value")))
             return reg[v]
 
-        zero_register = None
         for v in kernel.values:
             args = [operand(i) for i in v.inputs]
             opcode = OPCODES[v.op]
             if v.op == "cast" and v.dtype.name == "bool" and v.inputs[0].dtype.is_floating_point:
                 # float -> bool is "!= 0" (bool -> float and same-dtype casts are copies)
-                if zero_register is None:
-                    zero_register = len(reg) + 1000000  # placeholder, fixed below
-                    reg[("zero",)] = len(reg)  # type: ignore[index]
-                    self.scalars.append((reg[("zero",)], 0.0))  # type: ignore[index]
+                if _ZERO not in reg:
+                    reg[_ZERO] = len(reg)
+                    self.scalars.append((reg[_ZERO], 0.0))
                 opcode = OPCODES["ne"]
-                args = [args[0], reg[("zero",)]]  # type: ignore[index]
+                args = [args[0], reg[_ZERO]]
             reg[v] = len(reg)
             args += [0] * (3 - len(args))
             code.append([opcode, reg[v], *args[:3]])

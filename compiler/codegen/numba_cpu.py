@@ -170,20 +170,7 @@ def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
     out_index = {v: k for k, v in enumerate(full_out)}
     for v in kernel.values:
         if v.op == "broadcast_to":
-            src = v.inputs[0]
-            if src in members:
-                expr = f"v{src.id}"
-            elif src.op == "scalar":
-                expr = _literal(src.attr("value"), src.dtype)
-            else:
-                k = kernel.inputs.index(src)
-                if flat:
-                    expr = f"in{k}[{'i0' if src.shape == space else '0'}]"
-                else:
-                    b = _broadcast_dims(src, loop_space)
-                    pad = len(loop_space) - len(src.shape)
-                    sub = ", ".join("0" if (d < pad or b[d]) else idx[d] for d in range(rank))
-                    expr = f"in{k}[{sub}]"
+            expr = read(v.inputs[0])  # a broadcasting read: ``read`` indexes by the pattern
         else:
             fmt: dict[str, str] = {
                 "dtype": v.attr("dtype").name if v.op == "cast" else v.dtype.name,
