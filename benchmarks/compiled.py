@@ -634,6 +634,8 @@ def program_info(np: Any, fc: Any, impl: Impl) -> dict[str, Any]:
         return w
 
     fc._walk = recording_walk
+    # a backward found through the forward's tape skips the walk: forget the tape entries
+    getattr(fc, "tape_programs", {}).clear()
     try:
         for t in impl.leaf_tensors:
             t.grad = None

@@ -10,8 +10,14 @@ hooks, data-dependent shapes, ...) runs on the eager engine instead, counted in
 ``counters.fallbacks`` and logged with its reason — decided before anything is freed or written.
 ``fullgraph=True`` raises instead of falling back.
 
-Status: capture, IR, passes (DCE; CSE by interning) and a reference executor are in place; the
-fused numba code generators are the next step (``codegen/``).
+A backward whose graph was built in the same region (on this thread) usually skips the walk: the
+forward was recorded on a tape (``autograd.node.Tape``) and ``capture.tape_key`` / ``Binding``
+key and bind it directly (``counters.tape_hits``); whenever the tape cannot vouch for the graph,
+the walk runs.
+
+Programs run on the device their arrays live on: numba CPU code (``codegen.numba_cpu``, small
+kernels on a precompiled interpreter) for numpy arrays, numba-cuda kernels (``codegen.numba_cuda``)
+for CUDA tensors; a graph that mixes devices runs eagerly.
 
 src/fusegrad never imports this package at load time; it is loaded by ``fusegrad.compile``.
 """
@@ -24,15 +30,18 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 import fusegrad.autograd as _autograd
+from fusegrad.autograd import anomaly as _anomaly
 from fusegrad.autograd import node as _node
 from fusegrad.autograd.engine import run_backward
 from fusegrad.tensor import Tensor
 
 from . import logs, passes
-from .cache import counters, miss_reason, programs
+from .cache import MAX_TAPE_ENTRIES, TapeEntry, counters, miss_reason, programs, tape_programs
 from .cache import reset as _reset_cache
-from .capture import Fallback
+from .capture import Binding, Fallback, Unbindable, leaf_key, tape_key
 from .capture import capture as _capture_graph
 from .capture import walk as _walk
 from .ir import format_graph, verify
@@ -115,6 +124,25 @@ def run(
     thread that is inside ``compiled_autograd()`` / a ``compile``d function."""
     if _config.depth == 0:
         return run_backward(outputs, grads, retain_graph, create_graph, inputs, accumulate)
+    # the tape path: the forward recorded in this region keys and binds the backward
+    fast = None
+    if inputs is None and not create_graph and not _anomaly._state.enabled:
+        fast = tape_key(outputs, grads, accumulate)
+    # nodes made from here on (by hooks, or the next forward) go on a new tape
+    _node.tape_state.next_tape()
+    if fast is not None:
+        entry = tape_programs.get(fast[1])
+        bound = entry.binding.bind(fast[0]) if entry is not None else None
+        if bound is not None:
+            arrays, leaves, release = bound
+            program = entry.programs.get(leaf_key(leaves))  # type: ignore[union-attr]
+            if program is not None:
+                counters.cache_hits += 1
+                counters.tape_hits += 1
+                counters.compiled_runs += 1
+                logs.log("cache", "program cache hit (tape)")
+                program.run_bound(arrays, leaves, release, grads, retain_graph)
+                return None
     w = _walk(outputs, grads, inputs, accumulate, create_graph)
     if w.fallback is not None:
         return _fallback(w.fallback, outputs, grads, retain_graph, create_graph, inputs, accumulate)
@@ -132,11 +160,16 @@ def run(
         logs.log("recompiles", f"capture #{counters.captures}: {reason}")
         logs.log("graph", "backward graph:\n" + format_graph(graph))
         with_grad = frozenset(i for i, leaf in enumerate(w.leaves) if leaf._grad is not None)
+        device = _device_of(w, grads)
+        if device is None:
+            reason = "the backward graph spans devices (cpu and cuda)"
+            return _fallback(reason, outputs, grads, retain_graph, create_graph, inputs, accumulate)
         program = Program(
             graph,
             mode=_config.mode,
             leaves_with_grad=with_grad,
             interpreter_max_elements=config.interpreter_max_elements,
+            device=device,
         )
         programs[w.key] = program
         if _config.report is not None:
@@ -144,8 +177,41 @@ def run(
     else:
         counters.cache_hits += 1
         logs.log("cache", "program cache hit")
+    if fast is not None and not w.has_hooks:
+        _remember_tape(fast, w, program)
     counters.compiled_runs += 1
     return program.run(w, grads, retain_graph, inputs)
+
+
+def _device_of(w: Any, grads: Sequence[Tensor]) -> str | None:
+    """ "cpu" or "cuda" for the arrays a backward reads, None when it mixes them.  Decided at
+    capture: the cache key holds every array's type, so every hit agrees."""
+    arrays = [g._data for g in grads] + [leaf._data for leaf in w.leaves]
+    arrays += [s._data if s._tensor is None else s._tensor._data for _, s in w.saved]
+    # 0-d host arrays (saved Python scalars) go with any device, as in eager mode
+    kinds = {"cpu" if type(a) is np.ndarray else "cuda" for a in arrays if a.ndim}
+    if len(kinds) > 1:
+        return None
+    return kinds.pop() if kinds else "cpu"
+
+
+def _remember_tape(fast: tuple, w: Any, program: Program) -> None:
+    """File ``program`` under the tape key so the next such backward skips the walk."""
+    tape, key = fast
+    lk = leaf_key(w.leaves)
+    if lk is None:
+        return
+    try:
+        binding = Binding(w, tape)
+    except Unbindable as e:
+        logs.log("cache", f"no tape path for this backward: {e}")
+        return
+    entry = tape_programs.get(key)
+    if entry is None or entry.binding.signature() != binding.signature():
+        if len(tape_programs) >= MAX_TAPE_ENTRIES:
+            tape_programs.clear()
+        entry = tape_programs[key] = TapeEntry(binding)
+    entry.programs[lk] = program
 
 
 @contextlib.contextmanager
@@ -157,9 +223,11 @@ def compiled_autograd(fullgraph: bool = False, mode: str = "default") -> Iterato
     _config.fullgraph, _config.mode = fullgraph, mode
     _config.depth += 1
     _node.record_input_versions += 1  # nodes made here keep their inputs' versions
+    _node.tape_state.enter()  # and, on this thread, are recorded on a tape
     try:
         yield
     finally:
+        _node.tape_state.exit()
         _node.record_input_versions -= 1
         _config.depth -= 1
         _config.fullgraph, _config.mode = prev
@@ -217,8 +285,9 @@ class Report:
 def explain(fn: Callable, *args: Any, **kwargs: Any) -> Report:
     """Run ``fn`` once with compiled autograd and report what was captured and what fell back.
     Uses a fresh program cache so every graph is captured (the caller's cache is kept)."""
-    saved = dict(programs)
+    saved, saved_tape = dict(programs), dict(tape_programs)
     programs.clear()
+    tape_programs.clear()
     events: list = []
     prev_report, _config.report = _config.report, events
     try:
@@ -228,6 +297,8 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> Report:
         _config.report = prev_report
         programs.clear()
         programs.update(saved)
+        tape_programs.clear()
+        tape_programs.update(saved_tape)
     return Report(events)
 
 

@@ -4,6 +4,12 @@
 and their ``.grad`` state) to its ``Program``.  A miss whose key differs from a cached one only
 in sizes is logged as a new-size capture; any other difference is logged with the first entry
 that changed (the recompile reason).  ``counters`` are for tests and users.
+
+``tape_programs`` is the walk-free path to the same programs: a tape key (``capture.tape_key``:
+the interned structure of the forward recorded in a compiled region) maps to a ``TapeEntry``,
+the ``capture.Binding`` that finds the walk's arguments in such a graph and, per state of the
+leaves (``capture.leaf_key``), the program.  It holds at most ``MAX_TAPE_ENTRIES`` entries
+(cleared when full: tape keys are cheap to rebuild from a walk).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ class Counters:
     captures: int = 0
     compiles: int = 0
     cache_hits: int = 0
+    tape_hits: int = 0  # cache hits found through the tape (no walk), counted in cache_hits too
     disk_hits: int = 0
     compiled_runs: int = 0
     fallbacks: Counter = field(default_factory=Counter)
@@ -26,13 +33,24 @@ class Counters:
         fb = dict(self.fallbacks)
         return (
             f"Counters(captures={self.captures}, compiles={self.compiles}, "
-            f"cache_hits={self.cache_hits}, disk_hits={self.disk_hits}, "
+            f"cache_hits={self.cache_hits}, tape_hits={self.tape_hits}, "
+            f"disk_hits={self.disk_hits}, "
             f"compiled_runs={self.compiled_runs}, fallbacks={fb})"
         )
 
 
 counters = Counters()
 programs: dict[tuple, Any] = {}
+
+
+@dataclass
+class TapeEntry:
+    binding: Any  # capture.Binding
+    programs: dict = field(default_factory=dict)  # leaf key -> Program
+
+
+MAX_TAPE_ENTRIES = 4096
+tape_programs: dict[tuple, TapeEntry] = {}
 
 
 def _strip_sizes(entry: Any) -> Any:
@@ -71,6 +89,8 @@ def reset() -> None:
     """Clear cached programs and counters."""
     global counters
     programs.clear()
+    tape_programs.clear()
     counters.captures = counters.compiles = counters.cache_hits = counters.disk_hits = 0
+    counters.tape_hits = 0
     counters.compiled_runs = 0
     counters.fallbacks.clear()

@@ -17,6 +17,14 @@ Two steps, both over the live eager graph:
 
 Sizes are concrete in the key and the graph; generated code takes them as runtime arguments, so
 a new batch size costs a capture (Python only), not a compilation.
+
+The tape path skips the walk for graphs built inside a compiled region: each OpNode made there
+is recorded on a ``Tape`` (``autograd/node.py``) with an interned state for the structure of
+everything recorded before it.  ``tape_key`` turns the roots' states into a key, valid while
+``graph_epoch`` has not moved since the tape began (no in-place change, hook, freeing or
+``.data`` swap since: every saved tensor is current, the structure is the graph's); a
+``Binding``, made from the walk on the first such backward, then finds the walk's saved arrays,
+leaves and nodes in the new graph by tape position.  Anything else walks, as before.
 """
 
 from __future__ import annotations
@@ -110,7 +118,8 @@ def walk(
                 stack.append(child)
     key: list = [("call", accumulate, len(roots))]
     for (n, nr), g in zip(root_edges, grad_roots):
-        key.append(("root", index.get(n, -1), nr, g._data.shape, g._dtype))
+        # the array type is the device (numpy on the CPU, CudaArray on CUDA)
+        key.append(("root", index.get(n, -1), nr, g._data.shape, g._dtype, type(g._data)))
     if inputs is not None:
         for t in inputs:
             n, nr = t._edge()
@@ -154,7 +163,7 @@ def walk(
                 # which saved arrays are the same array is structure too: one program input
                 # (and one kernel argument) per distinct array
                 alias = aliases.setdefault(id(data), len(saved_out))
-                smeta.append((data.shape, data.dtype, alias))
+                smeta.append((data.shape, data.dtype, type(data), alias))
                 saved_out.append((n, s))
                 out.saved_alias.append(alias)
             append(
@@ -190,7 +199,7 @@ def walk(
                     grad._data.flags.c_contiguous,
                 )
             )
-            append(("leaf", v._data.shape, v._dtype, gmeta, hooks))
+            append(("leaf", v._data.shape, v._dtype, type(v._data), gmeta, hooks))
             out.leaves.append(v)
         else:
             out.fallback = _unsupported(n)
@@ -435,3 +444,141 @@ def capture(
             if g is not None:
                 graph.effects.append(("capture", pos, as_value(g)))
     return graph
+
+
+# ---- the tape path: a backward keyed and bound without walking the graph ----------------------
+
+
+def tape_key(
+    roots: Sequence[Tensor], grad_roots: Sequence[Tensor], accumulate: bool
+) -> tuple[_node.Tape, tuple] | None:
+    """The tape this backward's graph was recorded on and its key, or None (walk instead).
+
+    Every root must be the output of a node on one of this thread's two latest tapes, and
+    ``graph_epoch`` must not have moved since that tape's first node: then no saved tensor is
+    stale or freed, no node got a hook, and the structure the tape recorded is the graph's
+    (``autograd.node.Tape``).  The key is the tape state of the latest root (its prefix holds
+    every node reachable from the roots) with the roots' positions and gradients' metadata."""
+    state_of = _node.tape_state
+    tape = None
+    best = -1
+    state = 0
+    entries: list = [accumulate, len(roots)]
+    for r, g in zip(roots, grad_roots):
+        n, nr = r._edge()
+        if type(n) is not OpNode or n._tape_serial == 0:
+            return None
+        if tape is None:
+            for candidate in (state_of.tape, state_of.previous):
+                if candidate is not None and candidate.serial == n._tape_serial:
+                    tape = candidate
+                    break
+            else:
+                return None
+        elif n._tape_serial != tape.serial:
+            return None
+        index = n._tape_index
+        if index > best:
+            best, state = index, n._tape_state
+        entries += (index, nr, g._data.shape, g._dtype)
+    if tape is None or _node.graph_epoch.value != tape.epoch:
+        return None
+    return tape, (state, *entries)
+
+
+class Unbindable(Exception):
+    """A walk that a tape cannot reproduce (the backward then always walks)."""
+
+
+class Binding:
+    """Where a walk's runtime arguments are in any graph recorded with the same tape key.
+
+    Built once from the walk of a backward whose tape key missed (``from_walk``); ``bind``
+    then finds, in a fresh graph of the same structure, the walk's OpNodes (by tape position,
+    in walk order), its saved arrays (walk order is node order, then each node's saved
+    tensors), its leaves and the nodes to free — with no walk.  What the key does not fix is
+    checked: the saved arrays the walk found to be one array (``saved_alias``) and the leaf
+    arrays rematerialisation reads must still be the same arrays.  Arrays the walk found
+    distinct but now are one need no check: the program then reads one array twice."""
+
+    def __init__(self, w: Walk, tape: _node.Tape) -> None:
+        op_nodes = [n for n in w.nodes if type(n) is OpNode]
+        for n in op_nodes:
+            if n._tape_serial != tape.serial or tape.nodes[n._tape_index]() is not n:
+                raise Unbindable("a node of the walk is not on the tape")
+        self.node_index = tuple(n._tape_index for n in op_nodes)
+        leaf_number = {}
+        for number, ref in enumerate(tape.leaves):
+            acc = ref()
+            if acc is not None:
+                leaf_number[id(acc)] = number
+        accumulators = [n for n in w.nodes if type(n) is AccumulateGrad]
+        try:
+            self.leaf_index = tuple(leaf_number[id(acc)] for acc in accumulators)
+        except KeyError:
+            raise Unbindable("a leaf of the walk is not on the tape") from None
+        slots = [s for n in op_nodes for s in n._saved or ()]
+        if len(slots) != len(w.saved) or any(a is not b for a, (_, b) in zip(slots, w.saved)):
+            raise Unbindable("saved tensors out of walk order")
+        self.aliases = tuple((k, j) for k, j in enumerate(w.saved_alias) if j != k)
+        checks = []
+        for k, (_prim, _attrs, first) in w.remat.items():
+            leaf = w.saved[k][1]._producer._edges[0][0].variable
+            position = next(i for i, t in enumerate(w.leaves) if t is leaf)
+            checks.append((first, position))
+        self.remat_checks = tuple(checks)
+        self.release = tuple(p for p, n in enumerate(op_nodes) if n._saved)
+
+    def signature(self) -> tuple:
+        return (self.node_index, self.leaf_index, self.aliases, self.remat_checks)
+
+    def bind(self, tape: _node.Tape) -> tuple[list, list, list] | None:
+        """(saved arrays in walk order, leaves, nodes to free), or None when a check fails."""
+        refs = tape.nodes
+        try:
+            nodes = [refs[i]() for i in self.node_index]
+            arrays = [
+                s._data if s._tensor is None else s._tensor._data for n in nodes for s in n._saved
+            ]
+            accumulators = tape.leaves
+            leaves = [accumulators[i]().variable for i in self.leaf_index]
+        except (AttributeError, TypeError):  # a node or leaf gone or freed: cannot happen
+            return None  # while the epoch holds, but never guess
+        for k, j in self.aliases:
+            if arrays[k] is not arrays[j]:
+                return None
+        for first, position in self.remat_checks:
+            if arrays[first] is not leaves[position]._data:
+                return None
+        release = [nodes[p] for p in self.release]
+        return arrays, leaves, release
+
+
+def leaf_key(leaves: list) -> tuple | None:
+    """The leaves' part of the walk key (shape, dtype, ``.grad`` state), or None when a leaf or
+    its AccumulateGrad has hooks (the tape path runs no hooks)."""
+    key = []
+    for v in leaves:
+        if v._hooks or v._post_acc_hooks:
+            return None
+        ref = v._accumulator
+        acc = ref() if ref is not None else None
+        if acc is not None and (acc._pre_hooks or acc._post_hooks):
+            return None
+        grad = v._grad
+        key.append(
+            (
+                v._data.shape,
+                v._dtype,
+                None
+                if grad is None
+                else (
+                    grad._data.shape,
+                    grad._dtype,
+                    grad.requires_grad,
+                    grad._data.flags.writeable,
+                    grad._data.flags.c_contiguous,
+                ),
+            )
+        )
+    return tuple(key)

@@ -14,6 +14,14 @@ Running a program on one call's data:
 3. perform the effects with the engine's own ``.grad`` semantics (first write stores, later
    writes add in place into the existing ``.grad``, keeping its identity);
 4. free the nodes' saved tensors unless ``retain_graph``.
+
+``run_bound`` is the same run for the tape path (``capture.Binding``): the saved arrays come
+already gathered and known current (``graph_epoch`` unchanged since the forward), so step 1 is
+the binding's checks, and freeing drops each node's saved list at once.
+
+Consecutive kernels that all run on the interpreter are merged into one (``codegen.interpreter``
+``.merge``): the fuser's size cap exists for numba's compile time, which the interpreter does
+not pay.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import numpy as np
 
 from fusegrad.autograd import engine as _engine
 from fusegrad.autograd import grad_mode
+from fusegrad.autograd import node as _node
 from fusegrad.autograd.node import OpNode
 from fusegrad.ops.registry import REGISTRY
 from fusegrad.tensor import Tensor
@@ -58,6 +67,8 @@ class Program:
     leaves_with_grad: frozenset = frozenset()
     # kernels over at most this many elements use the interpreter (0: always generate code)
     interpreter_max_elements: int = 0
+    # where the arrays live: "cpu" (numpy; numba CPU code) or "cuda" (CudaArrays; numba-cuda)
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.mode == "debug":
@@ -69,10 +80,12 @@ class Program:
         kernels = [s for s in self.steps if isinstance(s, Kernel)]
         # small flat kernels run on the precompiled interpreter (no JIT per graph)
         self._interpreted: dict[int, Any] = {}
-        if kernels and self.interpreter_max_elements > 0:
+        if kernels and self.interpreter_max_elements > 0 and self.device == "cpu":
             from .codegen.interpreter import InterpretedKernel, eligible
             from .codegen.numba_cpu import is_flat
 
+            self.steps = _merge_interpretable(self.steps, self.graph, self.interpreter_max_elements)
+            kernels = [s for s in self.steps if isinstance(s, Kernel)]
             for kern in kernels:
                 if eligible(kern, is_flat(kern), self.interpreter_max_elements):
                     self._interpreted[id(kern)] = InterpretedKernel(kern)
@@ -90,7 +103,19 @@ class Program:
                         kern.accumulate.add(v)
                         self._epilogue[v] = slot
         self._kernel_fns: dict[int, Any] = {}
-        if kernels:
+        self._cuda_kernels: dict[int, Any] = {}
+        if kernels and self.device == "cuda":
+            from .codegen import numba_cuda
+
+            compiled, path = numba_cuda.compile_kernels(
+                kernels, f"{len(kernels)} fused kernel(s) of a backward graph (CUDA)"
+            )
+            self.source_path = path
+            logs.log("output_code", f"generated code: {path}")
+            for step, ck in zip(kernels, compiled):
+                self._cuda_kernels[id(step)] = ck
+        elif kernels:
+            from .codegen import numba_cpu
             from .codegen.numba_cpu import emit_module, load_module
 
             summary = (
@@ -103,7 +128,7 @@ class Program:
             counters.compiles += 0 if on_disk else 1
             logs.log("output_code", f"generated code: {path}")
             for step, plan in zip(kernels, plans):
-                self._kernel_fns[id(step)] = (plan, getattr(module, plan.name))
+                self._kernel_fns[id(step)] = (plan, numba_cpu.kernel_function(module, plan))
         self._plan_buffers()
         if logs.enabled("fusion"):
             logs.log("fusion", self.describe_schedule())
@@ -119,6 +144,10 @@ class Program:
                 self._fixed[v] = np.array(v.attr("value"), dtype=v.dtype.np)
             elif v.op == "constant":
                 self._fixed[v] = self.graph.constants[v.attr("index")]
+        if self.device == "cuda":  # constants live on the device, copied there once
+            from fusegrad.cuda.array import to_device
+
+            self._fixed = {v: to_device(a) for v, a in self._fixed.items()}
         self._externs = {
             k: (REGISTRY[s.value.op].kernel, dict(s.value.attrs))
             for k, s in enumerate(self.steps)
@@ -206,22 +235,51 @@ class Program:
         retain_graph: bool,
         inputs: Sequence[Tensor] | None,
     ) -> list | None:
+        saved_arrays = _saved_arrays(w)  # version checks first, before anything is written
         # as in the eager engine, the backward (and any user hook in it) runs without recording
         prev_mode = grad_mode._state.enabled
         grad_mode._state.enabled = False
         try:
-            return self._run(w, grad_roots, retain_graph, inputs)
+            captured = self._run(w, saved_arrays, w.leaves, grad_roots, inputs)
         finally:
             grad_mode._state.enabled = prev_mode
+        if not retain_graph:
+            for n in w.nodes:
+                if type(n) is OpNode:
+                    n.release()
+        return captured
+
+    def run_bound(
+        self,
+        saved_arrays: list,
+        leaves: list,
+        release: list,
+        grad_roots: Sequence[Tensor],
+        retain_graph: bool,
+    ) -> None:
+        """Run on arguments found through the tape (``capture.Binding``): saved arrays known
+        to be at their saved versions (``graph_epoch`` unchanged), no hooks, no ``inputs``.
+        Freeing is ``OpNode.release`` without the per-SavedTensor part, which only matters for
+        a SavedTensor someone else holds: raw access to one bumps the epoch (no tape path)."""
+        prev_mode = grad_mode._state.enabled
+        grad_mode._state.enabled = False
+        try:
+            self._run(None, saved_arrays, leaves, grad_roots, None)
+        finally:
+            grad_mode._state.enabled = prev_mode
+        if not retain_graph:
+            for n in release:
+                n._saved = None
+            _node.graph_epoch.value += 1
 
     def _run(
         self,
-        w: Walk,
+        w: Walk | None,
+        saved_arrays: Any,
+        leaves: list,
         grad_roots: Sequence[Tensor],
-        retain_graph: bool,
         inputs: Sequence[Tensor] | None,
     ) -> list | None:
-        saved_arrays = _saved_arrays(w)  # version checks first, before anything is written
         env: dict = dict(self._fixed)  # scalars and constants
         for v, is_root, index in self._inputs:
             env[v] = grad_roots[index]._data if is_root else saved_arrays[index]
@@ -230,18 +288,24 @@ class Program:
             if isinstance(step, Extern):
                 v = step.value
                 if v.op in _SPECIAL:
+                    assert w is not None  # hooks: never on the tape path (``run_bound``)
                     env[v] = _SPECIAL[v.op](v, env, w, inputs)
                     continue
                 kernel, attrs = self._externs[k]
+                if self.device == "cuda":
+                    env[v] = _cuda_extern(v, [env[i] for i in v.inputs], attrs)
+                    continue
                 result = kernel(*[env[i] for i in v.inputs], **attrs)
                 env[v] = result if type(result) is np.ndarray else np.asarray(result)
+            elif self.device == "cuda":
+                _run_cuda_kernel(step, self._cuda_kernels[id(step)], env, self._epilogue, leaves)
             elif id(step) in self._interpreted:
                 env.update(self._interpreted[id(step)](env))
             else:
                 plan, fn = self._kernel_fns[id(step)]
                 pool = self._pools.__dict__.setdefault("pool", {})
                 _run_kernel(
-                    step, plan, fn, env, self._epilogue, w.leaves, self._pooled, pool, self._fresh
+                    step, plan, fn, env, self._epilogue, leaves, self._pooled, pool, self._fresh
                 )
             for dead in self._dying.get(k, ()):
                 env.pop(dead, None)
@@ -261,20 +325,16 @@ class Program:
             if v in self._epilogue:
                 continue  # already added into .grad by its kernel
             g = Tensor._make(env[v])
-            if kind == "grad" and v in fresh and w.leaves[slot]._grad is None:
+            if kind == "grad" and v in fresh and leaves[slot]._grad is None:
                 # a kernel's freshly allocated output, used by this effect only: it becomes
                 # the .grad without the defensive copy _store_grad makes
-                w.leaves[slot]._grad = g
+                leaves[slot]._grad = g
             elif kind == "grad":
-                _engine._store_grad(w.leaves[slot], g, False)
+                _engine._store_grad(leaves[slot], g, False)
             elif kind == "input_grad":
                 _engine._store_grad(inputs[slot], g, False)  # type: ignore[index]
             else:
                 captured[slot] = g  # type: ignore[index]
-        if not retain_graph:
-            for n in w.nodes:
-                if type(n) is OpNode:
-                    n.release()
         return captured
 
 
@@ -340,6 +400,49 @@ def _store(v: Value, env: dict, w: Walk, inputs: Any) -> None:
 
 
 _SPECIAL = {"hook": _run_hook, "hook_output": _hook_output, "store_grad": _store}
+
+
+def _merge_interpretable(steps: list, graph: Graph, max_elements: int) -> list:
+    """The schedule with each run of consecutive interpretable kernels over the same iteration
+    space and float dtype merged into one (``codegen.interpreter.merge``)."""
+    from .codegen.interpreter import eligible, float_dtype, merge
+    from .codegen.numba_cpu import is_flat
+
+    users: dict[Value, set[int]] = {}
+    for k, step in enumerate(steps):
+        for v in _step_inputs(step):
+            users.setdefault(v, set()).add(k)
+    effects = {v for _, _, v in graph.effects}
+    ok = [isinstance(s, Kernel) and eligible(s, is_flat(s), max_elements) for s in steps]
+    merged: list = []
+    k = 0
+    while k < len(steps):
+        if not ok[k]:
+            merged.append(steps[k])
+            k += 1
+            continue
+        group = [steps[k]]
+        reductions = set(steps[k].reductions)
+        j = k + 1
+        while (
+            j < len(steps)
+            and ok[j]
+            and steps[j].shape == group[0].shape
+            and float_dtype(steps[j]) is float_dtype(group[0])
+            and not any(i in reductions for i in steps[j].inputs)
+        ):
+            group.append(steps[j])
+            reductions.update(steps[j].reductions)
+            j += 1
+        if len(group) == 1:
+            merged.append(group[0])
+        else:
+            members = set(range(k, j))
+            merged.append(
+                merge(group, lambda v, m=members: v in effects or bool(users.get(v, set()) - m))
+            )
+        k = j
+    return merged
 
 
 def _step_inputs(step: Any) -> list[Value]:
@@ -431,6 +534,48 @@ def _run_kernel(
         _engine._store_grad(leaves[epilogue[v]], Tensor._make(buf.reshape(v.shape)), False)
     for v, r in zip(plan.reductions, reds):
         env[v] = r.astype(v.dtype.np).reshape(v.shape)
+
+
+def _cuda_extern(v: Value, arrays: list, attrs: dict) -> Any:
+    """An extern step of a CUDA program: the primitive's eager CUDA kernel."""
+    from fusegrad.cuda.ops import run
+
+    return run(REGISTRY[v.op], arrays, attrs)
+
+
+def _run_cuda_kernel(
+    kernel: Kernel, compiled: Any, env: dict, epilogue: dict[Value, int], leaves: list
+) -> None:
+    """Launch a fused kernel of a CUDA program (``numba_cuda.run_kernel``); ``.grad +=``
+    epilogues write straight into the leaves' existing device ``.grad`` arrays."""
+    from fusegrad.cuda.generated import wrap
+
+    from .codegen import numba_cuda
+
+    plan = compiled.plan
+    grads = {}
+    late = []  # a .grad the kernel cannot write through (read-only view, other dtype)
+    for v in plan.accumulate:
+        grad = leaves[epilogue[v]]._grad
+        if grad._data.writeable and grad._dtype is v.dtype:
+            grads[v] = grad._data.kernel_array()
+            grad._version_counter.value += 1
+        else:
+            late.append(v)
+    inputs = {}
+    for v in kernel.inputs:
+        a = env[v]
+        if type(a) is np.ndarray:  # a saved Python scalar (0-d): uploaded once, then cached
+            from fusegrad.cuda.ops import _device_scalar
+
+            a = _device_scalar(a)
+        inputs[v] = a.kernel_array()
+    results = numba_cuda.run_kernel(compiled, inputs, grads)
+    for v, out in results.items():
+        if v not in plan.accumulate:
+            env[v] = wrap(out, v.shape)
+    for v in late:  # the launcher added into zeros: accumulate as the engine does
+        _engine._store_grad(leaves[epilogue[v]], Tensor._make(wrap(results[v], v.shape)), False)
 
 
 def _note_disk_hits(program: Program) -> None:

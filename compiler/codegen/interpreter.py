@@ -10,11 +10,17 @@ registers (``regs[r, :n]``, all in cache).  Its results equal the generated kern
 Eligible kernels (``eligible``): flat (every input full-size or a single element), every value
 float or bool in one float dtype, elementwise ops from ``OPCODES`` only, and full reductions
 only.  Bool values live in the registers as 0.0 / 1.0.
+
+The fuser caps kernels at ``passes.fuse.MAX_VALUES`` values to bound numba's compile time; an
+interpreted kernel compiles nothing, so the program merges consecutive eligible kernels over the
+same iteration space into one (``merge``): a 200-op chain is one ``run_ops`` call, not eight,
+and the values that crossed the cap's boundaries never leave the registers.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any
 
 import numba
@@ -27,6 +33,9 @@ from .cpu_helpers import _maximum, _minimum, _sigmoid64, _sign
 
 # the largest iteration space run by the interpreter (elements); larger ones get generated code
 MAX_ELEMENTS = 1 << 16
+
+# elements per block of ``run_ops``: 8 KiB float32 rows, so an op's operands stay in L1/L2
+BLOCK = 2048
 
 OPCODES: dict[str, int] = {
     name: i
@@ -77,6 +86,9 @@ OPCODES: dict[str, int] = {
     )
 }
 
+# not an IR op: broadcast one of the call's scalars into a register (``run_ops``)
+FILL = len(OPCODES)
+
 
 def eligible(kernel: Kernel, flat: bool, max_elements: int = MAX_ELEMENTS) -> bool:
     size = int(np.prod(kernel.shape)) if kernel.shape else 1
@@ -99,19 +111,41 @@ def eligible(kernel: Kernel, flat: bool, max_elements: int = MAX_ELEMENTS) -> bo
 
 
 @numba.njit(cache=True, error_model="numpy", fastmath={"contract"}, nogil=True)
-def run_ops(n, code, regs, reduce_regs, reduce_out, is32):  # type: ignore[no-untyped-def]
+def run_ops(n, code, regs, scalars, reduce_regs, reduce_out, is32):  # type: ignore[no-untyped-def]
     """Execute ``code`` (rows: opcode, dst, a, b, c) over registers ``regs[:, :n]``, then the
     full reductions of ``reduce_regs`` into ``reduce_out``.  ``is32`` picks the float32 math
     helpers (vectorisable) or libm; it is tested once per op, outside the element loops.
+    ``FILL`` rows broadcast ``scalars[a]`` into a register.  The op list runs over blocks of
+    ``BLOCK`` elements, so that the registers one op touches stay in cache.
     A module-level function (not a closure), so numba's disk cache keeps it across processes."""
     one = regs.dtype.type(1.0)
     zero = regs.dtype.type(0.0)
+    for lo in range(0, n, BLOCK):
+        hi = min(n, lo + BLOCK)
+        _run_block(lo, hi, code, regs, scalars, is32, one, zero)
+    for k in range(reduce_regs.shape[0]):
+        acc = 0.0
+        r = regs[reduce_regs[k]]
+        for i in range(n):
+            acc += r[i]
+        reduce_out[k] = acc
+
+
+@numba.njit(cache=True, error_model="numpy", fastmath={"contract"}, nogil=True)
+def _run_block(lo, hi, code, regs, scalars, is32, one, zero):  # type: ignore[no-untyped-def]
+    """``run_ops`` over elements ``lo:hi``."""
+    n = hi - lo
     for k in range(code.shape[0]):
         op, dst, a, b, c = code[k, 0], code[k, 1], code[k, 2], code[k, 3], code[k, 4]
-        out = regs[dst]
-        x = regs[a]
-        y = regs[b]
-        z = regs[c]
+        out = regs[dst, lo:hi]
+        if op == FILL:
+            value = scalars[a]
+            for i in range(n):
+                out[i] = value
+            continue
+        x = regs[a, lo:hi]
+        y = regs[b, lo:hi]
+        z = regs[c, lo:hi]
         if op == 0 or op == 38 or op == 39 or op == 40:  # load, clone, cast, broadcast_to
             for i in range(n):
                 out[i] = x[i]
@@ -198,12 +232,6 @@ def run_ops(n, code, regs, reduce_regs, reduce_out, is32):  # type: ignore[no-un
         elif op == 37:
             for i in range(n):
                 out[i] = one if math.isinf(x[i]) else zero
-    for k in range(reduce_regs.shape[0]):
-        acc = 0.0
-        r = regs[reduce_regs[k]]
-        for i in range(n):
-            acc += r[i]
-        reduce_out[k] = acc
 
 
 @numba.njit(cache=True, error_model="numpy", fastmath={"contract"}, nogil=True)
@@ -273,65 +301,158 @@ def _math_op(op, n, x, out, is32):  # type: ignore[no-untyped-def]
             out[i] = np.sqrt(x[i])
 
 
+def float_dtype(kernel: Kernel) -> Any:
+    """The one float dtype of an eligible kernel."""
+    return next(v.dtype for v in kernel.values + kernel.inputs if v.dtype.is_floating_point)
+
+
+def merge(group: list[Kernel], needed_outside: Any) -> Kernel:
+    """One kernel computing the consecutive eligible kernels of ``group`` (same iteration space
+    and float dtype; no member reads the reduction of an earlier one: a reduction is complete
+    only after its loop).  Outputs are the members' reductions and the values for which
+    ``needed_outside(value)`` holds (read by a step outside the group, or an effect).  Merging
+    consecutive steps keeps the schedule valid: nothing runs between them."""
+    values = [v for k in group for v in k.values]
+    reductions = [r for k in group for r in k.reductions]
+    produced = set(values) | set(reductions)
+    inputs: list[Value] = []
+    seen: set[Value] = set()
+    for kern in group:
+        for i in kern.inputs:
+            if i not in produced and i not in seen:
+                seen.add(i)
+                inputs.append(i)
+    outputs = [
+        o for kern in group for o in kern.outputs if o in kern.reductions or needed_outside(o)
+    ]
+    return Kernel(group[0].shape, values, reductions, inputs, outputs)
+
+
 _ZERO = object()  # the register key of the 0.0 constant used by float -> bool casts
 
 
 class InterpretedKernel:
-    """A kernel encoded as an op list over registers (see the module docstring)."""
+    """A kernel encoded as an op list over registers (see the module docstring).
+
+    Everything that does not depend on the call's data is decided here, once:
+
+    * registers ``0 .. F-1`` hold the full-size inputs, in order, so one ``np.concatenate``
+      fills them all (``axis=None`` flattens each input, as ``reshape(-1)`` would; bools become
+      0.0 / 1.0 through ``casting="unsafe"``);
+    * single-element inputs and the IR's scalars go to the vector ``scalars`` (the IR scalars
+      are written once here), and ``FILL`` rows at the head of the op list broadcast them;
+    * computed values get registers by linear scan: a register whose value has had its last
+      use is handed to a later value (never to one of the same op's operands), so a long chain
+      needs few registers; outputs and reduction operands keep theirs to the end;
+    * the register matrix is reused from call to call (per thread); outputs are copies.
+    """
 
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
+        self.n = int(np.prod(kernel.shape)) if kernel.shape else 1
+        self.float_dtype = float_dtype(kernel)
+        n = self.n
         reg: dict[Any, int] = {}  # IR value (or the zero constant) -> register
-        self.scalars: list[tuple[int, Any]] = []
-        for v in kernel.inputs:
+        self.full_inputs = [v for v in kernel.inputs if int(np.prod(v.shape)) == n]
+        self.scalar_inputs = [v for v in kernel.inputs if int(np.prod(v.shape)) != n]
+        for v in self.full_inputs:
             reg[v] = len(reg)
+        self.n_full = len(self.full_inputs)
+        constants: list[float] = []  # the IR scalars, then the single-element inputs
+        fills: list[list[int]] = []
+        next_reg = [len(reg)]
+        free: list[int] = []
+
+        def new_register() -> int:
+            if free:
+                return free.pop()
+            next_reg[0] += 1
+            return next_reg[0] - 1
+
+        def scalar_register(key: Any, value: float | None) -> int:
+            """The register of an IR scalar (``value``) or a single-element input (None)."""
+            if key not in reg:
+                # a fresh register: FILL rows run first, so it must hold nothing else ever
+                next_reg[0] += 1
+                reg[key] = next_reg[0] - 1
+                fills.append([FILL, reg[key], len(constants), 0, 0])
+                constants.append(0.0 if value is None else value)
+            return reg[key]
+
+        for v in self.scalar_inputs:
+            scalar_register(v, None)
+        # last use of every value inside the kernel (reduction operands and outputs: never)
+        last: dict[Any, int] = {}
+        for k, v in enumerate(kernel.values):
+            for i in v.inputs:
+                last[i] = k
+        keep = set(kernel.outputs) | {r.inputs[0] for r in kernel.reductions}
+        computed = set(kernel.values)
         code = []
-
-        def operand(v: Value) -> int:
-            if v not in reg:  # an IR scalar: a register filled once per call
-                reg[v] = len(reg)
-                self.scalars.append((reg[v], v.attr("value")))
-            return reg[v]
-
-        for v in kernel.values:
-            args = [operand(i) for i in v.inputs]
+        for k, v in enumerate(kernel.values):
+            args = []
+            for i in v.inputs:
+                if i in reg:
+                    args.append(reg[i])
+                else:  # an IR scalar: a register filled once per call
+                    args.append(scalar_register(i, i.attr("value")))
             opcode = OPCODES[v.op]
             if v.op == "cast" and v.dtype.name == "bool" and v.inputs[0].dtype.is_floating_point:
                 # float -> bool is "!= 0" (bool -> float and same-dtype casts are copies)
-                if _ZERO not in reg:
-                    reg[_ZERO] = len(reg)
-                    self.scalars.append((reg[_ZERO], 0.0))
                 opcode = OPCODES["ne"]
-                args = [args[0], reg[_ZERO]]
-            reg[v] = len(reg)
+                args = [args[0], scalar_register(_ZERO, 0.0)]
+            reg[v] = new_register()
             args += [0] * (3 - len(args))
             code.append([opcode, reg[v], *args[:3]])
-        self.code = np.array(code, dtype=np.int64).reshape(-1, 5)
+            for i in set(v.inputs):
+                # computed values only: inputs and scalars keep their registers
+                if last.get(i) == k and i in computed and i not in keep:
+                    free.append(reg[i])
+        self.code = np.array(fills + code, dtype=np.int64).reshape(-1, 5)
         self.reg = reg
-        self.n_regs = len(reg)
+        self.n_regs = max(next_reg[0], 1)
+        self.constants = np.array(constants, dtype=self.float_dtype.np)
         self.reduce_regs = np.array([reg[r.inputs[0]] for r in kernel.reductions], dtype=np.int64)
-        self.float_dtype = next(
-            v.dtype for v in kernel.values + kernel.inputs if v.dtype.is_floating_point
-        )
+        self.reduction_index = {r: k for k, r in enumerate(kernel.reductions)}
+        self.outputs = [
+            (v, self.reduction_index.get(v, -1), reg.get(v, 0), v.dtype.np, v.shape)
+            for v in kernel.outputs
+        ]
+        self.is32 = self.float_dtype.np == np.float32
+        self._local = threading.local()
+
+    def _registers(self) -> tuple[np.ndarray, np.ndarray]:
+        """This thread's register matrix and the flat view of its input rows."""
+        cached = getattr(self._local, "regs", None)
+        if cached is None:
+            regs = np.empty((self.n_regs, max(self.n, 1)), dtype=self.float_dtype.np)
+            cached = (regs, regs[: self.n_full].reshape(-1))
+            self._local.regs = cached
+        return cached
 
     def __call__(self, env: dict) -> dict:
         """Compute the kernel's outputs (and reductions) from ``env``; returns value -> array."""
-        n = int(np.prod(self.kernel.shape)) if self.kernel.shape else 1
-        dt = self.float_dtype.np
-        regs = np.empty((self.n_regs, max(n, 1)), dtype=dt)
-        for v in self.kernel.inputs:
-            a = env[v]
-            regs[self.reg[v], :n] = a.reshape(-1) if a.size == n else a.reshape(-1)[0]
-        for r, value in self.scalars:
-            regs[r, :n] = value
+        regs, input_rows = self._registers()
+        if self.full_inputs and self.n:
+            np.concatenate(
+                [env[v] for v in self.full_inputs], axis=None, out=input_rows, casting="unsafe"
+            )
+        scalars = self.constants
+        if self.scalar_inputs:  # they take the first slots of ``scalars``
+            scalars = scalars.copy()
+            np.concatenate(
+                [env[v] for v in self.scalar_inputs],
+                axis=None,
+                out=scalars[: len(self.scalar_inputs)],
+                casting="unsafe",
+            )
         reduce_out = np.zeros(len(self.reduce_regs), dtype=np.float64)
-        run_ops(n, self.code, regs, self.reduce_regs, reduce_out, dt == np.float32)
+        run_ops(self.n, self.code, regs, scalars, self.reduce_regs, reduce_out, self.is32)
         out = {}
-        for v in self.kernel.outputs:
-            if v in self.kernel.reductions:
-                k = self.kernel.reductions.index(v)
-                out[v] = np.full(v.shape, reduce_out[k], dtype=v.dtype.np)
+        n = self.n
+        for v, reduction, row, dtype, shape in self.outputs:
+            if reduction >= 0:
+                out[v] = np.full(shape, reduce_out[reduction], dtype=dtype)
             else:
-                row = regs[self.reg[v], :n]
-                out[v] = row.astype(v.dtype.np).reshape(v.shape)
+                out[v] = regs[row, :n].astype(dtype).reshape(shape)
         return out

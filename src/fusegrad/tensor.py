@@ -25,6 +25,8 @@ import numpy as np
 
 from . import dtypes as _dt
 from .autograd import grad_mode as _grad_mode
+from .autograd.node import graph_epoch as _graph_epoch
+from .cuda.array import CudaArray
 from .device import CPU
 from .errors import AutogradError, DTypeError, ShapeError
 
@@ -32,10 +34,23 @@ _DTYPE_OF = {d.np: d for d in _dt.ALL}
 
 
 class _VersionCounter:
-    __slots__ = ("value",)
+    """The version shared by a tensor, its views and detach() aliases.  Every bump also bumps
+    ``autograd.node.graph_epoch``: while that has not moved, no saved tensor can be stale, and
+    compiled backward skips the per-tensor checks."""
+
+    __slots__ = ("_value",)
 
     def __init__(self) -> None:
-        self.value = 0
+        self._value = 0
+
+    @property
+    def value(self) -> int:
+        return self._value
+
+    @value.setter
+    def value(self, value: int) -> None:
+        self._value = value
+        _graph_epoch.value += 1
 
 
 # How a view was created (PyTorch's CreationMeta).  Anything but DEFAULT forbids rewriting the
@@ -166,17 +181,29 @@ class Tensor:
 
     @property
     def device(self) -> Any:
-        return CPU
+        data = self._data
+        return data.device if type(data) is CudaArray else CPU
 
     @property
     def is_cuda(self) -> bool:
-        return False
+        return type(self._data) is CudaArray
+
+    def cuda(self, device: Any = None, non_blocking: bool = False) -> Tensor:
+        """A copy on the GPU (``self`` when already there); differentiable."""
+        return self.to("cuda" if device is None else device)  # type: ignore[attr-defined]
+
+    def cpu(self) -> Tensor:
+        """A copy in host memory (``self`` when already there); differentiable."""
+        return self.to("cpu")  # type: ignore[attr-defined]
 
     def is_floating_point(self) -> bool:
         return self._dtype.category == 2
 
     def element_size(self) -> int:
         return self._dtype.itemsize
+
+    def get_device(self) -> int:
+        return 0 if type(self._data) is CudaArray else -1
 
     def stride(self, dim: int | None = None) -> Any:
         st = tuple(s // self._data.itemsize for s in self._data.strides)
@@ -186,7 +213,10 @@ class Tensor:
         return bool(self._data.flags.c_contiguous)
 
     def data_ptr(self) -> int:
-        return int(self._data.__array_interface__["data"][0])
+        data = self._data
+        if type(data) is CudaArray:
+            return int(data.kernel_array().device_ctypes_pointer.value or 0)
+        return int(data.__array_interface__["data"][0])
 
     def _wrap_dim(self, dim: int, ndim: int | None = None) -> int:
         n = self._data.ndim if ndim is None else ndim
@@ -306,6 +336,7 @@ class Tensor:
         if node._retain_grad_hooks is None:
             node._retain_grad_hooks = {}
         node._retain_grad_hooks[self._output_nr] = weakref.ref(self)
+        _graph_epoch.value += 1  # a hook on a node: see autograd.node.graph_epoch
 
     def _set_history(self, grad_fn: Any, output_nr: int) -> None:
         """Rebase this tensor onto ``grad_fn`` (after an in-place op).  As in PyTorch, a
@@ -409,6 +440,7 @@ class Tensor:
             raise TypeError(f"data must be a Tensor, got {type(value).__name__}")
         self._data = value._data
         self._dtype = value._dtype
+        _graph_epoch.value += 1  # saved tensors of this one now read other data
         if self._base is not None:
             # the storage is no longer the base's: stop being a view (PyTorch keeps the view
             # link, and a later in-place op would then rewrite the base's history for a change
@@ -427,10 +459,14 @@ class Tensor:
                 "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() "
                 "instead."
             )
+        if type(self._data) is CudaArray:
+            self._data.__array__()  # raises PyTorch's "can't convert cuda:0 ..." TypeError
         return self._data
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         arr = self._data
+        if type(arr) is CudaArray:
+            arr.__array__()  # a CUDA tensor: raises, as in PyTorch
         if dtype is not None:
             arr = arr.astype(dtype, copy=False)
         return arr

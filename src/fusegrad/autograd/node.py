@@ -21,6 +21,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..errors import AutogradError
 from . import grad_mode
 
@@ -106,6 +108,7 @@ class Node:
         _check_callable(fn)
         if self._pre_hooks is None:
             self._pre_hooks = {}
+        graph_epoch.value += 1
         return add_hook(self._pre_hooks, fn)
 
     def register_hook(self, fn: Callable) -> _Handle:
@@ -114,6 +117,7 @@ class Node:
         _check_callable(fn)
         if self._post_hooks is None:
             self._post_hooks = {}
+        graph_epoch.value += 1
         return add_hook(self._post_hooks, fn)
 
     def _sequence_nr(self) -> float:
@@ -139,6 +143,7 @@ class Node:
         if self._tensor_pre_hooks is None:
             self._tensor_pre_hooks = {}
         store = self._tensor_pre_hooks.setdefault(output_nr, {})
+        graph_epoch.value += 1
         return add_hook(store, fn)
 
 
@@ -188,6 +193,152 @@ _pack_in_place_message = (
 # Raised (a count of active compiled regions, any thread) by ``fusegrad.compiler``: while it is
 # non-zero, new OpNodes record their inputs' versions (``OpNode._input_versions``).
 record_input_versions = 0
+
+
+class _Epoch:
+    """A counter bumped by every change after which what a node recorded at creation may no
+    longer describe the graph: a version bump (``tensor._VersionCounter``), a ``.data`` swap, a
+    hook registered on a node (``retain_grad`` included), saved-tensor hooks registered later,
+    raw access to a saved tensor, and freed saved tensors.  While it has not moved since a
+    tape's first node (``Tape``), every saved tensor of that tape is at its saved version and
+    the tape's structure is the graph's."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+graph_epoch = _Epoch()
+
+# Nodes on one tape at most (a longer one stops recording; backward then walks the graph).
+MAX_TAPE = 1 << 14
+# Interned tape prefixes kept at most (cleared when full: costs sharing, never correctness).
+MAX_TRIE = 1 << 18
+
+
+class Tape:
+    """The OpNodes created on one thread inside a compiled region, in creation order.
+
+    Each recorded node gets ``_tape_index`` (its position) and ``_tape_state``: an int that
+    identifies the structure of the whole prefix up to it — per node its primitive, attributes,
+    input and output shapes and dtypes, and its edges, written as
+    tape positions of earlier nodes or numbers of leaves (in order of first use), so which node
+    or leaf is the same object is part of it.  Equal states mean equal prefixes (states are
+    interned in a trie of ``(previous state, node entry)``; ids are never reused), which is how
+    the compiler keys a backward without walking the graph (``compiler.capture.tape_key``).
+
+    The tape holds its nodes and leaves' AccumulateGrad nodes through weak references only:
+    it never keeps a graph alive.  It stops recording (``open`` false) when a node has an edge
+    to a node that is not on it (made outside the region, on another tape or thread, a custom
+    Function), when saved-tensor hooks are active, when an attribute cannot be hashed, or past
+    ``MAX_TAPE`` nodes; nodes recorded before that keep their states."""
+
+    __slots__ = ("epoch", "leaves", "nodes", "open", "serial", "state")
+
+    def __init__(self) -> None:
+        self.serial = next(_tape_serials)
+        self.nodes: list = []  # weak references, by tape index
+        self.leaves: list = []  # weak references to AccumulateGrad nodes, by leaf number
+        self.state = 0  # the empty prefix
+        self.open = True
+        self.epoch = -1  # graph_epoch when the first node was recorded
+
+
+_tape_serials = itertools.count(1)  # 0: "on no tape"
+_tape_states = itertools.count(1)
+_trie: dict = {}
+
+
+class _TapeState(threading.local):
+    """Per thread: how deep it is in compiled regions, the tape new nodes go on (None outside
+    regions) and the previous one (each backward in a region starts a new tape; a second root
+    of the last forward is on the previous one)."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.tape: Tape | None = None
+        self.previous: Tape | None = None
+
+    def enter(self) -> None:
+        self.active += 1
+        if self.tape is None:
+            self.tape = Tape()
+
+    def exit(self) -> None:
+        self.active -= 1
+        if not self.active:  # a later region starts afresh
+            self.tape = self.previous = None
+
+    def next_tape(self) -> None:
+        """A backward ran: later nodes go on a new tape."""
+        if self.active:
+            self.previous, self.tape = self.tape, Tape()
+
+
+tape_state = _TapeState()
+
+
+def _record(node: OpNode, tape: Tape, outputs: tuple) -> None:
+    """Append ``node`` to ``tape`` (see ``Tape``).  Runs for every op inside a compiled region,
+    so it is kept lean: one loop over the edges, one tuple and one dict lookup."""
+    if not tape.open:
+        return
+    serial = tape.serial
+    codes = []
+    for child, nr in node._edges:
+        if child is None:
+            codes.append(-1)
+        elif type(child) is OpNode and child._tape_serial == serial and nr < 1024:
+            codes.append(child._tape_index << 10 | nr)
+        elif type(child) is AccumulateGrad:
+            if child._tape_serial != serial:
+                child._tape_serial = serial
+                child._tape_leaf = len(tape.leaves)
+                tape.leaves.append(weakref.ref(child))
+            codes.append(-2 - child._tape_leaf)
+        else:
+            tape.open = False
+            return
+    if _hooks_in_use:  # a pack hook may have run: what is saved is the hooks'
+        tape.open = False
+        return
+    attrs = node.attrs
+    out = outputs[0]
+    if type(out._data) is not np.ndarray:  # CUDA graphs take the walk (it keys the device)
+        tape.open = False
+        return
+    entry = (
+        tape.state,
+        node._prim.name,
+        tuple(attrs.items()) if attrs else None,
+        tuple(codes),
+        node._input_meta,
+        (out._data.shape, out._dtype)
+        if len(outputs) == 1
+        else tuple((o._data.shape, o._dtype) for o in outputs),
+    )
+    try:
+        state = _trie.get(entry)
+    except TypeError:  # an unhashable attribute value
+        tape.open = False
+        return
+    if state is None:
+        if len(_trie) >= MAX_TRIE:
+            _trie.clear()
+        state = _trie[entry] = next(_tape_states)
+    index = len(tape.nodes)
+    if index == 0:  # the epoch the tape's guarantees start from
+        tape.epoch = graph_epoch.value
+    elif index >= MAX_TAPE:
+        tape.open = False
+        return
+    tape.state = state
+    node._tape_serial = serial
+    node._tape_index = index
+    node._tape_state = state
+    tape.nodes.append(weakref.ref(node))
+
 
 # Set by the compiler while it captures a backward graph (``fusegrad.compiler.capture``):
 # ``capture_unpack(saved, node)`` returns the symbolic value standing for a saved tensor.
@@ -301,6 +452,7 @@ class SavedTensor:
             t._version_counter = self._counter
         else:
             t = self._tensor
+        graph_epoch.value += 1
         # a non-leaf keeps the producer it had when saved (an in-place op may have rebased it)
         producer, output_nr = self._producer, self._output_nr
         self._pack(t, output_nr, (pack_hook, unpack_hook))
@@ -401,6 +553,9 @@ class OpNode(Node):
         "_prim",
         "_rule",
         "_saved",
+        "_tape_index",
+        "_tape_serial",
+        "_tape_state",
         "attrs",
         "needs_input_grad",
     )
@@ -441,9 +596,14 @@ class OpNode(Node):
         self._freed = False
         # the inputs' versions when this op ran, recorded only inside compiled regions: they let
         # the compiler recompute a cheap saved value from an input that has not changed since
-        self._input_versions = (
-            tuple(t._version_counter.value for t in inputs) if record_input_versions else None
-        )
+        self._tape_serial = 0
+        if record_input_versions:
+            self._input_versions = tuple([t._version_counter._value for t in inputs])
+            tape = tape_state.tape
+            if tape is not None:  # this thread is inside a compiled region: record structure
+                _record(self, tape, outputs)
+        else:
+            self._input_versions = None
 
     def name(self) -> str:
         return f"{_camel(self._prim.name)}Backward0"
@@ -469,6 +629,7 @@ class OpNode(Node):
             for s in saved:
                 s.release()
             self._saved = None
+            graph_epoch.value += 1
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
         rule = self._rule
@@ -513,6 +674,8 @@ class OpNode(Node):
         if self._saved is None:
             raise AutogradError(_freed_message)
         items = self._saved[where]
+        if raw:  # the caller may keep a SavedTensor: compiled backward frees them one by one
+            graph_epoch.value += 1
         values = items if raw else [s.unpack(self) for s in items]
         return tuple(values) if variadic else values[0]
 
@@ -534,12 +697,14 @@ class AccumulateGrad(Node):
     """Writes the incoming gradient into a leaf's ``.grad`` (first store copies, later adds in
     place; under create_graph ``.grad = .grad + g``)."""
 
-    __slots__ = ("variable",)
+    __slots__ = ("_tape_leaf", "_tape_serial", "variable")
 
     def __init__(self, variable: Tensor) -> None:
         super().__init__((), ((variable._data.shape, variable._dtype),))
         self._seq = float("inf")  # run as soon as ready, like PyTorch
         self.variable = variable
+        self._tape_serial = 0  # the tape that numbered this leaf last (``Tape``)
+        self._tape_leaf = -1
 
     def name(self) -> str:
         return "AccumulateGrad"

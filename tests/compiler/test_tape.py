@@ -1,0 +1,326 @@
+"""The tape path of compiled backward: a forward recorded inside a compiled region keys and
+binds its backward without walking the graph (``autograd.node.Tape``, ``capture.tape_key``,
+``capture.Binding``).  It must be invisible: same gradients, same errors, same recompiles as the
+walk, and a fall back to the walk whenever the tape cannot vouch for the graph."""
+
+from __future__ import annotations
+
+import gc
+import re
+import weakref
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+from fusegrad import compiler
+from fusegrad.autograd import node as _node
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compiler() -> Any:
+    compiler.reset()
+    compiler._config.check = True
+    yield
+    compiler._config.check = False
+    compiler.reset()
+
+
+def _leaves(n: int = 64, seed: int = 0) -> tuple[fg.Tensor, fg.Tensor]:
+    rng = np.random.default_rng(seed)
+    x = fg.tensor(rng.standard_normal(n).astype(np.float32), requires_grad=True)
+    w = fg.tensor(rng.standard_normal(n).astype(np.float32), requires_grad=True)
+    return x, w
+
+
+def _chain(x: fg.Tensor, w: fg.Tensor, blocks: int = 6) -> fg.Tensor:
+    h = x
+    for k in range(blocks):
+        a = (h * w if k % 2 == 0 else h * 0.8) + 0.1
+        a = a.tanh() * 0.5
+        h = h + a.sigmoid() * (-a * a).exp()
+    return h.sum()
+
+
+def _eager_grads(fn: Any, x: fg.Tensor, w: fg.Tensor) -> list:
+    x.grad = w.grad = None
+    fn(x, w).backward()
+    return [x.grad.numpy().copy(), w.grad.numpy().copy()]
+
+
+def _compiled_step(fn: Any, x: fg.Tensor, w: fg.Tensor) -> list:
+    x.grad = w.grad = None
+    with compiler.compiled_autograd():
+        fn(x, w).backward()
+    return [x.grad.numpy().copy(), w.grad.numpy().copy()]
+
+
+def test_second_call_takes_the_tape_and_matches_eager() -> None:
+    x, w = _leaves()
+    want = _eager_grads(_chain, x, w)
+    for step in range(4):
+        got = _compiled_step(_chain, x, w)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        assert compiler.counters.captures == 1
+        assert compiler.counters.tape_hits == step  # the capture files the tape key
+    assert not compiler.counters.fallbacks
+
+
+def test_tape_path_accumulates_into_existing_grad() -> None:
+    x, w = _leaves()
+    want = _eager_grads(_chain, x, w)
+    x.grad = w.grad = None
+    for _ in range(3):
+        with compiler.compiled_autograd():
+            _chain(x, w).backward()
+    assert compiler.counters.tape_hits >= 1
+    np.testing.assert_allclose(x.grad.numpy(), 3 * want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(w.grad.numpy(), 3 * want[1], rtol=1e-5, atol=1e-5)
+
+
+def _eager_error(fn: Any) -> str:
+    """The error's message, version numbers left out (they grow from run to run)."""
+    with pytest.raises(RuntimeError) as info:
+        fn()
+    return re.sub(r"version \d+", "version N", str(info.value))
+
+
+def _small(x: fg.Tensor, w: fg.Tensor, mutate: str = "") -> None:
+    h = x * w
+    y = h.tanh()  # saves its output
+    loss = (y * w).sum()  # saves y and w
+    if mutate == "output":
+        y.add_(1.0)  # y is now stale
+    elif mutate == "leaf":
+        with fg.no_grad():
+            w.mul_(1.0)  # w is now stale (its version moved)
+    loss.backward()
+
+
+@pytest.mark.parametrize("mutate", ["output", "leaf"])
+def test_inplace_after_save_raises_the_eager_error(mutate: str) -> None:
+    x, w = _leaves()
+    x.grad = w.grad = None
+    eager = _eager_error(lambda: _small(x, w, mutate))
+    assert "modified by an inplace operation" in eager
+    for _ in range(3):  # the same structure, unmodified: the tape path is ready
+        x.grad = w.grad = None
+        with compiler.compiled_autograd():
+            _small(x, w)
+    assert compiler.counters.tape_hits == 2
+    for _ in range(2):
+        x.grad = w.grad = None
+
+        def run() -> None:
+            with compiler.compiled_autograd():
+                _small(x, w, mutate)
+
+        assert _eager_error(run) == eager
+        assert x.grad is None and w.grad is None  # nothing written
+
+
+def test_second_backward_raises_retain_graph_error() -> None:
+    x, w = _leaves()
+    for _ in range(3):
+        _compiled_step(_chain, x, w)
+    hits = compiler.counters.tape_hits
+    x.grad = w.grad = None
+    with compiler.compiled_autograd():
+        loss = _chain(x, w)
+        loss.backward()
+        assert compiler.counters.tape_hits == hits + 1
+        with pytest.raises(RuntimeError, match="Specify retain_graph=True"):
+            loss.backward()
+
+
+def test_retain_graph_allows_a_second_tape_backward() -> None:
+    x, w = _leaves()
+    want = _eager_grads(_chain, x, w)
+    for _ in range(3):
+        _compiled_step(_chain, x, w)
+    x.grad = w.grad = None
+    with compiler.compiled_autograd():
+        loss = _chain(x, w)
+        loss.backward(retain_graph=True)
+        loss.backward()  # the previous tape: still valid, nothing was freed
+        with pytest.raises(RuntimeError, match="Specify retain_graph=True"):
+            loss.backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * want[0], rtol=1e-5, atol=1e-5)
+
+
+def test_dag_sharing_is_structure() -> None:
+    x, w = _leaves()
+
+    def shared(x: fg.Tensor, w: fg.Tensor) -> fg.Tensor:
+        a = (x * w).tanh()
+        return (a * a).sum()
+
+    def distinct(x: fg.Tensor, w: fg.Tensor) -> fg.Tensor:
+        return ((x * w).tanh() * (x * w).tanh()).sum()
+
+    def other_leaf(x: fg.Tensor, w: fg.Tensor) -> fg.Tensor:
+        return ((x * w).tanh() * (w * w).tanh()).sum()
+
+    for fn in (shared, distinct, other_leaf):
+        want = _eager_grads(fn, x, w)
+        for _ in range(3):
+            got = _compiled_step(fn, x, w)
+            for a, b in zip(got, want):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # shared and distinct have different graphs (a node used twice vs two nodes)
+    assert compiler.counters.captures == 3
+    assert compiler.counters.tape_hits == 6
+
+
+def test_same_structure_other_constants_checks_aliases() -> None:
+    """Same tape key, but whether two saved constants are one array differs from call to call:
+    the binding's alias check sends the differing call to the walk."""
+    x, w = _leaves()
+    c1 = fg.tensor(np.full(64, 0.5, np.float32))
+    c2 = fg.tensor(np.full(64, 2.0, np.float32))
+
+    def make(a: fg.Tensor, b: fg.Tensor) -> Any:
+        return lambda x, w: ((x * a).tanh() * (w * b).tanh()).sum()
+
+    for a, b in ((c1, c1), (c1, c1), (c1, c1), (c1, c2), (c1, c2), (c2, c1), (c1, c1)):
+        want = _eager_grads(make(a, b), x, w)
+        got = _compiled_step(make(a, b), x, w)
+        for g, e in zip(got, want):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_nodes_made_outside_the_region_use_the_walk() -> None:
+    x, w = _leaves()
+    want = _eager_grads(_chain, x, w)
+    for _ in range(3):
+        x.grad = w.grad = None
+        h = (x * w).tanh()  # outside: not on the tape
+        with compiler.compiled_autograd():
+            _chain(h, w).backward()
+    assert compiler.counters.tape_hits == 0 and compiler.counters.cache_hits == 2
+    x.grad = w.grad = None
+    _chain((x * w).tanh(), w).backward()
+    eager_x = x.grad.numpy().copy()
+    x.grad = None
+    h = (x * w).tanh()
+    with compiler.compiled_autograd():
+        _chain(h, w).backward()
+    np.testing.assert_allclose(x.grad.numpy(), eager_x, rtol=1e-5, atol=1e-6)
+    assert want  # (the chain itself was checked above)
+
+
+def test_hooks_registered_after_the_forward_run() -> None:
+    x, w = _leaves()
+    for _ in range(3):
+        _compiled_step(_chain, x, w)
+    seen = []
+    x.grad = w.grad = None
+    with compiler.compiled_autograd():
+        h = x * w
+        loss = (h.tanh() * 2.0).sum()
+        h.register_hook(lambda g: seen.append(g.shape))
+        loss.backward()
+    assert seen == [(64,)]
+    # a hook on a leaf registered before the forward: the tape path checks leaves per call
+    handle = w.register_hook(lambda g: g * 0)
+    for _ in range(3):
+        got = _compiled_step(_chain, x, w)
+        assert not got[1].any()
+    handle.remove()
+
+
+def test_data_swap_after_the_forward_is_seen() -> None:
+    x, w = _leaves()
+    other = fg.tensor(np.linspace(-1, 1, 64).astype(np.float32))
+
+    def run(compiled: bool) -> np.ndarray:
+        x.grad = w.grad = None
+        keep = w.data
+        with compiler.compiled_autograd() if compiled else _null():
+            loss = (x * w).tanh().sum()
+            w.data = other  # as in PyTorch: backward reads the new data, no version bump
+            loss.backward()
+        w.data = keep
+        return x.grad.numpy().copy()
+
+    want = run(False)
+    for _ in range(4):
+        np.testing.assert_allclose(run(True), want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_tape_does_not_keep_graphs_alive() -> None:
+    x, w = _leaves()
+    for _ in range(3):
+        _compiled_step(_chain, x, w)
+    x.grad = w.grad = None
+    hits = compiler.counters.tape_hits
+    with compiler.compiled_autograd():
+        loss = _chain(x, w)
+        node = weakref.ref(loss.grad_fn)
+        loss.backward()
+        assert compiler.counters.tape_hits == hits + 1
+        del loss
+        assert node() is None  # dropped at once (no cycle), while the region is still open
+        loss = _chain(x, w)  # a forward without backward
+        node = weakref.ref(loss.grad_fn)
+        del loss
+        gc.collect()
+        assert node() is None
+
+
+def test_tape_length_and_trie_are_bounded(monkeypatch: Any) -> None:
+    monkeypatch.setattr(_node, "MAX_TAPE", 10)
+    x, w = _leaves()
+    want = _eager_grads(_chain, x, w)
+    for _ in range(3):
+        got = _compiled_step(_chain, x, w)  # ~50 nodes: the tape closes, the walk runs
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+    assert compiler.counters.tape_hits == 0
+    assert _node.tape_state.tape is None  # outside regions nothing is recorded
+    monkeypatch.setattr(_node, "MAX_TRIE", 5)
+    for _ in range(2):
+        _compiled_step(lambda x, w: (x * w).sum(), x, w)
+    assert len(_node._trie) <= 5
+
+
+def test_two_threads_do_not_share_a_tape() -> None:
+    import threading
+
+    x, w = _leaves()
+    want = _eager_grads(_chain, x, w)
+    errors: list = []
+
+    def worker() -> None:
+        try:
+            a = fg.tensor(x.detach().numpy(), requires_grad=True)
+            b = fg.tensor(w.detach().numpy(), requires_grad=True)
+            for _ in range(4):
+                got = _compiled_step(_chain, a, b)
+                np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_chain_is_one_interpreted_kernel() -> None:
+    x, w = _leaves()
+    _compiled_step(lambda x, w: _chain(x, w, blocks=20), x, w)
+    (program,) = compiler.programs.values()
+    # the fuser splits the chain at MAX_VALUES; the interpreter merges it back into one call
+    assert len(program._interpreted) == 1 and len(program.kernels) == 1
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
