@@ -5,7 +5,9 @@ Every primitive of the op registry has exactly one entry, of one of three kinds:
 * ``EXPRESSIONS[name]``: a scalar expression template for elementwise primitives, fused into
   generated loops.  ``{0}``, ``{1}``, ... are the operands' scalar expressions, ``{dtype}`` the
   result's numpy dtype name; ``MATH`` names the math functions whose float32 form has a
-  vectorisable helper (``fastmath``) and whose float64 form is libm (``math.*``).
+  vectorisable helper (``fastmath``) and whose float64 form is libm (``math.*``);
+  ``TARGET_FUNCTIONS`` names the functions each emitter spells for its target
+  (``common.Spelling``).
 * ``FUSED_REDUCTIONS``: reductions that fuse as a kernel epilogue (sum over broadcast dims).
 * ``EXTERNS``: primitives computed by their eager kernel between fused loops (matmul, indexing,
   movement that changes the iteration space, ...): fusion barriers.
@@ -21,7 +23,7 @@ EXPRESSIONS: dict[str, str] = {
     "sub": "({0} - {1})",
     "mul": "({0} * {1})",
     "div": "({0} / {1})",
-    "pow": "_pow({0}, {1})",
+    "pow": "{pow}({0}, {1})",
     "maximum": "_maximum({0}, {1})",
     "minimum": "_minimum({0}, {1})",
     "reciprocal": "({one} / {0})",
@@ -36,10 +38,10 @@ EXPRESSIONS: dict[str, str] = {
     "tanh": "{tanh}({0})",
     "sigmoid": "{sigmoid}({0})",
     "erf": "{erf}({0})",
-    "sqrt": "np.sqrt({0})",
-    "floor": "np.floor({0})",
-    "ceil": "np.ceil({0})",
-    "trunc": "np.trunc({0})",
+    "sqrt": "{sqrt}({0})",
+    "floor": "{floor}({0})",
+    "ceil": "{ceil}({0})",
+    "trunc": "{trunc}({0})",
     "clone": "{0}",
     "where": "({1} if {0} else {2})",
     "eq": "({0} == {1})",
@@ -59,6 +61,10 @@ EXPRESSIONS: dict[str, str] = {
 
 # primitives whose expression uses a math function with a float32 fast helper
 MATH = ("exp", "expm1", "log", "log1p", "sin", "cos", "tanh", "sigmoid", "erf")
+
+# functions each target spells its own way, with one meaning: numpy's scalar ufuncs on the CPU
+# (``np.sqrt``, ...), libdevice through ``math`` on CUDA, where numpy's ufuncs are not available
+TARGET_FUNCTIONS = ("pow", "sqrt", "floor", "ceil", "trunc")
 
 FUSED_REDUCTIONS = frozenset({"sum_to", "sum"})
 
@@ -92,6 +98,7 @@ EXTERNS = frozenset(
         "scatter",
         "scatter_add",
         "matmul",
+        "to_device",  # a host <-> device copy
     }
 )
 # ``broadcast_to`` is also fused (as a broadcasting read) when its consumer is in a kernel;

@@ -12,6 +12,15 @@ of ``fastmath`` (this numba has no SVML; libm calls would stop vectorisation); f
 No fastmath flag that changes NaN/inf semantics is used: only ``reassoc``/``contract``/``nsz``,
 which let LLVM vectorise sums and fuse multiply-adds.
 
+A kernel without reductions also gets a ``prange`` variant (DESIGN.md contract 8: ``prange`` only
+over disjoint outputs): ``kernel_function`` returns a dispatcher that runs it for sizes of at least
+``PARALLEL_MIN_ELEMENTS`` when numba has more than one thread.  Both variants compute each element
+with the same expression, so results do not depend on the choice; kernels with reductions stay
+serial (a parallel sum would make the result depend on the thread count).
+
+Shared with the CUDA emitter (``common``): geometry helpers, the expression of each IR value from
+``lowering.EXPRESSIONS``, and the module cache.
+
 Every line of a kernel computing an IR value carries a comment naming the value and the eager
 node it came from.  ``load_module`` writes the source once under a name hashed from the source
 and every codegen flag, registers it in ``sys.modules`` and imports it; numba's ``cache=True``
@@ -20,11 +29,8 @@ then stores the machine code beside it, so another process skips compilation.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
-import sys
-import tempfile
+import dataclasses
+import threading
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -33,16 +39,43 @@ import numpy as np
 
 from ..ir import Value
 from ..passes.fuse import Kernel
+from . import common
+from .common import (
+    Spelling,
+    broadcast_dims,
+    cache_dir,
+    describe,
+    expression,
+    is_flat,
+    reader,
+    reduction_target,
+)
 from .cpu_helpers import MATH64
-from .lowering import EXPRESSIONS, MATH
+from .lowering import MATH
 
 try:
     from . import fastmath
 except ImportError:  # pragma: no cover - part of the package; float32 would use libm
     fastmath = None  # type: ignore[assignment]
 
+__all__ = [
+    "KernelPlan",
+    "cache_dir",
+    "emit_kernel",
+    "emit_module",
+    "is_flat",
+    "kernel_function",
+    "load_module",
+    "module_name",
+    "use_parallel",
+]
+
 CODEGEN_VERSION = 1
 FASTMATH = ("reassoc", "contract", "nsz")
+
+# purely elementwise kernels over at least this many elements run their ``prange`` variant (when
+# numba has more than one thread): below it, waking the thread pool costs more than it saves
+PARALLEL_MIN_ELEMENTS = 1 << 16
 
 
 def _float32_math() -> dict[str, str]:
@@ -52,6 +85,16 @@ def _float32_math() -> dict[str, str]:
     for name in MATH:
         out[name] = f"fastmath.{helpers[name]}" if name in helpers else MATH64[name]
     return out
+
+
+# numpy's scalar ufuncs (through ``cpu_helpers._pow`` for pow: numpy's integer rules)
+_FUNCTIONS = {
+    "pow": "_pow",
+    "sqrt": "np.sqrt",
+    "floor": "np.floor",
+    "ceil": "np.ceil",
+    "trunc": "np.trunc",
+}
 
 
 @dataclass(frozen=True)
@@ -67,55 +110,38 @@ class KernelPlan:
     reductions: tuple[Value, ...]
     reduced_shapes: tuple[tuple[int, ...], ...]  # accumulator shapes at loop rank (keepdim)
     full_reductions: tuple[bool, ...]
+    # the same loops with ``numba.prange`` over the outermost one, for kernels whose every
+    # iteration writes its own output elements only (no reduction); None otherwise
+    parallel_name: str | None = None
 
 
-def _padded(shape: tuple, rank: int) -> tuple:
-    return (1,) * (rank - len(shape)) + tuple(shape)
+def _spelling() -> Spelling:
+    return Spelling(math32=_float32_math(), math64=MATH64, functions=_FUNCTIONS)
 
 
-def _reduction_target(v: Value, space: tuple) -> tuple:
-    """The keepdim shape of a fused reduction, at the rank of ``space``."""
-    if v.op == "sum_to":
-        return _padded(tuple(v.attr("shape")), len(space))
-    dim = v.attr("dim")
-    if dim is None:
-        return (1,) * len(space)
-    return tuple(1 if i in dim else s for i, s in enumerate(space))
-
-
-def _broadcast_dims(v: Value, space: tuple) -> tuple[bool, ...]:
-    shape = _padded(v.shape, len(space))
-    return tuple(s == 1 and t != 1 for s, t in zip(shape, space))
-
-
-def _literal(value: Any, dtype: Any) -> str:
-    if dtype.name == "bool":
-        return "True" if value else "False"
-    if dtype.is_floating_point:
-        v = float(value)
-        text = (
-            repr(v)
-            if np.isfinite(v)
-            else ("np.inf" if v > 0 else ("-np.inf" if v < 0 else "np.nan"))
-        )
-        return f"np.{dtype.name}({text})"
-    return f"np.{dtype.name}({int(value)})"
-
-
-def is_flat(kernel: Kernel) -> bool:
-    """Every input full-size or a single element and every reduction full: one flat loop."""
-    space = kernel.shape
-    return all(
-        i.shape == space or int(np.prod(i.shape)) == 1
-        for i in kernel.inputs + [v.inputs[0] for v in kernel.values if v.op == "broadcast_to"]
-    ) and all(
-        all(_reduction_target(r, space)[d] == 1 for d in range(len(space)))
-        for r in kernel.reductions
-    )
+def _decorator(parallel: bool) -> str:
+    # a sorted literal: a set's repr varies between processes (string hashing), and the source
+    # must be byte-identical for the disk cache to hit
+    flags = "{" + ", ".join(repr(f) for f in sorted(FASTMATH)) + "}"
+    extra = "parallel=True, " if parallel else ""
+    return f'@numba.njit(cache=True, {extra}error_model="numpy", nogil=True, fastmath={flags})'
 
 
 def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
-    """The source of one kernel and its calling plan."""
+    """The source of one kernel and its calling plan.  A kernel without reductions also gets a
+    ``{name}_parallel`` variant (``numba.prange`` over the outermost loop): its iterations write
+    disjoint output elements (``+=`` into a ``.grad`` included), so it computes exactly what the
+    serial loop computes; ``kernel_function`` picks it at run time for large sizes."""
+    lines, plan = _emit(kernel, name, parallel=False)
+    if kernel.reductions:
+        return "\n".join(lines), plan
+    parallel_name = f"{name}_parallel"
+    parallel_lines, _ = _emit(kernel, parallel_name, parallel=True)
+    plan = dataclasses.replace(plan, parallel_name=parallel_name)
+    return "\n".join(lines + ["", ""] + parallel_lines), plan
+
+
+def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelPlan]:
     space = kernel.shape
     members = kernel.members()
     flat = is_flat(kernel)
@@ -127,7 +153,7 @@ def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
     red_shapes = []
     full_red = []
     for r in reds:
-        target = _reduction_target(r, space)
+        target = reduction_target(r, space)
         full = all(t == 1 for t in target)
         full_red.append(full)
         red_shapes.append((1,) * rank if flat else target)
@@ -135,15 +161,8 @@ def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
     args += [f"in{k}" for k in range(len(kernel.inputs))]
     args += [f"out{k}" for k in range(len(full_out))]
     args += [f"red{k}" for k in range(len(reds))]
-    math32 = _float32_math()
-    lines = [
-        # a sorted literal: a set's repr varies between processes (string hashing), and the
-        # source must be byte-identical for the disk cache to hit
-        '@numba.njit(cache=True, error_model="numpy", nogil=True, fastmath={'
-        + ", ".join(repr(f) for f in sorted(FASTMATH))
-        + "})",
-        f"def {name}({', '.join(args)}):",
-    ]
+    spelling = _spelling()
+    lines = [_decorator(parallel), f"def {name}({', '.join(args)}):"]
     for k, r in enumerate(reds):
         if full_red[k]:
             lines.append(f"    acc{k} = 0.0  # %{r.id} = {r.op} (full reduction, float64)")
@@ -152,38 +171,23 @@ def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
     for d in range(rank):
         if d == rank - 1:
             inner_loop_at = len(lines)  # row accumulators are declared just before this loop
-        lines.append("    " * (d + 1) + f"for {idx[d]} in range(n{d}):")
+        loop = "numba.prange" if parallel and d == 0 else "range"
+        lines.append("    " * (d + 1) + f"for {idx[d]} in {loop}(n{d}):")
 
-    def read(v: Value) -> str:
-        if v in members:
-            return f"v{v.id}"
-        if v.op == "scalar":
-            return _literal(v.attr("value"), v.dtype)
-        k = kernel.inputs.index(v)
+    def read_input(k: int, v: Value) -> str:  # inputs arrive reshaped to the loop's rank
         if flat:
             return f"in{k}[{'i0' if v.shape == space else '0'}]"
-        b = _broadcast_dims(v, loop_space)
+        b = broadcast_dims(v, loop_space)
         pad = len(loop_space) - len(v.shape)
         sub = ", ".join("0" if (d < pad or b[d]) else idx[d] for d in range(rank))
         return f"in{k}[{sub}]"
 
+    read = reader(members, kernel.inputs, read_input)
+
     out_index = {v: k for k, v in enumerate(full_out)}
     for v in kernel.values:
-        if v.op == "broadcast_to":
-            expr = read(v.inputs[0])  # a broadcasting read: ``read`` indexes by the pattern
-        else:
-            fmt: dict[str, str] = {
-                "dtype": v.attr("dtype").name if v.op == "cast" else v.dtype.name,
-                "one": _literal(1, v.dtype) if v.dtype.is_floating_point else "1",
-            }
-            for m in MATH:
-                operand_dtype = v.inputs[0].dtype if v.inputs else v.dtype
-                fmt[m] = math32[m] if operand_dtype.name == "float32" else MATH64[m]
-            expr = EXPRESSIONS[v.op].format(*[read(a) for a in v.inputs], **fmt)
-        if v.dtype.is_floating_point:
-            expr = f"np.{v.dtype.name}({expr})"
-        origin = f"  # {v.origin}" if v.origin else ""
-        lines.append(f"{body_indent}v{v.id} = {expr}  # %{v.id} = {v.op}{origin}")
+        expr = expression(v, read, spelling)
+        lines.append(f"{body_indent}v{v.id} = {expr}  {describe(v)}")
         if v in out_index:
             position = "i0" if flat else ", ".join(idx)
             op = "+=" if v in kernel.accumulate else "="
@@ -195,7 +199,7 @@ def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
         if full_red[k]:
             lines.append(f"{body_indent}acc{k} += {term}  # %{r.id} = {r.op}")
             continue
-        target = _reduction_target(r, space)
+        target = reduction_target(r, space)
         sub = ", ".join("0" if target[d] == 1 and space[d] != 1 else idx[d] for d in range(rank))
         if rank >= 2 and target[-1] == 1 and space[-1] != 1:
             # reduced along the innermost loop: a local accumulator per row keeps that loop
@@ -222,7 +226,7 @@ def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
         tuple(red_shapes),
         tuple(full_red),
     )
-    return "\n".join(lines), plan
+    return lines, plan
 
 
 HEADER = '''"""Generated by fusegrad (numba CPU codegen v{version}); do not edit.
@@ -255,33 +259,17 @@ def emit_module(kernels: list[Kernel], summary: str) -> tuple[str, list[KernelPl
     return "\n".join(parts), plans
 
 
-def cache_dir() -> str:
-    """``FUSEGRAD_CACHE_DIR``, else the user cache directory (XDG), else a temp directory."""
-    path = os.environ.get("FUSEGRAD_CACHE_DIR")
-    if not path:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        path = os.path.join(base, "fusegrad")
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, ".write_test")
-        with open(probe, "w") as fh:
-            fh.write("ok")
-        os.remove(probe)
-    except OSError:
-        path = os.path.join(tempfile.gettempdir(), "fusegrad-cache")
-        os.makedirs(path, exist_ok=True)
-    return path
-
-
 _loaded: dict[str, ModuleType] = {}
 
 
-def module_name(source: str) -> str:
+def _flags() -> str:
     # the helpers are inlined: numba's cache cannot see them change, so their digest is a flag
     helpers = getattr(fastmath, "SOURCE_DIGEST", "none") if fastmath is not None else "none"
-    flags = f"v{CODEGEN_VERSION}|{FASTMATH}|numba{_numba_version()}|helpers{helpers}"
-    digest = hashlib.sha256((flags + "\n" + source).encode()).hexdigest()[:20]
-    return f"fusegrad_generated_{digest}"
+    return f"v{CODEGEN_VERSION}|{FASTMATH}|numba{_numba_version()}|helpers{helpers}"
+
+
+def module_name(source: str) -> str:
+    return common.module_name(source, _flags())
 
 
 def _numba_version() -> str:
@@ -293,29 +281,58 @@ def _numba_version() -> str:
 def load_module(source: str) -> tuple[ModuleType, str, bool]:
     """Import the module for ``source`` (writing it once); returns (module, path, was_on_disk).
     A corrupt or unreadable cache file is rewritten, never fatal."""
-    name = module_name(source)
-    path = os.path.join(cache_dir(), name + ".py")
-    if name in _loaded:
-        return _loaded[name], path, True
-    on_disk = False
-    try:
-        with open(path) as fh:
-            on_disk = fh.read() == source
-    except OSError:
-        on_disk = False
-    if not on_disk:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            fh.write(source)
-        os.replace(tmp, path)  # atomic: concurrent writers never leave a torn file
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # before execution: numba's cache locates functions by module
-    try:
-        spec.loader.exec_module(module)
-    except Exception:
-        sys.modules.pop(name, None)
-        raise
-    _loaded[name] = module
-    return module, path, on_disk
+    return common.load_module(source, _flags(), _loaded)
+
+
+# ---- choosing the parallel variant at run time ------------------------------------------------
+
+# numba's ``workqueue`` threading layer aborts the process when two threads enter parallel code
+# at once; whoever holds this lock runs parallel, a concurrent caller runs the serial loop
+_parallel_lock = threading.Lock()
+
+
+def use_parallel(n: int) -> bool:
+    """Whether a kernel over ``n`` elements should run its ``prange`` variant."""
+    if n < PARALLEL_MIN_ELEMENTS:
+        return False
+    import numba
+
+    return bool(numba.get_num_threads() > 1)
+
+
+class _Dispatch:
+    """A kernel with a parallel variant: called like the serial function (sizes first), it runs
+    the ``prange`` variant when ``use_parallel`` says so and no other thread is in one.  Both
+    variants compute every element with the same expression, so the choice never changes a
+    result."""
+
+    __slots__ = ("serial", "parallel", "rank")
+
+    def __init__(self, serial: Any, parallel: Any, rank: int) -> None:
+        self.serial = serial
+        self.parallel = parallel  # compiled on its first call only
+        self.rank = rank
+
+    @property
+    def stats(self) -> Any:  # numba's dispatcher statistics (disk-cache hits), of the serial one
+        return self.serial.stats
+
+    def __call__(self, *args: Any) -> Any:
+        n = 1
+        for size in args[: self.rank]:
+            n *= size
+        if use_parallel(n) and _parallel_lock.acquire(blocking=False):
+            try:
+                return self.parallel(*args)
+            finally:
+                _parallel_lock.release()
+        return self.serial(*args)
+
+
+def kernel_function(module: ModuleType, plan: KernelPlan) -> Any:
+    """The callable running ``plan``'s kernel from ``module``: the serial function, or for a
+    kernel with a parallel variant a dispatcher choosing per call (same arguments either way)."""
+    serial = getattr(module, plan.name)
+    if plan.parallel_name is None:
+        return serial
+    return _Dispatch(serial, getattr(module, plan.parallel_name), plan.rank)

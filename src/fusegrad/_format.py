@@ -136,6 +136,9 @@ def format_tensor(t: Any) -> str:
     prefix = "tensor("
     indent = len(prefix)
     suffixes = []
+    if hasattr(arr, "to_host"):  # a CUDA tensor: print a host copy, say where it lives
+        suffixes.append(f"device='{arr.device}'")
+        arr = arr.to_host()
     dtype_suffix = f"dtype=fusegrad.{t.dtype.name}"
     if arr.size == 0:
         # like numpy, the shape is shown unless it is (0,); an empty tensor shows any dtype

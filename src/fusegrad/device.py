@@ -1,5 +1,8 @@
-"""Devices.  Only "cpu" exists in this release; the record is shaped like ``torch.device`` so that
-a CUDA device can be added without changing user code."""
+"""Devices: ``"cpu"`` and, when numba-cuda finds a GPU (or its simulator is on), ``"cuda"``.
+
+The record is shaped like ``torch.device``.  ``as_device`` normalises what users pass
+(``"cuda"``, ``"cuda:0"``, ``device("cuda")``) and checks that the device exists; a CUDA
+device's index is always explicit in the result (``cuda:0``), as in a CUDA tensor's ``device``."""
 
 from __future__ import annotations
 
@@ -45,8 +48,24 @@ def as_device(d: object) -> device:
         dev = device(kind, int(idx) if idx else None)
     else:
         raise TypeError(f"expected a device or a string like 'cpu', got {d!r}")
-    if dev.type != "cpu":
+    if dev.type == "cpu":
+        return CPU
+    if dev.type != "cuda":
         raise RuntimeError(
-            f"device '{dev}' is not available: this build of fusegrad supports only 'cpu'"
+            f"Expected one of cpu, cuda device type at start of device string: {dev.type}"
         )
-    return CPU
+    from . import cuda
+
+    index = dev.index or 0
+    if not cuda.is_available():
+        raise RuntimeError(
+            f"device '{dev}' is not available: {cuda.unavailable_reason()} "
+            "(install fusegrad[cuda] on a machine with an NVIDIA GPU, or set "
+            "NUMBA_ENABLE_CUDASIM=1 for numba's CUDA simulator)"
+        )
+    if index >= cuda.device_count():
+        raise RuntimeError(
+            f"CUDA error: invalid device ordinal: device '{dev}' requested, "
+            f"{cuda.device_count()} device(s) present"
+        )
+    return device("cuda", index)

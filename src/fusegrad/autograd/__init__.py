@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import storage as _storage
 from ..errors import AutogradError, ShapeError
 from .anomaly import detect_anomaly, is_anomaly_enabled, set_detect_anomaly
 from .grad_mode import (
@@ -72,7 +73,7 @@ def _make_grads(outputs: tuple, grad_outputs: tuple, create_graph: bool) -> list
                     "grad can be implicitly created only for scalar outputs (output "
                     f"{i} has shape {tuple(out.shape)}); pass a gradient of that shape"
                 )
-            g = Tensor._make(np.ones(out._data.shape, dtype=out.dtype.np))
+            g = Tensor._make(_storage.full_like(out._data, 1))
         else:
             if not isinstance(g, Tensor):
                 g = Tensor._make(np.asarray(g, dtype=out.dtype.np))

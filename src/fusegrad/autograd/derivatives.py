@@ -102,6 +102,11 @@ def _cast(node, g):
     return (g.to(src) if src.is_floating_point else None,)
 
 
+@vjp("to_device")
+def _to_device(node, g):
+    return (g.to(node.attrs["source"]),)
+
+
 @vjp("clone")
 def _clone(node, g):
     return (g,)
@@ -331,7 +336,11 @@ def _getitem(node, g, *idx):
 def _index_put(node, g, *idx):
     need = node.needs_input_grad
     key = node.attrs["key"]
-    gx = F.index_put_spec(g, F.zeros((), dtype=g.dtype), idx, key) if need[0] else None
+    gx = (
+        F.index_put_spec(g, F.zeros((), dtype=g.dtype, device=g.device), idx, key)
+        if need[0]
+        else None
+    )
     gv = F.getitem_spec(g, idx, key) if need[1] else None
     return (gx, gv) + (None,) * len(idx)
 
@@ -344,7 +353,7 @@ def _index_add_at(node, g, *idx):
 @vjp("gather", save="index")
 def _gather(node, g, index):
     shape = node.input_shapes[0]
-    zeros = F.zeros(shape, dtype=g.dtype)
+    zeros = F.zeros(shape, dtype=g.dtype, device=g.device)
     return (F.scatter_add(zeros, node.attrs["dim"], index, g), None)
 
 
@@ -358,7 +367,11 @@ def _scatter_add(node, g, index):
 def _scatter(node, g, index):
     need = node.needs_input_grad
     d = node.attrs["dim"]
-    gx = F.scatter(g, d, index, F.zeros(index.shape, dtype=g.dtype)) if need[0] else None
+    gx = (
+        F.scatter(g, d, index, F.zeros(index.shape, dtype=g.dtype, device=g.device))
+        if need[0]
+        else None
+    )
     return (gx, None, g.gather(d, index) if need[2] else None)
 
 

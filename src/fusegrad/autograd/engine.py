@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import storage as _storage
 from ..errors import AutogradError
 from ..tensor import Tensor, _ViewTensor
 from . import anomaly, grad_mode
@@ -138,11 +139,14 @@ def _store_grad(t: Tensor, g: Tensor, create_graph: bool) -> None:
         if create_graph:
             t._grad = g.clone()
         else:
-            t._grad = Tensor._make(np.array(g._data, dtype=t._dtype.np, copy=True, order="C"))
+            t._grad = Tensor._make(_storage.copy(g._data, t._dtype.np))
     elif create_graph:
         t._grad = old + g
     elif old._data.flags.writeable:
-        np.add(old._data, g._data, out=old._data, casting="unsafe")
+        if type(old._data) is np.ndarray:
+            np.add(old._data, g._data, out=old._data, casting="unsafe")
+        else:  # a CUDA .grad: add on the device, write back in place (identity kept)
+            _storage.copyto(old._data, (old + g)._data)
         old._version_counter.value += 1
     else:  # a read-only (e.g. expanded) .grad the user assigned: replace it
         t._grad = Tensor._make(old._data + g._data)
@@ -391,7 +395,12 @@ def _execute(
                     prev = buf[nr]
                     if prev is None:
                         buf[nr] = g
-                    elif not create_graph and type(prev) in _EAGER and type(g) in _EAGER:
+                    elif (
+                        not create_graph
+                        and type(prev) in _EAGER
+                        and type(g) in _EAGER
+                        and type(g._data) is np.ndarray
+                    ):
                         # fan-in of plain tensors outside create_graph: add the arrays directly
                         # (both already have the input's shape and dtype).  Symbolic values
                         # (compiler capture) are subclasses and take the op-surface add below.
@@ -417,7 +426,7 @@ def _check_nan(node: Node, results: tuple | None) -> None:
     if not anomaly._state.check_nan or results is None:
         return
     for i, r in enumerate(results):
-        if isinstance(r, Tensor) and r._dtype.category == 2 and np.isnan(r._data).any():
+        if isinstance(r, Tensor) and r._dtype.category == 2 and bool(r.isnan().any()):
             raise AutogradError(
                 f"Function '{node.name()}' returned nan values in its {i}th output."
             )

@@ -416,21 +416,28 @@ class Module:
                 dtype = a
             else:
                 device = a
+        place = None
         if device is not None:
             from ..device import as_device
 
-            as_device(device)  # validates; fusegrad tensors live on the CPU
-        if dtype is None:
+            place = as_device(device)
+        target = None
+        if dtype is not None:
+            target = _dt.as_dtype(dtype)
+            if target.category != 2:
+                raise TypeError(
+                    f"nn.Module.to only accepts floating point dtypes, but got desired dtype="
+                    f"{target.name}"
+                )
+        if place is None and target is None:
             return self
-        target = _dt.as_dtype(dtype)
-        if target.category != 2:
-            raise TypeError(
-                f"nn.Module.to only accepts floating point dtypes, but got desired dtype="
-                f"{target.name}"
-            )
 
         def convert(t: Tensor) -> Tensor:
-            return t.to(target) if t.is_floating_point() else t  # type: ignore[attr-defined]
+            if target is not None and t.is_floating_point():
+                t = t.to(target)  # type: ignore[attr-defined]
+            if place is not None:
+                t = t.to(place)  # type: ignore[attr-defined]
+            return t
 
         return self._apply(convert)
 
@@ -441,7 +448,10 @@ class Module:
         return self.to(_dt.float32)
 
     def cpu(self) -> Module:
-        return self
+        return self.to("cpu")
+
+    def cuda(self, device: Any = None) -> Module:
+        return self.to("cuda" if device is None else device)
 
     def type(self, dst_type: Any) -> Module:
         return self.to(dst_type)

@@ -14,12 +14,14 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
+from .. import storage as _storage
 from ..autograd import grad_mode as _grad_mode
+from ..device import as_device
 from ..errors import AutogradError, DTypeError, ShapeError, describe
 from ..tensor import DEFAULT as _DEFAULT_VIEW
 from ..tensor import Tensor
 from ..tensor import view_rebase_error as _view_rebase_error
-from . import _util
+from . import _util, registry
 from . import primitives as _primitives  # noqa: F401  (registers kernels)
 from ._util import cast, to_tensor
 from .creation import *  # noqa: F401,F403
@@ -242,8 +244,6 @@ def detach(input: Tensor) -> Tensor:
 # ---- conversions -------------------------------------------------------------------------------
 def to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     """``to(dtype)``, ``to(device)``, ``to(device, dtype)``, ``to(other)``; ``copy=`` too."""
-    from ..device import as_device
-
     dtype = kwargs.pop("dtype", None)
     device = kwargs.pop("device", None)
     copy = kwargs.pop("copy", False)
@@ -259,11 +259,23 @@ def to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
             device = a
     if kwargs:
         raise TypeError(f"to() got unexpected keyword arguments {sorted(kwargs)}")
-    as_device(device)
+    target = None if device is None else as_device(device)
     out = self if dtype is None else cast(self, _dt.as_dtype(dtype))
+    if target is not None and target != out.device:
+        out = to_device(out, target)
     if copy and out is self:
         out = clone(self)
     return out
+
+
+def to_device(input: Tensor, device: Any) -> Tensor:
+    """A differentiable copy of ``input`` on ``device`` (``Tensor.to(device)``)."""
+    target = as_device(device)
+    return registry.apply(
+        registry.REGISTRY["to_device"],
+        (input,),
+        {"device": str(target), "source": str(input.device)},
+    )
 
 
 def _type(self: Tensor, dtype: Any = None) -> Any:
@@ -388,7 +400,8 @@ def _write(self: Tensor, result: Tensor, op: str) -> None:
     """Copy ``result`` into ``self``'s storage (shape and dtype checked), bumping the version."""
     _check_result(self, result, op)
     _check_writable(self, op)
-    np.copyto(_writable(self._data), result._data, casting="unsafe")
+    data = self._data
+    _storage.copyto(_writable(data) if type(data) is np.ndarray else data, result._data)
     self._version_counter.value += 1
 
 
@@ -432,7 +445,7 @@ def inplace(self: Tensor, op: str, fn: Any, *args: Any, **kwargs: Any) -> Tensor
 def _zero_grad_through(result: Tensor, old: Tensor) -> Tensor:
     """``result``'s value, recorded as depending on ``old`` with a zero gradient (a ``where``
     that always picks ``result``: unlike ``old * 0`` it cannot turn an inf or nan into nan)."""
-    everywhere = Tensor._make(np.ones(result._data.shape, dtype=bool))
+    everywhere = Tensor._make(_storage.full_like(result._data, True, bool))
     return where(everywhere, result, old)
 
 
@@ -455,7 +468,7 @@ def _inplace_on_view(view: Tensor, op: str, fn: Any, args: tuple, kwargs: dict) 
     old_base.grad_fn, old_base._output_nr = base.grad_fn, base._output_nr
     region = replay_view(old_base, view._view_info.steps)
     # a copy: the op's node may save its input, and the view's storage is overwritten below
-    snapshot = Tensor._make(np.array(region._data, copy=True))
+    snapshot = Tensor._make(_storage.copy(region._data))
     snapshot.grad_fn, snapshot._output_nr = region.grad_fn, region._output_nr
     result = _cast_result(view, fn(snapshot, *args, **kwargs))
     _check_result(view, result, op)  # before the base's history changes
@@ -501,7 +514,7 @@ def _fill(self: Tensor, value: Any) -> Tensor:
             f"fill_ only supports 0-dimension value tensor but got tensor with {value.ndim} "
             "dimensions."
         )
-    everywhere = Tensor._make(np.ones(self._data.shape, dtype=bool))
+    everywhere = Tensor._make(_storage.full_like(self._data, True, bool))
     v = value if isinstance(value, Tensor) else _util.as_operand(value, self.dtype)
     return where(everywhere, cast(v, self.dtype), self)
 
@@ -518,7 +531,7 @@ def _copy(self: Tensor, src: Any) -> Tensor:
     if _grad_mode._state.enabled and (self.requires_grad or s.requires_grad):
         # PyTorch's CopyBackwards: src gets the gradient, self's old history a zero one (a
         # where, not ``self * 0``, which would turn an inf or nan in self into nan)
-        everywhere = Tensor._make(np.ones(self._data.shape, dtype=bool))
+        everywhere = Tensor._make(_storage.full_like(self._data, True, bool))
         return where(everywhere, s, self)
     return clone(s).detach()
 

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
-from ..device import as_device
+from ..cuda.array import CudaArray
+from ..device import CPU, as_device
 from ..errors import DTypeError
 from ..tensor import Tensor
 from ._util import shape_arg
@@ -21,7 +22,7 @@ from ._util import shape_arg
 def _to_array(data: Any, dtype: Any = None) -> np.ndarray:
     """Copy ``data`` into a fresh array with PyTorch's dtype inference."""
     if isinstance(data, Tensor):
-        arr = np.array(data._data, copy=True)
+        arr = np.array(_host(data._data), copy=True)
     else:
         arr = _infer(data)
     if dtype is not None:
@@ -64,15 +65,35 @@ def _flat(data: Any) -> list:
     return out
 
 
+def _host(arr: Any) -> np.ndarray:
+    return arr.to_host() if type(arr) is CudaArray else arr
+
+
 def _untensor(data: Any) -> Any:
     if isinstance(data, Tensor):
-        return data._data
+        return _host(data._data)
     if isinstance(data, (list, tuple)):
         return [_untensor(d) for d in data]
     return data
 
 
-def _leaf(arr: np.ndarray, requires_grad: bool) -> Tensor:
+def _filled(shape: Any, value: Any, dtype: np.dtype, device: Any) -> Any:
+    """An array of ``shape`` filled with ``value``, made where ``device`` says (no copy)."""
+    if device is CPU:
+        return np.full(shape, value, dtype)
+    from ..cuda import array, kernels
+
+    out = array.empty(tuple(shape), dtype)
+    kernels.fill(out, value)
+    return out
+
+
+def _leaf(arr: Any, requires_grad: bool, device: Any = CPU) -> Tensor:
+    """A new leaf holding ``arr``, copied to ``device`` when that is a GPU."""
+    if device is not CPU and type(arr) is not CudaArray:
+        from ..cuda.array import to_device
+
+        arr = to_device(arr)
     t = Tensor._make(arr)
     if requires_grad:
         t.requires_grad_(True)
@@ -86,18 +107,19 @@ def _dtype_or_default(dtype: Any) -> _dt.dtype:
 def tensor(
     data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False
 ) -> Tensor:
-    as_device(device)
-    return _leaf(_to_array(data, dtype), requires_grad)
+    dev = as_device(device)
+    return _leaf(_to_array(data, dtype), requires_grad, dev)
 
 
 def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
-    as_device(device)
     if isinstance(data, Tensor):
-        return data if dtype is None else data.to(_dt.as_dtype(dtype))
-    if isinstance(data, np.ndarray) and data.dtype in (d.np for d in _dt.ALL):
+        out = data if dtype is None else data.to(_dt.as_dtype(dtype))
+        return out if device is None else out.to(device)
+    dev = as_device(device)
+    if isinstance(data, np.ndarray) and data.dtype in (d.np for d in _dt.ALL) and dev is CPU:
         if dtype is None or _dt.as_dtype(dtype).np == data.dtype:
             return Tensor._make(data)
-    return tensor(data, dtype=dtype)
+    return tensor(data, dtype=dtype, device=dev)
 
 
 def from_numpy(array: np.ndarray) -> Tensor:
@@ -112,18 +134,18 @@ def from_numpy(array: np.ndarray) -> Tensor:
 
 
 def zeros(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    as_device(device)
-    return _leaf(np.zeros(shape_arg(size), _dtype_or_default(dtype).np), requires_grad)
+    dev = as_device(device)
+    return _leaf(_filled(shape_arg(size), 0, _dtype_or_default(dtype).np, dev), requires_grad)
 
 
 def ones(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    as_device(device)
-    return _leaf(np.ones(shape_arg(size), _dtype_or_default(dtype).np), requires_grad)
+    dev = as_device(device)
+    return _leaf(_filled(shape_arg(size), 1, _dtype_or_default(dtype).np, dev), requires_grad)
 
 
 def empty(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
-    as_device(device)
-    return _leaf(np.empty(shape_arg(size), _dtype_or_default(dtype).np), requires_grad)
+    dev = as_device(device)
+    return _leaf(np.empty(shape_arg(size), _dtype_or_default(dtype).np), requires_grad, dev)
 
 
 def full(
@@ -134,9 +156,9 @@ def full(
     device: Any = None,
     requires_grad: bool = False,
 ) -> Tensor:
-    as_device(device)
+    dev = as_device(device)
     dt = _dt.as_dtype(dtype) if dtype is not None else _dt.result_type(fill_value)
-    return _leaf(np.full(shape_arg((size,)), fill_value, dt.np), requires_grad)
+    return _leaf(_filled(shape_arg((size,)), fill_value, dt.np, dev), requires_grad)
 
 
 def _like_dtype(t: Tensor, dtype: Any) -> _dt.dtype:
@@ -144,21 +166,23 @@ def _like_dtype(t: Tensor, dtype: Any) -> _dt.dtype:
 
 
 def zeros_like(input: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return _leaf(np.zeros(input.shape, _like_dtype(input, dtype).np), requires_grad)
+    return _leaf(_filled(input.shape, 0, _like_dtype(input, dtype).np, input.device), requires_grad)
 
 
 def ones_like(input: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return _leaf(np.ones(input.shape, _like_dtype(input, dtype).np), requires_grad)
+    return _leaf(_filled(input.shape, 1, _like_dtype(input, dtype).np, input.device), requires_grad)
 
 
 def empty_like(input: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return _leaf(np.empty(input.shape, _like_dtype(input, dtype).np), requires_grad)
+    return _leaf(np.empty(input.shape, _like_dtype(input, dtype).np), requires_grad, input.device)
 
 
 def full_like(
     input: Tensor, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False
 ) -> Tensor:
-    return _leaf(np.full(input.shape, fill_value, _like_dtype(input, dtype).np), requires_grad)
+    return _leaf(
+        _filled(input.shape, fill_value, _like_dtype(input, dtype).np, input.device), requires_grad
+    )
 
 
 def arange(
@@ -170,7 +194,7 @@ def arange(
     device: Any = None,
     requires_grad: bool = False,
 ) -> Tensor:
-    as_device(device)
+    dev = as_device(device)
     if end is None:
         start, end = 0, start
     if step == 0:
@@ -181,7 +205,7 @@ def arange(
         dt = _dt.as_dtype(dtype)
     n = int(np.ceil((float(end) - float(start)) / float(step)))
     arr = (np.arange(max(n, 0), dtype=np.float64) * step + start).astype(dt.np)
-    return _leaf(arr, requires_grad)
+    return _leaf(arr, requires_grad, dev)
 
 
 def linspace(
@@ -193,9 +217,9 @@ def linspace(
     device: Any = None,
     requires_grad: bool = False,
 ) -> Tensor:
-    as_device(device)
+    dev = as_device(device)
     arr = np.linspace(start, end, int(steps)).astype(_dtype_or_default(dtype).np)
-    return _leaf(arr, requires_grad)
+    return _leaf(arr, requires_grad, dev)
 
 
 def eye(
@@ -206,8 +230,8 @@ def eye(
     device: Any = None,
     requires_grad: bool = False,
 ) -> Tensor:
-    as_device(device)
-    return _leaf(np.eye(n, m, dtype=_dtype_or_default(dtype).np), requires_grad)
+    dev = as_device(device)
+    return _leaf(np.eye(n, m, dtype=_dtype_or_default(dtype).np), requires_grad, dev)
 
 
 # ---- random ------------------------------------------------------------------------------------
@@ -269,10 +293,10 @@ def rand(
     device: Any = None,
     requires_grad: bool = False,
 ) -> Tensor:
-    as_device(device)
+    dev = as_device(device)
     dt = _dtype_or_default(dtype)
     arr = _gen(generator).random(shape_arg(size), dtype=np.float64).astype(dt.np)
-    return _leaf(arr, requires_grad)
+    return _leaf(arr, requires_grad, dev)
 
 
 def randn(
@@ -282,10 +306,10 @@ def randn(
     device: Any = None,
     requires_grad: bool = False,
 ) -> Tensor:
-    as_device(device)
+    dev = as_device(device)
     dt = _dtype_or_default(dtype)
     arr = _gen(generator).standard_normal(shape_arg(size)).astype(dt.np)
-    return _leaf(arr, requires_grad)
+    return _leaf(arr, requires_grad, dev)
 
 
 def randint(
@@ -297,12 +321,12 @@ def randint(
     dtype: Any = None,
     device: Any = None,
 ) -> Tensor:
-    as_device(device)
+    dev = as_device(device)
     if high is None:
         low, high = 0, low
     dt = _dt.int64 if dtype is None else _dt.as_dtype(dtype)
     arr = _gen(generator).integers(low, high, size=tuple(size)).astype(dt.np)
-    return Tensor._make(arr)
+    return _leaf(arr, False, dev)
 
 
 def randperm(n: int, *, generator: Generator | None = None, dtype: Any = None) -> Tensor:
@@ -311,13 +335,17 @@ def randperm(n: int, *, generator: Generator | None = None, dtype: Any = None) -
 
 
 def rand_like(input: Tensor, *, dtype: Any = None, generator: Generator | None = None) -> Tensor:
-    return rand(*input.shape, dtype=_like_dtype(input, dtype), generator=generator)
+    return rand(
+        *input.shape, dtype=_like_dtype(input, dtype), generator=generator, device=input.device
+    )
 
 
 def randn_like(input: Tensor, *, dtype: Any = None, generator: Generator | None = None) -> Tensor:
-    return randn(*input.shape, dtype=_like_dtype(input, dtype), generator=generator)
+    return randn(
+        *input.shape, dtype=_like_dtype(input, dtype), generator=generator, device=input.device
+    )
 
 
 def bernoulli(p: Tensor, *, generator: Generator | None = None) -> Tensor:
     u = _gen(generator).random(p.shape)
-    return Tensor._make((u < p._data).astype(p.dtype.np))
+    return _leaf((u < _host(p._data)).astype(p.dtype.np), False, p.device)

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import storage as _storage
 from ..errors import DTypeError, ShapeError, describe
 from ..tensor import Tensor
 from ._util import to_tensor
@@ -112,17 +113,18 @@ def nll_loss(
     n_classes = logp.shape[1]
     ignored = tgt == ignore_index
     safe = where(ignored, 0, tgt)
-    bad = (safe._data < 0) | (safe._data >= n_classes)
+    targets = _storage.to_host(safe._data)  # one copy when on a GPU: the check is on the host
+    bad = (targets < 0) | (targets >= n_classes)
     if bad.any():
         raise IndexError(
-            f"nll_loss: Target {int(safe._data[bad].flat[0])} is out of bounds "
+            f"nll_loss: Target {int(targets[bad].flat[0])} is out of bounds "
             f"(number of classes {n_classes})"
         )
     picked = _class_dim_last(logp).gather(-1, safe.unsqueeze(-1)).squeeze(-1)
     if weight is not None:
         w = to_tensor(weight)[safe]
     else:
-        w = Tensor._make(np.ones(safe.shape, logp.dtype.np))
+        w = Tensor._make(_storage.full_like(safe._data, 1, logp.dtype.np))
     w = where(ignored, 0.0, w)
     loss = neg(picked) * w
     if squeeze and reduction == "none":
@@ -431,10 +433,10 @@ def max_pool2d(
     if return_indices:
         # PyTorch's indices address the flattened (H, W) input plane, not the window
         (sh, sw), (ph, pw), (dh, dw) = s, p, _pair(dilation)
-        local = idx._data
+        local = _storage.to_host(idx._data)  # (indices are computed on the host)
         rows = np.arange(oh)[:, None] * sh - ph + (local // kw) * dh
         cols = np.arange(ow)[None, :] * sw - pw + (local % kw) * dw
-        flat_idx = Tensor._make((rows * x.shape[3] + cols).astype(np.int64))
+        flat_idx = Tensor._make((rows * x.shape[3] + cols).astype(np.int64)).to(x.device)
         return values, (flat_idx.squeeze(0) if squeeze else flat_idx)
     return values
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
+from .. import storage as _storage
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..tensor import Tensor
 from ._util import P, apply, as_operand, to_tensor, wrap_dim
@@ -86,8 +87,9 @@ def _normalise_key(x: Tensor, key: Any) -> tuple[tuple, tuple]:
             if t._dtype is not _dt.bool_ and t._data.dtype.kind in "iu":
                 dim = consumed
                 size = x._data.shape[dim] if dim < x.ndim else 0
-                if t._data.size and (t._data.max() >= size or t._data.min() < -size):
-                    bad = t._data.max() if t._data.max() >= size else t._data.min()
+                values = _storage.to_host(t._data)  # (a copy when on a GPU)
+                if values.size and (values.max() >= size or values.min() < -size):
+                    bad = values.max() if values.max() >= size else values.min()
                     raise IndexOutOfRange(
                         f"getitem: index {int(bad)} is out of bounds for dimension {dim} with "
                         f"size {size} (tensor shape {tuple(x.shape)})"
@@ -124,6 +126,8 @@ def getitem_spec(x: Tensor, tensors: tuple, spec: tuple) -> Tensor:
 
 def index_put_spec(x: Tensor, v: Tensor, tensors: tuple, spec: tuple) -> Tensor:
     """A copy of ``x`` with ``[key] = v`` for a normalised key (v broadcast to the target)."""
+    if v.ndim == 0 and v.device != x.device:
+        v = v.to(x.device)  # a 0-d value (e.g. a Python number) may be assigned on any device
     probe = np.broadcast_to(np.empty((), dtype=bool), tuple(x.shape))
     target = probe[numpy_key(spec, tuple(t._data for t in tensors))].shape
     if tuple(v.shape) != tuple(target):
@@ -154,7 +158,8 @@ def _check_index_range(op: str, index: Tensor, size: int, dim: int) -> None:
     """Indices of gather/scatter/index_select/embedding must lie in [0, size), as in PyTorch
     (negative indices are an error there, not counted from the end)."""
     if index._data.size:
-        lo, hi = int(index._data.min()), int(index._data.max())
+        values = _storage.to_host(index._data)  # (a copy when on a GPU)
+        lo, hi = int(values.min()), int(values.max())
         if lo < 0 or hi >= size:
             bad = hi if hi >= size else lo
             raise IndexOutOfRange(
@@ -196,7 +201,9 @@ def _scatter_args(op: str, x: Tensor, dim: int, index: Any, src: Any) -> tuple:
                 raise ShapeError(f"{op}: src {describe(s)} is smaller than index {describe(idx)}")
             s = s[tuple(slice(0, n) for n in idx.shape)]
     else:
-        s = Tensor._make(np.full(idx.shape, src, dtype=x.dtype.np))
+        from .creation import full
+
+        s = full(tuple(idx.shape), src, dtype=x.dtype, device=x.device)
     return d, idx, s
 
 
@@ -312,7 +319,7 @@ def masked_select(input: Any, mask: Any) -> Tensor:
     x, m = broadcast_tensors(to_tensor(input), to_tensor(mask))
     if m._dtype is not _dt.bool_:
         raise DTypeError(f"masked_select: expected a bool mask, got {describe(m)}")
-    return getitem(x, Tensor._make(np.ascontiguousarray(m._data)))
+    return getitem(x, m.contiguous())
 
 
 def take_along_dim(input: Any, indices: Any, dim: int | None = None) -> Tensor:
@@ -336,11 +343,12 @@ def take_along_dim(input: Any, indices: Any, dim: int | None = None) -> Tensor:
 
 def one_hot(tensor: Any, num_classes: int = -1) -> Tensor:
     idx = _index_tensor("one_hot", tensor)
+    values = _storage.to_host(idx._data)  # (a copy when on a GPU)
     if num_classes < 0:
-        num_classes = int(idx._data.max()) + 1 if idx._data.size else 0
-    if idx._data.size and (idx._data.min() < 0 or idx._data.max() >= num_classes):
+        num_classes = int(values.max()) + 1 if values.size else 0
+    if values.size and (values.min() < 0 or values.max() >= num_classes):
         raise IndexOutOfRange(f"one_hot: class values must be in [0, {num_classes})")
-    classes = Tensor._make(np.arange(num_classes, dtype=np.int64))
+    classes = Tensor._make(np.arange(num_classes, dtype=np.int64)).to(idx.device)
     from .elementwise import eq
 
     return eq(idx.unsqueeze(-1), classes).to(_dt.int64)

@@ -382,6 +382,17 @@ def _matmul(a, b):  # type: ignore[no-untyped-def]
     return np.matmul(a, b)
 
 
+@primitive("to_device", "opaque", "x")
+def _to_device(x, device, source):  # type: ignore[no-untyped-def]
+    """A copy of ``x`` on ``device`` ("cpu" or "cuda:0"); ``source`` is where ``x`` lives (the
+    derivative copies the gradient back there)."""
+    if device == "cpu":
+        return x.to_host() if hasattr(x, "to_host") else x
+    from ..cuda.array import to_device
+
+    return to_device(x)
+
+
 # ---- shape/dtype rules ------------------------------------------------------------------------
 # ``meta(shapes, dtypes, **attrs) -> (shape, dtype)``: what each primitive produces, computed from
 # input shapes and dtypes alone.  The compiler's capture runs derivative rules on symbolic values
@@ -544,6 +555,7 @@ def _set_metas() -> None:
         return tuple(batch) + (a[-2], b[-1]), dtypes[0]
 
     set_meta("matmul", matmul_meta)
+    set_meta("to_device", lambda shapes, dtypes, device, source: (tuple(shapes[0]), dtypes[0]))
     missing = [name for name, prim in REGISTRY.items() if prim.meta is None]
     if missing:
         raise AssertionError(f"primitives without a shape/dtype rule: {missing}")

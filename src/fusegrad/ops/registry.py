@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..autograd import grad_mode
+from ..cuda.array import CudaArray
 from ..errors import AutogradError
 
 
@@ -128,8 +129,16 @@ def apply(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
         result = _interceptor(prim, inputs, attrs)
         if result is not NotImplemented:
             return result
-    data = prim.kernel(*[t._data for t in inputs], **attrs)
-    out = _make(data if type(data) is np.ndarray else np.asarray(data))
+    arrays = [t._data for t in inputs]
+    for a in arrays:
+        if type(a) is CudaArray:  # a CUDA tensor: the device runs it
+            data = _device_run(prim, arrays, attrs)
+            break
+    else:
+        data = prim.kernel(*arrays, **attrs)
+        if type(data) is not np.ndarray and type(data) is not CudaArray:  # (to_device makes one)
+            data = np.asarray(data)
+    out = _make(data)
     if prim.differentiable and grad_mode._state.enabled:
         for t in inputs:
             if t._requires_grad or t.grad_fn is not None:
@@ -144,6 +153,12 @@ def apply(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
         if _anomaly_state.enabled:
             _record_forward_trace(node)
     return out
+
+
+def _device_run(prim: Primitive, arrays: list, attrs: dict) -> Any:
+    from ..cuda.ops import run
+
+    return run(prim, arrays, attrs)
 
 
 def _bind_late() -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import storage as _storage
 from ..autograd import grad_mode as _grad_mode
 from ..errors import ShapeError, describe
 from ..tensor import DEFAULT, INFERENCE, MULTI_OUTPUT, NO_GRAD, Tensor, _ViewInfo, _ViewTensor
@@ -36,7 +37,7 @@ def _as_view(out: Tensor, base: Tensor, prim: str, attrs: dict) -> Tensor:
     mode; attrs are kept as the op's own dict, never mutated)."""
     if type(out) is not Tensor:
         return out  # a compiler's symbolic value
-    if prim == "reshape" and not np.may_share_memory(out._data, base._data):
+    if prim == "reshape" and not _storage.may_share_memory(out._data, base._data):
         return out  # numpy copied
     state = _grad_mode._state
     creation = DEFAULT if state.enabled else INFERENCE if state.inference else NO_GRAD
@@ -172,7 +173,7 @@ def view(input: Tensor, *shape: Any) -> Tensor:
 
         return x.to(_dt.as_dtype(shape[0]))
     target = _infer_shape("view", x, shape_arg(shape))
-    probe = x._data.view()
+    probe = x._data.probe().view() if x.is_cuda else x._data.view()
     try:
         probe.shape = target
     except AttributeError:
@@ -522,7 +523,7 @@ def repeat(input: Any, *sizes: Any) -> Tensor:
     y = broadcast_to(y, tuple(v for r, s in zip(reps, shp) for v in (r, s)))
     out = reshape(y, tuple(r * s for r, s in zip(reps, shp)))
     # repeat always returns new memory; with only unit repeats the reshapes above are views
-    return clone(out) if np.may_share_memory(out._data, x._data) else out
+    return clone(out) if _storage.may_share_memory(out._data, x._data) else out
 
 
 def tile(input: Any, dims: Sequence[int]) -> Tensor:
@@ -644,7 +645,8 @@ def _tri_mask(x: Tensor, diagonal_: int, lower: bool) -> Tensor:
         )
     r, c = x._data.shape[-2:]
     m = np.tri(r, c, diagonal_, dtype=bool)
-    return Tensor._make(m if lower else ~np.tri(r, c, diagonal_ - 1, dtype=bool))
+    mask = Tensor._make(m if lower else ~np.tri(r, c, diagonal_ - 1, dtype=bool))
+    return mask.to(x.device)
 
 
 def _tri(x: Tensor, diagonal_: int, lower: bool) -> Tensor:

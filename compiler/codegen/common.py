@@ -1,0 +1,214 @@
+"""What the numba CPU and CUDA emitters share: kernel geometry, scalar expressions, and the module
+cache.
+
+Both emitters (``numba_cpu``, ``numba_cuda``) read the same ``passes.fuse.Kernel`` objects and
+compute every elementwise value from the same ``lowering.EXPRESSIONS`` template; they differ only
+in loop structure and in how a few functions are spelled on their target (``Spelling``).  This
+module holds the pieces that must agree between them:
+
+* geometry: a reduction's keepdim target at the loop's rank (``reduction_target``), an input's
+  broadcast pattern (``broadcast_dims``), whether a kernel runs as one flat loop (``is_flat``);
+* ``literal`` (a scalar constant in generated source) and ``expression`` (the scalar expression of
+  one IR value, from the lowering table);
+* the on-disk module cache: ``cache_dir``, ``module_name`` (a hash of the source and every codegen
+  flag, the target included) and ``load_module``, which writes the source once, registers the
+  module in ``sys.modules`` and imports it, so that numba's ``cache=True`` finds its machine code
+  in the next process.
+
+Sizes never appear in generated source: shapes at capture only decide *structure* (which dims
+are 1, i.e. broadcast or reduced), which the cache key fixes (DESIGN.md contract 5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from ..ir import Value
+from ..passes.fuse import Kernel
+from .lowering import EXPRESSIONS, MATH
+
+# ---- geometry ---------------------------------------------------------------------------------
+
+
+def padded(shape: tuple, rank: int) -> tuple:
+    """``shape`` with leading 1s up to ``rank`` (numpy's broadcasting alignment)."""
+    return (1,) * (rank - len(shape)) + tuple(shape)
+
+
+def reduction_target(v: Value, space: tuple) -> tuple:
+    """The keepdim shape of a fused reduction (``sum_to`` or ``sum``), at the rank of ``space``."""
+    if v.op == "sum_to":
+        return padded(tuple(v.attr("shape")), len(space))
+    dim = v.attr("dim")
+    if dim is None:
+        return (1,) * len(space)
+    return tuple(1 if i in dim else s for i, s in enumerate(space))
+
+
+def reduced_dims(v: Value, space: tuple) -> tuple[int, ...]:
+    """The dims of ``space`` a reduction sums over (size-1 dims of ``space`` are never reduced:
+    summing over them is the identity)."""
+    target = reduction_target(v, space)
+    return tuple(d for d in range(len(space)) if target[d] == 1 and space[d] != 1)
+
+
+def broadcast_dims(v: Value, space: tuple) -> tuple[bool, ...]:
+    """Per dim of ``space``: is ``v`` (aligned to the right) broadcast along it?"""
+    shape = padded(v.shape, len(space))
+    return tuple(s == 1 and t != 1 for s, t in zip(shape, space))
+
+
+def is_flat(kernel: Kernel) -> bool:
+    """Every input full-size or a single element and every reduction full: one flat loop."""
+    space = kernel.shape
+    return all(
+        i.shape == space or int(np.prod(i.shape)) == 1
+        for i in kernel.inputs + [v.inputs[0] for v in kernel.values if v.op == "broadcast_to"]
+    ) and all(
+        all(reduction_target(r, space)[d] == 1 for d in range(len(space)))
+        for r in kernel.reductions
+    )
+
+
+# ---- scalar expressions -----------------------------------------------------------------------
+
+
+def literal(value: Any, dtype: Any) -> str:
+    """A typed scalar constant in generated source (``np.float32(0.5)``, ``np.inf``, ...)."""
+    if dtype.name == "bool":
+        return "True" if value else "False"
+    if dtype.is_floating_point:
+        v = float(value)
+        text = (
+            repr(v)
+            if np.isfinite(v)
+            else ("np.inf" if v > 0 else ("-np.inf" if v < 0 else "np.nan"))
+        )
+        return f"np.{dtype.name}({text})"
+    return f"np.{dtype.name}({int(value)})"
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How one target spells the functions the lowering table leaves open: ``math32`` and
+    ``math64`` map each ``lowering.MATH`` name to the function used for float32 and for other
+    operands, ``functions`` each ``lowering.TARGET_FUNCTIONS`` name to its target function."""
+
+    math32: Mapping[str, str]
+    math64: Mapping[str, str]
+    functions: Mapping[str, str]
+
+
+def expression(v: Value, read: Callable[[Value], str], spelling: Spelling) -> str:
+    """The scalar expression computing kernel value ``v`` from its ``lowering.EXPRESSIONS``
+    template (``broadcast_to`` is a read: ``read`` indexes its operand by the broadcast pattern);
+    ``read`` gives each operand's expression.  Floating results are wrapped in their numpy type,
+    so every value keeps its IR dtype."""
+    if v.op == "broadcast_to":
+        expr = read(v.inputs[0])
+        return f"np.{v.dtype.name}({expr})" if v.dtype.is_floating_point else expr
+    fmt: dict[str, str] = dict(spelling.functions)
+    fmt["dtype"] = v.attr("dtype").name if v.op == "cast" else v.dtype.name
+    fmt["one"] = literal(1, v.dtype) if v.dtype.is_floating_point else "1"
+    operand_dtype = v.inputs[0].dtype if v.inputs else v.dtype
+    math = spelling.math32 if operand_dtype.name == "float32" else spelling.math64
+    for name in MATH:
+        fmt[name] = math[name]
+    expr = EXPRESSIONS[v.op].format(*[read(a) for a in v.inputs], **fmt)
+    return f"np.{v.dtype.name}({expr})" if v.dtype.is_floating_point else expr
+
+
+def reader(
+    members: set[Value] | frozenset[Value],
+    inputs: Sequence[Value],
+    read_input: Callable[[int, Value], str],
+) -> Callable[[Value], str]:
+    """The ``read`` of an emitter, for ``expression``: a kernel value is its local ``v{id}``, a
+    scalar its literal, the ``k``-th kernel input whatever ``read_input(k, value)`` says (the
+    indexing is the emitter's)."""
+
+    def read(v: Value) -> str:
+        if v in members:
+            return f"v{v.id}"
+        if v.op == "scalar":
+            return literal(v.attr("value"), v.dtype)
+        return read_input(inputs.index(v), v)
+
+    return read
+
+
+def describe(v: Value) -> str:
+    """The comment naming an IR value (and the eager node it came from) in generated code."""
+    return f"# %{v.id} = {v.op}" + (f"  # {v.origin}" if v.origin else "")
+
+
+# ---- the on-disk module cache -----------------------------------------------------------------
+
+
+def cache_dir() -> str:
+    """``FUSEGRAD_CACHE_DIR``, else the user cache directory (XDG), else a temp directory."""
+    path = os.environ.get("FUSEGRAD_CACHE_DIR")
+    if not path:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        path = os.path.join(base, "fusegrad")
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, ".write_test")
+        with open(probe, "w") as fh:
+            fh.write("ok")
+        os.remove(probe)
+    except OSError:
+        path = os.path.join(tempfile.gettempdir(), "fusegrad-cache")
+        os.makedirs(path, exist_ok=True)
+    return path
+
+
+def module_name(source: str, flags: str) -> str:
+    """The module's name: a hash of ``flags`` (every codegen setting the source does not show:
+    emitter version, target, compiler version, digests of inlined helpers) and the source."""
+    digest = hashlib.sha256((flags + "\n" + source).encode()).hexdigest()[:20]
+    return f"fusegrad_generated_{digest}"
+
+
+def load_module(
+    source: str, flags: str, loaded: dict[str, ModuleType]
+) -> tuple[ModuleType, str, bool]:
+    """Import the module for ``source`` (writing it once); returns (module, path, was_on_disk).
+    ``loaded`` is the caller's in-memory table of modules already imported in this process.
+    A corrupt or unreadable cache file is rewritten, never fatal."""
+    name = module_name(source, flags)
+    path = os.path.join(cache_dir(), name + ".py")
+    if name in loaded:
+        return loaded[name], path, True
+    on_disk = False
+    try:
+        with open(path) as fh:
+            on_disk = fh.read() == source
+    except OSError:
+        on_disk = False
+    if not on_disk:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(source)
+        os.replace(tmp, path)  # atomic: concurrent writers never leave a torn file
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before execution: numba's cache locates functions by module
+    try:
+        spec.loader.exec_module(module)
+    except Exception:
+        sys.modules.pop(name, None)
+        raise
+    loaded[name] = module
+    return module, path, on_disk

@@ -1,0 +1,99 @@
+"""``fusegrad.cuda``: CUDA devices through numba-cuda (the optional ``cuda`` extra).
+
+numba-cuda is imported only when something asks for CUDA (``is_available()``, a ``"cuda"``
+device), never when fusegrad is imported: importing it is slow, and numba's CUDA *simulator*
+(``NUMBA_ENABLE_CUDASIM=1``) must be chosen before numba is first imported.  Under the simulator
+``is_available()`` is true and CUDA tensors live in host memory behind numba's simulated device
+arrays, so everything here (and the generated kernels) runs without a GPU, slowly.
+
+Storage of a CUDA tensor is a ``CudaArray`` (``fusegrad.cuda.array``); the eager CUDA kernel of
+every primitive is generated from the compiler's per-primitive lowering (``fusegrad.cuda.ops``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+__all__ = [
+    "is_available",
+    "device_count",
+    "current_device",
+    "get_device_name",
+    "synchronize",
+    "is_simulator",
+    "manual_seed",
+]
+
+
+@functools.cache
+def _probe() -> tuple[Any, str]:
+    """(numba.cuda module or None, reason it is unusable)."""
+    try:
+        from numba import config, cuda
+    except ImportError as e:  # numba-cuda not installed
+        return None, f"numba-cuda is not importable ({e})"
+    try:
+        if config.ENABLE_CUDASIM:
+            return cuda, ""
+        if not cuda.is_available():
+            return None, "numba-cuda found no usable CUDA driver or GPU"
+    except Exception as e:  # a broken driver install must not crash ``is_available``
+        return None, f"the CUDA driver could not be initialised ({e})"
+    return cuda, ""
+
+
+def numba_cuda() -> Any:
+    """The ``numba.cuda`` module (CUDA must be available)."""
+    mod, reason = _probe()
+    if mod is None:
+        raise RuntimeError(f"CUDA is not available: {reason}")
+    return mod
+
+
+def is_available() -> bool:
+    return _probe()[0] is not None
+
+
+def unavailable_reason() -> str:
+    return _probe()[1] or "available"
+
+
+def is_simulator() -> bool:
+    """True when numba's CUDA simulator stands in for a GPU (``NUMBA_ENABLE_CUDASIM=1``)."""
+    if not is_available():
+        return False
+    from numba import config
+
+    return bool(config.ENABLE_CUDASIM)
+
+
+def device_count() -> int:
+    if not is_available():
+        return 0
+    return len(numba_cuda().gpus)
+
+
+def current_device() -> int:
+    numba_cuda()
+    return 0
+
+
+def get_device_name(device: Any = None) -> str:
+    cuda = numba_cuda()
+    if is_simulator():
+        return "numba CUDA simulator"
+    name = cuda.get_current_device().name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for every queued kernel and copy on the device (timing needs this)."""
+    numba_cuda().synchronize()
+
+
+def manual_seed(seed: int) -> None:
+    """CUDA tensors draw from the host generator (and are copied), so one seed covers both."""
+    from ..ops.creation import manual_seed as _seed
+
+    _seed(seed)

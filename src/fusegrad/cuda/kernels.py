@@ -1,0 +1,114 @@
+"""Data-movement kernels of the CUDA backend: strided copy (with numpy's unsafe cast and
+broadcasting) and fill.  These move bytes; they hold no primitive's formula (those come from the
+compiler's lowering, see ``fusegrad.cuda.ops``).
+
+One kernel source per rank and dtype pair, built here and compiled lazily by numba-cuda, cached
+in memory.  Every kernel is a grid-stride loop over the flattened destination: any geometry
+(strided, offset, zero-stride broadcast sources) is indexed through the arrays' strides.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from .array import CudaArray, probe_view
+
+THREADS = 256
+
+
+def launch_config(n: int) -> tuple[int, int]:
+    """(blocks, threads per block) for a grid-stride loop over ``n`` elements."""
+    from . import is_simulator, numba_cuda
+
+    if is_simulator():
+        return (min(max((n + 31) // 32, 1), 2), 32)  # the simulator runs threads in Python
+    device = numba_cuda().get_current_device()
+    sms = getattr(device, "MULTIPROCESSOR_COUNT", 80)
+    blocks = min(max((n + THREADS - 1) // THREADS, 1), sms * 8)
+    return blocks, THREADS
+
+
+def _convert(src_dtype: np.dtype, dst_dtype: np.dtype, expr: str) -> str:
+    """numpy's unsafe cast of ``expr`` (of ``src_dtype``) to ``dst_dtype`` in numba source."""
+    if dst_dtype == np.bool_:
+        return expr if src_dtype == np.bool_ else f"({expr} != 0)"
+    return f"np.{dst_dtype.name}({expr})"
+
+
+def _unravel(rank: int) -> list[str]:
+    lines = ["        rem = i"]
+    for d in reversed(range(rank)):
+        lines.append(f"        i{d} = rem % shape{d}")
+        if d:
+            lines.append(f"        rem //= shape{d}")
+    return lines
+
+
+@functools.cache
+def _copy_kernel(rank: int, src_dtype: np.dtype, dst_dtype: np.dtype) -> Any:
+    idx = ", ".join(f"i{d}" for d in range(rank)) if rank else "()"
+    shapes = [f"    shape{d} = dst.shape[{d}]" for d in range(rank)]
+    source = "\n".join(
+        [
+            "def copy(dst, src, n):",
+            *shapes,
+            "    for i in range(cuda.grid(1), n, cuda.gridsize(1)):",
+            *(_unravel(rank) if rank else []),
+            f"        dst[{idx}] = {_convert(src_dtype, dst_dtype, f'src[{idx}]')}",
+        ]
+    )
+    return build(source, "copy", f"copy rank {rank} {src_dtype} -> {dst_dtype}")
+
+
+@functools.cache
+def _fill_kernel(rank: int, dst_dtype: np.dtype) -> Any:
+    idx = ", ".join(f"i{d}" for d in range(rank)) if rank else "()"
+    shapes = [f"    shape{d} = dst.shape[{d}]" for d in range(rank)]
+    source = "\n".join(
+        [
+            "def fill(dst, value, n):",
+            *shapes,
+            "    for i in range(cuda.grid(1), n, cuda.gridsize(1)):",
+            *(_unravel(rank) if rank else []),
+            f"        dst[{idx}] = value",
+        ]
+    )
+    return build(source, "fill", f"fill rank {rank} {dst_dtype}")
+
+
+def build(source: str, name: str, label: str) -> Any:
+    """Execute ``source`` (kernel definitions written for numba-cuda) and return its function
+    ``name`` as a CUDA kernel (jitted here unless the source decorates it).  Compilation to
+    machine code happens at the first launch, so this needs no GPU (the PTX tests use it)."""
+    from numba import cuda
+
+    scope: dict[str, Any] = {"cuda": cuda, "np": np}
+    exec(compile(source, f"<fusegrad.cuda {label}>", "exec"), scope)
+    fn = scope[name]
+    return fn if hasattr(fn, "py_func") else cuda.jit(fn)
+
+
+def copy(dst: CudaArray, src: CudaArray) -> None:
+    """``dst[...] = src``: ``src`` broadcast to ``dst``'s shape, cast like numpy's unsafe cast."""
+    if src.shape != dst.shape:
+        src = probe_view(src, lambda p: np.broadcast_to(p, dst.shape))
+    n = dst.size
+    if n == 0:
+        return
+    kernel = _copy_kernel(dst.ndim, src.dtype, dst.dtype)
+    blocks, threads = launch_config(n)
+    kernel[blocks, threads](dst.kernel_array(), src.kernel_array(), n)
+
+
+def fill(dst: CudaArray, value: Any) -> None:
+    """Set every element of ``dst`` to the Python scalar ``value`` (cast to ``dst``'s dtype)."""
+    n = dst.size
+    if n == 0:
+        return
+    scalar = np.array(value).astype(dst.dtype)[()]  # typed: the kernel specialises on it
+    kernel = _fill_kernel(dst.ndim, dst.dtype)
+    blocks, threads = launch_config(n)
+    kernel[blocks, threads](dst.kernel_array(), scalar, n)

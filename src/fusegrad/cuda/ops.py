@@ -1,0 +1,206 @@
+"""Eager CUDA execution of primitives: ``registry.apply`` hands every call with a CUDA input here.
+
+Where each primitive's CUDA code comes from:
+
+* elementwise primitives, and ``sum`` / ``sum_to`` of floating values: a one-op program built by
+  the compiler — a tiny IR graph (inputs, the primitive, an output) fused into one ``Kernel`` and
+  emitted by ``fusegrad.compiler.codegen.numba_cuda`` from the same lowering table as compiled
+  code, so each formula has one definition.  Kernels are cached per primitive, attributes,
+  dtypes and broadcast pattern (sizes are runtime arguments);
+* view primitives (``reshape``, ``permute``, ``broadcast_to``, ``diagonal``, basic ``getitem``):
+  no kernel, only geometry (``CudaArray`` views computed by numpy on a probe);
+* ``to_device``: the transfer itself; ``flip``: a view, then a copy; ``matmul``: a tiled
+  shared-memory kernel (``fusegrad.cuda.matmul``); other reductions: ``fusegrad.cuda.reduce``.
+
+What is not implemented on CUDA yet raises ``NotImplementedError`` naming the primitive, shapes
+and dtypes — never a silent trip through host memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .array import CudaArray, contiguous, probe_view, to_device
+
+# Python scalars (0-d host arrays) meeting CUDA tensors are uploaded once per (dtype, value)
+_SCALARS: dict[tuple, CudaArray] = {}
+_MAX_SCALARS = 4096
+
+
+def _device_scalar(a: np.ndarray) -> CudaArray:
+    key = (a.dtype.str, a.tobytes())
+    out = _SCALARS.get(key)
+    if out is None:
+        if len(_SCALARS) >= _MAX_SCALARS:
+            _SCALARS.clear()
+        out = _SCALARS[key] = to_device(a)
+        out.writeable = False  # shared: never written in place
+    return out
+
+
+def _on_device(prim: Any, arrays: list) -> list[CudaArray]:
+    out = []
+    for a in arrays:
+        if type(a) is not CudaArray:
+            a = np.asarray(a)
+            if a.ndim != 0:
+                shapes = ", ".join(
+                    f"{'cuda:0' if type(x) is CudaArray else 'cpu'} {tuple(x.shape)} {x.dtype}"
+                    for x in arrays
+                )
+                raise RuntimeError(
+                    "Expected all tensors to be on the same device, but found at least two "
+                    f"devices, cuda:0 and cpu! ({prim.name} got {shapes})"
+                )
+            a = _device_scalar(a)
+        out.append(a)
+    return out
+
+
+def run(prim: Any, arrays: list, attrs: dict) -> Any:
+    """The CUDA kernel of ``prim`` on ``arrays`` (CudaArrays, or 0-d host scalars)."""
+    name = prim.name
+    if name == "to_device":
+        return prim.kernel(arrays[0], **attrs)
+    data_count = _DATA_OPERANDS.get(name)
+    if data_count is not None and (len(arrays) > data_count or name == "index_add_at"):
+        # index operands may live on either device (PyTorch accepts host index tensors)
+        return _advanced(name, _on_device(prim, arrays[:data_count]), arrays[data_count:], attrs)
+    if name in _INDEX_AT_1 and type(arrays[1]) is not CudaArray:
+        arrays = [arrays[0], to_device(np.asarray(arrays[1])), *arrays[2:]]
+    arrays = _on_device(prim, arrays)
+    special = _SPECIAL.get(name)
+    if special is not None:
+        result = special(arrays, attrs)
+        if result is not NotImplemented:
+            return result
+    from . import generated
+
+    if generated.supports(prim, arrays):
+        return generated.run(prim, arrays, attrs)
+    raise NotImplementedError(_unsupported(prim, arrays, attrs))
+
+
+# primitives with trailing index operands: how many leading operands are data
+_DATA_OPERANDS = {"getitem": 1, "index_put": 2, "index_add_at": 1}
+# primitives with an index operand at position 1 (uploaded when it is on the host)
+_INDEX_AT_1 = frozenset({"gather", "scatter", "scatter_add"})
+
+
+def _advanced(name: str, data: list, index: list, attrs: dict) -> CudaArray:
+    from ..ops.primitives import numpy_key
+    from . import advanced
+
+    key = numpy_key(attrs["key"], tuple(advanced.host_index(i) for i in index))
+    if name == "getitem":
+        return advanced.getitem(data[0], key)
+    if name == "index_put":
+        return advanced.index_put(data[0], data[1], key)
+    return advanced.index_add_at(data[0], key, tuple(attrs["shape"]))
+
+
+def _unsupported(prim: Any, arrays: list, attrs: dict) -> str:
+    shapes = ", ".join(f"{tuple(a.shape)} {a.dtype}" for a in arrays)
+    return (
+        f"{prim.name} is not implemented for CUDA tensors yet (inputs: {shapes}); "
+        "move the tensors to the CPU with .cpu() for this op"
+    )
+
+
+# ---- views: geometry only ---------------------------------------------------------------------
+def _reshape(arrays: list, attrs: dict) -> CudaArray:
+    return arrays[0].reshape(tuple(attrs["shape"]))
+
+
+def _probe_with(name: str) -> Callable[[list, dict], CudaArray]:
+    def view(arrays: list, attrs: dict) -> CudaArray:
+        from ..ops.registry import REGISTRY
+
+        kernel = REGISTRY[name].kernel
+        return probe_view(arrays[0], lambda p: kernel(p, **attrs))
+
+    return view
+
+
+def _getitem(arrays: list, attrs: dict) -> Any:
+    if len(arrays) > 1:  # index tensors: advanced indexing (a gather)
+        return NotImplemented
+    return _probe_with("getitem")(arrays, attrs)
+
+
+def _index_put(arrays: list, attrs: dict) -> Any:
+    if len(arrays) > 2:  # index tensors: advanced indexing (a scatter)
+        return NotImplemented
+    from ..ops.primitives import numpy_key
+    from .array import copy_into
+
+    out = contiguous(arrays[0], force=True)
+    key = numpy_key(attrs["key"], ()) + (Ellipsis,)  # a view even for all-integer keys
+    copy_into(probe_view(out, lambda p: p[key]), arrays[1])
+    return out
+
+
+def _flip(arrays: list, attrs: dict) -> CudaArray:
+    view = probe_view(arrays[0], lambda p: np.flip(p, attrs["dims"]))
+    return contiguous(view, force=True)  # PyTorch's flip copies
+
+
+def _matmul(arrays: list, attrs: dict) -> CudaArray:
+    from .matmul import matmul
+
+    return matmul(arrays[0], arrays[1])
+
+
+def _reduce(name: str) -> Callable[[list, dict], Any]:
+    def reduce(arrays: list, attrs: dict) -> Any:
+        from . import reduce as _reduce_mod
+
+        return _reduce_mod.run(name, arrays[0], attrs)
+
+    return reduce
+
+
+def _movement(name: str) -> Callable[[list, dict], Any]:
+    def run(arrays: list, attrs: dict) -> Any:
+        from . import movement as m
+
+        if name == "cat":
+            return m.cat(arrays, attrs["dim"])
+        if name == "pad":
+            return m.pad(arrays[0], attrs["widths"], attrs["value"])
+        if name == "gather":
+            return m.gather(arrays[0], arrays[1], attrs["dim"])
+        if name == "cumsum":
+            return m.cumsum(arrays[0], attrs["dim"])
+        return m.scatter(*arrays, attrs["dim"], add=name == "scatter_add")
+
+    return run
+
+
+_SPECIAL: dict[str, Callable[[list, dict], Any]] = {
+    **{n: _movement(n) for n in ("cat", "pad", "gather", "scatter", "scatter_add", "cumsum")},
+    "reshape": _reshape,
+    "permute": _probe_with("permute"),
+    "broadcast_to": _probe_with("broadcast_to"),
+    "diagonal": _probe_with("diagonal"),
+    "getitem": _getitem,
+    "index_put": _index_put,
+    "flip": _flip,
+    "matmul": _matmul,
+    **{
+        n: _reduce(n)
+        for n in ("sum", "sum_to", "amax", "amin", "prod", "argmax", "argmin", "all", "any")
+    },
+}
+
+
+def cast_array(a: CudaArray, dtype: np.dtype) -> CudaArray:
+    """``a.astype(dtype)`` on the device."""
+    from .array import copy_into, empty
+
+    out = empty(a.shape, dtype)
+    copy_into(out, a)
+    return out

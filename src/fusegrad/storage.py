@@ -1,0 +1,68 @@
+"""Device-generic helpers for the few places that touch tensor storage directly (in-place
+writes, ``.grad`` accumulation, view bookkeeping): a numpy array on the CPU, a ``CudaArray`` on
+CUDA.  Everything else goes through primitives, which ``registry.apply`` runs on either device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .cuda.array import CudaArray
+
+
+def is_host(a: Any) -> bool:
+    return type(a) is not CudaArray
+
+
+def may_share_memory(a: Any, b: Any) -> bool:
+    if is_host(a) and is_host(b):
+        return bool(np.may_share_memory(a, b))
+    if is_host(a) or is_host(b):
+        return False
+    return a.buffer is b.buffer
+
+
+def copyto(dst: Any, src: Any) -> None:
+    """``dst[...] = src`` with broadcasting and numpy's unsafe cast (on ``dst``'s device)."""
+    if is_host(dst):
+        np.copyto(dst, src, casting="unsafe")
+        return
+    from .cuda.array import copy_into
+    from .cuda.ops import _device_scalar
+
+    if is_host(src):
+        if src.ndim:
+            raise RuntimeError(
+                f"copy: expected a cuda:0 source for a cuda:0 destination, got a cpu array of "
+                f"shape {src.shape}"
+            )
+        src = _device_scalar(src)
+    copy_into(dst, src)
+
+
+def full_like(a: Any, value: Any, dtype: Any = None) -> Any:
+    """A new array of ``a``'s shape filled with ``value``, on ``a``'s device."""
+    dt = np.dtype(a.dtype if dtype is None else dtype)
+    if is_host(a):
+        return np.full(a.shape, value, dt)
+    from .cuda import array, kernels
+
+    out = array.empty(a.shape, dt)
+    kernels.fill(out, value)
+    return out
+
+
+def copy(a: Any, dtype: Any = None) -> Any:
+    """A C-contiguous copy of ``a`` (cast to ``dtype``) on ``a``'s device."""
+    if is_host(a):
+        return np.array(a, dtype=dtype, copy=True, order="C")
+    from .cuda.array import copy_into, empty
+
+    out = empty(a.shape, a.dtype if dtype is None else np.dtype(dtype))
+    copy_into(out, a)
+    return out
+
+
+def to_host(a: Any) -> np.ndarray:
+    return a if is_host(a) else a.to_host()
