@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 from numba import cuda  # noqa: E402
 from numba import types as nt  # noqa: E402
 
-from fusegrad.cuda import advanced, kernels, matmul, movement, reduce  # noqa: E402
+from fusegrad.cuda import advanced, arith, kernels, matmul, movement, reduce  # noqa: E402
 
 CC = (9, 0)
 DTYPES = [np.dtype(d) for d in ("float32", "float64", "int64", "int32", "bool")]
@@ -91,3 +91,13 @@ def test_advanced_indexing_kernels() -> None:
     compiles(ks["gather"], (one, idx, one, nt.int64))
     compiles(ks["scatter"], (one, idx, idx, one, nt.int64))
     compiles(ks["segments"], (one, idx, idx, idx, one, nt.int64))
+
+
+@pytest.mark.parametrize("name", ["remainder", "floor_divide", "round", "bitwise_and"])
+def test_elementwise_extern_kernels(name: str) -> None:
+    kinds = ["int64", "int32"] if name.startswith("bitwise") else ["float32", "float64", "int64"]
+    for dtype in map(np.dtype, kinds):
+        count = 1 if name == "round" else 2
+        for rank in (1, 2):
+            k = arith._kernel(name, (dtype,) * count, dtype, rank, 1 if name == "round" else 0)
+            compiles(k, (arr(dtype, rank, "C"), *[arr(dtype, rank)] * count, nt.int64))

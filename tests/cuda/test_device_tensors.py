@@ -208,3 +208,40 @@ def test_matmul_of_transposed_views() -> None:
     b = RNG.standard_normal((6, 3)).astype(np.float32)
     got = host(cuda_tensor(a).t() @ cuda_tensor(b))
     np.testing.assert_allclose(got, a.T @ b, rtol=1e-5, atol=1e-5)
+
+
+# ---- elementwise externs (numpy's scalar rules) ---------------------------------------------
+def _same_as_cpu(fn: object, *arrays: np.ndarray) -> None:
+    want = fn(*[fusegrad.tensor(a) for a in arrays])  # type: ignore[operator]
+    got = fn(*[cuda_tensor(a) for a in arrays])  # type: ignore[operator]
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(host(got), want.numpy())
+
+
+def test_remainder_and_floor_divide_follow_numpy() -> None:
+    a = np.array([5.5, -5.5, 5.5, -5.5, 0.0, -0.0, 3.0, np.inf, 1.0], np.float32)
+    b = np.array([2.0, 2.0, -2.0, -2.0, 3.0, 3.0, 0.0, 2.0, np.inf], np.float32)
+    _same_as_cpu(fusegrad.remainder, a, b)
+    _same_as_cpu(fusegrad.floor_divide, a, b)
+    ia = np.array([7, -7, 7, -7, 0], np.int64)
+    ib = np.array([2, 2, -2, -2, 5], np.int64)
+    _same_as_cpu(fusegrad.remainder, ia, ib)
+    _same_as_cpu(fusegrad.floor_divide, ia, ib)
+    _same_as_cpu(lambda x: fusegrad.remainder(x, 3), ia)
+    with pytest.raises(ZeroDivisionError, match="integer division by zero"):
+        fusegrad.floor_divide(cuda_tensor(ia), cuda_tensor(np.zeros(5, np.int64)))
+
+
+@pytest.mark.parametrize("decimals", [0, 1, -1])
+def test_round_half_to_even_with_decimals(decimals: int) -> None:
+    a = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 2.675, 15.0, 25.0, np.inf, np.nan, 1e30], np.float64)
+    _same_as_cpu(lambda x: fusegrad.round(x, decimals=decimals), a)
+    _same_as_cpu(lambda x: fusegrad.round(x, decimals=decimals), a.astype(np.float32))
+
+
+def test_bitwise_ops_on_bool_and_int() -> None:
+    for dtype in (np.bool_, np.int32, np.int64):
+        a = np.array([0, 1, 1, 0, 5, 6], dtype)
+        b = np.array([0, 0, 1, 1, 3, 3], dtype)
+        for fn in (fusegrad.bitwise_and, fusegrad.bitwise_or, fusegrad.bitwise_xor):
+            _same_as_cpu(fn, a, b)

@@ -21,14 +21,19 @@ THREADS = 256
 
 def launch_config(n: int) -> tuple[int, int]:
     """(blocks, threads per block) for a grid-stride loop over ``n`` elements."""
-    from . import is_simulator, numba_cuda
+    from . import is_simulator
 
     if is_simulator():
         return (min(max((n + 31) // 32, 1), 2), 32)  # the simulator runs threads in Python
-    device = numba_cuda().get_current_device()
-    sms = getattr(device, "MULTIPROCESSOR_COUNT", 80)
-    blocks = min(max((n + THREADS - 1) // THREADS, 1), sms * 8)
+    blocks = min(max((n + THREADS - 1) // THREADS, 1), _multiprocessors() * 8)
     return blocks, THREADS
+
+
+@functools.cache
+def _multiprocessors() -> int:
+    from . import numba_cuda
+
+    return int(getattr(numba_cuda().get_current_device(), "MULTIPROCESSOR_COUNT", 80))
 
 
 def _convert(src_dtype: np.dtype, dst_dtype: np.dtype, expr: str) -> str:
@@ -79,13 +84,34 @@ def _fill_kernel(rank: int, dst_dtype: np.dtype) -> Any:
     return build(source, "fill", f"fill rank {rank} {dst_dtype}")
 
 
+class _SimulatorMath:
+    """``math`` for kernels run by the simulator: numpy's functions, which return inf/nan where
+    the device does instead of raising like Python's ``math`` (``fmod(inf, 2)``)."""
+
+    inf = np.inf
+    fmod = staticmethod(np.fmod)
+    floor = staticmethod(np.floor)
+    copysign = staticmethod(np.copysign)
+    isfinite = staticmethod(np.isfinite)
+
+
+def _math() -> Any:
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        return _SimulatorMath
+    import math
+
+    return math
+
+
 def build(source: str, name: str, label: str) -> Any:
     """Execute ``source`` (kernel definitions written for numba-cuda) and return its function
     ``name`` as a CUDA kernel (jitted here unless the source decorates it).  Compilation to
     machine code happens at the first launch, so this needs no GPU (the PTX tests use it)."""
     from numba import cuda
 
-    scope: dict[str, Any] = {"cuda": cuda, "np": np}
+    scope: dict[str, Any] = {"cuda": cuda, "np": np, "math": _math()}
     exec(compile(source, f"<fusegrad.cuda {label}>", "exec"), scope)
     fn = scope[name]
     return fn if hasattr(fn, "py_func") else cuda.jit(fn)

@@ -10,7 +10,10 @@ Where each primitive's CUDA code comes from:
 * view primitives (``reshape``, ``permute``, ``broadcast_to``, ``diagonal``, basic ``getitem``):
   no kernel, only geometry (``CudaArray`` views computed by numpy on a probe);
 * ``to_device``: the transfer itself; ``flip``: a view, then a copy; ``matmul``: a tiled
-  shared-memory kernel (``fusegrad.cuda.matmul``); other reductions: ``fusegrad.cuda.reduce``.
+  shared-memory kernel (``fusegrad.cuda.matmul``); reductions: ``fusegrad.cuda.reduce``;
+  copying movement ops and ``cumsum``: ``fusegrad.cuda.movement``; advanced indexing:
+  ``fusegrad.cuda.advanced``; the elementwise externs (``round``, ``remainder``,
+  ``floor_divide``, bitwise ops): ``fusegrad.cuda.arith``.
 
 What is not implemented on CUDA yet raises ``NotImplementedError`` naming the primitive, shapes
 and dtypes — never a silent trip through host memory.
@@ -77,10 +80,19 @@ def run(prim: Any, arrays: list, attrs: dict) -> Any:
         result = special(arrays, attrs)
         if result is not NotImplemented:
             return result
-    from . import generated
+    from . import arith, generated
 
     if generated.supports(prim, arrays):
         return generated.run(prim, arrays, attrs)
+    if arith.supports(name):  # elementwise externs of the lowering table
+        from .. import dtypes as _dt
+
+        _, dtype = prim.meta(
+            tuple(a.shape for a in arrays),
+            tuple(_dt.from_numpy_dtype(a.dtype) for a in arrays),
+            **attrs,
+        )
+        return arith.run(name, arrays, attrs, dtype.np)
     raise NotImplementedError(_unsupported(prim, arrays, attrs))
 
 

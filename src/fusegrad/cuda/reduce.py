@@ -81,7 +81,7 @@ def _source(name: str, dtype: np.dtype) -> str:
         combine = f"a if a != a else (b if b != b else (a if a {better}= b else b))"
         init, load = _extreme_init(name, dtype), "x[row, j]"
     start = init if acc == np.bool_ else f"np.{acc.name}({init})"
-    lines = ["import math", "import numpy as np", "from numba import cuda, types", ""]
+    lines = ["from numba import types", ""]  # cuda, np and math come from kernels.build
     if arg:
         lines += [
             '@cuda.jit(device=True, inline="always")',
