@@ -202,10 +202,7 @@ _SPECIAL: dict[str, Callable[[list, dict], Any]] = {
     "index_put": _index_put,
     "flip": _flip,
     "matmul": _matmul,
-    **{
-        n: _reduce(n)
-        for n in ("sum", "sum_to", "amax", "amin", "prod", "argmax", "argmin", "all", "any")
-    },
+    **{n: _reduce(n) for n in ("amax", "amin", "prod", "argmax", "argmin", "all", "any")},
 }
 
 

@@ -1,12 +1,13 @@
-"""Deterministic reductions on CUDA for eager execution: ``sum``, ``sum_to``, ``prod``, ``amax``,
-``amin``, ``argmax``, ``argmin``, ``all``, ``any``.
+"""Deterministic reductions on CUDA for eager execution: ``prod``, ``amax``, ``amin``,
+``argmax``, ``argmin``, ``all``, ``any`` — the reductions the lowering table keeps as externs
+(``sum`` and ``sum_to`` come from the compiler's CUDA emitter, see ``generated``).
 
 The reduced dims are moved last (a view) and made contiguous, giving rows of ``R`` elements, one
 row per output element.  Long rows (``R > 32``) are reduced by one thread block each: every
 thread folds a fixed strided subset, then a shared-memory tree combines the partials in a fixed
 order; short rows by one thread each, sequentially.  Either way the order of operations does
-not depend on scheduling, so results are bitwise reproducible (no atomics).  float32 sums and
-products accumulate in float64, like the compiled CPU kernels.  NaN propagates through
+not depend on scheduling, so results are bitwise reproducible (no atomics).  float32 products
+accumulate in float64.  NaN propagates through
 ``amax``/``amin``; ``argmax``/``argmin`` return the first extreme (a NaN counts as the extreme),
 as numpy and PyTorch do.
 """
@@ -24,18 +25,13 @@ from .kernels import build
 THREADS = 128
 SHORT_ROW = 32
 
-_INIT = {
-    "sum": "0",
-    "prod": "1",
-    "all": "True",
-    "any": "False",
-}
+_INIT = {"prod": "1", "all": "True", "any": "False"}
 
 
 def _acc_dtype(name: str, dtype: np.dtype) -> np.dtype:
     if name in ("all", "any"):
         return np.dtype(np.bool_)
-    if name in ("sum", "sum_to", "prod"):
+    if name == "prod":
         return np.dtype(np.int64) if dtype.kind in "biu" else np.dtype(np.float64)
     return dtype
 
@@ -45,7 +41,7 @@ def _out_dtype(name: str, dtype: np.dtype) -> np.dtype:
         return np.dtype(np.int64)
     if name in ("all", "any"):
         return np.dtype(np.bool_)
-    if name in ("sum", "sum_to", "prod"):
+    if name == "prod":
         return np.dtype(np.int64) if dtype.kind in "biu" else dtype
     return dtype
 
@@ -70,9 +66,7 @@ def _source(name: str, dtype: np.dtype) -> str:
     arg = name in ("argmax", "argmin")
     better = ">" if name in ("amax", "argmax") else "<"
     combine, init, load = "", "0", ""
-    if name in ("sum", "sum_to"):
-        combine, init, load = "a + b", "0", f"np.{acc.name}(x[row, j])"
-    elif name == "prod":
+    if name == "prod":
         combine, init, load = "a * b", "1", f"np.{acc.name}(x[row, j])"
     elif name in ("all", "any"):
         op = "and" if name == "all" else "or"
@@ -178,13 +172,6 @@ def _kernels(name: str, dtype: np.dtype) -> tuple[Any, Any]:
 
 def _axes(name: str, a: CudaArray, attrs: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(reduced axes, output shape)."""
-    if name == "sum_to":
-        shape = tuple(attrs["shape"])
-        lead = a.ndim - len(shape)
-        axes = tuple(range(lead)) + tuple(
-            lead + i for i, s in enumerate(shape) if s == 1 and a.shape[lead + i] != 1
-        )
-        return axes, shape
     dim, keepdim = attrs["dim"], attrs["keepdim"]
     if dim is None:
         axes = tuple(range(a.ndim))
@@ -219,7 +206,7 @@ def run(name: str, a: CudaArray, attrs: dict) -> CudaArray:
     if r == 0:
         from .kernels import fill
 
-        fill(out, 0 if name in ("sum", "sum_to", "any") else 1)
+        fill(out, 0 if name == "any" else 1)
         return out.reshape(out_shape)
     block_kernel, thread_kernel = _kernels(name, a.dtype)
     x, o = rows2d.kernel_array(), out.kernel_array()
