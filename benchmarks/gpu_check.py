@@ -92,38 +92,56 @@ def device_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> dict[str, Any]:
     return {"bytes_moved": 2 * n * 4, "seconds": best, "gbps": 2 * n * 4 / best / 1e9}
 
 
-def _fg_impl(
-    fg: Any, wl: cb.Workload, compiled: bool
-) -> tuple[Callable[[], dict[str, float]], Callable[[], dict[str, Any]]]:
+Impl = tuple[Callable[[], dict[str, float]], Callable[[], dict[str, Any]]]
+
+
+def _device_impl(
+    leaves: list,
+    forward: Callable[[], Any],
+    sync: Callable[[], None],
+    to_numpy: Callable[[Any], Any],
+    names: Sequence[str],
+    context: Callable[[], Any] = contextlib.nullcontext,
+) -> Impl:
+    """(step, grads) for one framework on the device: ``step`` times forward and backward, each
+    ended by ``sync`` (kernels run asynchronously); ``.grad`` is cleared outside the timing."""
+
+    def step() -> dict[str, float]:
+        for t in leaves:
+            t.grad = None
+        with context():
+            t0 = time.perf_counter()
+            loss = forward()
+            sync()
+            t1 = time.perf_counter()
+            loss.backward()
+            sync()
+            t2 = time.perf_counter()
+        return {"forward": t1 - t0, "backward": t2 - t1}
+
+    def grads() -> dict[str, Any]:
+        return {k: to_numpy(t.grad) for k, t in zip(names, leaves)}
+
+    return step, grads
+
+
+def _fg_impl(fg: Any, wl: cb.Workload, compiled: bool) -> Impl:
     from fusegrad import compiler
 
     ops = cb.fg_ops(fg)
     leaves = [fg.tensor(wl.data[k], device="cuda", requires_grad=True) for k in wl.leaves]
     consts = [fg.tensor(wl.data[k], device="cuda") for k in wl.consts]
-    enter = compiler.compiled_autograd if compiled else contextlib.nullcontext
-
-    def step() -> dict[str, float]:
-        for t in leaves:
-            t.grad = None
-        with enter():
-            t0 = time.perf_counter()
-            loss = wl.forward(ops, *leaves, *consts)
-            fg.cuda.synchronize()
-            t1 = time.perf_counter()
-            loss.backward()
-            fg.cuda.synchronize()
-            t2 = time.perf_counter()
-        return {"forward": t1 - t0, "backward": t2 - t1}
-
-    def grads() -> dict[str, Any]:
-        return {k: t.grad.cpu().numpy() for k, t in zip(wl.leaves, leaves)}
-
-    return step, grads
+    return _device_impl(
+        leaves,
+        lambda: wl.forward(ops, *leaves, *consts),
+        fg.cuda.synchronize,
+        lambda g: g.cpu().numpy(),
+        wl.leaves,
+        compiler.compiled_autograd if compiled else contextlib.nullcontext,
+    )
 
 
-def _torch_impl(
-    torch: Any, wl: cb.Workload, compile_it: bool
-) -> tuple[Callable[[], dict[str, float]], Callable[[], dict[str, Any]]]:
+def _torch_impl(torch: Any, wl: cb.Workload, compile_it: bool) -> Impl:
     ops = cb.torch_ops(torch)
     dev = torch.device("cuda")
     leaves = [torch.tensor(wl.data[k], device=dev, requires_grad=True) for k in wl.leaves]
@@ -133,23 +151,13 @@ def _torch_impl(
         return wl.forward(ops, *tensors)
 
     fn = torch.compile(forward) if compile_it else forward
-
-    def step() -> dict[str, float]:
-        for t in leaves:
-            t.grad = None
-        t0 = time.perf_counter()
-        loss = fn(*leaves, *consts)
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        loss.backward()
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        return {"forward": t1 - t0, "backward": t2 - t1}
-
-    def grads() -> dict[str, Any]:
-        return {k: t.grad.detach().cpu().numpy() for k, t in zip(wl.leaves, leaves)}
-
-    return step, grads
+    return _device_impl(
+        leaves,
+        lambda: fn(*leaves, *consts),
+        torch.cuda.synchronize,
+        lambda g: g.detach().cpu().numpy(),
+        wl.leaves,
+    )
 
 
 def _workloads(names: Sequence[str], quick: bool) -> list[cb.Workload]:

@@ -84,6 +84,16 @@ class Walk:
     has_hooks: bool = False  # user hooks run as opaque steps (effects then happen in order)
 
 
+def _grad_meta(grad: Any) -> tuple | None:
+    """What the key holds of a leaf's ``.grad``: whether it exists, and what decides if a kernel
+    may add into it in place."""
+    if grad is None:
+        return None
+    data = grad._data
+    flags = data.flags
+    return (data.shape, grad._dtype, grad.requires_grad, flags.writeable, flags.c_contiguous)
+
+
 def _tensor_meta(t: Any) -> tuple:
     return (tuple(t._data.shape), t._dtype.name)
 
@@ -187,18 +197,7 @@ def walk(
                     len(v._hooks or ()),
                     len(v._post_acc_hooks or ()),
                 )
-            grad = v._grad
-            gmeta = (
-                None
-                if grad is None
-                else (
-                    grad._data.shape,
-                    grad._dtype,
-                    grad.requires_grad,
-                    grad._data.flags.writeable,
-                    grad._data.flags.c_contiguous,
-                )
-            )
+            gmeta = _grad_meta(v._grad)
             append(("leaf", v._data.shape, v._dtype, type(v._data), gmeta, hooks))
             out.leaves.append(v)
         else:
@@ -565,20 +564,11 @@ def leaf_key(leaves: list) -> tuple | None:
         acc = ref() if ref is not None else None
         if acc is not None and (acc._pre_hooks or acc._post_hooks):
             return None
-        grad = v._grad
         key.append(
             (
                 v._data.shape,
                 v._dtype,
-                None
-                if grad is None
-                else (
-                    grad._data.shape,
-                    grad._dtype,
-                    grad.requires_grad,
-                    grad._data.flags.writeable,
-                    grad._data.flags.c_contiguous,
-                ),
+                _grad_meta(v._grad),
             )
         )
     return tuple(key)

@@ -26,13 +26,7 @@ GRAD_CASES = [(e, s) for e in OPS for s in e.get_samples() if e.differentiable a
 FIRST_CASES = list({e.name: (e, s) for e, s in reversed(GRAD_CASES)}.values())
 
 
-@pytest.fixture(autouse=True)
-def _fresh_compiler() -> Any:
-    compiler.reset()
-    compiler._config.check = True
-    yield
-    compiler._config.check = False
-    compiler.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compiler")
 
 
 def _grads(entry: Any, sample: Any, compiled: bool, mode: str = "default") -> tuple[list, list]:

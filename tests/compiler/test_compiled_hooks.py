@@ -4,7 +4,6 @@ boundary), same order, same replacement semantics, same .grad states seen by the
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pytest
@@ -12,14 +11,7 @@ import pytest
 import fusegrad as fg
 from fusegrad import compiler
 
-
-@pytest.fixture(autouse=True)
-def _fresh_compiler() -> Any:
-    compiler.reset()
-    compiler._config.check = True
-    yield
-    compiler._config.check = False
-    compiler.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compiler")
 
 
 def _both(program: Callable[[list], tuple]) -> tuple:

@@ -17,14 +17,7 @@ import fusegrad as fg
 from fusegrad import compiler
 from fusegrad.autograd import node as _node
 
-
-@pytest.fixture(autouse=True)
-def _fresh_compiler() -> Any:
-    compiler.reset()
-    compiler._config.check = True
-    yield
-    compiler._config.check = False
-    compiler.reset()
+pytestmark = pytest.mark.usefixtures("fresh_compiler")
 
 
 def _leaves(n: int = 64, seed: int = 0) -> tuple[fg.Tensor, fg.Tensor]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .array import CudaArray, empty, probe_view
-from .kernels import _unravel, build, launch_config
+from .kernels import build, grid_loop, index, launch_config
 
 # device functions, one per primitive and operand kind: ``a``/``b`` are the operands
 _FLOAT = {
@@ -74,7 +74,7 @@ def _kernel(name: str, dtypes: tuple, out_dtype: np.dtype, rank: int, decimals: 
     else:
         body = (_FLOAT if float_op else _INT)[name]
     args = "a, b" if len(dtypes) == 2 else "a"
-    idx = ", ".join(f"i{d}" for d in range(rank)) if rank else "0"
+    idx = index(rank)
     conv = f"np.{out_dtype.name}" if out_dtype != np.bool_ else ""
     operands = ", ".join(f"{conv}(in{k}[{idx}])" for k in range(len(dtypes)))
     ins = ", ".join(f"in{k}" for k in range(len(dtypes)))
@@ -86,11 +86,9 @@ def _kernel(name: str, dtypes: tuple, out_dtype: np.dtype, rank: int, decimals: 
         f"def op({args}):",
         *("    " + line for line in body),
         "",
-        f"def elementwise(out, {ins}, n):",
-        *[f"    shape{d} = out.shape[{d}]" for d in range(rank)],
-        "    for i in range(cuda.grid(1), n, cuda.gridsize(1)):",
-        *(_unravel(rank) if rank else []),
-        f"        out[{idx}] = op({operands})",
+        grid_loop(
+            f"def elementwise(out, {ins}, n):", rank, [f"out[{idx}] = op({operands})"], "out"
+        ),
     ]
     return build("\n".join(lines), "elementwise", f"{name} {dtypes} -> {out_dtype}")
 

@@ -52,35 +52,37 @@ def _unravel(rank: int) -> list[str]:
     return lines
 
 
-@functools.cache
-def _copy_kernel(rank: int, src_dtype: np.dtype, dst_dtype: np.dtype) -> Any:
-    idx = ", ".join(f"i{d}" for d in range(rank)) if rank else "()"
-    shapes = [f"    shape{d} = dst.shape[{d}]" for d in range(rank)]
-    source = "\n".join(
+def index(rank: int) -> str:
+    """The subscript of the element ``grid_loop`` is at (``()`` for 0-d arrays)."""
+    return ", ".join(f"i{d}" for d in range(rank)) if rank else "()"
+
+
+def grid_loop(header: str, rank: int, body: list[str], shaped: str = "dst") -> str:
+    """Source of the kernel ``header`` (whose last parameter is ``n``, the element count) running
+    ``body`` once per element of the array ``shaped``: a grid-stride loop over the flat index
+    ``i``, with the coordinates ``i0, i1, ...`` unravelled from it."""
+    return "\n".join(
         [
-            "def copy(dst, src, n):",
-            *shapes,
+            header,
+            *[f"    shape{d} = {shaped}.shape[{d}]" for d in range(rank)],
             "    for i in range(cuda.grid(1), n, cuda.gridsize(1)):",
             *(_unravel(rank) if rank else []),
-            f"        dst[{idx}] = {_convert(src_dtype, dst_dtype, f'src[{idx}]')}",
+            *("        " + line for line in body),
         ]
     )
+
+
+@functools.cache
+def _copy_kernel(rank: int, src_dtype: np.dtype, dst_dtype: np.dtype) -> Any:
+    idx = index(rank)
+    body = [f"dst[{idx}] = {_convert(src_dtype, dst_dtype, f'src[{idx}]')}"]
+    source = grid_loop("def copy(dst, src, n):", rank, body)
     return build(source, "copy", f"copy rank {rank} {src_dtype} -> {dst_dtype}")
 
 
 @functools.cache
 def _fill_kernel(rank: int, dst_dtype: np.dtype) -> Any:
-    idx = ", ".join(f"i{d}" for d in range(rank)) if rank else "()"
-    shapes = [f"    shape{d} = dst.shape[{d}]" for d in range(rank)]
-    source = "\n".join(
-        [
-            "def fill(dst, value, n):",
-            *shapes,
-            "    for i in range(cuda.grid(1), n, cuda.gridsize(1)):",
-            *(_unravel(rank) if rank else []),
-            f"        dst[{idx}] = value",
-        ]
-    )
+    source = grid_loop("def fill(dst, value, n):", rank, [f"dst[{index(rank)}] = value"])
     return build(source, "fill", f"fill rank {rank} {dst_dtype}")
 
 

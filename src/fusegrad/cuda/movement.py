@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from .array import CudaArray, contiguous, copy_into, empty, from_probe, probe_view
-from .kernels import _unravel, build, fill, launch_config
+from .kernels import build, fill, grid_loop, launch_config
+from .kernels import index as subscript
 
 
 def _slice(a: CudaArray, key: tuple) -> CudaArray:
@@ -50,26 +51,19 @@ def pad(a: CudaArray, widths: tuple, value: Any) -> CudaArray:
     return out
 
 
-def _idx(rank: int) -> str:
-    return ", ".join(f"i{d}" for d in range(rank)) if rank else "()"
-
-
 @functools.cache
 def _gather_kernel(rank: int, dim: int) -> Any:
     idx = [f"i{d}" for d in range(rank)]
     src = list(idx)
     src[dim] = "j"
-    lines = [
-        "def gather(x, index, out, n, size):",
-        *[f"    shape{d} = out.shape[{d}]" for d in range(rank)],
-        "    for i in range(cuda.grid(1), n, cuda.gridsize(1)):",
-        *_unravel(rank),
-        f"        j = index[{_idx(rank)}]",
-        "        if j < 0:",
-        "            j += size",
-        f"        out[{_idx(rank)}] = x[{', '.join(src)}]",
+    body = [
+        f"j = index[{subscript(rank)}]",
+        "if j < 0:",
+        "    j += size",
+        f"out[{subscript(rank)}] = x[{', '.join(src)}]",
     ]
-    return build("\n".join(lines), "gather", "gather")
+    source = grid_loop("def gather(x, index, out, n, size):", rank, body, "out")
+    return build(source, "gather", "gather")
 
 
 @functools.cache
@@ -80,24 +74,23 @@ def _scatter_kernel(rank: int, dim: int, add: bool) -> Any:
     at_j[dim] = "j"
     inside = " and ".join(f"i{d} < ishape{d}" for d in range(rank) if d != dim) or "True"
     update = "acc = acc + src[{0}]" if add else "acc = src[{0}]"
-    lines = [
-        "def scatter(out, index, src, n):",
-        *[f"    shape{d} = out.shape[{d}]" for d in range(rank)],
-        *[f"    ishape{d} = index.shape[{d}]" for d in range(rank)],
-        "    for i in range(cuda.grid(1), n, cuda.gridsize(1)):",
-        *_unravel(rank),
-        f"        if not ({inside}):",
-        "            continue",
-        f"        acc = out[{_idx(rank)}]",
-        f"        for j in range(ishape{dim}):",
-        f"            k = index[{', '.join(at_j)}]",
-        "            if k < 0:",
-        f"                k += shape{dim}",
-        f"            if k == i{dim}:",
-        "                " + update.format(", ".join(at_j)),
-        f"        out[{_idx(rank)}] = acc",
+    header = "\n".join(
+        ["def scatter(out, index, src, n):"]
+        + [f"    ishape{d} = index.shape[{d}]" for d in range(rank)]
+    )
+    body = [
+        f"if not ({inside}):",
+        "    continue",
+        f"acc = out[{subscript(rank)}]",
+        f"for j in range(ishape{dim}):",
+        f"    k = index[{', '.join(at_j)}]",
+        "    if k < 0:",
+        f"        k += shape{dim}",
+        f"    if k == i{dim}:",
+        "        " + update.format(", ".join(at_j)),
+        f"out[{subscript(rank)}] = acc",
     ]
-    return build("\n".join(lines), "scatter", "scatter")
+    return build(grid_loop(header, rank, body, "out"), "scatter", "scatter")
 
 
 def gather(x: CudaArray, index: CudaArray, dim: int) -> CudaArray:
