@@ -530,7 +530,10 @@ class Tensor:
         return repr(self)
 
     def __reduce_ex__(self, protocol: int) -> Any:
-        return (_rebuild, (self._data.copy(), self._requires_grad))
+        data = self._data
+        if type(data) is CudaArray:  # a host copy; unpickling puts it back on the device
+            return (_rebuild, (data.to_host(), self._requires_grad, "cuda"))
+        return (_rebuild, (data.copy(), self._requires_grad))
 
     def __deepcopy__(self, memo: dict) -> Tensor:
         if self.grad_fn is not None:
@@ -645,7 +648,13 @@ def view_rebase_error(view: Tensor, info: _ViewInfo | None, indirect: bool) -> A
     return AutogradError(msg)
 
 
-def _rebuild(arr: np.ndarray, requires_grad: bool) -> Tensor:
+def _rebuild(arr: np.ndarray, requires_grad: bool, device: str = "cpu") -> Tensor:
+    if device != "cpu":
+        from .cuda.array import to_device
+        from .device import as_device
+
+        as_device(device)  # a clear error where there is no GPU
+        arr = to_device(arr)
     t = Tensor._make(arr)
     t._requires_grad = requires_grad
     return t

@@ -245,3 +245,21 @@ def test_bitwise_ops_on_bool_and_int() -> None:
         b = np.array([0, 0, 1, 1, 3, 3], dtype)
         for fn in (fusegrad.bitwise_and, fusegrad.bitwise_or, fusegrad.bitwise_xor):
             _same_as_cpu(fn, a, b)
+
+
+def test_pickle_and_deepcopy_keep_values_and_device() -> None:
+    import copy
+    import pickle
+
+    from fusegrad import nn
+
+    x = fusegrad.tensor([1.5, -2.0], device="cuda", requires_grad=True)
+    y = pickle.loads(pickle.dumps(x))
+    assert y.is_cuda and y.requires_grad
+    np.testing.assert_array_equal(host(y.detach()), [1.5, -2.0])
+    p = nn.Parameter(fusegrad.ones(3, device="cuda"))
+    q = pickle.loads(pickle.dumps(p))
+    assert isinstance(q, nn.Parameter) and q.is_cuda and q.requires_grad
+    z = copy.deepcopy(x)
+    assert z.is_cuda and z._data.buffer is not x._data.buffer
+    np.testing.assert_array_equal(host(z.detach()), [1.5, -2.0])

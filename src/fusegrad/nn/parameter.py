@@ -47,11 +47,14 @@ class Parameter(Tensor):
         return p
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
-        return (_rebuild_parameter, (self._data.copy(), self.requires_grad))
+        t = Tensor.__reduce_ex__(self, protocol)[1]  # (array, requires_grad[, device])
+        return (_rebuild_parameter, t)
 
 
-def _rebuild_parameter(arr: np.ndarray, requires_grad: bool) -> Parameter:
-    return Parameter(Tensor._make(arr), requires_grad)
+def _rebuild_parameter(arr: np.ndarray, requires_grad: bool, device: str = "cpu") -> Parameter:
+    from ..tensor import _rebuild
+
+    return Parameter(_rebuild(arr, False, device), requires_grad)
 
 
 def is_parameter(obj: object) -> bool:
