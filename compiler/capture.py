@@ -536,9 +536,7 @@ class Binding:
         refs = tape.nodes
         try:
             nodes = [refs[i]() for i in self.node_index]
-            arrays = [
-                s._data if s._tensor is None else s._tensor._data for n in nodes for s in n._saved
-            ]
+            arrays = [s._array for n in nodes for s in n._saved]
             accumulators = tape.leaves
             leaves = [accumulators[i]().variable for i in self.leaf_index]
         except (AttributeError, TypeError):  # a node or leaf gone or freed: cannot happen

@@ -161,7 +161,9 @@ class Program:
             for v in _step_inputs(step):
                 last[v] = k
         for v, k in last.items():
-            if v not in effect_values:
+            # inputs, constants and scalars stay alive elsewhere (saved by their nodes, held by
+            # the caller or the program): dropping them from ``env`` would free nothing
+            if v not in effect_values and v.op not in ("input", "constant", "scalar"):
                 self._dying.setdefault(k, []).append(v)
 
     def _plan_buffers(self) -> None:

@@ -356,6 +356,7 @@ class SavedTensor:
     not checked then: what the hooks keep is theirs (as in PyTorch)."""
 
     __slots__ = (
+        "_array",
         "_counter",
         "_data",
         "_is_output",
@@ -392,6 +393,9 @@ class SavedTensor:
                     t.grad_fn, t._output_nr = node, output_nr
                 self._pack(t, output_nr, hooks)
                 return
+        # the array as saved, for the compiler's tape path (valid while ``graph_epoch`` holds:
+        # a ``.data`` swap or in-place change moves it)
+        self._array = t._data
         if is_output:
             self._tensor = None
             self._data = t._data
@@ -424,7 +428,7 @@ class SavedTensor:
         if t._version_counter.value != version:
             raise AutogradError(_pack_in_place_message)
         self._tensor = None
-        self._data = None
+        self._data = self._array = None
         self._packed = packed
         self._unpack_hook = unpack_hook
 
@@ -467,7 +471,7 @@ class SavedTensor:
 
     def release(self) -> None:
         """Drop what was saved (after a backward without retain_graph)."""
-        self._tensor = self._data = None
+        self._tensor = self._data = self._array = None
         if self._unpack_hook is not None:
             self._packed = None
         self._counter = None  # marks the tensor as freed
