@@ -1,6 +1,8 @@
-"""Tensor: an ndarray plus dtype, device and autograd metadata.
+"""Tensor: an array plus dtype, device and autograd metadata.
 
-Storage is a numpy array (``_data``).  Views share the array memory and one ``_VersionCounter``
+Storage (``_data``) is a numpy array on the CPU and a ``fusegrad.cuda.array.CudaArray`` (a device
+buffer with numpy geometry) on CUDA; the array's type is the tensor's device.  Views share the
+array memory and one ``_VersionCounter``
 with their base; every in-place op bumps it so that saved tensors can detect mutation.  Autograd
 metadata: ``grad_fn`` (None for leaves), ``_output_nr``, ``requires_grad`` (stored only for
 leaves), ``grad``, tensor hooks and the retain_grad flag.  Operators and most methods delegate to

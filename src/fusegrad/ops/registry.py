@@ -1,7 +1,8 @@
 """THE op registry: one record per primitive, and ``apply``, the single place where a primitive
 runs and, when autograd needs it, a backward node is recorded.
 
-A primitive record holds its eager kernel (numpy arrays in, array out), its kind
+A primitive record holds its eager kernel (numpy arrays in, array out; calls with a CUDA input
+go to ``fusegrad.cuda.ops`` instead, which runs the primitive's CUDA kernel), its kind
 (elementwise | reduce | movement | opaque) and the names of its tensor inputs.  Its derivative
 rule lives in ``autograd/derivatives.py`` (``RULES``) and is looked up by name; the compiler adds
 a lowering per primitive.  Composites (sigmoid-free ops such as softmax, layer_norm, ...) never
