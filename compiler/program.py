@@ -568,9 +568,9 @@ def _run_cuda_kernel(
     for v in kernel.inputs:
         a = env[v]
         if type(a) is np.ndarray:  # a saved Python scalar (0-d): uploaded once, then cached
-            from fusegrad.cuda.ops import _device_scalar
+            from fusegrad.cuda.ops import device_scalar
 
-            a = _device_scalar(a)
+            a = device_scalar(a)
         inputs[v] = a.kernel_array()
     results = numba_cuda.run_kernel(compiled, inputs, grads)
     for v, out in results.items():

@@ -29,7 +29,7 @@ def copyto(dst: Any, src: Any) -> None:
         np.copyto(dst, src, casting="unsafe")
         return
     from .cuda.array import copy_into
-    from .cuda.ops import _device_scalar
+    from .cuda.ops import device_scalar
 
     if is_host(src):
         if src.ndim:
@@ -37,31 +37,32 @@ def copyto(dst: Any, src: Any) -> None:
                 f"copy: expected a cuda:0 source for a cuda:0 destination, got a cpu array of "
                 f"shape {src.shape}"
             )
-        src = _device_scalar(src)
+        src = device_scalar(src)
     copy_into(dst, src)
+
+
+def full(shape: Any, value: Any, dtype: Any, on_cuda: bool) -> Any:
+    """A new array of ``shape`` filled with ``value``: on the GPU when ``on_cuda`` (no copy)."""
+    dt = np.dtype(dtype)
+    if not on_cuda:
+        return np.full(shape, value, dt)
+    from .cuda import array, kernels
+
+    out = array.empty(tuple(shape), dt)
+    kernels.fill(out, value)
+    return out
 
 
 def full_like(a: Any, value: Any, dtype: Any = None) -> Any:
     """A new array of ``a``'s shape filled with ``value``, on ``a``'s device."""
-    dt = np.dtype(a.dtype if dtype is None else dtype)
-    if is_host(a):
-        return np.full(a.shape, value, dt)
-    from .cuda import array, kernels
-
-    out = array.empty(a.shape, dt)
-    kernels.fill(out, value)
-    return out
+    return full(a.shape, value, a.dtype if dtype is None else dtype, not is_host(a))
 
 
 def copy(a: Any, dtype: Any = None) -> Any:
     """A C-contiguous copy of ``a`` (cast to ``dtype``) on ``a``'s device."""
     if is_host(a):
         return np.array(a, dtype=dtype, copy=True, order="C")
-    from .cuda.array import copy_into, empty
-
-    out = empty(a.shape, a.dtype if dtype is None else np.dtype(dtype))
-    copy_into(out, a)
-    return out
+    return a.astype(a.dtype if dtype is None else dtype)
 
 
 def to_host(a: Any) -> np.ndarray:

@@ -122,7 +122,7 @@ def _equals_zero(b: CudaArray) -> CudaArray:
     """``b == 0`` on the device (the compiler's eq kernel)."""
     from ..ops.registry import REGISTRY
     from . import generated
-    from .ops import _device_scalar
+    from .ops import device_scalar
 
-    zero = _device_scalar(np.zeros((), b.dtype))
+    zero = device_scalar(np.zeros((), b.dtype))
     return generated.run(REGISTRY["eq"], [b, zero], {})

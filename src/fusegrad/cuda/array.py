@@ -174,12 +174,13 @@ class CudaArray:
         return from_probe(self, probe, view)
 
     def copy(self) -> CudaArray:
-        return contiguous(self, force=True)
+        return self.astype(self.dtype)
 
     def astype(self, dtype: Any, copy: bool = True) -> CudaArray:
-        from .ops import cast_array
-
-        return cast_array(self, np.dtype(dtype))
+        """A C-contiguous device copy cast to ``dtype`` (numpy's unsafe cast)."""
+        out = empty(self.shape, dtype)
+        copy_into(out, self)
+        return out
 
     # -- geometry through numpy ---------------------------------------------------------------
     def probe(self) -> np.ndarray:
@@ -243,11 +244,7 @@ def to_device(host: Any) -> CudaArray:
 
 def contiguous(a: CudaArray, force: bool = False) -> CudaArray:
     """``a`` itself if C-contiguous (unless ``force``), else a contiguous device copy."""
-    if a.c_contiguous and not force:
-        return a
-    out = empty(a.shape, a.dtype)
-    copy_into(out, a)
-    return out
+    return a if a.c_contiguous and not force else a.astype(a.dtype)
 
 
 def copy_into(dst: CudaArray, src: CudaArray) -> None:

@@ -33,7 +33,8 @@ _SCALARS: dict[tuple, CudaArray] = {}
 _MAX_SCALARS = 4096
 
 
-def _device_scalar(a: np.ndarray) -> CudaArray:
+def device_scalar(a: np.ndarray) -> CudaArray:
+    """A 0-d host array on the device, uploaded once per (dtype, value) and shared (read-only)."""
     key = (a.dtype.str, a.tobytes())
     out = _SCALARS.get(key)
     if out is None:
@@ -58,7 +59,7 @@ def _on_device(prim: Any, arrays: list) -> list[CudaArray]:
                     "Expected all tensors to be on the same device, but found at least two "
                     f"devices, cuda:0 and cpu! ({prim.name} got {shapes})"
                 )
-            a = _device_scalar(a)
+            a = device_scalar(a)
         out.append(a)
     return out
 
@@ -204,12 +205,3 @@ _SPECIAL: dict[str, Callable[[list, dict], Any]] = {
     "matmul": _matmul,
     **{n: _reduce(n) for n in ("amax", "amin", "prod", "argmax", "argmin", "all", "any")},
 }
-
-
-def cast_array(a: CudaArray, dtype: np.dtype) -> CudaArray:
-    """``a.astype(dtype)`` on the device."""
-    from .array import copy_into, empty
-
-    out = empty(a.shape, dtype)
-    copy_into(out, a)
-    return out

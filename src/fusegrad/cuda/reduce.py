@@ -25,8 +25,6 @@ from .kernels import build
 THREADS = 128
 SHORT_ROW = 32
 
-_INIT = {"prod": "1", "all": "True", "any": "False"}
-
 
 def _acc_dtype(name: str, dtype: np.dtype) -> np.dtype:
     if name in ("all", "any"):
@@ -70,7 +68,8 @@ def _source(name: str, dtype: np.dtype) -> str:
         combine, init, load = "a * b", "1", f"np.{acc.name}(x[row, j])"
     elif name in ("all", "any"):
         op = "and" if name == "all" else "or"
-        combine, init, load = f"a {op} b", _INIT[name], "x[row, j] != 0"
+        combine, load = f"a {op} b", "x[row, j] != 0"
+        init = "True" if name == "all" else "False"
     elif not arg:  # amax / amin: NaN wins, then the extreme
         combine = f"a if a != a else (b if b != b else (a if a {better}= b else b))"
         init, load = _extreme_init(name, dtype), "x[row, j]"

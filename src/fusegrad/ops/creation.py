@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
+from .. import storage as _storage
 from ..cuda.array import CudaArray
 from ..device import CPU, as_device
 from ..errors import DTypeError
@@ -79,13 +80,7 @@ def _untensor(data: Any) -> Any:
 
 def _filled(shape: Any, value: Any, dtype: np.dtype, device: Any) -> Any:
     """An array of ``shape`` filled with ``value``, made where ``device`` says (no copy)."""
-    if device is CPU:
-        return np.full(shape, value, dtype)
-    from ..cuda import array, kernels
-
-    out = array.empty(tuple(shape), dtype)
-    kernels.fill(out, value)
-    return out
+    return _storage.full(shape, value, dtype, device is not CPU)
 
 
 def _leaf(arr: Any, requires_grad: bool, device: Any = CPU) -> Tensor:
