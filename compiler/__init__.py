@@ -1,7 +1,9 @@
 """``fusegrad.compiler``: compiled autograd.
 
-Inside ``fusegrad.compile(fn)`` or ``with fusegrad.compiler.compiled_autograd():`` every
-``backward()`` and ``autograd.grad()`` goes through ``run``: a cheap walk of the eager graph
+Inside ``fusegrad.compile(fn)`` or ``with fusegrad.compiler.compiled_autograd():`` the thread's
+tracer (``fusegrad.autograd.tracer``, the eager core's one extension point) is a ``Region``: it
+records every primitive call on the thread's tape (``tape.py``) and sends every ``backward()``
+and ``autograd.grad()`` through ``run``: a cheap walk of the eager graph
 builds a cache key (``capture.walk``); on a miss the engine's own walk runs the derivative rules
 on symbolic values to record an IR graph (``capture.capture``), the passes run (``passes``), and
 the result is cached as a ``Program``; the program then runs on this call's data.  Whatever the
@@ -11,15 +13,16 @@ hooks, data-dependent shapes, ...) runs on the eager engine instead, counted in
 ``fullgraph=True`` raises instead of falling back.
 
 A backward whose graph was built in the same region (on this thread) usually skips the walk: the
-forward was recorded on a tape (``autograd.node.Tape``) and ``capture.tape_key`` / ``Binding``
-key and bind it directly (``counters.tape_hits``); whenever the tape cannot vouch for the graph,
-the walk runs.
+forward was recorded on a tape and ``tape.tape_key`` / ``tape.Binding`` key and bind it directly
+(``counters.tape_hits``); whenever the binding's checks fail, the walk runs.
 
 Programs run on the device their arrays live on: numba CPU code (``codegen.numba_cpu``, small
 kernels on a precompiled interpreter) for numpy arrays, numba-cuda kernels (``codegen.numba_cuda``)
 for CUDA tensors; a graph that mixes devices runs eagerly.
 
 src/fusegrad never imports this package at load time; it is loaded by ``fusegrad.compile``.
+Nothing in fusegrad is patched: outside a region (or on another thread) eager code runs as if
+this package had never been imported.
 """
 
 from __future__ import annotations
@@ -32,21 +35,24 @@ from typing import Any
 
 import numpy as np
 
-import fusegrad.autograd as _autograd
 from fusegrad.autograd import anomaly as _anomaly
-from fusegrad.autograd import node as _node
 from fusegrad.autograd.engine import run_backward
+from fusegrad.autograd.node import OpNode
+from fusegrad.autograd.tracer import Tracer, tracing
+from fusegrad.ops import registry as _registry
 from fusegrad.tensor import Tensor
 
 from . import logs, passes
+from . import tape as _tape
 from .cache import MAX_TAPE_ENTRIES, TapeEntry, counters, miss_reason, programs, tape_programs
 from .cache import reset as _reset_cache
-from .capture import Binding, Fallback, Unbindable, leaf_key, tape_key
+from .capture import Fallback
 from .capture import capture as _capture_graph
 from .capture import walk as _walk
 from .ir import format_graph, verify
 from .logs import set_logs
 from .program import Program
+from .tape import Binding, Unbindable, leaf_key, tape_key
 
 __all__ = [
     "compile",
@@ -77,16 +83,44 @@ class Config:
 config = Config()
 
 
-class _Config(threading.local):
+class _Debug(threading.local):
+    """Per-thread settings for tests and ``explain``."""
+
     def __init__(self) -> None:
-        self.depth = 0
-        self.fullgraph = False
-        self.mode = "default"
         self.check = False  # verify the IR after every pass (tests)
-        self.report: list | None = None
+        self.report: list | None = None  # explain(): captures and fallbacks are noted here
 
 
-_config = _Config()
+_debug = _Debug()
+
+
+class Region(Tracer):
+    """The tracer of a thread inside ``compiled_autograd()`` / a ``compile``d function: records
+    the primitive calls it runs on the thread's tape, and compiles ``backward``/``grad``."""
+
+    def __init__(self, fullgraph: bool, mode: str) -> None:
+        self.fullgraph = fullgraph
+        self.mode = mode
+
+    def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
+        out = _registry.run(prim, inputs, attrs)
+        node = out.grad_fn
+        if type(node) is OpNode:  # a node made by this call: record its structure
+            tape = _tape.state.tape
+            if tape is not None and tape.open:
+                _tape.record(tape, node, inputs, out)
+        return out
+
+    def backward(
+        self,
+        roots: Sequence[Tensor],
+        grads: Sequence[Tensor],
+        retain_graph: bool,
+        create_graph: bool,
+        inputs: Sequence[Tensor] | None,
+        accumulate: bool,
+    ) -> Any:
+        return run(self, roots, grads, retain_graph, create_graph, inputs, accumulate)
 
 
 def reset() -> None:
@@ -95,6 +129,7 @@ def reset() -> None:
 
 
 def _fallback(
+    region: Region,
     reason: str,
     outputs: Sequence[Tensor],
     grads: Sequence[Tensor],
@@ -103,16 +138,17 @@ def _fallback(
     inputs: Any,
     accumulate: bool,
 ) -> Any:
-    if _config.fullgraph:
+    if region.fullgraph:
         raise CompilationError(f"fullgraph=True: this backward cannot be compiled: {reason}")
     counters.fallbacks[reason] += 1
     logs.log("fallback", f"running eagerly: {reason}")
-    if _config.report is not None:
-        _config.report.append(("fallback", reason))
+    if _debug.report is not None:
+        _debug.report.append(("fallback", reason))
     return run_backward(outputs, grads, retain_graph, create_graph, inputs, accumulate)
 
 
 def run(
+    region: Region,
     outputs: Sequence[Tensor],
     grads: Sequence[Tensor],
     retain_graph: bool,
@@ -120,16 +156,13 @@ def run(
     inputs: Sequence[Tensor] | None,
     accumulate: bool,
 ) -> Any:
-    """The backward runner (installed once, when this package is imported): compiled only in a
-    thread that is inside ``compiled_autograd()`` / a ``compile``d function."""
-    if _config.depth == 0:
-        return run_backward(outputs, grads, retain_graph, create_graph, inputs, accumulate)
+    """A ``backward()``/``grad()`` call in ``region``: compiled, or eager with a reason."""
     # the tape path: the forward recorded in this region keys and binds the backward
     fast = None
     if inputs is None and not create_graph and not _anomaly._state.enabled:
         fast = tape_key(outputs, grads, accumulate)
     # nodes made from here on (by hooks, or the next forward) go on a new tape
-    _node.tape_state.next_tape()
+    _tape.state.next_tape()
     if fast is not None:
         entry = tape_programs.get(fast[1])
         bound = entry.binding.bind(fast[0]) if entry is not None else None
@@ -145,17 +178,21 @@ def run(
                 return None
     w = _walk(outputs, grads, inputs, accumulate, create_graph)
     if w.fallback is not None:
-        return _fallback(w.fallback, outputs, grads, retain_graph, create_graph, inputs, accumulate)
+        return _fallback(
+            region, w.fallback, outputs, grads, retain_graph, create_graph, inputs, accumulate
+        )
     program = programs.get(w.key)
     if program is None:
         reason = miss_reason(w.key)
         try:
             graph = _capture_graph(w, outputs, grads, inputs, accumulate)
-            if _config.check:
+            if _debug.check:
                 verify(graph)
-            graph = passes.run(graph, check=_config.check)
+            graph = passes.run(graph, check=_debug.check)
         except Fallback as e:
-            return _fallback(str(e), outputs, grads, retain_graph, create_graph, inputs, accumulate)
+            return _fallback(
+                region, str(e), outputs, grads, retain_graph, create_graph, inputs, accumulate
+            )
         counters.captures += 1
         logs.log("recompiles", f"capture #{counters.captures}: {reason}")
         logs.log("graph", "backward graph:\n" + format_graph(graph))
@@ -163,17 +200,19 @@ def run(
         device = _device_of(w, grads)
         if device is None:
             reason = "the backward graph spans devices (cpu and cuda)"
-            return _fallback(reason, outputs, grads, retain_graph, create_graph, inputs, accumulate)
+            return _fallback(
+                region, reason, outputs, grads, retain_graph, create_graph, inputs, accumulate
+            )
         program = Program(
             graph,
-            mode=_config.mode,
+            mode=region.mode,
             leaves_with_grad=with_grad,
             interpreter_max_elements=config.interpreter_max_elements,
             device=device,
         )
         programs[w.key] = program
-        if _config.report is not None:
-            _config.report.append(("capture", reason, program))
+        if _debug.report is not None:
+            _debug.report.append(("capture", reason, program))
     else:
         counters.cache_hits += 1
         logs.log("cache", "program cache hit")
@@ -219,18 +258,12 @@ def compiled_autograd(fullgraph: bool = False, mode: str = "default") -> Iterato
     """Compile every backward()/grad() executed in the block (nests; the innermost wins)."""
     if mode not in ("default", "debug"):
         raise ValueError(f"compiled_autograd: unknown mode {mode!r} (expected default or debug)")
-    prev = (_config.fullgraph, _config.mode)
-    _config.fullgraph, _config.mode = fullgraph, mode
-    _config.depth += 1
-    _node.record_input_versions += 1  # nodes made here keep their inputs' versions
-    _node.tape_state.enter()  # and, on this thread, are recorded on a tape
+    _tape.state.enter()  # nodes made in the region, on this thread, are recorded on a tape
     try:
-        yield
+        with tracing(Region(fullgraph, mode)):
+            yield
     finally:
-        _node.tape_state.exit()
-        _node.record_input_versions -= 1
-        _config.depth -= 1
-        _config.fullgraph, _config.mode = prev
+        _tape.state.exit()
 
 
 def compile(
@@ -289,19 +322,14 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> Report:
     programs.clear()
     tape_programs.clear()
     events: list = []
-    prev_report, _config.report = _config.report, events
+    prev_report, _debug.report = _debug.report, events
     try:
         with compiled_autograd():
             fn(*args, **kwargs)
     finally:
-        _config.report = prev_report
+        _debug.report = prev_report
         programs.clear()
         programs.update(saved)
         tape_programs.clear()
         tape_programs.update(saved_tape)
     return Report(events)
-
-
-# The compiled path is per thread (``_config`` is thread-local); the hook into
-# ``fusegrad.autograd`` is installed once and defers to the eager engine outside compiled regions.
-_autograd._backward_runner = run

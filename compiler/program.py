@@ -15,9 +15,8 @@ Running a program on one call's data:
    writes add in place into the existing ``.grad``, keeping its identity);
 4. free the nodes' saved tensors unless ``retain_graph``.
 
-``run_bound`` is the same run for the tape path (``capture.Binding``): the saved arrays come
-already gathered and known current (``graph_epoch`` unchanged since the forward), so step 1 is
-the binding's checks, and freeing drops each node's saved list at once.
+``run_bound`` is the same run for the tape path (``tape.Binding``): the saved arrays come
+already gathered and checked by the binding (step 1).
 
 Consecutive kernels that all run on the interpreter are merged into one (``codegen.interpreter``
 ``.merge``): the fuser's size cap exists for numba's compile time, which the interpreter does
@@ -37,7 +36,6 @@ import numpy as np
 
 from fusegrad.autograd import engine as _engine
 from fusegrad.autograd import grad_mode
-from fusegrad.autograd import node as _node
 from fusegrad.autograd.node import OpNode
 from fusegrad.ops.registry import REGISTRY
 from fusegrad.tensor import Tensor
@@ -259,10 +257,8 @@ class Program:
         grad_roots: Sequence[Tensor],
         retain_graph: bool,
     ) -> None:
-        """Run on arguments found through the tape (``capture.Binding``): saved arrays known
-        to be at their saved versions (``graph_epoch`` unchanged), no hooks, no ``inputs``.
-        Freeing is ``OpNode.release`` without the per-SavedTensor part, which only matters for
-        a SavedTensor someone else holds: raw access to one bumps the epoch (no tape path)."""
+        """Run on arguments found through the tape (``tape.Binding``): saved arrays checked to
+        be at their saved versions, no hooks, no ``inputs``."""
         prev_mode = grad_mode._state.enabled
         grad_mode._state.enabled = False
         try:
@@ -271,8 +267,7 @@ class Program:
             grad_mode._state.enabled = prev_mode
         if not retain_graph:
             for n in release:
-                n._saved = None
-            _node.graph_epoch.value += 1
+                n.release()
 
     def _run(
         self,
@@ -332,9 +327,9 @@ class Program:
                 # the .grad without the defensive copy _store_grad makes
                 leaves[slot]._grad = g
             elif kind == "grad":
-                _engine._store_grad(leaves[slot], g, False)
+                _engine.accumulate_grad(leaves[slot], g, False)
             elif kind == "input_grad":
-                _engine._store_grad(inputs[slot], g, False)  # type: ignore[index]
+                _engine.accumulate_grad(inputs[slot], g, False)  # type: ignore[index]
             else:
                 captured[slot] = g  # type: ignore[index]
         return captured
@@ -346,7 +341,7 @@ class Program:
 def _site_hooks(node: Any, kind: str, slot: int) -> list:
     """The hooks registered *now* at a site (the walk key fixed how many there are)."""
     if kind == "tensor":
-        return _engine._tensor_hooks(node, slot)
+        return _engine.tensor_hooks(node, slot)
     if kind == "pre":
         return list(node._pre_hooks.values())
     if kind == "post":
@@ -370,11 +365,11 @@ def _run_hook(v: Value, env: dict, w: Walk, inputs: Any) -> Any:
     if kind == "tensor":
         old = groups[0][0]
         out = hook(old)
-        return None if out is None else _engine._check_hook_result(hook, old, out)
+        return None if out is None else _engine.check_hook_result(hook, old, out)
     out = hook(*groups)
     if out is None:
         return None
-    return _engine._hook_tuple(hook, out, len(groups[0]))
+    return _engine.hook_tuple(hook, out, len(groups[0]))
 
 
 def _hook_output(v: Value, env: dict, w: Walk, inputs: Any) -> np.ndarray:
@@ -389,15 +384,15 @@ def _store(v: Value, env: dict, w: Walk, inputs: Any) -> None:
     target = v.attr("target")
     g = Tensor._make(env[v.inputs[0]])
     if target[0] == "grad":
-        _engine._store_grad(w.leaves[target[1]], g, False)
+        _engine.accumulate_grad(w.leaves[target[1]], g, False)
     elif target[0] == "input_grad":
-        _engine._store_grad(inputs[target[1]], g, False)
+        _engine.accumulate_grad(inputs[target[1]], g, False)
     else:  # retain_grad: only while the tensor's history still ends in this node
         node = w.nodes[target[1]]
         ref = (node._retain_grad_hooks or {}).get(target[2])
         t = ref() if ref is not None else None
         if t is not None and t.grad_fn is node:
-            _engine._store_grad(t, g, False)
+            _engine.accumulate_grad(t, g, False)
     return None
 
 
@@ -533,7 +528,7 @@ def _run_kernel(
     for v, o in zip(plan.outputs, outs):
         env[v] = o.reshape(v.shape)
     for v, buf in late_adds:
-        _engine._store_grad(leaves[epilogue[v]], Tensor._make(buf.reshape(v.shape)), False)
+        _engine.accumulate_grad(leaves[epilogue[v]], Tensor._make(buf.reshape(v.shape)), False)
     for v, r in zip(plan.reductions, reds):
         env[v] = r.astype(v.dtype.np).reshape(v.shape)
 
@@ -577,7 +572,7 @@ def _run_cuda_kernel(
         if v not in plan.accumulate:
             env[v] = wrap(out, v.shape)
     for v in late:  # the launcher added into zeros: accumulate as the engine does
-        _engine._store_grad(leaves[epilogue[v]], Tensor._make(wrap(results[v], v.shape)), False)
+        _engine.accumulate_grad(leaves[epilogue[v]], Tensor._make(wrap(results[v], v.shape)), False)
 
 
 def _note_disk_hits(program: Program) -> None:

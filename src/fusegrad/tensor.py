@@ -27,7 +27,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from .autograd import grad_mode as _grad_mode
-from .autograd.node import graph_epoch as _graph_epoch
+from .autograd import node as _node  # (a module: node.py imports this one too)
 from .cuda.array import CudaArray
 from .device import CPU
 from .errors import AutogradError, DTypeError, ShapeError
@@ -36,23 +36,13 @@ _DTYPE_OF = {d.np: d for d in _dt.ALL}
 
 
 class _VersionCounter:
-    """The version shared by a tensor, its views and detach() aliases.  Every bump also bumps
-    ``autograd.node.graph_epoch``: while that has not moved, no saved tensor can be stale, and
-    compiled backward skips the per-tensor checks."""
+    """The version shared by a tensor, its views and detach() aliases: every in-place change
+    bumps ``value``, and a saved tensor whose version moved refuses to be used."""
 
-    __slots__ = ("_value",)
+    __slots__ = ("value",)
 
     def __init__(self) -> None:
-        self._value = 0
-
-    @property
-    def value(self) -> int:
-        return self._value
-
-    @value.setter
-    def value(self, value: int) -> None:
-        self._value = value
-        _graph_epoch.value += 1
+        self.value = 0
 
 
 # How a view was created (PyTorch's CreationMeta).  Anything but DEFAULT forbids rewriting the
@@ -318,7 +308,7 @@ class Tensor:
         if node is not None:
             return (node, self._output_nr)
         if self._requires_grad:
-            return (_accumulator_for(self), 0)
+            return (_node.accumulator_for(self), 0)
         return (None, 0)
 
     def retain_grad(self) -> None:
@@ -338,7 +328,6 @@ class Tensor:
         if node._retain_grad_hooks is None:
             node._retain_grad_hooks = {}
         node._retain_grad_hooks[self._output_nr] = weakref.ref(self)
-        _graph_epoch.value += 1  # a hook on a node: see autograd.node.graph_epoch
 
     def _set_history(self, grad_fn: Any, output_nr: int) -> None:
         """Rebase this tensor onto ``grad_fn`` (after an in-place op).  As in PyTorch, a
@@ -442,7 +431,6 @@ class Tensor:
             raise TypeError(f"data must be a Tensor, got {type(value).__name__}")
         self._data = value._data
         self._dtype = value._dtype
-        _graph_epoch.value += 1  # saved tensors of this one now read other data
         if self._base is not None:
             # the storage is no longer the base's: stop being a view (PyTorch keeps the view
             # link, and a later in-place op would then rewrite the base's history for a change
@@ -661,5 +649,3 @@ def _rebuild(arr: np.ndarray, requires_grad: bool, device: str = "cpu") -> Tenso
     t._requires_grad = requires_grad
     return t
 
-
-from .autograd.node import accumulator_for as _accumulator_for  # noqa: E402

@@ -17,7 +17,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "ops"))
 def fresh_compiler() -> Iterator[None]:
     """Empty program caches and counters, and the IR verified after every pass."""
     compiler.reset()
-    compiler._config.check = True
+    compiler._debug.check = True
     yield
-    compiler._config.check = False
+    compiler._debug.check = False
     compiler.reset()

@@ -374,9 +374,9 @@ def test_an_eager_backward_in_another_thread_during_a_capture_is_unaffected() ->
     calls = [0]
 
     def of(cls: Any, value: Any) -> Any:
-        # from the second call on (the first makes the root gradient, before the capture's
-        # hooks are installed) the interceptor, unpack, store, apply and call_hook hooks are
-        # all live: let the other thread run a whole eager backward now
+        # from the second call on (the first makes the root gradient, before the capture is
+        # this thread's tracer and the engine's executor) the capture is live: let the other
+        # thread run a whole eager backward now
         calls[0] += 1
         if calls[0] == 2:
             started.set()

@@ -16,11 +16,11 @@ from fusegrad.compiler.codegen.interpreter import OPCODES
 @pytest.fixture(autouse=True)
 def _fresh_compiler() -> Any:
     compiler.reset()
-    compiler._config.check = True
+    compiler._debug.check = True
     previous = compiler.config.interpreter_max_elements
     yield
     compiler.config.interpreter_max_elements = previous
-    compiler._config.check = False
+    compiler._debug.check = False
     compiler.reset()
 
 

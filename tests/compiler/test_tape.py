@@ -1,6 +1,6 @@
 """The tape path of compiled backward: a forward recorded inside a compiled region keys and
-binds its backward without walking the graph (``autograd.node.Tape``, ``capture.tape_key``,
-``capture.Binding``).  It must be invisible: same gradients, same errors, same recompiles as the
+binds its backward without walking the graph (``compiler.tape``: ``Tape``, ``tape_key``,
+``Binding``).  It must be invisible: same gradients, same errors, same recompiles as the
 walk, and a fall back to the walk whenever the tape cannot vouch for the graph."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 import fusegrad as fg
 from fusegrad import compiler
-from fusegrad.autograd import node as _node
+from fusegrad.compiler import tape as _tape
 
 pytestmark = pytest.mark.usefixtures("fresh_compiler")
 
@@ -264,18 +264,18 @@ def test_the_tape_does_not_keep_graphs_alive() -> None:
 
 
 def test_tape_length_and_trie_are_bounded(monkeypatch: Any) -> None:
-    monkeypatch.setattr(_node, "MAX_TAPE", 10)
+    monkeypatch.setattr(_tape, "MAX_TAPE", 10)
     x, w = _leaves()
     want = _eager_grads(_chain, x, w)
     for _ in range(3):
         got = _compiled_step(_chain, x, w)  # ~50 nodes: the tape closes, the walk runs
         np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
     assert compiler.counters.tape_hits == 0
-    assert _node.tape_state.tape is None  # outside regions nothing is recorded
-    monkeypatch.setattr(_node, "MAX_TRIE", 5)
+    assert _tape.state.tape is None  # outside regions nothing is recorded
+    monkeypatch.setattr(_tape, "MAX_TRIE", 5)
     for _ in range(2):
         _compiled_step(lambda x, w: (x * w).sum(), x, w)
-    assert len(_node._trie) <= 5
+    assert len(_tape._trie) <= 5
 
 
 def test_two_threads_do_not_share_a_tape() -> None:

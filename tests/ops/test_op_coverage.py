@@ -8,7 +8,8 @@ import numpy as np
 from op_table import FG, OPS, build, flat_outputs, is_float
 
 import fusegrad
-from fusegrad.ops import REGISTRY, RULES, registry
+from fusegrad.autograd import tracer
+from fusegrad.ops import REGISTRY, RULES
 
 
 def test_every_differentiable_primitive_has_a_rule() -> None:
@@ -33,12 +34,12 @@ def _exercise_table() -> set[str]:
     recording the primitives that ``registry.apply`` sees."""
     seen: set[str] = set()
 
-    def record(prim, inputs, attrs):  # type: ignore[no-untyped-def]
-        seen.add(prim.name)
-        return NotImplemented  # let the primitive run as usual
+    class Recorder(tracer.Tracer):
+        def apply(self, prim, inputs, attrs):  # type: ignore[no-untyped-def]
+            seen.add(prim.name)
+            return NotImplemented  # let the primitive run as usual
 
-    previous = registry.set_interceptor(record)
-    try:
+    with tracer.tracing(Recorder()):
         for entry in OPS:
             for sample in entry.get_samples():
                 leaves, fn = build(entry, FG, sample, "float64", entry.differentiable)
@@ -53,8 +54,6 @@ def _exercise_table() -> set[str]:
                 if entry.twice and used:
                     total = sum((g * g).sum() for g in used)
                     fusegrad.autograd.grad(total, leaves, allow_unused=True)
-    finally:
-        registry.set_interceptor(previous)
     return seen
 
 
@@ -67,7 +66,7 @@ def test_every_primitive_is_exercised_by_the_op_table() -> None:
     assert not missing, f"primitives no op-table entry reaches: {missing}"
 
 
-def test_interceptor_is_restored() -> None:
-    assert registry._interceptor is None
+def test_no_tracer_is_left_installed() -> None:
+    assert tracer.current() is None
     x = fusegrad.tensor(np.ones(2))
     assert (x + x).tolist() == [2.0, 2.0]

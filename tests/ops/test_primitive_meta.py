@@ -1,7 +1,8 @@
 """Every primitive's shape/dtype rule (``Primitive.meta``) agrees with its eager kernel.
 
-The op table's forward and backward (``grad``) calls run with an interceptor on
-``registry.apply`` that evaluates each primitive's meta from the input shapes and dtypes alone
+The op table's forward and backward (``grad``) calls run with a tracer on this thread
+(``autograd.tracer``: it sees every ``registry.apply``) that evaluates each primitive's meta
+from the input shapes and dtypes alone
 and compares it with what the kernel actually produced.  The compiler's capture relies on these
 rules, so a disagreement here would be a wrong compiled program.
 """
@@ -16,13 +17,18 @@ import pytest
 from op_table import FG, OPS, build, flat_outputs, is_float
 
 import fusegrad
+from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.ops import registry
 
 CASES = [(e, s) for e in OPS for s in e.get_samples()]
 
 
-def _checking_interceptor(seen: Counter) -> Any:
-    def intercept(prim: registry.Primitive, inputs: tuple, attrs: dict) -> Any:
+class _CheckingTracer(Tracer):
+    def __init__(self, seen: Counter) -> None:
+        self.seen = seen
+
+    def apply(self, prim: registry.Primitive, inputs: tuple, attrs: dict) -> Any:
+        seen = self.seen
         shapes = tuple(t._data.shape for t in inputs)
         dtypes = tuple(t._dtype for t in inputs)
         out = np.asarray(prim.kernel(*[t._data for t in inputs], **attrs))
@@ -36,13 +42,10 @@ def _checking_interceptor(seen: Counter) -> Any:
         seen[prim.name] += 1
         return NotImplemented  # let apply run the kernel as usual
 
-    return intercept
-
 
 def test_meta_matches_kernels_over_the_op_table() -> None:
     seen: Counter = Counter()
-    prev = registry.set_interceptor(_checking_interceptor(seen))
-    try:
+    with tracing(_CheckingTracer(seen)):
         for entry, sample in CASES:
             leaves, fn = build(entry, FG, sample, "float64")
             try:
@@ -52,8 +55,6 @@ def test_meta_matches_kernels_over_the_op_table() -> None:
             if outs and leaves:
                 grads = [fusegrad.ones_like(o) for o in outs]
                 fusegrad.autograd.grad(outs, leaves, grads, allow_unused=True)
-    finally:
-        registry.set_interceptor(prev)
     unchecked = {n for n in registry.REGISTRY} - {k.split(" ")[0] for k in seen}
     if not fusegrad.cuda.is_available():
         unchecked.discard("to_device")  # needs a device: tests/cuda checks it (simulator)

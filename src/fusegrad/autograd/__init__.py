@@ -1,14 +1,13 @@
 """``fusegrad.autograd``: backward(), grad(), grad modes, gradcheck, anomaly mode, Function.
 
 ``backward`` and ``grad`` validate their arguments (PyTorch's error texts), build the root
-gradients and hand over to the engine.  When a compiled-autograd context is active (see
-``fusegrad.compiler``), they are routed through it instead; the compiler falls back to the same
-engine for whatever it cannot compile.
+gradients and hand over to the engine, or to this thread's tracer when one is installed
+(``tracer.py``: a compiled region of ``fusegrad.compiler`` compiles the call, falling back to the
+same engine for whatever it cannot compile).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,6 +23,7 @@ from .grad_mode import (
     no_grad,
     set_grad_enabled,
 )
+from .tracer import state as _tracer_state
 
 __all__ = [
     "Function",
@@ -42,10 +42,6 @@ __all__ = [
     "set_detect_anomaly",
     "set_grad_enabled",
 ]
-
-# The compiler installs a callable here (``fusegrad.compiler`` sets it while a compiled region
-# is active); it receives the validated arguments of run_backward and may run them compiled.
-_backward_runner: Callable[..., Any] | None = None
 
 
 def _as_tuple(x: Any) -> tuple:
@@ -113,8 +109,9 @@ def _run(
 ) -> list | None:
     from .engine import run_backward
 
-    if _backward_runner is not None:
-        return _backward_runner(outputs, grads, retain_graph, create_graph, inputs, accumulate)
+    tracer = _tracer_state.tracer
+    if tracer is not None:
+        return tracer.backward(outputs, grads, retain_graph, create_graph, inputs, accumulate)
     return run_backward(outputs, grads, retain_graph, create_graph, inputs, accumulate)
 
 

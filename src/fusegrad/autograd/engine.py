@@ -30,6 +30,12 @@ Under anomaly mode the engine marks the node it is running, so that nodes create
 any error raised while processing a node (hooks, rule, gradient validation) with
 ``Error detected in <Node>`` and the forward tracebacks (``anomaly.py``).
 
+What happens at each node goes through the call's *executor* (``Executor``; the default runs
+everything eagerly): running a node's rule, writing ``.grad`` and calling user hooks, with
+``begin_capture``/``end_capture`` around the call.  The compiler's capture is an executor that
+records these steps as IR instead of performing them; the engine loop, its ordering, its
+broadcasting and fan-in are the same for both (DESIGN.md contracts 2 and 10).
+
 Saved tensors are released after each node unless ``retain_graph``.  Gradients are never
 mutated in place here except an existing ``.grad`` (which the engine or the user owns), so root
 gradients and tensors returned by rules or hooks can be shared freely; None stays None.
@@ -48,7 +54,7 @@ import numpy as np
 from .. import storage as _storage
 from ..errors import AutogradError
 from ..tensor import Tensor, _ViewTensor
-from . import anomaly, grad_mode
+from . import anomaly, grad_mode, tracer
 from .node import AccumulateGrad, Node, OpNode
 
 _make = Tensor._make
@@ -87,7 +93,9 @@ def validate_gradient(node: Node, index: int, g: Any, shape: tuple, dtype: Any) 
     return g
 
 
-def _tensor_hooks(node: Node, nr: int) -> list:
+def tensor_hooks(node: Node, nr: int) -> list:
+    """The tensor hooks registered now on output ``nr`` of ``node`` (a leaf's for its
+    AccumulateGrad), in registration order."""
     if isinstance(node, AccumulateGrad):
         hooks = node.variable._hooks
         return list(hooks.values()) if hooks else []
@@ -100,7 +108,7 @@ def _hook_name(hook: Any) -> str:
     return getattr(hook, "__name__", type(hook).__name__)
 
 
-def _check_hook_result(hook: Any, old: Tensor, new: Any) -> Tensor:
+def check_hook_result(hook: Any, old: Tensor, new: Any) -> Tensor:
     """A tensor hook may replace the gradient, but not change its type, size or dtype."""
     if not isinstance(new, Tensor):
         raise TypeError(
@@ -119,12 +127,7 @@ def _check_hook_result(hook: Any, old: Tensor, new: Any) -> Tensor:
     return new
 
 
-# Set by the compiler while it captures a backward graph: ``capture_store(tensor, g)`` records a
-# ``.grad`` write as an effect of the compiled program instead of performing it.
-capture_store: Callable[..., Any] | None = None
-
-
-def _store_grad(t: Tensor, g: Tensor, create_graph: bool) -> None:
+def accumulate_grad(t: Tensor, g: Tensor, create_graph: bool) -> None:
     """``.grad`` accumulation (leaves, retain_grad, ``backward(inputs=...)``).
 
     The first gradient is stored as a fresh copy: ``g`` may be the user's root gradient, the
@@ -132,8 +135,6 @@ def _store_grad(t: Tensor, g: Tensor, create_graph: bool) -> None:
     a later in-place accumulation must not reach any of them.  Under ``create_graph`` the copy
     is a differentiable ``clone`` and accumulation is ``.grad = .grad + g`` (a new tensor with
     history); otherwise later gradients are added in place into the same ``.grad`` object."""
-    if capture_store is not None and capture_store(t, g) is not NotImplemented:
-        return  # the compiler is capturing: it recorded the write instead
     old = t._grad
     if old is None:
         if create_graph:
@@ -186,6 +187,53 @@ def _needed(reachable: dict, targets: set) -> set:
     return needed
 
 
+class Executor:
+    """How one backward call's steps are performed; the engine decides their order.
+
+    The default (``EAGER``) performs them: rules on tensors, ``.grad`` writes, user hooks.  An
+    executor given to ``run_backward`` may perform them differently -- the compiler's capture
+    records each as a step of an IR graph -- and receives every step of the call:
+
+    * ``begin_capture(task)`` / ``end_capture(task)`` around the call (``end_capture`` also when
+      it fails);
+    * ``apply_node(node, grads, retain_graph)``: a node's rule, returning one gradient (or None)
+      per edge; ``check_results`` validates the count;
+    * ``accumulate_grad(tensor, g, create_graph)``: a ``.grad`` write;
+    * ``tensor_pre_hook``, ``pre_hook``, ``post_hook``, ``post_acc_grad_hook``: one user hook,
+      with its site (``node``, output number, its position among that site's hooks); the value
+      returned replaces gradients as SEMANTICS.md says.
+    """
+
+    def begin_capture(self, task: _Task) -> None:
+        pass
+
+    def end_capture(self, task: _Task) -> None:
+        pass
+
+    def apply_node(self, node: Node, grads: list, retain_graph: bool) -> tuple:
+        return _apply(node, grads, retain_graph)
+
+    def accumulate_grad(self, t: Tensor, g: Tensor, create_graph: bool) -> None:
+        accumulate_grad(t, g, create_graph)
+
+    def tensor_pre_hook(self, hook: Any, node: Node, output_nr: int, position: int, g: Any) -> Any:
+        return hook(g)
+
+    def pre_hook(self, hook: Any, node: Node, position: int, grads: tuple) -> Any:
+        return hook(grads)
+
+    def post_hook(
+        self, hook: Any, node: Node, position: int, grads_in: tuple, grads_out: tuple
+    ) -> Any:
+        return hook(grads_in, grads_out)
+
+    def post_acc_grad_hook(self, hook: Any, node: Node, position: int, tensor: Tensor) -> None:
+        hook(tensor)
+
+
+EAGER = Executor()
+
+
 class _Task:
     """What one backward call (graph task) needs while it runs (passed to ``_run_node``)."""
 
@@ -195,6 +243,7 @@ class _Task:
         "captured",
         "checkpoint_valid",
         "create_graph",
+        "executor",
         "id",
         "inputs",
         "needed",
@@ -209,7 +258,9 @@ class _Task:
         inputs: Sequence[Tensor] | None,
         needed: set | None,
         capture: dict,
+        executor: Executor,
     ) -> None:
+        self.executor = executor
         self.retain_graph = retain_graph
         self.create_graph = create_graph
         self.accumulate = accumulate
@@ -283,6 +334,7 @@ THREAD_STATE: list[tuple[Callable[[], Any], Callable[[Any], None]]] = [
     (_grad_mode_state, _set_grad_mode_state),
     (_anomaly_state, _set_anomaly_state),
     (_task_state, _set_task_state),
+    (tracer._thread_state, tracer._set_thread_state),
 ]
 
 
@@ -293,9 +345,11 @@ def run_backward(
     create_graph: bool,
     inputs: Sequence[Tensor] | None = None,
     accumulate: bool = True,
+    executor: Executor = EAGER,
 ) -> list | None:
-    """Execute the graph.  Returns captured gradients for ``inputs`` when not accumulating."""
-    args = (roots, grad_roots, retain_graph, create_graph, inputs, accumulate)
+    """Execute the graph.  Returns captured gradients for ``inputs`` when not accumulating.
+    ``executor`` performs the steps (``Executor``; by default eagerly)."""
+    args = (roots, grad_roots, retain_graph, create_graph, inputs, accumulate, executor)
     depth = getattr(_depth, "value", 0)
     if depth >= MAX_REENTRANT_DEPTH:
         return _run_on_fresh_thread(args)
@@ -338,6 +392,7 @@ def _execute(
     create_graph: bool,
     inputs: Sequence[Tensor] | None,
     accumulate: bool,
+    executor: Executor,
 ) -> list | None:
     """The engine loop proper (see the module docstring)."""
     root_edges = [r._edge() for r in roots]
@@ -350,7 +405,7 @@ def _execute(
         for i, t in enumerate(inputs):
             capture.setdefault(t._edge(), []).append(i)
         needed = _needed(deps, {node for node, _ in capture if node is not None})
-    task = _Task(retain_graph, create_graph, accumulate, inputs, needed, capture)
+    task = _Task(retain_graph, create_graph, accumulate, inputs, needed, capture, executor)
 
     buffers: dict = {}  # node -> list of summed incoming gradients, one per output
     for (node, nr), g in zip(root_edges, grad_roots):
@@ -370,6 +425,7 @@ def _execute(
     anomaly_state = anomaly._state
     parent_node = anomaly_state.current_node
     node = None
+    executor.begin_capture(task)
     try:
         while ready:
             node = heapq.heappop(ready)[2]
@@ -418,6 +474,7 @@ def _execute(
         grad_mode._state.enabled = prev_mode
         _current.task = parent_task
         anomaly_state.current_node = parent_node
+        executor.end_capture(task)
     return None if accumulate else task.captured
 
 
@@ -434,6 +491,7 @@ def _check_nan(node: Node, results: tuple | None) -> None:
 
 def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
     """Hooks and the node itself, in SEMANTICS.md's order; the gradients for its edges."""
+    executor = task.executor
     if (
         type(node) is OpNode
         and not task.capture
@@ -444,21 +502,23 @@ def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
         and grads[0] is not None
     ):
         # the common case (a primitive's node without hooks): no bookkeeping beyond the rule
-        return _apply(node, grads, task.retain_graph)
+        if executor is EAGER:
+            return _apply(node, grads, task.retain_graph)
+        return executor.apply_node(node, grads, task.retain_graph)
     # 1. tensor hooks, in registration order (a returned tensor replaces the gradient)
     for nr, g in enumerate(grads):
         if g is not None:
-            for k, hook in enumerate(_tensor_hooks(node, nr)):
-                out = call_hook(hook, "tensor", node, nr, k, grads[nr])
+            for k, hook in enumerate(tensor_hooks(node, nr)):
+                out = executor.tensor_pre_hook(hook, node, nr, k, grads[nr])
                 if out is not None:
-                    grads[nr] = _check_hook_result(hook, grads[nr], out)
+                    grads[nr] = check_hook_result(hook, grads[nr], out)
     # 2. retain_grad (only while the tensor's history still ends in this node)
     retained: set = set()
     if node._retain_grad_hooks:
         for nr, ref in list(node._retain_grad_hooks.items()):
             t = ref()
             if t is not None and grads[nr] is not None and t.grad_fn is node:
-                _store_grad(t, grads[nr], task.create_graph)
+                executor.accumulate_grad(t, grads[nr], task.create_graph)
                 retained.add(nr)
     # capture for grad() / backward(inputs=...)
     if task.capture:
@@ -471,7 +531,11 @@ def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
                     task.captured[p] = g
             elif g is not None and not isinstance(node, AccumulateGrad) and nr not in retained:
                 # a non-leaf listed in backward(inputs=...) accumulates into its .grad
-                _store_grad(task.inputs[positions[0]], g, task.create_graph)  # type: ignore
+                executor.accumulate_grad(
+                    task.inputs[positions[0]],  # type: ignore[index]
+                    g,
+                    task.create_graph,
+                )
     # a target whose own inputs lead to no other target: its gradient is all that is needed
     is_leaf_write = isinstance(node, AccumulateGrad) and task.accumulate
     if (
@@ -483,45 +547,34 @@ def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
     # 3. node pre-hooks
     if node._pre_hooks:
         for k, hook in enumerate(list(node._pre_hooks.values())):
-            out = call_hook(hook, "pre", node, 0, k, tuple(grads))
+            out = executor.pre_hook(hook, node, k, tuple(grads))
             if out is not None:
-                grads = _hook_tuple(hook, out, len(grads))
+                grads = hook_tuple(hook, out, len(grads))
     # 4. the node itself; 5. post-accumulate-grad hooks (leaves)
     if isinstance(node, AccumulateGrad):
         results: tuple = ()
         if grads[0] is not None:
             var = node.variable
-            _store_grad(var, grads[0], task.create_graph)
+            executor.accumulate_grad(var, grads[0], task.create_graph)
             if var._post_acc_hooks:
                 for k, hook in enumerate(list(var._post_acc_hooks.values())):
-                    call_hook(hook, "post_acc", node, 0, k, var)
+                    executor.post_acc_grad_hook(hook, node, k, var)
     elif not node._runs_without_grads and all(g is None for g in grads):
         results = (None,) * len(node._edges)
         if not task.retain_graph and hasattr(node, "release"):
             node.release()
     else:
-        results = _apply(node, grads, task.retain_graph)
+        results = executor.apply_node(node, grads, task.retain_graph)
     # 6. node post-hooks (may replace the gradients for the inputs)
     if node._post_hooks:
         for k, hook in enumerate(list(node._post_hooks.values())):
-            out = call_hook(hook, "post", node, 0, k, results, tuple(grads))
+            out = executor.post_hook(hook, node, k, results, tuple(grads))
             if out is not None:
-                results = _hook_tuple(hook, out, len(results))
+                results = hook_tuple(hook, out, len(results))
     return results
 
 
-def _call_hook(hook: Any, kind: str, node: Node, slot: int, position: int, *args: Any) -> Any:
-    """Call a user hook.  ``kind``/``node``/``slot``/``position`` say where it sits (tensor
-    hook of output ``slot``, node pre-/post-hook, post-accumulate-grad hook, and its index among
-    that site's hooks); the compiler's capture replaces ``call_hook`` to record the call as an
-    opaque step of the compiled program instead of running it."""
-    return hook(*args)
-
-
-call_hook = _call_hook
-
-
-def _hook_tuple(hook: Any, out: Any, expected: int) -> list | tuple:
+def hook_tuple(hook: Any, out: Any, expected: int) -> list | tuple:
     out = tuple(out) if isinstance(out, (tuple, list)) else (out,)
     if len(out) != expected:
         raise AutogradError(
@@ -533,7 +586,11 @@ def _hook_tuple(hook: Any, out: Any, expected: int) -> list | tuple:
 
 def _apply(node: Node, grads: list, retain_graph: bool) -> tuple:
     """Run a node's rule; check the number of gradients."""
-    results = node.apply(tuple(grads), retain_graph)
+    return check_results(node, node.apply(tuple(grads), retain_graph))
+
+
+def check_results(node: Node, results: Any) -> tuple:
+    """A rule's results as a tuple of one entry per edge (PyTorch's error otherwise)."""
     if not isinstance(results, tuple):
         results = tuple(results) if isinstance(results, list) else (results,)
     if len(results) != len(node._edges):

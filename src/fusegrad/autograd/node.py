@@ -21,8 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from .. import tensor as _tensor_module  # (a module: tensor.py imports this one too)
 from ..errors import AutogradError
 from . import grad_mode
 
@@ -108,7 +107,6 @@ class Node:
         _check_callable(fn)
         if self._pre_hooks is None:
             self._pre_hooks = {}
-        graph_epoch.value += 1
         return add_hook(self._pre_hooks, fn)
 
     def register_hook(self, fn: Callable) -> _Handle:
@@ -117,7 +115,6 @@ class Node:
         _check_callable(fn)
         if self._post_hooks is None:
             self._post_hooks = {}
-        graph_epoch.value += 1
         return add_hook(self._post_hooks, fn)
 
     def _sequence_nr(self) -> float:
@@ -143,7 +140,6 @@ class Node:
         if self._tensor_pre_hooks is None:
             self._tensor_pre_hooks = {}
         store = self._tensor_pre_hooks.setdefault(output_nr, {})
-        graph_epoch.value += 1
         return add_hook(store, fn)
 
 
@@ -190,161 +186,6 @@ _pack_in_place_message = (
 )
 
 
-# Raised (a count of active compiled regions, any thread) by ``fusegrad.compiler``: while it is
-# non-zero, new OpNodes record their inputs' versions (``OpNode._input_versions``).
-record_input_versions = 0
-
-
-class _Epoch:
-    """A counter bumped by every change after which what a node recorded at creation may no
-    longer describe the graph: a version bump (``tensor._VersionCounter``), a ``.data`` swap, a
-    hook registered on a node (``retain_grad`` included), saved-tensor hooks registered later,
-    raw access to a saved tensor, and freed saved tensors.  While it has not moved since a
-    tape's first node (``Tape``), every saved tensor of that tape is at its saved version and
-    the tape's structure is the graph's."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0
-
-
-graph_epoch = _Epoch()
-
-# Nodes on one tape at most (a longer one stops recording; backward then walks the graph).
-MAX_TAPE = 1 << 14
-# Interned tape prefixes kept at most (cleared when full: costs sharing, never correctness).
-MAX_TRIE = 1 << 18
-
-
-class Tape:
-    """The OpNodes created on one thread inside a compiled region, in creation order.
-
-    Each recorded node gets ``_tape_index`` (its position) and ``_tape_state``: an int that
-    identifies the structure of the whole prefix up to it — per node its primitive, attributes,
-    input and output shapes and dtypes, and its edges, written as
-    tape positions of earlier nodes or numbers of leaves (in order of first use), so which node
-    or leaf is the same object is part of it.  Equal states mean equal prefixes (states are
-    interned in a trie of ``(previous state, node entry)``; ids are never reused), which is how
-    the compiler keys a backward without walking the graph (``compiler.capture.tape_key``).
-
-    The tape holds its nodes and leaves' AccumulateGrad nodes through weak references only:
-    it never keeps a graph alive.  It stops recording (``open`` false) when a node has an edge
-    to a node that is not on it (made outside the region, on another tape or thread, a custom
-    Function), when saved-tensor hooks are active, when an attribute cannot be hashed, or past
-    ``MAX_TAPE`` nodes; nodes recorded before that keep their states."""
-
-    __slots__ = ("epoch", "leaves", "nodes", "open", "serial", "state")
-
-    def __init__(self) -> None:
-        self.serial = next(_tape_serials)
-        self.nodes: list = []  # weak references, by tape index
-        self.leaves: list = []  # weak references to AccumulateGrad nodes, by leaf number
-        self.state = 0  # the empty prefix
-        self.open = True
-        self.epoch = -1  # graph_epoch when the first node was recorded
-
-
-_tape_serials = itertools.count(1)  # 0: "on no tape"
-_tape_states = itertools.count(1)
-_trie: dict = {}
-
-
-class _TapeState(threading.local):
-    """Per thread: how deep it is in compiled regions, the tape new nodes go on (None outside
-    regions) and the previous one (each backward in a region starts a new tape; a second root
-    of the last forward is on the previous one)."""
-
-    def __init__(self) -> None:
-        self.active = 0
-        self.tape: Tape | None = None
-        self.previous: Tape | None = None
-
-    def enter(self) -> None:
-        self.active += 1
-        if self.tape is None:
-            self.tape = Tape()
-
-    def exit(self) -> None:
-        self.active -= 1
-        if not self.active:  # a later region starts afresh
-            self.tape = self.previous = None
-
-    def next_tape(self) -> None:
-        """A backward ran: later nodes go on a new tape."""
-        if self.active:
-            self.previous, self.tape = self.tape, Tape()
-
-
-tape_state = _TapeState()
-
-
-def _record(node: OpNode, tape: Tape, outputs: tuple) -> None:
-    """Append ``node`` to ``tape`` (see ``Tape``).  Runs for every op inside a compiled region,
-    so it is kept lean: one loop over the edges, one tuple and one dict lookup."""
-    if not tape.open:
-        return
-    serial = tape.serial
-    codes = []
-    for child, nr in node._edges:
-        if child is None:
-            codes.append(-1)
-        elif type(child) is OpNode and child._tape_serial == serial and nr < 1024:
-            codes.append(child._tape_index << 10 | nr)
-        elif type(child) is AccumulateGrad:
-            if child._tape_serial != serial:
-                child._tape_serial = serial
-                child._tape_leaf = len(tape.leaves)
-                tape.leaves.append(weakref.ref(child))
-            codes.append(-2 - child._tape_leaf)
-        else:
-            tape.open = False
-            return
-    if _hooks_in_use:  # a pack hook may have run: what is saved is the hooks'
-        tape.open = False
-        return
-    attrs = node.attrs
-    out = outputs[0]
-    if type(out._data) is not np.ndarray:  # CUDA graphs take the walk (it keys the device)
-        tape.open = False
-        return
-    entry = (
-        tape.state,
-        node._prim.name,
-        tuple(attrs.items()) if attrs else None,
-        tuple(codes),
-        node._input_meta,
-        (out._data.shape, out._dtype)
-        if len(outputs) == 1
-        else tuple((o._data.shape, o._dtype) for o in outputs),
-    )
-    try:
-        state = _trie.get(entry)
-    except TypeError:  # an unhashable attribute value
-        tape.open = False
-        return
-    if state is None:
-        if len(_trie) >= MAX_TRIE:
-            _trie.clear()
-        state = _trie[entry] = next(_tape_states)
-    index = len(tape.nodes)
-    if index == 0:  # the epoch the tape's guarantees start from
-        tape.epoch = graph_epoch.value
-    elif index >= MAX_TAPE:
-        tape.open = False
-        return
-    tape.state = state
-    node._tape_serial = serial
-    node._tape_index = index
-    node._tape_state = state
-    tape.nodes.append(weakref.ref(node))
-
-
-# Set by the compiler while it captures a backward graph (``fusegrad.compiler.capture``):
-# ``capture_unpack(saved, node)`` returns the symbolic value standing for a saved tensor.
-capture_unpack: Callable[..., Any] | None = None
-
-
 class SavedTensor:
     """A tensor saved for backward.  Outputs of the node itself are kept as their data only (no
     reference cycle node -> output -> node) and rebuilt with ``grad_fn`` = that node on unpack,
@@ -356,7 +197,6 @@ class SavedTensor:
     not checked then: what the hooks keep is theirs (as in PyTorch)."""
 
     __slots__ = (
-        "_array",
         "_counter",
         "_data",
         "_is_output",
@@ -393,9 +233,6 @@ class SavedTensor:
                     t.grad_fn, t._output_nr = node, output_nr
                 self._pack(t, output_nr, hooks)
                 return
-        # the array as saved, for the compiler's tape path (valid while ``graph_epoch`` holds:
-        # a ``.data`` swap or in-place change moves it)
-        self._array = t._data
         if is_output:
             self._tensor = None
             self._data = t._data
@@ -428,7 +265,7 @@ class SavedTensor:
         if t._version_counter.value != version:
             raise AutogradError(_pack_in_place_message)
         self._tensor = None
-        self._data = self._array = None
+        self._data = None
         self._packed = packed
         self._unpack_hook = unpack_hook
 
@@ -450,13 +287,10 @@ class SavedTensor:
                 "backward."
             )
         if self._is_output:
-            from ..tensor import Tensor
-
-            t = Tensor._make(self._data)
+            t = _tensor_module.Tensor._make(self._data)
             t._version_counter = self._counter
         else:
             t = self._tensor
-        graph_epoch.value += 1
         # a non-leaf keeps the producer it had when saved (an in-place op may have rebased it)
         producer, output_nr = self._producer, self._output_nr
         self._pack(t, output_nr, (pack_hook, unpack_hook))
@@ -471,16 +305,12 @@ class SavedTensor:
 
     def release(self) -> None:
         """Drop what was saved (after a backward without retain_graph)."""
-        self._tensor = self._data = self._array = None
+        self._tensor = self._data = None
         if self._unpack_hook is not None:
             self._packed = None
         self._counter = None  # marks the tensor as freed
 
     def unpack(self, node: Node | None) -> Tensor:
-        if capture_unpack is not None:  # the compiler is capturing: hand out a symbolic value
-            symbolic = capture_unpack(self, node)
-            if symbolic is not NotImplemented:  # (NotImplemented: another thread's backward)
-                return symbolic
         if self._counter is None:
             raise AutogradError(_freed_message)
         if self._unpack_hook is not None:
@@ -506,7 +336,7 @@ class SavedTensor:
             )
         if not self._is_output:
             return self._tensor  # type: ignore[return-value]
-        out = _make_tensor(self._data)
+        out = _tensor_module.Tensor._make(self._data)
         out._version_counter = self._counter
         if self._rg:
             out.grad_fn = node
@@ -514,8 +344,7 @@ class SavedTensor:
         return out
 
     def _unpack_with_hook(self, node: Node | None) -> Tensor:
-        from ..tensor import Tensor
-
+        Tensor = _tensor_module.Tensor
         value = self._unpack_hook(self._packed)  # type: ignore[misc]
         if not isinstance(value, Tensor):
             raise TypeError(
@@ -553,13 +382,9 @@ class OpNode(Node):
 
     __slots__ = (
         "_freed",
-        "_input_versions",
         "_prim",
         "_rule",
         "_saved",
-        "_tape_index",
-        "_tape_serial",
-        "_tape_state",
         "attrs",
         "needs_input_grad",
     )
@@ -598,16 +423,6 @@ class OpNode(Node):
                     saved.append(SavedTensor(inputs[index]))
         self._saved: list | None = saved
         self._freed = False
-        # the inputs' versions when this op ran, recorded only inside compiled regions: they let
-        # the compiler recompute a cheap saved value from an input that has not changed since
-        self._tape_serial = 0
-        if record_input_versions:
-            self._input_versions = tuple([t._version_counter._value for t in inputs])
-            tape = tape_state.tape
-            if tape is not None:  # this thread is inside a compiled region: record structure
-                _record(self, tape, outputs)
-        else:
-            self._input_versions = None
 
     def name(self) -> str:
         return f"{_camel(self._prim.name)}Backward0"
@@ -633,7 +448,6 @@ class OpNode(Node):
             for s in saved:
                 s.release()
             self._saved = None
-            graph_epoch.value += 1
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
         rule = self._rule
@@ -678,8 +492,6 @@ class OpNode(Node):
         if self._saved is None:
             raise AutogradError(_freed_message)
         items = self._saved[where]
-        if raw:  # the caller may keep a SavedTensor: compiled backward frees them one by one
-            graph_epoch.value += 1
         values = items if raw else [s.unpack(self) for s in items]
         return tuple(values) if variadic else values[0]
 
@@ -701,14 +513,12 @@ class AccumulateGrad(Node):
     """Writes the incoming gradient into a leaf's ``.grad`` (first store copies, later adds in
     place; under create_graph ``.grad = .grad + g``)."""
 
-    __slots__ = ("_tape_leaf", "_tape_serial", "variable")
+    __slots__ = ("variable",)
 
     def __init__(self, variable: Tensor) -> None:
         super().__init__((), ((variable._data.shape, variable._dtype),))
         self._seq = float("inf")  # run as soon as ready, like PyTorch
         self.variable = variable
-        self._tape_serial = 0  # the tape that numbered this leaf last (``Tape``)
-        self._tape_leaf = -1
 
     def name(self) -> str:
         return "AccumulateGrad"
@@ -727,10 +537,3 @@ def accumulator_for(t: Tensor) -> AccumulateGrad:
     return acc
 
 
-def _make_tensor(data: Any) -> Tensor:
-    """``Tensor._make``, imported on first use (tensor.py imports this module)."""
-    global _make_tensor
-    from ..tensor import Tensor
-
-    _make_tensor = Tensor._make
-    return Tensor._make(data)

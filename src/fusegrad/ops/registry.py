@@ -8,9 +8,10 @@ rule lives in ``autograd/derivatives.py`` (``RULES``) and is looked up by name; 
 a lowering per primitive.  Composites (sigmoid-free ops such as softmax, layer_norm, ...) never
 appear here: they are written in the op surface over these primitives.
 
-``apply`` has one extension point, ``set_interceptor``: the compiler's capture installs a
-function that receives every primitive call whose inputs include symbolic values, so derivative
-rules written in the op surface record IR instead of computing (DESIGN.md contract 3).
+``apply`` sends every call to this thread's tracer first, when one is installed
+(``autograd.tracer``, the eager core's one extension point): the compiler's capture records
+derivative rules written in the op surface as IR instead of computing them (DESIGN.md contract
+3), and its compiled regions record forwards.  ``run`` is the eager execution proper.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..autograd import grad_mode
+from ..autograd.tracer import state as _tracer_state
 from ..cuda.array import CudaArray
 from ..errors import AutogradError
 
@@ -111,25 +113,23 @@ def vjp(name: str, save: str = "") -> Callable[[Callable[..., tuple]], Callable[
     return register
 
 
-_interceptor: Callable[..., Any] | None = None
-
-
-def set_interceptor(fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
-    """Install (or clear) the capture hook; returns the previous one."""
-    global _interceptor
-    prev, _interceptor = _interceptor, fn
-    return prev
-
-
 def apply(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
-    """Run ``prim`` on Tensors ``inputs`` with keyword ``attrs``; record a node if needed.
+    """Run ``prim`` on Tensors ``inputs`` with keyword ``attrs`` (recording a node if needed),
+    or hand the call to this thread's tracer when one is installed."""
+    tracer = _tracer_state.tracer
+    if tracer is not None:
+        result = tracer.apply(prim, inputs, attrs)
+        if result is not NotImplemented:
+            return result
+    return run(prim, inputs, attrs)
+
+
+def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
+    """Eager execution of ``prim``: its kernel on the arrays, and a backward node when grad mode
+    is on and an input requires grad.
 
     This is the hot path of eager execution: keep it free of per-call imports and checks that
     the op surface has already done."""
-    if _interceptor is not None:
-        result = _interceptor(prim, inputs, attrs)
-        if result is not NotImplemented:
-            return result
     arrays = [t._data for t in inputs]
     for a in arrays:
         if type(a) is CudaArray:  # a CUDA tensor: the device runs it

@@ -1,0 +1,353 @@
+"""The tape: forwards recorded in a compiled region, so that their backward is keyed and bound
+without walking the graph.
+
+A compiled region (``fusegrad.compiler.Region``, the thread's tracer inside
+``compiled_autograd()``) runs every primitive eagerly and hands the node it created to
+``record``, which appends it to this thread's current ``Tape``.  Each recorded node gets a tape
+position and a *state*: an int that identifies the structure of the whole prefix up to it -- per
+node its primitive, attributes, input and output shapes and dtypes, and its edges, written as
+tape positions of earlier nodes or numbers of leaves (in order of first use), so which node or
+leaf is the same object is part of it.  Equal states mean equal prefixes: states are interned in
+a trie of ``(previous state, node entry)`` and never reused.  ``tape_key`` turns the roots'
+states into the key of a backward, and a ``Binding`` (made once, from the walk of the first such
+backward) finds the walk's saved arrays, leaves and nodes in any graph recorded with the same
+key.
+
+Nothing here is a promise that the graph is unchanged since it was recorded: the eager core keeps
+no record of what happened to a graph, and the compiler asks it for none.  The structure a tape
+records cannot change (a node's edges are fixed when it is made); everything else the program
+relies on is checked by ``Binding.bind`` on every use -- no node has hooks, no saved tensor was
+freed, modified in place or given unpack hooks, and leaves read for rematerialisation are at the
+versions they had when their op ran -- and any failed check sends the backward to the walk, which
+raises the eager engine's own errors.
+
+The tape holds its nodes and leaves' AccumulateGrad nodes through weak references only, so it
+never keeps a graph alive; positions are found by ``id`` and confirmed through the weak
+reference (an id may be reused once its object is gone).  A tape stops recording (``open``
+false) when a node has an edge to a node that is not on it (made outside the region, on another
+thread, a custom Function), when saved-tensor hooks are active, for CUDA tensors (their graphs
+take the walk, which keys the device), when an attribute cannot be hashed, or past ``MAX_TAPE``
+nodes; nodes recorded before that keep their states.
+
+State is per thread (``state``): the tape new nodes go on, and the previous one (each backward
+in a region starts a new tape; a second root of the last forward is on the previous one).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fusegrad.autograd import node as _node
+from fusegrad.autograd.node import AccumulateGrad, OpNode
+from fusegrad.tensor import Tensor
+
+# Nodes on one tape at most (a longer one stops recording; backward then walks the graph).
+MAX_TAPE = 1 << 14
+# Interned tape prefixes kept at most (cleared when full: costs sharing, never correctness).
+MAX_TRIE = 1 << 18
+
+# unary primitives whose saved result the program may recompute from the op's input when that
+# input is a leaf the program reads anyway (``capture.plan_rematerialisation``): the tape keeps
+# the leaf's version when the op ran, which the walk and ``Binding.bind`` compare with its
+# version now
+REMATERIALISE = frozenset({"neg", "abs"})
+
+_serials = itertools.count(1)
+_states = itertools.count(1)
+_trie: dict = {}
+
+
+class Tape:
+    """The OpNodes created on one thread inside a compiled region, in creation order."""
+
+    __slots__ = (
+        "index_of",
+        "leaf_of",
+        "leaves",
+        "nodes",
+        "open",
+        "serial",
+        "state",
+        "states",
+        "versions",
+    )
+
+    def __init__(self) -> None:
+        self.serial = next(_serials)
+        self.nodes: list = []  # weak references, by tape position
+        self.states: list[int] = []  # prefix state after each position
+        self.index_of: dict[int, int] = {}  # id(node) -> tape position
+        self.leaves: list = []  # weak references to AccumulateGrad nodes, by leaf number
+        self.leaf_of: dict[int, int] = {}  # id(AccumulateGrad) -> leaf number
+        self.versions: dict[int, int] = {}  # position -> its leaf input's version (remat only)
+        self.state = 0  # the empty prefix
+        self.open = True
+
+    def position(self, node: Any) -> int:
+        """``node``'s position on this tape, or -1."""
+        index = self.index_of.get(id(node), -1)
+        if index >= 0 and self.nodes[index]() is not node:
+            return -1
+        return index
+
+    def leaf_number(self, acc: Any) -> int:
+        """The number of leaf accumulator ``acc`` on this tape (numbered on first use)."""
+        number = self.leaf_of.get(id(acc), -1)
+        if number >= 0 and self.leaves[number]() is acc:
+            return number
+        number = self.leaf_of[id(acc)] = len(self.leaves)
+        self.leaves.append(weakref.ref(acc))
+        return number
+
+
+class _State(threading.local):
+    """Per thread: how deep it is in compiled regions, the tape new nodes go on (None outside
+    regions) and the previous one."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.tape: Tape | None = None
+        self.previous: Tape | None = None
+
+    def enter(self) -> None:
+        self.active += 1
+        if self.tape is None:
+            self.tape = Tape()
+
+    def exit(self) -> None:
+        self.active -= 1
+        if not self.active:  # a later region starts afresh
+            self.tape = self.previous = None
+
+    def next_tape(self) -> None:
+        """A backward ran: later nodes go on a new tape."""
+        if self.active:
+            self.previous, self.tape = self.tape, Tape()
+
+    def leaf_version(self, node: Any) -> int | None:
+        """The version its leaf input had when ``node`` ran (only for ``REMATERIALISE``
+        primitives recorded on this thread's two latest tapes), else None."""
+        for tape in (self.tape, self.previous):
+            if tape is not None:
+                index = tape.position(node)
+                if index >= 0:
+                    return tape.versions.get(index)
+        return None
+
+
+state = _State()
+
+
+def record(tape: Tape, node: OpNode, inputs: tuple, out: Tensor) -> None:
+    """Append ``node`` (created by a primitive call on ``inputs``, result ``out``) to
+    ``tape``.  Runs for every op inside a compiled region, so it is kept lean: one loop over the
+    edges, one tuple and one dict lookup."""
+    codes = []
+    for child, nr in node._edges:
+        if child is None:
+            codes.append(-1)
+        elif type(child) is OpNode:
+            index = tape.index_of.get(id(child), -1)
+            if index < 0 or nr >= 1024 or tape.nodes[index]() is not child:
+                tape.open = False
+                return
+            codes.append(index << 10 | nr)
+        elif type(child) is AccumulateGrad:
+            codes.append(-2 - tape.leaf_number(child))
+        else:
+            tape.open = False
+            return
+    if _node._hooks_in_use:  # a pack hook may have run: what is saved is the hooks'
+        tape.open = False
+        return
+    data = out._data
+    if type(data) is not np.ndarray:  # CUDA graphs take the walk (it keys the device)
+        tape.open = False
+        return
+    attrs = node.attrs
+    entry = (
+        tape.state,
+        node._prim.name,
+        tuple(attrs.items()) if attrs else None,
+        tuple(codes),
+        node._input_meta,
+        data.shape,
+        out._dtype,
+    )
+    try:
+        state_id = _trie.get(entry)
+    except TypeError:  # an unhashable attribute value
+        tape.open = False
+        return
+    if state_id is None:
+        if len(_trie) >= MAX_TRIE:
+            _trie.clear()
+        state_id = _trie[entry] = next(_states)
+    index = len(tape.nodes)
+    if index >= MAX_TAPE:
+        tape.open = False
+        return
+    tape.state = state_id
+    tape.nodes.append(weakref.ref(node))
+    tape.states.append(state_id)
+    tape.index_of[id(node)] = index
+    if node._prim.name in REMATERIALISE and codes[0] <= -2:
+        tape.versions[index] = inputs[0]._version_counter.value
+
+
+def tape_key(
+    roots: Sequence[Tensor], grad_roots: Sequence[Tensor], accumulate: bool
+) -> tuple[Tape, tuple] | None:
+    """The tape this backward's graph was recorded on and its key, or None (walk instead).
+
+    Every root must be the output of a node on one of this thread's two latest tapes.  The key
+    is the tape state of the latest root (its prefix holds every node reachable from the roots)
+    with the roots' positions and gradients' metadata."""
+    tape = None
+    best = -1
+    entries: list = [accumulate, len(roots)]
+    for r, g in zip(roots, grad_roots):
+        n, nr = r._edge()
+        if type(n) is not OpNode:
+            return None
+        index = -1
+        if tape is None:
+            for candidate in (state.tape, state.previous):
+                if candidate is not None:
+                    index = candidate.position(n)
+                    if index >= 0:
+                        tape = candidate
+                        break
+        else:
+            index = tape.position(n)
+        if index < 0:
+            return None
+        best = max(best, index)
+        entries += (index, nr, g._data.shape, g._dtype)
+    if tape is None:
+        return None
+    return tape, (tape.states[best], *entries)
+
+
+class Unbindable(Exception):
+    """A walk that a tape cannot reproduce (the backward then always walks)."""
+
+
+class Binding:
+    """Where a walk's runtime arguments are in any graph recorded with the same tape key.
+
+    Built once from the walk of a backward whose tape key missed; ``bind`` then finds, in a
+    fresh graph of the same structure, the walk's OpNodes (by tape position, in walk order), its
+    saved arrays (walk order is node order, then each node's saved tensors), its leaves and the
+    nodes to free -- checking what the key does not fix (see the module docstring): the saved
+    arrays the walk found to be one array (``saved_alias``) must still be one array, and
+    rematerialisation reads a leaf that must be the saved array's source, unchanged since its
+    op ran.  Arrays the walk found distinct but now are one need no check: the program then reads
+    one array twice."""
+
+    def __init__(self, w: Any, tape: Tape) -> None:
+        op_nodes = [n for n in w.nodes if type(n) is OpNode]
+        positions = [tape.position(n) for n in op_nodes]
+        if any(p < 0 for p in positions):
+            raise Unbindable("a node of the walk is not on the tape")
+        self.node_index = tuple(positions)
+        accumulators = [n for n in w.nodes if type(n) is AccumulateGrad]
+        numbers = []
+        for acc in accumulators:
+            number = tape.leaf_of.get(id(acc), -1)
+            if number < 0 or tape.leaves[number]() is not acc:
+                raise Unbindable("a leaf of the walk is not on the tape")
+            numbers.append(number)
+        self.leaf_index = tuple(numbers)
+        slots = [s for n in op_nodes for s in n._saved or ()]
+        if len(slots) != len(w.saved) or any(a is not b for a, (_, b) in zip(slots, w.saved)):
+            raise Unbindable("saved tensors out of walk order")
+        self.aliases = tuple((k, j) for k, j in enumerate(w.saved_alias) if j != k)
+        position_of = {id(n): p for n, p in zip(op_nodes, positions)}
+        checks = []
+        for k, (_prim, _attrs, first) in w.remat.items():
+            producer = w.saved[k][1]._producer
+            leaf = producer._edges[0][0].variable
+            leaf_position = next(i for i, t in enumerate(w.leaves) if t is leaf)
+            checks.append((first, leaf_position, position_of[id(producer)]))
+        self.remat_checks = tuple(checks)
+        self.release = tuple(p for p, n in enumerate(op_nodes) if n._saved)
+
+    def signature(self) -> tuple:
+        return (self.node_index, self.leaf_index, self.aliases, self.remat_checks)
+
+    def bind(self, tape: Tape) -> tuple[list, list, list] | None:
+        """(saved arrays in walk order, leaves, nodes to free), or None when a check fails."""
+        refs = tape.nodes
+        nodes = []
+        arrays: list = []
+        append = arrays.append
+        for i in self.node_index:
+            n = refs[i]()
+            if (
+                n is None
+                or n._saved is None  # freed: the walk raises the eager error
+                or n._pre_hooks is not None
+                or n._post_hooks is not None
+                or n._tensor_pre_hooks is not None
+                or n._retain_grad_hooks is not None
+            ):
+                return None
+            nodes.append(n)
+            for s in n._saved:
+                counter = s._counter
+                if counter is None or counter.value != s._version or s._unpack_hook is not None:
+                    return None
+                t = s._tensor
+                append(s._data if t is None else t._data)
+        accumulators = tape.leaves
+        leaves = []
+        for i in self.leaf_index:
+            acc = accumulators[i]()
+            if acc is None:
+                return None
+            leaves.append(acc.variable)
+        for k, j in self.aliases:
+            if arrays[k] is not arrays[j]:
+                return None
+        versions = tape.versions
+        for first, leaf_position, node_position in self.remat_checks:
+            leaf = leaves[leaf_position]
+            if (
+                arrays[first] is not leaf._data
+                or versions.get(node_position) != leaf._version_counter.value
+            ):
+                return None
+        release = [nodes[p] for p in self.release]
+        return arrays, leaves, release
+
+
+def grad_meta(grad: Any) -> tuple | None:
+    """What a key holds of a leaf's ``.grad``: whether it exists, and what decides if a kernel
+    may add into it in place."""
+    if grad is None:
+        return None
+    data = grad._data
+    flags = data.flags
+    return (data.shape, grad._dtype, grad.requires_grad, flags.writeable, flags.c_contiguous)
+
+
+def leaf_key(leaves: list) -> tuple | None:
+    """The leaves' part of the walk key (shape, dtype, ``.grad`` state), or None when a leaf or
+    its AccumulateGrad has hooks (the tape path runs no hooks)."""
+    key = []
+    for v in leaves:
+        if v._hooks or v._post_acc_hooks:
+            return None
+        ref = v._accumulator
+        acc = ref() if ref is not None else None
+        if acc is not None and (acc._pre_hooks or acc._post_hooks):
+            return None
+        key.append((v._data.shape, v._dtype, grad_meta(v._grad)))
+    return tuple(key)
