@@ -609,8 +609,10 @@ NUMPY_IMPLS: dict[str, dict[str, Callable[[Any, dict[str, Any]], Impl]]] = {
 # ---- fusegrad program inspection ---------------------------------------------------------------
 
 
-def _value_nbytes(np: Any, v: Any) -> int:
-    return int(math.prod(v.shape)) * np.dtype(v.dtype.np).itemsize
+def _value_nbytes(np: Any, v: Any, sizes: Any = ()) -> int:
+    from fusegrad.compiler.symbolic import substitute  # shapes may be symbolic
+
+    return int(math.prod(substitute(v.shape, sizes))) * np.dtype(v.dtype.np).itemsize
 
 
 def program_info(np: Any, fc: Any, impl: Impl) -> dict[str, Any]:
@@ -648,9 +650,9 @@ def program_info(np: Any, fc: Any, impl: Impl) -> dict[str, Any]:
     w, arrays = box[0]
     if w.fallback is not None:
         return {"fallback": w.fallback}
-    program = fc.programs.get(w.key)
+    program = fc.lookup(w)
     if program is None:
-        return {"error": "program not found in fusegrad.compiler.programs"}
+        return {"error": "program not found in fusegrad.compiler's cache"}
     info: dict[str, Any] = {
         "kernels": len(program.kernels),
         "externs": len(program.externs),
@@ -669,13 +671,13 @@ def program_info(np: Any, fc: Any, impl: Impl) -> dict[str, Any]:
                         seen.add(key)
                         read += a.nbytes
                 else:
-                    read += _value_nbytes(np, v)
+                    read += _value_nbytes(np, v, w.sizes)
             for v in kernel.outputs:
-                written += _value_nbytes(np, v)
+                written += _value_nbytes(np, v, w.sizes)
                 if v in kernel.accumulate:
-                    read += _value_nbytes(np, v)
+                    read += _value_nbytes(np, v, w.sizes)
             for v in kernel.reductions:
-                written += _value_nbytes(np, v)
+                written += _value_nbytes(np, v, w.sizes)
         info["kernel_bytes_read"] = read
         info["kernel_bytes_written"] = written
     except Exception as e:  # noqa: BLE001 - internals changed: report, do not fail
@@ -726,7 +728,7 @@ def compile_child(name: str, quick: bool, threads: int) -> dict[str, Any]:
         "disk_hits": counters.disk_hits,
         "fallbacks": dict(counters.fallbacks),
     }
-    programs = list(fc.programs.values())
+    programs = fc.cached_programs()
     second = impl.step()
     return {
         "workload": wl.label,

@@ -44,9 +44,20 @@ from fusegrad.tensor import Tensor
 
 from . import logs, passes
 from . import tape as _tape
-from .cache import MAX_TAPE_ENTRIES, TapeEntry, counters, miss_reason, programs, tape_programs
+from .cache import (
+    GraphEntry,
+    TapeEntry,
+    cached_programs,
+    counters,
+    describe_program_miss,
+    graphs,
+    lookup,
+    miss_reason,
+    remember,
+    tape_programs,
+)
 from .cache import reset as _reset_cache
-from .capture import Fallback
+from .capture import Captured, Fallback
 from .capture import capture as _capture_graph
 from .capture import walk as _walk
 from .ir import format_graph, verify
@@ -70,7 +81,8 @@ class CompilationError(RuntimeError):
 
 
 class Config:
-    """Process-wide settings (``fusegrad.compiler.config``)."""
+    """Process-wide settings (``fusegrad.compiler.config``); each takes effect on the next
+    backward, and programs built under other values are not reused (they are in the key)."""
 
     def __init__(self) -> None:
         from .codegen.interpreter import MAX_ELEMENTS
@@ -78,6 +90,21 @@ class Config:
         # kernels over at most this many elements run on the precompiled interpreter instead
         # of generated code (no per-graph JIT); 0 disables the interpreter
         self.interpreter_max_elements = MAX_ELEMENTS
+        # capture with symbolic sizes, so that a program serves every batch size (False:
+        # concrete sizes, one capture per size vector)
+        self.symbolic_sizes = True
+        # walk keys whose captures are kept (least recently used first out)
+        self.cache_size = 256
+        # captures kept per walk key (symbolic ones with other guards, concrete ones per size)
+        self.captures_per_key = 8
+        # tape keys kept (the walk-free path; a key is one forward's structure and shapes)
+        self.tape_cache_size = 1024
+        # size vectors a program keeps prepared (shapes, iteration spaces, extern attributes)
+        self.sizes_per_program = 16
+
+    def program_key(self) -> tuple:
+        """What of the configuration changes a program built from a graph."""
+        return (self.interpreter_max_elements,)
 
 
 config = Config()
@@ -157,9 +184,10 @@ def run(
     accumulate: bool,
 ) -> Any:
     """A ``backward()``/``grad()`` call in ``region``: compiled, or eager with a reason."""
+    report = _debug.report
     # the tape path: the forward recorded in this region keys and binds the backward
     fast = None
-    if inputs is None and not create_graph and not _anomaly._state.enabled:
+    if inputs is None and not create_graph and not _anomaly._state.enabled and report is None:
         fast = tape_key(outputs, grads, accumulate)
     # nodes made from here on (by hooks, or the next forward) go on a new tape
     _tape.state.next_tape()
@@ -168,63 +196,118 @@ def run(
         bound = entry.binding.bind(fast[0]) if entry is not None else None
         if bound is not None:
             arrays, leaves, release = bound
-            program = entry.programs.get(leaf_key(leaves))  # type: ignore[union-attr]
-            if program is not None:
+            lk = leaf_key(leaves)
+            slot = entry.programs.get((lk, region.mode, config.program_key()))
+            if slot is not None:
+                program, sizes = slot
                 counters.cache_hits += 1
                 counters.tape_hits += 1
                 counters.compiled_runs += 1
                 logs.log("cache", "program cache hit (tape)")
-                program.run_bound(arrays, leaves, release, grads, retain_graph)
+                program.run_bound(sizes, arrays, leaves, release, grads, retain_graph)
                 return None
     w = _walk(outputs, grads, inputs, accumulate, create_graph)
     if w.fallback is not None:
         return _fallback(
             region, w.fallback, outputs, grads, retain_graph, create_graph, inputs, accumulate
         )
-    program = programs.get(w.key)
-    if program is None:
-        reason = miss_reason(w.key)
-        try:
-            graph = _capture_graph(w, outputs, grads, inputs, accumulate)
-            if _debug.check:
-                verify(graph)
-            graph = passes.run(graph, check=_debug.check)
-        except Fallback as e:
-            return _fallback(
-                region, str(e), outputs, grads, retain_graph, create_graph, inputs, accumulate
-            )
-        counters.captures += 1
-        logs.log("recompiles", f"capture #{counters.captures}: {reason}")
-        logs.log("graph", "backward graph:\n" + format_graph(graph))
-        with_grad = frozenset(i for i, leaf in enumerate(w.leaves) if leaf._grad is not None)
-        device = _device_of(w, grads)
-        if device is None:
-            reason = "the backward graph spans devices (cpu and cuda)"
-            return _fallback(
-                region, reason, outputs, grads, retain_graph, create_graph, inputs, accumulate
-            )
-        program = Program(
-            graph,
-            mode=region.mode,
-            leaves_with_grad=with_grad,
-            interpreter_max_elements=config.interpreter_max_elements,
-            device=device,
+    try:
+        program = _program_for(region, w, grads, outputs, inputs, accumulate)
+    except Fallback as e:
+        return _fallback(
+            region, str(e), outputs, grads, retain_graph, create_graph, inputs, accumulate
         )
-        programs[w.key] = program
-        if _debug.report is not None:
-            _debug.report.append(("capture", reason, program))
-    else:
+    if fast is not None and not w.has_hooks:
+        _remember_tape(fast, w, region, program)
+    counters.compiled_runs += 1
+    return program.run(w, w.sizes, grads, retain_graph, inputs)
+
+
+def _program_for(
+    region: Region,
+    w: Any,
+    grads: Sequence[Tensor],
+    outputs: Sequence[Tensor],
+    inputs: Sequence[Tensor] | None,
+    accumulate: bool,
+) -> Program:
+    """The program for walk ``w`` in ``region``: cached, built from a cached graph, or captured
+    (raises ``Fallback`` when it cannot be).  Under ``explain`` nothing is looked up or kept."""
+    report = _debug.report
+    entry = graphs.get(w.key) if report is None else None
+    captured = entry.find(w.sizes) if entry is not None else None
+    if captured is None:
+        if report is not None:
+            why = "explain() captures every graph"
+        elif entry is not None:
+            why = entry.failed_guard(w.sizes) or (
+                "new sizes, and this graph is captured with concrete sizes: "
+                f"{entry.symbolic_failed}"
+            )
+        else:
+            why = miss_reason(w.key) if logs.enabled("recompiles") else ""
+        symbolic = config.symbolic_sizes and (entry is None or entry.symbolic_failed is None)
+        captured = _capture(w, outputs, grads, inputs, accumulate, symbolic)
+        counters.captures += 1
+        if captured.symbolic:
+            kind = "symbolic sizes"
+            if captured.guards:
+                kind += f", {len(captured.guards)} guard(s)"
+        else:
+            kind = f"concrete sizes: {captured.reason}"
+        logs.log("recompiles", f"capture #{counters.captures} ({kind}): {why}")
+        logs.log("graph", "backward graph:\n" + format_graph(captured.graph))
+        if report is None:
+            if entry is None:
+                entry = GraphEntry()
+                graphs.put(w.key, entry)
+                remember(w.key)
+            entry.add(captured, w.sizes)
+    pkey = (w.grad_key, region.mode, config.program_key())
+    program = captured.programs.get(pkey)
+    if program is not None:
         counters.cache_hits += 1
         logs.log("cache", "program cache hit")
-    if fast is not None and not w.has_hooks:
-        _remember_tape(fast, w, program)
-    counters.compiled_runs += 1
-    return program.run(w, grads, retain_graph, inputs)
+        return program
+    device = _device_of(w, grads)
+    if device is None:
+        raise Fallback("the backward graph spans devices (cpu and cuda)")
+    if captured.programs:
+        last = next(reversed(captured.programs))
+        logs.log("recompiles", f"new program, same graph: {describe_program_miss(last, pkey)}")
+    program = Program(
+        captured.graph,
+        mode=region.mode,
+        leaves_with_grad=frozenset(i for i, s in enumerate(w.grad_key) if s is not None),
+        interpreter_max_elements=config.interpreter_max_elements,
+        device=device,
+        sizes_per_program=config.sizes_per_program,
+    )
+    if report is not None:
+        report.append(("capture", "explain() captures every graph", program))
+    else:
+        captured.keep(pkey, program)
+    return program
+
+
+def _capture(
+    w: Any,
+    outputs: Sequence[Tensor],
+    grads: Sequence[Tensor],
+    inputs: Sequence[Tensor] | None,
+    accumulate: bool,
+    symbolic: bool,
+) -> Captured:
+    captured = _capture_graph(w, outputs, grads, inputs, accumulate, symbolic=symbolic)
+    if _debug.check:
+        verify(captured.graph)
+    captured.graph = passes.run(captured.graph, check=_debug.check)
+    return captured
 
 
 def _device_of(w: Any, grads: Sequence[Tensor]) -> str | None:
     """ "cpu" or "cuda" for the arrays a backward reads, None when it mixes them.  Decided at
-    capture: the cache key holds every array's type, so every hit agrees."""
+    program build: the key holds every array's type, so every later call agrees."""
     arrays = [g._data for g in grads] + [leaf._data for leaf in w.leaves]
     arrays += [s._data if s._tensor is None else s._tensor._data for _, s in w.saved]
     # 0-d host arrays (saved Python scalars) go with any device, as in eager mode
@@ -234,7 +317,7 @@ def _device_of(w: Any, grads: Sequence[Tensor]) -> str | None:
     return kinds.pop() if kinds else "cpu"
 
 
-def _remember_tape(fast: tuple, w: Any, program: Program) -> None:
+def _remember_tape(fast: tuple, w: Any, region: Region, program: Program) -> None:
     """File ``program`` under the tape key so the next such backward skips the walk."""
     tape, key = fast
     lk = leaf_key(w.leaves)
@@ -247,10 +330,9 @@ def _remember_tape(fast: tuple, w: Any, program: Program) -> None:
         return
     entry = tape_programs.get(key)
     if entry is None or entry.binding.signature() != binding.signature():
-        if len(tape_programs) >= MAX_TAPE_ENTRIES:
-            tape_programs.clear()
-        entry = tape_programs[key] = TapeEntry(binding)
-    entry.programs[lk] = program
+        entry = TapeEntry(binding)
+        tape_programs.put(key, entry)
+    entry.programs[(lk, region.mode, config.program_key())] = (program, w.sizes)
 
 
 @contextlib.contextmanager
@@ -317,10 +399,8 @@ class Report:
 
 def explain(fn: Callable, *args: Any, **kwargs: Any) -> Report:
     """Run ``fn`` once with compiled autograd and report what was captured and what fell back.
-    Uses a fresh program cache so every graph is captured (the caller's cache is kept)."""
-    saved, saved_tape = dict(programs), dict(tape_programs)
-    programs.clear()
-    tape_programs.clear()
+    Every graph is captured afresh and nothing is added to the caches, so the report shows every
+    graph and other threads' programs are untouched."""
     events: list = []
     prev_report, _debug.report = _debug.report, events
     try:
@@ -328,8 +408,4 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> Report:
             fn(*args, **kwargs)
     finally:
         _debug.report = prev_report
-        programs.clear()
-        programs.update(saved)
-        tape_programs.clear()
-        tape_programs.update(saved_tape)
     return Report(events)

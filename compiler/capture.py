@@ -4,10 +4,13 @@ Two steps, both over the live eager graph:
 
 1. ``walk`` -- a cheap, deterministic walk of the nodes reachable from the roots (iterative DFS,
    preorder) that builds the cache *key* (node types, primitive attributes, edge structure,
-   shapes, dtypes, which leaves get gradients and whether their ``.grad`` exists, the call's
-   flags) and collects the runtime arguments in a fixed order: the nodes' saved tensors and the
-   leaves.  Anything the compiler cannot run (custom Functions, hooks, anomaly mode,
-   ``create_graph``, ...) is reported as a fallback reason instead.
+   dtypes, ranks, which sizes are 0 or 1 and which are equal to each other, which leaves get
+   gradients, the call's flags) and collects the runtime arguments in a fixed order: the size
+   vector (every size of 2 or more, numbered in order of first appearance: ``symbolic``), the
+   nodes' saved tensors and the leaves.  The leaves' ``.grad`` state is kept apart
+   (``Walk.grad_key``): it changes the program built from a graph, not the graph.  Anything the
+   compiler cannot run (custom Functions, anomaly mode, ``create_graph``, ...) is reported as a
+   fallback reason instead.
 2. ``Capture`` -- on a cache miss, the *same* engine (``engine.run_backward``) runs the *same*
    derivative rules, with a ``Capture`` as its executor (DESIGN.md contracts 1, 3 and 10): the
    roots' gradients and saved tensors are ``SymbolicTensor``s, tensors with a shape and dtype but
@@ -15,11 +18,15 @@ Two steps, both over the live eager graph:
    a rule comes to ``Capture.apply`` and is recorded as an IR value.  Saved tensors become
    ``input`` values (their versions are checked exactly as in eager mode), ``.grad`` writes
    become effects, user hooks opaque steps at their eager positions, and tensors that rules
-   create from nothing (``zeros_like(g)``, index ranges) become constants.  Nothing is patched:
-   another thread's backward, eager or compiled, never sees this capture.
+   create from nothing (index ranges) become constants.  Nothing is patched: another thread's
+   backward, eager or compiled, never sees this capture.
 
-Sizes are concrete in the key and the graph; generated code takes them as runtime arguments, so
-a new batch size costs a capture (Python only), not a compilation.
+A capture is *symbolic* first: sizes are ``symbolic.SymInt``s (in the symbolic tensors' shapes,
+and in what rules see of their node: ``NodeView``), so the graph's shapes and size attributes are
+expressions over the size vector, valid for every call with the same key that satisfies the
+capture's guards.  When something needs a concrete size or data on the way (``NeedsData``, or
+any other failure), the capture is repeated with the call's concrete sizes, guarded to be exactly
+those: correct, and only as general as captures were before symbolic sizes.
 
 Backwards whose forward was recorded in a compiled region usually skip the walk (``tape``).
 """
@@ -40,8 +47,10 @@ from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.ops import registry
 from fusegrad.tensor import Tensor
 
+from . import symbolic
 from .ir import Graph, Value, freeze
-from .tape import REMATERIALISE, grad_meta
+from .symbolic import FakeArray, Guard, NeedsData, ShapeEnv
+from .tape import REMATERIALISE
 from .tape import state as tape_state
 
 
@@ -52,15 +61,20 @@ class Fallback(Exception):
 class SymbolicTensor(Tensor):
     """A tensor that stands for an IR value: shape and dtype, no data.
 
-    ``_data`` is a zero-stride numpy array of the right shape and dtype (it costs no memory), so
-    every op-surface check that reads shapes or dtypes works unchanged; the kernel never runs
-    because ``registry.apply`` hands the call to the capture's interceptor first."""
+    In a symbolic capture ``_data`` is a ``FakeArray`` whose shape holds ``SymInt``s; in a
+    concrete one, a zero-stride numpy array of the right shape and dtype (it costs no memory).
+    Either way every op-surface check that reads shapes or dtypes works unchanged, and no kernel
+    runs: ``registry.apply`` hands the call to the capture, this thread's tracer."""
 
     __slots__ = ("_value",)
 
     @classmethod
-    def of(cls, value: Value) -> SymbolicTensor:
-        t = cls._make(np.broadcast_to(np.zeros((), value.dtype.np), value.shape))
+    def of(cls, value: Value, env: ShapeEnv | None) -> SymbolicTensor:
+        if env is None:
+            data: Any = np.broadcast_to(np.zeros((), value.dtype.np), value.shape)
+        else:
+            data = FakeArray(symbolic.to_symints(value.shape, env), value.dtype.np)
+        t = cls._make(data)
         t._value = value
         return t
 
@@ -70,6 +84,8 @@ class Walk:
     """The result of the cheap walk: cache key plus runtime arguments in key order."""
 
     key: tuple
+    sizes: tuple = ()  # the size vector: symbol k's value is sizes[k]
+    grad_key: tuple = ()  # the leaves' .grad state (what a program, not a graph, depends on)
     nodes: list = field(default_factory=list)
     saved: list = field(default_factory=list)  # (node, SavedTensor) in key order
     saved_alias: list = field(default_factory=list)  # per saved: index of its first alias
@@ -82,8 +98,48 @@ class Walk:
     has_hooks: bool = False  # user hooks run as opaque steps (effects then happen in order)
 
 
-def _tensor_meta(t: Any) -> tuple:
-    return (tuple(t._data.shape), t._dtype.name)
+class _Sizes:
+    """Duck sizing for one walk: each size of 2 or more becomes its symbol (``2 + k`` in the key,
+    where no literal size of 2 or more remains), 0 and 1 stay literal."""
+
+    __slots__ = ("of", "shapes", "values")
+
+    def __init__(self) -> None:
+        self.of: dict[int, int] = {}
+        self.values: list[int] = []
+        self.shapes: dict[tuple, tuple] = {}
+
+    def size(self, d: int) -> int:
+        if d < 2:
+            return d
+        k = self.of.get(d)
+        if k is None:
+            k = self.of[d] = len(self.values)
+            self.values.append(d)
+        return k + 2
+
+    def shape(self, shape: tuple) -> tuple:
+        out = self.shapes.get(shape)
+        if out is None:
+            out = self.shapes[shape] = tuple([self.size(d) for d in shape])
+        return out
+
+
+def _grad_state(leaf: Any) -> tuple | None:
+    """What a program depends on of a leaf's ``.grad``: whether it exists, and what decides if a
+    kernel may add into it in place."""
+    grad = leaf._grad
+    if grad is None:
+        return None
+    data = grad._data
+    flags = data.flags
+    return (
+        grad._dtype,
+        grad.requires_grad,
+        bool(flags.writeable),
+        bool(flags.c_contiguous),
+        data.shape == leaf._data.shape,
+    )
 
 
 def walk(
@@ -114,18 +170,21 @@ def walk(
         for child, _ in reversed(n._edges):
             if child is not None and child not in index:
                 stack.append(child)
+    sizes = _Sizes()
+    shape = sizes.shape
     key: list = [("call", accumulate, len(roots))]
     for (n, nr), g in zip(root_edges, grad_roots):
         # the array type is the device (numpy on the CPU, CudaArray on CUDA)
-        key.append(("root", index.get(n, -1), nr, g._data.shape, g._dtype, type(g._data)))
+        key.append(("root", index.get(n, -1), nr, shape(g._data.shape), g._dtype, type(g._data)))
     if inputs is not None:
         for t in inputs:
             n, nr = t._edge()
             key.append(("input", index.get(n, -1), nr))
-    # The hot loop of every compiled backward: per node only attribute reads and tuple
-    # building (dtype objects, not their names; attrs as items, frozen only if unhashable).
+    # The hot loop of every walked backward: per node only attribute reads and tuple building
+    # (dtype objects, not their names; attrs as items, frozen only if unhashable).
     append = key.append
     saved_out = out.saved
+    grad_key = []
     aliases: dict = {}
     for n in order:
         kind = type(n)
@@ -161,15 +220,24 @@ def walk(
                 # which saved arrays are the same array is structure too: one program input
                 # (and one kernel argument) per distinct array
                 alias = aliases.setdefault(id(data), len(saved_out))
-                smeta.append((data.shape, data.dtype, type(data), alias))
+                smeta.append((shape(data.shape), data.dtype, type(data), alias))
                 saved_out.append((n, s))
                 out.saved_alias.append(alias)
+            prim = n._prim
+            attrs = n.attrs
+            if prim.size_attrs:
+                items = tuple(
+                    (k, symbolic.map_size_attr(k, v, sizes.size) if k in prim.size_attrs else v)
+                    for k, v in attrs.items()
+                )
+            else:
+                items = tuple(attrs.items())
             append(
                 (
-                    n._prim.name,
-                    tuple(n.attrs.items()),
+                    prim.name,
+                    items,
                     tuple((index[c] if c is not None else -1, nr) for c, nr in n._edges),
-                    n._input_meta,
+                    tuple([(shape(s), d) for s, d in n._input_meta]),
                     tuple(smeta),
                     hooks,
                 )
@@ -185,8 +253,8 @@ def walk(
                     len(v._hooks or ()),
                     len(v._post_acc_hooks or ()),
                 )
-            gmeta = grad_meta(v._grad)
-            append(("leaf", v._data.shape, v._dtype, type(v._data), gmeta, hooks))
+            append(("leaf", shape(v._data.shape), v._dtype, type(v._data), hooks))
+            grad_key.append(_grad_state(v))
             out.leaves.append(v)
         else:
             out.fallback = _unsupported(n)
@@ -196,6 +264,8 @@ def walk(
     out.remat = _plan_rematerialisation(out, aliases)
     if out.remat:
         key.append(("remat", tuple(sorted(out.remat.items()))))
+    out.sizes = tuple(sizes.values)
+    out.grad_key = tuple(grad_key)
     try:
         out.key = tuple(key)
         hash(out.key)
@@ -243,10 +313,37 @@ def _unsupported(n: Any) -> str:
     return f"{n.name()} is not a primitive's node (custom Function or other node type)"
 
 
+class NodeView:
+    """What a derivative rule sees of its node in a symbolic capture: the node's attributes and
+    input shapes with sizes as ``SymInt``s.  Rules are written against this interface
+    (``attrs``, ``input_shapes``, ``input_dtypes``, ``needs_input_grad``, ``name()``); anything
+    else of the node would carry concrete sizes, so asking for it makes the capture concrete."""
+
+    __slots__ = ("_node", "attrs", "input_dtypes", "input_shapes", "needs_input_grad")
+
+    def __init__(self, node: OpNode, env: ShapeEnv) -> None:
+        self._node = node
+        size_attrs = node._prim.size_attrs
+        self.attrs = {
+            k: symbolic.map_size_attr(k, v, env.size) if k in size_attrs else v
+            for k, v in node.attrs.items()
+        }
+        self.input_shapes = tuple(env.shape(m[0]) for m in node._input_meta)
+        self.input_dtypes = node.input_dtypes
+        self.needs_input_grad = node.needs_input_grad
+
+    def name(self) -> str:
+        return self._node.name()
+
+    def __getattr__(self, name: str) -> Any:
+        raise NeedsData(f"a derivative rule read {name!r} of its node")
+
+
 class Capture(_engine.Executor, Tracer):
     """One capture: the engine's executor and this thread's tracer while the engine runs the
     backward of ``w``'s graph on symbolic values (see the module docstring).  ``run`` returns
-    the graph; ``Fallback`` says why there is none."""
+    the graph; ``Fallback`` says why there is none.  ``symbolic`` selects sizes as symbols (the
+    guards the graph needs end up in ``guards``) or the call's concrete sizes."""
 
     def __init__(
         self,
@@ -255,13 +352,15 @@ class Capture(_engine.Executor, Tracer):
         grad_roots: Sequence[Tensor],
         inputs: Sequence[Tensor] | None,
         accumulate: bool,
+        symbolic: bool = True,
     ) -> None:
         self.w = w
         self.roots = roots
         self.grad_roots = grad_roots
         self.inputs = inputs
         self.accumulate = accumulate
-        self.graph = Graph()
+        self.env = ShapeEnv(w.sizes) if symbolic else None
+        self.graph = Graph(hints=w.sizes)
         self.saved_index = {id(s): k for k, (_, s) in enumerate(w.saved)}
         self.leaf_index = {id(t): k for k, t in enumerate(w.leaves)}
         self.input_index = {id(t): k for k, t in enumerate(inputs or ())}
@@ -270,10 +369,21 @@ class Capture(_engine.Executor, Tracer):
         self.seq = iter(range(1 << 62))  # side-effecting values are never interned together
         self.last_store: dict[int, Value] = {}  # id(tensor) -> its latest store_grad value
 
+    @property
+    def guards(self) -> list[Guard]:
+        """What the graph assumes about the size vector (``symbolic.Guard``): in a concrete
+        capture, that every size is the one it had."""
+        if self.env is not None:
+            return list(self.env.guards)
+        return [
+            Guard(symbolic.sub(symbolic.symbol(k), v), "==", "the capture used concrete sizes")
+            for k, v in enumerate(self.w.sizes)
+        ]
+
     def run(self) -> Graph:
         graph = self.graph
         sym_roots = [
-            SymbolicTensor.of(graph.input("root", i, g._data.shape, g._dtype))
+            self.symbolic(graph.input("root", i, self.exprs(g._data.shape), g._dtype))
             for i, g in enumerate(self.grad_roots)
         ]
         with tracing(self):
@@ -286,6 +396,15 @@ class Capture(_engine.Executor, Tracer):
                     graph.effects.append(("capture", pos, self.as_value(g)))
         return graph
 
+    def exprs(self, shape: tuple) -> tuple:
+        """A concrete shape of the walked graph as IR dims (symbols in a symbolic capture)."""
+        if self.env is None:
+            return tuple(shape)
+        return tuple(symbolic.expr_of(self.env.size(d)) for d in shape)
+
+    def symbolic(self, value: Value) -> SymbolicTensor:
+        return SymbolicTensor.of(value, self.env)
+
     # ---- Tracer: every primitive call of a rule ------------------------------------------------
     def apply(self, prim: registry.Primitive, inputs: tuple, attrs: dict) -> Any:
         graph = self.graph
@@ -297,32 +416,62 @@ class Capture(_engine.Executor, Tracer):
                 values.append(graph.scalar(a._data.item(), a._dtype))
             else:
                 values.append(graph.constant(a._data))
+        env = self.env
+        if env is not None:
+            env.where = f"{prim.name} in the rule of {self.current}"
+            shapes = tuple(symbolic.to_symints(v.shape, env) for v in values)
+        else:
+            shapes = tuple(v.shape for v in values)
         try:
-            shape, dtype = prim.meta(
-                tuple(v.shape for v in values), tuple(v.dtype for v in values), **attrs
-            )
+            shape, dtype = prim.meta(shapes, tuple(v.dtype for v in values), **attrs)
         except registry.DataDependentShape as e:
             raise Fallback(f"{prim.name} in {self.current}: {e}") from None
-        value = graph.add(prim.name, tuple(values), attrs, shape, dtype, origin=self.current)
-        return SymbolicTensor.of(value)
+        value = graph.add(
+            prim.name,
+            tuple(values),
+            symbolic.to_exprs(attrs) if env is not None else attrs,
+            symbolic.to_exprs(tuple(shape)),
+            dtype,
+            origin=self.current,
+        )
+        return self.symbolic(value)
+
+    def full(self, shape: tuple, value: Any, dtype: Any, device: Any) -> Any:
+        """A constant a rule makes (``zeros_like(g)``, ``zeros(shape)``): one scalar broadcast
+        to ``shape`` (which may be symbolic), fused into kernels like any broadcast read."""
+        graph = self.graph
+        scalar = graph.scalar(value, dtype)
+        if not shape:
+            return self.symbolic(scalar)
+        dims = symbolic.to_exprs(tuple(shape))
+        value_ = graph.add("broadcast_to", (scalar,), {"shape": dims}, dims, dtype, self.current)
+        return self.symbolic(value_)
 
     def backward(self, *args: Any) -> Any:
         # only rules run during a capture, and they never call backward
         raise Fallback("a backward() inside a derivative rule")
 
     # ---- Executor: the engine's steps -----------------------------------------------------------
+    def input_meta(self, node: Any) -> tuple:
+        if self.env is None or type(node) is not OpNode:
+            return node._input_meta
+        return tuple((self.env.shape(s), d) for s, d in node._input_meta)
+
     def apply_node(self, node: Any, grads: list, retain_graph: bool) -> tuple:
         self.current = node.name()
+        if self.env is not None:
+            self.env.where = f"the rule of {self.current}"
         if type(node) is not OpNode:
             raise Fallback(_unsupported(node))
         rule = node._rule
+        view: Any = node if self.env is None else NodeView(node, self.env)
         if not rule.save_index:
-            return _engine.check_results(node, rule.fn(node, grads[0]))
+            return _engine.check_results(node, rule.fn(view, grads[0]))
         saved = node._saved
         if saved is None:
             node.apply(tuple(grads), True)  # raises the eager engine's error
         values = [self.unpack(s, node) for s in saved]
-        return _engine.check_results(node, rule.fn(node, grads[0], *values))
+        return _engine.check_results(node, rule.fn(view, grads[0], *values))
 
     def unpack(self, saved: Any, node: Any) -> SymbolicTensor:
         saved.unpack(node)  # the real unpack, for its version check (and error) only
@@ -334,13 +483,11 @@ class Capture(_engine.Executor, Tracer):
         if remat is not None:  # recompute from the leaf the program reads anyway
             prim_name, attrs, leaf_first = remat
             source = self.saved_input(leaf_first)
-            prim = registry.REGISTRY[prim_name]
-            shape, dtype = prim.meta((source.shape,), (source.dtype,), **dict(attrs))
             value = self.graph.add(
-                prim_name, (source,), dict(attrs), shape, dtype, origin=self.current
+                prim_name, (source,), dict(attrs), source.shape, source.dtype, origin=self.current
             )
-            return SymbolicTensor.of(value)
-        return SymbolicTensor.of(self.saved_input(w.saved_alias[k]))
+            return self.symbolic(value)
+        return self.symbolic(self.saved_input(w.saved_alias[k]))
 
     def saved_input(self, first: int) -> Value:
         """The program input for the saved array of alias class ``first``."""
@@ -349,11 +496,12 @@ class Capture(_engine.Executor, Tracer):
             s = self.w.saved[first][1]
             data = s._data if s._tensor is None else s._tensor._data
             dtype = s._tensor._dtype if s._tensor is not None else _dt.from_numpy_dtype(data.dtype)
-            value = self.saved_values[first] = self.graph.input("saved", first, data.shape, dtype)
+            value = self.graph.input("saved", first, self.exprs(data.shape), dtype)
+            self.saved_values[first] = value
         return value
 
     def as_value(self, g: Tensor) -> Value:
-        # a gradient a rule built from nothing (e.g. zeros_like(g) for floor) is a constant
+        # a gradient a rule built from nothing (e.g. zeros for floor) is a constant
         return g._value if isinstance(g, SymbolicTensor) else self.graph.constant(g._data)
 
     def accumulate_grad(self, t: Tensor, g: Tensor, create_graph: bool) -> None:
@@ -394,14 +542,11 @@ class Capture(_engine.Executor, Tracer):
         return tuple(self._hook(node, "post", 0, position, [grads_in, grads_out], list(grads_in)))
 
     def post_acc_grad_hook(self, hook: Any, node: Any, position: int, tensor: Tensor) -> None:
+        site = (self.w.index[node], "post_acc", 0, position)
         self.graph.add(
             "hook",
             (self.last_store[id(tensor)],),
-            {
-                "site": (self.w.index[node], "post_acc", 0, position),
-                "layout": (),
-                "seq": next(self.seq),
-            },
+            {"site": site, "layout": (), "seq": next(self.seq)},
             (),
             _dt.bool_,
             origin=node.name(),
@@ -439,8 +584,29 @@ class Capture(_engine.Executor, Tracer):
             out = graph.add(
                 "hook_output", (token, v), {"index": i}, v.shape, v.dtype, origin=node.name()
             )
-            outs.append(SymbolicTensor.of(out))
+            outs.append(self.symbolic(out))
         return outs
+
+
+@dataclass
+class Captured:
+    """A captured graph, the guards it holds under, how it was captured, and the programs built
+    from it (per program key: ``compiler._program_for``)."""
+
+    graph: Graph
+    guards: tuple[Guard, ...]
+    symbolic: bool
+    reason: str = ""  # why the capture was concrete (empty for a symbolic one)
+    programs: dict = field(default_factory=dict)
+
+    MAX_PROGRAMS = 8  # program keys kept per graph (mode x .grad states x configurations)
+
+    def keep(self, key: tuple, program: Any) -> None:
+        programs = dict(self.programs)  # copy-on-write: readers on other threads see a whole dict
+        programs[key] = program
+        while len(programs) > self.MAX_PROGRAMS:
+            programs.pop(next(iter(programs)))
+        self.programs = programs
 
 
 def capture(
@@ -449,6 +615,22 @@ def capture(
     grad_roots: Sequence[Tensor],
     inputs: Sequence[Tensor] | None,
     accumulate: bool,
-) -> Graph:
-    """Record the backward of ``roots`` as an IR graph (see the module docstring)."""
-    return Capture(w, roots, grad_roots, inputs, accumulate).run()
+    symbolic: bool = True,
+) -> Captured:
+    """Record the backward of ``roots`` as an IR graph (see the module docstring): symbolic
+    sizes when possible, else the call's concrete sizes."""
+    reason = "symbolic sizes were turned off for this graph"
+    if symbolic:
+        c = Capture(w, roots, grad_roots, inputs, accumulate, symbolic=True)
+        try:
+            graph = c.run()
+            return Captured(graph, tuple(c.guards), True)
+        except Fallback:
+            raise
+        except NeedsData as e:
+            reason = f"{c.current or 'the capture'} needed concrete sizes ({e})"
+        except Exception as e:  # noqa: BLE001  (the concrete capture re-raises real errors)
+            reason = f"{c.current or 'the capture'} failed with symbolic sizes ({e!r})"
+    c = Capture(w, roots, grad_roots, inputs, accumulate, symbolic=False)
+    graph = c.run()
+    return Captured(graph, tuple(c.guards), False, reason)

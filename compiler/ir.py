@@ -19,8 +19,10 @@ accumulates into leaf ``leaf``'s ``.grad`` (in place when it exists, keeping its
 ``autograd.grad``.
 
 Values are interned: asking for the same op on the same inputs with the same attributes returns
-the existing value, so common subexpressions are shared at construction.  Shapes are the
-concrete shapes seen at capture; generated code takes sizes as runtime arguments.
+the existing value, so common subexpressions are shared at construction.  Shapes and size
+attributes are ints or ``symbolic.Sym`` expressions over the call's size vector (``sN`` when
+printed); ``Graph.hints`` is the size vector of the capture.  Generated code takes sizes as
+runtime arguments; ``program`` evaluates the expressions for each call.
 ``verify`` checks a graph's invariants (run after every pass in tests); ``format_graph`` prints
 it one value per line.
 """
@@ -34,6 +36,8 @@ import numpy as np
 
 from fusegrad import dtypes as _dt
 from fusegrad.ops.registry import REGISTRY, DataDependentShape
+
+from .symbolic import Sym, format_expr, substitute
 
 IR_OPS = ("input", "constant", "scalar")
 # side-effecting steps, present only when user hooks run during the backward (they keep eager
@@ -59,6 +63,10 @@ def freeze(value: Any) -> Any:
     return value
 
 
+def _dim(d: Any) -> Any:
+    return d if type(d) is Sym else int(d)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Value:
     """One IR value.  Identity is the value itself (``eq=False``): interning makes equal
@@ -68,7 +76,7 @@ class Value:
     op: str
     inputs: tuple[Value, ...]
     attrs: tuple[tuple[str, Any], ...]
-    shape: tuple[int, ...]
+    shape: tuple[Any, ...]  # ints and ``Sym``s
     dtype: _dt.dtype
     origin: str = ""  # the eager node whose rule produced it (for comments and reports)
 
@@ -92,6 +100,7 @@ class Graph:
     values: list[Value] = field(default_factory=list)
     constants: list[np.ndarray] = field(default_factory=list)
     effects: list[tuple[str, int, Value]] = field(default_factory=list)
+    hints: tuple[int, ...] = ()  # the size vector at capture: symbol k stood for hints[k]
     _interned: dict = field(default_factory=dict, repr=False)
 
     def add(
@@ -114,7 +123,13 @@ class Graph:
             if found is not None:
                 return found
         value = Value(
-            len(self.values), op, tuple(inputs), frozen, tuple(int(s) for s in shape), dtype, origin
+            len(self.values),
+            op,
+            tuple(inputs),
+            frozen,
+            tuple(_dim(s) for s in shape),
+            dtype,
+            origin,
         )
         self.values.append(value)
         if op != "input":
@@ -164,7 +179,9 @@ class VerifyError(AssertionError):
 def verify(graph: Graph) -> None:
     """Check the invariants every pass must keep: values in topological order with ids equal to
     positions, inputs defined earlier, primitives known with shapes and dtypes equal to their
-    shape/dtype rule, IR ops well formed, effects pointing at values of the graph."""
+    shape/dtype rule (evaluated at the capture's sizes, ``Graph.hints``), IR ops well formed,
+    effects pointing at values of the graph."""
+    hints = graph.hints
     index: dict[Value, int] = {}
     for pos, v in enumerate(graph.values):
         if v.id != pos:
@@ -195,13 +212,16 @@ def verify(graph: Graph) -> None:
             raise VerifyError(f"%{v.id}: unknown op {v.op!r}")
         try:
             shape, dtype = prim.meta(
-                tuple(i.shape for i in v.inputs), tuple(i.dtype for i in v.inputs), **dict(v.attrs)
+                tuple(substitute(i.shape, hints) for i in v.inputs),
+                tuple(i.dtype for i in v.inputs),
+                **{k: substitute(x, hints) for k, x in v.attrs},
             )
         except DataDependentShape as e:
             raise VerifyError(f"%{v.id}: {e}") from None
-        if tuple(shape) != v.shape or dtype is not v.dtype:
+        recorded = substitute(v.shape, hints)
+        if tuple(shape) != recorded or dtype is not v.dtype:
             raise VerifyError(
-                f"%{v.id} = {v.op}: recorded {v.dtype.name}{list(v.shape)}, rule gives "
+                f"%{v.id} = {v.op}: recorded {v.dtype.name}{list(recorded)}, rule gives "
                 f"{dtype.name}{list(shape)}"
             )
     for kind, slot, value in graph.effects:
@@ -224,13 +244,20 @@ def format_value(v: Value) -> str:
     args = ", ".join(repr(i) for i in v.inputs)
     attrs = _format_attrs(v)
     inner = ", ".join(p for p in (args, attrs) if p)
-    text = f"%{v.id}: {v.dtype.name}{list(v.shape)} = {v.op}({inner})"
+    dims = ", ".join(format_expr(d) for d in v.shape)
+    text = f"%{v.id}: {v.dtype.name}[{dims}] = {v.op}({inner})"
     return f"{text}  # {v.origin}" if v.origin else text
 
 
 def format_graph(graph: Graph) -> str:
-    """The graph as text, one value per line, then its effects."""
-    lines = [format_value(v) for v in graph.values]
+    """The graph as text (the capture's sizes, when symbolic), one value per line, then its
+    effects."""
+    lines = []
+    if any(type(d) is Sym for v in graph.values for d in v.shape):
+        lines.append(
+            "sizes at capture: " + ", ".join(f"s{k}={h}" for k, h in enumerate(graph.hints))
+        )
+    lines += [format_value(v) for v in graph.values]
     for kind, slot, value in graph.effects:
         lines.append(f"{kind}[{slot}] <- {value!r}")
     return "\n".join(lines)

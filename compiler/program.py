@@ -1,26 +1,35 @@
-"""A compiled backward: the schedule of fused kernels and externs, and how to run it.
+"""A compiled backward: the schedule of a captured graph's fused kernels and externs, and how to
+run it on one call's sizes and data.
 
-Building a ``Program`` runs fusion (``passes.fuse``), emits one module for all its kernels
-(``codegen.numba_cpu``) and loads it.  ``mode="debug"`` skips fusion and code generation and
-evaluates the graph value by value with the primitives' eager kernels (the reference executor).
+A ``Program`` is built from a captured graph (``capture.Captured``) for one program key (mode,
+the leaves' ``.grad`` state, configuration).  Its shapes and size attributes are expressions
+over the call's size vector (``symbolic``); what depends on sizes is decided per call, from the
+size vector:
+
+* a *variant* per pattern of small kernels (``passes.schedule.finish``): kernels over at most
+  ``interpreter_max_elements`` elements run on the precompiled interpreter (merged where
+  consecutive), the others are generated and compiled by numba (``codegen.numba_cpu``; for CUDA
+  programs ``codegen.numba_cuda``) when the variant is first used; each variant has its buffer
+  plan (``passes.buffers``);
+* an *instance* per size vector (bounded: ``config.sizes_per_program``): the concrete shapes of
+  the values, iteration spaces and extern attributes.
+
+``mode="debug"`` runs every value as an extern through its primitive's eager kernel (the
+reference executor), with results in the IR's dtype.
 
 Running a program on one call's data:
 
-1. unpack every saved tensor first, through ``SavedTensor.unpack`` — the same version checks
-   and errors as eager mode — before anything is computed or written (a failing check leaves
+1. unpack every saved tensor first, through ``SavedTensor.unpack`` -- the same version checks
+   and errors as eager mode -- before anything is computed or written (a failing check leaves
    every ``.grad`` untouched);
-2. run the steps in order: externs through their eager kernel, kernels through generated code
-   (sizes passed at run time), dropping each array after its last use;
+2. run the steps in order: externs through their eager kernel, kernels through the interpreter
+   or generated code (sizes passed at run time), dropping each array after its last use;
 3. perform the effects with the engine's own ``.grad`` semantics (first write stores, later
    writes add in place into the existing ``.grad``, keeping its identity);
 4. free the nodes' saved tensors unless ``retain_graph``.
 
 ``run_bound`` is the same run for the tape path (``tape.Binding``): the saved arrays come
 already gathered and checked by the binding (step 1).
-
-Consecutive kernels that all run on the interpreter are merged into one (``codegen.interpreter``
-``.merge``): the fuser's size cap exists for numba's compile time, which the interpreter does
-not pay.
 """
 
 from __future__ import annotations
@@ -29,7 +38,6 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -43,204 +51,247 @@ from fusegrad.tensor import Tensor
 from . import logs
 from .cache import counters
 from .capture import Walk
-from .ir import EFFECT_OPS, IR_OWN_OPS, Graph, Value, format_graph
-from .passes.fuse import Extern, Kernel, fuse
+from .ir import Graph, Value, format_graph
+from .passes import schedule as _schedule
+from .passes.buffers import BufferPlan, plan_buffers
+from .passes.fuse import Extern, Kernel
+from .symbolic import has_sym, substitute
 
-# externs whose result may share memory with an input
-VIEW_OPS = frozenset({"reshape", "permute", "broadcast_to", "getitem", "diagonal", "hook_output"})
+
+def _numel(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
-@dataclass
-class Program:
-    graph: Graph
-    mode: str = "default"
-    steps: list = field(default_factory=list)
-    plans: list = field(default_factory=list)  # (KernelPlan, function) per kernel step
-    source_path: str | None = None
-    compile_seconds: float = 0.0
-    _first_run: bool = True
+class Variant:
+    """One variant of a program: which kernels are interpreted, its schedule, buffer plan and
+    compiled kernels (see the module docstring)."""
 
-    # leaves (by walk position) whose .grad existed at capture; the cache key guarantees the
-    # same at every run, so their accumulation can be fused into the kernels
-    leaves_with_grad: frozenset = frozenset()
-    # kernels over at most this many elements use the interpreter (0: always generate code)
-    interpreter_max_elements: int = 0
-    # where the arrays live: "cpu" (numpy; numba CPU code) or "cuda" (CudaArrays; numba-cuda)
-    device: str = "cpu"
+    def __init__(self, program: Program, small: frozenset[int]) -> None:
+        graph = program.graph
+        fused = program.fused
+        self.schedule = _schedule.finish(
+            fused, graph, program.leaves_with_grad, lambda k: id(k) in small
+        )
+        steps = self.schedule.steps
+        interpreted = self.schedule.interpreted
+        self.buffers: BufferPlan = plan_buffers(self.schedule, graph)
+        self.interpreted: dict[int, Any] = {}
+        if interpreted:
+            from .codegen.interpreter import InterpretedKernel
 
-    def __post_init__(self) -> None:
-        if self.mode == "debug":
-            self.steps = [
-                Extern(v) for v in self.graph.values if v.op not in ("input", "constant", "scalar")
-            ]
-        else:
-            self.steps = fuse(self.graph)
-        kernels = [s for s in self.steps if isinstance(s, Kernel)]
-        # small flat kernels run on the precompiled interpreter (no JIT per graph)
-        self._interpreted: dict[int, Any] = {}
-        if kernels and self.interpreter_max_elements > 0 and self.device == "cpu":
-            from .codegen.interpreter import InterpretedKernel, eligible
-            from .codegen.numba_cpu import is_flat
-
-            self.steps = _merge_interpretable(self.steps, self.graph, self.interpreter_max_elements)
-            kernels = [s for s in self.steps if isinstance(s, Kernel)]
-            for kern in kernels:
-                if eligible(kern, is_flat(kern), self.interpreter_max_elements):
-                    self._interpreted[id(kern)] = InterpretedKernel(kern)
-            kernels = [k for k in kernels if id(k) not in self._interpreted]
-        # the .grad accumulation epilogue: a kernel output that is the gradient of exactly one
-        # leaf with an existing .grad is added straight into that .grad by the kernel
-        self._epilogue: dict[Value, int] = {}
-        users: dict[Value, int] = {}
-        for _, _, v in self.graph.effects:
-            users[v] = users.get(v, 0) + 1
-        for kind, slot, v in self.graph.effects:
-            if kind == "grad" and slot in self.leaves_with_grad and users[v] == 1:
-                for kern in kernels:
-                    if v in kern.outputs and v not in kern.reductions and v.dtype.is_floating_point:
-                        kern.accumulate.add(v)
-                        self._epilogue[v] = slot
-        self._kernel_fns: dict[int, Any] = {}
-        self._cuda_kernels: dict[int, Any] = {}
-        if kernels and self.device == "cuda":
+            for k in interpreted:
+                step = steps[k]
+                assert isinstance(step, Kernel)
+                self.interpreted[id(step)] = InterpretedKernel(step)
+        generated = [
+            s for k, s in enumerate(steps) if isinstance(s, Kernel) and k not in interpreted
+        ]
+        self.kernel_fns: dict[int, Any] = {}
+        self.cuda_kernels: dict[int, Any] = {}
+        self.source_path: str | None = None
+        if generated and program.device == "cuda":
             from .codegen import numba_cuda
 
             compiled, path = numba_cuda.compile_kernels(
-                kernels, f"{len(kernels)} fused kernel(s) of a backward graph (CUDA)"
+                generated, f"{len(generated)} fused kernel(s) of a backward graph (CUDA)"
             )
             self.source_path = path
             logs.log("output_code", f"generated code: {path}")
-            for step, ck in zip(kernels, compiled):
-                self._cuda_kernels[id(step)] = ck
-        elif kernels:
+            for step, ck in zip(generated, compiled):
+                self.cuda_kernels[id(step)] = ck
+        elif generated:
             from .codegen import numba_cpu
-            from .codegen.numba_cpu import emit_module, load_module
 
             summary = (
-                f"{len(kernels)} fused kernel(s) of a backward graph with "
-                f"{len(self.graph.values)} IR values"
+                f"{len(generated)} fused kernel(s) of a backward graph with "
+                f"{len(graph.values)} IR values"
             )
-            source, plans = emit_module(kernels, summary)
-            module, path, on_disk = load_module(source)
+            source, plans = numba_cpu.emit_module(generated, summary)
+            module, path, on_disk = numba_cpu.load_module(source)
             self.source_path = path
             counters.compiles += 0 if on_disk else 1
             logs.log("output_code", f"generated code: {path}")
-            for step, plan in zip(kernels, plans):
-                self._kernel_fns[id(step)] = (plan, numba_cpu.kernel_function(module, plan))
-        self._plan_buffers()
-        if logs.enabled("fusion"):
-            logs.log("fusion", self.describe_schedule())
-        # per-call work precomputed once: where inputs come from, fixed arrays, extern calls
-        self._inputs = [
-            (v, v.attr("kind") == "root", v.attr("index"))
-            for v in self.graph.values
-            if v.op == "input"
-        ]
-        self._fixed = {}
-        for v in self.graph.values:
-            if v.op == "scalar":
-                self._fixed[v] = np.array(v.attr("value"), dtype=v.dtype.np)
-            elif v.op == "constant":
-                self._fixed[v] = self.graph.constants[v.attr("index")]
-        if self.device == "cuda":  # constants live on the device, copied there once
-            from fusegrad.cuda.array import to_device
-
-            self._fixed = {v: to_device(a) for v, a in self._fixed.items()}
-        self._externs = {
-            k: (REGISTRY[s.value.op].kernel, dict(s.value.attrs))
-            for k, s in enumerate(self.steps)
+            for step, plan in zip(generated, plans):
+                self.kernel_fns[id(step)] = (plan, numba_cpu.kernel_function(module, plan))
+        self.externs = {
+            k: (REGISTRY[s.value.op].kernel, dict(s.value.attrs), has_sym(s.value.attrs))
+            for k, s in enumerate(steps)
             if isinstance(s, Extern) and s.value.op in REGISTRY
         }
-        # last use of every value, by step index, for freeing arrays early
-        effect_values = {v for _, _, v in self.graph.effects}
-        self._dying: dict[int, list[Value]] = {}
-        last: dict[Value, int] = {}
-        for k, step in enumerate(self.steps):
-            for v in _step_inputs(step):
-                last[v] = k
-        for v, k in last.items():
-            # inputs, constants and scalars stay alive elsewhere (saved by their nodes, held by
-            # the caller or the program): dropping them from ``env`` would free nothing
-            if v not in effect_values and v.op not in ("input", "constant", "scalar"):
-                self._dying.setdefault(k, []).append(v)
+        self.first_run = True
+        self.compile_seconds = 0.0
+        # per thread: two threads running this variant at once must not share buffers
+        self.pools = threading.local()
+        if logs.enabled("fusion"):
+            logs.log("fusion", self.describe(program))
 
-    def _plan_buffers(self) -> None:
-        """Which arrays may become a ``.grad`` without a copy (``_fresh``), and which kernel
-        outputs may live in buffers reused from call to call (``_pooled``).
-
-        Fresh: computed by a kernel or by an extern that allocates (not a view), used by exactly
-        one effect.  Pooled: a kernel output that cannot escape the program — not an effect or
-        captured gradient, not reachable from one through views, and no user hook in the graph
-        (a hook may keep what it is given).  Reusing them saves the page faults of fresh
-        allocations (about 2x on 40 MB buffers)."""
-        users: dict[Value, int] = {}
-        for _, _, v in self.graph.effects:
-            users[v] = users.get(v, 0) + 1
-        self._fresh: set = set()
-        for step in self.steps:
-            produced = step.outputs if isinstance(step, Kernel) else [step.value]
-            for v in produced:
-                if users.get(v) == 1 and v.op not in VIEW_OPS and v.op not in IR_OWN_OPS:
-                    self._fresh.add(v)
-        escaping: set = set()
-        stack = [v for _, _, v in self.graph.effects]
-        while stack:
-            v = stack.pop()
-            if v in escaping:
-                continue
-            escaping.add(v)
-            if v.op in VIEW_OPS:
-                stack.extend(v.inputs)
-        has_hooks = any(v.op in EFFECT_OPS for v in self.graph.values)
-        self._pooled: set = (
-            set()
-            if has_hooks
-            else {
-                v
-                for k in self.kernels
-                for v in k.outputs
-                if v not in escaping and v not in k.reductions and v not in k.accumulate
-            }
-        )
-        # per thread: two threads running this program at once must not share buffers
-        self._pools = threading.local()
-
-    def __str__(self) -> str:
-        return format_graph(self.graph)
-
-    def describe_schedule(self) -> str:
+    def describe(self, program: Program) -> str:
         """One line per step: kernels with the IR values fused into them, and externs."""
         lines = []
-        for step in self.steps:
+        for k, step in enumerate(self.schedule.steps):
             if isinstance(step, Kernel):
-                how = "interpreted" if id(step) in self._interpreted else "generated"
+                how = "interpreted" if k in self.schedule.interpreted else "generated"
                 fused = ", ".join(f"%{v.id} {v.op}" for v in step.values + step.reductions)
-                lines.append(f"kernel over {list(step.shape)} ({how}): {fused}")
+                dims = ", ".join(str(d) for d in step.shape)
+                if has_sym(step.shape):  # the sizes at capture, for the reader
+                    at_capture = substitute(step.shape, program.graph.hints)
+                    dims += f"] = [{', '.join(str(d) for d in at_capture)}"
+                lines.append(f"kernel over [{dims}] ({how}): {fused}")
             else:
                 lines.append(f"extern %{step.value.id} = {step.value.op}")
         return "\n".join(lines)
 
+
+class Instance:
+    """A program prepared for one size vector: its variant and the concrete shapes of its
+    values, iteration spaces and extern attributes."""
+
+    __slots__ = ("attrs", "sizes", "spaces", "shapes", "variant")
+
+    def __init__(self, program: Program, sizes: tuple) -> None:
+        self.sizes = sizes
+        graph = program.graph
+        shapes = {}
+        for v in graph.values:
+            shapes[v] = substitute(v.shape, sizes) if has_sym(v.shape) else v.shape
+        self.shapes = shapes
+        self.variant = program.variant(sizes)
+        steps = self.variant.schedule.steps
+        self.spaces = {
+            k: substitute(s.shape, sizes) for k, s in enumerate(steps) if isinstance(s, Kernel)
+        }
+        self.attrs = {
+            k: substitute(attrs, sizes)
+            for k, (_, attrs, symbolic) in self.variant.externs.items()
+            if symbolic
+        }
+
+
+class Program:
+    def __init__(
+        self,
+        graph: Graph,
+        mode: str = "default",
+        leaves_with_grad: frozenset = frozenset(),
+        interpreter_max_elements: int = 0,
+        device: str = "cpu",
+        sizes_per_program: int = 16,
+    ) -> None:
+        self.graph = graph
+        self.mode = mode
+        # leaves (by walk position) whose .grad existed at capture; the program key guarantees
+        # the same at every run, so their accumulation can be fused into the kernels
+        self.leaves_with_grad = leaves_with_grad
+        # kernels over at most this many elements use the interpreter (0: always generate code)
+        self.interpreter_max_elements = interpreter_max_elements
+        # where the arrays live: "cpu" (numpy; numba CPU code) or "cuda" (CudaArrays; numba-cuda)
+        self.device = device
+        self.sizes_per_program = sizes_per_program
+        self.fused = _schedule.steps(graph, mode)
+        self._interpretable = (
+            [k for k in self.fused if isinstance(k, Kernel) and _schedule.interpretable(k)]
+            if interpreter_max_elements > 0 and device == "cpu"
+            else []
+        )
+        self._variants: dict[frozenset[int], Variant] = {}
+        self._instances: dict[tuple, Instance] = {}
+        self._lock = threading.RLock()
+        # per-call work precomputed once: where inputs come from, fixed arrays
+        self._inputs = [
+            (v, v.attr("kind") == "root", v.attr("index")) for v in graph.values if v.op == "input"
+        ]
+        fixed: dict[Value, Any] = {}
+        for v in graph.values:
+            if v.op == "scalar":
+                fixed[v] = np.array(v.attr("value"), dtype=v.dtype.np)
+            elif v.op == "constant":
+                fixed[v] = graph.constants[v.attr("index")]
+        if device == "cuda":  # constants live on the device, copied there once
+            from fusegrad.cuda.array import to_device
+
+            fixed = {v: to_device(a) for v, a in fixed.items()}
+        self._fixed = fixed
+        # the variant for the capture's sizes is built (and compiled) now
+        self.default = self.instance(graph.hints).variant
+        counters.builds += 1
+
+    # ---- variants and instances -------------------------------------------------------------
+    def variant(self, sizes: tuple) -> Variant:
+        small = frozenset(
+            id(k)
+            for k in self._interpretable
+            if _numel(substitute(k.shape, sizes)) <= self.interpreter_max_elements
+        )
+        found = self._variants.get(small)
+        if found is None:
+            with self._lock:
+                found = self._variants.get(small)
+                if found is None:
+                    found = self._variants[small] = Variant(self, small)
+        return found
+
+    def instance(self, sizes: tuple) -> Instance:
+        found = self._instances.get(sizes)
+        if found is None:
+            with self._lock:
+                found = self._instances.get(sizes)
+                if found is None:
+                    found = Instance(self, sizes)
+                    while len(self._instances) >= max(self.sizes_per_program, 1):
+                        self._instances.pop(next(iter(self._instances)))
+                    self._instances[sizes] = found
+        return found
+
+    # ---- what explain(), logs and benchmarks show (the capture's variant) --------------------
+    def __str__(self) -> str:
+        return format_graph(self.graph)
+
+    def describe_schedule(self) -> str:
+        return self.default.describe(self)
+
+    @property
+    def steps(self) -> list:
+        return list(self.default.schedule.steps)
+
     @property
     def kernels(self) -> list[Kernel]:
-        return [s for s in self.steps if isinstance(s, Kernel)]
+        return self.default.schedule.kernels
 
     @property
     def externs(self) -> list[Value]:
-        return [s.value for s in self.steps if isinstance(s, Extern)]
+        return self.default.schedule.externs
 
+    @property
+    def source_path(self) -> str | None:
+        return self.default.source_path
+
+    @property
+    def compile_seconds(self) -> float:
+        return self.default.compile_seconds
+
+    @property
+    def _interpreted(self) -> dict:
+        return self.default.interpreted
+
+    # ---- running -----------------------------------------------------------------------------
     def run(
         self,
         w: Walk,
+        sizes: tuple,
         grad_roots: Sequence[Tensor],
         retain_graph: bool,
         inputs: Sequence[Tensor] | None,
     ) -> list | None:
         saved_arrays = _saved_arrays(w)  # version checks first, before anything is written
+        inst = self.instance(sizes)
         # as in the eager engine, the backward (and any user hook in it) runs without recording
         prev_mode = grad_mode._state.enabled
         grad_mode._state.enabled = False
         try:
-            captured = self._run(w, saved_arrays, w.leaves, grad_roots, inputs)
+            captured = self._run(inst, w, saved_arrays, w.leaves, grad_roots, inputs)
         finally:
             grad_mode._state.enabled = prev_mode
         if not retain_graph:
@@ -251,6 +302,7 @@ class Program:
 
     def run_bound(
         self,
+        sizes: tuple,
         saved_arrays: list,
         leaves: list,
         release: list,
@@ -259,10 +311,11 @@ class Program:
     ) -> None:
         """Run on arguments found through the tape (``tape.Binding``): saved arrays checked to
         be at their saved versions, no hooks, no ``inputs``."""
+        inst = self.instance(sizes)
         prev_mode = grad_mode._state.enabled
         grad_mode._state.enabled = False
         try:
-            self._run(None, saved_arrays, leaves, grad_roots, None)
+            self._run(inst, None, saved_arrays, leaves, grad_roots, None)
         finally:
             grad_mode._state.enabled = prev_mode
         if not retain_graph:
@@ -271,60 +324,73 @@ class Program:
 
     def _run(
         self,
+        inst: Instance,
         w: Walk | None,
         saved_arrays: Any,
         leaves: list,
         grad_roots: Sequence[Tensor],
         inputs: Sequence[Tensor] | None,
     ) -> list | None:
+        variant = inst.variant
+        schedule = variant.schedule
+        epilogue = schedule.epilogue
+        buffers = variant.buffers
+        dying = buffers.dying
+        cuda = self.device == "cuda"
         env: dict = dict(self._fixed)  # scalars and constants
         for v, is_root, index in self._inputs:
             env[v] = grad_roots[index]._data if is_root else saved_arrays[index]
-        start = time.perf_counter() if self._first_run else 0.0
-        for k, step in enumerate(self.steps):
+        start = time.perf_counter() if variant.first_run else 0.0
+        for k, step in enumerate(schedule.steps):
             if isinstance(step, Extern):
                 v = step.value
                 if v.op in _SPECIAL:
                     assert w is not None  # hooks: never on the tape path (``run_bound``)
                     env[v] = _SPECIAL[v.op](v, env, w, inputs)
                     continue
-                kernel, attrs = self._externs[k]
-                if self.device == "cuda":
-                    env[v] = _cuda_extern(v, [env[i] for i in v.inputs], attrs)
+                kernel, attrs, symbolic = variant.externs[k]
+                if symbolic:
+                    attrs = inst.attrs[k]
+                arrays = [env[i] for i in v.inputs]
+                if cuda:
+                    env[v] = _cuda_extern(v, arrays, attrs)
                     continue
-                result = kernel(*[env[i] for i in v.inputs], **attrs)
-                env[v] = result if type(result) is np.ndarray else np.asarray(result)
-            elif self.device == "cuda":
-                _run_cuda_kernel(step, self._cuda_kernels[id(step)], env, self._epilogue, leaves)
-            elif id(step) in self._interpreted:
-                env.update(self._interpreted[id(step)](env))
+                result = kernel(*arrays, **attrs)
+                if type(result) is not np.ndarray:
+                    result = np.asarray(result)
+                if result.dtype != v.dtype.np:  # the IR's dtype is the eager one (debug mode)
+                    result = result.astype(v.dtype.np)
+                env[v] = result
+            elif cuda:
+                _run_cuda_kernel(step, variant.cuda_kernels[id(step)], env, epilogue, leaves, inst)
+            elif k in schedule.interpreted:
+                space = inst.spaces[k]
+                env.update(variant.interpreted[id(step)](env, _numel(space), inst.shapes))
             else:
-                plan, fn = self._kernel_fns[id(step)]
-                pool = self._pools.__dict__.setdefault("pool", {})
-                _run_kernel(
-                    step, plan, fn, env, self._epilogue, leaves, self._pooled, pool, self._fresh
-                )
-            for dead in self._dying.get(k, ()):
+                plan, fn = variant.kernel_fns[id(step)]
+                pool = variant.pools.__dict__.setdefault("pool", {})
+                _run_kernel(step, plan, fn, env, epilogue, leaves, buffers, pool, inst, k)
+            for dead in dying.get(k, ()):
                 env.pop(dead, None)
-        if self._first_run:
-            self._first_run = False
-            self.compile_seconds = time.perf_counter() - start  # includes numba's JIT
-            _note_disk_hits(self)
+        if variant.first_run:
+            variant.first_run = False
+            variant.compile_seconds = time.perf_counter() - start  # includes numba's JIT
+            _note_disk_hits(variant)
             logs.log(
                 "perf",
-                f"first run (JIT or cache load included): {1e3 * self.compile_seconds:.1f} ms",
+                f"first run (JIT or cache load included): {1e3 * variant.compile_seconds:.1f} ms",
             )
         captured: list | None = None
         if inputs is not None:
             captured = [None] * len(inputs)
-        fresh = self._fresh
+        fresh = buffers.fresh
         for kind, slot, v in self.graph.effects:
-            if v in self._epilogue:
+            if v in epilogue:
                 continue  # already added into .grad by its kernel
             g = Tensor._make(env[v])
             if kind == "grad" and v in fresh and leaves[slot]._grad is None:
                 # a kernel's freshly allocated output, used by this effect only: it becomes
-                # the .grad without the defensive copy _store_grad makes
+                # the .grad without the defensive copy accumulate_grad makes
                 leaves[slot]._grad = g
             elif kind == "grad":
                 _engine.accumulate_grad(leaves[slot], g, False)
@@ -399,55 +465,6 @@ def _store(v: Value, env: dict, w: Walk, inputs: Any) -> None:
 _SPECIAL = {"hook": _run_hook, "hook_output": _hook_output, "store_grad": _store}
 
 
-def _merge_interpretable(steps: list, graph: Graph, max_elements: int) -> list:
-    """The schedule with each run of consecutive interpretable kernels over the same iteration
-    space and float dtype merged into one (``codegen.interpreter.merge``)."""
-    from .codegen.interpreter import eligible, float_dtype, merge
-    from .codegen.numba_cpu import is_flat
-
-    users: dict[Value, set[int]] = {}
-    for k, step in enumerate(steps):
-        for v in _step_inputs(step):
-            users.setdefault(v, set()).add(k)
-    effects = {v for _, _, v in graph.effects}
-    ok = [isinstance(s, Kernel) and eligible(s, is_flat(s), max_elements) for s in steps]
-    merged: list = []
-    k = 0
-    while k < len(steps):
-        if not ok[k]:
-            merged.append(steps[k])
-            k += 1
-            continue
-        group = [steps[k]]
-        reductions = set(steps[k].reductions)
-        j = k + 1
-        while (
-            j < len(steps)
-            and ok[j]
-            and steps[j].shape == group[0].shape
-            and float_dtype(steps[j]) is float_dtype(group[0])
-            and not any(i in reductions for i in steps[j].inputs)
-        ):
-            group.append(steps[j])
-            reductions.update(steps[j].reductions)
-            j += 1
-        if len(group) == 1:
-            merged.append(group[0])
-        else:
-            members = set(range(k, j))
-            merged.append(
-                merge(group, lambda v, m=members: v in effects or bool(users.get(v, set()) - m))
-            )
-        k = j
-    return merged
-
-
-def _step_inputs(step: Any) -> list[Value]:
-    if isinstance(step, Extern):
-        return list(step.value.inputs)
-    return list(step.inputs)
-
-
 def _saved_arrays(w: Walk) -> list:
     """The saved arrays in walk order, each version-checked; a failing check raises the eager
     engine's own error (through ``SavedTensor.unpack``)."""
@@ -463,14 +480,15 @@ def _saved_arrays(w: Walk) -> list:
     return arrays
 
 
-def _epilogue_buffer(leaf: Tensor, v: Value, sizes: tuple, flat: bool) -> np.ndarray | None:
-    """The leaf's .grad array shaped for the kernel, or None when it cannot be written
-    through (not contiguous, read-only, or replaced by a tensor with history)."""
+def _epilogue_buffer(leaf: Tensor, v: Value, shape: tuple, sizes: tuple) -> np.ndarray | None:
+    """The leaf's .grad array (of ``shape``) shaped for the kernel (``sizes``), or None when
+    it cannot be written through (not contiguous, read-only, or replaced by a tensor with
+    history)."""
     g = leaf._grad
     if g is None or g.requires_grad or g._dtype is not v.dtype:
         return None
     a = g._data
-    if not (a.flags.c_contiguous and a.flags.writeable) or a.shape != v.shape:
+    if not (a.flags.c_contiguous and a.flags.writeable) or a.shape != shape:
         return None
     g._version_counter.value += 1
     return a.reshape(sizes)
@@ -481,15 +499,19 @@ def _run_kernel(
     plan: Any,
     fn: Any,
     env: dict,
-    epilogue: dict,
+    epilogue: Any,
     leaves: list,
-    pooled: set,
+    buffers: BufferPlan,
     pool: dict,
-    recyclable: frozenset | set = frozenset(),
+    inst: Instance,
+    k: int,
 ) -> None:
-    space = kernel.shape
+    pooled = buffers.pooled
+    recyclable = buffers.fresh
+    shapes = inst.shapes
+    space = inst.spaces[k]
     if plan.flat:
-        n = int(np.prod(space)) if space else 1
+        n = _numel(space)
         sizes: tuple[int, ...] = (n,)
         args = []
         for v in plan.inputs:
@@ -506,7 +528,7 @@ def _run_kernel(
     outs = []
     late_adds = []
     for v, acc in zip(plan.outputs, plan.accumulate):
-        buf = _epilogue_buffer(leaves[epilogue[v]], v, out_shape, plan.flat) if acc else None
+        buf = _epilogue_buffer(leaves[epilogue[v]], v, shapes[v], out_shape) if acc else None
         if acc and buf is None:
             # cannot write through: accumulate into zeros, add into .grad afterwards
             buf = np.zeros(out_shape, dtype=v.dtype.np)
@@ -523,14 +545,16 @@ def _run_kernel(
                     pool[v] = buf
         assert buf is not None
         outs.append(buf)
-    reds = [np.zeros(shape, dtype=np.float64) for shape in plan.reduced_shapes]
+    reds = [
+        np.zeros(substitute(shape, inst.sizes), dtype=np.float64) for shape in plan.reduced_shapes
+    ]
     fn(*sizes, *args, *outs, *reds)
     for v, o in zip(plan.outputs, outs):
-        env[v] = o.reshape(v.shape)
+        env[v] = o.reshape(shapes[v])
     for v, buf in late_adds:
-        _engine.accumulate_grad(leaves[epilogue[v]], Tensor._make(buf.reshape(v.shape)), False)
+        _engine.accumulate_grad(leaves[epilogue[v]], Tensor._make(buf.reshape(shapes[v])), False)
     for v, r in zip(plan.reductions, reds):
-        env[v] = r.astype(v.dtype.np).reshape(v.shape)
+        env[v] = r.astype(v.dtype.np).reshape(shapes[v])
 
 
 def _cuda_extern(v: Value, arrays: list, attrs: dict) -> Any:
@@ -541,7 +565,7 @@ def _cuda_extern(v: Value, arrays: list, attrs: dict) -> Any:
 
 
 def _run_cuda_kernel(
-    kernel: Kernel, compiled: Any, env: dict, epilogue: dict[Value, int], leaves: list
+    kernel: Kernel, compiled: Any, env: dict, epilogue: Any, leaves: list, inst: Instance
 ) -> None:
     """Launch a fused kernel of a CUDA program (``numba_cuda.run_kernel``); ``.grad +=``
     epilogues write straight into the leaves' existing device ``.grad`` arrays."""
@@ -567,17 +591,19 @@ def _run_cuda_kernel(
 
             a = device_scalar(a)
         inputs[v] = a.kernel_array()
-    results = numba_cuda.run_kernel(compiled, inputs, grads)
+    results = numba_cuda.run_kernel(compiled, inputs, grads, inst.sizes)
+    shapes = inst.shapes
     for v, out in results.items():
         if v not in plan.accumulate:
-            env[v] = wrap(out, v.shape)
+            env[v] = wrap(out, shapes[v])
     for v in late:  # the launcher added into zeros: accumulate as the engine does
-        _engine.accumulate_grad(leaves[epilogue[v]], Tensor._make(wrap(results[v], v.shape)), False)
+        g = Tensor._make(wrap(results[v], shapes[v]))
+        _engine.accumulate_grad(leaves[epilogue[v]], g, False)
 
 
-def _note_disk_hits(program: Program) -> None:
+def _note_disk_hits(variant: Variant) -> None:
     hits = 0
-    for _plan, fn in program._kernel_fns.values():
+    for _plan, fn in variant.kernel_fns.values():
         stats = getattr(fn, "stats", None)
         if stats is not None and sum(stats.cache_hits.values()):
             hits += 1

@@ -15,8 +15,10 @@ module holds the pieces that must agree between them:
   module in ``sys.modules`` and imports it, so that numba's ``cache=True`` finds its machine code
   in the next process.
 
-Sizes never appear in generated source: shapes at capture only decide *structure* (which dims
-are 1, i.e. broadcast or reduced), which the cache key fixes (DESIGN.md contract 5).
+Sizes never appear in generated source: shapes only decide *structure* (which dims are 1, i.e.
+broadcast or reduced, and which are the same expression), which the cache key fixes (DESIGN.md
+contract 5).  Shapes are tuples of ints and ``symbolic.Sym``s; every helper here compares them
+structurally.
 """
 
 from __future__ import annotations
@@ -68,11 +70,18 @@ def broadcast_dims(v: Value, space: tuple) -> tuple[bool, ...]:
     return tuple(s == 1 and t != 1 for s, t in zip(shape, space))
 
 
+def is_single(shape: tuple) -> bool:
+    """A shape of exactly one element for every size vector: every dim is the literal 1 (a
+    symbolic dim is a size of at least 2, or an expression that need not be 1)."""
+    return all(type(d) is int and d == 1 for d in shape)
+
+
 def is_flat(kernel: Kernel) -> bool:
-    """Every input full-size or a single element and every reduction full: one flat loop."""
+    """Every input full-size or a single element and every reduction full: one flat loop.
+    Structural: decided from the shapes' expressions, so it holds for every size vector."""
     space = kernel.shape
     return all(
-        i.shape == space or int(np.prod(i.shape)) == 1
+        i.shape == space or is_single(i.shape)
         for i in kernel.inputs + [v.inputs[0] for v in kernel.values if v.op == "broadcast_to"]
     ) and all(
         all(reduction_target(r, space)[d] == 1 for d in range(len(space)))

@@ -90,9 +90,10 @@ OPCODES: dict[str, int] = {
 FILL = len(OPCODES)
 
 
-def eligible(kernel: Kernel, flat: bool, max_elements: int = MAX_ELEMENTS) -> bool:
-    size = int(np.prod(kernel.shape)) if kernel.shape else 1
-    if not flat or size > max_elements:
+def eligible(kernel: Kernel, flat: bool) -> bool:
+    """Whether the interpreter can run ``kernel`` (structure only: whether it *should*, for the
+    sizes of a call, is ``size <= interpreter_max_elements``, decided by the program)."""
+    if not flat:
         return False
     floats = {v.dtype.name for v in kernel.values + kernel.inputs if v.dtype.is_floating_point}
     if len(floats) != 1:
@@ -349,12 +350,11 @@ class InterpretedKernel:
 
     def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
-        self.n = int(np.prod(kernel.shape)) if kernel.shape else 1
         self.float_dtype = float_dtype(kernel)
-        n = self.n
         reg: dict[Any, int] = {}  # IR value (or the zero constant) -> register
-        self.full_inputs = [v for v in kernel.inputs if int(np.prod(v.shape)) == n]
-        self.scalar_inputs = [v for v in kernel.inputs if int(np.prod(v.shape)) != n]
+        # a flat kernel's inputs are full-size (the kernel's shape) or single elements
+        self.full_inputs = [v for v in kernel.inputs if v.shape == kernel.shape]
+        self.scalar_inputs = [v for v in kernel.inputs if v.shape != kernel.shape]
         for v in self.full_inputs:
             reg[v] = len(reg)
         self.n_full = len(self.full_inputs)
@@ -415,25 +415,26 @@ class InterpretedKernel:
         self.reduce_regs = np.array([reg[r.inputs[0]] for r in kernel.reductions], dtype=np.int64)
         self.reduction_index = {r: k for k, r in enumerate(kernel.reductions)}
         self.outputs = [
-            (v, self.reduction_index.get(v, -1), reg.get(v, 0), v.dtype.np, v.shape)
-            for v in kernel.outputs
+            (v, self.reduction_index.get(v, -1), reg.get(v, 0), v.dtype.np) for v in kernel.outputs
         ]
         self.is32 = self.float_dtype.np == np.float32
         self._local = threading.local()
 
-    def _registers(self) -> tuple[np.ndarray, np.ndarray]:
-        """This thread's register matrix and the flat view of its input rows."""
+    def _registers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """This thread's register matrix for ``n`` elements and the flat view of its input
+        rows (kept from call to call while ``n`` stays the same)."""
         cached = getattr(self._local, "regs", None)
-        if cached is None:
-            regs = np.empty((self.n_regs, max(self.n, 1)), dtype=self.float_dtype.np)
+        if cached is None or cached[0].shape[1] != max(n, 1):
+            regs = np.empty((self.n_regs, max(n, 1)), dtype=self.float_dtype.np)
             cached = (regs, regs[: self.n_full].reshape(-1))
             self._local.regs = cached
         return cached
 
-    def __call__(self, env: dict) -> dict:
-        """Compute the kernel's outputs (and reductions) from ``env``; returns value -> array."""
-        regs, input_rows = self._registers()
-        if self.full_inputs and self.n:
+    def __call__(self, env: dict, n: int, shapes: dict) -> dict:
+        """Compute the kernel's outputs (and reductions) from ``env`` for an iteration space of
+        ``n`` elements; ``shapes`` gives each output's shape.  Returns value -> array."""
+        regs, input_rows = self._registers(n)
+        if self.full_inputs and n:
             np.concatenate(
                 [env[v] for v in self.full_inputs], axis=None, out=input_rows, casting="unsafe"
             )
@@ -447,12 +448,11 @@ class InterpretedKernel:
                 casting="unsafe",
             )
         reduce_out = np.zeros(len(self.reduce_regs), dtype=np.float64)
-        run_ops(self.n, self.code, regs, scalars, self.reduce_regs, reduce_out, self.is32)
+        run_ops(n, self.code, regs, scalars, self.reduce_regs, reduce_out, self.is32)
         out = {}
-        n = self.n
-        for v, reduction, row, dtype, shape in self.outputs:
+        for v, reduction, row, dtype in self.outputs:
             if reduction >= 0:
-                out[v] = np.full(shape, reduce_out[reduction], dtype=dtype)
+                out[v] = np.full(shapes[v], reduce_out[reduction], dtype=dtype)
             else:
-                out[v] = regs[row, :n].astype(dtype).reshape(shape)
+                out[v] = regs[row, :n].astype(dtype).reshape(shapes[v])
         return out

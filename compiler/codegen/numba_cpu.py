@@ -35,8 +35,6 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-
 from ..ir import Value
 from ..passes.fuse import Kernel
 from . import common
@@ -146,7 +144,7 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
     members = kernel.members()
     flat = is_flat(kernel)
     rank = 1 if flat else max(len(space), 1)
-    loop_space = (int(np.prod(space)),) if flat else (space if space else (1,))
+    loop_space = space if space else (1,)  # (read only by the non-flat indexing)
     idx = [f"i{d}" for d in range(rank)]
     full_out = [v for v in kernel.outputs if v not in kernel.reductions]
     reds = list(kernel.reductions)

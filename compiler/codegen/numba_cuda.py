@@ -66,6 +66,7 @@ from numba import cuda
 
 from ..ir import Value
 from ..passes.fuse import Kernel
+from ..symbolic import substitute
 from . import common, cpu_helpers
 from .common import Spelling, describe, expression, is_flat, reader, reduced_dims
 from .cpu_helpers import MATH64
@@ -625,7 +626,10 @@ def _slices(tiles: int, summed: int, rows: int, settings: DeviceSettings) -> int
 
 
 def run_kernel(
-    kernel: CompiledKernel, env: Mapping[Value, Any], grads: Mapping[Value, Any] | None = None
+    kernel: CompiledKernel,
+    env: Mapping[Value, Any],
+    grads: Mapping[Value, Any] | None = None,
+    sizes: Sequence[int] = (),
 ) -> dict[Value, Any]:
     """Launch one compiled kernel: the analogue of ``program._run_kernel`` for CUDA.
 
@@ -635,7 +639,8 @@ def run_kernel(
     (``plan.accumulate``) to the existing device array its result is added into, in place (a
     missing one gets a zero array).  Returns every output and reduction of the kernel as a
     device array of the value's shape (for accumulated outputs, the array from ``grads``).
-    Launches are queued on the default stream; nothing is copied back to the host.
+    Launches are queued on the default stream; nothing is copied back to the host.  Shapes
+    with symbolic sizes are evaluated for the size vector ``sizes``.
     """
     plan, settings = kernel.plan, kernel.settings
     if settings.threads != plan.threads:
@@ -643,36 +648,40 @@ def run_kernel(
             f"{plan.name}: generated for {plan.threads} threads per block, "
             f"launched with settings for {settings.threads}"
         )
-    space = plan.shape
+    symbolic_space = plan.shape
+    space = substitute(plan.shape, sizes)
     n = math.prod(space)
     # 0-d inputs as 1-d arrays of one element (the simulator has no 0-d device arrays)
     inputs = [_to_device(env[v]) for v in plan.inputs]
     inputs = [a.reshape(1) if a.ndim == 0 else a for a in inputs]
     outputs = []
     for v in plan.outputs:
+        shape = substitute(v.shape, sizes)
         if v in plan.accumulate:
             buf = grads.get(v) if grads is not None else None
-            outputs.append(_zeros(v.shape, v.dtype.np) if buf is None else buf)
+            outputs.append(_zeros(shape, v.dtype.np) if buf is None else buf)
         else:
-            outputs.append(cuda.device_array(v.shape, v.dtype.np))
+            outputs.append(cuda.device_array(shape, v.dtype.np))
     results: dict[Value, Any] = dict(zip(plan.outputs, outputs))
     if n == 0:  # nothing to launch: sums over nothing are zero
         for r in plan.reductions:
-            results[r] = _zeros(r.shape, r.dtype.np)
+            results[r] = _zeros(substitute(r.shape, sizes), r.dtype.np)
         return results
 
     flat = plan.flat is not None and all(
-        _flattenable(a) for v, a in zip(plan.inputs, inputs) if v.shape == space
+        _flattenable(a) for v, a in zip(plan.inputs, inputs) if v.shape == symbolic_space
     )
     flat = flat and all(_flattenable(o) for o in outputs)
     if flat:
         assert plan.flat is not None
-        sizes: tuple[int, ...] = (n,)
-        args = [a.reshape(n) if v.shape == space else a for v, a in zip(plan.inputs, inputs)]
+        loop: tuple[int, ...] = (n,)
+        args = [
+            a.reshape(n) if v.shape == symbolic_space else a for v, a in zip(plan.inputs, inputs)
+        ]
         out_args = [o.reshape(n) for o in outputs]
         launches: Sequence[Launch] = (plan.flat,)
     else:
-        sizes = space if space else (1,)
+        loop = space if space else (1,)
         args = inputs
         out_args = outputs if space else [o.reshape(1) for o in outputs]
         launches = plan.strided
@@ -682,9 +691,9 @@ def run_kernel(
         written = out_args if launch.writes_outputs else []
         if not launch.reductions:
             blocks = min(-(-n // threads), settings.max_blocks)
-            fn[blocks, threads](*sizes, *args, *written)
+            fn[blocks, threads](*loop, *args, *written)
             continue
-        kept = 1 if launch.flat else math.prod(sizes[d] for d in launch.kept)
+        kept = 1 if launch.flat else math.prod(loop[d] for d in launch.kept)
         summed = n // kept
         tiles = -(-kept // launch.tile)
         slices = _slices(tiles, summed, launch.rows, settings)
@@ -694,14 +703,14 @@ def run_kernel(
             for r in launch.reductions
         ]
         blocks = min(tiles * slices, settings.max_blocks)
-        fn[blocks, (launch.tile, launch.rows)](*sizes, *args, *written, *reds, *parts, slices)
+        fn[blocks, (launch.tile, launch.rows)](*loop, *args, *written, *reds, *parts, slices)
         for r, res, part in zip(launch.reductions, reds, parts):
             if slices > 1:
                 finish = kernel.functions["finish_reduction"]
                 finish[min(-(-kept // threads), settings.max_blocks), threads](
                     part, res, kept, slices
                 )
-            results[r] = res.reshape(r.shape)
+            results[r] = res.reshape(substitute(r.shape, sizes))
     return results
 
 

@@ -12,7 +12,7 @@ from ..ir import EFFECT_OPS, Graph, Value
 
 def rebuild(graph: Graph, keep: set[Value]) -> Graph:
     """A new graph with the kept values (in order) and the effects, ids renumbered."""
-    out = Graph(constants=list(graph.constants))
+    out = Graph(constants=list(graph.constants), hints=graph.hints)
     mapping: dict[Value, Value] = {}
     for v in graph.values:
         if v in keep:

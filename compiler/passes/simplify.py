@@ -91,7 +91,7 @@ def _rewrite(
 
 
 def simplify(graph: Graph) -> Graph:
-    out = Graph(constants=list(graph.constants))
+    out = Graph(constants=list(graph.constants), hints=graph.hints)
     mapping: dict[Value, Value] = {}
     users: dict[Value, int] = {}
     for v in graph.values:

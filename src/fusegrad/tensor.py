@@ -648,4 +648,3 @@ def _rebuild(arr: np.ndarray, requires_grad: bool, device: str = "cpu") -> Tenso
     t = Tensor._make(arr)
     t._requires_grad = requires_grad
     return t
-

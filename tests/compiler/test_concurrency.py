@@ -297,7 +297,7 @@ def test_stress_public_api(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> No
                 got = _grads(leaves, loss, compiled=True)
                 _check(got, want)
                 compared[k] += 1
-        except Exception as e:  # noqa: BLE001  (reported below)
+        except Exception:  # noqa: BLE001  (reported below)
             failures.append((k, traceback.format_exc()))
 
     workers = [threading.Thread(target=worker, args=(k,)) for k in range(threads_n)]

@@ -213,23 +213,27 @@ class Captured:
 
 
 def capture(loss: Callable[[], Any]) -> Captured:
-    """The compiled backward of ``loss()`` as a ``Program``, captured but not run (no CPU kernel
-    is compiled); kernels are generated code, never the interpreter."""
+    """The compiled backward of ``loss()`` as a ``Program``, captured with concrete sizes (so
+    that its steps can be run here, attribute by attribute) but not run (no CPU kernel is
+    compiled); kernels are generated code, never the interpreter."""
     recorded: list = []
 
-    def record(self: Program, w: Any, grad_roots: Any, retain_graph: bool, inputs: Any) -> None:
+    def record(
+        self: Program, w: Any, sizes: Any, grad_roots: Any, retain_graph: bool, inputs: Any
+    ) -> None:
         recorded.append(Captured(self, w, list(grad_roots), list(w.leaves)))
         return None
 
     compiler.reset()
-    previous = compiler.config.interpreter_max_elements
+    previous = compiler.config.interpreter_max_elements, compiler.config.symbolic_sizes
     compiler.config.interpreter_max_elements = 0
+    compiler.config.symbolic_sizes = False
     try:
         with mock.patch.object(Program, "run", record):
             with compiler.compiled_autograd(fullgraph=True):
                 loss().backward()
     finally:
-        compiler.config.interpreter_max_elements = previous
+        compiler.config.interpreter_max_elements, compiler.config.symbolic_sizes = previous
         compiler.reset()
     (captured,) = recorded
     return captured

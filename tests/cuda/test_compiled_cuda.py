@@ -32,7 +32,7 @@ def test_golden_graph_compiled_on_cuda_matches_eager_and_cpu(dtype: str) -> None
     with compiler.compiled_autograd():
         _golden(*leaves).backward()
     assert compiler.counters.captures == 1 and compiler.counters.compiled_runs == 1
-    (program,) = compiler.programs.values()
+    (program,) = compiler.cached_programs()
     assert program.device == "cuda" and len(program.kernels) == 1
     cpu = [fg.tensor(t.detach().cpu().numpy(), requires_grad=True) for t in leaves]
     _golden(*cpu).backward()
@@ -79,7 +79,7 @@ def test_mlp_step_compiled_on_cuda_matches_cpu_and_reuses_the_program() -> None:
             np.testing.assert_allclose(p.grad.cpu().numpy(), q.grad.numpy(), rtol=1e-4, atol=1e-6)
     assert compiler.counters.compiled_runs == 3
     assert compiler.counters.cache_hits >= 1  # the second step of batch 5 reused the program
-    assert all(p.device == "cuda" for p in compiler.programs.values())
+    assert all(p.device == "cuda" for p in compiler.cached_programs())
 
 
 def test_a_graph_spanning_devices_falls_back_with_its_reason() -> None:
@@ -99,4 +99,4 @@ def test_cpu_and_cuda_graphs_of_one_structure_get_separate_programs() -> None:
         with compiler.compiled_autograd():
             _golden(*leaves).backward()
         assert leaves[0].grad.is_cuda == (device == "cuda")
-    assert sorted(p.device for p in compiler.programs.values()) == ["cpu", "cuda"]
+    assert sorted(p.device for p in compiler.cached_programs()) == ["cpu", "cuda"]

@@ -184,12 +184,12 @@ def _remainder(node, g, a, b):
 
 @vjp("where", save="cond")
 def _where(node, g, cond):
+    # the unselected side gets an exact 0 (a weak Python zero: g's dtype), never g * 0
     need = node.needs_input_grad
-    zero = F.zeros_like(g)
     return (
         None,
-        F.where(cond, g, zero) if need[1] else None,
-        F.where(cond, zero, g) if need[2] else None,
+        F.where(cond, g, 0.0) if need[1] else None,
+        F.where(cond, 0.0, g) if need[2] else None,
     )
 
 
@@ -354,13 +354,14 @@ def _index_add_at(node, g, *idx):
 def _gather(node, g, index):
     shape = node.input_shapes[0]
     zeros = F.zeros(shape, dtype=g.dtype, device=g.device)
-    return (F.scatter_add(zeros, node.attrs["dim"], index, g), None)
+    return (F.scatter_spec(zeros, node.attrs["dim"], index, g, add=True), None)
 
 
 @vjp("scatter_add", save="index")
 def _scatter_add(node, g, index):
     need = node.needs_input_grad
-    return (g if need[0] else None, None, g.gather(node.attrs["dim"], index) if need[2] else None)
+    d = node.attrs["dim"]
+    return (g if need[0] else None, None, F.gather_spec(g, d, index) if need[2] else None)
 
 
 @vjp("scatter", save="index")
@@ -368,11 +369,11 @@ def _scatter(node, g, index):
     need = node.needs_input_grad
     d = node.attrs["dim"]
     gx = (
-        F.scatter(g, d, index, F.zeros(index.shape, dtype=g.dtype, device=g.device))
+        F.scatter_spec(g, d, index, F.zeros(index.shape, dtype=g.dtype, device=g.device))
         if need[0]
         else None
     )
-    return (gx, None, g.gather(d, index) if need[2] else None)
+    return (gx, None, F.gather_spec(g, d, index) if need[2] else None)
 
 
 # ---- opaque ------------------------------------------------------------------------------------

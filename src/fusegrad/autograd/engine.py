@@ -198,6 +198,8 @@ class Executor:
       it fails);
     * ``apply_node(node, grads, retain_graph)``: a node's rule, returning one gradient (or None)
       per edge; ``check_results`` validates the count;
+    * ``input_meta(node)``: the shapes and dtypes of the node's forward inputs, which gradients
+      that are not plain tensors are validated against (a capture's sizes may be symbols);
     * ``accumulate_grad(tensor, g, create_graph)``: a ``.grad`` write;
     * ``tensor_pre_hook``, ``pre_hook``, ``post_hook``, ``post_acc_grad_hook``: one user hook,
       with its site (``node``, output number, its position among that site's hooks); the value
@@ -212,6 +214,9 @@ class Executor:
 
     def apply_node(self, node: Node, grads: list, retain_graph: bool) -> tuple:
         return _apply(node, grads, retain_graph)
+
+    def input_meta(self, node: Node) -> tuple:
+        return node._input_meta
 
     def accumulate_grad(self, t: Tensor, g: Tensor, create_graph: bool) -> None:
         accumulate_grad(t, g, create_graph)
@@ -442,9 +447,13 @@ def _execute(
                     continue
                 g = results[i] if results is not None else None
                 if g is not None:
-                    shape, dtype = node._input_meta[i]
-                    if type(g) not in _EAGER or g._data.shape != shape or g._dtype is not dtype:
+                    if type(g) not in _EAGER:
+                        shape, dtype = executor.input_meta(node)[i]
                         g = validate_gradient(node, i, g, shape, dtype)
+                    else:
+                        shape, dtype = node._input_meta[i]
+                        if g._data.shape != shape or g._dtype is not dtype:
+                            g = validate_gradient(node, i, g, shape, dtype)
                     buf = buffers.get(nxt)
                     if buf is None:
                         buf = buffers[nxt] = [None] * nxt.num_outputs

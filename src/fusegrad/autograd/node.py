@@ -535,5 +535,3 @@ def accumulator_for(t: Tensor) -> AccumulateGrad:
         acc = AccumulateGrad(t)
         t._accumulator = weakref.ref(acc)
     return acc
-
-

@@ -10,7 +10,10 @@ innermost tracer:
   which returns the op's result, or NotImplemented to let the primitive run eagerly
   (``ops.registry.run``, which a tracer may also call itself);
 * ``autograd.backward`` / ``autograd.grad`` hand their validated arguments to
-  ``tracer.backward(...)``, whose default runs the eager engine.
+  ``tracer.backward(...)``, whose default runs the eager engine;
+* the constant-making creation functions (``zeros``, ``ones``, ``full`` and their ``_like``
+  forms, for tensors that need no gradient) ask ``tracer.full(shape, value, dtype, device)``
+  first, which returns the tensor, or NotImplemented to let it be made eagerly.
 
 How the backward engine runs the nodes of one call is not thread state either: ``run_backward``
 takes an executor (``engine.Executor``), the object that runs each node's rule, writes ``.grad``
@@ -39,6 +42,11 @@ class Tracer:
     def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
         """Primitive ``prim`` called on Tensors ``inputs`` with keyword ``attrs``: its result, or
         NotImplemented to let it run eagerly."""
+        return NotImplemented
+
+    def full(self, shape: tuple, value: Any, dtype: Any, device: Any) -> Any:
+        """A constant of ``shape`` (fusegrad ``dtype``) filled with ``value``, or
+        NotImplemented to let it be made eagerly."""
         return NotImplemented
 
     def backward(

@@ -150,6 +150,7 @@ from .functional import (
 from .indexing import (
     embedding,
     gather,
+    gather_spec,
     getitem,
     getitem_spec,
     index_add,
@@ -163,6 +164,7 @@ from .indexing import (
     one_hot,
     scatter,
     scatter_add,
+    scatter_spec,
     setitem_value,
     take_along_dim,
 )

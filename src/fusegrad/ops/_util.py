@@ -5,6 +5,7 @@ These never compute tensor values; they prepare the arguments of ``registry.appl
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
+from ..size import broadcast_shapes
 from ..tensor import Tensor
 from .registry import REGISTRY, _bind_late, apply
 
@@ -76,7 +78,7 @@ def broadcast_shape(op: str, *tensors: Tensor) -> tuple:
     if all(s == first for s in shapes):
         return first
     try:
-        return np.broadcast_shapes(*shapes)
+        return broadcast_shapes(*shapes)
     except ValueError:
         detail = ""
         ndim = max(len(s) for s in shapes)
@@ -123,15 +125,23 @@ def wrap_dims(op: str, dim: Any, ndim: int) -> tuple[int, ...] | None:
     return (wrap_dim(op, dim, ndim),)
 
 
+def as_size(s: Any, what: str = "shape entries") -> Any:
+    """A size argument as an int.  Any ``numbers.Integral`` is accepted; one that is not a plain
+    or numpy int (the compiler's symbolic sizes are such) is kept as it is, so that arithmetic on
+    it stays symbolic."""
+    if type(s) is int:
+        return s
+    if isinstance(s, Tensor):
+        return int(s)
+    if isinstance(s, np.integer):
+        return int(s)
+    if isinstance(s, numbers.Integral) and not isinstance(s, bool):
+        return s
+    raise TypeError(f"{what} must be ints, got {s!r}")
+
+
 def shape_arg(shape: Sequence[Any] | Iterable[Any]) -> tuple[int, ...]:
     """Accept ``f(2, 3)``, ``f((2, 3))`` and ``f([2, 3])`` shapes."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):  # type: ignore[arg-type]
         shape = shape[0]  # type: ignore[index]
-    out = []
-    for s in shape:
-        if isinstance(s, Tensor):
-            s = int(s)
-        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
-            raise TypeError(f"shape entries must be ints, got {s!r}")
-        out.append(int(s))
-    return tuple(out)
+    return tuple(as_size(s) for s in shape)

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import storage as _storage
+from ..autograd.tracer import state as _tracer_state
 from ..cuda.array import CudaArray
 from ..device import CPU, as_device
 from ..errors import DTypeError
@@ -83,6 +84,17 @@ def _filled(shape: Any, value: Any, dtype: np.dtype, device: Any) -> Any:
     return _storage.full(shape, value, dtype, device is not CPU)
 
 
+def _full(shape: Any, value: Any, dtype: np.dtype, device: Any, requires_grad: bool) -> Tensor:
+    """A new leaf of ``shape`` filled with ``value`` -- or, when this thread's tracer makes
+    constants itself (``Tracer.full``), the tracer's (only for leaves that need no grad)."""
+    tracer = _tracer_state.tracer
+    if tracer is not None and not requires_grad:
+        out = tracer.full(tuple(shape), value, _dt.from_numpy_dtype(np.dtype(dtype)), device)
+        if out is not NotImplemented:
+            return out  # type: ignore[no-any-return]
+    return _leaf(_filled(shape, value, dtype, device), requires_grad)
+
+
 def _leaf(arr: Any, requires_grad: bool, device: Any = CPU) -> Tensor:
     """A new leaf holding ``arr``, copied to ``device`` when that is a GPU."""
     if device is not CPU and type(arr) is not CudaArray:
@@ -130,12 +142,12 @@ def from_numpy(array: np.ndarray) -> Tensor:
 
 def zeros(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     dev = as_device(device)
-    return _leaf(_filled(shape_arg(size), 0, _dtype_or_default(dtype).np, dev), requires_grad)
+    return _full(shape_arg(size), 0, _dtype_or_default(dtype).np, dev, requires_grad)
 
 
 def ones(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
     dev = as_device(device)
-    return _leaf(_filled(shape_arg(size), 1, _dtype_or_default(dtype).np, dev), requires_grad)
+    return _full(shape_arg(size), 1, _dtype_or_default(dtype).np, dev, requires_grad)
 
 
 def empty(*size: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False) -> Tensor:
@@ -153,7 +165,7 @@ def full(
 ) -> Tensor:
     dev = as_device(device)
     dt = _dt.as_dtype(dtype) if dtype is not None else _dt.result_type(fill_value)
-    return _leaf(_filled(shape_arg((size,)), fill_value, dt.np, dev), requires_grad)
+    return _full(shape_arg((size,)), fill_value, dt.np, dev, requires_grad)
 
 
 def _like_dtype(t: Tensor, dtype: Any) -> _dt.dtype:
@@ -161,11 +173,11 @@ def _like_dtype(t: Tensor, dtype: Any) -> _dt.dtype:
 
 
 def zeros_like(input: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return _leaf(_filled(input.shape, 0, _like_dtype(input, dtype).np, input.device), requires_grad)
+    return _full(input.shape, 0, _like_dtype(input, dtype).np, input.device, requires_grad)
 
 
 def ones_like(input: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return _leaf(_filled(input.shape, 1, _like_dtype(input, dtype).np, input.device), requires_grad)
+    return _full(input.shape, 1, _like_dtype(input, dtype).np, input.device, requires_grad)
 
 
 def empty_like(input: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
@@ -175,9 +187,7 @@ def empty_like(input: Tensor, *, dtype: Any = None, requires_grad: bool = False)
 def full_like(
     input: Tensor, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False
 ) -> Tensor:
-    return _leaf(
-        _filled(input.shape, fill_value, _like_dtype(input, dtype).np, input.device), requires_grad
-    )
+    return _full(input.shape, fill_value, _like_dtype(input, dtype).np, input.device, requires_grad)
 
 
 def arange(

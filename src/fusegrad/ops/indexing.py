@@ -9,6 +9,7 @@ gradient (``index_add_at``) accumulates duplicate indices, as in PyTorch.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import numpy as np
@@ -17,8 +18,8 @@ from .. import dtypes as _dt
 from .. import storage as _storage
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..tensor import Tensor
-from ._util import P, apply, as_operand, to_tensor, wrap_dim
-from .primitives import numpy_key
+from ._util import P, apply, as_operand, as_size, to_tensor, wrap_dim
+from .primitives import key_shape, numpy_key
 from .shape import _view_op
 
 
@@ -46,13 +47,14 @@ def _normalise_key(x: Tensor, key: Any) -> tuple[tuple, tuple]:
             consumed = x.ndim - (used - consumed)
         elif isinstance(k, slice):
             for part in (k.start, k.stop, k.step):
-                if part is not None and not isinstance(part, (int, np.integer, Tensor)):
+                if part is not None and not isinstance(part, (numbers.Integral, Tensor)):
                     raise TypeError(f"getitem: slice indices must be integers, got {part!r}")
             step = 1 if k.step is None else int(k.step)
             if step <= 0:
                 raise ValueError("getitem: step must be greater than zero")
-            start = None if k.start is None else int(k.start)
-            stop = None if k.stop is None else int(k.stop)
+            # (sizes that are not plain ints -- the compiler's symbolic ones -- stay as they are)
+            start = None if k.start is None else as_size(k.start, "slice indices")
+            stop = None if k.stop is None else as_size(k.stop, "slice indices")
             spec.append(("s", start, stop, step))
             consumed += 1
         elif isinstance(k, (bool, np.bool_)):
@@ -128,8 +130,13 @@ def index_put_spec(x: Tensor, v: Tensor, tensors: tuple, spec: tuple) -> Tensor:
     """A copy of ``x`` with ``[key] = v`` for a normalised key (v broadcast to the target)."""
     if v.ndim == 0 and v.device != x.device:
         v = v.to(x.device)  # a 0-d value (e.g. a Python number) may be assigned on any device
-    probe = np.broadcast_to(np.empty((), dtype=bool), tuple(x.shape))
-    target = probe[numpy_key(spec, tuple(t._data for t in tensors))].shape
+    if any(t._dtype is _dt.bool_ for t in tensors):  # a mask: the target's shape is its count
+        probe = np.broadcast_to(np.empty((), dtype=bool), tuple(x.shape))
+        target = probe[numpy_key(spec, tuple(t._data for t in tensors))].shape
+    else:
+        target = key_shape(
+            tuple(x.shape), tuple(t.shape for t in tensors), tuple(t._dtype for t in tensors), spec
+        )
     if tuple(v.shape) != tuple(target):
         v = v.broadcast_to(target)
     return apply(P["index_put"], (x, v) + tuple(tensors), {"key": spec})
@@ -145,6 +152,18 @@ def setitem_value(x: Tensor, key: Any, value: Any) -> Tensor:
 def index_add_at(g: Tensor, tensors: tuple, spec: tuple, shape: tuple) -> Tensor:
     """Zeros of ``shape`` with ``g`` accumulated at ``[key]`` (the gradient of getitem)."""
     return apply(P["index_add_at"], (g,) + tuple(tensors), {"key": spec, "shape": tuple(shape)})
+
+
+def gather_spec(x: Tensor, dim: int, index: Tensor) -> Tensor:
+    """``x.gather(dim, index)`` for a wrapped ``dim`` and an index already checked (derivative
+    rules: the index was checked when its forward op ran)."""
+    return apply(P["gather"], (x, index), {"dim": dim})
+
+
+def scatter_spec(x: Tensor, dim: int, index: Tensor, src: Tensor, add: bool = False) -> Tensor:
+    """``scatter`` (``scatter_add`` with ``add``) for a wrapped ``dim``, an index already
+    checked and a ``src`` of the index's shape and ``x``'s dtype (derivative rules)."""
+    return apply(P["scatter_add" if add else "scatter"], (x, index, src), {"dim": dim})
 
 
 def _index_tensor(op: str, index: Any) -> Tensor:

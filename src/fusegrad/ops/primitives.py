@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from ..size import broadcast_shapes
 from .registry import primitive
 
 # IEEE edge cases (log(0) = -inf, 0/0 = nan, overflow to inf) are results, not warnings, as in
@@ -396,8 +397,9 @@ def _to_device(x, device, source):  # type: ignore[no-untyped-def]
 # ---- shape/dtype rules ------------------------------------------------------------------------
 # ``meta(shapes, dtypes, **attrs) -> (shape, dtype)``: what each primitive produces, computed from
 # input shapes and dtypes alone.  The compiler's capture runs derivative rules on symbolic values
-# (shapes, no data) and uses these; the IR verifier checks every value against them.  View-like
-# primitives are probed by running the kernel on a zero-stride array (a view: no memory).
+# (shapes, no data) and uses these; the IR verifier checks every value against them.  They are
+# plain integer arithmetic and comparisons, never numpy, so that they work on the compiler's
+# symbolic sizes (``fusegrad.compiler.symbolic``) as well as on ints.
 
 _BOOL_RESULT = {
     "eq",
@@ -423,7 +425,7 @@ def _dtypes():  # type: ignore[no-untyped-def]
 
 def _elementwise_meta(name: str):  # type: ignore[no-untyped-def]
     def meta(shapes, dtypes, **attrs):  # type: ignore[no-untyped-def]
-        shape = np.broadcast_shapes(*shapes) if len(shapes) > 1 else tuple(shapes[0])
+        shape = broadcast_shapes(*shapes) if len(shapes) > 1 else tuple(shapes[0])
         if name in _BOOL_RESULT:
             return shape, _dtypes().bool_
         if name == "cast":
@@ -431,21 +433,6 @@ def _elementwise_meta(name: str):  # type: ignore[no-untyped-def]
         if name == "where":
             return shape, dtypes[1]
         return shape, dtypes[0]
-
-    return meta
-
-
-def _probe(shape: tuple, dtype) -> np.ndarray:  # type: ignore[no-untyped-def]
-    """A zero-stride array of ``shape``: kernels that return views run on it for free."""
-    return np.broadcast_to(np.zeros((), dtype.np), shape)
-
-
-def _probe_meta(name: str):  # type: ignore[no-untyped-def]
-    from .registry import REGISTRY
-
-    def meta(shapes, dtypes, **attrs):  # type: ignore[no-untyped-def]
-        out = REGISTRY[name].kernel(*[_probe(s, d) for s, d in zip(shapes, dtypes)], **attrs)
-        return tuple(out.shape), _dtypes().from_numpy_dtype(out.dtype)
 
     return meta
 
@@ -474,14 +461,76 @@ def _reduce_meta(kind: str):  # type: ignore[no-untyped-def]
     return meta
 
 
-def _key_meta(shape: tuple, idx_shapes: tuple, idx_dtypes: tuple, key: tuple) -> tuple:
-    """The shape of ``x[key]`` for an ``x`` of ``shape`` and index tensors of given shapes."""
+def _slice_length(size, start, stop, step):  # type: ignore[no-untyped-def]
+    """len(range(size)[start:stop:step]) for step > 0, in integer arithmetic only (sizes may be
+    symbolic: see ``size.broadcast_shapes``)."""
+    if start is None:
+        start = 0
+    elif start < 0:
+        start = max(start + size, 0)
+    else:
+        start = min(start, size)
+    if stop is None:
+        stop = size
+    elif stop < 0:
+        stop = max(stop + size, 0)
+    else:
+        stop = min(stop, size)
+    if stop <= start:
+        return 0
+    return (stop - start + step - 1) // step if step != 1 else stop - start
+
+
+def key_shape(shape: tuple, idx_shapes: tuple, idx_dtypes: tuple, key: tuple) -> tuple:
+    """The shape of ``x[key]`` for an ``x`` of ``shape`` and index tensors of the given shapes
+    (numpy's rules: a slice keeps a dim, an int drops one, None adds one; integer index tensors
+    -- and ints, when there is one -- broadcast together, their result placed where the first
+    of them is when they are adjacent in the key, else in front)."""
     if any(d.name == "bool" for d in idx_dtypes):
         from .registry import DataDependentShape
 
         raise DataDependentShape("indexing with a boolean mask has a data-dependent shape")
-    idx = tuple(np.broadcast_to(np.zeros((), np.int64), s) for s in idx_shapes)
-    return tuple(np.broadcast_to(np.zeros((), np.bool_), shape)[numpy_key(key, idx)].shape)
+    consuming = sum(1 for e in key if e[0] in ("s", "i", "t"))
+    full = ("s", None, None, 1)
+    entries: list = []
+    for e in key:
+        if e[0] == "e":
+            entries.extend([full] * (len(shape) - consuming))
+        else:
+            entries.append(e)
+    entries.extend([full] * (len(shape) - sum(1 for e in entries if e[0] in ("s", "i", "t"))))
+    has_array = any(e[0] == "t" for e in entries)
+    out: list = []
+    advanced: list = []  # (position in entries, position in out, index shape)
+    dim = 0
+    for k, e in enumerate(entries):
+        tag = e[0]
+        if tag == "n":
+            out.append(1)
+        elif tag == "s":
+            out.append(_slice_length(shape[dim], e[1], e[2], e[3]))
+            dim += 1
+        elif tag == "i":
+            if has_array:
+                advanced.append((k, len(out), ()))
+            dim += 1
+        else:
+            advanced.append((k, len(out), tuple(idx_shapes[e[1]])))
+            dim += 1
+    if not advanced:
+        return tuple(out)
+    block = list(broadcast_shapes(*(a[2] for a in advanced)))
+    positions = [a[0] for a in advanced]
+    adjacent = positions == list(range(positions[0], positions[0] + len(positions)))
+    at = advanced[0][1] if adjacent else 0
+    return tuple(out[:at] + block + out[at:])
+
+
+def _diagonal_shape(shape: tuple, offset: int, dim1: int, dim2: int) -> tuple:
+    a, b = shape[dim1], shape[dim2]
+    length = min(a, b - offset) if offset >= 0 else min(a + offset, b)
+    rest = tuple(s for i, s in enumerate(shape) if i not in (dim1, dim2))
+    return rest + (max(length, 0),)
 
 
 def _set_metas() -> None:
@@ -501,7 +550,7 @@ def _set_metas() -> None:
             "prod": "accumulate",
         }.get(name, "same")
         set_meta(name, _reduce_meta(kind))
-    set_meta("sum_to", lambda shapes, dtypes, shape: (tuple(shape), dtypes[0]))
+    set_meta("sum_to", lambda shapes, dtypes, shape: (tuple(shape), dtypes[0]), ("shape",))
     set_meta(
         "cumsum",
         lambda shapes, dtypes, dim: (
@@ -509,8 +558,19 @@ def _set_metas() -> None:
             _dt.int64 if dtypes[0].category < 2 else dtypes[0],
         ),
     )
-    for name in ("reshape", "permute", "broadcast_to", "diagonal"):
-        set_meta(name, _probe_meta(name))
+    set_meta("reshape", lambda shapes, dtypes, shape: (tuple(shape), dtypes[0]), ("shape",))
+    set_meta("broadcast_to", lambda shapes, dtypes, shape: (tuple(shape), dtypes[0]), ("shape",))
+    set_meta(
+        "permute",
+        lambda shapes, dtypes, dims: (tuple(shapes[0][d] for d in dims), dtypes[0]),
+    )
+    set_meta(
+        "diagonal",
+        lambda shapes, dtypes, offset, dim1, dim2: (
+            _diagonal_shape(tuple(shapes[0]), offset, dim1, dim2),
+            dtypes[0],
+        ),
+    )
     set_meta("flip", lambda shapes, dtypes, dims: (tuple(shapes[0]), dtypes[0]))
 
     def cat_meta(shapes, dtypes, dim):  # type: ignore[no-untyped-def]
@@ -525,33 +585,35 @@ def _set_metas() -> None:
             tuple(s + b + a for s, (b, a) in zip(shapes[0], widths)),
             dtypes[0],
         ),
+        ("widths",),
     )
     set_meta(
         "getitem",
         lambda shapes, dtypes, key: (
-            _key_meta(tuple(shapes[0]), tuple(shapes[1:]), tuple(dtypes[1:]), key),
+            key_shape(tuple(shapes[0]), tuple(shapes[1:]), tuple(dtypes[1:]), key),
             dtypes[0],
         ),
+        ("key",),
     )
 
     def index_put_meta(shapes, dtypes, key):  # type: ignore[no-untyped-def]
-        _key_meta(tuple(shapes[0]), tuple(shapes[2:]), tuple(dtypes[2:]), key)
+        key_shape(tuple(shapes[0]), tuple(shapes[2:]), tuple(dtypes[2:]), key)
         return tuple(shapes[0]), dtypes[0]
 
-    set_meta("index_put", index_put_meta)
+    set_meta("index_put", index_put_meta, ("key",))
 
     def index_add_at_meta(shapes, dtypes, key, shape):  # type: ignore[no-untyped-def]
-        _key_meta(tuple(shape), tuple(shapes[1:]), tuple(dtypes[1:]), key)
+        key_shape(tuple(shape), tuple(shapes[1:]), tuple(dtypes[1:]), key)
         return tuple(shape), dtypes[0]
 
-    set_meta("index_add_at", index_add_at_meta)
+    set_meta("index_add_at", index_add_at_meta, ("key", "shape"))
     set_meta("gather", lambda shapes, dtypes, dim: (tuple(shapes[1]), dtypes[0]))
     for name in ("scatter", "scatter_add"):
         set_meta(name, lambda shapes, dtypes, dim: (tuple(shapes[0]), dtypes[0]))
 
     def matmul_meta(shapes, dtypes):  # type: ignore[no-untyped-def]
         a, b = shapes
-        batch = np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
+        batch = broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
         return tuple(batch) + (a[-2], b[-1]), dtypes[0]
 
     set_meta("matmul", matmul_meta)

@@ -41,6 +41,10 @@ class Primitive:
     # shapes and fusegrad dtypes, without data.  Used by the compiler's capture (symbolic values
     # have shapes but no data) and by the IR verifier; set with ``set_meta``.
     meta: Callable[..., tuple] | None = field(default=None, compare=False)
+    # the attributes that hold sizes (a shape, an index key's slice bounds and ints, pad widths),
+    # as opposed to dims, flags and dtypes: a capture may treat them as symbols, so that a graph
+    # holds for other sizes (``fusegrad.compiler.symbolic``); set with ``set_meta``
+    size_attrs: tuple[str, ...] = field(default=(), compare=False)
 
 
 REGISTRY: dict[str, Primitive] = {}
@@ -84,11 +88,12 @@ class DataDependentShape(Exception):
     """A primitive's output shape depends on input *values* (boolean-mask indexing)."""
 
 
-def set_meta(name: str, fn: Callable[..., tuple]) -> None:
-    """Attach the shape/dtype rule of primitive ``name`` (see ``Primitive.meta``)."""
+def set_meta(name: str, fn: Callable[..., tuple], size_attrs: tuple[str, ...] = ()) -> None:
+    """Attach the shape/dtype rule of primitive ``name`` and name its size attributes (see
+    ``Primitive.meta`` and ``Primitive.size_attrs``)."""
     import dataclasses
 
-    REGISTRY[name] = dataclasses.replace(REGISTRY[name], meta=fn)
+    REGISTRY[name] = dataclasses.replace(REGISTRY[name], meta=fn, size_attrs=size_attrs)
 
 
 def vjp(name: str, save: str = "") -> Callable[[Callable[..., tuple]], Callable[..., tuple]]:

@@ -22,6 +22,7 @@ import numpy as np
 from .. import storage as _storage
 from ..autograd import grad_mode as _grad_mode
 from ..errors import ShapeError, describe
+from ..size import broadcast_shapes
 from ..tensor import DEFAULT, INFERENCE, MULTI_OUTPUT, NO_GRAD, Tensor, _ViewInfo, _ViewTensor
 from ._util import P, apply, shape_arg, to_tensor, wrap_dim, wrap_dims
 
@@ -324,8 +325,7 @@ def broadcast_to(input: Any, shape: Sequence[int]) -> Tensor:
     if shape == x._data.shape:
         return _alias(x)
     try:
-        np.broadcast_shapes(x._data.shape, shape)
-        ok = len(shape) >= x.ndim and np.broadcast_shapes(x._data.shape, shape) == shape
+        ok = len(shape) >= x.ndim and broadcast_shapes(x._data.shape, shape) == shape
     except ValueError:
         ok = False
     if not ok:
