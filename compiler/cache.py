@@ -64,15 +64,16 @@ def _strip_sizes(entry: Any) -> Any:
 
 def miss_reason(key: tuple) -> str:
     """Why ``key`` missed the cache, relative to the closest cached key."""
-    if not programs:
+    cached = list(programs)  # a snapshot: another thread may add a program meanwhile
+    if not cached:
         return "first capture"
     same_structure = [
-        k for k in programs if len(k) == len(key) and _strip_sizes(k) == _strip_sizes(key)
+        k for k in cached if len(k) == len(key) and _strip_sizes(k) == _strip_sizes(key)
     ]
     if same_structure:
         return "new sizes (same structure, dtypes and broadcast patterns)"
     best = None
-    for k in programs:
+    for k in cached:
         if len(k) != len(key):
             continue
         for i, (a, b) in enumerate(zip(k, key)):
