@@ -21,6 +21,21 @@ from typing import Any
 
 @dataclass
 class Counters:
+    """What the compiler did in this process (``reset()`` zeroes it), one line per counter:
+
+    * captures: backward graphs captured and built into a ``Program`` (program cache misses).
+    * compiles: numba specialisations (a function for one set of argument types) JIT-compiled.
+    * cache_hits: backward passes that found their ``Program`` in memory (tape hits included).
+    * tape_hits: the cache hits found through the tape, without walking the graph.
+    * disk_hits: numba specialisations loaded from the disk cache instead of compiled.
+    * compiled_runs: backward passes run by a compiled ``Program``.
+    * fallbacks: backward passes run eagerly, by reason.
+
+    ``compiles`` and ``disk_hits`` count the functions programs call (generated CPU kernels, their
+    ``prange`` variants, the interpreter's ``run_ops``, CUDA kernels on a GPU; the CUDA simulator
+    compiles nothing), whenever numba needs one (``codegen.diskcache``), not the helpers inside.
+    """
+
     captures: int = 0
     compiles: int = 0
     cache_hits: int = 0

@@ -43,7 +43,6 @@ from fusegrad.ops.registry import REGISTRY
 from fusegrad.tensor import Tensor
 
 from . import logs
-from .cache import counters
 from .capture import Walk
 from .ir import EFFECT_OPS, IR_OWN_OPS, Graph, Value, format_graph
 from .passes.fuse import Extern, Kernel, fuse
@@ -123,9 +122,9 @@ class Program:
                 f"{len(self.graph.values)} IR values"
             )
             source, plans = emit_module(kernels, summary)
-            module, path, on_disk = load_module(source)
+            # compiles and disk hits are counted per function as numba needs them (diskcache)
+            module, path, _ = load_module(source)
             self.source_path = path
-            counters.compiles += 0 if on_disk else 1
             logs.log("output_code", f"generated code: {path}")
             for step, plan in zip(kernels, plans):
                 self._kernel_fns[id(step)] = (plan, numba_cpu.kernel_function(module, plan))
@@ -314,7 +313,6 @@ class Program:
         if self._first_run:
             self._first_run = False
             self.compile_seconds = time.perf_counter() - start  # includes numba's JIT
-            _note_disk_hits(self)
             logs.log(
                 "perf",
                 f"first run (JIT or cache load included): {1e3 * self.compile_seconds:.1f} ms",
@@ -578,14 +576,3 @@ def _run_cuda_kernel(
             env[v] = wrap(out, v.shape)
     for v in late:  # the launcher added into zeros: accumulate as the engine does
         _engine._store_grad(leaves[epilogue[v]], Tensor._make(wrap(results[v], v.shape)), False)
-
-
-def _note_disk_hits(program: Program) -> None:
-    hits = 0
-    for _plan, fn in program._kernel_fns.values():
-        stats = getattr(fn, "stats", None)
-        if stats is not None and sum(stats.cache_hits.values()):
-            hits += 1
-    if hits:
-        counters.disk_hits += 1
-        logs.log("cache", f"{hits} kernel(s) loaded from numba's disk cache")
