@@ -3,11 +3,12 @@
 * corruption: every kind of broken entry (generated ``.py``, numba's index ``.nbi`` and data
   ``.nbc`` files, payloads moved between modules) is repaired by the next process, which still
   computes the right gradients, without a traceback; the process after it loads from disk again;
-* threads: many threads writing into one fresh cache directory at once;
+* threads: many threads writing into one fresh cache directory (and one file) at once;
 * location: an unusable cache directory gives one warning and in-memory compilation, never a
   directory shared by all users;
 * counters: ``compiles`` and ``disk_hits`` count numba function specialisations compiled and
-  loaded, for generated kernels, their ``prange`` variant and the precompiled interpreter.
+  loaded, for generated kernels, their ``prange`` variant and the precompiled interpreter;
+* CUDA: numba-cuda's cache gets the same guard (checked without a GPU).
 
 Processes are fresh interpreters (``sys.executable``) with ``FUSEGRAD_CACHE_DIR`` and
 ``NUMBA_CACHE_DIR`` in a temporary directory; each costs a few seconds (numba's import), so one
@@ -38,8 +39,9 @@ import fusegrad as fg
 from fusegrad import compiler
 from fusegrad.compiler.codegen import common, diskcache, numba_cpu
 
-# one graph per op: ``op(x).sum()`` (backward: one elementwise kernel of the same signature for
-# every op, so that numba's data files of two graphs are interchangeable in shape)
+# one graph per op: ``op(x).sum()``, whose backward is one small elementwise kernel (``kernel_0``);
+# the child compares every compiled gradient with eager and reports, per op, the program's source
+# path and how many compiles and disk hits it took
 _CHILD = textwrap.dedent(
     """
     import json, sys
@@ -71,8 +73,9 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _run(script: pathlib.Path, args: list[str], env: dict[str, str]) -> Any:
-    """Run ``script`` in a fresh interpreter: its JSON report; fails on a traceback."""
+def _run(script: pathlib.Path, args: list[str], env: dict[str, str]) -> tuple[Any, str]:
+    """Run ``script`` in a fresh interpreter: its JSON report and its stderr; fails on a
+    non-zero exit or a traceback."""
     done = subprocess.run(
         [sys.executable, str(script), *args], env=env, capture_output=True, text=True
     )
@@ -112,7 +115,6 @@ def _replace_with_directory(path: pathlib.Path) -> None:
     (path / "inner").mkdir(parents=True)
 
 
-# corruption kind -> (the ops whose graphs it touches, what it does to their files)
 def _corruptions(tmp_path: pathlib.Path, paths: dict[str, str]) -> dict[str, list[str]]:
     """Corrupt the cache entries of the first run's graphs; returns kind -> ops touched."""
 
