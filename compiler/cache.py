@@ -29,16 +29,20 @@ from typing import Any
 
 @dataclass
 class Counters:
-    """What the compiler did, since the last ``reset()``.
+    """What the compiler did in this process (``reset()`` zeroes it), one line per counter:
 
-    * ``captures``: backward graphs captured (Python: the engine over symbolic values);
-    * ``builds``: programs built from a captured graph (schedule, code generation);
-    * ``compiles``: machine code compiled by numba (generated CPU code, the interpreter, CUDA);
-    * ``cache_hits``: backwards run by a cached program (``tape_hits`` included);
-    * ``tape_hits``: cache hits found through the tape, without a graph walk;
-    * ``disk_hits``: machine code loaded from numba's disk cache instead of compiled;
-    * ``compiled_runs``: backwards run by a compiled program;
-    * ``fallbacks``: backwards run eagerly, per reason.
+    * captures: backward graphs captured (the engine run over symbolic values: Python work).
+    * builds: programs built from a captured graph (schedule, code generation, loading).
+    * compiles: numba specialisations (a function for one set of argument types) JIT-compiled.
+    * cache_hits: backward passes that found their ``Program`` in memory (tape hits included).
+    * tape_hits: the cache hits found through the tape, without walking the graph.
+    * disk_hits: numba specialisations loaded from the disk cache instead of compiled.
+    * compiled_runs: backward passes run by a compiled ``Program``.
+    * fallbacks: backward passes run eagerly, by reason.
+
+    ``compiles`` and ``disk_hits`` count the functions programs call (generated CPU kernels, their
+    ``prange`` variants, the interpreter's ``run_ops``, CUDA kernels on a GPU; the CUDA simulator
+    compiles nothing), whenever numba needs one (``codegen.diskcache``), not the helpers inside.
     """
 
     captures: int = 0

@@ -13,7 +13,8 @@ module holds the pieces that must agree between them:
 * the on-disk module cache: ``cache_dir``, ``module_name`` (a hash of the source and every codegen
   flag, the target included) and ``load_module``, which writes the source once, registers the
   module in ``sys.modules`` and imports it, so that numba's ``cache=True`` finds its machine code
-  in the next process.
+  in the next process (``diskcache`` holds the mechanics: location, atomic writes, guarded numba
+  caches, in-memory fallback).
 
 Sizes never appear in generated source: shapes only decide *structure* (which dims are 1, i.e.
 broadcast or reduced, and which are the same expression), which the cache key fixes (DESIGN.md
@@ -24,10 +25,6 @@ structurally.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import os
-import sys
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -37,6 +34,7 @@ import numpy as np
 
 from ..ir import Value
 from ..passes.fuse import Kernel
+from . import diskcache
 from .lowering import EXPRESSIONS, MATH
 
 # ---- geometry ---------------------------------------------------------------------------------
@@ -161,25 +159,14 @@ def describe(v: Value) -> str:
     return f"# %{v.id} = {v.op}" + (f"  # {v.origin}" if v.origin else "")
 
 
-# ---- the on-disk module cache -----------------------------------------------------------------
+# ---- the on-disk module cache (``diskcache`` does the work) ------------------------------------
 
 
-def cache_dir() -> str:
-    """``FUSEGRAD_CACHE_DIR``, else the user cache directory (XDG), else a temp directory."""
-    path = os.environ.get("FUSEGRAD_CACHE_DIR")
-    if not path:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        path = os.path.join(base, "fusegrad")
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, ".write_test")
-        with open(probe, "w") as fh:
-            fh.write("ok")
-        os.remove(probe)
-    except OSError:
-        path = os.path.join(tempfile.gettempdir(), "fusegrad-cache")
-        os.makedirs(path, exist_ok=True)
-    return path
+def cache_dir() -> str | None:
+    """The directory generated modules are cached in: ``FUSEGRAD_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/fusegrad``, else ``~/.cache/fusegrad``; None when it cannot be used (code
+    is then compiled in memory, after one warning).  Never a directory shared by all users."""
+    return diskcache.cache_dir()
 
 
 def module_name(source: str, flags: str) -> str:
@@ -194,30 +181,6 @@ def load_module(
 ) -> tuple[ModuleType, str, bool]:
     """Import the module for ``source`` (writing it once); returns (module, path, was_on_disk).
     ``loaded`` is the caller's in-memory table of modules already imported in this process.
-    A corrupt or unreadable cache file is rewritten, never fatal."""
-    name = module_name(source, flags)
-    path = os.path.join(cache_dir(), name + ".py")
-    if name in loaded:
-        return loaded[name], path, True
-    on_disk = False
-    try:
-        with open(path) as fh:
-            on_disk = fh.read() == source
-    except OSError:
-        on_disk = False
-    if not on_disk:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            fh.write(source)
-        os.replace(tmp, path)  # atomic: concurrent writers never leave a torn file
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # before execution: numba's cache locates functions by module
-    try:
-        spec.loader.exec_module(module)
-    except Exception:
-        sys.modules.pop(name, None)
-        raise
-    loaded[name] = module
-    return module, path, on_disk
+    An unreadable, corrupt or mismatched cache entry is rewritten, never fatal; without a usable
+    cache directory the module is compiled in memory (``diskcache.load_module``)."""
+    return diskcache.load_module(module_name(source, flags), source, loaded)

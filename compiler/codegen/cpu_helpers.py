@@ -9,9 +9,12 @@ from ``fastmath`` (vectorisable); float64 ones are libm (``math.*``).
 from __future__ import annotations
 
 import math
+import sys
 
 import numba
 import numpy as np
+
+from . import diskcache
 
 # inlined into every kernel that calls them, numpy error model (no division checks), cached
 _helper = numba.njit(inline="always", error_model="numpy", cache=True)
@@ -92,3 +95,8 @@ MATH64 = {
     "sigmoid": "_sigmoid64",
     "erf": "math.erf",
 }
+
+
+# numba's disk cache of these helpers: a corrupt entry is a miss, never an error (``diskcache``);
+# they are compiled as part of the kernels calling them, so nothing here is counted
+diskcache.guard_module(sys.modules[__name__], entry_points=())

@@ -51,10 +51,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 from pathlib import Path
 
 import numba
 import numpy as np
+
+from . import diskcache
 
 # numba's on-disk cache of a *caller* (a generated kernel) does not notice that an inlined callee
 # changed, so the code generator must put this digest of the helpers' source in its module hash.
@@ -452,3 +455,8 @@ def fast_sqrt_f32(x: np.float32) -> np.float32:
     """sqrt(x), correctly rounded: numba lowers it to the ``llvm.sqrt`` intrinsic, which
     vectorises (vsqrtps), so it needs no polynomial; here to keep the table uniform."""
     return np.sqrt(x)
+
+
+# numba's disk cache of these helpers: a corrupt entry is a miss, never an error (``diskcache``);
+# they are compiled as part of the kernels calling them, so nothing here is counted
+diskcache.guard_module(sys.modules[__name__], entry_points=())

@@ -20,6 +20,7 @@ and the values that crossed the cap's boundaries never leave the registers.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 from typing import Any
 
@@ -28,7 +29,7 @@ import numpy as np
 
 from ..ir import Value
 from ..passes.fuse import Kernel
-from . import fastmath
+from . import diskcache, fastmath
 from .cpu_helpers import _maximum, _minimum, _sigmoid64, _sign
 
 # the largest iteration space run by the interpreter (elements); larger ones get generated code
@@ -456,3 +457,8 @@ class InterpretedKernel:
             else:
                 out[v] = regs[row, :n].astype(dtype).reshape(shapes[v])
         return out
+
+
+# numba's disk cache of the interpreter: a corrupt entry is a miss, never an error; ``run_ops`` is
+# what programs call, so its specialisations are counted (``compiles`` / ``disk_hits``)
+diskcache.guard_module(sys.modules[__name__], entry_points=("run_ops",))
