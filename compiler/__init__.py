@@ -272,9 +272,13 @@ def _program_for(
     device = _device_of(w, grads)
     if device is None:
         raise Fallback("the backward graph spans devices (cpu and cuda)")
-    if captured.programs:
-        last = next(reversed(captured.programs))
-        logs.log("recompiles", f"new program, same graph: {describe_program_miss(last, pkey)}")
+    if captured.programs and logs.enabled("recompiles"):
+        # the closest of the (at most Captured.MAX_PROGRAMS) keys: one part differs, at best
+        closest = min(
+            captured.programs,
+            key=lambda k: 4 * (k[1] != pkey[1]) + 2 * (k[2] != pkey[2]) + (k[0] != pkey[0]),
+        )
+        logs.log("recompiles", f"new program, same graph: {describe_program_miss(closest, pkey)}")
     program = Program(
         captured.graph,
         mode=region.mode,

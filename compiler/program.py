@@ -149,7 +149,7 @@ class Instance:
     """A program prepared for one size vector: its variant and the concrete shapes of its
     values, iteration spaces and extern attributes."""
 
-    __slots__ = ("attrs", "sizes", "spaces", "shapes", "variant")
+    __slots__ = ("attrs", "reduced", "sizes", "spaces", "shapes", "variant")
 
     def __init__(self, program: Program, sizes: tuple) -> None:
         self.sizes = sizes
@@ -167,6 +167,12 @@ class Instance:
             k: substitute(attrs, sizes)
             for k, (_, attrs, symbolic) in self.variant.externs.items()
             if symbolic
+        }
+        # the float64 accumulators of generated kernels' reductions, by step
+        self.reduced = {
+            k: [substitute(shape, sizes) for shape in fns[0].reduced_shapes]
+            for k, s in enumerate(steps)
+            if (fns := self.variant.kernel_fns.get(id(s))) is not None
         }
 
 
@@ -544,9 +550,7 @@ def _run_kernel(
                     pool[v] = buf
         assert buf is not None
         outs.append(buf)
-    reds = [
-        np.zeros(substitute(shape, inst.sizes), dtype=np.float64) for shape in plan.reduced_shapes
-    ]
+    reds = [np.zeros(shape, dtype=np.float64) for shape in inst.reduced[k]]
     fn(*sizes, *args, *outs, *reds)
     for v, o in zip(plan.outputs, outs):
         env[v] = o.reshape(shapes[v])

@@ -484,6 +484,9 @@ class SymInt:
     def __float__(self) -> float:
         return float(self.env.specialise(self))
 
+    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        return np.array(self.env.specialise(self), *args, **kwargs)
+
     def __trunc__(self) -> SymInt:
         return self
 

@@ -64,3 +64,56 @@ def test_meta_matches_kernels_over_the_op_table() -> None:
 @pytest.mark.parametrize("name", sorted(registry.REGISTRY))
 def test_every_primitive_has_a_meta(name: str) -> None:
     assert registry.REGISTRY[name].meta is not None
+
+
+# ---- the indexing shape rule against numpy -----------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from fusegrad.ops.primitives import key_shape, numpy_key  # noqa: E402
+
+
+@st.composite
+def _indexing(draw: Any) -> tuple:
+    shape = tuple(draw(st.lists(st.integers(0, 5), min_size=0, max_size=4)))
+    spec: list = []
+    arrays: list = []
+    dim = 0
+    ellipsis = False
+    for _ in range(draw(st.integers(0, len(shape) + 2))):
+        kind = draw(st.sampled_from("snite"))
+        if kind == "n":
+            spec.append(("n",))
+        elif kind == "e" and not ellipsis:
+            ellipsis = True
+            spec.append(("e",))
+        elif dim >= len(shape):
+            continue
+        elif kind == "s":
+            part = st.one_of(st.none(), st.integers(-7, 7))
+            spec.append(("s", draw(part), draw(part), draw(st.integers(1, 3))))
+            dim += 1
+        elif kind == "i" and shape[dim] > 0:
+            spec.append(("i", draw(st.integers(0, shape[dim] - 1))))
+            dim += 1
+        elif kind == "t" and shape[dim] > 0:
+            ishape = tuple(draw(st.lists(st.integers(1, 3), min_size=0, max_size=2)))
+            arrays.append(np.zeros(ishape, np.int64))
+            spec.append(("t", len(arrays) - 1))
+            dim += 1
+    return shape, tuple(spec), tuple(arrays)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_indexing())
+def test_key_shape_is_numpys_indexing_shape(case: tuple) -> None:
+    from fusegrad import dtypes
+
+    shape, spec, arrays = case
+    try:
+        want = np.empty(shape)[numpy_key(spec, arrays)].shape
+    except (IndexError, ValueError):
+        return  # an invalid key (e.g. index arrays that do not broadcast)
+    got = key_shape(shape, tuple(a.shape for a in arrays), (dtypes.int64,) * len(arrays), spec)
+    assert got == want, (shape, spec, [a.shape for a in arrays])

@@ -381,8 +381,8 @@ class OpNode(Node):
     """The node of one primitive call: applies the primitive's rule from the derivative table."""
 
     __slots__ = (
-        "_freed",
         "_prim",
+        "_raw_shared",
         "_rule",
         "_saved",
         "attrs",
@@ -422,7 +422,7 @@ class OpNode(Node):
                 else:
                     saved.append(SavedTensor(inputs[index]))
         self._saved: list | None = saved
-        self._freed = False
+        self._raw_shared = False  # a SavedTensor was handed out (``_raw_saved_<name>``)
 
     def name(self) -> str:
         return f"{_camel(self._prim.name)}Backward0"
@@ -444,9 +444,11 @@ class OpNode(Node):
         """Free saved tensors (after a backward without retain_graph)."""
         saved = self._saved
         if saved:
-            # each one too: a ``_raw_saved_<name>`` the user holds must not keep the memory
-            for s in saved:
-                s.release()
+            if self._raw_shared:
+                # each one too: a ``_raw_saved_<name>`` the user holds must not keep the memory
+                # (and must say it was freed); otherwise nothing but this list holds them
+                for s in saved:
+                    s.release()
             self._saved = None
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
@@ -492,6 +494,8 @@ class OpNode(Node):
         if self._saved is None:
             raise AutogradError(_freed_message)
         items = self._saved[where]
+        if raw:
+            self._raw_shared = True
         values = items if raw else [s.unpack(self) for s in items]
         return tuple(values) if variadic else values[0]
 

@@ -17,6 +17,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import storage as _storage
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
+from ..size import broadcast_shapes
 from ..tensor import Tensor
 from ._util import P, apply, as_operand, as_size, to_tensor, wrap_dim
 from .primitives import key_shape, numpy_key
@@ -354,7 +355,7 @@ def take_along_dim(input: Any, indices: Any, dim: int | None = None) -> Tensor:
         )
     xs, ix = list(x.shape), list(idx.shape)
     xs[d] = ix[d] = 1
-    shape = np.broadcast_shapes(tuple(xs), tuple(ix))
+    shape = broadcast_shapes(tuple(xs), tuple(ix))
     xb = x.broadcast_to(shape[:d] + (x.shape[d],) + shape[d + 1 :])
     ib = idx.broadcast_to(shape[:d] + (idx.shape[d],) + shape[d + 1 :])
     return gather(xb, d, ib)

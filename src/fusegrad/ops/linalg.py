@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from ..errors import DTypeError, ShapeError, describe
+from ..size import broadcast_shapes
 from ..tensor import Tensor
 from ._util import P, apply, cast, to_tensor
 
@@ -43,7 +44,7 @@ def matmul(input: Any, other: Any) -> Tensor:
             f"({a2.shape[-1]} != {b2.shape[-2]})"
         )
     try:
-        np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+        broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
     except ValueError:
         raise ShapeError(
             f"matmul: batch dimensions of {tuple(a.shape)} and {tuple(b.shape)} cannot broadcast"
@@ -198,7 +199,7 @@ def _contract(a: Tensor, ta: str, b: Tensor, tb: str, keep: set[str]) -> tuple[T
     a = a.permute([ta.index(c) for c in batch + left + contracted])
     b = b.permute([tb.index(c) for c in batch + contracted + right])
     nb = len(batch)
-    bshape = tuple(np.broadcast_shapes(tuple(a.shape[:nb]), tuple(b.shape[:nb])))
+    bshape = tuple(broadcast_shapes(tuple(a.shape[:nb]), tuple(b.shape[:nb])))
     lsz = [a.shape[nb + i] for i in range(len(left))]
     rsz = [b.shape[nb + len(contracted) + i] for i in range(len(right))]
     csz_a = [a.shape[nb + len(left) + i] for i in range(len(contracted))]

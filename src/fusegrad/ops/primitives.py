@@ -492,18 +492,21 @@ def key_shape(shape: tuple, idx_shapes: tuple, idx_dtypes: tuple, key: tuple) ->
         raise DataDependentShape("indexing with a boolean mask has a data-dependent shape")
     consuming = sum(1 for e in key if e[0] in ("s", "i", "t"))
     full = ("s", None, None, 1)
+    # (position in the key as written, entry): an Ellipsis stands for full slices, and
+    # separates the advanced indices around it even when it stands for no dim (as in numpy)
     entries: list = []
-    for e in key:
+    for k, e in enumerate(key):
         if e[0] == "e":
-            entries.extend([full] * (len(shape) - consuming))
+            entries.extend((k, full) for _ in range(len(shape) - consuming))
         else:
-            entries.append(e)
-    entries.extend([full] * (len(shape) - sum(1 for e in entries if e[0] in ("s", "i", "t"))))
-    has_array = any(e[0] == "t" for e in entries)
+            entries.append((k, e))
+    used = sum(1 for _, e in entries if e[0] in ("s", "i", "t"))
+    entries.extend((len(key), full) for _ in range(len(shape) - used))
+    has_array = any(e[0] == "t" for _, e in entries)
     out: list = []
-    advanced: list = []  # (position in entries, position in out, index shape)
+    advanced: list = []  # (position in the key, position in out, index shape)
     dim = 0
-    for k, e in enumerate(entries):
+    for k, e in entries:
         tag = e[0]
         if tag == "n":
             out.append(1)
