@@ -9,7 +9,8 @@ in which every value is computed exactly once, before its first use, and every k
   (independent values of the same shape, e.g. the gradients of ``x`` and of ``w``).
 * An elementwise value's reduction ``sum_to`` / ``sum`` fuses as the kernel's epilogue (the
   gradient of a broadcast operand is computed in the same loop as the broadcast op's gradient).
-* Everything else (matmul, indexing, reshape, ...) is an extern step, a fusion barrier.
+* Everything else (matmul, indexing, reshape, ...) is an extern step, a fusion barrier; so is a
+  lone ``broadcast_to`` that nothing fused with (a numpy view instead of a loop).
 
 Convexity by construction: a value may join kernel K only if each of its inputs is in K or is
 computed by a step scheduled before K.  Kernels are capped at ``MAX_VALUES`` values (a 200-op
@@ -103,6 +104,17 @@ def fuse(graph: Graph, enabled: bool = True) -> list[Kernel | Extern]:
                 # a user hook or an ordered .grad write: nothing computed after it in eager
                 # order may move before it, so no earlier kernel grows past this point
                 open_kernels.clear()
+    # a kernel of broadcasts only (a constant a rule made, read by externs): a numpy view costs
+    # nothing, a loop would write every element
+    steps = [
+        Extern(step.values[0])
+        if isinstance(step, Kernel)
+        and len(step.values) == 1
+        and not step.reductions
+        and step.values[0].op == "broadcast_to"
+        else step
+        for step in steps
+    ]
     _connect(graph, steps)
     return steps
 
