@@ -29,7 +29,9 @@ import numpy as np
 from ..ir import Value
 from ..passes.fuse import Kernel
 from . import fastmath
-from .cpu_helpers import _maximum, _minimum, _sigmoid64, _sign
+from .cpu_helpers import HELPERS, _maximum, _minimum, _sign
+
+_sigmoid64 = HELPERS["_sigmoid"]
 
 # the largest iteration space run by the interpreter (elements); larger ones get generated code
 MAX_ELEMENTS = 1 << 16

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .registry import primitive
+from .registry import Lowering, ScalarFunction, primitive
 
 # IEEE edge cases (log(0) = -inf, 0/0 = nan, overflow to inf) are results, not warnings, as in
 # PyTorch.  ``np.errstate`` costs about 0.8 us per call, as much as the arithmetic on small
@@ -57,97 +57,162 @@ def _quiet_kernel(fn):  # type: ignore[no-untyped-def]
     return _quiet(fn)
 
 
-# ---- elementwise: unary ---------------------------------------------------------------------
-def _unary(name: str, fn, differentiable: bool = True) -> None:  # type: ignore[no-untyped-def]
-    primitive(name, "elementwise", "x", differentiable=differentiable)(_quiet(fn))
+# ---- elementwise -----------------------------------------------------------------------------
+#
+# Each record below is the whole declaration of an elementwise primitive: eager kernel, lowering
+# expression (with the scalar functions it calls), surface promotion, methods and flags.  Its
+# derivative rule is in ``autograd/derivatives.py``; nothing else names it.
 
 
-for _name, _fn in [
-    ("neg", np.negative),
-    ("exp", np.exp),
-    ("expm1", np.expm1),
-    ("log", np.log),
-    ("log1p", np.log1p),
-    ("sin", np.sin),
-    ("cos", np.cos),
-    ("tanh", np.tanh),
-    ("sqrt", np.sqrt),
-    ("reciprocal", np.reciprocal),
-    ("abs", np.abs),
-    ("sign", np.sign),
-    ("floor", np.floor),
-    ("ceil", np.ceil),
-    ("trunc", np.trunc),
-]:
-    _unary(_name, _fn)
+def _elementwise(
+    name: str, inputs: str, kernel, expression: str | None, *functions: ScalarFunction, **record
+) -> None:  # type: ignore[no-untyped-def]
+    """Register an elementwise primitive whose eager kernel is the numpy function ``kernel``
+    (run with numpy's floating-point errors ignored) and whose compiled form is ``expression``
+    (None: computed by its kernel between fused loops)."""
+    lowering = None if expression is None else Lowering(expression, functions)
+    primitive(name, "elementwise", inputs, lowering=lowering, **record)(_quiet(kernel))
 
 
-@primitive("sigmoid", "elementwise", "x")
+def _libm(name: str, python=None, numpy: bool = False) -> ScalarFunction:  # type: ignore[no-untyped-def]
+    """C's ``name`` (``math.<name>`` in compiled code).  ``python`` (default: numpy's ufunc of
+    the same name, which never raises) stands in for it where Python runs generated code;
+    ``numpy``: the CPU calls numpy's scalar ufunc instead (it keeps the float type)."""
+    fn = python if python is not None else getattr(np, name)
+    return ScalarFunction(name, fn, libm=name, numpy=name if numpy else None)
+
+
+# how most public elementwise ops behave: a generated surface function, a method, an in-place one
+_FLOAT_OP = {"surface": "float", "method": True, "inplace": True}
+_SAME_OP = {"surface": "same", "method": True, "inplace": True}
+# comparisons and logical ops: bool results, never differentiable (their in-place forms write
+# 0 / 1 in the target's dtype, as in PyTorch)
+_PREDICATE = {"surface": "same", "method": True, "differentiable": False, "bool_result": True}
+
+# ---- unary
+_elementwise("neg", "x", np.negative, "(-{0})", method=True, inplace=True, aliases=("negative",))
+_elementwise("exp", "x", np.exp, "{exp}({0})", _libm("exp"), **_FLOAT_OP)
+_elementwise("expm1", "x", np.expm1, "{expm1}({0})", _libm("expm1"), **_FLOAT_OP)
+_elementwise("log", "x", np.log, "{log}({0})", _libm("log"), **_FLOAT_OP)
+_elementwise("log1p", "x", np.log1p, "{log1p}({0})", _libm("log1p"), **_FLOAT_OP)
+_elementwise("sin", "x", np.sin, "{sin}({0})", _libm("sin"), **_FLOAT_OP)
+_elementwise("cos", "x", np.cos, "{cos}({0})", _libm("cos"), **_FLOAT_OP)
+_elementwise("tanh", "x", np.tanh, "{tanh}({0})", _libm("tanh"), **_FLOAT_OP)
+_elementwise("sqrt", "x", np.sqrt, "{sqrt}({0})", _libm("sqrt", numpy=True), **_FLOAT_OP)
+_elementwise("reciprocal", "x", np.reciprocal, "({one} / {0})", **_FLOAT_OP)
+_elementwise("abs", "x", np.abs, "abs({0})", **_SAME_OP, aliases=("absolute",))
+# sign of a bool and rounding of integers are handled by their surface functions
+_elementwise("sign", "x", np.sign, "_sign({0})", method=True, inplace=True)
+_elementwise(
+    "floor", "x", np.floor, "{floor}({0})", _libm("floor", numpy=True), method=True, inplace=True
+)
+_elementwise(
+    "ceil", "x", np.ceil, "{ceil}({0})", _libm("ceil", numpy=True), method=True, inplace=True
+)
+_elementwise(
+    "trunc",
+    "x",
+    np.trunc,
+    "{trunc}({0})",
+    _libm("trunc", numpy=True),
+    method=True,
+    inplace=True,
+    aliases=("fix",),
+)
+
+
+def sigmoid_scalar(x: float) -> float:
+    """sigmoid(x) that never evaluates exp of a positive number (no overflow)."""
+    e = math.exp(-abs(x))
+    return 1.0 / (1.0 + e) if x >= 0 else e / (1.0 + e)
+
+
+# A primitive (not an exp-based composite) for stability, and its rule reuses the output.  The
+# eager kernel is the same formula as ``sigmoid_scalar``, vectorised with numpy.
+@primitive(
+    "sigmoid",
+    "elementwise",
+    "x",
+    lowering=Lowering("{sigmoid}({0})", (ScalarFunction("sigmoid", sigmoid_scalar),)),
+    **_FLOAT_OP,
+)
 def _sigmoid(x):  # type: ignore[no-untyped-def]
-    # A primitive (not exp-based composite) for stability: never evaluates exp of a large
-    # positive number, and its rule reuses the output.
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
-@primitive("erf", "elementwise", "x")
-def _erf(x):  # type: ignore[no-untyped-def]
-    try:
-        from scipy.special import erf  # optional, vectorised
+def _scipy_or_scalar(scipy_name: str, scalar):  # type: ignore[no-untyped-def]
+    """An eager kernel: ``scipy.special.<scipy_name>`` when scipy is importable (an optional
+    speed-up, never a dependency), else ``scalar`` applied element by element."""
 
-        return erf(x).astype(x.dtype, copy=False)
-    except ImportError:
-        return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
+    def kernel(x):  # type: ignore[no-untyped-def]
+        try:
+            from scipy import special  # optional, vectorised
+
+            return getattr(special, scipy_name)(x).astype(x.dtype, copy=False)
+        except ImportError:
+            return np.vectorize(scalar, otypes=[x.dtype])(x) if x.size else x.copy()
+
+    return kernel
 
 
-@primitive("round", "elementwise", "x")
+primitive(
+    "erf",
+    "elementwise",
+    "x",
+    lowering=Lowering("{erf}({0})", (_libm("erf", math.erf),)),
+    **_FLOAT_OP,
+)(_scipy_or_scalar("erf", math.erf))
+
+
+# no lowering: ``decimals`` scales by powers of ten, which numpy rounds its own way
+@primitive("round", "elementwise", "x", method=True, inplace=True)
 def _round(x, decimals=0):  # type: ignore[no-untyped-def]
     return np.round(x, decimals)
 
 
-@primitive("cast", "elementwise", "x")
+@primitive("cast", "elementwise", "x", lowering=Lowering("_cast_{dtype}({0})"))
 def _cast(x, dtype):  # type: ignore[no-untyped-def]
     return x.astype(dtype.np)
 
 
-@primitive("clone", "elementwise", "x")
+@primitive("clone", "elementwise", "x", lowering=Lowering("{0}"), method=True)
 def _clone(x):  # type: ignore[no-untyped-def]
     return np.array(x, copy=True, order="C")
 
 
 # predicates and logical ops: bool results, never differentiable
-for _name, _fn in [
-    ("isnan", np.isnan),
-    ("isinf", np.isinf),
-    ("logical_not", np.logical_not),
-]:
-    _unary(_name, _fn, differentiable=False)
+_elementwise("isnan", "x", np.isnan, "({0} != {0})", **_PREDICATE)
+_elementwise("isinf", "x", np.isinf, "{isinf}({0})", _libm("isinf"), **_PREDICATE)
+_elementwise("logical_not", "x", np.logical_not, "(not {0})", **_PREDICATE, inplace=True)
+
+# ---- binary / ternary
+_elementwise("add", "a b", np.add, "({0} + {1})", method=True, inplace=True)
+_elementwise("sub", "a b", np.subtract, "({0} - {1})", method=True, inplace=True)
+_elementwise("mul", "a b", np.multiply, "({0} * {1})", **_SAME_OP)
+# NaN-propagating, unlike Python's max
+_elementwise("maximum", "a b", np.maximum, "_maximum({0}, {1})", surface="same", method=True)
+_elementwise("minimum", "a b", np.minimum, "_minimum({0}, {1})", surface="same", method=True)
+# no lowering: Python's % and numba's differ from numpy's for negative operands and zeros
+_elementwise("remainder", "a b", np.remainder, None, **_SAME_OP)
 
 
-# ---- elementwise: binary / ternary ----------------------------------------------------------
-def _binary(name: str, fn, differentiable: bool = True) -> None:  # type: ignore[no-untyped-def]
-    primitive(name, "elementwise", "a b", differentiable=differentiable)(_quiet(fn))
-
-
-for _name, _fn in [
-    ("add", np.add),
-    ("sub", np.subtract),
-    ("mul", np.multiply),
-    ("maximum", np.maximum),
-    ("minimum", np.minimum),
-    ("remainder", np.remainder),
-]:
-    _binary(_name, _fn)
-
-
-@primitive("div", "elementwise", "a b")
+@primitive(
+    "div",
+    "elementwise",
+    "a b",
+    lowering=Lowering("({0} / {1})"),
+    method=True,
+    inplace=True,
+    aliases=("true_divide", "divide"),
+)
 @_quiet_kernel
 def _div(a, b):  # type: ignore[no-untyped-def]
     out = np.true_divide(a, b)
     return out.astype(a.dtype, copy=False) if a.dtype.kind == "f" else out
 
 
-@primitive("pow", "elementwise", "a b")
+@primitive("pow", "elementwise", "a b", lowering=Lowering("_pow({0}, {1})"), **_SAME_OP)
 @_quiet_kernel
 def _pow(a, b):  # type: ignore[no-untyped-def]
     if a.dtype.kind in "iu" and np.any(b < 0):
@@ -156,8 +221,9 @@ def _pow(a, b):  # type: ignore[no-untyped-def]
 
 
 # Differentiable with a zero gradient (PyTorch's div(rounding_mode="floor") gives zeros), so the
-# result of a float floor division still takes part in autograd.
-@primitive("floor_divide", "elementwise", "a b")
+# result of a float floor division still takes part in autograd.  No lowering: integer division
+# by zero raises here.
+@primitive("floor_divide", "elementwise", "a b", **_SAME_OP)
 @_quiet_kernel
 def _floor_divide(a, b):  # type: ignore[no-untyped-def]
     if a.dtype.kind in "iub" and np.any(b == 0):
@@ -165,24 +231,29 @@ def _floor_divide(a, b):  # type: ignore[no-untyped-def]
     return np.floor_divide(a, b)
 
 
+_COMPARE = {**_PREDICATE, "inplace": True}
+_elementwise("eq", "a b", np.equal, "({0} == {1})", **_COMPARE)
+_elementwise("ne", "a b", np.not_equal, "({0} != {1})", **_COMPARE, aliases=("not_equal",))
+_elementwise("lt", "a b", np.less, "({0} < {1})", **_COMPARE, aliases=("less",))
+_elementwise("le", "a b", np.less_equal, "({0} <= {1})", **_COMPARE, aliases=("less_equal",))
+_elementwise("gt", "a b", np.greater, "({0} > {1})", **_COMPARE, aliases=("greater",))
+_elementwise("ge", "a b", np.greater_equal, "({0} >= {1})", **_COMPARE, aliases=("greater_equal",))
+_elementwise("logical_and", "a b", np.logical_and, "(bool({0}) and bool({1}))", **_COMPARE)
+_elementwise("logical_or", "a b", np.logical_or, "(bool({0}) or bool({1}))", **_COMPARE)
+_elementwise("logical_xor", "a b", np.logical_xor, "(bool({0}) != bool({1}))", **_COMPARE)
+# integer and bool only (checked by their surface functions); no lowering: the compiler's
+# kernels are float or bool
 for _name, _fn in [
-    ("eq", np.equal),
-    ("ne", np.not_equal),
-    ("lt", np.less),
-    ("le", np.less_equal),
-    ("gt", np.greater),
-    ("ge", np.greater_equal),
-    ("logical_and", np.logical_and),
-    ("logical_or", np.logical_or),
-    ("logical_xor", np.logical_xor),
     ("bitwise_and", np.bitwise_and),
     ("bitwise_or", np.bitwise_or),
     ("bitwise_xor", np.bitwise_xor),
 ]:
-    _binary(_name, _fn, differentiable=False)
+    _elementwise(_name, "a b", _fn, None, method=True, inplace=True, differentiable=False)
 
 
-@primitive("where", "elementwise", "cond a b")
+@primitive(
+    "where", "elementwise", "cond a b", lowering=Lowering("({1} if {0} else {2})"), method=True
+)
 def _where(cond, a, b):  # type: ignore[no-untyped-def]
     return np.where(cond, a, b)
 
@@ -399,21 +470,6 @@ def _to_device(x, device, source):  # type: ignore[no-untyped-def]
 # (shapes, no data) and uses these; the IR verifier checks every value against them.  View-like
 # primitives are probed by running the kernel on a zero-stride array (a view: no memory).
 
-_BOOL_RESULT = {
-    "eq",
-    "ne",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "logical_and",
-    "logical_or",
-    "logical_xor",
-    "logical_not",
-    "isnan",
-    "isinf",
-}
-
 
 def _dtypes():  # type: ignore[no-untyped-def]
     from .. import dtypes as _dt
@@ -422,9 +478,13 @@ def _dtypes():  # type: ignore[no-untyped-def]
 
 
 def _elementwise_meta(name: str):  # type: ignore[no-untyped-def]
+    from .registry import REGISTRY
+
+    bool_result = REGISTRY[name].bool_result
+
     def meta(shapes, dtypes, **attrs):  # type: ignore[no-untyped-def]
         shape = np.broadcast_shapes(*shapes) if len(shapes) > 1 else tuple(shapes[0])
-        if name in _BOOL_RESULT:
+        if bool_result:
             return shape, _dtypes().bool_
         if name == "cast":
             return shape, attrs["dtype"]
