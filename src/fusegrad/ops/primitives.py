@@ -259,7 +259,7 @@ def _where(cond, a, b):  # type: ignore[no-untyped-def]
 
 
 # ---- reductions -----------------------------------------------------------------------------
-@primitive("sum", "reduce", "x")
+@primitive("sum", "reduce", "x", method=True)
 @_quiet_kernel
 def _sum(x, dim, keepdim):  # type: ignore[no-untyped-def]
     dt = np.int64 if x.dtype.kind in "biu" else x.dtype
@@ -278,24 +278,24 @@ def _sum_to(x, shape):  # type: ignore[no-untyped-def]
     return out.reshape(shape)
 
 
-@primitive("amax", "reduce", "x")
+@primitive("amax", "reduce", "x", method=True)
 def _amax(x, dim, keepdim):  # type: ignore[no-untyped-def]
     return np.amax(x, axis=dim, keepdims=keepdim)
 
 
-@primitive("amin", "reduce", "x")
+@primitive("amin", "reduce", "x", method=True)
 def _amin(x, dim, keepdim):  # type: ignore[no-untyped-def]
     return np.amin(x, axis=dim, keepdims=keepdim)
 
 
-@primitive("prod", "reduce", "x")
+@primitive("prod", "reduce", "x", method=True)
 @_quiet_kernel
 def _prod(x, dim, keepdim):  # type: ignore[no-untyped-def]
     dt = np.int64 if x.dtype.kind in "biu" else x.dtype
     return np.prod(x, axis=dim, keepdims=keepdim, dtype=dt)
 
 
-@primitive("argmax", "reduce", "x", differentiable=False)
+@primitive("argmax", "reduce", "x", differentiable=False, method=True)
 def _argmax(x, dim, keepdim):  # type: ignore[no-untyped-def]
     if dim is None:
         out = np.argmax(x.reshape(-1))
@@ -303,7 +303,7 @@ def _argmax(x, dim, keepdim):  # type: ignore[no-untyped-def]
     return np.argmax(x, axis=dim, keepdims=keepdim).astype(np.int64)
 
 
-@primitive("argmin", "reduce", "x", differentiable=False)
+@primitive("argmin", "reduce", "x", differentiable=False, method=True)
 def _argmin(x, dim, keepdim):  # type: ignore[no-untyped-def]
     if dim is None:
         out = np.argmin(x.reshape(-1))
@@ -311,17 +311,17 @@ def _argmin(x, dim, keepdim):  # type: ignore[no-untyped-def]
     return np.argmin(x, axis=dim, keepdims=keepdim).astype(np.int64)
 
 
-@primitive("all", "reduce", "x", differentiable=False)
+@primitive("all", "reduce", "x", differentiable=False, method=True)
 def _all(x, dim, keepdim):  # type: ignore[no-untyped-def]
     return np.all(x, axis=dim, keepdims=keepdim)
 
 
-@primitive("any", "reduce", "x", differentiable=False)
+@primitive("any", "reduce", "x", differentiable=False, method=True)
 def _any(x, dim, keepdim):  # type: ignore[no-untyped-def]
     return np.any(x, axis=dim, keepdims=keepdim)
 
 
-@primitive("cumsum", "opaque", "x")
+@primitive("cumsum", "opaque", "x", method=True)
 @_quiet_kernel
 def _cumsum(x, dim):  # type: ignore[no-untyped-def]
     dt = np.int64 if x.dtype.kind in "biu" else x.dtype
@@ -329,22 +329,22 @@ def _cumsum(x, dim):  # type: ignore[no-untyped-def]
 
 
 # ---- movement (views where numpy gives one) ------------------------------------------------
-@primitive("reshape", "movement", "x")
+@primitive("reshape", "movement", "x", method=True)
 def _reshape(x, shape):  # type: ignore[no-untyped-def]
     return np.reshape(x, shape)
 
 
-@primitive("permute", "movement", "x")
+@primitive("permute", "movement", "x", method=True)
 def _permute(x, dims):  # type: ignore[no-untyped-def]
     return np.transpose(x, dims)
 
 
-@primitive("broadcast_to", "movement", "x")
+@primitive("broadcast_to", "movement", "x", method=True)
 def _broadcast_to(x, shape):  # type: ignore[no-untyped-def]
     return np.broadcast_to(x, shape)
 
 
-@primitive("flip", "movement", "x")
+@primitive("flip", "movement", "x", method=True)
 def _flip(x, dims):  # type: ignore[no-untyped-def]
     return np.flip(x, dims).copy()  # PyTorch's flip copies
 
@@ -360,7 +360,7 @@ def _pad(x, widths, value):  # type: ignore[no-untyped-def]
     return np.pad(x, widths, mode="constant", constant_values=value)
 
 
-@primitive("diagonal", "movement", "x")
+@primitive("diagonal", "movement", "x", method=True)
 def _diagonal(x, offset, dim1, dim2):  # type: ignore[no-untyped-def]
     out = np.diagonal(x, offset, dim1, dim2)
     if x.flags.writeable:
@@ -425,12 +425,12 @@ def _scatter_key(index: np.ndarray, dim: int) -> tuple:
     return tuple(index if d == dim else grids[d] for d in range(index.ndim))
 
 
-@primitive("gather", "movement", "x index")
+@primitive("gather", "movement", "x index", method=True)
 def _gather(x, index, dim):  # type: ignore[no-untyped-def]
     return x[_scatter_key(index, dim)]
 
 
-@primitive("scatter_add", "movement", "x index src")
+@primitive("scatter_add", "movement", "x index src", method=True, inplace=True)
 @_quiet_kernel
 def _scatter_add(x, index, src, dim):  # type: ignore[no-untyped-def]
     out = np.array(x, copy=True)
@@ -438,7 +438,7 @@ def _scatter_add(x, index, src, dim):  # type: ignore[no-untyped-def]
     return out
 
 
-@primitive("scatter", "movement", "x index src")
+@primitive("scatter", "movement", "x index src", method=True, inplace=True)
 def _scatter(x, index, src, dim):  # type: ignore[no-untyped-def]
     out = np.array(x, copy=True)
     out[_scatter_key(index, dim)] = src
@@ -446,7 +446,7 @@ def _scatter(x, index, src, dim):  # type: ignore[no-untyped-def]
 
 
 # ---- opaque -----------------------------------------------------------------------------
-@primitive("matmul", "opaque", "a b")
+@primitive("matmul", "opaque", "a b", method=True)
 @_quiet_kernel
 def _matmul(a, b):  # type: ignore[no-untyped-def]
     """Batched matrix product of operands with at least 2 dims (numpy broadcasting of batch)."""
