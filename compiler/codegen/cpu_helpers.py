@@ -99,11 +99,17 @@ TARGET_HELPERS = (
     "_sign",
 )
 
-# the records' scalar functions without a libm equivalent, compiled from their Python source:
-# generated name -> numba function (inlined into every caller; numpy's error model, so a
-# division by zero gives inf or nan as in the Python source's guarded branches)
+# The records' scalar functions without a libm equivalent, compiled from their Python source:
+# generated name -> numba function.  Like ``fastmath``'s helpers, and for the same reason, they
+# are inlined by LLVM (``forceinline``) with flags of their own (``contract`` only): numba's
+# ``inline="always"`` would re-lower them under the calling kernel's ``reassoc``/``nsz``, free
+# to reorder arithmetic whose order they choose (a recurrence, a series, ``x - floor(x + 0.5)``)
+# and to compute differently in generated kernels and in the interpreter (``contract`` only).
+# numpy's error model: a division by zero gives inf or nan, as in the sources' guarded branches.
 HELPERS: dict[str, Any] = {
-    helper_name(fn): numba.njit(inline="always", error_model="numpy")(fn.python)
+    helper_name(fn): numba.njit(forceinline=True, fastmath={"contract"}, error_model="numpy")(
+        fn.python
+    )
     for fn in HELPER_FUNCTIONS.values()
 }
 globals().update(HELPERS)  # importable by generated modules: from ...cpu_helpers import _digamma

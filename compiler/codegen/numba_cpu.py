@@ -30,8 +30,11 @@ then stores the machine code beside it, so another process skips compilation.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -41,7 +44,7 @@ from fusegrad.ops.registry import ScalarFunction
 
 from ..ir import Value
 from ..passes.fuse import Kernel
-from . import common
+from . import common, cpu_helpers
 from .common import (
     broadcast_dims,
     cache_dir,
@@ -258,12 +261,15 @@ def emit_module(kernels: list[Kernel], summary: str) -> tuple[str, list[KernelPl
 _loaded: dict[str, ModuleType] = {}
 
 
+@functools.cache
 def _flags() -> str:
-    # the helpers are inlined: numba's cache cannot see them change, so their digest is a flag
+    # the helpers are inlined: numba's cache cannot see them change, so their digests are flags
+    # (fastmath's, cpu_helpers' and those of the records' scalar functions)
     helpers = getattr(fastmath, "SOURCE_DIGEST", "none") if fastmath is not None else "none"
+    target = hashlib.sha256(Path(cpu_helpers.__file__).read_bytes()).hexdigest()[:16]
     return (
         f"v{CODEGEN_VERSION}|{FASTMATH}|numba{_numba_version()}|helpers{helpers}"
-        f"|scalar{helpers_digest()}"
+        f"|cpu_helpers{target}|scalar{helpers_digest()}"
     )
 
 

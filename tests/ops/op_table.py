@@ -350,6 +350,66 @@ def reductions(
     return make
 
 
+def promoted(make: Callable, arity: int, torch_ints: bool = True) -> Callable:
+    """``make``'s samples plus one of integer operands, which these ops promote to the default
+    float dtype (forward only; ``torch_ints=False`` where PyTorch refuses integers instead)."""
+
+    def samples(rng: np.random.Generator) -> list[Sample]:
+        ints = tuple(np.asarray(rng.integers(1, 5, (2, 3))) for _ in range(arity))
+        return make(rng) + [Sample(ints, name="int", grad=False, torch=torch_ints)]
+
+    return samples
+
+
+# IEEE special values, poles and signed zeros, for unary ops and (as pairs) binary ones; samples
+# named "special" are forward-only and also compared with PyTorch's signs of zero
+SPECIAL = [0.0, -0.0, math.inf, -math.inf, math.nan, 1.0, -1.0, -2.0, 0.5, -2.5, 1e-300, -1e-300]
+SPECIAL_PAIRS = [
+    (0.0, 0.0),
+    (0.0, -0.0),
+    (-0.0, 0.0),
+    (-0.0, -0.0),
+    (1.0, 0.0),
+    (-0.0, -1.0),
+    (1.0, math.inf),
+    (-1.0, -math.inf),
+    (math.inf, math.inf),
+    (-math.inf, -math.inf),
+    (math.inf, -math.inf),
+    (-math.inf, 2.0),
+    (math.nan, 1.0),
+    (1.0, math.nan),
+    (3.0, -math.inf),
+]
+
+
+def with_special(make: Callable, not_torch: tuple = ()) -> Callable:
+    """``make``'s samples plus one of the ``SPECIAL`` values: forward and PyTorch (values and
+    gradients) only, no gradcheck at infinities and poles.  Values in ``not_torch`` (where
+    fusegrad deliberately differs from PyTorch, said at the entry) form a sample of their own,
+    compared with the reference only."""
+
+    def samples(rng: np.random.Generator) -> list[Sample]:
+        out = make(rng)
+        both = np.array([v for v in SPECIAL if v not in not_torch])
+        out.append(Sample((both,), name="special", grad=False))
+        if not_torch:
+            out.append(Sample((np.array(not_torch),), name="special_ref", grad=False, torch=False))
+        return out
+
+    return samples
+
+
+def with_special_pairs(make: Callable) -> Callable:
+    """``with_special`` for binary ops: the operand pairs of ``SPECIAL_PAIRS``."""
+
+    def samples(rng: np.random.Generator) -> list[Sample]:
+        a, b = (np.array(column) for column in zip(*SPECIAL_PAIRS))
+        return make(rng) + [Sample((a, b), name="special", grad=False)]
+
+    return samples
+
+
 # ---- numpy references ---------------------------------------------------------------------------
 
 _erf_scalar = np.vectorize(math.erf, otypes=[np.float64])
@@ -358,6 +418,17 @@ _erf_scalar = np.vectorize(math.erf, otypes=[np.float64])
 def erf_ref(x: Any) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     return _erf_scalar(x) if x.size else x.copy()
+
+
+def _elementwise_ref(scalar: Callable[..., float]) -> Callable[..., np.ndarray]:
+    """A numpy reference from a Python scalar function (float64, numpy broadcasting)."""
+    vectorised = np.vectorize(scalar, otypes=[np.float64])
+
+    def ref(*args: Any) -> np.ndarray:
+        arrays = np.broadcast_arrays(*[np.asarray(a, dtype=np.float64) for a in args])
+        return vectorised(*arrays) if arrays[0].size else np.zeros(arrays[0].shape)
+
+    return ref
 
 
 def sigmoid_ref(x: np.ndarray) -> np.ndarray:
