@@ -863,6 +863,13 @@ add("tan", lambda m, x: m.tan(x), np.tan, unary(lambda r, s: uni(r, s, -1.2, 1.2
 add("tanh", lambda m, x: m.tanh(x), np.tanh, unary())
 add("sigmoid", lambda m, x: m.sigmoid(x), sigmoid_ref, unary(lambda r, s: uni(r, s, -4, 4)))
 add("erf", lambda m, x: m.erf(x), erf_ref, unary())
+# PyTorch implements hypot for floating tensors only; fusegrad promotes integers
+add(
+    "hypot",
+    lambda m, a, b: m.hypot(a, b),
+    np.hypot,
+    promoted(with_special_pairs(binary(away, scalars=False)), 2, torch_ints=False),
+)
 add("floor", lambda m, x: m.floor(x), np.floor, unary(nonint), zero_grad=True)
 add("ceil", lambda m, x: m.ceil(x), np.ceil, unary(nonint), zero_grad=True)
 add("round", lambda m, x: m.round(x), np.round, unary(nonint), zero_grad=True)
@@ -2024,6 +2031,14 @@ for _name, _fn, _ref, _gens in [
 # torch's lerp_ takes no Python number as ``end``
 OPS[-1].torch_op = lambda m, a, b: (a * 1.0).lerp_(
     b if not isinstance(b, float) else m.full_like(a, b), 0.25
+)
+
+# PyTorch's hypot_ takes tensors only
+add(
+    "hypot_",
+    lambda m, a, b: (a * 1.0).hypot_(b),
+    np.hypot,
+    lambda rng: [s for s in _inplace_samples(away, away)(rng) if s.name != "scalar"],
 )
 
 

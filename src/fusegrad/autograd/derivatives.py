@@ -152,6 +152,12 @@ def _pow(node, g, a, b, out):
     return (ga, gb)
 
 
+@vjp("hypot", save="a b out")
+def _hypot(node, g, a, b, out):
+    need = node.needs_input_grad
+    return (g * a / out if need[0] else None, g * b / out if need[1] else None)
+
+
 def _tie_weights(a, b, dtype):
     """1 where a wins, 0.5 on ties (the gradient is split evenly), 0 where b wins."""
     return F.where(a == b, 0.5, (a > b).to(dtype))

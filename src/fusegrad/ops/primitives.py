@@ -165,6 +165,9 @@ primitive(
 )(_scipy_or_scalar("erf", math.erf))
 
 
+_elementwise("hypot", "a b", np.hypot, "{hypot}({0}, {1})", _libm("hypot"), **_FLOAT_OP)
+
+
 # no lowering: ``decimals`` scales by powers of ten, which numpy rounds its own way
 @primitive("round", "elementwise", "x", method=True, inplace=True)
 def _round(x, decimals=0):  # type: ignore[no-untyped-def]
