@@ -14,6 +14,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import fusegrad
 from fusegrad.ops import _INPLACE, _METHODS, REGISTRY
 from fusegrad.tensor import Tensor
@@ -174,3 +176,10 @@ def test_bool_results_are_record_flags() -> None:
             continue
         shape, dtype = prim.meta(((2,),) * len(prim.inputs), (fusegrad.float64,) * len(prim.inputs))
         assert (dtype is fusegrad.bool) == prim.bool_result, name
+
+
+@pytest.mark.parametrize("name", ["atan2", "hypot", "logaddexp", "erfc", "lgamma", "digamma"])
+def test_the_new_primitives_are_declared_once(name: str) -> None:
+    prim = REGISTRY[name]
+    assert prim.lowering is not None and prim.surface == "float" and prim.method
+    assert prim.inplace == (name != "logaddexp")  # PyTorch has no logaddexp_

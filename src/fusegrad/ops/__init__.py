@@ -84,6 +84,7 @@ from .elementwise import (
     log10,
     nan_to_num,
     neg,
+    polygamma,
     relu,
     round,
     rsqrt,
@@ -540,6 +541,11 @@ def _clamp_max(input: Tensor, max: Any) -> Tensor:  # noqa: A002
     return clamp(input, max=max)
 
 
+def _polygamma(self: Tensor, n: int) -> Tensor:
+    """``Tensor.polygamma(n)``: the tensor is the second argument of ``polygamma(n, input)``."""
+    return polygamma(n, self)
+
+
 def _setitem(self: Tensor, key: Any, value: Any) -> None:
     inplace(self, "__setitem__", setitem_value, key, value)
 
@@ -650,6 +656,7 @@ _INPLACE = {
     "index_add_": index_add,
     "index_copy_": index_copy,
     "index_fill_": index_fill,
+    "polygamma_": _polygamma,
 }
 
 
@@ -687,6 +694,7 @@ def _install_methods() -> None:
         setattr(Tensor, name, _inplace_method(name, fn))
     Tensor.to = to
     Tensor.type = _type
+    Tensor.polygamma = _polygamma
     for attr, d in [
         ("float", _dt.float32),
         ("double", _dt.float64),

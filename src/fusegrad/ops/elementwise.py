@@ -23,8 +23,10 @@ from .generated import (  # generated from the records; used by the composites b
     _binary,
     _fast_binary,
     _float_binary,
+    _float_unary,
     abs,
     cos,
+    digamma,
     eq,
     erf,
     exp,
@@ -163,6 +165,20 @@ def rsqrt(input: Any) -> Tensor:
 def tan(input: Any) -> Tensor:
     x = _floatify(input)
     return div(sin(x), cos(x))
+
+
+def polygamma(n: int, input: Any) -> Tensor:
+    """The ``n``-th derivative of digamma: ``n = 0`` is ``digamma``, ``n = 1`` trigamma (a
+    primitive; not differentiable again); higher orders are not implemented."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"polygamma(): argument 'n' must be int, not {type(n).__name__}")
+    if n < 0:
+        raise ValueError("polygamma(n, x) does not support negative n.")
+    if n == 0:
+        return digamma(input)
+    if n == 1:
+        return _float_unary("trigamma", input)
+    raise NotImplementedError(f"polygamma: order n = {n} is not implemented (n = 0 and 1 are)")
 
 
 def floor(input: Any) -> Tensor:

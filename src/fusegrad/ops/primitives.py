@@ -165,7 +165,255 @@ primitive(
 )(_scipy_or_scalar("erf", math.erf))
 
 
+# ---- special functions
+#
+# The scalar functions below are the one source of their formula: compiled code runs them as
+# they are (an inlined numba function on the CPU and in the interpreter, a device function on
+# CUDA) and the eager kernels apply them element by element.  They use only ``math`` and
+# arithmetic, compute in float64 whatever the operand's type (the caller rounds), and guard every
+# pole and non-finite input before dividing or calling ``math``, so that in Python (eager, CUDA
+# simulator) they return inf or nan where libm would, instead of raising.  numba compiles them
+# with their module's globals frozen: they may read constants, but call only ``math``.
+
+_INF = math.inf
+_NAN = math.nan
+_PI = math.pi
+_LN2 = math.log(2.0)
+_EVERY_FLOAT_AN_INTEGER = 4503599627370496.0  # 2**52: no float at least this large has a fraction
+
+
+def _scalar_kernel(scalar):  # type: ignore[no-untyped-def]
+    """An eager kernel applying the unary Python scalar function ``scalar`` element by element
+    (computed in float64 and rounded once to the operand's dtype)."""
+    ufunc = np.frompyfunc(scalar, 1, 1)
+
+    def kernel(x):  # type: ignore[no-untyped-def]
+        return np.asarray(ufunc(x), dtype=np.float64).astype(x.dtype, copy=False)
+
+    kernel.__name__ = scalar.__name__
+    return kernel
+
+
+def digamma_scalar(x: float) -> float:
+    """digamma(x) = d/dx lgamma(x), with PyTorch's conventions: digamma(+0) = -inf,
+    digamma(-0) = +inf, nan at the negative integers and at -inf, digamma(inf) = inf.
+
+    For x < 0 the reflection digamma(x) = digamma(1 - x) - pi cot(pi x), with the cotangent of
+    pi r, r = x less its nearest integer (exact, so pi r is accurate); then the recurrence
+    digamma(x) = digamma(x + 1) - 1/x up to x >= 10, and the asymptotic series
+    log x - 1/(2x) - sum_k B_2k / (2k x^2k) with Bernoulli numbers B_2 .. B_18 (the first term
+    left out is below 1e-20 at x = 10)."""
+    x = float(x) * 1.0  # float64 everywhere (numba's float() keeps a float32 a float32)
+    if x != x or x == -_INF:
+        return _NAN
+    if x == _INF:
+        return _INF
+    if x == 0.0:
+        return math.copysign(_INF, -x)
+    result = 0.0
+    if x < 0.0:
+        if x <= -_EVERY_FLOAT_AN_INTEGER:
+            return _NAN
+        r = x - math.floor(x + 0.5)  # x less its nearest integer: exact, in [-1/2, 1/2]
+        if r == 0.0:
+            return _NAN
+        result = -_PI / math.tan(_PI * r)  # cot has period pi
+        x = 1.0 - x
+    while x < 10.0:
+        result -= 1.0 / x
+        x += 1.0
+    z = 1.0 / (x * x)
+    series = z * (
+        1.0 / 12.0
+        - z
+        * (
+            1.0 / 120.0
+            - z
+            * (
+                1.0 / 252.0
+                - z
+                * (
+                    1.0 / 240.0
+                    - z
+                    * (
+                        1.0 / 132.0
+                        - z
+                        * (
+                            691.0 / 32760.0
+                            - z * (1.0 / 12.0 - z * (3617.0 / 8160.0 - z * (43867.0 / 14364.0)))
+                        )
+                    )
+                )
+            )
+        )
+    )
+    return result + math.log(x) - 0.5 / x - series
+
+
+def trigamma_scalar(x: float) -> float:
+    """trigamma(x) = polygamma(1, x) = d/dx digamma(x): +inf at the poles (the non-positive
+    integers, where both one-sided limits are +inf; PyTorch returns a huge finite value there,
+    pi^2 / sin(pi x)^2 of a rounded pi x), nan at -inf, 0 at inf.
+
+    For x <= 0 the reflection trigamma(x) = pi^2 / sin^2(pi x) - trigamma(1 - x), with the sine
+    of pi r, r = x less its nearest integer; then the recurrence trigamma(x) =
+    trigamma(x + 1) + 1/x^2 up to x >= 10, and the asymptotic series
+    1/x + 1/(2x^2) + sum_k B_2k / x^(2k+1) with Bernoulli numbers B_2 .. B_18."""
+    x = float(x) * 1.0  # float64 everywhere (numba's float() keeps a float32 a float32)
+    if x != x or x == -_INF:
+        return _NAN
+    if x == _INF:
+        return 0.0
+    reflection = 0.0
+    sign = 1.0
+    if x <= 0.0:
+        if x <= -_EVERY_FLOAT_AN_INTEGER:
+            return _INF
+        r = x - math.floor(x + 0.5)  # x less its nearest integer: exact, in [-1/2, 1/2]
+        if r == 0.0:
+            return _INF
+        p = _PI / math.sin(_PI * r)  # sin^2 has period pi
+        reflection = p * p
+        sign = -1.0
+        x = 1.0 - x
+    total = 0.0
+    while x < 10.0:
+        total += 1.0 / x / x  # (not 1 / (x * x): x * x underflows to 0 for tiny x)
+        x += 1.0
+    z = 1.0 / (x * x)
+    series = z * (
+        1.0 / 6.0
+        - z
+        * (
+            1.0 / 30.0
+            - z
+            * (
+                1.0 / 42.0
+                - z
+                * (
+                    1.0 / 30.0
+                    - z
+                    * (
+                        5.0 / 66.0
+                        - z
+                        * (
+                            691.0 / 2730.0
+                            - z * (7.0 / 6.0 - z * (3617.0 / 510.0 - z * (43867.0 / 798.0)))
+                        )
+                    )
+                )
+            )
+        )
+    )
+    total += (1.0 + 0.5 / x + series) / x
+    return reflection + sign * total
+
+
+def lgamma_scalar(x: float) -> float:
+    """log |Gamma(x)| in Python: +inf at the poles (the non-positive integers) and at +-inf.
+    Compiled code calls C's lgamma (``math.lgamma``: libm on the CPU, libdevice on CUDA); this
+    stands in for it in the eager kernel and the CUDA simulator, through the same C function
+    where the running process has it (``_c_lgamma``) — CPython's ``math.lgamma`` is a different
+    algorithm, up to 1e-11 off in relative terms near its zeros at 1 and 2."""
+    x = float(x) * 1.0  # float64 everywhere (numba's float() keeps a float32 a float32)
+    if x != x:
+        return x
+    if x == _INF or x == -_INF or x <= -_EVERY_FLOAT_AN_INTEGER:
+        return _INF
+    if x <= 0.0 and x == math.floor(x):
+        return _INF
+    if x > 2.5e305:  # lgamma(x) > 1.8e308 (CPython's math.lgamma raises instead)
+        return _INF
+    return _c_lgamma()(x)
+
+
+_C_LGAMMA: list = []
+
+
+def _c_lgamma():  # type: ignore[no-untyped-def]
+    """C's ``lgamma`` from the libraries of the running process (the function numba calls for
+    ``math.lgamma``), found once; CPython's ``math.lgamma`` where there is none."""
+    if not _C_LGAMMA:
+        fn = math.lgamma
+        try:
+            import ctypes
+
+            c = ctypes.CDLL(None).lgamma
+            c.restype, c.argtypes = ctypes.c_double, (ctypes.c_double,)
+            fn = c
+        except (AttributeError, OSError, TypeError):  # no C library to look into (Windows)
+            pass
+        _C_LGAMMA.append(fn)
+    return _C_LGAMMA[0]
+
+
+def logaddexp_scalar(a: float, b: float) -> float:
+    """log(exp(a) + exp(b)) without overflow: the larger operand plus log1p(exp(-|a - b|)).
+    Equal operands, infinities of one sign included, give a + log 2 (an inf - inf would be
+    nan); nan in, nan out.  numpy's ``logaddexp`` computes the same formula (the eager
+    kernel); this is the compiled one (CUDA has no numpy)."""
+    a = float(a) * 1.0  # float64 everywhere (numba's float() keeps a float32 a float32)
+    b = float(b) * 1.0
+    if a == b:
+        return a + _LN2
+    d = a - b
+    if d > 0.0:
+        return a + math.log1p(math.exp(-d))
+    if d < 0.0:
+        return b + math.log1p(math.exp(d))
+    return d  # nan
+
+
+_elementwise(
+    "atan2",
+    "a b",
+    np.arctan2,
+    "{atan2}({0}, {1})",
+    _libm("atan2", np.arctan2),
+    **_FLOAT_OP,
+    aliases=("arctan2",),
+)
 _elementwise("hypot", "a b", np.hypot, "{hypot}({0}, {1})", _libm("hypot"), **_FLOAT_OP)
+_elementwise(
+    "logaddexp",
+    "a b",
+    np.logaddexp,
+    "{logaddexp}({0}, {1})",
+    ScalarFunction("logaddexp", logaddexp_scalar),
+    surface="float",
+    method=True,
+)
+primitive(
+    "erfc",
+    "elementwise",
+    "x",
+    lowering=Lowering("{erfc}({0})", (_libm("erfc", math.erfc),)),
+    **_FLOAT_OP,
+)(_scipy_or_scalar("erfc", math.erfc))
+_elementwise(
+    "lgamma",
+    "x",
+    _scalar_kernel(lgamma_scalar),
+    "{lgamma}({0})",
+    _libm("lgamma", lgamma_scalar),
+    **_FLOAT_OP,
+)
+_elementwise(
+    "digamma",
+    "x",
+    _scalar_kernel(digamma_scalar),
+    "{digamma}({0})",
+    ScalarFunction("digamma", digamma_scalar),
+    **_FLOAT_OP,
+)
+# polygamma(1, x), digamma's derivative; public as ``polygamma(1, x)`` (elementwise.py)
+_elementwise(
+    "trigamma",
+    "x",
+    _scalar_kernel(trigamma_scalar),
+    "{trigamma}({0})",
+    ScalarFunction("trigamma", trigamma_scalar),
+)
 
 
 # no lowering: ``decimals`` scales by powers of ten, which numpy rounds its own way
