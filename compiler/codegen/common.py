@@ -4,8 +4,7 @@ cache.
 Both emitters (``numba_cpu``, ``numba_cuda``) read the same ``passes.fuse.Kernel`` objects and
 compute every elementwise value from the same ``lowering.EXPRESSIONS`` template (the interpreter
 too); they differ only in loop structure and in how scalar functions are spelled on their target
-(``Spelling``).  This
-module holds the pieces that must agree between them:
+(``Spelling``).  This module holds the pieces that must agree between them:
 
 * geometry: a reduction's keepdim target at the loop's rank (``reduction_target``), an input's
   broadcast pattern (``broadcast_dims``), whether a kernel runs as one flat loop (``is_flat``);

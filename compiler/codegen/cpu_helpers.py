@@ -7,7 +7,7 @@ Two kinds:
   ``sign(nan) = nan``, ``_pow`` through numpy's scalar ufunc, dtype-preserving casts);
 * the primitives' own scalar functions without a C library equivalent
   (``lowering.HELPER_FUNCTIONS``: sigmoid, digamma, ...), compiled here from their one Python
-  source in ``fusegrad.ops`` and bound as ``_<name>`` (``HELPERS``).
+  source in ``fusegrad.ops`` and bound as ``_<name>`` (``RECORD_HELPERS``).
 
 ``MATH64`` is how the CPU spells every scalar function for non-float32 operands, derived from
 the records: numpy's scalar ufunc where the record names one, else libm (``math.*``), else the
@@ -106,14 +106,14 @@ TARGET_HELPERS = (
 # to reorder arithmetic whose order they choose (a recurrence, a series, ``x - floor(x + 0.5)``)
 # and to compute differently in generated kernels and in the interpreter (``contract`` only).
 # numpy's error model: a division by zero gives inf or nan, as in the sources' guarded branches.
-HELPERS: dict[str, Any] = {
+RECORD_HELPERS: dict[str, Any] = {
     helper_name(fn): numba.njit(forceinline=True, fastmath={"contract"}, error_model="numpy")(
         fn.python
     )
     for fn in HELPER_FUNCTIONS.values()
 }
-globals().update(HELPERS)  # importable by generated modules: from ...cpu_helpers import _digamma
-assert not set(HELPERS) & set(TARGET_HELPERS), "a record's helper shadows a target helper"
+globals().update(RECORD_HELPERS)  # importable by generated modules (from cpu_helpers import ...)
+assert not set(RECORD_HELPERS) & set(TARGET_HELPERS), "a record's helper shadows a target helper"
 
 
 def spell64(fn: ScalarFunction) -> str:

@@ -111,13 +111,14 @@ def _pow(a, b):  # type: ignore[no-untyped-def]
 
 
 # the records' scalar functions without a libm equivalent (sigmoid, digamma, ...): device
-# functions of the same Python source the CPU compiles (``cpu_helpers.HELPERS``)
+# functions of the same Python source the CPU compiles (``cpu_helpers.RECORD_HELPERS``)
 _RECORD_HELPERS = {
     helper_name(fn): cuda.jit(device=True, inline="always")(fn.python)
     for fn in HELPER_FUNCTIONS.values()
 }
 globals().update(_RECORD_HELPERS)  # importable by generated modules, like the helpers above
 
+# every helper generated modules import from here
 HELPERS = tuple(sorted(cpu_helpers.TARGET_HELPERS + tuple(_RECORD_HELPERS)))
 
 # Python's ``math`` raises (overflow, domain errors, nan to int) where the device returns inf or

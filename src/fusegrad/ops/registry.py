@@ -54,6 +54,11 @@ class ScalarFunction:
     libm: str | None = None
     numpy: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.numpy is not None and self.libm is None:
+            # CUDA has no numpy: a numpy spelling needs a libm one beside it
+            raise ValueError(f"scalar function {self.name!r}: numpy={self.numpy!r} without libm")
+
 
 @dataclass(frozen=True, slots=True)
 class Lowering:
