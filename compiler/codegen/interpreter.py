@@ -165,14 +165,35 @@ def source() -> str:
     ]
     for dtype in FLOAT_DTYPES:
         lines = [_RUN_OPS.format(decorator=_DECORATOR, dtype=dtype).rstrip("\n")]
-        for op, code in OPCODES.items():
-            keyword = "if" if code == 0 else "elif"
-            template = "a copy" if op in _COPIES else EXPRESSIONS[op]
-            lines.append(f"        {keyword} op == {code}:  # {op}: {template}")
-            lines.append("            for i in range(n):")
-            lines.append(f"                {_loop(op, dtype)}")
+        lines += _dispatch(list(OPCODES.items()), dtype, "        ")
         parts.append("\n".join(lines) + "\n")
     return "\n".join(parts)
+
+
+# opcodes tested one after the other at the leaves of the dispatch tree
+_LEAF = 4
+
+
+def _dispatch(ops: list[tuple[str, int]], dtype: str, indent: str) -> list[str]:
+    """The dispatch on ``op`` over ``ops`` (consecutive opcodes): a balanced tree of range tests
+    down to ``_LEAF`` opcodes, then one test each.  A chain of 50 tests cost the ops at its end
+    measurably more than those at its head (the interpreter runs one op per row of the op
+    list, for every block); the tree makes every op a handful of comparisons away."""
+    if len(ops) > _LEAF:
+        middle = len(ops) // 2
+        return (
+            [f"{indent}if op < {ops[middle][1]}:"]
+            + _dispatch(ops[:middle], dtype, indent + "    ")
+            + [f"{indent}else:"]
+            + _dispatch(ops[middle:], dtype, indent + "    ")
+        )
+    lines = []
+    for k, (op, code) in enumerate(ops):
+        template = "a copy" if op in _COPIES else EXPRESSIONS[op]
+        lines.append(f"{indent}{'if' if k == 0 else 'elif'} op == {code}:  # {op}: {template}")
+        lines.append(f"{indent}    for i in range(n):")
+        lines.append(f"{indent}        {_loop(op, dtype)}")
+    return lines
 
 
 _loaded: dict[str, ModuleType] = {}
