@@ -3,8 +3,8 @@
 numba takes about 0.4 s to compile one generated kernel, which dominates the first backward of a
 graph made of many small elementwise ops (a 200-op chain on 1,000 elements has ~10 kernels).
 For kernels whose iteration space is small, the program instead encodes the kernel as an op
-list and runs it with ``run_ops``: one numba function per float dtype, compiled once (and cached
-on disk), that executes each op as a vectorisable loop over a block of registers
+list and runs it with ``run_ops_<dtype>``: one numba function per float dtype, compiled once
+(and cached on disk), that executes each op as a vectorisable loop over a block of registers
 (``regs[r, :n]``, all in cache).  Its results equal the generated kernels' to rounding.
 
 The interpreter is itself generated, once, from the lowering table (``machine``): its opcodes are
@@ -26,7 +26,7 @@ between those types are copies (float -> bool is rewritten as ``ne 0``), and so 
 
 The fuser caps kernels at ``passes.fuse.MAX_VALUES`` values to bound numba's compile time; an
 interpreted kernel compiles nothing, so the program merges consecutive eligible kernels over the
-same iteration space into one (``merge``): a 200-op chain is one ``run_ops`` call, not eight,
+same iteration space into one (``merge``): a 200-op chain is one ``run_ops_*`` call, not eight,
 and the values that crossed the cap's boundaries never leave the registers.
 """
 

@@ -669,7 +669,12 @@ def _record_names() -> dict[str, Any]:
     for prim in REGISTRY.values():
         if not (prim.method or prim.inplace or prim.aliases):
             continue
-        fn = g[prim.name]
+        fn = g.get(prim.name)
+        if fn is None:
+            raise AssertionError(
+                f"{prim.name}: its record declares methods or aliases, but the op surface has "
+                "no function of that name (set the record's surface flag, or write one)"
+            )
         for name in (prim.name, *prim.aliases):
             if prim.method:
                 out[name] = fn
