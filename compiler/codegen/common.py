@@ -2,14 +2,14 @@
 cache.
 
 Both emitters (``numba_cpu``, ``numba_cuda``) read the same ``passes.fuse.Kernel`` objects and
-compute every elementwise value from the same ``lowering.EXPRESSIONS`` template; they differ only
-in loop structure and in how a few functions are spelled on their target (``Spelling``).  This
-module holds the pieces that must agree between them:
+compute every elementwise value from the same ``lowering.EXPRESSIONS`` template (the interpreter
+too); they differ only in loop structure and in how scalar functions are spelled on their target
+(``Spelling``).  This module holds the pieces that must agree between them:
 
 * geometry: a reduction's keepdim target at the loop's rank (``reduction_target``), an input's
   broadcast pattern (``broadcast_dims``), whether a kernel runs as one flat loop (``is_flat``);
-* ``literal`` (a scalar constant in generated source) and ``expression`` (the scalar expression of
-  one IR value, from the lowering table);
+* ``literal`` (a scalar constant in generated source), ``format_expression`` (a template filled
+  in) and ``expression`` (the scalar expression of one IR value, from the lowering table);
 * the on-disk module cache: ``cache_dir``, ``module_name`` (a hash of the source and every codegen
   flag, the target included) and ``load_module``, which writes the source once, registers the
   module in ``sys.modules`` and imports it, so that numba's ``cache=True`` finds its machine code
@@ -25,17 +25,19 @@ structurally.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from fusegrad.ops.registry import ScalarFunction
+
 from ..ir import Value
 from ..passes.fuse import Kernel
 from . import diskcache
-from .lowering import EXPRESSIONS, MATH
+from .lowering import EXPRESSIONS, FUNCTIONS
 
 # ---- geometry ---------------------------------------------------------------------------------
 
@@ -107,13 +109,31 @@ def literal(value: Any, dtype: Any) -> str:
 
 @dataclass(frozen=True)
 class Spelling:
-    """How one target spells the functions the lowering table leaves open: ``math32`` and
-    ``math64`` map each ``lowering.MATH`` name to the function used for float32 and for other
-    operands, ``functions`` each ``lowering.TARGET_FUNCTIONS`` name to its target function."""
+    """How one target spells the scalar functions of lowering expressions (``lowering.FUNCTIONS``):
+    ``float32`` and ``other`` map each function name to the callee used when the operands are
+    float32 and when they are not.  Emitters build theirs with ``spelling``."""
 
-    math32: Mapping[str, str]
-    math64: Mapping[str, str]
-    functions: Mapping[str, str]
+    float32: Mapping[str, str]
+    other: Mapping[str, str]
+
+
+def spelling(
+    target: Callable[[ScalarFunction], str], float32: Callable[[ScalarFunction], str | None]
+) -> Spelling:
+    """A target's ``Spelling``: ``target(fn)`` spells every function, ``float32(fn)`` overrides it
+    for float32 operands where it returns a name."""
+    other = {name: target(fn) for name, fn in FUNCTIONS.items()}
+    fast = {name: float32(fn) or other[name] for name, fn in FUNCTIONS.items()}
+    return Spelling(float32=fast, other=other)
+
+
+def format_expression(
+    op: str, operands: Sequence[str], spelling: Spelling, float32: bool, one: str, dtype: str
+) -> str:
+    """The ``lowering.EXPRESSIONS`` template of ``op`` with ``operands`` (scalar expressions)
+    filled in, functions spelled for float32 operands or not, ``{one}`` and ``{dtype}``."""
+    functions = spelling.float32 if float32 else spelling.other
+    return EXPRESSIONS[op].format(*operands, one=one, dtype=dtype, **functions)
 
 
 def expression(v: Value, read: Callable[[Value], str], spelling: Spelling) -> str:
@@ -124,14 +144,15 @@ def expression(v: Value, read: Callable[[Value], str], spelling: Spelling) -> st
     if v.op == "broadcast_to":
         expr = read(v.inputs[0])
         return f"np.{v.dtype.name}({expr})" if v.dtype.is_floating_point else expr
-    fmt: dict[str, str] = dict(spelling.functions)
-    fmt["dtype"] = v.attr("dtype").name if v.op == "cast" else v.dtype.name
-    fmt["one"] = literal(1, v.dtype) if v.dtype.is_floating_point else "1"
     operand_dtype = v.inputs[0].dtype if v.inputs else v.dtype
-    math = spelling.math32 if operand_dtype.name == "float32" else spelling.math64
-    for name in MATH:
-        fmt[name] = math[name]
-    expr = EXPRESSIONS[v.op].format(*[read(a) for a in v.inputs], **fmt)
+    expr = format_expression(
+        v.op,
+        [read(a) for a in v.inputs],
+        spelling,
+        float32=operand_dtype.name == "float32",
+        one=literal(1, v.dtype) if v.dtype.is_floating_point else "1",
+        dtype=v.attr("dtype").name if v.op == "cast" else v.dtype.name,
+    )
     return f"np.{v.dtype.name}({expr})" if v.dtype.is_floating_point else expr
 
 
@@ -177,10 +198,13 @@ def module_name(source: str, flags: str) -> str:
 
 
 def load_module(
-    source: str, flags: str, loaded: dict[str, ModuleType]
+    source: str,
+    flags: str,
+    loaded: dict[str, ModuleType],
+    entry_points: Collection[str] | None = None,
 ) -> tuple[ModuleType, str, bool]:
     """Import the module for ``source`` (writing it once); returns (module, path, was_on_disk).
     ``loaded`` is the caller's in-memory table of modules already imported in this process.
     An unreadable, corrupt or mismatched cache entry is rewritten, never fatal; without a usable
     cache directory the module is compiled in memory (``diskcache.load_module``)."""
-    return diskcache.load_module(module_name(source, flags), source, loaded)
+    return diskcache.load_module(module_name(source, flags), source, loaded, entry_points)

@@ -1,20 +1,31 @@
-"""Scalar helpers called from generated CPU kernels (numba, inlined).
+"""Scalar helpers called from generated CPU kernels and the interpreter (numba, inlined).
 
-They give generated code numpy's scalar semantics where a bare Python operator would differ:
-NaN propagation of maximum/minimum, ``sign(nan) = nan``, ``pow`` through numpy's scalar ufunc,
-dtype-preserving casts, and a numerically stable float64 sigmoid.  float32 math functions come
-from ``fastmath`` (vectorisable); float64 ones are libm (``math.*``).
+Two kinds:
+
+* target helpers that every lowering may name directly: numpy's scalar semantics where a bare
+  Python operator would differ (NaN propagation of ``_maximum``/``_minimum``,
+  ``sign(nan) = nan``, ``_pow`` through numpy's scalar ufunc, dtype-preserving casts);
+* the primitives' own scalar functions without a C library equivalent
+  (``lowering.HELPER_FUNCTIONS``: sigmoid, digamma, ...), compiled here from their one Python
+  source in ``fusegrad.ops`` and bound as ``_<name>`` (``RECORD_HELPERS``).
+
+``MATH64`` is how the CPU spells every scalar function for non-float32 operands, derived from
+the records: numpy's scalar ufunc where the record names one, else libm (``math.*``), else the
+compiled helper.  float32 operands use ``fastmath``'s vectorisable helpers where it has one.
 """
 
 from __future__ import annotations
 
-import math
 import sys
+from typing import Any
 
 import numba
 import numpy as np
 
+from fusegrad.ops.registry import ScalarFunction
+
 from . import diskcache
+from .lowering import FUNCTIONS, HELPER_FUNCTIONS, helper_name
 
 # inlined into every kernel that calls them, numpy error model (no division checks), cached
 _helper = numba.njit(inline="always", error_model="numpy", cache=True)
@@ -53,12 +64,6 @@ def _pow(a, b):  # type: ignore[no-untyped-def]
 
 
 @_helper
-def _sigmoid64(x):  # type: ignore[no-untyped-def]
-    e = math.exp(-abs(x))
-    return 1.0 / (1.0 + e) if x >= 0 else e / (1.0 + e)
-
-
-@_helper
 def _cast_float32(x):  # type: ignore[no-untyped-def]
     return np.float32(x)
 
@@ -83,18 +88,46 @@ def _cast_bool(x):  # type: ignore[no-untyped-def]
     return x != 0
 
 
-# float64 math: libm
-MATH64 = {
-    "exp": "math.exp",
-    "expm1": "math.expm1",
-    "log": "math.log",
-    "log1p": "math.log1p",
-    "sin": "math.sin",
-    "cos": "math.cos",
-    "tanh": "math.tanh",
-    "sigmoid": "_sigmoid64",
-    "erf": "math.erf",
+# the target helpers generated modules import by name
+TARGET_HELPERS = (
+    "_cast_bool",
+    "_cast_float32",
+    "_cast_float64",
+    "_cast_int32",
+    "_cast_int64",
+    "_maximum",
+    "_minimum",
+    "_pow",
+    "_sign",
+)
+
+# The records' scalar functions without a libm equivalent, compiled from their Python source:
+# generated name -> numba function.  Like ``fastmath``'s helpers, and for the same reason, they
+# are inlined by LLVM (``forceinline``) with flags of their own (``contract`` only): numba's
+# ``inline="always"`` would re-lower them under the calling kernel's ``reassoc``/``nsz``, free
+# to reorder arithmetic whose order they choose (a recurrence, a series, ``x - floor(x + 0.5)``)
+# and to compute differently in generated kernels and in the interpreter (``contract`` only).
+# numpy's error model: a division by zero gives inf or nan, as in the sources' guarded branches.
+RECORD_HELPERS: dict[str, Any] = {
+    helper_name(fn): numba.njit(forceinline=True, fastmath={"contract"}, error_model="numpy")(
+        fn.python
+    )
+    for fn in HELPER_FUNCTIONS.values()
 }
+globals().update(RECORD_HELPERS)  # importable by generated modules (from cpu_helpers import ...)
+assert not set(RECORD_HELPERS) & set(TARGET_HELPERS), "a record's helper shadows a target helper"
+
+
+def spell64(fn: ScalarFunction) -> str:
+    """The CPU's spelling of ``fn`` for non-float32 operands."""
+    if fn.numpy is not None:
+        return f"np.{fn.numpy}"
+    if fn.libm is not None:
+        return f"math.{fn.libm}"
+    return helper_name(fn)
+
+
+MATH64: dict[str, str] = {name: spell64(fn) for name, fn in FUNCTIONS.items()}
 
 
 # numba's disk cache of these helpers: a corrupt entry is a miss, never an error (``diskcache``);

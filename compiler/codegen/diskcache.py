@@ -185,11 +185,16 @@ _load_lock = threading.Lock()
 
 
 def load_module(
-    name: str, source: str, loaded: dict[str, types.ModuleType]
+    name: str,
+    source: str,
+    loaded: dict[str, types.ModuleType],
+    entry_points: Collection[str] | None = None,
 ) -> tuple[types.ModuleType, str, bool]:
     """Import the generated module ``name`` from ``source``; returns (module, path, was_on_disk).
 
-    ``loaded`` is the caller's table of modules already imported in this process.  The source
+    ``loaded`` is the caller's table of modules already imported in this process;
+    ``entry_points`` names the functions programs call, whose compiles and loads are counted
+    (None: every function of the module).  The source
     goes to ``cache_dir()/name.py`` (written when missing or different), and the module runs
     from it with numba's disk cache guarded (``guard_module``).  When the directory cannot be
     used or the file cannot be written or imported, the module is compiled in memory instead
@@ -215,7 +220,7 @@ def load_module(
                 on_disk = False
         if module is None:
             module = _import_in_memory(name, source)
-        guard_module(module)
+        guard_module(module, entry_points)
         loaded[name] = module
         return module, _path_of(module), on_disk
 

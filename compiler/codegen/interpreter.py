@@ -3,34 +3,49 @@
 numba takes about 0.4 s to compile one generated kernel, which dominates the first backward of a
 graph made of many small elementwise ops (a 200-op chain on 1,000 elements has ~10 kernels).
 For kernels whose iteration space is small, the program instead encodes the kernel as an op
-list and runs it with ``run_ops``: one numba function, compiled once (and cached on disk) for
-float32 and once for float64, that executes each op as a vectorisable loop over a block of
-registers (``regs[r, :n]``, all in cache).  Its results equal the generated kernels' to rounding.
+list and runs it with ``run_ops_<dtype>``: one numba function per float dtype, compiled once
+(and cached on disk), that executes each op as a vectorisable loop over a block of registers
+(``regs[r, :n]``, all in cache).  Its results equal the generated kernels' to rounding.
+
+The interpreter is itself generated, once, from the lowering table (``machine``): its opcodes are
+the primitives with a lowering expression (``OPCODES``, in registry order, after the two copies
+below), and the loop of each opcode computes that expression, with operands ``x[i]``, ``y[i]``,
+``z[i]`` (the registers of the op's operands), spelled as the CPU emitter spells it — float32
+math through ``fastmath``'s vectorisable helpers, float64 through libm and the compiled helpers
+(``common.format_expression`` with ``numba_cpu.SPELLING``).  A primitive added to the registry
+is interpretable without a line here.  The source is loaded like a generated kernel module
+(``common.load_module``: written once under a name hashed from the source and the CPU emitter's
+flags), so numba's ``cache=True`` keeps the compiled interpreter across processes.
 
 Eligible kernels (``eligible``): flat (every input full-size or a single element), every value
-float or bool in one float dtype, elementwise ops from ``OPCODES`` only, and full reductions
-only.  Bool values live in the registers as 0.0 / 1.0.
+float or bool in one float dtype, ops from ``OPCODES`` only, and full reductions only.  Bool
+values live in the registers as 0.0 / 1.0: a bool result is stored as ``one if ... else zero``,
+a bool operand is read by the same expressions as a number (``x[i] if c[i] else ...``).  Casts
+between those types are copies (float -> bool is rewritten as ``ne 0``), and so is a
+``broadcast_to`` (a flat kernel reads a single-element operand from a filled register).
 
 The fuser caps kernels at ``passes.fuse.MAX_VALUES`` values to bound numba's compile time; an
 interpreted kernel compiles nothing, so the program merges consecutive eligible kernels over the
-same iteration space into one (``merge``): a 200-op chain is one ``run_ops`` call, not eight,
+same iteration space into one (``merge``): a 200-op chain is one ``run_ops_*`` call, not eight,
 and the values that crossed the cap's boundaries never leave the registers.
 """
 
 from __future__ import annotations
 
-import math
-import sys
 import threading
+from types import ModuleType
 from typing import Any
 
-import numba
 import numpy as np
+
+from fusegrad.ops.registry import REGISTRY
 
 from ..ir import Value
 from ..passes.fuse import Kernel
-from . import diskcache, fastmath
-from .cpu_helpers import _maximum, _minimum, _sigmoid64, _sign
+from . import common, numba_cpu
+from .lowering import EXPRESSIONS
+
+INTERPRETER_VERSION = 2
 
 # the largest iteration space run by the interpreter (elements); larger ones get generated code
 MAX_ELEMENTS = 1 << 16
@@ -38,57 +53,18 @@ MAX_ELEMENTS = 1 << 16
 # elements per block of ``run_ops``: 8 KiB float32 rows, so an op's operands stay in L1/L2
 BLOCK = 2048
 
+# ops that are copies in the registers (see the module docstring)
+_COPIES = ("broadcast_to", "cast")
+
 OPCODES: dict[str, int] = {
     name: i
-    for i, name in enumerate(
-        [
-            "load",
-            "neg",
-            "add",
-            "sub",
-            "mul",
-            "div",
-            "pow",
-            "maximum",
-            "minimum",
-            "reciprocal",
-            "abs",
-            "sign",
-            "exp",
-            "expm1",
-            "log",
-            "log1p",
-            "sin",
-            "cos",
-            "tanh",
-            "sigmoid",
-            "erf",
-            "sqrt",
-            "floor",
-            "ceil",
-            "trunc",
-            "where",
-            "eq",
-            "ne",
-            "lt",
-            "le",
-            "gt",
-            "ge",
-            "logical_and",
-            "logical_or",
-            "logical_xor",
-            "logical_not",
-            "isnan",
-            "isinf",
-            "clone",
-            "cast",
-            "broadcast_to",
-        ]
-    )
+    for i, name in enumerate(_COPIES + tuple(name for name in EXPRESSIONS if name not in _COPIES))
 }
 
 # not an IR op: broadcast one of the call's scalars into a register (``run_ops``)
 FILL = len(OPCODES)
+
+FLOAT_DTYPES = ("float32", "float64")
 
 
 def eligible(kernel: Kernel, flat: bool) -> bool:
@@ -112,19 +88,31 @@ def eligible(kernel: Kernel, flat: bool) -> bool:
     return all(r.op in ("sum", "sum_to") for r in kernel.reductions)
 
 
-@numba.njit(cache=True, error_model="numpy", fastmath={"contract"}, nogil=True)
-def run_ops(n, code, regs, scalars, reduce_regs, reduce_out, is32):  # type: ignore[no-untyped-def]
-    """Execute ``code`` (rows: opcode, dst, a, b, c) over registers ``regs[:, :n]``, then the
-    full reductions of ``reduce_regs`` into ``reduce_out``.  ``is32`` picks the float32 math
-    helpers (vectorisable) or libm; it is tested once per op, outside the element loops.
+# ---- the generated interpreter ------------------------------------------------------------------
+
+_HEADER = '''"""Generated by fusegrad (interpreter v{version}); do not edit.
+
+The op dispatch of the small-kernel interpreter (fusegrad.compiler.codegen.interpreter): one
+vectorisable loop per opcode, computing the primitive's lowering expression over registers.
+"""
+{imports}
+FILL = {fill}
+BLOCK = {block}
+
+'''
+
+_RUN_OPS = '''
+{decorator}
+def run_ops_{dtype}(n, code, regs, scalars, reduce_regs, reduce_out):
+    """Execute ``code`` (rows: opcode, dst, a, b, c) over registers ``regs[:, :n]`` of
+    {dtype}, then the full reductions of ``reduce_regs`` into ``reduce_out`` (float64).
     ``FILL`` rows broadcast ``scalars[a]`` into a register.  The op list runs over blocks of
-    ``BLOCK`` elements, so that the registers one op touches stay in cache.
-    A module-level function (not a closure), so numba's disk cache keeps it across processes."""
-    one = regs.dtype.type(1.0)
-    zero = regs.dtype.type(0.0)
+    ``BLOCK`` elements, so that the registers one op touches stay in cache."""
+    one = np.{dtype}(1.0)
+    zero = np.{dtype}(0.0)
     for lo in range(0, n, BLOCK):
         hi = min(n, lo + BLOCK)
-        _run_block(lo, hi, code, regs, scalars, is32, one, zero)
+        _run_block_{dtype}(lo, hi, code, regs, scalars, one, zero)
     for k in range(reduce_regs.shape[0]):
         acc = 0.0
         r = regs[reduce_regs[k]]
@@ -133,9 +121,9 @@ def run_ops(n, code, regs, scalars, reduce_regs, reduce_out, is32):  # type: ign
         reduce_out[k] = acc
 
 
-@numba.njit(cache=True, error_model="numpy", fastmath={"contract"}, nogil=True)
-def _run_block(lo, hi, code, regs, scalars, is32, one, zero):  # type: ignore[no-untyped-def]
-    """``run_ops`` over elements ``lo:hi``."""
+{decorator}
+def _run_block_{dtype}(lo, hi, code, regs, scalars, one, zero):
+    """``run_ops_{dtype}`` over elements ``lo:hi``."""
     n = hi - lo
     for k in range(code.shape[0]):
         op, dst, a, b, c = code[k, 0], code[k, 1], code[k, 2], code[k, 3], code[k, 4]
@@ -148,159 +136,86 @@ def _run_block(lo, hi, code, regs, scalars, is32, one, zero):  # type: ignore[no
         x = regs[a, lo:hi]
         y = regs[b, lo:hi]
         z = regs[c, lo:hi]
-        if op == 0 or op == 38 or op == 39 or op == 40:  # load, clone, cast, broadcast_to
-            for i in range(n):
-                out[i] = x[i]
-        elif op == 1:
-            for i in range(n):
-                out[i] = -x[i]
-        elif op == 2:
-            for i in range(n):
-                out[i] = x[i] + y[i]
-        elif op == 3:
-            for i in range(n):
-                out[i] = x[i] - y[i]
-        elif op == 4:
-            for i in range(n):
-                out[i] = x[i] * y[i]
-        elif op == 5:
-            for i in range(n):
-                out[i] = x[i] / y[i]
-        elif op == 6:
-            for i in range(n):
-                out[i] = np.power(x[i], y[i])
-        elif op == 7:
-            for i in range(n):
-                out[i] = _maximum(x[i], y[i])
-        elif op == 8:
-            for i in range(n):
-                out[i] = _minimum(x[i], y[i])
-        elif op == 9:
-            for i in range(n):
-                out[i] = one / x[i]
-        elif op == 10:
-            for i in range(n):
-                out[i] = abs(x[i])
-        elif op == 11:
-            for i in range(n):
-                out[i] = _sign(x[i])
-        elif op >= 12 and op <= 21:
-            _math_op(op, n, x, out, is32)
-        elif op == 22:
-            for i in range(n):
-                out[i] = np.floor(x[i])
-        elif op == 23:
-            for i in range(n):
-                out[i] = np.ceil(x[i])
-        elif op == 24:
-            for i in range(n):
-                out[i] = np.trunc(x[i])
-        elif op == 25:
-            for i in range(n):
-                out[i] = y[i] if x[i] != zero else z[i]
-        elif op == 26:
-            for i in range(n):
-                out[i] = one if x[i] == y[i] else zero
-        elif op == 27:
-            for i in range(n):
-                out[i] = one if x[i] != y[i] else zero
-        elif op == 28:
-            for i in range(n):
-                out[i] = one if x[i] < y[i] else zero
-        elif op == 29:
-            for i in range(n):
-                out[i] = one if x[i] <= y[i] else zero
-        elif op == 30:
-            for i in range(n):
-                out[i] = one if x[i] > y[i] else zero
-        elif op == 31:
-            for i in range(n):
-                out[i] = one if x[i] >= y[i] else zero
-        elif op == 32:
-            for i in range(n):
-                out[i] = one if (x[i] != zero and y[i] != zero) else zero
-        elif op == 33:
-            for i in range(n):
-                out[i] = one if (x[i] != zero or y[i] != zero) else zero
-        elif op == 34:
-            for i in range(n):
-                out[i] = one if ((x[i] != zero) != (y[i] != zero)) else zero
-        elif op == 35:
-            for i in range(n):
-                out[i] = one if x[i] == zero else zero
-        elif op == 36:
-            for i in range(n):
-                out[i] = one if x[i] != x[i] else zero
-        elif op == 37:
-            for i in range(n):
-                out[i] = one if math.isinf(x[i]) else zero
+'''
+
+_DECORATOR = '@numba.njit(cache=True, error_model="numpy", fastmath={"contract"}, nogil=True)'
 
 
-@numba.njit(cache=True, error_model="numpy", fastmath={"contract"}, nogil=True)
-def _math_op(op, n, x, out, is32):  # type: ignore[no-untyped-def]
-    """exp .. sqrt (opcodes 12-21): float32 helpers or libm."""
-    if is32:
-        if op == 12:
-            for i in range(n):
-                out[i] = fastmath.fast_exp_f32(x[i])
-        elif op == 13:
-            for i in range(n):
-                out[i] = fastmath.fast_expm1_f32(x[i])
-        elif op == 14:
-            for i in range(n):
-                out[i] = fastmath.fast_log_f32(x[i])
-        elif op == 15:
-            for i in range(n):
-                out[i] = fastmath.fast_log1p_f32(x[i])
-        elif op == 16:
-            for i in range(n):
-                out[i] = fastmath.fast_sin_f32(x[i])
-        elif op == 17:
-            for i in range(n):
-                out[i] = fastmath.fast_cos_f32(x[i])
-        elif op == 18:
-            for i in range(n):
-                out[i] = fastmath.fast_tanh_f32(x[i])
-        elif op == 19:
-            for i in range(n):
-                out[i] = fastmath.fast_sigmoid_f32(x[i])
-        elif op == 20:
-            for i in range(n):
-                out[i] = fastmath.fast_erf_f32(x[i])
-        else:
-            for i in range(n):
-                out[i] = fastmath.fast_sqrt_f32(x[i])
-        return
-    if op == 12:
-        for i in range(n):
-            out[i] = math.exp(x[i])
-    elif op == 13:
-        for i in range(n):
-            out[i] = math.expm1(x[i])
-    elif op == 14:
-        for i in range(n):
-            out[i] = math.log(x[i])
-    elif op == 15:
-        for i in range(n):
-            out[i] = math.log1p(x[i])
-    elif op == 16:
-        for i in range(n):
-            out[i] = math.sin(x[i])
-    elif op == 17:
-        for i in range(n):
-            out[i] = math.cos(x[i])
-    elif op == 18:
-        for i in range(n):
-            out[i] = math.tanh(x[i])
-    elif op == 19:
-        for i in range(n):
-            out[i] = _sigmoid64(x[i])
-    elif op == 20:
-        for i in range(n):
-            out[i] = math.erf(x[i])
-    else:
-        for i in range(n):
-            out[i] = np.sqrt(x[i])
+def _loop(op: str, dtype: str) -> str:
+    """The statement computing ``op`` for element ``i`` of a block."""
+    if op in _COPIES:
+        return "out[i] = x[i]"
+    operands = ["x[i]", "y[i]", "z[i]"][: len(REGISTRY[op].inputs)]
+    expr = common.format_expression(
+        op, operands, numba_cpu.SPELLING, float32=dtype == "float32", one="one", dtype=dtype
+    )
+    if REGISTRY[op].bool_result:
+        return f"out[i] = one if {expr} else zero"
+    return f"out[i] = {expr}"
+
+
+def source() -> str:
+    """The interpreter's module source: ``run_ops_float32`` and ``run_ops_float64``."""
+    parts = [
+        _HEADER.format(
+            version=INTERPRETER_VERSION,
+            imports=numba_cpu.module_imports(),
+            fill=FILL,
+            block=BLOCK,
+        )
+    ]
+    for dtype in FLOAT_DTYPES:
+        lines = [_RUN_OPS.format(decorator=_DECORATOR, dtype=dtype).rstrip("\n")]
+        lines += _dispatch(list(OPCODES.items()), dtype, "        ")
+        parts.append("\n".join(lines) + "\n")
+    return "\n".join(parts)
+
+
+# opcodes tested one after the other at the leaves of the dispatch tree
+_LEAF = 4
+
+
+def _dispatch(ops: list[tuple[str, int]], dtype: str, indent: str) -> list[str]:
+    """The dispatch on ``op`` over ``ops`` (consecutive opcodes): a balanced tree of range tests
+    down to ``_LEAF`` opcodes, then one test each.  A chain of 50 tests cost the ops at its end
+    measurably more than those at its head (the interpreter runs one op per row of the op
+    list, for every block); the tree makes every op a handful of comparisons away."""
+    if len(ops) > _LEAF:
+        middle = len(ops) // 2
+        return (
+            [f"{indent}if op < {ops[middle][1]}:"]
+            + _dispatch(ops[:middle], dtype, indent + "    ")
+            + [f"{indent}else:"]
+            + _dispatch(ops[middle:], dtype, indent + "    ")
+        )
+    lines = []
+    for k, (op, code) in enumerate(ops):
+        template = "a copy" if op in _COPIES else EXPRESSIONS[op]
+        lines.append(f"{indent}{'if' if k == 0 else 'elif'} op == {code}:  # {op}: {template}")
+        lines.append(f"{indent}    for i in range(n):")
+        lines.append(f"{indent}        {_loop(op, dtype)}")
+    return lines
+
+
+_loaded: dict[str, ModuleType] = {}
+_machines: dict[str, ModuleType] = {}  # flags -> the loaded interpreter module
+_machine_lock = threading.Lock()
+
+
+def machine() -> ModuleType:
+    """The interpreter's module, generated and loaded on first use (once per process; numba
+    compiles each ``run_ops_*`` on its first call, or loads it from the disk cache, through
+    ``diskcache``'s guarded cache like every generated module)."""
+    flags = f"interpreter v{INTERPRETER_VERSION}|{numba_cpu._flags()}"
+    module = _machines.get(flags)
+    if module is None:
+        with _machine_lock:
+            module = _machines.get(flags)
+            if module is None:
+                entry_points = tuple(f"run_ops_{dtype}" for dtype in FLOAT_DTYPES)
+                module, _, _ = common.load_module(source(), flags, _loaded, entry_points)
+                _machines[flags] = module
+    return module
 
 
 def float_dtype(kernel: Kernel) -> Any:
@@ -418,7 +333,7 @@ class InterpretedKernel:
         self.outputs = [
             (v, self.reduction_index.get(v, -1), reg.get(v, 0), v.dtype.np) for v in kernel.outputs
         ]
-        self.is32 = self.float_dtype.np == np.float32
+        self._run_ops = getattr(machine(), f"run_ops_{self.float_dtype.name}")
         self._local = threading.local()
 
     def _registers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -431,9 +346,14 @@ class InterpretedKernel:
             self._local.regs = cached
         return cached
 
-    def __call__(self, env: dict, n: int, shapes: dict) -> dict:
+    def __call__(self, env: dict, n: int | None = None, shapes: dict | None = None) -> dict:
         """Compute the kernel's outputs (and reductions) from ``env`` for an iteration space of
-        ``n`` elements; ``shapes`` gives each output's shape.  Returns value -> array."""
+        ``n`` elements; ``shapes`` gives each output's shape (both default to the kernel's own,
+        when they are concrete).  Returns value -> array."""
+        if n is None:
+            n = int(np.prod(self.kernel.shape)) if self.kernel.shape else 1
+        if shapes is None:
+            shapes = {v: v.shape for v in self.kernel.outputs}
         regs, input_rows = self._registers(n)
         if self.full_inputs and n:
             np.concatenate(
@@ -449,7 +369,7 @@ class InterpretedKernel:
                 casting="unsafe",
             )
         reduce_out = np.zeros(len(self.reduce_regs), dtype=np.float64)
-        run_ops(n, self.code, regs, scalars, self.reduce_regs, reduce_out, self.is32)
+        self._run_ops(n, self.code, regs, scalars, self.reduce_regs, reduce_out)
         out = {}
         for v, reduction, row, dtype in self.outputs:
             if reduction >= 0:
@@ -457,8 +377,3 @@ class InterpretedKernel:
             else:
                 out[v] = regs[row, :n].astype(dtype).reshape(shapes[v])
         return out
-
-
-# numba's disk cache of the interpreter: a corrupt entry is a miss, never an error; ``run_ops`` is
-# what programs call, so its specialisations are counted (``compiles`` / ``disk_hits``)
-diskcache.guard_module(sys.modules[__name__], entry_points=("run_ops",))

@@ -2,12 +2,12 @@
 
 Every primitive of the op registry has exactly one entry, of one of three kinds:
 
-* ``EXPRESSIONS[name]``: a scalar expression template for elementwise primitives, fused into
-  generated loops.  ``{0}``, ``{1}``, ... are the operands' scalar expressions, ``{dtype}`` the
-  result's numpy dtype name; ``MATH`` names the math functions whose float32 form has a
-  vectorisable helper (``fastmath``) and whose float64 form is libm (``math.*``);
-  ``TARGET_FUNCTIONS`` names the functions each emitter spells for its target
-  (``common.Spelling``).
+* ``EXPRESSIONS[name]``: the scalar expression template of an elementwise primitive, fused into
+  generated loops.  It is read from the primitive's record (``Primitive.lowering``, declared
+  with the primitive in ``fusegrad.ops``: the eager CUDA kernels need it too, and ``src/`` never
+  imports the compiler), not written here.  ``FUNCTIONS`` are the scalar functions those
+  templates call (``ScalarFunction``: a libm name and the one Python source); each target spells
+  them (``numba_cpu``, ``numba_cuda``, ``interpreter``, through ``common.expression``).
 * ``FUSED_REDUCTIONS``: reductions that fuse as a kernel epilogue (sum over broadcast dims).
 * ``EXTERNS``: primitives computed by their eager kernel between fused loops (matmul, indexing,
   movement that changes the iteration space, ...): fusion barriers.
@@ -17,54 +17,52 @@ A test checks that the three kinds together cover the registry exactly.
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+from functools import cache
+
+from fusegrad.ops.registry import REGISTRY, ScalarFunction
+
 EXPRESSIONS: dict[str, str] = {
-    "neg": "(-{0})",
-    "add": "({0} + {1})",
-    "sub": "({0} - {1})",
-    "mul": "({0} * {1})",
-    "div": "({0} / {1})",
-    "pow": "{pow}({0}, {1})",
-    "maximum": "_maximum({0}, {1})",
-    "minimum": "_minimum({0}, {1})",
-    "reciprocal": "({one} / {0})",
-    "abs": "abs({0})",
-    "sign": "_sign({0})",
-    "exp": "{exp}({0})",
-    "expm1": "{expm1}({0})",
-    "log": "{log}({0})",
-    "log1p": "{log1p}({0})",
-    "sin": "{sin}({0})",
-    "cos": "{cos}({0})",
-    "tanh": "{tanh}({0})",
-    "sigmoid": "{sigmoid}({0})",
-    "erf": "{erf}({0})",
-    "sqrt": "{sqrt}({0})",
-    "floor": "{floor}({0})",
-    "ceil": "{ceil}({0})",
-    "trunc": "{trunc}({0})",
-    "clone": "{0}",
-    "where": "({1} if {0} else {2})",
-    "eq": "({0} == {1})",
-    "ne": "({0} != {1})",
-    "lt": "({0} < {1})",
-    "le": "({0} <= {1})",
-    "gt": "({0} > {1})",
-    "ge": "({0} >= {1})",
-    "logical_and": "(bool({0}) and bool({1}))",
-    "logical_or": "(bool({0}) or bool({1}))",
-    "logical_xor": "(bool({0}) != bool({1}))",
-    "logical_not": "(not {0})",
-    "isnan": "({0} != {0})",
-    "isinf": "math.isinf({0})",
-    "cast": "_cast_{dtype}({0})",
+    name: prim.lowering.expression for name, prim in REGISTRY.items() if prim.lowering is not None
 }
 
-# primitives whose expression uses a math function with a float32 fast helper
-MATH = ("exp", "expm1", "log", "log1p", "sin", "cos", "tanh", "sigmoid", "erf")
 
-# functions each target spells its own way, with one meaning: numpy's scalar ufuncs on the CPU
-# (``np.sqrt``, ...), libdevice through ``math`` on CUDA, where numpy's ufuncs are not available
-TARGET_FUNCTIONS = ("pow", "sqrt", "floor", "ceil", "trunc")
+def _functions() -> dict[str, ScalarFunction]:
+    out: dict[str, ScalarFunction] = {}
+    for name, prim in REGISTRY.items():
+        for fn in prim.lowering.functions if prim.lowering is not None else ():
+            if out.setdefault(fn.name, fn) != fn:  # one meaning per name
+                raise ValueError(f"{name}: scalar function {fn.name!r} declared twice, differently")
+    return out
+
+
+FUNCTIONS: dict[str, ScalarFunction] = _functions()
+
+# the functions that compiled code calls as compiled Python (no C library equivalent): an
+# inlined numba function on the CPU, a device function on CUDA, both of ``python`` itself
+HELPER_FUNCTIONS: dict[str, ScalarFunction] = {
+    name: fn for name, fn in FUNCTIONS.items() if fn.libm is None
+}
+
+
+def helper_name(fn: ScalarFunction) -> str:
+    """The name under which generated modules call a compiled helper (``_digamma``)."""
+    return f"_{fn.name}"
+
+
+@cache
+def helpers_digest() -> str:
+    """A digest of the source files that define the compiled helpers.  They are inlined into
+    generated code, and numba's disk cache of a caller does not notice an inlined callee
+    change, so emitters put this digest in the name of every module that calls them."""
+    files = sorted({inspect.getsourcefile(fn.python) or "" for fn in HELPER_FUNCTIONS.values()})
+    digest = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as fh:
+            digest.update(fh.read())
+    return digest.hexdigest()[:16]
+
 
 FUSED_REDUCTIONS = frozenset({"sum_to", "sum"})
 

@@ -30,12 +30,13 @@ Loop structure (sizes are runtime arguments; capture-time shapes only decide str
   outputs.  (Recomputing the elementwise prologue is cheap on a GPU; a float64 scratch copy of
   the summands would cost more memory traffic.)
 
-Functions: ``math.*`` is libdevice on the device (float32 operands call the float32 versions);
-numpy's ufuncs are not available in numba-cuda kernels, so ``lowering.TARGET_FUNCTIONS`` are
-spelled with ``math`` here.  The scalar helpers (``_maximum``, ``_sign``, casts, the stable
-sigmoid) are ``cpu_helpers``' own Python functions compiled as inlined device functions: one
-definition for both targets.  Under the simulator, ``math`` in generated modules is bound to
-numpy's functions (Python's ``math`` raises where the device returns inf or nan).
+Functions: every scalar function with a libm name is ``math.<name>``, libdevice on the device
+(float32 operands call the float32 versions; numpy's ufuncs are not available in numba-cuda
+kernels).  The others (the stable sigmoid, digamma, ...) and the target helpers (``_maximum``,
+``_sign``, casts) are the same Python functions the CPU compiles — the records' sources and
+``cpu_helpers``' — compiled as inlined device functions: one definition for both targets.  Under
+the simulator, ``math`` in generated modules is bound to the records' Python stand-ins
+(``simulator_math``: Python's ``math`` raises where the device returns inf or nan).
 
 Launch configuration comes from ``device_settings()``: threads per block (a power of two, part
 of the generated source: shared-memory sizes), multiprocessor count (grid sizes); small defaults
@@ -64,13 +65,21 @@ import numba
 import numpy as np
 from numba import cuda
 
+from fusegrad.ops.registry import ScalarFunction
+
 from ..ir import Value
 from ..passes.fuse import Kernel
 from ..symbolic import substitute
 from . import common, cpu_helpers
-from .common import Spelling, describe, expression, is_flat, reader, reduced_dims
-from .cpu_helpers import MATH64
-from .lowering import EXPRESSIONS, FUSED_REDUCTIONS
+from .common import describe, expression, is_flat, reader, reduced_dims
+from .lowering import (
+    EXPRESSIONS,
+    FUNCTIONS,
+    FUSED_REDUCTIONS,
+    HELPER_FUNCTIONS,
+    helper_name,
+    helpers_digest,
+)
 
 CODEGEN_VERSION = 1
 MAX_TILE = 32  # kept outputs per block when the innermost dim is kept (one warp wide)
@@ -89,7 +98,6 @@ def _device(helper: Any) -> Any:
 _maximum = _device(cpu_helpers._maximum)
 _minimum = _device(cpu_helpers._minimum)
 _sign = _device(cpu_helpers._sign)
-_sigmoid64 = _device(cpu_helpers._sigmoid64)
 _cast_bool = _device(cpu_helpers._cast_bool)
 _cast_float32 = _device(cpu_helpers._cast_float32)
 _cast_float64 = _device(cpu_helpers._cast_float64)
@@ -103,48 +111,31 @@ def _pow(a, b):  # type: ignore[no-untyped-def]
     return a**b
 
 
-HELPERS = (
-    "_cast_bool",
-    "_cast_float32",
-    "_cast_float64",
-    "_cast_int32",
-    "_cast_int64",
-    "_maximum",
-    "_minimum",
-    "_pow",
-    "_sigmoid64",
-    "_sign",
-)
+# the records' scalar functions without a libm equivalent (sigmoid, digamma, ...): device
+# functions of the same Python source the CPU compiles (``cpu_helpers.RECORD_HELPERS``)
+_RECORD_HELPERS = {
+    helper_name(fn): cuda.jit(device=True, inline="always")(fn.python)
+    for fn in HELPER_FUNCTIONS.values()
+}
+globals().update(_RECORD_HELPERS)  # importable by generated modules, like the helpers above
+
+# every helper generated modules import from here
+HELPERS = tuple(sorted(cpu_helpers.TARGET_HELPERS + tuple(_RECORD_HELPERS)))
 
 # Python's ``math`` raises (overflow, domain errors, nan to int) where the device returns inf or
-# nan; under the simulator generated modules use numpy's functions under the same names
+# nan; under the simulator generated modules use, under the same names, the records' Python
+# stand-ins for their libm functions (numpy's ufuncs or functions that never raise)
 simulator_math = types.SimpleNamespace(
-    exp=np.exp,
-    expm1=np.expm1,
-    log=np.log,
-    log1p=np.log1p,
-    sin=np.sin,
-    cos=np.cos,
-    tanh=np.tanh,
-    erf=math.erf,  # never raises
-    sqrt=np.sqrt,
-    floor=np.floor,
-    ceil=np.ceil,
-    trunc=np.trunc,
-    isinf=np.isinf,
+    **{fn.libm: fn.python for fn in FUNCTIONS.values() if fn.libm is not None}
 )
 
-_SPELLING = Spelling(
-    math32=MATH64,  # ``math.exp`` of a float32 is libdevice's expf
-    math64=MATH64,
-    functions={
-        "pow": "_pow",
-        "sqrt": "math.sqrt",
-        "floor": "math.floor",
-        "ceil": "math.ceil",
-        "trunc": "math.trunc",
-    },
-)
+
+def _spell(fn: ScalarFunction) -> str:
+    # ``math.exp`` of a float32 is libdevice's expf: no separate float32 spelling
+    return f"math.{fn.libm}" if fn.libm is not None else helper_name(fn)
+
+
+_SPELLING = common.spelling(_spell, lambda fn: None)
 
 # ---- device settings --------------------------------------------------------------------------
 
@@ -558,7 +549,7 @@ def _flags(settings: DeviceSettings) -> str:
         numba_cuda_version = "unknown"
     return (
         f"cuda v{CODEGEN_VERSION}|{settings.target}|threads{settings.threads}|"
-        f"numba-cuda{numba_cuda_version}|helpers{_helpers_digest()}"
+        f"numba-cuda{numba_cuda_version}|helpers{_helpers_digest()}|scalar{helpers_digest()}"
     )
 
 

@@ -265,12 +265,14 @@ def test_counters_count_compiled_and_loaded_specialisations(tmp_path: pathlib.Pa
     second, _ = _run(script, [scenarios], env)
     assert second == {"serial": [0, 1], "parallel": [0, 1], "interpreter": [0, 1]}, second
 
-    # the precompiled interpreter's cache broken: run_ops's index, its callee's data, and the
-    # index of every float32 helper (read when a new generated kernel compiles)
+    # the interpreter's cache broken (a generated module: its run_ops index, its callee's
+    # data), and the index of every float32 helper (read when a new generated kernel compiles)
     numba_dir = tmp_path / "numba"
-    (run_ops_index,) = numba_dir.glob("*/interpreter.run_ops-*.nbi")
+    (run_ops_index,) = numba_dir.rglob("*.run_ops_float32-*.nbi")
     _truncate(run_ops_index)
-    for path in numba_dir.glob("*/interpreter._run_block-*.nbc"):
+    blocks = list(numba_dir.rglob("*._run_block_float32-*.nbc"))
+    assert blocks
+    for path in blocks:
         _garble(path)
     helpers = list(numba_dir.glob("*/fastmath.*.nbi"))
     assert helpers

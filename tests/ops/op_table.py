@@ -350,6 +350,66 @@ def reductions(
     return make
 
 
+def promoted(make: Callable, arity: int, torch_ints: bool = True) -> Callable:
+    """``make``'s samples plus one of integer operands, which these ops promote to the default
+    float dtype (forward only; ``torch_ints=False`` where PyTorch refuses integers instead)."""
+
+    def samples(rng: np.random.Generator) -> list[Sample]:
+        ints = tuple(np.asarray(rng.integers(1, 5, (2, 3))) for _ in range(arity))
+        return make(rng) + [Sample(ints, name="int", grad=False, torch=torch_ints)]
+
+    return samples
+
+
+# IEEE special values, poles and signed zeros, for unary ops and (as pairs) binary ones; samples
+# named "special" are forward-only and also compared with PyTorch's signs of zero
+SPECIAL = [0.0, -0.0, math.inf, -math.inf, math.nan, 1.0, -1.0, -2.0, 0.5, -2.5, 1e-300, -1e-300]
+SPECIAL_PAIRS = [
+    (0.0, 0.0),
+    (0.0, -0.0),
+    (-0.0, 0.0),
+    (-0.0, -0.0),
+    (1.0, 0.0),
+    (-0.0, -1.0),
+    (1.0, math.inf),
+    (-1.0, -math.inf),
+    (math.inf, math.inf),
+    (-math.inf, -math.inf),
+    (math.inf, -math.inf),
+    (-math.inf, 2.0),
+    (math.nan, 1.0),
+    (1.0, math.nan),
+    (3.0, -math.inf),
+]
+
+
+def with_special(make: Callable, not_torch: tuple = ()) -> Callable:
+    """``make``'s samples plus one of the ``SPECIAL`` values: forward and PyTorch (values and
+    gradients) only, no gradcheck at infinities and poles.  Values in ``not_torch`` (where
+    fusegrad deliberately differs from PyTorch, said at the entry) form a sample of their own,
+    compared with the reference only."""
+
+    def samples(rng: np.random.Generator) -> list[Sample]:
+        out = make(rng)
+        both = np.array([v for v in SPECIAL if v not in not_torch])
+        out.append(Sample((both,), name="special", grad=False))
+        if not_torch:
+            out.append(Sample((np.array(not_torch),), name="special_ref", grad=False, torch=False))
+        return out
+
+    return samples
+
+
+def with_special_pairs(make: Callable) -> Callable:
+    """``with_special`` for binary ops: the operand pairs of ``SPECIAL_PAIRS``."""
+
+    def samples(rng: np.random.Generator) -> list[Sample]:
+        a, b = (np.array(column) for column in zip(*SPECIAL_PAIRS))
+        return make(rng) + [Sample((a, b), name="special", grad=False)]
+
+    return samples
+
+
 # ---- numpy references ---------------------------------------------------------------------------
 
 _erf_scalar = np.vectorize(math.erf, otypes=[np.float64])
@@ -358,6 +418,87 @@ _erf_scalar = np.vectorize(math.erf, otypes=[np.float64])
 def erf_ref(x: Any) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     return _erf_scalar(x) if x.size else x.copy()
+
+
+def _elementwise_ref(scalar: Callable[..., float]) -> Callable[..., np.ndarray]:
+    """A numpy reference from a Python scalar function (float64, numpy broadcasting)."""
+    vectorised = np.vectorize(scalar, otypes=[np.float64])
+
+    def ref(*args: Any) -> np.ndarray:
+        arrays = np.broadcast_arrays(*[np.asarray(a, dtype=np.float64) for a in args])
+        return vectorised(*arrays) if arrays[0].size else np.zeros(arrays[0].shape)
+
+    return ref
+
+
+def _pole(x: float) -> bool:
+    return x <= 0 and (math.isinf(x) or x == math.floor(x))
+
+
+def _lgamma_scalar_ref(x: float) -> float:
+    if math.isnan(x):
+        return x
+    if math.isinf(x) or _pole(x):
+        return math.inf
+    return math.lgamma(x)  # CPython's own algorithm: independent of the C library's
+
+
+def _mpmath() -> Any:
+    try:
+        import mpmath
+
+        return mpmath
+    except ImportError:  # pragma: no cover - mpmath comes with torch (sympy)
+        return None
+
+
+def _psi_series(x: float, order: int) -> float:
+    """digamma (order 0) or trigamma (order 1) of x > 0 without mpmath: shifted past 30, then
+    five terms of the asymptotic series (an independent cut of the same mathematics)."""
+    shift = 0.0
+    while x < 30.0:
+        shift += -1.0 / x if order == 0 else 1.0 / (x * x)
+        x += 1.0
+    z = 1.0 / (x * x)
+    if order == 0:
+        tail = z * (1 / 12 - z * (1 / 120 - z * (1 / 252 - z * (1 / 240 - z / 132))))
+        return shift + math.log(x) - 0.5 / x - tail
+    tail = z * (1 / 6 - z * (1 / 30 - z * (1 / 42 - z * (1 / 30 - z * 5 / 66))))
+    return shift + (1.0 + 0.5 / x + tail) / x
+
+
+def _polygamma_scalar_ref(order: int) -> Callable[[float], float]:
+    """digamma (order 0) or trigamma (order 1) with PyTorch's conventions at the poles
+    (trigamma: +inf, the limit), from mpmath where importable."""
+
+    def ref(x: float) -> float:
+        if math.isnan(x) or x == -math.inf:
+            return math.nan
+        if x == math.inf:
+            return math.inf if order == 0 else 0.0
+        if x == 0 and order == 0:
+            return math.copysign(math.inf, -x)
+        if _pole(x):
+            return math.nan if order == 0 else math.inf
+        mp = _mpmath()
+        if mp is not None:
+            return float(mp.polygamma(order, mp.mpf(x)))
+        if x > 0:
+            return _psi_series(x, order)
+        if order == 0:  # reflection: digamma(x) = digamma(1 - x) - pi cot(pi x)
+            return _psi_series(1.0 - x, 0) - math.pi / math.tan(math.pi * x)
+        return (math.pi / math.sin(math.pi * x)) ** 2 - _psi_series(1.0 - x, 1)
+
+    return ref
+
+
+lgamma_ref = _elementwise_ref(_lgamma_scalar_ref)
+digamma_ref = _elementwise_ref(_polygamma_scalar_ref(0))
+trigamma_ref = _elementwise_ref(_polygamma_scalar_ref(1))
+
+
+def logaddexp_ref(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.log(np.exp(a) + np.exp(b))  # the definition (samples stay far from overflow)
 
 
 def sigmoid_ref(x: np.ndarray) -> np.ndarray:
@@ -792,6 +933,56 @@ add("tan", lambda m, x: m.tan(x), np.tan, unary(lambda r, s: uni(r, s, -1.2, 1.2
 add("tanh", lambda m, x: m.tanh(x), np.tanh, unary())
 add("sigmoid", lambda m, x: m.sigmoid(x), sigmoid_ref, unary(lambda r, s: uni(r, s, -4, 4)))
 add("erf", lambda m, x: m.erf(x), erf_ref, unary())
+add(
+    "erfc",
+    lambda m, x: m.erfc(x),
+    lambda x: 1.0 - erf_ref(x),
+    promoted(with_special(unary()), 1),
+)
+add("erfc_", lambda m, x: (x * 1.0).erfc_(), lambda x: 1.0 - erf_ref(x), unary())
+add("lgamma", lambda m, x: m.lgamma(x), lgamma_ref, promoted(with_special(unary(nonint)), 1))
+add("lgamma_", lambda m, x: (x * 1.0).lgamma_(), lgamma_ref, unary(nonint))
+# digamma's derivative, polygamma(1, x), is not differentiable in fusegrad (no polygamma(2, x)):
+# no gradgradcheck.  At the negative integers digamma is nan and its gradient g * +inf, where
+# PyTorch's is g * 6.6e32 (see polygamma_1): those values are compared with the reference only
+add(
+    "digamma",
+    lambda m, x: m.digamma(x),
+    digamma_ref,
+    promoted(with_special(unary(nonint), not_torch=(-1.0, -2.0)), 1),
+    twice=False,
+)
+add("digamma_", lambda m, x: (x * 1.0).digamma_(), digamma_ref, unary(nonint), twice=False)
+# forward only (on a detached input): polygamma(1, x) has no derivative in fusegrad.  At the
+# negative integers fusegrad gives +inf (the limit), PyTorch pi^2 / sin(pi x)^2 of a rounded
+# pi x (6.6e32 at -1)
+add(
+    "polygamma_1",
+    lambda m, x: m.polygamma(1, x.detach()),
+    trigamma_ref,
+    promoted(with_special(unary(nonint), not_torch=(-1.0, -2.0)), 1),
+    differentiable=False,
+)
+add(
+    "atan2",
+    lambda m, a, b: m.atan2(a, b),
+    np.arctan2,
+    promoted(with_special_pairs(binary(away, away, scalars=False)), 2),
+)
+add("arctan2", lambda m, a, b: a.arctan2(b), np.arctan2, binary(away, away, scalars=False))
+# PyTorch implements hypot and logaddexp for floating tensors only; fusegrad promotes integers
+add(
+    "hypot",
+    lambda m, a, b: m.hypot(a, b),
+    np.hypot,
+    promoted(with_special_pairs(binary(away, scalars=False)), 2, torch_ints=False),
+)
+add(
+    "logaddexp",
+    lambda m, a, b: m.logaddexp(a, b),
+    logaddexp_ref,
+    promoted(with_special_pairs(binary(scalars=False)), 2, torch_ints=False),
+)
 add("floor", lambda m, x: m.floor(x), np.floor, unary(nonint), zero_grad=True)
 add("ceil", lambda m, x: m.ceil(x), np.ceil, unary(nonint), zero_grad=True)
 add("round", lambda m, x: m.round(x), np.round, unary(nonint), zero_grad=True)
@@ -1954,6 +2145,17 @@ for _name, _fn, _ref, _gens in [
 OPS[-1].torch_op = lambda m, a, b: (a * 1.0).lerp_(
     b if not isinstance(b, float) else m.full_like(a, b), 0.25
 )
+# PyTorch's atan2_ and hypot_ take tensors only
+for _name, _fn, _ref in [
+    ("atan2_", lambda m, a, b: (a * 1.0).atan2_(b), np.arctan2),
+    ("hypot_", lambda m, a, b: (a * 1.0).hypot_(b), np.hypot),
+]:
+    add(
+        _name,
+        _fn,
+        _ref,
+        lambda rng: [s for s in _inplace_samples(away, away)(rng) if s.name != "scalar"],
+    )
 
 
 def _iadd(a: Any, b: Any) -> Any:

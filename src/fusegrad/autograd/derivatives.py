@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from .. import ops as F
+from ..errors import AutogradError
 from ..ops.registry import vjp
 
 # ---- elementwise unary -------------------------------------------------------------------------
@@ -87,6 +88,30 @@ def _erf(node, g, x):
     return (g * ((-(x * x)).exp() * (2.0 / math.sqrt(math.pi))),)
 
 
+@vjp("erfc", save="x")
+def _erfc(node, g, x):
+    return (g * ((-(x * x)).exp() * (-2.0 / math.sqrt(math.pi))),)
+
+
+@vjp("lgamma", save="x")
+def _lgamma(node, g, x):
+    return (g * x.digamma(),)
+
+
+@vjp("digamma", save="x")
+def _digamma(node, g, x):
+    return (g * F.polygamma(1, x),)
+
+
+@vjp("trigamma")
+def _trigamma(node, g):
+    # polygamma(2, x) would need a primitive of its own, and so on up; PyTorch has them
+    raise AutogradError(
+        "the derivative for 'polygamma(1, x)' (polygamma(2, x)) is not implemented: digamma "
+        "and polygamma(1, x) are differentiable once in fusegrad"
+    )
+
+
 def _zero_grad(node, g):
     """Piecewise-constant ops: the gradient is zero almost everywhere (PyTorch gives zeros)."""
     return (F.zeros_like(g),)
@@ -150,6 +175,33 @@ def _pow(node, g, a, b, out):
         # d/db a**b = a**b * log(a), defined as 0 where a == 0 and b >= 0
         gb = F.where((a == 0) & (b >= 0), 0.0, g * (out * a.log()))
     return (ga, gb)
+
+
+@vjp("atan2", save="a b")
+def _atan2(node, g, a, b):
+    # d/da = b / (a^2 + b^2), d/db = -a / (a^2 + b^2); 0 where a^2 + b^2 is 0 (PyTorch's rule:
+    # its reciprocal's infinities are zeroed)
+    need = node.needs_input_grad
+    recip = (a * a + b * b).reciprocal()
+    recip = F.where(recip.isinf(), 0.0, recip)
+    return (g * b * recip if need[0] else None, g * -a * recip if need[1] else None)
+
+
+@vjp("hypot", save="a b out")
+def _hypot(node, g, a, b, out):
+    need = node.needs_input_grad
+    return (g * a / out if need[0] else None, g * b / out if need[1] else None)
+
+
+@vjp("logaddexp", save="a b")
+def _logaddexp(node, g, a, b):
+    # the softmax weights exp(a - out), exp(b - out), as sigmoids of the difference: exact 0 and
+    # 1 when one operand is infinite and the other is not (nan when both are, as in PyTorch)
+    need = node.needs_input_grad
+    return (
+        g * (a - b).sigmoid() if need[0] else None,
+        g * (b - a).sigmoid() if need[1] else None,
+    )
 
 
 def _tie_weights(a, b, dtype):

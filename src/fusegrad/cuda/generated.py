@@ -3,10 +3,11 @@
 For a call ``prim(*arrays, **attrs)`` this builds the smallest compiled program there is — an IR
 graph with one input per operand and one value, as one ``Kernel`` (the value, or for ``sum`` /
 ``sum_to`` the kernel's reduction over its input: a deterministic block tree) — and hands it to
-``fusegrad.compiler.codegen.numba_cuda``, which emits it from the lowering table (the same
-scalar expression the fused backward kernels use) and caches the machine code by source.  The
-graph is rebuilt only for new shapes/dtypes/attributes (sizes are runtime arguments of the
-generated code, so a new size costs the emission of the source, not a compilation).
+``fusegrad.compiler.codegen.numba_cuda``, which emits it from the primitive's record (the same
+scalar expression the fused backward kernels use, ``Primitive.lowering``) and caches the machine
+code by source.  The graph is rebuilt only for new shapes/dtypes/attributes (sizes are runtime
+arguments of the generated code, so a new size costs the emission of the source, not a
+compilation).
 
 This is the one place where ``src/`` uses the compiler; it is imported on the first eager CUDA
 op, never when fusegrad is imported.
@@ -29,9 +30,8 @@ REDUCTIONS = ("sum", "sum_to")  # the reductions the emitter generates (any dtyp
 
 
 def supports(prim: Any, arrays: list) -> bool:
-    from fusegrad.compiler.codegen.lowering import EXPRESSIONS
-
-    return prim.name in EXPRESSIONS or prim.name in REDUCTIONS
+    # an elementwise primitive with a scalar expression in its record (what the emitter lowers)
+    return prim.lowering is not None or prim.name in REDUCTIONS
 
 
 def _freeze(attrs: dict) -> tuple:

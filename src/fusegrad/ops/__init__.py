@@ -1,9 +1,13 @@
 """The op surface: every public op as a function, and the same ops installed on ``Tensor`` as
 methods and operators (one definition each).
 
-Import order matters: primitives register kernels in the registry, the surface modules define
-functions over ``registry.apply``, then ``autograd.derivatives`` registers one rule per
-primitive, written in this surface.
+Import order matters: primitives register their records in the registry, the surface modules
+define functions over ``registry.apply`` (``generated`` builds those of plain elementwise
+primitives from their records), then ``autograd.derivatives`` registers one rule per primitive,
+written in this surface.
+
+Names: a primitive's aliases and its ``Tensor`` methods come from its record (``method``,
+``inplace``, ``aliases``); ``_METHODS`` and ``_INPLACE`` list only the composites' methods.
 """
 
 from __future__ import annotations
@@ -57,8 +61,6 @@ from .creation import (
 )
 from .elementwise import *  # noqa: F401,F403
 from .elementwise import (
-    abs,
-    absolute,
     add,
     allclose,
     bitwise_and,
@@ -68,68 +70,31 @@ from .elementwise import (
     ceil,
     clamp,
     clip,
-    cos,
     div,
-    divide,
     elu,
-    eq,
     equal,
-    erf,
-    exp,
     exp2,
-    expm1,
-    fix,
     floor,
-    floor_divide,
-    ge,
     gelu,
-    greater,
-    greater_equal,
-    gt,
     isclose,
     isfinite,
-    isinf,
-    isnan,
-    le,
     leaky_relu,
     lerp,
-    less,
-    less_equal,
-    log,
-    log1p,
     log2,
     log10,
-    logical_and,
-    logical_not,
-    logical_or,
-    logical_xor,
-    lt,
-    maximum,
-    minimum,
-    mul,
     nan_to_num,
-    ne,
     neg,
-    negative,
-    not_equal,
-    pow,
-    reciprocal,
+    polygamma,
     relu,
-    remainder,
     round,
     rsqrt,
     rsub,
-    sigmoid,
     sign,
     silu,
-    sin,
     softplus,
-    sqrt,
     square,
     sub,
     tan,
-    tanh,
-    true_divide,
     trunc,
     where,
 )
@@ -147,6 +112,8 @@ from .functional import (
     nll_loss,
     unfold,
 )
+from .generated import *  # noqa: F401,F403  (surface functions generated from the records)
+from .generated import abs, eq, floor_divide, ge, gt, le, lt, mul, ne, pow, remainder
 from .indexing import (
     embedding,
     gather,
@@ -576,104 +543,47 @@ def _clamp_max(input: Tensor, max: Any) -> Tensor:  # noqa: A002
     return clamp(input, max=max)
 
 
+def _polygamma(self: Tensor, n: int) -> Tensor:
+    """``Tensor.polygamma(n)``: the tensor is the second argument of ``polygamma(n, input)``."""
+    return polygamma(n, self)
+
+
 def _setitem(self: Tensor, key: Any, value: Any) -> None:
     inplace(self, "__setitem__", setitem_value, key, value)
 
 
 # ---- installation on Tensor ------------------------------------------------------------------
+# methods of composites (a primitive's methods are flags of its record)
 _METHODS = [
     # elementwise
-    "add",
-    "sub",
-    "mul",
-    "div",
-    "true_divide",
-    "divide",
-    "floor_divide",
-    "remainder",
-    "neg",
-    "negative",
-    "pow",
     "square",
-    "reciprocal",
-    "abs",
-    "absolute",
-    "sign",
-    "maximum",
-    "minimum",
     "lerp",
-    "exp",
     "exp2",
-    "expm1",
-    "log",
     "log2",
     "log10",
-    "log1p",
-    "sqrt",
     "rsqrt",
-    "sin",
-    "cos",
     "tan",
-    "tanh",
-    "sigmoid",
-    "erf",
-    "floor",
-    "ceil",
-    "trunc",
-    "fix",
-    "round",
     "relu",
     "clamp",
     "clip",
     "nan_to_num",
-    "eq",
-    "ne",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "logical_and",
-    "logical_or",
-    "logical_xor",
-    "logical_not",
-    "bitwise_and",
-    "bitwise_or",
-    "bitwise_xor",
     "bitwise_not",
-    "isnan",
-    "isinf",
     "isfinite",
     "isclose",
     "allclose",
     "equal",
-    "where",
-    "greater",
-    "greater_equal",
-    "less",
-    "less_equal",
-    "not_equal",
     # reductions
-    "sum",
     "mean",
-    "prod",
     "max",
     "min",
-    "amax",
-    "amin",
-    "argmax",
-    "argmin",
     "var",
     "std",
     "norm",
     "logsumexp",
     "softmax",
     "log_softmax",
-    "cumsum",
-    "all",
-    "any",
     "count_nonzero",
     # shape
-    "reshape",
     "view",
     "view_as",
     "reshape_as",
@@ -681,7 +591,6 @@ _METHODS = [
     "unflatten",
     "squeeze",
     "unsqueeze",
-    "permute",
     "transpose",
     "swapaxes",
     "swapdims",
@@ -689,27 +598,20 @@ _METHODS = [
     "movedim",
     "expand",
     "expand_as",
-    "broadcast_to",
     "sum_to_size",
     "contiguous",
-    "clone",
     "narrow",
     "select",
     "split",
     "chunk",
     "unbind",
-    "flip",
     "roll",
     "repeat",
     "tile",
-    "diagonal",
     "diag",
     "tril",
     "triu",
     # indexing
-    "gather",
-    "scatter",
-    "scatter_add",
     "index_select",
     "masked_fill",
     "masked_select",
@@ -718,7 +620,6 @@ _METHODS = [
     "index_copy",
     "index_fill",
     # linalg
-    "matmul",
     "mm",
     "bmm",
     "mv",
@@ -730,35 +631,14 @@ _METHODS = [
     "addcdiv",
 ]
 
+# in-place methods of composites and of what is not an op (fill_, copy_, normal_, ...)
 _INPLACE = {
-    "add_": add,
-    "sub_": sub,
-    "mul_": mul,
-    "div_": div,
-    "pow_": pow,
-    "neg_": neg,
-    "abs_": abs,
-    "exp_": exp,
-    "log_": log,
-    "sqrt_": sqrt,
-    "sin_": sin,
-    "cos_": cos,
-    "tanh_": tanh,
-    "sigmoid_": sigmoid,
     "relu_": relu,
     "clamp_": clamp,
     "clip_": clamp,
-    "floor_": floor,
-    "ceil_": ceil,
-    "round_": round,
-    "trunc_": trunc,
-    "reciprocal_": reciprocal,
-    "sign_": sign,
     "square_": square,
     "lerp_": lerp,
     "masked_fill_": masked_fill,
-    "scatter_": scatter,
-    "scatter_add_": scatter_add,
     "addcmul_": _addcmul,
     "addcdiv_": _addcdiv,
     "fill_": _fill,
@@ -766,58 +646,62 @@ _INPLACE = {
     "copy_": _copy,
     "normal_": _normal,
     "uniform_": _uniform,
-    "erf_": erf,
-    "expm1_": expm1,
-    "log1p_": log1p,
     "nan_to_num_": nan_to_num,
-    "remainder_": remainder,
-    "floor_divide_": floor_divide,
     "exp2_": exp2,
     "log2_": log2,
     "log10_": log10,
     "rsqrt_": rsqrt,
     "tan_": tan,
-    "true_divide_": true_divide,
-    "divide_": divide,
-    "negative_": negative,
-    "absolute_": absolute,
-    "fix_": fix,
     "clamp_min_": _clamp_min,
     "clamp_max_": _clamp_max,
-    # comparisons and logical ops write 0 / 1 in self's dtype, as in PyTorch
-    "eq_": eq,
-    "ne_": ne,
-    "lt_": lt,
-    "le_": le,
-    "gt_": gt,
-    "ge_": ge,
-    "greater_": greater,
-    "greater_equal_": greater_equal,
-    "less_": less,
-    "less_equal_": less_equal,
-    "not_equal_": not_equal,
-    "logical_not_": logical_not,
-    "logical_and_": logical_and,
-    "logical_or_": logical_or,
-    "logical_xor_": logical_xor,
-    "bitwise_and_": bitwise_and,
-    "bitwise_or_": bitwise_or,
-    "bitwise_xor_": bitwise_xor,
     "bitwise_not_": bitwise_not,
     "index_add_": index_add,
     "index_copy_": index_copy,
     "index_fill_": index_fill,
+    "polygamma_": _polygamma,
 }
+
+
+def _record_names() -> dict[str, Any]:
+    """The functions and methods the primitives' records declare: name -> the op-surface
+    function (aliases included), with in-place methods under ``name_``.  Each record's surface
+    function is the one of the same name in this namespace (generated or hand-written)."""
+    g = globals()
+    out: dict[str, Any] = {}
+    for prim in REGISTRY.values():
+        if not (prim.method or prim.inplace or prim.aliases):
+            continue
+        fn = g.get(prim.name)
+        if fn is None:
+            raise AssertionError(
+                f"{prim.name}: its record declares methods or aliases, but the op surface has "
+                "no function of that name (set the record's surface flag, or write one)"
+            )
+        for name in (prim.name, *prim.aliases):
+            if prim.method:
+                out[name] = fn
+            if prim.inplace:
+                out[name + "_"] = _inplace_method(name + "_", fn)
+            if name != prim.name:
+                g[name] = fn  # the alias as a function: fusegrad.true_divide, ...
+    return out
 
 
 def _install_methods() -> None:
     g = globals()
+    records = _record_names()
+    twice = set(records) & (set(_METHODS) | set(_INPLACE))
+    if twice:
+        raise AssertionError(f"methods declared by a record and listed again: {sorted(twice)}")
+    for name, method in records.items():
+        setattr(Tensor, name, method)
     for name in _METHODS:
         setattr(Tensor, name, g[name])
     for name, fn in _INPLACE.items():
         setattr(Tensor, name, _inplace_method(name, fn))
     Tensor.to = to
     Tensor.type = _type
+    Tensor.polygamma = _polygamma
     for attr, d in [
         ("float", _dt.float32),
         ("double", _dt.float64),

@@ -1,8 +1,13 @@
-"""Elementwise op surface: arithmetic, math functions, activations, comparisons, logic.
+"""Elementwise op surface, hand-written part: arithmetic with options (``add``'s ``alpha``,
+``div``'s ``rounding_mode``), ops with dtype rules of their own (``neg``, ``sign``, rounding of
+integers, bitwise ops), ``where``, and composites (activations, ``clamp``, ``isclose``, ...).
 
-Each function promotes its arguments (PyTorch rules, ``dtypes.result_type``), checks that shapes
-broadcast, and calls one primitive through ``registry.apply``; activations and the like are
-composites of those primitives (CONVENTIONS.md "composites over primitives").
+The plain elementwise primitives (``exp``, ``mul``, ``eq``, ``atan2``, ...) have no function here:
+theirs are generated from their records (``ops/generated.py``), and this module imports the
+ones its composites use.  Each function promotes its arguments (PyTorch rules,
+``dtypes.result_type``), checks that shapes broadcast, and calls one primitive through
+``registry.apply``; activations and the like are composites of those primitives
+(CONVENTIONS.md "composites over primitives").
 """
 
 from __future__ import annotations
@@ -13,72 +18,39 @@ from typing import Any
 from .. import dtypes as _dt
 from ..errors import DTypeError, describe
 from ..tensor import Tensor
-from ._util import (
-    P,
-    apply,
-    as_operand,
-    broadcast_shape,
-    cast,
-    is_number,
-    operand,
-    scalar_tensor,
-    to_tensor,
+from ._util import P, apply, as_operand, broadcast_shape, cast, is_number, operand, to_tensor
+from .generated import (  # generated from the records; used by the composites below
+    _binary,
+    _fast_binary,
+    _float_binary,
+    _float_unary,
+    abs,
+    cos,
+    digamma,
+    eq,
+    erf,
+    exp,
+    expm1,
+    floor_divide,
+    gt,
+    isinf,
+    isnan,
+    le,
+    log,
+    log1p,
+    logical_and,
+    logical_not,
+    logical_or,
+    lt,
+    mul,
+    reciprocal,
+    sigmoid,
+    sin,
+    sqrt,
+    tanh,
 )
 
 _CLAMP_SENTINEL = object()
-
-
-def _fast_binary(name: str, a: Any, b: Any) -> Tensor | None:
-    """The common cases without general promotion: two tensors of one dtype, or a float tensor
-    and a Python int/float.  Returns None when the general path is needed.  (These are most of
-    the calls that derivative rules make, so this is the eager backward's hot path.)"""
-    if isinstance(a, Tensor):
-        dt = a._dtype
-        tb = type(b)
-        if isinstance(b, Tensor):
-            if b._dtype is not dt:
-                return None
-            if a._data.shape != b._data.shape:
-                broadcast_shape(name, a, b)
-            return apply(P[name], (a, b), {})
-        if (tb is float or tb is int) and dt.category == 2:
-            return apply(P[name], (a, scalar_tensor(b, dt)), {})
-    elif isinstance(b, Tensor):
-        ta = type(a)
-        if (ta is float or ta is int) and b._dtype.category == 2:
-            return apply(P[name], (scalar_tensor(a, b._dtype), b), {})
-    return None
-
-
-def _binary(name: str, a: Any, b: Any, dtype: _dt.dtype | None = None) -> Tensor:
-    if dtype is None:
-        out = _fast_binary(name, a, b)
-        if out is not None:
-            return out
-    a, b = operand(a), operand(b)
-    dt = dtype if dtype is not None else _dt.result_type(a, b)
-    a, b = as_operand(a, dt), as_operand(b, dt)
-    broadcast_shape(name, a, b)
-    return apply(P[name], (a, b), {})
-
-
-def _float_binary(name: str, a: Any, b: Any) -> Tensor:
-    a, b = operand(a), operand(b)
-    dt = _dt.result_type(a, b)
-    if dt.category < 2:
-        dt = _dt.get_default_dtype()
-    return _binary(name, a, b, dt)
-
-
-def _float_unary(name: str, x: Any) -> Tensor:
-    x = to_tensor(x)
-    if x._dtype.category < 2:
-        x = cast(x, _dt.get_default_dtype())
-    return apply(P[name], (x,), {})
-
-
-def _same_unary(name: str, x: Any) -> Tensor:
-    return apply(P[name], (to_tensor(x),), {})
 
 
 # ---- arithmetic -------------------------------------------------------------------------------
@@ -120,10 +92,6 @@ def rsub(input: Any, other: Any) -> Tensor:
     return sub(other, input)
 
 
-def mul(input: Any, other: Any) -> Tensor:
-    return _binary("mul", input, other)
-
-
 def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor:
     input, other = operand(input), operand(other)
     if rounding_mode is None:
@@ -142,17 +110,6 @@ def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor:
     )
 
 
-true_divide = divide = div
-
-
-def floor_divide(input: Any, other: Any) -> Tensor:
-    return _binary("floor_divide", input, other)
-
-
-def remainder(input: Any, other: Any) -> Tensor:
-    return _binary("remainder", input, other)
-
-
 def neg(input: Any) -> Tensor:
     x = to_tensor(input)
     if x._dtype is _dt.bool_:
@@ -160,26 +117,8 @@ def neg(input: Any) -> Tensor:
     return apply(P["neg"], (x,), {})
 
 
-negative = neg
-
-
-def pow(input: Any, exponent: Any) -> Tensor:
-    return _binary("pow", input, exponent)
-
-
 def square(input: Any) -> Tensor:
     return mul(input, input)
-
-
-def reciprocal(input: Any) -> Tensor:
-    return _float_unary("reciprocal", input)
-
-
-def abs(input: Any) -> Tensor:
-    return _same_unary("abs", input)
-
-
-absolute = abs
 
 
 def sign(input: Any) -> Tensor:
@@ -187,14 +126,6 @@ def sign(input: Any) -> Tensor:
     if x._dtype is _dt.bool_:
         return _int_identity(x)  # sign(True) = True, sign(False) = False
     return apply(P["sign"], (x,), {})
-
-
-def maximum(input: Any, other: Any) -> Tensor:
-    return _binary("maximum", input, other)
-
-
-def minimum(input: Any, other: Any) -> Tensor:
-    return _binary("minimum", input, other)
 
 
 def where(condition: Any, input: Any, other: Any) -> Tensor:
@@ -213,20 +144,10 @@ def lerp(input: Any, end: Any, weight: Any) -> Tensor:
 
 
 # ---- math functions -----------------------------------------------------------------------------
-def exp(input: Any) -> Tensor:
-    return _float_unary("exp", input)
 
 
 def exp2(input: Any) -> Tensor:
     return exp(mul(_floatify(input), math.log(2.0)))
-
-
-def expm1(input: Any) -> Tensor:
-    return _float_unary("expm1", input)
-
-
-def log(input: Any) -> Tensor:
-    return _float_unary("log", input)
 
 
 def log2(input: Any) -> Tensor:
@@ -237,24 +158,8 @@ def log10(input: Any) -> Tensor:
     return mul(log(input), 1.0 / math.log(10.0))
 
 
-def log1p(input: Any) -> Tensor:
-    return _float_unary("log1p", input)
-
-
-def sqrt(input: Any) -> Tensor:
-    return _float_unary("sqrt", input)
-
-
 def rsqrt(input: Any) -> Tensor:
     return reciprocal(sqrt(input))
-
-
-def sin(input: Any) -> Tensor:
-    return _float_unary("sin", input)
-
-
-def cos(input: Any) -> Tensor:
-    return _float_unary("cos", input)
 
 
 def tan(input: Any) -> Tensor:
@@ -262,16 +167,18 @@ def tan(input: Any) -> Tensor:
     return div(sin(x), cos(x))
 
 
-def tanh(input: Any) -> Tensor:
-    return _float_unary("tanh", input)
-
-
-def sigmoid(input: Any) -> Tensor:
-    return _float_unary("sigmoid", input)
-
-
-def erf(input: Any) -> Tensor:
-    return _float_unary("erf", input)
+def polygamma(n: int, input: Any) -> Tensor:
+    """The ``n``-th derivative of digamma: ``n = 0`` is ``digamma``, ``n = 1`` trigamma (a
+    primitive; not differentiable again); higher orders are not implemented."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"polygamma(): argument 'n' must be int, not {type(n).__name__}")
+    if n < 0:
+        raise ValueError("polygamma(n, x) does not support negative n.")
+    if n == 0:
+        return digamma(input)
+    if n == 1:
+        return _float_unary("trigamma", input)
+    raise NotImplementedError(f"polygamma: order n = {n} is not implemented (n = 0 and 1 are)")
 
 
 def floor(input: Any) -> Tensor:
@@ -287,9 +194,6 @@ def ceil(input: Any) -> Tensor:
 def trunc(input: Any) -> Tensor:
     x = to_tensor(input)
     return _int_identity(x) if x._dtype.category < 2 else apply(P["trunc"], (x,), {})
-
-
-fix = trunc
 
 
 def _int_identity(x: Tensor) -> Tensor:
@@ -393,47 +297,6 @@ def nan_to_num(
 
 
 # ---- comparisons and logic ---------------------------------------------------------------------
-def eq(input: Any, other: Any) -> Tensor:
-    return _binary("eq", input, other)
-
-
-def ne(input: Any, other: Any) -> Tensor:
-    return _binary("ne", input, other)
-
-
-def lt(input: Any, other: Any) -> Tensor:
-    return _binary("lt", input, other)
-
-
-def le(input: Any, other: Any) -> Tensor:
-    return _binary("le", input, other)
-
-
-def gt(input: Any, other: Any) -> Tensor:
-    return _binary("gt", input, other)
-
-
-def ge(input: Any, other: Any) -> Tensor:
-    return _binary("ge", input, other)
-
-
-less, less_equal, greater, greater_equal, not_equal = lt, le, gt, ge, ne
-
-
-def logical_and(input: Any, other: Any) -> Tensor:
-    return _binary("logical_and", input, other)
-
-
-def logical_or(input: Any, other: Any) -> Tensor:
-    return _binary("logical_or", input, other)
-
-
-def logical_xor(input: Any, other: Any) -> Tensor:
-    return _binary("logical_xor", input, other)
-
-
-def logical_not(input: Any) -> Tensor:
-    return _same_unary("logical_not", input)
 
 
 def _bitwise(name: str, a: Any, b: Any) -> Tensor:
@@ -463,14 +326,6 @@ def bitwise_not(input: Any) -> Tensor:
     if x._dtype.category != 1:
         raise DTypeError(f"bitwise_not: expected an integer or bool tensor, got {describe(x)}")
     return sub(neg(x), 1)
-
-
-def isnan(input: Any) -> Tensor:
-    return _same_unary("isnan", input)
-
-
-def isinf(input: Any) -> Tensor:
-    return _same_unary("isinf", input)
 
 
 def isfinite(input: Any) -> Tensor:

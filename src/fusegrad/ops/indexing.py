@@ -273,7 +273,8 @@ def _index_source(op: str, x: Tensor, d: int, idx: Tensor, source: Any) -> Tenso
 def index_add(input: Any, dim: int, index: Any, source: Any, *, alpha: Any = 1) -> Tensor:
     """``input`` with ``alpha * source`` added at ``index`` along ``dim``; repeated indices
     accumulate."""
-    from .elementwise import add, mul
+    from .elementwise import add
+    from .generated import mul
 
     x = to_tensor(input)
     d, idx, key = _dim_index("index_add", x, dim, index)
@@ -369,7 +370,7 @@ def one_hot(tensor: Any, num_classes: int = -1) -> Tensor:
     if values.size and (values.min() < 0 or values.max() >= num_classes):
         raise IndexOutOfRange(f"one_hot: class values must be in [0, {num_classes})")
     classes = Tensor._make(np.arange(num_classes, dtype=np.int64)).to(idx.device)
-    from .elementwise import eq
+    from .generated import eq
 
     return eq(idx.unsqueeze(-1), classes).to(_dt.int64)
 
@@ -381,7 +382,8 @@ def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Ten
     _check_index_range("embedding", idx, weight.shape[0], 0)
     out = getitem(weight, idx)
     if padding_idx is not None:
-        from .elementwise import eq, where
+        from .elementwise import where
+        from .generated import eq
 
         if padding_idx < 0:
             padding_idx += weight.shape[0]

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from ..size import broadcast_shapes
-from .registry import primitive
+from .registry import Lowering, ScalarFunction, primitive
 
 # IEEE edge cases (log(0) = -inf, 0/0 = nan, overflow to inf) are results, not warnings, as in
 # PyTorch.  ``np.errstate`` costs about 0.8 us per call, as much as the arithmetic on small
@@ -58,97 +58,413 @@ def _quiet_kernel(fn):  # type: ignore[no-untyped-def]
     return _quiet(fn)
 
 
-# ---- elementwise: unary ---------------------------------------------------------------------
-def _unary(name: str, fn, differentiable: bool = True) -> None:  # type: ignore[no-untyped-def]
-    primitive(name, "elementwise", "x", differentiable=differentiable)(_quiet(fn))
+# ---- elementwise -----------------------------------------------------------------------------
+#
+# Each record below is the whole declaration of an elementwise primitive: eager kernel, lowering
+# expression (with the scalar functions it calls), surface promotion, methods and flags.  Its
+# derivative rule is in ``autograd/derivatives.py``; nothing else names it.
 
 
-for _name, _fn in [
-    ("neg", np.negative),
-    ("exp", np.exp),
-    ("expm1", np.expm1),
-    ("log", np.log),
-    ("log1p", np.log1p),
-    ("sin", np.sin),
-    ("cos", np.cos),
-    ("tanh", np.tanh),
-    ("sqrt", np.sqrt),
-    ("reciprocal", np.reciprocal),
-    ("abs", np.abs),
-    ("sign", np.sign),
-    ("floor", np.floor),
-    ("ceil", np.ceil),
-    ("trunc", np.trunc),
-]:
-    _unary(_name, _fn)
+def _elementwise(
+    name: str, inputs: str, kernel, expression: str | None, *functions: ScalarFunction, **record
+) -> None:  # type: ignore[no-untyped-def]
+    """Register an elementwise primitive whose eager kernel is the numpy function ``kernel``
+    (run with numpy's floating-point errors ignored) and whose compiled form is ``expression``
+    (None: computed by its kernel between fused loops)."""
+    lowering = None if expression is None else Lowering(expression, functions)
+    primitive(name, "elementwise", inputs, lowering=lowering, **record)(_quiet(kernel))
 
 
-@primitive("sigmoid", "elementwise", "x")
+def _libm(name: str, python=None, numpy: bool = False) -> ScalarFunction:  # type: ignore[no-untyped-def]
+    """C's ``name`` (``math.<name>`` in compiled code).  ``python`` (default: numpy's ufunc of
+    the same name, which never raises) stands in for it where Python runs generated code;
+    ``numpy``: the CPU calls numpy's scalar ufunc instead (it keeps the float type)."""
+    fn = python if python is not None else getattr(np, name)
+    return ScalarFunction(name, fn, libm=name, numpy=name if numpy else None)
+
+
+# how most public elementwise ops behave: a generated surface function, a method, an in-place one
+_FLOAT_OP = {"surface": "float", "method": True, "inplace": True}
+_SAME_OP = {"surface": "same", "method": True, "inplace": True}
+# comparisons and logical ops: bool results, never differentiable (their in-place forms write
+# 0 / 1 in the target's dtype, as in PyTorch)
+_PREDICATE = {"surface": "same", "method": True, "differentiable": False, "bool_result": True}
+
+# ---- unary
+_elementwise("neg", "x", np.negative, "(-{0})", method=True, inplace=True, aliases=("negative",))
+_elementwise("exp", "x", np.exp, "{exp}({0})", _libm("exp"), **_FLOAT_OP)
+_elementwise("expm1", "x", np.expm1, "{expm1}({0})", _libm("expm1"), **_FLOAT_OP)
+_elementwise("log", "x", np.log, "{log}({0})", _libm("log"), **_FLOAT_OP)
+_elementwise("log1p", "x", np.log1p, "{log1p}({0})", _libm("log1p"), **_FLOAT_OP)
+_elementwise("sin", "x", np.sin, "{sin}({0})", _libm("sin"), **_FLOAT_OP)
+_elementwise("cos", "x", np.cos, "{cos}({0})", _libm("cos"), **_FLOAT_OP)
+_elementwise("tanh", "x", np.tanh, "{tanh}({0})", _libm("tanh"), **_FLOAT_OP)
+_elementwise("sqrt", "x", np.sqrt, "{sqrt}({0})", _libm("sqrt", numpy=True), **_FLOAT_OP)
+_elementwise("reciprocal", "x", np.reciprocal, "({one} / {0})", **_FLOAT_OP)
+_elementwise("abs", "x", np.abs, "abs({0})", **_SAME_OP, aliases=("absolute",))
+# sign of a bool and rounding of integers are handled by their surface functions
+_elementwise("sign", "x", np.sign, "_sign({0})", method=True, inplace=True)
+_elementwise(
+    "floor", "x", np.floor, "{floor}({0})", _libm("floor", numpy=True), method=True, inplace=True
+)
+_elementwise(
+    "ceil", "x", np.ceil, "{ceil}({0})", _libm("ceil", numpy=True), method=True, inplace=True
+)
+_elementwise(
+    "trunc",
+    "x",
+    np.trunc,
+    "{trunc}({0})",
+    _libm("trunc", numpy=True),
+    method=True,
+    inplace=True,
+    aliases=("fix",),
+)
+
+
+def sigmoid_scalar(x: float) -> float:
+    """sigmoid(x) that never evaluates exp of a positive number (no overflow)."""
+    e = math.exp(-abs(x))
+    return 1.0 / (1.0 + e) if x >= 0 else e / (1.0 + e)
+
+
+# A primitive (not an exp-based composite) for stability, and its rule reuses the output.  The
+# eager kernel is the same formula as ``sigmoid_scalar``, vectorised with numpy.
+@primitive(
+    "sigmoid",
+    "elementwise",
+    "x",
+    lowering=Lowering("{sigmoid}({0})", (ScalarFunction("sigmoid", sigmoid_scalar),)),
+    **_FLOAT_OP,
+)
 def _sigmoid(x):  # type: ignore[no-untyped-def]
-    # A primitive (not exp-based composite) for stability: never evaluates exp of a large
-    # positive number, and its rule reuses the output.
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
-@primitive("erf", "elementwise", "x")
-def _erf(x):  # type: ignore[no-untyped-def]
-    try:
-        from scipy.special import erf  # optional, vectorised
+def _scipy_or_scalar(scipy_name: str, scalar):  # type: ignore[no-untyped-def]
+    """An eager kernel: ``scipy.special.<scipy_name>`` when scipy is importable (an optional
+    speed-up, never a dependency), else ``scalar`` applied element by element."""
 
-        return erf(x).astype(x.dtype, copy=False)
-    except ImportError:
-        return np.vectorize(math.erf, otypes=[x.dtype])(x) if x.size else x.copy()
+    def kernel(x):  # type: ignore[no-untyped-def]
+        try:
+            from scipy import special  # optional, vectorised
+
+            return getattr(special, scipy_name)(x).astype(x.dtype, copy=False)
+        except ImportError:
+            return np.vectorize(scalar, otypes=[x.dtype])(x) if x.size else x.copy()
+
+    return kernel
 
 
-@primitive("round", "elementwise", "x")
+primitive(
+    "erf",
+    "elementwise",
+    "x",
+    lowering=Lowering("{erf}({0})", (_libm("erf", math.erf),)),
+    **_FLOAT_OP,
+)(_scipy_or_scalar("erf", math.erf))
+
+
+# ---- special functions
+#
+# The scalar functions below are the one source of their formula: compiled code runs them as
+# they are (an inlined numba function on the CPU and in the interpreter, a device function on
+# CUDA) and the eager kernels apply them element by element.  They use only ``math`` and
+# arithmetic, compute in float64 whatever the operand's type (the caller rounds), and guard every
+# pole and non-finite input before dividing or calling ``math``, so that in Python (eager, CUDA
+# simulator) they return inf or nan where libm would, instead of raising.  numba compiles them
+# with their module's globals frozen: they may read constants, but call only ``math``.
+
+_INF = math.inf
+_NAN = math.nan
+_PI = math.pi
+_LN2 = math.log(2.0)
+_EVERY_FLOAT_AN_INTEGER = 4503599627370496.0  # 2**52: no float at least this large has a fraction
+
+
+def _scalar_kernel(scalar):  # type: ignore[no-untyped-def]
+    """An eager kernel applying the unary Python scalar function ``scalar`` element by element
+    (computed in float64 and rounded once to the operand's dtype)."""
+    ufunc = np.frompyfunc(scalar, 1, 1)
+
+    def kernel(x):  # type: ignore[no-untyped-def]
+        return np.asarray(ufunc(x), dtype=np.float64).astype(x.dtype, copy=False)
+
+    kernel.__name__ = scalar.__name__
+    return kernel
+
+
+def digamma_scalar(x: float) -> float:
+    """digamma(x) = d/dx lgamma(x), with PyTorch's conventions: digamma(+0) = -inf,
+    digamma(-0) = +inf, nan at the negative integers and at -inf, digamma(inf) = inf.
+
+    For x < 0 the reflection digamma(x) = digamma(1 - x) - pi cot(pi x), with the cotangent of
+    pi r, r = x less its nearest integer (exact, so pi r is accurate); then the recurrence
+    digamma(x) = digamma(x + 1) - 1/x up to x >= 10, and the asymptotic series
+    log x - 1/(2x) - sum_k B_2k / (2k x^2k) with Bernoulli numbers B_2 .. B_18 (the first term
+    left out is below 1e-20 at x = 10)."""
+    x = float(x) * 1.0  # float64 everywhere (numba's float() keeps a float32 a float32)
+    if x != x or x == -_INF:
+        return _NAN
+    if x == _INF:
+        return _INF
+    if x == 0.0:
+        return math.copysign(_INF, -x)
+    result = 0.0
+    if x < 0.0:
+        if x <= -_EVERY_FLOAT_AN_INTEGER:
+            return _NAN
+        r = x - math.floor(x + 0.5)  # x less its nearest integer: exact, in [-1/2, 1/2]
+        if r == 0.0:
+            return _NAN
+        result = -_PI / math.tan(_PI * r)  # cot has period pi
+        x = 1.0 - x
+    while x < 10.0:
+        result -= 1.0 / x
+        x += 1.0
+    z = 1.0 / (x * x)
+    series = z * (
+        1.0 / 12.0
+        - z
+        * (
+            1.0 / 120.0
+            - z
+            * (
+                1.0 / 252.0
+                - z
+                * (
+                    1.0 / 240.0
+                    - z
+                    * (
+                        1.0 / 132.0
+                        - z
+                        * (
+                            691.0 / 32760.0
+                            - z * (1.0 / 12.0 - z * (3617.0 / 8160.0 - z * (43867.0 / 14364.0)))
+                        )
+                    )
+                )
+            )
+        )
+    )
+    return result + math.log(x) - 0.5 / x - series
+
+
+def trigamma_scalar(x: float) -> float:
+    """trigamma(x) = polygamma(1, x) = d/dx digamma(x): +inf at the poles (the non-positive
+    integers, where both one-sided limits are +inf; PyTorch returns a huge finite value there,
+    pi^2 / sin(pi x)^2 of a rounded pi x), nan at -inf, 0 at inf.
+
+    For x <= 0 the reflection trigamma(x) = pi^2 / sin^2(pi x) - trigamma(1 - x), with the sine
+    of pi r, r = x less its nearest integer; then the recurrence trigamma(x) =
+    trigamma(x + 1) + 1/x^2 up to x >= 10, and the asymptotic series
+    1/x + 1/(2x^2) + sum_k B_2k / x^(2k+1) with Bernoulli numbers B_2 .. B_18."""
+    x = float(x) * 1.0  # float64 everywhere (numba's float() keeps a float32 a float32)
+    if x != x or x == -_INF:
+        return _NAN
+    if x == _INF:
+        return 0.0
+    reflection = 0.0
+    sign = 1.0
+    if x <= 0.0:
+        if x <= -_EVERY_FLOAT_AN_INTEGER:
+            return _INF
+        r = x - math.floor(x + 0.5)  # x less its nearest integer: exact, in [-1/2, 1/2]
+        if r == 0.0:
+            return _INF
+        p = _PI / math.sin(_PI * r)  # sin^2 has period pi
+        reflection = p * p
+        sign = -1.0
+        x = 1.0 - x
+    total = 0.0
+    while x < 10.0:
+        total += 1.0 / x / x  # (not 1 / (x * x): x * x underflows to 0 for tiny x)
+        x += 1.0
+    z = 1.0 / (x * x)
+    series = z * (
+        1.0 / 6.0
+        - z
+        * (
+            1.0 / 30.0
+            - z
+            * (
+                1.0 / 42.0
+                - z
+                * (
+                    1.0 / 30.0
+                    - z
+                    * (
+                        5.0 / 66.0
+                        - z
+                        * (
+                            691.0 / 2730.0
+                            - z * (7.0 / 6.0 - z * (3617.0 / 510.0 - z * (43867.0 / 798.0)))
+                        )
+                    )
+                )
+            )
+        )
+    )
+    total += (1.0 + 0.5 / x + series) / x
+    return reflection + sign * total
+
+
+def lgamma_scalar(x: float) -> float:
+    """log |Gamma(x)| in Python: +inf at the poles (the non-positive integers) and at +-inf.
+    Compiled code calls C's lgamma (``math.lgamma``: libm on the CPU, libdevice on CUDA); this
+    stands in for it in the eager kernel and the CUDA simulator, through the same C function
+    where the running process has it (``_c_lgamma``) — CPython's ``math.lgamma`` is a different
+    algorithm, up to 1e-11 off in relative terms near its zeros at 1 and 2."""
+    x = float(x) * 1.0  # float64 everywhere (numba's float() keeps a float32 a float32)
+    if x != x:
+        return x
+    if x == _INF or x == -_INF or x <= -_EVERY_FLOAT_AN_INTEGER:
+        return _INF
+    if x <= 0.0 and x == math.floor(x):
+        return _INF
+    if x > 2.5e305:  # lgamma(x) > 1.8e308 (CPython's math.lgamma raises instead)
+        return _INF
+    return _c_lgamma()(x)
+
+
+_C_LGAMMA: list = []
+
+
+def _c_lgamma():  # type: ignore[no-untyped-def]
+    """C's ``lgamma`` from the libraries of the running process (the function numba calls for
+    ``math.lgamma``), found once; CPython's ``math.lgamma`` where there is none."""
+    if not _C_LGAMMA:
+        fn = math.lgamma
+        try:
+            import ctypes
+
+            c = ctypes.CDLL(None).lgamma
+            c.restype, c.argtypes = ctypes.c_double, (ctypes.c_double,)
+            fn = c
+        except (AttributeError, OSError, TypeError):  # no C library to look into (Windows)
+            pass
+        _C_LGAMMA.append(fn)
+    return _C_LGAMMA[0]
+
+
+def logaddexp_scalar(a: float, b: float) -> float:
+    """log(exp(a) + exp(b)) without overflow: the larger operand plus log1p(exp(-|a - b|)).
+    Equal operands, infinities of one sign included, give a + log 2 (an inf - inf would be
+    nan); nan in, nan out.  numpy's ``logaddexp`` computes the same formula (the eager
+    kernel); this is the compiled one (CUDA has no numpy)."""
+    a = float(a) * 1.0  # float64 everywhere (numba's float() keeps a float32 a float32)
+    b = float(b) * 1.0
+    if a == b:
+        return a + _LN2
+    d = a - b
+    if d > 0.0:
+        return a + math.log1p(math.exp(-d))
+    if d < 0.0:
+        return b + math.log1p(math.exp(d))
+    return d  # nan
+
+
+_elementwise(
+    "atan2",
+    "a b",
+    np.arctan2,
+    "{atan2}({0}, {1})",
+    _libm("atan2", np.arctan2),
+    **_FLOAT_OP,
+    aliases=("arctan2",),
+)
+_elementwise("hypot", "a b", np.hypot, "{hypot}({0}, {1})", _libm("hypot"), **_FLOAT_OP)
+_elementwise(
+    "logaddexp",
+    "a b",
+    np.logaddexp,
+    "{logaddexp}({0}, {1})",
+    ScalarFunction("logaddexp", logaddexp_scalar),
+    surface="float",
+    method=True,
+)
+primitive(
+    "erfc",
+    "elementwise",
+    "x",
+    lowering=Lowering("{erfc}({0})", (_libm("erfc", math.erfc),)),
+    **_FLOAT_OP,
+)(_scipy_or_scalar("erfc", math.erfc))
+_elementwise(
+    "lgamma",
+    "x",
+    _scalar_kernel(lgamma_scalar),
+    "{lgamma}({0})",
+    _libm("lgamma", lgamma_scalar),
+    **_FLOAT_OP,
+)
+_elementwise(
+    "digamma",
+    "x",
+    _scalar_kernel(digamma_scalar),
+    "{digamma}({0})",
+    ScalarFunction("digamma", digamma_scalar),
+    **_FLOAT_OP,
+)
+# polygamma(1, x), digamma's derivative; public as ``polygamma(1, x)`` (elementwise.py)
+_elementwise(
+    "trigamma",
+    "x",
+    _scalar_kernel(trigamma_scalar),
+    "{trigamma}({0})",
+    ScalarFunction("trigamma", trigamma_scalar),
+)
+
+
+# no lowering: ``decimals`` scales by powers of ten, which numpy rounds its own way
+@primitive("round", "elementwise", "x", method=True, inplace=True)
 def _round(x, decimals=0):  # type: ignore[no-untyped-def]
     return np.round(x, decimals)
 
 
-@primitive("cast", "elementwise", "x")
+@primitive("cast", "elementwise", "x", lowering=Lowering("_cast_{dtype}({0})"))
 def _cast(x, dtype):  # type: ignore[no-untyped-def]
     return x.astype(dtype.np)
 
 
-@primitive("clone", "elementwise", "x")
+@primitive("clone", "elementwise", "x", lowering=Lowering("{0}"), method=True)
 def _clone(x):  # type: ignore[no-untyped-def]
     return np.array(x, copy=True, order="C")
 
 
 # predicates and logical ops: bool results, never differentiable
-for _name, _fn in [
-    ("isnan", np.isnan),
-    ("isinf", np.isinf),
-    ("logical_not", np.logical_not),
-]:
-    _unary(_name, _fn, differentiable=False)
+_elementwise("isnan", "x", np.isnan, "({0} != {0})", **_PREDICATE)
+_elementwise("isinf", "x", np.isinf, "{isinf}({0})", _libm("isinf"), **_PREDICATE)
+_elementwise("logical_not", "x", np.logical_not, "(not {0})", **_PREDICATE, inplace=True)
+
+# ---- binary / ternary
+_elementwise("add", "a b", np.add, "({0} + {1})", method=True, inplace=True)
+_elementwise("sub", "a b", np.subtract, "({0} - {1})", method=True, inplace=True)
+_elementwise("mul", "a b", np.multiply, "({0} * {1})", **_SAME_OP)
+# NaN-propagating, unlike Python's max
+_elementwise("maximum", "a b", np.maximum, "_maximum({0}, {1})", surface="same", method=True)
+_elementwise("minimum", "a b", np.minimum, "_minimum({0}, {1})", surface="same", method=True)
+# no lowering: Python's % and numba's differ from numpy's for negative operands and zeros
+_elementwise("remainder", "a b", np.remainder, None, **_SAME_OP)
 
 
-# ---- elementwise: binary / ternary ----------------------------------------------------------
-def _binary(name: str, fn, differentiable: bool = True) -> None:  # type: ignore[no-untyped-def]
-    primitive(name, "elementwise", "a b", differentiable=differentiable)(_quiet(fn))
-
-
-for _name, _fn in [
-    ("add", np.add),
-    ("sub", np.subtract),
-    ("mul", np.multiply),
-    ("maximum", np.maximum),
-    ("minimum", np.minimum),
-    ("remainder", np.remainder),
-]:
-    _binary(_name, _fn)
-
-
-@primitive("div", "elementwise", "a b")
+@primitive(
+    "div",
+    "elementwise",
+    "a b",
+    lowering=Lowering("({0} / {1})"),
+    method=True,
+    inplace=True,
+    aliases=("true_divide", "divide"),
+)
 @_quiet_kernel
 def _div(a, b):  # type: ignore[no-untyped-def]
     out = np.true_divide(a, b)
     return out.astype(a.dtype, copy=False) if a.dtype.kind == "f" else out
 
 
-@primitive("pow", "elementwise", "a b")
+@primitive("pow", "elementwise", "a b", lowering=Lowering("_pow({0}, {1})"), **_SAME_OP)
 @_quiet_kernel
 def _pow(a, b):  # type: ignore[no-untyped-def]
     if a.dtype.kind in "iu" and np.any(b < 0):
@@ -157,8 +473,9 @@ def _pow(a, b):  # type: ignore[no-untyped-def]
 
 
 # Differentiable with a zero gradient (PyTorch's div(rounding_mode="floor") gives zeros), so the
-# result of a float floor division still takes part in autograd.
-@primitive("floor_divide", "elementwise", "a b")
+# result of a float floor division still takes part in autograd.  No lowering: integer division
+# by zero raises here.
+@primitive("floor_divide", "elementwise", "a b", **_SAME_OP)
 @_quiet_kernel
 def _floor_divide(a, b):  # type: ignore[no-untyped-def]
     if a.dtype.kind in "iub" and np.any(b == 0):
@@ -166,30 +483,35 @@ def _floor_divide(a, b):  # type: ignore[no-untyped-def]
     return np.floor_divide(a, b)
 
 
+_COMPARE = {**_PREDICATE, "inplace": True}
+_elementwise("eq", "a b", np.equal, "({0} == {1})", **_COMPARE)
+_elementwise("ne", "a b", np.not_equal, "({0} != {1})", **_COMPARE, aliases=("not_equal",))
+_elementwise("lt", "a b", np.less, "({0} < {1})", **_COMPARE, aliases=("less",))
+_elementwise("le", "a b", np.less_equal, "({0} <= {1})", **_COMPARE, aliases=("less_equal",))
+_elementwise("gt", "a b", np.greater, "({0} > {1})", **_COMPARE, aliases=("greater",))
+_elementwise("ge", "a b", np.greater_equal, "({0} >= {1})", **_COMPARE, aliases=("greater_equal",))
+_elementwise("logical_and", "a b", np.logical_and, "(bool({0}) and bool({1}))", **_COMPARE)
+_elementwise("logical_or", "a b", np.logical_or, "(bool({0}) or bool({1}))", **_COMPARE)
+_elementwise("logical_xor", "a b", np.logical_xor, "(bool({0}) != bool({1}))", **_COMPARE)
+# integer and bool only (checked by their surface functions); no lowering: the compiler's
+# kernels are float or bool
 for _name, _fn in [
-    ("eq", np.equal),
-    ("ne", np.not_equal),
-    ("lt", np.less),
-    ("le", np.less_equal),
-    ("gt", np.greater),
-    ("ge", np.greater_equal),
-    ("logical_and", np.logical_and),
-    ("logical_or", np.logical_or),
-    ("logical_xor", np.logical_xor),
     ("bitwise_and", np.bitwise_and),
     ("bitwise_or", np.bitwise_or),
     ("bitwise_xor", np.bitwise_xor),
 ]:
-    _binary(_name, _fn, differentiable=False)
+    _elementwise(_name, "a b", _fn, None, method=True, inplace=True, differentiable=False)
 
 
-@primitive("where", "elementwise", "cond a b")
+@primitive(
+    "where", "elementwise", "cond a b", lowering=Lowering("({1} if {0} else {2})"), method=True
+)
 def _where(cond, a, b):  # type: ignore[no-untyped-def]
     return np.where(cond, a, b)
 
 
 # ---- reductions -----------------------------------------------------------------------------
-@primitive("sum", "reduce", "x")
+@primitive("sum", "reduce", "x", method=True)
 @_quiet_kernel
 def _sum(x, dim, keepdim):  # type: ignore[no-untyped-def]
     dt = np.int64 if x.dtype.kind in "biu" else x.dtype
@@ -208,24 +530,24 @@ def _sum_to(x, shape):  # type: ignore[no-untyped-def]
     return out.reshape(shape)
 
 
-@primitive("amax", "reduce", "x")
+@primitive("amax", "reduce", "x", method=True)
 def _amax(x, dim, keepdim):  # type: ignore[no-untyped-def]
     return np.amax(x, axis=dim, keepdims=keepdim)
 
 
-@primitive("amin", "reduce", "x")
+@primitive("amin", "reduce", "x", method=True)
 def _amin(x, dim, keepdim):  # type: ignore[no-untyped-def]
     return np.amin(x, axis=dim, keepdims=keepdim)
 
 
-@primitive("prod", "reduce", "x")
+@primitive("prod", "reduce", "x", method=True)
 @_quiet_kernel
 def _prod(x, dim, keepdim):  # type: ignore[no-untyped-def]
     dt = np.int64 if x.dtype.kind in "biu" else x.dtype
     return np.prod(x, axis=dim, keepdims=keepdim, dtype=dt)
 
 
-@primitive("argmax", "reduce", "x", differentiable=False)
+@primitive("argmax", "reduce", "x", differentiable=False, method=True)
 def _argmax(x, dim, keepdim):  # type: ignore[no-untyped-def]
     if dim is None:
         out = np.argmax(x.reshape(-1))
@@ -233,7 +555,7 @@ def _argmax(x, dim, keepdim):  # type: ignore[no-untyped-def]
     return np.argmax(x, axis=dim, keepdims=keepdim).astype(np.int64)
 
 
-@primitive("argmin", "reduce", "x", differentiable=False)
+@primitive("argmin", "reduce", "x", differentiable=False, method=True)
 def _argmin(x, dim, keepdim):  # type: ignore[no-untyped-def]
     if dim is None:
         out = np.argmin(x.reshape(-1))
@@ -241,17 +563,17 @@ def _argmin(x, dim, keepdim):  # type: ignore[no-untyped-def]
     return np.argmin(x, axis=dim, keepdims=keepdim).astype(np.int64)
 
 
-@primitive("all", "reduce", "x", differentiable=False)
+@primitive("all", "reduce", "x", differentiable=False, method=True)
 def _all(x, dim, keepdim):  # type: ignore[no-untyped-def]
     return np.all(x, axis=dim, keepdims=keepdim)
 
 
-@primitive("any", "reduce", "x", differentiable=False)
+@primitive("any", "reduce", "x", differentiable=False, method=True)
 def _any(x, dim, keepdim):  # type: ignore[no-untyped-def]
     return np.any(x, axis=dim, keepdims=keepdim)
 
 
-@primitive("cumsum", "opaque", "x")
+@primitive("cumsum", "opaque", "x", method=True)
 @_quiet_kernel
 def _cumsum(x, dim):  # type: ignore[no-untyped-def]
     dt = np.int64 if x.dtype.kind in "biu" else x.dtype
@@ -259,22 +581,22 @@ def _cumsum(x, dim):  # type: ignore[no-untyped-def]
 
 
 # ---- movement (views where numpy gives one) ------------------------------------------------
-@primitive("reshape", "movement", "x")
+@primitive("reshape", "movement", "x", method=True)
 def _reshape(x, shape):  # type: ignore[no-untyped-def]
     return np.reshape(x, shape)
 
 
-@primitive("permute", "movement", "x")
+@primitive("permute", "movement", "x", method=True)
 def _permute(x, dims):  # type: ignore[no-untyped-def]
     return np.transpose(x, dims)
 
 
-@primitive("broadcast_to", "movement", "x")
+@primitive("broadcast_to", "movement", "x", method=True)
 def _broadcast_to(x, shape):  # type: ignore[no-untyped-def]
     return np.broadcast_to(x, shape)
 
 
-@primitive("flip", "movement", "x")
+@primitive("flip", "movement", "x", method=True)
 def _flip(x, dims):  # type: ignore[no-untyped-def]
     return np.flip(x, dims).copy()  # PyTorch's flip copies
 
@@ -290,7 +612,7 @@ def _pad(x, widths, value):  # type: ignore[no-untyped-def]
     return np.pad(x, widths, mode="constant", constant_values=value)
 
 
-@primitive("diagonal", "movement", "x")
+@primitive("diagonal", "movement", "x", method=True)
 def _diagonal(x, offset, dim1, dim2):  # type: ignore[no-untyped-def]
     out = np.diagonal(x, offset, dim1, dim2)
     if x.flags.writeable:
@@ -355,12 +677,12 @@ def _scatter_key(index: np.ndarray, dim: int) -> tuple:
     return tuple(index if d == dim else grids[d] for d in range(index.ndim))
 
 
-@primitive("gather", "movement", "x index")
+@primitive("gather", "movement", "x index", method=True)
 def _gather(x, index, dim):  # type: ignore[no-untyped-def]
     return x[_scatter_key(index, dim)]
 
 
-@primitive("scatter_add", "movement", "x index src")
+@primitive("scatter_add", "movement", "x index src", method=True, inplace=True)
 @_quiet_kernel
 def _scatter_add(x, index, src, dim):  # type: ignore[no-untyped-def]
     out = np.array(x, copy=True)
@@ -368,7 +690,7 @@ def _scatter_add(x, index, src, dim):  # type: ignore[no-untyped-def]
     return out
 
 
-@primitive("scatter", "movement", "x index src")
+@primitive("scatter", "movement", "x index src", method=True, inplace=True)
 def _scatter(x, index, src, dim):  # type: ignore[no-untyped-def]
     out = np.array(x, copy=True)
     out[_scatter_key(index, dim)] = src
@@ -376,7 +698,7 @@ def _scatter(x, index, src, dim):  # type: ignore[no-untyped-def]
 
 
 # ---- opaque -----------------------------------------------------------------------------
-@primitive("matmul", "opaque", "a b")
+@primitive("matmul", "opaque", "a b", method=True)
 @_quiet_kernel
 def _matmul(a, b):  # type: ignore[no-untyped-def]
     """Batched matrix product of operands with at least 2 dims (numpy broadcasting of batch)."""
@@ -401,21 +723,6 @@ def _to_device(x, device, source):  # type: ignore[no-untyped-def]
 # plain integer arithmetic and comparisons, never numpy, so that they work on the compiler's
 # symbolic sizes (``fusegrad.compiler.symbolic``) as well as on ints.
 
-_BOOL_RESULT = {
-    "eq",
-    "ne",
-    "lt",
-    "le",
-    "gt",
-    "ge",
-    "logical_and",
-    "logical_or",
-    "logical_xor",
-    "logical_not",
-    "isnan",
-    "isinf",
-}
-
 
 def _dtypes():  # type: ignore[no-untyped-def]
     from .. import dtypes as _dt
@@ -424,9 +731,13 @@ def _dtypes():  # type: ignore[no-untyped-def]
 
 
 def _elementwise_meta(name: str):  # type: ignore[no-untyped-def]
+    from .registry import REGISTRY
+
+    bool_result = REGISTRY[name].bool_result
+
     def meta(shapes, dtypes, **attrs):  # type: ignore[no-untyped-def]
         shape = broadcast_shapes(*shapes) if len(shapes) > 1 else tuple(shapes[0])
-        if name in _BOOL_RESULT:
+        if bool_result:
             return shape, _dtypes().bool_
         if name == "cast":
             return shape, attrs["dtype"]

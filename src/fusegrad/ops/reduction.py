@@ -15,7 +15,8 @@ from .. import dtypes as _dt
 from ..errors import DTypeError, ShapeError, describe
 from ..tensor import Tensor
 from ._util import P, apply, cast, to_tensor, wrap_dim, wrap_dims
-from .elementwise import abs, add, div, eq, exp, isfinite, log, mul, sqrt, sub, where
+from .elementwise import add, div, isfinite, sub, where
+from .generated import abs, eq, exp, log, mul, sqrt
 
 _values_indices = namedtuple("_values_indices", ["values", "indices"])
 
@@ -143,7 +144,7 @@ def argmin(input: Any, dim: int | None = None, keepdim: bool = False) -> Tensor:
 def _max_min(op: str, x: Any, dim: Any, keepdim: bool) -> Any:
     x = to_tensor(x)
     if isinstance(dim, Tensor):  # max(a, b): elementwise
-        from .elementwise import maximum, minimum
+        from .generated import maximum, minimum
 
         return (maximum if op == "max" else minimum)(x, dim)
     if dim is None:
@@ -176,7 +177,7 @@ def any(input: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
 
 
 def count_nonzero(input: Any, dim: Any = None) -> Tensor:
-    from .elementwise import ne
+    from .generated import ne
 
     return sum(ne(to_tensor(input), 0), dim)
 
@@ -204,7 +205,7 @@ def norm(input: Any, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> 
     if p == 1:
         return sum(abs(x), dims, keepdim)
     if p == 0:
-        from .elementwise import ne
+        from .generated import ne
 
         return sum(cast(ne(x, 0), x.dtype), dims, keepdim)
     if isinstance(p, (int, float)):

@@ -1,12 +1,18 @@
 """THE op registry: one record per primitive, and ``apply``, the single place where a primitive
 runs and, when autograd needs it, a backward node is recorded.
 
-A primitive record holds its eager kernel (numpy arrays in, array out; calls with a CUDA input
-go to ``fusegrad.cuda.ops`` instead, which runs the primitive's CUDA kernel), its kind
-(elementwise | reduce | movement | opaque) and the names of its tensor inputs.  Its derivative
-rule lives in ``autograd/derivatives.py`` (``RULES``) and is looked up by name; the compiler adds
-a lowering per primitive.  Composites (sigmoid-free ops such as softmax, layer_norm, ...) never
-appear here: they are written in the op surface over these primitives.
+A primitive record holds everything about one primitive except its derivative: its eager kernel
+(numpy arrays in, array out; calls with a CUDA input go to ``fusegrad.cuda.ops`` instead, which
+runs the primitive's CUDA kernel), its kind (elementwise | reduce | movement | opaque), the names
+of its tensor inputs, its shape/dtype rule, and for elementwise primitives the scalar expression
+that compiled code computes it with (``Lowering``, with the ``ScalarFunction``s it calls) and how
+its op-surface function promotes operands.  The Tensor method, in-place method and aliases it
+has are flags of the record too.  Everything else derives from these records: the compiler's
+lowering table and interpreter, the target spellings of scalar functions, the CUDA simulator's
+``math``, the generated op-surface functions (``ops/generated.py``) and the method tables of
+``Tensor`` (``ops/__init__.py``).  Its derivative rule lives in ``autograd/derivatives.py``
+(``RULES``) and is looked up by name.  Composites (softmax, layer_norm, ...) never appear here:
+they are written in the op surface over these primitives.
 
 ``apply`` sends every call to this thread's tracer first, when one is installed
 (``autograd.tracer``, the eager core's one extension point): the compiler's capture records
@@ -29,6 +35,46 @@ from ..errors import AutogradError
 
 
 @dataclass(frozen=True, slots=True)
+class ScalarFunction:
+    """A scalar function that a lowering expression calls as ``{name}(...)``.
+
+    ``python`` is the one source of the function: a Python callable on floats (and numpy
+    scalars) that returns inf or nan where the function has a pole or no value, never raising.
+    Where ``libm`` names a function of C's math library, compiled code calls ``math.<libm>``
+    instead (numba lowers it to the C library on the CPU and to libdevice on CUDA), and
+    ``python`` only stands in for it where Python runs the generated code (numba's CUDA
+    simulator, whose ``math`` is built from these records).  Without ``libm``, ``python`` must
+    use only ``math`` and arithmetic: it is compiled as it is — an inlined numba function on the
+    CPU, a device function on CUDA — so every target computes the same formula.  ``numpy`` names
+    a numpy scalar ufunc that the CPU target uses instead of ``math.<libm>`` (``np.floor``
+    returns a float where numba's ``math.floor`` returns an integer).  The compiler may replace
+    the float32 CPU form by a vectorisable helper of the same name
+    (``fusegrad.compiler.codegen.fastmath``)."""
+
+    name: str
+    python: Callable[..., Any]
+    libm: str | None = None
+    numpy: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.numpy is not None and self.libm is None:
+            # CUDA has no numpy: a numpy spelling needs a libm one beside it
+            raise ValueError(f"scalar function {self.name!r}: numpy={self.numpy!r} without libm")
+
+
+@dataclass(frozen=True, slots=True)
+class Lowering:
+    """How compiled code computes an elementwise primitive: a scalar expression template in
+    Python syntax.  ``{0}``, ``{1}``, ... are the operands' scalar expressions, ``{f}`` the target's
+    spelling of the ``ScalarFunction`` named ``f`` (listed in ``functions``), ``{one}`` the
+    constant 1 of the result's type and ``{dtype}`` the result's dtype name.  Bare names
+    (``_maximum``, ``_sign``, ``_pow``, ``_cast_float32``) are helpers every target provides."""
+
+    expression: str
+    functions: tuple[ScalarFunction, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Primitive:
     name: str
     kind: str  # "elementwise" | "reduce" | "movement" | "opaque"
@@ -41,6 +87,20 @@ class Primitive:
     # shapes and fusegrad dtypes, without data.  Used by the compiler's capture (symbolic values
     # have shapes but no data) and by the IR verifier; set with ``set_meta``.
     meta: Callable[..., tuple] | None = field(default=None, compare=False)
+    # the scalar expression of an elementwise primitive in compiled code (None: not elementwise,
+    # or computed by its eager kernel between fused loops)
+    lowering: Lowering | None = None
+    # an elementwise primitive whose result is bool whatever its operands (comparisons, ...)
+    bool_result: bool = False
+    # the op-surface function generated from this record (``ops/generated.py``): "float"
+    # promotes integer and bool operands to the default float dtype (exp, atan2, ...), "same"
+    # computes in the operands' promoted dtype (mul, eq, ...); None: hand-written, or internal
+    surface: str | None = None
+    # ``Tensor.<name>`` is the op-surface function of the same name, ``Tensor.<name>_`` its
+    # in-place form; each alias is another name of the function (and of those methods)
+    method: bool = False
+    inplace: bool = False
+    aliases: tuple[str, ...] = ()
     # the attributes that hold sizes (a shape, an index key's slice bounds and ints, pad widths),
     # as opposed to dims, flags and dtypes: a capture may treat them as symbols, so that a graph
     # holds for other sizes (``fusegrad.compiler.symbolic``); set with ``set_meta``
@@ -67,17 +127,44 @@ RULES: dict[str, Rule] = {}
 
 
 def primitive(
-    name: str, kind: str, inputs: str, *, differentiable: bool = True
+    name: str,
+    kind: str,
+    inputs: str,
+    *,
+    differentiable: bool = True,
+    lowering: Lowering | None = None,
+    bool_result: bool = False,
+    surface: str | None = None,
+    method: bool = False,
+    inplace: bool = False,
+    aliases: tuple[str, ...] = (),
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``kernel`` as the eager implementation of primitive ``name``."""
+    """Register ``kernel`` as the eager implementation of primitive ``name``, with the rest of
+    its record (see ``Primitive``)."""
     names = tuple(inputs.split())
     variadic = bool(names) and names[-1].endswith("*")
+    if lowering is not None and kind != "elementwise":
+        raise ValueError(f"{name}: only elementwise primitives have a scalar lowering")
+    if surface not in (None, "float", "same"):
+        raise ValueError(f"{name}: surface must be None, 'float' or 'same', got {surface!r}")
 
     def register(kernel: Callable[..., Any]) -> Callable[..., Any]:
         if name in REGISTRY:
             raise ValueError(f"primitive {name!r} registered twice")
         REGISTRY[name] = Primitive(
-            name, kind, names, kernel, differentiable, variadic, kernel.__doc__ or ""
+            name,
+            kind,
+            names,
+            kernel,
+            differentiable,
+            variadic,
+            kernel.__doc__ or "",
+            lowering=lowering,
+            bool_result=bool_result,
+            surface=surface,
+            method=method,
+            inplace=inplace,
+            aliases=tuple(aliases),
         )
         return kernel
 

@@ -21,7 +21,7 @@ from typing import Any
 from .. import dtypes as _dt
 from ..autograd.grad_mode import no_grad
 from ..ops.creation import tensor, zeros_like
-from ..ops.elementwise import maximum
+from ..ops.generated import maximum
 from .optimizer import Optimizer, OptimizerError
 
 

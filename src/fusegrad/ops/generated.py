@@ -1,0 +1,125 @@
+"""Op-surface functions generated from primitive records: an elementwise primitive whose record
+sets ``surface`` needs no hand-written function.
+
+Where this sits: ``primitives.py`` registers the records; this module turns every record with a
+``surface`` flag into a public function named after the primitive, with PyTorch's signature
+(``name(input)`` or ``name(input, other)``); ``ops/__init__.py`` exports them and installs them as
+``Tensor`` methods (``method``/``inplace``/``aliases`` flags), and ``autograd/derivatives.py``
+calls them in rules like any hand-written op.
+
+The flag says how operands are promoted (PyTorch's rules, ``dtypes.result_type``):
+
+* ``"float"``: to their promoted dtype, integer and bool results going to the default float
+  dtype (``exp``, ``sqrt``, ``atan2``, ``lgamma``, ...);
+* ``"same"``: to their promoted dtype, whatever it is (``mul``, ``maximum``, ``eq``, ...).
+
+Then shapes are checked to broadcast and the primitive runs through ``registry.apply``.  The
+promotion helpers live here, not in ``elementwise.py``, because the hand-written surface
+functions there (add with ``alpha``, div with ``rounding_mode``, ...) use them too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .. import dtypes as _dt
+from ..tensor import Tensor
+from ._util import P, apply, as_operand, broadcast_shape, cast, operand, scalar_tensor, to_tensor
+from .registry import REGISTRY, Primitive
+
+
+def _fast_binary(name: str, a: Any, b: Any) -> Tensor | None:
+    """The common cases without general promotion: two tensors of one dtype, or a float tensor
+    and a Python int/float.  Returns None when the general path is needed.  (These are most of
+    the calls that derivative rules make, so this is the eager backward's hot path.)"""
+    if isinstance(a, Tensor):
+        dt = a._dtype
+        tb = type(b)
+        if isinstance(b, Tensor):
+            if b._dtype is not dt:
+                return None
+            if a._data.shape != b._data.shape:
+                broadcast_shape(name, a, b)
+            return apply(P[name], (a, b), {})
+        if (tb is float or tb is int) and dt.category == 2:
+            return apply(P[name], (a, scalar_tensor(b, dt)), {})
+    elif isinstance(b, Tensor):
+        ta = type(a)
+        if (ta is float or ta is int) and b._dtype.category == 2:
+            return apply(P[name], (scalar_tensor(a, b._dtype), b), {})
+    return None
+
+
+def _binary(name: str, a: Any, b: Any, dtype: _dt.dtype | None = None) -> Tensor:
+    if dtype is None:
+        out = _fast_binary(name, a, b)
+        if out is not None:
+            return out
+    a, b = operand(a), operand(b)
+    dt = dtype if dtype is not None else _dt.result_type(a, b)
+    a, b = as_operand(a, dt), as_operand(b, dt)
+    broadcast_shape(name, a, b)
+    return apply(P[name], (a, b), {})
+
+
+def _float_binary(name: str, a: Any, b: Any) -> Tensor:
+    a, b = operand(a), operand(b)
+    dt = _dt.result_type(a, b)
+    if dt.category < 2:
+        dt = _dt.get_default_dtype()
+    return _binary(name, a, b, dt)
+
+
+def _float_unary(name: str, x: Any) -> Tensor:
+    x = to_tensor(x)
+    if x._dtype.category < 2:
+        x = cast(x, _dt.get_default_dtype())
+    return apply(P[name], (x,), {})
+
+
+def _same_unary(name: str, x: Any) -> Tensor:
+    return apply(P[name], (to_tensor(x),), {})
+
+
+_PROMOTE: dict[tuple[str, int], Callable[..., Tensor]] = {
+    ("float", 1): _float_unary,
+    ("same", 1): _same_unary,
+    ("float", 2): _float_binary,
+    ("same", 2): _binary,
+}
+
+
+def surface_function(prim: Primitive) -> Callable[..., Tensor]:
+    """The op-surface function of ``prim`` (a record with ``surface`` set)."""
+    name = prim.name
+    promote = _PROMOTE.get((prim.surface or "", len(prim.inputs)))
+    if promote is None:
+        raise ValueError(
+            f"{name}: no generated surface for surface={prim.surface!r} with "
+            f"{len(prim.inputs)} inputs (write it by hand and leave the flag unset)"
+        )
+    how = "integers and bools promoted to the default float dtype"
+    if prim.surface == "same":
+        how = "in the operands' promoted dtype"
+    if len(prim.inputs) == 1:
+
+        def op(input: Any) -> Tensor:
+            return promote(name, input)
+
+        op.__doc__ = f"``{name}`` of ``input``, elementwise ({how})."
+    else:
+
+        def op(input: Any, other: Any) -> Tensor:  # type: ignore[misc]
+            return promote(name, input, other)
+
+        op.__doc__ = f"``{name}`` of ``input`` and ``other``, broadcast, elementwise ({how})."
+    op.__name__ = op.__qualname__ = name
+    return op
+
+
+__all__: list[str] = []
+for _prim in list(REGISTRY.values()):
+    if _prim.surface is not None:
+        globals()[_prim.name] = surface_function(_prim)
+        __all__.append(_prim.name)
