@@ -83,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fallback_programs = eager_errors = 0
     captures = cache_hits = compiled_runs = 0
     gradchecks: Counter = Counter()
+    inconclusive: list[int] = []  # seeds whose eager backward fails gradcheck too
     records: list[dict[str, Any]] = []
     for n, seed in enumerate(seeds, 1):
         program = fuzzgen.generate(seed, max_ops)
@@ -95,6 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         eager_errors += report.eager_error is not None
         if report.gradcheck != "n/a":
             gradchecks[report.gradcheck.split(" (")[0]] += 1
+            if report.gradcheck.startswith("inconclusive"):
+                inconclusive.append(seed)
         if report.findings:
             failing[report.findings[0].kind] += 1
             _write_repros(report, program, args, records, fuzzgen)
@@ -135,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cache_hit_rate": cache_hits / lookups if lookups else 0.0,
         "compiled_runs": compiled_runs,
         "gradcheck": dict(gradchecks),
+        "gradcheck_inconclusive_seeds": inconclusive,
         "seconds": elapsed,
         "threads": threads,
         "classes": {k: {"findings": v, "seeds": class_seeds[k]} for k, v in classes.items()},
@@ -196,6 +200,9 @@ def _print_totals(t: dict[str, Any], out: Path) -> None:
     )
     gc = t["gradcheck"]
     print(f"gradcheck           {sum(gc.values())} programs: {dict(gc)}")
+    if t["gradcheck_inconclusive_seeds"]:
+        seeds = ", ".join(str(s) for s in t["gradcheck_inconclusive_seeds"][:20])
+        print(f"  inconclusive (eager fails gradcheck too; worth a look): seeds {seeds}")
     print(f"time                {t['seconds']:.1f} s ({t['seconds'] / n:.3f} s per program)")
     if t["classes"]:
         print("finding classes (findings, first seeds):")

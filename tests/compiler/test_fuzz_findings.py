@@ -115,10 +115,11 @@ def test_l1_loss_gradient_with_an_infinite_target() -> None:
     np.testing.assert_array_equal(got, expected)
 
 
-# ---- fast-math reassociation: g + (-g) folds to (-)0 ---------------------------------------------
-# found with x - x under a root gradient holding inf: generated code is compiled with LLVM's
-# ``reassoc`` and ``nsz`` flags, which fold the fan-in sum g + (-g) to -0 where eager's is NaN
-# (inf - inf) or +0 (DESIGN.md contract 8 rules out both flags).
+# ---- fast-math reassociation in generated code ---------------------------------------------------
+# generated kernels are compiled with LLVM's ``reassoc`` and ``nsz`` flags (DESIGN.md contract 8
+# rules both out).  Together they fold the fan-in sum g + (-g) to -0 where eager's is NaN
+# (inf - inf) or +0 (``x - x`` under a root gradient holding inf); ``reassoc`` alone reorders
+# div's rule -g*a/(b*b) so that it overflows to inf/inf = NaN where eager's is 0 (seed 295).
 
 
 def _x_minus_x(root: list[float]) -> Callable[[], list[fg.Tensor]]:
@@ -143,6 +144,20 @@ def test_fan_in_of_opposite_gradients_is_positive_zero_in_generated_code() -> No
     (got,) = _leaf_grads(_x_minus_x([1.0, 2.0]), "default", interpreter=0)
     assert not np.signbit(expected).any()  # g + (-g) is +0 in round-to-nearest
     np.testing.assert_array_equal(np.signbit(got), np.signbit(expected))
+
+
+def test_reassociation_does_not_overflow_where_eager_does_not() -> None:
+    def program() -> list[fg.Tensor]:
+        x = fg.tensor([1e30, 1.0], dtype=fg.float32, requires_grad=True)
+        fg.div(x, x * x + 0.25).sum().backward()
+        return [x]
+
+    with np.errstate(over="ignore"):
+        (expected,) = _leaf_grads(program, None)
+        (got,) = _leaf_grads(program, "default", interpreter=0)
+    assert expected[0] == 0.0
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
 
 
 # ---- debug mode: a float32 leaf's .grad comes back float64 ---------------------------------------
