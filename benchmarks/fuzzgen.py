@@ -91,6 +91,7 @@ __all__ = [
 MAX_NUMEL = 48
 MAX_NDIM = 4
 DEFAULT_MAX_OPS = 10
+NEW_SCALE = 0.75  # the cached configuration's second run scales every float leaf by this
 
 RTOL = {"float32": 1e-5, "float64": 1e-10}
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "float64": 2.0**-53}
@@ -115,7 +116,8 @@ class Leaf:
         grad = ", requires_grad=True" if self.requires_grad else ""
         if self.dtype == "fg.int64":
             return f"{self.name} = fg.tensor({self.literal}, dtype=fg.int64)"
-        return f"{self.name} = fg.tensor(np.array({self.literal}), dtype={self.dtype}{grad})"
+        data = f"scale * np.array({self.literal})"
+        return f"{self.name} = fg.tensor({data}, dtype={self.dtype}{grad})"
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,8 @@ class Config:
     name: str
     mode: str = "default"
     interpreter_max_elements: int | None = None  # None: leave the process-wide setting
+    # run() once per scale of the leaf data, in one program cache; the last result counts
+    scales: tuple[float, ...] = (1.0,)
 
     def region(self) -> Callable[[], Any]:
         return lambda: compiler.compiled_autograd(mode=self.mode)
@@ -141,7 +145,8 @@ class Config:
 
 
 DEFAULT = Config("default")
-CACHED = Config("default, cached")  # the same program again: a program-cache hit
+# the same program again with its leaf data scaled: a program-cache hit, computing on new arrays
+CACHED = Config("default, cached", scales=(1.0, NEW_SCALE))
 DEBUG = Config("debug", mode="debug")
 GENERATED = Config("generated code", interpreter_max_elements=0)
 GRADCHECK = Config("gradcheck")  # gradcheck on the compiled path (smooth programs)
@@ -160,6 +165,7 @@ class Program:
     kept: tuple[str, ...]  # non-leaves forward() also returns (retain_grad, grad inputs)
     cotangents: tuple[str, ...]  # literal root gradients, one per output
     presets: tuple[tuple[str, str], ...]  # (leaf, literal): .grad set before backward
+    strided_presets: tuple[str, ...]  # presets stored as a transposed (non-contiguous) view
     backward: tuple[str, ...]  # statements of run() after the forward
     results: tuple[tuple[str, str], ...]  # (label, expression) returned by run()
     forward_in_region: bool  # whether the forward runs inside the compiled region
@@ -738,7 +744,10 @@ class _Builder:
             lambda: f"{a}.to(HI)",
             lambda: f"fg.stack([{a}, {a}.exp()])",
             lambda: f"{a}.clone()",
+            lambda: f"{a}.expand_as({self._partner(shape, grow=True, scalar=False)} + {a})",
         ]
+        if not self.smooth:  # a detached use is invisible to gradcheck's finite differences
+            forms.append(lambda: f"{a} * {a}.detach()")
         if self.precision != "float64":
             forms.append(lambda: f"{a}.to(LO)")
         if shape:
@@ -750,9 +759,29 @@ class _Builder:
                 lambda: f"{a}.roll(1, 0)",
                 lambda: f"{a}.repeat({(2,) + (1,) * (len(shape) - 1)})",
                 lambda: f"{a}.split(2)[0]",
+                lambda: f"{a}.cumsum(0).flip(0)",
+                lambda: f"{a}.unbind(0)[0] * {a}.unbind(0)[-1]",  # multi-output nodes
+                lambda: f"fg.gather({a}, -1, {self._gather_index(shape)})",
                 lambda: f"{a}[{a} > 0]",  # a data-dependent shape: falls back to eager
             ]
+        if len(shape) >= 2:
+            forms += [lambda: f"{a}.tril()", lambda: f"F.pad({a}, (1, 0))"]
+        heights = [d for d in range(2, int(np.prod(shape))) if np.prod(shape) % d == 0]
+        if len(shape) >= 1 and heights:
+            h = self._choice(heights)
+            image = f"{a}.reshape(1, 1, {h}, -1)"  # N, C, H, W
+            forms += [
+                lambda: f"F.avg_pool2d({image}, 2, stride=1)",
+                lambda: f"F.max_pool2d({image}, 2, stride=1)",
+                lambda: f"F.conv2d({image}, {self._leaf((2, 1, 2, 2))}, {self._leaf((2,))})",
+            ]
         return [f"{out} = {self._choice(forms)()}"], out
+
+    def _gather_index(self, shape: tuple[int, ...]) -> str:
+        n = shape[-1]
+        index_shape = (*shape[:-1], int(self.rng.integers(1, 4)))
+        values = self.rng.integers(0, n, size=index_shape) if n else np.zeros(index_shape, int)
+        return self._int_leaf(values)
 
     def _index(self, n: int, size: int) -> str:
         """An int64 index leaf into a dim of size ``n`` (repeats allowed: gradients add)."""
@@ -817,6 +846,7 @@ class _Builder:
         backward: list[str] = []
         results: list[tuple[str, str]] = []
         presets: list[tuple[str, str]] = []
+        strided: list[str] = []
         loss = " + ".join(f"(outs[{i}] * C[{i}]).sum()" for i in range(len(outputs)))
         kind = str(
             self.rng.choice(
@@ -841,6 +871,8 @@ class _Builder:
         if kind != "grad" and leaves_rg and not self.smooth and self._chance(0.15):
             for name in leaves_rg[: int(self.rng.integers(1, len(leaves_rg) + 1))]:
                 presets.append((name, _literal(self._cotangent(self._shape(name)))))
+                if len(self._shape(name)) >= 2 and self._chance(0.4):
+                    strided.append(name)
         retain = ", retain_graph=True" if twice else ""
         if kind == "loss" or kind == "create_graph":
             flag = ", create_graph=True" if kind == "create_graph" else retain
@@ -878,6 +910,7 @@ class _Builder:
             kept=tuple(kept),
             cotangents=cotangents,
             presets=tuple(presets),
+            strided_presets=tuple(strided),
             backward=tuple(backward),
             results=tuple(unique.items()),
             forward_in_region=self._chance(0.6),
@@ -909,7 +942,9 @@ def _snapshot_state(s: _State) -> _State:
 
 
 def _namespace() -> dict[str, Any]:
+    """The globals of a program's script, for the generator's eager execution."""
     return {
+        "scale": 1.0,
         "np": np,
         "fg": fg,
         "F": F,
@@ -944,11 +979,11 @@ def _literal(values: np.ndarray) -> str:
 # ---- the script --------------------------------------------------------------------------------
 
 _SCRIPT_HELPERS = '''
-def attempt(region=contextlib.nullcontext, repeat=1):
-    """run() (``repeat`` times, the last result kept), or the exception it raised."""
+def attempt(region=contextlib.nullcontext, scales=(1.0,)):
+    """run() once per scale of the leaf data (the last result kept), or what it raised."""
     try:
-        for _ in range(repeat):
-            result = run(region)
+        for scale in scales:
+            result = run(region, scale)
         return result
     except Exception as e:  # compared by type and message
         return e
@@ -1024,7 +1059,7 @@ def _render(p: Program, config: Config, verdict: str) -> str:
     add("inf, nan = np.inf, np.nan")
     add("")
     add("")
-    add("def leaves():")
+    add("def leaves(scale=1.0):")
     lines.extend("    " + leaf.line() for leaf in p.leaves)
     add(f"    return {tuple_}")
     add("")
@@ -1044,10 +1079,14 @@ def _render(p: Program, config: Config, verdict: str) -> str:
         add("}")
     add("")
     add("")
-    add("def run(region=contextlib.nullcontext):")
-    add(f"    {tuple_} = leaves()" if len(names) > 1 else f"    ({names[0]},) = leaves()")
+    add("def run(region=contextlib.nullcontext, scale=1.0):")
+    add(f"    {tuple_} = leaves(scale)" if len(names) > 1 else f"    ({names[0]},) = leaves(scale)")
     for n, _ in p.presets:
-        add(f'    {n}.grad = fg.tensor(PRESETS["{n}"], dtype={n}.dtype)')
+        if n in p.strided_presets:  # accumulation into a non-contiguous .grad
+            data = f'PRESETS["{n}"].swapaxes(-1, -2)'
+            add(f"    {n}.grad = fg.tensor({data}, dtype={n}.dtype).transpose(-1, -2)")
+        else:
+            add(f'    {n}.grad = fg.tensor(PRESETS["{n}"], dtype={n}.dtype)')
         add(f"    P_{n} = {n}.grad")
     indent = "    "
     if not p.forward_in_region:
@@ -1079,11 +1118,11 @@ def _render(p: Program, config: Config, verdict: str) -> str:
         add("        fg.autograd.gradcheck(objective, leaves())  # raises on a Jacobian mismatch")
         add('    print("gradcheck passed")')
         return "\n".join(lines) + "\n"
-    add("    eager = attempt()")
+    scales = ", scales=" + repr(config.scales) if config.scales != (1.0,) else ""
+    add(f"    eager = attempt(scales={config.scales[-1:]!r})")
     if config.interpreter_max_elements is not None:
         add(f"    compiler.config.interpreter_max_elements = {config.interpreter_max_elements}")
-    repeat = ", repeat=2" if config is CACHED else ""
-    add(f'    compiled = attempt(lambda: compiler.compiled_autograd(mode="{config.mode}"){repeat})')
+    add(f'    compiled = attempt(lambda: compiler.compiled_autograd(mode="{config.mode}"){scales})')
     add("    problems = differences(eager, compiled)")
     add("    print(compiler.counters)")
     add('    print("\\n".join(problems) or "no difference")')
@@ -1093,7 +1132,10 @@ def _render(p: Program, config: Config, verdict: str) -> str:
 
 def _describe(config: Config) -> str:
     if config is CACHED:
-        return 'compiled_autograd(mode="default") twice: the second run is a cache hit'
+        return (
+            'compiled_autograd(mode="default") twice, the second time with the leaf data '
+            f"scaled by {NEW_SCALE}: a cache hit that must compute on the new arrays"
+        )
     if config.interpreter_max_elements == 0:
         return (
             'compiled_autograd(mode="default") with config.interpreter_max_elements = 0: '
@@ -1158,13 +1200,14 @@ class _Module:
         finally:
             self.ns["LO"], self.ns["HI"] = previous
 
-    def run(self, region: Callable[[], Any] | None = None, repeat: int = 1) -> Any:
-        """Snapshots of run()'s results, or the exception it raised."""
+    def run(self, region: Callable[[], Any] | None = None, scales: Sequence[float] = (1.0,)) -> Any:
+        """Snapshots of run()'s results (once per leaf-data scale, the last kept), or the
+        exception it raised."""
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                for _ in range(repeat):
-                    result = self.ns["run"](region or contextlib.nullcontext)
+                for scale in scales:
+                    result = self.ns["run"](region or contextlib.nullcontext, scale)
                 return {k: _snapshot(v) for k, v in result.items()}
         except Exception as e:
             return e
@@ -1192,11 +1235,15 @@ def check(program: Program) -> Report:
     start = time.perf_counter()
     report = Report(program.seed)
     module = _Module(program)
-    eager, shadows = _reference(program, module)
+    references = {1.0: _reference(program, module)}
+    eager = references[1.0][0]
     if isinstance(eager, Exception):
         report.eager_error = f"{type(eager).__name__}: {eager}"
     for config in program.configs():
-        finding = _run_config(program, module, config, eager, shadows, report)
+        scale = config.scales[-1]
+        if scale not in references:
+            references[scale] = _reference(program, module, scale)
+        finding = _run_config(program, module, config, *references[scale], report)
         if finding is not None:
             report.findings.append(finding)
     if program.gradcheck and not isinstance(eager, Exception):
@@ -1205,13 +1252,13 @@ def check(program: Program) -> Report:
     return report
 
 
-def _reference(program: Program, module: _Module) -> tuple[Any, list[dict]]:
+def _reference(program: Program, module: _Module, scale: float = 1.0) -> tuple[Any, list[dict]]:
     """Eager results, and the shadow runs' (none when eager raised).
 
     A shadow run is the same program with every float dtype changed to one precision: float64
     when the program uses float32 anywhere, float32 when it uses float64 anywhere (a mixed
     program gets both)."""
-    eager = module.run()
+    eager = module.run(scales=(scale,))
     if isinstance(eager, Exception):
         return eager, []
     precisions = []
@@ -1222,7 +1269,7 @@ def _reference(program: Program, module: _Module) -> tuple[Any, list[dict]]:
     shadows = []
     for dtype in precisions:
         with module.dtypes(dtype):
-            shadow = module.run()
+            shadow = module.run(scales=(scale,))
         if not isinstance(shadow, Exception):
             shadows.append(shadow)
     return eager, shadows
@@ -1242,7 +1289,7 @@ def _run_config(
         compiler.reset()
     before = _counts()
     with config.settings():
-        got = module.run(config.region(), repeat=2 if config is CACHED else 1)
+        got = module.run(config.region(), config.scales)
     if report is not None:
         _add_counts(report, before)
     kind, problems = _verdict(eager, got, shadows)
@@ -1444,8 +1491,9 @@ def shrink(finding: Finding, program: Program, budget_s: float = 60.0) -> Progra
             module = _Module(candidate)
             if finding.kind == "gradcheck":
                 return _gradcheck(candidate, module, Report(candidate.seed)) == "failed"
-            eager, shadows = _reference(candidate, module)
-            found = _run_config(candidate, module, CONFIGS[finding.config], eager, shadows, None)
+            config = CONFIGS[finding.config]
+            eager, shadows = _reference(candidate, module, config.scales[-1])
+            found = _run_config(candidate, module, config, eager, shadows, None)
         except Exception:
             return False
         return found is not None and found.kind == finding.kind
