@@ -23,36 +23,49 @@ to drop candidates the eager library rejects (a view of a non-contiguous tensor,
 compares eager with one compiled configuration.  The checker executes exactly that source.
 
 **Checking** (``check``).  ``run()`` executes eagerly, then inside
-``compiler.compiled_autograd()`` in default mode twice (the second run is a program-cache hit),
-in ``mode="debug"`` (the reference executor), and for every fourth seed with
-``config.interpreter_max_elements = 0`` (every kernel as generated code).  Every gradient the
-program produces (leaf ``.grad``, ``retain_grad`` values, ``autograd.grad`` results, whether a
-preset ``.grad`` kept its identity, the root gradients after backward) is compared.  A
-configuration that raises where eager does not is a *crash*; an exception eager raises must be
-raised by the compiled run with the same type and message.  Programs whose backward fell back
-to eager (``compiler.counters.fallbacks``) are counted as fallbacks, and their results are still
-compared.  Every tenth seed is a smooth float64 program whose gradients are also checked
-against central finite differences by ``fusegrad.autograd.gradcheck`` on the compiled path.
+``compiler.compiled_autograd()``: in default mode; in default mode twice more, the second time
+with every float leaf scaled by ``NEW_SCALE`` (a program-cache hit that must compute on the new
+arrays, compared with eager on the scaled data); in ``mode="debug"`` (the reference executor);
+and for every fourth seed with ``config.interpreter_max_elements = 0`` (every kernel as
+generated code).  Each configuration starts from empty in-memory program caches (compiled
+modules stay on disk), so that it runs programs of its own whatever the cache key holds.  Every
+gradient the program produces (leaf ``.grad``, ``retain_grad`` values, ``autograd.grad``
+results, whether a preset ``.grad`` kept its identity, the root gradients after backward) is
+compared.  A configuration that raises where eager does not is a *crash*; an exception eager
+raises must be raised by the compiled run with the same type and message.  Programs whose
+backward fell back to eager (``compiler.counters.fallbacks``) are counted as fallbacks, and
+their results are still compared.  Every tenth seed is a smooth float64 program (no inf / NaN
+data, arguments of log / sqrt / division kept positive, no gradient-changing hooks or
+``detach``) whose gradients are also checked against central finite differences by
+``fusegrad.autograd.gradcheck`` with the analytical Jacobian from the compiled backward, one
+scalar per output (each output weighted by its root gradient, summed) so that finite
+differences resolve every output at its own scale.  When eager fails gradcheck too, the verdict
+is *inconclusive* (an eager rule or a function too badly scaled for finite differences), not a
+compiler failure.
 
 **Comparison** (``compare``).  Per gradient: same presence (None or not), shape and dtype;
-NaN, +inf and -inf at exactly the same positions; finite elements within
+NaN, +inf and -inf at exactly the same positions (the sign of a zero is not compared); finite
+elements within
 
-    |compiled - eager| <= rtol * |eager| + FLOOR * u * max|eager| + SHADOW * estimate
+    |compiled - eager| <= rtol * |eager| + FLOOR * u * max(max|eager|, max|root gradient|)
+                          + SHADOW * estimate
 
 ``rtol`` is the README's (1e-10 float64, 1e-5 float32) and ``u`` the unit roundoff of the
-gradient's dtype; the second term is a norm-wise floor at a few roundoffs of the tensor's largest
-element, for values that cancel to (almost) zero and where an FMA contraction legitimately
-leaves the rounding error of a product instead of an exact zero.  The third term is what makes
-the comparison principled where sums cancel: compiled code may contract ``a*b+c`` into an FMA
-and accumulate float32 sums in float64, so its result differs from eager's by up to the
-*rounding error of the computation*, which is ``~ u * sum |terms|`` and can exceed
-``rtol * |result|`` by any factor when the terms cancel.  That error is measured, not guessed:
-the same program runs eagerly once more with every float dtype changed (the *shadow* run:
-float64 if the program uses float32 anywhere, else float32), and to first order the rounding
-error scales with the unit roundoff, so ``estimate = |eager - shadow| * min(1, u / u_shadow)``.
-For a float32 program this is eager's actual error against a float64 evaluation; for a float64
-program it is the float32 discrepancy scaled down by 2**-29.  Where the shadow is not finite
-but eager is, the estimate is ``|eager| * min(1, u / u_shadow)`` (no usable information).
+gradient's dtype.  The second term is a norm-wise floor of a few roundoffs of the scale of the
+backward's terms (the larger of the tensor's largest element and the largest root gradient):
+an FMA contraction legitimately leaves the rounding error of a product where eager's terms
+cancel to an exact zero.  The third term is what makes the comparison principled where sums
+cancel: compiled code may contract ``a*b+c`` into an FMA and accumulate float32 sums in
+float64, so its result differs from eager's by up to the *rounding error of the computation*,
+``~ u * sum |terms|``, which exceeds ``rtol * |result|`` by any factor when the terms cancel.
+That error is measured, not guessed: the program runs eagerly once more with every float dtype
+changed to one precision (a *shadow* run: float64 if the program uses float32 anywhere, float32
+if it uses float64 anywhere, both for a mixed program), and since to first order rounding error
+scales with the unit roundoff, ``estimate = max over shadows of |eager - shadow| * min(1, u /
+u_shadow)``.  For float32 results against the float64 shadow this is eager's actual error; for
+float64 results against the float32 shadow it is the float32 discrepancy scaled down by 2**-29.
+Where a shadow is not finite but eager is, that shadow's estimate is ``|eager| * min(1, u /
+u_shadow)`` (no usable information).
 """
 
 from __future__ import annotations
@@ -95,7 +108,7 @@ NEW_SCALE = 0.75  # the cached configuration's second run scales every float lea
 
 RTOL = {"float32": 1e-5, "float64": 1e-10}
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "float64": 2.0**-53}
-FLOOR = 4.0  # norm-wise floor, in unit roundoffs of the tensor's largest element
+FLOOR = 4.0  # norm-wise floor, in unit roundoffs of the scale of the backward's terms
 SHADOW = 4.0  # how many times the measured rounding error the compiled result may deviate
 
 
@@ -104,7 +117,8 @@ SHADOW = 4.0  # how many times the measured rounding error the compiled result m
 
 @dataclass(frozen=True)
 class Leaf:
-    """An input of the program: ``name = fg.tensor(literal, dtype=..., requires_grad=...)``."""
+    """An input of the program: ``name = fg.tensor(scale * np.array(literal), dtype=...,
+    requires_grad=...)`` (``scale`` is 1 but in the cached configuration's second run)."""
 
     name: str
     shape: tuple[int, ...]
@@ -172,10 +186,6 @@ class Program:
     gradcheck: bool  # smooth float64 program: also checked against finite differences
     generated_code: bool  # also run with every kernel as generated code
 
-    @property
-    def uses_float32(self) -> bool:
-        return self.precision != "float64"
-
     def configs(self) -> list[Config]:
         configs = [DEFAULT, CACHED, DEBUG]
         if self.generated_code:
@@ -197,13 +207,13 @@ def generate(seed: int, max_ops: int = DEFAULT_MAX_OPS) -> Program:
 _SCALARS = ("0.5", "2.0", "-1.5", "3", "0.25", "-2")
 _SPECIALS = (np.inf, -np.inf, np.nan, 0.0, -0.0, 1e30, 40.0, -40.0, 1e-30)
 
-# unary templates: (template, domain); domain "pos" wants positive input, "gt-1" > -1
+# unary templates: (template, domain); domain "pos" wants a positive argument (``_positive``)
 _UNARY: tuple[tuple[str, str], ...] = (
     ("{a}.exp()", ""),
     ("fg.exp({a})", ""),
     ("{a}.log()", "pos"),
     ("fg.log({a})", "pos"),
-    ("{a}.log1p()", "gt-1"),
+    ("{a}.log1p()", "pos"),
     ("{a}.expm1()", ""),
     ("{a}.tanh()", ""),
     ("F.tanh({a})", ""),
@@ -256,7 +266,7 @@ _UNARY: tuple[tuple[str, str], ...] = (
     ("{a} - {a}", ""),
 )
 
-# binary templates over {a} and {b} (broadcast partners); {p} is {a} made positive
+# binary templates over {a} and its broadcast partner {b}; {pa} / {pb} are them made positive
 _BINARY: tuple[str, ...] = (
     "{a} + {b}",
     "{a} - {b}",
@@ -484,7 +494,7 @@ class _Builder:
     def _unary(self) -> tuple[list[str], str]:
         a = self._pick()
         template, domain = self._choice(_UNARY)
-        operand = self._positive(a) if domain in ("pos", "gt-1") else a
+        operand = self._positive(a) if domain == "pos" else a
         self._use(a)
         out = self._name("v")
         return [f"{out} = {template.format(a=operand)}"], out
@@ -748,7 +758,7 @@ class _Builder:
         ]
         if not self.smooth:  # a detached use is invisible to gradcheck's finite differences
             forms.append(lambda: f"{a} * {a}.detach()")
-        if self.precision != "float64":
+        if self.precision != "float64":  # (a float64 program stays float64: see _reference)
             forms.append(lambda: f"{a}.to(LO)")
         if shape:
             n = shape[0]
@@ -903,7 +913,7 @@ class _Builder:
         unique = dict(results)
         return Program(
             seed=self.seed,
-            precision=self.precision if not self._casts_low() else _with_low(self.precision),
+            precision=self.precision,
             leaves=tuple(s.leaves),
             forward=tuple(s.lines),
             outputs=tuple(outputs),
@@ -918,16 +928,9 @@ class _Builder:
             generated_code=self.seed % 4 == 3,
         )
 
-    def _casts_low(self) -> bool:
-        return any(".to(LO)" in line for line in self.s.lines)
-
     def _cotangent(self, shape: tuple[int, ...]) -> np.ndarray:
         values = np.asarray(self.rng.standard_normal(shape))
         return values if self.smooth else np.round(values, 3)
-
-
-def _with_low(precision: str) -> str:
-    return "mixed" if precision == "float64" else precision
 
 
 def _snapshot_state(s: _State) -> _State:
@@ -1172,7 +1175,7 @@ class Report:
     cache_hits: int = 0
     compiled_runs: int = 0
     eager_error: str | None = None  # the exception eager raised (compiled must match it)
-    gradcheck: str = "n/a"  # "passed", "failed", "skipped (...)" or "n/a"
+    gradcheck: str = "n/a"  # "passed", "failed", "skipped (...)", "inconclusive (...)", "n/a"
     seconds: float = 0.0
 
     @property
@@ -1186,7 +1189,10 @@ class _Module:
     def __init__(self, program: Program) -> None:
         source = program.source()
         filename = f"<fuzz program {program.seed}>"
-        # tracebacks show the program's lines
+        # tracebacks show the program's lines; only the latest program's are kept (a campaign
+        # runs thousands)
+        for old in [k for k in linecache.cache if k.startswith("<fuzz program ")]:
+            del linecache.cache[old]
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         self.ns: dict[str, Any] = {"__name__": f"fuzz_{program.seed}"}
         exec(compile(source, filename, "exec"), self.ns)
