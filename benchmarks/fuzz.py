@@ -84,9 +84,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     captures = cache_hits = compiled_runs = 0
     gradchecks: Counter = Counter()
     inconclusive: list[int] = []  # seeds whose eager backward fails gradcheck too
+    generator_errors: list[str] = []
     records: list[dict[str, Any]] = []
     for n, seed in enumerate(seeds, 1):
-        program = fuzzgen.generate(seed, max_ops)
+        try:
+            program = fuzzgen.generate(seed, max_ops)
+        except Exception as e:  # a generator bug: reported, and the campaign goes on
+            generator_errors.append(f"seed {seed}: {type(e).__name__}: {e}")
+            print(f"generator error, {generator_errors[-1]}", flush=True)
+            continue
         report = fuzzgen.check(program)
         captures += report.captures
         cache_hits += report.cache_hits
@@ -139,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compiled_runs": compiled_runs,
         "gradcheck": dict(gradchecks),
         "gradcheck_inconclusive_seeds": inconclusive,
+        "generator_errors": generator_errors,
         "seconds": elapsed,
         "threads": threads,
         "classes": {k: {"findings": v, "seeds": class_seeds[k]} for k, v in classes.items()},
@@ -148,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"totals": totals, "findings": records}, indent=2))
         print(f"JSON: {args.json}")
-    return 1 if failing else 0
+    return 1 if failing or generator_errors else 0
 
 
 def _write_repros(
@@ -204,6 +211,10 @@ def _print_totals(t: dict[str, Any], out: Path) -> None:
         seeds = ", ".join(str(s) for s in t["gradcheck_inconclusive_seeds"][:20])
         print(f"  inconclusive (eager fails gradcheck too; worth a look): seeds {seeds}")
     print(f"time                {t['seconds']:.1f} s ({t['seconds'] / n:.3f} s per program)")
+    if t["generator_errors"]:
+        print(f"generator errors    {len(t['generator_errors'])} (programs not checked):")
+        for line in t["generator_errors"][:10]:
+            print(f"  {line[:150]}")
     if t["classes"]:
         print("finding classes (findings, first seeds):")
         for sig, info in sorted(t["classes"].items(), key=lambda kv: -kv[1]["findings"]):

@@ -486,7 +486,17 @@ class _Builder:
         self.s.lines.extend(lines)
         if target is not None:
             self.s.pool.append(target)
+        # an in-place op can make other values unusable (a view returned by split whose base
+        # was modified refuses even ``requires_grad``): they leave the pool
+        self.s.pool = [n for n in self.s.pool if self._usable(n)]
         return True
+
+    def _usable(self, name: str) -> bool:
+        try:
+            t = self.ns[name]
+            return isinstance(t.requires_grad, bool) and isinstance(t.is_leaf, bool)
+        except Exception:
+            return False
 
     def _use(self, *names: str) -> None:
         self.s.consumed.update(names)

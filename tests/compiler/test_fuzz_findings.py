@@ -179,6 +179,25 @@ def test_debug_mode_keeps_the_leaf_dtype_of_a_promoted_input() -> None:
     np.testing.assert_array_equal(a.grad.numpy(), [2.0, 0.0])
 
 
+# ---- a float64 rule computed in float32 next to a float32 one ------------------------------------
+# seed 1189: the backward graph of ``x64.tanh().sum() + x32.tanh()`` (x64 float64, x32 0-d
+# float32) computes tanh's ``1 - y*y`` for the float64 input as ``sub(scalar(1.0): float32[],
+# mul: float64[3]) -> float32[3]`` and casts it back: the float64 gradient carries float32
+# rounding (relative error ~2e-8).  Eager (and mode="debug") compute it in float64.
+
+
+def test_float64_gradient_keeps_float64_precision_beside_a_float32_rule() -> None:
+    def program() -> list[fg.Tensor]:
+        x64 = fg.tensor([0.9064, 1.4501, -0.6329], dtype=fg.float64, requires_grad=True)
+        x32 = fg.tensor(0.195, dtype=fg.float32, requires_grad=True)
+        (x64.tanh().sum() + x32.tanh()).backward()
+        return [x64]
+
+    (expected,) = _leaf_grads(program, None)
+    (got,) = _leaf_grads(program, "default")
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
 # ---- the program cache ignores the compile mode and the interpreter setting ----------------------
 # found when the fuzzer's debug runs never captured: a backward whose structure was compiled in
 # default mode reuses that program in mode="debug" (and vice versa), and changing
