@@ -1,11 +1,13 @@
 """Differential fuzzing in CI: generated programs, compiled vs eager (``benchmarks/fuzzgen.py``).
 
-``PROGRAMS`` seeded programs in batches of ``BATCH``: each runs eagerly, compiled in default
-mode (twice: the second run is a cache hit), in debug mode, with every kernel as generated code
-(every fourth seed), and every tenth (smooth float64) also through ``gradcheck`` on the compiled
-path.  A failing batch names each failing seed and configuration and prints the repro script of
-the first failure, shrunk (``python -m benchmarks.fuzz --seed S --programs 1`` writes them all).
-The long campaign is ``python -m benchmarks.fuzz --programs 10000``.
+``PROGRAMS`` seeded programs of up to ``MAX_OPS`` statements, in batches of ``BATCH``: each runs
+eagerly and compiled in default mode, twice more in default mode (the second time on scaled
+leaf data: program-cache hits computing on new arrays), in debug mode, for every eighth seed
+with every kernel as generated code, and every tenth (smooth float64) also through
+``gradcheck`` on the compiled path.  A failing batch names each failing seed and configuration
+and prints the shrunk repro script of the first failure; ``python -m benchmarks.fuzz --seed S
+--programs 1 --max-ops 6`` writes them all.  The long campaign is ``python -m benchmarks.fuzz
+--programs 10000``.
 
 The other tests keep the fuzzer honest: programs are deterministic, their scripts run on their
 own, the comparison catches what it must and tolerates rounding it must, and the programs of
@@ -61,7 +63,8 @@ def test_compiled_backward_matches_eager_on_generated_programs(seeds: range) -> 
         summary = "\n".join(f"  {str(f).splitlines()[0][:300]}" for f in findings)
         pytest.fail(
             f"{len(findings)} failure(s) in seeds {seeds.start}..{seeds.stop - 1}:\n{summary}\n\n"
-            f"repro of seed {first.seed} [{first.config}], shrunk:\n"
+            f"repro of seed {first.seed} [{first.config}], shrunk (all of them: python -m "
+            f"benchmarks.fuzz --seed {first.seed} --programs 1 --max-ops {MAX_OPS}):\n"
             f"{small.source(config, f'{first.kind}: {first.message}')}",
             pytrace=False,
         )
