@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     class_seeds: dict[str, list[int]] = {}
     fallbacks: Counter = Counter()
     fallback_programs = eager_errors = 0
-    captures = cache_hits = compiled_runs = 0
+    captures = builds = cache_hits = compiled_runs = 0
     gradchecks: Counter = Counter()
     inconclusive: list[int] = []  # seeds whose eager backward fails gradcheck too
     generator_errors: list[str] = []
@@ -95,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         report = fuzzgen.check(program)
         captures += report.captures
+        builds += report.builds
         cache_hits += report.cache_hits
         compiled_runs += report.compiled_runs
         fallbacks.update(report.fallbacks)
@@ -124,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
     elapsed = time.perf_counter() - start
-    lookups = captures + cache_hits
+    lookups = builds + cache_hits  # every compiled backward either finds or builds a program
     totals = {
         "programs": len(seeds),
         "first_seed": args.seed,
@@ -140,6 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "fallback_rate": fallback_programs / len(seeds),
         "fallback_reasons": dict(fallbacks.most_common()),
         "captures": captures,
+        "builds": builds,
         "cache_hits": cache_hits,
         "cache_hit_rate": cache_hits / lookups if lookups else 0.0,
         "compiled_runs": compiled_runs,
@@ -201,9 +203,9 @@ def _print_totals(t: dict[str, Any], out: Path) -> None:
     for reason, count in t["fallback_reasons"].items():
         print(f"  {count:6d}  {reason}")
     print(
-        f"cache               {t['captures']} captures, {t['cache_hits']} cache hits: hit rate "
-        f"{100 * t['cache_hit_rate']:.1f}% of program lookups ({t['compiled_runs']} compiled "
-        "runs)"
+        f"cache               {t['cache_hits']} hits, {t['builds']} programs built "
+        f"({t['captures']} graph captures): hit rate {100 * t['cache_hit_rate']:.1f}% of "
+        f"program lookups ({t['compiled_runs']} compiled runs)"
     )
     gc = t["gradcheck"]
     print(f"gradcheck           {sum(gc.values())} programs: {dict(gc)}")

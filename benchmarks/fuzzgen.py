@@ -28,7 +28,8 @@ with every float leaf scaled by ``NEW_SCALE`` (a program-cache hit that must com
 arrays, compared with eager on the scaled data); in ``mode="debug"`` (the reference executor);
 and for every fourth seed with ``config.interpreter_max_elements = 0`` (every kernel as
 generated code).  Each configuration starts from empty in-memory program caches (compiled
-modules stay on disk), so that it runs programs of its own whatever the cache key holds.  Every
+modules stay on disk): its result depends on nothing run before it, so the repro script, which
+runs that configuration alone, reproduces it.  Every
 gradient the program produces (leaf ``.grad``, ``retain_grad`` values, ``autograd.grad``
 results, whether a preset ``.grad`` kept its identity, the root gradients after backward) is
 compared.  A configuration that raises where eager does not is a *crash*; an exception eager
@@ -1181,8 +1182,9 @@ class Report:
     seed: int
     findings: list[Finding] = field(default_factory=list)
     fallbacks: Counter = field(default_factory=Counter)  # reason -> backward calls
-    captures: int = 0
-    cache_hits: int = 0
+    captures: int = 0  # backward graphs captured
+    builds: int = 0  # programs built (a program-cache miss)
+    cache_hits: int = 0  # backwards run by a cached program
     compiled_runs: int = 0
     eager_error: str | None = None  # the exception eager raised (compiled must match it)
     gradcheck: str = "n/a"  # "passed", "failed", "skipped (...)", "inconclusive (...)", "n/a"
@@ -1241,9 +1243,9 @@ def _snapshot(value: Any) -> Any:
     return value
 
 
-def _counts() -> tuple[int, int, int, Counter]:
+def _counts() -> tuple[int, int, int, int, Counter]:
     c = compiler.counters
-    return c.captures, c.cache_hits, c.compiled_runs, Counter(c.fallbacks)
+    return c.captures, c.builds, c.cache_hits, c.compiled_runs, Counter(c.fallbacks)
 
 
 def check(program: Program) -> Report:
@@ -1301,7 +1303,8 @@ def _run_config(
 ) -> Finding | None:
     if config is not CACHED:
         # each configuration starts from empty in-memory program caches (compiled modules
-        # stay on disk), so that it runs its own programs whatever the cache key holds
+        # stay on disk), so that its result does not depend on what ran before: the repro
+        # script runs it alone
         compiler.reset()
     before = _counts()
     with config.settings():
@@ -1316,12 +1319,13 @@ def _run_config(
     return Finding(program.seed, config.name, kind, verdict, script)
 
 
-def _add_counts(report: Report, before: tuple[int, int, int, Counter]) -> None:
+def _add_counts(report: Report, before: tuple[int, int, int, int, Counter]) -> None:
     after = _counts()
     report.captures += after[0] - before[0]
-    report.cache_hits += after[1] - before[1]
-    report.compiled_runs += after[2] - before[2]
-    report.fallbacks.update(after[3] - before[3])
+    report.builds += after[1] - before[1]
+    report.cache_hits += after[2] - before[2]
+    report.compiled_runs += after[3] - before[3]
+    report.fallbacks.update(after[4] - before[4])
 
 
 def _verdict(eager: Any, got: Any, shadows: list[dict]) -> tuple[str, list[str]]:
