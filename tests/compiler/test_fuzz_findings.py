@@ -182,10 +182,13 @@ def test_debug_mode_keeps_the_leaf_dtype_of_a_promoted_input() -> None:
 
 
 # ---- a float64 rule computed in float32 next to a float32 one ------------------------------------
-# seed 1189: the backward graph of ``x64.tanh().sum() + x32.tanh()`` (x64 float64, x32 0-d
-# float32) computes tanh's ``1 - y*y`` for the float64 input as ``sub(scalar(1.0): float32[],
-# mul: float64[3]) -> float32[3]`` and casts it back: the float64 gradient carries float32
-# rounding (relative error ~2e-8).  Eager (and mode="debug") compute it in float64.
+# seeds 802, 1119, 1189: capture interns constants (``scalar(1.0)``, the zeros of a scatter)
+# with the dtype of their first use, and a float64 rule that reuses a float32 one computes in
+# float32, then casts back: the float64 gradient carries float32 rounding (relative error
+# ~5e-10 to 3e-8).  For ``x64.tanh().sum() + x32.tanh()`` tanh's ``1 - y*y`` for x64 is
+# ``sub(scalar(1.0): float32[], mul: float64[s0]) -> float32[s0]``; for ``x64.min(dim=0)``
+# beside an in-place op through a view of a float32 value, min's scatter_add starts from the
+# float32 zeros of IndexPutBackward0 (in debug mode too).  Eager computes in float64.
 
 
 def test_float64_gradient_keeps_float64_precision_beside_a_float32_rule() -> None:
@@ -197,6 +200,24 @@ def test_float64_gradient_keeps_float64_precision_beside_a_float32_rule() -> Non
 
     (expected,) = _leaf_grads(program, None)
     (got,) = _leaf_grads(program, "default")
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["default", "debug"])
+def test_float64_scatter_keeps_float64_precision_beside_float32_zeros(mode: str) -> None:
+    def program() -> list[fg.Tensor]:
+        x64 = fg.tensor([0.0125], dtype=fg.float64, requires_grad=True)
+        x32 = fg.tensor([-0.0109], dtype=fg.float32, requires_grad=True)
+        w32 = fg.tensor([-1.2248], dtype=fg.float32, requires_grad=True)
+        m = x64.min(dim=0).values  # created first, so its rule runs after the float32 one
+        y = x32 + 0.0
+        y.reshape(-1).mul_(w32)  # in place through a view: IndexPutBackward0 (float32 zeros)
+        (m * 1.949 + y.sum()).backward()
+        return [x64]
+
+    (expected,) = _leaf_grads(program, None)
+    (got,) = _leaf_grads(program, mode)
+    np.testing.assert_array_equal(expected, [1.949])
     np.testing.assert_allclose(got, expected, rtol=1e-12)
 
 
