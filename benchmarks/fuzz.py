@@ -1,0 +1,229 @@
+"""Differential fuzzing campaign: compiled vs eager autograd on generated programs.
+
+``python -m benchmarks.fuzz --programs 10000`` generates the programs of seeds ``S .. S+N-1``
+(``benchmarks.fuzzgen``: what a program is, which configurations run and how results are
+compared), checks each, prints progress every few seconds and then the totals: programs,
+mismatches, crashes, gradcheck failures, fallback rate with reasons, cache-hit rate (program
+cache lookups that hit, from ``fusegrad.compiler.counters``) and time.  Every failing program's
+standalone repro script goes to ``--out`` (default ``benchmarks/results/fuzz``), together with a
+shrunk version (statements and leaves removed while it still fails the same way).  The exit
+status is 1 when anything failed, 0 otherwise.
+
+Options: ``--seed S`` (first seed, default 0), ``--max-ops K`` (statements per program, default
+``fuzzgen.DEFAULT_MAX_OPS``), ``--threads N`` (BLAS / numba threads, fixed before numpy is
+imported, default 1), ``--json PATH`` (totals and findings), ``--no-shrink``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "fuzz"
+PROGRESS_EVERY_S = 5.0
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.fuzz",
+        description="Differential fuzzing of fusegrad's compiled backward against eager.",
+    )
+    parser.add_argument("--programs", type=int, default=1000, help="how many programs")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first program")
+    parser.add_argument("--max-ops", type=int, default=None, help="statements per program")
+    parser.add_argument("--threads", type=int, default=1, help="BLAS / numba threads")
+    parser.add_argument("--json", type=Path, default=None, help="write totals and findings")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="repro script directory")
+    parser.add_argument("--no-shrink", action="store_true", help="write full repros only")
+    args = parser.parse_args(argv)
+    if args.programs < 1:
+        parser.error("--programs must be at least 1")
+    return args
+
+
+def signature(kind: str, message: str) -> str:
+    """A finding's class for the summary: its kind and first line, numbers and quoted values
+    blanked, so that one bug hit by many programs counts once."""
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    first = re.sub(r"^\S+: ", "", first, count=1) if kind == "mismatch" else first
+    first = re.sub(r"np\.float\d+\([^)]*\)", "#", first)
+    first = re.sub(r"\[[^\]]*\]|\([^)]*\)|-?\d+(\.\d+)?(e[+-]?\d+)?", "#", first)
+    return f"{kind}: {first[:110]}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from benchmarks.common import pin_threads
+
+    threads = pin_threads(args.threads)  # before numpy (imported by fuzzgen) loads
+    from benchmarks import fuzzgen
+
+    max_ops = args.max_ops or fuzzgen.DEFAULT_MAX_OPS
+    args.out.mkdir(parents=True, exist_ok=True)
+    seeds = range(args.seed, args.seed + args.programs)
+    print(
+        f"fuzzing {args.programs} programs (seeds {seeds[0]}..{seeds[-1]}, up to {max_ops} "
+        f"statements), {args.threads} thread(s); repros -> {args.out}",
+        flush=True,
+    )
+    start = last = time.perf_counter()
+    kinds: Counter = Counter()  # findings by kind
+    failing: Counter = Counter()  # programs by worst kind
+    classes: Counter = Counter()  # findings by signature
+    class_seeds: dict[str, list[int]] = {}
+    fallbacks: Counter = Counter()
+    fallback_programs = eager_errors = 0
+    captures = builds = cache_hits = compiled_runs = 0
+    gradchecks: Counter = Counter()
+    inconclusive: list[int] = []  # seeds whose eager backward fails gradcheck too
+    generator_errors: list[str] = []
+    records: list[dict[str, Any]] = []
+    for n, seed in enumerate(seeds, 1):
+        try:
+            program = fuzzgen.generate(seed, max_ops)
+        except Exception as e:  # a generator bug: reported, and the campaign goes on
+            generator_errors.append(f"seed {seed}: {type(e).__name__}: {e}")
+            print(f"generator error, {generator_errors[-1]}", flush=True)
+            continue
+        report = fuzzgen.check(program)
+        captures += report.captures
+        builds += report.builds
+        cache_hits += report.cache_hits
+        compiled_runs += report.compiled_runs
+        fallbacks.update(report.fallbacks)
+        fallback_programs += bool(report.fallbacks)
+        eager_errors += report.eager_error is not None
+        if report.gradcheck != "n/a":
+            gradchecks[report.gradcheck.split(" (")[0]] += 1
+            if report.gradcheck.startswith("inconclusive"):
+                inconclusive.append(seed)
+        if report.findings:
+            failing[report.findings[0].kind] += 1
+            _write_repros(report, program, args, records, fuzzgen)
+            for f in report.findings:
+                kinds[f.kind] += 1
+                sig = signature(f.kind, f.message)
+                classes[sig] += 1
+                class_seeds.setdefault(sig, [])
+                if seed not in class_seeds[sig]:
+                    class_seeds[sig].append(seed)
+        now = time.perf_counter()
+        if now - last >= PROGRESS_EVERY_S or n == len(seeds):
+            last = now
+            print(
+                f"[{n:>6}/{len(seeds)}] {now - start:7.1f} s  mismatches {kinds['mismatch']}  "
+                f"crashes {kinds['crash']}  gradcheck failures {kinds['gradcheck']}  "
+                f"fallback programs {fallback_programs}",
+                flush=True,
+            )
+    elapsed = time.perf_counter() - start
+    lookups = builds + cache_hits  # every compiled backward either finds or builds a program
+    totals = {
+        "programs": len(seeds),
+        "first_seed": args.seed,
+        "max_ops": max_ops,
+        "failing_programs": sum(failing.values()),
+        "mismatches": kinds["mismatch"],
+        "crashes": kinds["crash"],
+        "gradcheck_failures": kinds["gradcheck"],
+        "mismatch_programs": failing["mismatch"],
+        "crash_programs": failing["crash"],
+        "eager_error_programs": eager_errors,
+        "fallback_programs": fallback_programs,
+        "fallback_rate": fallback_programs / len(seeds),
+        "fallback_reasons": dict(fallbacks.most_common()),
+        "captures": captures,
+        "builds": builds,
+        "cache_hits": cache_hits,
+        "cache_hit_rate": cache_hits / lookups if lookups else 0.0,
+        "compiled_runs": compiled_runs,
+        "gradcheck": dict(gradchecks),
+        "gradcheck_inconclusive_seeds": inconclusive,
+        "generator_errors": generator_errors,
+        "seconds": elapsed,
+        "threads": threads,
+        "classes": {k: {"findings": v, "seeds": class_seeds[k]} for k, v in classes.items()},
+    }
+    _print_totals(totals, args.out)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"totals": totals, "findings": records}, indent=2))
+        print(f"JSON: {args.json}")
+    return 1 if failing or generator_errors else 0
+
+
+def _write_repros(
+    report: Any, program: Any, args: argparse.Namespace, records: list, fuzzgen: Any
+) -> None:
+    """One script per failing configuration, plus a shrunk one for the first finding."""
+    for i, f in enumerate(report.findings):
+        slug = re.sub(r"[^a-z0-9]+", "-", f.config.lower()).strip("-")
+        path = args.out / f"seed{f.seed}_{slug}_{f.kind}.py"
+        path.write_text(f.script)
+        record = {
+            "seed": f.seed,
+            "config": f.config,
+            "kind": f.kind,
+            "message": f.message,
+            "script": str(path),
+        }
+        if i == 0 and not args.no_shrink:
+            small = fuzzgen.shrink(f, program, budget_s=20.0)
+            config = fuzzgen.CONFIGS.get(f.config, fuzzgen.Config(f.config))
+            shrunk = args.out / f"seed{f.seed}_{slug}_{f.kind}_min.py"
+            shrunk.write_text(small.source(config, f"{f.kind} [{f.config}]:\n{f.message}"))
+            record["shrunk_script"] = str(shrunk)
+        records.append(record)
+
+
+def _print_totals(t: dict[str, Any], out: Path) -> None:
+    n = t["programs"]
+    print()
+    print(f"programs            {n} (seeds {t['first_seed']}..{t['first_seed'] + n - 1})")
+    print(
+        f"failing programs    {t['failing_programs']}  "
+        f"(mismatch {t['mismatch_programs']}, crash {t['crash_programs']})"
+    )
+    print(f"mismatches          {t['mismatches']} findings")
+    print(f"crashes             {t['crashes']} findings")
+    print(f"gradcheck failures  {t['gradcheck_failures']}")
+    print(f"eager raised        {t['eager_error_programs']} programs (compiled must raise alike)")
+    print(
+        f"fallbacks           {t['fallback_programs']} programs ({100 * t['fallback_rate']:.1f}%)"
+        f", {sum(t['fallback_reasons'].values())} backward calls:"
+    )
+    for reason, count in t["fallback_reasons"].items():
+        print(f"  {count:6d}  {reason}")
+    print(
+        f"cache               {t['cache_hits']} hits, {t['builds']} programs built "
+        f"({t['captures']} graph captures): hit rate {100 * t['cache_hit_rate']:.1f}% of "
+        f"program lookups ({t['compiled_runs']} compiled runs)"
+    )
+    gc = t["gradcheck"]
+    print(f"gradcheck           {sum(gc.values())} programs: {dict(gc)}")
+    if t["gradcheck_inconclusive_seeds"]:
+        seeds = ", ".join(str(s) for s in t["gradcheck_inconclusive_seeds"][:20])
+        print(f"  inconclusive (eager fails gradcheck too; worth a look): seeds {seeds}")
+    print(f"time                {t['seconds']:.1f} s ({t['seconds'] / n:.3f} s per program)")
+    if t["generator_errors"]:
+        print(f"generator errors    {len(t['generator_errors'])} (programs not checked):")
+        for line in t["generator_errors"][:10]:
+            print(f"  {line[:150]}")
+    if t["classes"]:
+        print("finding classes (findings, first seeds):")
+        for sig, info in sorted(t["classes"].items(), key=lambda kv: -kv[1]["findings"]):
+            seeds = ", ".join(str(s) for s in info["seeds"][:8])
+            print(f"  {info['findings']:5d}  {sig}  [seeds {seeds}]")
+        print(f"repro scripts in {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1579 @@
+"""Differential fuzzing of compiled vs eager autograd: the seeded program generator and checker.
+
+``tests/compiler/test_fuzz.py`` runs a few hundred programs in CI; ``python -m benchmarks.fuzz``
+(``benchmarks/fuzz.py``) runs the long campaign.  Both use this module.
+
+**Programs.**  ``generate(seed)`` turns a seed into a ``Program``: leaves (shapes, dtypes,
+``requires_grad``, literal data, sometimes with +-inf / NaN / signed zeros), forward statements
+written with the public API only (``fusegrad`` functions, Tensor methods,
+``fusegrad.nn.functional``), and a backward section (``loss.backward()``,
+``autograd.backward`` with root gradients, ``autograd.grad`` with ``grad_outputs``,
+``backward(inputs=[...])``, accumulation by a second backward or into a preset ``.grad``).
+Statements are drawn from tables of templates (unary, binary with size-1 / 0-d / Python-scalar
+broadcasting, reductions, views, in-place ops on non-leaves and on views of them, matmul,
+softmax / layer_norm / losses, casts, hooks and ``retain_grad``); operands are drawn from the
+values made so far with a bias towards recent ones, so values fan out.  The generator executes
+each candidate statement eagerly as it goes, to learn the shapes it needs for the next one and
+to drop candidates the eager library rejects (a view of a non-contiguous tensor, an empty
+``amax``, ...), so every forward it emits runs.  The only randomness is a
+``numpy.random.Generator`` seeded with the program's seed: a seed always gives the same program.
+
+``Program.source()`` is a standalone Python script (the repro of a failure): ``leaves()``,
+``forward()``, ``run(region)`` returning every gradient by name, and a ``__main__`` that
+compares eager with one compiled configuration.  The checker executes exactly that source.
+
+**Checking** (``check``).  ``run()`` executes eagerly, then inside
+``compiler.compiled_autograd()``: in default mode; in default mode twice more, the second time
+with every float leaf scaled by ``NEW_SCALE`` (a program-cache hit that must compute on the new
+arrays, compared with eager on the scaled data); in ``mode="debug"`` (the reference executor);
+and for every fourth seed with ``config.interpreter_max_elements = 0`` (every kernel as
+generated code).  Each configuration starts from empty in-memory program caches (compiled
+modules stay on disk): its result depends on nothing run before it, so the repro script, which
+runs that configuration alone, reproduces it.  Every
+gradient the program produces (leaf ``.grad``, ``retain_grad`` values, ``autograd.grad``
+results, whether a preset ``.grad`` kept its identity, the root gradients after backward) is
+compared.  A configuration that raises where eager does not is a *crash*; an exception eager
+raises must be raised by the compiled run with the same type and message.  Programs whose
+backward fell back to eager (``compiler.counters.fallbacks``) are counted as fallbacks, and
+their results are still compared.  Every tenth seed is a smooth float64 program (no inf / NaN
+data, arguments of log / sqrt / division kept positive, no gradient-changing hooks or
+``detach``) whose gradients are also checked against central finite differences by
+``fusegrad.autograd.gradcheck`` with the analytical Jacobian from the compiled backward, one
+scalar per output (each output weighted by its root gradient, summed) so that finite
+differences resolve every output at its own scale.  When eager fails gradcheck too, the verdict
+is *inconclusive* (an eager rule or a function too badly scaled for finite differences), not a
+compiler failure.
+
+**Comparison** (``compare``).  Per gradient: same presence (None or not), shape and dtype;
+NaN, +inf and -inf at exactly the same positions (the sign of a zero is not compared); finite
+elements within
+
+    |compiled - eager| <= rtol * |eager| + FLOOR * u * max(max|eager|, max|root gradient|)
+                          + SHADOW * estimate
+
+``rtol`` is the README's (1e-10 float64, 1e-5 float32) and ``u`` the unit roundoff of the
+gradient's dtype.  The second term is a norm-wise floor of a few roundoffs of the scale of the
+backward's terms (the larger of the tensor's largest element and the largest root gradient):
+an FMA contraction legitimately leaves the rounding error of a product where eager's terms
+cancel to an exact zero.  The third term is what makes the comparison principled where sums
+cancel: compiled code may contract ``a*b+c`` into an FMA and accumulate float32 sums in
+float64, so its result differs from eager's by up to the *rounding error of the computation*,
+``~ u * sum |terms|``, which exceeds ``rtol * |result|`` by any factor when the terms cancel.
+That error is measured, not guessed: the program runs eagerly once more with every float dtype
+changed to one precision (a *shadow* run: float64 if the program uses float32 anywhere, float32
+if it uses float64 anywhere, both for a mixed program), and since to first order rounding error
+scales with the unit roundoff, ``estimate = max over shadows of |eager - shadow| * min(1, u /
+u_shadow)``.  For float32 results against the float64 shadow this is eager's actual error; for
+float64 results against the float32 shadow it is the float32 discrepancy scaled down by 2**-29.
+Where a shadow is not finite but eager is, that shadow's estimate is ``|eager| * min(1, u /
+u_shadow)`` (no usable information).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import linecache
+import re
+import time
+import traceback
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import fusegrad as fg
+import fusegrad.nn.functional as F
+from fusegrad import compiler
+
+__all__ = [
+    "CONFIGS",
+    "Config",
+    "Finding",
+    "Program",
+    "Report",
+    "check",
+    "compare",
+    "generate",
+]
+
+# the largest tensor the generator keeps (elements) and the highest rank: small tensors keep
+# eager fast and gradcheck's finite differences cheap; what matters is structure, not size
+MAX_NUMEL = 48
+MAX_NDIM = 4
+DEFAULT_MAX_OPS = 10
+NEW_SCALE = 0.75  # the cached configuration's second run scales every float leaf by this
+
+RTOL = {"float32": 1e-5, "float64": 1e-10}
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "float64": 2.0**-53}
+FLOOR = 4.0  # norm-wise floor, in unit roundoffs of the scale of the backward's terms
+SHADOW = 4.0  # how many times the measured rounding error the compiled result may deviate
+
+
+# ---- programs ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """An input of the program: ``name = fg.tensor(scale * np.array(literal), dtype=...,
+    requires_grad=...)`` (``scale`` is 1 but in the cached configuration's second run)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # "LO" or "HI" (the script's float dtypes) or "fg.int64"
+    requires_grad: bool
+    literal: str  # Python source of the data (nested lists; inf and nan are script globals)
+
+    def line(self) -> str:
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        if self.dtype == "fg.int64":
+            return f"{self.name} = fg.tensor({self.literal}, dtype=fg.int64)"
+        data = f"scale * np.array({self.literal})"
+        return f"{self.name} = fg.tensor({data}, dtype={self.dtype}{grad})"
+
+
+@dataclass(frozen=True)
+class Config:
+    """One compiled configuration a program runs under."""
+
+    name: str
+    mode: str = "default"
+    interpreter_max_elements: int | None = None  # None: leave the process-wide setting
+    # run() once per scale of the leaf data, in one program cache; the last result counts
+    scales: tuple[float, ...] = (1.0,)
+
+    def region(self) -> Callable[[], Any]:
+        return lambda: compiler.compiled_autograd(mode=self.mode)
+
+    @contextlib.contextmanager
+    def settings(self) -> Iterator[None]:
+        previous = compiler.config.interpreter_max_elements
+        if self.interpreter_max_elements is not None:
+            compiler.config.interpreter_max_elements = self.interpreter_max_elements
+        try:
+            yield
+        finally:
+            compiler.config.interpreter_max_elements = previous
+
+
+DEFAULT = Config("default")
+# the same program again with its leaf data scaled: a program-cache hit, computing on new arrays
+CACHED = Config("default, cached", scales=(1.0, NEW_SCALE))
+DEBUG = Config("debug", mode="debug")
+GENERATED = Config("generated code", interpreter_max_elements=0)
+GRADCHECK = Config("gradcheck")  # gradcheck on the compiled path (smooth programs)
+CONFIGS = {c.name: c for c in (DEFAULT, CACHED, DEBUG, GENERATED, GRADCHECK)}
+
+
+@dataclass(frozen=True)
+class Program:
+    """A generated program; ``source()`` renders it as a standalone script."""
+
+    seed: int
+    precision: str  # "float32", "float64" or "mixed" (dtypes of the leaves and casts)
+    leaves: tuple[Leaf, ...]
+    forward: tuple[str, ...]  # statements of forward()
+    outputs: tuple[str, ...]  # values forward() returns as the backward's roots
+    kept: tuple[str, ...]  # non-leaves forward() also returns (retain_grad, grad inputs)
+    cotangents: tuple[str, ...]  # literal root gradients, one per output
+    presets: tuple[tuple[str, str], ...]  # (leaf, literal): .grad set before backward
+    strided_presets: tuple[str, ...]  # presets stored as a transposed (non-contiguous) view
+    backward: tuple[str, ...]  # statements of run() after the forward
+    results: tuple[tuple[str, str], ...]  # (label, expression) returned by run()
+    forward_in_region: bool  # whether the forward runs inside the compiled region
+    gradcheck: bool  # smooth float64 program: also checked against finite differences
+    generated_code: bool  # also run with every kernel as generated code
+
+    def configs(self) -> list[Config]:
+        configs = [DEFAULT, CACHED, DEBUG]
+        if self.generated_code:
+            configs.append(GENERATED)
+        return configs
+
+    def source(self, config: Config = DEFAULT, verdict: str = "") -> str:
+        """The program as a standalone script comparing eager with ``config``."""
+        return _render(self, config, verdict)
+
+
+def generate(seed: int, max_ops: int = DEFAULT_MAX_OPS) -> Program:
+    """The program of ``seed`` (deterministic: same seed, same program)."""
+    return _Builder(seed, max_ops).build()
+
+
+# ---- the generator ----------------------------------------------------------------------------
+
+_SCALARS = ("0.5", "2.0", "-1.5", "3", "0.25", "-2")
+_SPECIALS = (np.inf, -np.inf, np.nan, 0.0, -0.0, 1e30, 40.0, -40.0, 1e-30)
+
+# unary templates: (template, domain); domain "pos" wants a positive argument (``_positive``)
+_UNARY: tuple[tuple[str, str], ...] = (
+    ("{a}.exp()", ""),
+    ("fg.exp({a})", ""),
+    ("{a}.log()", "pos"),
+    ("fg.log({a})", "pos"),
+    ("{a}.log1p()", "pos"),
+    ("{a}.expm1()", ""),
+    ("{a}.tanh()", ""),
+    ("F.tanh({a})", ""),
+    ("{a}.sigmoid()", ""),
+    ("F.sigmoid({a})", ""),
+    ("{a}.sqrt()", "pos"),
+    ("{a}.rsqrt()", "pos"),
+    ("{a}.abs()", ""),
+    ("fg.abs({a})", ""),
+    ("-{a}", ""),
+    ("{a}.neg()", ""),
+    ("{a}.sin()", ""),
+    ("{a}.cos()", ""),
+    ("F.relu({a})", ""),
+    ("{a}.relu()", ""),
+    ("F.gelu({a})", ""),
+    ("F.gelu({a}, approximate='tanh')", ""),
+    ("fg.erf({a})", ""),
+    ("{a}.reciprocal()", "pos"),
+    ("1.0 / {a}", "pos"),
+    ("{a}.sign()", ""),
+    ("{a}.floor()", ""),
+    ("{a}.ceil()", ""),
+    ("{a}.square()", ""),
+    ("{a} ** 2", ""),
+    ("{a} ** 3", ""),
+    ("{a}.pow(0.5)", "pos"),
+    ("{a} ** -1.5", "pos"),
+    ("2.0 ** {a}", ""),
+    ("{a}.exp2()", ""),
+    ("{a}.log2()", "pos"),
+    ("F.softplus({a})", ""),
+    ("F.silu({a})", ""),
+    ("F.leaky_relu({a}, 0.1)", ""),
+    ("F.elu({a})", ""),
+    ("F.logsigmoid({a})", ""),
+    ("F.mish({a})", ""),
+    ("F.hardtanh({a})", ""),
+    ("{a}.clamp(-0.5, 0.75)", ""),
+    ("{a}.clamp(min=0.1)", ""),
+    ("fg.clamp({a}, max=0.3)", ""),
+    ("{a} * 2.5", ""),
+    ("{a} + 1", ""),
+    ("3.0 - {a}", ""),
+    ("{a} / 4.0", ""),
+    ("0.5 * {a} - {a}", ""),
+    ("{a} * {a}", ""),
+    ("{a} + {a}.exp()", ""),
+    ("{a}.sin() * {a}.cos()", ""),
+    ("{a} - {a}", ""),
+)
+
+# binary templates over {a} and its broadcast partner {b}; {pa} / {pb} are them made positive
+_BINARY: tuple[str, ...] = (
+    "{a} + {b}",
+    "{a} - {b}",
+    "{a} * {b}",
+    "{a} / {pb}",
+    "fg.add({a}, {b}, alpha=0.5)",
+    "fg.sub({a}, {b}, alpha=2)",
+    "fg.mul({a}, {b})",
+    "fg.div({a}, {pb})",
+    "fg.maximum({a}, {b})",
+    "fg.minimum({a}, {b})",
+    "{pa} ** {b}",
+    "fg.pow({pa}, {b})",
+    "fg.where({a} > {b}, {a}, {b})",
+    "fg.where({a} < 0.2, {a} * 2.0, {b})",
+    "fg.where({b} >= 0, {a}, {b})",
+    "{a}.lerp({b}, 0.25)",
+    "fg.addcmul({a}, {b}, {a}, value=0.5)",
+    "{a}.masked_fill({b} > 0.5, 0.5)",
+    "{a} * {b} + {b}",
+    "({a} - {b}) * ({a} + {b})",
+)
+
+
+class _Rejected(Exception):
+    """A candidate statement the generator does not keep (too big, wrong kind, ...)."""
+
+
+@dataclass
+class _State:
+    leaves: list[Leaf] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    pool: list[str] = field(default_factory=list)  # float tensors usable as operands
+    consumed: set[str] = field(default_factory=set)
+    kept: list[str] = field(default_factory=list)
+    hooked: set[str] = field(default_factory=set)
+
+
+class _Builder:
+    """Builds one program; see the module docstring."""
+
+    def __init__(self, seed: int, max_ops: int) -> None:
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        self.max_ops = max_ops
+        # every tenth program is smooth float64 and checked against finite differences
+        self.gradcheck = seed % 10 == 0
+        self.smooth = self.gradcheck
+        if self.gradcheck:
+            self.precision = "float64"
+        else:
+            self.precision = str(
+                self.rng.choice(["float32", "float64", "mixed"], p=[0.4, 0.3, 0.3])
+            )
+        self.specials = not self.smooth and self.rng.random() < 0.35
+        self.empty = not self.smooth and self.rng.random() < 0.06
+        self.ns: dict[str, Any] = _namespace()
+        self.s = _State()
+        self.counter = 0
+        self.base = self._base_shape()
+
+    # -- small helpers --
+
+    def _chance(self, p: float) -> bool:
+        return bool(self.rng.random() < p)
+
+    def _choice(self, items: Any) -> Any:
+        return items[int(self.rng.integers(len(items)))]
+
+    def _name(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def _shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.ns[name].shape)
+
+    def _dtype_name(self) -> str:
+        if self.precision == "float32":
+            return "LO"
+        if self.precision == "float64":
+            return "HI"
+        return "LO" if self._chance(0.5) else "HI"
+
+    def _base_shape(self) -> tuple[int, ...]:
+        rank = int(self.rng.choice([0, 1, 2, 3], p=[0.08, 0.22, 0.42, 0.28]))
+        dims = [int(self.rng.integers(1, 6)) for _ in range(rank)]
+        while int(np.prod(dims)) > MAX_NUMEL // 2:
+            dims[int(np.argmax(dims))] -= 1
+        if self.empty and dims:
+            dims[int(self.rng.integers(len(dims)))] = 0
+        return tuple(dims)
+
+    def _variant(self, shape: tuple[int, ...], grow: bool) -> tuple[int, ...]:
+        """A shape that broadcasts against ``shape``: size-1 dims, dropped leading dims, 0-d,
+        and (``grow``) an extra leading dim."""
+        if self._chance(0.1):
+            return ()
+        dims = [1 if self._chance(0.35) else d for d in shape]
+        if dims and self._chance(0.25):
+            dims = dims[int(self.rng.integers(1, len(dims) + 1)) :]
+        if grow and len(dims) < MAX_NDIM and self._chance(0.12):
+            dims = [int(self.rng.integers(2, 4)), *dims]
+        return tuple(dims)
+
+    def _data(self, shape: tuple[int, ...], positive: bool = False) -> np.ndarray:
+        scale = float(self._choice([1.0, 1.0, 1.0, 3.0, 0.2]))
+        values = np.asarray(self.rng.standard_normal(shape) * scale)
+        if positive:
+            values = np.abs(values) + 0.1
+        if not self.smooth:
+            # 4 decimals keep the script readable; ties (a max over equal values) are then
+            # possible, and legitimate: eager and compiled must split them the same way
+            values = np.round(values, 4)
+        values = np.array(values, dtype=np.float64)  # 0-d results of numpy ops are scalars
+        if self.specials and values.size and self._chance(0.5):
+            for _ in range(int(self.rng.integers(1, 3))):
+                index = tuple(int(self.rng.integers(d)) for d in shape)
+                values[index] = self._choice(_SPECIALS)
+        return values
+
+    def _leaf(
+        self,
+        shape: tuple[int, ...],
+        requires_grad: bool | None = None,
+        positive: bool = False,
+        dtype: str | None = None,
+    ) -> str:
+        """Create a float leaf now (in the namespace and the program); returns its name."""
+        name = self._name("x")
+        if requires_grad is None:
+            requires_grad = self._chance(0.8)
+        leaf = Leaf(
+            name,
+            shape,
+            dtype or self._dtype_name(),
+            requires_grad,
+            _literal(self._data(shape, positive)),
+        )
+        exec(leaf.line(), self.ns)
+        self.s.leaves.append(leaf)
+        self.s.pool.append(name)
+        return name
+
+    def _int_leaf(self, values: np.ndarray) -> str:
+        name = self._name("i")
+        leaf = Leaf(name, tuple(values.shape), "fg.int64", False, repr(values.tolist()))
+        exec(leaf.line(), self.ns)
+        self.s.leaves.append(leaf)
+        return name
+
+    def _pick(self, pred: Callable[[Any], bool] | None = None) -> str:
+        names = [n for n in self.s.pool if pred is None or pred(self.ns[n])]
+        if not names:
+            raise _Rejected("no operand")
+        # unused values first (few dead ends), then recent ones (deep chains); any value
+        # at all gives fan-out
+        unused = [n for n in names if n not in self.s.consumed]
+        r = self.rng.random()
+        if unused and r < 0.45:
+            return self._choice(unused)
+        if r < 0.75:
+            return self._choice(names[-3:])
+        return self._choice(names)
+
+    def _positive(self, name: str) -> str:
+        """An expression of ``name`` inside a positive domain (always for smooth programs,
+        half the time otherwise, so log / sqrt of negatives and division by zero occur)."""
+        if not self.smooth and self._chance(0.5):
+            return name
+        forms = ["({a} * {a} + 0.25)", "({a}.sigmoid() + 0.05)", "({a}.abs() + 0.1)"]
+        if not self.smooth:
+            forms.append("{a}.exp()")
+        return self._choice(forms).format(a=name)
+
+    def _partner(self, shape: tuple[int, ...], grow: bool = True, scalar: bool = True) -> str:
+        """An operand broadcasting against ``shape``: a Python scalar, an existing value or a
+        new leaf of a size-1 / 0-d / lower-rank variant of the shape."""
+        r = self.rng.random()
+        if scalar and r < 0.15:
+            return self._choice(_SCALARS)
+        if r < 0.5:
+
+            def fits(t: Any) -> bool:
+                try:
+                    out = np.broadcast_shapes(shape, tuple(t.shape))
+                except ValueError:
+                    return False
+                return int(np.prod(out)) <= MAX_NUMEL and (grow or out == shape)
+
+            with contextlib.suppress(_Rejected):
+                return self._pick(fits)
+        return self._leaf(self._variant(shape, grow))
+
+    # -- statements --
+
+    def _attempt(self, make: Callable[[], tuple[list[str], str | None]]) -> bool:
+        """Run one statement maker; keep its lines when they execute eagerly and the result is
+        small, else roll back everything it created."""
+        before = _snapshot_state(self.s)
+        names_before = set(self.ns)
+        try:
+            lines, target = make()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                exec("\n".join(lines), self.ns)
+            if target is not None:
+                value = self.ns[target]
+                if not isinstance(value, fg.Tensor) or not value.dtype.is_floating_point:
+                    raise _Rejected("not a float tensor")
+                if value.numel() > MAX_NUMEL or value.dim() > MAX_NDIM:
+                    raise _Rejected("too big")
+        except Exception:
+            self.s = before
+            for name in set(self.ns) - names_before:
+                del self.ns[name]
+            return False
+        self.s.lines.extend(lines)
+        if target is not None:
+            self.s.pool.append(target)
+        # an in-place op can make other values unusable (a view returned by split whose base
+        # was modified refuses even ``requires_grad``): they leave the pool
+        self.s.pool = [n for n in self.s.pool if self._usable(n)]
+        return True
+
+    def _usable(self, name: str) -> bool:
+        try:
+            t = self.ns[name]
+            return isinstance(t.requires_grad, bool) and isinstance(t.is_leaf, bool)
+        except Exception:
+            return False
+
+    def _use(self, *names: str) -> None:
+        self.s.consumed.update(names)
+
+    def _unary(self) -> tuple[list[str], str]:
+        a = self._pick()
+        template, domain = self._choice(_UNARY)
+        operand = self._positive(a) if domain == "pos" else a
+        self._use(a)
+        out = self._name("v")
+        return [f"{out} = {template.format(a=operand)}"], out
+
+    def _binary(self) -> tuple[list[str], str]:
+        a = self._pick()
+        b = self._partner(self._shape(a))
+        template = self._choice(_BINARY)
+        if b in _SCALARS and ("{b} >" in template or "{b} >=" in template):
+            template = "{a} * {b}"
+        self._use(a, b)
+        out = self._name("v")
+        pa, pb = self._positive(a), self._positive(b) if b not in _SCALARS else b
+        code = template.format(a=a, b=b, pa=pa, pb=pb)
+        if self._chance(0.15):  # operands swapped: the partner broadcasts on the left
+            code = template.format(a=b, b=a, pa=self._positive(b), pb=self._positive(a))
+            if b in _SCALARS:
+                code = template.format(a=a, b=b, pa=pa, pb=pb)
+        return [f"{out} = {code}"], out
+
+    def _dim(self, ndim: int) -> int:
+        d = int(self.rng.integers(ndim))
+        return d - ndim if self._chance(0.3) else d
+
+    def _reduction(self) -> tuple[list[str], str]:
+        a = self._pick()
+        nd = self.ns[a].dim()
+        kd = "True" if self._chance(0.4) else "False"
+        out = self._name("v")
+        self._use(a)
+        if nd == 0 or self._chance(0.2):
+            forms = ["{a}.sum()", "{a}.mean()", "{a}.amax()", "{a}.max()", "{a}.norm()"]
+            forms += ["{a}.prod()", "fg.sum({a})", "{a}.var()", "{a}.std()"]
+            return [f"{out} = {self._choice(forms).format(a=a)}"], out
+        d = self._dim(nd)
+        forms = [
+            "{a}.sum(dim={d}, keepdim={k})",
+            "{a}.sum({d})",
+            "{a}.mean(dim={d}, keepdim={k})",
+            "{a}.amax(dim={d}, keepdim={k})",
+            "{a}.amin({d})",
+            "{a}.max(dim={d}, keepdim={k}).values",
+            "{a}.min(dim={d}).values",
+            "{a}.prod({d}, keepdim={k})",
+            "{a}.var({d}, keepdim={k})",
+            "{a}.var(dim={d}, unbiased=False)",
+            "{a}.std({d})",
+            "fg.logsumexp({a}, {d}, keepdim={k})",
+            "{a}.norm(dim={d})",
+            "{a}.cumsum({d})",
+        ]
+        if nd >= 2:
+            d2 = (d + 1) % nd
+            forms += ["{a}.sum(dim=({d}, {d2}), keepdim={k})", "{a}.mean(({d}, {d2}))"]
+            forms += ["{a}.amax(dim=({d}, {d2}))"]
+            code = self._choice(forms).format(a=a, d=d, d2=d2, k=kd)
+        else:
+            code = self._choice(forms).format(a=a, d=d, k=kd)
+        return [f"{out} = {code}"], out
+
+    def _view_expr(self, a: str) -> str:
+        """A view (or view-like shape op) of ``a``."""
+        shape = self._shape(a)
+        nd = len(shape)
+        forms: list[str] = ["{a}.unsqueeze({u})", "{a}.reshape(-1)", "{a}.flatten()"]
+        u = int(self.rng.integers(-nd - 1, nd + 1))
+        extra: dict[str, Any] = {"u": u}
+        if nd >= 1:
+            d = self._dim(nd)
+            n = shape[d]
+            start = int(self.rng.integers(0, max(n, 1)))
+            extra.update(d=d, s=start, length=max(n - start, 0), i=start if n else 0)
+            forms += [
+                "{a}[1:]",
+                "{a}[::2]",
+                "{a}[..., 1:3]",
+                "{a}[-1]",
+                "{a}.narrow({d}, {s}, {length})",
+                "{a}.select({d}, {i})",
+                "{a}.flip({d})",
+                "{a}.view(-1)",
+                "{a}.contiguous()",
+                "{a}.reshape({rs})",
+                "{a}.view({rs})",
+                "{a}.expand({ex})",
+            ]
+            extra["rs"] = self._reshape_target(shape)
+            extra["ex"] = self._expand_target(shape)
+        if 1 in shape:
+            forms += ["{a}.squeeze({sq})", "{a}.squeeze()"]
+            extra["sq"] = shape.index(1)
+        if nd >= 2:
+            perm = [int(p) for p in self.rng.permutation(nd)]
+            extra.update(perm=tuple(perm), i0=0, i1=nd - 1)
+            forms += [
+                "{a}.transpose({i0}, {i1})",
+                "{a}.permute{perm}",
+                "{a}.mT",
+                "{a}[:, ::2]",
+                "{a}[:, 1]",
+                "{a}.diagonal()",
+                "fg.diagonal({a}, offset=1, dim1=-2, dim2=-1)",
+                "{a}.movedim(0, -1)",
+            ]
+            if nd == 2:
+                forms += ["{a}.t()", "{a}.T"]
+        return self._choice(forms).format(a=a, **extra)
+
+    def _reshape_target(self, shape: tuple[int, ...]) -> str:
+        n = int(np.prod(shape)) if shape else 1
+        divisors = [d for d in range(1, n + 1) if n % d == 0] or [1]
+        first = self._choice(divisors)
+        if n == 0:
+            return self._choice(["(0, -1)", "(-1, 0)", "-1"]) if 0 in shape else "-1"
+        if self._chance(0.5):
+            return f"({first}, -1)"
+        return f"({first}, {n // first})" if n // first != 1 else f"({first}, 1, -1)"
+
+    def _expand_target(self, shape: tuple[int, ...]) -> str:
+        dims = [d if d != 1 else int(self.rng.integers(1, 4)) for d in shape]
+        if len(dims) < MAX_NDIM and self._chance(0.4):
+            dims = [2, *dims]
+        return repr(tuple(dims))
+
+    def _view(self) -> tuple[list[str], str]:
+        a = self._pick()
+        self._use(a)
+        out = self._name("v")
+        return [f"{out} = {self._view_expr(a)}"], out
+
+    def _inplace(self) -> tuple[list[str], str]:
+        """An in-place op on a non-leaf, or through a view of one (CopySlices)."""
+        lines: list[str] = []
+        nonleaf = [n for n in self.s.pool if not self.ns[n].is_leaf]
+        if nonleaf and self._chance(0.25):
+            # an existing non-leaf, possibly saved by an op already (eager then raises its
+            # "modified by an inplace operation" error, which compiled mode must repeat)
+            t = self._choice(nonleaf)
+        else:
+            a = self._pick()
+            t = self._name("v")
+            base = self._choice(["{a}.clone()", "{a} * 1.5", "{a} + 0.0", "{a}.exp()", "-{a}"])
+            lines.append(f"{t} = {base.format(a=a)}")
+            exec(lines[-1], self.ns)
+            self._use(a)
+        target = t
+        if self.ns[t].dim() >= 1 and self._chance(0.45):
+            target = self._view_expr(t)
+        shape = tuple(eval(target, self.ns).shape)
+        b = self._partner(shape, grow=False)
+        pb = b if b in _SCALARS else self._positive(b)
+        forms = [
+            "{t}.add_({b})",
+            "{t}.sub_({b}, alpha=0.5)",
+            "{t}.mul_({b})",
+            "{t}.div_({pb})",
+            "{t}.clamp_(-0.5, 0.5)",
+            "{t}.clamp_(min=0.0)",
+            "{t}.relu_()",
+            "{t}.sigmoid_()",
+            "{t}.tanh_()",
+            "{t}.exp_()",
+            "{t}.zero_()",
+            "{t}.fill_(0.5)",
+            "{t}.copy_({b})",
+            "{t}.pow_(2)",
+            "{t}.masked_fill_({t} > 0.3, -1.0)",
+        ]
+        if shape:
+            n = shape[0]
+            forms += [f"{{t}}[{int(self.rng.integers(max(n, 1)))}] = {{b0}}", "{t}[::2] = {b}"]
+        b0 = b if b in _SCALARS else self._choice(_SCALARS)
+        code = self._choice(forms).format(t=target, b=b, pb=pb, b0=b0)
+        if b not in _SCALARS:
+            self._use(b)
+        lines.append(code)
+        return lines, None if t in self.s.pool else t
+
+    def _matmul(self) -> tuple[list[str], str]:
+        a = self._pick(lambda t: t.dim() >= 1)
+        shape = self._shape(a)
+        k = int(self.rng.integers(1, 5))
+        out = self._name("v")
+        self._use(a)
+        nd = len(shape)
+        forms: list[Callable[[], str]] = [
+            lambda: f"{a} @ {self._leaf((shape[-1], k))}",
+            lambda: f"F.linear({a}, {self._leaf((k, shape[-1]))}, {self._leaf((k,))})",
+            lambda: f"F.linear({a}, {self._leaf((k, shape[-1]))})",
+            lambda: f"fg.matmul({a}, {self._leaf((shape[-1],))})",
+        ]
+        if nd >= 2:
+            forms += [
+                lambda: f"{a} @ {a}.transpose(-2, -1)",
+                lambda: f"{a}.mT @ {a}",
+                lambda: f"{self._leaf((k, shape[-2]))} @ {a}",
+            ]
+        if nd == 2:
+            forms += [
+                lambda: f"fg.mm({a}, {self._leaf((shape[-1], k))})",
+                lambda: f"{a}.mv({self._leaf((shape[-1],))})",
+                lambda: f"fg.einsum('ij,jk->ik', {a}, {self._leaf((shape[-1], k))})",
+            ]
+        if nd == 3:
+            forms.append(lambda: f"fg.bmm({a}, {self._leaf((shape[0], shape[2], k))})")
+        if nd == 1:
+            forms += [
+                lambda: f"fg.dot({a}, {self._leaf(shape)})",
+                lambda: f"fg.outer({a}, {self._leaf((k,))})",
+            ]
+        return [f"{out} = {self._choice(forms)()}"], out
+
+    def _nn(self) -> tuple[list[str], str]:
+        a = self._pick(lambda t: t.dim() >= 1)
+        shape = self._shape(a)
+        nd = len(shape)
+        d = self._dim(nd)
+        out = self._name("v")
+        self._use(a)
+        n = shape[-1]
+        forms: list[Callable[[], str]] = [
+            lambda: f"F.softmax({a}, dim={d})",
+            lambda: f"F.log_softmax({a}, dim={d})",
+            lambda: f"{a}.softmax({d})",
+            lambda: f"fg.log_softmax({a}, {d})",
+            lambda: f"F.layer_norm({a}, ({n},))",
+            lambda: f"F.layer_norm({a}, ({n},), {self._leaf((n,))}, {self._leaf((n,))})",
+            lambda: f"F.normalize({a}, dim=-1)",
+            lambda: f"F.mse_loss({a}, {self._leaf(shape, requires_grad=False)})",
+            lambda: f"F.l1_loss({a}, {self._leaf(shape)}, reduction='sum')",
+            lambda: (
+                f"F.binary_cross_entropy_with_logits({a}, "
+                f"{self._leaf(shape, requires_grad=False, positive=True)}.clamp(max=1.0))"
+            ),
+        ]
+        if nd >= 2:
+            norm = f"({shape[-2]}, {n})"
+            forms.append(lambda: f"F.layer_norm({a}, {norm})")
+        if nd == 2 and n >= 1:
+            forms += [
+                lambda: f"F.cross_entropy({a}, {self._target(shape)})",
+                lambda: f"F.cross_entropy({a}, {self._target(shape)}, reduction='sum')",
+                lambda: f"F.cross_entropy({a}, {self._target(shape)}, label_smoothing=0.1)",
+                lambda: f"F.nll_loss(F.log_softmax({a}, dim=1), {self._target(shape)})",
+            ]
+        return [f"{out} = {self._choice(forms)()}"], out
+
+    def _target(self, shape: tuple[int, ...]) -> str:
+        return self._int_leaf(self.rng.integers(0, shape[1], size=shape[0]))
+
+    def _misc(self) -> tuple[list[str], str]:
+        a = self._pick()
+        shape = self._shape(a)
+        out = self._name("v")
+        self._use(a)
+        forms: list[Callable[[], str]] = [
+            lambda: f"{a}.to(HI)",
+            lambda: f"fg.stack([{a}, {a}.exp()])",
+            lambda: f"{a}.clone()",
+            lambda: f"{a}.expand_as({self._partner(shape, grow=True, scalar=False)} + {a})",
+        ]
+        if not self.smooth:  # a detached use is invisible to gradcheck's finite differences
+            forms.append(lambda: f"{a} * {a}.detach()")
+        if self.precision != "float64":  # (a float64 program stays float64: see _reference)
+            forms.append(lambda: f"{a}.to(LO)")
+        if shape:
+            n = shape[0]
+            forms += [
+                lambda: f"fg.cat([{a}, {self._leaf(shape)}], dim=0)",
+                lambda: f"{a}[{self._index(n, 3)}]",
+                lambda: f"{a}.index_select(0, {self._index(n, 2)})",
+                lambda: f"{a}.roll(1, 0)",
+                lambda: f"{a}.repeat({(2,) + (1,) * (len(shape) - 1)})",
+                lambda: f"{a}.split(2)[0]",
+                lambda: f"{a}.cumsum(0).flip(0)",
+                lambda: f"{a}.unbind(0)[0] * {a}.unbind(0)[-1]",  # multi-output nodes
+                lambda: f"fg.gather({a}, -1, {self._gather_index(shape)})",
+                lambda: f"{a}[{a} > 0]",  # a data-dependent shape: falls back to eager
+            ]
+        if len(shape) >= 2:
+            forms += [lambda: f"{a}.tril()", lambda: f"F.pad({a}, (1, 0))"]
+        heights = [d for d in range(2, int(np.prod(shape))) if np.prod(shape) % d == 0]
+        if len(shape) >= 1 and heights:
+            h = self._choice(heights)
+            image = f"{a}.reshape(1, 1, {h}, -1)"  # N, C, H, W
+            forms += [
+                lambda: f"F.avg_pool2d({image}, 2, stride=1)",
+                lambda: f"F.max_pool2d({image}, 2, stride=1)",
+                lambda: f"F.conv2d({image}, {self._leaf((2, 1, 2, 2))}, {self._leaf((2,))})",
+            ]
+        return [f"{out} = {self._choice(forms)()}"], out
+
+    def _gather_index(self, shape: tuple[int, ...]) -> str:
+        n = shape[-1]
+        index_shape = (*shape[:-1], int(self.rng.integers(1, 4)))
+        values = self.rng.integers(0, n, size=index_shape) if n else np.zeros(index_shape, int)
+        return self._int_leaf(values)
+
+    def _index(self, n: int, size: int) -> str:
+        """An int64 index leaf into a dim of size ``n`` (repeats allowed: gradients add)."""
+        return self._int_leaf(self.rng.integers(0, n, size=size) if n else np.zeros(0, np.int64))
+
+    def _hook(self) -> tuple[list[str], None]:
+        names = [n for n in self.s.pool if self.ns[n].requires_grad and n not in self.s.hooked]
+        if not names:
+            raise _Rejected("nothing to hook")
+        t = self._choice(names)
+        leaf = self.ns[t].is_leaf
+        forms = ["lambda g: None"]  # an observer: gradients unchanged (fine for gradcheck)
+        if not self.smooth:
+            forms += ["lambda g: g * 2.0", "lambda g: g.clamp(-1.0, 1.0)", "lambda g: g + 1.0"]
+        lines = []
+        if not leaf and self._chance(0.5):
+            lines.append(f"{t}.retain_grad()")
+            self.s.kept.append(t)
+        else:
+            lines.append(f"{t}.register_hook({self._choice(forms)})")
+        self.s.hooked.add(t)
+        return lines, None
+
+    # -- the program --
+
+    def build(self) -> Program:
+        n_leaves = int(self.rng.integers(1, 4))
+        self._leaf(self.base, requires_grad=True)
+        for _ in range(n_leaves - 1):
+            self._leaf(self._variant(self.base, grow=False))
+        makers: list[tuple[Callable[[], tuple[list[str], str | None]], float]] = [
+            (self._unary, 22),
+            (self._binary, 22),
+            (self._reduction, 10),
+            (self._view, 13),
+            (self._inplace, 8),
+            (self._matmul, 6),
+            (self._nn, 8),
+            (self._misc, 5),
+            (self._hook, 4),
+        ]
+        weights = np.array([w for _, w in makers], dtype=float)
+        weights /= weights.sum()
+        n_ops = int(self.rng.integers(2, self.max_ops + 1))
+        made = tries = 0
+        while made < n_ops and tries < 20 * n_ops:
+            tries += 1
+            make = makers[int(self.rng.choice(len(makers), p=weights))][0]
+            if self._attempt(make):
+                made += 1
+        return self._finish()
+
+    def _finish(self) -> Program:
+        s = self.s
+        grad_values = [n for n in s.pool if self.ns[n].requires_grad]
+        sinks = [n for n in grad_values if n not in s.consumed and not self.ns[n].is_leaf]
+        # every value nothing else used is an output (the newest few), so little is dead code
+        outputs = sinks[-5:] or grad_values[-1:] or s.pool[-1:]
+        cotangents = tuple(_literal(self._cotangent(self._shape(o))) for o in outputs)
+        leaves_rg = [leaf.name for leaf in s.leaves if leaf.requires_grad]
+        kept = list(dict.fromkeys(s.kept))
+        backward: list[str] = []
+        results: list[tuple[str, str]] = []
+        presets: list[tuple[str, str]] = []
+        strided: list[str] = []
+        loss = " + ".join(f"(outs[{i}] * C[{i}]).sum()" for i in range(len(outputs)))
+        kind = str(
+            self.rng.choice(
+                ["loss", "autograd.backward", "grad", "inputs", "create_graph"],
+                p=[0.38, 0.22, 0.2, 0.17, 0.03],
+            )
+        )
+        twice = kind in ("loss", "autograd.backward", "inputs") and self._chance(0.12)
+        if kind == "grad" or kind == "inputs":
+            candidates = leaves_rg + [n for n in s.pool if not self.ns[n].is_leaf]
+            candidates = [n for n in candidates if self.ns[n].requires_grad]
+            count = int(self.rng.integers(1, min(3, len(candidates)) + 1)) if candidates else 0
+            chosen = [candidates[int(i)] for i in self.rng.permutation(len(candidates))[:count]]
+            if not chosen:
+                kind = "loss"
+            for n in chosen:
+                if not self.ns[n].is_leaf and n not in kept:
+                    kept.append(n)
+        else:
+            chosen = []
+        ref = {n: n if self.ns[n].is_leaf else f'kept["{n}"]' for n in s.pool}
+        if kind != "grad" and leaves_rg and not self.smooth and self._chance(0.15):
+            for name in leaves_rg[: int(self.rng.integers(1, len(leaves_rg) + 1))]:
+                presets.append((name, _literal(self._cotangent(self._shape(name)))))
+                if len(self._shape(name)) >= 2 and self._chance(0.4):
+                    strided.append(name)
+        retain = ", retain_graph=True" if twice else ""
+        if kind == "loss" or kind == "create_graph":
+            flag = ", create_graph=True" if kind == "create_graph" else retain
+            backward += [f"loss = {loss}", f"loss.backward({flag.lstrip(', ')})"]
+            if twice:
+                backward.append("loss.backward()")
+        elif kind == "autograd.backward":
+            backward.append(f"fg.autograd.backward(outs, C{retain})")
+            if twice:
+                backward.append("fg.autograd.backward(outs, C)")
+        elif kind == "inputs":
+            inputs = "[" + ", ".join(ref[n] for n in chosen) + "]"
+            backward += [f"loss = {loss}", f"loss.backward(inputs={inputs}{retain})"]
+            if twice:
+                backward.append(f"loss.backward(inputs={inputs})")
+            results += [(f"{n}.grad", f"{ref[n]}.grad") for n in chosen if n not in leaves_rg]
+        else:
+            inputs = "[" + ", ".join(ref[n] for n in chosen) + "]"
+            backward.append(
+                f"gs = fg.autograd.grad(outs, {inputs}, grad_outputs=C, allow_unused=True)"
+            )
+            results += [(f"grad({n})", f"gs[{i}]") for i, n in enumerate(chosen)]
+        results = [(f"{n}.grad", f"{n}.grad") for n in leaves_rg] + results
+        results += [(f"{n}.grad", f'kept["{n}"].grad') for n in s.kept]
+        results += [(f"{n}.grad is preset", f"{n}.grad is P_{n}") for n, _ in presets]
+        results += [(f"C[{i}] after backward", f"C[{i}]") for i in range(len(outputs))]
+        # one entry per label (a retained value may also be an input of backward(inputs=))
+        unique = dict(results)
+        return Program(
+            seed=self.seed,
+            precision=self.precision,
+            leaves=tuple(s.leaves),
+            forward=tuple(s.lines),
+            outputs=tuple(outputs),
+            kept=tuple(kept),
+            cotangents=cotangents,
+            presets=tuple(presets),
+            strided_presets=tuple(strided),
+            backward=tuple(backward),
+            results=tuple(unique.items()),
+            forward_in_region=self._chance(0.6),
+            gradcheck=self.gradcheck,
+            generated_code=self.seed % 4 == 3,
+        )
+
+    def _cotangent(self, shape: tuple[int, ...]) -> np.ndarray:
+        values = np.asarray(self.rng.standard_normal(shape))
+        return values if self.smooth else np.round(values, 3)
+
+
+def _snapshot_state(s: _State) -> _State:
+    return _State(
+        list(s.leaves),
+        list(s.lines),
+        list(s.pool),
+        set(s.consumed),
+        list(s.kept),
+        set(s.hooked),
+    )
+
+
+def _namespace() -> dict[str, Any]:
+    """The globals of a program's script, for the generator's eager execution."""
+    return {
+        "scale": 1.0,
+        "np": np,
+        "fg": fg,
+        "F": F,
+        "LO": fg.float32,
+        "HI": fg.float64,
+        "inf": np.inf,
+        "nan": np.nan,
+    }
+
+
+def _number(x: float) -> str:
+    if np.isnan(x):
+        return "nan"
+    if np.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return repr(float(x))
+
+
+def _literal(values: np.ndarray) -> str:
+    """Python source for a float array: nested lists, or ``np.zeros(shape)`` when empty."""
+    if values.size == 0:
+        return f"np.zeros({tuple(values.shape)!r})"
+
+    def rec(v: Any) -> str:
+        if isinstance(v, list):
+            return "[" + ", ".join(rec(x) for x in v) + "]"
+        return _number(v)
+
+    return rec(values.tolist())
+
+
+# ---- the script --------------------------------------------------------------------------------
+
+_SCRIPT_HELPERS = '''
+def attempt(region=contextlib.nullcontext, scales=(1.0,)):
+    """run() once per scale of the leaf data (the last result kept), or what it raised."""
+    try:
+        for scale in scales:
+            result = run(region, scale)
+        return result
+    except Exception as e:  # compared by type and message
+        return e
+
+
+def differences(want, got):
+    """What differs between two results of run(): presence, dtype, shape, NaN/+inf/-inf
+    positions, and finite values beyond rtol (1e-5 float32, 1e-10 float64) with an absolute
+    floor of rtol * max|eager| (the checker adds a measured rounding-error term, see
+    benchmarks/fuzzgen.py)."""
+    if isinstance(want, Exception) or isinstance(got, Exception):
+        same = type(want) is type(got) and str(want) == str(got)
+        if same:
+            return []
+        return [
+            f"{name}: {r!r}" if isinstance(r, Exception) else f"{name}: no exception"
+            for name, r in (("eager", want), ("compiled", got))
+        ]
+    bad = []
+    for key, w in want.items():
+        g = got.get(key)
+        if not isinstance(w, fg.Tensor) or not isinstance(g, fg.Tensor):
+            if not (w is g or (isinstance(w, bool) and w == g)):
+                bad.append(f"{key}: eager {w!r}, compiled {g!r}")
+            continue
+        a, b = w.detach().numpy(), g.detach().numpy()
+        if w.dtype != g.dtype or a.shape != b.shape:
+            bad.append(f"{key}: eager {w.dtype} {a.shape}, compiled {g.dtype} {b.shape}")
+            continue
+        for test in (np.isnan, np.isposinf, np.isneginf):
+            if (test(a) != test(b)).any():
+                bad.append(f"{key}: {test.__name__} differs\\n  eager    {a!r}\\n  compiled {b!r}")
+        finite = np.isfinite(a) & np.isfinite(b)
+        rtol = 1e-5 if w.dtype == fg.float32 else 1e-10
+        atol = rtol * float(np.abs(a[finite]).max(initial=0.0))
+        if not np.allclose(b[finite], a[finite], rtol=rtol, atol=atol):
+            err = float(np.abs(b[finite] - a[finite]).max())
+            bad.append(f"{key}: max |difference| {err:.3g}\\n  eager    {a!r}\\n  compiled {b!r}")
+    return bad
+'''
+
+
+def _render(p: Program, config: Config, verdict: str) -> str:
+    names = [leaf.name for leaf in p.leaves]
+    args = ", ".join(names)
+    tuple_ = f"({names[0]},)" if len(names) == 1 else args
+    lines: list[str] = []
+    add = lines.append
+    add(f'"""fusegrad fuzz program, seed {p.seed} ({p.precision}), from benchmarks/fuzzgen.py.')
+    add("")
+    if config is GRADCHECK:
+        add("Runs fusegrad.autograd.gradcheck(objective, leaves()) on the compiled path;")
+    else:
+        add(f"Runs the program eagerly and compiled ({_describe(config)}), prints what")
+        add("differs and exits 1 if anything does.")
+    if verdict:
+        add("")
+        add("The checker reported:")
+        lines.extend("    " + v for v in verdict.rstrip().splitlines())
+    add('"""')
+    add("")
+    add("import contextlib")
+    add("import sys")
+    add("")
+    add("import numpy as np")
+    add("")
+    add("import fusegrad as fg")
+    add("import fusegrad.nn.functional as F")
+    add("from fusegrad import compiler")
+    add("")
+    add("# the program's float dtypes; the checker's shadow run sets both to one dtype")
+    add("LO, HI = fg.float32, fg.float64")
+    add("inf, nan = np.inf, np.nan")
+    add("")
+    add("")
+    add("def leaves(scale=1.0):")
+    lines.extend("    " + leaf.line() for leaf in p.leaves)
+    add(f"    return {tuple_}")
+    add("")
+    add("")
+    add(f"def forward({args}):")
+    lines.extend("    " + line for line in p.forward)
+    kept = ", ".join(f'"{n}": {n}' for n in p.kept)
+    add(f"    return [{', '.join(p.outputs)}], {{{kept}}}")
+    add("")
+    add("")
+    add("COTANGENTS = [")
+    lines.extend(f"    np.array({c})," for c in p.cotangents)
+    add("]")
+    if p.presets:
+        add("PRESETS = {")
+        lines.extend(f'    "{n}": np.array({c}),' for n, c in p.presets)
+        add("}")
+    add("")
+    add("")
+    add("def run(region=contextlib.nullcontext, scale=1.0):")
+    add(f"    {tuple_} = leaves(scale)" if len(names) > 1 else f"    ({names[0]},) = leaves(scale)")
+    for n, _ in p.presets:
+        if n in p.strided_presets:  # accumulation into a non-contiguous .grad
+            data = f'PRESETS["{n}"].swapaxes(-1, -2)'
+            add(f"    {n}.grad = fg.tensor({data}, dtype={n}.dtype).transpose(-1, -2)")
+        else:
+            add(f'    {n}.grad = fg.tensor(PRESETS["{n}"], dtype={n}.dtype)')
+        add(f"    P_{n} = {n}.grad")
+    indent = "    "
+    if not p.forward_in_region:
+        add(f"    outs, kept = forward({args})")
+    add("    with region():")
+    indent = "        "
+    if p.forward_in_region:
+        add(f"{indent}outs, kept = forward({args})")
+    add(f"{indent}C = [fg.tensor(c, dtype=o.dtype) for c, o in zip(COTANGENTS, outs)]")
+    lines.extend(indent + line for line in p.backward)
+    add("    return {")
+    lines.extend(f'        "{label}": {expr},' for label, expr in p.results)
+    add("    }")
+    add("")
+    add("")
+    add("def objective(*xs):")
+    add('    """What gradcheck differentiates: each output weighted by its COTANGENT, summed (one')
+    add('    scalar per output, so that finite differences resolve each at its own scale)."""')
+    add("    outs, _ = forward(*xs)")
+    add("    weighted = [o * fg.tensor(c, dtype=o.dtype) for o, c in zip(outs, COTANGENTS)]")
+    add("    return tuple(w.sum() for w in weighted)")
+    add("")
+    lines.extend(_SCRIPT_HELPERS.splitlines())
+    add("")
+    add("")
+    add('if __name__ == "__main__":')
+    if config is GRADCHECK:
+        add("    with compiler.compiled_autograd():")
+        add("        fg.autograd.gradcheck(objective, leaves())  # raises on a Jacobian mismatch")
+        add('    print("gradcheck passed")')
+        return "\n".join(lines) + "\n"
+    scales = ", scales=" + repr(config.scales) if config.scales != (1.0,) else ""
+    add(f"    eager = attempt(scales={config.scales[-1:]!r})")
+    if config.interpreter_max_elements is not None:
+        add(f"    compiler.config.interpreter_max_elements = {config.interpreter_max_elements}")
+    add(f'    compiled = attempt(lambda: compiler.compiled_autograd(mode="{config.mode}"){scales})')
+    add("    problems = differences(eager, compiled)")
+    add("    print(compiler.counters)")
+    add('    print("\\n".join(problems) or "no difference")')
+    add("    sys.exit(1 if problems else 0)")
+    return "\n".join(lines) + "\n"
+
+
+def _describe(config: Config) -> str:
+    if config is CACHED:
+        return (
+            'compiled_autograd(mode="default") twice, the second time with the leaf data '
+            f"scaled by {NEW_SCALE}: a cache hit that must compute on the new arrays"
+        )
+    if config.interpreter_max_elements == 0:
+        return (
+            'compiled_autograd(mode="default") with config.interpreter_max_elements = 0: '
+            "every kernel as generated code"
+        )
+    return f'compiled_autograd(mode="{config.mode}")'
+
+
+# ---- the checker -------------------------------------------------------------------------------
+
+
+@dataclass
+class Finding:
+    """One failure of one program under one configuration."""
+
+    seed: int
+    config: str
+    kind: str  # "mismatch", "crash" or "gradcheck"
+    message: str
+    script: str  # the standalone repro
+
+    def __str__(self) -> str:
+        return f"seed {self.seed} [{self.config}] {self.kind}: {self.message}"
+
+
+@dataclass
+class Report:
+    """What checking one program found, and what the compiler did meanwhile."""
+
+    seed: int
+    findings: list[Finding] = field(default_factory=list)
+    fallbacks: Counter = field(default_factory=Counter)  # reason -> backward calls
+    captures: int = 0  # backward graphs captured
+    builds: int = 0  # programs built (a program-cache miss)
+    cache_hits: int = 0  # backwards run by a cached program
+    compiled_runs: int = 0
+    eager_error: str | None = None  # the exception eager raised (compiled must match it)
+    gradcheck: str = "n/a"  # "passed", "failed", "skipped (...)", "inconclusive (...)", "n/a"
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+
+class _Module:
+    """A program's script, executed once: its functions, and its dtype globals."""
+
+    def __init__(self, program: Program) -> None:
+        source = program.source()
+        filename = f"<fuzz program {program.seed}>"
+        # tracebacks show the program's lines; only the latest program's are kept (a campaign
+        # runs thousands)
+        for old in [k for k in linecache.cache if k.startswith("<fuzz program ")]:
+            del linecache.cache[old]
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        self.ns: dict[str, Any] = {"__name__": f"fuzz_{program.seed}"}
+        exec(compile(source, filename, "exec"), self.ns)
+
+    @contextlib.contextmanager
+    def dtypes(self, dtype: Any) -> Iterator[None]:
+        previous = self.ns["LO"], self.ns["HI"]
+        self.ns["LO"] = self.ns["HI"] = dtype
+        try:
+            yield
+        finally:
+            self.ns["LO"], self.ns["HI"] = previous
+
+    def run(self, region: Callable[[], Any] | None = None, scales: Sequence[float] = (1.0,)) -> Any:
+        """Snapshots of run()'s results (once per leaf-data scale, the last kept), or the
+        exception it raised."""
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for scale in scales:
+                    result = self.ns["run"](region or contextlib.nullcontext, scale)
+                return {k: _snapshot(v) for k, v in result.items()}
+        except Exception as e:
+            return e
+
+
+@dataclass(frozen=True)
+class _Array:
+    values: np.ndarray
+    dtype: str  # the fusegrad dtype's name
+
+
+def _snapshot(value: Any) -> Any:
+    if isinstance(value, fg.Tensor):
+        return _Array(np.array(value.detach().numpy(), copy=True), value.dtype.name)
+    return value
+
+
+def _counts() -> tuple[int, int, int, int, Counter]:
+    c = compiler.counters
+    return c.captures, c.builds, c.cache_hits, c.compiled_runs, Counter(c.fallbacks)
+
+
+def check(program: Program) -> Report:
+    """Run ``program`` eagerly and under every configuration; see the module docstring."""
+    start = time.perf_counter()
+    report = Report(program.seed)
+    module = _Module(program)
+    references = {1.0: _reference(program, module)}
+    eager = references[1.0][0]
+    if isinstance(eager, Exception):
+        report.eager_error = f"{type(eager).__name__}: {eager}"
+    for config in program.configs():
+        scale = config.scales[-1]
+        if scale not in references:
+            references[scale] = _reference(program, module, scale)
+        finding = _run_config(program, module, config, *references[scale], report)
+        if finding is not None:
+            report.findings.append(finding)
+    if program.gradcheck and not isinstance(eager, Exception):
+        report.gradcheck = _gradcheck(program, module, report)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _reference(program: Program, module: _Module, scale: float = 1.0) -> tuple[Any, list[dict]]:
+    """Eager results, and the shadow runs' (none when eager raised).
+
+    A shadow run is the same program with every float dtype changed to one precision: float64
+    when the program uses float32 anywhere, float32 when it uses float64 anywhere (a mixed
+    program gets both)."""
+    eager = module.run(scales=(scale,))
+    if isinstance(eager, Exception):
+        return eager, []
+    precisions = []
+    if program.precision != "float64":
+        precisions.append(fg.float64)
+    if program.precision != "float32":
+        precisions.append(fg.float32)
+    shadows = []
+    for dtype in precisions:
+        with module.dtypes(dtype):
+            shadow = module.run(scales=(scale,))
+        if not isinstance(shadow, Exception):
+            shadows.append(shadow)
+    return eager, shadows
+
+
+def _run_config(
+    program: Program,
+    module: _Module,
+    config: Config,
+    eager: Any,
+    shadows: list[dict],
+    report: Report | None,
+) -> Finding | None:
+    if config is not CACHED:
+        # each configuration starts from empty in-memory program caches (compiled modules
+        # stay on disk), so that its result does not depend on what ran before: the repro
+        # script runs it alone
+        compiler.reset()
+    before = _counts()
+    with config.settings():
+        got = module.run(config.region(), config.scales)
+    if report is not None:
+        _add_counts(report, before)
+    kind, problems = _verdict(eager, got, shadows)
+    if not problems:
+        return None
+    verdict = "\n".join(problems)
+    script = program.source(config, f"{kind} [{config.name}]:\n{verdict}")
+    return Finding(program.seed, config.name, kind, verdict, script)
+
+
+def _add_counts(report: Report, before: tuple[int, int, int, int, Counter]) -> None:
+    after = _counts()
+    report.captures += after[0] - before[0]
+    report.builds += after[1] - before[1]
+    report.cache_hits += after[2] - before[2]
+    report.compiled_runs += after[3] - before[3]
+    report.fallbacks.update(after[4] - before[4])
+
+
+def _verdict(eager: Any, got: Any, shadows: list[dict]) -> tuple[str, list[str]]:
+    if isinstance(got, Exception) and not isinstance(eager, Exception):
+        return "crash", [_format_exception(got)]
+    if isinstance(eager, Exception) or isinstance(got, Exception):
+        if type(eager) is type(got) and str(eager) == str(got):
+            return "mismatch", []
+        return "mismatch", [
+            f"eager raised    {type(eager).__name__}: {eager}"
+            if isinstance(eager, Exception)
+            else "eager raised nothing",
+            f"compiled raised {type(got).__name__}: {got}"
+            if isinstance(got, Exception)
+            else "compiled raised nothing",
+        ]
+    return "mismatch", compare(eager, got, shadows)
+
+
+def _format_exception(e: BaseException) -> str:
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__, limit=-6))
+    return f"{type(e).__name__}: {e}\n{tb}"
+
+
+def compare(
+    eager: dict, got: dict, shadows: Sequence[dict] = (), root_scale: float | None = None
+) -> list[str]:
+    """The differences between two results of ``run()`` (module docstring: Comparison).
+
+    ``shadows`` are results of the shadow runs; ``root_scale`` is the largest root gradient,
+    by default read from the results labelled ``C[...]`` (the root gradients after backward)."""
+    if root_scale is None:
+        root_scale = max(
+            (
+                float(np.abs(v.values[np.isfinite(v.values)]).max(initial=0.0))
+                for k, v in eager.items()
+                if k.startswith("C[") and isinstance(v, _Array)
+            ),
+            default=0.0,
+        )
+    problems: list[str] = []
+    for key in dict.fromkeys([*eager, *got]):
+        if key not in eager or key not in got:
+            problems.append(f"{key}: only in {'eager' if key in eager else 'compiled'}")
+            continue
+        want, have = eager[key], got[key]
+        if not isinstance(want, _Array) or not isinstance(have, _Array):
+            if not (want is have or (isinstance(want, bool) and want == have)):
+                problems.append(f"{key}: eager {_short(want)}, compiled {_short(have)}")
+            continue
+        refs = [r[key] for r in shadows if isinstance(r.get(key), _Array)]
+        problems += _compare_arrays(key, want, have, refs, root_scale)
+    return problems
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, _Array):
+        return f"a {value.dtype} tensor of shape {value.values.shape}"
+    return repr(value)
+
+
+def _compare_arrays(
+    key: str, want: _Array, have: _Array, shadows: list[_Array], root_scale: float
+) -> list[str]:
+    a, b = want.values, have.values
+    if want.dtype != have.dtype or a.shape != b.shape:
+        return [f"{key}: eager {want.dtype} {a.shape}, compiled {have.dtype} {b.shape}"]
+    problems = []
+    for name, test in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
+        differ = test(a) != test(b)
+        if differ.any():
+            where = tuple(int(i) for i in np.argwhere(differ)[0])
+            problems.append(
+                f"{key}: {name} positions differ, first at {where}: "
+                f"eager {a[where]!r}, compiled {b[where]!r}"
+            )
+    if problems:
+        return problems
+    finite = np.isfinite(a)
+    if not finite.any():
+        return []
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    tol = _tolerance(want.dtype, a64, finite, shadows, root_scale)
+    with np.errstate(invalid="ignore"):  # inf - inf outside ``finite``
+        err = np.where(finite, np.abs(b64 - a64), 0.0)
+    bad = err > tol
+    if not bad.any():
+        return []
+    where = tuple(int(i) for i in np.argwhere(bad)[np.argmax((err - tol)[bad])])
+    return [
+        f"{key}: {int(bad.sum())} of {a.size} elements beyond tolerance; worst at {where}: "
+        f"eager {a[where]!r}, compiled {b[where]!r}, |difference| {err[where]:.3g} > "
+        f"tolerance {tol[where]:.3g}"
+    ]
+
+
+def _tolerance(
+    dtype: str, a64: np.ndarray, finite: np.ndarray, shadows: list[_Array], root_scale: float
+) -> np.ndarray:
+    """Per element: rtol*|eager| + a norm-wise floor + the measured rounding error."""
+    rtol, u = RTOL[dtype], UNIT_ROUNDOFF[dtype]
+    magnitude = np.abs(np.where(finite, a64, 0.0))
+    tol = rtol * magnitude + FLOOR * u * max(float(magnitude.max()), root_scale)
+    estimate = np.zeros_like(a64)
+    for shadow in shadows:
+        if shadow.values.shape != a64.shape:
+            continue
+        ratio = min(1.0, u / UNIT_ROUNDOFF[shadow.dtype])
+        s64 = shadow.values.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            error = np.where(np.isfinite(s64), np.abs(a64 - s64), magnitude) * ratio
+        estimate = np.maximum(estimate, np.where(finite, error, 0.0))
+    return tol + SHADOW * estimate
+
+
+def _gradcheck(program: Program, module: _Module, report: Report) -> str:
+    """gradcheck(objective) with its analytical Jacobian from the compiled backward.
+
+    Returns "passed", "failed" (a finding is added), "skipped (...)" when the objective is not
+    finite or its eager backward raises, or "inconclusive (...)" when eager fails gradcheck too:
+    then finite differences cannot judge the compiled backward (an eager rule, or a function
+    too badly scaled for central differences)."""
+    objective, leaves = module.ns["objective"], module.ns["leaves"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            values = objective(*leaves())
+            if not all(bool(np.isfinite(v.detach().numpy()).all()) for v in values):
+                return "skipped (objective not finite)"
+            fg.autograd.backward(list(values))
+        except Exception as e:  # eager ran; this is the program's own error
+            return f"skipped (eager objective raised {type(e).__name__})"
+    before = _counts()
+    try:
+        with warnings.catch_warnings(), compiler.compiled_autograd():
+            warnings.simplefilter("ignore")
+            fg.autograd.gradcheck(objective, leaves())
+    except Exception as e:
+        outcome, message = "failed", _format_exception(e)
+    else:
+        outcome, message = "passed", ""
+    _add_counts(report, before)
+    if outcome == "passed":
+        return outcome
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fg.autograd.gradcheck(objective, leaves())
+    except Exception as e:
+        return f"inconclusive (eager fails gradcheck too: {type(e).__name__})"
+    text = f"eager passes gradcheck, compiled fails:\n{message}"
+    report.findings.append(
+        Finding(program.seed, "gradcheck", "gradcheck", text, program.source(GRADCHECK, text))
+    )
+    return outcome
+
+
+def describe(program: Program) -> str:
+    """A one-line summary of a program (for progress output)."""
+    return (
+        f"seed {program.seed}: {program.precision}, {len(program.leaves)} leaves, "
+        f"{len(program.forward)} statements, backward: {program.backward[-1]}"
+    )
+
+
+# ---- shrinking ---------------------------------------------------------------------------------
+
+_ASSIGNMENT = re.compile(r"^(\w+) = ")
+
+
+def _mentions(text: str, name: str) -> bool:
+    return re.search(rf"\b{re.escape(name)}\b", text) is not None
+
+
+def shrink(finding: Finding, program: Program, budget_s: float = 60.0) -> Program:
+    """A smaller program that still fails like ``finding`` (same configuration and kind):
+    greedily drops outputs and statements nothing else uses, then unused leaves, while the
+    failure persists, within ``budget_s`` seconds."""
+    deadline = time.perf_counter() + budget_s
+
+    def fails(candidate: Program) -> bool:
+        try:
+            module = _Module(candidate)
+            if finding.kind == "gradcheck":
+                return _gradcheck(candidate, module, Report(candidate.seed)) == "failed"
+            config = CONFIGS[finding.config]
+            eager, shadows = _reference(candidate, module, config.scales[-1])
+            found = _run_config(candidate, module, config, eager, shadows, None)
+        except Exception:
+            return False
+        return found is not None and found.kind == finding.kind
+
+    changed = True
+    while changed and time.perf_counter() < deadline:
+        changed = False
+        candidates = [_without_output(program, i) for i in range(len(program.outputs))]
+        candidates += [_without_line(program, i) for i in reversed(range(len(program.forward)))]
+        for candidate in candidates:
+            if time.perf_counter() > deadline:
+                break
+            if candidate is not None and fails(_without_unused_leaves(candidate)):
+                program = _without_unused_leaves(candidate)
+                changed = True
+                break
+    return program
+
+
+def _without_output(p: Program, i: int) -> Program | None:
+    return _drop_output(p, i) if len(p.outputs) > 1 else None
+
+
+def _drop_output(p: Program, i: int) -> Program:
+    outputs = p.outputs[:i] + p.outputs[i + 1 :]
+    cotangents = p.cotangents[:i] + p.cotangents[i + 1 :]
+    loss = " + ".join(f"(outs[{k}] * C[{k}]).sum()" for k in range(len(outputs)))
+    backward = tuple(
+        f"loss = {loss}" if line.startswith("loss = ") else line for line in p.backward
+    )
+    results = tuple(
+        (label, expr) for label, expr in p.results if not label.startswith(f"C[{len(outputs)}]")
+    )
+    return dataclasses.replace(
+        p, outputs=outputs, cotangents=cotangents, backward=backward, results=results
+    )
+
+
+def _without_line(p: Program, i: int) -> Program | None:
+    forward = p.forward[:i] + p.forward[i + 1 :]
+    match = _ASSIGNMENT.match(p.forward[i])
+    if match is None:  # an in-place statement, a hook: nothing depends on its name
+        return dataclasses.replace(p, forward=forward)
+    name = match.group(1)
+    if name in p.outputs or any(_mentions(line, name) for line in forward + p.backward):
+        return None
+    kept = tuple(k for k in p.kept if k != name)
+    results = tuple((label, e) for label, e in p.results if not _mentions(e, name))
+    return dataclasses.replace(p, forward=forward, kept=kept, results=results)
+
+
+def _without_unused_leaves(p: Program) -> Program:
+    used = [
+        leaf
+        for leaf in p.leaves
+        if any(_mentions(line, leaf.name) for line in p.forward + p.backward)
+    ]
+    gone = {leaf.name for leaf in p.leaves} - {leaf.name for leaf in used}
+    if not gone:
+        return p
+    results = tuple((label, e) for label, e in p.results if not any(_mentions(e, n) for n in gone))
+    presets = tuple((n, c) for n, c in p.presets if n not in gone)
+    return dataclasses.replace(p, leaves=tuple(used), results=results, presets=presets)

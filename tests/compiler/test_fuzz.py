@@ -1,0 +1,190 @@
+"""Differential fuzzing in CI: generated programs, compiled vs eager (``benchmarks/fuzzgen.py``).
+
+``PROGRAMS`` seeded programs of up to ``MAX_OPS`` statements, in batches of ``BATCH``: each runs
+eagerly and compiled in default mode, twice more in default mode (the second time on scaled
+leaf data: program-cache hits computing on new arrays), in debug mode, for every eighth seed
+with every kernel as generated code, and every tenth (smooth float64) also through
+``gradcheck`` on the compiled path.  A failing batch names each failing seed and configuration
+and prints the shrunk repro script of the first failure; ``python -m benchmarks.fuzz --seed S
+--programs 1 --max-ops 6`` writes them all.  The long campaign is ``python -m benchmarks.fuzz
+--programs 10000``.
+
+The other tests keep the fuzzer honest: programs are deterministic, their scripts run on their
+own, the comparison catches what it must and tolerates rounding it must, and the programs of
+the CI seeds cover every category the generator promises.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:  # ``benchmarks`` is a package at the repository root
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks import fuzzgen  # noqa: E402
+
+# The cost is numba compiling generated modules (~0.5 s each for programs of up to 6
+# statements, ~1 s for 10): measured on 2 cores, the 200 programs take ~75 s with an empty
+# FUSEGRAD_CACHE_DIR and ~13 s once the modules are on disk; the campaign runs longer programs
+PROGRAMS = 200
+BATCH = 20
+MAX_OPS = 6
+BATCHES = [range(start, min(start + BATCH, PROGRAMS)) for start in range(0, PROGRAMS, BATCH)]
+
+pytestmark = pytest.mark.usefixtures("fresh_compiler")
+
+
+@pytest.mark.parametrize("seeds", BATCHES, ids=[f"seeds{b.start}-{b.stop - 1}" for b in BATCHES])
+def test_compiled_backward_matches_eager_on_generated_programs(seeds: range) -> None:
+    findings: list[fuzzgen.Finding] = []
+    programs: dict[int, fuzzgen.Program] = {}
+    compiled_runs = gradchecked = 0
+    for seed in seeds:
+        # every eighth program also with every kernel as generated code (the campaign: every
+        # fourth): that configuration compiles a module per program, the costliest part
+        program = replace(fuzzgen.generate(seed, MAX_OPS), generated_code=seed % 8 == 3)
+        report = fuzzgen.check(program)
+        programs[seed] = program
+        findings += report.findings
+        compiled_runs += report.compiled_runs
+        gradchecked += report.gradcheck == "passed"
+    if findings:
+        first = findings[0]
+        small = fuzzgen.shrink(first, programs[first.seed], budget_s=10.0)
+        config = fuzzgen.CONFIGS.get(first.config, fuzzgen.Config(first.config))
+        summary = "\n".join(f"  {str(f).splitlines()[0][:300]}" for f in findings)
+        pytest.fail(
+            f"{len(findings)} failure(s) in seeds {seeds.start}..{seeds.stop - 1}:\n{summary}\n\n"
+            f"repro of seed {first.seed} [{first.config}], shrunk (all of them: python -m "
+            f"benchmarks.fuzz --seed {first.seed} --programs 1 --max-ops {MAX_OPS}):\n"
+            f"{small.source(config, f'{first.kind}: {first.message}')}",
+            pytrace=False,
+        )
+    # the compiler really ran (programs did not all fall back), and gradcheck ran on the smooth
+    # programs of the batch (a program whose objective overflows is skipped, not failed)
+    assert compiled_runs >= len(seeds)
+    smooth = sum(1 for s in seeds if s % 10 == 0)
+    assert gradchecked >= smooth - 1
+
+
+def test_a_seed_gives_one_program() -> None:
+    assert fuzzgen.generate(17).source() == fuzzgen.generate(17).source()
+    assert fuzzgen.generate(17).source() != fuzzgen.generate(18).source()
+
+
+def test_repro_script_runs_on_its_own(tmp_path: Path) -> None:
+    program = fuzzgen.generate(4)  # a program without findings
+    assert fuzzgen.check(program).ok
+    path = tmp_path / "repro.py"
+    path.write_text(program.source(fuzzgen.DEBUG))
+    proc = subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no difference" in proc.stdout
+
+
+def _result(values: list[float], dtype: str = "float32") -> dict[str, fuzzgen._Array]:
+    return {"x.grad": fuzzgen._Array(np.array(values, dtype=dtype), dtype)}
+
+
+def test_compare_requires_equal_nan_and_inf_positions() -> None:
+    eager = _result([np.nan, np.inf, 1.0])
+    assert fuzzgen.compare(eager, _result([np.nan, np.inf, 1.0])) == []
+    assert fuzzgen.compare(eager, _result([0.0, np.inf, 1.0]))
+    assert fuzzgen.compare(eager, _result([np.nan, -np.inf, 1.0]))
+    assert fuzzgen.compare(eager, _result([np.nan, np.nan, 1.0]))
+
+
+def test_compare_requires_equal_dtype_shape_and_presence() -> None:
+    eager = _result([1.0, 2.0])
+    assert fuzzgen.compare(eager, _result([1.0, 2.0], "float64"))
+    assert fuzzgen.compare(eager, _result([1.0, 2.0, 3.0]))
+    assert fuzzgen.compare(eager, {"x.grad": None})
+    assert fuzzgen.compare({"x.grad is preset": True}, {"x.grad is preset": False})
+
+
+def test_compare_tolerates_rounding_and_not_more() -> None:
+    eager = _result([1.0, 100.0], "float64")
+    assert fuzzgen.compare(eager, _result([1.0 + 1e-12, 100.0], "float64")) == []
+    assert fuzzgen.compare(eager, _result([1.0 + 1e-8, 100.0], "float64"))
+    eager32 = _result([1.0, 100.0])
+    assert fuzzgen.compare(eager32, _result([1.0 + 2e-6, 100.0])) == []
+    assert fuzzgen.compare(eager32, _result([1.0 + 1e-4, 100.0]))
+
+
+def test_compare_floor_follows_the_root_gradients() -> None:
+    # an exact cancellation in eager (0.0) left as an FMA's rounding error by compiled code:
+    # within a few roundoffs of the root gradients' scale, and not beyond
+    eager = {
+        **_result([0.0], "float64"),
+        "C[0] after backward": _result([1.5], "float64")["x.grad"],
+    }
+    close = {**eager, "x.grad": _result([2.6e-17], "float64")["x.grad"]}
+    far = {**eager, "x.grad": _result([1e-12], "float64")["x.grad"]}
+    assert fuzzgen.compare(eager, close) == []
+    assert fuzzgen.compare(eager, far)
+
+
+def test_compare_scales_the_tolerance_by_the_measured_rounding_error() -> None:
+    # a float32 sum that cancels: eager's pairwise float32 sum is off the float64 (shadow) value
+    # by 2e-3, so a compiled result near the shadow's is within tolerance although far from
+    # eager's in relative terms; without the shadow the same result is a mismatch
+    eager = _result([0.002, 5.0])
+    shadow = _result([0.0001, 5.0], "float64")
+    compiled = _result([0.0002, 5.0])
+    assert fuzzgen.compare(eager, compiled)
+    assert fuzzgen.compare(eager, compiled, [shadow]) == []
+    assert fuzzgen.compare(eager, _result([0.5, 5.0]), [shadow])
+
+
+# what the CI seeds must exercise: (name, pattern in the forward / backward source)
+COVERAGE = {
+    "unary": r"\.(exp|log|tanh|sigmoid|sqrt|abs|sin|cos|erf|expm1|log1p|reciprocal|sign|floor)\(",
+    "activation": r"F\.(relu|gelu|silu|softplus|elu)\(",
+    "binary": r"fg\.(maximum|minimum|pow|div)\(|\*\*|fg\.where\(",
+    "where with a comparison": r"fg\.where\(\w+ [<>]",
+    "python scalar operand": r"= \w+ [-+*/] \d",
+    "reduction with dim": r"\.(sum|mean|amax|prod|var|std)\(dim=",
+    "logsumexp": r"fg\.logsumexp\(",
+    "view": r"\.(reshape|view|transpose|permute|unsqueeze|squeeze|expand|narrow|select|diagonal)\(",
+    "slice with step": r"\[:*, *::2\]|\[::2\]",
+    "in-place on a non-leaf": r"^\w+\.(add_|mul_|clamp_|sub_|div_)\(",
+    "in-place through a view": r"^\w+(\[[^\]]*\]|\.\w+\([^)]*\))+\.\w+_\(|^\w+\[.*\] = ",
+    "matmul": r"@|fg\.(bmm|mm|matmul)\(|F\.linear\(",
+    "softmax": r"softmax\(",
+    "layer_norm": r"F\.layer_norm\(",
+    "cross_entropy": r"F\.cross_entropy\(",
+    "hook": r"register_hook\(lambda g: g",
+    "retain_grad": r"\.retain_grad\(\)",
+    "autograd.grad": r"fg\.autograd\.grad\(",
+    "backward(inputs=)": r"backward\(inputs=",
+    "backward twice": r"retain_graph=True",
+}
+
+
+def test_ci_programs_cover_every_category() -> None:
+    programs = [fuzzgen.generate(seed, MAX_OPS) for seed in range(PROGRAMS)]
+    sources = ["\n".join(p.forward + p.backward) for p in programs]
+    for name, pattern in COVERAGE.items():
+        hits = sum(1 for s in sources if re.search(pattern, s, re.MULTILINE))
+        assert hits >= 3, f"{name}: {hits} programs"
+    leaves = [leaf for p in programs for leaf in p.leaves]
+    assert sum(1 for leaf in leaves if leaf.shape == ()) >= 10  # 0-d
+    assert sum(1 for leaf in leaves if 1 in leaf.shape) >= 10  # size-1 broadcasting
+    assert sum(1 for leaf in leaves if 0 in leaf.shape) >= 3  # empty
+    assert sum(1 for leaf in leaves if re.search(r"\binf\b", leaf.literal)) >= 10
+    assert sum(1 for leaf in leaves if re.search(r"\bnan\b", leaf.literal)) >= 5
+    precisions = {p.precision for p in programs}
+    assert precisions == {"float32", "float64", "mixed"}
+    assert sum(1 for p in programs if p.presets) >= 5  # accumulation into an existing .grad
+    assert all(p.gradcheck == (p.seed % 10 == 0) for p in programs)
+    assert all(p.precision == "float64" for p in programs if p.gradcheck)
