@@ -286,6 +286,7 @@ def _program_for(
         interpreter_max_elements=config.interpreter_max_elements,
         device=device,
         sizes_per_program=config.sizes_per_program,
+        unpacked=captured.unpacked,
     )
     if report is not None:
         report.append(("capture", "explain() captures every graph", program))

@@ -368,6 +368,9 @@ class Capture(_engine.Executor, Tracer):
         self.saved_values: dict[int, Value] = {}  # alias class -> its input value
         self.seq = iter(range(1 << 62))  # side-effecting values are never interned together
         self.last_store: dict[int, Value] = {}  # id(tensor) -> its latest store_grad value
+        # saved tensors the engine unpacked (their nodes ran): only these are version-checked
+        # when the program runs, as eager mode checks only those of the nodes it runs
+        self.unpacked: set[int] = set()
 
     @property
     def guards(self) -> list[Guard]:
@@ -479,6 +482,7 @@ class Capture(_engine.Executor, Tracer):
         k = self.saved_index.get(id(saved))
         if k is None:
             raise Fallback(f"{node.name()} unpacked a tensor the walk did not see")
+        self.unpacked.add(k)
         remat = w.remat.get(k)
         if remat is not None:  # recompute from the leaf the program reads anyway
             prim_name, attrs, leaf_first = remat
@@ -597,6 +601,7 @@ class Captured:
     guards: tuple[Guard, ...]
     symbolic: bool
     reason: str = ""  # why the capture was concrete (empty for a symbolic one)
+    unpacked: frozenset[int] = frozenset()  # saved tensors (walk order) the backward unpacks
     programs: dict = field(default_factory=dict)
 
     MAX_PROGRAMS = 8  # program keys kept per graph (mode x .grad states x configurations)
@@ -624,7 +629,7 @@ def capture(
         c = Capture(w, roots, grad_roots, inputs, accumulate, symbolic=True)
         try:
             graph = c.run()
-            return Captured(graph, tuple(c.guards), True)
+            return Captured(graph, tuple(c.guards), True, unpacked=frozenset(c.unpacked))
         except Fallback:
             raise
         except NeedsData as e:
@@ -633,4 +638,4 @@ def capture(
             reason = f"{c.current or 'the capture'} failed with symbolic sizes ({e!r})"
     c = Capture(w, roots, grad_roots, inputs, accumulate, symbolic=False)
     graph = c.run()
-    return Captured(graph, tuple(c.guards), False, reason)
+    return Captured(graph, tuple(c.guards), False, reason, frozenset(c.unpacked))

@@ -117,7 +117,8 @@ class Graph:
             if isinstance(attrs, tuple)
             else tuple(sorted((k, freeze(v)) for k, v in attrs.items()))
         )
-        key = (op, tuple(v.id for v in inputs), frozen)
+        # the dtype too: a scalar 1.0 in float32 and in float64 are two values
+        key = (op, tuple(v.id for v in inputs), frozen, dtype)
         if op != "input":
             found = self._interned.get(key)
             if found is not None:

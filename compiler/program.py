@@ -185,8 +185,12 @@ class Program:
         interpreter_max_elements: int = 0,
         device: str = "cpu",
         sizes_per_program: int = 16,
+        unpacked: frozenset[int] | None = None,
     ) -> None:
         self.graph = graph
+        # the saved tensors (walk order) whose versions are checked before a run: those the
+        # capture unpacked (None: every one)
+        self.unpacked = unpacked
         self.mode = mode
         # leaves (by walk position) whose .grad existed at capture; the program key guarantees
         # the same at every run, so their accumulation can be fused into the kernels
@@ -291,7 +295,7 @@ class Program:
         retain_graph: bool,
         inputs: Sequence[Tensor] | None,
     ) -> list | None:
-        saved_arrays = _saved_arrays(w)  # version checks first, before anything is written
+        saved_arrays = _saved_arrays(w, self.unpacked)  # checks first, before any write
         inst = self.instance(sizes)
         # as in the eager engine, the backward (and any user hook in it) runs without recording
         prev_mode = grad_mode._state.enabled
@@ -470,18 +474,23 @@ def _store(v: Value, env: dict, w: Walk, inputs: Any) -> None:
 _SPECIAL = {"hook": _run_hook, "hook_output": _hook_output, "store_grad": _store}
 
 
-def _saved_arrays(w: Walk) -> list:
-    """The saved arrays in walk order, each version-checked; a failing check raises the eager
-    engine's own error (through ``SavedTensor.unpack``)."""
-    arrays: list[np.ndarray] = []
+def _saved_arrays(w: Walk, unpacked: frozenset[int] | None) -> list:
+    """The saved arrays in walk order.  Those the backward unpacks (``unpacked``; None: all)
+    are version-checked, and a failing check raises the eager engine's own error (through
+    ``SavedTensor.unpack``); the others belong to nodes the backward never runs (not on a
+    path to ``inputs``), which eager mode does not check either."""
+    arrays: list = []
     append = arrays.append
-    for node, s in w.saved:
+    for k, (node, s) in enumerate(w.saved):
         counter = s._counter
         if counter is not None and counter.value == s._version and s._unpack_hook is None:
             t = s._tensor
             append(s._data if t is None else t._data)
-        else:
+        elif unpacked is None or k in unpacked:
             append(s.unpack(node)._data)
+        else:
+            t = s._tensor
+            append(None if counter is None else s._data if t is None else t._data)
     return arrays
 
 
