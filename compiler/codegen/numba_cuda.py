@@ -55,6 +55,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import threading
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -65,9 +66,10 @@ import numba
 import numpy as np
 from numba import cuda
 
+from fusegrad import dtypes as _dt
 from fusegrad.ops.registry import ScalarFunction
 
-from ..ir import Value
+from ..ir import Graph, Value
 from ..passes.fuse import Kernel
 from ..symbolic import substitute
 from . import common, cpu_helpers
@@ -587,6 +589,65 @@ def compile_kernel(kernel: Kernel, settings: DeviceSettings | None = None) -> Co
     ops = ", ".join(v.op for v in kernel.values + kernel.reductions)
     (compiled,), _ = compile_kernels([kernel], f"one kernel: {ops}", settings)  # no sizes
     return compiled
+
+
+# ---- eager one-op kernels (``fusegrad.cuda.generated``) -------------------------------------
+
+_ONE_OP: dict[tuple, tuple] = {}  # (primitive, attributes, operand shapes and dtypes) -> kernel
+_ONE_OP_LIMIT = 4096
+_ONE_OP_REDUCTIONS = ("sum", "sum_to")
+_one_op_lock = threading.Lock()
+
+
+def _freeze_attrs(attrs: Mapping[str, Any]) -> tuple:
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
+
+
+def _one_op_kernel(
+    prim: Any, shapes: Sequence[tuple], dtypes: Sequence[np.dtype], attrs: Any
+) -> tuple:
+    """The smallest program there is: one input value per operand and one value (for ``sum`` /
+    ``sum_to``: the reduction of its input, a deterministic block tree) as one ``Kernel``."""
+    graph = Graph()
+    inputs = [
+        graph.input("saved", i, tuple(shape), _dt.from_numpy_dtype(np.dtype(dtype)))
+        for i, (shape, dtype) in enumerate(zip(shapes, dtypes))
+    ]
+    shape, dtype = prim.meta(
+        tuple(v.shape for v in inputs), tuple(v.dtype for v in inputs), **attrs
+    )
+    value = graph.add(prim.name, tuple(inputs), dict(attrs), tuple(shape), dtype)
+    if prim.name in _ONE_OP_REDUCTIONS:  # a reduction of its input: the loop runs over it
+        kernel = Kernel(shape=inputs[0].shape, reductions=[value], inputs=inputs, outputs=[value])
+    else:
+        space = tuple(np.broadcast_shapes(*(v.shape for v in inputs)))
+        kernel = Kernel(shape=space, values=[value], inputs=inputs, outputs=[value])
+    return inputs, value, compile_kernel(kernel)
+
+
+def run_one_op(
+    prim: Any, arrays: Sequence[Any], shapes: Sequence[tuple], attrs: Mapping[str, Any]
+) -> tuple[Any, tuple]:
+    """Primitive ``prim`` on device arrays ``arrays`` (numba-cuda arrays of ``shapes``) as one
+    generated kernel: returns (result device array, result shape).  Kernels are kept per
+    primitive, attributes, shapes and dtypes (sizes are runtime arguments of the code, so a new
+    size costs emitting the source, not a compilation); the table is bounded."""
+    key = (
+        prim.name,
+        _freeze_attrs(attrs),
+        tuple((tuple(shape), np.dtype(a.dtype).str) for shape, a in zip(shapes, arrays)),
+    )
+    entry = _ONE_OP.get(key)
+    if entry is None:
+        with _one_op_lock:
+            if len(_ONE_OP) >= _ONE_OP_LIMIT:
+                _ONE_OP.clear()
+            entry = _ONE_OP[key] = _one_op_kernel(
+                prim, shapes, [a.dtype for a in arrays], dict(attrs)
+            )
+    inputs, value, compiled = entry
+    results = run_kernel(compiled, dict(zip(inputs, arrays)))
+    return results[value], value.shape
 
 
 # ---- launching --------------------------------------------------------------------------------
