@@ -282,21 +282,25 @@ def test_miss_reasons_are_words() -> None:
     assert "dtype float32 -> float64" in reason, reason
 
 
+def _chain_backward(n: int, depth: int, op: str) -> None:
+    """A compiled backward of ``op`` applied ``depth`` times to ``n`` elements: one graph
+    structure per ``(depth, op)``."""
+    x = fg.randn(n, requires_grad=True)
+    with compiler.compiled_autograd():
+        h = x
+        for _ in range(depth):
+            h = getattr(h, op)()
+        h.sum().backward()
+
+
 def test_a_miss_never_scans_the_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in range(5):  # a few graphs of different structure
-        x = fg.randn(4, requires_grad=True)
-        with compiler.compiled_autograd():
-            h = x
-            for _ in range(k + 1):
-                h = h.tanh()
-            h.sum().backward()
+        _chain_backward(4, k + 1, "tanh")
     for name in ("values", "keys", "items", "__iter__"):
         monkeypatch.setattr(cache.LRU, name, lambda self, *a: pytest.fail("a miss scanned"))
     compiler.set_logs("recompiles")
     try:
-        x = fg.randn(4, requires_grad=True)
-        with compiler.compiled_autograd():
-            x.sin().sum().backward()
+        _chain_backward(4, 1, "sin")
     finally:
         compiler.set_logs(None)
     assert compiler.counters.captures == 6
@@ -311,18 +315,11 @@ def test_every_cache_level_is_bounded() -> None:
     config.cache_size, config.tape_cache_size, config.sizes_per_program = 3, 2, 2
     try:
         for k in range(6):  # six structures
-            x = fg.randn(5, requires_grad=True)
-            with compiler.compiled_autograd():
-                h = x
-                for _ in range(k + 1):
-                    h = h.sin()
-                h.sum().backward()
+            _chain_backward(5, k + 1, "sin")
         assert len(cache.graphs) == 3
         assert len(cache.tape_programs) <= 2
         for n in range(10, 20):  # ten size vectors of one structure
-            x = fg.randn(n, requires_grad=True)
-            with compiler.compiled_autograd():
-                x.sin().sum().backward()
+            _chain_backward(n, 1, "sin")
         for program in compiler.cached_programs():
             assert len(program._instances) <= 2
     finally:
