@@ -1,20 +1,30 @@
 """Scalar helpers called from generated CPU kernels (numba, inlined).
 
 They give generated code numpy's scalar semantics where a bare Python operator would differ:
-NaN propagation of maximum/minimum, ``sign(nan) = nan``, ``pow`` through numpy's scalar ufunc,
-dtype-preserving casts, and a numerically stable float64 sigmoid.  float32 math functions come
-from ``fastmath`` (vectorisable); float64 ones are libm (``math.*``).
-"""
+NaN propagation of maximum/minimum (on ties numpy's choice, the second operand, so that
+``maximum(+0, -0)`` is -0), ``sign`` at +-inf (+-1), +-0 (+0) and NaN (NaN), ``pow`` through
+numpy's scalar ufunc, dtype-preserving casts, and a numerically stable float64 sigmoid.  float32
+math functions come from ``fastmath`` (vectorisable); float64 ones are libm (``math.*``).
+
+The CUDA emitter compiles these same Python functions as device functions, and numba's CUDA
+simulator runs them as plain Python on numpy scalars: each must mean the same in all three
+(``tests/compiler/test_nan_semantics.py`` checks them over +-0, +-inf, NaN and denormals)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import sys
+from pathlib import Path
 
 import numba
 import numpy as np
 
 from . import diskcache
+
+# the helpers are inlined into generated kernels, whose numba disk cache cannot see them change:
+# the emitters put this digest of their source in each generated module's hash
+SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 # inlined into every kernel that calls them, numpy error model (no division checks), cached
 _helper = numba.njit(inline="always", error_model="numpy", cache=True)
@@ -40,11 +50,15 @@ def _minimum(a, b):  # type: ignore[no-untyped-def]
 
 @_helper
 def _sign(a):  # type: ignore[no-untyped-def]
+    # ``a ** 0`` is 1 in a's own type for every a, +-inf included (numba folds it to a constant);
+    # ``a - a + 1`` was nan at +-inf, and a literal 1 would widen float32 to float64
     if a > 0:
-        return a - a + 1
+        return a**0
     if a < 0:
-        return a - a - 1
-    return a  # 0, -0 and nan are their own sign
+        return -(a**0)
+    if a == 0:
+        return abs(a)  # +0 for both zeros, as numpy's sign
+    return a  # nan
 
 
 @_helper

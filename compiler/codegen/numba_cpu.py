@@ -9,8 +9,14 @@ element, the loop is flattened to one dimension (the common case, and the one LL
 best).  Reductions fused as epilogues accumulate in float64: into a local variable for a full
 reduction, into a float64 buffer for a partial one.  float32 math uses the vectorisable helpers
 of ``fastmath`` (this numba has no SVML; libm calls would stop vectorisation); float64 uses libm.
-No fastmath flag that changes NaN/inf semantics is used: only ``reassoc``/``contract``/``nsz``,
-which let LLVM vectorise sums and fuse multiply-adds.
+
+Floating-point flags (DESIGN.md contract 8): kernels are compiled with ``fastmath={"contract"}``
+only, which lets LLVM fuse a multiply and an add into one FMA (one rounding instead of two) and
+changes nothing else.  No ``reassoc`` (it folded ``g + (-g)`` to 0 where eager gives NaN at inf),
+no ``nsz`` (it turned ``x - x = +0`` into -0), no ``nnan``/``ninf``/``arcp``/``afn``: NaN, inf and
+signed zeros come out as eager's (``tests/compiler/test_nan_semantics.py``).  Without
+``reassoc`` a running sum along the innermost loop is added in source order, which keeps that
+loop scalar.
 
 A kernel without reductions also gets a ``prange`` variant (DESIGN.md contract 8: ``prange`` only
 over disjoint outputs): ``kernel_function`` returns a dispatcher that runs it for sizes of at least
@@ -37,7 +43,7 @@ from typing import Any
 
 from ..ir import Value
 from ..passes.fuse import Kernel
-from . import common
+from . import common, cpu_helpers
 from .common import (
     Spelling,
     broadcast_dims,
@@ -69,7 +75,7 @@ __all__ = [
 ]
 
 CODEGEN_VERSION = 1
-FASTMATH = ("reassoc", "contract", "nsz")
+FASTMATH = ("contract",)
 
 # purely elementwise kernels over at least this many elements run their ``prange`` variant (when
 # numba has more than one thread): below it, waking the thread pool costs more than it saves
@@ -261,9 +267,13 @@ _loaded: dict[str, ModuleType] = {}
 
 
 def _flags() -> str:
-    # the helpers are inlined: numba's cache cannot see them change, so their digest is a flag
+    # the helpers are inlined: numba's cache cannot see them change, so their digests are flags
+    # (without cpu_helpers' own, a fixed helper would not reach kernels cached before the fix)
     helpers = getattr(fastmath, "SOURCE_DIGEST", "none") if fastmath is not None else "none"
-    return f"v{CODEGEN_VERSION}|{FASTMATH}|numba{_numba_version()}|helpers{helpers}"
+    return (
+        f"v{CODEGEN_VERSION}|{FASTMATH}|numba{_numba_version()}|"
+        f"helpers{helpers}|{cpu_helpers.SOURCE_DIGEST}"
+    )
 
 
 def module_name(source: str) -> str:
