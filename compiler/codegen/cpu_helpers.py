@@ -97,6 +97,14 @@ def _cast_bool(x):  # type: ignore[no-untyped-def]
     return x != 0
 
 
+@numba.njit(cache=True, nogil=True)
+def _partial_sums(count):  # type: ignore[no-untyped-def]
+    """``count`` zeroed float64 partial sums for a reduction of a generated kernel.  Called, not
+    inlined: numpy's ``zeros`` is then compiled once and cached with this module, instead of
+    inside every kernel (a third of a second each)."""
+    return np.zeros(count)
+
+
 # float64 math: libm
 MATH64 = {
     "exp": "math.exp",

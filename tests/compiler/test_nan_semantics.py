@@ -310,17 +310,19 @@ def test_mixed_dtype_gradients_keep_eager_dtypes(name: str, mode: str) -> None:
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_fused_sums_keep_nan_and_inf(dtype: Any, mode: str) -> None:
     """A broadcast leaf's gradient is a fused sum of ``g * x``: inf, -inf and NaN terms give
-    what numpy's sum gives (one sign of inf, both signs, NaN among finite values).  Full sums (a
-    leaf of shape (1,)); for generated code and debug mode also row sums (a (4, 1) leaf: the
-    innermost loop's accumulator) and column sums (a (1, 37) leaf)."""
-    x = np.ones((4, 37), dtype=dtype.np)
+    what numpy's sum gives (one sign of inf, both signs, NaN among finite values), in the block
+    part of generated code's sums and in their tail (``numba_cpu``: 300 = 2 blocks of 128 + 44).
+    Full sums (a leaf of shape (1,)); for generated code and debug mode also row sums (a (4, 1)
+    leaf) and column sums (a (1, 300) leaf)."""
+    x = np.ones((5, 300), dtype=dtype.np)
     x[0, 5] = np.inf
-    x[1, 3], x[1, 30] = np.inf, -np.inf
+    x[1, 3], x[1, 290] = np.inf, -np.inf
     x[2, 17] = np.nan
+    x[3, 299] = -np.inf
     full = lambda x_, b_: x_ * b_  # noqa: E731
     for row in x:
         _assert_grads_match_eager(full, [row.copy(), np.ones(1, dtype=dtype.np)], mode)
     if mode != "interpreter":  # (the interpreter runs flat kernels only)
-        b = np.ones((1, 37), dtype=dtype.np)
-        w = np.ones((4, 1), dtype=dtype.np)
+        b = np.ones((1, 300), dtype=dtype.np)
+        w = np.ones((5, 1), dtype=dtype.np)
         _assert_grads_match_eager(lambda x_, b_, w_: x_ * b_ * w_, [x, b, w], mode)
