@@ -16,12 +16,13 @@
 * Gradients of abs, sign, sqrt, maximum/minimum (ties) and pow at those points: generated code,
   interpreter and debug mode against eager, float32 and float64.
 * Debug mode keeps every dtype eager's (a float32 leaf gets a float32 ``.grad``) and computes
-  bitwise what eager computes.
+  bitwise what eager computes; IR scalars keep their dtype and the sign of zero.
 * Fused sums keep NaN and inf.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,6 +35,7 @@ import fusegrad as fg
 from fusegrad import compiler
 from fusegrad.compiler.codegen import cpu_helpers, fastmath, numba_cpu
 from fusegrad.compiler.codegen.interpreter import InterpretedKernel, eligible
+from fusegrad.compiler.ir import Graph
 from fusegrad.ops.registry import REGISTRY
 
 DTYPES = [fg.float32, fg.float64]
@@ -300,6 +302,36 @@ def test_mixed_dtype_gradients_keep_eager_dtypes(name: str, mode: str) -> None:
             assert g.tobytes() == w.tobytes()
         else:
             np.testing.assert_allclose(g, w, rtol=1e-5)
+
+
+def test_scalars_intern_by_dtype_and_sign_of_zero() -> None:
+    """The IR interns equal values once; a scalar's identity is its dtype and bits: 1.0 in
+    float32 is not the float64 one (a float32 op reading it computed in float64: the debug-mode
+    float64 ``.grad`` of the issue), and -0.0 is not 0.0 (which compare equal)."""
+    g = Graph()
+    one32, one64 = g.scalar(1.0, fg.float32), g.scalar(1.0, fg.float64)
+    assert one32 is not one64 and (one32.dtype, one64.dtype) == (fg.float32, fg.float64)
+    zero, negative_zero = g.scalar(0.0, fg.float32), g.scalar(-0.0, fg.float32)
+    assert zero is not negative_zero and math.copysign(1.0, negative_zero.attr("value")) < 0
+    assert g.scalar(1.0, fg.float32) is one32 and g.scalar(-0.0, fg.float32) is negative_zero
+
+
+def test_captured_scalars_have_the_dtype_of_their_operation() -> None:
+    """In the capture of the issue's graph every scalar operand of a floating operation has that
+    operation's dtype (as eager's Python scalars take their tensor's)."""
+    a = fg.tensor(np.array([1.5, -2.0], np.float32), requires_grad=True)
+    b = fg.tensor(np.array([2.0, 5.0]), requires_grad=True)
+    with compiler.compiled_autograd(mode="debug"):
+        fg.minimum(a**2.0, b).sum().backward()
+    (program,) = compiler.cached_programs()
+    mixed = [
+        f"%{v.id} = {v.op} ({v.dtype.name}) reads scalar %{i.id} ({i.dtype.name})"
+        for v in program.graph.values
+        if v.dtype.is_floating_point and v.op not in ("cast", "where")
+        for i in v.inputs
+        if i.op == "scalar" and i.dtype is not v.dtype
+    ]
+    assert not mixed, mixed
 
 
 # ---- fused sums ---------------------------------------------------------------------------------
