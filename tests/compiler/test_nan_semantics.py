@@ -342,15 +342,16 @@ def test_captured_scalars_have_the_dtype_of_their_operation() -> None:
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_fused_sums_keep_nan_and_inf(dtype: Any, mode: str) -> None:
     """A broadcast leaf's gradient is a fused sum of ``g * x``: inf, -inf and NaN terms give
-    what numpy's sum gives (one sign of inf, both signs, NaN among finite values), in the block
-    part of generated code's sums and in their tail (``numba_cpu``: 300 = 2 blocks of 128 + 44).
-    Full sums (a leaf of shape (1,)); for generated code and debug mode also row sums (a (4, 1)
-    leaf) and column sums (a (1, 300) leaf)."""
+    what numpy's sum gives (one sign of inf, both signs, NaN among finite values; a row of -0s
+    gives +0), in the block part of generated code's sums and in their tail (``numba_cpu``:
+    300 = 2 blocks of 128 + 44).  Full sums (a leaf of shape (1,)); for generated code and
+    debug mode also row sums (a (5, 1) leaf) and column sums (a (1, 300) leaf)."""
     x = np.ones((5, 300), dtype=dtype.np)
     x[0, 5] = np.inf
     x[1, 3], x[1, 290] = np.inf, -np.inf
     x[2, 17] = np.nan
     x[3, 299] = -np.inf
+    x[4] = -0.0  # numpy's sum of -0s is +0 (it starts from +0)
     full = lambda x_, b_: x_ * b_  # noqa: E731
     for row in x:
         _assert_grads_match_eager(full, [row.copy(), np.ones(1, dtype=dtype.np)], mode)
