@@ -89,8 +89,8 @@ __all__ = [
 
 CODEGEN_VERSION = 2
 FASTMATH = ("contract",)
-# partial sums of a reduction along the innermost loop (module docstring, "Reductions")
-
+# partial sums of a reduction along the innermost loop (module docstring, "Reductions"): enough
+# to amortise LLVM's per-block alias checks, few enough to add up cheaply per row
 REDUCTION_LANES = 128
 
 # purely elementwise kernels over at least this many elements run their ``prange`` variant (when
@@ -211,6 +211,11 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
 
     read = reader(members, kernel.inputs, read_input)
 
+    def reduced_index(r: Value) -> str:
+        """The element of ``red{k}`` the current iteration adds into (reduced dims at 0)."""
+        target = reduction_target(r, space)
+        return ", ".join("0" if target[d] == 1 and space[d] != 1 else idx[d] for d in range(rank))
+
     def body(summand: str) -> list[str]:
         """The loop body: one line per IR value (and per output write and summand); a
         summand of a reduction along the innermost loop adds into ``summand.format(k=k)``."""
@@ -226,12 +231,8 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
             if k in lanes:
                 lines.append(f"{summand.format(k=k)} += {term}  # %{r.id} = {r.op}")
             else:
-                lines.append(f"red{k}[{_reduced_index(r)}] += {term}  # %{r.id} = {r.op}")
+                lines.append(f"red{k}[{reduced_index(r)}] += {term}  # %{r.id} = {r.op}")
         return lines
-
-    def _reduced_index(r: Value) -> str:
-        target = reduction_target(r, space)
-        return ", ".join("0" if target[d] == 1 and space[d] != 1 else idx[d] for d in range(rank))
 
     out_index = {v: k for k, v in enumerate(full_out)}
     for d in range(rank - 1):
@@ -267,7 +268,7 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
         for k in lanes:
             if row_red[k]:
                 lines += _combine_lanes(k, indent)
-                lines.append(f"{indent}red{k}[{_reduced_index(reds[k])}] += total{k}")
+                lines.append(f"{indent}red{k}[{reduced_index(reds[k])}] += total{k}")
     for k in lanes:
         if full_red[k]:
             lines += _combine_lanes(k, "    ")
