@@ -63,6 +63,16 @@ def freeze(value: Any) -> Any:
     return value
 
 
+def _scalar_identity(attrs: dict | tuple, dtype: _dt.dtype) -> tuple:
+    """What tells two scalars apart beyond their (equal-comparing) values: the dtype (1.0 in
+    float32 read by a float32 op is not the float64 1.0, which would make the op compute in
+    float64) and, for floats, the bits (-0.0 == 0.0, and True == 1 == 1.0)."""
+    value = dict(attrs)["value"] if isinstance(attrs, tuple) else attrs["value"]
+    floating = isinstance(value, (float, np.floating))
+    bits = float(value).hex() if floating else (type(value).__name__, value)
+    return (dtype.name, bits)
+
+
 def _dim(d: Any) -> Any:
     return d if type(d) is Sym else int(d)
 
@@ -117,8 +127,11 @@ class Graph:
             if isinstance(attrs, tuple)
             else tuple(sorted((k, freeze(v)) for k, v in attrs.items()))
         )
-        # the dtype too: a scalar 1.0 in float32 and in float64 are two values
-        key = (op, tuple(v.id for v in inputs), frozen, dtype)
+        # the dtype too (a scalar 1.0 in float32 and in float64 are two values) and, for
+        # scalars, the bits (-0.0 == 0.0, and True == 1 == 1.0)
+        key: tuple = (op, tuple(v.id for v in inputs), frozen, dtype)
+        if op == "scalar":
+            key += _scalar_identity(attrs, dtype)
         if op != "input":
             found = self._interned.get(key)
             if found is not None:

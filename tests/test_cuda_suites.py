@@ -80,6 +80,7 @@ def test_cuda_kernels_in_the_simulator(suites: dict[str, subprocess.Popen]) -> N
         "test_eager_op_table.py",
         "test_training.py",
         "test_compiled_cuda.py",
+        "test_nan_semantics_cuda.py",
     )
 
 

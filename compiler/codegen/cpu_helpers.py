@@ -12,11 +12,20 @@ Two kinds:
 ``MATH64`` is how the CPU spells every scalar function for non-float32 operands, derived from
 the records: numpy's scalar ufunc where the record names one, else libm (``math.*``), else the
 compiled helper.  float32 operands use ``fastmath``'s vectorisable helpers where it has one.
+
+The target helpers give numpy's scalar semantics at the special values too: NaN propagation of
+``_maximum``/``_minimum`` (on ties numpy's choice, the second operand, so that
+``maximum(+0, -0)`` is -0), ``_sign`` at +-inf (+-1), +-0 (+0) and NaN (NaN).  The CUDA emitter
+compiles these same Python functions as device functions, and numba's CUDA simulator runs them as
+plain Python on numpy scalars: each must mean the same in all three
+(``tests/compiler/test_nan_semantics.py`` checks them over +-0, +-inf, NaN and denormals).
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
+from pathlib import Path
 from typing import Any
 
 import numba
@@ -26,6 +35,10 @@ from fusegrad.ops.registry import ScalarFunction
 
 from . import diskcache
 from .lowering import FUNCTIONS, HELPER_FUNCTIONS, helper_name
+
+# the helpers are inlined into generated kernels, whose numba disk cache cannot see them change:
+# the emitters put this digest of their source in each generated module's hash
+SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 
 # inlined into every kernel that calls them, numpy error model (no division checks), cached
 _helper = numba.njit(inline="always", error_model="numpy", cache=True)
@@ -51,11 +64,15 @@ def _minimum(a, b):  # type: ignore[no-untyped-def]
 
 @_helper
 def _sign(a):  # type: ignore[no-untyped-def]
+    # ``a ** 0`` is 1 in a's own type for every a, +-inf included (numba folds it to a constant);
+    # ``a - a + 1`` was nan at +-inf, and a literal 1 would widen float32 to float64
     if a > 0:
-        return a - a + 1
+        return a**0
     if a < 0:
-        return a - a - 1
-    return a  # 0, -0 and nan are their own sign
+        return -(a**0)
+    if a == 0:
+        return abs(a)  # +0 for both zeros, as numpy's sign
+    return a  # nan
 
 
 @_helper
@@ -88,6 +105,14 @@ def _cast_bool(x):  # type: ignore[no-untyped-def]
     return x != 0
 
 
+@numba.njit(cache=True, nogil=True)
+def _partial_sums(count):  # type: ignore[no-untyped-def]
+    """``count`` zeroed float64 partial sums for a reduction of a generated kernel.  Called, not
+    inlined: numpy's ``zeros`` is then compiled once and cached with this module, instead of
+    inside every kernel (a third of a second each)."""
+    return np.zeros(count)
+
+
 # the target helpers generated modules import by name
 TARGET_HELPERS = (
     "_cast_bool",
@@ -97,6 +122,7 @@ TARGET_HELPERS = (
     "_cast_int64",
     "_maximum",
     "_minimum",
+    "_partial_sums",
     "_pow",
     "_sign",
 )

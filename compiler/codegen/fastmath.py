@@ -25,13 +25,15 @@ meaningful angles).  Inputs must be float32 (the code generator guarantees it): 
 would compile a float64 variant carrying float32 accuracy.
 
 How they are compiled, and why: the helpers rely on exact IEEE evaluation order (Cody-Waite
-reduction, the TwoSum in ``log1p``, the split scaling in ``exp``), which the generated kernels'
-``reassoc``/``nsz`` fastmath flags would be free to rewrite (measured: with ``reassoc`` LLVM
-turned ``(p * 2**k1) * 2**k2`` into ``p * 2**k`` and ``exp(88.4)`` overflowed to inf).  Hence:
+reduction, the TwoSum in ``log1p``, the split scaling in ``exp``), which ``reassoc``/``nsz``
+fastmath flags would be free to rewrite (measured: with ``reassoc`` LLVM turned
+``(p * 2**k1) * 2**k2`` into ``p * 2**k`` and ``exp(88.4)`` overflowed to inf).  Generated
+kernels no longer use those flags (``numba_cpu``: ``contract`` only), but the helpers do not rely
+on their callers' flags.  Hence:
 
 * ``fastmath={"contract"}`` is set explicitly.  numba *inherits* a caller's fastmath flags into a
-  callee that does not set its own, so leaving it out would compile the helpers with the
-  kernel's ``reassoc``.  ``contract`` only lets LLVM fuse a multiply and an add into an FMA (one
+  callee that does not set its own, so leaving it out would compile the helpers with whatever
+  the caller uses.  ``contract`` only lets LLVM fuse a multiply and an add into an FMA (one
   rounding instead of two): no NaN/inf/signed-zero change, and every trick above stays exact
   under it; the bounds hold with and without FMA hardware (both measured).
 * ``forceinline=True`` (LLVM ``alwaysinline``), not numba's ``inline="always"``: numba's IR

@@ -6,11 +6,30 @@ the source depends only on the graph's structure, dtypes and broadcast patterns,
 (a new batch size reuses the compiled machine code).  Inputs arrive reshaped to the kernel's rank;
 a broadcast dimension is indexed with 0.  When every input is either full-size or a single
 element, the loop is flattened to one dimension (the common case, and the one LLVM vectorises
-best).  Reductions fused as epilogues accumulate in float64: into a local variable for a full
-reduction, into a float64 buffer for a partial one.  float32 math uses the vectorisable helpers
-of ``fastmath`` (this numba has no SVML; libm calls would stop vectorisation); float64 uses libm.
-No fastmath flag that changes NaN/inf semantics is used: only ``reassoc``/``contract``/``nsz``,
-which let LLVM vectorise sums and fuse multiply-adds.
+best).  float32 math uses the vectorisable helpers of ``fastmath`` (this numba has no SVML; libm
+calls would stop vectorisation); float64 uses libm.
+
+Floating-point flags (DESIGN.md contract 8): kernels are compiled with ``fastmath={"contract"}``
+only, which lets LLVM fuse a multiply and an add into one FMA (one rounding instead of two) and
+changes nothing else.  No ``reassoc`` (it folded ``g + (-g)`` to 0 where eager gives NaN at inf),
+no ``nsz`` (it turned ``x - x = +0`` into -0), no ``nnan``/``ninf``/``arcp``/``afn``: NaN, inf and
+signed zeros come out as eager's (``tests/compiler/test_nan_semantics.py``).
+
+Reductions fused as epilogues accumulate in float64.  One whose innermost dim is kept adds into
+its float64 buffer element (``red[0, i1] += term``): the innermost loop carries no sum and
+vectorises as it stands.  One summed along the innermost loop (a full reduction, or row sums)
+has, without ``reassoc``, a sum LLVM must add in source order, one element after the other,
+which stops the whole loop from vectorising (measured: the backward of benchmark workload A
+1.7-2.1x slower, of B 1.6x).  So the source states another order, explicitly: the innermost
+loop runs in blocks of ``REDUCTION_LANES`` elements with a constant trip count, element ``lane``
+of every block adding into partial sum ``lane`` (float64 scratch from
+``cpu_helpers._partial_sums``), which is elementwise across lanes and vectorises; the elements
+past the last whole block go into one more partial sum, ``tail`` (a scalar loop); at the end
+(of the row, for row sums) the partial sums are added pairwise in a fixed order, then the tail.
+The order depends on the sizes only, never on the machine, its vector width or the thread
+count, so results are deterministic; it differs from numpy's pairwise summation in rounding
+only (README, "Tolerances").  The cost is compile time: the loop body appears twice (blocks and
+tail).
 
 A kernel without reductions also gets a ``prange`` variant (DESIGN.md contract 8: ``prange`` only
 over disjoint outputs): ``kernel_function`` returns a dispatcher that runs it for sizes of at least
@@ -31,10 +50,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -72,8 +89,11 @@ __all__ = [
     "use_parallel",
 ]
 
-CODEGEN_VERSION = 1
-FASTMATH = ("reassoc", "contract", "nsz")
+CODEGEN_VERSION = 2
+FASTMATH = ("contract",)
+# partial sums of a reduction along the innermost loop (module docstring, "Reductions"): enough
+# to amortise LLVM's per-block alias checks, few enough to add up cheaply per row
+REDUCTION_LANES = 128
 
 # purely elementwise kernels over at least this many elements run their ``prange`` variant (when
 # numba has more than one thread): below it, waking the thread pool costs more than it saves
@@ -138,6 +158,7 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
     rank = 1 if flat else max(len(space), 1)
     loop_space = space if space else (1,)  # (read only by the non-flat indexing)
     idx = [f"i{d}" for d in range(rank)]
+    inner = idx[-1]
     full_out = [v for v in kernel.outputs if v not in kernel.reductions]
     reds = list(kernel.reductions)
     red_shapes = []
@@ -147,22 +168,28 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
         full = all(t == 1 for t in target)
         full_red.append(full)
         red_shapes.append((1,) * rank if flat else target)
+    # reductions whose sum runs along the innermost loop: every full one, and those reduced along
+    # the innermost dim (row sums); they accumulate into REDUCTION_LANES partial sums (module
+    # docstring), the others (innermost dim kept) add into their buffer element directly
+    row_red = [
+        not full_red[k] and rank >= 2 and reduction_target(r, space)[-1] == 1 and space[-1] != 1
+        for k, r in enumerate(reds)
+    ]
+    lanes = [k for k in range(len(reds)) if full_red[k] or row_red[k]]
     args = [f"n{d}" for d in range(rank)]
     args += [f"in{k}" for k in range(len(kernel.inputs))]
     args += [f"out{k}" for k in range(len(full_out))]
     args += [f"red{k}" for k in range(len(reds))]
     spelling = SPELLING
     lines = [_decorator(parallel), f"def {name}({', '.join(args)}):"]
-    for k, r in enumerate(reds):
-        if full_red[k]:
-            lines.append(f"    acc{k} = 0.0  # %{r.id} = {r.op} (full reduction, float64)")
-    body_indent = "    " * (rank + 1)
-    inner_loop_at = len(lines)
-    for d in range(rank):
-        if d == rank - 1:
-            inner_loop_at = len(lines)  # row accumulators are declared just before this loop
-        loop = "numba.prange" if parallel and d == 0 else "range"
-        lines.append("    " * (d + 1) + f"for {idx[d]} in {loop}(n{d}):")
+    for k in lanes:
+        r = reds[k]
+        kind = "full reduction" if full_red[k] else "row sums"
+        lines.append(
+            f"    lanes{k} = _partial_sums({REDUCTION_LANES})  # %{r.id} = {r.op} ({kind}, float64)"
+        )
+        if full_red[k] and rank > 1:
+            lines.append(f"    tail{k} = 0.0")
 
     def read_input(k: int, v: Value) -> str:  # inputs arrive reshaped to the loop's rank
         if flat:
@@ -174,37 +201,68 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
 
     read = reader(members, kernel.inputs, read_input)
 
-    out_index = {v: k for k, v in enumerate(full_out)}
-    for v in kernel.values:
-        expr = expression(v, read, spelling)
-        lines.append(f"{body_indent}v{v.id} = {expr}  {describe(v)}")
-        if v in out_index:
-            position = "i0" if flat else ", ".join(idx)
-            op = "+=" if v in kernel.accumulate else "="
-            lines.append(f"{body_indent}out{out_index[v]}[{position}] {op} v{v.id}")
-    row_inits: list[str] = []
-    row_stores: list[str] = []
-    for k, r in enumerate(reds):
-        term = read(r.inputs[0])
-        if full_red[k]:
-            lines.append(f"{body_indent}acc{k} += {term}  # %{r.id} = {r.op}")
-            continue
+    def reduced_index(r: Value) -> str:
+        """The element of ``red{k}`` the current iteration adds into (reduced dims at 0)."""
         target = reduction_target(r, space)
-        sub = ", ".join("0" if target[d] == 1 and space[d] != 1 else idx[d] for d in range(rank))
-        if rank >= 2 and target[-1] == 1 and space[-1] != 1:
-            # reduced along the innermost loop: a local accumulator per row keeps that loop
-            # vectorisable (a store into red[...] on every iteration made it ~40x slower)
-            outer_indent = "    " * rank
-            row_inits.append(f"{outer_indent}racc{k} = 0.0  # %{r.id} = {r.op} (row sum)")
-            lines.append(f"{body_indent}racc{k} += {term}  # %{r.id} = {r.op}")
-            row_stores.append(f"{outer_indent}red{k}[{sub}] += racc{k}")
-        else:
-            lines.append(f"{body_indent}red{k}[{sub}] += {term}  # %{r.id} = {r.op}")
-    lines.extend(row_stores)
-    lines[inner_loop_at:inner_loop_at] = row_inits
-    for k in range(len(reds)):
+        return ", ".join("0" if target[d] == 1 and space[d] != 1 else idx[d] for d in range(rank))
+
+    def body(summand: str) -> list[str]:
+        """The loop body: one line per IR value (and per output write and summand); a
+        summand of a reduction along the innermost loop adds into ``summand.format(k=k)``."""
+        lines: list[str] = []
+        for v in kernel.values:
+            lines.append(f"v{v.id} = {expression(v, read, spelling)}  {describe(v)}")
+            if v in out_index:
+                position = "i0" if flat else ", ".join(idx)
+                op = "+=" if v in kernel.accumulate else "="
+                lines.append(f"out{out_index[v]}[{position}] {op} v{v.id}")
+        for k, r in enumerate(reds):
+            term = read(r.inputs[0])
+            if k in lanes:
+                lines.append(f"{summand.format(k=k)} += {term}  # %{r.id} = {r.op}")
+            else:
+                lines.append(f"red{k}[{reduced_index(r)}] += {term}  # %{r.id} = {r.op}")
+        return lines
+
+    out_index = {v: k for k, v in enumerate(full_out)}
+    for d in range(rank - 1):
+        loop = "numba.prange" if parallel and d == 0 else "range"
+        lines.append("    " * (d + 1) + f"for {idx[d]} in {loop}(n{d}):")
+    indent = "    " * rank  # of the innermost loop statement
+    n_inner = f"n{rank - 1}"
+    if not lanes:
+        loop = "numba.prange" if parallel and rank == 1 else "range"
+        lines.append(f"{indent}for {inner} in {loop}({n_inner}):")
+        lines += [f"{indent}    {line}" for line in body("")]
+    else:
+        for k in lanes:
+            if row_red[k]:  # a fresh set of partial sums per row
+                lines += [
+                    f"{indent}for lane in range({REDUCTION_LANES}):",
+                    f"{indent}    lanes{k}[lane] = 0.0",
+                ]
+            if row_red[k] or rank == 1:
+                lines.append(f"{indent}tail{k} = 0.0")
+        # whole blocks: a constant trip count, which LLVM vectorises (lane j of every block
+        # adds into partial sum j); then the tail into one more partial sum, a loop LLVM
+        # leaves scalar (an ordered float sum), so it costs little compile time
+        lines += [
+            f"{indent}blocks_end = {n_inner} - {n_inner} % {REDUCTION_LANES}",
+            f"{indent}for block in range(0, blocks_end, {REDUCTION_LANES}):",
+            f"{indent}    for lane in range({REDUCTION_LANES}):",
+            f"{indent}        {inner} = block + lane",
+        ]
+        lines += [f"{indent}        {line}" for line in body("lanes{k}[lane]")]
+        lines.append(f"{indent}for {inner} in range(blocks_end, {n_inner}):  # the tail")
+        lines += [f"{indent}    {line}" for line in body("tail{k}")]
+        for k in lanes:
+            if row_red[k]:
+                lines += _combine_lanes(k, indent)
+                lines.append(f"{indent}red{k}[{reduced_index(reds[k])}] += total{k}")
+    for k in lanes:
         if full_red[k]:
-            lines.append(f"    red{k}[{', '.join('0' for _ in range(rank))}] = acc{k}")
+            lines += _combine_lanes(k, "    ")
+            lines.append(f"    red{k}[{', '.join('0' for _ in range(rank))}] = total{k}")
     plan = KernelPlan(
         name,
         rank,
@@ -217,6 +275,20 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
         tuple(full_red),
     )
     return lines, plan
+
+
+def _combine_lanes(k: int, indent: str) -> list[str]:
+    """``total{k}``: the partial sums ``lanes{k}`` added pairwise in a fixed order (lane j and
+    lane j + half, halving until one is left: each step is a vectorisable loop), then the
+    tail's sum ``tail{k}``."""
+    return [
+        f"{indent}half = {REDUCTION_LANES // 2}",
+        f"{indent}while half > 0:",
+        f"{indent}    for lane in range(half):",
+        f"{indent}        lanes{k}[lane] += lanes{k}[lane + half]",
+        f"{indent}    half //= 2",
+        f"{indent}total{k} = lanes{k}[0] + tail{k}",
+    ]
 
 
 HEADER = '''"""Generated by fusegrad (numba CPU codegen v{version}); do not edit.
@@ -262,12 +334,12 @@ _loaded: dict[str, ModuleType] = {}
 @functools.cache
 def _flags() -> str:
     # the helpers are inlined: numba's cache cannot see them change, so their digests are flags
-    # (fastmath's, cpu_helpers' and those of the records' scalar functions)
+    # (fastmath's, cpu_helpers' and those of the records' scalar functions; without
+    # cpu_helpers' own, a fixed helper would not reach kernels cached before the fix)
     helpers = getattr(fastmath, "SOURCE_DIGEST", "none") if fastmath is not None else "none"
-    target = hashlib.sha256(Path(cpu_helpers.__file__).read_bytes()).hexdigest()[:16]
     return (
-        f"v{CODEGEN_VERSION}|{FASTMATH}|numba{_numba_version()}|helpers{helpers}"
-        f"|cpu_helpers{target}|scalar{helpers_digest()}"
+        f"v{CODEGEN_VERSION}|{FASTMATH}|lanes{REDUCTION_LANES}|numba{_numba_version()}|"
+        f"helpers{helpers}|cpu_helpers{cpu_helpers.SOURCE_DIGEST}|scalar{helpers_digest()}"
     )
 
 

@@ -122,7 +122,9 @@ _RECORD_HELPERS = {
 globals().update(_RECORD_HELPERS)  # importable by generated modules, like the helpers above
 
 # every helper generated modules import from here
-HELPERS = tuple(sorted(cpu_helpers.TARGET_HELPERS + tuple(_RECORD_HELPERS)))
+HELPERS = tuple(
+    sorted(h for h in cpu_helpers.TARGET_HELPERS + tuple(_RECORD_HELPERS) if h != "_partial_sums")
+)  # (``_partial_sums`` is the CPU emitter's scratch for its reductions)
 
 # Python's ``math`` raises (overflow, domain errors, nan to int) where the device returns inf or
 # nan; under the simulator generated modules use, under the same names, the records' Python

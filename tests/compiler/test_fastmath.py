@@ -2,10 +2,10 @@
 ``fusegrad.compiler.codegen.fastmath``.
 
 Every helper runs the way generated kernels run it: called elementwise from a numba loop compiled
-with the emitter's fastmath flags (``reassoc``/``contract``/``nsz``).  That matters: the helpers
-must not pick up those flags (numba would otherwise pass them on, and ``reassoc`` breaks their
-range reduction -- ``exp(88.4)`` came out inf), so the accuracy tests double as the check that
-the helpers' own flags hold.
+with the emitter's fastmath flags (``numba_cpu.FASTMATH``), and from a loop compiled with
+``reassoc``/``contract``/``nsz``: the helpers must not pick up a caller's flags (numba would
+otherwise pass them on, and ``reassoc`` breaks their range reduction -- ``exp(88.4)`` came out
+inf), so the special-value tests under those flags check that the helpers' own flags hold.
 
 Reference: numpy in float64 (``math.erf`` for erf, which numpy lacks), rounded to float32.  Error
 is the distance in float32 ulp between the result and the reference (the distance between their
@@ -29,10 +29,12 @@ import numba
 import numpy as np
 import pytest
 
-from fusegrad.compiler.codegen import fastmath
+from fusegrad.compiler.codegen import fastmath, numba_cpu
 
-# the flags of generated kernels (compiler/codegen/numba_cpu.py, FASTMATH)
-KERNEL_FASTMATH = {"reassoc", "contract", "nsz"}
+# the flags of generated kernels, and flags a caller could have that would break the helpers
+# were they inherited (numba passes a caller's flags on to a callee that sets none)
+KERNEL_FASTMATH = set(numba_cpu.FASTMATH)
+FOREIGN_FASTMATH = {"reassoc", "contract", "nsz"}
 NAMES = sorted(fastmath.FLOAT32_HELPERS)
 SWEEP_STRIDE = 97
 CHUNK = 1 << 22
@@ -121,8 +123,8 @@ def _compare(x: np.ndarray, got: np.ndarray, ref: np.ndarray) -> tuple[int, int,
     return worst, worst_at, mismatch
 
 
-def _loop_of(helper: Callable[..., Any]) -> Callable[..., Any]:
-    @numba.njit(error_model="numpy", fastmath=KERNEL_FASTMATH)
+def _loop_of(helper: Callable[..., Any], flags: set[str] = KERNEL_FASTMATH) -> Callable[..., Any]:
+    @numba.njit(error_model="numpy", fastmath=flags)
     def loop(a, out):  # type: ignore[no-untyped-def]
         for i in range(a.size):
             out[i] = helper(a[i])
@@ -190,6 +192,13 @@ def test_critical_points_and_special_values(
 ) -> None:
     x = np.concatenate([SPECIAL_VALUES] + [_bit_window(c) for c in CRITICAL_POINTS[name]])
     _check(name, x, _apply(loops[name], x), "critical points / special values")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_helpers_keep_their_flags_in_a_reassociating_caller(name: str) -> None:
+    loop = _loop_of(getattr(fastmath, fastmath.FLOAT32_HELPERS[name]), FOREIGN_FASTMATH)
+    x = np.concatenate([SPECIAL_VALUES] + [_bit_window(c) for c in CRITICAL_POINTS[name]])
+    _check(name, x, _apply(loop, x), f"called from a loop compiled with {FOREIGN_FASTMATH}")
 
 
 @pytest.mark.parametrize(
