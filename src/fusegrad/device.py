@@ -2,11 +2,19 @@
 
 The record is shaped like ``torch.device``.  ``as_device`` normalises what users pass
 (``"cuda"``, ``"cuda:0"``, ``device("cuda")``) and checks that the device exists; a CUDA
-device's index is always explicit in the result (``cuda:0``), as in a CUDA tensor's ``device``."""
+device's index is always explicit in the result (``cuda:0``), as in a CUDA tensor's ``device``.
+
+Whether CUDA exists is asked of numba-cuda once, by ``cuda_probe``.  It lives here, at the bottom
+of the package, because every layer asks: ``as_device`` (creation functions, ``Tensor.to``, the
+random generators) and the ``fusegrad.cuda`` package, whose public ``is_available`` & co. are
+built on it.
+"""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +46,25 @@ class device:  # noqa: N801 - torch-style name
 CPU = device("cpu")
 
 
+@functools.cache
+def cuda_probe() -> tuple[Any, str]:
+    """(``numba.cuda`` module or None, the reason it is unusable), found on the first call."""
+    try:
+        # numba-cuda is optional and slow to import, and numba's CUDA simulator must be chosen
+        # (NUMBA_ENABLE_CUDASIM) before numba is first imported: loaded on the first question
+        from numba import config, cuda
+    except ImportError as e:  # numba-cuda not installed
+        return None, f"numba-cuda is not importable ({e})"
+    try:
+        if config.ENABLE_CUDASIM:
+            return cuda, ""
+        if not cuda.is_available():
+            return None, "numba-cuda found no usable CUDA driver or GPU"
+    except Exception as e:  # a broken driver install must not crash ``is_available``
+        return None, f"the CUDA driver could not be initialised ({e})"
+    return cuda, ""
+
+
 def as_device(d: object) -> device:
     if d is None:
         return CPU
@@ -54,18 +81,18 @@ def as_device(d: object) -> device:
         raise RuntimeError(
             f"Expected one of cpu, cuda device type at start of device string: {dev.type}"
         )
-    from . import cuda
-
     index = dev.index or 0
-    if not cuda.is_available():
+    cuda, reason = cuda_probe()
+    if cuda is None:
         raise RuntimeError(
-            f"device '{dev}' is not available: {cuda.unavailable_reason()} "
+            f"device '{dev}' is not available: {reason} "
             "(install fusegrad[cuda] on a machine with an NVIDIA GPU, or set "
             "NUMBA_ENABLE_CUDASIM=1 for numba's CUDA simulator)"
         )
-    if index >= cuda.device_count():
+    count = len(cuda.gpus)
+    if index >= count:
         raise RuntimeError(
             f"CUDA error: invalid device ordinal: device '{dev}' requested, "
-            f"{cuda.device_count()} device(s) present"
+            f"{count} device(s) present"
         )
     return device("cuda", index)

@@ -8,7 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from .cuda.array import CudaArray
+from .cuda import array as _cuda_array
+from .cuda import kernels as _cuda_kernels
+from .cuda.array import CudaArray, copy_into
+from .cuda.ops import device_scalar
 
 
 def is_host(a: Any) -> bool:
@@ -28,9 +31,6 @@ def copyto(dst: Any, src: Any) -> None:
     if is_host(dst):
         np.copyto(dst, src, casting="unsafe")
         return
-    from .cuda.array import copy_into
-    from .cuda.ops import device_scalar
-
     if is_host(src):
         if src.ndim:
             raise RuntimeError(
@@ -46,10 +46,8 @@ def full(shape: Any, value: Any, dtype: Any, on_cuda: bool) -> Any:
     dt = np.dtype(dtype)
     if not on_cuda:
         return np.full(shape, value, dt)
-    from .cuda import array, kernels
-
-    out = array.empty(tuple(shape), dt)
-    kernels.fill(out, value)
+    out = _cuda_array.empty(tuple(shape), dt)
+    _cuda_kernels.fill(out, value)
     return out
 
 

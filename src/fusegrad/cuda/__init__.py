@@ -8,12 +8,17 @@ arrays, so everything here (and the generated kernels) runs without a GPU, slowl
 
 Storage of a CUDA tensor is a ``CudaArray`` (``fusegrad.cuda.array``); the eager CUDA kernel of
 every primitive is generated from the compiler's per-primitive lowering (``fusegrad.cuda.ops``).
+The question "is there a GPU" is asked once, by ``fusegrad.device.cuda_probe`` (below this
+package: ``as_device`` needs it too).  The package sits below ``Tensor`` (its storage type lives
+here) and below the op surface: nothing in it imports ``fusegrad.ops``.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
+
+from ..device import cuda_probe as _probe
+from ..random import manual_seed as _manual_seed
 
 __all__ = [
     "is_available",
@@ -24,23 +29,6 @@ __all__ = [
     "is_simulator",
     "manual_seed",
 ]
-
-
-@functools.cache
-def _probe() -> tuple[Any, str]:
-    """(numba.cuda module or None, reason it is unusable)."""
-    try:
-        from numba import config, cuda
-    except ImportError as e:  # numba-cuda not installed
-        return None, f"numba-cuda is not importable ({e})"
-    try:
-        if config.ENABLE_CUDASIM:
-            return cuda, ""
-        if not cuda.is_available():
-            return None, "numba-cuda found no usable CUDA driver or GPU"
-    except Exception as e:  # a broken driver install must not crash ``is_available``
-        return None, f"the CUDA driver could not be initialised ({e})"
-    return cuda, ""
 
 
 def numba_cuda() -> Any:
@@ -63,7 +51,7 @@ def is_simulator() -> bool:
     """True when numba's CUDA simulator stands in for a GPU (``NUMBA_ENABLE_CUDASIM=1``)."""
     if not is_available():
         return False
-    from numba import config
+    from numba import config  # (loaded by the probe already)
 
     return bool(config.ENABLE_CUDASIM)
 
@@ -94,6 +82,4 @@ def synchronize(device: Any = None) -> None:
 
 def manual_seed(seed: int) -> None:
     """CUDA tensors draw from the host generator (and are copied), so one seed covers both."""
-    from ..ops.creation import manual_seed as _seed
-
-    _seed(seed)
+    _manual_seed(seed)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from . import reduce
 from .array import CudaArray, empty, probe_view
 from .kernels import build, grid_loop, index, launch_config
 
@@ -95,10 +96,9 @@ def _kernel(name: str, dtypes: tuple, out_dtype: np.dtype, rank: int, decimals: 
 
 def run(name: str, arrays: list[CudaArray], attrs: dict, out_dtype: np.dtype) -> CudaArray:
     if name == "floor_divide" and out_dtype.kind in "iub":
-        from . import reduce
-
-        zero = reduce.run("any", _equals_zero(arrays[1]), {"dim": None, "keepdim": False})
-        if zero.item():
+        # every divisor nonzero, asked on the device (one reduction, one element back)
+        nonzero = reduce.run("all", arrays[1], {"dim": None, "keepdim": False})
+        if not nonzero.item():
             raise ZeroDivisionError("floor_divide: integer division by zero")
     shape = tuple(np.broadcast_shapes(*[a.shape for a in arrays]))
     views = [
@@ -116,13 +116,3 @@ def run(name: str, arrays: list[CudaArray], attrs: dict, out_dtype: np.dtype) ->
         blocks, threads = launch_config(out.size)
         kernel[blocks, threads](out.kernel_array(), *(v.kernel_array() for v in views), out.size)
     return out.reshape(shape)
-
-
-def _equals_zero(b: CudaArray) -> CudaArray:
-    """``b == 0`` on the device (the compiler's eq kernel)."""
-    from ..ops.registry import REGISTRY
-    from . import generated
-    from .ops import device_scalar
-
-    zero = device_scalar(np.zeros((), b.dtype))
-    return generated.run(REGISTRY["eq"], [b, zero], {})

@@ -25,20 +25,15 @@ from typing import Any
 import numpy as np
 
 from ..device import device as _device
+from . import kernels, numba_cuda
 
 CUDA0 = _device("cuda", 0)
 
 _PROBE_BASE: dict[np.dtype, np.ndarray] = {}
 
 
-def _cuda() -> Any:
-    from . import numba_cuda
-
-    return numba_cuda()
-
-
 def _simulator() -> bool:
-    from numba import config
+    from numba import config  # numba-cuda: only asked once a CUDA array exists
 
     return bool(config.ENABLE_CUDASIM)
 
@@ -209,14 +204,14 @@ def probe_view(a: CudaArray, fn: Callable[[np.ndarray], np.ndarray]) -> CudaArra
 
 def _device_view(a: CudaArray) -> Any:
     if _simulator():
-        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray  # (numba-cuda)
 
         host = a.buffer._ary
         view = np.lib.stride_tricks.as_strided(
             host[a.offset // a.itemsize :] if a.size else host, a.shape, a.strides
         )
         return FakeCUDAArray(view)
-    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray  # (numba-cuda)
 
     gpu_data = a.buffer.gpu_data
     if a.offset:
@@ -230,7 +225,7 @@ def empty(shape: tuple, dtype: Any) -> CudaArray:
     n = 1
     for s in shape:
         n *= int(s)
-    buffer = _cuda().device_array(max(n, 1), dtype)
+    buffer = numba_cuda().device_array(max(n, 1), dtype)
     return CudaArray(buffer, shape, contiguous_strides(tuple(shape), dtype.itemsize), 0, dtype)
 
 
@@ -238,7 +233,7 @@ def to_device(host: Any) -> CudaArray:
     """Copy a host array (anything numpy accepts) to a new contiguous CudaArray."""
     arr = np.ascontiguousarray(host)
     flat = arr.reshape(-1) if arr.size else np.zeros(1, arr.dtype)
-    buffer = _cuda().to_device(flat)
+    buffer = numba_cuda().to_device(flat)
     return CudaArray(buffer, arr.shape, contiguous_strides(arr.shape, arr.itemsize), 0, arr.dtype)
 
 
@@ -249,6 +244,6 @@ def contiguous(a: CudaArray, force: bool = False) -> CudaArray:
 
 def copy_into(dst: CudaArray, src: CudaArray) -> None:
     """``dst[...] = src`` on the device, with numpy's broadcasting and an unsafe cast."""
-    from .kernels import copy
-
-    copy(dst, src)
+    if src.shape != dst.shape:
+        src = probe_view(src, lambda p: np.broadcast_to(p, dst.shape))
+    kernels.copy(dst, src)

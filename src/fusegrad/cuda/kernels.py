@@ -10,19 +10,21 @@ in memory.  Every kernel is a grid-stride loop over the flattened destination: a
 from __future__ import annotations
 
 import functools
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .array import CudaArray, probe_view
+from . import is_simulator, numba_cuda
+
+if TYPE_CHECKING:
+    from .array import CudaArray  # (array.py imports this module: its arrays' copies run here)
 
 THREADS = 256
 
 
 def launch_config(n: int) -> tuple[int, int]:
     """(blocks, threads per block) for a grid-stride loop over ``n`` elements."""
-    from . import is_simulator
-
     if is_simulator():
         return (min(max((n + 31) // 32, 1), 2), 32)  # the simulator runs threads in Python
     blocks = min(max((n + THREADS - 1) // THREADS, 1), _multiprocessors() * 8)
@@ -31,8 +33,6 @@ def launch_config(n: int) -> tuple[int, int]:
 
 @functools.cache
 def _multiprocessors() -> int:
-    from . import numba_cuda
-
     return int(getattr(numba_cuda().get_current_device(), "MULTIPROCESSOR_COUNT", 80))
 
 
@@ -98,12 +98,10 @@ class _SimulatorMath:
 
 
 def _math() -> Any:
-    from numba import config
+    from numba import config  # numba-cuda: loaded on the first kernel build
 
     if config.ENABLE_CUDASIM:
         return _SimulatorMath
-    import math
-
     return math
 
 
@@ -111,7 +109,7 @@ def build(source: str, name: str, label: str) -> Any:
     """Execute ``source`` (kernel definitions written for numba-cuda) and return its function
     ``name`` as a CUDA kernel (jitted here unless the source decorates it).  Compilation to
     machine code happens at the first launch, so this needs no GPU (the PTX tests use it)."""
-    from numba import cuda
+    from numba import cuda  # numba-cuda: loaded on the first kernel build
 
     scope: dict[str, Any] = {"cuda": cuda, "np": np, "math": _math()}
     exec(compile(source, f"<fusegrad.cuda {label}>", "exec"), scope)
@@ -120,9 +118,8 @@ def build(source: str, name: str, label: str) -> Any:
 
 
 def copy(dst: CudaArray, src: CudaArray) -> None:
-    """``dst[...] = src``: ``src`` broadcast to ``dst``'s shape, cast like numpy's unsafe cast."""
-    if src.shape != dst.shape:
-        src = probe_view(src, lambda p: np.broadcast_to(p, dst.shape))
+    """``dst[...] = src`` for arrays of one shape (``array.copy_into`` broadcasts ``src`` first),
+    cast like numpy's unsafe cast."""
     n = dst.size
     if n == 0:
         return

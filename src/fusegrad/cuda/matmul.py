@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from . import is_simulator
 from .array import CudaArray, contiguous, empty, probe_view
-from .kernels import build
+from .kernels import build, fill
 
 TILE = 16
 
@@ -61,12 +62,10 @@ def matmul(a, b, out, m, n, k):
 
 
 def _cupy() -> Any:
-    from . import is_simulator
-
     if is_simulator():
         return None
     try:
-        import cupy
+        import cupy  # optional: cuBLAS through cupy where it is installed
     except ImportError:
         return None
     return cupy
@@ -96,8 +95,6 @@ def matmul(a: CudaArray, b: CudaArray) -> CudaArray:
             ca, cb, co = (cupy.asarray(x.kernel_array()) for x in (a3, b3, out))
             cupy.matmul(ca, cb, out=co)
         elif k == 0:
-            from .kernels import fill
-
             fill(out, 0)
         else:
             grid = ((n + TILE - 1) // TILE, (m + TILE - 1) // TILE, nb)

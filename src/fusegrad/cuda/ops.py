@@ -26,7 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from .array import CudaArray, contiguous, probe_view, to_device
+from .. import dtypes as _dt
+from .._index_key import numpy_key
+from . import advanced, arith, generated, movement, reduce
+from .array import CudaArray, contiguous, copy_into, probe_view, to_device
+from .matmul import matmul
 
 # Python scalars (0-d host arrays) meeting CUDA tensors are uploaded once per (dtype, value)
 _SCALARS: dict[tuple, CudaArray] = {}
@@ -78,16 +82,12 @@ def run(prim: Any, arrays: list, attrs: dict) -> Any:
     arrays = _on_device(prim, arrays)
     special = _SPECIAL.get(name)
     if special is not None:
-        result = special(arrays, attrs)
+        result = special(prim, arrays, attrs)
         if result is not NotImplemented:
             return result
-    from . import arith, generated
-
     if generated.supports(prim, arrays):
         return generated.run(prim, arrays, attrs)
     if arith.supports(name):  # elementwise externs of the lowering table
-        from .. import dtypes as _dt
-
         _, dtype = prim.meta(
             tuple(a.shape for a in arrays),
             tuple(_dt.from_numpy_dtype(a.dtype) for a in arrays),
@@ -104,9 +104,6 @@ _INDEX_AT_1 = frozenset({"gather", "scatter", "scatter_add"})
 
 
 def _advanced(name: str, data: list, index: list, attrs: dict) -> CudaArray:
-    from ..ops.primitives import numpy_key
-    from . import advanced
-
     key = numpy_key(attrs["key"], tuple(advanced.host_index(i) for i in index))
     if name == "getitem":
         return advanced.getitem(data[0], key)
@@ -124,81 +121,69 @@ def _unsupported(prim: Any, arrays: list, attrs: dict) -> str:
 
 
 # ---- views: geometry only ---------------------------------------------------------------------
-def _reshape(arrays: list, attrs: dict) -> CudaArray:
+# (each special gets the primitive's record, the arrays and the attributes)
+def _reshape(prim: Any, arrays: list, attrs: dict) -> CudaArray:
     return arrays[0].reshape(tuple(attrs["shape"]))
 
 
-def _probe_with(name: str) -> Callable[[list, dict], CudaArray]:
-    def view(arrays: list, attrs: dict) -> CudaArray:
-        from ..ops.registry import REGISTRY
-
-        kernel = REGISTRY[name].kernel
-        return probe_view(arrays[0], lambda p: kernel(p, **attrs))
-
-    return view
+def _view(prim: Any, arrays: list, attrs: dict) -> CudaArray:
+    """A view primitive: its numpy kernel, run on the geometry alone."""
+    kernel = prim.kernel
+    return probe_view(arrays[0], lambda p: kernel(p, **attrs))
 
 
-def _getitem(arrays: list, attrs: dict) -> Any:
+def _getitem(prim: Any, arrays: list, attrs: dict) -> Any:
     if len(arrays) > 1:  # index tensors: advanced indexing (a gather)
         return NotImplemented
-    return _probe_with("getitem")(arrays, attrs)
+    return _view(prim, arrays, attrs)
 
 
-def _index_put(arrays: list, attrs: dict) -> Any:
+def _index_put(prim: Any, arrays: list, attrs: dict) -> Any:
     if len(arrays) > 2:  # index tensors: advanced indexing (a scatter)
         return NotImplemented
-    from ..ops.primitives import numpy_key
-    from .array import copy_into
-
     out = contiguous(arrays[0], force=True)
     key = numpy_key(attrs["key"], ()) + (Ellipsis,)  # a view even for all-integer keys
     copy_into(probe_view(out, lambda p: p[key]), arrays[1])
     return out
 
 
-def _flip(arrays: list, attrs: dict) -> CudaArray:
+def _flip(prim: Any, arrays: list, attrs: dict) -> CudaArray:
     view = probe_view(arrays[0], lambda p: np.flip(p, attrs["dims"]))
     return contiguous(view, force=True)  # PyTorch's flip copies
 
 
-def _matmul(arrays: list, attrs: dict) -> CudaArray:
-    from .matmul import matmul
-
+def _matmul(prim: Any, arrays: list, attrs: dict) -> CudaArray:
     return matmul(arrays[0], arrays[1])
 
 
-def _reduce(name: str) -> Callable[[list, dict], Any]:
-    def reduce(arrays: list, attrs: dict) -> Any:
-        from . import reduce as _reduce_mod
-
-        return _reduce_mod.run(name, arrays[0], attrs)
-
-    return reduce
-
-
-def _movement(name: str) -> Callable[[list, dict], Any]:
-    def run(arrays: list, attrs: dict) -> Any:
-        from . import movement as m
-
-        if name == "cat":
-            return m.cat(arrays, attrs["dim"])
-        if name == "pad":
-            return m.pad(arrays[0], attrs["widths"], attrs["value"])
-        if name == "gather":
-            return m.gather(arrays[0], arrays[1], attrs["dim"])
-        if name == "cumsum":
-            return m.cumsum(arrays[0], attrs["dim"])
-        return m.scatter(*arrays, attrs["dim"], add=name == "scatter_add")
+def _reduce(name: str) -> Callable[[Any, list, dict], Any]:
+    def run(prim: Any, arrays: list, attrs: dict) -> Any:
+        return reduce.run(name, arrays[0], attrs)
 
     return run
 
 
-_SPECIAL: dict[str, Callable[[list, dict], Any]] = {
+def _movement(name: str) -> Callable[[Any, list, dict], Any]:
+    def run(prim: Any, arrays: list, attrs: dict) -> Any:
+        if name == "cat":
+            return movement.cat(arrays, attrs["dim"])
+        if name == "pad":
+            return movement.pad(arrays[0], attrs["widths"], attrs["value"])
+        if name == "gather":
+            return movement.gather(arrays[0], arrays[1], attrs["dim"])
+        if name == "cumsum":
+            return movement.cumsum(arrays[0], attrs["dim"])
+        return movement.scatter(*arrays, attrs["dim"], add=name == "scatter_add")
+
+    return run
+
+
+_SPECIAL: dict[str, Callable[[Any, list, dict], Any]] = {
     **{n: _movement(n) for n in ("cat", "pad", "gather", "scatter", "scatter_add", "cumsum")},
     "reshape": _reshape,
-    "permute": _probe_with("permute"),
-    "broadcast_to": _probe_with("broadcast_to"),
-    "diagonal": _probe_with("diagonal"),
+    "permute": _view,
+    "broadcast_to": _view,
+    "diagonal": _view,
     "getitem": _getitem,
     "index_put": _index_put,
     "flip": _flip,

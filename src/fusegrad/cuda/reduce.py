@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .array import CudaArray, contiguous, empty, probe_view
-from .kernels import build
+from .kernels import build, fill, launch_config
 
 THREADS = 128
 SHORT_ROW = 32
@@ -185,8 +185,6 @@ def _axes(name: str, a: CudaArray, attrs: dict) -> tuple[tuple[int, ...], tuple[
 
 
 def run(name: str, a: CudaArray, attrs: dict) -> CudaArray:
-    from .kernels import launch_config
-
     axes, out_shape = _axes(name, a, attrs)
     kept = [d for d in range(a.ndim) if d not in axes]
     rows = int(np.prod([a.shape[d] for d in kept])) if kept else 1
@@ -203,8 +201,6 @@ def run(name: str, a: CudaArray, attrs: dict) -> CudaArray:
     if rows == 0:
         return out.reshape(out_shape)
     if r == 0:
-        from .kernels import fill
-
         fill(out, 0 if name == "any" else 1)
         return out.reshape(out_shape)
     block_kernel, thread_kernel = _kernels(name, a.dtype)

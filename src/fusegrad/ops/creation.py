@@ -1,7 +1,8 @@
 """Creation functions and random numbers (tensor, zeros, arange, randn, Generator, ...).
 
 Creation results are leaves; ``requires_grad=True`` is accepted for floating dtypes.  Random
-numbers come from a ``Generator`` (numpy PCG64 underneath); ``manual_seed`` seeds the default one.
+numbers come from a ``Generator`` (numpy PCG64 underneath, ``fusegrad.random``, re-exported
+here); ``manual_seed`` seeds the default one.
 """
 
 from __future__ import annotations
@@ -14,9 +15,18 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import storage as _storage
 from ..autograd.tracer import state as _tracer_state
-from ..cuda.array import CudaArray
+from ..cuda.array import CudaArray, to_device
 from ..device import CPU, as_device
 from ..errors import DTypeError
+from ..random import (  # noqa: F401  (re-exported: the op surface's random functions)
+    Generator,
+    _gen,
+    default_generator,
+    get_rng_state,
+    manual_seed,
+    seed,
+    set_rng_state,
+)
 from ..tensor import Tensor
 from ._util import shape_arg
 
@@ -98,8 +108,6 @@ def _full(shape: Any, value: Any, dtype: np.dtype, device: Any, requires_grad: b
 def _leaf(arr: Any, requires_grad: bool, device: Any = CPU) -> Tensor:
     """A new leaf holding ``arr``, copied to ``device`` when that is a GPU."""
     if device is not CPU and type(arr) is not CudaArray:
-        from ..cuda.array import to_device
-
         arr = to_device(arr)
     t = Tensor._make(arr)
     if requires_grad:
@@ -239,58 +247,7 @@ def eye(
     return _leaf(np.eye(n, m, dtype=_dtype_or_default(dtype).np), requires_grad, dev)
 
 
-# ---- random ------------------------------------------------------------------------------------
-class Generator:
-    """A random number generator (PCG64); ``manual_seed``, ``seed``, ``get_state``/``set_state``."""
-
-    def __init__(self, device: Any = "cpu") -> None:
-        as_device(device)
-        self._rng = np.random.Generator(np.random.PCG64())
-        self._seed: int | None = None
-
-    def manual_seed(self, seed: int) -> Generator:
-        self._seed = int(seed)
-        self._rng = np.random.Generator(np.random.PCG64(self._seed))
-        return self
-
-    def seed(self) -> int:
-        s = int(np.random.SeedSequence().entropy % (2**63))
-        self.manual_seed(s)
-        return s
-
-    def initial_seed(self) -> int:
-        return self._seed if self._seed is not None else 0
-
-    def get_state(self) -> dict:
-        return self._rng.bit_generator.state
-
-    def set_state(self, state: dict) -> None:
-        self._rng.bit_generator.state = state
-
-
-default_generator = Generator()
-
-
-def manual_seed(seed: int) -> Generator:
-    return default_generator.manual_seed(seed)
-
-
-def seed() -> int:
-    return default_generator.seed()
-
-
-def get_rng_state() -> dict:
-    return default_generator.get_state()
-
-
-def set_rng_state(state: dict) -> None:
-    default_generator.set_state(state)
-
-
-def _gen(generator: Generator | None) -> np.random.Generator:
-    return (generator or default_generator)._rng
-
-
+# ---- random (generators: ``fusegrad.random``) ---------------------------------------------------
 def rand(
     *size: Any,
     generator: Generator | None = None,

@@ -13,8 +13,18 @@ import math
 
 import numpy as np
 
+from .. import dtypes as _dt
+from .._index_key import numpy_key  # (also the CUDA kernels': kept below both devices)
+from ..cuda.array import to_device
 from ..size import broadcast_shapes
-from .registry import Lowering, ScalarFunction, primitive
+from .registry import (
+    REGISTRY,
+    DataDependentShape,
+    Lowering,
+    ScalarFunction,
+    primitive,
+    set_meta,
+)
 
 # IEEE edge cases (log(0) = -inf, 0/0 = nan, overflow to inf) are results, not warnings, as in
 # PyTorch.  ``np.errstate`` costs about 0.8 us per call, as much as the arithmetic on small
@@ -148,7 +158,7 @@ def _scipy_or_scalar(scipy_name: str, scalar):  # type: ignore[no-untyped-def]
 
     def kernel(x):  # type: ignore[no-untyped-def]
         try:
-            from scipy import special  # optional, vectorised
+            from scipy import special  # optional (never a dependency), vectorised
 
             return getattr(special, scipy_name)(x).astype(x.dtype, copy=False)
         except ImportError:
@@ -621,24 +631,6 @@ def _diagonal(x, offset, dim1, dim2):  # type: ignore[no-untyped-def]
     return out
 
 
-def numpy_key(spec: tuple, idx: tuple) -> tuple:
-    """Rebuild a numpy index from a normalised key spec and the index arrays it refers to."""
-    key = []
-    for entry in spec:
-        tag = entry[0]
-        if tag == "s":
-            key.append(slice(entry[1], entry[2], entry[3]))
-        elif tag == "i":
-            key.append(entry[1])
-        elif tag == "t":
-            key.append(idx[entry[1]])
-        elif tag == "n":
-            key.append(None)
-        else:
-            key.append(Ellipsis)
-    return tuple(key)
-
-
 @primitive("getitem", "movement", "x idx*")
 def _getitem(x, *idx, key):  # type: ignore[no-untyped-def]
     """Basic indexing (a view) or advanced indexing (a copy), numpy/PyTorch semantics."""
@@ -711,8 +703,6 @@ def _to_device(x, device, source):  # type: ignore[no-untyped-def]
     derivative copies the gradient back there)."""
     if device == "cpu":
         return x.to_host() if hasattr(x, "to_host") else x
-    from ..cuda.array import to_device
-
     return to_device(x)
 
 
@@ -724,21 +714,13 @@ def _to_device(x, device, source):  # type: ignore[no-untyped-def]
 # symbolic sizes (``fusegrad.compiler.symbolic``) as well as on ints.
 
 
-def _dtypes():  # type: ignore[no-untyped-def]
-    from .. import dtypes as _dt
-
-    return _dt
-
-
 def _elementwise_meta(name: str):  # type: ignore[no-untyped-def]
-    from .registry import REGISTRY
-
     bool_result = REGISTRY[name].bool_result
 
     def meta(shapes, dtypes, **attrs):  # type: ignore[no-untyped-def]
         shape = broadcast_shapes(*shapes) if len(shapes) > 1 else tuple(shapes[0])
         if bool_result:
-            return shape, _dtypes().bool_
+            return shape, _dt.bool_
         if name == "cast":
             return shape, attrs["dtype"]
         if name == "where":
@@ -758,7 +740,6 @@ def _reduced_shape(shape: tuple, dim, keepdim: bool) -> tuple:  # type: ignore[n
 
 def _reduce_meta(kind: str):  # type: ignore[no-untyped-def]
     def meta(shapes, dtypes, dim, keepdim):  # type: ignore[no-untyped-def]
-        _dt = _dtypes()
         dims = (dim,) if isinstance(dim, int) else dim
         shape = _reduced_shape(tuple(shapes[0]), dims, keepdim)
         if kind == "index":
@@ -798,8 +779,6 @@ def key_shape(shape: tuple, idx_shapes: tuple, idx_dtypes: tuple, key: tuple) ->
     -- and ints, when there is one -- broadcast together, their result placed where the first
     of them is when they are adjacent in the key, else in front)."""
     if any(d.name == "bool" for d in idx_dtypes):
-        from .registry import DataDependentShape
-
         raise DataDependentShape("indexing with a boolean mask has a data-dependent shape")
     consuming = sum(1 for e in key if e[0] in ("s", "i", "t"))
     full = ("s", None, None, 1)
@@ -848,9 +827,6 @@ def _diagonal_shape(shape: tuple, offset: int, dim1: int, dim2: int) -> tuple:
 
 
 def _set_metas() -> None:
-    from .registry import REGISTRY, set_meta
-
-    _dt = _dtypes()
     for name, prim in list(REGISTRY.items()):
         if prim.kind == "elementwise":
             set_meta(name, _elementwise_meta(name))
