@@ -20,17 +20,20 @@ times per op) pays nothing for views.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from . import dtypes as _dt
+from ._format import format_tensor
 from .autograd import grad_mode as _grad_mode
-from .autograd import node as _node  # (a module: node.py imports this one too)
-from .cuda.array import CudaArray
-from .device import CPU
-from .errors import AutogradError, DTypeError, ShapeError
+from .autograd.graph_base import accumulator_for, add_hook
+from .cuda.array import CudaArray, to_device
+from .device import CPU, as_device
+from .errors import AutogradError, DTypeError, IndexOutOfRange, ShapeError
+from .size import Size
 
 _DTYPE_OF = {d.np: d for d in _dt.ALL}
 
@@ -145,8 +148,6 @@ class Tensor:
     # -- metadata ---------------------------------------------------------------------------
     @property
     def shape(self) -> tuple:
-        from .size import Size
-
         return Size(self._data.shape)
 
     def size(self, dim: int | None = None) -> Any:
@@ -214,8 +215,6 @@ class Tensor:
         n = self._data.ndim if ndim is None else ndim
         bound = max(n, 1)
         if not isinstance(dim, (int, np.integer)) or not -bound <= dim < bound:
-            from .errors import IndexOutOfRange
-
             raise IndexOutOfRange(
                 f"Dimension out of range (expected to be in range of [{-bound}, {bound - 1}], "
                 f"but got {dim}) for tensor of shape {tuple(self._data.shape)}"
@@ -308,7 +307,7 @@ class Tensor:
         if node is not None:
             return (node, self._output_nr)
         if self._requires_grad:
-            return (_node.accumulator_for(self), 0)
+            return (accumulator_for(self), 0)
         return (None, 0)
 
     def retain_grad(self) -> None:
@@ -322,8 +321,6 @@ class Tensor:
         self._register_retain_grad()
 
     def _register_retain_grad(self) -> None:
-        import weakref
-
         node = self.grad_fn
         if node._retain_grad_hooks is None:
             node._retain_grad_hooks = {}
@@ -364,8 +361,6 @@ class Tensor:
         """Hook ``fn(grad) -> Tensor | None`` called with this tensor's gradient."""
         if not self.requires_grad:
             raise AutogradError("cannot register a hook on a tensor that doesn't require gradient")
-        from .autograd.node import add_hook
-
         if self.grad_fn is not None:
             return self.grad_fn._add_tensor_pre_hook(self._output_nr, hook)
         if self._hooks is None:
@@ -379,8 +374,6 @@ class Tensor:
             raise AutogradError(
                 "post accumulate grad hooks cannot be registered on non-leaf tensors"
             )
-        from .autograd.node import add_hook
-
         if self._post_acc_hooks is None:
             self._post_acc_hooks = {}
         return add_hook(self._post_acc_hooks, hook)
@@ -510,8 +503,6 @@ class Tensor:
     __hash__ = object.__hash__
 
     def __repr__(self) -> str:
-        from ._format import format_tensor
-
         return format_tensor(self)
 
     def __format__(self, spec: str) -> str:
@@ -640,9 +631,6 @@ def view_rebase_error(view: Tensor, info: _ViewInfo | None, indirect: bool) -> A
 
 def _rebuild(arr: np.ndarray, requires_grad: bool, device: str = "cpu") -> Tensor:
     if device != "cpu":
-        from .cuda.array import to_device
-        from .device import as_device
-
         as_device(device)  # a clear error where there is no GPU
         arr = to_device(arr)
     t = Tensor._make(arr)

@@ -21,6 +21,8 @@ import traceback
 import warnings
 from typing import Any
 
+from ..errors import AutogradError
+
 
 class _State(threading.local):
     def __init__(self) -> None:
@@ -78,8 +80,6 @@ def error_detected_in(node: Any, error: BaseException) -> BaseException:
     try:
         wrapped = type(error)(message)
     except Exception:  # noqa: BLE001  (an exception type whose constructor takes other args)
-        from ..errors import AutogradError
-
         wrapped = AutogradError(message)
     return wrapped
 

@@ -1,5 +1,6 @@
-"""Nodes of the backward graph: Node, OpNode (one per primitive call), AccumulateGrad (one per
-leaf), and SavedTensor (a tensor a rule needs, with its version checked on use).
+"""Nodes of the backward graph: OpNode (one per primitive call) and SavedTensor (a tensor a rule
+needs, with its version checked on use); Node, AccumulateGrad (one per leaf) and hook handles
+come from ``graph_base.py`` (below ``Tensor``, which needs them) and are re-exported here.
 
 A node's ``next_functions`` are its edges ``(node or None, input_nr)``, one per forward input.
 Each node records the shape and dtype of every forward input so that the engine can undo
@@ -14,133 +15,36 @@ the threads that run deeply nested backward calls) and ``graph.py`` holds the pu
 
 from __future__ import annotations
 
-import itertools
 import re
 import threading
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .. import tensor as _tensor_module  # (a module: tensor.py imports this one too)
 from ..errors import AutogradError
+from ..tensor import Tensor
 from . import grad_mode
+from .graph_base import (  # (Node, AccumulateGrad & co. are re-exported: this was their home)
+    AccumulateGrad,
+    Node,
+    _sequence,
+    accumulator_for,
+    add_hook,
+)
 
-if TYPE_CHECKING:
-    from ..tensor import Tensor
+__all__ = [
+    "AccumulateGrad",
+    "Node",
+    "OpNode",
+    "SavedTensor",
+    "accumulator_for",
+    "add_hook",
+    "pop_saved_hooks",
+    "push_saved_hooks",
+    "saved_hooks_state",
+]
 
-_sequence = itertools.count()
-
-
-class _Handle:
-    """Returned by every hook registration; ``remove()`` takes the hook out (idempotent)."""
-
-    __slots__ = ("_key", "_store")
-
-    def __init__(self, store: dict, key: int) -> None:
-        self._store = store
-        self._key = key
-
-    def remove(self) -> None:
-        self._store.pop(self._key, None)
-
-    def __enter__(self) -> _Handle:  # noqa: PYI034  (py3.10: no typing.Self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-
-_hook_ids = itertools.count()
-
-
-def add_hook(store: dict, fn: Callable) -> _Handle:
-    key = next(_hook_ids)
-    store[key] = fn
-    return _Handle(store, key)
-
-
-def _check_callable(fn: Any) -> None:
-    if not callable(fn):
-        raise TypeError(f"hook must be callable, got {type(fn).__name__}")
-
-
-class Node:
-    """Base of all backward nodes (``fusegrad.autograd.graph.Node``)."""
-
-    # The engine skips a node whose incoming gradients are all None (its inputs get None);
-    # custom Functions still run, as PyTorch calls their backward with None / zeros.
-    _runs_without_grads = False
-
-    __slots__ = (
-        "__weakref__",
-        "_edges",
-        "_input_meta",
-        "_post_hooks",
-        "_pre_hooks",
-        "_retain_grad_hooks",
-        "_seq",
-        "_tensor_pre_hooks",
-        "metadata",
-    )
-
-    def __init__(self, edges: tuple, input_meta: tuple) -> None:
-        self._edges = edges  # tuple of (Node | None, int)
-        self._seq = next(_sequence)
-        self._input_meta = input_meta  # tuple of (shape, dtype) per input
-        self._pre_hooks: dict | None = None
-        self._post_hooks: dict | None = None
-        self._tensor_pre_hooks: dict | None = None  # output_nr -> {id: fn}
-        self._retain_grad_hooks: dict | None = None  # output_nr -> weakref to Tensor
-        self.metadata: dict = {}
-
-    # -- public, torch-like -------------------------------------------------------------
-    def name(self) -> str:
-        raise NotImplementedError
-
-    @property
-    def next_functions(self) -> tuple:
-        return self._edges
-
-    def register_prehook(self, fn: Callable) -> _Handle:
-        """``fn(grad_outputs) -> tuple | None`` runs before the node (a tuple replaces the
-        incoming gradients)."""
-        _check_callable(fn)
-        if self._pre_hooks is None:
-            self._pre_hooks = {}
-        return add_hook(self._pre_hooks, fn)
-
-    def register_hook(self, fn: Callable) -> _Handle:
-        """``fn(grad_inputs, grad_outputs) -> tuple | None`` runs after the node (a tuple
-        replaces the gradients it computed for its inputs)."""
-        _check_callable(fn)
-        if self._post_hooks is None:
-            self._post_hooks = {}
-        return add_hook(self._post_hooks, fn)
-
-    def _sequence_nr(self) -> float:
-        """Creation order in the forward pass (the engine runs later nodes first)."""
-        return self._seq
-
-    def __repr__(self) -> str:
-        return f"<{self.name()} object at {id(self):#x}>"
-
-    def __call__(self, *grads: Any) -> tuple:
-        return self.apply(grads, retain=True)
-
-    # -- engine interface ---------------------------------------------------------------
-    @property
-    def num_outputs(self) -> int:
-        return 1
-
-    def apply(self, grads: tuple, retain: bool) -> tuple:
-        """Gradients for each forward input (None where there is none)."""
-        raise NotImplementedError
-
-    def _add_tensor_pre_hook(self, output_nr: int, fn: Callable) -> _Handle:
-        if self._tensor_pre_hooks is None:
-            self._tensor_pre_hooks = {}
-        store = self._tensor_pre_hooks.setdefault(output_nr, {})
-        return add_hook(store, fn)
+_make = Tensor._make  # (bound once: unpack runs per saved tensor per backward)
 
 
 class _SavedHooksState(threading.local):
@@ -287,7 +191,7 @@ class SavedTensor:
                 "backward."
             )
         if self._is_output:
-            t = _tensor_module.Tensor._make(self._data)
+            t = _make(self._data)
             t._version_counter = self._counter
         else:
             t = self._tensor
@@ -336,7 +240,7 @@ class SavedTensor:
             )
         if not self._is_output:
             return self._tensor  # type: ignore[return-value]
-        out = _tensor_module.Tensor._make(self._data)
+        out = _make(self._data)
         out._version_counter = self._counter
         if self._rg:
             out.grad_fn = node
@@ -344,7 +248,6 @@ class SavedTensor:
         return out
 
     def _unpack_with_hook(self, node: Node | None) -> Tensor:
-        Tensor = _tensor_module.Tensor
         value = self._unpack_hook(self._packed)  # type: ignore[misc]
         if not isinstance(value, Tensor):
             raise TypeError(
@@ -352,7 +255,7 @@ class SavedTensor:
                 f"type {type(value).__name__}"
             )
         # A fresh tensor on the hook's data, placed where the saved tensor was in the graph.
-        out = Tensor._make(value._data)
+        out = _make(value._data)
         out._version_counter = value._version_counter
         producer = node if self._is_output else self._producer
         if isinstance(producer, AccumulateGrad):
@@ -511,31 +414,3 @@ class OpNode(Node):
         names += [f"_raw_saved_{n}" for n in self._slots_of_saved()]
         names += [f"_saved_{n}" for n in self.attrs]
         return sorted(set(super().__dir__()) | set(names))
-
-
-class AccumulateGrad(Node):
-    """Writes the incoming gradient into a leaf's ``.grad`` (first store copies, later adds in
-    place; under create_graph ``.grad = .grad + g``)."""
-
-    __slots__ = ("variable",)
-
-    def __init__(self, variable: Tensor) -> None:
-        super().__init__((), ((variable._data.shape, variable._dtype),))
-        self._seq = float("inf")  # run as soon as ready, like PyTorch
-        self.variable = variable
-
-    def name(self) -> str:
-        return "AccumulateGrad"
-
-    def apply(self, grads: tuple, retain: bool) -> tuple:
-        raise AssertionError("AccumulateGrad is executed by the engine")
-
-
-def accumulator_for(t: Tensor) -> AccumulateGrad:
-    """The (cached, weakly referenced) AccumulateGrad of a leaf."""
-    ref = t._accumulator
-    acc = ref() if ref is not None else None
-    if acc is None:
-        acc = AccumulateGrad(t)
-        t._accumulator = weakref.ref(acc)
-    return acc

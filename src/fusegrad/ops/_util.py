@@ -15,9 +15,7 @@ from .. import dtypes as _dt
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..size import broadcast_shapes
 from ..tensor import Tensor
-from .registry import REGISTRY, _bind_late, apply
-
-_bind_late()
+from .registry import REGISTRY, apply
 
 P = REGISTRY  # short alias used by the op surface modules
 

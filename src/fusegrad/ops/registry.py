@@ -22,6 +22,7 @@ derivative rules written in the op surface as IR instead of computing them (DESI
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,9 +30,14 @@ from typing import Any
 import numpy as np
 
 from ..autograd import grad_mode
+from ..autograd.anomaly import _state as _anomaly_state
+from ..autograd.anomaly import record_forward_trace as _record_forward_trace
+from ..autograd.node import OpNode as _OpNode
 from ..autograd.tracer import state as _tracer_state
 from ..cuda.array import CudaArray
+from ..cuda.ops import run as _device_run  # a call with a CUDA input: the device runs it
 from ..errors import AutogradError
+from ..tensor import Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +184,6 @@ class DataDependentShape(Exception):
 def set_meta(name: str, fn: Callable[..., tuple], size_attrs: tuple[str, ...] = ()) -> None:
     """Attach the shape/dtype rule of primitive ``name`` and name its size attributes (see
     ``Primitive.meta`` and ``Primitive.size_attrs``)."""
-    import dataclasses
-
     REGISTRY[name] = dataclasses.replace(REGISTRY[name], meta=fn, size_attrs=size_attrs)
 
 
@@ -203,6 +207,10 @@ def vjp(name: str, save: str = "") -> Callable[[Callable[..., tuple]], Callable[
         return fn
 
     return register
+
+
+# ``run`` wraps every result: bound once, a module global instead of two attribute lookups
+_make = Tensor._make
 
 
 def apply(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
@@ -246,22 +254,3 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
         if _anomaly_state.enabled:
             _record_forward_trace(node)
     return out
-
-
-def _device_run(prim: Primitive, arrays: list, attrs: dict) -> Any:
-    from ..cuda.ops import run
-
-    return run(prim, arrays, attrs)
-
-
-def _bind_late() -> None:
-    """Resolve names from modules that import this one (called once by ``fusegrad.ops``)."""
-    global _make, _OpNode, _anomaly_state, _record_forward_trace
-    from ..autograd import anomaly
-    from ..autograd.node import OpNode
-    from ..tensor import Tensor
-
-    _make = Tensor._make
-    _OpNode = OpNode
-    _anomaly_state = anomaly._state
-    _record_forward_trace = anomaly.record_forward_trace

@@ -1,0 +1,162 @@
+"""The base of the backward graph, as far as ``Tensor`` needs it: ``Node`` (every ``grad_fn``
+derives from it), ``AccumulateGrad`` (the node of a leaf) with ``accumulator_for``, and hook
+registration (``add_hook`` and the ``_Handle`` it returns).
+
+It sits just below ``tensor.py``: a tensor's backward edge (``Tensor._edge``) and its hooks need
+these, and nothing here needs ``Tensor`` itself (a leaf is only stored and read).  The nodes that
+do build tensors, ``OpNode`` and ``SavedTensor``, are in ``node.py``, above ``tensor.py``;
+``node.py`` and ``graph.py`` re-export these names.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..tensor import Tensor
+
+# Creation order of nodes (``Node._sequence_nr``): the engine runs later nodes first.
+_sequence = itertools.count()
+
+
+class _Handle:
+    """Returned by every hook registration; ``remove()`` takes the hook out (idempotent)."""
+
+    __slots__ = ("_key", "_store")
+
+    def __init__(self, store: dict, key: int) -> None:
+        self._store = store
+        self._key = key
+
+    def remove(self) -> None:
+        self._store.pop(self._key, None)
+
+    def __enter__(self) -> _Handle:  # noqa: PYI034  (py3.10: no typing.Self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+_hook_ids = itertools.count()
+
+
+def add_hook(store: dict, fn: Callable) -> _Handle:
+    key = next(_hook_ids)
+    store[key] = fn
+    return _Handle(store, key)
+
+
+def _check_callable(fn: Any) -> None:
+    if not callable(fn):
+        raise TypeError(f"hook must be callable, got {type(fn).__name__}")
+
+
+class Node:
+    """Base of all backward nodes (``fusegrad.autograd.graph.Node``)."""
+
+    # The engine skips a node whose incoming gradients are all None (its inputs get None);
+    # custom Functions still run, as PyTorch calls their backward with None / zeros.
+    _runs_without_grads = False
+
+    __slots__ = (
+        "__weakref__",
+        "_edges",
+        "_input_meta",
+        "_post_hooks",
+        "_pre_hooks",
+        "_retain_grad_hooks",
+        "_seq",
+        "_tensor_pre_hooks",
+        "metadata",
+    )
+
+    def __init__(self, edges: tuple, input_meta: tuple) -> None:
+        self._edges = edges  # tuple of (Node | None, int)
+        self._seq = next(_sequence)
+        self._input_meta = input_meta  # tuple of (shape, dtype) per input
+        self._pre_hooks: dict | None = None
+        self._post_hooks: dict | None = None
+        self._tensor_pre_hooks: dict | None = None  # output_nr -> {id: fn}
+        self._retain_grad_hooks: dict | None = None  # output_nr -> weakref to Tensor
+        self.metadata: dict = {}
+
+    # -- public, torch-like -------------------------------------------------------------
+    def name(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def next_functions(self) -> tuple:
+        return self._edges
+
+    def register_prehook(self, fn: Callable) -> _Handle:
+        """``fn(grad_outputs) -> tuple | None`` runs before the node (a tuple replaces the
+        incoming gradients)."""
+        _check_callable(fn)
+        if self._pre_hooks is None:
+            self._pre_hooks = {}
+        return add_hook(self._pre_hooks, fn)
+
+    def register_hook(self, fn: Callable) -> _Handle:
+        """``fn(grad_inputs, grad_outputs) -> tuple | None`` runs after the node (a tuple
+        replaces the gradients it computed for its inputs)."""
+        _check_callable(fn)
+        if self._post_hooks is None:
+            self._post_hooks = {}
+        return add_hook(self._post_hooks, fn)
+
+    def _sequence_nr(self) -> float:
+        """Creation order in the forward pass (the engine runs later nodes first)."""
+        return self._seq
+
+    def __repr__(self) -> str:
+        return f"<{self.name()} object at {id(self):#x}>"
+
+    def __call__(self, *grads: Any) -> tuple:
+        return self.apply(grads, retain=True)
+
+    # -- engine interface ---------------------------------------------------------------
+    @property
+    def num_outputs(self) -> int:
+        return 1
+
+    def apply(self, grads: tuple, retain: bool) -> tuple:
+        """Gradients for each forward input (None where there is none)."""
+        raise NotImplementedError
+
+    def _add_tensor_pre_hook(self, output_nr: int, fn: Callable) -> _Handle:
+        if self._tensor_pre_hooks is None:
+            self._tensor_pre_hooks = {}
+        store = self._tensor_pre_hooks.setdefault(output_nr, {})
+        return add_hook(store, fn)
+
+
+class AccumulateGrad(Node):
+    """Writes the incoming gradient into a leaf's ``.grad`` (first store copies, later adds in
+    place; under create_graph ``.grad = .grad + g``)."""
+
+    __slots__ = ("variable",)
+
+    def __init__(self, variable: Tensor) -> None:
+        super().__init__((), ((variable._data.shape, variable._dtype),))
+        self._seq = float("inf")  # run as soon as ready, like PyTorch
+        self.variable = variable
+
+    def name(self) -> str:
+        return "AccumulateGrad"
+
+    def apply(self, grads: tuple, retain: bool) -> tuple:
+        raise AssertionError("AccumulateGrad is executed by the engine")
+
+
+def accumulator_for(t: Tensor) -> AccumulateGrad:
+    """The (cached, weakly referenced) AccumulateGrad of a leaf."""
+    ref = t._accumulator
+    acc = ref() if ref is not None else None
+    if acc is None:
+        acc = AccumulateGrad(t)
+        t._accumulator = weakref.ref(acc)
+    return acc
