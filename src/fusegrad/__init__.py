@@ -11,9 +11,10 @@ from typing import Any
 
 from . import (
     autograd,  # noqa: E402
-    ops,  # noqa: E402  (installs Tensor methods, registers derivative rules)
+    ops,  # noqa: E402  (installs Tensor methods)
 )
 from . import dtypes as _dtypes
+from .autograd import derivatives as _derivatives  # the rule table, above the op surface
 from .autograd import (  # noqa: E402
     enable_grad,
     inference_mode,

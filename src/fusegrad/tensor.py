@@ -6,13 +6,15 @@ array memory and one ``_VersionCounter``
 with their base; every in-place op bumps it so that saved tensors can detect mutation.  Autograd
 metadata: ``grad_fn`` (None for leaves), ``_output_nr``, ``requires_grad`` (stored only for
 leaves), ``grad``, tensor hooks and the retain_grad flag.  Operators and most methods delegate to
-the op surface in ``fusegrad.ops``; they are installed on the class by ``ops._install_methods``.
+the op surface in ``fusegrad.ops``; they are installed on the class by ``ops._install_methods``:
+this module sits below the op surface (it needs only the graph's base classes,
+``autograd.graph_base``), which brings the methods that use it.
 
 A view (``_base`` is its root base, never itself a view) also carries a ``_ViewInfo``: the view
 ops that rebuild it from the base, how it was created, and the version at which its ``grad_fn``
 was last set.  As in PyTorch, a view's ``grad_fn`` is *lazy*: once the shared version moved (the
 base or another view of it was modified in place, which may have rewritten the base's history),
-reading ``grad_fn`` replays the view ops on the base's current history (``_view_grad_fn``).
+reading ``grad_fn`` replays the view ops on the base's current history (``ops.views``).
 Views are instances of ``_ViewTensor``, a subclass whose ``grad_fn`` is that property; every
 other tensor reads ``grad_fn`` from a plain slot, so the eager hot path (which reads it several
 times per op) pays nothing for views.
@@ -34,6 +36,7 @@ from .cuda.array import CudaArray, to_device
 from .device import CPU, as_device
 from .errors import AutogradError, DTypeError, IndexOutOfRange, ShapeError
 from .size import Size
+from .storage import to_host
 
 _DTYPE_OF = {d.np: d for d in _dt.ALL}
 
@@ -99,8 +102,6 @@ class Tensor:
     __array_priority__ = 1000  # numpy defers binary operators to Tensor
 
     def __init__(self, data: Any, dtype: Any = None, requires_grad: bool = False) -> None:
-        from .ops.creation import _to_array
-
         arr = _to_array(data, dtype)
         self._init(arr)
         if requires_grad:
@@ -337,22 +338,6 @@ class Tensor:
             else:
                 self._register_retain_grad()
 
-    def _rebase_history(self, grad_fn: Any, output_nr: int) -> None:
-        """After ``self`` was modified in place by an op whose backward is output ``output_nr``
-        of ``grad_fn`` (a custom Function's ``mark_dirty``): a tensor takes that node as its
-        history; a view hands it to its base, whose history is rewritten as for the built-in
-        in-place ops (PyTorch's CopySlices), and the view's ``grad_fn`` is regenerated."""
-        if self._base is None:
-            self._set_history(grad_fn, output_nr)
-            return
-        from .ops import _check_inplace, _rewrite_base
-
-        _check_inplace(self, "mark_dirty", True)
-        value = Tensor._make(self._data)
-        value.grad_fn, value._output_nr = grad_fn, output_nr
-        _rewrite_base(self, value)
-        self._view_info.attr_version = -1  # stale even if forward wrote without bumping
-
     @property
     def retains_grad(self) -> bool:
         return self._retains_grad
@@ -530,50 +515,13 @@ class Tensor:
         return t
 
 
-def _view_grad_fn(view: Tensor) -> Any:
-    """``view.grad_fn``, regenerated from the base when the shared version moved since it was
-    set (PyTorch's ``VariableHooks::grad_fn``): the base, or another view of it, was modified in
-    place, which may have given the base a new history.  The view ops are replayed on the base
-    with grad mode on, so the view's node is e.g. ``GetitemBackward0`` feeding the base's current
-    node; a ``retain_grad`` moves to it, other tensor hooks stay with the old node."""
-    info = view._view_info
-    if info.attr_version == view._version_counter.value:
-        return info.node
-    base = view._base
-    if info.node is None and not base.requires_grad:
-        return None  # nothing to regenerate (checked again once the base requires grad)
-    if info.creation is not DEFAULT:
-        raise view_rebase_error(view, info, indirect=True)
-    from .ops.shape import replay_view
-
-    state = _grad_mode._state
-    enabled, state.enabled = state.enabled, True  # also when read with grad mode off (engine)
-    try:
-        fresh = replay_view(base, info.steps)
-    finally:
-        state.enabled = enabled
-    view._set_history(fresh.grad_fn, fresh._output_nr)
-    return fresh.grad_fn
-
-
-def _set_view_grad_fn(view: Tensor, node: Any) -> None:
-    info = view._view_info
-    info.node = node
-    info.attr_version = view._version_counter.value
-
-
 class _ViewTensor(Tensor):
     """A tensor that is a view of another (``_base``, ``_view_info``; see the module docstring).
-    Only ``grad_fn`` differs: it is regenerated from the base after in-place changes."""
+    Only ``grad_fn`` differs: it is regenerated from the base after in-place changes, by
+    replaying view ops, so the property (``ops.views.view_grad_fn``) is installed by the op
+    surface (``ops._install_methods``) like the other methods that run ops."""
 
     __slots__ = ()
-
-    grad_fn = property(  # type: ignore[assignment]
-        _view_grad_fn,
-        _set_view_grad_fn,
-        doc="The node that produced this view (regenerated "
-        "from the base when the base or another view of it was modified in place).",
-    )
 
 
 def view_rebase_error(view: Tensor, info: _ViewInfo | None, indirect: bool) -> AutogradError:
@@ -627,6 +575,61 @@ def view_rebase_error(view: Tensor, info: _ViewInfo | None, indirect: bool) -> A
             "Function."
         )
     return AutogradError(msg)
+
+
+# ---- data -> array (``Tensor(data)``, ``fusegrad.tensor(data)``) ---------------------------------
+def _to_array(data: Any, dtype: Any = None) -> np.ndarray:
+    """Copy ``data`` into a fresh array with PyTorch's dtype inference."""
+    if isinstance(data, Tensor):
+        arr = np.array(to_host(data._data), copy=True)
+    else:
+        arr = _infer(data)
+    if dtype is not None:
+        arr = arr.astype(_dt.as_dtype(dtype).np, copy=False)
+    elif arr.dtype not in (d.np for d in _dt.ALL):
+        arr = arr.astype(_dt.as_dtype(arr.dtype).np)
+    return arr
+
+
+def _infer(data: Any) -> np.ndarray:
+    if isinstance(data, np.ndarray):
+        return np.array(data, copy=True)
+    if isinstance(data, (list, tuple)) and any(isinstance(d, Tensor) for d in _flat(data)):
+        data = _untensor(data)
+    arr = np.array(data)
+    if arr.dtype.kind == "f" and not isinstance(data, np.generic):
+        # Python floats are the default float dtype (float32), not numpy's float64; numpy float
+        # scalars inside a list keep their own precision (PyTorch: [np.float64(1.5)] is float64)
+        typed = [e.dtype for e in _flat(data) if isinstance(e, np.floating)]
+        widest = max(typed, key=lambda d: d.itemsize) if typed else None
+        if widest is None or widest.itemsize < _dt.get_default_dtype().np.itemsize:
+            arr = arr.astype(_dt.get_default_dtype().np)
+        else:
+            arr = arr.astype(_dt.as_dtype(widest).np)
+    elif arr.dtype.kind in "iu" and not isinstance(data, np.generic):
+        arr = arr.astype(np.int64)
+    elif arr.dtype.kind == "O":
+        raise TypeError(f"tensor: could not infer dtype of {type(data).__name__}")
+    return arr
+
+
+def _flat(data: Any) -> list:
+    out, stack = [], [data]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, (list, tuple)):
+            stack.extend(x)
+        else:
+            out.append(x)
+    return out
+
+
+def _untensor(data: Any) -> Any:
+    if isinstance(data, Tensor):
+        return to_host(data._data)
+    if isinstance(data, (list, tuple)):
+        return [_untensor(d) for d in data]
+    return data
 
 
 def _rebuild(arr: np.ndarray, requires_grad: bool, device: str = "cpu") -> Tensor:

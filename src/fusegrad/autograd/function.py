@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import AutogradError
+from ..ops import _rebase_history
 from . import anomaly, grad_mode
 from .node import Node, SavedTensor, _freed_message
 
@@ -236,7 +237,7 @@ class Function:
                             "operation."
                         )
                     # the in-place result's history is this node (a view's base's, too)
-                    o._rebase_history(ctx, i)
+                    _rebase_history(o, ctx, i)
                 else:
                     o.grad_fn = ctx
                     o._output_nr = i

@@ -14,7 +14,7 @@ from typing import Any, SupportsIndex
 import numpy as np
 
 from .. import dtypes as _dt
-from ..tensor import Tensor
+from ..tensor import Tensor, _rebuild, _to_array
 
 
 class Parameter(Tensor):
@@ -29,8 +29,6 @@ class Parameter(Tensor):
             self._init(data._data)
             self._version_counter = data._version_counter
         else:
-            from ..ops.creation import _to_array
-
             self._init(_to_array(data))
         self.requires_grad_(requires_grad)
 
@@ -52,8 +50,6 @@ class Parameter(Tensor):
 
 
 def _rebuild_parameter(arr: np.ndarray, requires_grad: bool, device: str = "cpu") -> Parameter:
-    from ..tensor import _rebuild
-
     return Parameter(_rebuild(arr, False, device), requires_grad)
 
 

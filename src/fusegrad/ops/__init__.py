@@ -1,10 +1,15 @@
 """The op surface: every public op as a function, and the same ops installed on ``Tensor`` as
 methods and operators (one definition each).
 
-Import order matters: primitives register their records in the registry, the surface modules
-define functions over ``registry.apply`` (``generated`` builds those of plain elementwise
-primitives from their records), then ``autograd.derivatives`` registers one rule per primitive,
-written in this surface.
+Import order follows the layers: primitives register their records in the registry, the surface
+modules define functions over ``registry.apply`` (``generated`` builds those of plain elementwise
+primitives from their records), and this module installs the methods.  ``autograd.derivatives``,
+which registers one rule per primitive written in this surface, sits above it (``fusegrad``
+imports it next).
+
+``Tensor`` methods that run ops are installed here (``_install_methods``), with the lazy
+``grad_fn`` of views (``views.view_grad_fn``); so is the in-place machinery (``inplace``, and
+``_rebase_history`` for a custom Function's ``mark_dirty``).
 
 Names: a primitive's aliases and its ``Tensor`` methods come from its record (``method``,
 ``inplace``, ``aliases``); ``_METHODS`` and ``_INPLACE`` list only the composites' methods.
@@ -23,7 +28,7 @@ from ..autograd import grad_mode as _grad_mode
 from ..device import as_device
 from ..errors import AutogradError, DTypeError, ShapeError, describe
 from ..tensor import DEFAULT as _DEFAULT_VIEW
-from ..tensor import Tensor
+from ..tensor import Tensor, _ViewTensor
 from ..tensor import view_rebase_error as _view_rebase_error
 from . import _util, registry
 from . import primitives as _primitives  # noqa: F401  (registers kernels)
@@ -31,6 +36,7 @@ from ._util import cast, to_tensor
 from .creation import *  # noqa: F401,F403
 from .creation import (
     Generator,
+    _gen,
     _to_array,
     arange,
     as_tensor,
@@ -204,6 +210,10 @@ from .shape import (
     view_as,
     vstack,
 )
+from .views import replay_view as _replay_view
+from .views import set_view_grad_fn as _set_view_grad_fn
+from .views import view_grad_fn as _view_grad_fn
+from .views import view_positions as _view_positions
 
 
 def detach(input: Tensor) -> Tensor:
@@ -274,7 +284,7 @@ def _converter(d: _dt.dtype) -> Any:
 # views (also under no_grad), so saved tensors notice.  When a graph is recorded the target's
 # history is rebased onto the op's node; when the target is a view, the *base's* history is
 # rewritten instead (PyTorch's CopySlices, see ``_inplace_on_view``) and the view's ``grad_fn``
-# is regenerated from the base on its next read (``tensor._view_grad_fn``).
+# is regenerated from the base on its next read (``views.view_grad_fn``).
 
 _INFERENCE_INPLACE = (
     "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a "
@@ -428,14 +438,12 @@ def _inplace_on_view(view: Tensor, op: str, fn: Any, args: tuple, kwargs: dict) 
     rule sends the gradient of the written region to the op's node (and on to the view's old
     value and the op's other operands) and the rest to the base's old history.  The view's
     ``grad_fn`` is regenerated from the base on its next read, since the version moved."""
-    from .shape import replay_view
-
     base = view._base
     # The base's current value with its current history.  Its data is shared, not copied:
     # the view primitives replayed on it save no data tensors.
     old_base = Tensor._make(base._data)
     old_base.grad_fn, old_base._output_nr = base.grad_fn, base._output_nr
-    region = replay_view(old_base, view._view_info.steps)
+    region = _replay_view(old_base, view._view_info.steps)
     # a copy: the op's node may save its input, and the view's storage is overwritten below
     snapshot = Tensor._make(_storage.copy(region._data))
     snapshot.grad_fn, snapshot._output_nr = region.grad_fn, region._output_nr
@@ -450,17 +458,30 @@ def _rewrite_base(view: Tensor, result: Tensor) -> None:
     """Give ``view``'s base the history of its new value: its old value and history with the
     view's elements replaced by ``result`` (whose node is the in-place op's), i.e.
     ``index_put(old base, result, positions of the view in the base)``."""
-    from .shape import view_positions
-
     base = view._base
     # The base's value with its history before this change.  Its data is shared, not copied:
     # index_put saves only its index tensors, and only the node is kept.
     old_base = Tensor._make(base._data)
     old_base.grad_fn, old_base._output_nr = base.grad_fn, base._output_nr
-    index, key = view_positions(base, view._view_info.steps)
+    index, key = _view_positions(base, view._view_info.steps)
     value = result if index or result.ndim == 0 else result.reshape(())  # 0-d base: key ()
     new_base = index_put_spec(old_base, value, index, key)
     base._set_history(new_base.grad_fn, new_base._output_nr)
+
+
+def _rebase_history(self: Tensor, grad_fn: Any, output_nr: int) -> None:
+    """After ``self`` was modified in place by an op whose backward is output ``output_nr`` of
+    ``grad_fn`` (a custom Function's ``mark_dirty``): a tensor takes that node as its history; a
+    view hands it to its base, whose history is rewritten as for the built-in in-place ops
+    (PyTorch's CopySlices), and the view's ``grad_fn`` is regenerated."""
+    if self._base is None:
+        self._set_history(grad_fn, output_nr)
+        return
+    _check_inplace(self, "mark_dirty", True)
+    value = Tensor._make(self._data)
+    value.grad_fn, value._output_nr = grad_fn, output_nr
+    _rewrite_base(self, value)
+    self._view_info.attr_version = -1  # stale even if forward wrote without bumping
 
 
 def _inplace_method(name: str, fn: Any) -> Any:
@@ -506,16 +527,12 @@ def _copy(self: Tensor, src: Any) -> Tensor:
 
 
 def _normal(self: Tensor, mean: float = 0.0, std: float = 1.0, *, generator: Any = None) -> Tensor:
-    from .creation import _gen
-
     return Tensor._make(
         (_gen(generator).standard_normal(self.shape) * std + mean).astype(self.dtype.np)
     )
 
 
 def _uniform(self: Tensor, a: float = 0.0, b: float = 1.0, *, generator: Any = None) -> Tensor:
-    from .creation import _gen
-
     return Tensor._make(_gen(generator).uniform(a, b, self.shape).astype(self.dtype.np))
 
 
@@ -699,6 +716,13 @@ def _install_methods() -> None:
         setattr(Tensor, name, g[name])
     for name, fn in _INPLACE.items():
         setattr(Tensor, name, _inplace_method(name, fn))
+    # a view's grad_fn: regenerated from its base (by replaying view ops) after in-place changes
+    _ViewTensor.grad_fn = property(  # type: ignore[assignment]
+        _view_grad_fn,
+        _set_view_grad_fn,
+        doc="The node that produced this view (regenerated "
+        "from the base when the base or another view of it was modified in place).",
+    )
     Tensor.to = to
     Tensor.type = _type
     Tensor.polygamma = _polygamma
@@ -779,5 +803,3 @@ def _new_factory(factory: Any) -> Any:
 
 
 _install_methods()
-
-from ..autograd import derivatives as _derivatives  # noqa: E402,F401  (registers rules)

@@ -14,7 +14,7 @@ import numpy as np
 from .. import dtypes as _dt
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..size import broadcast_shapes
-from ..tensor import Tensor
+from ..tensor import Tensor, _to_array
 from .registry import REGISTRY, apply
 
 P = REGISTRY  # short alias used by the op surface modules
@@ -37,9 +37,7 @@ def to_tensor(x: Any, dtype: _dt.dtype | None = None) -> Tensor:
         return x
     if isinstance(x, (bool, int, float, np.number, np.bool_)):
         return scalar_tensor(x, dtype if dtype is not None else _dt.result_type(x))
-    from .creation import tensor
-
-    return tensor(x, dtype=dtype)
+    return Tensor._make(_to_array(x, dtype))  # ``tensor(x, dtype=dtype)``: a new CPU leaf
 
 
 def is_number(x: object) -> bool:

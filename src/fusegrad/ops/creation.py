@@ -27,66 +27,8 @@ from ..random import (  # noqa: F401  (re-exported: the op surface's random func
     seed,
     set_rng_state,
 )
-from ..tensor import Tensor
+from ..tensor import Tensor, _to_array  # (re-exported: Tensor(data) needs it too)
 from ._util import shape_arg
-
-
-def _to_array(data: Any, dtype: Any = None) -> np.ndarray:
-    """Copy ``data`` into a fresh array with PyTorch's dtype inference."""
-    if isinstance(data, Tensor):
-        arr = np.array(_host(data._data), copy=True)
-    else:
-        arr = _infer(data)
-    if dtype is not None:
-        arr = arr.astype(_dt.as_dtype(dtype).np, copy=False)
-    elif arr.dtype not in (d.np for d in _dt.ALL):
-        arr = arr.astype(_dt.as_dtype(arr.dtype).np)
-    return arr
-
-
-def _infer(data: Any) -> np.ndarray:
-    if isinstance(data, np.ndarray):
-        return np.array(data, copy=True)
-    if isinstance(data, (list, tuple)) and any(isinstance(d, Tensor) for d in _flat(data)):
-        data = _untensor(data)
-    arr = np.array(data)
-    if arr.dtype.kind == "f" and not isinstance(data, np.generic):
-        # Python floats are the default float dtype (float32), not numpy's float64; numpy float
-        # scalars inside a list keep their own precision (PyTorch: [np.float64(1.5)] is float64)
-        typed = [e.dtype for e in _flat(data) if isinstance(e, np.floating)]
-        widest = max(typed, key=lambda d: d.itemsize) if typed else None
-        if widest is None or widest.itemsize < _dt.get_default_dtype().np.itemsize:
-            arr = arr.astype(_dt.get_default_dtype().np)
-        else:
-            arr = arr.astype(_dt.as_dtype(widest).np)
-    elif arr.dtype.kind in "iu" and not isinstance(data, np.generic):
-        arr = arr.astype(np.int64)
-    elif arr.dtype.kind == "O":
-        raise TypeError(f"tensor: could not infer dtype of {type(data).__name__}")
-    return arr
-
-
-def _flat(data: Any) -> list:
-    out, stack = [], [data]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, (list, tuple)):
-            stack.extend(x)
-        else:
-            out.append(x)
-    return out
-
-
-def _host(arr: Any) -> np.ndarray:
-    return arr.to_host() if type(arr) is CudaArray else arr
-
-
-def _untensor(data: Any) -> Any:
-    if isinstance(data, Tensor):
-        return _host(data._data)
-    if isinstance(data, (list, tuple)):
-        return [_untensor(d) for d in data]
-    return data
 
 
 def _filled(shape: Any, value: Any, dtype: np.dtype, device: Any) -> Any:
@@ -310,4 +252,4 @@ def randn_like(input: Tensor, *, dtype: Any = None, generator: Generator | None 
 
 def bernoulli(p: Tensor, *, generator: Generator | None = None) -> Tensor:
     u = _gen(generator).random(p.shape)
-    return _leaf((u < _host(p._data)).astype(p.dtype.np), False, p.device)
+    return _leaf((u < _storage.to_host(p._data)).astype(p.dtype.np), False, p.device)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from .. import dtypes as _dt
 from ..errors import DTypeError, describe
 from ..tensor import Tensor
@@ -286,8 +288,6 @@ def nan_to_num(
     x = to_tensor(input)
     if x._dtype.category < 2:
         return x
-    import numpy as np
-
     info = np.finfo(x._dtype.np)
     big = float(info.max) if posinf is None else posinf
     small = float(info.min) if neginf is None else neginf

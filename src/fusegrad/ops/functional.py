@@ -15,8 +15,10 @@ from .. import storage as _storage
 from ..errors import DTypeError, ShapeError, describe
 from ..tensor import Tensor
 from ._util import to_tensor
+from .creation import _gen
 from .elementwise import add, clamp, elu, gelu, leaky_relu, neg, relu, silu, softplus, sub, where
 from .generated import abs, exp, log, log1p, mul, sigmoid, tanh
+from .indexing import embedding, one_hot  # (re-exported: F.embedding, F.one_hot)
 from .linalg import linear
 from .reduction import log_softmax, mean, softmax, sum, var
 from .shape import pad
@@ -50,8 +52,6 @@ __all__ = [
     "embedding",
     "normalize",
 ]
-
-from .indexing import embedding, one_hot  # noqa: E402
 
 
 def _reduce(loss: Tensor, reduction: str, op: str) -> Tensor:
@@ -246,8 +246,6 @@ def dropout(
         return x
     if p == 1.0:
         return mul(x, 0.0)
-    from .creation import _gen
-
     keep = _gen(generator).random(x.shape) >= p
     mask = Tensor._make((keep / (1.0 - p)).astype(x.dtype.np))
     return mul(x, mask)

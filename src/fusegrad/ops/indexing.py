@@ -19,9 +19,12 @@ from .. import storage as _storage
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..size import broadcast_shapes
 from ..tensor import Tensor
-from ._util import P, apply, as_operand, as_size, to_tensor, wrap_dim
+from ._util import P, apply, as_operand, as_size, broadcast_shape, to_tensor, wrap_dim
+from .creation import full
+from .elementwise import add, where
+from .generated import eq, mul
 from .primitives import key_shape, numpy_key
-from .shape import _view_op
+from .views import _view_op
 
 
 def _normalise_key(x: Tensor, key: Any) -> tuple[tuple, tuple]:
@@ -221,8 +224,6 @@ def _scatter_args(op: str, x: Tensor, dim: int, index: Any, src: Any) -> tuple:
                 raise ShapeError(f"{op}: src {describe(s)} is smaller than index {describe(idx)}")
             s = s[tuple(slice(0, n) for n in idx.shape)]
     else:
-        from .creation import full
-
         s = full(tuple(idx.shape), src, dtype=x.dtype, device=x.device)
     return d, idx, s
 
@@ -273,9 +274,6 @@ def _index_source(op: str, x: Tensor, d: int, idx: Tensor, source: Any) -> Tenso
 def index_add(input: Any, dim: int, index: Any, source: Any, *, alpha: Any = 1) -> Tensor:
     """``input`` with ``alpha * source`` added at ``index`` along ``dim``; repeated indices
     accumulate."""
-    from .elementwise import add
-    from .generated import mul
-
     x = to_tensor(input)
     d, idx, key = _dim_index("index_add", x, dim, index)
     src = _index_source("index_add", x, d, idx, source)
@@ -314,8 +312,6 @@ def index_select(input: Any, dim: int, index: Any) -> Tensor:
 
 
 def masked_fill(input: Any, mask: Any, value: Any) -> Tensor:
-    from .elementwise import where
-
     x = to_tensor(input)
     m = to_tensor(mask)
     if m._dtype is not _dt.bool_:
@@ -335,9 +331,10 @@ def masked_fill(input: Any, mask: Any, value: Any) -> Tensor:
 
 
 def masked_select(input: Any, mask: Any) -> Tensor:
-    from .shape import broadcast_tensors
-
-    x, m = broadcast_tensors(to_tensor(input), to_tensor(mask))
+    # ``broadcast_tensors`` (shape.py, a surface above this one: its pad uses index_select)
+    x, m = to_tensor(input), to_tensor(mask)
+    shape = broadcast_shape("broadcast_tensors", x, m)
+    x, m = x.broadcast_to(shape), m.broadcast_to(shape)  # type: ignore[attr-defined]
     if m._dtype is not _dt.bool_:
         raise DTypeError(f"masked_select: expected a bool mask, got {describe(m)}")
     return getitem(x, m.contiguous())
@@ -370,8 +367,6 @@ def one_hot(tensor: Any, num_classes: int = -1) -> Tensor:
     if values.size and (values.min() < 0 or values.max() >= num_classes):
         raise IndexOutOfRange(f"one_hot: class values must be in [0, {num_classes})")
     classes = Tensor._make(np.arange(num_classes, dtype=np.int64)).to(idx.device)
-    from .generated import eq
-
     return eq(idx.unsqueeze(-1), classes).to(_dt.int64)
 
 
@@ -382,9 +377,6 @@ def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Ten
     _check_index_range("embedding", idx, weight.shape[0], 0)
     out = getitem(weight, idx)
     if padding_idx is not None:
-        from .elementwise import where
-        from .generated import eq
-
         if padding_idx < 0:
             padding_idx += weight.shape[0]
         # rows looked up at padding_idx get no gradient

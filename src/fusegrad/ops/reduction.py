@@ -16,7 +16,7 @@ from ..errors import DTypeError, ShapeError, describe
 from ..tensor import Tensor
 from ._util import P, apply, cast, to_tensor, wrap_dim, wrap_dims
 from .elementwise import add, div, isfinite, sub, where
-from .generated import abs, eq, exp, log, mul, sqrt
+from .generated import abs, eq, exp, log, maximum, minimum, mul, ne, sqrt
 
 _values_indices = namedtuple("_values_indices", ["values", "indices"])
 
@@ -144,8 +144,6 @@ def argmin(input: Any, dim: int | None = None, keepdim: bool = False) -> Tensor:
 def _max_min(op: str, x: Any, dim: Any, keepdim: bool) -> Any:
     x = to_tensor(x)
     if isinstance(dim, Tensor):  # max(a, b): elementwise
-        from .generated import maximum, minimum
-
         return (maximum if op == "max" else minimum)(x, dim)
     if dim is None:
         return amax(x) if op == "max" else amin(x)
@@ -177,8 +175,6 @@ def any(input: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
 
 
 def count_nonzero(input: Any, dim: Any = None) -> Tensor:
-    from .generated import ne
-
     return sum(ne(to_tensor(input), 0), dim)
 
 
@@ -205,8 +201,6 @@ def norm(input: Any, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> 
     if p == 1:
         return sum(abs(x), dims, keepdim)
     if p == 0:
-        from .generated import ne
-
         return sum(cast(ne(x, 0), x.dtype), dims, keepdim)
     if isinstance(p, (int, float)):
         a = abs(x)
