@@ -7,15 +7,15 @@ neither numba nor ``fusegrad.compiler``; ``fusegrad.compile`` loads them on firs
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from . import (
-    autograd,  # noqa: E402
-    ops,  # noqa: E402  (installs Tensor methods)
-)
+# ``autograd`` first: its __init__ is the top of the autograd layers (see the docstring); ``ops``
+# (the op surface, which installs the Tensor methods that run ops) is loaded by it already
+from . import autograd, ops
 from . import dtypes as _dtypes
 from .autograd import derivatives as _derivatives  # the rule table, above the op surface
-from .autograd import (  # noqa: E402
+from .autograd import (
     enable_grad,
     inference_mode,
     is_grad_enabled,
@@ -172,12 +172,10 @@ def numel(input: Tensor) -> int:
 
 def __getattr__(name: str) -> Any:
     # Heavy or optional subpackages load on first use, keeping ``import fusegrad`` light.
-    import importlib
-
     if name in ("nn", "optim", "utils"):
         return importlib.import_module(f".{name}", __name__)
     if name == "compile":
-        from .compiler import compile as _compile
+        from .compiler import compile as _compile  # the compiler, and numba with it: on first use
 
         return _compile
     if name == "compiler":

@@ -6,9 +6,9 @@ array memory and one ``_VersionCounter``
 with their base; every in-place op bumps it so that saved tensors can detect mutation.  Autograd
 metadata: ``grad_fn`` (None for leaves), ``_output_nr``, ``requires_grad`` (stored only for
 leaves), ``grad``, tensor hooks and the retain_grad flag.  Operators and most methods delegate to
-the op surface in ``fusegrad.ops``; they are installed on the class by ``ops._install_methods``:
-this module sits below the op surface (it needs only the graph's base classes,
-``autograd.graph_base``), which brings the methods that use it.
+the op surface in ``fusegrad.ops``; they are installed on the class by ``ops._install_methods``,
+as ``backward`` is by ``autograd.api``: this module sits below both (it needs only the graph's
+base classes, ``autograd.graph_base``), and the layers above bring the methods that use them.
 
 A view (``_base`` is its root base, never itself a view) also carries a ``_ViewInfo``: the view
 ops that rebuild it from the base, how it was created, and the version at which its ``grad_fn``
@@ -362,17 +362,6 @@ class Tensor:
         if self._post_acc_hooks is None:
             self._post_acc_hooks = {}
         return add_hook(self._post_acc_hooks, hook)
-
-    def backward(
-        self,
-        gradient: Any = None,
-        retain_graph: bool | None = None,
-        create_graph: bool = False,
-        inputs: Any = None,
-    ) -> None:
-        from .autograd import backward
-
-        backward(self, gradient, retain_graph, create_graph, inputs=inputs)
 
     def detach(self) -> Tensor:
         """A new leaf sharing storage and version counter, not requiring grad.

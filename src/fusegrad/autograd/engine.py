@@ -53,6 +53,7 @@ import numpy as np
 
 from .. import storage as _storage
 from ..errors import AutogradError
+from ..ops.shape import sum_to
 from ..tensor import Tensor, _ViewTensor
 from . import anomaly, grad_mode, tracer
 from .node import AccumulateGrad, Node, OpNode
@@ -85,8 +86,6 @@ def validate_gradient(node: Node, index: int, g: Any, shape: tuple, dtype: Any) 
                 f"Function {node.name()} returned an invalid gradient at index {index} - got "
                 f"{list(g._data.shape)} but expected shape compatible with {list(shape)}"
             )
-        from ..ops.shape import sum_to
-
         g = sum_to(g, shape)
     if g._dtype is not dtype:
         g = g.to(dtype)

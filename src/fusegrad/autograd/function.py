@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import AutogradError
 from ..ops import _rebase_history
+from ..tensor import Tensor
 from . import anomaly, grad_mode
 from .node import Node, SavedTensor, _freed_message
 
@@ -59,8 +60,6 @@ class FunctionCtx(Node):
     _runs_without_grads = True
 
     def __init__(self, cls: type, args: tuple) -> None:
-        from ..tensor import Tensor
-
         edges = tuple(a._edge() if isinstance(a, Tensor) else (None, 0) for a in args)
         meta = tuple(
             (a._data.shape, a._dtype) if isinstance(a, Tensor) else ((), None) for a in args
@@ -78,8 +77,6 @@ class FunctionCtx(Node):
 
     # -- used inside forward ------------------------------------------------------------------
     def save_for_backward(self, *tensors: Any) -> None:
-        from ..tensor import Tensor
-
         for i, t in enumerate(tensors):
             if t is not None and not isinstance(t, Tensor):
                 raise TypeError(
@@ -89,8 +86,6 @@ class FunctionCtx(Node):
         self._to_save = tensors
 
     def mark_dirty(self, *tensors: Any) -> None:
-        from ..tensor import Tensor
-
         for i, t in enumerate(tensors):
             if not isinstance(t, Tensor):
                 raise TypeError(
@@ -100,8 +95,6 @@ class FunctionCtx(Node):
         self._dirty = tensors
 
     def mark_non_differentiable(self, *tensors: Any) -> None:
-        from ..tensor import Tensor
-
         for i, t in enumerate(tensors):
             if not isinstance(t, Tensor):
                 raise TypeError(
@@ -139,8 +132,6 @@ class FunctionCtx(Node):
             self._released = True
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
-        from ..tensor import Tensor
-
         grads = list(grads)
         if self.materialize_grads:
             for i, g in enumerate(grads):
@@ -192,8 +183,6 @@ class Function:
 
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
-        from ..tensor import Tensor
-
         ctx = FunctionCtx(cls, args)
         separate_setup = cls.setup_context is not Function.setup_context
         with grad_mode.no_grad():
@@ -269,8 +258,6 @@ def once_differentiable(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(ctx: Any, *grads: Any) -> Any:
-        from ..tensor import Tensor
-
         with grad_mode.no_grad():
             result = fn(ctx, *grads)
         if not grad_mode.is_grad_enabled():
@@ -293,8 +280,6 @@ def once_differentiable(fn: Callable) -> Callable:
 
 def _fake_requires_grad(value: Any) -> Any:
     """A leaf alias that requires grad, so that ``_DelayedError`` records its node."""
-    from ..tensor import Tensor
-
     if not isinstance(value, Tensor) or not value.is_floating_point():
         return value
     alias = value.detach()

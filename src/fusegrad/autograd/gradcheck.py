@@ -7,18 +7,20 @@ It also checks that backward is deterministic (reentrant) and that a zero output
 zero input gradients.  ``fast_mode`` compares random projections ``v^T J u`` instead of whole
 Jacobians.  ``gradgradcheck`` runs gradcheck on the function that computes first gradients with
 ``create_graph=True``.  Inputs are perturbed in place (any memory layout; restored afterwards,
-also when the function raises).  The op surface is imported lazily (this module loads with
-autograd).
+also when the function raises).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..errors import AutogradError
+from ..tensor import Tensor
+from .api import grad
 
 
 class GradcheckError(AutogradError):
@@ -30,8 +32,6 @@ def _tuple(x: Any) -> tuple:
 
 
 def _is_tensor(x: Any) -> bool:
-    from ..tensor import Tensor
-
     return isinstance(x, Tensor)
 
 
@@ -101,9 +101,6 @@ def _numerical(
 
 
 def _vjp(outputs: tuple, inputs: tuple, diff: list[int], k: int, v: np.ndarray) -> list:
-    from ..tensor import Tensor
-    from . import grad
-
     out = outputs[k]
     g = Tensor._make(v.reshape(out._data.shape).astype(out.dtype.np))
     if not out.requires_grad:
@@ -155,8 +152,6 @@ def gradcheck(
         raise ValueError("gradcheck expects at least one input tensor to require gradient")
     for i in diff:
         if inputs[i].dtype.name != "float64":
-            import warnings
-
             warnings.warn(
                 f"gradcheck: input {i} is {inputs[i].dtype.name}, not float64; the check may "
                 "fail from rounding alone",
@@ -288,9 +283,6 @@ def gradgradcheck(
     seed: int = 0,
 ) -> bool:
     """gradcheck of the gradient: checks second derivatives (vector-Hessian products)."""
-    from ..tensor import Tensor
-    from . import grad
-
     inputs = _tuple(inputs)
     diff = _diff_inputs(inputs)
     outputs = _outputs(func, inputs)

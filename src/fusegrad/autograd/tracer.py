@@ -10,7 +10,8 @@ innermost tracer:
   which returns the op's result, or NotImplemented to let the primitive run eagerly
   (``ops.registry.run``, which a tracer may also call itself);
 * ``autograd.backward`` / ``autograd.grad`` hand their validated arguments to
-  ``tracer.backward(...)``, whose default runs the eager engine;
+  ``tracer.backward(...)``, which returns the result, or NotImplemented to let the eager engine
+  run the call (``engine.run_backward``, which a tracer may also call itself);
 * the constant-making creation functions (``zeros``, ``ones``, ``full`` and their ``_like``
   forms, for tensors that need no gradient) ask ``tracer.full(shape, value, dtype, device)``
   first, which returns the tensor, or NotImplemented to let it be made eagerly.
@@ -37,7 +38,8 @@ if TYPE_CHECKING:
 
 
 class Tracer:
-    """Base class of tracers: every method's default is what fusegrad does without one."""
+    """Base class of tracers: every method's default, NotImplemented, lets fusegrad do what it
+    does without one."""
 
     def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
         """Primitive ``prim`` called on Tensors ``inputs`` with keyword ``attrs``: its result, or
@@ -57,12 +59,10 @@ class Tracer:
         create_graph: bool,
         inputs: Sequence[Tensor] | None,
         accumulate: bool,
-    ) -> list | None:
-        """A validated ``backward()`` (``accumulate``) or ``grad()`` call (see
-        ``engine.run_backward``, which this runs by default)."""
-        from .engine import run_backward
-
-        return run_backward(roots, grads, retain_graph, create_graph, inputs, accumulate)
+    ) -> Any:
+        """A validated ``backward()`` (``accumulate``) or ``grad()`` call: its result (see
+        ``engine.run_backward``), or NotImplemented to let the eager engine run it."""
+        return NotImplemented
 
 
 class _State(threading.local):

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import dtypes as _dt
 from ..autograd.grad_mode import no_grad
+from ..device import as_device
 from ..errors import FusegradError
+from ..ops.creation import as_tensor
 from ..tensor import Tensor
 from .parameter import Parameter
 
@@ -418,8 +420,6 @@ class Module:
                 device = a
         place = None
         if device is not None:
-            from ..device import as_device
-
             place = as_device(device)
         target = None
         if dtype is not None:
@@ -509,8 +509,6 @@ class Module:
                     continue
                 value = state_dict[key]
                 if not isinstance(value, Tensor):
-                    from ..ops.creation import as_tensor
-
                     try:
                         value = as_tensor(value)
                     except (TypeError, ValueError):

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..autograd.grad_mode import enable_grad
 from ..errors import FusegradError
+from ..nn.module import _zero_grad
 from ..tensor import Tensor
 
 
@@ -113,8 +114,6 @@ class Optimizer:
     # -- gradients -----------------------------------------------------------------------------
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients of all optimized parameters (to None by default)."""
-        from ..nn.module import _zero_grad
-
         for group in self.param_groups:
             for p in group["params"]:
                 _zero_grad(p, set_to_none)

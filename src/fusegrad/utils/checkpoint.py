@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..autograd import engine, grad_mode
+from ..autograd.api import backward
 from ..autograd.function import Function, FunctionCtx
 from ..autograd.graph import saved_tensors_hooks
 from ..autograd.node import SavedTensor
@@ -161,8 +162,6 @@ class CheckpointFunction(Function):
             raise AutogradError(
                 "none of output has requires_grad=True, this checkpoint() is not necessary"
             )
-        from ..autograd import backward
-
         # the reentrant call: parameters used inside ``run_function`` get their .grad here
         backward(outputs_with_grad, grads_with_output)
         grads = tuple(inp.grad if isinstance(inp, Tensor) else None for inp in detached_inputs)
