@@ -3,6 +3,37 @@
 Public names follow PyTorch: ``fusegrad.tensor``, ``fusegrad.randn``, ``fusegrad.no_grad``,
 ``fusegrad.autograd.grad``, ``fusegrad.nn``, ``fusegrad.optim`` ...  Importing fusegrad loads
 neither numba nor ``fusegrad.compiler``; ``fusegrad.compile`` loads them on first use.
+
+The package is layered: a module imports only from layers below it (or earlier in its own), at
+the top of the file, so there is no import cycle at load time.  Imports inside functions are
+left for optional or heavy dependencies loaded on first use (numba, numba-cuda, scipy, cupy,
+``fusegrad.compiler``), and ``nn``/``optim``/``utils``/``compiler`` load on first use through
+``__getattr__`` below.  ``tests/test_imports.py`` checks all of it.
+
+1. basics: ``errors``, ``dtypes``, ``size``, ``_format``, ``_index_key``; ``device`` (it asks
+   numba-cuda whether there is a GPU); ``random`` (generators); ``fusegrad.cuda`` (CUDA
+   storage, ``CudaArray``, and the eager CUDA kernels: ``cuda.ops`` runs a primitive on device
+   arrays); ``storage`` (device-generic array helpers).
+2. autograd state: ``autograd.grad_mode``, ``autograd.tracer``, ``autograd.anomaly``.
+3. ``autograd.graph_base``: ``Node``, ``AccumulateGrad``, hook handles (what ``Tensor`` needs).
+4. ``tensor``: ``Tensor``.
+5. ``autograd.node``: ``OpNode`` and ``SavedTensor``, which make tensors.
+6. ``ops.registry``: the primitive records and ``apply``/``run``, the eager dispatch.
+7. the op surface: ``ops.primitives`` (kernels), ``ops._util``, ``creation``, ``generated``,
+   ``elementwise``, ``views``, ``indexing``, ``shape``, ``reduction``, ``linalg``,
+   ``functional``; then ``fusegrad.ops``, which installs the ``Tensor`` methods that run ops.
+8. ``autograd.derivatives``: one rule per primitive, written in the op surface (imported here,
+   after ``ops``).
+9. ``autograd.engine``; ``autograd.api`` (``backward``, ``grad``; it installs
+   ``Tensor.backward``), ``autograd.function``, ``autograd.graph``, ``autograd.gradcheck``.
+10. ``nn``, ``optim``, ``utils``.
+
+A method of a low class that needs a higher layer is installed on the class by that layer: the
+op surface's methods and a view's lazy ``grad_fn`` by ``ops._install_methods``,
+``Tensor.backward`` by ``autograd.api``.  No module reassigns another's attributes.  The
+``fusegrad.autograd`` package spans layers 2 to 9; its ``__init__`` (re-exporting the public
+API) sits at the top of them and is imported first, below, so that it is already running when
+``tensor`` imports ``autograd.grad_mode``.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def load_data(
     """Digits (or the synthetic fallback), standardised, split into train and test."""
     rng = np.random.default_rng(seed)
     try:
-        from sklearn.datasets import load_digits
+        from sklearn.datasets import load_digits  # optional (the demo extra)
     except ImportError:
         log(
             "scikit-learn is not installed: training on a synthetic 10-class data set instead "
@@ -126,7 +126,7 @@ def _limit_blas_threads() -> contextlib.AbstractContextManager:
     and synchronising threads than multiplying, and on a busy machine a descheduled worker
     thread turns a 10 us product into milliseconds."""
     try:
-        from threadpoolctl import threadpool_limits
+        from threadpoolctl import threadpool_limits  # optional (comes with scikit-learn)
     except ImportError:
         return contextlib.nullcontext()
     return threadpool_limits(1, "blas")

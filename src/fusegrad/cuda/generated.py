@@ -38,7 +38,7 @@ def wrap(device_array: Any, shape: tuple | None = None) -> CudaArray:
 
 
 def run(prim: Any, arrays: list, attrs: dict) -> CudaArray:
-    from fusegrad.compiler.codegen import numba_cuda
+    from fusegrad.compiler.codegen import numba_cuda  # the compiler and numba-cuda: on first use
 
     out, shape = numba_cuda.run_one_op(
         prim, [a.kernel_array() for a in arrays], [a.shape for a in arrays], attrs

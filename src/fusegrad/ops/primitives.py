@@ -9,6 +9,7 @@ lowering per entry here.
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numpy as np
@@ -347,8 +348,6 @@ def _c_lgamma():  # type: ignore[no-untyped-def]
     if not _C_LGAMMA:
         fn = math.lgamma
         try:
-            import ctypes
-
             c = ctypes.CDLL(None).lgamma
             c.restype, c.argtypes = ctypes.c_double, (ctypes.c_double,)
             fn = c
