@@ -178,5 +178,5 @@ def _tensor_backward(
     backward(self, gradient, retain_graph, create_graph, inputs=inputs)
 
 
-_tensor_backward.__name__ = _tensor_backward.__qualname__ = "backward"
+_tensor_backward.__name__, _tensor_backward.__qualname__ = "backward", "Tensor.backward"
 Tensor.backward = _tensor_backward  # type: ignore[method-assign]
