@@ -8,8 +8,8 @@ which registers one rule per primitive written in this surface, sits above it (`
 imports it next).
 
 ``Tensor`` methods that run ops are installed here (``_install_methods``), with the lazy
-``grad_fn`` of views (``views.view_grad_fn``); so is the in-place machinery (``inplace``, and
-``_rebase_history`` for a custom Function's ``mark_dirty``).
+``grad_fn`` of views (``views.view_grad_fn``).  The in-place machinery lives here too
+(``inplace``, and ``_rebase_history`` for a custom Function's ``mark_dirty``).
 
 Names: a primitive's aliases and its ``Tensor`` methods come from its record (``method``,
 ``inplace``, ``aliases``); ``_METHODS`` and ``_INPLACE`` list only the composites' methods.
