@@ -63,6 +63,7 @@ from .capture import walk as _walk
 from .ir import format_graph, verify
 from .logs import set_logs
 from .program import Program
+from .settings import Config, config
 from .tape import Binding, Unbindable, leaf_key, tape_key
 
 __all__ = [
@@ -78,36 +79,6 @@ __all__ = [
 
 class CompilationError(RuntimeError):
     """Raised under ``fullgraph=True`` when a backward cannot be compiled."""
-
-
-class Config:
-    """Process-wide settings (``fusegrad.compiler.config``); each takes effect on the next
-    backward, and programs built under other values are not reused (they are in the key)."""
-
-    def __init__(self) -> None:
-        from .codegen.interpreter import MAX_ELEMENTS
-
-        # kernels over at most this many elements run on the precompiled interpreter instead
-        # of generated code (no per-graph JIT); 0 disables the interpreter
-        self.interpreter_max_elements = MAX_ELEMENTS
-        # capture with symbolic sizes, so that a program serves every batch size (False:
-        # concrete sizes, one capture per size vector)
-        self.symbolic_sizes = True
-        # walk keys whose captures are kept (least recently used first out)
-        self.cache_size = 256
-        # captures kept per walk key (symbolic ones with other guards, concrete ones per size)
-        self.captures_per_key = 8
-        # tape keys kept (the walk-free path; a key is one forward's structure and shapes)
-        self.tape_cache_size = 1024
-        # size vectors a program keeps prepared (shapes, iteration spaces, extern attributes)
-        self.sizes_per_program = 16
-
-    def program_key(self) -> tuple:
-        """What of the configuration changes a program built from a graph."""
-        return (self.interpreter_max_elements,)
-
-
-config = Config()
 
 
 class _Debug(threading.local):

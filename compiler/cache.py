@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .settings import config
+
 
 @dataclass
 class Counters:
@@ -123,8 +125,6 @@ class LRU:
 
 def _limit(name: str) -> Callable[[], int]:
     def limit() -> int:
-        from . import config
-
         return int(getattr(config, name))
 
     return limit
@@ -149,8 +149,6 @@ class GraphEntry:
     def add(self, captured: Any, sizes: tuple) -> None:
         if captured.symbolic:
             with self._lock:
-                from . import config
-
                 self.symbolic.append(captured)
                 del self.symbolic[: max(0, len(self.symbolic) - config.captures_per_key)]
         else:
@@ -287,8 +285,6 @@ def describe_program_miss(old_key: tuple | None, new_key: tuple) -> str:
 
 def lookup(w: Any, mode: str = "default") -> Any:
     """The cached program that runs walk ``w`` in ``mode`` now, or None (for tools)."""
-    from . import config
-
     entry = graphs.get(w.key)
     captured = entry.find(w.sizes) if entry is not None else None
     if captured is None:

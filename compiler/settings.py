@@ -1,0 +1,34 @@
+"""The compiler's process-wide settings, ``fusegrad.compiler.config`` (below the cache and the
+programs, which read them)."""
+
+from __future__ import annotations
+
+from .codegen.interpreter import MAX_ELEMENTS
+
+
+class Config:
+    """Process-wide settings (``fusegrad.compiler.config``); each takes effect on the next
+    backward, and programs built under other values are not reused (they are in the key)."""
+
+    def __init__(self) -> None:
+        # kernels over at most this many elements run on the precompiled interpreter instead
+        # of generated code (no per-graph JIT); 0 disables the interpreter
+        self.interpreter_max_elements = MAX_ELEMENTS
+        # capture with symbolic sizes, so that a program serves every batch size (False:
+        # concrete sizes, one capture per size vector)
+        self.symbolic_sizes = True
+        # walk keys whose captures are kept (least recently used first out)
+        self.cache_size = 256
+        # captures kept per walk key (symbolic ones with other guards, concrete ones per size)
+        self.captures_per_key = 8
+        # tape keys kept (the walk-free path; a key is one forward's structure and shapes)
+        self.tape_cache_size = 1024
+        # size vectors a program keeps prepared (shapes, iteration spaces, extern attributes)
+        self.sizes_per_program = 16
+
+    def program_key(self) -> tuple:
+        """What of the configuration changes a program built from a graph."""
+        return (self.interpreter_max_elements,)
+
+
+config = Config()
