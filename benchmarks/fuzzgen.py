@@ -66,7 +66,13 @@ scales with the unit roundoff, ``estimate = max over shadows of |eager - shadow|
 u_shadow)``.  For float32 results against the float64 shadow this is eager's actual error; for
 float64 results against the float32 shadow it is the float32 discrepancy scaled down by 2**-29.
 Where a shadow is not finite but eager is, that shadow's estimate is ``|eager| * min(1, u /
-u_shadow)`` (no usable information).
+u_shadow)`` (no usable information).  A float64 result of a mixed program that the float64
+shadow moves by more than ``MIXED`` (relative to the backward's scale) carries float32
+rounding (a float64 leaf whose gradient passes through float32 values: eager casts a float32
+sum up); the estimate is one sample of that error and can be small by luck, so such an
+element's floor is float32's, ``FLOOR * u_float32 * scale``.  A float64 result that the float32
+values do not reach keeps float64's floor, which is what finds a float64 rule computed in
+float32.
 """
 
 from __future__ import annotations
@@ -111,6 +117,9 @@ RTOL = {"float32": 1e-5, "float64": 1e-10}
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "float64": 2.0**-53}
 FLOOR = 4.0  # norm-wise floor, in unit roundoffs of the scale of the backward's terms
 SHADOW = 4.0  # how many times the measured rounding error the compiled result may deviate
+# relative change (to the backward's scale) of a float64 result in the float64 shadow beyond
+# which the result carries float32 rounding: far above float64 rounding, far below float32's
+MIXED = 2.0**-40
 
 
 # ---- programs ----------------------------------------------------------------------------------
@@ -1428,7 +1437,8 @@ def _tolerance(
     """Per element: rtol*|eager| + a norm-wise floor + the measured rounding error."""
     rtol, u = RTOL[dtype], UNIT_ROUNDOFF[dtype]
     magnitude = np.abs(np.where(finite, a64, 0.0))
-    tol = rtol * magnitude + FLOOR * u * max(float(magnitude.max()), root_scale)
+    scale = max(float(magnitude.max()), root_scale)
+    tol = rtol * magnitude + FLOOR * u * scale
     estimate = np.zeros_like(a64)
     for shadow in shadows:
         if shadow.values.shape != a64.shape:
@@ -1438,6 +1448,12 @@ def _tolerance(
         with np.errstate(invalid="ignore"):
             error = np.where(np.isfinite(s64), np.abs(a64 - s64), magnitude) * ratio
         estimate = np.maximum(estimate, np.where(finite, error, 0.0))
+        if dtype == "float64" and shadow.dtype == "float64":
+            # a float64 result that moves when the program's float32 values become float64
+            # carries float32 rounding: its floor is float32's (one sample of that error, the
+            # estimate, can be small by luck)
+            carries = np.where(finite, error, 0.0) > MIXED * scale
+            tol = np.where(carries, tol + FLOOR * UNIT_ROUNDOFF["float32"] * scale, tol)
     return tol + SHADOW * estimate
 
 

@@ -11,7 +11,8 @@ Assumes a verified graph after the pipeline (``passes.run``).  Two functions:
   consecutive interpreted kernels over the same iteration space and float dtype are merged into
   one (the fuser's size cap exists for numba's compile time, which the interpreter does not pay),
   and the ``.grad`` accumulation epilogue is planned: a generated kernel output that is the
-  gradient of exactly one leaf whose ``.grad`` exists is added into that ``.grad`` by the kernel.
+  gradient of exactly one leaf whose ``.grad`` exists, and read by no later step, is added into
+  that ``.grad`` by the kernel.
 
 Guarantees: the steps of a variant compute the same values as ``steps`` gave, in an order that
 respects every dependency; kernels are copies (a variant never changes another's kernels).
@@ -117,13 +118,14 @@ def finish(
             )
         interpreted.add(len(merged) - 1)
         k = j
-    # the .grad accumulation epilogue, in generated kernels only
+    # the .grad accumulation epilogue, in generated kernels only: the kernel adds the value into
+    # .grad instead of storing it, so nothing else may read it (no other effect, no later step)
     uses: dict[Value, int] = {}
     for _, _, v in graph.effects:
         uses[v] = uses.get(v, 0) + 1
     epilogue: dict[Value, int] = {}
     for kind, slot, v in graph.effects:
-        if kind != "grad" or slot not in leaves_with_grad or uses[v] != 1:
+        if kind != "grad" or slot not in leaves_with_grad or uses[v] != 1 or v in users:
             continue
         for index, step in enumerate(merged):
             if (

@@ -188,3 +188,16 @@ def test_ci_programs_cover_every_category() -> None:
     assert sum(1 for p in programs if p.presets) >= 5  # accumulation into an existing .grad
     assert all(p.gradcheck == (p.seed % 10 == 0) for p in programs)
     assert all(p.precision == "float64" for p in programs if p.gradcheck)
+
+
+def test_compare_gives_float32_rounding_to_float64_results_that_carry_it() -> None:
+    # seed 2301: a float64 leaf's gradient is a float32 sum cast up; eager happened to be 8e-9
+    # off the float64 shadow, compiled (another float32 summation order) 4e-8: both float32
+    # rounding.  A float64 result the float32 values do not reach keeps float64's tolerance.
+    eager = _result([2.17706499], "float64")
+    compiled = _result([2.17706499 - 4.5e-8], "float64")
+    carries = _result([2.17706499 + 8e-9], "float64")
+    untouched = _result([2.17706499], "float64")
+    assert fuzzgen.compare(eager, compiled, [carries]) == []
+    assert fuzzgen.compare(eager, compiled, [untouched])
+    assert fuzzgen.compare(eager, _result([2.17706499 - 1e-6], "float64"), [carries])
