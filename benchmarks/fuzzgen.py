@@ -53,10 +53,13 @@ elements within
 
 ``rtol`` is the README's (1e-10 float64, 1e-5 float32) and ``u`` the unit roundoff of the
 gradient's dtype.  The second term is a norm-wise floor of a few roundoffs of the scale of the
-backward's terms (the larger of the tensor's largest element and the largest root gradient):
-an FMA contraction legitimately leaves the rounding error of a product where eager's terms
-cancel to an exact zero.  The third term is what makes the comparison principled where sums
-cancel: compiled code may contract ``a*b+c`` into an FMA and accumulate float32 sums in
+backward's terms (the largest of the tensor's largest element, the largest root gradient and
+the largest gradient that flows into the result in eager's backward, measured by
+``_TermScales`` through the engine's executor): an FMA contraction legitimately leaves the
+rounding error of a product where eager's terms cancel to an exact zero, and that product can
+be far larger than the result and the root gradients (``(a - b) * (a + b)`` with a = 1e30).
+The third term is what makes the comparison principled where sums cancel: compiled code may
+contract ``a*b+c`` into an FMA and accumulate float32 sums in
 float64, so its result differs from eager's by up to the *rounding error of the computation*,
 ``~ u * sum |terms|``, which exceeds ``rtol * |result|`` by any factor when the terms cancel.
 That error is measured, not guessed: the program runs eagerly once more with every float dtype
@@ -94,6 +97,9 @@ import numpy as np
 import fusegrad as fg
 import fusegrad.nn.functional as F
 from fusegrad import compiler
+from fusegrad.autograd.engine import Executor, run_backward
+from fusegrad.autograd.graph_base import AccumulateGrad
+from fusegrad.autograd.tracer import Tracer, tracing
 
 __all__ = [
     "CONFIGS",
@@ -1227,17 +1233,97 @@ class _Module:
         finally:
             self.ns["LO"], self.ns["HI"] = previous
 
-    def run(self, region: Callable[[], Any] | None = None, scales: Sequence[float] = (1.0,)) -> Any:
+    def run(
+        self,
+        region: Callable[[], Any] | None = None,
+        scales: Sequence[float] = (1.0,),
+        term_scales: dict[str, float] | None = None,
+    ) -> Any:
         """Snapshots of run()'s results (once per leaf-data scale, the last kept), or the
-        exception it raised."""
+        exception it raised.  ``term_scales`` (eager runs only) receives each result's term
+        scale (``_TermScales``)."""
+        observer = _TermScales() if term_scales is not None else None
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), tracing(observer):
                 warnings.simplefilter("ignore")
                 for scale in scales:
+                    if observer is not None:
+                        observer.reset()
                     result = self.ns["run"](region or contextlib.nullcontext, scale)
+                if observer is not None and term_scales is not None:
+                    term_scales.update(observer.by_key(result))
                 return {k: _snapshot(v) for k, v in result.items()}
         except Exception as e:
             return e
+
+
+def _finite_max(t: Any) -> float:
+    if not isinstance(t, fg.Tensor) or not t.dtype.is_floating_point:
+        return 0.0
+    a = np.asarray(t.detach().numpy(), dtype=np.float64)
+    return float(np.abs(a[np.isfinite(a)]).max(initial=0.0))
+
+
+class _TermScales(Executor, Tracer):
+    """Observes an eager backward: a tracer whose ``backward`` runs the eager engine with this
+    executor, which performs every step as ``EAGER`` does and records the largest finite
+    gradient flowing on any path into each ``.grad`` it writes.  That is the scale of the terms
+    a compiled kernel may contract into an FMA: where eager's terms cancel exactly (``g*a -
+    g*a``), the contraction leaves the rounding error of one product, ``~u * |g*a|``, which the
+    results and the root gradients alone do not bound (seeds 3195, 3495)."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.upstream: dict[Any, float] = {}
+        self.written: list[tuple[Any, float]] = []  # (the .grad tensor, its scale)
+        self.largest = 0.0
+
+    def backward(  # type: ignore[override]
+        self,
+        roots: Sequence[Any],
+        grads: Sequence[Any],
+        retain_graph: bool,
+        create_graph: bool,
+        inputs: Sequence[Any] | None,
+        accumulate: bool,
+    ) -> Any:
+        for g in grads:
+            self.largest = max(self.largest, _finite_max(g))
+        return run_backward(
+            roots, grads, retain_graph, create_graph, inputs, accumulate, executor=self
+        )
+
+    def apply_node(self, node: Any, grads: list, retain_graph: bool) -> tuple:
+        here = max([self.upstream.get(node, 0.0), *(_finite_max(g) for g in grads)])
+        results = super().apply_node(node, grads, retain_graph)
+        for edge, r in zip(node.next_functions, results):
+            target = edge[0] if edge is not None else None
+            if target is not None:
+                reach = max(here, _finite_max(r))
+                self.upstream[target] = max(self.upstream.get(target, 0.0), reach)
+                self.largest = max(self.largest, reach)
+        return results
+
+    def accumulate_grad(self, t: Any, g: Any, create_graph: bool) -> None:
+        scale = _finite_max(g)
+        for node, reach in self.upstream.items():
+            if isinstance(node, AccumulateGrad) and node.variable is t:
+                scale = max(scale, reach)
+        if t.grad_fn is not None:
+            scale = max(scale, self.upstream.get(t.grad_fn, 0.0))
+        super().accumulate_grad(t, g, create_graph)
+        self.written.append((t.grad, scale))
+
+    def by_key(self, result: dict) -> dict[str, float]:
+        """Each result's scale: the largest of its ``.grad`` writes, else (a result ``grad()``
+        returned, a tensor of the forward) the largest gradient of the whole backward."""
+        scales: dict[str, float] = {}
+        for key, value in result.items():
+            mine = [scale for t, scale in self.written if t is value]
+            scales[key] = max(mine) if mine else self.largest
+        return scales
 
 
 @dataclass(frozen=True)
@@ -1279,15 +1365,19 @@ def check(program: Program) -> Report:
     return report
 
 
-def _reference(program: Program, module: _Module, scale: float = 1.0) -> tuple[Any, list[dict]]:
-    """Eager results, and the shadow runs' (none when eager raised).
+def _reference(
+    program: Program, module: _Module, scale: float = 1.0
+) -> tuple[Any, list[dict], dict[str, float]]:
+    """Eager results, the shadow runs' (none when eager raised), and each result's term scale
+    (``_TermScales``: the largest gradient flowing into it).
 
     A shadow run is the same program with every float dtype changed to one precision: float64
     when the program uses float32 anywhere, float32 when it uses float64 anywhere (a mixed
     program gets both)."""
-    eager = module.run(scales=(scale,))
+    term_scales: dict[str, float] = {}
+    eager = module.run(scales=(scale,), term_scales=term_scales)
     if isinstance(eager, Exception):
-        return eager, []
+        return eager, [], {}
     precisions = []
     if program.precision != "float64":
         precisions.append(fg.float64)
@@ -1299,7 +1389,7 @@ def _reference(program: Program, module: _Module, scale: float = 1.0) -> tuple[A
             shadow = module.run(scales=(scale,))
         if not isinstance(shadow, Exception):
             shadows.append(shadow)
-    return eager, shadows
+    return eager, shadows, term_scales
 
 
 def _run_config(
@@ -1308,6 +1398,7 @@ def _run_config(
     config: Config,
     eager: Any,
     shadows: list[dict],
+    term_scales: dict[str, float],
     report: Report | None,
 ) -> Finding | None:
     if config is not CACHED:
@@ -1320,7 +1411,7 @@ def _run_config(
         got = module.run(config.region(), config.scales)
     if report is not None:
         _add_counts(report, before)
-    kind, problems = _verdict(eager, got, shadows)
+    kind, problems = _verdict(eager, got, shadows, term_scales)
     if not problems:
         return None
     verdict = "\n".join(problems)
@@ -1337,7 +1428,9 @@ def _add_counts(report: Report, before: tuple[int, int, int, int, Counter]) -> N
     report.fallbacks.update(after[4] - before[4])
 
 
-def _verdict(eager: Any, got: Any, shadows: list[dict]) -> tuple[str, list[str]]:
+def _verdict(
+    eager: Any, got: Any, shadows: list[dict], term_scales: dict[str, float] | None = None
+) -> tuple[str, list[str]]:
     if isinstance(got, Exception) and not isinstance(eager, Exception):
         return "crash", [_format_exception(got)]
     if isinstance(eager, Exception) or isinstance(got, Exception):
@@ -1351,7 +1444,7 @@ def _verdict(eager: Any, got: Any, shadows: list[dict]) -> tuple[str, list[str]]
             if isinstance(got, Exception)
             else "compiled raised nothing",
         ]
-    return "mismatch", compare(eager, got, shadows)
+    return "mismatch", compare(eager, got, shadows, term_scales=term_scales)
 
 
 def _format_exception(e: BaseException) -> str:
@@ -1360,12 +1453,18 @@ def _format_exception(e: BaseException) -> str:
 
 
 def compare(
-    eager: dict, got: dict, shadows: Sequence[dict] = (), root_scale: float | None = None
+    eager: dict,
+    got: dict,
+    shadows: Sequence[dict] = (),
+    root_scale: float | None = None,
+    term_scales: dict[str, float] | None = None,
 ) -> list[str]:
     """The differences between two results of ``run()`` (module docstring: Comparison).
 
     ``shadows`` are results of the shadow runs; ``root_scale`` is the largest root gradient,
-    by default read from the results labelled ``C[...]`` (the root gradients after backward)."""
+    by default read from the results labelled ``C[...]`` (the root gradients after backward);
+    ``term_scales`` is each result's largest incoming gradient (``_TermScales``), which raises
+    that result's scale above ``root_scale``."""
     if root_scale is None:
         root_scale = max(
             (
@@ -1386,7 +1485,8 @@ def compare(
                 problems.append(f"{key}: eager {_short(want)}, compiled {_short(have)}")
             continue
         refs = [r[key] for r in shadows if isinstance(r.get(key), _Array)]
-        problems += _compare_arrays(key, want, have, refs, root_scale)
+        scale = max(root_scale, (term_scales or {}).get(key, 0.0))
+        problems += _compare_arrays(key, want, have, refs, scale)
     return problems
 
 
@@ -1528,8 +1628,8 @@ def shrink(finding: Finding, program: Program, budget_s: float = 60.0) -> Progra
             if finding.kind == "gradcheck":
                 return _gradcheck(candidate, module, Report(candidate.seed)) == "failed"
             config = CONFIGS[finding.config]
-            eager, shadows = _reference(candidate, module, config.scales[-1])
-            found = _run_config(candidate, module, config, eager, shadows, None)
+            eager, shadows, term_scales = _reference(candidate, module, config.scales[-1])
+            found = _run_config(candidate, module, config, eager, shadows, term_scales, None)
         except Exception:
             return False
         return found is not None and found.kind == finding.kind

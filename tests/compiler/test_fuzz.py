@@ -25,6 +25,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import fusegrad as fg
+from fusegrad.autograd.tracer import tracing
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:  # ``benchmarks`` is a package at the repository root
     sys.path.insert(0, str(REPO_ROOT))
@@ -201,3 +204,27 @@ def test_compare_gives_float32_rounding_to_float64_results_that_carry_it() -> No
     assert fuzzgen.compare(eager, compiled, [carries]) == []
     assert fuzzgen.compare(eager, compiled, [untouched])
     assert fuzzgen.compare(eager, _result([2.17706499 - 1e-6], "float64"), [carries])
+
+
+def test_compare_floor_follows_the_terms_flowing_into_a_result() -> None:
+    # seed 3195: eager cancels g*40 - g*40 to 0; an FMA leaves the rounding error of one product
+    # of ~1.3e5 (-2**-7); the result and the root gradients are small
+    eager = _result([0.0, 1.0])
+    got = _result([-(2.0**-7), 1.0])
+    assert fuzzgen.compare(eager, got)
+    assert fuzzgen.compare(eager, got, term_scales={"x.grad": 1.3e5}) == []
+    assert fuzzgen.compare(eager, _result([-1.0, 1.0]), term_scales={"x.grad": 1.3e5})
+
+
+def test_term_scales_observes_the_largest_gradient_flowing_into_each_grad() -> None:
+    big = fg.tensor(1e30, requires_grad=False)
+    x = fg.tensor(-0.1647, requires_grad=True)
+    y = fg.tensor(2.0, requires_grad=True)
+    observer = fuzzgen._TermScales()
+    with tracing(observer):
+        ((big - x) * (big + x) * 0.5 + y * 3.0).backward()
+    assert x.grad is not None and y.grad is not None
+    scales = observer.by_key({"x.grad": x.grad, "y.grad": y.grad})
+    assert scales["x.grad"] >= 0.5e30  # g * (big + x), before the two terms cancel
+    assert scales["y.grad"] == 3.0  # the terms into y only, not x's
+    assert float(x.grad.numpy()) == 0.0  # observing leaves eager's values alone
