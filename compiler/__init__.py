@@ -101,6 +101,9 @@ class Region(Tracer):
         self.mode = mode
 
     def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
+        tape = _tape.state.tape
+        if tape is not None and not tape.nodes:
+            tape.stamp = _tape.changes.value  # before the tape's first node is made
         out = _registry.run(prim, inputs, attrs)
         node = out.grad_fn
         if type(node) is OpNode:  # a node made by this call: record its structure

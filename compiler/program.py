@@ -504,7 +504,7 @@ def _epilogue_buffer(leaf: Tensor, v: Value, shape: tuple, sizes: tuple) -> np.n
     a = g._data
     if not (a.flags.c_contiguous and a.flags.writeable) or a.shape != shape:
         return None
-    g._version_counter.value += 1
+    g._version_counter.bump()
     return a.reshape(sizes)
 
 
@@ -592,7 +592,7 @@ def _run_cuda_kernel(
         grad = leaves[epilogue[v]]._grad
         if grad._data.writeable and grad._dtype is v.dtype:
             grads[v] = grad._data.kernel_array()
-            grad._version_counter.value += 1
+            grad._version_counter.bump()
         else:
             late.append(v)
     inputs = {}

@@ -19,7 +19,9 @@ records cannot change (a node's edges are fixed when it is made); everything els
 relies on is checked by ``Binding.bind`` on every use -- no node has hooks, no saved tensor was
 freed, modified in place or given unpack hooks, and leaves read for rematerialisation are at the
 versions they had when their op ran -- and any failed check sends the backward to the walk, which
-raises the eager engine's own errors.
+raises the eager engine's own errors.  The per-node part of these checks is skipped when the
+eager core's change stamp (``graph_base.changes``: hook registrations, releases, version bumps
+anywhere) has not moved since the tape's first node was made.
 
 The tape holds its nodes and leaves' AccumulateGrad nodes through weak references only, so it
 never keeps a graph alive; positions are found by ``id`` and confirmed through the weak
@@ -44,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from fusegrad.autograd import node as _node
+from fusegrad.autograd.graph_base import changes
 from fusegrad.autograd.node import AccumulateGrad, OpNode
 from fusegrad.tensor import Tensor
 
@@ -73,6 +76,7 @@ class Tape:
         "nodes",
         "open",
         "serial",
+        "stamp",
         "state",
         "states",
         "versions",
@@ -88,6 +92,8 @@ class Tape:
         self.versions: dict[int, int] = {}  # position -> its leaf input's version (remat only)
         self.state = 0  # the empty prefix
         self.open = True
+        # ``changes.value`` before the first node on the tape was made (-1: none recorded yet)
+        self.stamp = -1
 
     def position(self, node: Any) -> int:
         """``node``'s position on this tape, or -1."""
@@ -285,27 +291,19 @@ class Binding:
     def bind(self, tape: Tape) -> tuple[list, list, list] | None:
         """(saved arrays in walk order, leaves, nodes to free), or None when a check fails."""
         refs = tape.nodes
-        nodes = []
-        arrays: list = []
-        append = arrays.append
-        for i in self.node_index:
-            n = refs[i]()
-            if (
-                n is None
-                or n._saved is None  # freed: the walk raises the eager error
-                or n._pre_hooks is not None
-                or n._post_hooks is not None
-                or n._tensor_pre_hooks is not None
-                or n._retain_grad_hooks is not None
-            ):
+        nodes = [refs[i]() for i in self.node_index]
+        if None in nodes:
+            return None
+        if tape.stamp == changes.value:
+            # no hook registered, nothing released, no version bumped anywhere since the tape's
+            # first node was made: its nodes are as they were recorded
+            arrays = [
+                s._data if s._tensor is None else s._tensor._data for n in nodes for s in n._saved
+            ]
+        else:
+            arrays = self._checked_arrays(nodes)
+            if arrays is None:
                 return None
-            nodes.append(n)
-            for s in n._saved:
-                counter = s._counter
-                if counter is None or counter.value != s._version or s._unpack_hook is not None:
-                    return None
-                t = s._tensor
-                append(s._data if t is None else t._data)
         accumulators = tape.leaves
         leaves = []
         for i in self.leaf_index:
@@ -326,6 +324,29 @@ class Binding:
                 return None
         release = [nodes[p] for p in self.release]
         return arrays, leaves, release
+
+    @staticmethod
+    def _checked_arrays(nodes: list) -> list | None:
+        """The saved arrays of ``nodes`` in walk order, or None when a node has hooks or was
+        freed, or a saved tensor was modified in place or has unpack hooks."""
+        arrays: list = []
+        append = arrays.append
+        for n in nodes:
+            if (
+                n._saved is None  # freed: the walk raises the eager error
+                or n._pre_hooks is not None
+                or n._post_hooks is not None
+                or n._tensor_pre_hooks is not None
+                or n._retain_grad_hooks is not None
+            ):
+                return None
+            for s in n._saved:
+                counter = s._counter
+                if counter is None or counter.value != s._version or s._unpack_hook is not None:
+                    return None
+                t = s._tensor
+                append(s._data if t is None else t._data)
+        return arrays
 
 
 def grad_meta(grad: Any) -> tuple | None:

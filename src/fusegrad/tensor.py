@@ -31,7 +31,7 @@ import numpy as np
 from . import dtypes as _dt
 from ._format import format_tensor
 from .autograd import grad_mode as _grad_mode
-from .autograd.graph_base import accumulator_for, add_hook
+from .autograd.graph_base import accumulator_for, add_hook, graph_changed
 from .cuda.array import CudaArray, to_device
 from .device import CPU, as_device
 from .errors import AutogradError, DTypeError, IndexOutOfRange, ShapeError
@@ -49,6 +49,11 @@ class _VersionCounter:
 
     def __init__(self) -> None:
         self.value = 0
+
+    def bump(self) -> None:
+        """An in-place change was made."""
+        self.value += 1
+        graph_changed()
 
 
 # How a view was created (PyTorch's CreationMeta).  Anything but DEFAULT forbids rewriting the
@@ -227,7 +232,7 @@ class Tensor:
         return self._version_counter.value
 
     def _bump(self) -> None:
-        self._version_counter.value += 1
+        self._version_counter.bump()
 
     # -- autograd metadata ------------------------------------------------------------------
     @property
@@ -326,6 +331,7 @@ class Tensor:
         if node._retain_grad_hooks is None:
             node._retain_grad_hooks = {}
         node._retain_grad_hooks[self._output_nr] = weakref.ref(self)
+        graph_changed()
 
     def _set_history(self, grad_fn: Any, output_nr: int) -> None:
         """Rebase this tensor onto ``grad_fn`` (after an in-place op).  As in PyTorch, a

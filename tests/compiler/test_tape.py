@@ -224,6 +224,80 @@ def test_hooks_registered_after_the_forward_run() -> None:
     handle.remove()
 
 
+def _hooked_forward(x: fg.Tensor, w: fg.Tensor, kind: str, seen: list) -> fg.Tensor:
+    """``(tanh(x * w) * 2).sum()`` with a hook of ``kind`` put on ``x * w``'s node after it ran."""
+    h = x * w
+    loss = (h.tanh() * 2.0).sum()
+    if kind == "tensor":
+        h.register_hook(lambda g: seen.append("tensor") or g * 3)
+    elif kind == "post":
+        h.grad_fn.register_hook(lambda gi, go: seen.append("post"))
+    elif kind == "pre":
+        h.grad_fn.register_prehook(lambda go: seen.append("pre"))
+    elif kind == "retain":
+        h.retain_grad()
+        seen.append(h)
+    return loss
+
+
+@pytest.mark.parametrize("kind", ["tensor", "post", "pre", "retain"])
+def test_hooks_registered_after_a_recorded_forward_leave_the_tape_path(kind: str) -> None:
+    # the same structure runs three times, so the tape path is ready; then the fourth forward
+    # gets a hook after it ran: the binding must not take the tape (which runs no hooks)
+    x, w = _leaves()
+    eager_seen: list = []
+    x.grad = w.grad = None
+    _hooked_forward(x, w, kind, eager_seen).backward()
+    want = x.grad.numpy().copy()
+    for _ in range(3):
+        x.grad = w.grad = None
+        with compiler.compiled_autograd():
+            _hooked_forward(x, w, "", []).backward()
+    hits = compiler.counters.tape_hits
+    assert hits == 2
+    seen: list = []
+    x.grad = w.grad = None
+    with compiler.compiled_autograd():
+        _hooked_forward(x, w, kind, seen).backward()
+    assert compiler.counters.tape_hits == hits
+    np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-5, atol=1e-6)
+    if kind == "retain":
+        np.testing.assert_allclose(seen[0].grad.numpy(), eager_seen[0].grad.numpy(), rtol=1e-6)
+    else:
+        assert seen == eager_seen == [kind]
+
+
+def test_the_change_stamp_moves_on_every_change_to_an_existing_graph() -> None:
+    # the tape skips its per-node checks while ``changes`` stands still: every change those
+    # checks look for must move it
+    from fusegrad.autograd.graph_base import changes
+
+    x, w = _leaves()
+    h = x * w
+    y = h.tanh()
+    loss = (y * w).sum()
+    actions = {
+        "tensor hook": lambda: h.register_hook(lambda g: g),
+        "node hook": lambda: y.grad_fn.register_hook(lambda gi, go: None),
+        "node prehook": lambda: y.grad_fn.register_prehook(lambda go: None),
+        "retain_grad": h.retain_grad,
+        "in-place op": lambda: y.add_(0.0),
+        "in-place under no_grad": lambda: _no_grad_mul(w),
+        "backward (releases saved tensors)": lambda: (x * 2.0).sum().backward(),
+        "accumulate into .grad in place": lambda: (x * 2.0).sum().backward(),
+    }
+    assert loss is not None
+    for what, action in actions.items():
+        before = changes.value
+        action()
+        assert changes.value != before, what
+
+
+def _no_grad_mul(t: fg.Tensor) -> None:
+    with fg.no_grad():
+        t.mul_(1.0)
+
+
 def test_data_swap_after_the_forward_is_seen() -> None:
     x, w = _leaves()
     other = fg.tensor(np.linspace(-1, 1, 64).astype(np.float32))

@@ -147,7 +147,7 @@ def accumulate_grad(t: Tensor, g: Tensor, create_graph: bool) -> None:
             np.add(old._data, g._data, out=old._data, casting="unsafe")
         else:  # a CUDA .grad: add on the device, write back in place (identity kept)
             _storage.copyto(old._data, (old + g)._data)
-        old._version_counter.value += 1
+        old._version_counter.bump()
     else:  # a read-only (e.g. expanded) .grad the user assigned: replace it
         t._grad = Tensor._make(old._data + g._data)
 

@@ -41,12 +41,38 @@ class _Handle:
         self.remove()
 
 
+class _Changes:
+    """A stamp that moves on every change made to graphs that already exist: a hook registered
+    (node, tensor or retain_grad), saved tensors released, a tensor's version bumped.  Whoever
+    keeps a graph's state between calls (the compiler's tape) reads ``value`` before recording
+    and again before reusing what it recorded: equal values mean none of these happened in
+    between, so the per-node checks can be skipped.
+
+    Each change stores a fresh number *after* it is made, so the value never returns to one a
+    reader has seen (two threads storing out of order only make a reader check more)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+changes = _Changes()
+_change_ids = itertools.count(1)
+
+
+def graph_changed() -> None:
+    """Note a change to an existing graph (see ``_Changes``); call it after the change."""
+    changes.value = next(_change_ids)
+
+
 _hook_ids = itertools.count()
 
 
 def add_hook(store: dict, fn: Callable) -> _Handle:
     key = next(_hook_ids)
     store[key] = fn
+    graph_changed()
     return _Handle(store, key)
 
 

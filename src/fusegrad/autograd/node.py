@@ -30,6 +30,7 @@ from .graph_base import (  # (Node, AccumulateGrad & co. are re-exported: this w
     _sequence,
     accumulator_for,
     add_hook,
+    graph_changed,
 )
 
 __all__ = [
@@ -213,6 +214,7 @@ class SavedTensor:
         if self._unpack_hook is not None:
             self._packed = None
         self._counter = None  # marks the tensor as freed
+        graph_changed()
 
     def unpack(self, node: Node | None) -> Tensor:
         if self._counter is None:
@@ -353,6 +355,7 @@ class OpNode(Node):
                 for s in saved:
                     s.release()
             self._saved = None
+            graph_changed()
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
         rule = self._rule

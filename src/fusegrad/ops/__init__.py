@@ -381,7 +381,7 @@ def _write(self: Tensor, result: Tensor, op: str) -> None:
     _check_writable(self, op)
     data = self._data
     _storage.copyto(_writable(data) if type(data) is np.ndarray else data, result._data)
-    self._version_counter.value += 1
+    self._version_counter.bump()
 
 
 def inplace(self: Tensor, op: str, fn: Any, *args: Any, **kwargs: Any) -> Tensor:
