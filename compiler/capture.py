@@ -96,6 +96,10 @@ class Walk:
     fallback: str | None = None
     index: dict = field(default_factory=dict)  # node -> position in ``nodes``
     has_hooks: bool = False  # user hooks run as opaque steps (effects then happen in order)
+    # with ``inputs`` (grad(), backward(inputs=...)): the OpNodes the eager engine does not run
+    # -- those only reached through an input, and an input's own node when nothing needed lies
+    # beyond it -- whose saved tensors are neither read, checked nor freed (as in eager)
+    unrun: frozenset = frozenset()
 
 
 class _Sizes:
@@ -170,6 +174,20 @@ def walk(
         for child, _ in reversed(n._edges):
             if child is not None and child not in index:
                 stack.append(child)
+    unrun: frozenset = frozenset()
+    if inputs is not None:
+        targets = {n for n, _ in (t._edge() for t in inputs) if n is not None}
+        needed = _engine._needed(index, targets)
+        unrun = frozenset(
+            n
+            for n in order
+            if type(n) is OpNode
+            and (
+                n not in needed
+                or (n in targets and not any(c in needed for c, _ in n._edges if c is not None))
+            )
+        )
+        out.unrun = unrun
     sizes = _Sizes()
     shape = sizes.shape
     key: list = [("call", accumulate, len(roots))]
@@ -200,7 +218,9 @@ def walk(
                     tuple(sorted(n._retain_grad_hooks or ())),
                 )
             saved = n._saved
-            if saved is None:
+            if n in unrun:
+                saved = ()  # (the key still holds its place: ``"unrun"`` below)
+            elif saved is None:
                 if n._rule.save_index:
                     # freed: the eager engine raises its "Specify retain_graph=True" error
                     out.fallback = f"{n.name()} has freed its saved tensors"
@@ -240,6 +260,7 @@ def walk(
                     tuple([(shape(s), d) for s, d in n._input_meta]),
                     tuple(smeta),
                     hooks,
+                    "unrun" if n in unrun else None,
                 )
             )
         elif kind is AccumulateGrad:

@@ -305,8 +305,9 @@ class Program:
         finally:
             grad_mode._state.enabled = prev_mode
         if not retain_graph:
+            unrun = w.unrun
             for n in w.nodes:
-                if type(n) is OpNode:
+                if type(n) is OpNode and n not in unrun:
                     n.release()
         return captured
 
