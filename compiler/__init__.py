@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -185,16 +187,64 @@ def run(
         return _fallback(
             region, w.fallback, outputs, grads, retain_graph, create_graph, inputs, accumulate
         )
+    notice = _CompileNotice()
     try:
-        program = _program_for(region, w, grads, outputs, inputs, accumulate)
-    except Fallback as e:
-        return _fallback(
-            region, str(e), outputs, grads, retain_graph, create_graph, inputs, accumulate
+        try:
+            program = _program_for(region, w, grads, outputs, inputs, accumulate, notice)
+        except Fallback as e:
+            return _fallback(
+                region, str(e), outputs, grads, retain_graph, create_graph, inputs, accumulate
+            )
+        if fast is not None and not w.has_hooks:
+            _remember_tape(fast, w, region, program)
+        counters.compiled_runs += 1
+        return program.run(w, w.sizes, grads, retain_graph, inputs)
+    finally:
+        notice.stop()
+
+
+class _CompileNotice:
+    """One line on stderr when capturing, building and first running (numba's JIT) a backward
+    takes longer than ``config.compile_notice_s``: printed by a timer while it still runs, or at
+    the end if the timer had no chance to.  Cache hits never start one."""
+
+    __slots__ = ("lock", "said", "start_time", "timer", "what")
+
+    def __init__(self) -> None:
+        self.timer: threading.Timer | None = None
+        self.said = False
+        self.lock = threading.Lock()
+
+    def start(self, what: str) -> None:
+        limit = config.compile_notice_s
+        if self.timer is not None or limit is None:
+            return
+        self.what = what
+        self.start_time = time.perf_counter()
+        self.timer = threading.Timer(limit, self.say)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def say(self) -> None:
+        with self.lock:
+            if self.said:
+                return
+            self.said = True
+        print(
+            f"fusegrad.compiler: compiling {self.what} (capture, fusion and numba's JIT: once; "
+            "later calls reuse it, later processes load it from the disk cache)",
+            file=sys.stderr,
+            flush=True,
         )
-    if fast is not None and not w.has_hooks:
-        _remember_tape(fast, w, region, program)
-    counters.compiled_runs += 1
-    return program.run(w, w.sizes, grads, retain_graph, inputs)
+
+    def stop(self) -> None:
+        timer = self.timer
+        if timer is None:
+            return
+        timer.cancel()
+        limit = config.compile_notice_s
+        if limit is not None and time.perf_counter() - self.start_time >= limit:
+            self.say()
 
 
 def _program_for(
@@ -204,13 +254,17 @@ def _program_for(
     outputs: Sequence[Tensor],
     inputs: Sequence[Tensor] | None,
     accumulate: bool,
+    notice: _CompileNotice,
 ) -> Program:
     """The program for walk ``w`` in ``region``: cached, built from a cached graph, or captured
-    (raises ``Fallback`` when it cannot be).  Under ``explain`` nothing is looked up or kept."""
+    (raises ``Fallback`` when it cannot be).  Under ``explain`` nothing is looked up or kept.
+    ``notice`` is started on the slow paths (capture, a new program)."""
     report = _debug.report
     entry = graphs.get(w.key) if report is None else None
     captured = entry.find(w.sizes) if entry is not None else None
+    what = f"the backward of a {len(w.nodes)}-node graph"
     if captured is None:
+        notice.start(what)
         if report is not None:
             why = "explain() captures every graph"
         elif entry is not None:
@@ -253,6 +307,7 @@ def _program_for(
             key=lambda k: 4 * (k[1] != pkey[1]) + 2 * (k[2] != pkey[2]) + (k[0] != pkey[0]),
         )
         logs.log("recompiles", f"new program, same graph: {describe_program_miss(closest, pkey)}")
+    notice.start(what)
     program = Program(
         captured.graph,
         mode=region.mode,
@@ -341,6 +396,8 @@ def compile(
         return functools.partial(compile, fullgraph=fullgraph, dynamic=dynamic, mode=mode)
     if not callable(fn):
         raise TypeError(f"compile() expects a callable, got {type(fn).__name__}")
+    if mode not in ("default", "debug"):
+        raise ValueError(f"compile: unknown mode {mode!r} (expected default or debug)")
 
     @functools.wraps(fn)
     def compiled(*args: Any, **kwargs: Any) -> Any:

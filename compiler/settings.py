@@ -25,6 +25,9 @@ class Config:
         self.tape_cache_size = 1024
         # size vectors a program keeps prepared (shapes, iteration spaces, extern attributes)
         self.sizes_per_program = 16
+        # a backward whose capture, build and first run (numba's JIT) take longer than this many
+        # seconds prints one line on stderr saying what is compiling (None: never)
+        self.compile_notice_s: float | None = 2.0
 
     def program_key(self) -> tuple:
         """What of the configuration changes a program built from a graph."""

@@ -225,6 +225,29 @@ def _no_region() -> Any:
     return contextlib.nullcontext()
 
 
+def test_a_slow_compile_says_what_is_compiling_once(capsys: Any, monkeypatch: Any) -> None:
+    # config.compile_notice_s = 0: every capture or new program counts as slow
+    monkeypatch.setattr(compiler.config, "compile_notice_s", 0.0)
+    x = fg.tensor(np.linspace(-1.0, 1.0, 8), requires_grad=True)
+
+    def step() -> None:
+        x.grad = None  # (a .grad that exists is another program)
+        with compiler.compiled_autograd():
+            (x.tanh() * x).sum().backward()
+
+    step()
+    err = capsys.readouterr().err
+    assert err.count("fusegrad.compiler: compiling the backward of a 4-node graph") == 1, err
+    assert err.count("\n") == 1
+    step()  # a cache hit: silent
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(compiler.config, "compile_notice_s", None)
+    compiler.reset()
+    step()  # a capture again, but notices are off
+    assert capsys.readouterr().err == ""
+    assert compiler.counters.captures == 1
+
+
 def test_version_check_raises_before_any_grad_is_written() -> None:
     x, w, b = _leaves(8)
     y = _model(x, w, b)
