@@ -41,6 +41,7 @@ from fusegrad.autograd import anomaly as _anomaly
 from fusegrad.autograd.engine import run_backward
 from fusegrad.autograd.node import OpNode
 from fusegrad.autograd.tracer import Tracer, tracing
+from fusegrad.nn.module import Module
 from fusegrad.ops import registry as _registry
 from fusegrad.tensor import Tensor
 
@@ -391,13 +392,22 @@ def compile(
 ) -> Any:
     """Decorator (``@fusegrad.compile`` or ``@fusegrad.compile(fullgraph=True)``) or function:
     every backward()/grad() executed inside ``fn`` is compiled.  ``dynamic`` is accepted for
-    torch.compile compatibility: sizes are always runtime arguments of generated code."""
+    torch.compile compatibility: sizes are always runtime arguments of generated code.
+
+    A module gives a module (``compiler.module.OptimizedModule``): the original's parameters,
+    state and attributes, whose outputs' backward is compiled even when ``backward()`` is called
+    outside it."""
     if fn is None:
         return functools.partial(compile, fullgraph=fullgraph, dynamic=dynamic, mode=mode)
     if not callable(fn):
         raise TypeError(f"compile() expects a callable, got {type(fn).__name__}")
     if mode not in ("default", "debug"):
         raise ValueError(f"compile: unknown mode {mode!r} (expected default or debug)")
+    if isinstance(fn, Module):
+        # (``compiler.module`` builds on this package: imported once it is complete)
+        from .module import OptimizedModule
+
+        return OptimizedModule(fn, fullgraph, mode)
 
     @functools.wraps(fn)
     def compiled(*args: Any, **kwargs: Any) -> Any:

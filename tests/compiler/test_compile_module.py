@@ -1,0 +1,288 @@
+"""``fusegrad.compile(module)`` (``compiler.module.OptimizedModule``): the original module's
+state behind a wrapper, and a backward called outside the module compiled through one
+``CompiledModuleBackward`` node -- with eager's gradients, errors and ``.grad`` handling, and a
+fall back to the plain graph whenever the node could not be exact."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+from fusegrad import compiler, nn
+from fusegrad.compiler.module import OptimizedModule
+
+pytestmark = pytest.mark.usefixtures("fresh_compiler")
+
+
+class _Net(nn.Module):
+    def __init__(self, width: int = 8, dtype: Any = fg.float64) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, width, dtype=dtype)
+        self.fc2 = nn.Linear(width, 3, dtype=dtype)
+        self.register_buffer("calls", fg.zeros(1, dtype=dtype))
+        self.scale = 0.5
+
+    def forward(self, x: fg.Tensor) -> fg.Tensor:
+        with fg.no_grad():
+            self.calls.add_(1.0)
+        return self.fc2(self.fc1(x).tanh()) * self.scale
+
+
+def _pair(seed: int = 0) -> tuple[_Net, _Net]:
+    """Two identical networks: one stays eager, one is compiled."""
+    fg.manual_seed(seed)
+    a = _Net()
+    b = _Net()
+    b.load_state_dict(a.state_dict())
+    return a, b
+
+
+def _x(batch: int = 5, seed: int = 1, requires_grad: bool = False) -> fg.Tensor:
+    rng = np.random.default_rng(seed)
+    return fg.tensor(rng.standard_normal((batch, 4)), requires_grad=requires_grad)
+
+
+def _grads(m: nn.Module) -> list:
+    return [None if p.grad is None else p.grad.numpy().copy() for p in m.parameters()]
+
+
+def _close(got: list, want: list) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if g is not None:
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+
+
+# ---- the wrapper is the original module ---------------------------------------------------------
+
+
+def test_the_wrapper_shows_the_original_modules_state() -> None:
+    m = _Net()
+    cm = fg.compile(m)
+    assert isinstance(cm, OptimizedModule) and isinstance(cm, nn.Module)
+    assert cm._orig_mod is m
+    assert [id(p) for p in cm.parameters()] == [id(p) for p in m.parameters()]
+    assert list(cm.state_dict()) == list(m.state_dict())  # no "_orig_mod." prefix
+    assert [n for n, _ in cm.named_modules()] == [n for n, _ in m.named_modules()]
+    assert cm.fc1 is m.fc1 and cm.scale == 0.5
+    cm.scale = 2.0  # attributes are set on the original
+    assert m.scale == 2.0
+    cm.eval()
+    assert not m.training and not cm.training and not m.fc1.training
+    m.train()
+    assert cm.training
+    assert "OptimizedModule" in repr(cm) and "Linear(in_features=4" in repr(cm)
+    with pytest.raises(AttributeError):
+        cm.no_such_attribute  # noqa: B018
+
+
+def test_load_state_dict_takes_plain_keys_and_pytorchs_prefixed_keys() -> None:
+    a, b = _pair()
+    fg.manual_seed(7)
+    c = fg.compile(_Net())
+    c.load_state_dict({"_orig_mod." + k: v for k, v in a.state_dict().items()})
+    _close(
+        [p.detach().numpy() for p in c.parameters()], [p.detach().numpy() for p in a.parameters()]
+    )
+    fg.manual_seed(8)
+    d = fg.compile(_Net())
+    d.load_state_dict(b.state_dict())
+    _close(
+        [p.detach().numpy() for p in d.parameters()], [p.detach().numpy() for p in b.parameters()]
+    )
+    with pytest.raises(RuntimeError, match="Missing key"):
+        d.load_state_dict({"fc1.weight": a.fc1.weight})
+
+
+def test_mode_is_checked_and_options_are_kept() -> None:
+    with pytest.raises(ValueError, match="unknown mode"):
+        fg.compile(_Net(), mode="fastest")
+    cm = fg.compile(_Net(), fullgraph=True, mode="debug")
+    assert cm._fullgraph and cm._compile_mode == "debug"
+
+
+# ---- a backward outside the module ----------------------------------------------------------
+
+
+def test_backward_outside_is_one_compiled_program_with_eagers_gradients() -> None:
+    eager, m = _pair()
+    cm = fg.compile(m)
+    for batch in (5, 5, 9):  # a new batch size costs no capture
+        for net in (eager, cm):
+            net.zero_grad()
+            out = net(_x(batch))
+            ((out - 1.0) ** 2).mean().backward()
+        _close(_grads(m), _grads(eager))
+    assert out.grad_fn.name() == "CompiledModuleBackward"
+    assert compiler.counters.captures == 1
+    assert compiler.counters.compiled_runs == 3
+    assert not compiler.counters.fallbacks
+    np.testing.assert_array_equal(m.calls.numpy(), [3.0])  # buffers updated as in eager
+
+
+def test_gradients_flow_on_into_arguments_and_their_history() -> None:
+    eager, m = _pair()
+    cm = fg.compile(m)
+    results = []
+    for net in (eager, cm):
+        a = _x(requires_grad=True)
+        x = a * 2.0 + 1.0  # an argument with history made before the call
+        leaf = _x(seed=3, requires_grad=True)
+        out = net(x) + net(leaf).sum()
+        out.sum().backward()
+        results.append([a.grad.numpy(), leaf.grad.numpy(), *_grads(net)])
+    _close(results[1], results[0])
+    assert compiler.counters.compiled_runs == 2
+
+
+def test_autograd_grad_with_respect_to_parameters_from_outside() -> None:
+    eager, m = _pair()
+    cm = fg.compile(m)
+    want = fg.autograd.grad(eager(_x()).sum(), list(eager.parameters()))
+    got = fg.autograd.grad(cm(_x()).sum(), list(cm.parameters()))
+    _close([g.numpy() for g in got], [g.numpy() for g in want])
+    assert all(p.grad is None for p in m.parameters())  # grad() leaves .grad alone
+
+
+def test_several_outputs_in_a_structure_and_one_left_unused() -> None:
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 3, dtype=fg.float64)
+
+        def forward(self, x: fg.Tensor) -> dict:
+            h = self.lin(x)
+            return {"a": h.sigmoid(), "pair": (h * 2.0, h.argmax(1)), "n": 3}
+
+    fg.manual_seed(0)
+    eager = Two()
+    m = Two()
+    m.load_state_dict(eager.state_dict())
+    cm = fg.compile(m)
+    for net in (eager, cm):
+        out = net(_x())
+        assert out["n"] == 3 and out["pair"][1].dtype == fg.int64
+        out["a"].sum().backward()  # "pair"[0] gets no gradient
+    _close(_grads(m), _grads(eager))
+    assert out["a"].grad_fn is out["pair"][0].grad_fn  # one node for the call
+
+
+def test_retain_graph_and_the_second_backward_error() -> None:
+    eager, m = _pair()
+    cm = fg.compile(m)
+    for net in (eager, cm):
+        loss = net(_x()).sum()
+        loss.backward(retain_graph=True)
+        loss.backward()
+    _close(_grads(m), _grads(eager))
+    loss = cm(_x()).sum()
+    loss.backward()
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        loss.backward()
+
+
+def test_inplace_change_of_an_output_the_backward_needs_raises_eagers_error() -> None:
+    class Tanh(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 3, dtype=fg.float64)
+
+        def forward(self, x: fg.Tensor) -> fg.Tensor:
+            return self.lin(x).tanh()  # tanh saves its output
+
+    cm = fg.compile(Tanh())
+    y = cm(_x())
+    with fg.no_grad():
+        y.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    assert all(p.grad is None for p in cm.parameters())
+
+
+def test_double_backward_through_the_module() -> None:
+    # a gradient penalty: create_graph=True runs the module's backward eagerly, differentiably
+    eager, m = _pair()
+    cm = fg.compile(m)
+    for net in (eager, cm):
+        x = _x(requires_grad=True)
+        (gx,) = fg.autograd.grad(net(x).sum(), x, create_graph=True)
+        (gx**2).sum().backward()
+    _close(_grads(m), _grads(eager))
+
+
+def test_leaf_hooks_and_accumulation_into_existing_grad() -> None:
+    eager, m = _pair()
+    cm = fg.compile(m)
+    seen: dict = {"eager": [], "compiled": []}
+    for name, net in (("eager", eager), ("compiled", cm)):
+        net.fc1.weight.register_post_accumulate_grad_hook(
+            lambda p, name=name: seen[name].append(p.grad.numpy().copy())
+        )
+        grad_before = None
+        for _ in range(2):
+            net(_x()).sum().backward()
+            if grad_before is None:
+                grad_before = net.fc1.weight.grad
+        assert net.fc1.weight.grad is grad_before  # accumulated in place, identity kept
+    _close(_grads(m), _grads(eager))
+    _close(seen["compiled"], seen["eager"])
+    assert len(seen["compiled"]) == 2
+
+
+# ---- when the node could not be exact: the plain graph ------------------------------------------
+
+
+class _Closure(nn.Module):
+    def __init__(self, extra: fg.Tensor) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3, dtype=fg.float64)
+        self.extra = extra  # a plain attribute that requires grad: not a parameter
+
+    def forward(self, x: fg.Tensor) -> fg.Tensor:
+        return self.lin(x) * self.extra
+
+
+def test_a_tensor_from_outside_the_module_keeps_the_plain_graph(caplog: Any) -> None:
+    extra = fg.tensor(np.array([1.0, 2.0, 3.0]), requires_grad=True)
+    cm = fg.compile(_Closure(extra))
+    compiler.set_logs("fallback")
+    try:
+        with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
+            out = cm(_x())
+            cm(_x())
+    finally:
+        compiler.set_logs(None)
+    assert out.grad_fn.name() != "CompiledModuleBackward"
+    out.sum().backward()
+    want = _x().numpy() @ cm.lin.weight.detach().numpy().T + cm.lin.bias.detach().numpy()
+    np.testing.assert_allclose(extra.grad.numpy(), want.sum(0), rtol=1e-12)
+    assert caplog.text.count("neither a parameter nor an argument") == 1  # logged once
+    with pytest.raises(compiler.CompilationError, match="neither a parameter nor an argument"):
+        fg.compile(_Closure(extra), fullgraph=True)(_x())
+
+
+def test_a_graph_made_before_the_call_that_is_no_argument_keeps_the_plain_graph() -> None:
+    w = fg.tensor(np.ones(3), requires_grad=True)
+    made_before = w * 3.0  # history reached from inside, but not an argument
+
+    cm = fg.compile(_Closure(made_before))
+    out = cm(_x())
+    assert out.grad_fn.name() != "CompiledModuleBackward"
+    out.sum().backward()
+    assert w.grad is not None and np.abs(w.grad.numpy()).sum() > 0
+
+
+def test_inside_a_compiled_region_and_without_grad_the_outputs_are_plain() -> None:
+    cm = fg.compile(_Net())
+    with fg.no_grad():
+        assert cm(_x()).grad_fn is None
+    with compiler.compiled_autograd():
+        out = cm(_x())
+        assert out.grad_fn.name() != "CompiledModuleBackward"
+        out.sum().backward()
+    assert compiler.counters.compiled_runs == 1
