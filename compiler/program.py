@@ -376,7 +376,7 @@ class Program:
                 _run_cuda_kernel(step, variant.cuda_kernels[id(step)], env, epilogue, leaves, inst)
             elif k in schedule.interpreted:
                 space = inst.spaces[k]
-                env.update(variant.interpreted[id(step)](env, _numel(space), inst.shapes))
+                env.update(variant.interpreted[id(step)](env, _numel(space), inst.shapes, space))
             else:
                 plan, fn = variant.kernel_fns[id(step)]
                 pool = variant.pools.__dict__.setdefault("pool", {})

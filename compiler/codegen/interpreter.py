@@ -17,12 +17,16 @@ is interpretable without a line here.  The source is loaded like a generated ker
 (``common.load_module``: written once under a name hashed from the source and the CPU emitter's
 flags), so numba's ``cache=True`` keeps the compiled interpreter across processes.
 
-Eligible kernels (``eligible``): flat (every input full-size or a single element), every value
-float or bool in one float dtype, ops from ``OPCODES`` only, and full reductions only.  Bool
+Eligible kernels (``eligible``): every value float or bool in one float dtype and over the
+kernel's whole iteration space, ops from ``OPCODES`` only, and sums as reductions.  Inputs may be
+full-size, single elements (broadcast by ``FILL`` rows) or broadcast along some dims (their
+register is filled with the broadcast values, by numpy, before the run).  Full reductions run
+inside ``run_ops``; partial ones (row or column sums, e.g. a bias gradient or a layer norm's
+row statistics) are summed in float64 by numpy from the operand's register after the run.  Bool
 values live in the registers as 0.0 / 1.0: a bool result is stored as ``one if ... else zero``,
 a bool operand is read by the same expressions as a number (``x[i] if c[i] else ...``).  Casts
 between those types are copies (float -> bool is rewritten as ``ne 0``), and so is a
-``broadcast_to`` (a flat kernel reads a single-element operand from a filled register).
+``broadcast_to`` (its operand's register already holds the broadcast values).
 
 The fuser caps kernels at ``passes.fuse.MAX_VALUES`` values to bound numba's compile time; an
 interpreted kernel compiles nothing, so the program merges consecutive eligible kernels over the
@@ -43,6 +47,7 @@ from fusegrad.ops.registry import REGISTRY
 from ..ir import Value
 from ..passes.fuse import Kernel
 from . import common, numba_cpu
+from .common import is_single, reduction_target
 from .lowering import EXPRESSIONS
 
 INTERPRETER_VERSION = 2
@@ -67,10 +72,10 @@ FILL = len(OPCODES)
 FLOAT_DTYPES = ("float32", "float64")
 
 
-def eligible(kernel: Kernel, flat: bool) -> bool:
+def eligible(kernel: Kernel) -> bool:
     """Whether the interpreter can run ``kernel`` (structure only: whether it *should*, for the
     sizes of a call, is ``size <= interpreter_max_elements``, decided by the program)."""
-    if not flat:
+    if any(v.shape != kernel.shape for v in kernel.values):
         return False
     floats = {v.dtype.name for v in kernel.values + kernel.inputs if v.dtype.is_floating_point}
     if len(floats) != 1:
@@ -268,10 +273,16 @@ class InterpretedKernel:
         self.kernel = kernel
         self.float_dtype = float_dtype(kernel)
         reg: dict[Any, int] = {}  # IR value (or the zero constant) -> register
-        # a flat kernel's inputs are full-size (the kernel's shape) or single elements
+        # inputs are full-size (the kernel's shape), single elements, or broadcast along some
+        # dims (a register each, filled with the broadcast values)
         self.full_inputs = [v for v in kernel.inputs if v.shape == kernel.shape]
-        self.scalar_inputs = [v for v in kernel.inputs if v.shape != kernel.shape]
-        for v in self.full_inputs:
+        self.scalar_inputs = [
+            v for v in kernel.inputs if v.shape != kernel.shape and is_single(v.shape)
+        ]
+        self.broadcast_inputs = [
+            v for v in kernel.inputs if v.shape != kernel.shape and not is_single(v.shape)
+        ]
+        for v in self.full_inputs + self.broadcast_inputs:
             reg[v] = len(reg)
         self.n_full = len(self.full_inputs)
         constants: list[float] = []  # the IR scalars, then the single-element inputs
@@ -328,10 +339,22 @@ class InterpretedKernel:
         self.reg = reg
         self.n_regs = max(next_reg[0], 1)
         self.constants = np.array(constants, dtype=self.float_dtype.np)
-        self.reduce_regs = np.array([reg[r.inputs[0]] for r in kernel.reductions], dtype=np.int64)
-        self.reduction_index = {r: k for k, r in enumerate(kernel.reductions)}
+        # full reductions run in ``run_ops`` (float64 sums); partial ones (row or column sums)
+        # in numpy afterwards, over the dims their target keeps as the literal 1
+        full, self.partial = [], {}
+        for r in kernel.reductions:
+            target = reduction_target(r, kernel.shape)
+            if all(type(t) is int and t == 1 for t in target):
+                full.append(r)
+            else:
+                axes = tuple(d for d, t in enumerate(target) if type(t) is int and t == 1)
+                self.partial[r] = (reg[r.inputs[0]], axes)
+        self.reduce_regs = np.array([reg[r.inputs[0]] for r in full], dtype=np.int64)
+        self.reduction_index = {r: k for k, r in enumerate(full)}
         self.outputs = [
-            (v, self.reduction_index.get(v, -1), reg.get(v, 0), v.dtype.np) for v in kernel.outputs
+            (v, self.reduction_index.get(v, -1), reg.get(v, 0), v.dtype.np)
+            for v in kernel.outputs
+            if v not in self.partial
         ]
         self._run_ops = getattr(machine(), f"run_ops_{self.float_dtype.name}")
         self._local = threading.local()
@@ -346,12 +369,20 @@ class InterpretedKernel:
             self._local.regs = cached
         return cached
 
-    def __call__(self, env: dict, n: int | None = None, shapes: dict | None = None) -> dict:
-        """Compute the kernel's outputs (and reductions) from ``env`` for an iteration space of
-        ``n`` elements; ``shapes`` gives each output's shape (both default to the kernel's own,
-        when they are concrete).  Returns value -> array."""
+    def __call__(
+        self,
+        env: dict,
+        n: int | None = None,
+        shapes: dict | None = None,
+        space: tuple | None = None,
+    ) -> dict:
+        """Compute the kernel's outputs (and reductions) from ``env`` over the iteration space
+        ``space`` of ``n`` elements; ``shapes`` gives each output's shape (all three default to
+        the kernel's own, when they are concrete).  Returns value -> array."""
+        if space is None:
+            space = tuple(self.kernel.shape)
         if n is None:
-            n = int(np.prod(self.kernel.shape)) if self.kernel.shape else 1
+            n = int(np.prod(space)) if space else 1
         if shapes is None:
             shapes = {v: v.shape for v in self.kernel.outputs}
         regs, input_rows = self._registers(n)
@@ -359,6 +390,9 @@ class InterpretedKernel:
             np.concatenate(
                 [env[v] for v in self.full_inputs], axis=None, out=input_rows, casting="unsafe"
             )
+        if self.broadcast_inputs and n:
+            for k, v in enumerate(self.broadcast_inputs, self.n_full):
+                np.copyto(regs[k, :n].reshape(space), env[v], casting="unsafe")
         scalars = self.constants
         if self.scalar_inputs:  # they take the first slots of ``scalars``
             scalars = scalars.copy()
@@ -376,4 +410,7 @@ class InterpretedKernel:
                 out[v] = np.full(shapes[v], reduce_out[reduction], dtype=dtype)
             else:
                 out[v] = regs[row, :n].astype(dtype).reshape(shapes[v])
+        for v, (row, axes) in self.partial.items():
+            total = np.add.reduce(regs[row, :n].reshape(space), axis=axes, dtype=np.float64)
+            out[v] = total.astype(v.dtype.np).reshape(shapes[v])
         return out

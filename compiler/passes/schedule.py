@@ -24,7 +24,6 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ..codegen.common import is_flat
 from ..codegen.interpreter import eligible, float_dtype, merge
 from ..ir import Graph, Value
 from .fuse import Extern, Kernel, fuse
@@ -55,7 +54,7 @@ def steps(graph: Graph, mode: str) -> list[Kernel | Extern]:
 
 def interpretable(kernel: Kernel) -> bool:
     """Whether the interpreter can run ``kernel`` at all (its size is the caller's question)."""
-    return eligible(kernel, is_flat(kernel))
+    return eligible(kernel)
 
 
 def step_inputs(step: Kernel | Extern) -> list[Value]:

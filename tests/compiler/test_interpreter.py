@@ -3,6 +3,7 @@ generated code and as eager mode, every opcode exercised."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -68,3 +69,68 @@ def test_large_kernels_use_generated_code() -> None:
 
 def test_opcode_table_is_dense() -> None:
     assert sorted(OPCODES.values()) == list(range(len(OPCODES)))
+
+
+def _rows_and_columns(x: fg.Tensor, w: fg.Tensor, b: fg.Tensor) -> fg.Tensor:
+    """Kernels with broadcast inputs and partial reductions: a bias (column sums for its
+    gradient), a layer norm and a softmax over rows (row sums), a scale per row."""
+    h = (x * w + b).tanh()  # w: (1, C) broadcast down the rows, b: (C,)
+    mean = h.mean(dim=-1, keepdim=True)
+    var = ((h - mean) ** 2).mean(dim=-1, keepdim=True)
+    h = (h - mean) / (var + 1e-5).sqrt()
+    p = fg.nn.functional.softmax(h * 1.5, dim=-1)
+    scale = p.sum(dim=0, keepdim=True)  # (1, C): a column sum in the forward
+    return (p * scale * h + h.exp() * 0.1).sum()
+
+
+@pytest.mark.parametrize("dtype", [fg.float32, fg.float64])
+@pytest.mark.parametrize("rows", [1, 7, 33])
+def test_broadcast_inputs_and_row_and_column_sums_are_interpreted(dtype: Any, rows: int) -> None:
+    rng = np.random.default_rng(rows)
+    data = [
+        rng.standard_normal((rows, 24)),
+        rng.standard_normal((1, 24)),
+        rng.standard_normal(24),
+    ]
+    grads = {}
+    for mode, limit in (("eager", None), ("interpreter", 1 << 30), ("generated", 0)):
+        leaves = [fg.tensor(a, dtype=dtype, requires_grad=True) for a in data]
+        loss = _rows_and_columns(*leaves)
+        if limit is None:
+            loss.backward()
+        else:
+            compiler.reset()
+            compiler.config.interpreter_max_elements = limit
+            with compiler.compiled_autograd(fullgraph=True):
+                loss.backward()
+            (program,) = compiler.cached_programs()
+            kernels = list(program._interpreted.values())
+            if mode == "interpreter":
+                assert not program.default.kernel_fns  # nothing generated: all interpreted
+                assert any(k.partial for k in kernels)  # with row or column sums
+                assert rows == 1 or any(k.broadcast_inputs for k in kernels)
+            else:
+                assert not kernels
+        grads[mode] = [t.grad.numpy() for t in leaves]
+    tol = 2e-4 if dtype is fg.float32 else 1e-10
+    for mode in ("interpreter", "generated"):
+        for got, want in zip(grads[mode], grads["eager"]):
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+def test_a_new_batch_size_reuses_an_interpreted_program_with_row_sums() -> None:
+    # the partial reductions' dims come from the kernel's structure, the sizes from the call
+    w = fg.tensor(np.linspace(-1.0, 1.0, 16), requires_grad=True)
+    for rows in (3, 5, 9):
+        x = fg.tensor(np.random.default_rng(rows).standard_normal((rows, 16)), requires_grad=True)
+        want = None
+        for compiled in (False, True):
+            x.grad = w.grad = None
+            with compiler.compiled_autograd() if compiled else contextlib.nullcontext():
+                fg.nn.functional.log_softmax(x * w, dim=-1).sum().backward()
+            got = [x.grad.numpy().copy(), w.grad.numpy().copy()]
+            if want is None:
+                want = got
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    assert compiler.counters.captures == 1

@@ -86,7 +86,7 @@ def _generated(kernel: Kernel, arrays: dict) -> dict:
 
 
 def _interpreted(kernel: Kernel, arrays: dict) -> dict:
-    assert interpreter.eligible(kernel, True), "every lowering must run on the interpreter"
+    assert interpreter.eligible(kernel), "every lowering must run on the interpreter"
     return interpreter.InterpretedKernel(kernel)(arrays)
 
 

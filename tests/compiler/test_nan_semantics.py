@@ -161,7 +161,7 @@ def _run_generated(variant: str) -> Callable[[Any, dict], dict]:
 
 
 def _run_interpreter(kernel: Any, arrays: dict) -> dict:
-    assert eligible(kernel, True)
+    assert eligible(kernel)
     n = kernel.shape[0]
     return InterpretedKernel(kernel)(arrays, n, {v: (n,) for v in kernel.outputs})
 

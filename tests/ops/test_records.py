@@ -134,7 +134,7 @@ source, (plan,) = numba_cpu.emit_module([kernel], "throw-away records")
 module, _, _ = numba_cpu.load_module(source)
 outs = [np.empty(3, v.dtype.np) for v in plan.outputs]
 numba_cpu.kernel_function(module, plan)(3, data, *outs)
-assert interpreter.eligible(kernel, True)
+assert interpreter.eligible(kernel)
 interpreted = interpreter.InterpretedKernel(kernel)({a: data})
 for v, generated in zip(plan.outputs, outs):
     want = REGISTRY[v.op].kernel(data)
