@@ -7,7 +7,8 @@ over the call's size vector (``symbolic``); what depends on sizes is decided per
 size vector:
 
 * a *variant* per pattern of small kernels (``passes.schedule.finish``): kernels over at most
-  ``interpreter_max_elements`` elements run on the precompiled interpreter (merged where
+  ``interpreter_max_elements`` elements (half that for kernels that are not flat,
+  ``NON_FLAT_COST``) run on the precompiled interpreter (merged where
   consecutive), the others are generated and compiled by numba (``codegen.numba_cpu``; for CUDA
   programs ``codegen.numba_cuda``) when the variant is first used; each variant has its buffer
   plan (``passes.buffers``);
@@ -51,11 +52,19 @@ from fusegrad.tensor import Tensor
 from . import logs
 from .cache import counters
 from .capture import Walk
+from .codegen.common import is_flat
 from .ir import Graph, Value, format_graph
 from .passes import schedule as _schedule
 from .passes.buffers import BufferPlan, plan_buffers
 from .passes.fuse import Extern, Kernel
 from .symbolic import has_sym, substitute
+
+# A kernel with broadcast inputs or row/column sums costs the interpreter more per element than
+# a flat one (numpy fills the broadcast registers and sums the partial reductions), while
+# generated code reads broadcasts in place and fuses the sums: such a kernel is interpreted only
+# up to ``interpreter_max_elements // NON_FLAT_COST`` elements.  Measured on benchmark C's
+# 128x512 kernels (bias gradients): interpreted, its backward took ~10% longer.
+NON_FLAT_COST = 2
 
 
 def _numel(shape: tuple) -> int:
@@ -202,7 +211,11 @@ class Program:
         self.sizes_per_program = sizes_per_program
         self.fused = _schedule.steps(graph, mode)
         self._interpretable = (
-            [k for k in self.fused if isinstance(k, Kernel) and _schedule.interpretable(k)]
+            [
+                (k, is_flat(k))
+                for k in self.fused
+                if isinstance(k, Kernel) and _schedule.interpretable(k)
+            ]
             if interpreter_max_elements > 0 and device == "cpu"
             else []
         )
@@ -230,10 +243,11 @@ class Program:
 
     # ---- variants and instances -------------------------------------------------------------
     def variant(self, sizes: tuple) -> Variant:
+        limit = self.interpreter_max_elements
         small = frozenset(
             id(k)
-            for k in self._interpretable
-            if _numel(substitute(k.shape, sizes)) <= self.interpreter_max_elements
+            for k, flat in self._interpretable
+            if _numel(substitute(k.shape, sizes)) <= (limit if flat else limit // NON_FLAT_COST)
         )
         found = self._variants.get(small)
         if found is None:

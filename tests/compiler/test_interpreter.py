@@ -33,14 +33,15 @@ def _program(x: fg.Tensor, w: fg.Tensor) -> fg.Tensor:
     return (h * h).sum()
 
 
-@pytest.mark.parametrize("dtype", [fg.float32, fg.float64])
-def test_interpreter_matches_generated_code_and_eager(dtype: Any) -> None:
-    rng = np.random.default_rng(3)
-    data = [rng.standard_normal(257) for _ in range(2)]
-    grads = {}
+def _three_ways(fn: Any, data: list, dtype: Any, tol: float) -> dict:
+    """``fn(*leaves).backward()`` in eager mode, on the interpreter only and on generated code
+    only (fullgraph); the compiled gradients are checked against eager's within ``tol``.
+    Returns mode -> the program (None for eager)."""
+    grads, programs = {}, {}
     for mode, limit in (("eager", None), ("interpreter", 1 << 30), ("generated", 0)):
         leaves = [fg.tensor(a, dtype=dtype, requires_grad=True) for a in data]
-        loss = _program(*leaves)
+        loss = fn(*leaves)
+        programs[mode] = None
         if limit is None:
             loss.backward()
         else:
@@ -48,14 +49,21 @@ def test_interpreter_matches_generated_code_and_eager(dtype: Any) -> None:
             compiler.config.interpreter_max_elements = limit
             with compiler.compiled_autograd(fullgraph=True):
                 loss.backward()
-            (program,) = compiler.cached_programs()
-            interpreted = len(program._interpreted)
-            assert (interpreted > 0) == (mode == "interpreter")
+            (programs[mode],) = compiler.cached_programs()
         grads[mode] = [t.grad.numpy() for t in leaves]
-    tol = 1e-4 if dtype is fg.float32 else 1e-10
     for mode in ("interpreter", "generated"):
         for got, want in zip(grads[mode], grads["eager"]):
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    return programs
+
+
+@pytest.mark.parametrize("dtype", [fg.float32, fg.float64])
+def test_interpreter_matches_generated_code_and_eager(dtype: Any) -> None:
+    rng = np.random.default_rng(3)
+    data = [rng.standard_normal(257) for _ in range(2)]
+    programs = _three_ways(_program, data, dtype, 1e-4 if dtype is fg.float32 else 1e-10)
+    assert programs["interpreter"]._interpreted
+    assert not programs["generated"]._interpreted
 
 
 def test_large_kernels_use_generated_code() -> None:
@@ -92,30 +100,14 @@ def test_broadcast_inputs_and_row_and_column_sums_are_interpreted(dtype: Any, ro
         rng.standard_normal((1, 24)),
         rng.standard_normal(24),
     ]
-    grads = {}
-    for mode, limit in (("eager", None), ("interpreter", 1 << 30), ("generated", 0)):
-        leaves = [fg.tensor(a, dtype=dtype, requires_grad=True) for a in data]
-        loss = _rows_and_columns(*leaves)
-        if limit is None:
-            loss.backward()
-        else:
-            compiler.reset()
-            compiler.config.interpreter_max_elements = limit
-            with compiler.compiled_autograd(fullgraph=True):
-                loss.backward()
-            (program,) = compiler.cached_programs()
-            kernels = list(program._interpreted.values())
-            if mode == "interpreter":
-                assert not program.default.kernel_fns  # nothing generated: all interpreted
-                assert any(k.partial for k in kernels)  # with row or column sums
-                assert rows == 1 or any(k.broadcast_inputs for k in kernels)
-            else:
-                assert not kernels
-        grads[mode] = [t.grad.numpy() for t in leaves]
     tol = 2e-4 if dtype is fg.float32 else 1e-10
-    for mode in ("interpreter", "generated"):
-        for got, want in zip(grads[mode], grads["eager"]):
-            np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    programs = _three_ways(_rows_and_columns, data, dtype, tol)
+    interpreted = programs["interpreter"]
+    kernels = list(interpreted._interpreted.values())
+    assert not interpreted.default.kernel_fns  # nothing generated: all interpreted
+    assert any(k.partial for k in kernels)  # with row or column sums
+    assert rows == 1 or any(k.broadcast_inputs for k in kernels)
+    assert not programs["generated"]._interpreted
 
 
 def test_a_new_batch_size_reuses_an_interpreted_program_with_row_sums() -> None:
