@@ -931,6 +931,12 @@ class _Builder:
                 f"gs = fg.autograd.grad(outs, {inputs}, grad_outputs=C, allow_unused=True)"
             )
             results += [(f"grad({n})", f"gs[{i}]") for i, n in enumerate(chosen)]
+        nonleaf = [n for n in chosen if not self.ns[n].is_leaf]
+        if nonleaf and np.random.default_rng((self.seed, 17)).random() < 0.5:
+            # then a backward through the history of a non-leaf input: the call above must
+            # have left it alone (eager runs nothing beyond its inputs, and frees nothing
+            # there); a separate stream, so that the draws above and below stay as they were
+            backward.append(f"({ref[nonleaf[0]]} * 0.5).sum().backward()")
         results = [(f"{n}.grad", f"{n}.grad") for n in leaves_rg] + results
         results += [(f"{n}.grad", f'kept["{n}"].grad') for n in s.kept]
         results += [(f"{n}.grad is preset", f"{n}.grad is P_{n}") for n, _ in presets]
