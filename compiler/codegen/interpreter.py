@@ -15,7 +15,10 @@ math through ``fastmath``'s vectorisable helpers, float64 through libm and the c
 (``common.format_expression`` with ``numba_cpu.SPELLING``).  A primitive added to the registry
 is interpretable without a line here.  The source is loaded like a generated kernel module
 (``common.load_module``: written once under a name hashed from the source and the CPU emitter's
-flags), so numba's ``cache=True`` keeps the compiled interpreter across processes.
+flags), so numba's ``cache=True`` keeps the compiled interpreter across processes.  There are
+two machines with one opcode numbering: the *core* one (``CORE``: the ops neural-network
+backwards are made of) and the full one; a kernel runs on the core machine when all its ops are
+core ones, so most programs never pay for compiling the rarer loops.
 
 Eligible kernels (``eligible``): every value float or bool in one float dtype and over the
 kernel's whole iteration space, ops from ``OPCODES`` only, and sums as reductions.  Inputs may be
@@ -68,6 +71,50 @@ OPCODES: dict[str, int] = {
 
 # not an IR op: broadcast one of the call's scalars into a register (``run_ops``)
 FILL = len(OPCODES)
+
+# The opcodes of the *core* machine: what neural-network backwards are made of.  Compiling the
+# interpreter costs about 0.1 s per opcode loop on top of a fixed cost (measured: 32 core
+# opcodes 4.1-4.4 s, all 47 7.0-7.3 s), so a kernel that uses only these runs on a machine
+# without the rarer loops (trigonometry, rounding, atan2/hypot/logaddexp, erfc, the gamma
+# family, isnan/isinf, xor); a kernel that needs one of those runs on the full machine, which
+# is compiled (or loaded) when first needed.
+CORE = frozenset(
+    {
+        *_COPIES,
+        "neg",
+        "exp",
+        "expm1",
+        "log",
+        "log1p",
+        "tanh",
+        "sqrt",
+        "reciprocal",
+        "abs",
+        "sign",
+        "sigmoid",
+        "erf",
+        "clone",
+        "add",
+        "sub",
+        "mul",
+        "maximum",
+        "minimum",
+        "div",
+        "pow",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "logical_not",
+        "logical_and",
+        "logical_or",
+        "where",
+    }
+    & set(OPCODES)
+)
+_CORE_CODES = frozenset(OPCODES[op] for op in CORE) | {FILL}
 
 FLOAT_DTYPES = ("float32", "float64")
 
@@ -159,8 +206,10 @@ def _loop(op: str, dtype: str) -> str:
     return f"out[i] = {expr}"
 
 
-def source() -> str:
-    """The interpreter's module source: ``run_ops_float32`` and ``run_ops_float64``."""
+def source(core: bool = False) -> str:
+    """The interpreter's module source: ``run_ops_float32`` and ``run_ops_float64``, over every
+    opcode or (``core``) over ``CORE`` only, with the same numbering."""
+    ops = [(op, code) for op, code in OPCODES.items() if not core or op in CORE]
     parts = [
         _HEADER.format(
             version=INTERPRETER_VERSION,
@@ -171,7 +220,7 @@ def source() -> str:
     ]
     for dtype in FLOAT_DTYPES:
         lines = [_RUN_OPS.format(decorator=_DECORATOR, dtype=dtype).rstrip("\n")]
-        lines += _dispatch(list(OPCODES.items()), dtype, "        ")
+        lines += _dispatch(ops, dtype, "        ")
         parts.append("\n".join(lines) + "\n")
     return "\n".join(parts)
 
@@ -207,18 +256,18 @@ _machines: dict[str, ModuleType] = {}  # flags -> the loaded interpreter module
 _machine_lock = threading.Lock()
 
 
-def machine() -> ModuleType:
-    """The interpreter's module, generated and loaded on first use (once per process; numba
-    compiles each ``run_ops_*`` on its first call, or loads it from the disk cache, through
-    ``diskcache``'s guarded cache like every generated module)."""
-    flags = f"interpreter v{INTERPRETER_VERSION}|{numba_cpu._flags()}"
+def machine(core: bool = False) -> ModuleType:
+    """The interpreter's module (the core machine when ``core``), generated and loaded on first
+    use (once per process; numba compiles each ``run_ops_*`` on its first call, or loads it
+    from the disk cache, through ``diskcache``'s guarded cache like every generated module)."""
+    flags = f"interpreter v{INTERPRETER_VERSION}{' core' if core else ''}|{numba_cpu._flags()}"
     module = _machines.get(flags)
     if module is None:
         with _machine_lock:
             module = _machines.get(flags)
             if module is None:
                 entry_points = tuple(f"run_ops_{dtype}" for dtype in FLOAT_DTYPES)
-                module, _, _ = common.load_module(source(), flags, _loaded, entry_points)
+                module, _, _ = common.load_module(source(core), flags, _loaded, entry_points)
                 _machines[flags] = module
     return module
 
@@ -356,7 +405,8 @@ class InterpretedKernel:
             for v in kernel.outputs
             if v not in self.partial
         ]
-        self._run_ops = getattr(machine(), f"run_ops_{self.float_dtype.name}")
+        self.core = all(int(op) in _CORE_CODES for op in self.code[:, 0])
+        self._run_ops = getattr(machine(self.core), f"run_ops_{self.float_dtype.name}")
         self._local = threading.local()
 
     def _registers(self, n: int) -> tuple[np.ndarray, np.ndarray]:

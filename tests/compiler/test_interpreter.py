@@ -11,7 +11,7 @@ import pytest
 
 import fusegrad as fg
 from fusegrad import compiler
-from fusegrad.compiler.codegen.interpreter import OPCODES
+from fusegrad.compiler.codegen.interpreter import CORE, OPCODES
 
 
 @pytest.fixture(autouse=True)
@@ -126,3 +126,20 @@ def test_a_new_batch_size_reuses_an_interpreted_program_with_row_sums() -> None:
         for a, b in zip(got, want):
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
     assert compiler.counters.captures == 1
+
+
+def test_kernels_of_core_ops_run_on_the_core_machine() -> None:
+    # _rows_and_columns uses core ops only; _program also uses sin, cos and sign... of the full
+    rng = np.random.default_rng(5)
+    rows = _three_ways(
+        _rows_and_columns,
+        [rng.standard_normal((6, 24)), rng.standard_normal((1, 24)), rng.standard_normal(24)],
+        fg.float64,
+        1e-10,
+    )["interpreter"]
+    assert all(k.core for k in rows._interpreted.values())
+    full = _three_ways(_program, [rng.standard_normal(65) for _ in range(2)], fg.float64, 1e-10)
+    kernels = list(full["interpreter"]._interpreted.values())
+    assert any(not k.core for k in kernels)
+    names = {v.op for k in kernels if k.core for v in k.kernel.values}
+    assert names <= CORE

@@ -121,3 +121,7 @@ def test_the_interpreter_runs_every_lowering() -> None:
     source = interpreter.source()
     for op, code in interpreter.OPCODES.items():
         assert f"op == {code}:  # {op}:" in source
+    core = interpreter.source(core=True)
+    for op, code in interpreter.OPCODES.items():
+        assert (f"op == {code}:  # {op}:" in core) == (op in interpreter.CORE)
+    assert len(interpreter.CORE) < len(interpreter.OPCODES)
