@@ -209,18 +209,19 @@ class _CompileNotice:
     takes longer than ``config.compile_notice_s``: printed by a timer while it still runs, or at
     the end if the timer had no chance to.  Cache hits never start one."""
 
-    __slots__ = ("lock", "said", "start_time", "timer", "what")
+    __slots__ = ("lock", "nodes", "said", "start_time", "timer")
 
     def __init__(self) -> None:
-        self.timer: threading.Timer | None = None
-        self.said = False
-        self.lock = threading.Lock()
+        self.timer: threading.Timer | None = None  # (the rest is made by ``start``)
 
-    def start(self, what: str) -> None:
+    def start(self, nodes: int) -> None:
+        """The slow path began, for a graph of ``nodes`` nodes."""
         limit = config.compile_notice_s
         if self.timer is not None or limit is None:
             return
-        self.what = what
+        self.nodes = nodes
+        self.said = False
+        self.lock = threading.Lock()
         self.start_time = time.perf_counter()
         self.timer = threading.Timer(limit, self.say)
         self.timer.daemon = True
@@ -232,7 +233,8 @@ class _CompileNotice:
                 return
             self.said = True
         print(
-            f"fusegrad.compiler: compiling {self.what} (capture, fusion and numba's JIT: once; "
+            f"fusegrad.compiler: compiling the backward of a {self.nodes}-node graph (capture, "
+            "fusion and numba's JIT: once; "
             "later calls reuse it, later processes load it from the disk cache)",
             file=sys.stderr,
             flush=True,
@@ -263,9 +265,8 @@ def _program_for(
     report = _debug.report
     entry = graphs.get(w.key) if report is None else None
     captured = entry.find(w.sizes) if entry is not None else None
-    what = f"the backward of a {len(w.nodes)}-node graph"
     if captured is None:
-        notice.start(what)
+        notice.start(len(w.nodes))
         if report is not None:
             why = "explain() captures every graph"
         elif entry is not None:
@@ -308,7 +309,7 @@ def _program_for(
             key=lambda k: 4 * (k[1] != pkey[1]) + 2 * (k[2] != pkey[2]) + (k[0] != pkey[0]),
         )
         logs.log("recompiles", f"new program, same graph: {describe_program_miss(closest, pkey)}")
-    notice.start(what)
+    notice.start(len(w.nodes))
     program = Program(
         captured.graph,
         mode=region.mode,

@@ -37,6 +37,7 @@ from fusegrad.autograd import grad_mode
 from fusegrad.autograd import graph_base as _graph_base
 from fusegrad.autograd.api import grad as _grad
 from fusegrad.autograd.graph_base import AccumulateGrad, Node
+from fusegrad.autograd.node import _freed_message
 from fusegrad.autograd.tracer import current as _current_tracer
 from fusegrad.errors import AutogradError
 from fusegrad.nn.module import Module
@@ -71,13 +72,7 @@ class CompiledModuleBackward(Node):
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
         if self._outputs is None:
-            raise AutogradError(
-                "Trying to backward through the graph a second time (or directly access saved "
-                "tensors after they have already been freed). Saved intermediate values of the "
-                "graph are freed when you call .backward() or autograd.grad(). Specify "
-                "retain_graph=True if you need to backward through the graph a second time or "
-                "if you need to access saved tensors after calling backward."
-            )
+            raise AutogradError(_freed_message)
         roots = [o for o, g in zip(self._outputs, grads) if g is not None]
         root_grads = [g for g in grads if g is not None]
         create = grad_mode.is_grad_enabled()  # the engine enables it for create_graph
@@ -101,7 +96,7 @@ def _tensors(tree: Any) -> Iterator[Tensor]:
         yield tree
     elif isinstance(tree, (tuple, list)):
         for x in tree:
-            yield from _tensors(tree=x)
+            yield from _tensors(x)
     elif isinstance(tree, dict):
         for x in tree.values():
             yield from _tensors(x)
@@ -129,8 +124,7 @@ def _outside_reason(
     arguments), or None when it does not.  Nodes numbered from ``first_seq`` on were made by the
     call."""
     leaf_ids = {id(t) for t in inputs if t.grad_fn is None}
-    edges = {t._edge() for t in inputs if t.grad_fn is not None}
-    edges = {(id(n), nr) for n, nr in edges}
+    edges = {(id(t.grad_fn), t._output_nr) for t in inputs if t.grad_fn is not None}
     if (
         tape is not None
         and tape.open
