@@ -60,7 +60,7 @@ from .cache import (
     tape_programs,
 )
 from .cache import reset as _reset_cache
-from .capture import Captured, Fallback
+from .capture import Captured, Fallback, _grad_state
 from .capture import capture as _capture_graph
 from .capture import walk as _walk
 from .ir import format_graph, verify
@@ -410,25 +410,37 @@ def compile(
 
         return OptimizedModule(fn, fullgraph, mode)
 
-    @functools.wraps(fn)
-    def compiled(*args: Any, **kwargs: Any) -> Any:
-        with compiled_autograd(fullgraph=fullgraph, mode=mode):
-            return fn(*args, **kwargs)
+    from .step import CompiledFunction
 
+    compiled = CompiledFunction(
+        fn, fullgraph, mode, lambda: compiled_autograd(fullgraph=fullgraph, mode=mode)
+    )
+    functools.update_wrapper(compiled, fn)
     return compiled
 
 
 class Report:
-    """What ``explain`` saw: captured graphs (with their IR) and fallbacks with reasons."""
+    """What ``explain`` saw: the whole-step recording (its program, or why it could not be
+    replayed), captured backward graphs (with their IR) and fallbacks with reasons."""
 
     def __init__(self, events: list) -> None:
         self.captures = [
             (reason, prog) for kind, reason, *rest in events if kind == "capture" for prog in rest
         ]
         self.fallbacks = [reason for kind, reason, *rest in events if kind == "fallback"]
+        self.steps = [(e[1], e[2]) for e in events if e[0] == "step"]
+        self.breaks = [reason for kind, reason, *rest in events if kind == "break"]
+        self.guards = [rest[0] for kind, *rest in events if kind == "guards"]
 
     def __str__(self) -> str:
-        lines = [f"{len(self.captures)} graph(s) captured, {len(self.fallbacks)} fallback(s)"]
+        lines = []
+        for step, program in self.steps:
+            lines.append(step.describe(program))
+        for reason in self.breaks:
+            lines.append(f"whole step: not replayable ({reason}); backward() compiled on its own")
+        for guard in self.guards:
+            lines.append(f"guards: {guard}")
+        lines.append(f"{len(self.captures)} graph(s) captured, {len(self.fallbacks)} fallback(s)")
         for i, (reason, prog) in enumerate(self.captures):
             n = sum(1 for v in prog.graph.values if v.op not in ("input", "scalar", "constant"))
             lines.append(
@@ -445,14 +457,34 @@ class Report:
 
 
 def explain(fn: Callable, *args: Any, **kwargs: Any) -> Report:
-    """Run ``fn`` once with compiled autograd and report what was captured and what fell back.
-    Every graph is captured afresh and nothing is added to the caches, so the report shows every
-    graph and other threads' programs are untouched."""
+    """Call ``fn(*args, **kwargs)`` once and report what compiling it does.
+
+    This *is* a call of ``fn``, run eagerly while it is recorded as a whole step: its effects
+    (gradients, optimizer steps, buffers, random draws) happen once, exactly as one call of the
+    function would make them -- call ``explain`` *instead of* one step, not in addition to it.
+    The report shows the whole-step program (forward, backward and optimizer parts, kernels,
+    what the backward reads of the forward) or why the call cannot be replayed (with the source
+    line), the guards, and every backward graph captured afresh when the call falls back to
+    compiling its backward.  When ``fn`` is a ``fusegrad.compile``d function its recording for
+    these arguments is replaced by this one (so the next call replays it); anything else is
+    left out of every cache."""
+    from .step import CompiledFunction, Watch
+
+    target = fn if isinstance(fn, CompiledFunction) else None
+    if target is None:
+        target = CompiledFunction(fn, False, "default", lambda: compiled_autograd())
     events: list = []
     prev_report, _debug.report = _debug.report, events
     try:
-        with compiled_autograd():
-            fn(*args, **kwargs)
+        watch = Watch(target.fn, args, kwargs)
+        target.record(watch, args, kwargs, explaining=True)
     finally:
         _debug.report = prev_report
+    entry = target.entries.get(watch.key)
+    if isinstance(entry, str):
+        events.append(("break", entry))
+    elif entry is not None:
+        grad_key = tuple(_grad_state(leaf) for leaf in entry.leaves)
+        events.append(("step", entry, entry.program(grad_key, target.mode)))
+    events.append(("guards", watch.describe_guards()))
     return Report(events)

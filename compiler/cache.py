@@ -41,6 +41,10 @@ class Counters:
     * disk_hits: numba specialisations loaded from the disk cache instead of compiled.
     * compiled_runs: backward passes run by a compiled ``Program``.
     * fallbacks: backward passes run eagerly, by reason.
+    * step_captures: calls of compiled functions recorded as a whole step (``step``).
+    * step_runs: calls replayed as a whole step.
+    * step_breaks: recordings that could not be replayed, by reason (the function then runs
+      with compiled backward only, for that guard key).
 
     ``compiles`` and ``disk_hits`` count the functions programs call (generated CPU kernels, their
     ``prange`` variants, the interpreter's ``run_ops``, CUDA kernels on a GPU; the CUDA simulator
@@ -55,6 +59,9 @@ class Counters:
     disk_hits: int = 0
     compiled_runs: int = 0
     fallbacks: Counter = field(default_factory=Counter)
+    step_captures: int = 0
+    step_runs: int = 0
+    step_breaks: Counter = field(default_factory=Counter)
 
     def __repr__(self) -> str:
         fb = dict(self.fallbacks)
@@ -62,7 +69,9 @@ class Counters:
             f"Counters(captures={self.captures}, builds={self.builds}, "
             f"compiles={self.compiles}, cache_hits={self.cache_hits}, "
             f"tape_hits={self.tape_hits}, disk_hits={self.disk_hits}, "
-            f"compiled_runs={self.compiled_runs}, fallbacks={fb})"
+            f"compiled_runs={self.compiled_runs}, fallbacks={fb}, "
+            f"step_captures={self.step_captures}, step_runs={self.step_runs}, "
+            f"step_breaks={dict(self.step_breaks)})"
         )
 
 
@@ -309,5 +318,6 @@ def reset() -> None:
     _recent.clear()
     counters.captures = counters.compiles = counters.cache_hits = counters.disk_hits = 0
     counters.tape_hits = counters.builds = 0
-    counters.compiled_runs = 0
+    counters.compiled_runs = counters.step_captures = counters.step_runs = 0
     counters.fallbacks.clear()
+    counters.step_breaks.clear()

@@ -4,8 +4,10 @@ A value is a primitive of the op registry (``exp``, ``mul``, ``sum_to``, ``matmu
 of the IR's own ops:
 
 ``input``      a runtime argument of the program: ``attrs["kind"]`` is ``root`` (a root
-               gradient), ``saved`` (a tensor saved by a node) or ``grad`` (a leaf's existing
-               ``.grad``); ``attrs["index"]`` is its position in that list;
+               gradient), ``saved`` (a tensor saved by a node), ``grad`` (a leaf's existing
+               ``.grad``) or ``arg`` (an input of a whole-step program: an argument, parameter,
+               buffer or random draw, see ``step``); ``attrs["index"]`` is its position in that
+               list;
 ``constant``   a tensor created inside a derivative rule (``zeros_like(g)``, index ranges):
                ``attrs["index"]`` points into ``Graph.constants``;
 ``scalar``     a Python number inside a rule (``1.0 - out * out``), ``attrs["value"]``;
@@ -16,7 +18,9 @@ The graph's *effects* say what the program does with its results: ``("grad", lea
 accumulates into leaf ``leaf``'s ``.grad`` (in place when it exists, keeping its identity),
 ``("input_grad", position, value)`` does the same for a non-leaf listed in
 ``backward(inputs=...)``, and ``("capture", position, value)`` returns a gradient for
-``autograd.grad``.
+``autograd.grad`` (or a whole step's output), and ``("write", index, value)`` copies the value
+into the array of ``arg`` input ``index`` (a whole step's in-place write to an argument,
+parameter or buffer).
 
 Values are interned: asking for the same op on the same inputs with the same attributes returns
 the existing value, so common subexpressions are shared at construction.  Shapes and size
@@ -216,7 +220,7 @@ def verify(graph: Graph) -> None:
         if v.op in IR_OPS:
             if v.inputs:
                 raise VerifyError(f"%{v.id}: {v.op} takes no inputs")
-            if v.op == "input" and v.attr("kind") not in ("root", "saved", "grad"):
+            if v.op == "input" and v.attr("kind") not in ("root", "saved", "grad", "arg"):
                 raise VerifyError(f"%{v.id}: unknown input kind {v.attr('kind')!r}")
             if v.op == "constant" and not 0 <= v.attr("index", -1) < len(graph.constants):
                 raise VerifyError(f"%{v.id}: constant index out of range")
@@ -239,7 +243,7 @@ def verify(graph: Graph) -> None:
                 f"{dtype.name}{list(shape)}"
             )
     for kind, slot, value in graph.effects:
-        if kind not in ("grad", "input_grad", "capture"):
+        if kind not in ("grad", "input_grad", "capture", "write"):
             raise VerifyError(f"unknown effect {kind!r}")
         if index.get(value) is None:
             raise VerifyError(f"effect ({kind}, {slot}) refers to a value outside the graph")

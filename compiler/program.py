@@ -347,6 +347,18 @@ class Program:
             for n in release:
                 n.release()
 
+    def run_step(self, arrays: list, leaves: list, targets: dict, outputs: int) -> list:
+        """Run a whole-step program (``step``): ``arrays`` are its ``arg`` inputs, ``leaves``
+        the tensors its ``grad`` effects go to, ``targets`` the tensors (and version bumps) its
+        ``write`` effects copy into, by input index; returns its ``outputs`` output tensors."""
+        inst = self.instance(self.graph.hints)
+        prev_mode = grad_mode._state.enabled
+        grad_mode._state.enabled = False
+        try:
+            return self._run(inst, None, arrays, leaves, (), None, targets, outputs)  # type: ignore[return-value]
+        finally:
+            grad_mode._state.enabled = prev_mode
+
     def _run(
         self,
         inst: Instance,
@@ -355,6 +367,8 @@ class Program:
         leaves: list,
         grad_roots: Sequence[Tensor],
         inputs: Sequence[Tensor] | None,
+        targets: dict | None = None,
+        outputs: int = 0,
     ) -> list | None:
         variant = inst.variant
         schedule = variant.schedule
@@ -407,6 +421,8 @@ class Program:
         captured: list | None = None
         if inputs is not None:
             captured = [None] * len(inputs)
+        elif outputs:
+            captured = [None] * outputs
         fresh = buffers.fresh
         for kind, slot, v in self.graph.effects:
             if v in epilogue:
@@ -420,6 +436,12 @@ class Program:
                 _engine.accumulate_grad(leaves[slot], g, False)
             elif kind == "input_grad":
                 _engine.accumulate_grad(inputs[slot], g, False)  # type: ignore[index]
+            elif kind == "write":
+                target, bumps = targets[slot]  # type: ignore[index]
+                np.copyto(target._data, g._data)
+                counter = target._version_counter
+                for _ in range(bumps):
+                    counter.bump()
             else:
                 captured[slot] = g  # type: ignore[index]
         return captured

@@ -28,6 +28,10 @@ class Config:
         # a backward whose capture, build and first run (numba's JIT) take longer than this many
         # seconds prints one line on stderr saying what is compiling (None: never)
         self.compile_notice_s: float | None = 2.0
+        # whole-step compile (``fusegrad.compile(fn)``, ``step``): recordings kept per function
+        # (one per guard key: sizes, modes, Python values); past this many keys a function
+        # is no longer recorded, only its backward compiled (one logged reason)
+        self.step_recordings = 8
 
     def program_key(self) -> tuple:
         """What of the configuration changes a program built from a graph."""

@@ -32,6 +32,9 @@ from . import dtypes as _dt
 from ._format import format_tensor
 from .autograd import grad_mode as _grad_mode
 from .autograd.graph_base import accumulator_for, add_hook, graph_changed
+from .autograd.tracer import notify_host_read as _read
+from .autograd.tracer import notify_side_effect as _side_effect
+from .autograd.tracer import state as _tracer_state
 from .cuda.array import CudaArray, to_device
 from .device import CPU, as_device
 from .errors import AutogradError, DTypeError, IndexOutOfRange, ShapeError
@@ -262,6 +265,8 @@ class Tensor:
                 "Setting requires_grad=True on inference tensor outside InferenceMode is not "
                 "allowed."
             )
+        if _tracer_state.tracer is not None and self._requires_grad != bool(requires_grad):
+            _side_effect(self, "requires_grad_()")
         self._requires_grad = bool(requires_grad)
         return self
 
@@ -297,10 +302,14 @@ class Tensor:
                     f"assigned grad has data of a different type: expected {self.dtype.name}, "
                     f"got {value.dtype.name}"
                 )
+        if _tracer_state.tracer is not None:
+            _side_effect(self, ".grad assignment")
         self._grad = value
 
     @grad.deleter
     def grad(self) -> None:
+        if _tracer_state.tracer is not None:
+            _side_effect(self, "del .grad")
         self._grad = None
 
     @property
@@ -323,6 +332,8 @@ class Tensor:
             return  # leaves keep their grad anyway
         if self._retains_grad:
             return
+        if _tracer_state.tracer is not None:
+            _side_effect(self, "retain_grad()")
         self._retains_grad = True
         self._register_retain_grad()
 
@@ -352,6 +363,8 @@ class Tensor:
         """Hook ``fn(grad) -> Tensor | None`` called with this tensor's gradient."""
         if not self.requires_grad:
             raise AutogradError("cannot register a hook on a tensor that doesn't require gradient")
+        if _tracer_state.tracer is not None:
+            _side_effect(self, "register_hook()")
         if self.grad_fn is not None:
             return self.grad_fn._add_tensor_pre_hook(self._output_nr, hook)
         if self._hooks is None:
@@ -361,6 +374,8 @@ class Tensor:
     def register_post_accumulate_grad_hook(self, hook: Callable) -> Any:
         if not self.requires_grad:
             raise AutogradError("cannot register a hook on a tensor that doesn't require gradient")
+        if _tracer_state.tracer is not None:
+            _side_effect(self, "register_post_accumulate_grad_hook()")
         if self.grad_fn is not None:
             raise AutogradError(
                 "post accumulate grad hooks cannot be registered on non-leaf tensors"
@@ -424,6 +439,8 @@ class Tensor:
             )
         if type(self._data) is CudaArray:
             self._data.__array__()  # raises PyTorch's "can't convert cuda:0 ..." TypeError
+        if _tracer_state.tracer is not None:
+            _read(self, "numpy()")
         return self._data
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -432,6 +449,8 @@ class Tensor:
             arr.__array__()  # a CUDA tensor: raises, as in PyTorch
         if dtype is not None:
             arr = arr.astype(dtype, copy=False)
+        if _tracer_state.tracer is not None:
+            _read(self, "numpy.asarray()")
         return arr
 
     def item(self) -> Any:
@@ -439,10 +458,12 @@ class Tensor:
             raise ShapeError(
                 f"a Tensor with {self._data.size} elements cannot be converted to Scalar"
             )
-        return self._data.reshape(()).item()
+        out = self._data.reshape(()).item()
+        return out if _tracer_state.tracer is None else _read(self, "item()", out)
 
     def tolist(self) -> Any:
-        return self._data.tolist()
+        out = self._data.tolist()
+        return out if _tracer_state.tracer is None else _read(self, "tolist()", out)
 
     def __len__(self) -> int:
         if self._data.ndim == 0:
@@ -459,7 +480,8 @@ class Tensor:
             raise ShapeError(
                 f"a Tensor with {self._data.size} elements cannot be converted to {kind}"
             )
-        return self._data.reshape(()).item()
+        out = self._data.reshape(()).item()
+        return out if _tracer_state.tracer is None else _read(self, kind, out)
 
     def __bool__(self) -> bool:
         if self._data.size != 1:
@@ -467,7 +489,8 @@ class Tensor:
                 f"Boolean value of Tensor with more than one value is ambiguous "
                 f"(shape {tuple(self._data.shape)})"
             )
-        return bool(self._data.reshape(()).item())
+        out = bool(self._data.reshape(()).item())
+        return out if _tracer_state.tracer is None else _read(self, "bool()", out)
 
     def __float__(self) -> float:
         return float(self._scalar_value("Python float"))
@@ -478,14 +501,19 @@ class Tensor:
     def __index__(self) -> int:
         if self._dtype.category != 1 or self._data.size != 1:
             raise TypeError("only integer tensors of a single element can be converted to an index")
-        return int(self._data.reshape(()).item())
+        out = int(self._data.reshape(()).item())
+        return out if _tracer_state.tracer is None else _read(self, "an index", out)
 
     __hash__ = object.__hash__
 
     def __repr__(self) -> str:
+        if _tracer_state.tracer is not None:
+            _read(self, "print/repr")
         return format_tensor(self)
 
     def __format__(self, spec: str) -> str:
+        if _tracer_state.tracer is not None:
+            _read(self, "format")
         if self._data.ndim == 0 and spec:
             return format(self._data.item(), spec)
         return repr(self)

@@ -20,6 +20,7 @@ from ..errors import AutogradError, ShapeError
 from ..ops.creation import zeros_like
 from ..tensor import Tensor
 from .engine import run_backward
+from .tracer import notify_created as _created
 from .tracer import state as _tracer_state
 
 __all__ = ["backward", "grad"]
@@ -48,7 +49,7 @@ def _make_grads(outputs: tuple, grad_outputs: tuple, create_graph: bool) -> list
                     "grad can be implicitly created only for scalar outputs (output "
                     f"{i} has shape {tuple(out.shape)}); pass a gradient of that shape"
                 )
-            g = Tensor._make(_storage.full_like(out._data, 1))
+            g = _created(Tensor._make(_storage.full_like(out._data, 1)))
         else:
             if not isinstance(g, Tensor):
                 g = Tensor._make(np.asarray(g, dtype=out.dtype.np))

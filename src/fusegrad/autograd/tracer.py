@@ -16,6 +16,28 @@ innermost tracer:
   forms, for tensors that need no gradient) ask ``tracer.full(shape, value, dtype, device)``
   first, which returns the tensor, or NotImplemented to let it be made eagerly.
 
+A tracer that records a computation to run it again later (``fusegrad.compiler``'s whole-step
+compile) must also see what the primitive calls do not show; these notifications return nothing
+and default to doing nothing:
+
+* ``tracer.created(tensor, redo)``: a creation function made ``tensor`` from Python values
+  (``arange``, ``eye``, ``linspace``, internal masks: ``redo`` is None, the values are fixed by
+  the arguments), from a random generator (``rand``, ``randn``, dropout's mask: ``redo()`` draws
+  a new one from the generator as it is then, as a second call would), or as a copy of the
+  tensor ``redo`` (the snapshot an in-place op computes from);
+* ``tracer.host_read(tensor, what, result)``: Python read ``tensor``'s values (``what`` is
+  ``"item()"``, ``"bool()"``, ``"print"``, ``"numpy()"``, ...; ``result`` is what it got,
+  None where that is not a Python value);
+* ``tracer.wrote(target, result)``: an in-place op wrote ``result``'s values into ``target``'s
+  memory (after the write; the version was bumped);
+* ``tracer.check(tensor, fn)``: eager validated ``tensor``'s values with ``fn(array)``, which
+  raises the op's error for bad values (index ranges, class targets) and returns nothing -- a
+  replay runs ``fn`` on the new values before it changes anything;
+* ``tracer.side_effect(tensor, what)``: Python state that is not data changed (``.grad``
+  assigned, a hook registered, ``requires_grad_``);
+* ``tracer.opaque(owner, fn, args, kwargs)``: a stateful library method about to run
+  (``Optimizer.step``, ``zero_grad``): its result, or NotImplemented to let it run.
+
 How the backward engine runs the nodes of one call is not thread state either: ``run_backward``
 takes an executor (``engine.Executor``), the object that runs each node's rule, writes ``.grad``
 and calls user hooks.
@@ -29,6 +51,7 @@ a tracer that wants to delegate keeps a reference to the one it replaced (``trac
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -63,6 +86,76 @@ class Tracer:
         """A validated ``backward()`` (``accumulate``) or ``grad()`` call: its result (see
         ``engine.run_backward``), or NotImplemented to let the eager engine run it."""
         return NotImplemented
+
+    # ---- notifications for tracers that record to run again (see the module docstring) -------
+    def created(self, tensor: Tensor, redo: Any) -> None:
+        """A creation function made ``tensor`` (``redo``: None for values fixed by the call's
+        arguments, else a callable drawing a new one from its random generator)."""
+
+    def host_read(self, tensor: Tensor, what: str, result: Any = None) -> None:
+        """Python read ``tensor``'s values through ``what``, getting ``result``."""
+
+    def wrote(self, target: Tensor, result: Tensor) -> None:
+        """An in-place op wrote ``result``'s values into ``target``'s memory."""
+
+    def check(self, tensor: Tensor, fn: Any) -> None:
+        """Eager validated ``tensor``'s values with ``fn(array)`` (raises for bad values)."""
+
+    def side_effect(self, tensor: Tensor, what: str) -> None:
+        """Python state of ``tensor`` other than its values changed through ``what``."""
+
+    def opaque(self, owner: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
+        """``fn(owner, *args, **kwargs)``, a stateful library method (optimizer step,
+        zero_grad), is about to run: its result, or NotImplemented to let it run."""
+        return NotImplemented
+
+
+def notify_host_read(tensor: Tensor, what: str, result: Any = None) -> Any:
+    """Tell this thread's tracer, if any, that Python read ``tensor``'s values; returns
+    ``result``."""
+    tracer = state.tracer
+    if tracer is not None:
+        tracer.host_read(tensor, what, result)
+    return result
+
+
+def notify_check(tensor: Tensor, fn: Any) -> None:
+    """Validate ``tensor``'s values with ``fn(array)`` (which raises for bad values) and tell
+    this thread's tracer, if any."""
+    fn(tensor._data)
+    tracer = state.tracer
+    if tracer is not None:
+        tracer.check(tensor, fn)
+
+
+def notify_side_effect(tensor: Tensor, what: str) -> None:
+    tracer = state.tracer
+    if tracer is not None:
+        tracer.side_effect(tensor, what)
+
+
+def notify_created(tensor: Tensor, redo: Any = None) -> Tensor:
+    """Tell this thread's tracer, if any, that a creation function made ``tensor``; returns it."""
+    tracer = state.tracer
+    if tracer is not None:
+        tracer.created(tensor, redo)
+    return tensor
+
+
+def opaque_method(fn: Any) -> Any:
+    """``fn`` (a method) as a call a tracer may take over (``Tracer.opaque``)."""
+
+    @functools.wraps(fn)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tracer = state.tracer
+        if tracer is not None:
+            out = tracer.opaque(self, fn, args, kwargs)
+            if out is not NotImplemented:
+                return out
+        return fn(self, *args, **kwargs)
+
+    method.__wrapped_opaque__ = True  # type: ignore[attr-defined]
+    return method
 
 
 class _State(threading.local):

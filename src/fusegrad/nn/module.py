@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import dtypes as _dt
 from ..autograd.grad_mode import no_grad
+from ..autograd.tracer import opaque_method
 from ..device import as_device
 from ..errors import FusegradError
 from ..ops.creation import as_tensor
@@ -377,6 +378,7 @@ class Module:
             p.requires_grad_(requires_grad)
         return self
 
+    @opaque_method
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.parameters():
             _zero_grad(p, set_to_none)

@@ -25,6 +25,8 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import storage as _storage
 from ..autograd import grad_mode as _grad_mode
+from ..autograd.tracer import notify_created as _created
+from ..autograd.tracer import state as _tracer_state
 from ..device import as_device
 from ..errors import AutogradError, DTypeError, ShapeError, describe
 from ..tensor import DEFAULT as _DEFAULT_VIEW
@@ -382,6 +384,9 @@ def _write(self: Tensor, result: Tensor, op: str) -> None:
     data = self._data
     _storage.copyto(_writable(data) if type(data) is np.ndarray else data, result._data)
     self._version_counter.bump()
+    tracer = _tracer_state.tracer
+    if tracer is not None:
+        tracer.wrote(self, result)
 
 
 def inplace(self: Tensor, op: str, fn: Any, *args: Any, **kwargs: Any) -> Tensor:
@@ -408,7 +413,7 @@ def inplace(self: Tensor, op: str, fn: Any, *args: Any, **kwargs: Any) -> Tensor
         return self
     if self._base is not None:
         return _inplace_on_view(self, op, fn, args, kwargs)
-    snapshot = Tensor._make(self._data.copy())
+    snapshot = _created(Tensor._make(self._data.copy()), self)  # (self's values, as a copy)
     snapshot.grad_fn, snapshot._output_nr = self.grad_fn, self._output_nr
     result = _cast_result(self, fn(snapshot, *args, **kwargs))
     if result.grad_fn is None and snapshot.grad_fn is not None:
@@ -424,7 +429,7 @@ def inplace(self: Tensor, op: str, fn: Any, *args: Any, **kwargs: Any) -> Tensor
 def _zero_grad_through(result: Tensor, old: Tensor) -> Tensor:
     """``result``'s value, recorded as depending on ``old`` with a zero gradient (a ``where``
     that always picks ``result``: unlike ``old * 0`` it cannot turn an inf or nan into nan)."""
-    everywhere = Tensor._make(_storage.full_like(result._data, True, bool))
+    everywhere = _created(Tensor._make(_storage.full_like(result._data, True, bool)))
     return where(everywhere, result, old)
 
 
@@ -445,7 +450,7 @@ def _inplace_on_view(view: Tensor, op: str, fn: Any, args: tuple, kwargs: dict) 
     old_base.grad_fn, old_base._output_nr = base.grad_fn, base._output_nr
     region = _replay_view(old_base, view._view_info.steps)
     # a copy: the op's node may save its input, and the view's storage is overwritten below
-    snapshot = Tensor._make(_storage.copy(region._data))
+    snapshot = _created(Tensor._make(_storage.copy(region._data)), region)
     snapshot.grad_fn, snapshot._output_nr = region.grad_fn, region._output_nr
     result = _cast_result(view, fn(snapshot, *args, **kwargs))
     _check_result(view, result, op)  # before the base's history changes
@@ -504,7 +509,7 @@ def _fill(self: Tensor, value: Any) -> Tensor:
             f"fill_ only supports 0-dimension value tensor but got tensor with {value.ndim} "
             "dimensions."
         )
-    everywhere = Tensor._make(_storage.full_like(self._data, True, bool))
+    everywhere = _created(Tensor._make(_storage.full_like(self._data, True, bool)))
     v = value if isinstance(value, Tensor) else _util.as_operand(value, self.dtype)
     return where(everywhere, cast(v, self.dtype), self)
 
@@ -521,19 +526,27 @@ def _copy(self: Tensor, src: Any) -> Tensor:
     if _grad_mode._state.enabled and (self.requires_grad or s.requires_grad):
         # PyTorch's CopyBackwards: src gets the gradient, self's old history a zero one (a
         # where, not ``self * 0``, which would turn an inf or nan in self into nan)
-        everywhere = Tensor._make(_storage.full_like(self._data, True, bool))
+        everywhere = _created(Tensor._make(_storage.full_like(self._data, True, bool)))
         return where(everywhere, s, self)
     return clone(s).detach()
 
 
 def _normal(self: Tensor, mean: float = 0.0, std: float = 1.0, *, generator: Any = None) -> Tensor:
-    return Tensor._make(
-        (_gen(generator).standard_normal(self.shape) * std + mean).astype(self.dtype.np)
-    )
+    shape, dtype = tuple(self.shape), self.dtype.np
+
+    def draw() -> Tensor:
+        return Tensor._make((_gen(generator).standard_normal(shape) * std + mean).astype(dtype))
+
+    return _created(draw(), draw)
 
 
 def _uniform(self: Tensor, a: float = 0.0, b: float = 1.0, *, generator: Any = None) -> Tensor:
-    return Tensor._make(_gen(generator).uniform(a, b, self.shape).astype(self.dtype.np))
+    shape, dtype = tuple(self.shape), self.dtype.np
+
+    def draw() -> Tensor:
+        return Tensor._make(_gen(generator).uniform(a, b, shape).astype(dtype))
+
+    return _created(draw(), draw)
 
 
 def _addcmul(self: Tensor, t1: Any, t2: Any, *, value: Any = 1) -> Tensor:

@@ -14,6 +14,8 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import storage as _storage
+from ..autograd.tracer import notify_created as _created
+from ..autograd.tracer import notify_host_read as _read
 from ..autograd.tracer import state as _tracer_state
 from ..cuda.array import CudaArray, to_device
 from ..device import CPU, as_device
@@ -160,7 +162,7 @@ def arange(
         dt = _dt.as_dtype(dtype)
     n = int(np.ceil((float(end) - float(start)) / float(step)))
     arr = (np.arange(max(n, 0), dtype=np.float64) * step + start).astype(dt.np)
-    return _leaf(arr, requires_grad, dev)
+    return _created(_leaf(arr, requires_grad, dev))
 
 
 def linspace(
@@ -174,7 +176,7 @@ def linspace(
 ) -> Tensor:
     dev = as_device(device)
     arr = np.linspace(start, end, int(steps)).astype(_dtype_or_default(dtype).np)
-    return _leaf(arr, requires_grad, dev)
+    return _created(_leaf(arr, requires_grad, dev))
 
 
 def eye(
@@ -186,7 +188,7 @@ def eye(
     requires_grad: bool = False,
 ) -> Tensor:
     dev = as_device(device)
-    return _leaf(np.eye(n, m, dtype=_dtype_or_default(dtype).np), requires_grad, dev)
+    return _created(_leaf(np.eye(n, m, dtype=_dtype_or_default(dtype).np), requires_grad, dev))
 
 
 # ---- random (generators: ``fusegrad.random``) ---------------------------------------------------
@@ -199,8 +201,13 @@ def rand(
 ) -> Tensor:
     dev = as_device(device)
     dt = _dtype_or_default(dtype)
-    arr = _gen(generator).random(shape_arg(size), dtype=np.float64).astype(dt.np)
-    return _leaf(arr, requires_grad, dev)
+    shape = shape_arg(size)
+
+    def draw() -> Tensor:
+        arr = _gen(generator).random(shape, dtype=np.float64).astype(dt.np)
+        return _leaf(arr, requires_grad, dev)
+
+    return _created(draw(), draw)
 
 
 def randn(
@@ -212,8 +219,12 @@ def randn(
 ) -> Tensor:
     dev = as_device(device)
     dt = _dtype_or_default(dtype)
-    arr = _gen(generator).standard_normal(shape_arg(size)).astype(dt.np)
-    return _leaf(arr, requires_grad, dev)
+    shape = shape_arg(size)
+
+    def draw() -> Tensor:
+        return _leaf(_gen(generator).standard_normal(shape).astype(dt.np), requires_grad, dev)
+
+    return _created(draw(), draw)
 
 
 def randint(
@@ -229,13 +240,21 @@ def randint(
     if high is None:
         low, high = 0, low
     dt = _dt.int64 if dtype is None else _dt.as_dtype(dtype)
-    arr = _gen(generator).integers(low, high, size=tuple(size)).astype(dt.np)
-    return _leaf(arr, False, dev)
+    shape = tuple(size)
+
+    def draw() -> Tensor:
+        return _leaf(_gen(generator).integers(low, high, size=shape).astype(dt.np), False, dev)
+
+    return _created(draw(), draw)
 
 
 def randperm(n: int, *, generator: Generator | None = None, dtype: Any = None) -> Tensor:
     dt = _dt.int64 if dtype is None else _dt.as_dtype(dtype)
-    return Tensor._make(_gen(generator).permutation(n).astype(dt.np))
+
+    def draw() -> Tensor:
+        return Tensor._make(_gen(generator).permutation(n).astype(dt.np))
+
+    return _created(draw(), draw)
 
 
 def rand_like(input: Tensor, *, dtype: Any = None, generator: Generator | None = None) -> Tensor:
@@ -251,5 +270,7 @@ def randn_like(input: Tensor, *, dtype: Any = None, generator: Generator | None 
 
 
 def bernoulli(p: Tensor, *, generator: Generator | None = None) -> Tensor:
+    if _tracer_state.tracer is not None:
+        _read(p, "bernoulli()")  # (probabilities read on the host)
     u = _gen(generator).random(p.shape)
     return _leaf((u < _storage.to_host(p._data)).astype(p.dtype.np), False, p.device)

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 
 from .. import storage as _storage
+from ..autograd.tracer import notify_created as _created
+from ..autograd.tracer import notify_check as _check
 from ..errors import DTypeError, ShapeError, describe
 from ..tensor import Tensor
 from ._util import to_tensor
@@ -95,18 +97,22 @@ def nll_loss(
     n_classes = logp.shape[1]
     ignored = tgt == ignore_index
     safe = where(ignored, 0, tgt)
-    targets = _storage.to_host(safe._data)  # one copy when on a GPU: the check is on the host
-    bad = (targets < 0) | (targets >= n_classes)
-    if bad.any():
-        raise IndexError(
-            f"nll_loss: Target {int(targets[bad].flat[0])} is out of bounds "
-            f"(number of classes {n_classes})"
-        )
+
+    def check(array: Any) -> None:
+        targets = _storage.to_host(array)  # one copy when on a GPU: the check is on the host
+        bad = (targets < 0) | (targets >= n_classes)
+        if bad.any():
+            raise IndexError(
+                f"nll_loss: Target {int(targets[bad].flat[0])} is out of bounds "
+                f"(number of classes {n_classes})"
+            )
+
+    _check(safe, check)
     picked = _class_dim_last(logp).gather(-1, safe.unsqueeze(-1)).squeeze(-1)
     if weight is not None:
         w = to_tensor(weight)[safe]
     else:
-        w = Tensor._make(_storage.full_like(safe._data, 1, logp.dtype.np))
+        w = _created(Tensor._make(_storage.full_like(safe._data, 1, logp.dtype.np)))
     w = where(ignored, 0.0, w)
     loss = neg(picked) * w
     if squeeze and reduction == "none":
@@ -246,9 +252,13 @@ def dropout(
         return x
     if p == 1.0:
         return mul(x, 0.0)
-    keep = _gen(generator).random(x.shape) >= p
-    mask = Tensor._make((keep / (1.0 - p)).astype(x.dtype.np))
-    return mul(x, mask)
+    shape, np_dtype = tuple(x.shape), x.dtype.np
+
+    def draw() -> Tensor:
+        keep = _gen(generator).random(shape) >= p
+        return Tensor._make((keep / (1.0 - p)).astype(np_dtype))
+
+    return mul(x, _created(draw(), draw))
 
 
 def layer_norm(
@@ -326,8 +336,8 @@ def _windows(
         x = pad(x, (pw, pw + extra_w, ph, ph + extra_h), value=pad_value)
     ih = (np.arange(kh) * dh)[:, None] + (np.arange(oh) * sh)[None, :]
     iw = (np.arange(kw) * dw)[:, None] + (np.arange(ow) * sw)[None, :]
-    rows = Tensor._make(ih[:, None, :, None].astype(np.int64))
-    cols = Tensor._make(iw[None, :, None, :].astype(np.int64))
+    rows = _created(Tensor._make(ih[:, None, :, None].astype(np.int64)))
+    cols = _created(Tensor._make(iw[None, :, None, :].astype(np.int64)))
     return x[:, :, rows, cols]
 
 
@@ -416,7 +426,8 @@ def max_pool2d(
         local = _storage.to_host(idx._data)  # (indices are computed on the host)
         rows = np.arange(oh)[:, None] * sh - ph + (local // kw) * dh
         cols = np.arange(ow)[None, :] * sw - pw + (local % kw) * dw
-        flat_idx = Tensor._make((rows * x.shape[3] + cols).astype(np.int64)).to(x.device)
+        flat_idx = _created(Tensor._make((rows * x.shape[3] + cols).astype(np.int64)))
+        flat_idx = flat_idx.to(x.device)
         return values, (flat_idx.squeeze(0) if squeeze else flat_idx)
     return values
 
@@ -445,7 +456,7 @@ def avg_pool2d(
     elif count_include_pad and not ceil_mode:
         out = total / (kh * kw)
     else:
-        ones = Tensor._make(np.ones((1, 1) + tuple(x.shape[2:]), x.dtype.np))
+        ones = _created(Tensor._make(np.ones((1, 1) + tuple(x.shape[2:]), x.dtype.np)))
         if count_include_pad:
             ones = pad(ones, (p[1], p[1], p[0], p[0]), value=1.0)
             p2 = (0, 0)

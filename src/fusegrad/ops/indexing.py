@@ -16,6 +16,9 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import storage as _storage
+from ..autograd.tracer import notify_created as _created
+from ..autograd.tracer import notify_check as _check
+from ..autograd.tracer import notify_host_read as _read
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..size import broadcast_shapes
 from ..tensor import Tensor
@@ -62,7 +65,7 @@ def _normalise_key(x: Tensor, key: Any) -> tuple[tuple, tuple]:
             spec.append(("s", start, stop, step))
             consumed += 1
         elif isinstance(k, (bool, np.bool_)):
-            t = Tensor._make(np.array(bool(k)))
+            t = _created(Tensor._make(np.array(bool(k))))
             spec.append(("t", len(tensors)))
             tensors.append(t)
         elif isinstance(k, (int, np.integer)) or (
@@ -180,14 +183,18 @@ def _index_tensor(op: str, index: Any) -> Tensor:
 def _check_index_range(op: str, index: Tensor, size: int, dim: int) -> None:
     """Indices of gather/scatter/index_select/embedding must lie in [0, size), as in PyTorch
     (negative indices are an error there, not counted from the end)."""
-    if index._data.size:
-        values = _storage.to_host(index._data)  # (a copy when on a GPU)
-        lo, hi = int(values.min()), int(values.max())
-        if lo < 0 or hi >= size:
-            bad = hi if hi >= size else lo
-            raise IndexOutOfRange(
-                f"{op}: index {bad} is out of bounds for dimension {dim} with size {size}"
-            )
+
+    def check(array: Any) -> None:
+        if array.size:
+            values = _storage.to_host(array)  # (a copy when on a GPU)
+            lo, hi = int(values.min()), int(values.max())
+            if lo < 0 or hi >= size:
+                bad = hi if hi >= size else lo
+                raise IndexOutOfRange(
+                    f"{op}: index {bad} is out of bounds for dimension {dim} with size {size}"
+                )
+
+    _check(index, check)
 
 
 def gather(input: Any, dim: int, index: Any) -> Tensor:
@@ -363,10 +370,16 @@ def one_hot(tensor: Any, num_classes: int = -1) -> Tensor:
     idx = _index_tensor("one_hot", tensor)
     values = _storage.to_host(idx._data)  # (a copy when on a GPU)
     if num_classes < 0:
+        _read(idx, "one_hot() without num_classes")
         num_classes = int(values.max()) + 1 if values.size else 0
-    if values.size and (values.min() < 0 or values.max() >= num_classes):
-        raise IndexOutOfRange(f"one_hot: class values must be in [0, {num_classes})")
-    classes = Tensor._make(np.arange(num_classes, dtype=np.int64)).to(idx.device)
+
+    def check(array: Any) -> None:
+        values = _storage.to_host(array)
+        if values.size and (values.min() < 0 or values.max() >= num_classes):
+            raise IndexOutOfRange(f"one_hot: class values must be in [0, {num_classes})")
+
+    _check(idx, check)
+    classes = _created(Tensor._make(np.arange(num_classes, dtype=np.int64))).to(idx.device)
     return eq(idx.unsqueeze(-1), classes).to(_dt.int64)
 
 

@@ -12,6 +12,7 @@ from collections import namedtuple
 from typing import Any
 
 from .. import dtypes as _dt
+from ..autograd.tracer import notify_created as _created
 from ..errors import DTypeError, ShapeError, describe
 from ..tensor import Tensor
 from ._util import P, apply, cast, to_tensor, wrap_dim, wrap_dims
@@ -149,7 +150,7 @@ def _max_min(op: str, x: Any, dim: Any, keepdim: bool) -> Any:
         return amax(x) if op == "max" else amin(x)
     d = wrap_dim(op, dim, x.ndim)
     if x.ndim == 0:
-        return _values_indices(x.reshape(()), Tensor._make(__import__("numpy").array(0)))
+        return _values_indices(x.reshape(()), _created(Tensor._make(__import__("numpy").array(0))))
     idx = argmax(x, d, keepdim=True) if op == "max" else argmin(x, d, keepdim=True)
     # values via gather: the gradient goes to the selected index only (as PyTorch's max(dim))
     values = x.gather(d, idx)

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import storage as _storage
+from ..autograd.tracer import notify_created as _created
 from ..errors import ShapeError, describe
 from ..size import broadcast_shapes
 from ..tensor import DEFAULT, MULTI_OUTPUT, Tensor
@@ -494,7 +495,7 @@ def _index_pad(x: Tensor, d: int, before: int, after: int, mode: str) -> Tensor:
         idx = np.clip(idx, 0, n - 1)
     else:
         idx = idx % n
-    return index_select(x, d, Tensor._make(idx.astype(np.int64)))
+    return index_select(x, d, _created(Tensor._make(idx.astype(np.int64))))
 
 
 def diagonal(input: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
@@ -512,8 +513,8 @@ def diagonal_backward(g: Tensor, shape: tuple, offset: int, dim1: int, dim2: int
     others = [d for d in range(ndim) if d not in (dim1, dim2)]
     length = g.shape[-1]
     r = np.arange(length, dtype=np.int64)
-    i1 = Tensor._make(r + max(-offset, 0))
-    i2 = Tensor._make(r + max(offset, 0))
+    i1 = _created(Tensor._make(r + max(-offset, 0)))
+    i2 = _created(Tensor._make(r + max(offset, 0)))
     # in the permuted layout (others..., dim1, dim2) the diagonal is [..., i1, i2]
     pshape = tuple(shape[d] for d in others) + (shape[dim1], shape[dim2])
     key = (("e",), ("t", 0), ("t", 1))
@@ -550,7 +551,7 @@ def _tri_mask(x: Tensor, diagonal_: int, lower: bool) -> Tensor:
         )
     r, c = x._data.shape[-2:]
     m = np.tri(r, c, diagonal_, dtype=bool)
-    mask = Tensor._make(m if lower else ~np.tri(r, c, diagonal_ - 1, dtype=bool))
+    mask = _created(Tensor._make(m if lower else ~np.tri(r, c, diagonal_ - 1, dtype=bool)))
     return mask.to(x.device)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import storage as _storage
 from ..autograd import grad_mode as _grad_mode
+from ..autograd.tracer import notify_created as _created
 from ..tensor import (
     DEFAULT,
     INFERENCE,
@@ -119,7 +120,9 @@ def view_positions(base: Tensor, steps: tuple) -> tuple[tuple, tuple]:
     shape = tuple(base._data.shape)
     find = _cached_positions if base._data.size <= _CACHED_BASE_SIZE else _positions
     arrays = find(shape, key)
-    return tuple(Tensor._make(a) for a in arrays), tuple(("t", i) for i in range(len(arrays)))
+    return tuple(_created(Tensor._make(a)) for a in arrays), tuple(
+        ("t", i) for i in range(len(arrays))
+    )
 
 
 def view_grad_fn(view: Tensor) -> Any:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..autograd.grad_mode import enable_grad
+from ..autograd.tracer import opaque_method
 from ..errors import FusegradError
 from ..nn.module import _zero_grad
 from ..tensor import Tensor
@@ -45,6 +46,15 @@ def _type_name(obj: object) -> str:
 
 class Optimizer:
     """Base class: ``Optimizer(params, defaults)``; subclasses define ``step``."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # ``step`` and ``zero_grad`` are calls a tracer may take over (a whole-step compile
+        # replays them as calls: ``Tracer.opaque``)
+        super().__init_subclass__(**kwargs)
+        for name in ("step", "zero_grad"):
+            fn = cls.__dict__.get(name)
+            if fn is not None and not getattr(fn, "__wrapped_opaque__", False):
+                setattr(cls, name, opaque_method(fn))
 
     def __init__(self, params: Any, defaults: dict[str, Any]) -> None:
         self.defaults = defaults
@@ -112,6 +122,7 @@ class Optimizer:
         self.param_groups.append(group)
 
     # -- gradients -----------------------------------------------------------------------------
+    @opaque_method
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients of all optimized parameters (to None by default)."""
         for group in self.param_groups:

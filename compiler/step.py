@@ -1,0 +1,918 @@
+"""Whole-step compile: ``fusegrad.compile(fn)`` records the whole call -- forward primitives,
+the ``backward()``/``autograd.grad()`` inside it, optimizer ``step()``/``zero_grad()`` -- and
+later calls replay it as one fused program after a guard check.
+
+**Recording.**  The first call with a new guard key runs ``fn`` eagerly (its results are the
+eager ones) with a ``Recorder`` as the thread's tracer.  Each primitive call becomes an IR value
+of one graph (``ir.Graph``, concrete sizes); arrays are followed by identity, so a tensor that
+shares another's array (``detach()``) is the same value.  Tensors the step did not compute are
+program inputs: the call's tensor arguments, and the parameters, buffers and tensors the guard
+watches (``Watch``: modules and optimizers among the arguments, in ``fn``'s closure, its
+``self`` and the globals its code names; tensors in the closure and those globals).  Constants
+made by creation functions are constants; random draws (``rand``, dropout's mask, ...) are
+inputs drawn again, in the same order, from the generator on every call, so dropout draws the
+numbers eager draws.  A ``backward()`` is captured by the backward compiler (``capture``, concrete
+sizes) and its graph is appended to the forward's: the saved tensors *are* forward values, so the
+two fuse.  In-place writes rebind the written array to the new value; writes to inputs become
+``write`` effects (copied back, versions bumped as eager bumps them).  Optimizer ``step()`` and
+``zero_grad()`` calls at the start and at the end of the function are kept as calls and replayed
+around the program (``Tracer.opaque``).
+
+**Replay.**  A call whose guard key (``Watch.key``) was recorded runs the prefix calls, gathers
+the input arrays, runs the ``program.Program`` (one per pattern of the leaves' ``.grad`` state),
+performs its effects (``.grad`` with the engine's semantics, in-place writes, returned tensors),
+runs the suffix calls and rebuilds the return value.  Per call that is the guard walk (modules,
+parameters, arguments) and one pass over the program's steps: nothing per recorded op.
+
+**Never silently wrong.**  What a replay could not reproduce stops the recording (``StepBreak``)
+and the function runs in compiled-backward mode from then on for that guard key (each backward
+inside it compiled as before), with one logged reason naming the source line; ``fullgraph=True``
+raises it.  Breaks: Python reading tensor values (``item()``, ``bool()``, ``print``, ``numpy()``)
+except values read last and returned (``return loss.item()``); tensors of unknown origin;
+in-place writes to memory another recorded array shares (views); hooks, ``retain_grad`` and
+``.grad`` assignments inside the function; data-dependent shapes; tensor ops after the optimizer
+step; outputs that still need autograd history (use ``compile(module)`` for a backward
+outside); CUDA tensors (not yet).  What is *not* detected -- Python side effects other than tensor
+ops, and Python state the guard does not watch -- is documented in the README.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+import fusegrad
+from fusegrad.autograd import grad_mode
+from fusegrad.autograd.engine import run_backward
+from fusegrad.autograd.tracer import Tracer, tracing
+from fusegrad.autograd.tracer import state as _tracer_state
+from fusegrad.cuda.array import CudaArray
+from fusegrad.nn.module import Module
+from fusegrad.ops import registry as _registry
+from fusegrad.optim.optimizer import Optimizer
+from fusegrad.tensor import Tensor
+
+from . import logs, passes
+from .cache import counters
+from .capture import Fallback, _grad_state
+from .capture import capture as _capture_graph
+from .capture import walk as _walk
+from .ir import Graph, Value, format_graph, verify
+from .program import Program
+from .settings import config
+
+_SCALARS = (int, float, bool, str, type(None), complex)
+
+
+class StepBreak(Exception):
+    """The call cannot be replayed; ``str(e)`` is the reason (with its source line)."""
+
+
+_PACKAGES = tuple(
+    os.path.dirname(os.path.abspath(f)) + os.sep for f in (fusegrad.__file__, __file__)
+)
+
+
+def _user_line() -> str:
+    """``file:line`` of the innermost frame outside fusegrad (where the user's code is)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not name.startswith(_PACKAGES) and not name.startswith("<frozen"):
+            line = linecache.getline(name, frame.f_lineno).strip()
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}" + (f" ({line})" if line else "")
+        frame = frame.f_back
+    return "<unknown>"
+
+
+# ---- the guard ---------------------------------------------------------------------------------
+
+
+class Watch:
+    """What a recording depends on besides the arguments' tensors, and the key that tells two
+    calls apart: grad mode; per argument, a tensor's shape, dtype, device and ``requires_grad``,
+    a Python scalar's value, any other object's identity; for every module reachable from the
+    arguments, ``fn``'s ``self``, closure and named globals: its ``training`` flag, its Python
+    scalar attributes, and its parameters' and buffers' identities, shapes, dtypes and
+    ``requires_grad``; an optimizer's parameters' identities; tensors and scalars in the closure
+    and named globals (tensors by identity, scalars by value).
+
+    ``tensors`` maps ``id(array)`` to where the array comes from on a replay: ``("arg", k)``,
+    the k-th tensor argument, or ``("ext", tensor)``, a watched tensor."""
+
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict) -> None:
+        self.key_parts: list = [grad_mode._state.enabled, grad_mode._state.inference]
+        self.args: list[Tensor] = []
+        self.tensors: dict[int, tuple] = {}
+        self.seen: set[int] = set()
+        self.key_parts.append(self.describe(args))
+        self.key_parts.append(self.describe(tuple(sorted(kwargs.items()))))
+        func = getattr(fn, "__func__", fn)
+        owner = getattr(fn, "__self__", None)
+        if owner is not None:
+            self.key_parts.append(("self", self.root(owner)))
+        for cell in getattr(func, "__closure__", None) or ():
+            try:
+                content = cell.cell_contents
+            except ValueError:  # an empty cell
+                content = None
+            self.key_parts.append(("cell", self.root(content)))
+        code = getattr(func, "__code__", None)
+        glob = getattr(func, "__globals__", None)
+        if code is not None and glob is not None:
+            for name in code.co_names:
+                if name in glob:
+                    part = self.root(glob[name])
+                    if part is not None:
+                        self.key_parts.append((name, part))
+        self.key = tuple(self.key_parts)
+
+    def describe_guards(self) -> str:
+        """What the key holds, in words (``explain``)."""
+        parts = self.key_parts
+        names = [p[0] for p in parts[4:]]
+        return (
+            f"grad mode {parts[0]}, inference mode {parts[1]}; {len(self.args)} tensor "
+            "argument(s) by shape, dtype, device and requires_grad, other arguments by value "
+            f"or identity; watched: {', '.join(map(str, names)) or 'nothing else'} (modules: "
+            "training flags, Python scalar attributes, parameters and buffers by identity, "
+            "shape, dtype and requires_grad; optimizers: their parameters; tensors by identity; "
+            "Python scalars by value); the leaves' .grad state selects the program"
+        )
+
+    def describe(self, obj: Any) -> Any:
+        """An argument's part of the key (tensors become argument inputs)."""
+        if isinstance(obj, Tensor):
+            arr = obj._data
+            self.tensors.setdefault(id(arr), ("arg", len(self.args)))
+            self.args.append(obj)
+            return ("T", arr.shape, obj._dtype, type(arr), obj.requires_grad)
+        if isinstance(obj, _SCALARS):
+            return (type(obj), obj)
+        if isinstance(obj, (tuple, list)):
+            return (type(obj), tuple(self.describe(o) for o in obj))
+        if isinstance(obj, dict):
+            return (dict, tuple((k, self.describe(v)) for k, v in obj.items()))
+        return ("id", id(obj), self.root(obj))
+
+    def root(self, obj: Any) -> Any:
+        """The key part of an object reached from ``fn`` (None: nothing to watch)."""
+        if isinstance(obj, Tensor):
+            arr = obj._data
+            self.tensors.setdefault(id(arr), ("ext", obj))
+            return ("T", id(obj), arr.shape, obj._dtype, type(arr), obj._requires_grad)
+        if isinstance(obj, _SCALARS):
+            return (type(obj), obj)
+        if id(obj) in self.seen:
+            return ("seen", id(obj))
+        if isinstance(obj, Module):
+            self.seen.add(id(obj))
+            return ("M", id(obj), tuple(self.module(m) for m in obj.modules()))
+        if isinstance(obj, Optimizer):
+            self.seen.add(id(obj))
+            params = []
+            for group in obj.param_groups:
+                for p in group["params"]:
+                    params.append(self.root(p))
+            return ("O", id(obj), tuple(params))
+        if isinstance(obj, (types.FunctionType, types.ModuleType, type, types.BuiltinFunctionType)):
+            return None
+        return ("id", id(obj))
+
+    def module(self, m: Module) -> tuple:
+        self.seen.add(id(m))
+        attrs = tuple((k, v) for k, v in m.__dict__.items() if isinstance(v, _SCALARS))
+        tensors = []
+        for name, t in list(m._parameters.items()) + list(m._buffers.items()):
+            tensors.append((name, None if t is None else self.root(t)))
+        return (id(m), m.training, attrs, tuple(tensors))
+
+
+# ---- recording ---------------------------------------------------------------------------------
+
+
+class Recorder(Tracer):
+    """The tracer of a recording call (see the module docstring).  ``broken`` is the reason the
+    call cannot be replayed (None while it still can); once broken, it only stays out of the
+    way: ``delegate`` (today's compiled-backward region) handles every call."""
+
+    def __init__(self, watch: Watch, delegate: Any) -> None:
+        self.watch = watch
+        self.delegate = delegate
+        self.graph = Graph()
+        self.values: dict[int, tuple[Value, int]] = {}  # id(array) -> (value, version bound at)
+        self.keep: list = []  # arrays kept alive while their ids are keys
+        self.owners: dict[int, int] = {}  # id(root array) -> bound arrays sharing its memory
+        self.sources: list = []  # per program input: ("arg", k) | ("ext", t) | ("draw", redo)
+        self.input_arrays: list = []  # their arrays in this call
+        self.source_of: dict[int, int] = {}  # id(array) -> program input index
+        self.input_values: list[Value] = []
+        self.leaves: list[Tensor] = []
+        self.leaf_of: dict[int, int] = {}
+        self.grad_effects: dict[int, Value] = {}  # leaf slot -> its gradient's value
+        self.grad_preset: dict[int, bool] = {}  # leaf slot -> .grad existed when first reached
+        self.writes: dict[int, list] = {}  # program input index -> [final value, bumps]
+        self.prefix: list = []
+        self.suffix: list = []
+        self.started = False  # a tensor op was recorded
+        self.pending: list = []  # host reads not yet known to be harmless: (result, what, line)
+        self.backwards = 0
+        self.checks: list = []  # (value, fn): eager's validations of values (index ranges)
+        self.forward_ops = 0  # primitives recorded from the function's own code
+        self.backward_ops = 0  # values the captured backward graphs added
+        self.eager_saved: dict[int, int] = {}  # id(array) -> bytes eager's nodes saved
+        self.saved_values: set[Value] = set()  # forward values the backward reads
+        self.broken: str | None = None
+        self.explaining = False  # set by ``explain``
+
+    # ---- bookkeeping --------------------------------------------------------------------------
+    def stop(self, reason: str) -> None:
+        if self.broken is None:
+            self.broken = reason
+
+    def event(self) -> None:
+        """A tensor op is about to be recorded: fine unless Python read values before it or the
+        optimizer already stepped."""
+        if self.pending:
+            _, what, line, _ = self.pending[0]
+            raise StepBreak(
+                f"Python read a tensor's value ({what}) at {line}, and tensor ops follow"
+            )
+        if self.suffix:
+            owner, fn = self.suffix[0][0], self.suffix[0][1]
+            raise StepBreak(
+                f"a tensor op at {_user_line()} after {type(owner).__name__}.{fn.__name__}() "
+                "(only optimizer and zero_grad calls at the start and the end are replayed)"
+            )
+        self.started = True
+
+    @staticmethod
+    def _root(arr: np.ndarray) -> np.ndarray:
+        while isinstance(arr.base, np.ndarray):
+            arr = arr.base
+        return arr
+
+    def bind(self, t: Tensor, value: Value) -> None:
+        arr = t._data
+        if id(arr) not in self.values:
+            self.keep.append(arr)
+            root = id(self._root(arr))
+            self.owners[root] = self.owners.get(root, 0) + 1
+        counter = t._version_counter
+        self.values[id(arr)] = (value, counter, counter.value)
+
+    def value_of(self, t: Tensor) -> Value:
+        arr = t._data
+        if type(arr) is CudaArray:
+            raise StepBreak("a CUDA tensor (whole-step compile runs on the CPU for now)")
+        found = self.values.get(id(arr))
+        if found is not None:
+            value, counter, version = found
+            if t._version_counter is not counter:
+                # a view made after its primitive ran shares its base's counter from then on
+                self.values[id(arr)] = (value, t._version_counter, t._version_counter.value)
+            elif counter.value != version:
+                raise StepBreak(
+                    f"{_describe(t)} was modified outside the recorded ops (at {_user_line()})"
+                )
+            return value
+        if t._wrapped_number:  # a Python number (kept: a node may save it)
+            value = self.graph.scalar(arr.item(), t._dtype)
+            self.bind(t, value)
+            return value
+        source = self.watch.tensors.get(id(arr))
+        if source is None:
+            raise StepBreak(
+                f"{_describe(t)} used at {_user_line()} was not computed by the function and is "
+                "not an argument, a parameter or buffer of a watched module, or a tensor in its "
+                "closure or globals (made by an untraced path, e.g. torch.tensor(data) inside)"
+            )
+        return self.new_input(t, source)
+
+    def new_input(self, t: Tensor, source: tuple) -> Value:
+        arr = t._data
+        index = len(self.sources)
+        self.sources.append(source)
+        self.input_arrays.append(arr)
+        value = self.graph.input("arg", index, arr.shape, t._dtype)
+        self.input_values.append(value)
+        self.source_of[id(arr)] = index
+        self.bind(t, value)
+        return value
+
+    # ---- Tracer ----------------------------------------------------------------------------------
+    def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
+        if self.broken is None:
+            try:
+                self.event()
+            except StepBreak as e:
+                self.stop(str(e))
+        out = self.delegate.apply(prim, inputs, attrs)
+        if self.broken is None:
+            try:
+                self.record(prim, inputs, attrs, out)
+            except StepBreak as e:
+                self.stop(str(e))
+        return out
+
+    def record(self, prim: Any, inputs: tuple, attrs: dict, out: Tensor) -> None:
+        values = tuple(self.value_of(t) for t in inputs)
+        arr = out._data
+        try:
+            shape, dtype = prim.meta(
+                tuple(v.shape for v in values), tuple(v.dtype for v in values), **attrs
+            )
+        except _registry.DataDependentShape as e:
+            raise StepBreak(f"{prim.name} at {_user_line()}: {e}") from None
+        if tuple(shape) != arr.shape or dtype is not out._dtype:
+            raise StepBreak(f"{prim.name}: its shape rule disagrees with its kernel")
+        try:
+            value = self.graph.add(prim.name, values, attrs, arr.shape, out._dtype)
+        except TypeError:
+            raise StepBreak(f"{prim.name} at {_user_line()}: an attribute is unhashable") from None
+        self.bind(out, value)
+        self.forward_ops += 1
+
+    def full(self, shape: tuple, value: Any, dtype: Any, device: Any) -> Any:
+        if self.broken is not None or (device is not None and str(device) != "cpu"):
+            return NotImplemented
+        try:
+            self.event()
+        except StepBreak as e:
+            self.stop(str(e))
+            return NotImplemented
+        t = Tensor._make(np.full(shape, value, dtype.np))
+        graph = self.graph
+        scalar = graph.scalar(value, dtype)
+        v = (
+            graph.add("broadcast_to", (scalar,), {"shape": tuple(shape)}, tuple(shape), dtype)
+            if shape
+            else scalar
+        )
+        self.bind(t, v)
+        return t
+
+    def created(self, t: Tensor, redo: Any) -> None:
+        if self.broken is not None:
+            return
+        try:
+            self.event()
+            if type(t._data) is CudaArray:
+                raise StepBreak("a CUDA tensor (whole-step compile runs on the CPU for now)")
+            if t._requires_grad:
+                raise StepBreak(f"a tensor requiring grad created at {_user_line()}")
+        except StepBreak as e:
+            self.stop(str(e))
+            return
+        if isinstance(redo, Tensor):  # a copy of ``redo``'s values
+            try:
+                self.bind(t, self.value_of(redo))
+            except StepBreak as e:
+                self.stop(str(e))
+        elif redo is None:
+            self.bind(t, self.graph.constant(t._data))
+        else:
+            self.new_input(t, ("draw", redo))
+
+    def host_read(self, t: Tensor, what: str, result: Any = None) -> None:
+        if self.broken is None:
+            found = self.values.get(id(t._data))
+            value = found[0] if found is not None and found[2] == t._version_counter.value else None
+            self.pending.append((result, what, _user_line(), value))
+
+    def wrote(self, target: Tensor, result: Tensor) -> None:
+        if self.broken is not None:
+            return
+        try:
+            self.event()
+            arr = target._data
+            if type(arr) is CudaArray:
+                raise StepBreak("a CUDA tensor (whole-step compile runs on the CPU for now)")
+            if id(arr) not in self.values:
+                self.value_of(target)  # an input written before it was read
+            if self.owners.get(id(self._root(arr)), 0) > 1 or target._base is not None:
+                raise StepBreak(
+                    f"an in-place write at {_user_line()} into memory that another recorded "
+                    "tensor (a view) shares"
+                )
+            value = self.value_of(result)
+            if value.dtype is not target._dtype or value.shape != arr.shape:
+                raise StepBreak(f"an in-place write at {_user_line()} that casts or broadcasts")
+            self.values[id(arr)] = (value, target._version_counter, target._version_counter.value)
+            index = self.source_of.get(id(arr))
+            if index is not None:
+                entry = self.writes.setdefault(index, [value, 0])
+                entry[0] = value
+                entry[1] += 1
+        except StepBreak as e:
+            self.stop(str(e))
+
+    def check(self, t: Tensor, fn: Any) -> None:
+        if self.broken is None:
+            try:
+                self.checks.append((self.value_of(t), fn))
+            except StepBreak as e:
+                self.stop(str(e))
+
+    def side_effect(self, t: Tensor, what: str) -> None:
+        self.stop(f"{what} at {_user_line()} inside the compiled function")
+
+    def opaque(self, owner: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
+        if self.broken is not None:
+            return NotImplemented
+        if any(callable(a) for a in args) or any(callable(v) for v in kwargs.values()):
+            self.stop(f"{type(owner).__name__}.{fn.__name__}() with a closure at {_user_line()}")
+            return NotImplemented
+        call = (owner, fn, args, dict(kwargs))
+        # zero_grad touches only ``.grad``, which recorded ops never read (reading it stops the
+        # recording): before any backward it is replayed before the program
+        early = not self.started or (fn.__name__ == "zero_grad" and not self.backwards)
+        (self.prefix if early and not self.suffix else self.suffix).append(call)
+        with tracing(None):  # its own ops are not recorded: it is replayed as a call
+            return fn(owner, *args, **kwargs)
+
+    def backward(
+        self,
+        roots: Any,
+        grads: Any,
+        retain_graph: bool,
+        create_graph: bool,
+        inputs: Any,
+        accumulate: bool,
+    ) -> Any:
+        if self.broken is None:
+            try:
+                self.event()
+                results = self.record_backward(
+                    roots, grads, retain_graph, create_graph, inputs, accumulate
+                )
+            except StepBreak as e:
+                self.stop(str(e))
+            else:
+                return results
+        return self.delegate.backward(roots, grads, retain_graph, create_graph, inputs, accumulate)
+
+    def record_backward(
+        self,
+        roots: Any,
+        grads: Any,
+        retain_graph: bool,
+        create_graph: bool,
+        inputs: Any,
+        accumulate: bool,
+    ) -> Any:
+        w = _walk(roots, grads, inputs, accumulate, create_graph)
+        if w.fallback is not None:
+            raise StepBreak(f"backward() at {_user_line()}: {w.fallback}")
+        if w.has_hooks:
+            raise StepBreak(f"backward() at {_user_line()} runs user hooks")
+        if inputs is not None and accumulate:
+            raise StepBreak(f"backward(inputs=...) at {_user_line()}")
+        try:
+            captured = _capture_graph(w, roots, grads, inputs, accumulate, symbolic=False)
+        except Fallback as e:
+            raise StepBreak(f"backward() at {_user_line()}: {e}") from None
+        bgraph = captured.graph
+        graph = self.graph
+        mapping: dict[Value, Value] = {}
+        for v in bgraph.values:
+            if v.op == "input":
+                kind, index = v.attr("kind"), v.attr("index")
+                if kind == "root":
+                    mapping[v] = self.value_of(grads[index])
+                elif kind == "saved":
+                    node, s = w.saved[index]
+                    t = s._tensor
+                    arr = s._data if t is None else t._data
+                    found = self.values.get(id(arr))
+                    value = found[0] if found is not None else None
+                    if found is None:
+                        value = self.value_of(Tensor._make(arr))
+                    elif s._counter is not found[1] or found[2] != s._version:
+                        raise StepBreak(f"{node.name()} saved a tensor that was modified later")
+                    mapping[v] = value
+                    self.saved_values.add(value)
+                    self.eager_saved[id(arr)] = arr.nbytes
+                else:
+                    raise StepBreak(f"backward() at {_user_line()} reads an existing .grad")
+            elif v.op == "constant":
+                mapping[v] = graph.constant(bgraph.constants[v.attr("index")])
+            else:
+                mapping[v] = graph.add(
+                    v.op, tuple(mapping[i] for i in v.inputs), v.attrs, v.shape, v.dtype, v.origin
+                )
+        self.backward_ops += sum(1 for v in bgraph.values if v.op not in ("input", "constant"))
+        grad_values = {}
+        for kind, slot, v in bgraph.effects:
+            if kind == "grad":
+                leaf = w.leaves[slot]
+                source = self.watch.tensors.get(id(leaf._data))
+                if source is None:
+                    raise StepBreak(
+                        f"backward() at {_user_line()} reaches {_describe(leaf)}, which the guard "
+                        "does not watch (not an argument, parameter or closure tensor)"
+                    )
+                grad_values[self.leaf_slot(leaf)] = mapping[v]
+            elif kind != "capture":
+                raise StepBreak(f"backward() at {_user_line()}: {kind} effects are not replayed")
+        for slot, value in grad_values.items():
+            leaf = self.leaves[slot]
+            previous = self.grad_effects.get(slot)
+            if previous is None:
+                self.grad_preset[slot] = leaf._grad is not None
+                self.grad_effects[slot] = value
+            elif self.grad_preset[slot]:
+                raise StepBreak("two backward() calls reach a leaf whose .grad existed")
+            else:
+                self.grad_effects[slot] = graph.add(
+                    "add", (previous, value), {}, value.shape, value.dtype
+                )
+        self.backwards += 1
+        with tracing(None):  # the derivative rules run eagerly, unrecorded
+            if self.explaining:  # explain() also shows the backward compiled on its own
+                results = self.delegate.backward(
+                    roots, grads, retain_graph, create_graph, inputs, accumulate
+                )
+            else:
+                results = run_backward(roots, grads, retain_graph, create_graph, inputs, accumulate)
+        if not accumulate:
+            for kind, pos, v in bgraph.effects:
+                if kind == "capture" and results[pos] is not None:
+                    self.bind(results[pos], mapping[v])
+        return results
+
+    def leaf_slot(self, leaf: Tensor) -> int:
+        slot = self.leaf_of.get(id(leaf))
+        if slot is None:
+            slot = self.leaf_of[id(leaf)] = len(self.leaves)
+            self.leaves.append(leaf)
+        return slot
+
+    # ---- the end of the call -----------------------------------------------------------------
+    def finish(self, result: Any) -> Step:
+        """The replayable step for this call's recording (raises ``StepBreak``)."""
+        if self.broken is not None:
+            raise StepBreak(self.broken)
+        reads = {id(r): i for i, (r, *_) in enumerate(self.pending)}
+        returned_reads: set[int] = set()
+        outputs: list[Value] = []
+        spec = self.output_spec(result, reads, returned_reads, outputs)
+        for i, (_, what, line, _) in enumerate(self.pending):
+            if i not in returned_reads:
+                raise StepBreak(f"Python read a tensor's value ({what}) at {line}")
+        graph = self.graph
+        for slot in sorted(self.grad_effects):
+            graph.effects.append(("grad", slot, self.grad_effects[slot]))
+        bumps = {}
+        for index, (value, count) in sorted(self.writes.items()):
+            graph.effects.append(("write", index, value))
+            bumps[index] = count
+        for k, value in enumerate(outputs):
+            graph.effects.append(("capture", k, value))
+        return Step(self, spec, bumps, len(outputs))
+
+    def output_spec(self, obj: Any, reads: dict, returned: set, outputs: list) -> Any:
+        if isinstance(obj, Tensor):
+            arr = obj._data
+            known = self.watch.tensors.get(id(arr))
+            if known is not None and (id(arr) not in self.values or id(arr) in self.source_of):
+                # an argument or watched tensor (perhaps written in place): itself, or a new
+                # tensor on its memory (``x.detach()``), as eager returns
+                kind, ref = known
+                same = obj is (self.watch.args[ref] if kind == "arg" else ref)
+                if obj.requires_grad and not same:
+                    raise StepBreak(f"the function returns a view of {_describe(obj)}")
+                return ("arg", kind, ref, same)
+            if id(arr) not in self.values:
+                raise StepBreak(f"the function returns {_describe(obj)}, of unknown origin")
+            if obj.requires_grad and not self.backwards:
+                raise StepBreak(
+                    "the function returns a tensor that needs its autograd history (backward "
+                    "outside the function: compile the module, fusegrad.compile(model), for that)"
+                )
+            value = self.value_of(obj)
+            outputs.append(value)
+            # a result eager made in new memory must not come back as (part of) an input or a
+            # constant of the program, as a simplified ``x * 1`` would
+            fresh = not any(np.may_share_memory(arr, a) for a in self.input_arrays)
+            return ("out", len(outputs) - 1, fresh)
+        if id(obj) in reads and isinstance(obj, (float, list)):
+            i = reads[id(obj)]
+            returned.add(i)
+            _, what, line, value = self.pending[i]
+            if what not in ("item()", "Python float", "tolist()") or value is None:
+                raise StepBreak(f"the function returns a value read by {what} at {line}")
+            outputs.append(value)
+            return ("read", len(outputs) - 1, what == "tolist()")
+        if isinstance(obj, tuple) and type(obj) is not tuple:  # a namedtuple
+            return (
+                "namedtuple",
+                type(obj),
+                [self.output_spec(o, reads, returned, outputs) for o in obj],
+            )
+        if isinstance(obj, (tuple, list)):
+            return (type(obj), [self.output_spec(o, reads, returned, outputs) for o in obj])
+        if isinstance(obj, dict):
+            return (
+                "dict",
+                [(k, self.output_spec(v, reads, returned, outputs)) for k, v in obj.items()],
+            )
+        return ("object", obj)
+
+
+def _describe(t: Tensor) -> str:
+    return f"a {t._dtype.name} tensor of shape {list(t._data.shape)}"
+
+
+# ---- replay ------------------------------------------------------------------------------------
+
+
+class Step:
+    """A recorded call, ready to replay (see the module docstring)."""
+
+    def __init__(self, rec: Recorder, spec: Any, bumps: dict, n_outputs: int) -> None:
+        self.graph = rec.graph
+        self.sources = rec.sources
+        self.leaves = rec.leaves
+        self.prefix = rec.prefix
+        self.suffix = rec.suffix
+        self.spec = spec
+        self.bumps = bumps
+        self.stats = {
+            "forward ops": rec.forward_ops,
+            "backward ops": rec.backward_ops,
+            "backward() calls": rec.backwards,
+            "eager saved bytes": sum(rec.eager_saved.values()),
+            "saved values": len(rec.saved_values),
+            "saved value bytes": sum(
+                int(np.prod(v.shape)) * v.dtype.np.itemsize for v in rec.saved_values
+            ),
+        }
+        self.n_outputs = n_outputs
+        self.programs: dict[tuple, Program] = {}
+        self.write_slots = tuple(bumps)
+        self.fresh_outputs = _fresh_outputs(spec)
+        # eager's validations (index ranges, class targets), run on every call before the
+        # program changes anything: the values they check, computed with the eager kernels
+        self.checks = rec.checks
+        needed: set[Value] = set()
+        stack = [v for v, _ in rec.checks]
+        while stack:
+            v = stack.pop()
+            if v not in needed:
+                needed.add(v)
+                stack.extend(v.inputs)
+        self.check_plan = sorted(needed, key=lambda v: v.id)
+
+    def program(self, grad_key: tuple, mode: str) -> Program:
+        program = self.programs.get(grad_key)
+        if program is None:
+            graph = passes.run(self.graph, check=False)
+            program = Program(
+                graph,
+                mode=mode,
+                leaves_with_grad=frozenset(i for i, s in enumerate(grad_key) if s is not None),
+                interpreter_max_elements=config.interpreter_max_elements,
+                sizes_per_program=1,
+            )
+            self.programs[grad_key] = program
+        return program
+
+    def run(self, args: list[Tensor], mode: str) -> Any:
+        for owner, fn, a, kw in self.prefix:
+            fn(owner, *a, **kw)
+        leaves = self.leaves
+        grad_key = tuple(_grad_state(leaf) for leaf in leaves)
+        for leaf in leaves:
+            if leaf._hooks or leaf._post_acc_hooks:
+                return NotImplemented
+        program = self.program(grad_key, mode)
+        arrays = []
+        for source in self.sources:
+            kind = source[0]
+            if kind == "arg":
+                arrays.append(args[source[1]]._data)
+            elif kind == "ext":
+                arrays.append(source[1]._data)
+            else:
+                arrays.append(source[1]()._data)
+        if self.checks:
+            self.run_checks(arrays)
+        targets = {}
+        for index in self.write_slots:
+            kind, ref = self.sources[index]
+            targets[index] = (args[ref] if kind == "arg" else ref, self.bumps[index])
+        outputs = program.run_step(arrays, leaves, targets, self.n_outputs)
+        for k in self.fresh_outputs:
+            a = outputs[k]._data
+            if any(np.may_share_memory(a, b) for b in arrays) or any(
+                np.may_share_memory(a, c) for c in program._fixed.values()
+            ):
+                outputs[k] = Tensor._make(a.copy())
+        for owner, fn, a, kw in self.suffix:
+            fn(owner, *a, **kw)
+        return _rebuild(self.spec, args, outputs)
+
+    def describe(self, program: Program | None = None) -> str:
+        """The recording in words (``explain``)."""
+        kinds = [s[0] for s in self.sources]
+        st = self.stats
+        calls = [f"{type(o).__name__}.{f.__name__}()" for o, f, _, _ in self.prefix]
+        after = [f"{type(o).__name__}.{f.__name__}()" for o, f, _, _ in self.suffix]
+        lines = [
+            f"whole step: {st['forward ops']} forward op(s), {st['backward ops']} backward op(s) "
+            f"from {st['backward() calls']} backward()/grad() call(s), one program",
+            f"  inputs: {kinds.count('arg')} argument(s), {kinds.count('ext')} parameter(s)/"
+            f"buffer(s)/closure tensor(s), {kinds.count('draw')} random draw(s) (drawn on "
+            "every call, in eager's order)",
+            f"  effects: {len(self.leaves)} .grad, {len(self.bumps)} in-place write(s), "
+            f"{self.n_outputs} output(s), {len(self.checks)} value check(s) (index ranges)",
+            f"  replayed as calls: before the program {calls or 'nothing'}, after it "
+            f"{after or 'nothing'} (their arguments and hyperparameters are read on every call)",
+            f"  saved for backward: eager keeps {st['eager saved bytes']} bytes in its nodes; "
+            f"the program's backward reads {st['saved values']} forward value(s), "
+            f"{st['saved value bytes']} bytes before fusion (those fused into one loop with "
+            "their backward use are never stored)",
+        ]
+        if program is not None:
+            n = sum(1 for v in program.graph.values if v.op not in ("input", "scalar", "constant"))
+            lines.append(
+                f"  program: {n} ops after the passes, {len(program.kernels)} kernel(s), "
+                f"{len(program.externs)} extern call(s)"
+            )
+            lines.extend("    " + line for line in program.describe_schedule().splitlines())
+            if program.source_path:
+                lines.append(f"  generated code: {program.source_path}")
+        return "\n".join(lines)
+
+    def run_checks(self, arrays: list) -> None:
+        env: dict[Value, Any] = {}
+        graph = self.graph
+        for v in self.check_plan:
+            if v.op == "input":
+                env[v] = arrays[v.attr("index")]
+            elif v.op == "scalar":
+                env[v] = np.array(v.attr("value"), dtype=v.dtype.np)
+            elif v.op == "constant":
+                env[v] = graph.constants[v.attr("index")]
+            else:
+                kernel = _registry.REGISTRY[v.op].kernel
+                env[v] = np.asarray(kernel(*[env[i] for i in v.inputs], **dict(v.attrs)))
+        for v, fn in self.checks:
+            fn(env[v])
+
+
+_KEY_PARTS = ("grad mode", "inference mode", "the positional arguments", "the keyword arguments")
+
+
+def describe_change(old: tuple, new: tuple) -> str:
+    """In words: the first difference between two guard keys (``Watch.key``)."""
+    for i, (a, b) in enumerate(zip(old, new)):
+        if a != b:
+            where = _KEY_PARTS[i] if i < len(_KEY_PARTS) else f"{a[0]!r} (closure/global/self)"
+            return f"{where} changed: {_first_difference(a, b)}"
+    return "the watched objects changed (modules, optimizers, globals)"
+
+
+def _first_difference(a: Any, b: Any) -> str:
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        if a and a[0] == "T" and b and b[0] == "T":  # a tensor: say what
+            return f"tensor {_short(a[1:])} -> {_short(b[1:])}"
+        for x, y in zip(a, b):
+            if x != y:
+                return _first_difference(x, y)
+    return f"{_short(a)} -> {_short(b)}"
+
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _fresh_outputs(spec: Any) -> list[int]:
+    """The output slots of ``spec`` that eager returned in new memory."""
+    kind = spec[0]
+    if kind == "out":
+        return [spec[1]] if spec[2] else []
+    if kind in ("arg", "object", "read"):
+        return []
+    items = spec[2] if kind == "namedtuple" else spec[1]
+    if kind == "dict":
+        items = [s for _, s in items]
+    return [k for s in items for k in _fresh_outputs(s)]
+
+
+def _rebuild(spec: Any, args: list, outputs: list) -> Any:
+    kind = spec[0]
+    if kind == "out":
+        return outputs[spec[1]]
+    if kind == "arg":
+        _, source, ref, same = spec
+        t = args[ref] if source == "arg" else ref
+        return t if same else Tensor._make(t._data)
+    if kind == "read":
+        t = outputs[spec[1]]
+        return t._data.tolist() if spec[2] else t._data.reshape(()).item()
+    if kind == "object":
+        return spec[1]
+    if kind == "namedtuple":
+        return spec[1](*[_rebuild(s, args, outputs) for s in spec[2]])
+    if kind == "dict":
+        return {k: _rebuild(s, args, outputs) for k, s in spec[1]}
+    return kind(_rebuild(s, args, outputs) for s in spec[1])
+
+
+class CompiledFunction:
+    """``fusegrad.compile(fn)``: see the module docstring."""
+
+    def __init__(self, fn: Callable, fullgraph: bool, mode: str, region: Callable) -> None:
+        self.fn = fn
+        self.fullgraph = fullgraph
+        self.mode = mode
+        self.region = region  # () -> a context manager: today's compiled-backward region
+        self.entries: dict[tuple, Any] = {}  # guard key -> Step | reason (str)
+        self.recordings = 0
+        self.given_up: str | None = None  # why this function is no longer recorded
+        self.__wrapped__ = fn
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else types.MethodType(self, obj)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        current = _tracer_state.tracer
+        if current is not None:  # inside another compiled function or region: part of it
+            if isinstance(current, Recorder):
+                return self.fn(*args, **kwargs)
+            with self.region():
+                return self.fn(*args, **kwargs)
+        watch = Watch(self.fn, args, kwargs)
+        entry = self.entries.get(watch.key)
+        if type(entry) is Step:
+            out = entry.run(watch.args, self.mode)
+            if out is not NotImplemented:
+                counters.step_runs += 1
+                return out
+            entry = "a leaf has hooks"
+        if entry is None and self.recordings >= config.step_recordings:
+            if self.given_up is None:
+                self.given_up = entry = (
+                    f"{self.recordings} recordings (config.step_recordings) of "
+                    f"{getattr(self.fn, '__qualname__', self.fn)}: the guard key changes on "
+                    "every call (sizes, Python values, modules); whole-step compile is off for "
+                    "it, its backward is still compiled"
+                )
+                counters.step_breaks[entry] += 1
+                logs.log("recompiles", entry)
+            entry = self.given_up
+        if entry is not None:  # fell back for this key: compiled backward only
+            with self.region():
+                return self.fn(*args, **kwargs)
+        self.recordings += 1
+        if self.entries and logs.enabled("recompiles"):
+            last = next(reversed(self.entries))
+            logs.log(
+                "recompiles",
+                f"whole step: recording #{self.recordings}: {describe_change(last, watch.key)}",
+            )
+        return self.record(watch, args, kwargs)
+
+    def record(self, watch: Watch, args: tuple, kwargs: dict, explaining: bool = False) -> Any:
+        from . import Region, _tape  # (the package imports this module: a cycle)
+
+        region = Region(self.fullgraph, self.mode)
+        rec = Recorder(watch, region)
+        rec.explaining = explaining
+        _tape.state.enter()
+        try:
+            with tracing(rec):
+                result = self.fn(*args, **kwargs)
+        finally:
+            _tape.state.exit()
+        try:
+            step = rec.finish(result)
+        except StepBreak as e:
+            self.remember(watch.key, str(e))
+            counters.step_breaks[str(e)] += 1
+            logs.log("fallback", f"whole-step compile: {e}; compiling backward() only")
+            if self.fullgraph:
+                from . import CompilationError  # (a cycle, as above)
+
+                raise CompilationError(f"fullgraph=True: {e}") from None
+            return result
+        if logs.enabled("graph"):
+            logs.log("graph", "whole-step graph:\n" + format_graph(rec.graph))
+        verify(rec.graph)
+        counters.step_captures += 1
+        self.remember(watch.key, step)
+        return result
+
+    def remember(self, key: tuple, entry: Any) -> None:
+        while len(self.entries) >= max(config.step_recordings, 1):
+            self.entries.pop(next(iter(self.entries)))
+        self.entries[key] = entry

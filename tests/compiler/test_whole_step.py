@@ -1,0 +1,531 @@
+"""Whole-step compile (``compiler.step``): ``fusegrad.compile(fn)`` records forward, backward and
+optimizer calls once and replays them as one program -- with eager's parameters, gradients,
+buffers, random numbers and return values; a new recording when a guard changes; and a logged
+fall back to compiled backward (never a wrong replay) when Python reads tensor values."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+import fusegrad.nn.functional as F
+from fusegrad import compiler, nn
+
+pytestmark = pytest.mark.usefixtures("fresh_compiler")
+
+
+# ---- models written against the PyTorch API -------------------------------------------------
+
+
+class MLP(nn.Module):
+    def __init__(self, dtype: Any = fg.float64) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(6, 16, dtype=dtype)
+        self.fc2 = nn.Linear(16, 16, dtype=dtype)
+        self.fc3 = nn.Linear(16, 3, dtype=dtype)
+        self.drop = nn.Dropout(0.2)
+
+    def forward(self, x: fg.Tensor) -> fg.Tensor:
+        h = self.drop(F.gelu(self.fc1(x)))
+        return self.fc3(self.fc2(h).tanh())
+
+
+class CNN(nn.Module):
+    def __init__(self, dtype: Any = fg.float64) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3, padding=1, dtype=dtype)
+        self.conv2 = nn.Conv2d(4, 6, 3, dtype=dtype)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(6 * 2 * 2, 3, dtype=dtype)
+
+    def forward(self, x: fg.Tensor) -> fg.Tensor:
+        h = self.pool(F.relu(self.conv1(x)))
+        h = F.relu(self.conv2(h))
+        return self.fc(h.flatten(1))
+
+
+class RNN(nn.Module):
+    """An Elman network unrolled over the sequence (a Python loop over time steps)."""
+
+    def __init__(self, dtype: Any = fg.float64) -> None:
+        super().__init__()
+        self.inp = nn.Linear(4, 12, dtype=dtype)
+        self.rec = nn.Linear(12, 12, bias=False, dtype=dtype)
+        self.out = nn.Linear(12, 3, dtype=dtype)
+
+    def forward(self, x: fg.Tensor) -> fg.Tensor:
+        h = fg.zeros(x.shape[0], 12, dtype=x.dtype)
+        for t in range(x.shape[1]):
+            h = (self.inp(x[:, t]) + self.rec(h)).tanh()
+        return self.out(h)
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int, block: int, dtype: Any) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d, dtype=dtype)
+        self.qkv = nn.Linear(d, 3 * d, dtype=dtype)
+        self.proj = nn.Linear(d, d, dtype=dtype)
+        self.ln2 = nn.LayerNorm(d, dtype=dtype)
+        self.fc = nn.Linear(d, 4 * d, dtype=dtype)
+        self.fc2 = nn.Linear(4 * d, d, dtype=dtype)
+        self.drop = nn.Dropout(0.1)
+        self.heads = heads
+        self.register_buffer("mask", fg.ones(block, block).tril().view(1, 1, block, block))
+
+    def forward(self, x: fg.Tensor) -> fg.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q = q.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        k = k.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        v = v.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (C // self.heads) ** 0.5)
+        att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float("-inf"))
+        att = self.drop(F.softmax(att, dim=-1))
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + self.proj(y)
+        return x + self.drop(self.fc2(F.gelu(self.fc(self.ln2(x)))))
+
+
+class GPT(nn.Module):
+    """A 2-layer GPT (nanoGPT's structure, tied embeddings), small."""
+
+    def __init__(
+        self, vocab: int = 17, d: int = 16, heads: int = 4, block: int = 8, dtype: Any = fg.float64
+    ) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d, dtype=dtype)
+        self.wpe = nn.Embedding(block, d, dtype=dtype)
+        self.blocks = nn.ModuleList([Block(d, heads, block, dtype) for _ in range(2)])
+        self.ln = nn.LayerNorm(d, dtype=dtype)
+        self.head = nn.Linear(d, vocab, bias=False, dtype=dtype)
+        self.head.weight = self.wte.weight
+
+    def forward(self, idx: fg.Tensor) -> fg.Tensor:
+        _, T = idx.shape
+        x = self.wte(idx) + self.wpe(fg.arange(T))
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.ln(x))
+
+
+def _batch(kind: str, rng: np.random.Generator, batch: int = 4) -> tuple:
+    if kind == "mlp":
+        return fg.tensor(rng.standard_normal((batch, 6))), fg.tensor(rng.integers(0, 3, batch))
+    if kind == "cnn":
+        x = rng.standard_normal((batch, 1, 8, 8))
+        return fg.tensor(x), fg.tensor(rng.integers(0, 3, batch))
+    if kind == "rnn":
+        return fg.tensor(rng.standard_normal((batch, 5, 4))), fg.tensor(rng.integers(0, 3, batch))
+    return fg.tensor(rng.integers(0, 17, (batch, 8))), fg.tensor(rng.integers(0, 17, (batch, 8)))
+
+
+MODELS = {"mlp": MLP, "cnn": CNN, "rnn": RNN, "gpt": GPT}
+
+
+def _loss(model: nn.Module, x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
+    out = model(x)
+    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+
+
+def _optimizer(name: str, params: Any) -> Any:
+    if name == "sgd":
+        return fg.optim.SGD(params, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3)
+    return fg.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+
+
+def _train(kind: str, opt_name: str, compiled: bool, steps: int) -> tuple:
+    fg.manual_seed(0)
+    model = MODELS[kind]()
+    opt = _optimizer(opt_name, model.parameters())
+
+    def step(x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
+        opt.zero_grad()
+        loss = _loss(model, x, y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = fg.compile(step) if compiled else step
+    rng = np.random.default_rng(1)
+    fg.manual_seed(2)  # dropout draws from here on
+    losses = []
+    for i in range(steps):
+        for group in opt.param_groups:  # a schedule: lr changes every step
+            group["lr"] = (0.05 if opt_name == "sgd" else 1e-2) * (1 - i / (2 * steps))
+        x, y = _batch(kind, rng)
+        losses.append(fn(x, y).item())
+    return model, losses
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+@pytest.mark.parametrize("kind", ["mlp", "cnn", "rnn", "gpt"])
+def test_training_matches_eager_with_one_recording(kind: str, opt_name: str) -> None:
+    steps = 20 if kind != "gpt" else 8
+    want_model, want = _train(kind, opt_name, False, steps)
+    compiler.reset()
+    got_model, got = _train(kind, opt_name, True, steps)
+    assert compiler.counters.step_captures == 1, compiler.counters
+    assert compiler.counters.step_runs == steps - 1
+    assert not compiler.counters.step_breaks
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    for (name, p), q in zip(got_model.named_parameters(), want_model.parameters()):
+        np.testing.assert_allclose(
+            p.detach().numpy(), q.detach().numpy(), rtol=1e-8, atol=1e-10, err_msg=name
+        )
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-8, atol=1e-10)
+
+
+# ---- side effects ---------------------------------------------------------------------------
+
+
+class Counting(nn.Module):
+    """A module with a buffer updated in place in forward (as running statistics are)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 2, dtype=fg.float64)
+        self.register_buffer("mean", fg.zeros(2, dtype=fg.float64))
+        self.scale = 1.0
+        self.use_tanh = True
+
+    def forward(self, x: fg.Tensor) -> fg.Tensor:
+        h = self.fc(x) * self.scale
+        with fg.no_grad():
+            self.mean.mul_(0.9).add_(h.mean(0), alpha=0.1)
+        return h.tanh() if self.use_tanh else h.sigmoid()
+
+
+def _x(batch: int = 4, seed: int = 0) -> fg.Tensor:
+    return fg.tensor(np.random.default_rng(seed).standard_normal((batch, 3)))
+
+
+def _pair() -> tuple[Counting, Counting]:
+    fg.manual_seed(0)
+    a = Counting()
+    return a, copy.deepcopy(a)
+
+
+def _sum_backward(m: nn.Module) -> Any:
+    def fn(x: fg.Tensor) -> fg.Tensor:
+        out = m(x)
+        out.sum().backward()
+        return out.detach()
+
+    return fn
+
+
+def _same(a: nn.Module, b: nn.Module) -> None:
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        np.testing.assert_allclose(
+            p.detach().numpy(), q.detach().numpy(), rtol=1e-12, atol=1e-14, err_msg=name
+        )
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert (p.grad is None) == (q.grad is None)
+        if p.grad is not None:
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-12, atol=1e-14)
+
+
+def test_buffers_versions_and_grad_identity_follow_eager() -> None:
+    eager, comp = _pair()
+    f, g = _sum_backward(eager), fg.compile(_sum_backward(comp))
+    grads = []
+    for i in range(4):
+        want, got = f(_x(seed=i)), g(_x(seed=i))
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12)
+        grads.append(comp.fc.weight.grad)
+    _same(comp, eager)
+    # gradients accumulate into the same .grad object, as eager's do
+    assert all(gr is grads[0] for gr in grads)
+    assert comp.mean._version == eager.mean._version
+    assert compiler.counters.step_captures == 1 and compiler.counters.step_runs == 3
+
+
+def test_returned_item_keeps_the_step_compiled() -> None:
+    eager, comp = _pair()
+    opt_e = fg.optim.SGD(eager.parameters(), lr=0.1)
+    opt_c = fg.optim.SGD(comp.parameters(), lr=0.1)
+
+    def make(m: nn.Module, opt: Any) -> Any:
+        def fn(x: fg.Tensor) -> float:
+            opt.zero_grad()
+            loss = m(x).square().mean()
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        return fn
+
+    f, g = make(eager, opt_e), fg.compile(make(comp, opt_c))
+    for i in range(3):
+        want, got = f(_x(seed=i)), g(_x(seed=i))
+        assert type(got) is float and got == pytest.approx(want, rel=1e-12)
+    _same(comp, eager)
+    assert compiler.counters.step_runs == 2 and not compiler.counters.step_breaks
+
+
+def test_inplace_ops_on_activations_are_replayed() -> None:
+    fg.manual_seed(0)
+    w = fg.randn(3, 5, dtype=fg.float64, requires_grad=True)
+
+    def fn(x: fg.Tensor) -> fg.Tensor:
+        h = x @ w
+        h.relu_()
+        h.mul_(2.0)
+        loss = h.sum()
+        loss.backward()
+        return h.detach()
+
+    g = fg.compile(fn)
+    for i in range(3):
+        w.grad = None
+        want = fn(_x(seed=i))
+        want_grad = w.grad.numpy().copy()
+        w.grad = None
+        got = g(_x(seed=i))
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12)
+        np.testing.assert_allclose(w.grad.numpy(), want_grad, rtol=1e-12)
+    assert compiler.counters.step_runs == 2, compiler.counters
+
+
+def test_autograd_grad_inside_the_step() -> None:
+    fg.manual_seed(0)
+    w = fg.randn(3, 2, dtype=fg.float64, requires_grad=True)
+
+    def fn(x: fg.Tensor) -> tuple:
+        loss = (x @ w).sin().sum()
+        (gw,) = fg.autograd.grad(loss, [w])
+        return loss.detach(), gw
+
+    g = fg.compile(fn)
+    for i in range(3):
+        want, got = fn(_x(seed=i)), g(_x(seed=i))
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12)
+    assert w.grad is None
+    assert compiler.counters.step_runs == 2
+
+
+def test_dropout_draws_the_numbers_eager_draws() -> None:
+    def fn(x: fg.Tensor) -> fg.Tensor:
+        return F.dropout(x * 2.0, 0.5) + fg.rand(x.shape, dtype=x.dtype)
+
+    g = fg.compile(fn)
+    with fg.no_grad():
+        for i in range(3):
+            fg.manual_seed(i)
+            want = fn(_x(seed=i))
+            fg.manual_seed(i)
+            got = g(_x(seed=i))
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert compiler.counters.step_runs == 2
+
+
+# ---- guards -----------------------------------------------------------------------------------
+
+
+def _run_both(eager: nn.Module, comp: nn.Module, g: Any, x: fg.Tensor) -> None:
+    want = _sum_backward(eager)(x)
+    got = g(x)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12)
+    _same(comp, eager)
+
+
+def test_guards_batch_size_mode_and_python_flags() -> None:
+    eager, comp = _pair()
+    g = fg.compile(_sum_backward(comp))
+    _run_both(eager, comp, g, _x())
+    _run_both(eager, comp, g, _x(seed=1))
+    assert compiler.counters.step_captures == 1
+    _run_both(eager, comp, g, _x(batch=7))  # a new batch size: a new recording
+    assert compiler.counters.step_captures == 2
+    for m in (eager, comp):
+        m.eval()
+    _run_both(eager, comp, g, _x(seed=2))  # training flag
+    assert compiler.counters.step_captures == 3
+    for m in (eager, comp):
+        m.use_tanh = False  # a Python branch in forward
+    _run_both(eager, comp, g, _x(seed=3))
+    assert compiler.counters.step_captures == 4
+    for m in (eager, comp):
+        m.scale = 0.5  # a Python number folded into the trace
+    _run_both(eager, comp, g, _x(seed=4))
+    assert compiler.counters.step_captures == 5
+    assert compiler.counters.step_runs == 1
+
+
+def test_guards_parameters_replaced_modified_or_frozen() -> None:
+    eager, comp = _pair()
+    g = fg.compile(_sum_backward(comp))
+    _run_both(eager, comp, g, _x())
+    # modified in place outside: the program reads the parameter's data, nothing to recompile
+    for m in (eager, comp):
+        with fg.no_grad():
+            m.fc.weight.mul_(0.5)
+    _run_both(eager, comp, g, _x(seed=1))
+    assert compiler.counters.step_captures == 1 and compiler.counters.step_runs == 1
+    # replaced by a new Parameter
+    new = np.random.default_rng(5).standard_normal((2, 3))
+    for m in (eager, comp):
+        m.fc.weight = nn.Parameter(fg.tensor(new.copy()))
+    _run_both(eager, comp, g, _x(seed=2))
+    assert compiler.counters.step_captures == 2
+    # frozen: no gradient any more
+    for m in (eager, comp):
+        m.fc.bias.requires_grad_(False)
+        m.fc.bias.grad = None
+    _run_both(eager, comp, g, _x(seed=3))
+    assert comp.fc.bias.grad is None
+    assert compiler.counters.step_captures == 3
+
+
+FLAG = True
+
+
+def test_guards_a_global_flag() -> None:
+    global FLAG
+    fg.manual_seed(0)
+    w = fg.randn(3, 2, dtype=fg.float64)
+
+    def fn(x: fg.Tensor) -> fg.Tensor:
+        return (x @ w).exp() if FLAG else (x @ w).cos()
+
+    g = fg.compile(fn)
+    try:
+        for flag in (True, True, False, False, True):
+            FLAG = flag
+            np.testing.assert_allclose(g(_x()).numpy(), fn(_x()).numpy(), rtol=1e-12)
+    finally:
+        FLAG = True
+    assert compiler.counters.step_captures == 2 and compiler.counters.step_runs == 3
+
+
+# ---- graph breaks -----------------------------------------------------------------------------
+
+
+def _breaking(kind: str, m: nn.Module) -> Any:
+    def fn(x: fg.Tensor) -> fg.Tensor:
+        loss = m(x).sum()
+        if kind == "item":
+            scale = 1.0 / (1.0 + abs(loss.item()))
+            loss = loss * scale
+        elif kind == "bool":
+            if loss > 0:
+                loss = loss * 2.0
+        else:
+            print(loss)
+        loss.backward()
+        return loss.detach()
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    "kind, what", [("item", "item()"), ("bool", "bool()"), ("print", "print/repr")]
+)
+def test_python_reading_values_falls_back_with_the_source_line(
+    kind: str, what: str, capsys: Any
+) -> None:
+    eager, comp = _pair()
+    g = fg.compile(_breaking(kind, comp))
+    for i in range(3):
+        want = _breaking(kind, eager)(_x(seed=i))
+        got = g(_x(seed=i))
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12)
+        _same(comp, eager)
+        x = _x(seed=i) * -1.0  # the other branch
+        want = _breaking(kind, eager)(x)
+        got = g(x)
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12)
+    (reason,) = compiler.counters.step_breaks
+    assert what in reason and "test_whole_step.py" in reason
+    assert compiler.counters.step_runs == 0
+    assert compiler.counters.compiled_runs >= 5  # the backward is still compiled
+
+
+def test_fullgraph_raises_the_reason() -> None:
+    _, comp = _pair()
+    g = fg.compile(_breaking("item", comp), fullgraph=True)
+    with pytest.raises(compiler.CompilationError, match=r"item\(\)"):
+        g(_x())
+
+
+def test_outputs_that_need_history_fall_back() -> None:
+    _, comp = _pair()
+    g = fg.compile(lambda x: comp(x).sum())
+    loss = g(_x())
+    loss.backward()  # the graph is there: compiled-backward mode
+    assert comp.fc.weight.grad is not None
+    (reason,) = compiler.counters.step_breaks
+    assert "autograd history" in reason
+
+
+def test_inplace_write_into_a_view_falls_back() -> None:
+    fg.manual_seed(0)
+    w = fg.randn(3, 4, dtype=fg.float64, requires_grad=True)
+
+    def fn(x: fg.Tensor) -> fg.Tensor:
+        h = (x @ w) + 1.0
+        h[:, 1:3].mul_(3.0)  # writes through a view into h
+        h.sum().backward()
+        return h.detach()
+
+    g = fg.compile(fn)
+    for i in range(2):
+        w.grad = None
+        want = fn(_x(seed=i))
+        want_grad = w.grad.numpy().copy()
+        w.grad = None
+        np.testing.assert_allclose(g(_x(seed=i)).numpy(), want.numpy(), rtol=1e-12)
+        np.testing.assert_allclose(w.grad.numpy(), want_grad, rtol=1e-12)
+    (reason,) = compiler.counters.step_breaks
+    assert "view" in reason
+
+
+def test_index_checks_still_raise_on_replay() -> None:
+    fg.manual_seed(0)
+    emb = nn.Embedding(5, 3, dtype=fg.float64)
+
+    def fn(idx: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
+        loss = F.cross_entropy(emb(idx), y)
+        loss.backward()
+        return loss.detach()
+
+    g = fg.compile(fn)
+    ok = fg.tensor([0, 4, 2]), fg.tensor([1, 2, 0])
+    g(*ok)
+    g(*ok)
+    assert compiler.counters.step_runs == 1
+    before = emb.weight.grad.numpy().copy()
+    with pytest.raises(IndexError, match="index 5 is out of bounds"):
+        g(fg.tensor([0, 5, 2]), fg.tensor([1, 2, 0]))
+    with pytest.raises(IndexError, match="index -1 is out of bounds"):
+        g(fg.tensor([0, -1, 2]), fg.tensor([1, 2, 0]))
+    with pytest.raises(IndexError, match="Target 3 is out of bounds"):
+        g(fg.tensor([0, 1, 2]), fg.tensor([1, 3, 0]))
+    np.testing.assert_array_equal(emb.weight.grad.numpy(), before)  # nothing changed
+    assert compiler.counters.step_runs == 1 and compiler.counters.step_captures == 1
+
+
+def test_outputs_are_fresh_and_not_overwritten_by_the_next_call() -> None:
+    fg.manual_seed(0)
+    w = fg.randn(3, 2, dtype=fg.float64)
+
+    def fn(x: fg.Tensor) -> tuple:
+        return x * 1.0, (x @ w).tanh(), x
+
+    g = fg.compile(fn)
+    x0, x1 = _x(seed=0), _x(seed=1)
+    g(x0)
+    a, b, c = g(x0)
+    assert c is x0
+    want_b = b.numpy().copy()
+    g(x1)
+    np.testing.assert_array_equal(b.numpy(), want_b)  # not a reused buffer
+    a.mul_(0.0)
+    assert float(x0.abs().sum()) > 0  # the output does not alias the argument
+    assert compiler.counters.step_runs == 2
