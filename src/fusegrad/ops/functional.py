@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from .. import storage as _storage
-from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import notify_check as _check
+from ..autograd.tracer import notify_created as _created
 from ..errors import DTypeError, ShapeError, describe
 from ..tensor import Tensor
 from ._util import to_tensor

@@ -16,8 +16,8 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import storage as _storage
-from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import notify_check as _check
+from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import notify_host_read as _read
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..size import broadcast_shapes
