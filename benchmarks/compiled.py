@@ -88,17 +88,32 @@ D_SIZE = 1000
 D_BLOCKS = 20  # 10 ops per block: 200 elementwise ops, then the sum
 D_W_EVERY = 2  # w is the multiplier of every second block: used 10 times
 
-IMPLS = ("fg_eager", "fg_compiled", "numpy", "numpy_fused", "torch", "torch_compile", "jax")
+IMPLS = (
+    "fg_eager",
+    "fg_compiled",
+    "fg_step",
+    "numpy",
+    "numpy_fused",
+    "numba_fused",
+    "torch",
+    "torch_compile",
+    "jax",
+)
 HEADERS = {
     "fg_eager": "fg eager",
     "fg_compiled": "fg compiled",
+    "fg_step": "fg whole step",
     "numpy": "numpy",
     "numpy_fused": "numpy fused",
+    "numba_fused": "numba 1-loop",
     "torch": "torch",
     "torch_compile": "torch.compile",
     "jax": "jax jit",
 }
 RATIO_TO = ("fg_eager", "numpy", "torch", "torch_compile", "jax")  # compiled / each of these
+# whole step (forward and backward in one compiled function) / each of these, in the
+# forward+backward rows
+STEP_RATIO_TO = ("fg_eager", "fg_compiled", "numpy", "numba_fused", "torch", "torch_compile")
 METRICS = (("forward", "forward"), ("backward", "backward"), ("forward+backward", "total"))
 KEPT_METRIC = "backward, .grad kept"
 UNIT_SCALE = {"ms": 1e3, "µs": 1e6}
@@ -397,6 +412,40 @@ def framework_impl(
     return Impl(step, grads, lambda: last["loss"], leaf_tensors, fn, args)
 
 
+def fg_step_impl(wl: Workload, fg: Any, *, keep_grad: bool = False) -> Impl:
+    """``wl`` as one ``fusegrad.compile``d function holding forward and ``backward()``: a whole
+    step (one fused program after the first call).  Timed as one phase."""
+    ops = fg_ops(fg)
+    leaf_tensors = [fg.tensor(wl.data[name], requires_grad=True) for name in wl.leaves]
+    args = (*leaf_tensors, *(fg.tensor(wl.data[name]) for name in wl.consts))
+
+    def whole(*tensors: Any) -> Any:
+        loss = wl.forward(ops, *tensors)
+        loss.backward()
+        return loss.detach()
+
+    fn = fg.compile(whole)
+    last: dict[str, float] = {}
+
+    def step() -> dict[str, float]:
+        if not keep_grad:
+            for t in leaf_tensors:
+                t.grad = None
+        t0 = common.clock()
+        loss = fn(*args)
+        t1 = common.clock()
+        last["loss"] = float(loss.item())
+        return {"forward+backward": t1 - t0}
+
+    def grads() -> dict[str, Any]:
+        return {
+            name: None if t.grad is None else t.grad.numpy()
+            for name, t in zip(wl.leaves, leaf_tensors)
+        }
+
+    return Impl(step, grads, lambda: last["loss"], leaf_tensors, fn, args)
+
+
 def jax_impl(wl: Workload, jax: Any, jnp: Any) -> Impl:
     """``jax.jit(jax.value_and_grad(loss))`` over the leaves; one phase, forward+backward."""
     ops = jax_ops(jax, jnp)
@@ -519,6 +568,47 @@ def a_numpy_fused(np: Any, data: dict[str, Any]) -> Impl:
     return _numpy_impl(forward, backward)
 
 
+def a_numba_fused(np: Any, data: dict[str, Any]) -> Impl:
+    """A as one hand-written numba loop computing the loss and all three gradients at once
+    (``math.tanh``/``math.exp``: what a user writes; the reference of the whole-step target)."""
+    import math  # (numba: loaded by this reference only)
+
+    import numba
+
+    x, w, b = data["x"], data["w"], data["b"]
+    n = x.shape[0]
+    gx, gw = np.empty(n, np.float32), np.empty(n, np.float32)
+    gb = np.zeros(1, np.float32)
+
+    @numba.njit(cache=True, fastmath=False)
+    def fused(x: Any, w: Any, b: Any, gx: Any, gw: Any, gb: Any) -> float:
+        loss = 0.0
+        gsum = 0.0
+        bias = b[0]
+        for i in range(x.shape[0]):
+            xi, wi = x[i], w[i]
+            t = math.tanh(xi * wi + bias)
+            s = 1.0 / (1.0 + math.exp(-xi))
+            e = math.exp(-xi * xi)
+            loss += t * s + e * 0.5
+            du = s * (1.0 - t * t)
+            gw[i] = du * xi
+            gx[i] = du * wi + t * (s * (1.0 - s)) - xi * e
+            gsum += du
+        gb[0] = gsum
+        return loss
+
+    fused(x[:2], w[:2], b, gx[:2], gw[:2], gb)  # compile (or load) outside the timing
+    result: dict[str, Any] = {}
+
+    def step() -> dict[str, float]:
+        t0 = common.clock()
+        result["loss"] = float(fused(x, w, b, gx, gw, gb))
+        return {"forward+backward": common.clock() - t0}
+
+    return Impl(step, lambda: {"x": gx, "w": gw, "b": gb}, lambda: result["loss"])
+
+
 def b_numpy(np: Any, data: dict[str, Any]) -> Impl:
     """B by hand: GELU (tanh) and LayerNorm forward saving what the backward needs."""
     x, weight, bias, r = data["x"], data["weight"], data["bias"], data["r"]
@@ -599,7 +689,7 @@ def d_numpy(np: Any, data: dict[str, Any]) -> Impl:
 
 
 NUMPY_IMPLS: dict[str, dict[str, Callable[[Any, dict[str, Any]], Impl]]] = {
-    "A": {"numpy": a_numpy, "numpy_fused": a_numpy_fused},
+    "A": {"numpy": a_numpy, "numpy_fused": a_numpy_fused, "numba_fused": a_numba_fused},
     "B": {"numpy": b_numpy},
     "C": {"numpy": c_numpy},
     "D": {"numpy": d_numpy},
@@ -864,6 +954,10 @@ def build_rows(
                         f"fg_compiled/{other}": common.ratio(values["fg_compiled"], values[other])
                         for other in RATIO_TO
                     },
+                    **{
+                        f"fg_step/{other}": common.ratio(values.get("fg_step"), values[other])
+                        for other in STEP_RATIO_TO
+                    },
                     "stats": full,
                 }
             )
@@ -872,14 +966,16 @@ def build_rows(
 
 def render_table(rows: Sequence[dict[str, Any]], impls: Sequence[str]) -> str:
     ratio_cols = [other for other in RATIO_TO if other in impls]
+    step_cols = [other for other in STEP_RATIO_TO if other in impls] if "fg_step" in impls else []
     headers = ["workload", "metric", "unit", *(HEADERS[i] for i in impls)]
     headers += [f"compiled/{HEADERS[o].replace('fg ', '')}" for o in ratio_cols]
+    headers += [f"step/{HEADERS[o].replace('fg ', '')}" for o in step_cols]
     body = []
     for row in rows:
         cells = [row["workload"], row["metric"], row["unit"]]
         cells += [common.format_number(row[i]) for i in impls]
-        for other in ratio_cols:
-            value = row[f"fg_compiled/{other}"]
+        for key in [f"fg_compiled/{o}" for o in ratio_cols] + [f"fg_step/{o}" for o in step_cols]:
+            value = row[key]
             cells.append(common.format_number(value, 2) + "×" if value is not None else "—")
         body.append(cells)
     align = ["l", "l", "l"] + ["r"] * (len(headers) - 3)
@@ -1001,6 +1097,7 @@ def fusegrad_impls(fw: Frameworks, wl: Workload, *, keep_grad: bool) -> dict[str
             context=fw.fc.compiled_autograd,
             keep_grad=keep_grad,
         ),
+        "fg_step": fg_step_impl(wl, fw.fg, keep_grad=keep_grad),
     }
 
 
@@ -1186,6 +1283,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 calls["jax"] = impls["jax"].first_call_s
             except Exception as e:  # noqa: BLE001 - a failing JAX workload is skipped
                 wl_notes["jax"] = f"failed: {_first_line(e)}"
+        t0 = common.clock()
+        impls["fg_step"].step()  # recorded (an eager call)
+        impls["fg_step"].step()  # the program built and compiled (or loaded), then run
+        calls["fg_step_first_two"] = common.clock() - t0
         before = (fc.counters.captures, fc.counters.compiled_runs, dict(fc.counters.fallbacks))
         t0 = common.clock()
         impls["fg_compiled"].step()  # this process's first compiled backward of this graph
@@ -1216,6 +1317,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             }
             for impl in kept_impls.values():
                 impl.step()  # capture / compile the accumulating variant
+                impl.step()  # (a whole step: record, then build)
             kept[wl.label] = common.measure_interleaved(
                 {name: impl.step for name, impl in kept_impls.items()}, warmup=warmup, reps=reps
             )

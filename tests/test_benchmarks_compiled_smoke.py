@@ -65,11 +65,15 @@ def test_quick_table_has_every_row(quick_run: tuple[str, dict[str, Any]]) -> Non
     stdout, _ = quick_run
     times, compile_times = _tables(stdout)[:2]
     header = times[0]
-    expected = ["fg eager", "fg compiled", "numpy", "numpy fused"]
+    expected = ["fg eager", "fg compiled", "fg whole step", "numpy", "numpy fused", "numba 1-loop"]
     expected += ["torch"] if HAVE_TORCH else []
     expected += ["jax jit"] if HAVE_JAX else []
     assert header[3 : 3 + len(expected)] == expected
     assert "compiled/eager" in header and "compiled/numpy" in header
+    assert "step/eager" in header and "step/numba 1-loop" in header
+    for row in times[1:]:  # the whole step is one phase: forward+backward rows only
+        whole = row[header.index("fg whole step")]
+        assert (whole != "—") == (row[1] == "forward+backward"), row
     assert ("compiled/torch" in header) == HAVE_TORCH
     assert "torch.compile" not in header
     rows = [(r[0], r[1]) for r in times[1:]]

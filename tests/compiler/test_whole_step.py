@@ -6,6 +6,8 @@ fall back to compiled backward (never a wrong replay) when Python reads tensor v
 from __future__ import annotations
 
 import copy
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,121 +17,16 @@ import fusegrad as fg
 import fusegrad.nn.functional as F
 from fusegrad import compiler, nn
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:  # ``benchmarks`` is a package at the repository root
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks import models  # noqa: E402
+
 pytestmark = pytest.mark.usefixtures("fresh_compiler")
 
 
-# ---- models written against the PyTorch API -------------------------------------------------
-
-
-class MLP(nn.Module):
-    def __init__(self, dtype: Any = fg.float64) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(6, 16, dtype=dtype)
-        self.fc2 = nn.Linear(16, 16, dtype=dtype)
-        self.fc3 = nn.Linear(16, 3, dtype=dtype)
-        self.drop = nn.Dropout(0.2)
-
-    def forward(self, x: fg.Tensor) -> fg.Tensor:
-        h = self.drop(F.gelu(self.fc1(x)))
-        return self.fc3(self.fc2(h).tanh())
-
-
-class CNN(nn.Module):
-    def __init__(self, dtype: Any = fg.float64) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 4, 3, padding=1, dtype=dtype)
-        self.conv2 = nn.Conv2d(4, 6, 3, dtype=dtype)
-        self.pool = nn.MaxPool2d(2)
-        self.fc = nn.Linear(6 * 2 * 2, 3, dtype=dtype)
-
-    def forward(self, x: fg.Tensor) -> fg.Tensor:
-        h = self.pool(F.relu(self.conv1(x)))
-        h = F.relu(self.conv2(h))
-        return self.fc(h.flatten(1))
-
-
-class RNN(nn.Module):
-    """An Elman network unrolled over the sequence (a Python loop over time steps)."""
-
-    def __init__(self, dtype: Any = fg.float64) -> None:
-        super().__init__()
-        self.inp = nn.Linear(4, 12, dtype=dtype)
-        self.rec = nn.Linear(12, 12, bias=False, dtype=dtype)
-        self.out = nn.Linear(12, 3, dtype=dtype)
-
-    def forward(self, x: fg.Tensor) -> fg.Tensor:
-        h = fg.zeros(x.shape[0], 12, dtype=x.dtype)
-        for t in range(x.shape[1]):
-            h = (self.inp(x[:, t]) + self.rec(h)).tanh()
-        return self.out(h)
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int, block: int, dtype: Any) -> None:
-        super().__init__()
-        self.ln1 = nn.LayerNorm(d, dtype=dtype)
-        self.qkv = nn.Linear(d, 3 * d, dtype=dtype)
-        self.proj = nn.Linear(d, d, dtype=dtype)
-        self.ln2 = nn.LayerNorm(d, dtype=dtype)
-        self.fc = nn.Linear(d, 4 * d, dtype=dtype)
-        self.fc2 = nn.Linear(4 * d, d, dtype=dtype)
-        self.drop = nn.Dropout(0.1)
-        self.heads = heads
-        self.register_buffer("mask", fg.ones(block, block).tril().view(1, 1, block, block))
-
-    def forward(self, x: fg.Tensor) -> fg.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-        q = q.view(B, T, self.heads, C // self.heads).transpose(1, 2)
-        k = k.view(B, T, self.heads, C // self.heads).transpose(1, 2)
-        v = v.view(B, T, self.heads, C // self.heads).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / (C // self.heads) ** 0.5)
-        att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float("-inf"))
-        att = self.drop(F.softmax(att, dim=-1))
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-        x = x + self.proj(y)
-        return x + self.drop(self.fc2(F.gelu(self.fc(self.ln2(x)))))
-
-
-class GPT(nn.Module):
-    """A 2-layer GPT (nanoGPT's structure, tied embeddings), small."""
-
-    def __init__(
-        self, vocab: int = 17, d: int = 16, heads: int = 4, block: int = 8, dtype: Any = fg.float64
-    ) -> None:
-        super().__init__()
-        self.wte = nn.Embedding(vocab, d, dtype=dtype)
-        self.wpe = nn.Embedding(block, d, dtype=dtype)
-        self.blocks = nn.ModuleList([Block(d, heads, block, dtype) for _ in range(2)])
-        self.ln = nn.LayerNorm(d, dtype=dtype)
-        self.head = nn.Linear(d, vocab, bias=False, dtype=dtype)
-        self.head.weight = self.wte.weight
-
-    def forward(self, idx: fg.Tensor) -> fg.Tensor:
-        _, T = idx.shape
-        x = self.wte(idx) + self.wpe(fg.arange(T))
-        for b in self.blocks:
-            x = b(x)
-        return self.head(self.ln(x))
-
-
-def _batch(kind: str, rng: np.random.Generator, batch: int = 4) -> tuple:
-    if kind == "mlp":
-        return fg.tensor(rng.standard_normal((batch, 6))), fg.tensor(rng.integers(0, 3, batch))
-    if kind == "cnn":
-        x = rng.standard_normal((batch, 1, 8, 8))
-        return fg.tensor(x), fg.tensor(rng.integers(0, 3, batch))
-    if kind == "rnn":
-        return fg.tensor(rng.standard_normal((batch, 5, 4))), fg.tensor(rng.integers(0, 3, batch))
-    return fg.tensor(rng.integers(0, 17, (batch, 8))), fg.tensor(rng.integers(0, 17, (batch, 8)))
-
-
-MODELS = {"mlp": MLP, "cnn": CNN, "rnn": RNN, "gpt": GPT}
-
-
-def _loss(model: nn.Module, x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
-    out = model(x)
-    return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+# ---- training programs written against the PyTorch API (``benchmarks.models``) -------------
 
 
 def _optimizer(name: str, params: Any) -> Any:
@@ -138,14 +35,18 @@ def _optimizer(name: str, params: Any) -> Any:
     return fg.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
 
 
+GPT_SIZES = {"vocab": 17, "width": 16, "heads": 4, "block": 8}
+
+
 def _train(kind: str, opt_name: str, compiled: bool, steps: int) -> tuple:
+    sizes = GPT_SIZES if kind == "gpt" else {}
     fg.manual_seed(0)
-    model = MODELS[kind]()
+    model = models.make(fg, kind, fg.float64, **sizes)
     opt = _optimizer(opt_name, model.parameters())
 
     def step(x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
         opt.zero_grad()
-        loss = _loss(model, x, y)
+        loss = models.loss(fg, model, x, y)
         loss.backward()
         opt.step()
         return loss
@@ -157,7 +58,7 @@ def _train(kind: str, opt_name: str, compiled: bool, steps: int) -> tuple:
     for i in range(steps):
         for group in opt.param_groups:  # a schedule: lr changes every step
             group["lr"] = (0.05 if opt_name == "sgd" else 1e-2) * (1 - i / (2 * steps))
-        x, y = _batch(kind, rng)
+        x, y = models.batch(fg, kind, rng, dtype=fg.float64, **sizes)
         losses.append(fn(x, y).item())
     return model, losses
 
