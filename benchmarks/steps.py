@@ -1,0 +1,286 @@
+"""Whole training steps (forward, backward, optimizer): fusegrad eager, fusegrad with its
+backward compiled (``compiled_autograd``), fusegrad whole-step compile (``fusegrad.compile`` of
+the step function), PyTorch eager and ``torch.compile`` (of the model; the optimizer eager).
+
+Workloads (``benchmarks.models`` builds the GPT from the PyTorch API, for both frameworks):
+
+* ``C+SGD``: workload C's 784-512-512-10 ReLU MLP, batch 128, cross-entropy, SGD with momentum;
+* ``GPT+AdamW``: a 2-layer GPT (width 64, 4 heads, block 32, vocabulary 65, dropout 0.1),
+  batch 8, AdamW.
+
+Every implementation runs the same sequence of batches from the same initial parameters; the
+fusegrad ones each keep their own random-generator state (restored around each step, outside
+the timing), so their dropout masks agree and their parameters after the run are compared
+with eager's (``check``).  ``python -m benchmarks.steps`` runs it alone; ``benchmarks.compiled``
+prints it as its "whole step" table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import common, models  # noqa: E402
+
+STEP_IMPLS = ("fg_eager", "fg_compiled", "fg_step", "torch", "torch_compile")
+STEP_HEADERS = {
+    "fg_eager": "fg eager",
+    "fg_compiled": "fg compiled bwd",
+    "fg_step": "fg whole step",
+    "torch": "torch",
+    "torch_compile": "torch.compile",
+}
+WORKLOADS = ("C+SGD", "GPT+AdamW")
+GPT = {"vocab": 65, "width": 64, "heads": 4, "block": 32}
+REPS = {"C+SGD": (3, 30), "GPT+AdamW": (3, 30)}
+QUICK_REPS = (2, 2)
+BATCHES = 4  # distinct batches, cycled
+
+
+@dataclass
+class StepImpl:
+    step: Callable[[], dict[str, float]]
+    params: Callable[[], list]
+    first_calls_s: float | None = None
+
+
+def _build(torch: Any, name: str) -> Any:
+    if name == "C+SGD":
+        nn = torch.nn
+        return nn.Sequential(
+            nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+        )
+    return models.make(torch, "gpt", **GPT)
+
+
+def _batches(np: Any, name: str) -> list:
+    rng = np.random.default_rng(0)
+    if name == "C+SGD":
+        return [
+            (rng.standard_normal((128, 784)).astype(np.float32), rng.integers(0, 10, 128))
+            for _ in range(BATCHES)
+        ]
+    shape = (8, GPT["block"])
+    return [
+        (rng.integers(0, GPT["vocab"], shape), rng.integers(0, GPT["vocab"], shape))
+        for _ in range(BATCHES)
+    ]
+
+
+def _optimizer(torch: Any, name: str, params: Any) -> Any:
+    if name == "C+SGD":
+        return torch.optim.SGD(params, lr=0.01, momentum=0.9)
+    return torch.optim.AdamW(params, lr=1e-3)
+
+
+def _impl(
+    torch: Any,
+    name: str,
+    state: dict,
+    data: list,
+    *,
+    wrap_step: Callable | None = None,
+    wrap_model: Callable | None = None,
+    context: Callable | None = None,
+    rng: Any = None,
+) -> StepImpl:
+    """One implementation: a model loaded from ``state``, its optimizer and a step function."""
+    model = _build(torch, name)
+    model.load_state_dict(copy.deepcopy(state))
+    net = wrap_model(model) if wrap_model is not None else model
+    opt = _optimizer(torch, name, model.parameters())
+    batches = [(torch.tensor(x), torch.tensor(y)) for x, y in data]
+
+    def step(x: Any, y: Any) -> Any:
+        opt.zero_grad()
+        loss = models.loss(torch, net, x, y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = wrap_step(step) if wrap_step is not None else step
+    counter = [0]
+    generator = [rng]  # this implementation's generator state (fusegrad's: None for torch)
+
+    def timed() -> dict[str, float]:
+        x, y = batches[counter[0] % len(batches)]
+        counter[0] += 1
+        if rng is not None:
+            torch.random.set_rng_state(generator[0])
+        if context is not None:
+            with context():
+                t0 = common.clock()
+                fn(x, y)
+                t1 = common.clock()
+        else:
+            t0 = common.clock()
+            fn(x, y)
+            t1 = common.clock()
+        if rng is not None:
+            generator[0] = torch.random.get_rng_state()
+        return {"step": t1 - t0}
+
+    def params() -> list:
+        return [p.detach().numpy().copy() for p in model.parameters()]
+
+    return StepImpl(timed, params)
+
+
+def run(
+    np: Any,
+    fg: Any,
+    torch: Any | None,
+    torch_compile: bool,
+    names: Sequence[str] = WORKLOADS,
+    quick: bool = False,
+) -> dict[str, Any]:
+    """Measure every workload; returns ``{"rows": [...], "checks": {...}, "notes": {...}}``."""
+    fc = importlib.import_module("fusegrad.compiler")
+    rows, checks, notes = [], {}, {}
+    for name in names:
+        fg.manual_seed(0)
+        state = {k: v.detach().clone() for k, v in _build(fg, name).state_dict().items()}
+        data = _batches(np, name)
+        fg.manual_seed(1)
+        rng = fg.random.get_rng_state()  # every fusegrad implementation draws the same masks
+        impls = {
+            "fg_eager": _impl(fg, name, state, data, rng=rng),
+            "fg_compiled": _impl(fg, name, state, data, context=fc.compiled_autograd, rng=rng),
+            "fg_step": _impl(fg, name, state, data, wrap_step=fg.compile, rng=rng),
+        }
+        wl_notes: dict[str, str] = {}
+        if torch is not None:
+            tstate = {k: torch.from_numpy(v.numpy().copy()) for k, v in state.items()}
+            impls["torch"] = _impl(torch, name, tstate, data)
+            if torch_compile:
+                impl = _impl(torch, name, tstate, data, wrap_model=torch.compile)
+                t0 = common.clock()
+                try:
+                    impl.step()
+                    impl.step()
+                except Exception as e:  # noqa: BLE001 - a failing torch.compile is skipped
+                    wl_notes["torch_compile"] = f"failed: {type(e).__name__}: {e}"[:300]
+                else:
+                    impl.first_calls_s = common.clock() - t0
+                    impls["torch_compile"] = impl
+        for key in ("fg_step", "fg_compiled"):
+            t0 = common.clock()
+            impls[key].step()  # recorded / captured
+            impls[key].step()  # program built and compiled (or loaded)
+            impls[key].first_calls_s = common.clock() - t0
+        impls["fg_eager"].step()
+        impls["fg_eager"].step()
+        warmup, reps = QUICK_REPS if quick else REPS[name]
+        before = (fc.counters.step_runs, dict(fc.counters.step_breaks))
+        stats = common.measure_interleaved(
+            {k: i.step for k, i in impls.items()}, warmup=warmup, reps=reps
+        )
+        medians = {k: stats[k]["step"].median * 1e3 if k in stats else None for k in STEP_IMPLS}
+        want = impls["fg_eager"].params()
+        worst = {}
+        for key in ("fg_compiled", "fg_step"):
+            got = impls[key].params()
+            worst[key] = max(
+                float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-12)
+                for a, b in zip(got, want)
+            )
+        checks[name] = {
+            "max_rel_param_difference": worst,
+            "step_runs": fc.counters.step_runs - before[0],
+            "step_breaks": {
+                k: v - before[1].get(k, 0)
+                for k, v in fc.counters.step_breaks.items()
+                if v != before[1].get(k, 0)
+            },
+        }
+        rows.append(
+            {
+                "workload": name,
+                "unit": "ms",
+                **medians,
+                "first_two_calls_s": {k: i.first_calls_s for k, i in impls.items()},
+                **{
+                    f"fg_step/{o}": common.ratio(medians["fg_step"], medians[o])
+                    for o in STEP_IMPLS
+                    if o != "fg_step"
+                },
+            }
+        )
+        notes[name] = wl_notes
+    return {"rows": rows, "checks": checks, "notes": notes}
+
+
+def render(result: dict[str, Any]) -> str:
+    present = [k for k in STEP_IMPLS if any(r.get(k) is not None for r in result["rows"])]
+    others = [k for k in present if k != "fg_step"]
+    headers = ["workload", "unit", *(STEP_HEADERS[k] for k in present)]
+    headers += [f"step/{STEP_HEADERS[o].replace('fg ', '')}" for o in others]
+    headers += ["fg step: first 2 calls (s)"]
+    body = []
+    for row in result["rows"]:
+        cells = [row["workload"], row["unit"]]
+        cells += [common.format_number(row.get(k)) for k in present]
+        for o in others:
+            value = row[f"fg_step/{o}"]
+            cells.append(common.format_number(value, 2) + "×" if value is not None else "—")
+        cells.append(common.format_number(row["first_two_calls_s"].get("fg_step")))
+        body.append(cells)
+    lines = [common.markdown_table(headers, body, ["l", "l"] + ["r"] * (len(headers) - 2))]
+    for name, check in result["checks"].items():
+        diffs = ", ".join(f"{k} {v:.1e}" for k, v in check["max_rel_param_difference"].items())
+        lines.append(
+            f"{name}: parameters after the run vs fg eager (max relative difference): {diffs}; "
+            f"whole-step replays {check['step_runs']}, breaks {check['step_breaks'] or 'none'}"
+        )
+    for name, wl_notes in result["notes"].items():
+        for key, note in wl_notes.items():
+            lines.append(f"{name} {key}: {note}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.steps", description=__doc__)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="2+2 repetitions: a smoke test")
+    parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--no-torch-compile", action="store_true")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--json", type=Path, default=common.RESULTS_DIR / "steps.json")
+    args = parser.parse_args(argv)
+    threads = common.pin_threads(args.threads)
+    import numpy as np
+
+    import fusegrad as fg
+
+    torch = None
+    if not args.no_torch:
+        try:
+            import torch  # (optional comparison)
+
+            common.pin_torch_threads(torch, args.threads)
+        except ImportError:
+            torch = None
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    result = run(np, fg, torch, not args.no_torch_compile and torch is not None, names, args.quick)
+    print(f"# whole training steps (threads: {args.threads}; medians of one interleaved run)")
+    print()
+    print(render(result))
+    path = common.write_json(
+        args.json,
+        {"benchmark": "steps", "threads": threads, **result, **common.environment()},
+    )
+    print(f"\nJSON written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
