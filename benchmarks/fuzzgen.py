@@ -159,6 +159,9 @@ class Config:
     interpreter_max_elements: int | None = None  # None: leave the process-wide setting
     # run() once per scale of the leaf data, in one program cache; the last result counts
     scales: tuple[float, ...] = (1.0,)
+    # the forward and backward as one ``fusegrad.compile``d function (``whole()``, called by
+    # ``run_whole``): recorded on the first scale's call, replayed on the next
+    whole: bool = False
 
     def region(self) -> Callable[[], Any]:
         return lambda: compiler.compiled_autograd(mode=self.mode)
@@ -180,7 +183,9 @@ CACHED = Config("default, cached", scales=(1.0, NEW_SCALE))
 DEBUG = Config("debug", mode="debug")
 GENERATED = Config("generated code", interpreter_max_elements=0)
 GRADCHECK = Config("gradcheck")  # gradcheck on the compiled path (smooth programs)
-CONFIGS = {c.name: c for c in (DEFAULT, CACHED, DEBUG, GENERATED, GRADCHECK)}
+# whole-step compile: recorded at scale 1, replayed on the scaled data
+WHOLE = Config("whole step", scales=(1.0, NEW_SCALE), whole=True)
+CONFIGS = {c.name: c for c in (DEFAULT, CACHED, DEBUG, GENERATED, GRADCHECK, WHOLE)}
 
 
 @dataclass(frozen=True)
@@ -203,7 +208,7 @@ class Program:
     generated_code: bool  # also run with every kernel as generated code
 
     def configs(self) -> list[Config]:
-        configs = [DEFAULT, CACHED, DEBUG]
+        configs = [DEFAULT, CACHED, DEBUG, WHOLE]
         if self.generated_code:
             configs.append(GENERATED)
         return configs
@@ -1024,6 +1029,16 @@ def attempt(region=contextlib.nullcontext, scales=(1.0,)):
         return e
 
 
+def attempt_whole(step, scales=(1.0,)):
+    """run_whole(step) once per scale (the last result kept), or what it raised."""
+    try:
+        for scale in scales:
+            result = run_whole(step, scale)
+        return result
+    except Exception as e:  # compared by type and message
+        return e
+
+
 def differences(want, got):
     """What differs between two results of run(): presence, dtype, shape, NaN/+inf/-inf
     positions, and finite values beyond rtol (1e-5 float32, 1e-10 float64) with an absolute
@@ -1137,6 +1152,38 @@ def _render(p: Program, config: Config, verdict: str) -> str:
     add("    }")
     add("")
     add("")
+    # the whole-step form: leaves, root gradients and preset gradients are arguments (tensors
+    # made inside a compiled function from Python data are not replayable); identity checks
+    # of the presets are made outside, after the call
+    presets = [f"P_{n}" for n, _ in p.presets]
+    add(f"def whole({', '.join([*names, 'C', *presets])}):")
+    add(f"    outs, kept = forward({args})")
+    lines.extend("    " + line for line in p.backward)
+    add("    return {")
+    lines.extend(
+        f'        "{label}": {expr},' for label, expr in p.results if not label.endswith("preset")
+    )
+    add("    }")
+    add("")
+    add("")
+    add("def run_whole(step, scale=1.0):")
+    add(f"    {tuple_} = leaves(scale)" if len(names) > 1 else f"    ({names[0]},) = leaves(scale)")
+    for n, _ in p.presets:
+        if n in p.strided_presets:
+            data = f'PRESETS["{n}"].swapaxes(-1, -2)'
+            add(f"    {n}.grad = fg.tensor({data}, dtype={n}.dtype).transpose(-1, -2)")
+        else:
+            add(f'    {n}.grad = fg.tensor(PRESETS["{n}"], dtype={n}.dtype)')
+        add(f"    P_{n} = {n}.grad")
+    add("    outs, _ = forward(*leaves(scale))  # (the root gradients' dtypes)")
+    add("    C = [fg.tensor(c, dtype=o.dtype) for c, o in zip(COTANGENTS, outs)]")
+    add(f"    result = step({', '.join([*names, 'C', *presets])})")
+    for label, expr in p.results:
+        if label.endswith("preset"):
+            add(f'    result["{label}"] = {expr}')
+    add("    return result")
+    add("")
+    add("")
     add("def objective(*xs):")
     add('    """What gradcheck differentiates: each output weighted by its COTANGENT, summed (one')
     add('    scalar per output, so that finite differences resolve each at its own scale)."""')
@@ -1155,6 +1202,13 @@ def _render(p: Program, config: Config, verdict: str) -> str:
         return "\n".join(lines) + "\n"
     scales = ", scales=" + repr(config.scales) if config.scales != (1.0,) else ""
     add(f"    eager = attempt(scales={config.scales[-1:]!r})")
+    if config.whole:
+        add(f"    compiled = attempt_whole(fg.compile(whole){scales})")
+        add("    problems = differences(eager, compiled)")
+        add("    print(compiler.counters)")
+        add('    print("\\n".join(problems) or "no difference")')
+        add("    sys.exit(1 if problems else 0)")
+        return "\n".join(lines) + "\n"
     if config.interpreter_max_elements is not None:
         add(f"    compiler.config.interpreter_max_elements = {config.interpreter_max_elements}")
     add(f'    compiled = attempt(lambda: compiler.compiled_autograd(mode="{config.mode}"){scales})')
@@ -1207,6 +1261,8 @@ class Report:
     builds: int = 0  # programs built (a program-cache miss)
     cache_hits: int = 0  # backwards run by a cached program
     compiled_runs: int = 0
+    step_runs: int = 0  # whole-step replays
+    step_breaks: Counter = field(default_factory=Counter)  # recordings not replayable, by reason
     eager_error: str | None = None  # the exception eager raised (compiled must match it)
     gradcheck: str = "n/a"  # "passed", "failed", "skipped (...)", "inconclusive (...)", "n/a"
     seconds: float = 0.0
@@ -1244,6 +1300,7 @@ class _Module:
         region: Callable[[], Any] | None = None,
         scales: Sequence[float] = (1.0,),
         term_scales: dict[str, float] | None = None,
+        whole: bool = False,
     ) -> Any:
         """Snapshots of run()'s results (once per leaf-data scale, the last kept), or the
         exception it raised.  ``term_scales`` (eager runs only) receives each result's term
@@ -1252,9 +1309,13 @@ class _Module:
         try:
             with warnings.catch_warnings(), tracing(observer):
                 warnings.simplefilter("ignore")
+                step = fg.compile(self.ns["whole"]) if whole else None
                 for scale in scales:
                     if observer is not None:
                         observer.reset()
+                    if step is not None:
+                        result = self.ns["run_whole"](step, scale)
+                        continue
                     result = self.ns["run"](region or contextlib.nullcontext, scale)
                 if observer is not None and term_scales is not None:
                     term_scales.update(observer.by_key(result))
@@ -1344,9 +1405,17 @@ def _snapshot(value: Any) -> Any:
     return value
 
 
-def _counts() -> tuple[int, int, int, int, Counter]:
+def _counts() -> tuple:
     c = compiler.counters
-    return c.captures, c.builds, c.cache_hits, c.compiled_runs, Counter(c.fallbacks)
+    return (
+        c.captures,
+        c.builds,
+        c.cache_hits,
+        c.compiled_runs,
+        Counter(c.fallbacks),
+        c.step_runs,
+        Counter(c.step_breaks),
+    )
 
 
 def check(program: Program) -> Report:
@@ -1414,7 +1483,7 @@ def _run_config(
         compiler.reset()
     before = _counts()
     with config.settings():
-        got = module.run(config.region(), config.scales)
+        got = module.run(config.region(), config.scales, whole=config.whole)
     if report is not None:
         _add_counts(report, before)
     kind, problems = _verdict(eager, got, shadows, term_scales)
@@ -1425,8 +1494,10 @@ def _run_config(
     return Finding(program.seed, config.name, kind, verdict, script)
 
 
-def _add_counts(report: Report, before: tuple[int, int, int, int, Counter]) -> None:
+def _add_counts(report: Report, before: tuple) -> None:
     after = _counts()
+    report.step_runs += after[5] - before[5]
+    report.step_breaks.update(after[6] - before[6])
     report.captures += after[0] - before[0]
     report.builds += after[1] - before[1]
     report.cache_hits += after[2] - before[2]

@@ -175,12 +175,25 @@ class Watch:
             self.seen.add(id(obj))
             return ("M", id(obj), tuple(self.module(m) for m in obj.modules()))
         if isinstance(obj, Optimizer):
+            # parameters and state tensors by identity, options by value except the learning
+            # rate (a runtime input of a recorded update: schedulers change it every step)
             self.seen.add(id(obj))
-            params = []
+            parts: list = []
             for group in obj.param_groups:
+                parts.append(
+                    tuple(
+                        (k, v)
+                        for k, v in group.items()
+                        if k not in ("params", "lr", "param_names")
+                        and isinstance(v, (*_SCALARS, tuple))
+                    )
+                )
                 for p in group["params"]:
-                    params.append(self.root(p))
-            return ("O", id(obj), tuple(params))
+                    parts.append(self.root(p))
+                    state = obj.state.get(p)
+                    if state:
+                        parts.append(tuple((k, self.root(v)) for k, v in state.items()))
+            return ("O", id(obj), tuple(parts))
         if isinstance(obj, (types.FunctionType, types.ModuleType, type, types.BuiltinFunctionType)):
             return None
         return ("id", id(obj))
@@ -208,7 +221,8 @@ class Recorder(Tracer):
         self.graph = Graph()
         self.values: dict[int, tuple[Value, int]] = {}  # id(array) -> (value, version bound at)
         self.keep: list = []  # arrays kept alive while their ids are keys
-        self.owners: dict[int, int] = {}  # id(root array) -> bound arrays sharing its memory
+        self.sharing: dict[int, set[int]] = {}  # id(root array) -> bound arrays on its memory
+        self.stale: dict[int, str] = {}  # id(array) -> where a write through another array was
         self.sources: list = []  # per program input: ("arg", k) | ("ext", t) | ("draw", redo)
         self.input_arrays: list = []  # their arrays in this call
         self.source_of: dict[int, int] = {}  # id(array) -> program input index
@@ -262,8 +276,8 @@ class Recorder(Tracer):
         arr = t._data
         if id(arr) not in self.values:
             self.keep.append(arr)
-            root = id(self._root(arr))
-            self.owners[root] = self.owners.get(root, 0) + 1
+            self.sharing.setdefault(id(self._root(arr)), set()).add(id(arr))
+            self.stale.pop(id(arr), None)
         counter = t._version_counter
         self.values[id(arr)] = (value, counter, counter.value)
 
@@ -282,6 +296,12 @@ class Recorder(Tracer):
                     f"{_describe(t)} was modified outside the recorded ops (at {_user_line()})"
                 )
             return value
+        where = self.stale.get(id(arr))
+        if where is not None:
+            raise StepBreak(
+                f"{_describe(t)} is read at {_user_line()} after an in-place write at {where} "
+                "into memory it shares (a view and its base)"
+            )
         if t._wrapped_number:  # a Python number (kept: a node may save it)
             value = self.graph.scalar(arr.item(), t._dtype)
             self.bind(t, value)
@@ -396,15 +416,16 @@ class Recorder(Tracer):
                 raise StepBreak("a CUDA tensor (whole-step compile runs on the CPU for now)")
             if id(arr) not in self.values:
                 self.value_of(target)  # an input written before it was read
-            if self.owners.get(id(self._root(arr)), 0) > 1 or target._base is not None:
-                raise StepBreak(
-                    f"an in-place write at {_user_line()} into memory that another recorded "
-                    "tensor (a view) shares"
-                )
             value = self.value_of(result)
             if value.dtype is not target._dtype or value.shape != arr.shape:
                 raise StepBreak(f"an in-place write at {_user_line()} that casts or broadcasts")
             self.values[id(arr)] = (value, target._version_counter, target._version_counter.value)
+            # other arrays on the same memory (views, a view's base) now hold values the graph
+            # does not know: reading one stops the recording
+            for other in self.sharing.get(id(self._root(arr)), ()):
+                if other != id(arr) and other in self.values:
+                    del self.values[other]
+                    self.stale[other] = _user_line()
             index = self.source_of.get(id(arr))
             if index is not None:
                 entry = self.writes.setdefault(index, [value, 0])
@@ -429,6 +450,14 @@ class Recorder(Tracer):
         if any(callable(a) for a in args) or any(callable(v) for v in kwargs.values()):
             self.stop(f"{type(owner).__name__}.{fn.__name__}() with a closure at {_user_line()}")
             return NotImplemented
+        if (
+            fn.__name__ == "step"
+            and getattr(owner, "traceable", False)
+            and not args
+            and not kwargs
+            and not self.suffix
+        ):
+            return NotImplemented  # its tensor ops are recorded into the program
         call = (owner, fn, args, dict(kwargs))
         # zero_grad touches only ``.grad``, which recorded ops never read (reading it stops the
         # recording): before any backward it is replayed before the program
@@ -534,6 +563,11 @@ class Recorder(Tracer):
                     "add", (previous, value), {}, value.shape, value.dtype
                 )
         self.backwards += 1
+        bind_grads = [
+            (self.leaves[slot], value)
+            for slot, value in self.grad_effects.items()
+            if slot in grad_values and not self.grad_preset[slot]
+        ]
         with tracing(None):  # the derivative rules run eagerly, unrecorded
             if self.explaining:  # explain() also shows the backward compiled on its own
                 results = self.delegate.backward(
@@ -545,6 +579,10 @@ class Recorder(Tracer):
             for kind, pos, v in bgraph.effects:
                 if kind == "capture" and results[pos] is not None:
                     self.bind(results[pos], mapping[v])
+        for leaf, value in bind_grads:  # ``.grad`` as computed: the optimizer reads it
+            grad = leaf._grad
+            if grad is not None and grad._data.shape == value.shape:
+                self.bind(grad, value)
         return results
 
     def leaf_slot(self, leaf: Tensor) -> int:
@@ -639,7 +677,9 @@ class Step:
     def __init__(self, rec: Recorder, spec: Any, bumps: dict, n_outputs: int) -> None:
         self.graph = rec.graph
         self.sources = rec.sources
-        self.leaves = rec.leaves
+        self.leaves = rec.leaves  # the recording call's (``describe``, ``explain``)
+        # where each leaf is found on a call: ("arg", k) or ("ext", tensor)
+        self.leaf_sources = [rec.watch.tensors[id(leaf._data)] for leaf in rec.leaves]
         self.prefix = rec.prefix
         self.suffix = rec.suffix
         self.spec = spec
@@ -687,7 +727,7 @@ class Step:
     def run(self, args: list[Tensor], mode: str) -> Any:
         for owner, fn, a, kw in self.prefix:
             fn(owner, *a, **kw)
-        leaves = self.leaves
+        leaves = [args[ref] if kind == "arg" else ref for kind, ref in self.leaf_sources]
         grad_key = tuple(_grad_state(leaf) for leaf in leaves)
         for leaf in leaves:
             if leaf._hooks or leaf._post_acc_hooks:

@@ -70,8 +70,11 @@ def test_training_matches_eager_with_one_recording(kind: str, opt_name: str) -> 
     want_model, want = _train(kind, opt_name, False, steps)
     compiler.reset()
     got_model, got = _train(kind, opt_name, True, steps)
-    assert compiler.counters.step_captures == 1, compiler.counters
-    assert compiler.counters.step_runs == steps - 1
+    # the first call creates the optimizer's state (a new guard key); the second is recorded
+    # into the one program every later call runs, whatever the learning rate
+    assert compiler.counters.step_captures == 2, compiler.counters
+    assert compiler.counters.step_runs == steps - 2
+    assert compiler.counters.builds == 1
     assert not compiler.counters.step_breaks
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     for (name, p), q in zip(got_model.named_parameters(), want_model.parameters()):

@@ -20,12 +20,15 @@ from typing import Any
 
 from .. import dtypes as _dt
 from ..autograd.grad_mode import no_grad
-from ..ops.creation import tensor, zeros_like
+from ..ops.creation import zeros, zeros_like
 from ..ops.generated import maximum
-from .optimizer import Optimizer, OptimizerError
+from ..storage import to_host
+from .optimizer import Optimizer, OptimizerError, hyper
 
 
 class Adam(Optimizer):
+    traceable = True  # (tensor ops only; lr and the bias corrections through ``hyper``)
+
     def __init__(
         self,
         params: Any,
@@ -74,7 +77,7 @@ class Adam(Optimizer):
     def _init_state(self, p: Any, amsgrad: bool) -> dict[str, Any]:
         state = self.state[p]
         if not state:
-            state["step"] = tensor(0.0, dtype=_dt.float32)
+            state["step"] = zeros((), dtype=_dt.float32)
             state["exp_avg"] = zeros_like(p)
             state["exp_avg_sq"] = zeros_like(p)
             if amsgrad:
@@ -106,12 +109,12 @@ class Adam(Optimizer):
                 step_t.add_(1)
                 if weight_decay != 0:
                     if decoupled:
-                        p.mul_(1 - lr * weight_decay)
+                        p.mul_(hyper(1 - lr * weight_decay, _decay(group)))
                     else:
                         g = g.add(p, alpha=weight_decay)
                 exp_avg.lerp_(g, 1 - beta1)
                 exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                step = step_t.item()
+                step = _count(step_t)  # (the optimizer's own state: no host read)
                 bias_correction1 = 1 - beta1**step
                 bias_correction2 = 1 - beta2**step
                 step_size = lr / bias_correction1
@@ -122,9 +125,30 @@ class Adam(Optimizer):
                     second = max_sq
                 else:
                     second = exp_avg_sq
-                denom = (second.sqrt() / bias_correction2_sqrt).add_(eps)
-                p.addcdiv_(exp_avg, denom, value=-step_size)
+                denom = (second.sqrt() / hyper(bias_correction2_sqrt, _bc2(group, step_t))).add_(
+                    eps
+                )
+                p.addcdiv_(exp_avg, denom, value=hyper(-step_size, _step_size(group, step_t)))
         return loss
+
+
+def _count(step_t: Any) -> float:
+    """The stored step count (the optimizer's own state, read without notifying a tracer)."""
+    return float(to_host(step_t._data).reshape(()))
+
+
+# What ``hyper`` recomputes on a replayed step, before that step's tensor updates: the step
+# count is the stored one plus this step's increment (same float math as the eager path above).
+def _decay(group: dict) -> Callable[[], float]:
+    return lambda: 1 - group["lr"] * group["weight_decay"]
+
+
+def _bc2(group: dict, step_t: Any) -> Callable[[], float]:
+    return lambda: math.sqrt(1 - group["betas"][1] ** (_count(step_t) + 1))
+
+
+def _step_size(group: dict, step_t: Any) -> Callable[[], float]:
+    return lambda: -(group["lr"] / (1 - group["betas"][0] ** (_count(step_t) + 1)))
 
 
 class AdamW(Adam):

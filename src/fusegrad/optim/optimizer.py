@@ -18,7 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..autograd.grad_mode import enable_grad
-from ..autograd.tracer import opaque_method
+from ..autograd.tracer import notify_created, opaque_method
+from ..autograd.tracer import state as _tracer_state
 from ..errors import FusegradError
 from ..nn.module import _zero_grad
 from ..tensor import Tensor
@@ -44,8 +45,31 @@ def _type_name(obj: object) -> str:
     return type(obj).__name__
 
 
+def hyper(value: float, replay: Callable[[], float]) -> Any:
+    """A scalar of the update that changes between steps (the learning rate, bias corrections):
+    ``value`` itself in eager mode.  A tracer that records a step to replay it (whole-step
+    compile) gets a 0-d Python-number tensor holding ``value`` that stands for ``replay()``: the
+    value the next call of ``step`` would compute, evaluated *before* that call's tensor
+    updates run (so a value derived from the step count adds the increment itself)."""
+    if _tracer_state.tracer is None:
+        return value
+    from .. import dtypes as _dt
+    from ..ops._util import scalar_tensor  # (ops imports optim's users: a cycle at load time)
+
+    def make(v: float) -> Tensor:
+        return scalar_tensor(v, _dt.float64)
+
+    return notify_created(make(value), lambda: make(replay()))
+
+
 class Optimizer:
-    """Base class: ``Optimizer(params, defaults)``; subclasses define ``step``."""
+    """Base class: ``Optimizer(params, defaults)``; subclasses define ``step``.
+
+    A subclass whose ``step`` is written in tensor ops only (no ``.item()``; per-call scalars
+    through ``hyper``) sets ``traceable = True``: a whole-step compile then records its update
+    into the step's program; other optimizers' steps are replayed as calls."""
+
+    traceable = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # ``step`` and ``zero_grad`` are calls a tracer may take over (a whole-step compile

@@ -16,10 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..autograd.grad_mode import no_grad
-from .optimizer import Optimizer, OptimizerError
+from .optimizer import Optimizer, OptimizerError, hyper
 
 
 class SGD(Optimizer):
+    traceable = True  # (tensor ops only; the learning rate through ``hyper``)
+
     def __init__(
         self,
         params: Any,
@@ -87,5 +89,9 @@ class SGD(Optimizer):
                     else:
                         buf.mul_(momentum).add_(g, alpha=1 - dampening)
                     g = g.add(buf, alpha=momentum) if nesterov else buf
-                p.add_(g, alpha=-lr)
+                p.add_(g, alpha=hyper(-lr, _neg_lr(group)))
         return loss
+
+
+def _neg_lr(group: dict) -> Callable[[], float]:
+    return lambda: -group["lr"]
