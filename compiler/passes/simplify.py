@@ -5,6 +5,9 @@ rewrites that are exact in IEEE arithmetic, including NaN, inf and signed zeros)
 
 * ``mul(x, 1)`` / ``mul(1, x)`` / ``div(x, 1)`` -> ``x`` (x * 1.0 is exact for every x);
 * ``neg(neg(x))`` -> ``x``;
+* an elementwise primitive of scalars -> the scalar its eager kernel computes;
+* ``pow(x, 0.5)`` (a scalar exponent) -> ``sqrt(x)``, as numpy's power loop computes it (exact:
+  it is what the eager kernel does);
 * ``reshape``/``broadcast_to``/``sum_to`` to ``x``'s own shape, and ``cast`` to its own
   dtype -> ``x``;
 * ``reshape(reshape(x))`` -> ``reshape(x)``; ``permute(permute(x))`` -> one ``permute``
@@ -21,6 +24,10 @@ The sweep is a single pass (each value sees its already simplified inputs): no f
 """
 
 from __future__ import annotations
+
+import numpy as np
+
+from fusegrad.ops.registry import REGISTRY
 
 from ..ir import Graph, Value
 
@@ -69,6 +76,29 @@ def _rewrite(
         a, b = inputs
         if _is_scalar(b, 1) and a.shape == v.shape and a.dtype is v.dtype:
             return a
+    prim = REGISTRY.get(op)
+    if (
+        prim is not None
+        and prim.kind == "elementwise"
+        and inputs
+        and v.shape == ()
+        and all(i.op == "scalar" and i.shape == () for i in inputs)
+    ):
+        # scalars only: computed now, by the eager kernel on the same 0-d arrays eager uses
+        arrays = [np.array(i.attr("value"), dtype=i.dtype.np) for i in inputs]
+        try:
+            with np.errstate(all="ignore"):
+                out = np.asarray(prim.kernel(*arrays, **dict(v.attrs)))
+        except Exception:  # noqa: BLE001  (an error eager raises at run time: not folded)
+            out = None
+        if out is not None and out.shape == ():
+            return graph.scalar(out.astype(v.dtype.np).item(), v.dtype)
+    if op == "pow" and v.dtype.is_floating_point:
+        a, b = inputs
+        if _is_scalar(b, 0.5) and a.shape == v.shape and a.dtype is v.dtype:
+            # numpy's power loop (the eager kernel) computes a scalar exponent of 0.5 as sqrt:
+            # -0 -> -0 and -inf -> nan, where C's pow gives +0 and +inf
+            return graph.add("sqrt", (a,), {}, v.shape, v.dtype, v.origin)
     if op == "neg" and inputs[0].op == "neg":
         return inputs[0].inputs[0]
     if op in ("reshape", "broadcast_to", "sum_to") and inputs[0].shape == v.shape:

@@ -433,3 +433,34 @@ def test_outputs_are_fresh_and_not_overwritten_by_the_next_call() -> None:
     a.mul_(0.0)
     assert float(x0.abs().sum()) > 0  # the output does not alias the argument
     assert compiler.counters.step_runs == 2
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_float32_updates_take_the_learning_rate_of_each_call(opt_name: str) -> None:
+    """float32 parameters: the runtime scalars (learning rate, bias corrections) are cast to
+    float32 inside the op surface; the cast must stay a cast of the program's input."""
+
+    def train(compiled: bool) -> tuple:
+        fg.manual_seed(0)
+        lin = nn.Linear(3, 2)
+        opt = _optimizer(opt_name, lin.parameters())
+
+        def step(x: fg.Tensor) -> fg.Tensor:
+            opt.zero_grad()
+            loss = lin(x).square().sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        fn = fg.compile(step) if compiled else step
+        x = fg.tensor(np.arange(6.0).reshape(2, 3) / 7, dtype=fg.float32)
+        for i in range(6):
+            opt.param_groups[0]["lr"] = 0.01 * (i + 1)
+            fn(x)
+        return lin.weight.detach().numpy(), lin.bias.detach().numpy()
+
+    want = train(False)
+    got = train(True)
+    assert compiler.counters.step_runs == 4
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

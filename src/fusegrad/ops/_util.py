@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
+from ..autograd.tracer import notify_created as _created
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..size import broadcast_shapes
 from ..tensor import Tensor, _to_array
@@ -56,7 +57,9 @@ def cast(t: Tensor, dtype: _dt.dtype) -> Tensor:
     if t._dtype is dtype:
         return t
     if t._wrapped_number:
-        return scalar_tensor(t._data.item(), dtype)
+        # a tracer that recorded ``t`` (a runtime scalar: ``optim.hyper``) sees the new
+        # scalar as ``t``'s value cast, not as a constant
+        return _created(scalar_tensor(t._data.item(), dtype), t)
     return apply(P["cast"], (t,), {"dtype": dtype})
 
 

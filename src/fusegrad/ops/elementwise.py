@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
+from ..autograd.tracer import notify_host_read as _read
+from ..autograd.tracer import state as _tracer_state
 from ..errors import DTypeError, describe
 from ..tensor import Tensor
 from ._util import P, apply, as_operand, broadcast_shape, cast, is_number, operand, to_tensor
@@ -347,9 +349,14 @@ def isclose(
 def allclose(
     input: Any, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False
 ) -> bool:
-    return bool(isclose(input, other, rtol, atol, equal_nan)._data.all())
+    close = isclose(input, other, rtol, atol, equal_nan)
+    return _read(close, "allclose()", bool(close._data.all()))
 
 
 def equal(input: Any, other: Any) -> bool:
     a, b = to_tensor(input), to_tensor(other)
-    return a.shape == b.shape and bool((a._data == b._data).all())
+    same = a.shape == b.shape and bool((a._data == b._data).all())
+    if _tracer_state.tracer is not None:
+        _read(a, "equal()")
+        _read(b, "equal()")
+    return same

@@ -14,6 +14,7 @@ import numpy as np
 from .. import storage as _storage
 from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_created as _created
+from ..autograd.tracer import notify_host_read as _read
 from ..errors import DTypeError, ShapeError, describe
 from ..tensor import Tensor
 from ._util import to_tensor
@@ -423,11 +424,11 @@ def max_pool2d(
     if return_indices:
         # PyTorch's indices address the flattened (H, W) input plane, not the window
         (sh, sw), (ph, pw), (dh, dw) = s, p, _pair(dilation)
-        local = _storage.to_host(idx._data)  # (indices are computed on the host)
+        _read(idx, "max_pool2d(return_indices=True)")  # (indices are computed on the host)
+        local = _storage.to_host(idx._data)
         rows = np.arange(oh)[:, None] * sh - ph + (local // kw) * dh
         cols = np.arange(ow)[None, :] * sw - pw + (local % kw) * dw
-        flat_idx = _created(Tensor._make((rows * x.shape[3] + cols).astype(np.int64)))
-        flat_idx = flat_idx.to(x.device)
+        flat_idx = Tensor._make((rows * x.shape[3] + cols).astype(np.int64)).to(x.device)
         return values, (flat_idx.squeeze(0) if squeeze else flat_idx)
     return values
 

@@ -96,13 +96,7 @@ def _normalise_key(x: Tensor, key: Any) -> tuple[tuple, tuple]:
             if t._dtype is not _dt.bool_ and t._data.dtype.kind in "iu":
                 dim = consumed
                 size = x._data.shape[dim] if dim < x.ndim else 0
-                values = _storage.to_host(t._data)  # (a copy when on a GPU)
-                if values.size and (values.max() >= size or values.min() < -size):
-                    bad = values.max() if values.max() >= size else values.min()
-                    raise IndexOutOfRange(
-                        f"getitem: index {int(bad)} is out of bounds for dimension {dim} with "
-                        f"size {size} (tensor shape {tuple(x.shape)})"
-                    )
+                _check(t, _getitem_range(dim, size, tuple(x.shape)))
                 consumed += 1
             elif t._dtype is _dt.bool_:
                 dims = x._data.shape[consumed : consumed + t.ndim]
@@ -178,6 +172,21 @@ def _index_tensor(op: str, index: Any) -> Tensor:
     if t._dtype.category != 1:
         raise DTypeError(f"{op}: expected an int64 or int32 index tensor, got {describe(t)}")
     return t
+
+
+def _getitem_range(dim: int, size: int, shape: tuple) -> Any:
+    """The bounds check of an integer index tensor into dimension ``dim`` (of ``size``)."""
+
+    def check(array: Any) -> None:
+        values = _storage.to_host(array)  # (a copy when on a GPU)
+        if values.size and (values.max() >= size or values.min() < -size):
+            bad = values.max() if values.max() >= size else values.min()
+            raise IndexOutOfRange(
+                f"getitem: index {int(bad)} is out of bounds for dimension {dim} with "
+                f"size {size} (tensor shape {shape})"
+            )
+
+    return check
 
 
 def _check_index_range(op: str, index: Tensor, size: int, dim: int) -> None:
