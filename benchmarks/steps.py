@@ -1,6 +1,8 @@
 """Whole training steps (forward, backward, optimizer): fusegrad eager, fusegrad with its
-backward compiled (``compiled_autograd``), fusegrad whole-step compile (``fusegrad.compile`` of
-the step function), PyTorch eager and ``torch.compile`` (of the model; the optimizer eager).
+backward compiled (``compiled_autograd``), fusegrad ``compile(model)`` (the forward replayed as a
+program, the backward called outside it a second program; the optimizer eager), fusegrad
+whole-step compile (``fusegrad.compile`` of the step function), PyTorch eager and
+``torch.compile`` (of the model; the optimizer eager).
 
 Workloads (``benchmarks.models`` builds the GPT from the PyTorch API, for both frameworks):
 
@@ -31,10 +33,11 @@ if __package__ in (None, ""):
 
 from benchmarks import common, models  # noqa: E402
 
-STEP_IMPLS = ("fg_eager", "fg_compiled", "fg_step", "torch", "torch_compile")
+STEP_IMPLS = ("fg_eager", "fg_compiled", "fg_module", "fg_step", "torch", "torch_compile")
 STEP_HEADERS = {
     "fg_eager": "fg eager",
     "fg_compiled": "fg compiled bwd",
+    "fg_module": "fg compile(model)",
     "fg_step": "fg whole step",
     "torch": "torch",
     "torch_compile": "torch.compile",
@@ -155,6 +158,7 @@ def run(
         impls = {
             "fg_eager": _impl(fg, name, state, data, rng=rng),
             "fg_compiled": _impl(fg, name, state, data, context=fc.compiled_autograd, rng=rng),
+            "fg_module": _impl(fg, name, state, data, wrap_model=fg.compile, rng=rng),
             "fg_step": _impl(fg, name, state, data, wrap_step=fg.compile, rng=rng),
         }
         wl_notes: dict[str, str] = {}
@@ -172,7 +176,7 @@ def run(
                 else:
                     impl.first_calls_s = common.clock() - t0
                     impls["torch_compile"] = impl
-        for key in ("fg_step", "fg_compiled"):
+        for key in ("fg_step", "fg_compiled", "fg_module"):
             t0 = common.clock()
             impls[key].step()  # recorded / captured
             impls[key].step()  # program built and compiled (or loaded)
@@ -187,7 +191,7 @@ def run(
         medians = {k: stats[k]["step"].median * 1e3 if k in stats else None for k in STEP_IMPLS}
         want = impls["fg_eager"].params()
         worst = {}
-        for key in ("fg_compiled", "fg_step"):
+        for key in ("fg_compiled", "fg_module", "fg_step"):
             got = impls[key].params()
             worst[key] = max(
                 float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-12)

@@ -33,18 +33,30 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd import graph_base as _graph_base
 from fusegrad.autograd.api import grad as _grad
 from fusegrad.autograd.graph_base import AccumulateGrad, Node
 from fusegrad.autograd.node import _freed_message
 from fusegrad.autograd.tracer import current as _current_tracer
+from fusegrad.autograd.tracer import tracing as _tracing
 from fusegrad.errors import AutogradError
 from fusegrad.nn.module import Module
 from fusegrad.tensor import Tensor
 
-from . import CompilationError, compiled_autograd, logs
+from . import CompilationError, Region, compiled_autograd, logs, passes
 from . import tape as _tape
+from .cache import counters
+from .capture import Fallback
+from .capture import capture as _capture_graph
+from .capture import walk as _walk
+from .ir import Graph, Value, verify
+from .passes.buffers import VIEW_OPS
+from .program import Program
+from .settings import config
+from .step import Recorder, Step, StepBreak, Watch
 
 
 class CompiledModuleBackward(Node):
@@ -168,6 +180,236 @@ def _leaf_reason(t: Tensor) -> str:
     )
 
 
+# ---- ahead-of-time: the forward replayed, the backward a second program ----------------------
+
+# elementwise primitives a backward recomputes from the forward's inputs instead of having the
+# forward save their results (``AOTEntry``): cheap, and their inputs are kept anyway
+_RECOMPUTE_KINDS = ("elementwise",)
+
+
+class AOTEntry:
+    """One recorded call of a compiled module, replayable ahead of time: the forward program
+    (a whole-step ``Step`` whose outputs are the module's outputs, then the values its backward
+    reads) and the backward graph over the root gradients and those saved values, built into a
+    program on the first backward.
+
+    What the backward reads of the forward is decided here: forward values computed by
+    elementwise primitives from the forward's inputs alone (parameters, arguments, random
+    draws, constants) are recomputed in the backward; every other value it reads is saved.
+    ``stats`` compares the bytes saved with eager's saved tensors."""
+
+    def __init__(
+        self, rec: Recorder, out: Any, roots: list, inputs: list, watch: Watch, mode: str
+    ) -> None:
+        self.mode = mode
+        dummy = [Tensor._make(np.zeros(r._data.shape, r._dtype.np)) for r in roots]
+        w = _walk(roots, dummy, inputs, False, False)
+        if w.fallback is not None or w.has_hooks:
+            raise StepBreak(w.fallback or "the backward runs user hooks")
+        try:
+            captured = _capture_graph(w, roots, dummy, inputs, False, symbolic=False)
+        except Fallback as e:
+            raise StepBreak(str(e)) from None
+        bg = captured.graph
+        forward_inputs = set(rec.input_values)
+        # the backward graph: root gradients first, then the saved values (numbered as they
+        # are met), recomputed values inlined
+        back = Graph()
+        roots_in = [back.input("arg", i, r._data.shape, r._dtype) for i, r in enumerate(roots)]
+        saved: list[Value] = []  # forward values the forward program outputs for the backward
+        saved_in: dict[Value, Value] = {}
+        eager_bytes: dict[int, int] = {}
+
+        def bring(f: Value) -> Value:
+            """Forward value ``f`` in the backward graph: recomputed or a saved input."""
+            found = saved_in.get(f)
+            if found is not None:
+                return found
+            if f.op == "scalar":
+                value = back.scalar(f.attr("value"), f.dtype)
+            elif f.op == "constant":
+                value = back.constant(rec.graph.constants[f.attr("index")])
+            elif f.kind in _RECOMPUTE_KINDS and _from_inputs(f, forward_inputs):
+                value = back.add(f.op, tuple(bring(i) for i in f.inputs), f.attrs, f.shape, f.dtype)
+            else:
+                value = back.input("arg", len(roots) + len(saved), f.shape, f.dtype)
+                saved.append(f)
+            saved_in[f] = value
+            return value
+
+        mapping: dict[Value, Value] = {}
+        for v in bg.values:
+            if v.op == "input":
+                kind, index = v.attr("kind"), v.attr("index")
+                if kind == "root":
+                    mapping[v] = roots_in[index]
+                elif kind == "saved":
+                    node, sv = w.saved[index]
+                    t = sv._tensor
+                    arr = sv._data if t is None else t._data
+                    found = rec.values.get(id(arr))
+                    if found is None or sv._counter is not found[1] or found[2] != sv._version:
+                        raise StepBreak(f"{node.name()} saved a tensor the recording cannot name")
+                    eager_bytes[id(arr)] = arr.nbytes
+                    mapping[v] = bring(found[0])
+                else:
+                    raise StepBreak("the backward reads an existing .grad")
+            elif v.op == "constant":
+                mapping[v] = back.constant(bg.constants[v.attr("index")])
+            else:
+                mapping[v] = back.add(
+                    v.op, tuple(mapping[i] for i in v.inputs), v.attrs, v.shape, v.dtype, v.origin
+                )
+        for kind, pos, v in bg.effects:
+            if kind != "capture":
+                raise StepBreak(f"the module's backward has {kind} effects")
+            back.effects.append(("capture", pos, mapping[v]))
+        verify(back)
+        self.backward_graph = back
+        self.backward_program: Program | None = None
+        self.n_inputs = len(inputs)
+        # the forward program outputs the module's outputs, then the saved values that are not
+        # inputs of the forward (those are the call's own arrays)
+        input_index = {v: v.attr("index") for v in rec.input_values}
+        internal = [f for f in saved if f not in forward_inputs]
+        slot = {f: k for k, f in enumerate(internal)}
+        # per saved value: ("input", program input index) or ("output", extra output slot)
+        self.saved_plan = [
+            ("input", input_index[f]) if f in forward_inputs else ("output", slot[f]) for f in saved
+        ]
+        self.step: Step = rec.finish(out, internal, history=True)
+        verify(rec.graph)
+        self.n_outputs = rec.user_outputs
+        # what eager would check before this backward: the saved inputs and saved outputs
+        user_values = [
+            v for kind, k, v in rec.graph.effects if kind == "capture" and k < rec.user_outputs
+        ]
+        output_of = {v: k for k, v in enumerate(user_values)}
+        self.version_checks = []
+        for f in saved:
+            if f in output_of:
+                self.version_checks.append(("output", output_of[f]))
+            base = f
+            while base.op in VIEW_OPS and base not in forward_inputs:
+                base = base.inputs[0]  # a view of an input shares its memory (and version)
+            if base in forward_inputs:
+                self.version_checks.append(("input", input_index[base]))
+        root_ids = {id(r) for r in roots}
+        self.root_slots = [k for k, t in enumerate(rec.output_tensors) if id(t) in root_ids]
+        if len(self.root_slots) != len(roots):
+            raise StepBreak("an output that needs a gradient is not one of the recorded outputs")
+        # the backward's edges on a call: parameters (watched) and tensor arguments, by position
+        arg_index = {id(t): k for k, t in enumerate(watch.args)}
+        self.input_sources = [
+            ("arg", arg_index[id(t)]) if id(t) in arg_index else ("ext", t) for t in inputs
+        ]
+        self.has_draws = any(src[0] == "draw" for src in rec.sources)
+        self.stats = {
+            "eager saved bytes": sum(eager_bytes.values()),
+            "saved bytes": sum(_nbytes(f) for f in internal),
+            "saved values": len(internal),
+            "saved inputs": len(saved) - len(internal),
+        }
+
+    def backward(self, saved: list, grads: tuple) -> list:
+        program = self.backward_program
+        if program is None:
+            program = self.backward_program = Program(
+                passes.run(self.backward_graph, check=False),
+                mode=self.mode,
+                interpreter_max_elements=config.interpreter_max_elements,
+                sizes_per_program=1,
+            )
+        arrays = [g._data for g in grads] + saved
+        counters.compiled_runs += 1
+        prev = grad_mode._state.enabled
+        grad_mode._state.enabled = False
+        try:
+            return program.run_step(arrays, [], {}, self.n_inputs)
+        finally:
+            grad_mode._state.enabled = prev
+
+
+def _from_inputs(f: Value, inputs: set) -> bool:
+    """Whether ``f`` is computed by elementwise primitives from forward inputs, scalars and
+    constants alone."""
+    stack, seen = [f], set()
+    while stack:
+        v = stack.pop()
+        if v in seen or v in inputs or v.op in ("scalar", "constant"):
+            continue
+        seen.add(v)
+        if v.kind not in _RECOMPUTE_KINDS or len(seen) > 16:
+            return False
+        stack.extend(v.inputs)
+    return True
+
+
+def _nbytes(v: Value) -> int:
+    n = v.dtype.np.itemsize
+    for d in v.shape:
+        n *= int(d)
+    return n
+
+
+class AOTBackward(Node):
+    """The backward of one replayed call of a compiled module: ``AOTEntry.backward`` on what
+    that call's forward program saved, with eager's checks (saved outputs and inputs not
+    modified in place since) and its errors.  A backward that must itself be differentiable
+    (``create_graph=True``) re-runs the module's forward eagerly from the same inputs."""
+
+    __slots__ = ("_checks", "_count", "_entry", "_inputs", "_redo", "_saved")
+
+    def __init__(
+        self, entry: AOTEntry, inputs: list, saved: list, checks: list, redo: Callable
+    ) -> None:
+        super().__init__(
+            tuple(t._edge() for t in inputs), tuple((t._data.shape, t._dtype) for t in inputs)
+        )
+        self._entry = entry
+        self._inputs = inputs
+        self._saved: list | None = saved
+        self._checks = checks
+        self._count = len(entry.root_slots)
+        self._redo = redo
+
+    def name(self) -> str:
+        return "CompiledModuleBackward"
+
+    @property
+    def num_outputs(self) -> int:
+        return self._count
+
+    def apply(self, grads: tuple, retain: bool) -> tuple:
+        saved = self._saved
+        if saved is None:
+            raise AutogradError(_freed_message)
+        for t, version, what in self._checks:
+            if t._version_counter.value != version:
+                raise AutogradError(
+                    "one of the variables needed for gradient computation has been modified "
+                    f"by an inplace operation: [{t._dtype.name} {list(t._data.shape)}], {what}, "
+                    f"is at version {t._version_counter.value}; expected version {version} "
+                    "instead (needed by CompiledModuleBackward)."
+                )
+        if grad_mode.is_grad_enabled():  # create_graph: a differentiable backward
+            result = self._redo(grads, retain)
+        else:
+            full = [
+                g if g is not None else Tensor._make(np.zeros(shape, dtype.np))
+                for g, (shape, dtype) in zip(grads, self._root_meta())
+            ]
+            result = self._entry.backward(saved, tuple(full))
+        if not retain:
+            self._saved = None
+            self._inputs = []
+        return tuple(result)
+
+    def _root_meta(self) -> list:
+        graph = self._entry.backward_graph
+        return [(v.shape, v.dtype) for v in graph.inputs_of("arg")[: self._count]]
+
+
 class OptimizedModule(Module):
     """What ``fusegrad.compile(module)`` returns (see the module docstring)."""
 
@@ -177,6 +419,7 @@ class OptimizedModule(Module):
         object.__setattr__(self, "_fullgraph", fullgraph)
         object.__setattr__(self, "_compile_mode", mode)
         object.__setattr__(self, "_reasons_logged", set())
+        object.__setattr__(self, "_aot", {})  # guard key -> AOTEntry | reason (str)
 
     # -- the original's state, not a copy -------------------------------------------------------
     @property
@@ -256,10 +499,29 @@ class OptimizedModule(Module):
         if _current_tracer() is not None or not grad_mode.is_grad_enabled():
             with compiled_autograd(self._fullgraph, self._compile_mode):
                 return mod(*args, **kwargs)
+        watch = Watch(mod.forward, args, kwargs)
+        entries = self.__dict__["_aot"]
+        entry = entries.get(watch.key)
+        if type(entry) is AOTEntry:
+            out = self._replay(entry, watch, args, kwargs)
+            if out is not NotImplemented:
+                counters.step_runs += 1
+                return out
         first_seq = next(_graph_base._sequence)
-        with compiled_autograd(self._fullgraph, self._compile_mode):
-            tape = _tape.state.tape
-            out = mod(*args, **kwargs)
+        rec = None
+        if entry is None and len(entries) < config.step_recordings:
+            rec = Recorder(watch, Region(self._fullgraph, self._compile_mode))
+            _tape.state.enter()
+            try:
+                tape = _tape.state.tape
+                with _tracing(rec):
+                    out = mod(*args, **kwargs)
+            finally:
+                _tape.state.exit()
+        else:
+            with compiled_autograd(self._fullgraph, self._compile_mode):
+                tape = _tape.state.tape
+                out = mod(*args, **kwargs)
         roots = []
         for t in _tensors(out):
             if (
@@ -278,8 +540,24 @@ class OptimizedModule(Module):
                 inputs.append(t)
         reason = _outside_reason(roots, inputs, first_seq, tape)
         if reason is not None:
+            if rec is not None:
+                entries[watch.key] = reason
             self._note_eager_backward(reason)
             return out
+        if rec is not None:
+            try:
+                if rec.backwards:
+                    raise StepBreak("the forward calls backward()")
+                entries[watch.key] = AOTEntry(rec, out, roots, inputs, watch, self._compile_mode)
+                counters.step_captures += 1
+            except StepBreak as e:
+                entries[watch.key] = str(e)
+                counters.step_breaks[str(e)] += 1
+                logs.log(
+                    "fallback",
+                    f"compile({type(mod).__name__}): the forward is not replayable ({e}); its "
+                    "backward is still compiled",
+                )
         node = CompiledModuleBackward(roots, inputs, self._fullgraph, self._compile_mode)
         index = {id(r): k for k, r in enumerate(roots)}
 
@@ -294,6 +572,63 @@ class OptimizedModule(Module):
             return a
 
         return _map_tensors(out, alias)
+
+    def _replay(self, entry: AOTEntry, watch: Watch, args: tuple, kwargs: dict) -> Any:
+        """A call replayed: the forward program, then one ``AOTBackward`` node for its outputs
+        that require grad."""
+        inputs = [watch.args[ref] if kind == "arg" else ref for kind, ref in entry.input_sources]
+
+        def finish(outputs: list, arrays: list) -> None:
+            saved = [
+                arrays[k] if kind == "input" else outputs[entry.n_outputs + k]._data
+                for kind, k in entry.saved_plan
+            ]
+            checks = []
+            for kind, k in entry.version_checks:
+                if kind == "input":
+                    source, ref = entry.step.sources[k]
+                    if source == "draw":
+                        continue
+                    t = watch.args[ref] if source == "arg" else ref
+                    checks.append((t, t._version_counter.value, "an input of the module"))
+                else:
+                    t = outputs[k]
+                    checks.append((t, t._version_counter.value, f"output {k} of the module"))
+            node = AOTBackward(entry, inputs, saved, checks, self._redo(args, kwargs))
+            for nr, k in enumerate(entry.root_slots):
+                t = outputs[k]
+                t.grad_fn = node
+                t._output_nr = nr
+
+        return entry.step.run(watch.args, self._compile_mode, finish)
+
+    def _redo(self, args: tuple, kwargs: dict) -> Callable:
+        """A differentiable backward for ``create_graph=True``: the forward again, eagerly, on
+        the same inputs (exact only without random draws), and ``autograd.grad`` through it."""
+        mod = self._orig_mod
+
+        def redo(grads: tuple, retain: bool) -> list:
+            out = mod(*args, **kwargs)
+            fresh = [t for t in _tensors(out) if t.grad_fn is not None]
+            inputs = [p for p in mod.parameters() if p.requires_grad]
+            seen = {id(p) for p in inputs}
+            for t in _tensors((args, kwargs)):
+                if t.requires_grad and id(t) not in seen:
+                    seen.add(id(t))
+                    inputs.append(t)
+            pairs = [(r, g) for r, g in zip(fresh, grads) if g is not None]
+            return list(
+                _grad(
+                    [r for r, _ in pairs],
+                    inputs,
+                    [g for _, g in pairs],
+                    retain_graph=True,
+                    create_graph=True,
+                    allow_unused=True,
+                )
+            )
+
+        return redo
 
     def _note_eager_backward(self, reason: str) -> None:
         if self._fullgraph:

@@ -42,7 +42,7 @@ import linecache
 import os
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -244,6 +244,9 @@ class Recorder(Tracer):
         self.saved_values: set[Value] = set()  # forward values the backward reads
         self.broken: str | None = None
         self.explaining = False  # set by ``explain``
+        self.history = False  # see ``finish``
+        self.user_outputs = 0
+        self.output_tensors: list[Tensor] = []  # the call's output tensors, by output slot
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def stop(self, reason: str) -> None:
@@ -593,10 +596,14 @@ class Recorder(Tracer):
         return slot
 
     # ---- the end of the call -----------------------------------------------------------------
-    def finish(self, result: Any) -> Step:
-        """The replayable step for this call's recording (raises ``StepBreak``)."""
+    def finish(self, result: Any, saved: Sequence[Value] = (), history: bool = False) -> Step:
+        """The replayable step for this call's recording (raises ``StepBreak``).  ``saved``:
+        values the program also outputs, after the function's own outputs (what a module's
+        backward reads, ``module``); ``history``: outputs may require grad (a module's, whose
+        backward node ``module`` makes)."""
         if self.broken is not None:
             raise StepBreak(self.broken)
+        self.history = history
         reads = {id(r): i for i, (r, *_) in enumerate(self.pending)}
         returned_reads: set[int] = set()
         outputs: list[Value] = []
@@ -611,6 +618,8 @@ class Recorder(Tracer):
         for index, (value, count) in sorted(self.writes.items()):
             graph.effects.append(("write", index, value))
             bumps[index] = count
+        self.user_outputs = len(outputs)
+        outputs = outputs + list(saved)
         for k, value in enumerate(outputs):
             graph.effects.append(("capture", k, value))
         return Step(self, spec, bumps, len(outputs))
@@ -629,13 +638,14 @@ class Recorder(Tracer):
                 return ("arg", kind, ref, same)
             if id(arr) not in self.values:
                 raise StepBreak(f"the function returns {_describe(obj)}, of unknown origin")
-            if obj.requires_grad and not self.backwards:
+            if obj.requires_grad and not self.backwards and not self.history:
                 raise StepBreak(
                     "the function returns a tensor that needs its autograd history (backward "
                     "outside the function: compile the module, fusegrad.compile(model), for that)"
                 )
             value = self.value_of(obj)
             outputs.append(value)
+            self.output_tensors.append(obj)
             # a result eager made in new memory must not come back as (part of) an input or a
             # constant of the program, as a simplified ``x * 1`` would
             fresh = not any(np.may_share_memory(arr, a) for a in self.input_arrays)
@@ -724,7 +734,10 @@ class Step:
             self.programs[grad_key] = program
         return program
 
-    def run(self, args: list[Tensor], mode: str) -> Any:
+    def run(self, args: list[Tensor], mode: str, finish: Callable | None = None) -> Any:
+        """Replay on this call's tensor arguments; ``finish(outputs, arrays)``, when given, sees
+        the program's output tensors (which it may replace) and input arrays before the result
+        is rebuilt from them (``module``)."""
         for owner, fn, a, kw in self.prefix:
             fn(owner, *a, **kw)
         leaves = [args[ref] if kind == "arg" else ref for kind, ref in self.leaf_sources]
@@ -755,6 +768,8 @@ class Step:
                 np.may_share_memory(a, c) for c in program._fixed.values()
             ):
                 outputs[k] = Tensor._make(a.copy())
+        if finish is not None:
+            finish(outputs, arrays)
         for owner, fn, a, kw in self.suffix:
             fn(owner, *a, **kw)
         return _rebuild(self.spec, args, outputs)

@@ -5,7 +5,10 @@ fall back to the plain graph whenever the node could not be exact."""
 
 from __future__ import annotations
 
+import copy
 import logging
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +17,10 @@ import pytest
 import fusegrad as fg
 from fusegrad import compiler, nn
 from fusegrad.compiler.module import OptimizedModule
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:  # ``benchmarks`` is a package at the repository root
+    sys.path.insert(0, str(REPO_ROOT))
 
 pytestmark = pytest.mark.usefixtures("fresh_compiler")
 
@@ -286,3 +293,62 @@ def test_inside_a_compiled_region_and_without_grad_the_outputs_are_plain() -> No
         assert out.grad_fn.name() != "CompiledModuleBackward"
         out.sum().backward()
     assert compiler.counters.compiled_runs == 1
+
+
+# ---- the forward replayed ahead of time (``AOTEntry``) --------------------------------------
+
+
+def test_replayed_forward_and_its_backward_program_give_eagers_gradients() -> None:
+    eager, m = _pair()
+    cm = fg.compile(m)
+    for step in range(4):
+        for net in (eager, cm):
+            net.zero_grad()
+            out = net(_x(5, seed=step))
+            ((out - 1.0) ** 2).mean().backward()
+        _close(_grads(m), _grads(eager))
+    assert compiler.counters.step_captures == 1
+    assert compiler.counters.step_runs == 3  # the forward replayed: no op-by-op forward
+    np.testing.assert_array_equal(m.calls.numpy(), eager.calls.numpy())
+    (entry,) = cm._aot.values()
+    stats = entry.stats
+    assert stats["saved bytes"] <= stats["eager saved bytes"]
+
+
+def test_replayed_forward_with_dropout_draws_eagers_numbers() -> None:
+    from benchmarks import models  # (the repository root is on the path: above)
+
+    fg.manual_seed(0)
+    a = models.make(fg, "gpt", fg.float64, vocab=11, width=8, heads=2, block=4)
+    b = copy.deepcopy(a)
+    cb = fg.compile(b)
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        x, y = models.batch(fg, "gpt", rng, 2, vocab=11, block=4)
+        for net in (a, cb):
+            net.zero_grad()
+            fg.manual_seed(7)
+            models.loss(fg, net, x, y).backward()
+        _close(_grads(b), _grads(a))
+    assert compiler.counters.step_runs == 3, compiler.counters
+
+
+def test_replayed_forward_double_backward_and_inplace_errors() -> None:
+    eager, m = _pair()
+    cm = fg.compile(m)
+    cm(_x())  # recorded
+    for net in (eager, cm):  # replayed: create_graph re-runs the forward eagerly
+        x = _x(requires_grad=True)
+        (gx,) = fg.autograd.grad(net(x).sum(), x, create_graph=True)
+        (gx**2).sum().backward()
+    _close(_grads(m), _grads(eager))
+    y = cm(_x())
+    with fg.no_grad():
+        m.fc2.weight.mul_(2.0)  # read by the backward (the input gradient's matmul)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    y = cm(_x())
+    y.sum().backward(retain_graph=True)
+    y.sum().backward()
+    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second"):
+        y.sum().backward()
