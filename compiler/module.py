@@ -18,6 +18,18 @@ accumulation, leaf hooks and ``autograd.grad`` with respect to parameters from o
 in eager).  Aliases share their output's data and version counter: an in-place change of an
 output the backward needs raises eager's error.
 
+Ahead of time (``AOTEntry``): the first call with a new guard key (``step.Watch``: arguments,
+the module's training flags, attributes, parameters and buffers, grad mode) runs eagerly while
+a ``step.Recorder`` records it, and the backward of its outputs is captured into a second
+graph whose inputs are the root gradients and the forward values it reads; every later call
+with that key replays the forward as one program (which also outputs those saved values; the
+elementwise values computed from the forward's inputs alone are recomputed in the backward
+instead) and hands out its outputs with one ``AOTBackward`` node, which runs the backward
+program on the saved values, after eager's version checks of the inputs and outputs it reads.
+Without grad mode (inference) the replay is the forward program alone.  A call the recorder
+cannot replay (Python reading values, hooks, views written in place, ...) keeps the path below
+for its key, with one logged reason.
+
 The node is only used when it can be exact: when the forward's graph reaches nothing but the
 parameters and arguments (no tensor requiring grad from a closure or a module attribute, no
 graph made before the call other than the arguments' own), checked after every forward --
@@ -35,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from fusegrad import random as _random
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd import graph_base as _graph_base
 from fusegrad.autograd.api import grad as _grad
@@ -202,15 +215,17 @@ class AOTEntry:
         self, rec: Recorder, out: Any, roots: list, inputs: list, watch: Watch, mode: str
     ) -> None:
         self.mode = mode
-        dummy = [Tensor._make(np.zeros(r._data.shape, r._dtype.np)) for r in roots]
-        w = _walk(roots, dummy, inputs, False, False)
-        if w.fallback is not None or w.has_hooks:
-            raise StepBreak(w.fallback or "the backward runs user hooks")
-        try:
-            captured = _capture_graph(w, roots, dummy, inputs, False, symbolic=False)
-        except Fallback as e:
-            raise StepBreak(str(e)) from None
-        bg = captured.graph
+        bg = Graph()  # no output needs a gradient (inference): the forward program alone
+        if roots:
+            dummy = [Tensor._make(np.zeros(r._data.shape, r._dtype.np)) for r in roots]
+            w = _walk(roots, dummy, inputs, False, False)
+            if w.fallback is not None or w.has_hooks:
+                raise StepBreak(w.fallback or "the backward runs user hooks")
+            try:
+                captured = _capture_graph(w, roots, dummy, inputs, False, symbolic=False)
+            except Fallback as e:
+                raise StepBreak(str(e)) from None
+            bg = captured.graph
         forward_inputs = set(rec.input_values)
         # the backward graph: root gradients first, then the saved values (numbered as they
         # are met), recomputed values inlined
@@ -496,7 +511,7 @@ class OptimizedModule(Module):
     # -- the compiled call ---------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
-        if _current_tracer() is not None or not grad_mode.is_grad_enabled():
+        if _current_tracer() is not None:  # part of an enclosing compiled function or region
             with compiled_autograd(self._fullgraph, self._compile_mode):
                 return mod(*args, **kwargs)
         watch = Watch(mod.forward, args, kwargs)
@@ -530,7 +545,9 @@ class OptimizedModule(Module):
                 and all(t is not r for r in roots)
             ):
                 roots.append(t)
-        if not roots:
+        if not roots:  # (no grad mode, or nothing requires grad): the forward alone
+            if rec is not None:
+                self._remember(entries, watch, rec, out, [], [])
             return out
         inputs = [p for p in mod.parameters() if p.requires_grad]
         seen = {id(p) for p in inputs}
@@ -545,19 +562,7 @@ class OptimizedModule(Module):
             self._note_eager_backward(reason)
             return out
         if rec is not None:
-            try:
-                if rec.backwards:
-                    raise StepBreak("the forward calls backward()")
-                entries[watch.key] = AOTEntry(rec, out, roots, inputs, watch, self._compile_mode)
-                counters.step_captures += 1
-            except StepBreak as e:
-                entries[watch.key] = str(e)
-                counters.step_breaks[str(e)] += 1
-                logs.log(
-                    "fallback",
-                    f"compile({type(mod).__name__}): the forward is not replayable ({e}); its "
-                    "backward is still compiled",
-                )
+            self._remember(entries, watch, rec, out, roots, inputs)
         node = CompiledModuleBackward(roots, inputs, self._fullgraph, self._compile_mode)
         index = {id(r): k for k, r in enumerate(roots)}
 
@@ -573,12 +578,35 @@ class OptimizedModule(Module):
 
         return _map_tensors(out, alias)
 
+    def _remember(
+        self, entries: dict, watch: Watch, rec: Recorder, out: Any, roots: list, inputs: list
+    ) -> None:
+        """File the recording of this call (or why it cannot be replayed)."""
+        try:
+            if rec.backwards:
+                raise StepBreak("the forward calls backward()")
+            entries[watch.key] = AOTEntry(rec, out, roots, inputs, watch, self._compile_mode)
+            counters.step_captures += 1
+        except StepBreak as e:
+            entries[watch.key] = str(e)
+            counters.step_breaks[str(e)] += 1
+            logs.log(
+                "fallback",
+                f"compile({type(self._orig_mod).__name__}): the forward is not replayable ({e}); "
+                "its backward is still compiled",
+            )
+
     def _replay(self, entry: AOTEntry, watch: Watch, args: tuple, kwargs: dict) -> Any:
         """A call replayed: the forward program, then one ``AOTBackward`` node for its outputs
         that require grad."""
         inputs = [watch.args[ref] if kind == "arg" else ref for kind, ref in entry.input_sources]
+        # a differentiable backward re-runs the forward eagerly: with the random state the
+        # replay drew its numbers from (the default generator's), so it draws them again
+        rng = _random.get_rng_state() if entry.has_draws else None
 
         def finish(outputs: list, arrays: list) -> None:
+            if not entry.root_slots:
+                return
             saved = [
                 arrays[k] if kind == "input" else outputs[entry.n_outputs + k]._data
                 for kind, k in entry.saved_plan
@@ -594,7 +622,7 @@ class OptimizedModule(Module):
                 else:
                     t = outputs[k]
                     checks.append((t, t._version_counter.value, f"output {k} of the module"))
-            node = AOTBackward(entry, inputs, saved, checks, self._redo(args, kwargs))
+            node = AOTBackward(entry, inputs, saved, checks, self._redo(args, kwargs, rng))
             for nr, k in enumerate(entry.root_slots):
                 t = outputs[k]
                 t.grad_fn = node
@@ -602,13 +630,21 @@ class OptimizedModule(Module):
 
         return entry.step.run(watch.args, self._compile_mode, finish)
 
-    def _redo(self, args: tuple, kwargs: dict) -> Callable:
+    def _redo(self, args: tuple, kwargs: dict, rng: dict | None) -> Callable:
         """A differentiable backward for ``create_graph=True``: the forward again, eagerly, on
-        the same inputs (exact only without random draws), and ``autograd.grad`` through it."""
+        the same inputs and, when it draws random numbers, from the random state the replay
+        started from (``rng``), then ``autograd.grad`` through it."""
         mod = self._orig_mod
 
         def redo(grads: tuple, retain: bool) -> list:
-            out = mod(*args, **kwargs)
+            if rng is not None:
+                now = _random.get_rng_state()
+                _random.set_rng_state(rng)
+            try:
+                out = mod(*args, **kwargs)
+            finally:
+                if rng is not None:
+                    _random.set_rng_state(now)
             fresh = [t for t in _tensors(out) if t.grad_fn is not None]
             inputs = [p for p in mod.parameters() if p.requires_grad]
             seen = {id(p) for p in inputs}

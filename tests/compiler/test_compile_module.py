@@ -352,3 +352,32 @@ def test_replayed_forward_double_backward_and_inplace_errors() -> None:
     y.sum().backward()
     with pytest.raises(RuntimeError, match="Trying to backward through the graph a second"):
         y.sum().backward()
+
+
+def test_replayed_double_backward_with_dropout_uses_the_replays_masks() -> None:
+    fg.manual_seed(0)
+    a = nn.Sequential(
+        nn.Linear(4, 6, dtype=fg.float64), nn.Dropout(0.5), nn.Linear(6, 1, dtype=fg.float64)
+    )
+    b = copy.deepcopy(a)
+    cb = fg.compile(b)
+    cb(_x(requires_grad=True))  # recorded
+    for net in (a, cb):  # replayed; the gradient penalty re-runs the forward with its masks
+        fg.manual_seed(3)
+        x = _x(requires_grad=True)
+        (gx,) = fg.autograd.grad(net(x).sum(), x, create_graph=True)
+        (gx**2).sum().backward()
+    _close(_grads(b), _grads(a))
+    assert compiler.counters.step_runs == 1
+
+
+def test_inference_under_no_grad_is_replayed() -> None:
+    eager, m = _pair()
+    cm = fg.compile(m)
+    with fg.no_grad():
+        for seed in range(3):
+            np.testing.assert_allclose(
+                cm(_x(seed=seed)).numpy(), eager(_x(seed=seed)).numpy(), rtol=1e-12
+            )
+    assert compiler.counters.step_captures == 1 and compiler.counters.step_runs == 2
+    np.testing.assert_array_equal(m.calls.numpy(), eager.calls.numpy())
