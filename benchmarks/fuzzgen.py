@@ -162,6 +162,9 @@ class Config:
     # the forward and backward as one ``fusegrad.compile``d function (``whole()``, called by
     # ``run_whole``): recorded on the first scale's call, replayed on the next
     whole: bool = False
+    # forward() as the forward of a ``fusegrad.compile``d module (``FORWARD``), the backward
+    # outside it: recorded on the first scale's call, replayed (ahead of time) on the next
+    module: bool = False
 
     def region(self) -> Callable[[], Any]:
         return lambda: compiler.compiled_autograd(mode=self.mode)
@@ -185,7 +188,8 @@ GENERATED = Config("generated code", interpreter_max_elements=0)
 GRADCHECK = Config("gradcheck")  # gradcheck on the compiled path (smooth programs)
 # whole-step compile: recorded at scale 1, replayed on the scaled data
 WHOLE = Config("whole step", scales=(1.0, NEW_SCALE), whole=True)
-CONFIGS = {c.name: c for c in (DEFAULT, CACHED, DEBUG, GENERATED, GRADCHECK, WHOLE)}
+MODULE = Config("compile(module)", scales=(1.0, NEW_SCALE), module=True)
+CONFIGS = {c.name: c for c in (DEFAULT, CACHED, DEBUG, GENERATED, GRADCHECK, WHOLE, MODULE)}
 
 
 @dataclass(frozen=True)
@@ -208,7 +212,7 @@ class Program:
     generated_code: bool  # also run with every kernel as generated code
 
     def configs(self) -> list[Config]:
-        configs = [DEFAULT, CACHED, DEBUG, WHOLE]
+        configs = [DEFAULT, CACHED, DEBUG, WHOLE, MODULE]
         if self.generated_code:
             configs.append(GENERATED)
         return configs
@@ -1120,6 +1124,16 @@ def _render(p: Program, config: Config, verdict: str) -> str:
     add(f"    return [{', '.join(p.outputs)}], {{{kept}}}")
     add("")
     add("")
+    add("class Net(fg.nn.Module):")
+    add('    """forward() as a module (the compile(module) configuration compiles it)."""')
+    add("")
+    add("    def forward(self, *xs):")
+    add("        return forward(*xs)")
+    add("")
+    add("")
+    add("FORWARD = forward  # the compile(module) configuration: fg.compile(Net())")
+    add("")
+    add("")
     add("COTANGENTS = [")
     lines.extend(f"    np.array({c})," for c in p.cotangents)
     add("]")
@@ -1140,11 +1154,11 @@ def _render(p: Program, config: Config, verdict: str) -> str:
         add(f"    P_{n} = {n}.grad")
     indent = "    "
     if not p.forward_in_region:
-        add(f"    outs, kept = forward({args})")
+        add(f"    outs, kept = FORWARD({args})")
     add("    with region():")
     indent = "        "
     if p.forward_in_region:
-        add(f"{indent}outs, kept = forward({args})")
+        add(f"{indent}outs, kept = FORWARD({args})")
     add(f"{indent}C = [fg.tensor(c, dtype=o.dtype) for c, o in zip(COTANGENTS, outs)]")
     lines.extend(indent + line for line in p.backward)
     add("    return {")
@@ -1202,6 +1216,14 @@ def _render(p: Program, config: Config, verdict: str) -> str:
         return "\n".join(lines) + "\n"
     scales = ", scales=" + repr(config.scales) if config.scales != (1.0,) else ""
     add(f"    eager = attempt(scales={config.scales[-1:]!r})")
+    if config.module:
+        add("    FORWARD = fg.compile(Net())")
+        add(f"    compiled = attempt(scales={config.scales!r})")
+        add("    problems = differences(eager, compiled)")
+        add("    print(compiler.counters)")
+        add('    print("\\n".join(problems) or "no difference")')
+        add("    sys.exit(1 if problems else 0)")
+        return "\n".join(lines) + "\n"
     if config.whole:
         add(f"    compiled = attempt_whole(fg.compile(whole){scales})")
         add("    problems = differences(eager, compiled)")
@@ -1301,6 +1323,7 @@ class _Module:
         scales: Sequence[float] = (1.0,),
         term_scales: dict[str, float] | None = None,
         whole: bool = False,
+        module: bool = False,
     ) -> Any:
         """Snapshots of run()'s results (once per leaf-data scale, the last kept), or the
         exception it raised.  ``term_scales`` (eager runs only) receives each result's term
@@ -1310,6 +1333,8 @@ class _Module:
             with warnings.catch_warnings(), tracing(observer):
                 warnings.simplefilter("ignore")
                 step = fg.compile(self.ns["whole"]) if whole else None
+                if module:
+                    self.ns["FORWARD"] = fg.compile(self.ns["Net"]())
                 for scale in scales:
                     if observer is not None:
                         observer.reset()
@@ -1322,6 +1347,8 @@ class _Module:
                 return {k: _snapshot(v) for k, v in result.items()}
         except Exception as e:
             return e
+        finally:
+            self.ns["FORWARD"] = self.ns["forward"]
 
 
 def _finite_max(t: Any) -> float:
@@ -1483,7 +1510,10 @@ def _run_config(
         compiler.reset()
     before = _counts()
     with config.settings():
-        got = module.run(config.region(), config.scales, whole=config.whole)
+        if config.module:
+            got = module.run(None, config.scales, module=True)
+        else:
+            got = module.run(config.region(), config.scales, whole=config.whole)
     if report is not None:
         _add_counts(report, before)
     kind, problems = _verdict(eager, got, shadows, term_scales)

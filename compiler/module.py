@@ -101,18 +101,51 @@ class CompiledModuleBackward(Node):
         roots = [o for o, g in zip(self._outputs, grads) if g is not None]
         root_grads = [g for g in grads if g is not None]
         create = grad_mode.is_grad_enabled()  # the engine enables it for create_graph
-        with compiled_autograd(self._fullgraph, self._mode):
-            result = _grad(
-                roots,
-                self._inputs,
-                root_grads,
-                retain_graph=retain or create,
-                create_graph=create,
-                allow_unused=True,
-            )
+        # the inputs' own hooks run once, when the engine delivers these gradients to them:
+        # not also inside (``autograd.grad`` would run them on what it captures)
+        stashed = _stash_hooks(self._inputs)
+        try:
+            with compiled_autograd(self._fullgraph, self._mode):
+                result = _grad(
+                    roots,
+                    self._inputs,
+                    root_grads,
+                    retain_graph=retain or create,
+                    create_graph=create,
+                    allow_unused=True,
+                )
+        finally:
+            _restore_hooks(stashed)
         if not retain:
             self._outputs = self._inputs = None
         return tuple(result)
+
+
+def _stash_hooks(inputs: list) -> list:
+    """Take the tensor hooks (and ``retain_grad``) of ``inputs`` off them; ``_restore_hooks``
+    puts them back."""
+    stashed = []
+    for t in inputs:
+        if t.grad_fn is None:
+            if t._hooks:
+                stashed.append((t, "leaf", t._hooks))
+                t._hooks = None
+            continue
+        node, nr = t.grad_fn, t._output_nr
+        for attr in ("_tensor_pre_hooks", "_retain_grad_hooks"):
+            hooks = getattr(node, attr)
+            if hooks and nr in hooks:
+                stashed.append((node, attr, (nr, hooks.pop(nr))))
+    return stashed
+
+
+def _restore_hooks(stashed: list) -> None:
+    for owner, kind, value in stashed:
+        if kind == "leaf":
+            owner._hooks = value
+        else:
+            nr, hooks = value
+            getattr(owner, kind)[nr] = hooks
 
 
 def _tensors(tree: Any) -> Iterator[Tensor]:
@@ -186,6 +219,36 @@ def _outside_reason(
     return None
 
 
+def _dependent_reason(roots: list) -> str | None:
+    """Why one node for all outputs would be wrong: an output that requires grad is used to
+    compute another (a gradient with respect to the inner one, or through it, must flow inside
+    the module), or has hooks or retains its gradient (registered inside the forward, on the
+    real output), or None."""
+    for k, r in enumerate(roots):
+        node, nr = r.grad_fn, r._output_nr
+        if r._retains_grad or (node._tensor_pre_hooks and nr in node._tensor_pre_hooks):
+            return f"output {k} of the module has hooks or retains its gradient"
+    if len(roots) < 2:
+        return None
+    edges = {(id(r.grad_fn), r._output_nr): k for k, r in enumerate(roots)}
+    for k, r in enumerate(roots):
+        seen: set[int] = set()
+        stack = [r.grad_fn]
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            for child, nr in node._edges:
+                if child is None or type(child) is AccumulateGrad:
+                    continue
+                other = edges.get((id(child), nr))
+                if other is not None and other != k:
+                    return f"output {other} of the module is used to compute output {k}"
+                stack.append(child)
+    return None
+
+
 def _leaf_reason(t: Tensor) -> str:
     return (
         f"the forward uses a tensor of shape {list(t.shape)} that requires grad and is neither "
@@ -225,6 +288,8 @@ class AOTEntry:
                 captured = _capture_graph(w, roots, dummy, inputs, False, symbolic=False)
             except Fallback as e:
                 raise StepBreak(str(e)) from None
+            except Exception as e:  # noqa: BLE001  (eager raises it only if a backward runs there)
+                raise StepBreak(f"its whole backward would raise: {e}") from None
             bg = captured.graph
         forward_inputs = set(rec.input_values)
         # the backward graph: root gradients first, then the saved values (numbered as they
@@ -415,7 +480,9 @@ class AOTBackward(Node):
                 for g, (shape, dtype) in zip(grads, self._root_meta())
             ]
             result = self._entry.backward(saved, tuple(full))
-        if not retain:
+        if not retain and all(g is not None for g in grads):
+            # (a backward that reached only some outputs leaves the rest usable, as eager's
+            # frees only the nodes it ran)
             self._saved = None
             self._inputs = []
         return tuple(result)
@@ -555,7 +622,7 @@ class OptimizedModule(Module):
             if t.requires_grad and id(t) not in seen:
                 seen.add(id(t))
                 inputs.append(t)
-        reason = _outside_reason(roots, inputs, first_seq, tape)
+        reason = _outside_reason(roots, inputs, first_seq, tape) or _dependent_reason(roots)
         if reason is not None:
             if rec is not None:
                 entries[watch.key] = reason

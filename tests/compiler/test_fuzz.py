@@ -49,7 +49,7 @@ pytestmark = pytest.mark.usefixtures("fresh_compiler")
 def test_compiled_backward_matches_eager_on_generated_programs(seeds: range) -> None:
     findings: list[fuzzgen.Finding] = []
     programs: dict[int, fuzzgen.Program] = {}
-    compiled_runs = gradchecked = 0
+    compiled_runs = gradchecked = step_runs = 0
     for seed in seeds:
         # every eighth program also with every kernel as generated code (the campaign: every
         # fourth): that configuration compiles a module per program, the costliest part
@@ -58,6 +58,7 @@ def test_compiled_backward_matches_eager_on_generated_programs(seeds: range) -> 
         programs[seed] = program
         findings += report.findings
         compiled_runs += report.compiled_runs
+        step_runs += report.step_runs
         gradchecked += report.gradcheck == "passed"
     if findings:
         first = findings[0]
@@ -74,6 +75,9 @@ def test_compiled_backward_matches_eager_on_generated_programs(seeds: range) -> 
     # the compiler really ran (programs did not all fall back), and gradcheck ran on the smooth
     # programs of the batch (a program whose objective overflows is skipped, not failed)
     assert compiled_runs >= len(seeds)
+    # ... and the whole-step and compile(module) configurations replayed most programs (the
+    # others stopped recording with a reason: hooks, retain_grad, views written in place, ...)
+    assert step_runs >= len(seeds)
     smooth = sum(1 for s in seeds if s % 10 == 0)
     assert gradchecked >= smooth - 1
 

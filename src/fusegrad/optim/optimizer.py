@@ -17,11 +17,13 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+from .. import dtypes as _dt
 from ..autograd.grad_mode import enable_grad
 from ..autograd.tracer import notify_created, opaque_method
 from ..autograd.tracer import state as _tracer_state
 from ..errors import FusegradError
 from ..nn.module import _zero_grad
+from ..ops._util import scalar_tensor
 from ..tensor import Tensor
 
 
@@ -53,8 +55,6 @@ def hyper(value: float, replay: Callable[[], float]) -> Any:
     updates run (so a value derived from the step count adds the increment itself)."""
     if _tracer_state.tracer is None:
         return value
-    from .. import dtypes as _dt
-    from ..ops._util import scalar_tensor  # (ops imports optim's users: a cycle at load time)
 
     def make(v: float) -> Tensor:
         return scalar_tensor(v, _dt.float64)
