@@ -68,6 +68,10 @@ from .program import Program
 from .settings import config
 
 _SCALARS = (int, float, bool, str, type(None), complex)
+# lists, tuples and dicts reached from ``fn`` with at most this many items, this many levels
+# deep, are watched item by item (larger ones by identity only)
+CONTAINER_ITEMS = 64
+CONTAINER_DEPTH = 3
 
 
 class StepBreak(Exception):
@@ -111,18 +115,26 @@ class Watch:
         self.args: list[Tensor] = []
         self.tensors: dict[int, tuple] = {}
         self.seen: set[int] = set()
+        self.depth = 0
         self.key_parts.append(self.describe(args))
         self.key_parts.append(self.describe(tuple(sorted(kwargs.items()))))
         func = getattr(fn, "__func__", fn)
         owner = getattr(fn, "__self__", None)
         if owner is not None:
             self.key_parts.append(("self", self.root(owner)))
+        self.seen.add(id(func))
+        self.key_parts.extend(self.function(func))
+        self.key = tuple(self.key_parts)
+
+    def function(self, func: Any) -> list:
+        """Key parts of a function's closure cells and of the globals its code names."""
+        parts: list = []
         for cell in getattr(func, "__closure__", None) or ():
             try:
                 content = cell.cell_contents
             except ValueError:  # an empty cell
                 content = None
-            self.key_parts.append(("cell", self.root(content)))
+            parts.append(("cell", self.root(content)))
         code = getattr(func, "__code__", None)
         glob = getattr(func, "__globals__", None)
         if code is not None and glob is not None:
@@ -130,8 +142,8 @@ class Watch:
                 if name in glob:
                     part = self.root(glob[name])
                     if part is not None:
-                        self.key_parts.append((name, part))
-        self.key = tuple(self.key_parts)
+                        parts.append((name, part))
+        return parts
 
     def describe_guards(self) -> str:
         """What the key holds, in words (``explain``)."""
@@ -194,13 +206,44 @@ class Watch:
                     if state:
                         parts.append(tuple((k, self.root(v)) for k, v in state.items()))
             return ("O", id(obj), tuple(parts))
-        if isinstance(obj, (types.FunctionType, types.ModuleType, type, types.BuiltinFunctionType)):
+        if isinstance(obj, types.FunctionType):
+            # a function ``fn`` calls: its closure and the globals it names, watched as
+            # ``fn``'s own are, a few levels deep
+            self.seen.add(id(obj))
+            self.depth += 1
+            try:
+                if self.depth <= CONTAINER_DEPTH:
+                    return ("F", id(obj), tuple(self.function(obj)))
+            finally:
+                self.depth -= 1
             return None
+        if isinstance(obj, (types.ModuleType, type, types.BuiltinFunctionType)):
+            return None
+        if isinstance(obj, (list, tuple, dict)) and len(obj) <= CONTAINER_ITEMS:
+            # small containers in the closure or globals: their items watched like the rest
+            # (tensors by identity, scalars by value), a few levels deep
+            self.seen.add(id(obj))
+            self.depth += 1
+            try:
+                if self.depth <= CONTAINER_DEPTH:
+                    items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+                    return (type(obj), id(obj), tuple((k, self.root(v)) for k, v in items))
+            finally:
+                self.depth -= 1
         return ("id", id(obj))
 
     def module(self, m: Module) -> tuple:
         self.seen.add(id(m))
-        attrs = tuple((k, v) for k, v in m.__dict__.items() if isinstance(v, _SCALARS))
+        attrs = tuple(
+            (k, v if isinstance(v, _SCALARS) else tuple(v))
+            for k, v in m.__dict__.items()
+            if isinstance(v, _SCALARS)
+            or (
+                isinstance(v, (list, tuple))
+                and len(v) <= CONTAINER_ITEMS
+                and all(isinstance(x, _SCALARS) for x in v)
+            )
+        )
         tensors = []
         for name, t in list(m._parameters.items()) + list(m._buffers.items()):
             tensors.append((name, None if t is None else self.root(t)))

@@ -88,6 +88,10 @@ def _normalise_key(x: Tensor, key: Any) -> tuple[tuple, tuple]:
                 if arr.size == 0 and arr.dtype.kind == "f":
                     arr = arr.astype(np.int64)  # ``x[[]]``: an empty list selects nothing
                 t = Tensor._make(arr)
+                if isinstance(k, (list, tuple)):
+                    # a constant of the key (a Python list: a tracer's guard sees its values;
+                    # a numpy array it cannot, so that stays an untraced tensor)
+                    _created(t)
             if t._data.dtype.kind == "f":
                 raise IndexOutOfRange(
                     "getitem: tensors used as indices must be long, int or bool tensors, "
