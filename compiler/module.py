@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from fusegrad import random as _random
+from fusegrad.autograd import engine as _engine
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd import graph_base as _graph_base
 from fusegrad.autograd.api import grad as _grad
@@ -101,14 +102,17 @@ class CompiledModuleBackward(Node):
         roots = [o for o, g in zip(self._outputs, grads) if g is not None]
         root_grads = [g for g in grads if g is not None]
         create = grad_mode.is_grad_enabled()  # the engine enables it for create_graph
+        # only the inputs the running backward needs (eager runs no other node of the module)
+        mask = _needed_edges(self)
+        inputs = self._inputs if mask is None else [t for t, m in zip(self._inputs, mask) if m]
         # the inputs' own hooks run once, when the engine delivers these gradients to them:
         # not also inside (``autograd.grad`` would run them on what it captures)
-        stashed = _stash_hooks(self._inputs)
+        stashed = _stash_hooks(inputs)
         try:
             with compiled_autograd(self._fullgraph, self._mode):
                 result = _grad(
                     roots,
-                    self._inputs,
+                    inputs,
                     root_grads,
                     retain_graph=retain or create,
                     create_graph=create,
@@ -116,9 +120,23 @@ class CompiledModuleBackward(Node):
                 )
         finally:
             _restore_hooks(stashed)
-        if not retain:
+        if mask is not None:
+            it = iter(result)
+            result = tuple(next(it) if m else None for m in mask)
+        elif not retain:  # (after a partial backward the rest of the graph stays usable)
             self._outputs = self._inputs = None
         return tuple(result)
+
+
+def _needed_edges(node: Node) -> list | None:
+    """Which of ``node``'s edges the running backward needs (``autograd.grad`` or
+    ``backward(inputs=...)`` with respect to some of the module's inputs), or None: all."""
+    task = _engine._current.task
+    needed = task.needed if task is not None else None
+    if needed is None:
+        return None
+    mask = [child is not None and child in needed for child, _ in node._edges]
+    return None if all(mask) else mask
 
 
 def _stash_hooks(inputs: list) -> list:
@@ -146,6 +164,27 @@ def _restore_hooks(stashed: list) -> None:
         else:
             nr, hooks = value
             getattr(owner, kind)[nr] = hooks
+
+
+def _roots(out: Any, first_seq: int) -> list:
+    """The outputs made by the call (nodes numbered from ``first_seq`` on), each once."""
+    roots: list = []
+    for t in _tensors(out):
+        if t.grad_fn is not None and t.grad_fn._seq > first_seq and all(t is not r for r in roots):
+            roots.append(t)
+    return roots
+
+
+def _inputs_of(mod: Module, args: tuple, kwargs: dict) -> list:
+    """What the module's backward node has edges to: its parameters that require grad, then
+    the tensor arguments that do."""
+    inputs = [p for p in mod.parameters() if p.requires_grad]
+    seen = {id(p) for p in inputs}
+    for t in _tensors((args, kwargs)):
+        if t.requires_grad and id(t) not in seen:
+            seen.add(id(t))
+            inputs.append(t)
+    return inputs
 
 
 def _tensors(tree: Any) -> Iterator[Tensor]:
@@ -472,15 +511,18 @@ class AOTBackward(Node):
                     f"is at version {t._version_counter.value}; expected version {version} "
                     "instead (needed by CompiledModuleBackward)."
                 )
-        if grad_mode.is_grad_enabled():  # create_graph: a differentiable backward
-            result = self._redo(grads, retain)
+        mask = _needed_edges(self)
+        if grad_mode.is_grad_enabled() or mask is not None:
+            # create_graph (a differentiable backward), or a backward that needs only some
+            # inputs (eager runs only part of the module's graph): the forward again, eagerly
+            result = self._redo(grads, mask)
         else:
             full = [
                 g if g is not None else Tensor._make(np.zeros(shape, dtype.np))
                 for g, (shape, dtype) in zip(grads, self._root_meta())
             ]
             result = self._entry.backward(saved, tuple(full))
-        if not retain and all(g is not None for g in grads):
+        if not retain and mask is None and all(g is not None for g in grads):
             # (a backward that reached only some outputs leaves the rest usable, as eager's
             # frees only the nodes it ran)
             self._saved = None
@@ -604,24 +646,12 @@ class OptimizedModule(Module):
             with compiled_autograd(self._fullgraph, self._compile_mode):
                 tape = _tape.state.tape
                 out = mod(*args, **kwargs)
-        roots = []
-        for t in _tensors(out):
-            if (
-                t.grad_fn is not None
-                and t.grad_fn._seq > first_seq
-                and all(t is not r for r in roots)
-            ):
-                roots.append(t)
+        roots = _roots(out, first_seq)
         if not roots:  # (no grad mode, or nothing requires grad): the forward alone
             if rec is not None:
                 self._remember(entries, watch, rec, out, [], [])
             return out
-        inputs = [p for p in mod.parameters() if p.requires_grad]
-        seen = {id(p) for p in inputs}
-        for t in _tensors((args, kwargs)):
-            if t.requires_grad and id(t) not in seen:
-                seen.add(id(t))
-                inputs.append(t)
+        inputs = _inputs_of(mod, args, kwargs)
         reason = _outside_reason(roots, inputs, first_seq, tape) or _dependent_reason(roots)
         if reason is not None:
             if rec is not None:
@@ -703,33 +733,34 @@ class OptimizedModule(Module):
         started from (``rng``), then ``autograd.grad`` through it."""
         mod = self._orig_mod
 
-        def redo(grads: tuple, retain: bool) -> list:
+        def redo(grads: tuple, mask: list | None) -> list:
             if rng is not None:
                 now = _random.get_rng_state()
                 _random.set_rng_state(rng)
             try:
-                out = mod(*args, **kwargs)
+                first_seq = next(_graph_base._sequence)
+                with grad_mode.enable_grad():
+                    out = mod(*args, **kwargs)
             finally:
                 if rng is not None:
                     _random.set_rng_state(now)
-            fresh = [t for t in _tensors(out) if t.grad_fn is not None]
-            inputs = [p for p in mod.parameters() if p.requires_grad]
-            seen = {id(p) for p in inputs}
-            for t in _tensors((args, kwargs)):
-                if t.requires_grad and id(t) not in seen:
-                    seen.add(id(t))
-                    inputs.append(t)
-            pairs = [(r, g) for r, g in zip(fresh, grads) if g is not None]
-            return list(
-                _grad(
-                    [r for r, _ in pairs],
-                    inputs,
-                    [g for _, g in pairs],
-                    retain_graph=True,
-                    create_graph=True,
-                    allow_unused=True,
-                )
+            roots = _roots(out, first_seq)
+            inputs = _inputs_of(mod, args, kwargs)
+            if mask is not None:
+                inputs = [t for t, m in zip(inputs, mask) if m]
+            pairs = [(r, g) for r, g in zip(roots, grads) if g is not None]
+            result = _grad(
+                [r for r, _ in pairs],
+                inputs,
+                [g for _, g in pairs],
+                retain_graph=True,
+                create_graph=grad_mode.is_grad_enabled(),
+                allow_unused=True,
             )
+            if mask is None:
+                return list(result)
+            it = iter(result)
+            return [next(it) if m else None for m in mask]
 
         return redo
 
