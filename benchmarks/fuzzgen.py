@@ -1023,21 +1023,12 @@ def _literal(values: np.ndarray) -> str:
 # ---- the script --------------------------------------------------------------------------------
 
 _SCRIPT_HELPERS = '''
-def attempt(region=contextlib.nullcontext, scales=(1.0,)):
-    """run() once per scale of the leaf data (the last result kept), or what it raised."""
+def attempt(region=contextlib.nullcontext, scales=(1.0,), step=None):
+    """run() once per scale of the leaf data (the last result kept) -- or run_whole(step), the
+    whole-step form, when a compiled ``step`` is given -- or what it raised."""
     try:
         for scale in scales:
-            result = run(region, scale)
-        return result
-    except Exception as e:  # compared by type and message
-        return e
-
-
-def attempt_whole(step, scales=(1.0,)):
-    """run_whole(step) once per scale (the last result kept), or what it raised."""
-    try:
-        for scale in scales:
-            result = run_whole(step, scale)
+            result = run(region, scale) if step is None else run_whole(step, scale)
         return result
     except Exception as e:  # compared by type and message
         return e
@@ -1145,13 +1136,7 @@ def _render(p: Program, config: Config, verdict: str) -> str:
     add("")
     add("def run(region=contextlib.nullcontext, scale=1.0):")
     add(f"    {tuple_} = leaves(scale)" if len(names) > 1 else f"    ({names[0]},) = leaves(scale)")
-    for n, _ in p.presets:
-        if n in p.strided_presets:  # accumulation into a non-contiguous .grad
-            data = f'PRESETS["{n}"].swapaxes(-1, -2)'
-            add(f"    {n}.grad = fg.tensor({data}, dtype={n}.dtype).transpose(-1, -2)")
-        else:
-            add(f'    {n}.grad = fg.tensor(PRESETS["{n}"], dtype={n}.dtype)')
-        add(f"    P_{n} = {n}.grad")
+    lines.extend(_preset_lines(p))
     indent = "    "
     if not p.forward_in_region:
         add(f"    outs, kept = FORWARD({args})")
@@ -1182,13 +1167,7 @@ def _render(p: Program, config: Config, verdict: str) -> str:
     add("")
     add("def run_whole(step, scale=1.0):")
     add(f"    {tuple_} = leaves(scale)" if len(names) > 1 else f"    ({names[0]},) = leaves(scale)")
-    for n, _ in p.presets:
-        if n in p.strided_presets:
-            data = f'PRESETS["{n}"].swapaxes(-1, -2)'
-            add(f"    {n}.grad = fg.tensor({data}, dtype={n}.dtype).transpose(-1, -2)")
-        else:
-            add(f'    {n}.grad = fg.tensor(PRESETS["{n}"], dtype={n}.dtype)')
-        add(f"    P_{n} = {n}.grad")
+    lines.extend(_preset_lines(p))
     add("    outs, _ = forward(*leaves(scale))  # (the root gradients' dtypes)")
     add("    C = [fg.tensor(c, dtype=o.dtype) for c, o in zip(COTANGENTS, outs)]")
     add(f"    result = step({', '.join([*names, 'C', *presets])})")
@@ -1225,7 +1204,7 @@ def _render(p: Program, config: Config, verdict: str) -> str:
         add("    sys.exit(1 if problems else 0)")
         return "\n".join(lines) + "\n"
     if config.whole:
-        add(f"    compiled = attempt_whole(fg.compile(whole){scales})")
+        add(f"    compiled = attempt(step=fg.compile(whole){scales})")
         add("    problems = differences(eager, compiled)")
         add("    print(compiler.counters)")
         add('    print("\\n".join(problems) or "no difference")')
@@ -1239,6 +1218,19 @@ def _render(p: Program, config: Config, verdict: str) -> str:
     add('    print("\\n".join(problems) or "no difference")')
     add("    sys.exit(1 if problems else 0)")
     return "\n".join(lines) + "\n"
+
+
+def _preset_lines(p: Program) -> list[str]:
+    """run()'s lines that set the preset ``.grad`` of leaves (and keep them as ``P_name``)."""
+    lines = []
+    for n, _ in p.presets:
+        if n in p.strided_presets:  # accumulation into a non-contiguous .grad
+            data = f'PRESETS["{n}"].swapaxes(-1, -2)'
+            lines.append(f"    {n}.grad = fg.tensor({data}, dtype={n}.dtype).transpose(-1, -2)")
+        else:
+            lines.append(f'    {n}.grad = fg.tensor(PRESETS["{n}"], dtype={n}.dtype)')
+        lines.append(f"    P_{n} = {n}.grad")
+    return lines
 
 
 def _describe(config: Config) -> str:

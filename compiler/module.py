@@ -73,11 +73,25 @@ from .settings import config
 from .step import Recorder, Step, StepBreak, Watch
 
 
-class CompiledModuleBackward(Node):
+class _ModuleNode(Node):
+    """What the backward nodes of a compiled module's outputs share: one node for ``_count``
+    outputs, named as in PyTorch's traces."""
+
+    __slots__ = ("_count",)
+
+    def name(self) -> str:
+        return "CompiledModuleBackward"
+
+    @property
+    def num_outputs(self) -> int:
+        return self._count
+
+
+class CompiledModuleBackward(_ModuleNode):
     """The backward of one call of a compiled module: ``autograd.grad`` of the call's real
     outputs with respect to its parameters and tensor arguments, inside a compiled region."""
 
-    __slots__ = ("_count", "_fullgraph", "_inputs", "_mode", "_outputs")
+    __slots__ = ("_fullgraph", "_inputs", "_mode", "_outputs")
 
     def __init__(self, outputs: list, inputs: list, fullgraph: bool, mode: str) -> None:
         super().__init__(
@@ -88,13 +102,6 @@ class CompiledModuleBackward(Node):
         self._inputs: list | None = inputs
         self._fullgraph = fullgraph
         self._mode = mode
-
-    def name(self) -> str:
-        return "CompiledModuleBackward"
-
-    @property
-    def num_outputs(self) -> int:
-        return self._count
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
         if self._outputs is None:
@@ -471,13 +478,13 @@ def _nbytes(v: Value) -> int:
     return n
 
 
-class AOTBackward(Node):
+class AOTBackward(_ModuleNode):
     """The backward of one replayed call of a compiled module: ``AOTEntry.backward`` on what
     that call's forward program saved, with eager's checks (saved outputs and inputs not
     modified in place since) and its errors.  A backward that must itself be differentiable
     (``create_graph=True``) re-runs the module's forward eagerly from the same inputs."""
 
-    __slots__ = ("_checks", "_count", "_entry", "_inputs", "_redo", "_saved")
+    __slots__ = ("_checks", "_entry", "_inputs", "_redo", "_saved")
 
     def __init__(
         self, entry: AOTEntry, inputs: list, saved: list, checks: list, redo: Callable
@@ -491,13 +498,6 @@ class AOTBackward(Node):
         self._checks = checks
         self._count = len(entry.root_slots)
         self._redo = redo
-
-    def name(self) -> str:
-        return "CompiledModuleBackward"
-
-    @property
-    def num_outputs(self) -> int:
-        return self._count
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
         saved = self._saved
