@@ -663,14 +663,18 @@ class OptimizedModule(Module):
         node = CompiledModuleBackward(roots, inputs, self._fullgraph, self._compile_mode)
         index = {id(r): k for k, r in enumerate(roots)}
 
+        made: dict[int, Tensor] = {}  # one alias per output, however often it is returned
+
         def alias(t: Tensor) -> Tensor:
             k = index.get(id(t))
             if k is None:
                 return t
-            a = Tensor._make(t._data)
-            a._version_counter = t._version_counter
-            a.grad_fn = node
-            a._output_nr = k
+            a = made.get(k)
+            if a is None:
+                a = made[k] = Tensor._make(t._data)
+                a._version_counter = t._version_counter
+                a.grad_fn = node
+                a._output_nr = k
             return a
 
         return _map_tensors(out, alias)

