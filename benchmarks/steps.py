@@ -251,6 +251,78 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+CHILD_MARKER = "STEP_COMPILE_CHILD "
+
+
+def compile_child(name: str) -> dict[str, Any]:
+    """In a fresh process: the whole step's calls until its first replay, timed (the first
+    call records, an optimizer's first step records again with its state, then the program is
+    built, compiled or loaded, and run)."""
+    t0 = common.clock()
+    import numpy as np
+
+    import fusegrad as fg
+
+    fc = importlib.import_module("fusegrad.compiler")
+    t1 = common.clock()
+    impl = _impl(fg, name, _build(fg, name).state_dict(), _batches(np, name), wrap_step=fg.compile)
+    calls = []
+    while fc.counters.step_runs == 0 and len(calls) < 5:
+        calls.append(impl.step()["step"])
+    return {"import_s": t1 - t0, "calls_s": calls, "until_first_replay_s": sum(calls)}
+
+
+def compile_times(names: Sequence[str]) -> dict[str, Any]:
+    """Per workload: ``cold`` (empty FUSEGRAD_CACHE_DIR and NUMBA_CACHE_DIR) and ``warm`` (a
+    second process on the same directories), each a fresh process."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    out: dict[str, Any] = {}
+    for name in names:
+        root = Path(tempfile.mkdtemp(prefix="fusegrad-steps-"))
+        env = dict(os.environ)
+        env["FUSEGRAD_CACHE_DIR"] = str(root / "fusegrad")
+        env["NUMBA_CACHE_DIR"] = str(root / "numba")
+        env["PYTHONPATH"] = str(common.REPO_ROOT)
+        try:
+            for case in ("cold", "warm"):
+                proc = subprocess.run(
+                    [sys.executable, "-m", "benchmarks.steps", "--compile-child", name],
+                    cwd=common.REPO_ROOT,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=900,
+                    check=False,
+                )
+                lines = [x for x in proc.stdout.splitlines() if x.startswith(CHILD_MARKER)]
+                out.setdefault(name, {})[case] = (
+                    json.loads(lines[-1][len(CHILD_MARKER) :])
+                    if lines
+                    else {"error": (proc.stdout + proc.stderr)[-2000:]}
+                )
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def render_compile_times(result: dict[str, Any]) -> str:
+    rows = []
+    for name, cases in result.items():
+        cells = [name]
+        for case in ("cold", "warm"):
+            r = cases.get(case, {})
+            cells.append(common.format_number(r.get("until_first_replay_s")))
+            cells.append(" / ".join(f"{c:.2f}" for c in r.get("calls_s", [])) or "FAILED")
+        rows.append(cells)
+    headers = ["workload", "cold (s)", "cold: calls (s)", "warm (s)", "warm: calls (s)"]
+    return common.markdown_table(headers, rows, ["l", "r", "l", "r", "l"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.steps", description=__doc__)
     parser.add_argument("--threads", type=int, default=1)
@@ -259,8 +331,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-torch-compile", action="store_true")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--json", type=Path, default=common.RESULTS_DIR / "steps.json")
+    parser.add_argument(
+        "--compile-time",
+        action="store_true",
+        help="also time the calls until the first replay in fresh processes (cold, warm)",
+    )
+    parser.add_argument("--compile-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     threads = common.pin_threads(args.threads)
+    if args.compile_child:
+        import json
+
+        print(CHILD_MARKER + json.dumps(compile_child(args.compile_child)))
+        return 0
     import numpy as np
 
     import fusegrad as fg
@@ -278,6 +361,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# whole training steps (threads: {args.threads}; medians of one interleaved run)")
     print()
     print(render(result))
+    if args.compile_time:
+        result["compile_times"] = compile_times(names)
+        print()
+        print(
+            "Whole step, calls until the first replay in a fresh process (the first records, "
+            "an optimizer's first step records again with its new state, then the program is "
+            "built and compiled or loaded): 'cold' with empty FUSEGRAD_CACHE_DIR and "
+            "NUMBA_CACHE_DIR, 'warm' a second process on them."
+        )
+        print()
+        print(render_compile_times(result["compile_times"]))
     path = common.write_json(
         args.json,
         {"benchmark": "steps", "threads": threads, **result, **common.environment()},

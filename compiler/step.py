@@ -442,6 +442,8 @@ class Recorder(Tracer):
                 self.bind(t, self.value_of(redo))
             except StepBreak as e:
                 self.stop(str(e))
+        elif redo is None and t._data.ndim == 0 and t._data.dtype.kind in "fiub":
+            self.bind(t, self.graph.scalar(t._data.item(), t._dtype))  # (foldable, fusable)
         elif redo is None:
             self.bind(t, self.graph.constant(t._data))
         else:

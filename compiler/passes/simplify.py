@@ -10,6 +10,7 @@ rewrites that are exact in IEEE arithmetic, including NaN, inf and signed zeros)
   it is what the eager kernel does);
 * ``reshape``/``broadcast_to``/``sum_to`` to ``x``'s own shape, and ``cast`` to its own
   dtype -> ``x``;
+* ``broadcast_to(reshape(x))`` of a one-element ``x`` -> ``broadcast_to(x)``;
 * ``reshape(reshape(x))`` -> ``reshape(x)``; ``permute(permute(x))`` -> one ``permute``
   (or ``x`` when the composition is the identity).
 
@@ -34,6 +35,10 @@ from ..ir import Graph, Value
 
 def _is_scalar(v: Value, value: float) -> bool:
     return v.op == "scalar" and v.attr("value") == value and v.shape == ()
+
+
+def _numel_one(shape: tuple) -> bool:
+    return all(type(d) is int and d == 1 for d in shape)
 
 
 def _swap_last_two(dims: tuple) -> bool:
@@ -101,6 +106,13 @@ def _rewrite(
             return graph.add("sqrt", (a,), {}, v.shape, v.dtype, v.origin)
     if op == "neg" and inputs[0].op == "neg":
         return inputs[0].inputs[0]
+    if op == "broadcast_to" and inputs[0].op == "reshape" and _numel_one(inputs[0].shape):
+        # a one-element value reshaped only to be broadcast: broadcast it directly
+        inner = inputs[0].inputs[0]
+        if len(inner.shape) <= len(v.shape):
+            return graph.add(
+                "broadcast_to", (inner,), {"shape": v.attr("shape")}, v.shape, v.dtype, v.origin
+            )
     if op in ("reshape", "broadcast_to", "sum_to") and inputs[0].shape == v.shape:
         return inputs[0]
     if op == "cast" and inputs[0].dtype is v.dtype:

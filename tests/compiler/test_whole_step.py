@@ -537,3 +537,22 @@ def test_a_tensor_returned_twice_is_one_tensor() -> None:
         y, d = g(_x(seed=seed))
         assert d["again"] is y
     assert compiler.counters.step_runs == 2
+
+
+def test_workload_a_whole_step_is_one_loop() -> None:
+    """Forward, loss and the three gradients of benchmark A in one generated loop, as the
+    hand-fused reference computes them."""
+    rng = np.random.default_rng(0)
+    x, w = (fg.tensor(rng.standard_normal(4096), requires_grad=True) for _ in range(2))
+    b = fg.tensor(rng.standard_normal(1), requires_grad=True)
+
+    def step(x: fg.Tensor, w: fg.Tensor, b: fg.Tensor) -> fg.Tensor:
+        loss = ((x * w + b).tanh() * x.sigmoid() + (-x * x).exp() * 0.5).sum()
+        loss.backward()
+        return loss.detach()
+
+    report = compiler.explain(step, x, w, b)
+    ((entry, program),) = report.steps
+    assert len(program.kernels) == 1 and not program.externs
+    kernel = program.kernels[0]
+    assert sorted(r.op for r in kernel.reductions) == ["sum", "sum_to"]  # the loss, grad b
