@@ -392,6 +392,9 @@ class AOTEntry:
             back.effects.append(("capture", pos, mapping[v]))
         verify(back)
         self.backward_graph = back
+        # per input: the outputs whose graph reaches it (eager gives an input no gradient when
+        # none of the outputs that got one reaches it; a zero gradient when one does)
+        self.reach = _reach(roots, inputs)
         self.backward_program: Program | None = None
         self.n_inputs = len(inputs)
         # the forward program outputs the module's outputs, then the saved values that are not
@@ -454,6 +457,32 @@ class AOTEntry:
             return program.run_step(arrays, [], {}, self.n_inputs)
         finally:
             grad_mode._state.enabled = prev
+
+
+def _reach(roots: list, inputs: list) -> dict[int, frozenset]:
+    """Input position -> the roots whose autograd graph reaches that input's edge."""
+    position = {}
+    for k, t in enumerate(inputs):
+        node, nr = t._edge()
+        position[(id(node), nr)] = k
+    found: dict[int, set] = {}
+    for i, r in enumerate(roots):
+        stack, seen = [r.grad_fn], set()
+        while stack:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            for child, nr in node._edges:
+                if child is None:
+                    continue
+                k = position.get((id(child), nr))
+                if k is not None:
+                    found.setdefault(k, set()).add(i)
+                    continue  # an input: its own history is not the module's
+                if type(child) is not AccumulateGrad:
+                    stack.append(child)
+    return {k: frozenset(v) for k, v in found.items()}
 
 
 def _from_inputs(f: Value, inputs: set) -> bool:
@@ -522,6 +551,12 @@ class AOTBackward(_ModuleNode):
                 for g, (shape, dtype) in zip(grads, self._root_meta())
             ]
             result = self._entry.backward(saved, tuple(full))
+            present = {i for i, g in enumerate(grads) if g is not None}
+            reach = self._entry.reach
+            result = [
+                g if g is not None and reach.get(k, frozenset()) & present else None
+                for k, g in enumerate(result)
+            ]
         if not retain and mask is None and all(g is not None for g in grads):
             # (a backward that reached only some outputs leaves the rest usable, as eager's
             # frees only the nodes it ran)
