@@ -266,7 +266,8 @@ class Recorder(Tracer):
         self.keep: list = []  # arrays kept alive while their ids are keys
         self.sharing: dict[int, set[int]] = {}  # id(root array) -> bound arrays on its memory
         self.stale: dict[int, str] = {}  # id(array) -> where a write through another array was
-        self.sources: list = []  # per program input: ("arg", k) | ("ext", t) | ("draw", redo)
+        # per program input: ("arg", k) | ("ext", t) | ("draw", redo) | ("scalar", redo)
+        self.sources: list = []
         self.input_arrays: list = []  # their arrays in this call
         self.source_of: dict[int, int] = {}  # id(array) -> program input index
         self.input_values: list[Value] = []
@@ -447,7 +448,10 @@ class Recorder(Tracer):
         elif redo is None:
             self.bind(t, self.graph.constant(t._data))
         else:
-            self.new_input(t, ("draw", redo))
+            # a random draw, or a runtime scalar of an optimizer (``optim.hyper``): both made
+            # again on every call, in the recording's order
+            kind = "scalar" if getattr(redo, "runtime_scalar", False) else "draw"
+            self.new_input(t, (kind, redo))
 
     def host_read(self, t: Tensor, what: str, result: Any = None) -> None:
         if self.broken is None:
@@ -835,7 +839,8 @@ class Step:
             f"from {st['backward() calls']} backward()/grad() call(s), one program",
             f"  inputs: {kinds.count('arg')} argument(s), {kinds.count('ext')} parameter(s)/"
             f"buffer(s)/closure tensor(s), {kinds.count('draw')} random draw(s) (drawn on "
-            "every call, in eager's order)",
+            f"every call, in eager's order), {kinds.count('scalar')} runtime scalar(s) (learning "
+            "rates, bias corrections: computed on every call)",
             f"  effects: {len(self.leaves)} .grad, {len(self.bumps)} in-place write(s), "
             f"{self.n_outputs} output(s), {len(self.checks)} value check(s) (index ranges)",
             f"  replayed as calls: before the program {calls or 'nothing'}, after it "

@@ -59,7 +59,11 @@ def hyper(value: float, replay: Callable[[], float]) -> Any:
     def make(v: float) -> Tensor:
         return scalar_tensor(v, _dt.float64)
 
-    return notify_created(make(value), lambda: make(replay()))
+    def again() -> Tensor:
+        return make(replay())
+
+    again.runtime_scalar = True  # type: ignore[attr-defined]  (not a random draw)
+    return notify_created(make(value), again)
 
 
 class Optimizer:
