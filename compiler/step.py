@@ -554,8 +554,9 @@ class Recorder(Tracer):
             raise StepBreak(f"backward() at {_user_line()}: {w.fallback}")
         if w.has_hooks:
             raise StepBreak(f"backward() at {_user_line()} runs user hooks")
-        if inputs is not None and accumulate:
-            raise StepBreak(f"backward(inputs=...) at {_user_line()}")
+        if inputs is not None and accumulate and any(t.grad_fn is not None for t in inputs):
+            # (a non-leaf's .grad lives on a tensor of the recording call only)
+            raise StepBreak(f"backward(inputs=...) with a non-leaf input at {_user_line()}")
         try:
             captured = _capture_graph(w, roots, grads, inputs, accumulate, symbolic=False)
         except Fallback as e:
