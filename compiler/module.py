@@ -130,8 +130,8 @@ class CompiledModuleBackward(_ModuleNode):
         if mask is not None:
             it = iter(result)
             result = tuple(next(it) if m else None for m in mask)
-        elif not retain:  # (after a partial backward the rest of the graph stays usable)
-            self._outputs = self._inputs = None
+        # (the references stay: the module's own graph frees its saved tensors and raises
+        # eager's error where a second backward needs them, and only there)
         return tuple(result)
 
 
@@ -392,9 +392,6 @@ class AOTEntry:
             back.effects.append(("capture", pos, mapping[v]))
         verify(back)
         self.backward_graph = back
-        # per input: the outputs whose graph reaches it (eager gives an input no gradient when
-        # none of the outputs that got one reaches it; a zero gradient when one does)
-        self.reach = _reach(roots, inputs)
         self.backward_program: Program | None = None
         self.n_inputs = len(inputs)
         # the forward program outputs the module's outputs, then the saved values that are not
@@ -459,32 +456,6 @@ class AOTEntry:
             grad_mode._state.enabled = prev
 
 
-def _reach(roots: list, inputs: list) -> dict[int, frozenset]:
-    """Input position -> the roots whose autograd graph reaches that input's edge."""
-    position = {}
-    for k, t in enumerate(inputs):
-        node, nr = t._edge()
-        position[(id(node), nr)] = k
-    found: dict[int, set] = {}
-    for i, r in enumerate(roots):
-        stack, seen = [r.grad_fn], set()
-        while stack:
-            node = stack.pop()
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            for child, nr in node._edges:
-                if child is None:
-                    continue
-                k = position.get((id(child), nr))
-                if k is not None:
-                    found.setdefault(k, set()).add(i)
-                    continue  # an input: its own history is not the module's
-                if type(child) is not AccumulateGrad:
-                    stack.append(child)
-    return {k: frozenset(v) for k, v in found.items()}
-
-
 def _from_inputs(f: Value, inputs: set) -> bool:
     """Whether ``f`` is computed by elementwise primitives from forward inputs, scalars and
     constants alone."""
@@ -541,32 +512,21 @@ class AOTBackward(_ModuleNode):
                     "instead (needed by CompiledModuleBackward)."
                 )
         mask = _needed_edges(self)
-        if grad_mode.is_grad_enabled() or mask is not None:
-            # create_graph (a differentiable backward), or a backward that needs only some
-            # inputs (eager runs only part of the module's graph): the forward again, eagerly
+        partial = mask is not None or any(g is None for g in grads)
+        if grad_mode.is_grad_enabled() or partial:
+            # create_graph (a differentiable backward), or a backward through part of the
+            # module (some inputs needed, some outputs without a gradient: eager runs only
+            # part of its graph, and a zero gradient through the rest is not nothing when
+            # that part holds an inf): the forward again, eagerly
             result = self._redo(grads, mask)
         else:
-            full = [
-                g if g is not None else Tensor._make(np.zeros(shape, dtype.np))
-                for g, (shape, dtype) in zip(grads, self._root_meta())
-            ]
-            result = self._entry.backward(saved, tuple(full))
-            present = {i for i, g in enumerate(grads) if g is not None}
-            reach = self._entry.reach
-            result = [
-                g if g is not None and reach.get(k, frozenset()) & present else None
-                for k, g in enumerate(result)
-            ]
-        if not retain and mask is None and all(g is not None for g in grads):
+            result = self._entry.backward(saved, tuple(grads))
+        if not retain and not partial and self._entry.saved_plan:
             # (a backward that reached only some outputs leaves the rest usable, as eager's
             # frees only the nodes it ran)
             self._saved = None
             self._inputs = []
         return tuple(result)
-
-    def _root_meta(self) -> list:
-        graph = self._entry.backward_graph
-        return [(v.shape, v.dtype) for v in graph.inputs_of("arg")[: self._count]]
 
 
 class OptimizedModule(Module):
