@@ -392,7 +392,8 @@ class AOTEntry:
             back.effects.append(("capture", pos, mapping[v]))
         verify(back)
         self.backward_graph = back
-        self.backward_program: Program | None = None
+        # per pattern of outputs that got a gradient: the backward program
+        self.backward_programs: dict[tuple, Program] = {}
         self.n_inputs = len(inputs)
         # the forward program outputs the module's outputs, then the saved values that are not
         # inputs of the forward (those are the call's own arrays)
@@ -437,16 +438,23 @@ class AOTEntry:
             "saved inputs": len(saved) - len(internal),
         }
 
-    def backward(self, saved: list, grads: tuple) -> list:
-        program = self.backward_program
+    def backward(self, saved: list, grads: tuple) -> list | None:
+        """The inputs' gradients (None for an input no output with a gradient reaches), or
+        None when this pattern of absent output gradients cannot be pruned exactly."""
+        present = tuple(g is not None for g in grads)
+        program = self.backward_programs.get(present)
         if program is None:
-            program = self.backward_program = Program(
-                passes.run(self.backward_graph, check=False),
+            graph = self.backward_graph if all(present) else _prune(self.backward_graph, present)
+            if graph is None:
+                return None
+            program = self.backward_programs[present] = Program(
+                passes.run(graph, check=False),
                 mode=self.mode,
                 interpreter_max_elements=config.interpreter_max_elements,
                 sizes_per_program=1,
             )
-        arrays = [g._data for g in grads] + saved
+        # (an absent gradient's input is never read: any array of its shape will do)
+        arrays = [g._data if g is not None else np.empty(0) for g in grads] + saved
         counters.compiled_runs += 1
         prev = grad_mode._state.enabled
         grad_mode._state.enabled = False
@@ -454,6 +462,53 @@ class AOTEntry:
             return program.run_step(arrays, [], {}, self.n_inputs)
         finally:
             grad_mode._state.enabled = prev
+
+
+_ABSENT = object()
+
+
+def _prune(graph: Graph, present: tuple) -> Graph | None:
+    """``graph`` for a backward in which only the ``present`` root gradients exist: what flows
+    from the absent ones alone is left out (not zeros: a zero gradient through an inf would be
+    NaN where eager computes nothing).  Gradients meet in ``add``/``sub``; any other op joining
+    an absent flow with a present one gives None (not prunable: the caller re-runs eagerly)."""
+    roots = graph.inputs_of("arg")[: len(present)]
+    absent = {v for v, p in zip(roots, present) if not p}
+    flowing = {v for v, p in zip(roots, present) if p}  # values a present gradient reaches
+    out = Graph(constants=list(graph.constants), hints=graph.hints)
+    mapping: dict = {}
+    for v in graph.values:
+        if v in absent:
+            mapping[v] = _ABSENT
+            continue
+        if any(i in flowing for i in v.inputs):
+            flowing.add(v)
+        inputs = [mapping[i] for i in v.inputs]
+        gone = [i is _ABSENT for i in inputs]
+        if any(gone):
+            if v not in flowing:  # only the absent flow (times saved values): nothing
+                mapping[v] = _ABSENT
+            elif v.op == "add" and len(inputs) == 2:
+                mapping[v] = inputs[1] if gone[0] else inputs[0]
+            elif v.op == "sub" and len(inputs) == 2 and gone[1]:
+                mapping[v] = inputs[0]
+            elif v.op == "sub" and len(inputs) == 2:
+                b = inputs[1]
+                mapping[v] = out.add("neg", (b,), {}, b.shape, b.dtype, v.origin)
+            else:
+                return None
+            kept = mapping[v]
+            if kept is not _ABSENT and (kept.shape, kept.dtype) != (v.shape, v.dtype):
+                return None  # (a broadcasting add: its other side is not the whole result)
+            continue
+        if v.op == "input":
+            mapping[v] = out.input("arg", v.attr("index"), v.shape, v.dtype)
+        else:
+            mapping[v] = out.add(v.op, tuple(inputs), v.attrs, v.shape, v.dtype, v.origin)
+    for kind, slot, v in graph.effects:
+        if mapping[v] is not _ABSENT:
+            out.effects.append((kind, slot, mapping[v]))
+    return out
 
 
 def _from_inputs(f: Value, inputs: set) -> bool:
@@ -512,15 +567,17 @@ class AOTBackward(_ModuleNode):
                     "instead (needed by CompiledModuleBackward)."
                 )
         mask = _needed_edges(self)
-        partial = mask is not None or any(g is None for g in grads)
-        if grad_mode.is_grad_enabled() or partial:
-            # create_graph (a differentiable backward), or a backward through part of the
-            # module (some inputs needed, some outputs without a gradient: eager runs only
-            # part of its graph, and a zero gradient through the rest is not nothing when
-            # that part holds an inf): the forward again, eagerly
-            result = self._redo(grads, mask)
-        else:
+        result = None
+        if not grad_mode.is_grad_enabled() and mask is None:
+            # (outputs without a gradient: the program for that pattern leaves out what flows
+            # from them alone, as eager runs nothing there)
             result = self._entry.backward(saved, tuple(grads))
+        if result is None:
+            # create_graph (a differentiable backward), a backward that needs only some of the
+            # module's inputs (eager runs only part of its graph), or absent gradients that
+            # cannot be pruned exactly: the forward again, eagerly
+            result = self._redo(grads, mask)
+        partial = mask is not None or any(g is None for g in grads)
         if not retain and not partial and self._entry.saved_plan:
             # (a backward that reached only some outputs leaves the rest usable, as eager's
             # frees only the nodes it ran)

@@ -381,3 +381,33 @@ def test_inference_under_no_grad_is_replayed() -> None:
             )
     assert compiler.counters.step_captures == 1 and compiler.counters.step_runs == 2
     np.testing.assert_array_equal(m.calls.numpy(), eager.calls.numpy())
+
+
+def test_an_output_without_gradient_is_pruned_not_zeroed() -> None:
+    """``logits, loss = model(x, y); loss.backward()`` (nanoGPT's call): the backward program for
+    that pattern leaves out what would flow from the logits -- zeros times an inf would be NaN
+    where eager computes nothing."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 3, dtype=fg.float64)
+
+        def forward(self, x: fg.Tensor, big: fg.Tensor) -> tuple:
+            logits = self.fc(x)
+            side = logits * big  # its gradient path meets an inf: only the logits'
+            return side, (logits**2).mean()
+
+    fg.manual_seed(0)
+    eager = Net()
+    cm = fg.compile(copy.deepcopy(eager))
+    big = fg.tensor([1.0, np.inf, 2.0], dtype=fg.float64)
+    for seed in range(3):
+        for net in (eager, cm):
+            net.zero_grad()
+            _, loss = net(_x(seed=seed), big)
+            loss.backward()
+        _close(_grads(cm._orig_mod), _grads(eager))
+    (entry,) = cm._aot.values()
+    assert list(entry.backward_programs) == [(False, True)]  # no eager re-run
+    assert compiler.counters.step_runs == 2
