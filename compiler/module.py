@@ -438,6 +438,20 @@ class AOTEntry:
             "saved inputs": len(saved) - len(internal),
         }
 
+    def reads_saved(self, present: tuple) -> bool:
+        """Whether the backward for this pattern of output gradients reads a saved value (or
+        cannot say: not prunable)."""
+        graph = self.backward_graph if all(present) else _prune(self.backward_graph, present)
+        if graph is None:
+            return True
+        stack, live = [v for _, _, v in graph.effects], set()
+        while stack:  # (what the effects need: the values a program would compute)
+            v = stack.pop()
+            if v not in live:
+                live.add(v)
+                stack.extend(v.inputs)
+        return any(v.op == "input" and v.attr("index") >= len(present) for v in live)
+
     def backward(self, saved: list, grads: tuple) -> list | None:
         """The inputs' gradients (None for an input no output with a gradient reaches), or
         None when this pattern of absent output gradients cannot be pruned exactly."""
@@ -557,7 +571,12 @@ class AOTBackward(_ModuleNode):
     def apply(self, grads: tuple, retain: bool) -> tuple:
         saved = self._saved
         if saved is None:
-            raise AutogradError(_freed_message)
+            # freed by a backward through the whole module: a later one may still run the
+            # parts that read nothing saved (a view's backward), as eager's nodes can
+            present = tuple(g is not None for g in grads)
+            if grad_mode.is_grad_enabled() or self._entry.reads_saved(present):
+                raise AutogradError(_freed_message)
+            saved = [None] * len(self._entry.saved_plan)
         for t, version, what in self._checks:
             if t._version_counter.value != version:
                 raise AutogradError(
@@ -582,7 +601,6 @@ class AOTBackward(_ModuleNode):
             # (a backward that reached only some outputs leaves the rest usable, as eager's
             # frees only the nodes it ran)
             self._saved = None
-            self._inputs = []
         return tuple(result)
 
 
