@@ -463,13 +463,8 @@ class Capture(_engine.Executor, Tracer):
     def full(self, shape: tuple, value: Any, dtype: Any, device: Any) -> Any:
         """A constant a rule makes (``zeros_like(g)``, ``zeros(shape)``): one scalar broadcast
         to ``shape`` (which may be symbolic), fused into kernels like any broadcast read."""
-        graph = self.graph
-        scalar = graph.scalar(value, dtype)
-        if not shape:
-            return self.symbolic(scalar)
         dims = symbolic.to_exprs(tuple(shape))
-        value_ = graph.add("broadcast_to", (scalar,), {"shape": dims}, dims, dtype, self.current)
-        return self.symbolic(value_)
+        return self.symbolic(self.graph.full(dims, value, dtype, self.current))
 
     def backward(self, *args: Any) -> Any:
         # only rules run during a capture, and they never call backward

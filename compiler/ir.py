@@ -160,6 +160,16 @@ class Graph:
     def scalar(self, value: float | int | bool, dtype: _dt.dtype) -> Value:
         return self.add("scalar", (), {"value": value}, (), dtype)
 
+    def full(
+        self, shape: tuple, value: float | int | bool, dtype: _dt.dtype, origin: str = ""
+    ) -> Value:
+        """A tensor of ``shape`` filled with ``value``: one scalar, broadcast (so that kernels
+        read it as a broadcast, never from memory)."""
+        scalar = self.scalar(value, dtype)
+        if not shape:
+            return scalar
+        return self.add("broadcast_to", (scalar,), {"shape": shape}, shape, dtype, origin)
+
     def constant(self, array: np.ndarray) -> Value:
         # identical constant arrays (e.g. the same zeros) are stored once
         for i, c in enumerate(self.constants):

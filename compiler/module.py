@@ -242,30 +242,44 @@ def _outside_reason(
             if acc is not None and id(acc.variable) not in leaf_ids:
                 return _leaf_reason(acc.variable)
         return None
+    for child, nr in _edges_below([r.grad_fn for r in roots], first_seq, edges):
+        if (id(child), nr) in edges:
+            continue
+        if type(child) is AccumulateGrad:
+            if id(child.variable) not in leaf_ids:
+                return _leaf_reason(child.variable)
+        elif child._seq < first_seq:
+            return (
+                f"the forward reaches {child.name()}, made before the call and not an "
+                "argument's: its gradient would not flow on"
+            )
+    return None
+
+
+def _edges_below(starts: list, first_seq: int, stop: Any = ()) -> Iterator[tuple]:
+    """Every edge ``(child, nr)`` of the nodes the call made that are reachable from
+    ``starts`` (each node once), not looking beyond leaves, nodes made before the call (numbered
+    below ``first_seq``) and the edges in ``stop`` (``(id(node), nr)`` pairs)."""
     seen: set[int] = set()
-    stack = [r.grad_fn for r in roots]
+    stack = list(starts)
     while stack:
         node = stack.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
         for child, nr in node._edges:
-            if child is None or (id(child), nr) in edges:
+            if child is None:
                 continue
-            if type(child) is AccumulateGrad:
-                if id(child.variable) not in leaf_ids:
-                    return _leaf_reason(child.variable)
-            elif child._seq < first_seq:
-                return (
-                    f"the forward reaches {child.name()}, made before the call and not an "
-                    "argument's: its gradient would not flow on"
-                )
-            else:
+            yield child, nr
+            if (
+                type(child) is not AccumulateGrad
+                and child._seq >= first_seq
+                and (id(child), nr) not in stop
+            ):
                 stack.append(child)
-    return None
 
 
-def _dependent_reason(roots: list) -> str | None:
+def _dependent_reason(roots: list, first_seq: int) -> str | None:
     """Why one node for all outputs would be wrong: an output that requires grad is used to
     compute another (a gradient with respect to the inner one, or through it, must flow inside
     the module), or has hooks or retains its gradient (registered inside the forward, on the
@@ -278,20 +292,10 @@ def _dependent_reason(roots: list) -> str | None:
         return None
     edges = {(id(r.grad_fn), r._output_nr): k for k, r in enumerate(roots)}
     for k, r in enumerate(roots):
-        seen: set[int] = set()
-        stack = [r.grad_fn]
-        while stack:
-            node = stack.pop()
-            if id(node) in seen:
-                continue
-            seen.add(id(node))
-            for child, nr in node._edges:
-                if child is None or type(child) is AccumulateGrad:
-                    continue
-                other = edges.get((id(child), nr))
-                if other is not None and other != k:
-                    return f"output {other} of the module is used to compute output {k}"
-                stack.append(child)
+        for child, nr in _edges_below([r.grad_fn], first_seq):
+            other = edges.get((id(child), nr))
+            if other is not None and other != k:
+                return f"output {other} of the module is used to compute output {k}"
     return None
 
 
@@ -325,6 +329,7 @@ class AOTEntry:
     ) -> None:
         self.mode = mode
         bg = Graph()  # no output needs a gradient (inference): the forward program alone
+        w = None
         if roots:
             dummy = [Tensor._make(np.zeros(r._data.shape, r._dtype.np)) for r in roots]
             w = _walk(roots, dummy, inputs, False, False)
@@ -337,14 +342,12 @@ class AOTEntry:
             except Exception as e:  # noqa: BLE001  (eager raises it only if a backward runs there)
                 raise StepBreak(f"its whole backward would raise: {e}") from None
             bg = captured.graph
-        forward_inputs = set(rec.input_values)
         # the backward graph: root gradients first, then the saved values (numbered as they
         # are met), recomputed values inlined
         back = Graph()
         roots_in = [back.input("arg", i, r._data.shape, r._dtype) for i, r in enumerate(roots)]
         saved: list[Value] = []  # forward values the forward program outputs for the backward
         saved_in: dict[Value, Value] = {}
-        eager_bytes: dict[int, int] = {}
 
         def bring(f: Value) -> Value:
             """Forward value ``f`` in the backward graph: recomputed or a saved input."""
@@ -355,7 +358,7 @@ class AOTEntry:
                 value = back.scalar(f.attr("value"), f.dtype)
             elif f.op == "constant":
                 value = back.constant(rec.graph.constants[f.attr("index")])
-            elif f.kind in _RECOMPUTE_KINDS and _from_inputs(f, forward_inputs):
+            elif f.kind in _RECOMPUTE_KINDS and _from_inputs(f):
                 value = back.add(f.op, tuple(bring(i) for i in f.inputs), f.attrs, f.shape, f.dtype)
             else:
                 value = back.input("arg", len(roots) + len(saved), f.shape, f.dtype)
@@ -363,29 +366,7 @@ class AOTEntry:
             saved_in[f] = value
             return value
 
-        mapping: dict[Value, Value] = {}
-        for v in bg.values:
-            if v.op == "input":
-                kind, index = v.attr("kind"), v.attr("index")
-                if kind == "root":
-                    mapping[v] = roots_in[index]
-                elif kind == "saved":
-                    node, sv = w.saved[index]
-                    t = sv._tensor
-                    arr = sv._data if t is None else t._data
-                    found = rec.values.get(id(arr))
-                    if found is None or sv._counter is not found[1] or found[2] != sv._version:
-                        raise StepBreak(f"{node.name()} saved a tensor the recording cannot name")
-                    eager_bytes[id(arr)] = arr.nbytes
-                    mapping[v] = bring(found[0])
-                else:
-                    raise StepBreak("the backward reads an existing .grad")
-            elif v.op == "constant":
-                mapping[v] = back.constant(bg.constants[v.attr("index")])
-            else:
-                mapping[v] = back.add(
-                    v.op, tuple(mapping[i] for i in v.inputs), v.attrs, v.shape, v.dtype, v.origin
-                )
+        mapping = rec.graft(w, bg, back, lambda k: roots_in[k], bring)
         for kind, pos, v in bg.effects:
             if kind != "capture":
                 raise StepBreak(f"the module's backward has {kind} effects")
@@ -397,6 +378,7 @@ class AOTEntry:
         self.n_inputs = len(inputs)
         # the forward program outputs the module's outputs, then the saved values that are not
         # inputs of the forward (those are the call's own arrays)
+        forward_inputs = set(rec.input_values)  # (after the graft: it may add inputs)
         input_index = {v: v.attr("index") for v in rec.input_values}
         internal = [f for f in saved if f not in forward_inputs]
         slot = {f: k for k, f in enumerate(internal)}
@@ -432,7 +414,7 @@ class AOTEntry:
         ]
         self.has_draws = any(src[0] == "draw" for src in rec.sources)
         self.stats = {
-            "eager saved bytes": sum(eager_bytes.values()),
+            "eager saved bytes": sum(rec.eager_saved.values()),
             "saved bytes": sum(_nbytes(f) for f in internal),
             "saved values": len(internal),
             "saved inputs": len(saved) - len(internal),
@@ -525,13 +507,13 @@ def _prune(graph: Graph, present: tuple) -> Graph | None:
     return out
 
 
-def _from_inputs(f: Value, inputs: set) -> bool:
+def _from_inputs(f: Value) -> bool:
     """Whether ``f`` is computed by elementwise primitives from forward inputs, scalars and
     constants alone."""
     stack, seen = [f], set()
     while stack:
         v = stack.pop()
-        if v in seen or v in inputs or v.op in ("scalar", "constant"):
+        if v in seen or v.op in ("input", "scalar", "constant"):
             continue
         seen.add(v)
         if v.kind not in _RECOMPUTE_KINDS or len(seen) > 16:
@@ -722,7 +704,9 @@ class OptimizedModule(Module):
                 self._remember(entries, watch, rec, out, [], [])
             return out
         inputs = _inputs_of(mod, args, kwargs)
-        reason = _outside_reason(roots, inputs, first_seq, tape) or _dependent_reason(roots)
+        reason = _outside_reason(roots, inputs, first_seq, tape) or _dependent_reason(
+            roots, first_seq
+        )
         if reason is not None:
             if rec is not None:
                 entries[watch.key] = reason

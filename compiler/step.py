@@ -74,6 +74,9 @@ CONTAINER_ITEMS = 64
 CONTAINER_DEPTH = 3
 
 
+_CUDA = "a CUDA tensor (whole-step compile runs on the CPU for now)"
+
+
 class StepBreak(Exception):
     """The call cannot be replayed; ``str(e)`` is the reason (with its source line)."""
 
@@ -262,7 +265,8 @@ class Recorder(Tracer):
         self.watch = watch
         self.delegate = delegate
         self.graph = Graph()
-        self.values: dict[int, tuple[Value, int]] = {}  # id(array) -> (value, version bound at)
+        # id(array) -> (value, version counter, its value when bound)
+        self.values: dict[int, tuple[Value, Any, int]] = {}
         self.keep: list = []  # arrays kept alive while their ids are keys
         self.sharing: dict[int, set[int]] = {}  # id(root array) -> bound arrays on its memory
         self.stale: dict[int, str] = {}  # id(array) -> where a write through another array was
@@ -332,7 +336,7 @@ class Recorder(Tracer):
     def value_of(self, t: Tensor) -> Value:
         arr = t._data
         if type(arr) is CudaArray:
-            raise StepBreak("a CUDA tensor (whole-step compile runs on the CPU for now)")
+            raise StepBreak(_CUDA)
         found = self.values.get(id(arr))
         if found is not None:
             value, counter, version = found
@@ -416,14 +420,7 @@ class Recorder(Tracer):
             self.stop(str(e))
             return NotImplemented
         t = Tensor._make(np.full(shape, value, dtype.np))
-        graph = self.graph
-        scalar = graph.scalar(value, dtype)
-        v = (
-            graph.add("broadcast_to", (scalar,), {"shape": tuple(shape)}, tuple(shape), dtype)
-            if shape
-            else scalar
-        )
-        self.bind(t, v)
+        self.bind(t, self.graph.full(tuple(shape), value, dtype))
         return t
 
     def created(self, t: Tensor, redo: Any) -> None:
@@ -432,7 +429,7 @@ class Recorder(Tracer):
         try:
             self.event()
             if type(t._data) is CudaArray:
-                raise StepBreak("a CUDA tensor (whole-step compile runs on the CPU for now)")
+                raise StepBreak(_CUDA)
             if t._requires_grad:
                 raise StepBreak(f"a tensor requiring grad created at {_user_line()}")
         except StepBreak as e:
@@ -466,7 +463,7 @@ class Recorder(Tracer):
             self.event()
             arr = target._data
             if type(arr) is CudaArray:
-                raise StepBreak("a CUDA tensor (whole-step compile runs on the CPU for now)")
+                raise StepBreak(_CUDA)
             if id(arr) not in self.values:
                 self.value_of(target)  # an input written before it was read
             value = self.value_of(result)
@@ -563,33 +560,7 @@ class Recorder(Tracer):
             raise StepBreak(f"backward() at {_user_line()}: {e}") from None
         bgraph = captured.graph
         graph = self.graph
-        mapping: dict[Value, Value] = {}
-        for v in bgraph.values:
-            if v.op == "input":
-                kind, index = v.attr("kind"), v.attr("index")
-                if kind == "root":
-                    mapping[v] = self.value_of(grads[index])
-                elif kind == "saved":
-                    node, s = w.saved[index]
-                    t = s._tensor
-                    arr = s._data if t is None else t._data
-                    found = self.values.get(id(arr))
-                    value = found[0] if found is not None else None
-                    if found is None:
-                        value = self.value_of(Tensor._make(arr))
-                    elif s._counter is not found[1] or found[2] != s._version:
-                        raise StepBreak(f"{node.name()} saved a tensor that was modified later")
-                    mapping[v] = value
-                    self.saved_values.add(value)
-                    self.eager_saved[id(arr)] = arr.nbytes
-                else:
-                    raise StepBreak(f"backward() at {_user_line()} reads an existing .grad")
-            elif v.op == "constant":
-                mapping[v] = graph.constant(bgraph.constants[v.attr("index")])
-            else:
-                mapping[v] = graph.add(
-                    v.op, tuple(mapping[i] for i in v.inputs), v.attrs, v.shape, v.dtype, v.origin
-                )
+        mapping = self.graft(w, bgraph, graph, lambda k: self.value_of(grads[k]))
         self.backward_ops += sum(1 for v in bgraph.values if v.op not in ("input", "constant"))
         grad_values = {}
         for kind, slot, v in bgraph.effects:
@@ -638,6 +609,48 @@ class Recorder(Tracer):
             if grad is not None and grad._data.shape == value.shape:
                 self.bind(grad, value)
         return results
+
+    def graft(
+        self,
+        w: Any,
+        bgraph: Graph,
+        into: Graph,
+        root: Callable[[int], Value],
+        saved: Callable[[Value], Value] | None = None,
+    ) -> dict[Value, Value]:
+        """Copy the captured backward graph ``bgraph`` (of walk ``w``) into ``into``: root
+        gradient k becomes ``root(k)``, a saved tensor the recorded forward value it is
+        (through ``saved``, when given), constants and ops themselves.  Returns the mapping;
+        raises ``StepBreak`` for what the recording cannot name."""
+        mapping: dict[Value, Value] = {}
+        for v in bgraph.values:
+            if v.op == "input":
+                kind, index = v.attr("kind"), v.attr("index")
+                if kind == "root":
+                    mapping[v] = root(index)
+                elif kind == "saved":
+                    node, sv = w.saved[index]
+                    t = sv._tensor
+                    arr = sv._data if t is None else t._data
+                    found = self.values.get(id(arr))
+                    if found is None:
+                        value = self.value_of(Tensor._make(arr))
+                    elif sv._counter is not found[1] or found[2] != sv._version:
+                        raise StepBreak(f"{node.name()} saved a tensor that was modified later")
+                    else:
+                        value = found[0]
+                    self.saved_values.add(value)
+                    self.eager_saved[id(arr)] = arr.nbytes
+                    mapping[v] = value if saved is None else saved(value)
+                else:
+                    raise StepBreak(f"the backward at {_user_line()} reads an existing .grad")
+            elif v.op == "constant":
+                mapping[v] = into.constant(bgraph.constants[v.attr("index")])
+            else:
+                mapping[v] = into.add(
+                    v.op, tuple(mapping[i] for i in v.inputs), v.attrs, v.shape, v.dtype, v.origin
+                )
+        return mapping
 
     def leaf_slot(self, leaf: Tensor) -> int:
         slot = self.leaf_of.get(id(leaf))

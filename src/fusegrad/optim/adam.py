@@ -92,7 +92,6 @@ class Adam(Optimizer):
         """One update of every parameter that has a gradient; returns the closure's loss."""
         loss = self._evaluate_closure(closure)
         for group in self.param_groups:
-            lr = group["lr"]
             beta1, beta2 = group["betas"]
             eps = group["eps"]
             weight_decay = group["weight_decay"]
@@ -109,26 +108,19 @@ class Adam(Optimizer):
                 step_t.add_(1)
                 if weight_decay != 0:
                     if decoupled:
-                        p.mul_(hyper(1 - lr * weight_decay, _decay(group)))
+                        p.mul_(_scalar(_decay, group, step_t))
                     else:
                         g = g.add(p, alpha=weight_decay)
                 exp_avg.lerp_(g, 1 - beta1)
                 exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                step = _count(step_t)  # (the optimizer's own state: no host read)
-                bias_correction1 = 1 - beta1**step
-                bias_correction2 = 1 - beta2**step
-                step_size = lr / bias_correction1
-                bias_correction2_sqrt = math.sqrt(bias_correction2)
                 if amsgrad:
                     max_sq = state["max_exp_avg_sq"]
                     max_sq.copy_(maximum(max_sq, exp_avg_sq))
                     second = max_sq
                 else:
                     second = exp_avg_sq
-                denom = (second.sqrt() / hyper(bias_correction2_sqrt, _bc2(group, step_t))).add_(
-                    eps
-                )
-                p.addcdiv_(exp_avg, denom, value=hyper(-step_size, _step_size(group, step_t)))
+                denom = (second.sqrt() / _scalar(_bc2_sqrt, group, step_t)).add_(eps)
+                p.addcdiv_(exp_avg, denom, value=_scalar(_neg_step_size, group, step_t))
         return loss
 
 
@@ -137,18 +129,24 @@ def _count(step_t: Any) -> float:
     return float(to_host(step_t._data).reshape(()))
 
 
-# What ``hyper`` recomputes on a replayed step, before that step's tensor updates: the step
-# count is the stored one plus this step's increment (same float math as the eager path above).
-def _decay(group: dict) -> Callable[[], float]:
-    return lambda: 1 - group["lr"] * group["weight_decay"]
+def _scalar(fn: Callable[[dict, float], float], group: dict, step_t: Any) -> Any:
+    """``fn(group, step)`` for this step (its count already incremented), through ``hyper``:
+    a replayed step recomputes it before that step's tensor updates, so from the stored count
+    plus this step's increment."""
+    return hyper(fn(group, _count(step_t)), lambda: fn(group, _count(step_t) + 1))
 
 
-def _bc2(group: dict, step_t: Any) -> Callable[[], float]:
-    return lambda: math.sqrt(1 - group["betas"][1] ** (_count(step_t) + 1))
+# the update's scalars that change between steps (the learning rate, bias corrections)
+def _decay(group: dict, step: float) -> float:
+    return 1 - group["lr"] * group["weight_decay"]
 
 
-def _step_size(group: dict, step_t: Any) -> Callable[[], float]:
-    return lambda: -(group["lr"] / (1 - group["betas"][0] ** (_count(step_t) + 1)))
+def _bc2_sqrt(group: dict, step: float) -> float:
+    return math.sqrt(1 - group["betas"][1] ** step)
+
+
+def _neg_step_size(group: dict, step: float) -> float:
+    return -(group["lr"] / (1 - group["betas"][0] ** step))
 
 
 class AdamW(Adam):
