@@ -145,7 +145,7 @@ def _fallback(
     if region.fullgraph:
         raise CompilationError(f"fullgraph=True: this backward cannot be compiled: {reason}")
     counters.fallbacks[reason] += 1
-    logs.log("fallback", f"running eagerly: {reason}")
+    logs.log_counted("fallback", reason, f"running eagerly: {reason}")
     if _debug.report is not None:
         _debug.report.append(("fallback", reason))
     return run_backward(outputs, grads, retain_graph, create_graph, inputs, accumulate)
@@ -180,7 +180,7 @@ def run(
                 counters.cache_hits += 1
                 counters.tape_hits += 1
                 counters.compiled_runs += 1
-                logs.log("cache", "program cache hit (tape)")
+                logs.log_counted("cache", "hit-tape", "program cache hit (tape)")
                 program.run_bound(sizes, arrays, leaves, release, grads, retain_graph)
                 return None
     w = _walk(outputs, grads, inputs, accumulate, create_graph)
@@ -297,7 +297,7 @@ def _program_for(
     program = captured.programs.get(pkey)
     if program is not None:
         counters.cache_hits += 1
-        logs.log("cache", "program cache hit")
+        logs.log_counted("cache", "hit", "program cache hit")
         return program
     device = _device_of(w, grads)
     if device is None:
@@ -362,7 +362,7 @@ def _remember_tape(fast: tuple, w: Any, region: Region, program: Program) -> Non
     try:
         binding = Binding(w, tape)
     except Unbindable as e:
-        logs.log("cache", f"no tape path for this backward: {e}")
+        logs.log_counted("cache", f"no-tape {e}", f"no tape path for this backward: {e}")
         return
     entry = tape_programs.get(key)
     if entry is None or entry.binding.signature() != binding.signature():

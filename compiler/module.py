@@ -682,6 +682,7 @@ class OptimizedModule(Module):
             out = self._replay(entry, watch, args, kwargs)
             if out is not NotImplemented:
                 counters.step_runs += 1
+                logs.log_counted("cache", "module", "compiled module's forward replayed")
                 return out
         first_seq = next(_graph_base._sequence)
         rec = None

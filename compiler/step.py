@@ -981,6 +981,7 @@ class CompiledFunction:
             out = entry.run(watch.args, self.mode)
             if out is not NotImplemented:
                 counters.step_runs += 1
+                logs.log_counted("cache", "step", "whole step replayed")
                 return out
             entry = "a leaf has hooks"
         if entry is None and self.recordings >= config.step_recordings:
