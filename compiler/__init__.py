@@ -431,9 +431,18 @@ class Report:
         self.steps = [(e[1], e[2]) for e in events if e[0] == "step"]
         self.breaks = [reason for kind, reason, *rest in events if kind == "break"]
         self.guards = [rest[0] for kind, *rest in events if kind == "guards"]
+        self.recompiles = [rest[0] for kind, *rest in events if kind == "recompile"]
+        self.ran = next((rest[0] for kind, *rest in events if kind == "ran"), None)
 
     def __str__(self) -> str:
         lines = []
+        if self.ran is not None:
+            lines.append(
+                f"explain ran {self.ran} once, as one call: its effects happened (.grad, "
+                "parameters, optimizer state, buffers, random draws)"
+            )
+        for reason in self.recompiles:
+            lines.append(f"recording: {reason}")
         for step, program in self.steps:
             lines.append(step.describe(program))
         for reason in self.breaks:
@@ -473,10 +482,11 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> Report:
     target = fn if isinstance(fn, CompiledFunction) else None
     if target is None:
         target = CompiledFunction(fn, False, "default", lambda: compiled_autograd())
-    events: list = []
+    events: list = [("ran", getattr(target.fn, "__qualname__", repr(target.fn)))]
     prev_report, _debug.report = _debug.report, events
     try:
         watch = Watch(target.fn, args, kwargs)
+        events.append(("recompile", target.why_record(watch.key)))
         target.record(watch, args, kwargs, explaining=True)
     finally:
         _debug.report = prev_report

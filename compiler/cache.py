@@ -43,6 +43,7 @@ class Counters:
     * fallbacks: backward passes run eagerly, by reason.
     * step_captures: calls of compiled functions recorded as a whole step (``step``).
     * step_runs: calls replayed as a whole step.
+    * step_warmups: first calls run eagerly because they create optimizer state (``step``).
     * step_breaks: recordings that could not be replayed, by reason (the function then runs
       with compiled backward only, for that guard key).
 
@@ -61,6 +62,7 @@ class Counters:
     fallbacks: Counter = field(default_factory=Counter)
     step_captures: int = 0
     step_runs: int = 0
+    step_warmups: int = 0
     step_breaks: Counter = field(default_factory=Counter)
 
     def __repr__(self) -> str:
@@ -71,6 +73,7 @@ class Counters:
             f"tape_hits={self.tape_hits}, disk_hits={self.disk_hits}, "
             f"compiled_runs={self.compiled_runs}, fallbacks={fb}, "
             f"step_captures={self.step_captures}, step_runs={self.step_runs}, "
+            f"step_warmups={self.step_warmups}, "
             f"step_breaks={dict(self.step_breaks)})"
         )
 
@@ -319,5 +322,6 @@ def reset() -> None:
     counters.captures = counters.compiles = counters.cache_hits = counters.disk_hits = 0
     counters.tape_hits = counters.builds = 0
     counters.compiled_runs = counters.step_captures = counters.step_runs = 0
+    counters.step_warmups = 0
     counters.fallbacks.clear()
     counters.step_breaks.clear()

@@ -16,7 +16,9 @@ sizes) and its graph is appended to the forward's: the saved tensors *are* forwa
 two fuse.  In-place writes rebind the written array to the new value; writes to inputs become
 ``write`` effects (copied back, versions bumped as eager bumps them).  Optimizer ``step()`` and
 ``zero_grad()`` calls at the start and at the end of the function are kept as calls and replayed
-around the program (``Tracer.opaque``).
+around the program (``Tracer.opaque``).  A first call that will create an optimizer's state
+(``Optimizer.state_pending``: PyTorch's optimizers make it at their first step) runs eagerly
+without recording: the second call is recorded once for all later ones.
 
 **Replay.**  A call whose guard key (``Watch.key``) was recorded runs the prefix calls, gathers
 the input arrays, runs the ``program.Program`` (one per pattern of the leaves' ``.grad`` state),
@@ -117,6 +119,7 @@ class Watch:
         self.key_parts: list = [grad_mode._state.enabled, grad_mode._state.inference]
         self.args: list[Tensor] = []
         self.tensors: dict[int, tuple] = {}
+        self.optimizers: list[Optimizer] = []
         self.seen: set[int] = set()
         self.depth = 0
         self.key_parts.append(self.describe(args))
@@ -193,6 +196,7 @@ class Watch:
             # parameters and state tensors by identity, options by value except the learning
             # rate (a runtime input of a recorded update: schedulers change it every step)
             self.seen.add(id(obj))
+            self.optimizers.append(obj)
             parts: list = []
             for group in obj.param_groups:
                 parts.append(
@@ -895,6 +899,19 @@ class Step:
 _KEY_PARTS = ("grad mode", "inference mode", "the positional arguments", "the keyword arguments")
 
 
+def _state_pending(optimizers: list[Optimizer]) -> str:
+    """Why the next call will create optimizer state ("" when it will not, as far as the
+    optimizers can tell before the call: ``Optimizer.state_pending``)."""
+    for opt in optimizers:
+        p = opt.state_pending()
+        if p is not None:
+            return (
+                f"{type(opt).__name__} has no state yet for a parameter of shape "
+                f"{list(p.shape)} (made at its first step()); recording starts at the next call"
+            )
+    return ""
+
+
 def describe_change(old: tuple, new: tuple) -> str:
     """In words: the first difference between two guard keys (``Watch.key``)."""
     for i, (a, b) in enumerate(zip(old, new)):
@@ -963,6 +980,7 @@ class CompiledFunction:
         self.entries: dict[tuple, Any] = {}  # guard key -> Step | reason (str)
         self.recordings = 0
         self.given_up: str | None = None  # why this function is no longer recorded
+        self.warmed_up = False  # see ``_state_pending``
         self.__wrapped__ = fn
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -998,14 +1016,32 @@ class CompiledFunction:
         if entry is not None:  # fell back for this key: compiled backward only
             with self.region():
                 return self.fn(*args, **kwargs)
+        if not self.warmed_up and not self.recordings:
+            self.warmed_up = True
+            pending = _state_pending(watch.optimizers)
+            if pending:
+                # this call creates the optimizer's state (PyTorch's optimizers make it lazily
+                # at their first step): a recording now would hold the first step's creation
+                # ops, and the next call, with the state in the key, would need another.  It
+                # runs eagerly instead; the next call is recorded once, for every later call.
+                counters.step_warmups += 1
+                logs.log("recompiles", f"whole step: first call runs eagerly: {pending}")
+                return self.fn(*args, **kwargs)
         self.recordings += 1
         if self.entries and logs.enabled("recompiles"):
-            last = next(reversed(self.entries))
             logs.log(
                 "recompiles",
-                f"whole step: recording #{self.recordings}: {describe_change(last, watch.key)}",
+                f"whole step: recording #{self.recordings}: {self.why_record(watch.key)}",
             )
         return self.record(watch, args, kwargs)
+
+    def why_record(self, key: tuple) -> str:
+        """In words, why a call with guard key ``key`` is recorded (``explain``, the log)."""
+        if key in self.entries:
+            return "these guards were recorded before; recorded again (explain replaces it)"
+        if not self.entries:
+            return "first call of this function"
+        return describe_change(next(reversed(self.entries)), key)
 
     def record(self, watch: Watch, args: tuple, kwargs: dict, explaining: bool = False) -> Any:
         from . import Region, _tape  # (the package imports this module: a cycle)

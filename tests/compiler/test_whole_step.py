@@ -70,9 +70,10 @@ def test_training_matches_eager_with_one_recording(kind: str, opt_name: str) -> 
     want_model, want = _train(kind, opt_name, False, steps)
     compiler.reset()
     got_model, got = _train(kind, opt_name, True, steps)
-    # the first call creates the optimizer's state (a new guard key); the second is recorded
+    # the first call creates the optimizer's state and runs eagerly; the second is recorded
     # into the one program every later call runs, whatever the learning rate
-    assert compiler.counters.step_captures == 2, compiler.counters
+    assert compiler.counters.step_warmups == 1, compiler.counters
+    assert compiler.counters.step_captures == 1, compiler.counters
     assert compiler.counters.step_runs == steps - 2
     assert compiler.counters.builds == 1
     assert not compiler.counters.step_breaks
@@ -580,3 +581,36 @@ def test_backward_with_leaf_inputs_is_replayed() -> None:
         np.testing.assert_allclose(w2.grad.numpy(), want_grad, rtol=1e-12)
         assert w1.grad is None
     assert compiler.counters.step_runs == 2, compiler.counters
+
+
+def test_explain_says_it_ran_the_step_once_and_why_it_recorded() -> None:
+    """``explain`` is one real call: its first line says so, and the call's effects happen once
+    (``.grad`` accumulates once, the optimizer steps once); a recording after a guard change
+    gives the reason in words."""
+    fg.manual_seed(0)
+    model = nn.Linear(3, 2).double()
+    opt = fg.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x: fg.Tensor) -> fg.Tensor:
+        loss = model(x).square().sum()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    g = fg.compile(step)
+    before = model.weight.detach().clone()
+    x = _x(batch=4).double()[:, :3]
+    report = compiler.explain(g, x)
+    text = str(report)
+    assert text.splitlines()[0].startswith("explain ran ")
+    assert "once" in text.splitlines()[0] and "effects happened" in text.splitlines()[0]
+    assert "recording: first call of this function" in text
+    # exactly one step happened: one gradient (not accumulated twice), one update
+    bias = model.bias.detach().numpy() + 0.1 * model.bias.grad.numpy()  # the bias before
+    want_grad = 2 * (x.numpy() @ before.numpy().T + bias).T @ x.numpy()
+    np.testing.assert_allclose(model.weight.grad.numpy(), want_grad, rtol=1e-12)
+    want_w = before.numpy() - 0.1 * want_grad
+    np.testing.assert_allclose(model.weight.detach().numpy(), want_w, rtol=1e-12)
+    # a new batch size: the report says which guard changed
+    report = compiler.explain(g, _x(batch=5).double()[:, :3])
+    assert "the positional arguments changed" in str(report), str(report)

@@ -75,6 +75,18 @@ class Optimizer:
 
     traceable = False
 
+    def state_pending(self) -> Tensor | None:
+        """A parameter whose state the next ``step()`` will create (PyTorch's optimizers make
+        it lazily, at the first step that sees the parameter's gradient), or None.  A
+        whole-step compile runs such a call eagerly and records the next one.  This default
+        answers for optimizers that keep state for every parameter; one that keeps none under
+        some options says so by overriding it."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.requires_grad and not self.state.get(p):
+                    return p
+        return None
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # ``step`` and ``zero_grad`` are calls a tracer may take over (a whole-step compile
         # replays them as calls: ``Tracer.opaque``)

@@ -60,6 +60,15 @@ class SGD(Optimizer):
         }
         super().__init__(params, defaults)
 
+    def state_pending(self) -> Any:
+        """Only momentum keeps state (``momentum_buffer``)."""
+        for group in self.param_groups:
+            if group["momentum"] != 0:
+                for p in group["params"]:
+                    if p.requires_grad and "momentum_buffer" not in self.state.get(p, {}):
+                        return p
+        return None
+
     @no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every parameter that has a gradient; returns the closure's loss."""
