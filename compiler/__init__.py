@@ -209,17 +209,17 @@ class _CompileNotice:
     takes longer than ``config.compile_notice_s``: printed by a timer while it still runs, or at
     the end if the timer had no chance to.  Cache hits never start one."""
 
-    __slots__ = ("lock", "nodes", "said", "start_time", "timer")
+    __slots__ = ("lock", "said", "start_time", "timer", "what")
 
     def __init__(self) -> None:
         self.timer: threading.Timer | None = None  # (the rest is made by ``start``)
 
-    def start(self, nodes: int) -> None:
-        """The slow path began, for a graph of ``nodes`` nodes."""
+    def start(self, nodes: int, what: str = "") -> None:
+        """The slow path began, for a graph of ``nodes`` nodes (``what`` names it otherwise)."""
         limit = config.compile_notice_s
         if self.timer is not None or limit is None:
             return
-        self.nodes = nodes
+        self.what = what or f"the backward of a {nodes}-node graph"
         self.said = False
         self.lock = threading.Lock()
         self.start_time = time.perf_counter()
@@ -233,8 +233,7 @@ class _CompileNotice:
                 return
             self.said = True
         print(
-            f"fusegrad.compiler: compiling the backward of a {self.nodes}-node graph (capture, "
-            "fusion and numba's JIT: once; "
+            f"fusegrad.compiler: compiling {self.what} (capture, fusion and numba's JIT: once; "
             "later calls reuse it, later processes load it from the disk cache)",
             file=sys.stderr,
             flush=True,

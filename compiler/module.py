@@ -439,10 +439,15 @@ class AOTEntry:
         None when this pattern of absent output gradients cannot be pruned exactly."""
         present = tuple(g is not None for g in grads)
         program = self.backward_programs.get(present)
+        notice = None
         if program is None:
             graph = self.backward_graph if all(present) else _prune(self.backward_graph, present)
             if graph is None:
                 return None
+            from . import _CompileNotice  # (the package imports this module: a cycle)
+
+            notice = _CompileNotice()
+            notice.start(len(graph.values), "a compiled module's backward")
             program = self.backward_programs[present] = Program(
                 passes.run(graph, check=False),
                 mode=self.mode,
@@ -458,6 +463,8 @@ class AOTEntry:
             return program.run_step(arrays, [], {}, self.n_inputs)
         finally:
             grad_mode._state.enabled = prev
+            if notice is not None:
+                notice.stop()
 
 
 _ABSENT = object()

@@ -817,6 +817,25 @@ class Step:
         for leaf in leaves:
             if leaf._hooks or leaf._post_acc_hooks:
                 return NotImplemented
+        notice = None
+        if grad_key not in self.programs:  # built, then JIT-compiled by its first run
+            from . import _CompileNotice  # (the package imports this module: a cycle)
+
+            notice = _CompileNotice()
+            st = self.stats
+            notice.start(
+                0,
+                f"a whole step ({st['forward ops']} forward and {st['backward ops']} backward ops)",
+            )
+        try:
+            return self._run(args, leaves, grad_key, mode, finish)
+        finally:
+            if notice is not None:
+                notice.stop()
+
+    def _run(
+        self, args: list[Tensor], leaves: list, grad_key: tuple, mode: str, finish: Any
+    ) -> Any:
         program = self.program(grad_key, mode)
         arrays = []
         for source in self.sources:

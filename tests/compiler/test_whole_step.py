@@ -614,3 +614,26 @@ def test_explain_says_it_ran_the_step_once_and_why_it_recorded() -> None:
     # a new batch size: the report says which guard changed
     report = compiler.explain(g, _x(batch=5).double()[:, :3])
     assert "the positional arguments changed" in str(report), str(report)
+
+
+def test_a_slow_whole_step_build_says_what_is_compiling_once(capsys: Any, monkeypatch: Any) -> None:
+    # config.compile_notice_s = 0: every build counts as slow
+    monkeypatch.setattr(compiler.config, "compile_notice_s", 0.0)
+    w = fg.tensor(np.linspace(-1.0, 1.0, 8), requires_grad=True)
+
+    @fg.compile
+    def step(x: fg.Tensor) -> fg.Tensor:
+        loss = (x * w).tanh().sum()
+        loss.backward()
+        return loss.detach()
+
+    x = fg.tensor(np.linspace(0.0, 1.0, 8))
+    step(x)  # recorded (eager): nothing is compiled yet
+    assert capsys.readouterr().err == ""
+    for _ in range(2):
+        w.grad = None
+        step(x)  # the program is built and JIT-compiled once, then replayed silently
+    err = capsys.readouterr().err
+    assert err.count("fusegrad.compiler: compiling a whole step (") == 1, err
+    assert err.count("\n") == 1
+    assert compiler.counters.step_runs == 2
