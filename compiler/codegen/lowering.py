@@ -82,6 +82,7 @@ EXTERNS = frozenset(
         "all",
         "any",
         "cumsum",
+        "argsort",  # sort/topk/kthvalue/median's indices (their values are a gather)
         "reshape",
         "permute",
         "broadcast_to",

@@ -1249,6 +1249,125 @@ add(
 )
 
 
+# sorting: sort / argsort / topk / kthvalue / median (values gather the selected positions) ------
+
+
+def _np_order(x: np.ndarray, dim: int, descending: bool) -> np.ndarray:
+    """Stable order along ``dim``; descending by sorting the negated values (no NaN here)."""
+    return np.argsort(-x if descending else x, axis=dim, kind="stable")
+
+
+def sort_ref(x: np.ndarray, dim: int = -1, descending: bool = False, stable: bool = False) -> tuple:
+    if x.ndim == 0:
+        return x.copy(), np.array(0)
+    idx = _np_order(x, dim, descending)
+    return np.take_along_axis(x, idx, dim), idx
+
+
+def argsort_ref(x: np.ndarray, dim: int = -1, descending: bool = False, stable: bool = False):
+    return sort_ref(x, dim, descending)[1]
+
+
+def topk_ref(x: np.ndarray, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
+    if x.ndim == 0:
+        return x.copy(), np.array(0)
+    idx = np.take(_np_order(x, dim, largest), np.arange(k), axis=dim)
+    return np.take_along_axis(x, idx, dim), idx
+
+
+def kthvalue_ref(x: np.ndarray, k: int, dim: int = -1, keepdim: bool = False) -> tuple:
+    if x.ndim == 0:
+        return x.copy(), np.array(0)
+    idx = np.take(_np_order(x, dim, False), [k - 1], axis=dim)
+    values = np.take_along_axis(x, idx, dim)
+    if not keepdim:
+        values, idx = values.squeeze(dim), idx.squeeze(dim)
+    return values, idx
+
+
+def median_ref(x: np.ndarray, dim: Any = None, keepdim: bool = False) -> Any:
+    if dim is None:
+        flat = np.sort(x.reshape(-1))
+        return flat[(flat.size - 1) // 2]
+    n = 1 if x.ndim == 0 else x.shape[dim]
+    return kthvalue_ref(x, (n - 1) // 2 + 1, dim, keepdim)
+
+
+def _sort_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 4)),), {}, "last_dim"),
+        S((uni(rng, (3, 4)),), {"dim": 0, "descending": True}, "dim0_desc"),
+        S((uni(rng, (2, 3, 4)),), {"dim": 1}, "3d"),
+        S((intvals(rng, (3, 6)),), {"dim": 1, "stable": True}, "ties_stable", grad=False),
+        S(
+            (intvals(rng, (3, 6)),),
+            {"dim": 1, "descending": True, "stable": True},
+            "ties_stable_desc",
+            grad=False,
+        ),
+        S((uni(rng, ()),), {"dim": 0}, "0d"),
+        S((uni(rng, (0, 3)),), {"dim": 1}, "empty"),
+        S((uni(rng, (2, 3)),), {"dim": 0}, "noncontig", noncontig=True),
+    ]
+
+
+def _topk_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 5)), 2), {}, "k2"),
+        S((uni(rng, (3, 5)), 2), {"largest": False}, "smallest"),
+        S((uni(rng, (4, 3)), 3), {"dim": 0}, "dim0_full"),
+        S((uni(rng, (2, 6, 3)), 4), {"dim": 1, "largest": False}, "3d"),
+        S((uni(rng, (3, 20)), 3), {"dim": -1}, "partial"),
+        S((uni(rng, (3, 4)), 0), {}, "k0"),
+        S((uni(rng, ()), 1), {}, "0d"),
+        S((uni(rng, (0, 3)), 2), {}, "empty"),
+        S((uni(rng, (3, 4)), 2), {"dim": 0}, "noncontig", noncontig=True),
+    ]
+
+
+def _kth_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 5)), 2), {}, "k2"),
+        S((uni(rng, (4, 3)), 4), {"dim": 0, "keepdim": True}, "dim0_keep"),
+        S((uni(rng, (2, 5, 3)), 1), {"dim": 1}, "3d_min"),
+        S((uni(rng, ()), 1), {}, "0d"),
+        S((uni(rng, (3, 4)), 3), {"dim": 0}, "noncontig", noncontig=True),
+    ]
+
+
+def _median_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 5)),), {}, "full_odd"),
+        S((uni(rng, (2, 4)),), {}, "full_even"),
+        S((uni(rng, (3, 5)),), {"dim": 1}, "dim1"),
+        S((uni(rng, (4, 3)),), {"dim": 0, "keepdim": True}, "dim0_even_keep"),
+        S((uni(rng, ()),), {"dim": 0}, "0d"),
+        S((uni(rng, (3, 4)),), {"dim": 0}, "noncontig", noncontig=True),
+    ]
+
+
+add("sort", lambda m, x, **k: m.sort(x, **k), sort_ref, _sort_samples)
+add(
+    "argsort",
+    lambda m, x, **k: x.argsort(**k),
+    argsort_ref,
+    _sort_samples,
+    differentiable=False,
+)
+add("topk", lambda m, x, k, **kw: m.topk(x, k, **kw), topk_ref, _topk_samples)
+add("kthvalue", lambda m, x, k, **kw: x.kthvalue(k, **kw), kthvalue_ref, _kth_samples)
+add("median", lambda m, x, **k: m.median(x, **k), median_ref, _median_samples)
+add(
+    "msort",
+    lambda m, x: m.msort(x),
+    lambda x: np.sort(x, axis=0),
+    lambda rng: [
+        S((uni(rng, (4, 3)),), {}, "2d"),
+        S((uni(rng, (3, 2)),), {}, "noncontig", noncontig=True),
+    ],
+)
+
+
 def _var_samples(rng: np.random.Generator) -> list[Sample]:
     return [
         S((uni(rng, (3, 4)),), {}, "full"),

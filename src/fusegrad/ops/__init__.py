@@ -212,6 +212,7 @@ from .shape import (
     view_as,
     vstack,
 )
+from .sorting import argsort, kthvalue, median, msort, sort, topk
 from .views import replay_view as _replay_view
 from .views import set_view_grad_fn as _set_view_grad_fn
 from .views import view_grad_fn as _view_grad_fn
@@ -613,6 +614,13 @@ _METHODS = [
     "softmax",
     "log_softmax",
     "count_nonzero",
+    # sorting
+    "sort",
+    "argsort",
+    "msort",
+    "topk",
+    "kthvalue",
+    "median",
     # shape
     "view",
     "view_as",

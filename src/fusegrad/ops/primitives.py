@@ -589,6 +589,40 @@ def _cumsum(x, dim):  # type: ignore[no-untyped-def]
     return np.cumsum(x, axis=dim, dtype=dt)
 
 
+def _sorted_positions(x: np.ndarray, descending: bool) -> np.ndarray:
+    """Stable sort order along the last axis, NaN counted as larger than every number
+    (PyTorch's order).  Descending: the ascending stable sort of the reversed row, reversed
+    again, keeps equal elements in their original order and puts NaN first."""
+    if not descending:
+        return np.argsort(x, axis=-1, kind="stable")
+    n = x.shape[-1]
+    flipped = np.argsort(x[..., ::-1], axis=-1, kind="stable")
+    return (n - 1) - flipped[..., ::-1]
+
+
+@primitive("argsort", "opaque", "x", differentiable=False)
+def _argsort(x, dim, descending, k):  # type: ignore[no-untyped-def]
+    """Indices that sort ``x`` along ``dim`` (stable; NaN after every number ascending, before
+    every number descending), or only the first ``k`` of them (``k`` not None: topk, kthvalue),
+    found by a partial sort.  sort/topk/kthvalue/median take their values with ``gather``, whose
+    rule scatters the gradient to the selected positions."""
+    rows = np.moveaxis(x, dim, -1)
+    n = rows.shape[-1]
+    if k is None or k >= n:
+        order = _sorted_positions(rows, descending)
+    elif k == 0:
+        order = np.zeros(rows.shape[:-1] + (0,), np.int64)
+    else:
+        # the k smallest (largest) by a partition, then those k sorted
+        if descending:
+            part = np.argpartition(rows, n - k, axis=-1)[..., n - k :]
+        else:
+            part = np.argpartition(rows, k - 1, axis=-1)[..., :k]
+        chosen = np.take_along_axis(rows, part, axis=-1)
+        order = np.take_along_axis(part, _sorted_positions(chosen, descending), axis=-1)
+    return np.ascontiguousarray(np.moveaxis(order.astype(np.int64, copy=False), -1, dim))
+
+
 # ---- movement (views where numpy gives one) ------------------------------------------------
 @primitive("reshape", "movement", "x", method=True)
 def _reshape(x, shape):  # type: ignore[no-untyped-def]
@@ -847,6 +881,14 @@ def _set_metas() -> None:
             _dt.int64 if dtypes[0].category < 2 else dtypes[0],
         ),
     )
+
+    def argsort_meta(shapes, dtypes, dim, descending, k):  # type: ignore[no-untyped-def]
+        out = list(shapes[0])
+        if k is not None:
+            out[dim] = k
+        return tuple(out), _dt.int64
+
+    set_meta("argsort", argsort_meta)
     set_meta("reshape", lambda shapes, dtypes, shape: (tuple(shape), dtypes[0]), ("shape",))
     set_meta("broadcast_to", lambda shapes, dtypes, shape: (tuple(shape), dtypes[0]), ("shape",))
     set_meta(

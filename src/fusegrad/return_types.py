@@ -1,0 +1,15 @@
+"""Named tuples of ops that return values and indices, as ``torch.return_types``.
+
+``values, indices = fusegrad.sort(x)`` unpacks like a tuple; ``.values`` / ``.indices`` name the
+parts, and the type's name is the op's (``fusegrad.return_types.topk``).  Below the op surface:
+it needs nothing from fusegrad.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+topk = namedtuple("topk", ["values", "indices"])
+sort = namedtuple("sort", ["values", "indices"])
+kthvalue = namedtuple("kthvalue", ["values", "indices"])
+median = namedtuple("median", ["values", "indices"])
