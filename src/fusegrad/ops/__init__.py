@@ -167,6 +167,7 @@ from .reduction import (
     var_mean,
 )
 from .registry import REGISTRY, RULES, apply
+from .sampling import multinomial
 from .shape import (
     broadcast_tensors,
     broadcast_to,
@@ -621,6 +622,7 @@ _METHODS = [
     "topk",
     "kthvalue",
     "median",
+    "multinomial",
     # shape
     "view",
     "view_as",
