@@ -203,7 +203,7 @@ def numel(input: Tensor) -> int:
 
 def __getattr__(name: str) -> Any:
     # Heavy or optional subpackages load on first use, keeping ``import fusegrad`` light.
-    if name in ("nn", "optim", "utils"):
+    if name in ("nn", "optim", "utils", "viz"):
         return importlib.import_module(f".{name}", __name__)
     if name == "compile":
         from .compiler import compile as _compile  # the compiler, and numba with it: on first use
