@@ -52,9 +52,11 @@ import numpy as np
 import fusegrad
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd.engine import run_backward
+from fusegrad.autograd.node import Node, _freed_message
 from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.autograd.tracer import state as _tracer_state
 from fusegrad.cuda.array import CudaArray
+from fusegrad.errors import AutogradError
 from fusegrad.nn.module import Module
 from fusegrad.ops import registry as _registry
 from fusegrad.optim.optimizer import Optimizer
@@ -711,9 +713,21 @@ class Recorder(Tracer):
                     "the function returns a tensor that needs its autograd history (backward "
                     "outside the function: compile the module, fusegrad.compile(model), for that)"
                 )
+            freed = None
+            if obj.requires_grad and not self.history:
+                # after backward(): eager's tensor keeps a graph whose saved values are freed
+                # (a later backward through it raises); the replay's gets a node that raises
+                # the same.  A graph still usable (retain_graph, nothing saved) is not replayed.
+                freed = _freed_history(obj)
+                if freed is None:
+                    raise StepBreak(
+                        f"the function returns {_describe(obj)} whose autograd graph a later "
+                        "backward could still use (retain_graph, or nothing saved): compile "
+                        "the module, fusegrad.compile(model), for a backward outside"
+                    )
             for k, t in enumerate(self.output_tensors):
                 if t is obj:  # returned again: the same tensor again, as in eager
-                    return ("out", k, self.fresh_slots[k])
+                    return ("out", k, self.fresh_slots[k], freed)
             value = self.value_of(obj)
             outputs.append(value)
             self.output_tensors.append(obj)
@@ -721,7 +735,7 @@ class Recorder(Tracer):
             # constant of the program, as a simplified ``x * 1`` would
             fresh = not any(np.may_share_memory(arr, a) for a in self.input_arrays)
             self.fresh_slots.append(fresh)
-            return ("out", len(outputs) - 1, fresh)
+            return ("out", len(outputs) - 1, fresh, freed)
         if id(obj) in reads and isinstance(obj, (float, list)):
             i = reads[id(obj)]
             returned.add(i)
@@ -748,6 +762,41 @@ class Recorder(Tracer):
 
 def _describe(t: Tensor) -> str:
     return f"a {t._dtype.name} tensor of shape {list(t._data.shape)}"
+
+
+def _freed_history(t: Tensor) -> str | None:
+    """The name of ``t``'s ``grad_fn`` when a backward through it would reach a node whose
+    saved values a backward freed (eager raises there), else None."""
+    root = t.grad_fn
+    stack = [root]
+    seen = set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        rule = getattr(node, "_rule", None)
+        if rule is not None and rule.save_index and getattr(node, "_saved", ()) is None:
+            return root.name()
+        stack.extend(edge[0] for edge in node.next_functions)
+    return None
+
+
+class _FreedNode(Node):
+    """The ``grad_fn`` of a replay's output whose eager counterpart's graph was freed by the
+    step's backward: it has eager's name, and a backward through it raises eager's error."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        super().__init__((), ())
+        self._name = name
+
+    def name(self) -> str:
+        return self._name
+
+    def apply(self, grads: tuple, retain: bool) -> tuple:
+        raise AutogradError(_freed_message)
 
 
 # ---- replay ------------------------------------------------------------------------------------
@@ -971,7 +1020,10 @@ def _fresh_outputs(spec: Any) -> list[int]:
 def _rebuild(spec: Any, args: list, outputs: list) -> Any:
     kind = spec[0]
     if kind == "out":
-        return outputs[spec[1]]
+        t = outputs[spec[1]]
+        if spec[3] is not None and t.grad_fn is None:
+            t.grad_fn = _FreedNode(spec[3])
+        return t
     if kind == "arg":
         _, source, ref, same = spec
         t = args[ref] if source == "arg" else ref

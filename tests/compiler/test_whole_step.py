@@ -637,3 +637,52 @@ def test_a_slow_whole_step_build_says_what_is_compiling_once(capsys: Any, monkey
     assert err.count("fusegrad.compiler: compiling a whole step (") == 1, err
     assert err.count("\n") == 1
     assert compiler.counters.step_runs == 2
+
+
+def test_returned_loss_keeps_eagers_freed_history() -> None:
+    """A loss returned after ``backward()``: as in eager it requires grad, its ``grad_fn`` has
+    eager's name, and a second backward raises eager's freed-graph error."""
+    w = fg.tensor(np.linspace(-1.0, 1.0, 6), requires_grad=True)
+
+    def step(x: fg.Tensor) -> fg.Tensor:
+        loss = (x * w).tanh().sum()
+        loss.backward()
+        return loss
+
+    g = fg.compile(step)
+    x = fg.tensor(np.linspace(0.0, 1.0, 6))
+    want = step(x)
+    for _ in range(3):
+        w.grad = None
+        got = g(x)
+    assert compiler.counters.step_runs == 2, compiler.counters
+    assert got.requires_grad and want.requires_grad and not got.is_leaf
+    assert got.grad_fn.name() == want.grad_fn.name() == "SumBackward0"
+    for t in (want, got):
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            t.backward()
+    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12)
+
+
+def test_returned_tensor_with_a_usable_graph_is_not_replayed() -> None:
+    """With ``retain_graph=True`` eager's returned loss can be backpropagated again: the
+    recording stops with a reason instead of returning a tensor without that history."""
+    w = fg.tensor(np.linspace(-1.0, 1.0, 6), requires_grad=True)
+
+    @fg.compile
+    def step(x: fg.Tensor) -> fg.Tensor:
+        loss = (x * w).tanh().sum()
+        loss.backward(retain_graph=True)
+        return loss
+
+    x = fg.tensor(np.linspace(0.0, 1.0, 6))
+    for _ in range(2):
+        w.grad = None
+        loss = step(x)
+        loss.backward()  # works, as in eager: the gradient doubles
+        np.testing.assert_allclose(
+            w.grad.numpy(), 2 * x.numpy() * (1 - np.tanh(x.numpy() * w.detach().numpy()) ** 2)
+        )
+    assert compiler.counters.step_runs == 0
+    (reason,) = compiler.counters.step_breaks
+    assert "autograd graph a later backward could still use" in reason
