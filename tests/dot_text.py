@@ -31,6 +31,7 @@ def _attrs(text: str | None) -> dict[str, str]:
 
 @dataclass
 class Dot:
+    graph: dict[str, str] = field(default_factory=dict)  # the top graph's attributes
     nodes: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> attributes
     edges: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
     clusters: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> graph attrs
@@ -75,8 +76,9 @@ def parse(source: str) -> Dot:
         elif line == "}":
             stack.pop()
         elif line.startswith(("graph [", "node [", "edge [")):
-            if line.startswith("graph [") and len(stack) > 1:
-                dot.clusters[stack[-1]].update(_attrs(line))
+            if line.startswith("graph ["):
+                where = dot.clusters[stack[-1]] if len(stack) > 1 else dot.graph
+                where.update(_attrs(line))
         elif m := _EDGE.match(line):
             dot.edges.append((_unescape(m.group(1)), _unescape(m.group(2)), _attrs(m.group(3))))
         elif m := _NODE.match(line):
