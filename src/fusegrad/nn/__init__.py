@@ -9,7 +9,7 @@ the compiler.
 
 from __future__ import annotations
 
-from . import functional, init
+from . import functional, init, utils
 from .containers import ModuleDict, ModuleList, Sequential
 from .layers import (
     ELU,
@@ -77,4 +77,5 @@ __all__ = [
     "Unflatten",
     "functional",
     "init",
+    "utils",
 ]

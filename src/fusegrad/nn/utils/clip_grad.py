@@ -1,0 +1,115 @@
+"""Gradient clipping: ``clip_grad_norm_`` (with ``get_total_norm`` and ``clip_grads_with_norm_``,
+its two halves) and ``clip_grad_value_``, as ``torch.nn.utils``.
+
+The total norm is the ``norm_type``-norm of the per-gradient norms (so of all gradients as one
+vector); gradients are scaled in place by ``min(1, max_norm / (total + 1e-6))``, a tensor
+computation with no host read, as in PyTorch: a compiled step replays it.  Only
+``error_if_nonfinite=True`` reads the norm on the host.  ``foreach`` is accepted and ignored
+(there is no separate multi-tensor kernel here).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from ...autograd.grad_mode import no_grad
+from ...errors import FusegradError
+from ...ops import amax, clamp, norm, stack, tensor
+from ...tensor import Tensor
+
+_TensorOrTensors = Tensor | Iterable[Tensor]
+
+
+class NonFiniteNormError(FusegradError, RuntimeError):
+    """``clip_grad_norm_(..., error_if_nonfinite=True)`` met a nan or inf total norm."""
+
+
+def _tensors(tensors: Any) -> list[Tensor]:
+    if isinstance(tensors, Tensor):
+        return [tensors]
+    return list(tensors)
+
+
+def _grads(parameters: Any) -> list[Tensor]:
+    return [p.grad for p in _tensors(parameters) if p.grad is not None]
+
+
+def _vector_norm(x: Tensor, norm_type: float) -> Tensor:
+    """The ``norm_type``-norm of ``x`` as one vector (empty: 0)."""
+    if x.numel() == 0:
+        return tensor(0.0, dtype=x.dtype)
+    if norm_type == math.inf:
+        return amax(x.abs())
+    if norm_type == -math.inf:
+        return x.abs().amin()
+    if norm_type == 0:
+        return (x != 0).sum().to(x.dtype)
+    return norm(x.reshape(-1), p=norm_type)
+
+
+def get_total_norm(
+    tensors: _TensorOrTensors,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
+    foreach: bool | None = None,
+) -> Tensor:
+    """The ``norm_type``-norm of the norms of ``tensors`` (of them all as one vector)."""
+    norm_type = float(norm_type)
+    ts = _tensors(tensors)
+    if not ts:
+        return tensor(0.0)
+    with no_grad():
+        norms = [_vector_norm(t, norm_type) for t in ts]
+        total = _vector_norm(stack([n.to(norms[0].dtype) for n in norms]), norm_type)
+    if error_if_nonfinite and not bool(total.isfinite()):
+        raise NonFiniteNormError(
+            f"The total norm of order {norm_type} for gradients from `parameters` is "
+            "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
+            "by the non-finite norm anyway, set `error_if_nonfinite=False`"
+        )
+    return total
+
+
+def clip_grads_with_norm_(
+    parameters: _TensorOrTensors,
+    max_norm: float,
+    total_norm: Tensor,
+    foreach: bool | None = None,
+) -> None:
+    """Scale the gradients of ``parameters`` in place by ``min(1, max_norm / (total_norm +
+    1e-6))``."""
+    grads = _grads(parameters)
+    if not grads:
+        return
+    with no_grad():
+        coef = clamp(float(max_norm) / (total_norm + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+
+
+def clip_grad_norm_(
+    parameters: _TensorOrTensors,
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
+    foreach: bool | None = None,
+) -> Tensor:
+    """Clip the gradients of ``parameters`` (a tensor or an iterable of them) so that their
+    total ``norm_type``-norm is at most ``max_norm``; returns the total norm before clipping."""
+    parameters = _tensors(parameters)  # (a generator is read once)
+    grads = _grads(parameters)
+    total = get_total_norm(grads, norm_type, error_if_nonfinite, foreach)
+    clip_grads_with_norm_(parameters, max_norm, total, foreach)
+    return total
+
+
+def clip_grad_value_(
+    parameters: _TensorOrTensors, clip_value: float, foreach: bool | None = None
+) -> None:
+    """Clamp the gradients of ``parameters`` in place to ``[-clip_value, clip_value]``."""
+    clip_value = float(clip_value)
+    with no_grad():
+        for g in _grads(parameters):
+            g.clamp_(-clip_value, clip_value)
