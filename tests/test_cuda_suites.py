@@ -7,7 +7,10 @@
   needed).
 
 Both start together (they run concurrently) and each test waits for its own; a failure shows the
-suite's output.  Skipped only when numba-cuda is not installed (the ``cuda`` extra).
+suite's output.  The simulator suite takes minutes, so while a test waits it prints what it is
+waiting for and, every ``PROGRESS_EVERY_S`` seconds, how far the suite has got (straight to the
+terminal, past pytest's capture).  Marked ``cuda``: ``python -m pytest -m "not cuda"`` leaves
+them out.  Skipped when numba-cuda is not installed (the ``cuda`` extra).
 """
 
 from __future__ import annotations
@@ -15,56 +18,114 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TIMEOUT_S = 900
+PROGRESS_EVERY_S = 30
 
-if importlib.util.find_spec("numba_cuda") is None:
-    pytest.skip(
-        "numba-cuda is not installed (pip install -e '.[cuda]'): CUDA suites not run",
-        allow_module_level=True,
-    )
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(
+        importlib.util.find_spec("numba_cuda") is None,
+        reason="numba-cuda is not installed (pip install -e '.[cuda]'): CUDA suites not run",
+    ),
+]
 
 
-def _start(extra_env: dict[str, str], drop: tuple[str, ...]) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(extra_env)
-    return subprocess.Popen(
-        [sys.executable, "-m", "pytest", "tests/cuda", "-q", "-rs", "-p", "no:cacheprovider"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+class _Suite:
+    """One pytest process running tests/cuda; a thread reads its output as it comes, so a
+    waiting test can say how far it has got (pytest -q ends each line of dots with "[ NN%]")."""
+
+    def __init__(self, title: str, extra_env: dict[str, str], drop: tuple[str, ...]) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in drop}
+        env.update(extra_env)
+        env["PYTHONUNBUFFERED"] = "1"  # progress as it happens, not when a pipe buffer fills
+        self.title = title
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "tests/cuda", "-q", "-rs", "-p", "no:cacheprovider"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def progress(self) -> str:
+        """How far the suite has got, in words."""
+        done = [m[1] for line in self.lines if (m := re.search(r"\[\s*(\d+)%\]\s*$", line))]
+        elapsed = time.monotonic() - self.started
+        return f"{done[-1] if done else 0}% of its tests done after {elapsed:.0f} s"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.reader.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
-def suites() -> Iterator[dict[str, subprocess.Popen]]:
+def suites() -> Iterator[dict[str, _Suite]]:
     started = {
-        "simulator": _start({"NUMBA_ENABLE_CUDASIM": "1"}, ("FUSEGRAD_CUDA_PTX",)),
-        "ptx": _start({"FUSEGRAD_CUDA_PTX": "1"}, ("NUMBA_ENABLE_CUDASIM",)),
+        "simulator": _Suite(
+            "tests/cuda in numba's CUDA simulator",
+            {"NUMBA_ENABLE_CUDASIM": "1"},
+            ("FUSEGRAD_CUDA_PTX",),
+        ),
+        "ptx": _Suite(
+            "tests/cuda compiling every kernel to PTX",
+            {"FUSEGRAD_CUDA_PTX": "1"},
+            ("NUMBA_ENABLE_CUDASIM",),
+        ),
     }
     yield started
-    for process in started.values():
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    for suite in started.values():
+        suite.stop()
 
 
-def _check(process: subprocess.Popen, *expected_files: str) -> None:
-    try:
-        output, _ = process.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        output, _ = process.communicate()
-        pytest.fail(f"the suite ran over {TIMEOUT_S} s:\n{output[-20000:]}")
-    assert process.returncode == 0, f"exit code {process.returncode}:\n{output[-20000:]}"
+def _say(capsys: pytest.CaptureFixture[str], text: str) -> None:
+    with capsys.disabled():
+        print(f"\n[tests/test_cuda_suites.py] {text}", flush=True)
+
+
+def _check(suite: _Suite, capsys: pytest.CaptureFixture[str], *expected_files: str) -> None:
+    if suite.process.poll() is None:
+        _say(
+            capsys,
+            f"waiting for {suite.title} (a pytest process of its own, minutes on 2 cores; "
+            f"progress every {PROGRESS_EVERY_S} s)",
+        )
+    while suite.process.poll() is None:
+        try:
+            suite.process.wait(timeout=PROGRESS_EVERY_S)
+        except subprocess.TimeoutExpired:
+            if time.monotonic() - suite.started > TIMEOUT_S:
+                suite.stop()
+                pytest.fail(f"the suite ran over {TIMEOUT_S} s:\n{suite.output()[-20000:]}")
+            _say(capsys, f"{suite.title}: {suite.progress()}")
+    suite.reader.join(timeout=60)
+    output = suite.output()
+    returncode = suite.process.returncode
+    assert returncode == 0, f"exit code {returncode}:\n{output[-20000:]}"
     summary = output.strip().splitlines()[-1]
     assert " passed" in summary, output[-20000:]
     # the suite's own tests ran (were not all skipped by a mode check)
@@ -72,9 +133,12 @@ def _check(process: subprocess.Popen, *expected_files: str) -> None:
         assert f"SKIPPED [1] tests/cuda/{name}" not in output, output[-20000:]
 
 
-def test_cuda_kernels_in_the_simulator(suites: dict[str, subprocess.Popen]) -> None:
+def test_cuda_kernels_in_the_simulator(
+    suites: dict[str, _Suite], capsys: pytest.CaptureFixture[str]
+) -> None:
     _check(
         suites["simulator"],
+        capsys,
         "test_cuda_kernels.py",
         "test_device_tensors.py",
         "test_eager_op_table.py",
@@ -84,5 +148,7 @@ def test_cuda_kernels_in_the_simulator(suites: dict[str, subprocess.Popen]) -> N
     )
 
 
-def test_cuda_kernels_compile_to_ptx(suites: dict[str, subprocess.Popen]) -> None:
-    _check(suites["ptx"], "test_cuda_ptx.py", "test_backend_ptx.py")
+def test_cuda_kernels_compile_to_ptx(
+    suites: dict[str, _Suite], capsys: pytest.CaptureFixture[str]
+) -> None:
+    _check(suites["ptx"], capsys, "test_cuda_ptx.py", "test_backend_ptx.py")
