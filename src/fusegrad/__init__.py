@@ -26,7 +26,7 @@ left for optional or heavy dependencies loaded on first use (numba, numba-cuda, 
    after ``ops``).
 9. ``autograd.engine``; ``autograd.api`` (``backward``, ``grad``; it installs
    ``Tensor.backward``), ``autograd.function``, ``autograd.graph``, ``autograd.gradcheck``.
-10. ``nn``, ``optim``, ``utils``.
+10. ``nn``, ``optim``, ``utils``; ``serialization`` (``save``/``load``, which needs nn's Parameter).
 
 A method of a low class that needs a higher layer is installed on the class by that layer: the
 op surface's methods and a view's lazy ``grad_fn`` by ``ops._install_methods``,
@@ -205,6 +205,9 @@ def __getattr__(name: str) -> Any:
     # Heavy or optional subpackages load on first use, keeping ``import fusegrad`` light.
     if name in ("nn", "optim", "utils", "viz"):
         return importlib.import_module(f".{name}", __name__)
+    if name in ("save", "load", "serialization"):  # (it needs nn's Parameter: on first use)
+        module = importlib.import_module(".serialization", __name__)
+        return module if name == "serialization" else getattr(module, name)
     if name == "compile":
         from .compiler import compile as _compile  # the compiler, and numba with it: on first use
 
