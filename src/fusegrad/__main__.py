@@ -279,8 +279,7 @@ def _train(
 
 def _compile_work() -> tuple[int, ...]:
     """Counters that move when a call of a compiled function records or builds a program."""
-    from fusegrad.compiler import counters  # loaded already: fusegrad.compile imported it
-
+    counters = fusegrad.compiler.counters  # loaded already: fusegrad.compile loaded it
     return (
         counters.step_captures,
         sum(counters.step_breaks.values()),  # a recording that could not be replayed
@@ -317,8 +316,9 @@ def _have_matplotlib() -> bool:
 def plot_history(results: dict[str, TrainResult], path: str) -> None:
     """Training loss and accuracy per epoch of each run, side by side, written to ``path``
     (a PNG).  Needs matplotlib; uses no pyplot state, so no display is needed."""
+    # optional (only --plot needs matplotlib); no pyplot, so no display and no global state
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # (matplotlib, as above)
 
     fig = Figure(figsize=(10, 4), layout="constrained")
     loss_ax, acc_ax = fig.subplots(1, 2)
