@@ -47,6 +47,7 @@ from fusegrad.tensor import Tensor
 
 from . import logs, passes
 from . import tape as _tape
+from . import trace as _trace
 from .cache import (
     GraphEntry,
     TapeEntry,
@@ -146,6 +147,8 @@ def _fallback(
         raise CompilationError(f"fullgraph=True: this backward cannot be compiled: {reason}")
     counters.fallbacks[reason] += 1
     logs.log_counted("fallback", reason, f"running eagerly: {reason}")
+    if _trace.enabled:
+        _trace.fallback(reason)
     if _debug.report is not None:
         _debug.report.append(("fallback", reason))
     return run_backward(outputs, grads, retain_graph, create_graph, inputs, accumulate)
@@ -189,6 +192,7 @@ def run(
             region, w.fallback, outputs, grads, retain_graph, create_graph, inputs, accumulate
         )
     notice = _CompileNotice()
+    traced = _trace.depth() if _trace.enabled else -1  # (the trace sections opened below)
     try:
         try:
             program = _program_for(region, w, grads, outputs, inputs, accumulate, notice)
@@ -202,6 +206,8 @@ def run(
         return program.run(w, w.sizes, grads, retain_graph, inputs)
     finally:
         notice.stop()
+        if traced >= 0:
+            _trace.unwind(traced)
 
 
 class _CompileNotice:
@@ -274,8 +280,10 @@ def _program_for(
                 f"{entry.symbolic_failed}"
             )
         else:
-            why = miss_reason(w.key) if logs.enabled("recompiles") else ""
+            why = miss_reason(w.key) if logs.enabled("recompiles") or _trace.enabled else ""
         symbolic = config.symbolic_sizes and (entry is None or entry.symbolic_failed is None)
+        if _trace.enabled:
+            _trace.begin("backward", f"backward of a {len(w.nodes)}-node graph", why)
         captured = _capture(w, outputs, grads, inputs, accumulate, symbolic)
         counters.captures += 1
         if captured.symbolic:
@@ -285,6 +293,8 @@ def _program_for(
         else:
             kind = f"concrete sizes: {captured.reason}"
         logs.log("recompiles", f"capture #{counters.captures} ({kind}): {why}")
+        if _trace.enabled:
+            _trace.captured(captured, kind, w.key)
         logs.log("graph", "backward graph:\n" + format_graph(captured.graph))
         if report is None:
             if entry is None:
@@ -301,13 +311,16 @@ def _program_for(
     device = _device_of(w, grads)
     if device is None:
         raise Fallback("the backward graph spans devices (cpu and cuda)")
-    if captured.programs and logs.enabled("recompiles"):
+    if captured.programs and (logs.enabled("recompiles") or _trace.enabled):
         # the closest of the (at most Captured.MAX_PROGRAMS) keys: one part differs, at best
         closest = min(
             captured.programs,
             key=lambda k: 4 * (k[1] != pkey[1]) + 2 * (k[2] != pkey[2]) + (k[0] != pkey[0]),
         )
-        logs.log("recompiles", f"new program, same graph: {describe_program_miss(closest, pkey)}")
+        change = describe_program_miss(closest, pkey)
+        logs.log("recompiles", f"new program, same graph: {change}")
+        if _trace.enabled:
+            _trace.begin("backward", "a new program for a graph captured before", change)
     notice.start(len(w.nodes))
     program = Program(
         captured.graph,
@@ -333,9 +346,12 @@ def _capture(
     accumulate: bool,
     symbolic: bool,
 ) -> Captured:
-    captured = _capture_graph(w, outputs, grads, inputs, accumulate, symbolic=symbolic)
+    with _trace.phase("capture"):
+        captured = _capture_graph(w, outputs, grads, inputs, accumulate, symbolic=symbolic)
     if _debug.check:
         verify(captured.graph)
+    if _trace.enabled:
+        _trace.graph("the captured graph, before the passes", captured.graph)
     captured.graph = passes.run(captured.graph, check=_debug.check)
     return captured
 
@@ -462,6 +478,18 @@ class Report:
         for reason in self.fallbacks:
             lines.append(f"fallback: {reason}")
         return "\n".join(lines)
+
+    def to_dot(self) -> Any:
+        """The report as a ``fusegrad.viz.DotGraph``: kernels as clusters of the IR values fused
+        into them, externs, effects, hooks, fallbacks; a whole step's parts (``compiler.viz``)."""
+        from .viz import report_dot  # (pictures: loaded when asked for)
+
+        return report_dot(self)
+
+    def render(self, path: str, format: str | None = None) -> str:
+        """Draw ``to_dot()`` to ``path`` (svg, png, ... by its suffix); returns the path written
+        (a ``.dot`` file, with a warning, when Graphviz's ``dot`` is missing)."""
+        return self.to_dot().render(path, format)
 
     def to_dot(self) -> Any:
         """The report as a ``fusegrad.viz.DotGraph``: kernels as clusters of the IR values fused

@@ -62,6 +62,7 @@ from fusegrad.tensor import Tensor
 
 from . import CompilationError, Region, compiled_autograd, logs, passes
 from . import tape as _tape
+from . import trace as _trace
 from .cache import counters
 from .capture import Fallback
 from .capture import capture as _capture_graph
@@ -448,12 +449,13 @@ class AOTEntry:
 
             notice = _CompileNotice()
             notice.start(len(graph.values), "a compiled module's backward")
-            program = self.backward_programs[present] = Program(
-                passes.run(graph, check=False),
-                mode=self.mode,
-                interpreter_max_elements=config.interpreter_max_elements,
-                sizes_per_program=1,
-            )
+            with _trace.resume(self):  # (the trace report's section of this recording)
+                program = self.backward_programs[present] = Program(
+                    passes.run(graph, check=False),
+                    mode=self.mode,
+                    interpreter_max_elements=config.interpreter_max_elements,
+                    sizes_per_program=1,
+                )
         # (an absent gradient's input is never read: any array of its shape will do)
         arrays = [g._data if g is not None else np.empty(0) for g in grads] + saved
         counters.compiled_runs += 1
@@ -745,6 +747,7 @@ class OptimizedModule(Module):
         self, entries: dict, watch: Watch, rec: Recorder, out: Any, roots: list, inputs: list
     ) -> None:
         """File the recording of this call (or why it cannot be replayed)."""
+        started = _trace.clock() if _trace.enabled else 0.0
         try:
             if rec.backwards:
                 raise StepBreak("the forward calls backward()")
@@ -758,6 +761,8 @@ class OptimizedModule(Module):
                 f"compile({type(self._orig_mod).__name__}): the forward is not replayable ({e}); "
                 "its backward is still compiled",
             )
+        if _trace.enabled:
+            _trace.module_recorded(self, entries, watch, started, entries.get(watch.key))
 
     def _replay(self, entry: AOTEntry, watch: Watch, args: tuple, kwargs: dict) -> Any:
         """A call replayed: the forward program, then one ``AOTBackward`` node for its outputs

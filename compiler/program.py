@@ -50,6 +50,7 @@ from fusegrad.ops.registry import REGISTRY
 from fusegrad.tensor import Tensor
 
 from . import logs
+from . import trace as _trace
 from .cache import counters
 from .capture import Walk
 from .codegen.common import is_flat
@@ -104,9 +105,10 @@ class Variant:
         if generated and program.device == "cuda":
             from .codegen import numba_cuda
 
-            compiled, path = numba_cuda.compile_kernels(
-                generated, f"{len(generated)} fused kernel(s) of a backward graph (CUDA)"
-            )
+            with _trace.phase("codegen"):
+                compiled, path = numba_cuda.compile_kernels(
+                    generated, f"{len(generated)} fused kernel(s) of a backward graph (CUDA)"
+                )
             self.source_path = path
             logs.log("output_code", f"generated code: {path}")
             for step, ck in zip(generated, compiled):
@@ -118,9 +120,11 @@ class Variant:
                 f"{len(generated)} fused kernel(s) of a backward graph with "
                 f"{len(graph.values)} IR values"
             )
-            source, plans = numba_cpu.emit_module(generated, summary)
+            with _trace.phase("codegen"):
+                source, plans = numba_cpu.emit_module(generated, summary)
             # compiles and disk hits are counted per function as numba needs them (diskcache)
-            module, path, _ = numba_cpu.load_module(source)
+            with _trace.phase("module load"):
+                module, path, _ = numba_cpu.load_module(source)
             self.source_path = path
             logs.log("output_code", f"generated code: {path}")
             for step, plan in zip(generated, plans):
@@ -209,7 +213,8 @@ class Program:
         # where the arrays live: "cpu" (numpy; numba CPU code) or "cuda" (CudaArrays; numba-cuda)
         self.device = device
         self.sizes_per_program = sizes_per_program
-        self.fused = _schedule.steps(graph, mode)
+        with _trace.phase("fusion"):
+            self.fused = _schedule.steps(graph, mode)
         self._interpretable = (
             [
                 (k, is_flat(k))
@@ -240,6 +245,8 @@ class Program:
         # the variant for the capture's sizes is built (and compiled) now
         self.default = self.instance(graph.hints).variant
         counters.builds += 1
+        if _trace.enabled:
+            _trace.program_built(self)
 
     # ---- variants and instances -------------------------------------------------------------
     def variant(self, sizes: tuple) -> Variant:
@@ -414,6 +421,8 @@ class Program:
         if variant.first_run:
             variant.first_run = False
             variant.compile_seconds = time.perf_counter() - start  # includes numba's JIT
+            if _trace.enabled:
+                _trace.first_run(self, variant.compile_seconds)
             logs.log(
                 "perf",
                 f"first run (JIT or cache load included): {1e3 * variant.compile_seconds:.1f} ms",

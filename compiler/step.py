@@ -63,6 +63,7 @@ from fusegrad.optim.optimizer import Optimizer
 from fusegrad.tensor import Tensor
 
 from . import logs, passes
+from . import trace as _trace
 from .cache import counters
 from .capture import Fallback, _grad_state
 from .capture import capture as _capture_graph
@@ -844,14 +845,15 @@ class Step:
     def program(self, grad_key: tuple, mode: str) -> Program:
         program = self.programs.get(grad_key)
         if program is None:
-            graph = passes.run(self.graph, check=False)
-            program = Program(
-                graph,
-                mode=mode,
-                leaves_with_grad=frozenset(i for i, s in enumerate(grad_key) if s is not None),
-                interpreter_max_elements=config.interpreter_max_elements,
-                sizes_per_program=1,
-            )
+            with _trace.resume(self):  # (the trace report's section of this recording)
+                graph = passes.run(self.graph, check=False)
+                program = Program(
+                    graph,
+                    mode=mode,
+                    leaves_with_grad=frozenset(i for i, s in enumerate(grad_key) if s is not None),
+                    interpreter_max_elements=config.interpreter_max_elements,
+                    sizes_per_program=1,
+                )
             self.programs[grad_key] = program
         return program
 
@@ -1117,6 +1119,7 @@ class CompiledFunction:
     def record(self, watch: Watch, args: tuple, kwargs: dict, explaining: bool = False) -> Any:
         from . import Region, _tape  # (the package imports this module: a cycle)
 
+        started = _trace.clock() if _trace.enabled else 0.0
         region = Region(self.fullgraph, self.mode)
         rec = Recorder(watch, region)
         rec.explaining = explaining
@@ -1132,6 +1135,8 @@ class CompiledFunction:
             self.remember(watch.key, str(e))
             counters.step_breaks[str(e)] += 1
             logs.log("fallback", f"whole-step compile: {e}; compiling backward() only")
+            if _trace.enabled:
+                _trace.recorded(self, watch, started, None, str(e))
             if self.fullgraph:
                 from . import CompilationError  # (a cycle, as above)
 
@@ -1142,6 +1147,8 @@ class CompiledFunction:
         verify(rec.graph)
         counters.step_captures += 1
         self.remember(watch.key, step)
+        if _trace.enabled:
+            _trace.recorded(self, watch, started, step)
         return result
 
     def remember(self, key: tuple, entry: Any) -> None:
