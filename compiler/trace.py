@@ -367,7 +367,7 @@ def _picture(program: Any, section: Section, whole: bool, n_values: int) -> str:
             f'<p class="note">not drawn: {n_values} IR values (more than '
             f"trace.MAX_DRAWN_VALUES = {MAX_DRAWN_VALUES})</p>"
         )
-    dot = program_dot(program, None, "p", section.title, section.sources, whole_step=whole)
+    dot = program_dot(program, None, "p", "", section.sources, whole_step=whole)
     try:
         svg = dot.pipe("svg").decode("utf-8")
     except (RuntimeError, OSError) as e:
@@ -412,6 +412,7 @@ td, th { border: 1px solid #ccc; padding: 2px 8px; text-align: left; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .fallback { color: #a00; } .note { color: #666; }
 .picture { overflow: auto; max-height: 60em; border: 1px solid #ddd; }
+.picture svg { max-width: 100%; height: auto; }
 section.fallback-only h2 { color: #a00; }
 """
 

@@ -138,7 +138,7 @@ def program_dot(
     """Draw ``program`` (a ``Program``) into ``into`` (a new graph when None) as a cluster named
     ``cluster_<prefix>``; ``sources`` are a whole step's input kinds (``Step.sources``) and
     ``whole_step`` colours values by part.  Returns the graph drawn into."""
-    dot = into if into is not None else _new_graph(title or "program")
+    dot = into if into is not None else _new_graph("")
     schedule = program.default.schedule
     graph: Graph = program.graph
     part = phases(graph) if whole_step else {}
