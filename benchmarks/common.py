@@ -11,7 +11,9 @@ helpers so that all results are measured and reported the same way:
   phase is the per-repetition sum, so its median is not the sum of the phase medians.
   ``measure_interleaved`` does the same for several implementations at once, alternating them
   in rounds so that background load is shared fairly.
-* ``markdown_table`` / ``write_json`` / ``environment`` produce the report.
+* ``markdown_table`` / ``write_json`` / ``environment`` produce the report; ``environment``
+  records the machine (CPU model, cores, threads used, versions, commit, date) so that
+  ``benchmarks.compare`` can put two runs side by side.
 * ``memory_bandwidth`` measures this machine's streaming bandwidth (numpy copy and add over
   arrays far larger than the caches), for bandwidth bounds of memory-bound workloads.
 
@@ -23,8 +25,10 @@ the next.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
+import importlib.metadata
 import json
 import os
 import platform
@@ -148,7 +152,12 @@ def measure(step: StepFn, *, warmup: int, reps: int) -> dict[str, Stats]:
 
 
 def measure_interleaved(
-    steps: Mapping[str, StepFn], *, warmup: int, reps: int, rounds: int = 10
+    steps: Mapping[str, StepFn],
+    *,
+    warmup: int,
+    reps: int,
+    rounds: int = 10,
+    on_step: Callable[[int, int], None] | None = None,
 ) -> dict[str, dict[str, Stats]]:
     """``measure`` for several implementations of one workload, interleaved in ``rounds``.
 
@@ -159,15 +168,31 @@ def measure_interleaved(
     (rather than alternating every step) keeps its caches warm, as in a real training loop,
     instead of billing it for the cache pollution of the others.  Returns
     ``{name: {phase: Stats}}``.
+
+    ``on_step(done, total)``, when given, is called after every step (warm-up ones included),
+    outside the timed region, with the number of steps run so far and the total: a progress
+    display hangs on it.
     """
     if reps < 1:
         raise ValueError(f"measure: reps must be >= 1, got {reps}")
     names = list(steps)
     rounds = max(1, min(rounds, reps))
+    rewarm = 1 if warmup else 0
+    total = len(names) * (warmup + reps + rewarm * (rounds - 1))
+    done = 0
+
+    def run(name: str) -> Mapping[str, float]:
+        nonlocal done
+        phases = steps[name]()
+        done += 1
+        if on_step is not None:
+            on_step(done, total)
+        return phases
+
     gc.collect()
     for _ in range(warmup):
         for name in names:
-            steps[name]()
+            run(name)
     gc.collect()
     samples: dict[str, dict[str, list[float]]] = {name: {} for name in names}
     for round_index in range(rounds):
@@ -175,9 +200,9 @@ def measure_interleaved(
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
             if round_index and warmup:
-                steps[name]()  # re-warm after the other implementations ran
+                run(name)  # re-warm after the other implementations ran
             for _ in range(count):
-                phases = steps[name]()
+                phases = run(name)
                 for phase, seconds in phases.items():
                     samples[name].setdefault(phase, []).append(seconds)
                 samples[name].setdefault("total", []).append(sum(phases.values()))
@@ -269,13 +294,21 @@ def markdown_table(
     if align is None:
         align = ["l"] + ["r"] * (len(headers) - 1)
     widths = [max([len(h)] + [len(r[i]) for r in body] + [3]) for i, h in enumerate(headers)]
+    lines = [table_line(headers, widths, align), table_rule(widths, align)]
+    return "\n".join(lines + [table_line(r, widths, align) for r in body])
 
-    def line(cells: Sequence[str]) -> str:
-        padded = [c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(cells, widths, align)]
-        return "| " + " | ".join(padded) + " |"
 
+def table_line(cells: Sequence[str], widths: Sequence[int], align: Sequence[str]) -> str:
+    """One markdown table line, each cell padded to its width (left or right aligned); a cell
+    wider than its column is kept whole (the line is still valid markdown)."""
+    padded = [c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(cells, widths, align)]
+    return "| " + " | ".join(padded) + " |"
+
+
+def table_rule(widths: Sequence[int], align: Sequence[str]) -> str:
+    """The markdown rule under a table's header (``---:`` for right-aligned columns)."""
     rule = ["-" * (w - 1) + ":" if a == "r" else "-" * w for w, a in zip(widths, align)]
-    return "\n".join([line(headers), "| " + " | ".join(rule) + " |"] + [line(r) for r in body])
+    return "| " + " | ".join(rule) + " |"
 
 
 def stats_dict(stats: Stats | None, unit_scale: float = 1.0) -> dict[str, Any] | None:
@@ -300,28 +333,129 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def environment(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Where and with what the benchmark ran: interpreter, machine, library versions, commit."""
-    versions: dict[str, str | None] = {}
-    for name in ("numpy", "torch", "fusegrad", "numba"):
-        module = sys.modules.get(name)
-        versions[name] = getattr(module, "__version__", None) if module is not None else None
+def _git_dirty() -> bool | None:
+    """Whether the working tree has uncommitted changes to tracked files (None: no git)."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(out.stdout.strip()) if out.returncode == 0 else None
+
+
+def cpu_model() -> str | None:
+    """The processor's marketing name ("AMD EPYC 7B13", ...): ``/proc/cpuinfo`` on Linux,
+    ``sysctl`` on macOS, else whatever ``platform.processor()`` says."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                return value.strip()
+    if sys.platform == "darwin":
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
+            )
+            if out.stdout.strip():
+                return out.stdout.strip()
+    return platform.processor() or None
+
+
+def physical_cores() -> int | None:
+    """Physical cores (distinct ``physical id``/``core id`` pairs in ``/proc/cpuinfo``), or None
+    where that file does not say."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file():
+        return None
+    cores: set[tuple[str, str]] = set()
+    package = core = None
+    for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines() + [""]:
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "physical id":
+            package = value.strip()
+        elif key == "core id":
+            core = value.strip()
+        elif not key:  # a blank line ends one logical CPU's block
+            if package is not None and core is not None:
+                cores.add((package, core))
+            package = core = None
+    return len(cores) or None
+
+
+def package_version(name: str) -> str | None:
+    """The version of ``name``: the loaded module's ``__version__``, else the installed
+    distribution's (read from its metadata, without importing it); None if not installed."""
+    module = sys.modules.get(name)
+    version = getattr(module, "__version__", None) if module is not None else None
+    if version is None:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            version = importlib.metadata.version(name)
+    return str(version) if version is not None else None
+
+
+VERSIONED_PACKAGES = ("fusegrad", "numpy", "numba", "torch", "jax", "scipy")
+
+
+def environment(
+    extra: Mapping[str, Any] | None = None, *, threads: int | None = None
+) -> dict[str, Any]:
+    """Where and with what the benchmark ran, so that two runs can be compared: date (UTC),
+    CPU model and core counts, the thread count the benchmark used (``threads``), Python and
+    library versions (installed ones; a library a run left out still shows its version), the
+    git commit and whether the tree had uncommitted changes, the thread settings."""
+    now = datetime.datetime.now(datetime.timezone.utc)
     env: dict[str, Any] = {
-        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": now.isoformat(timespec="seconds"),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "physical_cores": physical_cores(),
+        "threads": threads,
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "processor": platform.processor() or None,
-        "cpu_count": os.cpu_count(),
-        "versions": versions,
+        "versions": {name: package_version(name) for name in VERSIONED_PACKAGES},
         "git_commit": _git_commit(),
+        "git_dirty": _git_dirty(),
         "thread_env": {var: os.environ.get(var) for var in THREAD_ENV_VARS},
         "blas_threads": blas_threads(),
     }
     if extra:
         env.update(extra)
     return env
+
+
+def describe_environment(env: Mapping[str, Any]) -> str:
+    """``environment()`` in one line for a report's header: machine, threads, versions, commit,
+    date."""
+    cores = f"{env.get('cpu_count') or '?'} logical"
+    if env.get("physical_cores"):
+        cores = f"{env['physical_cores']} physical / {cores}"
+    versions = env.get("versions", {})
+    libraries = ", ".join(
+        f"{name} {versions[name]}" for name in VERSIONED_PACKAGES if versions.get(name)
+    )
+    commit = env.get("git_commit") or "unknown commit"
+    if env.get("git_dirty"):
+        commit += " + uncommitted changes"
+    return (
+        f"{env.get('cpu_model') or 'unknown CPU'} ({cores} cores); "
+        f"threads used: {env.get('threads') if env.get('threads') is not None else '?'}; "
+        f"Python {env.get('python') or '?'}, {libraries or 'library versions unknown'}; "
+        f"commit {commit}; {env.get('date') or env.get('timestamp') or 'date unknown'}"
+    )
 
 
 def write_json(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path:

@@ -72,7 +72,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the ``benchmarks`` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common  # after the script path fix above
+from benchmarks import common, live, plot  # after the script path fix above
 from benchmarks import eager_overhead as eager  # MLP inputs and hand-written numpy MLP
 
 # numpy, fusegrad, torch and jax are imported in ``main`` only, after the thread count is pinned.
@@ -113,7 +113,7 @@ HEADERS = {
 RATIO_TO = ("fg_eager", "numpy", "torch", "torch_compile", "jax")  # compiled / each of these
 # whole step (forward and backward in one compiled function) / each of these, in the
 # forward+backward rows
-STEP_RATIO_TO = ("fg_eager", "fg_compiled", "numpy", "numba_fused", "torch", "torch_compile")
+STEP_RATIO_TO = ("fg_eager", "fg_compiled", "numpy", "numba_fused", "torch", "torch_compile", "jax")
 METRICS = (("forward", "forward"), ("backward", "backward"), ("forward+backward", "total"))
 KEPT_METRIC = "backward, .grad kept"
 UNIT_SCALE = {"ms": 1e3, "µs": 1e6}
@@ -872,21 +872,19 @@ COMPILE_CASES = ("cold", "warm_disk")
 COMPILE_HEADERS = {"cold": "cold", "warm_disk": "warm from disk"}
 
 
-def compile_times(names: Sequence[str], quick: bool, threads: int) -> dict[str, Any]:
-    """Per workload, two fresh processes: ``cold`` with an empty FUSEGRAD_CACHE_DIR and an empty
-    NUMBA_CACHE_DIR (nothing cached anywhere, numba's in-memory state empty), then ``warm_disk``,
-    a second process on the same two directories (generated module and machine code on disk)."""
-    results: dict[str, Any] = {}
-    for name in names:
-        root = Path(tempfile.mkdtemp(prefix=f"fusegrad-bench-{name}-"))
-        try:
-            env = dict(os.environ)
-            env["FUSEGRAD_CACHE_DIR"] = str(root / "fusegrad")
-            env["NUMBA_CACHE_DIR"] = str(root / "numba")
-            results[name] = {case: _run_child(name, quick, threads, env) for case in COMPILE_CASES}
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
-    return results
+def compile_time(name: str, quick: bool, threads: int) -> dict[str, Any]:
+    """Workload ``name`` in two fresh processes: ``cold`` with an empty FUSEGRAD_CACHE_DIR and an
+    empty NUMBA_CACHE_DIR (nothing cached anywhere, numba's in-memory state empty), then
+    ``warm_disk``, a second process on the same two directories (generated module and machine
+    code on disk)."""
+    root = Path(tempfile.mkdtemp(prefix=f"fusegrad-bench-{name}-"))
+    try:
+        env = dict(os.environ)
+        env["FUSEGRAD_CACHE_DIR"] = str(root / "fusegrad")
+        env["NUMBA_CACHE_DIR"] = str(root / "numba")
+        return {case: _run_child(name, quick, threads, env) for case in COMPILE_CASES}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 # ---- checks and report -------------------------------------------------------------------------
@@ -964,22 +962,104 @@ def build_rows(
     return rows
 
 
-def render_table(rows: Sequence[dict[str, Any]], impls: Sequence[str]) -> str:
-    ratio_cols = [other for other in RATIO_TO if other in impls]
-    step_cols = [other for other in STEP_RATIO_TO if other in impls] if "fg_step" in impls else []
+def planned_impls(
+    names: Sequence[str], have_torch: bool, torch_compile: bool, have_jax: bool
+) -> list[str]:
+    """The implementations a run will time (the table's columns, known before it measures):
+    ``numpy fused`` and ``numba 1-loop`` exist for A only."""
+    plan = {"fg_eager", "fg_compiled", "fg_step", "numpy"}
+    if "A" in names:
+        plan |= {"numpy_fused", "numba_fused"}
+    if have_torch:
+        plan.add("torch")
+        if torch_compile:
+            plan.add("torch_compile")
+    if have_jax:
+        plan.add("jax")
+    return [i for i in IMPLS if i in plan]
+
+
+def _ratio_columns(impls: Sequence[str]) -> list[str]:
+    """The ratio keys of the table, in order: ``fg_compiled/x``, then ``fg_step/x``."""
+    keys = [f"fg_compiled/{o}" for o in RATIO_TO if o in impls]
+    if "fg_step" in impls:
+        keys += [f"fg_step/{o}" for o in STEP_RATIO_TO if o in impls]
+    return keys
+
+
+def _ratio_header(key: str) -> str:
+    numerator, _, other = key.partition("/")
+    short = "compiled" if numerator == "fg_compiled" else "step"
+    return f"{short}/{HEADERS[other].replace('fg ', '')}"
+
+
+def table_headers(impls: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Headers and alignments of the time table for these implementations."""
     headers = ["workload", "metric", "unit", *(HEADERS[i] for i in impls)]
-    headers += [f"compiled/{HEADERS[o].replace('fg ', '')}" for o in ratio_cols]
-    headers += [f"step/{HEADERS[o].replace('fg ', '')}" for o in step_cols]
-    body = []
-    for row in rows:
-        cells = [row["workload"], row["metric"], row["unit"]]
-        cells += [common.format_number(row[i]) for i in impls]
-        for key in [f"fg_compiled/{o}" for o in ratio_cols] + [f"fg_step/{o}" for o in step_cols]:
-            value = row[key]
-            cells.append(common.format_number(value, 2) + "×" if value is not None else "—")
-        body.append(cells)
-    align = ["l", "l", "l"] + ["r"] * (len(headers) - 3)
-    return common.markdown_table(headers, body, align)
+    headers += [_ratio_header(k) for k in _ratio_columns(impls)]
+    return headers, ["l", "l", "l"] + ["r"] * (len(headers) - 3)
+
+
+def table_cells(row: Mapping[str, Any], impls: Sequence[str]) -> list[str]:
+    """One row of the time table: medians in the row's unit, then ratios with a ×."""
+    cells = [row["workload"], row["metric"], row["unit"]]
+    cells += [common.format_number(row[i]) for i in impls]
+    for key in _ratio_columns(impls):
+        value = row[key]
+        cells.append(common.format_number(value, 2) + "×" if value is not None else "—")
+    return cells
+
+
+def render_table(rows: Sequence[dict[str, Any]], impls: Sequence[str]) -> str:
+    headers, align = table_headers(impls)
+    return common.markdown_table(headers, [table_cells(row, impls) for row in rows], align)
+
+
+COMPILE_TABLE_HEADERS = [
+    "workload",
+    "kernels",
+    "externs",
+    *(f"{COMPILE_HEADERS[c]} (s)" for c in COMPILE_CASES),
+    "steady bwd (ms)",
+    "torch.compile 1st (s)",
+    "jax 1st (s)",
+]
+COMPILE_TABLE_HEADERS.insert(4, "cold: JIT+1st run (s)")
+
+
+def compile_table_cells(
+    wl: Workload,
+    workloads: Sequence[Workload],
+    compile_results: dict[str, Any],
+    programs: dict[str, dict[str, Any]],
+    first_calls: dict[str, dict[str, float | None]],
+    steady: Mapping[str, float | None],
+) -> list[str]:
+    """One row of the compile-time table (``COMPILE_TABLE_HEADERS``)."""
+    info = programs.get(wl.label, {})
+    cells = [wl.label, str(info.get("kernels", "—")), str(info.get("externs", "—"))]
+    child = compile_results.get(wl.name, {}) if _first_of(workloads, wl) else {}
+    for case in COMPILE_CASES:
+        result = child.get(case)
+        if result is None:
+            cells.append("—")
+        elif "error" in result:
+            cells.append("FAILED")
+        else:
+            cells.append(common.format_number(result["first_backward_s"]))
+        if case == "cold":  # the part spent in the program's first run (numba JIT)
+            jit = (
+                None
+                if result is None or "error" in result
+                else sum(result["program_compile_seconds"])
+            )
+            cells.append(common.format_number(jit))
+    bwd = steady.get(wl.label)
+    cells.append(common.format_number(bwd * 1e3 if bwd is not None else None))
+    calls = first_calls.get(wl.label, {})
+    cells.append(common.format_number(calls.get("torch_compile")))
+    cells.append(common.format_number(calls.get("jax")))
+    return cells
 
 
 def render_compile_table(
@@ -989,37 +1069,12 @@ def render_compile_table(
     first_calls: dict[str, dict[str, float | None]],
     steady: Mapping[str, float | None],
 ) -> str:
-    headers = ["workload", "kernels", "externs"]
-    headers += [f"{COMPILE_HEADERS[c]} (s)" for c in COMPILE_CASES]
-    headers.insert(4, "cold: JIT+1st run (s)")
-    headers += ["steady bwd (ms)", "torch.compile 1st (s)", "jax 1st (s)"]
-    body = []
-    for wl in workloads:
-        info = programs.get(wl.label, {})
-        cells = [wl.label, str(info.get("kernels", "—")), str(info.get("externs", "—"))]
-        child = compile_results.get(wl.name, {}) if _first_of(workloads, wl) else {}
-        for case in COMPILE_CASES:
-            result = child.get(case)
-            if result is None:
-                cells.append("—")
-            elif "error" in result:
-                cells.append("FAILED")
-            else:
-                cells.append(common.format_number(result["first_backward_s"]))
-            if case == "cold":  # the part spent in the program's first run (numba JIT)
-                jit = (
-                    None
-                    if result is None or "error" in result
-                    else sum(result["program_compile_seconds"])
-                )
-                cells.append(common.format_number(jit))
-        bwd = steady.get(wl.label)
-        cells.append(common.format_number(bwd * 1e3 if bwd is not None else None))
-        calls = first_calls.get(wl.label, {})
-        cells.append(common.format_number(calls.get("torch_compile")))
-        cells.append(common.format_number(calls.get("jax")))
-        body.append(cells)
-    return common.markdown_table(headers, body, ["l"] + ["r"] * (len(headers) - 1))
+    body = [
+        compile_table_cells(wl, workloads, compile_results, programs, first_calls, steady)
+        for wl in workloads
+    ]
+    align = ["l"] + ["r"] * (len(COMPILE_TABLE_HEADERS) - 1)
+    return common.markdown_table(COMPILE_TABLE_HEADERS, body, align)
 
 
 def _first_of(workloads: Sequence[Workload], wl: Workload) -> bool:
@@ -1034,12 +1089,12 @@ def bandwidth_bound(
     compiled_bwd: Mapping[str, float | None],
 ) -> dict[str, Any]:
     """A's backward at its largest N against the memory-bandwidth bound, three byte counts:
-    ``issue``: 6*4*N (read x, w, b and write three gradients, all counted as N floats: the
-    issue's formula); ``minimum``: 4*4*N (b and its gradient are one element); ``program``: what
-    the generated kernels actually read and write (saved activations included)."""
+    ``naive``: 6*4*N (read x, w, b and write three gradients, each counted as N floats);
+    ``minimum``: 4*4*N (b and its gradient are one element); ``program``: what the generated
+    kernels actually read and write (saved activations included)."""
     n = wl.size or 0
     gbps = bandwidth["gbps"]
-    counts = {"issue": 6 * 4 * n, "minimum": 4 * 4 * n}
+    counts = {"naive": 6 * 4 * n, "minimum": 4 * 4 * n}
     if "kernel_bytes_read" in program:
         counts["program"] = program["kernel_bytes_read"] + program["kernel_bytes_written"]
     out: dict[str, Any] = {"workload": wl.label, "N": n, "gbps": gbps, "bounds": {}}
@@ -1177,8 +1232,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=common.RESULTS_DIR / "compiled.json",
         help="where to write the JSON results (default: %(default)s)",
     )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="PNG",
+        help="also draw the ratios against each peer as grouped bars into this PNG "
+        "(needs matplotlib)",
+    )
+    parser.add_argument(
+        "--progress",
+        choices=("auto", "plain", "off"),
+        default="auto",
+        help="progress on stderr: a tqdm bar per workload when tqdm is installed and stderr is "
+        "a terminal, plain lines otherwise (auto); always plain lines; none",
+    )
     parser.add_argument("--compile-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.plot is not None and (missing := plot.matplotlib_missing()) is not None:
+        parser.error(missing)
     names = [n.strip().upper() for n in args.workloads.split(",") if n.strip()]
     bad = [n for n in names if n not in WORKLOADS]
     if bad or not names:
@@ -1223,8 +1295,32 @@ def _import_jax(args: argparse.Namespace) -> tuple[Any, Any, str]:
     return jax, jnp, jax.__version__
 
 
+def _repetitions(args: argparse.Namespace, wl: Workload) -> tuple[int, int]:
+    warmup, reps = QUICK_REPS if args.quick else DEFAULT_REPS[wl.reps_key]
+    warmup = args.warmup if args.warmup is not None else warmup
+    reps = args.reps if args.reps is not None else reps
+    return warmup, reps
+
+
+PLOT_PANELS = [
+    {
+        "title": "compiled backward: fg compiled backward time / peer's backward time",
+        "numerator": "fg_compiled",
+        "peers": ["fg_eager", "numpy", "torch", "torch_compile"],
+        "metrics": ["backward", KEPT_METRIC],
+    },
+    {
+        "title": "whole step: fg whole step (forward+backward) time / peer's forward+backward time",
+        "numerator": "fg_step",
+        "peers": list(STEP_RATIO_TO),
+        "metrics": ["forward+backward"],
+    },
+]
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run the benchmark, print the report, write the JSON; returns the JSON payload."""
+    """Run the benchmark, print the report (each table row as soon as it is measured), write
+    the JSON and, with ``--plot``, the picture; returns the JSON payload."""
     args = parse_args(argv)
     if args.compile_child:
         result = compile_child(args.compile_child, args.quick, args.threads)
@@ -1248,10 +1344,54 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if torch is not None and args.no_torch_compile:
         torch_compile_note = "skipped (--no-torch-compile)"
     jax, jnp, jax_note = _import_jax(args)
+    environment = common.environment(threads=args.threads)
 
-    bandwidth = common.memory_bandwidth(np, mib=64 if args.quick else 256)
     workloads = make_workloads(np, args.workload_names, args.quick)
     fw = Frameworks(fg, fc, torch, not args.no_torch_compile)
+    planned = planned_impls(
+        args.workload_names, torch is not None, not args.no_torch_compile, jax is not None
+    )
+    repetitions = {}
+    for wl in workloads:
+        warmup, reps = _repetitions(args, wl)
+        repetitions[wl.label] = {"warmup": warmup, "reps": reps}
+
+    # ---- the header: everything known before measuring ----
+    quick_note = " (QUICK: smoke test, not a measurement)" if args.quick else ""
+    live.emit(f"# fusegrad compiled autograd{quick_note}")
+    live.emit()
+    live.emit(f"machine: {common.describe_environment(environment)}")
+    live.emit(
+        f"threads: {args.threads} (BLAS/OpenMP/numba env{' + torch' if torch else ''}); "
+        f"torch: {torch_note}; torch.compile: {torch_compile_note}; jax: {jax_note}"
+    )
+    live.emit(
+        "repetitions (warm-up/measured): "
+        + ", ".join(f"{k} {r['warmup']}/{r['reps']}" for k, r in repetitions.items())
+        + "; .grad set to None before every step (outside the timing) except in "
+        "the '.grad kept' rows, where every backward accumulates into the existing .grad"
+    )
+    for wl in workloads:
+        if _first_of(workloads, wl):
+            live.emit(f"{wl.name}: {wl.description}")
+    live.emit()
+    live.emit(
+        "Times: median wall time of one call, in the row's unit (µs or ms). "
+        + live.RATIO_CONVENTION
+        + " compiled/X = fg compiled time / X's time (the same eager forward, so forward rows "
+        "are near 1×); step/X = fg whole step time / X's time (forward+backward rows only)."
+    )
+    live.emit()
+
+    bandwidth = common.memory_bandwidth(np, mib=64 if args.quick else 256)
+    copy_bw, add_bw = bandwidth["copy"], bandwidth["add"]
+    live.emit(
+        f"memory bandwidth ({bandwidth['array_mib']} MiB float32 arrays, {args.threads} "
+        f"thread(s), median/best): copy {copy_bw['gbps_median']:.1f}/{copy_bw['gbps_best']:.1f} "
+        f"GB/s (2 x bytes), add {add_bw['gbps_median']:.1f}/{add_bw['gbps_best']:.1f} GB/s "
+        f"(3 x bytes); bounds below use {bandwidth['gbps']:.1f} GB/s"
+    )
+    live.emit()
 
     stats: dict[str, dict[str, dict[str, common.Stats]]] = {}
     kept: dict[str, dict[str, dict[str, common.Stats]]] = {}
@@ -1259,17 +1399,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     programs: dict[str, dict[str, Any]] = {}
     first_calls: dict[str, dict[str, float | None]] = {}
     compiler_events: dict[str, Any] = {}
-    repetitions: dict[str, dict[str, int]] = {}
     notes: dict[str, dict[str, str]] = {}
     present: set[str] = set()
+    rows: list[dict[str, Any]] = []
 
-    for wl in workloads:
-        warmup, reps = QUICK_REPS if args.quick else DEFAULT_REPS[wl.reps_key]
-        warmup = args.warmup if args.warmup is not None else warmup
-        reps = args.reps if args.reps is not None else reps
-        repetitions[wl.label] = {"warmup": warmup, "reps": reps}
+    headers, align = table_headers(planned)
+    label_width = max(len(wl.label) for wl in workloads)
+    metric_width = max(len(m) for m, _ in (*METRICS, (KEPT_METRIC, "")))
+    stream = live.StreamTable(headers, align, widths=[label_width, metric_width, 4])
+    stream.start()
+    for index, wl in enumerate(workloads, 1):
+        warmup, reps = repetitions[wl.label]["warmup"], repetitions[wl.label]["reps"]
         wl_notes: dict[str, str] = {}
         calls: dict[str, float | None] = {}
+        progress = live.Progress(wl.label, mode=args.progress, position=(index, len(workloads)))
+        progress.stage("building (torch.compile / jax / whole step compile on first calls)")
 
         impls = fusegrad_impls(fw, wl, keep_grad=False)
         for name, builder in NUMPY_IMPLS[wl.name].items():
@@ -1292,8 +1436,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         impls["fg_compiled"].step()  # this process's first compiled backward of this graph
         calls["fg_compiled_in_process"] = common.clock() - t0
         after_first = fc.counters.captures
+        progress.stage(f"measuring {len(impls)} implementations, {warmup}+{reps} repetitions")
         stats[wl.label] = common.measure_interleaved(
-            {name: impl.step for name, impl in impls.items()}, warmup=warmup, reps=reps
+            {name: impl.step for name, impl in impls.items()},
+            warmup=warmup,
+            reps=reps,
+            on_step=progress.update,
         )
         compiler_events[wl.label] = {
             "captures_first_call": after_first - before[0],
@@ -1311,6 +1459,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         present.update(impls)
         first_calls[wl.label] = calls
         if wl.name == "A":  # .grad kept: every backward accumulates into the existing .grad
+            progress.stage("building the .grad-kept variants")
             kept_impls = {
                 **fusegrad_impls(fw, wl, keep_grad=True),
                 **torch_impls(fw, wl, wl_notes, keep_grad=True),
@@ -1318,19 +1467,65 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for impl in kept_impls.values():
                 impl.step()  # capture / compile the accumulating variant
                 impl.step()  # (a whole step: record, then build)
+            progress.stage(f"measuring with .grad kept, {warmup}+{reps} repetitions")
             kept[wl.label] = common.measure_interleaved(
-                {name: impl.step for name, impl in kept_impls.items()}, warmup=warmup, reps=reps
+                {name: impl.step for name, impl in kept_impls.items()},
+                warmup=warmup,
+                reps=reps,
+                on_step=progress.update,
             )
             del kept_impls
         notes[wl.label] = wl_notes
         del impls
         gc.collect()
+        wl_rows = build_rows([wl], stats, kept)
+        for row in wl_rows:
+            stream.row(table_cells(row, planned))
+        rows += wl_rows
+        progress.close()
 
+    impl_order = [i for i in IMPLS if i in present]
+    table = render_table(rows, impl_order)
+    steady = {wl.label: stats[wl.label]["fg_compiled"]["backward"].median for wl in workloads}
+
+    # ---- compile time, one workload at a time ----
+    live.emit()
+    live.emit(
+        "Compile time: wall time of the first compiled backward in a fresh process "
+        "(capture + passes + codegen + numba JIT or cache load + the run), in seconds. 'cold': "
+        "empty FUSEGRAD_CACHE_DIR and NUMBA_CACHE_DIR; 'warm from disk': a second process on "
+        "the first one's directories; 'cold: JIT+1st run': the part of 'cold' spent in the "
+        "program's first run. A at its smallest size. 'steady bwd': the compiled backward after "
+        "warm-up (ms). torch.compile 1st: first forward+backward of the compiled forward in "
+        "this process (dynamo + AOTAutograd + inductor; the first workload also pays for "
+        "loading inductor; cold unless the inductor cache was given: see the torch.compile "
+        "note). jax 1st: trace + XLA compile + first run."
+        + (" (skipped: --no-compile-time)" if args.no_compile_time else "")
+    )
+    live.emit()
     compile_results: dict[str, Any] = {}
-    if not args.no_compile_time:
-        compile_results = compile_times(
-            [n for n in WORKLOADS if n in args.workload_names], args.quick, args.threads
-        )
+    compile_stream = live.StreamTable(
+        COMPILE_TABLE_HEADERS,
+        ["l"] + ["r"] * (len(COMPILE_TABLE_HEADERS) - 1),
+        widths=[label_width],
+    )
+    compile_stream.start()
+    names = [n for n in WORKLOADS if n in args.workload_names]
+    for index, name in enumerate(names, 1):
+        if not args.no_compile_time:
+            with live.Progress(
+                f"compile time {name}", mode=args.progress, position=(index, len(names))
+            ) as progress:
+                progress.stage("cold and warm-from-disk processes")
+                compile_results[name] = compile_time(name, args.quick, args.threads)
+        for wl in workloads:
+            if wl.name == name:
+                compile_stream.row(
+                    compile_table_cells(
+                        wl, workloads, compile_results, programs, first_calls, steady
+                    )
+                )
+    compile_table = render_compile_table(workloads, compile_results, programs, first_calls, steady)
     child_failures = [
         f"{name} {case}: {res['error']}"
         for name, cases in compile_results.items()
@@ -1338,11 +1533,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         if "error" in res
     ]
 
-    impl_order = [i for i in IMPLS if i in present]
-    rows = build_rows(workloads, stats, kept)
-    table = render_table(rows, impl_order)
-    steady = {wl.label: stats[wl.label]["fg_compiled"]["backward"].median for wl in workloads}
-    compile_table = render_compile_table(workloads, compile_results, programs, first_calls, steady)
     largest_a = max(
         (w for w in workloads if w.name == "A"), key=lambda w: w.size or 0, default=None
     )
@@ -1354,63 +1544,25 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         }
         bound = bandwidth_bound(largest_a, bandwidth, programs[largest_a.label], compiled_bwd)
 
-    # ---- print ----
-    quick_note = " (QUICK: smoke test, not a measurement)" if args.quick else ""
-    print(f"# fusegrad compiled autograd{quick_note}")
-    print()
-    numba = sys.modules.get("numba")
-    print(
-        f"threads: {args.threads} (BLAS/OpenMP/numba env{' + torch' if torch else ''}); "
-        f"fusegrad {fg.__version__}; numpy {np.__version__}; "
-        f"numba {getattr(numba, '__version__', '?')}; torch: {torch_note}; "
-        f"torch.compile: {torch_compile_note}; jax: {jax_note}"
-    )
-    print(
-        "repetitions (warm-up/measured): "
-        + ", ".join(f"{k} {r['warmup']}/{r['reps']}" for k, r in repetitions.items())
-        + "; medians; .grad set to None before every step (outside the timing) except in "
-        "the '.grad kept' rows, where every backward accumulates into the existing .grad"
-    )
-    for wl in workloads:
-        if _first_of(workloads, wl):
-            print(f"{wl.name}: {wl.description}")
-    print()
-    print(table)
-    print()
-    print(
-        "Compile time: wall time of the first compiled backward in a fresh process "
-        "(capture + passes + codegen + numba JIT or cache load + the run). 'cold': empty "
-        "FUSEGRAD_CACHE_DIR and NUMBA_CACHE_DIR; 'warm from disk': a "
-        "second process on the first one's directories. A at its smallest size. "
-        "torch.compile 1st: first forward+backward of the compiled forward in this process "
-        "(dynamo + AOTAutograd + inductor; the first workload also pays for loading "
-        "inductor; cold unless the inductor cache was given: see the torch.compile note)."
-    )
-    print()
-    print(compile_table)
-    print()
-    copy_bw, add_bw = bandwidth["copy"], bandwidth["add"]
-    print(
-        f"memory bandwidth ({bandwidth['array_mib']} MiB float32 arrays, {args.threads} "
-        f"thread(s), median/best): copy {copy_bw['gbps_median']:.1f}/{copy_bw['gbps_best']:.1f} "
-        f"GB/s (2 x bytes), add {add_bw['gbps_median']:.1f}/{add_bw['gbps_best']:.1f} GB/s "
-        f"(3 x bytes); bound computed with {bandwidth['gbps']:.1f} GB/s"
-    )
+    # ---- what else was found ----
+    live.emit()
     if bound is not None:
         cb = bound["compiled_backward_ms"]
-        print(
+        live.emit(
             f"bandwidth bound of {bound['workload']} backward (fg compiled: "
-            f"{cb['grad_none']:.2f} ms with .grad None, {cb['grad_kept']:.2f} ms with .grad kept):"
+            f"{cb['grad_none']:.2f} ms with .grad None, {cb['grad_kept']:.2f} ms with .grad "
+            f"kept): bytes moved -> the time they take at {bandwidth['gbps']:.1f} GB/s; "
+            "achieved = that time / the compiled backward's time"
         )
         explain = {
-            "issue": "6*4*N: read x, w, b, write 3 gradients, all as N floats (issue 4's formula)",
+            "naive": "6*4*N: read x, w, b, write 3 gradients, each counted as N floats",
             "minimum": "4*4*N: read x, w, write grad_x, grad_w (b, grad_b: one element)",
             "program": "bytes the generated kernels read (distinct arrays, saved activations "
             "included) and write",
         }
         for label, b in bound["bounds"].items():
             fn, fk = b["fraction_grad_none"], b["fraction_grad_kept"]
-            print(
+            live.emit(
                 f"  {label:8s} {common.format_number(b['bytes'] / 1e6):>6s} MB -> "
                 f"{common.format_number(b['bound_ms']):>6s} ms; achieved "
                 f"{(fn or 0) * 100:5.1f}% (.grad None), {(fk or 0) * 100:5.1f}% (.grad kept)"
@@ -1425,19 +1577,22 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             if "kernels" in info
             else info.get("fallback") or info.get("error", "?")
         )
-        print(
+        live.emit(
             f"program {label}: {desc}; captures: {ev['captures_first_call']} on first call, "
             f"{ev['captures_steady_state']} in steady state{extra}"
         )
     for label, wl_notes in notes.items():
         for impl_name, note in wl_notes.items():
-            print(f"note {label} {HEADERS[impl_name]}: {note}")
+            live.emit(f"note {label} {HEADERS[impl_name]}: {note}")
     for label, check in checks.items():
         errors = ", ".join(f"{HEADERS[k]} {v:.1e}" for k, v in check["max_rel_error"].items())
         status = "ok" if check["ok"] else "MISMATCH"
-        print(f"gradient check {label} vs fg eager (rtol {check['rtol']:g}): {status} ({errors})")
+        live.emit(
+            f"gradient check {label} vs fg eager (max relative error, rtol {check['rtol']:g}): "
+            f"{status} ({errors})"
+        )
     for failure in child_failures:
-        print(f"COMPILE-TIME SUBPROCESS FAILED: {failure}")
+        live.emit(f"COMPILE-TIME SUBPROCESS FAILED: {failure}")
 
     payload = {
         "benchmark": "compiled",
@@ -1456,6 +1611,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             for wl in workloads
         },
         "implementations": impl_order,
+        "columns": dict(HEADERS),
+        "ratio_convention": "fg_compiled/x and fg_step/x: that fusegrad column's median time "
+        "divided by x's, in the same run (below 1: fusegrad faster)",
+        "plot_panels": PLOT_PANELS,
         "torch": torch_note,
         "torch_compile": torch_compile_note,
         "jax": jax_note,
@@ -1471,10 +1630,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "ok": all(c["ok"] for c in checks.values()) and not child_failures,
         "table": table,
         "compile_table": compile_table,
-        "environment": common.environment(),
+        "environment": environment,
     }
     path = common.write_json(args.json, payload)
-    print(f"\nJSON written to {path}")
+    live.emit(f"\nJSON written to {path} (compare two runs: python -m benchmarks.compare A B)")
+    if args.plot is not None:
+        live.emit(f"plot written to {plot.plot_payload(payload, args.plot)}")
     return payload
 
 

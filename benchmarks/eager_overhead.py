@@ -551,9 +551,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         + (" (QUICK: smoke test, not a measurement)" if args.quick else "")
     )
     print()
+    environment = common.environment(threads=args.threads)
+    print(f"machine: {common.describe_environment(environment)}")
     print(
         f"threads: {args.threads} (BLAS/OpenMP env{' + torch' if have_torch else ''}); "
         f"torch: {torch_note}; fusegrad {fg.__version__}; numpy {np.__version__}"
+    )
+    print(
+        "Times: medians in the row's unit. Ratios fusegrad/X: fusegrad's median time divided "
+        "by X's, from the same run (0.52× = fusegrad takes 52% of X's time)."
     )
     print(
         "repetitions (warm-up/measured): "
@@ -602,7 +608,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "target": target,
         "checks": checks,
         "table": table,
-        "environment": common.environment(),
+        "environment": environment,
     }
     path = common.write_json(args.json, payload)
     print(f"\nJSON written to {path}")

@@ -13,8 +13,10 @@ Workloads (``benchmarks.models`` builds the GPT from the PyTorch API, for both f
 Every implementation runs the same sequence of batches from the same initial parameters; the
 fusegrad ones each keep their own random-generator state (restored around each step, outside
 the timing), so their dropout masks agree and their parameters after the run are compared
-with eager's (``check``).  ``python -m benchmarks.steps`` runs it alone; ``benchmarks.compiled``
-prints it as its "whole step" table.
+with eager's (``check``).  ``python -m benchmarks.steps`` runs it; each workload's row is
+printed as soon as it is measured (``benchmarks.live``), ``--json`` writes the results with the
+machine info (``benchmarks.compare`` puts two runs side by side) and ``--plot`` draws the whole
+step's ratios against each peer.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common, models  # noqa: E402
+from benchmarks import common, live, models, plot  # noqa: E402
 
 STEP_IMPLS = ("fg_eager", "fg_compiled", "fg_module", "fg_step", "torch", "torch_compile")
 STEP_HEADERS = {
@@ -145,11 +147,19 @@ def run(
     torch_compile: bool,
     names: Sequence[str] = WORKLOADS,
     quick: bool = False,
+    *,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    progress: str = "off",
 ) -> dict[str, Any]:
-    """Measure every workload; returns ``{"rows": [...], "checks": {...}, "notes": {...}}``."""
+    """Measure every workload; returns ``{"rows": [...], "checks": {...}, "notes": {...}}``.
+
+    ``on_row`` gets each workload's row as soon as it is measured (the streamed table);
+    ``progress`` is ``live.Progress``'s mode for the per-workload display on stderr."""
     fc = importlib.import_module("fusegrad.compiler")
     rows, checks, notes = [], {}, {}
-    for name in names:
+    for index, name in enumerate(names, 1):
+        bar = live.Progress(name, mode=progress, position=(index, len(names)))
+        bar.stage("building and compiling (first calls of every implementation)")
         fg.manual_seed(0)
         state = {k: v.detach().clone() for k, v in _build(fg, name).state_dict().items()}
         data = _batches(np, name)
@@ -185,8 +195,12 @@ def run(
         impls["fg_eager"].step()
         warmup, reps = QUICK_REPS if quick else REPS[name]
         before = (fc.counters.step_runs, dict(fc.counters.step_breaks))
+        bar.stage(f"measuring {len(impls)} implementations, {warmup}+{reps} steps each")
         stats = common.measure_interleaved(
-            {k: i.step for k, i in impls.items()}, warmup=warmup, reps=reps
+            {k: i.step for k, i in impls.items()},
+            warmup=warmup,
+            reps=reps,
+            on_step=bar.update,
         )
         medians = {k: stats[k]["step"].median * 1e3 if k in stats else None for k in STEP_IMPLS}
         want = impls["fg_eager"].params()
@@ -220,25 +234,42 @@ def run(
             }
         )
         notes[name] = wl_notes
+        if on_row is not None:
+            on_row(rows[-1])
+        bar.close()
     return {"rows": rows, "checks": checks, "notes": notes}
 
 
-def render(result: dict[str, Any]) -> str:
-    present = [k for k in STEP_IMPLS if any(r.get(k) is not None for r in result["rows"])]
-    others = [k for k in present if k != "fg_step"]
-    headers = ["workload", "unit", *(STEP_HEADERS[k] for k in present)]
+def planned_impls(have_torch: bool, torch_compile: bool) -> list[str]:
+    """The columns a run will have, known before it measures."""
+    skip = set() if have_torch else {"torch", "torch_compile"}
+    if not torch_compile:
+        skip.add("torch_compile")
+    return [k for k in STEP_IMPLS if k not in skip]
+
+
+def table_headers(impls: Sequence[str]) -> list[str]:
+    """The table's headers: medians per implementation, whole step / each other one, and the
+    whole step's first two calls."""
+    others = [k for k in impls if k != "fg_step"]
+    headers = ["workload", "unit", *(STEP_HEADERS[k] for k in impls)]
     headers += [f"step/{STEP_HEADERS[o].replace('fg ', '')}" for o in others]
-    headers += ["fg step: first 2 calls (s)"]
-    body = []
-    for row in result["rows"]:
-        cells = [row["workload"], row["unit"]]
-        cells += [common.format_number(row.get(k)) for k in present]
-        for o in others:
-            value = row[f"fg_step/{o}"]
-            cells.append(common.format_number(value, 2) + "×" if value is not None else "—")
-        cells.append(common.format_number(row["first_two_calls_s"].get("fg_step")))
-        body.append(cells)
-    lines = [common.markdown_table(headers, body, ["l", "l"] + ["r"] * (len(headers) - 2))]
+    return headers + ["fg step: first 2 calls (s)"]
+
+
+def table_cells(row: dict[str, Any], impls: Sequence[str]) -> list[str]:
+    cells = [row["workload"], row["unit"]]
+    cells += [common.format_number(row.get(k)) for k in impls]
+    for o in (k for k in impls if k != "fg_step"):
+        value = row[f"fg_step/{o}"]
+        cells.append(common.format_number(value, 2) + "×" if value is not None else "—")
+    cells.append(common.format_number(row["first_two_calls_s"].get("fg_step")))
+    return cells
+
+
+def render_notes(result: dict[str, Any]) -> str:
+    """The parameter checks and notes under the table."""
+    lines = []
     for name, check in result["checks"].items():
         diffs = ", ".join(f"{k} {v:.1e}" for k, v in check["max_rel_param_difference"].items())
         lines.append(
@@ -249,6 +280,16 @@ def render(result: dict[str, Any]) -> str:
         for key, note in wl_notes.items():
             lines.append(f"{name} {key}: {note}")
     return "\n".join(lines)
+
+
+def render(result: dict[str, Any]) -> str:
+    """The table (the columns some row has) and the notes, as one text."""
+    present = [k for k in STEP_IMPLS if any(r.get(k) is not None for r in result["rows"])]
+    headers = table_headers(present)
+    body = [table_cells(row, present) for row in result["rows"]]
+    table = common.markdown_table(headers, body, ["l", "l"] + ["r"] * (len(headers) - 2))
+    notes = render_notes(result)
+    return table + ("\n" + notes if notes else "")
 
 
 CHILD_MARKER = "STEP_COMPILE_CHILD "
@@ -323,6 +364,16 @@ def render_compile_times(result: dict[str, Any]) -> str:
     return common.markdown_table(headers, rows, ["l", "r", "l", "r", "l"])
 
 
+PLOT_PANELS = [
+    {
+        "title": "whole training step: fg whole step time / peer's step time",
+        "numerator": "fg_step",
+        "peers": [k for k in STEP_IMPLS if k != "fg_step"],
+        "metrics": None,
+    }
+]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.steps", description=__doc__)
     parser.add_argument("--threads", type=int, default=1)
@@ -332,12 +383,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--json", type=Path, default=common.RESULTS_DIR / "steps.json")
     parser.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="PNG",
+        help="also draw the whole step's time ratios against each peer into this PNG "
+        "(needs matplotlib)",
+    )
+    parser.add_argument(
+        "--progress",
+        choices=("auto", "plain", "off"),
+        default="auto",
+        help="progress on stderr: a tqdm bar when tqdm is installed and stderr is a terminal, "
+        "plain lines otherwise (auto); always plain lines; none",
+    )
+    parser.add_argument(
         "--compile-time",
         action="store_true",
         help="also time the calls until the first replay in fresh processes (cold, warm)",
     )
     parser.add_argument("--compile-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.plot is not None and (missing := plot.matplotlib_missing()) is not None:
+        parser.error(missing)
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    if not names or any(n not in WORKLOADS for n in names):
+        parser.error(f"--workloads: choose from {','.join(WORKLOADS)}, got {args.workloads!r}")
     threads = common.pin_threads(args.threads)
     if args.compile_child:
         import json
@@ -356,27 +427,78 @@ def main(argv: Sequence[str] | None = None) -> int:
             common.pin_torch_threads(torch, args.threads)
         except ImportError:
             torch = None
-    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
-    result = run(np, fg, torch, not args.no_torch_compile and torch is not None, names, args.quick)
-    print(f"# whole training steps (threads: {args.threads}; medians of one interleaved run)")
-    print()
-    print(render(result))
+    torch_compile = not args.no_torch_compile and torch is not None
+    environment = common.environment(threads=args.threads)
+    quick_note = " (QUICK: smoke test, not a measurement)" if args.quick else ""
+    live.emit(f"# whole training steps{quick_note}")
+    live.emit()
+    live.emit(f"machine: {common.describe_environment(environment)}")
+    reps = ", ".join(
+        f"{n} {w}/{r}" for n in names for w, r in [QUICK_REPS if args.quick else REPS[n]]
+    )
+    live.emit(
+        f"threads: {args.threads}; repetitions (warm-up/measured steps): {reps}; torch: "
+        + ("not used" if torch is None else torch.__version__)
+        + ("" if torch_compile or torch is None else "; torch.compile skipped")
+    )
+    live.emit(
+        "Times: median wall time of one training step (zero_grad, forward, loss, backward, "
+        "optimizer step) in ms, from one interleaved run. "
+        + live.RATIO_CONVENTION
+        + " Here fusegrad is the whole step: step/X = fg whole step time / X's time. "
+        "'first 2 calls': wall time of the whole step's first two calls in this process "
+        "(recording, then building and compiling or loading the program), in seconds."
+    )
+    live.emit()
+    planned = planned_impls(torch is not None, torch_compile)
+    headers = table_headers(planned)
+    stream = live.StreamTable(
+        headers,
+        ["l", "l"] + ["r"] * (len(headers) - 2),
+        widths=[max(len(n) for n in names), 4],
+    )
+    stream.start()
+    result = run(
+        np,
+        fg,
+        torch,
+        torch_compile,
+        names,
+        args.quick,
+        on_row=lambda row: stream.row(table_cells(row, planned)),
+        progress=args.progress,
+    )
+    live.emit()
+    live.emit(render_notes(result))
     if args.compile_time:
         result["compile_times"] = compile_times(names)
-        print()
-        print(
+        live.emit()
+        live.emit(
             "Whole step, calls until the first replay in a fresh process (the first records, "
             "an optimizer's first step records again with its new state, then the program is "
             "built and compiled or loaded): 'cold' with empty FUSEGRAD_CACHE_DIR and "
             "NUMBA_CACHE_DIR, 'warm' a second process on them."
         )
-        print()
-        print(render_compile_times(result["compile_times"]))
-    path = common.write_json(
-        args.json,
-        {"benchmark": "steps", "threads": threads, **result, **common.environment()},
-    )
-    print(f"\nJSON written to {path}")
+        live.emit()
+        live.emit(render_compile_times(result["compile_times"]))
+    present = [k for k in STEP_IMPLS if any(r.get(k) is not None for r in result["rows"])]
+    payload = {
+        "benchmark": "steps",
+        "quick": args.quick,
+        "threads": threads,
+        "implementations": present,
+        "columns": dict(STEP_HEADERS),
+        "ratio_convention": "fg_step/x: the whole step's median time divided by x's, in the "
+        "same run (below 1: the whole step is faster)",
+        "plot_panels": PLOT_PANELS,
+        **result,
+        "table": render(result),
+        "environment": environment,
+    }
+    path = common.write_json(args.json, payload)
+    live.emit(f"\nJSON written to {path} (compare two runs: python -m benchmarks.compare A B)")
+    if args.plot is not None:
+        live.emit(f"plot written to {plot.plot_payload(payload, args.plot)}")
     return 0
 
 
