@@ -44,9 +44,14 @@ subprocess fails.
 Run from the repository root::
 
     python -m benchmarks.compiled [--threads N] [--quick] [--workloads A,B,C,D] [--no-torch]
+                                  [--json PATH] [--plot PNG] [--progress auto|plain|off]
 
-or as a script (``python benchmarks/compiled.py``).  Results go to
-``benchmarks/results/compiled.json`` by default.
+or as a script (``python benchmarks/compiled.py``).  The header (machine, versions, units, the
+ratio convention) is printed first, then each workload's rows as soon as it is measured
+(``benchmarks.live``), with its progress on stderr.  Results go to
+``benchmarks/results/compiled.json`` by default, with the machine info, so that
+``python -m benchmarks.compare`` can put two runs side by side; ``--plot`` draws the ratios
+against each peer (``benchmarks.plot``).
 """
 
 from __future__ import annotations
