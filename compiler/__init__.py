@@ -491,18 +491,6 @@ class Report:
         (a ``.dot`` file, with a warning, when Graphviz's ``dot`` is missing)."""
         return self.to_dot().render(path, format)
 
-    def to_dot(self) -> Any:
-        """The report as a ``fusegrad.viz.DotGraph``: kernels as clusters of the IR values fused
-        into them, externs, effects, hooks, fallbacks; a whole step's parts (``compiler.viz``)."""
-        from .viz import report_dot  # (pictures: loaded when asked for)
-
-        return report_dot(self)
-
-    def render(self, path: str, format: str | None = None) -> str:
-        """Draw ``to_dot()`` to ``path`` (svg, png, ... by its suffix); returns the path written
-        (a ``.dot`` file, with a warning, when Graphviz's ``dot`` is missing)."""
-        return self.to_dot().render(path, format)
-
 
 def explain(fn: Callable, *args: Any, **kwargs: Any) -> Report:
     """Call ``fn(*args, **kwargs)`` once and report what compiling it does.
