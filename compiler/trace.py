@@ -37,6 +37,7 @@ import platform
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ _numbers = itertools.count(1)
 _pid = os.getpid()
 _started = time.time()
 _clock0 = time.perf_counter()
+_write_failed = False  # (warned once)
 _by_owner: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Step / AOTEntry -> section
 _by_program: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Program -> its record
 
@@ -367,7 +369,10 @@ def _picture(program: Any, section: Section, whole: bool, n_values: int) -> str:
             f'<p class="note">not drawn: {n_values} IR values (more than '
             f"trace.MAX_DRAWN_VALUES = {MAX_DRAWN_VALUES})</p>"
         )
-    dot = program_dot(program, None, "p", "", section.sources, whole_step=whole)
+    try:
+        dot = program_dot(program, None, "p", "", section.sources, whole_step=whole)
+    except Exception as e:  # noqa: BLE001  (a report never stops a compile: the page says why)
+        return f'<p class="note">no picture: {html.escape(repr(e))}</p>'
     try:
         svg = dot.pipe("svg").decode("utf-8")
     except (RuntimeError, OSError) as e:
@@ -522,17 +527,24 @@ def render_page() -> str:
 
 
 def write() -> None:
-    """Rewrite the page (atomically: a reader never sees half of it)."""
+    """Rewrite the page (atomically: a reader never sees half of it).  A page that cannot be
+    written warns once and never stops the compile."""
+    global _write_failed
     path = trace_path()
     if path is None:
         return
     with _lock:
         text = render_page()
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         temporary = f"{path}.{threading.get_ident()}.tmp"
-        with open(temporary, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(temporary, path)
+        try:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            with open(temporary, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(temporary, path)
+        except OSError as e:
+            if not _write_failed:
+                _write_failed = True
+                warnings.warn(f"fusegrad: cannot write the trace report {path}: {e}", stacklevel=2)
 
 
 set_trace_dir(os.environ.get(ENV) or None)
