@@ -41,7 +41,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the ``benchmarks`` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common  # after the script path fix above
+from benchmarks import common, live, plot  # after the script path fix above
 
 # numpy, fusegrad and torch are imported in ``main`` only, after the thread count is pinned.
 
@@ -440,31 +440,40 @@ def build_rows(
     return rows
 
 
+def table_headers(have_torch: bool) -> tuple[list[str], list[str]]:
+    """The table's headers and alignments; the torch columns only when torch runs."""
+    headers = ["workload", "metric", "unit", "fusegrad", "numpy"]
+    headers += ["torch"] if have_torch else []
+    headers.append("fusegrad/numpy")
+    headers += ["fusegrad/torch"] if have_torch else []
+    return headers, ["l", "l", "l"] + ["r"] * (len(headers) - 3)
+
+
+def table_cells(row: dict[str, Any], have_torch: bool) -> list[str]:
+    cells = [row["workload"], row["metric"], row["unit"]]
+    cells += [common.format_number(row["fusegrad"]), common.format_number(row["numpy"])]
+    if have_torch:
+        cells.append(common.format_number(row["torch"]))
+    cells.append(common.format_number(row["fusegrad/numpy"], 2) + "×")
+    if have_torch:
+        cells.append(common.format_number(row["fusegrad/torch"], 2) + "×")
+    return cells
+
+
 def render_table(rows: Sequence[dict[str, Any]], have_torch: bool) -> str:
     """The markdown table; the torch columns are left out when torch did not run."""
-    headers = ["workload", "metric", "unit", "fusegrad", "numpy"]
-    if have_torch:
-        headers.append("torch")
-    headers.append("fusegrad/numpy")
-    if have_torch:
-        headers.append("fusegrad/torch")
-    body = []
-    for row in rows:
-        cells = [
-            row["workload"],
-            row["metric"],
-            row["unit"],
-            common.format_number(row["fusegrad"]),
-            common.format_number(row["numpy"]),
-        ]
-        if have_torch:
-            cells.append(common.format_number(row["torch"]))
-        cells.append(common.format_number(row["fusegrad/numpy"], 2) + "×")
-        if have_torch:
-            cells.append(common.format_number(row["fusegrad/torch"], 2) + "×")
-        body.append(cells)
-    align = ["l", "l", "l"] + ["r"] * (len(headers) - 3)
-    return common.markdown_table(headers, body, align)
+    headers, align = table_headers(have_torch)
+    return common.markdown_table(headers, [table_cells(r, have_torch) for r in rows], align)
+
+
+PLOT_PANELS = [
+    {
+        "title": "eager overhead: fusegrad eager time / peer's time",
+        "numerator": "fusegrad",
+        "peers": ["numpy", "torch"],
+        "metrics": None,
+    }
+]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -491,7 +500,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=common.RESULTS_DIR / "eager_overhead.json",
         help="where to write the JSON results (default: %(default)s)",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--plot", type=Path, default=None, metavar="PNG", help="draw the ratios into this PNG"
+    )
+    parser.add_argument(
+        "--progress",
+        choices=("auto", "plain", "off"),
+        default="auto",
+        help="progress on stderr: a tqdm bar on a terminal when tqdm is installed, plain lines "
+        "otherwise (auto); always plain lines; none",
+    )
+    args = parser.parse_args(argv)
+    if args.plot is not None and (missing := plot.matplotlib_missing()) is not None:
+        parser.error(missing)
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -516,25 +538,65 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     workloads, notes = build_workloads(np, fg, torch)
     reps_table = QUICK_REPS if args.quick else DEFAULT_REPS
-
-    stats: dict[str, dict[str, dict[str, common.Stats]]] = {}
-    nodes: dict[str, dict[str, int]] = {}
-    checks: dict[str, Any] = {}
+    have_torch = torch is not None
+    environment = common.environment(threads=args.threads)
     repetitions: dict[str, dict[str, int]] = {}
-    for workload, impls in workloads.items():
+    for workload in workloads:
         warmup, reps = reps_table[workload]
         warmup = args.warmup if args.warmup is not None else warmup
         reps = args.reps if args.reps is not None else reps
         repetitions[workload] = {"warmup": warmup, "reps": reps}
-        steps = {name: impl.step for name, impl in impls.items()}
-        stats[workload] = common.measure_interleaved(steps, warmup=warmup, reps=reps)
-        nodes[workload] = {name: impl.nodes for name, impl in impls.items() if impl.nodes}
-        checks[workload] = check_gradients(np, impls, rtol=2e-3)
 
-    rows = build_rows(stats, nodes)
-    have_torch = torch is not None
+    live.emit(
+        "# fusegrad eager overhead"
+        + (" (QUICK: smoke test, not a measurement)" if args.quick else "")
+    )
+    live.emit()
+    live.emit(f"machine: {common.describe_environment(environment)}")
+    live.emit(
+        f"threads: {args.threads} (BLAS/OpenMP env{' + torch' if have_torch else ''}); "
+        f"torch: {torch_note}"
+    )
+    live.emit(
+        "repetitions (warm-up/measured): "
+        + ", ".join(f"{w} {r['warmup']}/{r['reps']}" for w, r in repetitions.items())
+    )
+    live.emit(
+        f"chain200: {CHAIN_OPS} ops forward (200 elementwise + sum) on {CHAIN_SIZE} float32; "
+        f"mlp: {'-'.join(map(str, MLP_SIZES))}, batch {MLP_BATCH}, ReLU, cross_entropy "
+        f"(fusegrad: {notes['fusegrad_cross_entropy']})"
+    )
+    live.emit(
+        "Times: median wall time in the row's unit (per call; 'per op' / 'per node': divided "
+        "by the forward's ops / each framework's backward nodes). " + live.RATIO_CONVENTION
+    )
+    live.emit()
+
+    stats: dict[str, dict[str, dict[str, common.Stats]]] = {}
+    nodes: dict[str, dict[str, int]] = {}
+    checks: dict[str, Any] = {}
+    rows: list[dict[str, Any]] = []
+    headers, align = table_headers(have_torch)
+    stream = live.StreamTable(headers, align, widths=[8, 17, 4])
+    stream.start()
+    for index, (workload, impls) in enumerate(workloads.items(), 1):
+        warmup, reps = repetitions[workload]["warmup"], repetitions[workload]["reps"]
+        with live.Progress(
+            workload, mode=args.progress, position=(index, len(workloads))
+        ) as progress:
+            progress.stage(f"measuring {len(impls)} implementations, {warmup}+{reps} repetitions")
+            steps = {name: impl.step for name, impl in impls.items()}
+            stats[workload] = common.measure_interleaved(
+                steps, warmup=warmup, reps=reps, on_step=progress.update
+            )
+            nodes[workload] = {name: impl.nodes for name, impl in impls.items() if impl.nodes}
+            checks[workload] = check_gradients(np, impls, rtol=2e-3)
+            wl_rows = build_rows({workload: stats[workload]}, nodes)
+            for row in wl_rows:
+                stream.row(table_cells(row, have_torch))
+            rows += wl_rows
+
     table = render_table(rows, have_torch)
-
     chain_row = next(r for r in rows if r["metric"] == "backward per node")
     target = {
         "metric": "chain200 backward per node, fusegrad/torch",
@@ -545,48 +607,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             and chain_row["fusegrad/torch"] <= TARGET_BACKWARD_PER_NODE_VS_TORCH
         ),
     }
-
-    print(
-        "# fusegrad eager overhead"
-        + (" (QUICK: smoke test, not a measurement)" if args.quick else "")
-    )
-    print()
-    environment = common.environment(threads=args.threads)
-    print(f"machine: {common.describe_environment(environment)}")
-    print(
-        f"threads: {args.threads} (BLAS/OpenMP env{' + torch' if have_torch else ''}); "
-        f"torch: {torch_note}; fusegrad {fg.__version__}; numpy {np.__version__}"
-    )
-    print(
-        "Times: medians in the row's unit. Ratios fusegrad/X: fusegrad's median time divided "
-        "by X's, from the same run (0.52× = fusegrad takes 52% of X's time)."
-    )
-    print(
-        "repetitions (warm-up/measured): "
-        + ", ".join(f"{w} {r['warmup']}/{r['reps']}" for w, r in repetitions.items())
-        + "; medians reported"
-    )
-    print(
-        f"chain200: {CHAIN_OPS} ops forward (200 elementwise + sum) on {CHAIN_SIZE} float32; "
-        "backward nodes (numpy: nominal) "
+    live.emit()
+    live.emit(
+        "chain200 backward nodes (numpy: nominal): "
         + ", ".join(f"{k} {v}" for k, v in nodes["chain200"].items())
     )
-    print(
-        f"mlp: {'-'.join(map(str, MLP_SIZES))}, batch {MLP_BATCH}, ReLU, cross_entropy "
-        f"(fusegrad: {notes['fusegrad_cross_entropy']})"
-    )
-    print()
-    print(table)
-    print()
     if target["value"] is not None:
-        print(
+        live.emit(
             f"target: {target['metric']} <= {target['target']:g}×: "
             f"{target['value']:.2f}× ({'met' if target['met'] else 'NOT met'})"
         )
     for workload, check in checks.items():
         errors = ", ".join(f"{k} {v:.1e}" for k, v in check["max_rel_error"].items())
         status = "ok" if check["ok"] else "MISMATCH"
-        print(f"gradient check {workload} vs numpy (rtol {check['rtol']:g}): {status} ({errors})")
+        live.emit(
+            f"gradient check {workload} vs numpy (max relative error, rtol {check['rtol']:g}): "
+            f"{status} ({errors})"
+        )
 
     payload = {
         "benchmark": "eager_overhead",
@@ -603,6 +640,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             },
         },
         "implementations": [impl for impl in IMPLS if impl != "torch" or have_torch],
+        "columns": {impl: impl for impl in IMPLS},
+        "plot_panels": PLOT_PANELS,
         "torch": torch_note,
         "rows": rows,
         "target": target,
@@ -611,7 +650,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "environment": environment,
     }
     path = common.write_json(args.json, payload)
-    print(f"\nJSON written to {path}")
+    live.emit(f"\nJSON written to {path} (compare two runs: python -m benchmarks.compare A B)")
+    if args.plot is not None:
+        live.emit(f"plot written to {plot.plot_payload(payload, args.plot)}")
     return payload
 
 

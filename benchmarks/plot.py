@@ -53,14 +53,14 @@ def panels_from_payload(payload: Mapping[str, Any]) -> list[RatioPanel]:
 
     A panel spec is ``{"title", "numerator", "peers", "metrics"}``: rows whose ``metric`` is in
     ``metrics`` (every row when ``metrics`` is null) become groups, labelled by workload (and
-    metric, when the panel takes several); peers with no ratio in any group are left out.
+    metric, when the panel's rows have several); peers with no ratio in any group are left out.
     """
     columns = payload.get("columns", {})
     panels = []
     for spec in payload.get("plot_panels", []):
         metrics = spec.get("metrics")
         rows = [r for r in payload["rows"] if metrics is None or r.get("metric") in metrics]
-        several = metrics is not None and len(metrics) > 1
+        several = len({r.get("metric") for r in rows}) > 1  # then the metric names the group
         groups = tuple(
             f"{r['workload']}\n{r['metric']}" if several else str(r["workload"]) for r in rows
         )

@@ -105,7 +105,12 @@ def test_panels_take_the_rows_and_peers_that_have_ratios() -> None:
     backward, every_row = plot.panels_from_payload(_payload())
     assert backward.groups == ("A\nbackward", "A\nbackward, .grad kept")
     assert dict(backward.series) == {"fg eager": [0.2, 0.1], "numpy": [1.5, None]}  # no torch
-    assert every_row.groups == ("A", "A", "A", "D")
+    assert every_row.groups == (
+        "A\nforward",
+        "A\nbackward",
+        "A\nbackward, .grad kept",
+        "D\nforward+backward",
+    )
     assert dict(every_row.series) == {"numpy": [None, None, None, 0.05]}
 
 
