@@ -2430,6 +2430,48 @@ add(
 )
 
 
+def smooth_l1_ref(a, b, reduction="mean", beta=1.0):  # type: ignore[no-untyped-def]
+    d = np.abs(a - b)
+    loss = d if beta == 0 else np.where(d < beta, 0.5 * d * d / max(beta, 1e-300), d - 0.5 * beta)
+    return _reduce_ref(loss, reduction)
+
+
+def huber_ref(a, b, reduction="mean", delta=1.0, weight=None):  # type: ignore[no-untyped-def]
+    d = np.abs(a - b)
+    loss = np.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta))
+    return _reduce_ref(loss if weight is None else loss * weight, reduction)
+
+
+def _robust_loss_samples(param: str) -> Callable:
+    def make(rng: np.random.Generator) -> list[Sample]:
+        return _pair_loss_samples()(rng) + [
+            S((uni(rng, (3, 4)), uni(rng, (3, 4))), {param: 0.5}, f"{param}_half"),
+            S((uni(rng, (3, 4)), uni(rng, (3, 4))), {param: 2.5, "reduction": "sum"}, "wide"),
+        ]
+
+    return make
+
+
+add(
+    "smooth_l1_loss",
+    lambda m, a, b, **k: m.F.smooth_l1_loss(a, b, **k),
+    smooth_l1_ref,
+    lambda rng: (
+        _robust_loss_samples("beta")(rng)
+        + [S((uni(rng, (3, 4)), _offset(rng, (3, 4))), {"beta": 0.0}, "beta0_l1")]
+    ),
+)
+add(
+    "huber_loss",
+    lambda m, a, b, **k: m.F.huber_loss(a, b, **k),
+    huber_ref,
+    lambda rng: (
+        _robust_loss_samples("delta")(rng)
+        + [S((uni(rng, (3, 4)), uni(rng, (3, 4))), {"weight": pos(rng, (3, 4))}, "weight")]
+    ),
+)
+
+
 def _prob(rng: np.random.Generator, shape: tuple) -> np.ndarray:
     return uni(rng, shape, 0.05, 0.95)
 

@@ -35,7 +35,16 @@ from .layers import (
     Tanh,
     Unflatten,
 )
-from .loss import BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, L1Loss, MSELoss, NLLLoss
+from .loss import (
+    BCELoss,
+    BCEWithLogitsLoss,
+    CrossEntropyLoss,
+    HuberLoss,
+    L1Loss,
+    MSELoss,
+    NLLLoss,
+    SmoothL1Loss,
+)
 from .module import LoadStateDictError, Module, RemovableHandle
 from .parameter import Parameter
 
@@ -50,6 +59,7 @@ __all__ = [
     "Dropout",
     "Embedding",
     "Flatten",
+    "HuberLoss",
     "Identity",
     "L1Loss",
     "LayerNorm",
@@ -70,6 +80,7 @@ __all__ = [
     "RemovableHandle",
     "Sequential",
     "SiLU",
+    "SmoothL1Loss",
     "Sigmoid",
     "Softmax",
     "Softplus",

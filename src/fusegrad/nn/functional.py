@@ -22,6 +22,7 @@ from ..ops.functional import (
     cross_entropy,
     dropout,
     embedding,
+    huber_loss,
     l1_loss,
     layer_norm,
     linear,
@@ -31,6 +32,7 @@ from ..ops.functional import (
     normalize,
     one_hot,
     pad,
+    smooth_l1_loss,
     unfold,
 )
 from ..ops.shape import flatten
@@ -48,6 +50,7 @@ __all__ = [
     "flatten",
     "gelu",
     "hardtanh",
+    "huber_loss",
     "l1_loss",
     "layer_norm",
     "leaky_relu",
@@ -66,6 +69,7 @@ __all__ = [
     "sigmoid",
     "silu",
     "softmax",
+    "smooth_l1_loss",
     "softmin",
     "softplus",
     "tanh",

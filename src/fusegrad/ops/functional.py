@@ -196,6 +196,60 @@ def l1_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     return _reduce(abs(sub(input, target)), reduction, "l1_loss")
 
 
+class LossArgumentError(ShapeError, RuntimeError):
+    """A bad scalar argument of a loss (``beta``, ``delta``): PyTorch raises a RuntimeError."""
+
+
+def smooth_l1_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+    beta: float = 1.0,
+) -> Tensor:
+    """0.5 d^2 / beta where |d| < beta, |d| - 0.5 beta elsewhere (d = input - target)."""
+    beta = float(beta)
+    if beta < 0:
+        raise LossArgumentError("smooth_l1_loss does not support negative values for beta.")
+    reduction = _legacy(size_average, reduce, reduction)
+    if beta == 0.0:  # the L1 loss (the quadratic branch would divide by zero in the gradient)
+        return l1_loss(input, target, reduction=reduction)
+    d = sub(input, target)
+    a = abs(d)
+    loss = where(a < beta, d * d * (0.5 / beta), sub(a, 0.5 * beta))
+    return _reduce(loss, reduction, "smooth_l1_loss")
+
+
+def huber_loss(
+    input: Tensor,
+    target: Tensor,
+    reduction: str = "mean",
+    delta: float = 1.0,
+    weight: Tensor | None = None,
+) -> Tensor:
+    """0.5 d^2 where |d| < delta, delta (|d| - 0.5 delta) elsewhere (d = input - target);
+    ``weight`` multiplies the elementwise loss before the reduction."""
+    delta = float(delta)
+    if delta <= 0:
+        raise LossArgumentError("huber_loss does not support non-positive values for delta.")
+    d = sub(input, target)
+    a = abs(d)
+    loss = where(a < delta, d * d * 0.5, (a - 0.5 * delta) * delta)
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction, "huber_loss")
+
+
+def _legacy(size_average: bool | None, reduce: bool | None, reduction: str) -> str:
+    """PyTorch's deprecated ``size_average``/``reduce`` arguments as a ``reduction``."""
+    if size_average is None and reduce is None:
+        return reduction
+    if reduce is False:
+        return "none"
+    return "sum" if size_average is False else "mean"
+
+
 def binary_cross_entropy(
     input: Tensor, target: Tensor, weight: Tensor | None = None, reduction: str = "mean"
 ) -> Tensor:
