@@ -279,15 +279,16 @@ def _attr_text(value: Any) -> str:
 def make_dot(
     var: Tensor | Sequence[Tensor],
     params: Mapping[str, Tensor] | None = None,
-    show_saved: bool = False,
     show_attrs: bool = False,
+    show_saved: bool = False,
 ) -> DotGraph:
     """The backward graph of ``var`` (a tensor or a sequence of tensors) as a ``DotGraph``.
 
     ``params`` names leaves (``dict(model.named_parameters())``); unnamed leaves are labelled
-    by shape and dtype.  ``show_saved`` adds the tensors each node saved for backward (name in
-    the derivative rule, shape, dtype); ``show_attrs`` adds each primitive's attributes
-    (``dim``, ``shape``, ...).  See the module docstring for what is drawn.
+    by shape and dtype.  ``show_attrs`` adds each primitive's attributes (``dim``, ``shape``,
+    ...); ``show_saved`` adds the tensors each node saved for backward (name in the derivative
+    rule, shape, dtype).  The arguments are torchviz's, in its order.  See the module docstring
+    for what is drawn.
     """
     roots = [var] if isinstance(var, Tensor) else list(var)
     for k, t in enumerate(roots):
