@@ -129,6 +129,12 @@ def test_samplers() -> None:
     assert len(longer) == 25 and sorted(longer[:20]) == sorted(data * 2)
     drawn = list(RandomSampler(data, replacement=True, num_samples=50))
     assert len(drawn) == 50 and set(drawn) <= set(data)
+    # makemore's endless loader: a huge num_samples is drawn lazily
+    endless = DataLoader(
+        _xy(5), batch_size=4, sampler=RandomSampler(range(5), replacement=True, num_samples=10**10)
+    )
+    batches = iter(endless)
+    assert all(next(batches)[0].shape == (4, 3) for _ in range(3))
     assert sorted(SubsetRandomSampler([3, 5, 7])) == [3, 5, 7]
     weighted = list(WeightedRandomSampler([0.0, 1.0, 0.0, 3.0], 40))
     assert len(weighted) == 40 and set(weighted) <= {1, 3}

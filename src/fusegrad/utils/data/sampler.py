@@ -81,7 +81,12 @@ class RandomSampler(Sampler[int]):
         n = len(self.data_source)
         generator = _epoch_generator(self.generator)
         if self.replacement:
-            yield from randint(0, n, (self.num_samples,), generator=generator).tolist()
+            # drawn in chunks: num_samples may be huge (an endless loader: num_samples=1e10)
+            left = self.num_samples
+            while left > 0:
+                chunk = min(left, 32)
+                yield from randint(0, n, (chunk,), generator=generator).tolist()
+                left -= chunk
             return
         for _ in range(self.num_samples // n):
             yield from randperm(n, generator=generator).tolist()
