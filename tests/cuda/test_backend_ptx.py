@@ -1,7 +1,7 @@
 """The eager CUDA backend's own kernels (copy/fill, reductions, matmul, gather/scatter, cumsum,
-advanced indexing) compile to PTX for compute capability 9.0 with the argument types the backend
-launches them with: numba-cuda's type inference, which the simulator never runs.  Runs in the
-PTX process (``FUSEGRAD_CUDA_PTX=1``, no simulator, no GPU needed)."""
+argsort, advanced indexing) compile to PTX for compute capability 9.0 with the argument types the
+backend launches them with: numba-cuda's type inference, which the simulator never runs.  Runs in
+the PTX process (``FUSEGRAD_CUDA_PTX=1``, no simulator, no GPU needed)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np  # noqa: E402
 from numba import cuda  # noqa: E402
 from numba import types as nt  # noqa: E402
 
-from fusegrad.cuda import advanced, arith, kernels, matmul, movement, reduce  # noqa: E402
+from fusegrad.cuda import advanced, arith, kernels, matmul, movement, reduce, sorting  # noqa: E402
 
 CC = (9, 0)
 DTYPES = [np.dtype(d) for d in ("float32", "float64", "int64", "int32", "bool")]
@@ -79,6 +79,15 @@ def test_gather_scatter_cumsum_kernels(rank: int, dim: int) -> None:
             movement._cumsum_kernel(acc),
             (arr(np.dtype(acc), 2, "C"), arr(np.dtype(acc), 2, "C"), nt.int64, nt.int64),
         )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("descending", [False, True])
+def test_argsort_kernels(dtype: np.dtype, descending: bool) -> None:
+    compiles(
+        sorting._rank_kernel(descending),
+        (arr(dtype, 2, "C"), arr(np.dtype("int64"), 2, "C"), nt.int64, nt.int64, nt.int64),
+    )
 
 
 def test_advanced_indexing_kernels() -> None:

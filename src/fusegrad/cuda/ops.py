@@ -13,7 +13,8 @@ Where each primitive's CUDA code comes from:
   shared-memory kernel (``fusegrad.cuda.matmul``); reductions: ``fusegrad.cuda.reduce``;
   copying movement ops and ``cumsum``: ``fusegrad.cuda.movement``; advanced indexing:
   ``fusegrad.cuda.advanced``; the elementwise externs (``round``, ``remainder``,
-  ``floor_divide``, bitwise ops): ``fusegrad.cuda.arith``.
+  ``floor_divide``, bitwise ops): ``fusegrad.cuda.arith``; ``argsort`` (sort, topk, ...):
+  ``fusegrad.cuda.sorting``.
 
 What is not implemented on CUDA yet raises ``NotImplementedError`` naming the primitive, shapes
 and dtypes — never a silent trip through host memory.
@@ -28,7 +29,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .._index_key import numpy_key
-from . import advanced, arith, generated, movement, reduce
+from . import advanced, arith, generated, movement, reduce, sorting
 from .array import CudaArray, contiguous, copy_into, probe_view, to_device
 from .matmul import matmul
 
@@ -188,5 +189,6 @@ _SPECIAL: dict[str, Callable[[Any, list, dict], Any]] = {
     "index_put": _index_put,
     "flip": _flip,
     "matmul": _matmul,
+    "argsort": lambda prim, arrays, attrs: sorting.argsort(arrays[0], **attrs),
     **{n: _reduce(n) for n in ("amax", "amin", "prod", "argmax", "argmin", "all", "any")},
 }
