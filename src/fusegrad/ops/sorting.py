@@ -5,8 +5,10 @@ first ``k``), underlies them all.  The values are ``gather(x, dim, indices)``, s
 scatter to the selected positions through gather's rule, as PyTorch's ``sort``/``topk``/
 ``kthvalue``/``median`` backward do, and compiled programs call the primitive as an extern
 between fused loops.  Order: NaN is larger than every number (last ascending, first descending);
-equal elements keep their original order (every sort here is stable; PyTorch leaves the order of
-ties unspecified unless ``stable=True``).
+equal elements keep their original order in ``sort``/``argsort`` (always stable; PyTorch leaves
+the order of ties unspecified unless ``stable=True``).  ``topk``/``kthvalue`` with ``k`` short of
+the dimension find their elements by a partial sort, so which of several equal elements they
+pick (and the order of ties among them) is unspecified, as in PyTorch.
 """
 
 from __future__ import annotations
