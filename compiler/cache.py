@@ -284,7 +284,12 @@ def describe_program_miss(old_key: tuple | None, new_key: tuple) -> str:
     if mode_old != mode_new:
         return f"mode {mode_old!r} -> {mode_new!r}"
     if config_old != config_new:
-        return f"configuration {config_old} -> {config_new}"
+        changed = [
+            f"config.{name} {a!r} -> {b!r}"
+            for name, a, b in zip(config.PROGRAM_KEY, config_old, config_new)
+            if a != b
+        ]
+        return ", ".join(changed) or f"configuration {config_old} -> {config_new}"
     for k, (a, b) in enumerate(zip(grads_old, grads_new)):
         if (a is None) != (b is None):
             return f"leaf {k}'s .grad went from {'None' if a is None else 'a tensor'} to " + (

@@ -58,6 +58,7 @@ from .ir import Graph, Value, format_graph
 from .passes import schedule as _schedule
 from .passes.buffers import BufferPlan, plan_buffers
 from .passes.fuse import Extern, Kernel
+from .settings import config
 from .symbolic import has_sym, substitute
 
 # A kernel with broadcast inputs or row/column sums costs the interpreter more per element than
@@ -83,7 +84,11 @@ class Variant:
         graph = program.graph
         fused = program.fused
         self.schedule = _schedule.finish(
-            fused, graph, program.leaves_with_grad, lambda k: id(k) in small
+            fused,
+            graph,
+            program.leaves_with_grad,
+            lambda k: id(k) in small,
+            rows=program.row_fusion,
         )
         steps = self.schedule.steps
         interpreted = self.schedule.interpreted
@@ -213,6 +218,9 @@ class Program:
         # where the arrays live: "cpu" (numpy; numba CPU code) or "cuda" (CudaArrays; numba-cuda)
         self.device = device
         self.sizes_per_program = sizes_per_program
+        # generated kernels waiting on each other's row sums run as row kernels (the CPU
+        # emitter's; ``config.row_fusion``, part of the program key)
+        self.row_fusion = config.row_fusion and device == "cpu"
         with _trace.phase("fusion"):
             self.fused = _schedule.steps(graph, mode)
         self._interpretable = (
@@ -584,10 +592,13 @@ def _run_kernel(
         for v in plan.inputs:
             a = env[v]
             args.append(a.reshape((1,) * (rank - a.ndim) + a.shape) if a.ndim < rank else a)
-    out_shape = sizes if plan.flat else (space or (1,))
+    full_shape = sizes if plan.flat else (space or (1,))
+    row_shape = full_shape[:-1] + (1,)
+    rows = plan.row_outputs or (False,) * len(plan.outputs)
     outs = []
     late_adds = []
-    for v, acc in zip(plan.outputs, plan.accumulate):
+    for v, acc, per_row in zip(plan.outputs, plan.accumulate, rows):
+        out_shape = row_shape if per_row else full_shape
         buf = _epilogue_buffer(leaves[epilogue[v]], v, shapes[v], out_shape) if acc else None
         if acc and buf is None:
             # cannot write through: accumulate into zeros, add into .grad afterwards

@@ -32,10 +32,16 @@ class Config:
         # (one per guard key: sizes, modes, Python values); past this many keys a function
         # is no longer recorded, only its backward compiled (one logged reason)
         self.step_recordings = 8
+        # generated CPU kernels that wait on each other's row sums (layer norm, softmax, their
+        # backwards) run as one row kernel, row by row (``passes.rows``); False: separately
+        self.row_fusion = True
+
+    # the settings ``program_key`` holds, in its order
+    PROGRAM_KEY = ("interpreter_max_elements", "row_fusion")
 
     def program_key(self) -> tuple:
         """What of the configuration changes a program built from a graph."""
-        return (self.interpreter_max_elements,)
+        return tuple(getattr(self, name) for name in self.PROGRAM_KEY)
 
 
 config = Config()

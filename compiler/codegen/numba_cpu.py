@@ -66,6 +66,7 @@ from .common import (
     describe,
     expression,
     is_flat,
+    literal,
     reader,
     reduction_target,
 )
@@ -127,6 +128,8 @@ class KernelPlan:
     # the same loops with ``numba.prange`` over the outermost one, for kernels whose every
     # iteration writes its own output elements only (no reduction); None otherwise
     parallel_name: str | None = None
+    # per output: computed once per row (a row kernel's per-row value, last dim 1)
+    row_outputs: tuple[bool, ...] = ()
 
 
 def _decorator(parallel: bool) -> str:
@@ -142,6 +145,9 @@ def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
     ``{name}_parallel`` variant (``numba.prange`` over the outermost loop): its iterations write
     disjoint output elements (``+=`` into a ``.grad`` included), so it computes exactly what the
     serial loop computes; ``kernel_function`` picks it at run time for large sizes."""
+    if kernel.phases:
+        lines, plan = _emit_rows(kernel, name)
+        return "\n".join(lines), plan
     lines, plan = _emit(kernel, name, parallel=False)
     if kernel.reductions:
         return "\n".join(lines), plan
@@ -273,6 +279,171 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
         tuple(reds),
         tuple(red_shapes),
         tuple(full_red),
+    )
+    return lines, plan
+
+
+def _emit_rows(kernel: Kernel, name: str) -> tuple[list[str], KernelPlan]:
+    """A row kernel (``passes.rows``): the outer loops run over the rows; per row, each phase
+    first computes its per-row values (last dim 1: plain locals), then loops over the row's
+    elements computing its full-size values and adding into its reductions.  A full-size value
+    a later phase reads is kept in a row buffer (``rb{id}``, one row long: it stays in the
+    cache); a row sum is complete after its phase's loop and is then a local of the row.  Each
+    reduction is summed as the separate kernels sum it (``_emit``): row sums in lanes reset per
+    row, totals in lanes kept across rows, column sums straight into their buffer element."""
+    space = kernel.shape
+    rank = len(space)
+    idx = [f"i{d}" for d in range(rank)]
+    inner = idx[-1]
+    n_inner = f"n{rank - 1}"
+    phases = kernel.phases
+    reds = list(kernel.reductions)
+    reduction_set = set(reds)
+    targets = [reduction_target(r, space) for r in reds]
+    # one row (every dim but the last literally 1): a total is that row's sum, complete after
+    # its phase, and summed in the same order either way (lanes, then the tail)
+    one_row = all(type(d) is int and d == 1 for d in space[:-1])
+    full_red = [all(t == 1 for t in target) and not one_row for target in targets]
+    row_red = [
+        not full_red[k] and target[-1] == 1 and space[-1] != 1 for k, target in enumerate(targets)
+    ]
+    lanes = [k for k in range(len(reds)) if full_red[k] or row_red[k]]
+    row_shape = tuple(space[:-1]) + (1,)
+
+    def per_row(v: Value) -> bool:
+        return v not in reduction_set and tuple(v.shape) == row_shape
+
+    full_out = [v for v in kernel.outputs if v not in reduction_set]
+    out_index = {v: k for k, v in enumerate(full_out)}
+    buffered = {
+        i
+        for m in kernel.values + reds
+        for i in m.inputs
+        if i in phases and i not in reduction_set and not per_row(i) and phases[i] < phases[m]
+    }
+    args = [f"n{d}" for d in range(rank)]
+    args += [f"in{k}" for k in range(len(kernel.inputs))]
+    args += [f"out{k}" for k in range(len(full_out))]
+    args += [f"red{k}" for k in range(len(reds))]
+    lines = [_decorator(False), f"def {name}({', '.join(args)}):"]
+    for k in lanes:
+        r = reds[k]
+        kind = "full reduction" if full_red[k] else "row sums"
+        lines.append(
+            f"    lanes{k} = _partial_sums({REDUCTION_LANES})  # %{r.id} = {r.op} ({kind}, float64)"
+        )
+        if full_red[k]:
+            lines.append(f"    tail{k} = 0.0")
+    for v in sorted(buffered, key=lambda v: v.id):
+        dtype = "np.bool_" if v.dtype.name == "bool" else f"np.{v.dtype.name}"
+        lines.append(f"    rb{v.id} = np.empty({n_inner}, dtype={dtype})  # %{v.id}, one row")
+
+    def read_input(k: int, v: Value) -> str:  # inputs arrive reshaped to the loop's rank
+        b = broadcast_dims(v, space)
+        pad = rank - len(v.shape)
+        sub = ", ".join("0" if (d < pad or b[d]) else idx[d] for d in range(rank))
+        return f"in{k}[{sub}]"
+
+    phase_now = [0]
+
+    def read(v: Value) -> str:
+        if v in phases:
+            if v in buffered and phases[v] < phase_now[0]:
+                return f"rb{v.id}[{inner}]"
+            return f"v{v.id}"
+        if v.op == "scalar":
+            return literal(v.attr("value"), v.dtype)
+        return read_input(kernel.inputs.index(v), v)
+
+    def reduced_index(r: Value) -> str:
+        target = reduction_target(r, space)
+        return ", ".join("0" if target[d] == 1 and space[d] != 1 else idx[d] for d in range(rank))
+
+    def write(v: Value, position: str) -> list[str]:
+        lines = []
+        if v in out_index:
+            op = "+=" if v in kernel.accumulate else "="
+            lines.append(f"out{out_index[v]}[{position}] {op} v{v.id}")
+        if v in buffered:
+            lines.append(f"rb{v.id}[{inner}] = v{v.id}")
+        return lines
+
+    for d in range(rank - 1):
+        lines.append("    " * (d + 1) + f"for {idx[d]} in range(n{d}):")
+    indent = "    " * rank
+    row_position = ", ".join(idx[:-1] + ["0"])
+    for phase in range(max(phases.values()) + 1):
+        phase_now[0] = phase
+        lines.append(f"{indent}# phase {phase}")
+        for v in kernel.values:
+            if phases[v] == phase and per_row(v):
+                lines.append(f"{indent}v{v.id} = {expression(v, read, SPELLING)}  {describe(v)}")
+                lines += [f"{indent}{line}" for line in write(v, row_position)]
+        loop_values = [v for v in kernel.values if phases[v] == phase and not per_row(v)]
+        loop_reds = [k for k, r in enumerate(reds) if phases[r] == phase]
+        if not loop_values and not loop_reds:
+            continue
+
+        def body(
+            summand: str, loop_values: list = loop_values, loop_reds: list = loop_reds
+        ) -> list[str]:
+            body_lines: list[str] = []
+            for v in loop_values:
+                body_lines.append(f"v{v.id} = {expression(v, read, SPELLING)}  {describe(v)}")
+                body_lines += write(v, ", ".join(idx))
+            for k in loop_reds:
+                r = reds[k]
+                term = read(r.inputs[0])
+                if k in lanes:
+                    body_lines.append(f"{summand.format(k=k)} += {term}  # %{r.id} = {r.op}")
+                else:
+                    body_lines.append(f"red{k}[{reduced_index(r)}] += {term}  # %{r.id} = {r.op}")
+            return body_lines
+
+        phase_lanes = [k for k in loop_reds if k in lanes]
+        if not phase_lanes:
+            lines.append(f"{indent}for {inner} in range({n_inner}):")
+            lines += [f"{indent}    {line}" for line in body("")]
+            continue
+        for k in phase_lanes:
+            if row_red[k]:
+                lines += [
+                    f"{indent}for lane in range({REDUCTION_LANES}):",
+                    f"{indent}    lanes{k}[lane] = 0.0",
+                    f"{indent}tail{k} = 0.0",
+                ]
+        lines += [
+            f"{indent}blocks_end = {n_inner} - {n_inner} % {REDUCTION_LANES}",
+            f"{indent}for block in range(0, blocks_end, {REDUCTION_LANES}):",
+            f"{indent}    for lane in range({REDUCTION_LANES}):",
+            f"{indent}        {inner} = block + lane",
+        ]
+        lines += [f"{indent}        {line}" for line in body("lanes{k}[lane]")]
+        lines.append(f"{indent}for {inner} in range(blocks_end, {n_inner}):  # the tail")
+        lines += [f"{indent}    {line}" for line in body("tail{k}")]
+        for k in phase_lanes:
+            if row_red[k]:
+                r = reds[k]
+                lines += _combine_lanes(k, indent)
+                lines.append(f"{indent}red{k}[{reduced_index(r)}] += total{k}")
+                # the row's sum as the separate kernels hand it on: its float64 buffer
+                # element (0.0 + total) rounded to the value's dtype
+                lines.append(f"{indent}v{r.id} = np.{r.dtype.name}(total{k})  # %{r.id}, this row")
+    for k in lanes:
+        if full_red[k]:
+            lines += _combine_lanes(k, "    ")
+            lines.append(f"    red{k}[{', '.join('0' for _ in range(rank))}] = total{k}")
+    plan = KernelPlan(
+        name,
+        rank,
+        False,
+        tuple(kernel.inputs),
+        tuple(full_out),
+        tuple(v in kernel.accumulate for v in full_out),
+        tuple(reds),
+        tuple(targets),
+        tuple(full_red),
+        row_outputs=tuple(per_row(v) for v in full_out),
     )
     return lines, plan
 

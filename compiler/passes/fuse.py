@@ -40,6 +40,8 @@ class Kernel:
     # outputs written with ``+=`` straight into an existing ``.grad`` (the accumulation
     # epilogue): set by the program, which knows which leaves already have a ``.grad``
     accumulate: set = field(default_factory=set)
+    # a row kernel (``schedule.merge_rows``): member -> phase; empty for a plain kernel
+    phases: dict = field(default_factory=dict)
 
     def members(self) -> set[Value]:
         return set(self.values) | set(self.reductions)

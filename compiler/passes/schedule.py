@@ -9,10 +9,11 @@ Assumes a verified graph after the pipeline (``passes.run``).  Two functions:
   kernels that ``small`` says run on the precompiled interpreter (``codegen.interpreter``; which
   kernels are small depends on a call's sizes, so a program keeps one variant per pattern):
   consecutive interpreted kernels over the same iteration space and float dtype are merged into
-  one (the fuser's size cap exists for numba's compile time, which the interpreter does not pay),
-  and the ``.grad`` accumulation epilogue is planned: a generated kernel output that is the
-  gradient of exactly one leaf whose ``.grad`` exists, and read by no later step, is added into
-  that ``.grad`` by the kernel.
+  one (the fuser's size cap exists for numba's compile time, which the interpreter does not pay);
+  on the CPU (``rows=True``), generated kernels that wait on each other's row sums become one
+  row kernel (``rows.merge_rows``); and the ``.grad`` accumulation epilogue is planned: a
+  generated kernel output that is the gradient of exactly one leaf whose ``.grad`` exists, and
+  read by no later step, is added into that ``.grad`` by the kernel.
 
 Guarantees: the steps of a variant compute the same values as ``steps`` gave, in an order that
 respects every dependency; kernels are copies (a variant never changes another's kernels).
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from ..codegen.interpreter import eligible, float_dtype, merge
 from ..ir import Graph, Value
 from .fuse import Extern, Kernel, fuse
+from .rows import merge_rows
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,11 @@ def finish(
     graph: Graph,
     leaves_with_grad: frozenset,
     small: Callable[[Kernel], bool],
+    rows: bool = False,
 ) -> Schedule:
     """The variant of ``fused`` whose interpreted kernels are those ``small`` accepts (see the
-    module docstring)."""
+    module docstring); ``rows``: generated kernels that wait on each other's row sums become
+    row kernels (``rows.merge_rows``: the CPU emitter's)."""
     ok = [isinstance(s, Kernel) and small(s) for s in fused]
     copied: list[Kernel | Extern] = [
         dataclasses.replace(s, accumulate=set()) if isinstance(s, Kernel) else s for s in fused
@@ -117,6 +121,14 @@ def finish(
             )
         interpreted.add(len(merged) - 1)
         k = j
+    if rows:
+        merged, interpreted = merge_rows(
+            merged, interpreted, {v for _, _, v in graph.effects}, step_inputs
+        )
+        users = {}
+        for k, step in enumerate(merged):
+            for v in step_inputs(step):
+                users.setdefault(v, set()).add(k)
     # the .grad accumulation epilogue, in generated kernels only: the kernel adds the value into
     # .grad instead of storing it, so nothing else may read it (no other effect, no later step)
     uses: dict[Value, int] = {}

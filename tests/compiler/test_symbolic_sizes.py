@@ -258,7 +258,7 @@ def test_grad_state_mode_and_config_build_programs_not_captures(caplog: Any) -> 
     text = caplog.text
     assert "leaf 0's .grad went from None to a tensor" in text
     assert "mode 'default' -> 'debug'" in text
-    assert "configuration (65536,) -> (0,)" in text
+    assert "config.interpreter_max_elements 65536 -> 0" in text
 
 
 def test_debug_mode_keeps_leaf_dtypes() -> None:
