@@ -73,6 +73,10 @@ from .program import Program
 from .settings import config
 
 _SCALARS = (int, float, bool, str, type(None), complex)
+# optimizer options a recorded update reads on every call (``optim.hyper``): not in the key;
+# for these, whether they are zero is (the update skips a term at 0)
+_RUNTIME_OPTIONS = frozenset({"params", "param_names", "lr", "betas", "eps", "dampening"})
+_ZERO_OR_NOT = frozenset({"momentum", "weight_decay"})
 # lists, tuples and dicts reached from ``fn`` with at most this many items, this many levels
 # deep, are watched item by item (larger ones by identity only)
 CONTAINER_ITEMS = 64
@@ -196,18 +200,18 @@ class Watch:
             self.seen.add(id(obj))
             return ("M", id(obj), tuple(self.module(m) for m in obj.modules()))
         if isinstance(obj, Optimizer):
-            # parameters and state tensors by identity, options by value except the learning
-            # rate (a runtime input of a recorded update: schedulers change it every step)
+            # parameters and state tensors by identity, options by value except the numeric
+            # hyperparameters: runtime inputs of a recorded update (``optim.hyper``; schedulers
+            # change them every step), of which only "is it zero" shapes the update
             self.seen.add(id(obj))
             self.optimizers.append(obj)
             parts: list = []
             for group in obj.param_groups:
                 parts.append(
                     tuple(
-                        (k, v)
+                        (k, v != 0 if k in _ZERO_OR_NOT else v)
                         for k, v in group.items()
-                        if k not in ("params", "lr", "param_names")
-                        and isinstance(v, (*_SCALARS, tuple))
+                        if k not in _RUNTIME_OPTIONS and isinstance(v, (*_SCALARS, tuple))
                     )
                 )
                 for p in group["params"]:
@@ -442,9 +446,14 @@ class Recorder(Tracer):
         except StepBreak as e:
             self.stop(str(e))
             return
-        if isinstance(redo, Tensor):  # a copy of ``redo``'s values
+        if isinstance(redo, Tensor):  # a copy of ``redo``'s values (perhaps cast)
             try:
-                self.bind(t, self.value_of(redo))
+                value = self.value_of(redo)
+                if value.dtype is not t._dtype:
+                    value = self.graph.add(
+                        "cast", (value,), {"dtype": t._dtype}, value.shape, t._dtype
+                    )
+                self.bind(t, value)
             except StepBreak as e:
                 self.stop(str(e))
         elif redo is None and t._data.ndim == 0 and t._data.dtype.kind in "fiub":

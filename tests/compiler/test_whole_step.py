@@ -686,3 +686,51 @@ def test_returned_tensor_with_a_usable_graph_is_not_replayed() -> None:
     assert compiler.counters.step_runs == 0
     (reason,) = compiler.counters.step_breaks
     assert "autograd graph a later backward could still use" in reason
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adam", "adamw"])
+@pytest.mark.parametrize("dtype", [fg.float64, fg.float32])
+def test_hyperparameters_changed_every_call_are_runtime_inputs(opt_name: str, dtype: Any) -> None:
+    """lr, betas, eps, weight decay, momentum and dampening changed before every call (as
+    OneCycleLR's momentum cycling does): one recording, eager's parameters."""
+
+    def train(compiled: bool) -> list:
+        fg.manual_seed(0)
+        lin = nn.Linear(3, 2, dtype=dtype)
+        if opt_name == "sgd":
+            opt = fg.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9, dampening=0.1)
+        elif opt_name == "adam":
+            opt = fg.optim.Adam(lin.parameters(), lr=0.01, weight_decay=0.1)
+        else:
+            opt = fg.optim.AdamW(lin.parameters(), lr=0.01, weight_decay=0.1)
+
+        def step(x: fg.Tensor) -> fg.Tensor:
+            opt.zero_grad()
+            loss = lin(x).tanh().square().sum()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        fn = fg.compile(step) if compiled else step
+        x = fg.tensor(np.arange(12.0).reshape(4, 3) / 7, dtype=dtype)
+        for i in range(7):
+            group = opt.param_groups[0]
+            group["lr"] = 0.01 * (i + 1)
+            group["weight_decay"] = 0.05 * (i + 1)
+            if opt_name == "sgd":
+                group["momentum"] = 0.5 + 0.05 * i
+                group["dampening"] = 0.02 * i
+            else:
+                group["betas"] = (0.8 + 0.02 * i, 0.99 - 0.001 * i)
+                group["eps"] = 1e-8 * (i + 1)
+            fn(x)
+        return [p.detach().numpy().copy() for p in lin.parameters()]
+
+    want = train(False)
+    compiler.reset()
+    got = train(True)
+    assert compiler.counters.step_captures == 1, compiler.counters
+    assert compiler.counters.step_runs == 5 and not compiler.counters.step_breaks
+    tol = 1e-12 if dtype is fg.float64 else 1e-5
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)

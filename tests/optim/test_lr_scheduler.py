@@ -256,3 +256,41 @@ def test_compiled_step_with_a_scheduler_records_once(inside: bool) -> None:
     assert compiler.counters.step_captures == 1, compiler.counters
     assert compiler.counters.step_runs >= 6 and not compiler.counters.step_breaks
     compiler.reset()
+
+
+def test_compiled_step_with_one_cycle_momentum_records_once() -> None:
+    """OneCycleLR cycles Adam's beta1 (and SGD's momentum) with the learning rate: runtime
+    inputs of the recorded update too, so one recording serves every call."""
+    for make in (
+        lambda ps: fg.optim.AdamW(ps, lr=1e-2),
+        lambda ps: fg.optim.SGD(ps, lr=0.1, momentum=0.9),
+    ):
+        compiler.reset()
+
+        def train(compiled: bool, make: Any = make) -> list:
+            fg.manual_seed(0)
+            model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+            opt = make(model.parameters())
+            sched = fls.OneCycleLR(opt, max_lr=0.5, total_steps=10)
+
+            def step(x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
+                opt.zero_grad()
+                loss = ((model(x) - y) ** 2).mean()
+                loss.backward()
+                opt.step()
+                sched.step()
+                return loss.detach()
+
+            fn = fg.compile(step) if compiled else step
+            rng = np.random.default_rng(1)
+            for _ in range(8):
+                fn(fg.tensor(rng.standard_normal((6, 4))), fg.tensor(rng.standard_normal((6, 1))))
+            return [p.detach().numpy() for p in model.parameters()]
+
+        want = train(False)
+        got = train(True)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+        assert compiler.counters.step_captures == 1, compiler.counters
+        assert compiler.counters.step_runs == 6 and not compiler.counters.step_breaks
+    compiler.reset()

@@ -92,8 +92,6 @@ class Adam(Optimizer):
         """One update of every parameter that has a gradient; returns the closure's loss."""
         loss = self._evaluate_closure(closure)
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            eps = group["eps"]
             weight_decay = group["weight_decay"]
             amsgrad = group["amsgrad"]
             maximize = group["maximize"]
@@ -110,16 +108,20 @@ class Adam(Optimizer):
                     if decoupled:
                         p.mul_(_scalar(_decay, group, step_t))
                     else:
-                        g = g.add(p, alpha=weight_decay)
-                exp_avg.lerp_(g, 1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                        g = g.add(p, alpha=_option(_weight_decay, group))
+                exp_avg.lerp_(g, _option(_one_minus_beta1, group))
+                exp_avg_sq.mul_(_option(_beta2, group)).addcmul_(
+                    g, g, value=_option(_one_minus_beta2, group)
+                )
                 if amsgrad:
                     max_sq = state["max_exp_avg_sq"]
                     max_sq.copy_(maximum(max_sq, exp_avg_sq))
                     second = max_sq
                 else:
                     second = exp_avg_sq
-                denom = (second.sqrt() / _scalar(_bc2_sqrt, group, step_t)).add_(eps)
+                denom = (second.sqrt() / _scalar(_bc2_sqrt, group, step_t)).add_(
+                    _option(_eps, group)
+                )
                 p.addcdiv_(exp_avg, denom, value=_scalar(_neg_step_size, group, step_t))
         return loss
 
@@ -129,6 +131,11 @@ def _count(step_t: Any) -> float:
     return float(to_host(step_t._data).reshape(()))
 
 
+def _option(fn: Callable[[dict], float], group: dict) -> Any:
+    """``fn(group)``, an option of this step, through ``hyper`` (read again on a replay)."""
+    return hyper(fn(group), lambda: fn(group))
+
+
 def _scalar(fn: Callable[[dict, float], float], group: dict, step_t: Any) -> Any:
     """``fn(group, step)`` for this step (its count already incremented), through ``hyper``:
     a replayed step recomputes it before that step's tensor updates, so from the stored count
@@ -136,7 +143,28 @@ def _scalar(fn: Callable[[dict, float], float], group: dict, step_t: Any) -> Any
     return hyper(fn(group, _count(step_t)), lambda: fn(group, _count(step_t) + 1))
 
 
-# the update's scalars that change between steps (the learning rate, bias corrections)
+# the update's scalars that may change between steps (the learning rate and what depends on
+# it, bias corrections; betas, eps and weight decay, which a schedule may change too)
+def _weight_decay(group: dict) -> float:
+    return group["weight_decay"]
+
+
+def _one_minus_beta1(group: dict) -> float:
+    return 1 - group["betas"][0]
+
+
+def _beta2(group: dict) -> float:
+    return group["betas"][1]
+
+
+def _one_minus_beta2(group: dict) -> float:
+    return 1 - group["betas"][1]
+
+
+def _eps(group: dict) -> float:
+    return group["eps"]
+
+
 def _decay(group: dict, step: float) -> float:
     return 1 - group["lr"] * group["weight_decay"]
 

@@ -11,11 +11,10 @@ performs the first step (``last_epoch`` 0, ``initial_lr`` stored in each group);
 but the optimizer (LambdaLR keeps only the state of callable objects, never functions).
 
 In a compiled step (``fusegrad.compile``), ``step()`` is a library call the recording replays
-as a call (``opaque_method``), like ``Optimizer.zero_grad``; the learning rate is a runtime
-input of the optimizer's recorded update, so a scheduler stepping every call does not make the
-step record again.  OneCycleLR's momentum cycling changes other optimizer options (``betas``,
-``momentum``), which a compiled step's guard watches: use ``cycle_momentum=False`` there to
-keep one recording.
+as a call (``opaque_method``), like ``Optimizer.zero_grad``; the learning rate (and betas,
+eps, momentum, dampening, weight decay) are runtime inputs of the optimizer's recorded update,
+so a scheduler stepping every call -- OneCycleLR's momentum cycling included -- does not make
+the step record again.
 """
 
 from __future__ import annotations

@@ -87,20 +87,30 @@ class SGD(Optimizer):
                 if maximize:
                     g = -g
                 if weight_decay != 0:
-                    g = g.add(p, alpha=weight_decay)
+                    g = g.add(p, alpha=hyper(weight_decay, _option(group, "weight_decay")))
                 if momentum != 0:
                     state = self.state[p]
                     buf = state.get("momentum_buffer")
+                    m = hyper(momentum, _option(group, "momentum"))
                     if buf is None:
                         # a copy: the buffer must not alias p.grad, which the user zeroes
                         buf = g.clone().detach()
                         state["momentum_buffer"] = buf
                     else:
-                        buf.mul_(momentum).add_(g, alpha=1 - dampening)
-                    g = g.add(buf, alpha=momentum) if nesterov else buf
+                        buf.mul_(m).add_(g, alpha=hyper(1 - dampening, _one_minus_dampening(group)))
+                    g = g.add(buf, alpha=m) if nesterov else buf
                 p.add_(g, alpha=hyper(-lr, _neg_lr(group)))
         return loss
 
 
+# the options a recorded step reads on every call (``hyper``): a schedule may change them
 def _neg_lr(group: dict) -> Callable[[], float]:
     return lambda: -group["lr"]
+
+
+def _option(group: dict, name: str) -> Callable[[], float]:
+    return lambda: group[name]
+
+
+def _one_minus_dampening(group: dict) -> Callable[[], float]:
+    return lambda: 1 - group["dampening"]
