@@ -42,7 +42,9 @@ pytestmark = [
 
 class _Suite:
     """One pytest process running tests/cuda; a thread reads its output as it comes, so a
-    waiting test can say how far it has got (pytest -q ends each line of dots with "[ NN%]")."""
+    waiting test can say how far it has got: pytest -q ends each full line of results with
+    "[ NN%]", and the results on the line being written count too (a slow module can take
+    minutes to fill one)."""
 
     def __init__(self, title: str, extra_env: dict[str, str], drop: tuple[str, ...]) -> None:
         env = {k: v for k, v in os.environ.items() if k not in drop}
@@ -56,25 +58,31 @@ class _Suite:
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            text=True,
         )
-        self.lines: list[str] = []
+        self.chunks: list[bytes] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line)
+        fd = self.process.stdout.fileno()
+        while chunk := os.read(fd, 65536):  # whatever has come, without waiting for a newline
+            self.chunks.append(chunk)
 
     def output(self) -> str:
-        return "".join(self.lines)
+        return b"".join(self.chunks).decode(errors="replace")
 
     def progress(self) -> str:
         """How far the suite has got, in words."""
-        done = [m[1] for line in self.lines if (m := re.search(r"\[\s*(\d+)%\]\s*$", line))]
-        elapsed = time.monotonic() - self.started
-        return f"{done[-1] if done else 0}% of its tests done after {elapsed:.0f} s"
+        text = self.output()
+        percents = re.findall(r"\[\s*(\d+)%\]", text)
+        line = text.rsplit("\n", 1)[-1]  # the line of results being written
+        more = sum(line.count(c) for c in ".sFExX") if "%]" not in line else 0
+        if percents:
+            done = f"{percents[-1]}% of its tests done" + (f" and {more} more" if more else "")
+        else:
+            done = f"{more} tests done" if more else "collecting its tests"
+        return f"{done}, after {time.monotonic() - self.started:.0f} s"
 
     def stop(self) -> None:
         if self.process.poll() is None:
