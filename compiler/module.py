@@ -455,6 +455,7 @@ class AOTEntry:
                     mode=self.mode,
                     interpreter_max_elements=config.interpreter_max_elements,
                     sizes_per_program=1,
+                    hot=True,  # (a training step's backward: it runs many times)
                 )
         # (an absent gradient's input is never read: any array of its shape will do)
         arrays = [g._data if g is not None else np.empty(0) for g in grads] + saved

@@ -89,6 +89,7 @@ class Variant:
             program.leaves_with_grad,
             lambda k: id(k) in small,
             rows=program.row_fusion,
+            small_rows=program.hot,
         )
         steps = self.schedule.steps
         interpreted = self.schedule.interpreted
@@ -204,6 +205,7 @@ class Program:
         device: str = "cpu",
         sizes_per_program: int = 16,
         unpacked: frozenset[int] | None = None,
+        hot: bool = False,
     ) -> None:
         self.graph = graph
         # the saved tensors (walk order) whose versions are checked before a run: those the
@@ -221,6 +223,9 @@ class Program:
         # generated kernels waiting on each other's row sums run as row kernels (the CPU
         # emitter's; ``config.row_fusion``, part of the program key)
         self.row_fusion = config.row_fusion and device == "cpu"
+        # a program that runs many times (a whole training step): row kernels also replace
+        # runs of interpreted kernels (a compile, then one call instead of one per kernel)
+        self.hot = hot
         with _trace.phase("fusion"):
             self.fused = _schedule.steps(graph, mode)
         self._interpretable = (

@@ -862,6 +862,7 @@ class Step:
                     leaves_with_grad=frozenset(i for i, s in enumerate(grad_key) if s is not None),
                     interpreter_max_elements=config.interpreter_max_elements,
                     sizes_per_program=1,
+                    hot=True,  # (a training step: it runs many times)
                 )
             self.programs[grad_key] = program
         return program

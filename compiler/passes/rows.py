@@ -58,7 +58,9 @@ def _dtypes_ok(kernel: Kernel) -> bool:
 
 
 def _run_end(steps: list, k: int, interpreted: Set[int]) -> int:
-    """The end (exclusive) of the row-fusable run starting at ``steps[k]`` (``k + 1``: none)."""
+    """The end (exclusive) of the row-fusable run starting at ``steps[k]`` (``k + 1``: none);
+    ``interpreted``: the steps that stay on the interpreter (a run starts at none of them and
+    takes only those over the row space)."""
     first = steps[k]
     if not isinstance(first, Kernel) or k in interpreted or first.phases:
         return k + 1
@@ -131,9 +133,12 @@ def merge_rows(
     interpreted: Set[int],
     effect_values: Set[Value],
     inputs_of: Callable[[Kernel | Extern], list[Value]],
+    small: bool = False,
 ) -> tuple[list[Kernel | Extern], set[int]]:
     """``steps`` with each row-fusable run replaced by its row kernel, and the indices of the
-    interpreted steps in the new list (see the module docstring)."""
+    interpreted steps in the new list (see the module docstring).  ``small``: runs of kernels
+    the interpreter would run fuse too (generated code: a compile, then one call instead of an
+    interpreter call per kernel -- for programs that run many times, like training steps)."""
     users: dict[Value, set[int]] = {}
     for k, step in enumerate(steps):
         for v in inputs_of(step):
@@ -142,7 +147,7 @@ def merge_rows(
     still_interpreted: set[int] = set()
     k = 0
     while k < len(steps):
-        end = _run_end(steps, k, interpreted)
+        end = _run_end(steps, k, frozenset() if small else interpreted)
         if end - k >= 2:
             members = set(range(k, end))
             group = [s for s in steps[k:end] if isinstance(s, Kernel)]

@@ -71,10 +71,12 @@ def finish(
     leaves_with_grad: frozenset,
     small: Callable[[Kernel], bool],
     rows: bool = False,
+    small_rows: bool = False,
 ) -> Schedule:
     """The variant of ``fused`` whose interpreted kernels are those ``small`` accepts (see the
     module docstring); ``rows``: generated kernels that wait on each other's row sums become
-    row kernels (``rows.merge_rows``: the CPU emitter's)."""
+    row kernels (``rows.merge_rows``: the CPU emitter's); ``small_rows``: runs of small kernels
+    too (programs that run many times: whole steps)."""
     ok = [isinstance(s, Kernel) and small(s) for s in fused]
     copied: list[Kernel | Extern] = [
         dataclasses.replace(s, accumulate=set()) if isinstance(s, Kernel) else s for s in fused
@@ -123,7 +125,7 @@ def finish(
         k = j
     if rows:
         merged, interpreted = merge_rows(
-            merged, interpreted, {v for _, _, v in graph.effects}, step_inputs
+            merged, interpreted, {v for _, _, v in graph.effects}, step_inputs, small_rows
         )
         users = {}
         for k, step in enumerate(merged):

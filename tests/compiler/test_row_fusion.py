@@ -185,3 +185,35 @@ def test_random_shapes(rows: int, lead: int, last: int, softmax: bool) -> None:
     got = _grads(fn, data, "rows")
     for a, b in zip(want, got):
         np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-10 * (np.abs(a).max() + 1))
+
+
+def test_small_runs_fuse_in_whole_steps_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernels small enough for the interpreter stay interpreted in a compiled backward (no
+    compile for a program that may run once), but a whole step -- a training step, run many
+    times -- turns their run into one generated row kernel (one call instead of several)."""
+    monkeypatch.setattr(compiler.config, "interpreter_max_elements", 1 << 16)
+    data = _data((4, 8, 32), np.float32)
+    report = compiler.explain(lambda: _layer_norm_gelu(*data).backward())
+    ((_, program),) = report.captures
+    assert not _row_kernels(program) and program.default.schedule.interpreted, str(report)
+    for t in data:
+        t.grad = None  # (explain ran that backward)
+
+    def step(x: fg.Tensor, w: fg.Tensor, b: fg.Tensor, r: fg.Tensor) -> fg.Tensor:
+        loss = _layer_norm_gelu(x, w, b, r)
+        loss.backward()
+        return loss.detach()
+
+    want = step(*data)
+    want_grads = [t.grad.numpy().copy() for t in data[:3]]
+    g = fg.compile(step)
+    for _ in range(3):
+        for t in data:
+            t.grad = None
+        got = g(*data)
+    assert compiler.counters.step_runs == 2
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5)
+    for t, a in zip(data, want_grads):
+        np.testing.assert_allclose(t.grad.numpy(), a, rtol=1e-4, atol=1e-4 * np.abs(a).max())
+    ((entry, program),) = compiler.explain(g, *data).steps
+    assert _row_kernels(program) and not program.default.schedule.interpreted
