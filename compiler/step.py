@@ -207,6 +207,7 @@ class Watch:
             self.optimizers.append(obj)
             parts: list = []
             for group in obj.param_groups:
+                parts.append(id(group))  # (a recorded update reads this dict on every call)
                 parts.append(
                     tuple(
                         (k, v != 0 if k in _ZERO_OR_NOT else v)
@@ -283,6 +284,7 @@ class Recorder(Tracer):
         self.stale: dict[int, str] = {}  # id(array) -> where a write through another array was
         # per program input: ("arg", k) | ("ext", t) | ("draw", redo) | ("scalar", redo)
         self.sources: list = []
+        self.runtime_keys: dict = {}  # ``optim.hyper`` key -> its runtime input
         self.input_arrays: list = []  # their arrays in this call
         self.source_of: dict[int, int] = {}  # id(array) -> program input index
         self.input_values: list[Value] = []
@@ -463,8 +465,17 @@ class Recorder(Tracer):
         else:
             # a random draw, or a runtime scalar of an optimizer (``optim.hyper``): both made
             # again on every call, in the recording's order
-            kind = "scalar" if getattr(redo, "runtime_scalar", False) else "draw"
-            self.new_input(t, (kind, redo))
+            if getattr(redo, "runtime_scalar", False):
+                key = getattr(redo, "key", None)
+                known = self.runtime_keys.get(key) if key is not None else None
+                if known is not None:  # the same option again: one input
+                    self.bind(t, known)
+                else:
+                    value = self.new_input(t, ("scalar", redo))
+                    if key is not None:
+                        self.runtime_keys[key] = value
+            else:
+                self.new_input(t, ("draw", redo))
 
     def host_read(self, t: Tensor, what: str, result: Any = None) -> None:
         if self.broken is None:
@@ -905,6 +916,8 @@ class Step:
                 arrays.append(args[source[1]]._data)
             elif kind == "ext":
                 arrays.append(source[1]._data)
+            elif kind == "scalar":
+                arrays.append(source[1].array())
             else:
                 arrays.append(source[1]()._data)
         if self.checks:

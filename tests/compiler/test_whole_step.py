@@ -734,3 +734,41 @@ def test_hyperparameters_changed_every_call_are_runtime_inputs(opt_name: str, dt
     tol = 1e-12 if dtype is fg.float64 else 1e-5
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+def test_a_replaced_param_group_is_read_not_its_old_dict() -> None:
+    """A recorded update reads its options from the param group dict on every call: a group
+    replaced by a new dict (as code that rebuilds ``param_groups`` does) is a new recording,
+    never a replay that keeps reading the old dict; an option shared by parameters of a group
+    is one runtime input."""
+
+    def train(compiled: bool) -> list:
+        fg.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)).double()
+        opt = fg.optim.Adam(model.parameters(), lr=0.01)
+
+        def step(x: fg.Tensor) -> fg.Tensor:
+            opt.zero_grad()
+            loss = model(x).square().sum()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        fn = fg.compile(step) if compiled else step
+        x = fg.tensor(np.arange(6.0).reshape(2, 3) / 5, dtype=fg.float64)
+        for i in range(6):
+            if i == 3:
+                opt.param_groups[0] = dict(opt.param_groups[0], lr=0.1, betas=(0.5, 0.9))
+            fn(x)
+        return [p.detach().numpy().copy() for p in model.parameters()], fn
+
+    want, _ = train(False)
+    compiler.reset()
+    got, fn = train(True)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    assert compiler.counters.step_captures == 2, compiler.counters
+    ((entry, _),) = compiler.explain(fn, fg.tensor(np.ones((2, 3)))).steps
+    scalars = [s for s in entry.sources if s[0] == "scalar"]
+    # lr-dependent bias corrections per parameter (4 of them); betas, eps: once per group
+    assert len(scalars) < 4 * 5, len(scalars)

@@ -132,8 +132,9 @@ def _count(step_t: Any) -> float:
 
 
 def _option(fn: Callable[[dict], float], group: dict) -> Any:
-    """``fn(group)``, an option of this step, through ``hyper`` (read again on a replay)."""
-    return hyper(fn(group), lambda: fn(group))
+    """``fn(group)``, an option of this step, through ``hyper`` (read again on a replay; one
+    runtime input per group)."""
+    return hyper(fn(group), lambda: fn(group), key=(id(group), fn))
 
 
 def _scalar(fn: Callable[[dict, float], float], group: dict, step_t: Any) -> Any:

@@ -17,6 +17,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from .. import dtypes as _dt
 from ..autograd.grad_mode import enable_grad
 from ..autograd.tracer import notify_created, opaque_method
@@ -47,12 +49,14 @@ def _type_name(obj: object) -> str:
     return type(obj).__name__
 
 
-def hyper(value: float, replay: Callable[[], float]) -> Any:
+def hyper(value: float, replay: Callable[[], float], key: Any = None) -> Any:
     """A scalar of the update that changes between steps (the learning rate, bias corrections):
     ``value`` itself in eager mode.  A tracer that records a step to replay it (whole-step
     compile) gets a 0-d Python-number tensor holding ``value`` that stands for ``replay()``: the
     value the next call of ``step`` would compute, evaluated *before* that call's tensor
-    updates run (so a value derived from the step count adds the increment itself)."""
+    updates run (so a value derived from the step count adds the increment itself).  ``key``,
+    when given, names what ``replay`` computes (say a param group's ``betas[1]``): scalars with
+    one key are one runtime input of a recording, computed once per call."""
     if _tracer_state.tracer is None:
         return value
 
@@ -63,6 +67,8 @@ def hyper(value: float, replay: Callable[[], float]) -> Any:
         return make(replay())
 
     again.runtime_scalar = True  # type: ignore[attr-defined]  (not a random draw)
+    again.array = lambda: np.array(replay(), dtype=np.float64)  # type: ignore[attr-defined]
+    again.key = key  # type: ignore[attr-defined]
     return notify_created(make(value), again)
 
 

@@ -87,19 +87,26 @@ class SGD(Optimizer):
                 if maximize:
                     g = -g
                 if weight_decay != 0:
-                    g = g.add(p, alpha=hyper(weight_decay, _option(group, "weight_decay")))
+                    g = g.add(
+                        p,
+                        alpha=hyper(
+                            weight_decay, _option(group, "weight_decay"), (id(group), "wd")
+                        ),
+                    )
                 if momentum != 0:
                     state = self.state[p]
                     buf = state.get("momentum_buffer")
-                    m = hyper(momentum, _option(group, "momentum"))
+                    m = hyper(momentum, _option(group, "momentum"), (id(group), "momentum"))
                     if buf is None:
                         # a copy: the buffer must not alias p.grad, which the user zeroes
                         buf = g.clone().detach()
                         state["momentum_buffer"] = buf
                     else:
-                        buf.mul_(m).add_(g, alpha=hyper(1 - dampening, _one_minus_dampening(group)))
+                        buf.mul_(m).add_(
+                            g, alpha=hyper(1 - dampening, _damp(group), (id(group), "damp"))
+                        )
                     g = g.add(buf, alpha=m) if nesterov else buf
-                p.add_(g, alpha=hyper(-lr, _neg_lr(group)))
+                p.add_(g, alpha=hyper(-lr, _neg_lr(group), (id(group), "-lr")))
         return loss
 
 
@@ -112,5 +119,5 @@ def _option(group: dict, name: str) -> Callable[[], float]:
     return lambda: group[name]
 
 
-def _one_minus_dampening(group: dict) -> Callable[[], float]:
+def _damp(group: dict) -> Callable[[], float]:
     return lambda: 1 - group["dampening"]
