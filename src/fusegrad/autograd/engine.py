@@ -243,6 +243,7 @@ class _Task:
 
     __slots__ = (
         "accumulate",
+        "callbacks",
         "capture",
         "captured",
         "checkpoint_valid",
@@ -273,6 +274,7 @@ class _Task:
         self.capture = capture  # (node, nr) -> positions in ``inputs``
         self.captured: list = [None] * (len(inputs) if inputs is not None else 0)
         self.id = next(_task_ids)
+        self.callbacks: list[Callable[[], None]] = []  # queue_callback, run when the task ends
         # reentrant checkpointing needs a plain backward() here and in every enclosing task
         parent = _current.task
         self.checkpoint_valid = inputs is None and (parent is None or parent.checkpoint_valid)
@@ -291,6 +293,25 @@ def current_graph_task_id() -> int:
     """Id of the backward call running on this thread (-1 outside backward)."""
     task = _current.task
     return -1 if task is None else task.id
+
+
+def queue_callback(callback: Callable[[], None]) -> None:
+    """Run ``callback()`` once the backward call running on this thread has finished its graph
+    (PyTorch's ``Variable._execution_engine.queue_callback``).
+
+    Meant for hooks that start work during backward and must finish it before ``backward()``
+    returns: DistributedDataParallel launches a non-blocking allreduce per bucket from
+    post-accumulate-grad hooks and queues the wait here.  Callbacks run in the order queued, on
+    this thread, after every node of the call has run and before ``backward()``/``grad()``
+    returns; one may queue more (they run too).  They do not run when the backward fails.
+    Outside a backward call this raises."""
+    task = _current.task
+    if task is None:
+        raise AutogradError(
+            "queue_callback: no backward is running on this thread; call it from a hook or a "
+            "custom Function's backward while backward() runs"
+        )
+    task.callbacks.append(callback)
 
 
 def is_checkpoint_valid() -> bool:
@@ -474,6 +495,10 @@ def _execute(
                 deps[nxt] -= 1
                 if deps[nxt] == 0:
                     heapq.heappush(ready, (-nxt._seq, next(tie), nxt))
+        node = None  # a callback's failure is not the last node's (anomaly mode)
+        callbacks = task.callbacks
+        while callbacks:  # queue_callback: in order; a callback may queue more
+            callbacks.pop(0)()
     except Exception as e:
         if node is None or not anomaly_state.enabled:
             raise
