@@ -1,9 +1,10 @@
 """The exception hierarchy and message builders.
 
 Every fusegrad error derives from ``FusegradError`` and also from the builtin a PyTorch user
-would catch: shape errors are ``ValueError``, dtype errors ``TypeError``, autograd errors
-``RuntimeError``, bad indices ``IndexError``.  Messages name the op, the shapes and dtypes of
-its inputs, what was expected and what was found.
+would catch: shape errors are ``RuntimeError`` (what PyTorch raises for them) and also
+``ValueError`` (what fusegrad raised first, so older ``except ValueError`` keeps working), dtype
+errors ``TypeError``, autograd errors ``RuntimeError``, bad indices ``IndexError``.  Messages
+name the op, the shapes and dtypes of its inputs, what was expected and what was found.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ class FusegradError(Exception):
     """Root of fusegrad's errors."""
 
 
-class ShapeError(FusegradError, ValueError):
-    """Shapes that do not fit the op (broadcasting, reshape, matmul, ...)."""
+class ShapeError(FusegradError, RuntimeError, ValueError):
+    """Shapes that do not fit the op (broadcasting, reshape, view, matmul, a root gradient's
+    ``Mismatch in shape``, ...).  PyTorch raises ``RuntimeError`` for all of these."""
 
 
 class DTypeError(FusegradError, TypeError):

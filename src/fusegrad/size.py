@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from .errors import ShapeError
+
 
 class Size(tuple):
     __slots__ = ()
@@ -20,8 +22,8 @@ class Size(tuple):
 def broadcast_shapes(*shapes: tuple) -> tuple:
     """numpy's broadcasting of ``shapes`` (right-aligned; a dim of 1 stretches), in plain
     Python: sizes may be any integers, including the compiler's symbolic ones, for which the
-    comparisons below are decided symbolically.  Raises ValueError when two sizes differ and
-    neither is 1."""
+    comparisons below are decided symbolically.  Raises ShapeError (a RuntimeError and a
+    ValueError) when two sizes differ and neither is 1."""
     ndim = max((len(s) for s in shapes), default=0)
     out = []
     for i in range(ndim, 0, -1):
@@ -33,6 +35,6 @@ def broadcast_shapes(*shapes: tuple) -> tuple:
             if size == 1:
                 size = d
             elif d != 1 and d != size:
-                raise ValueError(f"shapes {[tuple(s) for s in shapes]} cannot broadcast")
+                raise ShapeError(f"shapes {[tuple(s) for s in shapes]} cannot broadcast")
         out.append(size)
     return tuple(out)

@@ -1,7 +1,7 @@
 """Error behaviour of the op surface (CONVENTIONS.md "Errors"): each bad call raises the right
-class (``ShapeError`` is a ValueError, ``DTypeError`` a TypeError, ``IndexOutOfRange`` an
-IndexError, ``AutogradError`` a RuntimeError), says what went wrong, and leaves its inputs, their
-``.grad`` and their version counters exactly as they were."""
+class (``ShapeError`` is a RuntimeError and a ValueError, ``DTypeError`` a TypeError,
+``IndexOutOfRange`` an IndexError, ``AutogradError`` a RuntimeError), says what went wrong, and
+leaves its inputs, their ``.grad`` and their version counters exactly as they were."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from fusegrad.ops import functional as F
 
 def test_hierarchy() -> None:
     assert issubclass(ShapeError, ValueError) and issubclass(ShapeError, FusegradError)
+    assert issubclass(ShapeError, RuntimeError)  # what PyTorch raises for shape errors
     assert issubclass(DTypeError, TypeError) and issubclass(DTypeError, FusegradError)
     assert issubclass(IndexOutOfRange, IndexError) and issubclass(IndexOutOfRange, FusegradError)
     assert issubclass(AutogradError, RuntimeError) and issubclass(AutogradError, FusegradError)
