@@ -47,8 +47,7 @@ import numpy as np
 
 from fusegrad.ops.registry import REGISTRY
 
-from ..ir import Value
-from ..passes.fuse import Kernel
+from ..passes.fuse import Kernel, merge_kernels
 from . import common, numba_cpu
 from .common import is_single, reduction_target
 from .lowering import EXPRESSIONS
@@ -280,23 +279,8 @@ def float_dtype(kernel: Kernel) -> Any:
 def merge(group: list[Kernel], needed_outside: Any) -> Kernel:
     """One kernel computing the consecutive eligible kernels of ``group`` (same iteration space
     and float dtype; no member reads the reduction of an earlier one: a reduction is complete
-    only after its loop).  Outputs are the members' reductions and the values for which
-    ``needed_outside(value)`` holds (read by a step outside the group, or an effect).  Merging
-    consecutive steps keeps the schedule valid: nothing runs between them."""
-    values = [v for k in group for v in k.values]
-    reductions = [r for k in group for r in k.reductions]
-    produced = set(values) | set(reductions)
-    inputs: list[Value] = []
-    seen: set[Value] = set()
-    for kern in group:
-        for i in kern.inputs:
-            if i not in produced and i not in seen:
-                seen.add(i)
-                inputs.append(i)
-    outputs = [
-        o for kern in group for o in kern.outputs if o in kern.reductions or needed_outside(o)
-    ]
-    return Kernel(group[0].shape, values, reductions, inputs, outputs)
+    only after its loop): ``fuse.merge_kernels``."""
+    return merge_kernels(group, needed_outside)
 
 
 _ZERO = object()  # the register key of the 0.0 constant used by float -> bool casts

@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -249,18 +250,7 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
                 ]
             if row_red[k] or rank == 1:
                 lines.append(f"{indent}tail{k} = 0.0")
-        # whole blocks: a constant trip count, which LLVM vectorises (lane j of every block
-        # adds into partial sum j); then the tail into one more partial sum, a loop LLVM
-        # leaves scalar (an ordered float sum), so it costs little compile time
-        lines += [
-            f"{indent}blocks_end = {n_inner} - {n_inner} % {REDUCTION_LANES}",
-            f"{indent}for block in range(0, blocks_end, {REDUCTION_LANES}):",
-            f"{indent}    for lane in range({REDUCTION_LANES}):",
-            f"{indent}        {inner} = block + lane",
-        ]
-        lines += [f"{indent}        {line}" for line in body("lanes{k}[lane]")]
-        lines.append(f"{indent}for {inner} in range(blocks_end, {n_inner}):  # the tail")
-        lines += [f"{indent}    {line}" for line in body("tail{k}")]
+        lines += _blocked_loop(indent, inner, n_inner, body)
         for k in lanes:
             if row_red[k]:
                 lines += _combine_lanes(k, indent)
@@ -412,15 +402,7 @@ def _emit_rows(kernel: Kernel, name: str) -> tuple[list[str], KernelPlan]:
                     f"{indent}    lanes{k}[lane] = 0.0",
                     f"{indent}tail{k} = 0.0",
                 ]
-        lines += [
-            f"{indent}blocks_end = {n_inner} - {n_inner} % {REDUCTION_LANES}",
-            f"{indent}for block in range(0, blocks_end, {REDUCTION_LANES}):",
-            f"{indent}    for lane in range({REDUCTION_LANES}):",
-            f"{indent}        {inner} = block + lane",
-        ]
-        lines += [f"{indent}        {line}" for line in body("lanes{k}[lane]")]
-        lines.append(f"{indent}for {inner} in range(blocks_end, {n_inner}):  # the tail")
-        lines += [f"{indent}    {line}" for line in body("tail{k}")]
+        lines += _blocked_loop(indent, inner, n_inner, body)
         for k in phase_lanes:
             if row_red[k]:
                 r = reds[k]
@@ -446,6 +428,26 @@ def _emit_rows(kernel: Kernel, name: str) -> tuple[list[str], KernelPlan]:
         row_outputs=tuple(per_row(v) for v in full_out),
     )
     return lines, plan
+
+
+def _blocked_loop(
+    indent: str, inner: str, n_inner: str, body: Callable[[str], list[str]]
+) -> list[str]:
+    """The innermost loop of a kernel whose sums run along it (module docstring,
+    "Reductions"): whole blocks of ``REDUCTION_LANES`` elements, a constant trip count LLVM
+    vectorises (lane j of every block adds into partial sum j: ``body("lanes{k}[lane]")``),
+    then the tail into one more partial sum (``body("tail{k}")``), a loop LLVM leaves scalar
+    (an ordered float sum), so it costs little compile time."""
+    lines = [
+        f"{indent}blocks_end = {n_inner} - {n_inner} % {REDUCTION_LANES}",
+        f"{indent}for block in range(0, blocks_end, {REDUCTION_LANES}):",
+        f"{indent}    for lane in range({REDUCTION_LANES}):",
+        f"{indent}        {inner} = block + lane",
+    ]
+    lines += [f"{indent}        {line}" for line in body("lanes{k}[lane]")]
+    lines.append(f"{indent}for {inner} in range(blocks_end, {n_inner}):  # the tail")
+    lines += [f"{indent}    {line}" for line in body("tail{k}")]
+    return lines
 
 
 def _combine_lanes(k: int, indent: str) -> list[str]:

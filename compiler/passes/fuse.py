@@ -20,6 +20,7 @@ puts every computation in a step of its own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..codegen.lowering import EXPRESSIONS, FUSED_REDUCTIONS
@@ -147,3 +148,28 @@ def _connect(graph: Graph, steps: list[Kernel | Extern]) -> None:
             users = needed_outside.get(m, set()) - {idx}
             if users or m in effect_values or m in step.reductions:
                 step.outputs.append(m)
+
+
+def merge_kernels(
+    group: list[Kernel], needed_outside: Callable[[Value], bool], phases: dict | None = None
+) -> Kernel:
+    """One kernel with the members of the consecutive kernels ``group`` (nothing runs between
+    them, so the schedule stays valid).  Its inputs are what the group reads and does not
+    compute; its outputs are the members' reductions and the values for which
+    ``needed_outside(value)`` holds (read by a step outside the group, or an effect).  Whether
+    the members may share one loop is the caller's question (``interpreter.merge``: the same
+    iteration space, no reduction read; ``rows``: phases)."""
+    values = [v for k in group for v in k.values]
+    reductions = [r for k in group for r in k.reductions]
+    produced = set(values) | set(reductions)
+    inputs: list[Value] = []
+    seen: set[Value] = set()
+    for kern in group:
+        for i in kern.inputs:
+            if i not in produced and i not in seen:
+                seen.add(i)
+                inputs.append(i)
+    outputs = [
+        o for kern in group for o in kern.outputs if o in kern.reductions or needed_outside(o)
+    ]
+    return Kernel(group[0].shape, values, reductions, inputs, outputs, phases=phases or {})

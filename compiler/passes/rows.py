@@ -35,7 +35,7 @@ from collections.abc import Callable, Set
 
 from ..codegen.common import reduction_target
 from ..ir import Value
-from .fuse import Extern, Kernel
+from .fuse import Extern, Kernel, merge_kernels
 
 _DTYPES = frozenset({"float32", "float64", "bool"})
 
@@ -101,9 +101,8 @@ def _run_end(steps: list, k: int, interpreted: Set[int]) -> int:
 
 
 def _row_kernel(group: list[Kernel], needed_outside: Callable[[Value], bool]) -> Kernel:
-    values = [v for kern in group for v in kern.values]
-    reductions = [r for kern in group for r in kern.reductions]
-    reduction_set = set(reductions)
+    """The run's kernels as one, each member with its phase."""
+    reduction_set = {r for kern in group for r in kern.reductions}
     phases: dict[Value, int] = {}
     for kern in group:
         for v in kern.values:
@@ -114,18 +113,7 @@ def _row_kernel(group: list[Kernel], needed_outside: Callable[[Value], bool]) ->
             phases[v] = phase
         for r in kern.reductions:
             phases[r] = phases[r.inputs[0]]
-    produced = set(values) | reduction_set
-    inputs: list[Value] = []
-    seen: set[Value] = set()
-    for kern in group:
-        for i in kern.inputs:
-            if i not in produced and i not in seen:
-                seen.add(i)
-                inputs.append(i)
-    outputs = [
-        o for kern in group for o in kern.outputs if o in kern.reductions or needed_outside(o)
-    ]
-    return Kernel(group[0].shape, values, reductions, inputs, outputs, phases=phases)
+    return merge_kernels(group, needed_outside, phases)
 
 
 def merge_rows(

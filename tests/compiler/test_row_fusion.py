@@ -147,8 +147,9 @@ def test_accumulation_epilogue_in_a_row_kernel() -> None:
             np.testing.assert_allclose(t.grad.numpy(), 2 * a, rtol=1e-12, atol=1e-12)
 
 
-def test_whole_step_layer_norm_is_one_row_kernel() -> None:
-    data = _data((16, 96), np.float32)
+def _whole_step_matches_eager(data: list[fg.Tensor]) -> Any:
+    """Train-step-like calls of a layer norm + GELU whole step: eager's loss and gradients;
+    returns the replayed program."""
 
     def step(x: fg.Tensor, w: fg.Tensor, b: fg.Tensor, r: fg.Tensor) -> fg.Tensor:
         loss = _layer_norm_gelu(x, w, b, r)
@@ -167,6 +168,11 @@ def test_whole_step_layer_norm_is_one_row_kernel() -> None:
     for t, a in zip(data, want_grads):
         np.testing.assert_allclose(t.grad.numpy(), a, rtol=1e-4, atol=1e-4 * np.abs(a).max())
     ((entry, program),) = compiler.explain(g, *data).steps
+    return program
+
+
+def test_whole_step_layer_norm_is_one_row_kernel() -> None:
+    program = _whole_step_matches_eager(_data((16, 96), np.float32))
     assert len(program.kernels) == 1 and program.kernels[0].phases
 
 
@@ -198,22 +204,5 @@ def test_small_runs_fuse_in_whole_steps_only(monkeypatch: pytest.MonkeyPatch) ->
     assert not _row_kernels(program) and program.default.schedule.interpreted, str(report)
     for t in data:
         t.grad = None  # (explain ran that backward)
-
-    def step(x: fg.Tensor, w: fg.Tensor, b: fg.Tensor, r: fg.Tensor) -> fg.Tensor:
-        loss = _layer_norm_gelu(x, w, b, r)
-        loss.backward()
-        return loss.detach()
-
-    want = step(*data)
-    want_grads = [t.grad.numpy().copy() for t in data[:3]]
-    g = fg.compile(step)
-    for _ in range(3):
-        for t in data:
-            t.grad = None
-        got = g(*data)
-    assert compiler.counters.step_runs == 2
-    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5)
-    for t, a in zip(data, want_grads):
-        np.testing.assert_allclose(t.grad.numpy(), a, rtol=1e-4, atol=1e-4 * np.abs(a).max())
-    ((entry, program),) = compiler.explain(g, *data).steps
+    program = _whole_step_matches_eager(data)
     assert _row_kernels(program) and not program.default.schedule.interpreted
