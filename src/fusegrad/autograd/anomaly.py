@@ -6,11 +6,14 @@ builds new nodes) also records that node as ``node.metadata["parent_"]``, so an 
 second backward can show both the forward line that built the node and the forward line of the
 calculation whose backward built it (PyTorch's "Previous calculation was induced by ...").
 
-The engine re-raises any error raised while it processes a node with ``error_detected_in``:
-``Error detected in <Node>. Traceback of forward call that caused the error:`` and the stored
-traces (PyTorch prints them as a warning; here they are part of the message so they cannot be
-lost), and, with ``check_nan``, checks every node's outputs for NaN.  The state is thread-local;
-the engine carries it to the threads that run deeply nested backward calls.
+When any error is raised while the engine processes a node (hooks, rule, gradient validation,
+the NaN check), the engine calls ``warn_error_detected_in``, which emits PyTorch's warnings
+(``UserWarning``: ``Error detected in <Node>. Traceback of forward call that caused the
+error:`` and the stored trace, then one warning per parent), and the engine re-raises the
+*original* error unchanged, as PyTorch does.  With ``check_nan``, the engine also checks every
+node's outputs for NaN; that error is ``Function '<Node>' returned nan values in its 0th
+output.`` itself.  The state is thread-local; the engine carries it to the threads that run
+deeply nested backward calls.
 """
 
 from __future__ import annotations
@@ -20,8 +23,6 @@ import threading
 import traceback
 import warnings
 from typing import Any
-
-from ..errors import AutogradError
 
 
 class _State(threading.local):
@@ -51,37 +52,38 @@ def record_forward_trace(node: Any) -> None:
         node.metadata["parent_"] = parent
 
 
-def error_detected_in(node: Any, error: BaseException) -> BaseException:
-    """``error`` (raised while the engine processed ``node``) re-made with the node's name and
-    the forward tracebacks of it and of its parents in front of the original message."""
-    parts = []
-    trace = node.metadata.get("traceback_")
-    if trace is None:
-        parts.append(
-            f"Error detected in {node.name()}. No forward pass information available. Enable "
-            "detect anomaly during forward pass for more information."
-        )
-    else:
-        parts.append(
-            f"Error detected in {node.name()}. Traceback of forward call that caused the "
-            f"error:\n{trace}"
-        )
+def warn_error_detected_in(node: Any) -> None:
+    """Warn, as PyTorch does when a backward node fails under anomaly mode, with the forward
+    traceback of ``node`` (the one the engine was processing) and of each of its parents; the
+    engine then re-raises the original error.  One ``UserWarning`` per traceback, in PyTorch's
+    words (``torch/csrc/autograd/python_anomaly_mode.cpp``)."""
+    _warn_forward_trace(node, is_parent=False)
     parent = node.metadata.get("parent_")
     seen = {id(node)}
     while parent is not None and id(parent) not in seen:  # iterative: chains can be long
         seen.add(id(parent))
-        parent_trace = parent.metadata.get("traceback_", "(not recorded)\n")
-        parts.append(
-            f"\nPrevious calculation was induced by {parent.name()}. Traceback of forward call "
-            f"that induced the previous calculation:\n{parent_trace}"
-        )
+        _warn_forward_trace(parent, is_parent=True)
         parent = parent.metadata.get("parent_")
-    message = "\n".join(parts) + f"\n{type(error).__name__}: {error}"
-    try:
-        wrapped = type(error)(message)
-    except Exception:  # noqa: BLE001  (an exception type whose constructor takes other args)
-        wrapped = AutogradError(message)
-    return wrapped
+
+
+def _warn_forward_trace(node: Any, is_parent: bool) -> None:
+    trace = node.metadata.get("traceback_")
+    if trace is None:
+        message = (
+            f"Error detected in {node.name()}. No forward pass information available. Enable "
+            "detect anomaly during forward pass for more information."
+        )
+    elif is_parent:
+        message = (
+            f"\n\nPrevious calculation was induced by {node.name()}. Traceback of forward call "
+            f"that induced the previous calculation:\n{trace}"
+        )
+    else:
+        message = (
+            f"Error detected in {node.name()}. Traceback of forward call that caused the "
+            f"error:\n{trace}"
+        )
+    warnings.warn(message, UserWarning, stacklevel=1)
 
 
 class set_detect_anomaly:

@@ -26,9 +26,10 @@ Each call is a *graph task*: a thread-local record of the running task gives
 ``backward(inputs=...)``, in this task or an enclosing one).
 
 Under anomaly mode the engine marks the node it is running, so that nodes created by its rule
-(double backward) record it as their parent, checks every node's outputs for NaN, and re-raises
-any error raised while processing a node (hooks, rule, gradient validation) with
-``Error detected in <Node>`` and the forward tracebacks (``anomaly.py``).
+(double backward) record it as their parent, checks every node's outputs for NaN, and for any
+error raised while processing a node (hooks, rule, gradient validation, NaN) warns
+``Error detected in <Node>`` with the forward tracebacks (``anomaly.py``), then re-raises the
+original error, as PyTorch does.
 
 What happens at each node goes through the call's *executor* (``Executor``; the default runs
 everything eagerly): running a node's rule, writing ``.grad`` and calling user hooks, with
@@ -499,10 +500,10 @@ def _execute(
         callbacks = task.callbacks
         while callbacks:  # queue_callback: in order; a callback may queue more
             callbacks.pop(0)()
-    except Exception as e:
-        if node is None or not anomaly_state.enabled:
-            raise
-        raise anomaly.error_detected_in(node, e) from e
+    except Exception:
+        if node is not None and anomaly_state.enabled:
+            anomaly.warn_error_detected_in(node)  # PyTorch's warning; the error goes on as it is
+        raise
     finally:
         grad_mode._state.enabled = prev_mode
         _current.task = parent_task

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import AutogradError
 from ..tensor import Tensor
-from . import grad_mode
+from . import anomaly, grad_mode
 from .graph_base import (  # (Node, AccumulateGrad & co. are re-exported: this was their home)
     AccumulateGrad,
     Node,
@@ -89,6 +89,20 @@ _pack_in_place_message = (
     "side-effects. Please open an issue if you need to perform in-place operations on the "
     "input to a pack hook."
 )
+
+
+def _inplace_hint() -> str:
+    """PyTorch's hint for a modified saved tensor: under anomaly mode the warning emitted with
+    the error already shows the forward line of the failing node."""
+    if anomaly.is_anomaly_enabled():
+        return (
+            "Hint: the backtrace further above shows the operation that failed to compute its "
+            "gradient. The variable in question was changed in there or anywhere later. Good luck!"
+        )
+    return (
+        "Hint: enable anomaly detection to find the operation that failed to compute its "
+        "gradient, with fusegrad.autograd.set_detect_anomaly(True)."
+    )
 
 
 class SavedTensor:
@@ -235,10 +249,7 @@ class SavedTensor:
                 "one of the variables needed for gradient computation has been modified by an "
                 f"inplace operation: [{dtype} {list(shape)}]{origin} is at version "
                 f"{self._counter.value}; expected version {self._version} instead"
-                f"{'' if node is None else f' (needed by {node.name()})'}. Hint: enable "
-                "anomaly detection to find the operation "
-                "that failed to compute its gradient, with "
-                "fusegrad.autograd.set_detect_anomaly(True)."
+                f"{'' if node is None else f' (needed by {node.name()})'}. {_inplace_hint()}"
             )
         if not self._is_output:
             return self._tensor  # type: ignore[return-value]
