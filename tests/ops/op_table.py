@@ -2545,6 +2545,153 @@ add(
 )
 
 
+def _channel(v: Any, ndim: int) -> Any:
+    return None if v is None else np.asarray(v).reshape([1, -1] + [1] * (ndim - 2))
+
+
+def _affine_ref(out: np.ndarray, weight: Any, bias: Any) -> np.ndarray:
+    if weight is not None:
+        out = out * _channel(weight, out.ndim)
+    if bias is not None:
+        out = out + _channel(bias, out.ndim)
+    return out
+
+
+def batch_norm_ref(
+    x: np.ndarray,
+    running_mean: Any,
+    running_var: Any,
+    weight: Any = None,
+    bias: Any = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> np.ndarray:
+    if training:
+        axes = (0,) + tuple(range(2, x.ndim))
+        mu, var = x.mean(axis=axes, keepdims=True), x.var(axis=axes, keepdims=True)
+    else:
+        mu, var = _channel(running_mean, x.ndim), _channel(running_var, x.ndim)
+    return _affine_ref((x - mu) / np.sqrt(var + eps), weight, bias)
+
+
+def instance_norm_ref(
+    x: np.ndarray,
+    running_mean: Any = None,
+    running_var: Any = None,
+    weight: Any = None,
+    bias: Any = None,
+    use_input_stats: bool = True,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> np.ndarray:
+    if use_input_stats:
+        axes = tuple(range(2, x.ndim))
+        mu, var = x.mean(axis=axes, keepdims=True), x.var(axis=axes, keepdims=True)
+    else:
+        mu, var = _channel(running_mean, x.ndim), _channel(running_var, x.ndim)
+    return _affine_ref((x - mu) / np.sqrt(var + eps), weight, bias)
+
+
+def group_norm_ref(
+    x: np.ndarray, groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5
+) -> np.ndarray:
+    g = x.reshape(x.shape[0], groups, -1)
+    out = (g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + eps)
+    return _affine_ref(out.reshape(x.shape), weight, bias)
+
+
+_STATS = frozenset({1, 2})  # running statistics: buffers, not differentiable inputs
+
+
+def _batch_norm_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (4, 3)), None, None), {"training": True}, "train_2d"),
+        S(
+            (uni(rng, (3, 2, 4)), np.zeros(2), np.ones(2), pos(rng, (2,)), uni(rng, (2,))),
+            {"training": True, "momentum": 0.3},
+            "train_running_affine",
+            nograd=_STATS,
+        ),
+        S(
+            (
+                uni(rng, (2, 3, 3, 2)),
+                uni(rng, (3,)),
+                pos(rng, (3,)),
+                pos(rng, (3,)),
+                uni(rng, (3,)),
+            ),
+            name="eval_4d",
+            nograd=_STATS,
+        ),
+        S(
+            (uni(rng, (2, 3, 2, 2)), None, None, None, uni(rng, (3,))),
+            {"training": True, "eps": 0.1},
+            "train_4d_bias_eps",
+        ),
+        S(
+            (uni(rng, (2, 3, 3)), np.zeros(3), np.ones(3)),
+            {"training": True},
+            "noncontig",
+            noncontig=True,
+            nograd=_STATS,
+        ),
+    ]
+
+
+add(
+    "batch_norm",
+    lambda m, x, rm, rv, *a, **k: m.F.batch_norm(x, rm, rv, *a, **k),
+    batch_norm_ref,
+    _batch_norm_samples,
+    f32_tol=(1e-4, 1e-5),
+)
+
+
+def _instance_norm_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (2, 3, 4)),), name="plain"),
+        S(
+            (uni(rng, (2, 2, 3, 3)), np.zeros(2), np.ones(2), pos(rng, (2,)), uni(rng, (2,))),
+            name="running_affine",
+            nograd=_STATS,
+        ),
+        S(
+            (uni(rng, (2, 2, 3)), uni(rng, (2,)), pos(rng, (2,))),
+            {"use_input_stats": False},
+            "running_stats",
+            nograd=_STATS,
+        ),
+    ]
+
+
+add(
+    "instance_norm",
+    lambda m, x, *a, **k: m.F.instance_norm(x, *a, **k),
+    instance_norm_ref,
+    _instance_norm_samples,
+    f32_tol=(1e-4, 1e-5),
+)
+
+
+def _group_norm_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (2, 6, 3)), 3, pos(rng, (6,)), uni(rng, (6,))), name="affine"),
+        S((uni(rng, (3, 4)), 2), name="2d"),
+        S((uni(rng, (2, 4, 2, 3)), 1), {"eps": 0.1}, "one_group_eps"),
+        S((uni(rng, (2, 2, 3)), 2, pos(rng, (2,))), name="per_channel", noncontig=True),
+    ]
+
+
+add(
+    "group_norm",
+    lambda m, x, g, *a, **k: m.F.group_norm(x, g, *a, **k),
+    group_norm_ref,
+    _group_norm_samples,
+    f32_tol=(1e-4, 1e-5),
+)
+
+
 def _conv_samples(rng: np.random.Generator) -> list[Sample]:
     return [
         S((uni(rng, (1, 2, 4, 4)), uni(rng, (2, 2, 2, 2)), uni(rng, (2,))), name="bias"),

@@ -16,13 +16,16 @@ from ..ops import inplace as _inplace
 from ..ops import reduction as _red
 from ..ops.functional import (
     avg_pool2d,
+    batch_norm,
     binary_cross_entropy,
     binary_cross_entropy_with_logits,
     conv2d,
     cross_entropy,
     dropout,
     embedding,
+    group_norm,
     huber_loss,
+    instance_norm,
     l1_loss,
     layer_norm,
     linear,
@@ -40,6 +43,7 @@ from ..tensor import Tensor
 
 __all__ = [
     "avg_pool2d",
+    "batch_norm",
     "binary_cross_entropy",
     "binary_cross_entropy_with_logits",
     "conv2d",
@@ -49,8 +53,10 @@ __all__ = [
     "embedding",
     "flatten",
     "gelu",
+    "group_norm",
     "hardtanh",
     "huber_loss",
+    "instance_norm",
     "l1_loss",
     "layer_norm",
     "leaky_relu",

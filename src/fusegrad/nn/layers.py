@@ -14,8 +14,9 @@ from typing import Any
 
 from ..autograd.grad_mode import no_grad
 from ..device import as_device
+from ..dtypes import int64
 from ..errors import ShapeError
-from ..ops.creation import empty
+from ..ops.creation import empty, ones, tensor, zeros
 from ..tensor import Tensor
 from . import functional as F
 from . import init
@@ -26,10 +27,13 @@ __all__ = [
     "ELU",
     "GELU",
     "AvgPool2d",
+    "BatchNorm1d",
+    "BatchNorm2d",
     "Conv2d",
     "Dropout",
     "Embedding",
     "Flatten",
+    "GroupNorm",
     "Identity",
     "LayerNorm",
     "LeakyReLU",
@@ -320,6 +324,166 @@ class LayerNorm(Module):
     def extra_repr(self) -> str:
         return (
             f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        )
+
+
+class _BatchNorm(Module):
+    """BatchNorm's state and forward (PyTorch's ``_BatchNorm``): affine weight=1 and bias=0;
+    buffers ``running_mean`` (0), ``running_var`` (1) and ``num_batches_tracked`` (0, int64)
+    when ``track_running_stats``.  In training the batch statistics normalise and the running
+    ones are updated in place (``momentum=None``: a cumulative average, 1/num_batches_tracked);
+    in eval mode the running statistics normalise (batch statistics without them)."""
+
+    _dims: tuple[int, ...] = ()  # the input ranks the subclass accepts
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+        *,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        self.num_features = num_features
+        self.eps = eps
+        self.momentum = momentum
+        self.affine = affine
+        self.track_running_stats = track_running_stats
+        if affine:
+            self.weight = _new_weight(num_features, dtype=dtype, device=device)
+            if bias:
+                self.bias = _new_weight(num_features, dtype=dtype, device=device)
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        if track_running_stats:
+            as_device(device)
+            self.register_buffer("running_mean", zeros(num_features, dtype=dtype))
+            self.register_buffer("running_var", ones(num_features, dtype=dtype))
+            self.register_buffer("num_batches_tracked", tensor(0, dtype=int64))
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+        self.reset_parameters()
+
+    def reset_running_stats(self) -> None:
+        if self.track_running_stats:
+            with no_grad():
+                self.running_mean.zero_()  # type: ignore[union-attr]
+                self.running_var.fill_(1)  # type: ignore[union-attr]
+                self.num_batches_tracked.zero_()  # type: ignore[union-attr]
+
+    def reset_parameters(self) -> None:
+        self.reset_running_stats()
+        if self.affine:
+            init.ones_(self.weight)
+            if self.bias is not None:
+                init.zeros_(self.bias)
+
+    def _check_input_dim(self, input: Tensor) -> None:
+        if input.dim() not in self._dims:
+            want = " or ".join(f"{d}D" for d in self._dims)
+            raise ShapeError(f"expected {want} input (got {input.dim()}D input)")
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        momentum: Any = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            with no_grad():
+                self.num_batches_tracked.add_(1)
+            if self.momentum is None:
+                # the cumulative average's factor stays a tensor: no host read in a compiled step
+                momentum = 1.0 / self.num_batches_tracked.double()
+        # eval mode without running statistics normalises by the batch's, as PyTorch does
+        use_batch = self.training or (self.running_mean is None and self.running_var is None)
+        keep = not self.training or self.track_running_stats
+        return F.batch_norm(
+            input,
+            self.running_mean if keep else None,
+            self.running_var if keep else None,
+            self.weight,
+            self.bias,
+            use_batch,
+            momentum,
+            self.eps,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+            f"affine={self.affine}, bias={self.bias is not None}, "
+            f"track_running_stats={self.track_running_stats}"
+        )
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch normalisation of (N, C) or (N, C, L) inputs over N (and L) per channel."""
+
+    _dims = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch normalisation of (N, C, H, W) inputs over N, H and W per channel."""
+
+    _dims = (4,)
+
+
+class GroupNorm(Module):
+    """Normalises (N, C, *) inputs over groups of ``num_channels // num_groups`` channels and
+    the spatial dims; per-channel affine weight=1, bias=0."""
+
+    def __init__(
+        self,
+        num_groups: int,
+        num_channels: int,
+        eps: float = 1e-5,
+        affine: bool = True,
+        device: Any = None,
+        dtype: Any = None,
+        *,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        if num_channels % num_groups != 0:
+            raise ValueError(
+                f"num_channels ({num_channels}) must be divisible by num_groups ({num_groups})"
+            )
+        self.num_groups = num_groups
+        self.num_channels = num_channels
+        self.eps = eps
+        self.affine = affine
+        if affine:
+            self.weight = _new_weight(num_channels, dtype=dtype, device=device)
+            if bias:
+                self.bias = _new_weight(num_channels, dtype=dtype, device=device)
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.affine:
+            init.ones_(self.weight)
+            if self.bias is not None:
+                init.zeros_(self.bias)
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, "
+            f"bias={self.bias is not None}"
         )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .. import storage as _storage
+from ..autograd.grad_mode import no_grad as _no_grad
 from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import notify_host_read as _read
@@ -47,6 +48,9 @@ __all__ = [
     "binary_cross_entropy_with_logits",
     "dropout",
     "layer_norm",
+    "batch_norm",
+    "group_norm",
+    "instance_norm",
     "unfold",
     "conv2d",
     "max_pool2d",
@@ -340,6 +344,183 @@ def layer_norm(
     if bias is not None:
         out = out + bias
     return out
+
+
+# ---- batch, group and instance normalisation --------------------------------------------------
+# Composites like layer_norm: a mean and a centred sum of squares per channel (or group), so
+# they fuse and compile as ordinary reductions.  Running statistics are buffers updated in place
+# under no_grad, as PyTorch's are, so a whole-step compile replays the update.
+
+
+class NormArgumentError(ShapeError):
+    """A bad input or statistics shape of a normalisation (PyTorch raises RuntimeError, or
+    ValueError for too few values per channel: ShapeError is both)."""
+
+
+def _channel_shape(x: Tensor) -> list[int]:
+    """(1, C, 1, ...): a per-channel vector broadcast against an (N, C, *) input."""
+    return [1, x.shape[1]] + [1] * (x.ndim - 2)
+
+
+def _check_channel_vector(op: str, name: str, v: Tensor | None, channels: int) -> None:
+    if v is not None and v.numel() != channels:
+        raise NormArgumentError(f"{op}: {name} should contain {channels} elements not {v.numel()}")
+
+
+def _update_running(running: Tensor | None, batch_value: Tensor, momentum: float | Tensor) -> None:
+    """``running = (1 - momentum) * running + momentum * batch_value``, in place, without
+    history; ``momentum`` may be a tensor (the cumulative average's 1 / num_batches_tracked,
+    kept on the tensor side so a compiled step never reads it on the host)."""
+    if running is None:
+        return
+    with _no_grad():
+        update = batch_value.detach().reshape(running.shape).to(running.dtype)
+        running.mul_(1.0 - momentum).add_(update * momentum)
+
+
+def _affine(x: Tensor, weight: Any, bias: Any) -> Tensor:
+    """``x * weight + bias`` with per-channel (dim 1) weight and bias, either may be None."""
+    shape = _channel_shape(x)
+    if weight is not None:
+        x = x * to_tensor(weight).reshape(shape)
+    if bias is not None:
+        x = x + to_tensor(bias).reshape(shape)
+    return x
+
+
+def _with_running_stats(
+    x: Tensor, running_mean: Tensor, running_var: Tensor, eps: float, weight: Any, bias: Any
+) -> Tensor:
+    """Normalisation by given statistics (eval mode)."""
+    shape = _channel_shape(x)
+    scale = (running_var.reshape(shape) + eps).rsqrt()
+    return _affine(sub(x, running_mean.reshape(shape)) * scale, weight, bias)
+
+
+def batch_norm(
+    input: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Normalises each channel (dim 1) of an (N, C, *) input over the batch and spatial dims.
+
+    In training the batch's statistics are used (biased variance) and the running statistics,
+    when given, move towards them by ``momentum`` (unbiased variance), in place; otherwise the
+    running statistics normalise."""
+    x = to_tensor(input)
+    if x.ndim < 2:
+        raise NormArgumentError(
+            f"batch_norm: expected an input of at least 2 dims (N, C, *), got {describe(x)}"
+        )
+    channels = x.shape[1]
+    rm = None if running_mean is None else to_tensor(running_mean)
+    rv = None if running_var is None else to_tensor(running_var)
+    for name, v in (("running_mean", rm), ("running_var", rv), ("weight", weight), ("bias", bias)):
+        _check_channel_vector("batch_norm", name, None if v is None else to_tensor(v), channels)
+    if not training:
+        if rm is None or rv is None:
+            raise NormArgumentError(
+                f"batch_norm: running_{'mean' if rm is None else 'var'} must be defined in "
+                "evaluation mode"
+            )
+        return _with_running_stats(x, rm, rv, eps, weight, bias)
+    count = x.numel() // channels if channels else 0
+    if count <= 1:
+        raise NormArgumentError(
+            f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}"
+        )
+    dims = (0,) + tuple(range(2, x.ndim))
+    mu = mean(x, dims, keepdim=True)
+    centred = sub(x, mu)
+    sum_sq = sum(centred * centred, dims, keepdim=True)
+    out = _affine(centred * (sum_sq / count + eps).rsqrt(), weight, bias)
+    _update_running(rm, mu, momentum)
+    _update_running(rv, sum_sq / (count - 1), momentum)
+    return out
+
+
+def instance_norm(
+    input: Tensor,
+    running_mean: Tensor | None = None,
+    running_var: Tensor | None = None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    use_input_stats: bool = True,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Normalises each (sample, channel) of an (N, C, *) input over its spatial dims.  Running
+    statistics, when given, move towards the batch mean of the instances' statistics."""
+    x = to_tensor(input)
+    if x.ndim < 2:
+        raise NormArgumentError(
+            f"instance_norm: expected an input of at least 2 dims (N, C, *), got {describe(x)}"
+        )
+    channels = x.shape[1]
+    rm = None if running_mean is None else to_tensor(running_mean)
+    rv = None if running_var is None else to_tensor(running_var)
+    for name, v in (("running_mean", rm), ("running_var", rv), ("weight", weight), ("bias", bias)):
+        _check_channel_vector("instance_norm", name, None if v is None else to_tensor(v), channels)
+    if not use_input_stats:
+        if rm is None or rv is None:
+            raise NormArgumentError(
+                "Expected running_mean and running_var to be defined when use_input_stats is false"
+            )
+        return _with_running_stats(x, rm, rv, eps, weight, bias)
+    count = math.prod(x.shape[2:])
+    if count <= 1:
+        raise NormArgumentError(
+            f"Expected more than 1 spatial element when training, got input size {tuple(x.shape)}"
+        )
+    dims = tuple(range(2, x.ndim))
+    mu = mean(x, dims, keepdim=True)
+    centred = sub(x, mu)
+    sum_sq = sum(centred * centred, dims, keepdim=True)
+    out = _affine(centred * (sum_sq / count + eps).rsqrt(), weight, bias)
+    if rm is not None or rv is not None:
+        _update_running(rm, mean(mu.reshape(x.shape[0], channels), 0), momentum)
+        _update_running(rv, mean(sum_sq.reshape(x.shape[0], channels), 0) / (count - 1), momentum)
+    return out
+
+
+def group_norm(
+    input: Tensor,
+    num_groups: int,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Splits the C channels of an (N, C, *) input into ``num_groups`` groups and normalises
+    each (sample, group) over its channels and spatial dims; then a per-channel affine."""
+    x = to_tensor(input)
+    if x.ndim < 2:
+        raise NormArgumentError(
+            f"Expected at least 2 dimensions for input tensor but received {x.ndim}"
+        )
+    n, channels = x.shape[0], x.shape[1]
+    if num_groups <= 0 or channels % num_groups:
+        raise NormArgumentError(
+            "Expected number of channels in input to be divisible by num_groups, but got input "
+            f"of shape {list(x.shape)} and num_groups={num_groups}"
+        )
+    for name, v in (("weight", weight), ("bias", bias)):
+        if v is not None and to_tensor(v).numel() != channels:
+            raise NormArgumentError(
+                f"Expected {name} to be a vector of size equal to the number of channels in "
+                f"input, but got {name} of shape {list(to_tensor(v).shape)} and input of shape "
+                f"{list(x.shape)}"
+            )
+    grouped = x.reshape(n, num_groups, -1)
+    mu = mean(grouped, 2, keepdim=True)
+    centred = sub(grouped, mu)
+    var_ = mean(centred * centred, 2, keepdim=True)
+    normed = (centred * (var_ + eps).rsqrt()).reshape(x.shape)
+    return _affine(normed, weight, bias)
 
 
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
