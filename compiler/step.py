@@ -452,9 +452,7 @@ class Recorder(Tracer):
             try:
                 value = self.value_of(redo)
                 if value.dtype is not t._dtype:
-                    value = self.graph.add(
-                        "cast", (value,), {"dtype": t._dtype}, value.shape, t._dtype
-                    )
+                    value = self.cast(t, value)
                 self.bind(t, value)
             except StepBreak as e:
                 self.stop(str(e))
@@ -476,6 +474,21 @@ class Recorder(Tracer):
                         self.runtime_keys[key] = value
             else:
                 self.new_input(t, ("draw", redo))
+
+    def cast(self, t: Tensor, value: Value) -> Value:
+        """``value`` cast to ``t``'s dtype: a runtime scalar (``optim.hyper``) becomes a runtime
+        input of that dtype, cast as the op surface casts it (one kernel fewer, and a kernel
+        of one float dtype, which the interpreter runs); anything else a ``cast`` value."""
+        source = self.sources[value.attr("index")] if value.op == "input" else None
+        if source is None or source[0] != "scalar":
+            return self.graph.add("cast", (value,), {"dtype": t._dtype}, value.shape, t._dtype)
+        key = ("cast", id(source[1]), t._dtype)
+        known = self.runtime_keys.get(key)
+        if known is None:
+            known = self.runtime_keys[key] = self.new_input(
+                t, ("scalar", _CastScalar(source[1], t))
+            )
+        return known
 
     def host_read(self, t: Tensor, what: str, result: Any = None) -> None:
         if self.broken is None:
@@ -779,6 +792,21 @@ class Recorder(Tracer):
                 [(k, self.output_spec(v, reads, returned, outputs)) for k, v in obj.items()],
             )
         return ("object", obj)
+
+
+class _CastScalar:
+    """A runtime scalar cast to another dtype, as ``ops._util.cast`` casts a Python-number
+    tensor (``np.array(value, dtype)``)."""
+
+    __slots__ = ("dtype", "source")
+    runtime_scalar = True
+
+    def __init__(self, source: Any, t: Tensor) -> None:
+        self.source = source
+        self.dtype = t._dtype.np
+
+    def array(self) -> np.ndarray:
+        return np.array(self.source.array().item(), dtype=self.dtype)
 
 
 def _describe(t: Tensor) -> str:
