@@ -1,0 +1,99 @@
+"""``fusegrad.distributed``: PyTorch's ``torch.distributed`` names on MPI (mpi4py).
+
+Start processes with ``mpiexec -n 2 python train.py`` or ``python -m fusegrad.distributed.run
+-n 2 train.py``; in each, ``init_process_group()`` joins the default group (``backend`` "mpi",
+or PyTorch's "gloo"/"nccl", which are aliases: MPI is the one transport).  Collectives work on
+tensors in place; CPU tensors go to MPI as their own numpy arrays, CUDA tensors through host
+buffers.  ``fusegrad.nn.parallel.DistributedDataParallel`` and
+``fusegrad.utils.data.DistributedSampler`` build on it.
+
+Not yet here (issue 13): DDP inside compiled programs (``fusegrad.compile``; a compiled step
+with DDP's hooks is not supported), ``rpc`` and distributed autograd, ``DistributedOptimizer``,
+``all_to_all``, ``Work.get_future``.
+"""
+
+from __future__ import annotations
+
+from .collectives import (
+    all_gather,
+    all_gather_into_tensor,
+    all_gather_object,
+    all_reduce,
+    barrier,
+    broadcast,
+    broadcast_object_list,
+    gather,
+    irecv,
+    isend,
+    recv,
+    reduce,
+    reduce_scatter_tensor,
+    scatter,
+    send,
+)
+from .process_group import (
+    DEFAULT_TIMEOUT,
+    DistError,
+    DistNotInitializedError,
+    DistTimeoutError,
+    GroupMember,
+    ProcessGroup,
+    ReduceOp,
+    Work,
+    cuda_aware_mpi,
+    destroy_process_group,
+    get_backend,
+    get_global_rank,
+    get_process_group_ranks,
+    get_rank,
+    get_world_size,
+    group,
+    init_process_group,
+    is_available,
+    is_gloo_available,
+    is_initialized,
+    is_mpi_available,
+    is_nccl_available,
+    new_group,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "DistError",
+    "DistNotInitializedError",
+    "DistTimeoutError",
+    "GroupMember",
+    "ProcessGroup",
+    "ReduceOp",
+    "Work",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "cuda_aware_mpi",
+    "destroy_process_group",
+    "gather",
+    "get_backend",
+    "get_global_rank",
+    "get_process_group_ranks",
+    "get_rank",
+    "get_world_size",
+    "group",
+    "init_process_group",
+    "irecv",
+    "is_available",
+    "is_gloo_available",
+    "is_initialized",
+    "is_mpi_available",
+    "is_nccl_available",
+    "isend",
+    "new_group",
+    "recv",
+    "reduce",
+    "reduce_scatter_tensor",
+    "scatter",
+    "send",
+]

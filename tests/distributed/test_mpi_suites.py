@@ -1,0 +1,98 @@
+"""The MPI suites (tests/distributed/mpi_*.py) on two real processes: ``mpiexec -n 2 python -m
+pytest ...`` in a subprocess, as tests/test_cuda_suites.py runs the CUDA suites.  Their file
+names keep them out of this single-process collection.  Skipped when mpi4py or mpiexec is
+missing (the ``distributed`` extra, which the ``test`` extra includes).
+
+Also here: the launcher, ``python -m fusegrad.distributed.run -n 2``, on a small script.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from fusegrad.distributed.run import find_mpiexec
+
+HERE = pathlib.Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+TIMEOUT_S = 240  # the suites take ~20 s on two busy cores; a wait times out after 60 s
+SUITES = ["mpi_collectives.py", "mpi_ddp.py"]
+
+MPIEXEC = find_mpiexec()
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("mpi4py") is None or MPIEXEC is None,
+    reason="mpi4py or mpiexec is missing (pip install -e '.[distributed]'): MPI suites not run",
+)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["OMP_NUM_THREADS"] = "1"  # two processes on a small machine
+    return env
+
+
+def test_mpi_suites_on_two_processes() -> None:
+    files = [str(HERE / name) for name in SUITES]
+    cmd = [MPIEXEC, "-n", "2", sys.executable, "-m", "pytest", *files]
+    cmd += ["-q", "-x", "-p", "no:cacheprovider"]
+    try:
+        done = subprocess.run(
+            cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired as e:
+        out = (
+            (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout
+        )
+        pytest.fail(f"mpiexec -n 2 pytest {' '.join(SUITES)} ran past {TIMEOUT_S} s:\n{out}")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"the MPI suites failed ({done.returncode}):\n{output}"
+    # each of the two ranks ran every test and reported its own pass line
+    passed = [line for line in output.splitlines() if " passed" in line and "failed" not in line]
+    assert len(passed) == 2, output
+
+
+SCRIPT = """
+import os, sys
+import fusegrad as fg
+import fusegrad.distributed as dist
+dist.init_process_group("gloo")
+t = fg.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+env = os.environ
+line = f"rank {env['RANK']} of {env['WORLD_SIZE']} local {env['LOCAL_RANK']} sum {t.item()}"
+sys.stdout.write(f"{line} args {sys.argv[1:]}\\n")  # one write: the ranks' lines do not mix
+sys.stdout.flush()
+if "--fail" in sys.argv and dist.get_rank() == 1:
+    raise ValueError("rank 1 fails")
+dist.barrier()  # rank 0 waits here for a peer that failed: the launcher must end the job
+dist.destroy_process_group()
+"""
+
+
+def test_launcher_runs_the_script_on_n_processes(tmp_path: pathlib.Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    cmd = [sys.executable, "-m", "fusegrad.distributed.run", "-n", "2", str(script), "--lr", "1"]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank"))
+    assert lines == [
+        "rank 0 of 2 local 0 sum 3.0 args ['--lr', '1']",
+        "rank 1 of 2 local 1 sum 3.0 args ['--lr', '1']",
+    ]
+
+
+def test_launcher_ends_the_job_when_a_rank_fails(tmp_path: pathlib.Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    cmd = [sys.executable, "-m", "fusegrad.distributed.run", "-n", "2", str(script), "--fail"]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "ValueError: rank 1 fails" in done.stderr
+    assert "rank 1 failed; aborting the other processes" in done.stderr
