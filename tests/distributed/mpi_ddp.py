@@ -1,0 +1,229 @@
+"""DistributedDataParallel on two real processes: run by tests/distributed/test_mpi_suites.py as
+``mpiexec -n 2 python -m pytest tests/distributed/mpi_ddp.py``.
+
+The reference is one process training a copy of the model on the whole batch (every rank
+computes it locally); DDP trains on this rank's half.  float64, so results agree to rounding.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from datetime import timedelta
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+import fusegrad.distributed as dist
+import fusegrad.nn as nn
+import fusegrad.nn.functional as F
+from fusegrad.nn.parallel import DistributedDataParallel as DDP
+from fusegrad.utils.data import DistributedSampler
+
+TIGHT = {"rtol": 1e-12, "atol": 1e-14}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world(request: pytest.FixtureRequest) -> Iterator[None]:
+    dist.init_process_group("mpi", timeout=timedelta(seconds=60))
+    assert dist.get_world_size() == 2, "run me with mpiexec -n 2"
+    yield
+    if request.session.testsfailed:
+        return  # the other rank may be elsewhere: conftest.py aborts the job instead
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def rank() -> int:
+    return dist.get_rank()
+
+
+class Net(nn.Module):
+    """Linear-tanh-linear (float64), with a buffer and optionally an unused layer."""
+
+    def __init__(self, unused: bool = False) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(5, 16, dtype=fg.float64)
+        self.fc2 = nn.Linear(16, 3, dtype=fg.float64)
+        self.register_buffer("scale", fg.tensor([1.0 + rank()], dtype=fg.float64))
+        if unused:
+            self.extra = nn.Linear(3, 3, dtype=fg.float64)
+
+    def forward(self, x: fg.Tensor, use_extra: bool = False) -> fg.Tensor:
+        y = self.fc2(fg.tanh(self.fc1(x))) * self.scale
+        return self.extra(y) if use_extra else y
+
+
+def batch(n: int = 16, seed: int = 0) -> tuple[fg.Tensor, fg.Tensor]:
+    """The whole batch, the same on every rank."""
+    rng = np.random.default_rng(seed)
+    return fg.tensor(rng.standard_normal((n, 5))), fg.tensor(rng.standard_normal((n, 3)))
+
+
+def half(t: fg.Tensor) -> fg.Tensor:
+    n = t.shape[0] // 2
+    return t[rank() * n : (rank() + 1) * n]
+
+
+def make(seed_by_rank: bool = True, **kwargs: object) -> tuple[DDP, nn.Module]:
+    """A DDP model (initialized differently on each rank before the broadcast) and a
+    single-process reference copy of rank 0's initial model."""
+    fg.manual_seed(100 + (rank() if seed_by_rank else 0))
+    net = Net(unused=bool(kwargs.pop("unused", False)))
+    ddp = DDP(net, **kwargs)  # type: ignore[arg-type]
+    return ddp, copy.deepcopy(net)
+
+
+def same_on_every_rank(t: fg.Tensor) -> bool:
+    parts = [fg.zeros_like(t) for _ in range(2)]
+    dist.all_gather(parts, t.detach().contiguous())
+    return bool(np.array_equal(parts[0].numpy(), parts[1].numpy()))
+
+
+def test_construction_broadcasts_rank_0s_parameters_and_buffers() -> None:
+    fg.manual_seed(100 + rank())
+    net = Net()
+    mine = {n: p.detach().clone() for n, p in net.state_dict().items()}
+    ddp = DDP(net)
+    assert ddp.module is net
+    for name, value in net.state_dict().items():
+        assert same_on_every_rank(value), name
+    # rank 0 kept its own; rank 1's were replaced (they differed: per-rank seeds and buffer)
+    now = net.state_dict()
+    changed = any(not np.array_equal(v.numpy(), now[n].numpy()) for n, v in mine.items())
+    assert changed == (rank() == 1)
+    assert net.scale.tolist() == [1.0]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"bucket_cap_mb": 0.0001}, {"bucket_cap_mb": 0.0001, "gradient_as_bucket_view": True}],
+    ids=["one-bucket", "bucket-per-param", "bucket-view"],
+)
+def test_gradients_equal_one_process_on_the_whole_batch(options: dict) -> None:
+    ddp, ref = make(**options)
+    x, y = batch()
+    F.mse_loss(ddp(half(x)), half(y)).backward()
+    F.mse_loss(ref(x), y).backward()
+    for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), **TIGHT, err_msg=name)
+    if options.get("gradient_as_bucket_view"):
+        b = ddp._buckets[0]
+        assert np.shares_memory(b.params[0][2].grad._data, b.buffer)
+
+
+def test_buckets_in_reverse_parameter_order_and_launched_during_backward() -> None:
+    ddp, _ = make(bucket_cap_mb=0.0001)  # one parameter per bucket
+    names = [n for n, _ in ddp.module.named_parameters()]
+    assert ddp.bucket_names == [[n] for n in reversed(names)]
+    launched_before_last_grad: list[bool] = []
+    # fc1.weight's gradient comes last; its own DDP hook ran just before this one
+    ddp.module.fc1.weight.register_post_accumulate_grad_hook(
+        lambda p: launched_before_last_grad.append(
+            all(b.work is not None for b in ddp._buckets[:-1])
+        )
+    )
+    x, y = batch()
+    F.mse_loss(ddp(half(x)), half(y)).backward()
+    assert launched_before_last_grad == [True]  # communication started inside backward
+    assert all(b.work is None for b in ddp._buckets)  # and was waited for before it returned
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
+def test_ten_steps_equal_one_process(optimizer: str) -> None:
+    ddp, ref = make(bucket_cap_mb=0.0005)
+    opts = {"SGD": {"lr": 0.1, "momentum": 0.9}, "AdamW": {"lr": 0.01, "weight_decay": 0.1}}
+    make_opt = getattr(fg.optim, optimizer)
+    opt, ref_opt = (
+        make_opt(ddp.parameters(), **opts[optimizer]),
+        make_opt(ref.parameters(), **opts[optimizer]),
+    )
+    for step in range(10):
+        x, y = batch(seed=step)
+        opt.zero_grad()
+        F.mse_loss(ddp(half(x)), half(y)).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        F.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+    for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), **TIGHT, err_msg=name)
+        assert same_on_every_rank(p), name
+
+
+def test_no_sync_accumulates_locally_then_reduces_the_sum() -> None:
+    ddp, ref = make()
+    x, y = batch(n=32)
+    first, second = (x[:16], y[:16]), (x[16:], y[16:])
+    local = copy.deepcopy(ref)
+    with ddp.no_sync():
+        F.mse_loss(ddp(half(first[0])), half(first[1])).backward()
+    # no communication yet: this rank's own gradient
+    F.mse_loss(local(half(first[0])), half(first[1])).backward()
+    for p, q in zip(ddp.module.parameters(), local.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), **TIGHT)
+    F.mse_loss(ddp(half(second[0])), half(second[1])).backward()
+    # the average over ranks of (first + second) = one process, both whole batches
+    (F.mse_loss(ref(first[0]), first[1]) + F.mse_loss(ref(second[0]), second[1])).backward()
+    for p, q in zip(ddp.module.parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), **TIGHT)
+        assert same_on_every_rank(p.grad)
+
+
+def test_unused_parameter_error_at_the_next_forward() -> None:
+    ddp, _ = make(unused=True)
+    x, y = batch()
+    F.mse_loss(ddp(half(x)), half(y)).backward()  # extra.* got no gradient
+    with pytest.raises(RuntimeError) as info:
+        ddp(half(x))
+    message = str(info.value)
+    assert "Expected to have finished reduction in the prior iteration" in message
+    assert "find_unused_parameters=True" in message
+    assert "extra.weight" in message and "extra.bias" in message and "fc1" not in message
+    F.mse_loss(ddp(half(x)), half(y)).backward()  # the error was reported once
+
+
+def test_find_unused_parameters() -> None:
+    ddp, ref = make(unused=True, find_unused_parameters=True, bucket_cap_mb=0.0001)
+    x, y = batch()
+    # rank 0 uses the extra layer, rank 1 does not: a locally unused, globally used parameter
+    F.mse_loss(ddp(half(x), use_extra=rank() == 0), half(y)).backward()
+    n = x.shape[0] // 2
+    (
+        F.mse_loss(ref(x[:n], use_extra=True), y[:n]) / 2 + F.mse_loss(ref(x[n:]), y[n:]) / 2
+    ).backward()
+    for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), **TIGHT, err_msg=name)
+    # unused everywhere: .grad stays None
+    ddp.zero_grad()
+    F.mse_loss(ddp(half(x)), half(y)).backward()
+    assert ddp.module.extra.weight.grad is None
+    assert ddp.module.fc1.weight.grad is not None
+
+
+def test_state_dict_keys_and_loading_without_prefix() -> None:
+    ddp, _ = make()
+    keys = list(ddp.state_dict())
+    assert keys == [f"module.{k}" for k in ddp.module.state_dict()]
+    plain = {k: v * 0 + 2 for k, v in ddp.module.state_dict().items()}
+    ddp.load_state_dict(plain)
+    assert ddp.module.fc1.bias.tolist() == [2.0] * 16
+    ddp.load_state_dict(ddp.state_dict())
+
+
+def test_forward_broadcasts_buffers() -> None:
+    ddp, _ = make()
+    with fg.no_grad():
+        ddp.module.scale.fill_(5.0 + rank())
+    ddp(batch()[0])
+    assert ddp.module.scale.tolist() == [5.0]
+
+
+def test_distributed_sampler_splits_the_dataset() -> None:
+    sampler = DistributedSampler(range(11), shuffle=True, seed=3)
+    assert (sampler.num_replicas, sampler.rank, len(sampler)) == (2, rank(), 6)
+    parts: list = [None, None]
+    dist.all_gather_object(parts, list(sampler))
+    assert len(parts[0]) == len(parts[1]) == 6  # 11 padded to 12 by repeating the first
+    assert set(parts[0]) | set(parts[1]) == set(range(11))
