@@ -3,7 +3,9 @@ pytest ...`` in a subprocess, as tests/test_cuda_suites.py runs the CUDA suites.
 names keep them out of this single-process collection.  Skipped when mpi4py or mpiexec is
 missing (the ``distributed`` extra, which the ``test`` extra includes).
 
-Also here: the launcher, ``python -m fusegrad.distributed.run -n 2``, on a small script.
+Also here: the launcher, ``python -m fusegrad.distributed.run -n 2``, on a small script and on
+the README's example (the block after ``<!-- mpi-example -->``, which tests/test_readme.py
+cannot run in one process).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -96,3 +99,24 @@ def test_launcher_ends_the_job_when_a_rank_fails(tmp_path: pathlib.Path) -> None
     assert done.returncode != 0
     assert "ValueError: rank 1 fails" in done.stderr
     assert "rank 1 failed; aborting the other processes" in done.stderr
+
+
+def test_readme_example_trains_on_two_processes(tmp_path: pathlib.Path) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    match = re.search(r"^<!-- mpi-example -->\n```\n(.*?)^```$", readme, re.MULTILINE | re.DOTALL)
+    assert match, (
+        "README.md: the Distributed (MPI) section's example is marked <!-- mpi-example -->"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(match[1])
+    cmd = [sys.executable, "-m", "fusegrad.distributed.run", "-n", "2", str(script)]
+    env = _env()
+    del env["PYTHONUNBUFFERED"]  # each rank's print leaves in one write at exit: lines unmixed
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # each rank prints its rank and the loss of its replica on the whole data: replicas agree
+    ranks_and_losses = sorted(
+        line.split() for line in done.stdout.splitlines() if re.fullmatch(r"[01] \S+", line)
+    )
+    assert [r for r, _ in ranks_and_losses] == ["0", "1"], done.stdout
+    assert ranks_and_losses[0][1] == ranks_and_losses[1][1]
