@@ -24,7 +24,7 @@ from fusegrad.distributed.run import find_mpiexec
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 TIMEOUT_S = 240  # the suites take ~20 s on two busy cores; a wait times out after 60 s
-SUITES = ["mpi_collectives.py", "mpi_ddp.py"]
+SUITES = ["mpi_collectives.py", "mpi_ddp.py"]  # mpi_cuda.py runs apart, in the simulator
 
 MPIEXEC = find_mpiexec()
 pytestmark = pytest.mark.skipif(
@@ -58,6 +58,22 @@ def test_mpi_suites_on_two_processes() -> None:
     # each of the two ranks ran every test and reported its own pass line
     passed = [line for line in output.splitlines() if " passed" in line and "failed" not in line]
     assert len(passed) == 2, output
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("numba_cuda") is None,
+    reason="numba-cuda is not installed (the cuda extra): CUDA tensors over MPI not run",
+)
+def test_mpi_cuda_suite_in_the_simulator() -> None:
+    env = _env()
+    env["NUMBA_ENABLE_CUDASIM"] = "1"  # before numba is imported in the ranks
+    env.pop("FUSEGRAD_CUDA_PTX", None)
+    cmd = [MPIEXEC, "-n", "2", sys.executable, "-m", "pytest", str(HERE / "mpi_cuda.py")]
+    cmd += ["-q", "-x", "-p", "no:cacheprovider"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"mpi_cuda.py failed ({done.returncode}):\n{output}"
+    assert output.count(" passed") == 2, output
 
 
 SCRIPT = """
