@@ -2721,6 +2721,11 @@ def _conv_samples(rng: np.random.Generator) -> list[Sample]:
         S((uni(rng, (1, 2, 3, 3)), uni(rng, (1, 2, 2, 2))), {"padding": "valid"}, "valid"),
         S((uni(rng, (1, 3, 2, 3)), uni(rng, (3, 1, 1, 2))), {"groups": 3}, "depthwise"),
         S((uni(rng, (2, 3, 3)), uni(rng, (1, 2, 2, 2)), uni(rng, (1,))), name="unbatched"),
+        S(
+            (uni(rng, (1, 4, 6, 5)), uni(rng, (4, 2, 2, 3)), uni(rng, (4,))),
+            {"stride": (2, 1), "padding": (1, 2), "dilation": (2, 1), "groups": 2},
+            "groups_dilation_stride",
+        ),
     ]
 
 
@@ -2729,6 +2734,55 @@ add(
     lambda m, x, w, b=None, **k: m.F.conv2d(x, w, b, **k),
     conv2d_ref,
     _conv_samples,
+    f32_tol=(1e-4, 1e-5),
+)
+
+
+def conv1d_ref(
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> np.ndarray:
+    # a 1-D convolution is a 2-D one over a unit height (padding 0 and stride, dilation 1 there)
+    padding = padding if isinstance(padding, str) else (0, _pair(padding)[0])
+    stride, dilation = (1, _pair(stride)[0]), (1, _pair(dilation)[0])
+    out = conv2d_ref(x[..., None, :], w[..., None, :], bias, stride, padding, dilation, groups)
+    return out[..., 0, :]
+
+
+def _conv1d_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (2, 2, 6)), uni(rng, (3, 2, 3)), uni(rng, (3,))), name="bias"),
+        S(
+            (uni(rng, (1, 4, 9)), uni(rng, (6, 2, 2))),
+            {"stride": 2, "padding": 1, "dilation": 2, "groups": 2},
+            "stride_padding_dilation_groups",
+        ),
+        S((uni(rng, (1, 2, 5)), uni(rng, (1, 2, 2))), {"padding": "same"}, "same_even"),
+        S(
+            (uni(rng, (1, 3, 5)), uni(rng, (3, 1, 3))),
+            {"groups": 3, "padding": "valid"},
+            "depthwise",
+        ),
+        S((uni(rng, (2, 4)), uni(rng, (1, 2, 2)), uni(rng, (1,))), name="unbatched"),
+        S(
+            (uni(rng, (1, 2, 5)), uni(rng, (2, 2, 2))),
+            {"stride": (2,)},
+            "noncontig",
+            noncontig=True,
+        ),
+    ]
+
+
+add(
+    "conv1d",
+    lambda m, x, w, b=None, **k: m.F.conv1d(x, w, b, **k),
+    conv1d_ref,
+    _conv1d_samples,
     f32_tol=(1e-4, 1e-5),
 )
 

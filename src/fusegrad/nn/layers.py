@@ -29,6 +29,7 @@ __all__ = [
     "AvgPool2d",
     "BatchNorm1d",
     "BatchNorm2d",
+    "Conv1d",
     "Conv2d",
     "Dropout",
     "Embedding",
@@ -50,10 +51,6 @@ __all__ = [
     "Tanh",
     "Unflatten",
 ]
-
-
-def _pair(v: Any) -> tuple[int, int]:
-    return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
 
 def _new_weight(*shape: int, dtype: Any = None, device: Any = None) -> Parameter:
@@ -567,8 +564,18 @@ class Embedding(Module):
 # ---- convolution and pooling -----------------------------------------------------------------
 
 
-class Conv2d(Module):
-    """2-D convolution (cross-correlation) over (N, C, H, W) inputs, via ``F.conv2d``."""
+def _ntuple(v: Any, n: int) -> tuple[int, ...]:
+    if isinstance(v, int):
+        return (int(v),) * n
+    return tuple(int(e) for e in v)
+
+
+class _ConvNd(Module):
+    """Convolution (cross-correlation) over n spatial dims, via ``F.conv1d``/``F.conv2d``:
+    PyTorch's arguments, checks, initialisation and repr; ``padding_mode`` other than zeros
+    pads with ``F.pad`` first."""
+
+    _n = 2
 
     def __init__(
         self,
@@ -585,6 +592,7 @@ class Conv2d(Module):
         dtype: Any = None,
     ) -> None:
         super().__init__()
+        n = self._n
         if groups <= 0:
             raise ValueError("groups must be a positive integer")
         if in_channels % groups != 0:
@@ -601,14 +609,14 @@ class Conv2d(Module):
                 raise ValueError(
                     f"Invalid padding string {padding!r}, should be one of ['valid', 'same']"
                 )
-            if padding == "same" and _pair(stride) != (1, 1):
+            if padding == "same" and _ntuple(stride, n) != (1,) * n:
                 raise ValueError("padding='same' is not supported for strided convolutions")
         self.in_channels = in_channels
         self.out_channels = out_channels
-        self.kernel_size = _pair(kernel_size)
-        self.stride = _pair(stride)
-        self.padding = padding if isinstance(padding, str) else _pair(padding)
-        self.dilation = _pair(dilation)
+        self.kernel_size = _ntuple(kernel_size, n)
+        self.stride = _ntuple(stride, n)
+        self.padding = padding if isinstance(padding, str) else _ntuple(padding, n)
+        self.dilation = _ntuple(dilation, n)
         self.groups = groups
         self.padding_mode = padding_mode
         self.weight = _new_weight(
@@ -621,7 +629,7 @@ class Conv2d(Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        # same scheme as Linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = C/groups * kh * kw
+        # same scheme as Linear: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = C/groups * k...
         init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         if self.bias is not None:
             fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
@@ -629,38 +637,33 @@ class Conv2d(Module):
                 bound = 1 / math.sqrt(fan_in)
                 init.uniform_(self.bias, -bound, bound)
 
-    def _explicit_padding(self) -> tuple[int, int]:
+    def _explicit_padding(self) -> tuple[int, ...]:
         if self.padding == "valid":
-            return (0, 0)
+            return (0,) * self._n
         if self.padding == "same":
-            kh, kw = self.kernel_size
-            dh, dw = self.dilation
-            return ((dh * (kh - 1)) // 2, (dw * (kw - 1)) // 2)
+            return tuple((d * (k - 1)) // 2 for k, d in zip(self.kernel_size, self.dilation))
         return self.padding  # type: ignore[return-value]
+
+    def _conv(self, input: Tensor, padding: Any) -> Tensor:
+        raise NotImplementedError
 
     def forward(self, input: Tensor) -> Tensor:
         if self.padding_mode != "zeros":
-            ph, pw = self._explicit_padding()
-            padded = F.pad(input, (pw, pw, ph, ph), mode=self.padding_mode)
-            return F.conv2d(
-                padded, self.weight, self.bias, self.stride, 0, self.dilation, self.groups
-            )
-        return F.conv2d(
-            input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups
-        )
+            widths: list[int] = []
+            for p in reversed(self._explicit_padding()):  # F.pad lists the last dim first
+                widths += [p, p]
+            return self._conv(F.pad(input, tuple(widths), mode=self.padding_mode), 0)
+        return self._conv(input, self.padding)
 
     def extra_repr(self) -> str:
+        n = self._n
         s = (
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
             f"stride={self.stride}"
         )
-        if self.padding != (0, 0):
-            s += (
-                f", padding={self.padding!r}"
-                if isinstance(self.padding, str)
-                else f", padding={self.padding}"
-            )
-        if self.dilation != (1, 1):
+        if self.padding != (0,) * n:
+            s += f", padding={self.padding}"  # PyTorch's repr: padding=same, unquoted
+        if self.dilation != (1,) * n:
             s += f", dilation={self.dilation}"
         if self.groups != 1:
             s += f", groups={self.groups}"
@@ -669,6 +672,28 @@ class Conv2d(Module):
         if self.padding_mode != "zeros":
             s += f", padding_mode={self.padding_mode}"
         return s
+
+
+class Conv1d(_ConvNd):
+    """1-D convolution (cross-correlation) over (N, C, L) or (C, L) inputs, via ``F.conv1d``."""
+
+    _n = 1
+
+    def _conv(self, input: Tensor, padding: Any) -> Tensor:
+        return F.conv1d(
+            input, self.weight, self.bias, self.stride, padding, self.dilation, self.groups
+        )
+
+
+class Conv2d(_ConvNd):
+    """2-D convolution (cross-correlation) over (N, C, H, W) inputs, via ``F.conv2d``."""
+
+    _n = 2
+
+    def _conv(self, input: Tensor, padding: Any) -> Tensor:
+        return F.conv2d(
+            input, self.weight, self.bias, self.stride, padding, self.dilation, self.groups
+        )
 
 
 class MaxPool2d(Module):

@@ -25,7 +25,7 @@ from .generated import abs, exp, log, log1p, mul, sigmoid, tanh
 from .indexing import embedding, one_hot  # (re-exported: F.embedding, F.one_hot)
 from .linalg import linear
 from .reduction import log_softmax, mean, softmax, sum, var
-from .shape import pad
+from .shape import pad, stack
 
 __all__ = [
     "relu",
@@ -52,6 +52,7 @@ __all__ = [
     "group_norm",
     "instance_norm",
     "unfold",
+    "conv1d",
     "conv2d",
     "max_pool2d",
     "avg_pool2d",
@@ -570,11 +571,22 @@ def _windows(
     extra_w = max((ow - 1) * sw + dw * (kw - 1) + 1 - (W + 2 * pw), 0)
     if ph or pw or extra_h or extra_w:
         x = pad(x, (pw, pw + extra_w, ph, ph + extra_h), value=pad_value)
-    ih = (np.arange(kh) * dh)[:, None] + (np.arange(oh) * sh)[None, :]
-    iw = (np.arange(kw) * dw)[:, None] + (np.arange(ow) * sw)[None, :]
-    rows = _created(Tensor._make(ih[:, None, :, None].astype(np.int64)))
-    cols = _created(Tensor._make(iw[None, :, None, :].astype(np.int64)))
-    return x[:, :, rows, cols]
+    # columns first, then rows, each stacked at dim 2: (N, C, kw, H', ow), then (N, C, kh, kw,
+    # oh, ow), already in the layout the matmul of conv2d reads
+    return _slide(_slide(x, 3, kw, sw, dw, ow), 3, kh, sh, dh, oh)
+
+
+def _slide(x: Tensor, dim: int, size: int, stride: int, dilation: int, count: int) -> Tensor:
+    """The ``size`` windows' offsets along ``dim`` as a new dim 2: ``out[:, :, a, ..., i, ...]
+    = x[..., a * dilation + i * stride, ...]`` (``dim`` of ``x`` becomes ``count`` long).
+
+    One strided basic slice per kernel offset, stacked: the backward of a basic slice writes
+    ``g`` into zeros by a slice assignment, so the gradient (col2im) is a few slice-adds, never
+    a scatter with duplicate indices (``np.add.at``, which advanced-index windows would need)."""
+    span = (count - 1) * stride + 1
+    lead = (slice(None),) * dim
+    parts = [x[lead + (slice(a * dilation, a * dilation + span, stride),)] for a in range(size)]
+    return stack(parts, 2)
 
 
 def unfold(
@@ -595,20 +607,81 @@ def conv2d(
     dilation: Any = 1,
     groups: int = 1,
 ) -> Tensor:
+    return _conv2d(input, weight, bias, stride, padding, dilation, groups, "conv2d")
+
+
+def conv1d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> Tensor:
+    """1-D convolution of (N, C, L) or (C, L) inputs: conv2d's im2col over a unit height."""
+    x, w = to_tensor(input), to_tensor(weight)
+    if x.ndim not in (2, 3):
+        raise ShapeError(
+            "Expected 2D (unbatched) or 3D (batched) input to conv1d, but got input of size: "
+            f"{list(x.shape)}"
+        )
+    if w.ndim != 3:
+        raise ShapeError(f"conv1d: weight must be 3-D (out, in/groups, k), got {describe(w)}")
+    if not isinstance(padding, str):
+        padding = (0, _single("conv1d", "padding", padding))
+    out = _conv2d(
+        x.unsqueeze(-2),
+        w.unsqueeze(-2),
+        bias,
+        (1, _single("conv1d", "stride", stride)),
+        padding,
+        (1, _single("conv1d", "dilation", dilation)),
+        groups,
+        "conv1d",
+    )
+    return out.squeeze(-2)
+
+
+def _single(op: str, name: str, v: Any) -> int:
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if len(v) != 1:
+        raise ShapeError(
+            f"{op}: expected {name} to be a single integer value or a list of 1 values to match "
+            f"the convolution dimensions, but got {name}={list(v)}"
+        )
+    return int(v[0])
+
+
+def _conv2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    stride: Any,
+    padding: Any,
+    dilation: Any,
+    groups: int,
+    op: str,
+) -> Tensor:
     x, w = to_tensor(input), to_tensor(weight)
     if w.ndim != 4:
-        raise ShapeError(f"conv2d: weight must be 4-D (out, in/groups, kh, kw), got {describe(w)}")
+        raise ShapeError(f"{op}: weight must be 4-D (out, in/groups, kh, kw), got {describe(w)}")
     if x.ndim == 3:
-        return conv2d(x.unsqueeze(0), w, bias, stride, padding, dilation, groups).squeeze(0)
+        return _conv2d(x.unsqueeze(0), w, bias, stride, padding, dilation, groups, op).squeeze(0)
+    if groups <= 0:
+        raise ShapeError(f"{op}: non-positive groups is not supported (groups={groups})")
     if x.ndim != 4 or x.shape[1] != w.shape[1] * groups or w.shape[0] % groups:
         raise ShapeError(
-            f"conv2d: input {describe(x)} does not fit weight {describe(w)} with groups={groups} "
+            f"{op}: input {describe(x)} does not fit weight {describe(w)} with groups={groups} "
             f"(expected {w.shape[1] * groups} input channels)"
         )
     if isinstance(padding, str):
         if padding == "valid":
             padding = 0
         elif padding == "same":
+            if _pair(stride) != (1, 1):
+                raise ShapeError(f"{op}: padding='same' is not supported for strided convolutions")
             kh, kw = w.shape[2], w.shape[3]
             dh, dw = _pair(dilation)
             th, tw = dh * (kh - 1), dw * (kw - 1)
@@ -616,9 +689,9 @@ def conv2d(
             x = pad(x, (tw // 2, tw - tw // 2, th // 2, th - th // 2))
             padding = 0
         else:
-            raise ValueError(f"conv2d: invalid padding string {padding!r}")
+            raise ValueError(f"{op}: invalid padding string {padding!r}")
     out_c, cin_g, kh, kw = w.shape
-    win = _windows(x, (kh, kw), _pair(stride), _pair(padding), _pair(dilation), 0.0, op="conv2d")
+    win = _windows(x, (kh, kw), _pair(stride), _pair(padding), _pair(dilation), 0.0, op=op)
     n, c, _, _, oh, ow = win.shape
     cols = win.reshape(n, groups, cin_g * kh * kw, oh * ow)
     wmat = w.reshape(groups, out_c // groups, cin_g * kh * kw)
