@@ -227,3 +227,24 @@ def test_distributed_sampler_splits_the_dataset() -> None:
     dist.all_gather_object(parts, list(sampler))
     assert len(parts[0]) == len(parts[1]) == 6  # 11 padded to 12 by repeating the first
     assert set(parts[0]) | set(parts[1]) == set(range(11))
+
+
+def test_a_backward_that_raises_midway_leaves_the_next_iteration_correct() -> None:
+    ddp, ref = make(bucket_cap_mb=0.0001)
+    x, y = batch()
+    hidden = fg.tanh(ddp.module.fc1(half(x)))
+
+    def boom(g: fg.Tensor) -> None:
+        raise ValueError("boom")
+
+    hidden.register_hook(boom)  # after fc2's gradients (their buckets may have started)
+    loss = F.mse_loss(ddp.module.fc2(hidden) * ddp.module.scale, half(y))
+    ddp._sync_this_backward = True
+    with pytest.raises(ValueError, match="boom"):
+        loss.backward()
+    assert any(b.ready for b in ddp._buckets)  # some gradients had arrived
+    ddp.zero_grad()
+    F.mse_loss(ddp(half(x)), half(y)).backward()
+    F.mse_loss(ref(x), y).backward()
+    for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), **TIGHT, err_msg=name)

@@ -34,8 +34,10 @@ parameter, and every bucket after it, start at the end of backward instead of ov
 torch's DDP ones); ``load_state_dict`` takes keys with or without it; ``ddp.module.state_dict()``
 gives the plain keys.
 
-Not supported yet: DDP inside ``fusegrad.compile`` programs or compiled autograd (issue 13),
-``device_ids``/``output_device`` other than None, ``register_comm_hook``, ``join``.
+``device_ids``, ``output_device``, ``dim`` and ``check_reduction`` are accepted and ignored (the
+module's parameters say where it runs; inputs are not scattered).  Not supported yet: DDP
+inside ``fusegrad.compile`` programs or compiled autograd (a gradient hook replayed by a
+compiled program raises; issue 13), ``register_comm_hook``, ``join``.
 """
 
 from __future__ import annotations
@@ -202,6 +204,8 @@ class DistributedDataParallel(Module):
                 f"did not receive grad for rank {dist.get_rank(self.process_group)}: "
                 f"{', '.join(names)}"
             )
+        if self._callback_task != -1:
+            self._drop_failed_backward()
         self._sync_this_backward = self.require_backward_grad_sync
         if self.broadcast_buffers and self.require_forward_param_sync and self._world > 1:
             src = dist.get_global_rank(self._group(), 0)
@@ -301,6 +305,17 @@ class DistributedDataParallel(Module):
         for b in self._buckets:
             b.pending, b.ready, b.work = len(b.params), set(), None
         self._next_bucket = 0
+
+    def _drop_failed_backward(self) -> None:
+        """A backward that raised after some gradients arrived never ran its callback: finish
+        the allreduces it started (the other processes issued them too) and start afresh; the
+        gradients of that backward are not averaged."""
+        for b in self._buckets:
+            if b.work is not None:
+                b.work.wait()
+            b.pending, b.ready, b.work = len(b.params), set(), None
+        self._next_bucket = 0
+        self._callback_task = -1
 
     def _write_grad(self, p: Tensor, average: np.ndarray) -> None:
         grad = p.grad
