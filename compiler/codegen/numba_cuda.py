@@ -459,6 +459,8 @@ def emit_kernel(
     kernel: Kernel, name: str, settings: DeviceSettings | None = None
 ) -> tuple[str, CudaKernelPlan]:
     """The source of one kernel's ``@cuda.jit`` functions and its calling plan."""
+    if kernel.phases:  # (programs on CUDA never make them: ``Program.row_fusion``)
+        raise ValueError("a row kernel (passes.rows) is the CPU emitter's; CUDA has no lowering")
     settings = settings or device_settings()
     plan = _plan(kernel, name, settings.threads)
     launches = ([plan.flat] if plan.flat else []) + list(plan.strided)

@@ -215,7 +215,7 @@ class Captured:
 def capture(loss: Callable[[], Any]) -> Captured:
     """The compiled backward of ``loss()`` as a ``Program``, captured with concrete sizes (so
     that its steps can be run here, attribute by attribute) but not run (no CPU kernel is
-    compiled); kernels are generated code, never the interpreter."""
+    compiled); kernels are generated code, never the interpreter, and never CPU row kernels."""
     recorded: list = []
 
     def record(
@@ -225,15 +225,17 @@ def capture(loss: Callable[[], Any]) -> Captured:
         return None
 
     compiler.reset()
-    previous = compiler.config.interpreter_max_elements, compiler.config.symbolic_sizes
-    compiler.config.interpreter_max_elements = 0
-    compiler.config.symbolic_sizes = False
+    config = compiler.config
+    previous = config.interpreter_max_elements, config.symbolic_sizes, config.row_fusion
+    config.interpreter_max_elements = 0
+    config.symbolic_sizes = False
+    config.row_fusion = False  # (the CPU emitter's row kernels: a CUDA program has none)
     try:
         with mock.patch.object(Program, "run", record):
             with compiler.compiled_autograd(fullgraph=True):
                 loss().backward()
     finally:
-        compiler.config.interpreter_max_elements, compiler.config.symbolic_sizes = previous
+        config.interpreter_max_elements, config.symbolic_sizes, config.row_fusion = previous
         compiler.reset()
     (captured,) = recorded
     return captured
