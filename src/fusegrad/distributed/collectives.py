@@ -46,7 +46,8 @@ def _describe(t: Tensor) -> str:
 
 def _source(t: Tensor) -> np.ndarray:
     """An array MPI may read for ``t``: the tensor's own array when it is a contiguous CPU
-    array, else a contiguous host copy."""
+    array, else a contiguous host copy.  Callers keep it referenced from the ``Work``'s finish
+    step (``lambda: source``) so a staged copy outlives the non-blocking call."""
     data = t._data
     if type(data) is np.ndarray and data.flags.c_contiguous:
         return data
