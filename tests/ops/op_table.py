@@ -2787,6 +2787,121 @@ add(
 )
 
 
+def adaptive_avg_pool2d_ref(x: np.ndarray, output_size: Any) -> np.ndarray:
+    sizes = output_size if isinstance(output_size, tuple) else (output_size, output_size)
+    H, W = x.shape[-2:]
+    oh, ow = (H if sizes[0] is None else sizes[0]), (W if sizes[1] is None else sizes[1])
+    out = np.zeros(x.shape[:-2] + (oh, ow))
+    for i in range(oh):
+        h0, h1 = math.floor(i * H / oh), math.ceil((i + 1) * H / oh)
+        for j in range(ow):
+            w0, w1 = math.floor(j * W / ow), math.ceil((j + 1) * W / ow)
+            out[..., i, j] = x[..., h0:h1, w0:w1].mean(axis=(-2, -1))
+    return out
+
+
+def _resample_ref(x: np.ndarray, dim: int, out: int, taps: Callable[[int], list]) -> np.ndarray:
+    """Output j along ``dim`` is sum(w * x[i]) over ``taps(j)`` = [(i, w), ...]."""
+    moved = np.moveaxis(x, dim, -1)
+    res = np.zeros(moved.shape[:-1] + (out,))
+    for j in range(out):
+        for i, w in taps(j):
+            res[..., j] += w * moved[..., i]
+    return np.moveaxis(res, -1, dim)
+
+
+def interpolate_ref(
+    x: np.ndarray,
+    size: Any = None,
+    scale_factor: Any = None,
+    mode: str = "nearest",
+    align_corners: Any = None,
+) -> np.ndarray:
+    spatial = x.ndim - 2
+    if size is not None:
+        outs = list(size) if isinstance(size, tuple) else [size] * spatial
+        scales: list = [None] * spatial
+    else:
+        scales = list(scale_factor) if isinstance(scale_factor, tuple) else [scale_factor] * spatial
+        outs = [math.floor(n * f) for n, f in zip(x.shape[2:], scales)]
+    for k in range(spatial):
+        n, out, sc = x.shape[2 + k], outs[k], scales[k]
+        step = 1 / sc if sc else n / out
+        if mode in ("nearest", "nearest-exact"):
+            half = 0.5 if mode == "nearest-exact" else 0.0
+            # PyTorch's kernels compute the source index in float32
+            idx = [
+                min(int(np.floor(np.float32(j + half) * np.float32(step))), n - 1)
+                for j in range(out)
+            ]
+            x = _resample_ref(x, 2 + k, out, lambda j, idx=idx: [(idx[j], 1.0)])
+        elif mode == "area":
+            x = _resample_ref(
+                x,
+                2 + k,
+                out,
+                lambda j, n=n, out=out: [
+                    (i, 1.0 / (math.ceil((j + 1) * n / out) - math.floor(j * n / out)))
+                    for i in range(math.floor(j * n / out), math.ceil((j + 1) * n / out))
+                ],
+            )
+        else:
+
+            def taps(j: int, n: int = n, out: int = out, step: float = step) -> list:
+                if align_corners:
+                    src = j * (n - 1) / (out - 1) if out > 1 else 0.0
+                else:
+                    src = max(step * (j + 0.5) - 0.5, 0.0)
+                lo = min(int(src), n - 1)
+                return [(lo, 1.0 - (src - lo)), (min(lo + 1, n - 1), src - lo)]
+
+            x = _resample_ref(x, 2 + k, out, taps)
+    return x
+
+
+add(
+    "adaptive_avg_pool2d",
+    lambda m, x, size: m.F.adaptive_avg_pool2d(x, size),
+    adaptive_avg_pool2d_ref,
+    lambda rng: [
+        S((uni(rng, (1, 2, 5, 7)), 3), name="uneven"),
+        S((uni(rng, (2, 1, 6, 4)), (3, None)), name="none_keeps"),
+        S((uni(rng, (1, 1, 4, 6)), (2, 3)), name="even"),
+        S((uni(rng, (2, 3, 3)), (2, 5)), name="unbatched_larger"),
+        S((uni(rng, (1, 2, 3, 5)), 1), name="global", noncontig=True),
+    ],
+)
+
+
+def _interpolate_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (1, 2, 3, 4)),), {"size": (5, 7)}, "nearest_size"),
+        S((uni(rng, (1, 1, 3, 2)),), {"scale_factor": 2}, "nearest_repeat"),
+        S((uni(rng, (1, 1, 4, 6)),), {"scale_factor": 0.5}, "nearest_slice"),
+        S((uni(rng, (1, 2, 5)),), {"scale_factor": 1.7, "mode": "nearest-exact"}, "nearest_exact"),
+        S(
+            (uni(rng, (1, 2, 3, 4)),),
+            {"size": (5, 3), "mode": "bilinear", "align_corners": True},
+            "bilinear_corners",
+        ),
+        S(
+            (uni(rng, (2, 1, 4, 3)),),
+            {"scale_factor": (1.5, 2.0), "mode": "bilinear"},
+            "bilinear_scale",
+        ),
+        S((uni(rng, (1, 2, 4)),), {"size": 7, "mode": "linear"}, "linear", noncontig=True),
+        S((uni(rng, (1, 1, 5, 7)),), {"size": (3, 2), "mode": "area"}, "area"),
+    ]
+
+
+add(
+    "interpolate",
+    lambda m, x, **k: m.F.interpolate(x, **k),
+    interpolate_ref,
+    _interpolate_samples,
+)
+
+
 def _pool_samples(rng: np.random.Generator) -> list[Sample]:
     return [
         S((uni(rng, (1, 2, 4, 4)), 2), name="k2"),

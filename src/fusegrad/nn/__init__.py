@@ -14,6 +14,7 @@ from .containers import ModuleDict, ModuleList, Sequential
 from .layers import (
     ELU,
     GELU,
+    AdaptiveAvgPool2d,
     AvgPool2d,
     BatchNorm1d,
     BatchNorm2d,
@@ -38,6 +39,7 @@ from .layers import (
     Softplus,
     Tanh,
     Unflatten,
+    Upsample,
 )
 from .loss import (
     BCELoss,
@@ -53,6 +55,7 @@ from .module import LoadStateDictError, Module, RemovableHandle
 from .parameter import Parameter
 
 __all__ = [
+    "AdaptiveAvgPool2d",
     "ELU",
     "GELU",
     "AvgPool2d",
@@ -94,6 +97,7 @@ __all__ = [
     "Softplus",
     "Tanh",
     "Unflatten",
+    "Upsample",
     "functional",
     "init",
     "utils",

@@ -15,6 +15,7 @@ from ..ops import elementwise as _ew
 from ..ops import inplace as _inplace
 from ..ops import reduction as _red
 from ..ops.functional import (
+    adaptive_avg_pool2d,
     avg_pool2d,
     batch_norm,
     binary_cross_entropy,
@@ -27,6 +28,7 @@ from ..ops.functional import (
     group_norm,
     huber_loss,
     instance_norm,
+    interpolate,
     l1_loss,
     layer_norm,
     linear,
@@ -43,6 +45,7 @@ from ..ops.shape import flatten
 from ..tensor import Tensor
 
 __all__ = [
+    "adaptive_avg_pool2d",
     "avg_pool2d",
     "batch_norm",
     "binary_cross_entropy",
@@ -59,6 +62,7 @@ __all__ = [
     "hardtanh",
     "huber_loss",
     "instance_norm",
+    "interpolate",
     "l1_loss",
     "layer_norm",
     "leaky_relu",

@@ -56,6 +56,8 @@ __all__ = [
     "conv2d",
     "max_pool2d",
     "avg_pool2d",
+    "adaptive_avg_pool2d",
+    "interpolate",
     "one_hot",
     "embedding",
     "normalize",
@@ -528,6 +530,203 @@ def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -
     x = to_tensor(input)
     n = x.norm(p, dim, keepdim=True)
     return x / clamp(n, min=eps)
+
+
+# ---- adaptive average pooling and interpolation ------------------------------------------------
+# Both are separable: each spatial dim is resampled on its own, by a reshape-mean, a strided
+# slice, a repeat or (for uneven windows and linear weights) a small constant matrix multiplied
+# along that dim.  Every path is ordinary primitives (twice differentiable, compiled as such),
+# and none needs a scatter in its backward except nearest resampling by an uneven factor (an
+# index gather).
+
+
+def _constant(x: Tensor, array: np.ndarray) -> Tensor:
+    """A constant (not requiring grad) of ``x``'s float dtype, on ``x``'s device."""
+    t = _created(Tensor._make(np.ascontiguousarray(array, dtype=x.dtype.np)))
+    return t if x.device == t.device else t.to(x.device)
+
+
+def _along(x: Tensor, dim: int, matrix: np.ndarray) -> Tensor:
+    """``x`` with ``matrix`` (out, in) applied to dim ``dim`` (in long, out long after)."""
+    m = _constant(x, matrix)
+    if dim == x.ndim - 1:
+        return x @ m.mT
+    if dim == x.ndim - 2:
+        return m @ x
+    return (x.movedim(dim, -1) @ m.mT).movedim(-1, dim)
+
+
+def _adaptive_average(x: Tensor, dim: int, out: int) -> Tensor:
+    """PyTorch's adaptive average along ``dim``: output i averages input
+    [floor(i * n / out), ceil((i + 1) * n / out))."""
+    n = x.shape[dim]
+    if out == n:
+        return x
+    if out > 0 and n % out == 0:  # even windows: a reshape and a mean
+        return mean(x.unflatten(dim, (out, n // out)), dim + 1)
+    matrix = np.zeros((out, n))
+    for i in range(out):
+        start, stop = (i * n) // out, -((-(i + 1) * n) // out)
+        matrix[i, start:stop] = 1.0 / (stop - start)
+    return _along(x, dim, matrix)
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:
+    x = to_tensor(input)
+    if x.ndim not in (3, 4):
+        raise ShapeError(
+            f"adaptive_avg_pool2d(): Expected 3D or 4D tensor, but got {list(x.shape)}"
+        )
+    sizes = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,) * 2
+    if len(sizes) != 2:
+        raise ShapeError("adaptive_avg_pool2d: output_size must be 2")
+    for d in range(1 if x.ndim == 4 else 0, x.ndim):
+        if x.shape[d] == 0:
+            raise ShapeError(
+                "adaptive_avg_pool2d(): Expected input to have non-zero size for non-batch "
+                f"dimensions, but input has sizes {list(x.shape)} with dimension {d} being empty"
+            )
+    for k, size in enumerate(sizes):
+        dim = x.ndim - 2 + k
+        x = _adaptive_average(x, dim, x.shape[dim] if size is None else int(size))
+    return x
+
+
+_INTERPOLATE_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear", "area")
+_LINEAR_RANK = {"linear": 3, "bilinear": 4, "trilinear": 5}
+
+
+def interpolate(
+    input: Tensor,
+    size: Any = None,
+    scale_factor: Any = None,
+    mode: str = "nearest",
+    align_corners: bool | None = None,
+    recompute_scale_factor: bool | None = None,
+    antialias: bool = False,
+) -> Tensor:
+    """Resamples the spatial dims of an (N, C, d1, ...) input (1 to 3 spatial dims) to ``size``
+    or ``scale_factor`` times its size, by ``mode``: nearest, nearest-exact, linear, bilinear,
+    trilinear (``align_corners``) or area (adaptive average pooling), as PyTorch computes them.
+
+    Linear weights are applied as a constant matrix per dim: a non-finite input value reaches
+    every output of its row through a zero weight (nan), where PyTorch's reaches only its
+    neighbours'."""
+    x = to_tensor(input)
+    rank = _LINEAR_RANK.get(mode)
+    if align_corners is not None and rank is None:
+        raise ValueError(
+            "align_corners option can only be set with the interpolating modes: "
+            "linear | bilinear | bicubic | trilinear"
+        )
+    if mode not in _INTERPOLATE_MODES or x.ndim not in (3, 4, 5):
+        raise NotImplementedError(
+            f"Input Error: Only 3D, 4D and 5D input Tensors supported (got {x.ndim}D) for the "
+            f"modes: nearest | linear | bilinear | trilinear | area | nearest-exact (got {mode})"
+            + (
+                "; bicubic and lanczos are not implemented in fusegrad"
+                if mode in ("bicubic", "lanczos")
+                else ""
+            )
+        )
+    if rank is not None and x.ndim != rank:
+        raise NotImplementedError(f"Got {x.ndim}D input, but {mode} mode needs {rank}D input")
+    if antialias:
+        raise NotImplementedError("interpolate: antialias=True is not implemented in fusegrad")
+    spatial = x.ndim - 2
+    in_sizes = [int(v) for v in x.shape[2:]]
+    if size is not None and scale_factor is not None:
+        raise ValueError("only one of size or scale_factor should be defined")
+    scales: list[float | None] = [None] * spatial
+    if size is not None:
+        out_sizes = list(size) if isinstance(size, (tuple, list)) else [size] * spatial
+        if len(out_sizes) != spatial:
+            raise ValueError(
+                "Input and output must have the same number of spatial dimensions, but got input "
+                f"with spatial dimensions of {in_sizes} and output size of {tuple(size)}. Please "
+                "provide input tensor in (N, C, d1, d2, ...,dK) format and output size in "
+                "(o1, o2, ...,oK) format."
+            )
+        out_sizes = [int(v) for v in out_sizes]
+    elif scale_factor is not None:
+        factors = (
+            list(scale_factor)
+            if isinstance(scale_factor, (tuple, list))
+            else [scale_factor] * spatial
+        )
+        if len(factors) != spatial:
+            raise ValueError(
+                "Input and scale_factor must have the same number of spatial dimensions, but got "
+                f"input with spatial dimensions of {in_sizes} and scale_factor of shape "
+                f"{tuple(scale_factor)}. Please provide input tensor in (N, C, d1, d2, ...,dK) "
+                "format and scale_factor in (s1, s2, ...,sK) format."
+            )
+        out_sizes = [math.floor(n * float(f)) for n, f in zip(in_sizes, factors)]
+        if not recompute_scale_factor:
+            scales = [float(f) for f in factors]  # the kernels use the given factor, not n / out
+    else:
+        raise ValueError("either size or scale_factor should be defined")
+    if any(o <= 0 for o in out_sizes) or any(n <= 0 for n in in_sizes):
+        raise ShapeError(
+            f"interpolate: Input and output sizes should be greater than 0, but got input "
+            f"{tuple(in_sizes)} output {tuple(out_sizes)}"
+        )
+    for k in range(spatial):
+        dim, n, out = 2 + k, in_sizes[k], out_sizes[k]
+        if mode == "area":
+            x = _adaptive_average(x, dim, out)
+        elif rank is not None:
+            x = _along(x, dim, _linear_matrix(n, out, scales[k], bool(align_corners)))
+        else:
+            x = _nearest(x, dim, _nearest_source(n, out, scales[k], mode == "nearest-exact"))
+    return x
+
+
+def _linear_matrix(n: int, out: int, scale: float | None, align_corners: bool) -> np.ndarray:
+    """(out, n): each output's two source weights (PyTorch's area_pixel_compute_source_index)."""
+    j = np.arange(out, dtype=np.float64)
+    if align_corners:
+        src = j * ((n - 1) / (out - 1) if out > 1 else 0.0)
+    else:
+        step = 1.0 / scale if scale is not None and scale > 0 else n / out
+        src = np.maximum(step * (j + 0.5) - 0.5, 0.0)
+    lo = np.minimum(np.floor(src).astype(np.int64), n - 1)
+    hi = np.minimum(lo + 1, n - 1)
+    frac = src - lo
+    matrix = np.zeros((out, n))
+    rows = np.arange(out)
+    matrix[rows, lo] += 1.0 - frac  # one element per row each time: no duplicate indices
+    matrix[rows, hi] += frac  # (hi == lo at the last input: the weights add up to 1)
+    return matrix
+
+
+def _nearest_source(n: int, out: int, scale: float | None, exact: bool) -> np.ndarray:
+    """The input index each output copies, computed in float32 as PyTorch's kernels do (so that
+    a product landing just below an integer floors the same way)."""
+    if out == n:
+        return np.arange(n)
+    step = np.float32(1.0 / scale if scale is not None and scale > 0 else n / out)
+    j = np.arange(out, dtype=np.float32)
+    src = np.floor((j + np.float32(0.5)) * step if exact else j * step).astype(np.int64)
+    return np.minimum(src, n - 1)
+
+
+def _nearest(x: Tensor, dim: int, source: np.ndarray) -> Tensor:
+    """``x`` indexed by ``source`` along ``dim``: a repeat or a strided slice when the indices
+    are one (their gradients are a sum and a slice write), else an index gather."""
+    n, out = x.shape[dim], len(source)
+    if out % n == 0 and np.array_equal(source, np.repeat(np.arange(n), out // n)):
+        k = out // n
+        shape = list(x.shape)
+        expanded = shape[: dim + 1] + [k] + shape[dim + 1 :]
+        merged = shape[:dim] + [out] + shape[dim + 1 :]
+        return x.unsqueeze(dim + 1).expand(*expanded).reshape(merged)
+    step = int(source[1] - source[0]) if out > 1 else 1
+    if step > 0 and np.array_equal(source, source[0] + step * np.arange(out)):
+        lead = (slice(None),) * dim
+        return x[lead + (slice(int(source[0]), int(source[-1]) + 1, step),)]
+    index = _created(Tensor._make(source.astype(np.int64)))
+    return x.index_select(dim, index if x.device == index.device else index.to(x.device))
 
 
 # ---- convolution and pooling via im2col ----------------------------------------------------------
