@@ -42,6 +42,10 @@ from .size import Size
 from .storage import to_host
 
 _DTYPE_OF = {d.np: d for d in _dt.ALL}
+# PyTorch's words, for numpy() and np.asarray() on a tensor that requires grad
+_NUMPY_REQUIRES_GRAD = (
+    "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
+)
 
 
 class _VersionCounter:
@@ -433,10 +437,7 @@ class Tensor:
     # -- numpy interop ----------------------------------------------------------------------
     def numpy(self, force: bool = False) -> np.ndarray:
         if self.requires_grad and not force:
-            raise AutogradError(
-                "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() "
-                "instead."
-            )
+            raise AutogradError(_NUMPY_REQUIRES_GRAD)
         if type(self._data) is CudaArray:
             self._data.__array__()  # raises PyTorch's "can't convert cuda:0 ..." TypeError
         if _tracer_state.tracer is not None:
@@ -444,6 +445,10 @@ class Tensor:
         return self._data
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        # np.asarray(t) / np.array(t): as PyTorch, refused like numpy() for a tensor that
+        # requires grad (the array would silently leave the graph)
+        if self.requires_grad:
+            raise AutogradError(_NUMPY_REQUIRES_GRAD)
         arr = self._data
         if type(arr) is CudaArray:
             arr.__array__()  # a CUDA tensor: raises, as in PyTorch
