@@ -1027,6 +1027,46 @@ add(
     unary(away),
 )
 
+add(
+    "hardswish",
+    lambda m, x: m.F.hardswish(x),
+    lambda x: x * np.clip(x + 3.0, 0.0, 6.0) / 6.0,
+    unary(lambda r, s: uni(r, s, -4.5, 4.5)),
+)
+add(
+    "selu",
+    lambda m, x: m.F.selu(x),
+    lambda x: (
+        1.0507009873554804934193349852946
+        * np.where(x > 0, x, 1.6732632423543772848170429916717 * np.expm1(x))
+    ),
+    unary(away),
+)
+add(
+    "celu",
+    lambda m, x, **k: m.F.celu(x, **k),
+    lambda x, alpha=1.0: np.where(x > 0, x, alpha * np.expm1(x / alpha)),
+    lambda rng: unary(away)(rng) + [S((away(rng, (3, 4)),), {"alpha": 0.5}, "alpha")],
+)
+
+
+def glu_ref(x: np.ndarray, dim: int = -1) -> np.ndarray:
+    a, b = np.split(x, 2, axis=dim)
+    return a * sigmoid_ref(b)
+
+
+add(
+    "glu",
+    lambda m, x, *a: m.F.glu(x, *a),
+    glu_ref,
+    lambda rng: [
+        S((uni(rng, (3, 4)),), name="last"),
+        S((uni(rng, (4, 3)), 0), name="dim0"),
+        S((uni(rng, (2, 0, 2)), 1), name="empty"),
+        S((uni(rng, (2, 6)), -1), name="noncontig", noncontig=True),
+    ],
+)
+
 # clamp, extrema, where, lerp ------------------------------------------------------------------
 
 

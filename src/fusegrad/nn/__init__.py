@@ -10,10 +10,13 @@ the compiler.
 from __future__ import annotations
 
 from . import functional, init, utils
-from .containers import ModuleDict, ModuleList, Sequential
+from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from .layers import (
+    CELU,
     ELU,
     GELU,
+    GLU,
+    SELU,
     AdaptiveAvgPool2d,
     AvgPool2d,
     BatchNorm1d,
@@ -24,6 +27,7 @@ from .layers import (
     Embedding,
     Flatten,
     GroupNorm,
+    Hardswish,
     Identity,
     LayerNorm,
     LeakyReLU,
@@ -55,6 +59,9 @@ from .module import LoadStateDictError, Module, RemovableHandle
 from .parameter import Parameter
 
 __all__ = [
+    "CELU",
+    "GLU",
+    "SELU",
     "AdaptiveAvgPool2d",
     "ELU",
     "GELU",
@@ -70,6 +77,7 @@ __all__ = [
     "Embedding",
     "Flatten",
     "GroupNorm",
+    "Hardswish",
     "HuberLoss",
     "Identity",
     "L1Loss",
@@ -86,6 +94,8 @@ __all__ = [
     "ModuleList",
     "NLLLoss",
     "Parameter",
+    "ParameterDict",
+    "ParameterList",
     "ReLU",
     "ReLU6",
     "RemovableHandle",

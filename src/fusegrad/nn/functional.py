@@ -12,6 +12,7 @@ import warnings
 from typing import Any
 
 from ..ops import elementwise as _ew
+from ..ops import functional as _fn
 from ..ops import inplace as _inplace
 from ..ops import reduction as _red
 from ..ops.functional import (
@@ -50,6 +51,7 @@ __all__ = [
     "batch_norm",
     "binary_cross_entropy",
     "binary_cross_entropy_with_logits",
+    "celu",
     "conv1d",
     "conv2d",
     "cross_entropy",
@@ -58,7 +60,9 @@ __all__ = [
     "embedding",
     "flatten",
     "gelu",
+    "glu",
     "group_norm",
+    "hardswish",
     "hardtanh",
     "huber_loss",
     "instance_norm",
@@ -78,6 +82,7 @@ __all__ = [
     "pad",
     "relu",
     "relu6",
+    "selu",
     "sigmoid",
     "silu",
     "softmax",
@@ -131,6 +136,22 @@ def mish(input: Tensor, inplace: bool = False) -> Tensor:
         return _ew.mul(x, _ew.tanh(_ew.softplus(x)))
 
     return _maybe_inplace("mish_", _mish, input, inplace)
+
+
+def hardswish(input: Tensor, inplace: bool = False) -> Tensor:
+    return _maybe_inplace("hardswish_", _fn.hardswish, input, inplace)
+
+
+def selu(input: Tensor, inplace: bool = False) -> Tensor:
+    return _maybe_inplace("selu_", _fn.selu, input, inplace)
+
+
+def celu(input: Tensor, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+    return _maybe_inplace("celu_", _fn.celu, input, inplace, alpha)
+
+
+def glu(input: Tensor, dim: int = -1) -> Tensor:
+    return _fn.glu(input, dim)
 
 
 def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:

@@ -24,6 +24,9 @@ from .module import Module
 from .parameter import Parameter
 
 __all__ = [
+    "CELU",
+    "GLU",
+    "SELU",
     "AdaptiveAvgPool2d",
     "ELU",
     "GELU",
@@ -36,6 +39,7 @@ __all__ = [
     "Embedding",
     "Flatten",
     "GroupNorm",
+    "Hardswish",
     "Identity",
     "LayerNorm",
     "LeakyReLU",
@@ -196,6 +200,41 @@ class SiLU(_InplaceActivation):
 
 class Mish(_InplaceActivation):
     _function = "mish"
+
+
+class Hardswish(_InplaceActivation):
+    _function = "hardswish"
+
+
+class SELU(_InplaceActivation):
+    _function = "selu"
+
+
+class CELU(Module):
+    def __init__(self, alpha: float = 1.0, inplace: bool = False) -> None:
+        super().__init__()
+        self.alpha = alpha
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.celu(input, self.alpha, self.inplace)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}" + (", inplace=True" if self.inplace else "")
+
+
+class GLU(Module):
+    """The gated linear unit: the first half of ``dim`` times the sigmoid of the second."""
+
+    def __init__(self, dim: int = -1) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.glu(input, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
 
 
 class ELU(Module):

@@ -16,7 +16,7 @@ from ..autograd.grad_mode import no_grad as _no_grad
 from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import notify_host_read as _read
-from ..errors import DTypeError, ShapeError, describe
+from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..tensor import Tensor
 from ._util import to_tensor
 from .creation import _gen
@@ -34,6 +34,10 @@ __all__ = [
     "gelu",
     "silu",
     "softplus",
+    "hardswish",
+    "selu",
+    "celu",
+    "glu",
     "sigmoid",
     "tanh",
     "softmax",
@@ -347,6 +351,48 @@ def layer_norm(
     if bias is not None:
         out = out + bias
     return out
+
+
+# ---- more activations (composites; nn.functional adds their ``inplace=`` forms) --------------
+
+# SELU's constants (Klambauer et al. 2017), as PyTorch spells them
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def hardswish(input: Tensor) -> Tensor:
+    """x * relu6(x + 3) / 6, written piecewise so that the gradient at the kinks is PyTorch's:
+    0 at x = -3 and 1 at x = 3 (a clamp would pass the gradient there: -0.5 and 1.5)."""
+    x = to_tensor(input)
+    return where(x <= -3.0, 0.0, where(x < 3.0, x * add(x, 3.0) / 6.0, x))
+
+
+def selu(input: Tensor) -> Tensor:
+    return elu(to_tensor(input), _SELU_ALPHA) * _SELU_SCALE
+
+
+def celu(input: Tensor, alpha: float = 1.0) -> Tensor:
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1)) = alpha * elu(x / alpha)."""
+    if alpha == 0:
+        raise ShapeError("ZeroDivisionError: alpha cannot be 0 for CELU")  # a RuntimeError
+    return elu(to_tensor(input) / alpha, 1.0) * alpha
+
+
+def glu(input: Tensor, dim: int = -1) -> Tensor:
+    """a * sigmoid(b), where a and b are the two halves of ``input`` along ``dim``."""
+    x = to_tensor(input)
+    if x.ndim == 0:
+        raise ShapeError("glu does not support scalars because halving size must be even")
+    d = dim + x.ndim if dim < 0 else dim
+    if not 0 <= d < x.ndim:
+        raise IndexOutOfRange(
+            f"Dimension out of range (expected to be in range of [{-x.ndim}, {x.ndim - 1}], "
+            f"but got {dim})"
+        )
+    if x.shape[d] % 2:
+        raise ShapeError(f"Halving dimension must be even, but dimension {d} is size {x.shape[d]}")
+    a, b = x.chunk(2, d)
+    return a * sigmoid(b)
 
 
 # ---- batch, group and instance normalisation --------------------------------------------------
