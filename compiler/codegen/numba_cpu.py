@@ -96,6 +96,8 @@ FASTMATH = ("contract",)
 # partial sums of a reduction along the innermost loop (module docstring, "Reductions"): enough
 # to amortise LLVM's per-block alias checks, few enough to add up cheaply per row
 REDUCTION_LANES = 128
+# a row kernel's lanes when its rows are known to be shorter than REDUCTION_LANES
+SHORT_ROW_LANES = 16
 
 # purely elementwise kernels over at least this many elements run their ``prange`` variant (when
 # numba has more than one thread): below it, waking the thread pool costs more than it saves
@@ -299,6 +301,10 @@ def _emit_rows(kernel: Kernel, name: str) -> tuple[list[str], KernelPlan]:
     ]
     lanes = [k for k in range(len(reds)) if full_red[k] or row_red[k]]
     row_shape = tuple(space[:-1]) + (1,)
+    # rows known to be shorter than the lanes (a whole step's sizes are concrete) would run
+    # all in the scalar tail loop: fewer lanes keep them in the vectorised blocks
+    last = space[-1]
+    n_lanes = SHORT_ROW_LANES if type(last) is int and last < REDUCTION_LANES else REDUCTION_LANES
 
     def per_row(v: Value) -> bool:
         return v not in reduction_set and tuple(v.shape) == row_shape
@@ -320,7 +326,7 @@ def _emit_rows(kernel: Kernel, name: str) -> tuple[list[str], KernelPlan]:
         r = reds[k]
         kind = "full reduction" if full_red[k] else "row sums"
         lines.append(
-            f"    lanes{k} = _partial_sums({REDUCTION_LANES})  # %{r.id} = {r.op} ({kind}, float64)"
+            f"    lanes{k} = _partial_sums({n_lanes})  # %{r.id} = {r.op} ({kind}, float64)"
         )
         if full_red[k]:
             lines.append(f"    tail{k} = 0.0")
@@ -398,22 +404,22 @@ def _emit_rows(kernel: Kernel, name: str) -> tuple[list[str], KernelPlan]:
         for k in phase_lanes:
             if row_red[k]:
                 lines += [
-                    f"{indent}for lane in range({REDUCTION_LANES}):",
+                    f"{indent}for lane in range({n_lanes}):",
                     f"{indent}    lanes{k}[lane] = 0.0",
                     f"{indent}tail{k} = 0.0",
                 ]
-        lines += _blocked_loop(indent, inner, n_inner, body)
+        lines += _blocked_loop(indent, inner, n_inner, body, n_lanes)
         for k in phase_lanes:
             if row_red[k]:
                 r = reds[k]
-                lines += _combine_lanes(k, indent)
+                lines += _combine_lanes(k, indent, n_lanes)
                 lines.append(f"{indent}red{k}[{reduced_index(r)}] += total{k}")
                 # the row's sum as the separate kernels hand it on: its float64 buffer
                 # element (0.0 + total) rounded to the value's dtype
                 lines.append(f"{indent}v{r.id} = np.{r.dtype.name}(total{k})  # %{r.id}, this row")
     for k in lanes:
         if full_red[k]:
-            lines += _combine_lanes(k, "    ")
+            lines += _combine_lanes(k, "    ", n_lanes)
             lines.append(f"    red{k}[{', '.join('0' for _ in range(rank))}] = total{k}")
     plan = KernelPlan(
         name,
@@ -431,7 +437,11 @@ def _emit_rows(kernel: Kernel, name: str) -> tuple[list[str], KernelPlan]:
 
 
 def _blocked_loop(
-    indent: str, inner: str, n_inner: str, body: Callable[[str], list[str]]
+    indent: str,
+    inner: str,
+    n_inner: str,
+    body: Callable[[str], list[str]],
+    lanes: int = REDUCTION_LANES,
 ) -> list[str]:
     """The innermost loop of a kernel whose sums run along it (module docstring,
     "Reductions"): whole blocks of ``REDUCTION_LANES`` elements, a constant trip count LLVM
@@ -439,9 +449,9 @@ def _blocked_loop(
     then the tail into one more partial sum (``body("tail{k}")``), a loop LLVM leaves scalar
     (an ordered float sum), so it costs little compile time."""
     lines = [
-        f"{indent}blocks_end = {n_inner} - {n_inner} % {REDUCTION_LANES}",
-        f"{indent}for block in range(0, blocks_end, {REDUCTION_LANES}):",
-        f"{indent}    for lane in range({REDUCTION_LANES}):",
+        f"{indent}blocks_end = {n_inner} - {n_inner} % {lanes}",
+        f"{indent}for block in range(0, blocks_end, {lanes}):",
+        f"{indent}    for lane in range({lanes}):",
         f"{indent}        {inner} = block + lane",
     ]
     lines += [f"{indent}        {line}" for line in body("lanes{k}[lane]")]
@@ -450,12 +460,12 @@ def _blocked_loop(
     return lines
 
 
-def _combine_lanes(k: int, indent: str) -> list[str]:
+def _combine_lanes(k: int, indent: str, lanes: int = REDUCTION_LANES) -> list[str]:
     """``total{k}``: the partial sums ``lanes{k}`` added pairwise in a fixed order (lane j and
     lane j + half, halving until one is left: each step is a vectorisable loop), then the
     tail's sum ``tail{k}``."""
     return [
-        f"{indent}half = {REDUCTION_LANES // 2}",
+        f"{indent}half = {lanes // 2}",
         f"{indent}while half > 0:",
         f"{indent}    for lane in range(half):",
         f"{indent}        lanes{k}[lane] += lanes{k}[lane + half]",

@@ -26,7 +26,8 @@ Guarantees: the row kernel computes every value the run computed, each from the 
 expression, and its outputs are the run's outputs needed outside it (or by an effect) and its
 reductions; nothing runs between the kernels of a run, so the schedule stays valid.  The CPU
 emitter (``numba_cpu``) sums rows, columns and totals in the order of the separate kernels, so
-the results are theirs.
+the results are theirs (except where rows are known to be shorter than the emitter's lanes: a
+row kernel then uses fewer lanes, which vectorise, and rounds its sums in that order).
 """
 
 from __future__ import annotations
