@@ -2766,6 +2766,7 @@ def _conv_samples(rng: np.random.Generator) -> list[Sample]:
             {"stride": (2, 1), "padding": (1, 2), "dilation": (2, 1), "groups": 2},
             "groups_dilation_stride",
         ),
+        S((uni(rng, (2, 3, 2, 3)), uni(rng, (2, 3, 1, 1))), name="pointwise"),
     ]
 
 

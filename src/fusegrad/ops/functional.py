@@ -831,7 +831,8 @@ def _slide(x: Tensor, dim: int, size: int, stride: int, dilation: int, count: in
     span = (count - 1) * stride + 1
     lead = (slice(None),) * dim
     parts = [x[lead + (slice(a * dilation, a * dilation + span, stride),)] for a in range(size)]
-    return stack(parts, 2)
+    # one offset (a 1x1 kernel, a unit height): a view, no copy
+    return parts[0].unsqueeze(2) if size == 1 else stack(parts, 2)
 
 
 def unfold(
