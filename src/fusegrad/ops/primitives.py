@@ -727,23 +727,7 @@ def _scatter(x, index, src, dim):  # type: ignore[no-untyped-def]
 @_quiet_kernel
 def _matmul(a, b):  # type: ignore[no-untyped-def]
     """Batched matrix product of operands with at least 2 dims (numpy broadcasting of batch)."""
-    if a.ndim > 2 or b.ndim > 2:
-        # numpy's stacked matmul gives BLAS only row-major matrices: a transposed one (the
-        # ``g @ cols.mT`` of a conv2d or bmm backward) takes its unblocked loop, some 20x
-        # slower than copying it first
-        a, b = _row_major_matrices(a), _row_major_matrices(b)
     return np.matmul(a, b)
-
-
-def _row_major_matrices(x: np.ndarray) -> np.ndarray:
-    """``x`` when each of its matrices is row-major (unit column stride, rows apart by at least a
-    row: broadcast rows of stride 0 are not), else a C-contiguous copy."""
-    if x.ndim < 2 or x.size <= 1:
-        return x
-    rows, cols = x.shape[-2:]
-    cols_ok = cols == 1 or x.strides[-1] == x.itemsize
-    rows_ok = rows == 1 or x.strides[-2] >= cols * x.itemsize
-    return x if cols_ok and rows_ok else np.ascontiguousarray(x)
 
 
 @primitive("to_device", "opaque", "x")
