@@ -66,6 +66,50 @@ def test_batch_norm_modules_match_torch(
         np.testing.assert_allclose(got_state[key], want_state[key], rtol=1e-12, err_msg=key)
 
 
+IN_CASES = [
+    ("InstanceNorm1d", (4, 3, 5)),
+    ("InstanceNorm1d", (3, 6)),  # unbatched
+    ("InstanceNorm2d", (2, 3, 4, 5)),
+    ("InstanceNorm2d", (3, 4, 4)),  # unbatched
+]
+
+
+@pytest.mark.parametrize("name,shape", IN_CASES)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"affine": True},
+        {"track_running_stats": True},
+        {"affine": True, "track_running_stats": True, "momentum": None},
+        {"affine": True, "bias": False, "track_running_stats": True, "momentum": 0.3},
+    ],
+)
+def test_instance_norm_modules_match_torch(name: str, shape: tuple, kwargs: dict) -> None:
+    torch = pytest.importorskip("torch")
+
+    def make(lib: Any) -> Any:
+        return getattr(lib.nn, name)(3, **kwargs)
+
+    assert repr(make(fg)) == repr(make(torch))
+    want, want_state = _run(torch, make, shape)
+    got, got_state = _run(fg, make, shape)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    assert list(got_state) == list(want_state)
+    for key in want_state:
+        np.testing.assert_allclose(got_state[key], want_state[key], rtol=1e-12, err_msg=key)
+
+
+def test_instance_norm_num_features_check() -> None:
+    with pytest.warns(UserWarning, match="does not match num_features"):
+        nn.InstanceNorm1d(4)(fg.randn(2, 3, 5))
+    with pytest.raises(ValueError, match="to match num_features"):
+        nn.InstanceNorm1d(4, affine=True)(fg.randn(2, 3, 5))
+    with pytest.raises(ValueError, match="expected 3D or 4D input"):
+        nn.InstanceNorm2d(3)(fg.randn(3, 5))
+
+
 def test_running_statistics_by_hand() -> None:
     bn = nn.BatchNorm1d(2, momentum=None, dtype=fg.float64)
     rng = np.random.default_rng(1)

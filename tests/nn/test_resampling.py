@@ -37,6 +37,13 @@ def test_adaptive_avg_pool2d_matches_torch(hw: tuple, size: Any) -> None:
     _compare("adaptive_avg_pool2d", (2, 3) + hw, output_size=size)
 
 
+@pytest.mark.parametrize("length", [5, 6, 7])
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 8, (3,)])
+def test_adaptive_avg_pool1d_matches_torch(length: int, size: Any) -> None:
+    _compare("adaptive_avg_pool1d", (2, 3, length), output_size=size)
+    _compare("adaptive_avg_pool1d", (3, length), output_size=size)
+
+
 LINEAR = {3: "linear", 4: "bilinear", 5: "trilinear"}
 SIZES = [
     {"size": 3},
@@ -71,6 +78,8 @@ def test_modules_and_reprs() -> None:
     for args, kwargs in [((), {"scale_factor": 2, "mode": "bilinear"}), ((4,), {})]:
         assert repr(nn.Upsample(*args, **kwargs)) == repr(torch.nn.Upsample(*args, **kwargs))
     assert repr(nn.AdaptiveAvgPool2d((3, None))) == repr(torch.nn.AdaptiveAvgPool2d((3, None)))
+    assert repr(nn.AdaptiveAvgPool1d(3)) == repr(torch.nn.AdaptiveAvgPool1d(3))
+    assert nn.AdaptiveAvgPool1d(2)(fg.randn(2, 3, 5)).shape == (2, 3, 2)
     x = fg.randn(1, 2, 4, 6)
     assert nn.AdaptiveAvgPool2d((3, None))(x).shape == (1, 2, 3, 6)
     assert nn.Upsample(scale_factor=2, mode="bilinear", align_corners=True)(x).shape == (
@@ -122,6 +131,8 @@ def test_nearest_by_an_uneven_factor_is_a_gather() -> None:
         (lambda: F.adaptive_avg_pool2d(fg.randn(5, 7), 3), RuntimeError, "Expected 3D or 4D"),
         (lambda: F.adaptive_avg_pool2d(fg.randn(1, 2, 5, 7), (3,)), RuntimeError, "must be 2"),
         (lambda: F.adaptive_avg_pool2d(fg.randn(1, 2, 0, 7), 2), RuntimeError, "non-zero size"),
+        (lambda: F.adaptive_avg_pool1d(fg.randn(5), 2), RuntimeError, "Expected 2 to 3 dimensions"),
+        (lambda: F.adaptive_avg_pool1d(fg.randn(2, 5), (2, 3)), RuntimeError, "one int (got 2)"),
         (lambda: F.interpolate(fg.randn(1, 2, 5), size=3, scale_factor=2), ValueError, "only one"),
         (lambda: F.interpolate(fg.randn(1, 2, 5)), ValueError, "either size or scale_factor"),
         (

@@ -2914,6 +2914,18 @@ add(
 )
 
 
+add(
+    "adaptive_avg_pool1d",
+    lambda m, x, size: m.F.adaptive_avg_pool1d(x, size),
+    lambda x, size: adaptive_avg_pool2d_ref(x[..., None, :], (1, size))[..., 0, :],
+    lambda rng: [
+        S((uni(rng, (2, 3, 7)), 3), name="uneven"),
+        S((uni(rng, (3, 6)), 2), name="unbatched_even"),
+        S((uni(rng, (1, 2, 3)), 5), name="larger", noncontig=True),
+    ],
+)
+
+
 def _interpolate_samples(rng: np.random.Generator) -> list[Sample]:
     return [
         S((uni(rng, (1, 2, 3, 4)),), {"size": (5, 7)}, "nearest_size"),

@@ -16,6 +16,7 @@ from ..ops import functional as _fn
 from ..ops import inplace as _inplace
 from ..ops import reduction as _red
 from ..ops.functional import (
+    adaptive_avg_pool1d,
     adaptive_avg_pool2d,
     avg_pool2d,
     batch_norm,
@@ -46,6 +47,7 @@ from ..ops.shape import flatten
 from ..tensor import Tensor
 
 __all__ = [
+    "adaptive_avg_pool1d",
     "adaptive_avg_pool2d",
     "avg_pool2d",
     "batch_norm",

@@ -9,6 +9,7 @@ the maths lives in ``fusegrad.ops`` so that autograd and the compiler see ordina
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,7 @@ from .module import Module
 from .parameter import Parameter
 
 __all__ = [
+    "AdaptiveAvgPool1d",
     "CELU",
     "GLU",
     "SELU",
@@ -41,6 +43,8 @@ __all__ = [
     "GroupNorm",
     "Hardswish",
     "Identity",
+    "InstanceNorm1d",
+    "InstanceNorm2d",
     "LayerNorm",
     "LeakyReLU",
     "Linear",
@@ -474,6 +478,69 @@ class BatchNorm2d(_BatchNorm):
     _dims = (4,)
 
 
+class _InstanceNorm(_BatchNorm):
+    """InstanceNorm's state (BatchNorm's, with affine and track_running_stats off by default)
+    and forward: ``F.instance_norm``, with batch statistics in training or without running
+    ones; an unbatched input is one sample."""
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = False,
+        track_running_stats: bool = False,
+        device: Any = None,
+        dtype: Any = None,
+        *,
+        bias: bool = True,
+    ) -> None:
+        super().__init__(
+            num_features, eps, momentum, affine, track_running_stats, device, dtype, bias=bias
+        )
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        unbatched = input.dim() == self._dims[0]
+        feature_dim = 0 if unbatched else 1
+        if input.shape[feature_dim] != self.num_features:
+            if self.affine:
+                raise ShapeError(
+                    f"expected input's size at dim={feature_dim} to match num_features "
+                    f"({self.num_features}), but got: {input.shape[feature_dim]}."
+                )
+            warnings.warn(
+                f"input's size at dim={feature_dim} does not match num_features. You can silence "
+                "this warning by not passing in num_features, which is not used because "
+                "affine=False",
+                stacklevel=2,
+            )
+        x = input.unsqueeze(0) if unbatched else input
+        out = F.instance_norm(
+            x,
+            self.running_mean,
+            self.running_var,
+            self.weight,
+            self.bias,
+            self.training or not self.track_running_stats,
+            0.0 if self.momentum is None else self.momentum,
+            self.eps,
+        )
+        return out.squeeze(0) if unbatched else out
+
+
+class InstanceNorm1d(_InstanceNorm):
+    """Instance normalisation of (N, C, L) or unbatched (C, L) inputs over L."""
+
+    _dims = (2, 3)
+
+
+class InstanceNorm2d(_InstanceNorm):
+    """Instance normalisation of (N, C, H, W) or unbatched (C, H, W) inputs over H and W."""
+
+    _dims = (3, 4)
+
+
 class GroupNorm(Module):
     """Normalises (N, C, *) inputs over groups of ``num_channels // num_groups`` channels and
     the spatial dims; per-channel affine weight=1, bias=0."""
@@ -804,6 +871,20 @@ class AvgPool2d(Module):
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class AdaptiveAvgPool1d(Module):
+    """Average pooling of (N, C, L) or (C, L) inputs to a fixed output length."""
+
+    def __init__(self, output_size: Any) -> None:
+        super().__init__()
+        self.output_size = output_size
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.adaptive_avg_pool1d(input, self.output_size)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
 
 
 class AdaptiveAvgPool2d(Module):

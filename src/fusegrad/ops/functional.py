@@ -60,6 +60,7 @@ __all__ = [
     "conv2d",
     "max_pool2d",
     "avg_pool2d",
+    "adaptive_avg_pool1d",
     "adaptive_avg_pool2d",
     "interpolate",
     "one_hot",
@@ -636,6 +637,21 @@ def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:
         dim = x.ndim - 2 + k
         x = _adaptive_average(x, dim, x.shape[dim] if size is None else int(size))
     return x
+
+
+def adaptive_avg_pool1d(input: Tensor, output_size: Any) -> Tensor:
+    x = to_tensor(input)
+    if x.ndim not in (2, 3):
+        raise ShapeError(
+            f"adaptive_avg_pool1d: Expected 2 to 3 dimensions, but got {x.ndim}-dimensional tensor"
+        )
+    sizes = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size,)
+    if len(sizes) != 1:
+        raise ShapeError(
+            "adaptive_avg_pool1d() argument 'output_size' should contain one int "
+            f"(got {len(sizes)})"
+        )
+    return _adaptive_average(x, x.ndim - 1, int(sizes[0]))
 
 
 _INTERPOLATE_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear", "area")
