@@ -264,3 +264,16 @@ def test_every_module_loads() -> None:
         f"import importlib\nfor name in {names!r}:\n    importlib.import_module(name)"
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_distributed_and_nn_parallel_are_attributes_as_in_pytorch() -> None:
+    """``torch.distributed`` and ``torch.nn.parallel`` are there after ``import torch``: here
+    they load on first use (MPI itself only at ``init_process_group``)."""
+    code = (
+        "import sys, fusegrad as fg\n"
+        "assert 'fusegrad.distributed' not in sys.modules\n"
+        "assert callable(fg.distributed.init_process_group)\n"
+        "assert fg.nn.parallel.DistributedDataParallel.__name__ == 'DistributedDataParallel'\n"
+        "assert 'mpi4py.MPI' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -7,8 +7,8 @@ neither numba nor ``fusegrad.compiler``; ``fusegrad.compile`` loads them on firs
 The package is layered: a module imports only from layers below it (or earlier in its own), at
 the top of the file, so there is no import cycle at load time.  Imports inside functions are
 left for optional or heavy dependencies loaded on first use (numba, numba-cuda, scipy, cupy,
-``fusegrad.compiler``), and ``nn``/``optim``/``utils``/``compiler`` load on first use through
-``__getattr__`` below.  ``tests/test_imports.py`` checks all of it.
+``fusegrad.compiler``), and ``nn``/``optim``/``utils``/``viz``/``distributed``/``compiler`` load
+on first use through ``__getattr__`` below.  ``tests/test_imports.py`` checks all of it.
 
 1. basics: ``errors``, ``dtypes``, ``size``, ``_format``, ``_index_key``; ``device`` (it asks
    numba-cuda whether there is a GPU); ``random`` (generators); ``fusegrad.cuda`` (CUDA
@@ -203,7 +203,7 @@ def numel(input: Tensor) -> int:
 
 def __getattr__(name: str) -> Any:
     # Heavy or optional subpackages load on first use, keeping ``import fusegrad`` light.
-    if name in ("nn", "optim", "utils", "viz"):
+    if name in ("nn", "optim", "utils", "viz", "distributed"):
         return importlib.import_module(f".{name}", __name__)
     if name in ("save", "load", "serialization"):  # (it needs nn's Parameter: on first use)
         module = importlib.import_module(".serialization", __name__)

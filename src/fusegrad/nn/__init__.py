@@ -9,6 +9,9 @@ the compiler.
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from . import functional, init, utils
 from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from .layers import (
@@ -118,3 +121,10 @@ __all__ = [
     "init",
     "utils",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # ``nn.parallel`` (DistributedDataParallel, with ``fusegrad.distributed``) loads on first use
+    if name == "parallel":
+        return importlib.import_module(".parallel", __name__)
+    raise AttributeError(f"module 'fusegrad.nn' has no attribute {name!r}")
