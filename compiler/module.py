@@ -477,10 +477,16 @@ def _prune(graph: Graph, present: tuple) -> Graph | None:
     """``graph`` for a backward in which only the ``present`` root gradients exist: what flows
     from the absent ones alone is left out (not zeros: a zero gradient through an inf would be
     NaN where eager computes nothing).  Gradients meet in ``add``/``sub``; any other op joining
-    an absent flow with a present one gives None (not prunable: the caller re-runs eagerly)."""
+    an absent flow with a present one gives None (not prunable: the caller re-runs eagerly), and
+    so does a gradient that depends on no root gradient at all (a ``ceil``'s zeros) where it
+    meets an absent flow or becomes an effect: which outputs' paths it lies on, the values
+    cannot tell (eager computes it only when its path runs)."""
     roots = graph.inputs_of("arg")[: len(present)]
     absent = {v for v, p in zip(roots, present) if not p}
     flowing = {v for v, p in zip(roots, present) if p}  # values a present gradient reaches
+    # values no root gradient reaches (saved values, and what a rule makes without its
+    # incoming gradient: ceil's zeros): on which path they lie, the values cannot say
+    neutral = {v for v in graph.values if v.op != "input" or v not in roots}
     out = Graph(constants=list(graph.constants), hints=graph.hints)
     mapping: dict = {}
     for v in graph.values:
@@ -489,9 +495,13 @@ def _prune(graph: Graph, present: tuple) -> Graph | None:
             continue
         if any(i in flowing for i in v.inputs):
             flowing.add(v)
+        if v.inputs and not all(i in neutral for i in v.inputs):
+            neutral.discard(v)
         inputs = [mapping[i] for i in v.inputs]
         gone = [i is _ABSENT for i in inputs]
         if any(gone):
+            if v.op in ("add", "sub") and any(i in neutral for i in v.inputs):
+                return None  # an absent flow meets a gradient of no known path
             if v not in flowing:  # only the absent flow (times saved values): nothing
                 mapping[v] = _ABSENT
             elif v.op == "add" and len(inputs) == 2:
@@ -512,6 +522,8 @@ def _prune(graph: Graph, present: tuple) -> Graph | None:
         else:
             mapping[v] = out.add(v.op, tuple(inputs), v.attrs, v.shape, v.dtype, v.origin)
     for kind, slot, v in graph.effects:
+        if v in neutral:
+            return None  # a gradient no root reaches: eager writes it only if its path runs
         if mapping[v] is not _ABSENT:
             out.effects.append((kind, slot, mapping[v]))
     return out
