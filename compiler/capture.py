@@ -489,7 +489,7 @@ class Capture(_engine.Executor, Tracer):
         saved = node._saved
         if saved is None:
             node.apply(tuple(grads), True)  # raises the eager engine's error
-        values = [self.unpack(s, node) for s in saved]
+        values = node.rule_arguments([self.unpack(s, node) for s in saved])
         return _engine.check_results(node, rule.fn(view, grads[0], *values))
 
     def unpack(self, saved: Any, node: Any) -> SymbolicTensor:

@@ -131,20 +131,22 @@ def test_error_in_a_node_created_outside_anomaly_mode() -> None:
 def test_double_backward_error_shows_the_parent_traceback() -> None:
     x = _t([0.5, 1.0], True)
     with detect_anomaly():
-        y = x.exp()  # the-first-order-forward-line
+        y = x.sin()  # the-first-order-forward-line
         (g,) = grad(y.sum(), x, create_graph=True)
-        # g's node was created by ExpBackward0's rule: it records that node as its parent
+        # g = 1 * cos(x): its nodes were created by SinBackward0's rule, their parent
         assert g.grad_fn.metadata["parent_"] is y.grad_fn
+        cos_node = g.grad_fn.next_functions[1][0]
+        assert cos_node.name() == "CosBackward0" and cos_node.metadata["parent_"] is y.grad_fn
         with fg.no_grad():
-            y.add_(1.0)  # g's node saved exp's output: its second backward must fail
+            x.add_(1.0)  # CosBackward0 saved x: the second backward must fail there
         with reports() as found, pytest.raises(RuntimeError) as info:
             g.sum().backward()
     assert str(info.value).startswith("one of the variables needed for gradient computation")
     # as PyTorch: one warning for the failing node, one per parent
     assert len(found) == 2
-    assert found[0].startswith(f"Error detected in {g.grad_fn.name()}. Traceback of forward")
+    assert found[0].startswith("Error detected in CosBackward0. Traceback of forward")
     assert found[1].startswith(
-        "\n\nPrevious calculation was induced by ExpBackward0. Traceback of forward call that "
+        "\n\nPrevious calculation was induced by SinBackward0. Traceback of forward call that "
         "induced the previous calculation:\n"
     )
     assert "the-first-order-forward-line" in found[1]

@@ -153,10 +153,13 @@ def test_python_numbers_are_not_shown_to_hooks() -> None:
     log = _Log()
     x = _t([1.0], True)
     with log.hooks():
-        y = x * 2.0  # mul saves both operands; the wrapped 2.0 is not packed
+        y = 2.0 / x  # x's gradient needs both operands; the wrapped 2.0 is not packed
     assert len(log.packed) == 1 and log.packed[0] is x
     y.sum().backward()
-    np.testing.assert_allclose(x.grad.numpy(), [2.0])
+    np.testing.assert_allclose(x.grad.numpy(), [-2.0])
+    with log.hooks():
+        x * 2.0  # mul saves only the 2.0 (for x's gradient): nothing is packed
+    assert len(log.packed) == 1
 
 
 def test_unpack_hook_must_return_a_tensor() -> None:

@@ -178,7 +178,11 @@ def test_saved_tensors_are_freed_after_backward() -> None:
 
 def test_grad_fn_saved_accessors() -> None:
     x = _leaf(2)
-    y = x * 3.0
-    assert y.grad_fn._saved_a is x
+    y = x * x
+    assert y.grad_fn._saved_a is x and y.grad_fn._saved_b is x
+    c = fg.ones(2, dtype=fg.float64)
+    y = x * c  # as PyTorch: x is not saved (only its gradient is computed, from c)
+    assert y.grad_fn._saved_a is None and y.grad_fn._saved_self is None
+    assert y.grad_fn._saved_b is c and y.grad_fn._saved_other is c
     z = x.exp()
     np.testing.assert_allclose(z.grad_fn._saved_out.detach().numpy(), z.detach().numpy())

@@ -9,7 +9,9 @@ summing fan-in is the engine's job (contract 2).
 
 ``node.attrs`` are the primitive's keyword attributes, ``node.input_shapes`` /
 ``node.input_dtypes`` describe the forward inputs, and ``node.needs_input_grad[i]`` says whether
-input ``i`` wants a gradient (skip work for the ones that do not).
+input ``i`` wants a gradient (skip work for the ones that do not).  ``save={"a": "b"}`` saves
+``a`` only when input ``b`` requires grad (the rule then gets None for an unsaved ``a`` and
+must not use it), as PyTorch saves only what the gradients it will compute need.
 """
 
 from __future__ import annotations
@@ -150,13 +152,13 @@ def _sub(node, g):
     return (g, -g if node.needs_input_grad[1] else None)
 
 
-@vjp("mul", save="a b")
+@vjp("mul", save={"a": "b", "b": "a"})  # each operand only for the other's gradient
 def _mul(node, g, a, b):
     need = node.needs_input_grad
     return (g * b if need[0] else None, g * a if need[1] else None)
 
 
-@vjp("div", save="a b")
+@vjp("div", save={"a": "b", "b": "a b"})
 def _div(node, g, a, b):
     need = node.needs_input_grad
     ga = g / b if need[0] else None
@@ -164,7 +166,7 @@ def _div(node, g, a, b):
     return (ga, gb)
 
 
-@vjp("pow", save="a b out")
+@vjp("pow", save={"a": "a b", "b": "a b", "out": "b"})
 def _pow(node, g, a, b, out):
     need = node.needs_input_grad
     ga = gb = None
@@ -187,7 +189,7 @@ def _atan2(node, g, a, b):
     return (g * b * recip if need[0] else None, g * -a * recip if need[1] else None)
 
 
-@vjp("hypot", save="a b out")
+@vjp("hypot", save={"a": "a", "b": "b", "out": "a b"})
 def _hypot(node, g, a, b, out):
     need = node.needs_input_grad
     return (g * a / out if need[0] else None, g * b / out if need[1] else None)
@@ -228,7 +230,7 @@ def _minimum(node, g, a, b):
     return (g * w, g * (1.0 - w))
 
 
-@vjp("remainder", save="a b")
+@vjp("remainder", save={"a": "b", "b": "b"})
 def _remainder(node, g, a, b):
     need = node.needs_input_grad
     return (g if need[0] else None, -(g * (a / b).floor()) if need[1] else None)
@@ -431,7 +433,7 @@ def _scatter(node, g, index):
 # ---- opaque ------------------------------------------------------------------------------------
 
 
-@vjp("matmul", save="a b")
+@vjp("matmul", save={"a": "b", "b": "a"})
 def _matmul(node, g, a, b):
     need = node.needs_input_grad
     ga = g @ b.mT if need[0] else None

@@ -301,6 +301,7 @@ class OpNode(Node):
         "_raw_shared",
         "_rule",
         "_saved",
+        "_unsaved",
         "attrs",
         "needs_input_grad",
     )
@@ -328,9 +329,16 @@ class OpNode(Node):
         self.attrs = attrs
         self.needs_input_grad = tuple(needs)
         saved = []
+        unsaved = None  # positions in rule.save of values no input that requires grad needs
         if rule.save_index:
             variadic_at = len(prim.inputs) - 1 if prim.variadic else -2
-            for index in rule.save_index:
+            save_for = rule.save_for
+            for k, index in enumerate(rule.save_index):
+                if save_for:
+                    wanted_by = save_for[k]
+                    if wanted_by is not None and not any(needs[i] for i in wanted_by):
+                        unsaved = (*unsaved, k) if unsaved else (k,)
+                        continue
                 if index < 0:  # an output of the node
                     saved.append(SavedTensor(outputs[-1 - index], True, -1 - index, self))
                 elif index == variadic_at:  # "name*": every input from here on
@@ -338,6 +346,7 @@ class OpNode(Node):
                 else:
                     saved.append(SavedTensor(inputs[index]))
         self._saved: list | None = saved
+        self._unsaved: tuple | None = unsaved
         self._raw_shared = False  # a SavedTensor was handed out (``_raw_saved_<name>``)
 
     def name(self) -> str:
@@ -355,6 +364,16 @@ class OpNode(Node):
         if self._saved is None:
             raise AutogradError(_freed_message)
         return tuple(s.unpack(self) for s in self._saved)
+
+    def rule_arguments(self, values: list) -> list:
+        """The rule's saved arguments from the unpacked values of ``_saved`` (one per saved
+        tensor): None goes where a value was not saved because no input needing it requires
+        grad (those names are never variadic, so positions before them are one-to-one)."""
+        unsaved = self._unsaved
+        if unsaved is not None:
+            for k in unsaved:
+                values.insert(k, None)
+        return values
 
     def release(self) -> None:
         """Free saved tensors (after a backward without retain_graph)."""
@@ -374,7 +393,10 @@ class OpNode(Node):
             saved = self._saved
             if saved is None:
                 raise AutogradError(_freed_message)
-            result = rule.fn(self, grads[0], *[s.unpack(self) for s in saved])
+            values = [s.unpack(self) for s in saved]
+            if self._unsaved is not None:
+                values = self.rule_arguments(values)
+            result = rule.fn(self, grads[0], *values)
         else:
             result = rule.fn(self, grads[0])
         if not retain:
@@ -387,8 +409,11 @@ class OpNode(Node):
         slots: dict = {}
         variadic_at = len(self._prim.inputs) - 1 if self._prim.variadic else -2
         n_inputs = len(self._edges)
+        unsaved = self._unsaved or ()
         at = 0
-        for name, index in zip(self._rule.save, self._rule.save_index):
+        for k, (name, index) in enumerate(zip(self._rule.save, self._rule.save_index)):
+            if k in unsaved:
+                continue
             width = n_inputs - index if index == variadic_at else 1
             slots[name.rstrip("*")] = (slice(at, at + width), index == variadic_at)
             at += width
@@ -404,6 +429,8 @@ class OpNode(Node):
     def _lookup_saved(self, name: str, raw: bool) -> Any:
         slot = self._slots_of_saved().get(name)
         if slot is None:
+            if name in self._unsaved_names():
+                return None  # PyTorch: ``_saved_other`` of ``x * y`` is None if only y needs grad
             if not raw and name in self.attrs:
                 return self.attrs[name]  # a non-tensor argument (dim, keepdim, ...)
             raise AttributeError(f"'{self.name()}' object has no attribute '_saved_{name}'")
@@ -415,6 +442,17 @@ class OpNode(Node):
             self._raw_shared = True
         values = items if raw else [s.unpack(self) for s in items]
         return tuple(values) if variadic else values[0]
+
+    def _unsaved_names(self) -> set:
+        """Names (and PyTorch's aliases) of the values this node did not save."""
+        if not self._unsaved:
+            return set()
+        names = {self._rule.save[k] for k in self._unsaved}
+        inputs = self._prim.inputs
+        for alias, target in (("self", 0), ("other", 1)):
+            if len(inputs) > target and inputs[target] in names:
+                names.add(alias)
+        return names
 
     def __getattr__(self, item: str) -> Any:
         if item.startswith("_saved_"):

@@ -121,12 +121,17 @@ class Rule:
     """A derivative rule: ``fn(node, g, *saved) -> tuple of input gradients``.
 
     ``save`` names what the rule needs: forward input names, or ``"out"`` for the output.
-    ``save_index`` maps those names to input positions (>= 0) or outputs (-1 is output 0)."""
+    ``save_index`` maps those names to input positions (>= 0) or outputs (-1 is output 0).
+    ``save_for`` (empty when every value is always saved) gives, per saved name, the input
+    positions whose gradient uses it, or None for "always": a value none of those inputs needs
+    is not saved, and the rule receives None in its place (PyTorch saves ``other`` of
+    ``self * other`` only when ``self`` requires grad)."""
 
     prim: str
     fn: Callable[..., tuple]
     save: tuple[str, ...]
     save_index: tuple[int, ...]
+    save_for: tuple[tuple[int, ...] | None, ...] = ()
 
 
 RULES: dict[str, Rule] = {}
@@ -187,10 +192,28 @@ def set_meta(name: str, fn: Callable[..., tuple], size_attrs: tuple[str, ...] = 
     REGISTRY[name] = dataclasses.replace(REGISTRY[name], meta=fn, size_attrs=size_attrs)
 
 
-def vjp(name: str, save: str = "") -> Callable[[Callable[..., tuple]], Callable[..., tuple]]:
-    """Register the derivative rule of primitive ``name`` (see ``Rule``)."""
+def vjp(
+    name: str, save: str | dict[str, str] = ""
+) -> Callable[[Callable[..., tuple]], Callable[..., tuple]]:
+    """Register the derivative rule of primitive ``name`` (see ``Rule``).  ``save`` is either
+    the names the rule always needs (``"a b out"``) or a dict from each name to the inputs whose
+    gradient uses it (``{"a": "b", "b": "a"}`` for ``mul``: ``a`` is saved only if ``b``
+    requires grad), so that a node saves only what its inputs that require grad need."""
     prim = REGISTRY[name]
-    names = tuple(save.split())
+    save_for: tuple[tuple[int, ...] | None, ...] = ()
+    if isinstance(save, dict):
+        names = tuple(save)
+        users = []
+        for n, wanted_by in save.items():
+            if n.endswith("*"):
+                raise ValueError(f"rule for {name!r}: variadic {n!r} cannot be saved per input")
+            for i in wanted_by.split():
+                if i not in prim.inputs:
+                    raise ValueError(f"rule for {name!r}: {n!r} is needed by unknown input {i!r}")
+            users.append(tuple(prim.inputs.index(i) for i in wanted_by.split()))
+        save_for = tuple(users)
+    else:
+        names = tuple(save.split())
     index = []
     for n in names:
         if n == "out":
@@ -203,7 +226,7 @@ def vjp(name: str, save: str = "") -> Callable[[Callable[..., tuple]], Callable[
     def register(fn: Callable[..., tuple]) -> Callable[..., tuple]:
         if name in RULES:
             raise ValueError(f"rule for {name!r} registered twice")
-        RULES[name] = Rule(name, fn, names, tuple(index))
+        RULES[name] = Rule(name, fn, names, tuple(index), save_for)
         return fn
 
     return register
