@@ -297,8 +297,8 @@ CHILD_MARKER = "STEP_COMPILE_CHILD "
 
 def compile_child(name: str) -> dict[str, Any]:
     """In a fresh process: the whole step's calls until its first replay, timed (the first
-    call records, an optimizer's first step records again with its state, then the program is
-    built, compiled or loaded, and run)."""
+    call, which makes the optimizer's state, runs eagerly; the second records; the third
+    builds, compiles or loads the program and runs it)."""
     t0 = common.clock()
     import numpy as np
 
@@ -474,9 +474,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["compile_times"] = compile_times(names)
         live.emit()
         live.emit(
-            "Whole step, calls until the first replay in a fresh process (the first records, "
-            "an optimizer's first step records again with its new state, then the program is "
-            "built and compiled or loaded): 'cold' with empty FUSEGRAD_CACHE_DIR and "
+            "Whole step, calls until the first replay in a fresh process (the first makes the "
+            "optimizer's state and runs eagerly, the second records, the third builds and "
+            "compiles or loads the program): 'cold' with empty FUSEGRAD_CACHE_DIR and "
             "NUMBA_CACHE_DIR, 'warm' a second process on them."
         )
         live.emit()
