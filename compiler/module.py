@@ -105,7 +105,7 @@ class CompiledModuleBackward(_ModuleNode):
         self._mode = mode
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
-        if self._outputs is None:
+        if self._outputs is None or self._inputs is None:
             raise AutogradError(_freed_message)
         roots = [o for o, g in zip(self._outputs, grads) if g is not None]
         root_grads = [g for g in grads if g is not None]

@@ -97,7 +97,7 @@ _PACKAGES = tuple(
 
 def _user_line() -> str:
     """``file:line`` of the innermost frame outside fusegrad (where the user's code is)."""
-    frame = sys._getframe(1)
+    frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
         name = os.path.abspath(frame.f_code.co_filename)
         if not name.startswith(_PACKAGES) and not name.startswith("<frozen"):

@@ -301,9 +301,10 @@ class Binding:
                 s._data if s._tensor is None else s._tensor._data for n in nodes for s in n._saved
             ]
         else:
-            arrays = self._checked_arrays(nodes)
-            if arrays is None:
+            checked = self._checked_arrays(nodes)
+            if checked is None:
                 return None
+            arrays = checked
         accumulators = tape.leaves
         leaves = []
         for i in self.leaf_index:

@@ -140,12 +140,11 @@ def merge_rows(
         if end - k >= 2:
             members = set(range(k, end))
             group = [s for s in steps[k:end] if isinstance(s, Kernel)]
-            out.append(
-                _row_kernel(
-                    group,
-                    lambda v, m=members: v in effect_values or bool(users.get(v, set()) - m),
-                )
-            )
+
+            def needed_outside(v: Value, members: set[int] = members) -> bool:
+                return v in effect_values or bool(users.get(v, set()) - members)
+
+            out.append(_row_kernel(group, needed_outside))
         else:
             if k in interpreted:
                 still_interpreted.add(len(out))
