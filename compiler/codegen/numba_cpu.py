@@ -185,20 +185,8 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
         for k, r in enumerate(reds)
     ]
     lanes = [k for k in range(len(reds)) if full_red[k] or row_red[k]]
-    args = [f"n{d}" for d in range(rank)]
-    args += [f"in{k}" for k in range(len(kernel.inputs))]
-    args += [f"out{k}" for k in range(len(full_out))]
-    args += [f"red{k}" for k in range(len(reds))]
     spelling = SPELLING
-    lines = [_decorator(parallel), f"def {name}({', '.join(args)}):"]
-    for k in lanes:
-        r = reds[k]
-        kind = "full reduction" if full_red[k] else "row sums"
-        lines.append(
-            f"    lanes{k} = _partial_sums({REDUCTION_LANES})  # %{r.id} = {r.op} ({kind}, float64)"
-        )
-        if full_red[k] and rank > 1:
-            lines.append(f"    tail{k} = 0.0")
+    lines = _header(name, parallel, rank, kernel, full_out, reds, lanes, full_red, REDUCTION_LANES)
 
     def read_input(k: int, v: Value) -> str:  # inputs arrive reshaped to the loop's rank
         if flat:
@@ -317,19 +305,7 @@ def _emit_rows(kernel: Kernel, name: str) -> tuple[list[str], KernelPlan]:
         for i in m.inputs
         if i in phases and i not in reduction_set and not per_row(i) and phases[i] < phases[m]
     }
-    args = [f"n{d}" for d in range(rank)]
-    args += [f"in{k}" for k in range(len(kernel.inputs))]
-    args += [f"out{k}" for k in range(len(full_out))]
-    args += [f"red{k}" for k in range(len(reds))]
-    lines = [_decorator(False), f"def {name}({', '.join(args)}):"]
-    for k in lanes:
-        r = reds[k]
-        kind = "full reduction" if full_red[k] else "row sums"
-        lines.append(
-            f"    lanes{k} = _partial_sums({n_lanes})  # %{r.id} = {r.op} ({kind}, float64)"
-        )
-        if full_red[k]:
-            lines.append(f"    tail{k} = 0.0")
+    lines = _header(name, False, rank, kernel, full_out, reds, lanes, full_red, n_lanes)
     for v in sorted(buffered, key=lambda v: v.id):
         dtype = "np.bool_" if v.dtype.name == "bool" else f"np.{v.dtype.name}"
         lines.append(f"    rb{v.id} = np.empty({n_inner}, dtype={dtype})  # %{v.id}, one row")
@@ -434,6 +410,36 @@ def _emit_rows(kernel: Kernel, name: str) -> tuple[list[str], KernelPlan]:
         row_outputs=tuple(per_row(v) for v in full_out),
     )
     return lines, plan
+
+
+def _header(
+    name: str,
+    parallel: bool,
+    rank: int,
+    kernel: Kernel,
+    full_out: list,
+    reds: list,
+    lanes: list,
+    full_red: list,
+    n_lanes: int,
+) -> list[str]:
+    """A kernel function's first lines: its signature (sizes, inputs, full-size outputs,
+    reductions' float64 buffers) and the partial sums of the reductions summed along the
+    innermost loop (``tail{k}`` too for a total over a loop nest)."""
+    args = [f"n{d}" for d in range(rank)]
+    args += [f"in{k}" for k in range(len(kernel.inputs))]
+    args += [f"out{k}" for k in range(len(full_out))]
+    args += [f"red{k}" for k in range(len(reds))]
+    lines = [_decorator(parallel), f"def {name}({', '.join(args)}):"]
+    for k in lanes:
+        r = reds[k]
+        kind = "full reduction" if full_red[k] else "row sums"
+        lines.append(
+            f"    lanes{k} = _partial_sums({n_lanes})  # %{r.id} = {r.op} ({kind}, float64)"
+        )
+        if full_red[k] and rank > 1:
+            lines.append(f"    tail{k} = 0.0")
+    return lines
 
 
 def _blocked_loop(
