@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 import fusegrad
+from fusegrad.autograd import anomaly as _anomaly
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd.engine import run_backward
 from fusegrad.autograd.node import Node, _freed_message
@@ -1115,6 +1116,12 @@ class CompiledFunction:
         if current is not None:  # inside another compiled function or region: part of it
             if isinstance(current, Recorder):
                 return self.fn(*args, **kwargs)
+            with self.region():
+                return self.fn(*args, **kwargs)
+        if _anomaly._state.enabled:
+            # anomaly mode checks every backward node's outputs and names the forward line of
+            # a failing one: the nodes must run, so the call runs in compiled-backward mode
+            # (which runs anomaly-mode backwards eagerly), neither recorded nor replayed
             with self.region():
                 return self.fn(*args, **kwargs)
         watch = Watch(self.fn, args, kwargs)

@@ -772,3 +772,28 @@ def test_a_replaced_param_group_is_read_not_its_old_dict() -> None:
     scalars = [s for s in entry.sources if s[0] == "scalar"]
     # lr-dependent bias corrections per parameter (4 of them); betas, eps: once per group
     assert len(scalars) < 4 * 5, len(scalars)
+
+
+def test_anomaly_mode_runs_the_backward_nodes_not_a_replay() -> None:
+    """Under anomaly mode eager checks each node's outputs for NaN and raises naming the node:
+    a compiled step with a recording must not replay past that check."""
+    w = fg.tensor(np.array([1.0, -1.0, 4.0]), requires_grad=True)
+
+    @fg.compile
+    def step(x: fg.Tensor) -> fg.Tensor:
+        loss = (x * w).sqrt().sum()
+        loss.backward()
+        return loss.detach()
+
+    x = fg.tensor(np.array([1.0, 0.0, 1.0]))  # sqrt(0): an inf gradient, then 0 * inf = nan
+    for _ in range(3):
+        w.grad = None
+        step(x)
+    assert compiler.counters.step_runs == 2
+    w.grad = None
+    with pytest.warns(UserWarning, match="Anomaly Detection has been enabled"):
+        mode = fg.autograd.detect_anomaly()
+    with mode, pytest.warns(UserWarning, match="Error detected in"):
+        with pytest.raises(RuntimeError, match="returned nan values"):
+            step(x)
+    assert compiler.counters.step_runs == 2  # not replayed
