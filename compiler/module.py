@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from fusegrad import random as _random
+from fusegrad.autograd import anomaly as _anomaly
 from fusegrad.autograd import engine as _engine
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd import graph_base as _graph_base
@@ -697,6 +698,10 @@ class OptimizedModule(Module):
         if _current_tracer() is not None:  # part of an enclosing compiled function or region
             with compiled_autograd(self._fullgraph, self._compile_mode):
                 return mod(*args, **kwargs)
+        if _anomaly._state.enabled:
+            # anomaly mode checks each backward node's outputs and names the node: the module's
+            # own graph, run eagerly (no replay, no module node), as in eager mode
+            return mod(*args, **kwargs)
         watch = Watch(mod.forward, args, kwargs)
         entries = self.__dict__["_aot"]
         entry = entries.get(watch.key)

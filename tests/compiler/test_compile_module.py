@@ -440,3 +440,30 @@ def test_a_gradient_of_no_known_path_is_not_pruned() -> None:
             if a is not None:
                 np.testing.assert_array_equal(b, a)
     assert compiler.counters.step_runs >= 2
+
+
+def test_anomaly_mode_names_the_eager_node() -> None:
+    """Under anomaly mode the compiled module runs its own graph eagerly: a NaN gradient is
+    reported by the node eager names (not by one node for the whole module)."""
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = nn.Parameter(fg.tensor(np.array([1.0, -1.0, 4.0])))
+
+        def forward(self, x: fg.Tensor) -> fg.Tensor:
+            return (x * self.w).sqrt().sum()
+
+    x = fg.tensor(np.array([1.0, 0.0, 1.0]))  # d sqrt(x*w)/dw at x = 0: 0 * inf = nan
+    messages = []
+    for net in (Net(), fg.compile(Net())):
+        for _ in range(3):
+            net.zero_grad()
+            net(x).backward()  # (recorded, then replayed: NaN in .grad, no error)
+        with pytest.warns(UserWarning, match="Anomaly Detection has been enabled"):
+            mode = fg.autograd.detect_anomaly()
+        with mode, pytest.warns(UserWarning, match="Error detected in MulBackward0"):
+            with pytest.raises(RuntimeError) as info:
+                net(x).backward()
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] and "MulBackward0" in messages[0]
