@@ -801,7 +801,7 @@ class OptimizedModule(Module):
             for kind, k in entry.version_checks:
                 if kind == "input":
                     source, ref = entry.step.sources[k]
-                    if source in ("draw", "scalar"):
+                    if source in ("draw", "scalar", "cast"):
                         continue
                     t = watch.args[ref] if source == "arg" else ref
                     checks.append((t, t._version_counter.value, "an input of the module"))

@@ -283,7 +283,8 @@ class Recorder(Tracer):
         self.keep: list = []  # arrays kept alive while their ids are keys
         self.sharing: dict[int, set[int]] = {}  # id(root array) -> bound arrays on its memory
         self.stale: dict[int, str] = {}  # id(array) -> where a write through another array was
-        # per program input: ("arg", k) | ("ext", t) | ("draw", redo) | ("scalar", redo)
+        # per program input: ("arg", k) | ("ext", t) | ("draw", redo) | ("scalar", redo) |
+        # ("cast", k, dtype): input k, a runtime scalar, cast
         self.sources: list = []
         self.runtime_keys: dict = {}  # ``optim.hyper`` key -> its runtime input
         self.input_arrays: list = []  # their arrays in this call
@@ -483,12 +484,11 @@ class Recorder(Tracer):
         source = self.sources[value.attr("index")] if value.op == "input" else None
         if source is None or source[0] != "scalar":
             return self.graph.add("cast", (value,), {"dtype": t._dtype}, value.shape, t._dtype)
-        key = ("cast", id(source[1]), t._dtype)
+        index = value.attr("index")
+        key = ("cast", index, t._dtype)
         known = self.runtime_keys.get(key)
-        if known is None:
-            known = self.runtime_keys[key] = self.new_input(
-                t, ("scalar", _CastScalar(source[1], t))
-            )
+        if known is None:  # ("cast", k, dtype): input k's value (computed before it) cast
+            known = self.runtime_keys[key] = self.new_input(t, ("cast", index, t._dtype.np))
         return known
 
     def host_read(self, t: Tensor, what: str, result: Any = None) -> None:
@@ -795,21 +795,6 @@ class Recorder(Tracer):
         return ("object", obj)
 
 
-class _CastScalar:
-    """A runtime scalar cast to another dtype, as ``ops._util.cast`` casts a Python-number
-    tensor (``np.array(value, dtype)``)."""
-
-    __slots__ = ("dtype", "source")
-    runtime_scalar = True
-
-    def __init__(self, source: Any, t: Tensor) -> None:
-        self.source = source
-        self.dtype = t._dtype.np
-
-    def array(self) -> np.ndarray:
-        return np.array(self.source.array().item(), dtype=self.dtype)
-
-
 def _describe(t: Tensor) -> str:
     return f"a {t._dtype.name} tensor of shape {list(t._data.shape)}"
 
@@ -947,6 +932,8 @@ class Step:
                 arrays.append(source[1]._data)
             elif kind == "scalar":
                 arrays.append(source[1].array())
+            elif kind == "cast":  # (as ``ops._util.cast`` casts a Python-number tensor)
+                arrays.append(np.array(arrays[source[1]].item(), dtype=source[2]))
             else:
                 arrays.append(source[1]()._data)
         if self.checks:

@@ -88,6 +88,7 @@ def _input_label(v: Value, sources: list | None) -> str:
             "ext": "parameter / buffer",
             "draw": "random draw",
             "scalar": "runtime scalar",
+            "cast": "runtime scalar, cast",
         }.get(sources[index][0], sources[index][0])
         return f"%{v.id} input {index}: {what}"
     names = {"root": "root gradient", "saved": "saved tensor", "grad": "existing .grad"}

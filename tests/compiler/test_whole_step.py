@@ -797,3 +797,33 @@ def test_anomaly_mode_runs_the_backward_nodes_not_a_replay() -> None:
         with pytest.raises(RuntimeError, match="returned nan values"):
             step(x)
     assert compiler.counters.step_runs == 2  # not replayed
+
+
+def test_runtime_scalars_are_computed_once_per_group_and_count() -> None:
+    """An AdamW step over several parameters: its per-step scalars (bias corrections, the
+    decay factor, betas, eps) are runtime inputs shared by the group's parameters, and a
+    scalar cast to float32 is computed from its float64 input, not replayed again."""
+    fg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2), nn.Tanh(), nn.Linear(2, 1))
+    opt = fg.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step(x: fg.Tensor) -> fg.Tensor:
+        opt.zero_grad()
+        loss = model(x).square().sum()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    g = fg.compile(step)
+    x = fg.tensor(np.arange(6.0).reshape(2, 3) / 5, dtype=fg.float32)
+    g(x)  # makes AdamW's state
+    ((entry, _),) = compiler.explain(g, x).steps
+    kinds = [s[0] for s in entry.sources]
+    # 6 parameters, one group: decay, bias corrections and options once each, not per parameter
+    assert kinds.count("scalar") <= 8, kinds
+    assert kinds.count("cast") <= kinds.count("scalar"), kinds
+    want = [p.detach().numpy().copy() for p in model.parameters()]
+    g(x)
+    replayed = [p.detach().numpy().copy() for p in model.parameters()]
+    assert compiler.counters.step_runs == 1
+    assert all(not np.array_equal(a, b) for a, b in zip(want, replayed))

@@ -141,7 +141,10 @@ def _scalar(fn: Callable[[dict, float], float], group: dict, step_t: Any) -> Any
     """``fn(group, step)`` for this step (its count already incremented), through ``hyper``:
     a replayed step recomputes it before that step's tensor updates, so from the stored count
     plus this step's increment."""
-    return hyper(fn(group, _count(step_t)), lambda: fn(group, _count(step_t) + 1))
+    count = _count(step_t)
+    # one runtime input per group, function and count: parameters updated together keep equal
+    # counts (each replay adds one to every count it read), so their scalars are equal
+    return hyper(fn(group, count), lambda: fn(group, _count(step_t) + 1), (id(group), fn, count))
 
 
 # the update's scalars that may change between steps (the learning rate and what depends on
