@@ -2207,6 +2207,215 @@ add(
 )
 
 
+def _addmm_ref(c: np.ndarray, a: np.ndarray, b: np.ndarray, beta: float = 1, alpha: float = 1):
+    return (beta * c if beta != 0 else 0.0) + alpha * (a @ b)
+
+
+add(
+    "addmm",
+    lambda m, c, a, b, **k: m.addmm(c, a, b, **k),
+    _addmm_ref,
+    lambda rng: [
+        S((uni(rng, (2, 4)), uni(rng, (2, 3)), uni(rng, (3, 4))), name="full"),
+        S((uni(rng, (4,)), uni(rng, (2, 3)), uni(rng, (3, 4))), name="bcast"),
+        S((uni(rng, ()), uni(rng, (2, 3)), uni(rng, (3, 4))), {"beta": 0.5, "alpha": 2.0}, "0d"),
+        S((uni(rng, (2, 4)), uni(rng, (2, 0)), uni(rng, (0, 4))), name="empty_inner"),
+        S((uni(rng, (2, 2)), uni(rng, (2, 3)), uni(rng, (3, 2))), name="noncontig", noncontig=True),
+    ],
+)
+add(
+    "Tensor.addmm",
+    lambda m, c, a, b, **k: c.addmm(a, b, **k),
+    _addmm_ref,
+    lambda rng: [
+        S((uni(rng, (2, 4)), uni(rng, (2, 3)), uni(rng, (3, 4))), {"alpha": -1.5}, "alpha"),
+    ],
+)
+add(
+    "baddbmm",
+    lambda m, c, a, b, **k: m.baddbmm(c, a, b, **k),
+    _addmm_ref,
+    lambda rng: [
+        S((uni(rng, (2, 2, 4)), uni(rng, (2, 2, 3)), uni(rng, (2, 3, 4))), name="full"),
+        S(
+            (uni(rng, (1, 4)), uni(rng, (2, 2, 3)), uni(rng, (2, 3, 4))),
+            {"beta": 0.5, "alpha": 2.0},
+            "bcast",
+        ),
+        S(
+            (uni(rng, (2, 2, 2)), uni(rng, (2, 2, 3)), uni(rng, (2, 3, 2))),
+            name="noncontig",
+            noncontig=True,
+        ),
+    ],
+)
+add(
+    "addbmm",
+    lambda m, c, a, b, **k: c.addbmm(a, b, **k),
+    lambda c, a, b, beta=1, alpha=1: (
+        _addmm_ref(c, a, b, beta, alpha).sum(0)
+        - (beta * c if beta != 0 else 0.0) * (a.shape[0] - 1)
+    ),
+    lambda rng: [
+        S((uni(rng, (2, 4)), uni(rng, (3, 2, 3)), uni(rng, (3, 3, 4))), name="full"),
+        S(
+            (uni(rng, (4,)), uni(rng, (3, 2, 3)), uni(rng, (3, 3, 4))),
+            {"beta": 2.0, "alpha": 0.5},
+            "bcast",
+        ),
+    ],
+)
+
+
+def _cross_ref(a: np.ndarray, b: np.ndarray, dim: int = -1) -> np.ndarray:
+    a, b = np.broadcast_arrays(a, b)
+    return np.moveaxis(np.cross(np.moveaxis(a, dim, -1), np.moveaxis(b, dim, -1)), -1, dim)
+
+
+add(
+    "cross",
+    lambda m, a, b, **k: m.cross(a, b, **k),
+    _cross_ref,
+    lambda rng: [
+        S((uni(rng, (3,)), uni(rng, (3,))), name="1d"),
+        S((uni(rng, (2, 3)), uni(rng, (1, 3))), {"dim": 1}, "bcast"),
+        S((uni(rng, (3, 2)), uni(rng, (3, 2))), {"dim": 0}, "dim0"),
+        S((uni(rng, (0, 3)), uni(rng, (0, 3))), {"dim": -1}, "empty"),
+        S((uni(rng, (2, 3)), uni(rng, (2, 3))), {"dim": -1}, "noncontig", noncontig=True),
+    ],
+    # torch.cross's default dim is the first of size 3 (deprecated); fusegrad's is -1, as
+    # torch.linalg.cross's
+    torch_op=lambda m, a, b, dim=-1: m.linalg.cross(a, b, dim=dim),
+)
+add(
+    "Tensor.cross",
+    lambda m, a, b, **k: a.cross(b, **k),
+    _cross_ref,
+    lambda rng: [S((uni(rng, (2, 3)), uni(rng, (2, 3))), {"dim": 1}, "dim")],
+)
+
+
+def _diff_ref(x, n=1, dim=-1, prepend=None, append=None):  # type: ignore[no-untyped-def]
+    ends = {k: v for k, v in (("prepend", prepend), ("append", append)) if v is not None}
+    return np.diff(x, n, axis=dim, **ends) if n else x
+
+
+add(
+    "diff",
+    lambda m, x, **k: m.diff(x, **k),
+    _diff_ref,
+    lambda rng: [
+        S((uni(rng, (5,)),), name="1d"),
+        S((uni(rng, (3, 4)),), {"dim": 0}, "dim0"),
+        S((uni(rng, (3, 5)),), {"n": 2}, "n2"),
+        S((uni(rng, (3,)),), {"n": 0}, "n0"),
+        S((uni(rng, (3,)),), {"n": 5}, "n_past_length"),
+        S(
+            (uni(rng, (2, 3)),),
+            {"prepend": uni(rng, (2, 1)), "append": uni(rng, (2, 2))},
+            "prepend_append",
+        ),
+        S((uni(rng, (0, 3)),), {"dim": 0}, "empty"),
+        S((uni(rng, (3, 4)),), {"dim": 1}, "noncontig", noncontig=True),
+    ],
+)
+add(
+    "Tensor.diff",
+    lambda m, x, **k: x.diff(**k),
+    _diff_ref,
+    lambda rng: [S((uni(rng, (3, 4)),), {"n": 2, "dim": 1}, "n2")],
+)
+
+
+def _cumprod_samples(rng: np.random.Generator) -> list[Sample]:
+    one_zero = uni(rng, (3, 4))
+    one_zero[1, 2] = 0.0
+    two_zeros = uni(rng, (2, 5))
+    two_zeros[0, 1] = two_zeros[0, 3] = 0.0
+    first_zero = uni(rng, (4,))
+    first_zero[0] = 0.0
+    return [
+        S((uni(rng, (3, 4)),), {"dim": 1}, "dim1"),
+        S((uni(rng, (3, 4)),), {"dim": 0}, "dim0"),
+        S((uni(rng, (2, 3, 2)),), {"dim": -2}, "3d"),
+        S((one_zero,), {"dim": 1}, "one_zero"),
+        S((one_zero,), {"dim": 0}, "one_zero_dim0"),
+        S((two_zeros,), {"dim": 1}, "two_zeros"),
+        S((first_zero,), {"dim": 0}, "first_zero"),
+        S((uni(rng, ()),), {"dim": 0}, "0d"),
+        S((uni(rng, (0, 3)),), {"dim": 1}, "empty"),
+        S((uni(rng, (3, 4)),), {"dim": 1}, "noncontig", noncontig=True),
+    ]
+
+
+add(
+    "cumprod",
+    lambda m, x, dim: x.cumprod(dim),
+    lambda x, dim: np.cumprod(x, axis=dim) if x.ndim else x.copy(),
+    _cumprod_samples,
+)
+add(
+    "torch.cumprod",
+    lambda m, x, dim: m.cumprod(x, dim=dim),
+    lambda x, dim: np.cumprod(x, axis=dim),
+    lambda rng: [S((uni(rng, (3, 4)),), {"dim": 1}, "dim1")],
+)
+
+
+def _sinc_ref(x: np.ndarray) -> np.ndarray:
+    return np.sinc(x)
+
+
+add(
+    "sinc",
+    lambda m, x: m.sinc(x),
+    _sinc_ref,
+    lambda rng: [
+        S((uni(rng, (3, 4)),), name="2d"),
+        S((np.array([0.0, 1.0, -2.0, 0.5]),), name="zero_and_integers", gradgrad=False),
+        S((uni(rng, ()),), name="0d"),
+        S((uni(rng, (0, 2)),), name="empty"),
+        S((uni(rng, (2, 3)),), name="noncontig", noncontig=True),
+    ],
+)
+add(
+    "Tensor.sinc",
+    lambda m, x: x.sinc(),
+    _sinc_ref,
+    lambda rng: [S((uni(rng, (3,)),), name="1d")],
+)
+
+
+def _repeat_interleave_ref(x, repeats, dim=None, output_size=None):  # type: ignore[no-untyped-def]
+    return np.repeat(x, repeats, axis=dim)
+
+
+add(
+    "repeat_interleave",
+    lambda m, x, r, **k: m.repeat_interleave(x, r, **k),
+    _repeat_interleave_ref,
+    lambda rng: [
+        S((uni(rng, (2, 3)), 2), name="int_flat"),
+        S((uni(rng, (2, 3)), 3), {"dim": 1}, "int_dim"),
+        S((uni(rng, (3, 2)), np.array([1, 0, 2])), {"dim": 0}, "tensor"),
+        S((uni(rng, (3, 2)), np.array([2, 1])), {"dim": -1, "output_size": 3}, "output_size"),
+        S((uni(rng, (2, 2)), np.array(2)), {"dim": 0}, "tensor_0d"),
+        S((uni(rng, ()), 3), name="0d"),
+        S((uni(rng, (0, 2)), 2), {"dim": 0}, "empty"),
+        S((uni(rng, (2, 3)), 2), {"dim": 0}, "noncontig", noncontig=True),
+    ],
+)
+add(
+    "Tensor.repeat_interleave",
+    lambda m, x, r, **k: x.repeat_interleave(r, **k),
+    _repeat_interleave_ref,
+    lambda rng: [
+        S((uni(rng, (2, 3)), np.array([1, 2])), {"dim": 0, "output_size": 3}, "output_size"),
+        S((uni(rng, (2, 3)), np.array([1, 2])), {"dim": 0}, "tensor"),
+    ],
+)
+
+
 def _einsum_samples(rng: np.random.Generator) -> list[Sample]:
     return [
         S(("ij,jk->ik", uni(rng, (2, 3)), uni(rng, (3, 4))), name="matmul"),

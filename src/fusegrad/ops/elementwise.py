@@ -360,3 +360,13 @@ def equal(input: Any, other: Any) -> bool:
         _read(a, "equal()")
         _read(b, "equal()")
     return same
+
+
+def sinc(input: Any) -> Tensor:
+    """``sin(pi x) / (pi x)``, 1 at 0; integers promote to the default float dtype.  The
+    division runs on a denominator that is never 0 so that the gradient at 0 is 0 (the true
+    derivative), not nan."""
+    x = _floatify(input)
+    zero = eq(x, 0)
+    px = mul(where(zero, 1.0, x), math.pi)
+    return where(zero, 1.0, div(sin(px), px))

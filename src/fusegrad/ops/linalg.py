@@ -17,6 +17,7 @@ from ..errors import DTypeError, ShapeError, describe
 from ..size import broadcast_shapes
 from ..tensor import Tensor
 from ._util import P, apply, cast, to_tensor
+from .shape import stack
 
 
 def _check_dtypes(op: str, a: Tensor, b: Tensor) -> _dt.dtype:
@@ -245,3 +246,80 @@ def einsum(equation: str, *operands: Any) -> Tensor:
     x, tx = _sum_out(x, tx, set(rhs))
     out = x.permute([tx.index(c) for c in rhs]) if tx != rhs else x
     return out
+
+
+# ---- matrix products with an added term (composites) -----------------------------------------
+
+
+def _scaled_sum(op: str, input: Tensor, product: Tensor, beta: Any, alpha: Any) -> Tensor:
+    """``beta * input + alpha * product`` with PyTorch's rules: ``input`` broadcasts to the
+    product's shape, and ``beta == 0`` ignores ``input`` (its nan and inf do not propagate)."""
+    try:
+        shape = broadcast_shapes(tuple(input.shape), tuple(product.shape))
+    except ValueError:
+        shape = None
+    if shape != tuple(product.shape):
+        raise ShapeError(
+            f"{op}: input {describe(input)} cannot broadcast to the product's shape "
+            f"{tuple(product.shape)}"
+        )
+    out = product if alpha == 1 else product * alpha
+    if beta == 0:
+        return out
+    return out + (input if beta == 1 else input * beta)
+
+
+def _check_product(op: str, a: Tensor, b: Tensor, rank: int) -> None:
+    if a.ndim != rank or b.ndim != rank:
+        raise ShapeError(f"{op}: expected two {rank}-D tensors, got {describe(a, b)}")
+    if a.shape[-1] != b.shape[-2] or (rank == 3 and a.shape[0] != b.shape[0]):
+        raise ShapeError(f"{op}: shapes of {describe(a, b)} cannot be multiplied")
+
+
+def addmm(input: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    """``beta * input + alpha * (mat1 @ mat2)``, ``mat1`` and ``mat2`` 2-D."""
+    a, b = to_tensor(mat1), to_tensor(mat2)
+    _check_product("addmm", a, b, 2)
+    return _scaled_sum("addmm", to_tensor(input), mm(a, b), beta, alpha)
+
+
+def baddbmm(input: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    """``beta * input + alpha * bmm(batch1, batch2)``."""
+    a, b = to_tensor(batch1), to_tensor(batch2)
+    _check_product("baddbmm", a, b, 3)
+    return _scaled_sum("baddbmm", to_tensor(input), bmm(a, b), beta, alpha)
+
+
+def addbmm(input: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    """``beta * input + alpha * sum_b(batch1[b] @ batch2[b])``."""
+    a, b = to_tensor(batch1), to_tensor(batch2)
+    _check_product("addbmm", a, b, 3)
+    return _scaled_sum("addbmm", to_tensor(input), bmm(a, b).sum(0), beta, alpha)
+
+
+def cross(input: Any, other: Any, dim: int | None = None) -> Tensor:
+    """The cross product of 3-vectors along ``dim`` (inputs broadcast).  ``dim=None`` means
+    ``-1``, the semantics of ``torch.linalg.cross`` (``torch.cross``'s deprecated default picks
+    the first dimension of size 3 instead)."""
+    a, b = to_tensor(input), to_tensor(other)
+    if a.ndim != b.ndim:  # PyTorch broadcasts sizes but not ranks here
+        raise ShapeError(
+            f"cross: inputs must have the same number of dimensions, got {describe(a, b)}"
+        )
+    _check_dtypes("cross", a, b)
+    try:
+        shape = broadcast_shapes(tuple(a.shape), tuple(b.shape))
+    except ValueError:
+        raise ShapeError(f"cross: shapes of {describe(a, b)} cannot broadcast") from None
+    d = -1 if dim is None else dim
+    if not -len(shape) <= d < len(shape):
+        raise IndexError(
+            f"cross: dimension {d} out of range for a {len(shape)}-D tensor "
+            f"(expected in [{-len(shape)}, {len(shape) - 1}])"
+        )
+    if shape[d] != 3:
+        raise ShapeError(f"cross: dimension {d} must have size 3, got inputs {describe(a, b)}")
+    a, b = a.expand(shape), b.expand(shape)
+    a0, a1, a2 = (a.select(d, i) for i in range(3))
+    b0, b1, b2 = (b.select(d, i) for i in range(3))
+    return stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], d % len(shape))

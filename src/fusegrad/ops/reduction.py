@@ -18,6 +18,7 @@ from ..tensor import Tensor
 from ._util import P, apply, cast, to_tensor, wrap_dim, wrap_dims
 from .elementwise import add, div, isfinite, sub, where
 from .generated import abs, eq, exp, log, maximum, minimum, mul, ne, sqrt
+from .shape import cat
 
 _values_indices = namedtuple("_values_indices", ["values", "indices"])
 
@@ -261,3 +262,26 @@ def log_softmax(input: Any, dim: int, dtype: Any = None) -> Tensor:
         return sub(x, x)
     d = wrap_dim("log_softmax", dim, x.ndim)
     return sub(x, logsumexp(x, d, keepdim=True))
+
+
+def cumprod(input: Any, dim: int, *, dtype: Any = None) -> Tensor:
+    """Running products along ``dim``, one multiply per position.  Not ``exp(cumsum(log x))``:
+    that has no gradient where ``x`` holds a zero, while this chain of products is exact there
+    (and twice differentiable).  Integer and bool inputs accumulate in int64, as PyTorch's."""
+    x = to_tensor(input)
+    if dtype is not None:
+        x = cast(x, _dt.as_dtype(dtype))
+    elif x._dtype.category < 2:
+        x = cast(x, _dt.int64)
+    if x.ndim == 0:
+        return x.clone()
+    d = wrap_dim("cumprod", dim, x.ndim)
+    n = x.shape[d]
+    if n == 0:
+        return x.clone()
+    running = x.narrow(d, 0, 1)
+    parts = [running]
+    for i in range(1, n):
+        running = mul(running, x.narrow(d, i, 1))
+        parts.append(running)
+    return cat(parts, d) if n > 1 else running.clone()

@@ -18,8 +18,10 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import storage as _storage
+from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_created as _created
-from ..errors import ShapeError, describe
+from ..autograd.tracer import notify_host_read as _read
+from ..errors import DTypeError, ShapeError, describe
 from ..size import broadcast_shapes
 from ..tensor import DEFAULT, MULTI_OUTPUT, Tensor
 from ._util import (
@@ -33,7 +35,7 @@ from ._util import (
     wrap_dim,
     wrap_dims,
 )
-from .creation import zeros
+from .creation import arange, zeros
 from .elementwise import add, where
 from .indexing import index_add_at, index_select
 from .views import _view_op, replay_view, view_positions  # noqa: F401  (the last two: re-exported)
@@ -566,3 +568,105 @@ def tril(input: Any, diagonal: int = 0) -> Tensor:
 
 def triu(input: Any, diagonal: int = 0) -> Tensor:
     return _tri(to_tensor(input), diagonal, False)
+
+
+def diff(input: Any, n: int = 1, dim: int = -1, prepend: Any = None, append: Any = None) -> Tensor:
+    """The ``n``-th forward difference along ``dim``, after concatenating ``prepend`` and
+    ``append`` there; bool tensors differ by ``!=`` (PyTorch's logical xor)."""
+    x = to_tensor(input)
+    if x.ndim == 0:
+        raise ShapeError("diff: expected at least a 1-D tensor, got a 0-D tensor")
+    if n < 0:
+        raise ValueError(f"diff: order must be non-negative, got {n}")
+    d = wrap_dim("diff", dim, x.ndim)
+    parts = [to_tensor(t) for t in (prepend, x, append) if t is not None]
+    if len(parts) > 1:
+        x = cat(parts, d)
+    for _ in range(n):
+        length = x.shape[d]
+        if length == 0:
+            break
+        hi, lo = x.narrow(d, 1, length - 1), x.narrow(d, 0, length - 1)
+        x = hi != lo if x.dtype == _dt.bool_ else hi - lo
+    return x
+
+
+def repeat_interleave(
+    input: Any, repeats: Any = None, dim: int | None = None, *, output_size: int | None = None
+) -> Tensor:
+    """Repeat each slice along ``dim`` (the flattened tensor when ``dim`` is None) ``repeats``
+    times: an int, or a 0-D / 1-D integer tensor with one count per slice (its values are read
+    on the host, as PyTorch syncs; ``output_size`` is checked against their total).  Given only
+    a 1-D integer tensor, ``repeat_interleave(repeats)`` repeats ``arange(len(repeats))``."""
+    if repeats is None:
+        counts = to_tensor(input)
+        positions = arange(counts.shape[0] if counts.ndim else 1, dtype=_dt.int64)
+        return repeat_interleave(positions, counts, 0, output_size=output_size)
+    x = to_tensor(input)
+    if dim is None:
+        x, d = x.reshape(-1), 0
+    else:
+        d = wrap_dim("repeat_interleave", dim, max(x.ndim, 1))
+        if x.ndim == 0:
+            x = x.reshape(1)
+    size = x.shape[d]
+    if isinstance(repeats, Tensor):
+        if repeats._dtype.category != 1:
+            raise DTypeError(
+                f"repeat_interleave: repeats must be an integer tensor, got {describe(repeats)}"
+            )
+        if repeats.ndim > 1:
+            raise ShapeError(
+                f"repeat_interleave: repeats must be 0-D or 1-D, got {describe(repeats)}"
+            )
+        if repeats.numel() not in (1, size):
+            raise ShapeError(
+                f"repeat_interleave: repeats must have the same size as input along dim "
+                f"({repeats.numel()} vs {size})"
+            )
+        if output_size is not None:
+            return x.index_select(d, _device_index(repeats.reshape(-1), size, output_size))
+        # the output's shape is the repeats' total: Python reads the values (PyTorch syncs)
+        counts = _read(repeats, "repeat_interleave() with tensor repeats", repeats._data)
+        counts = np.asarray(_storage.to_host(counts)).reshape(-1)
+        if counts.size == 1:
+            counts = np.broadcast_to(counts, (size,))
+    else:
+        counts = np.full(size, int(repeats), dtype=np.int64)
+    if counts.shape != (size,):
+        raise ShapeError(
+            f"repeat_interleave: repeats must have the same size as input along dim "
+            f"({counts.shape[0]} vs {size})"
+        )
+    if (counts < 0).any():
+        raise ShapeError("repeat_interleave: repeats can not be negative")
+    total = int(counts.sum())
+    if output_size is not None and output_size != total:
+        raise ShapeError(
+            f"repeat_interleave: output_size {output_size} does not match the total of "
+            f"repeats {total}"
+        )
+    index = np.repeat(np.arange(size, dtype=np.int64), counts)
+    return index_select(x, d, _created(Tensor._make(index)))
+
+
+def _device_index(repeats: Tensor, size: int, output_size: int) -> Tensor:
+    """The gather index of ``repeat_interleave`` computed from the repeats tensor, so that a
+    compiled step replays it without reading values: output position ``k`` takes slice
+    ``#{j : cumsum(repeats)[j] <= k}``.  ``O(output_size * size)`` work, the price of having
+    no host read; the values are still checked (non-negative, total ``output_size``)."""
+
+    def check(array: Any) -> None:
+        counts = np.broadcast_to(np.asarray(array).reshape(-1), (size,))
+        if (counts < 0).any():
+            raise ShapeError("repeat_interleave: repeats can not be negative")
+        if int(counts.sum()) != output_size:
+            raise ShapeError(
+                f"repeat_interleave: output_size {output_size} does not match the total of "
+                f"repeats {int(counts.sum())}"
+            )
+
+    _check(repeats, check)
+    ends = repeats.expand(size).cumsum(0)
+    positions = arange(output_size, dtype=_dt.int64).to(repeats.device)
+    return (positions.unsqueeze(1) >= ends.unsqueeze(0)).sum(1)
