@@ -2220,6 +2220,7 @@ add(
         S((uni(rng, (4,)), uni(rng, (2, 3)), uni(rng, (3, 4))), name="bcast"),
         S((uni(rng, ()), uni(rng, (2, 3)), uni(rng, (3, 4))), {"beta": 0.5, "alpha": 2.0}, "0d"),
         S((uni(rng, (2, 4)), uni(rng, (2, 0)), uni(rng, (0, 4))), name="empty_inner"),
+        S((uni(rng, (1, 4)), uni(rng, (2, 3)), uni(rng, (3, 4))), {"beta": 0}, "beta0"),
         S((uni(rng, (2, 2)), uni(rng, (2, 3)), uni(rng, (3, 2))), name="noncontig", noncontig=True),
     ],
 )

@@ -77,18 +77,20 @@ def test_bad_calls_raise_like_pytorch(name: str, error: type, call: Callable[[An
 
 
 def test_addmm_beta_zero_ignores_nan_in_input() -> None:
-    c = fusegrad.full((2, 2), float("nan"), dtype=fusegrad.float64)
+    c = fusegrad.full((2, 2), float("nan"), dtype=fusegrad.float64, requires_grad=True)
     a = fusegrad.ones(2, 3, dtype=fusegrad.float64)
     out = fusegrad.addmm(c, a, a.mT, beta=0, alpha=2)
-    np.testing.assert_array_equal(out.numpy(), np.full((2, 2), 6.0))
+    np.testing.assert_array_equal(out.detach().numpy(), np.full((2, 2), 6.0))
     ref = torch.addmm(
-        torch.tensor(c.numpy()),
+        torch.tensor(c.detach().numpy()),
         torch.ones(2, 3).double(),
         torch.ones(3, 2).double(),
         beta=0,
         alpha=2,
     )
-    np.testing.assert_array_equal(out.numpy(), ref.numpy())
+    np.testing.assert_array_equal(out.detach().numpy(), ref.numpy())
+    out.sum().backward()  # input gets a zero gradient, as in PyTorch (not None)
+    np.testing.assert_array_equal(c.grad.numpy(), np.zeros((2, 2)))
 
 
 def test_cumprod_gradient_with_two_zeros_matches_pytorch() -> None:

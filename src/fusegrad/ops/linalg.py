@@ -17,6 +17,7 @@ from ..errors import DTypeError, ShapeError, describe
 from ..size import broadcast_shapes
 from ..tensor import Tensor
 from ._util import P, apply, cast, to_tensor
+from .elementwise import where
 from .shape import stack
 
 
@@ -265,6 +266,9 @@ def _scaled_sum(op: str, input: Tensor, product: Tensor, beta: Any, alpha: Any) 
         )
     out = product if alpha == 1 else product * alpha
     if beta == 0:
+        if input.requires_grad:
+            # PyTorch gives ``input`` a zero gradient (not None); where() drops its values
+            out = out + where(True, 0.0, input)
         return out
     return out + (input if beta == 1 else input * beta)
 
