@@ -646,8 +646,10 @@ def repeat_interleave(
             f"repeat_interleave: output_size {output_size} does not match the total of "
             f"repeats {total}"
         )
-    index = np.repeat(np.arange(size, dtype=np.int64), counts)
-    return index_select(x, d, _created(Tensor._make(index)))
+    index = _created(Tensor._make(np.repeat(np.arange(size, dtype=np.int64), counts)))
+    if x.device.type != "cpu":  # (the gather index lives where the input does)
+        index = index.to(x.device)
+    return index_select(x, d, index)
 
 
 def _device_index(repeats: Tensor, size: int, output_size: int) -> Tensor:
@@ -657,7 +659,7 @@ def _device_index(repeats: Tensor, size: int, output_size: int) -> Tensor:
     no host read; the values are still checked (non-negative, total ``output_size``)."""
 
     def check(array: Any) -> None:
-        counts = np.broadcast_to(np.asarray(array).reshape(-1), (size,))
+        counts = np.broadcast_to(np.asarray(_storage.to_host(array)).reshape(-1), (size,))
         if (counts < 0).any():
             raise ShapeError("repeat_interleave: repeats can not be negative")
         if int(counts.sum()) != output_size:
