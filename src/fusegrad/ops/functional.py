@@ -447,6 +447,25 @@ def _with_running_stats(
     return _affine(sub(x, running_mean.reshape(shape)) * scale, weight, bias)
 
 
+def _norm_inputs(
+    op: str, input: Any, running_mean: Any, running_var: Any, weight: Any, bias: Any
+) -> tuple:
+    """``batch_norm``/``instance_norm``'s checked arguments: the (N, C, *) input, the running
+    statistics as tensors (or None) and the channel count; every per-channel vector has C
+    elements."""
+    x = to_tensor(input)
+    if x.ndim < 2:
+        raise NormArgumentError(
+            f"{op}: expected an input of at least 2 dims (N, C, *), got {describe(x)}"
+        )
+    channels = x.shape[1]
+    rm = None if running_mean is None else to_tensor(running_mean)
+    rv = None if running_var is None else to_tensor(running_var)
+    for name, v in (("running_mean", rm), ("running_var", rv), ("weight", weight), ("bias", bias)):
+        _check_channel_vector(op, name, None if v is None else to_tensor(v), channels)
+    return x, rm, rv, channels
+
+
 def batch_norm(
     input: Tensor,
     running_mean: Tensor | None,
@@ -462,16 +481,7 @@ def batch_norm(
     In training the batch's statistics are used (biased variance) and the running statistics,
     when given, move towards them by ``momentum`` (unbiased variance), in place; otherwise the
     running statistics normalise."""
-    x = to_tensor(input)
-    if x.ndim < 2:
-        raise NormArgumentError(
-            f"batch_norm: expected an input of at least 2 dims (N, C, *), got {describe(x)}"
-        )
-    channels = x.shape[1]
-    rm = None if running_mean is None else to_tensor(running_mean)
-    rv = None if running_var is None else to_tensor(running_var)
-    for name, v in (("running_mean", rm), ("running_var", rv), ("weight", weight), ("bias", bias)):
-        _check_channel_vector("batch_norm", name, None if v is None else to_tensor(v), channels)
+    x, rm, rv, channels = _norm_inputs("batch_norm", input, running_mean, running_var, weight, bias)
     if not training:
         if rm is None or rv is None:
             raise NormArgumentError(
@@ -506,16 +516,9 @@ def instance_norm(
 ) -> Tensor:
     """Normalises each (sample, channel) of an (N, C, *) input over its spatial dims.  Running
     statistics, when given, move towards the batch mean of the instances' statistics."""
-    x = to_tensor(input)
-    if x.ndim < 2:
-        raise NormArgumentError(
-            f"instance_norm: expected an input of at least 2 dims (N, C, *), got {describe(x)}"
-        )
-    channels = x.shape[1]
-    rm = None if running_mean is None else to_tensor(running_mean)
-    rv = None if running_var is None else to_tensor(running_var)
-    for name, v in (("running_mean", rm), ("running_var", rv), ("weight", weight), ("bias", bias)):
-        _check_channel_vector("instance_norm", name, None if v is None else to_tensor(v), channels)
+    x, rm, rv, channels = _norm_inputs(
+        "instance_norm", input, running_mean, running_var, weight, bias
+    )
     if not use_input_stats:
         if rm is None or rv is None:
             raise NormArgumentError(
