@@ -2795,6 +2795,86 @@ add(
 )
 
 
+def sdpa_ref(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Any = None,
+    enable_gqa: bool = False,
+) -> np.ndarray:
+    if enable_gqa:
+        k = np.repeat(k, q.shape[-3] // k.shape[-3], axis=-3)
+        v = np.repeat(v, q.shape[-3] // v.shape[-3], axis=-3)
+    scores = q @ np.swapaxes(k, -1, -2) * (1 / np.sqrt(q.shape[-1]) if scale is None else scale)
+    keep = np.ones(scores.shape[-2:], dtype=bool)
+    if is_causal:
+        keep = np.tri(*scores.shape[-2:], dtype=bool)
+    if attn_mask is not None and attn_mask.dtype == bool:
+        keep = keep & attn_mask
+    elif attn_mask is not None:
+        scores = scores + attn_mask
+    scores = np.where(keep, scores, -np.inf)
+    top = scores.max(-1, keepdims=True)
+    e = np.exp(scores - np.where(np.isfinite(top), top, 0.0))
+    total = e.sum(-1, keepdims=True)
+    weights = np.where(total > 0, e / np.where(total > 0, total, 1.0), 0.0)  # safe softmax
+    return weights @ v
+
+
+def _sdpa_samples(rng: np.random.Generator) -> list[Sample]:
+    keep = rng.random((3, 5)) > 0.4
+    keep[:, 0] = True
+    some_rows_empty = keep.copy()
+    some_rows_empty[1] = False
+    bias = uni(rng, (3, 5))
+    bias[1, 2] = -np.inf
+    return [
+        S((uni(rng, (2, 3, 4)), uni(rng, (2, 5, 4)), uni(rng, (2, 5, 3))), name="plain"),
+        S((uni(rng, (3, 4)), uni(rng, (5, 4)), uni(rng, (5, 2))), name="unbatched"),
+        S(
+            (uni(rng, (2, 2, 3, 4)), uni(rng, (2, 1, 5, 4)), uni(rng, (1, 5, 3))),
+            name="broadcast_batch",
+        ),
+        S((uni(rng, (2, 3, 4)), uni(rng, (2, 5, 4)), uni(rng, (2, 5, 3)), keep), name="bool"),
+        S(
+            (uni(rng, (2, 3, 4)), uni(rng, (2, 5, 4)), uni(rng, (2, 5, 3)), some_rows_empty),
+            name="bool_empty_row",
+        ),
+        S(
+            (uni(rng, (2, 3, 4)), uni(rng, (2, 5, 4)), uni(rng, (2, 5, 3)), bias),
+            name="float_mask",
+            nograd=frozenset({3}),
+        ),
+        S(
+            (uni(rng, (2, 3, 4)), uni(rng, (2, 5, 4)), uni(rng, (2, 5, 3))),
+            {"is_causal": True, "scale": 0.7},
+            name="causal_scale",
+        ),
+        S(
+            (uni(rng, (1, 4, 3, 2)), uni(rng, (1, 2, 3, 2)), uni(rng, (1, 2, 3, 2))),
+            {"enable_gqa": True},
+            name="gqa",
+        ),
+        S(
+            (uni(rng, (2, 3, 4)), uni(rng, (2, 5, 4)), uni(rng, (2, 5, 3))),
+            name="noncontig",
+            noncontig=True,
+        ),
+    ]
+
+
+add(
+    "scaled_dot_product_attention",
+    lambda m, q, k, v, *a, **kw: m.F.scaled_dot_product_attention(q, k, v, *a, **kw),
+    sdpa_ref,
+    _sdpa_samples,
+    f32_tol=(1e-4, 1e-5),
+)
+
+
 def _channel(v: Any, ndim: int) -> Any:
     return None if v is None else np.asarray(v).reshape([1, -1] + [1] * (ndim - 2))
 

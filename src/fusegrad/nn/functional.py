@@ -40,6 +40,7 @@ from ..ops.functional import (
     normalize,
     one_hot,
     pad,
+    scaled_dot_product_attention,
     smooth_l1_loss,
     unfold,
 )
@@ -84,6 +85,7 @@ __all__ = [
     "pad",
     "relu",
     "relu6",
+    "scaled_dot_product_attention",
     "selu",
     "sigmoid",
     "silu",

@@ -66,6 +66,7 @@ __all__ = [
     "one_hot",
     "embedding",
     "normalize",
+    "scaled_dot_product_attention",
 ]
 
 
@@ -1040,3 +1041,98 @@ def avg_pool2d(
         cnt = sum(cnt.reshape(1, 1, kh * kw, oh, ow), 2)
         out = total / cnt
     return out.squeeze(0) if squeeze else out
+
+
+# ---- attention -------------------------------------------------------------------------------
+
+
+class AttentionDTypeError(DTypeError, RuntimeError):
+    """Query, key, value or mask dtypes that scaled_dot_product_attention does not accept
+    (PyTorch raises RuntimeError; TypeError is fusegrad's dtype error)."""
+
+
+def _check_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool
+) -> None:
+    if not (q.dtype == k.dtype == v.dtype):
+        raise AttentionDTypeError(
+            "scaled_dot_product_attention: expected query, key, and value to have the same "
+            f"dtype, but got query {describe(q)}, key {describe(k)} and value {describe(v)}"
+        )
+    if min(q.ndim, k.ndim, v.ndim) < 2:
+        raise ShapeError(
+            "scaled_dot_product_attention: expected query, key, and value to all be at least 2 "
+            f"dimensional, but got query {describe(q)}, key {describe(k)} and value {describe(v)}"
+        )
+    if not q.dtype.is_floating_point:
+        raise AttentionDTypeError(
+            f"scaled_dot_product_attention: expected floating point inputs, got {describe(q)}"
+        )
+    if mask is not None and mask.dtype.name not in ("bool", "float32") and mask.dtype != q.dtype:
+        raise AttentionDTypeError(
+            "scaled_dot_product_attention: expected attn_mask dtype to be bool or float or to "
+            f"match query dtype, but got attn_mask {describe(mask)} and query {describe(q)}"
+        )
+    if is_causal and mask is not None:
+        raise ShapeError(
+            "_scaled_dot_product_attention: Explicit attn_mask should not be set when "
+            "is_causal=True"
+        )
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """softmax(query @ key^T * scale + bias) @ value, PyTorch's math: ``scale`` defaults to
+    1/sqrt(E) (E = query.size(-1)); a bool ``attn_mask`` keeps the positions where it is True, a
+    float one is added to the scores; ``is_causal`` keeps the lower triangle of the (L, S)
+    scores (top-left aligned); batch dims broadcast; ``enable_gqa`` repeats key/value heads
+    (dim -3) to query's count.  A row whose every position is masked gives zeros and a zero
+    gradient, as PyTorch's safe softmax does (not NaN).  A composite of matmul, softmax and where.
+    """
+    q, k, v = to_tensor(query), to_tensor(key), to_tensor(value)
+    mask = None if attn_mask is None else to_tensor(attn_mask)
+    _check_attention(q, k, v, mask, dropout_p, is_causal)
+    if enable_gqa and q.ndim >= 3 and k.ndim >= 3:
+        heads, kv_heads = q.shape[-3], k.shape[-3]
+        if kv_heads == 0 or heads % kv_heads or v.shape[-3] != kv_heads:
+            raise ShapeError(
+                "scaled_dot_product_attention: number of heads in key and value must divide "
+                f"the number of heads in query, got query {describe(q)}, key {describe(k)} "
+                f"and value {describe(v)}"
+            )
+        if heads != kv_heads:
+            k = k.repeat_interleave(heads // kv_heads, -3)
+            v = v.repeat_interleave(heads // kv_heads, -3)
+    length, source = q.shape[-2], k.shape[-2]
+    factor = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = mul(q @ k.mT, factor)
+    if is_causal:
+        keep = _created(Tensor._make(np.tri(length, source, 0, dtype=bool))).to(q.device)
+        scores = where(keep, scores, -math.inf)
+    fully_masked = None
+    if mask is not None:
+        if mask.dtype.name == "bool":
+            scores = where(mask, scores, -math.inf)
+            fully_masked = ~mask.any(-1, keepdim=True)
+        else:
+            scores = add(scores, mask.to(scores.dtype))
+            fully_masked = (mask == -math.inf).all(-1, keepdim=True)
+        # safe softmax: a row with nothing to attend to gets zero weights; its scores are
+        # replaced before the softmax so that neither the output nor the gradient is NaN
+        scores = where(fully_masked, 0.0, scores)
+    weights = softmax(scores, -1)
+    if fully_masked is not None:
+        weights = where(fully_masked, 0.0, weights)
+    if dropout_p > 0.0:
+        weights = dropout(weights, dropout_p)
+    return weights @ v
