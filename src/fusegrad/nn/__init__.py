@@ -63,8 +63,17 @@ from .loss import (
 )
 from .module import LoadStateDictError, Module, RemovableHandle
 from .parameter import Parameter
+from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNBase, RNNCell, RNNCellBase
 
 __all__ = [
+    "RNNCellBase",
+    "RNNCell",
+    "RNNBase",
+    "RNN",
+    "LSTMCell",
+    "LSTM",
+    "GRUCell",
+    "GRU",
     "CELU",
     "GLU",
     "SELU",
