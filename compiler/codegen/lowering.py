@@ -83,6 +83,10 @@ EXTERNS = frozenset(
         "any",
         "cumsum",
         "argsort",  # sort/topk/kthvalue/median's indices (their values are a gather)
+        "cummax_index",  # cummax/cummin's indices (their values are a gather)
+        "mode_index",  # mode's index (its value is a gather)
+        "searchsorted",  # searchsorted/bucketize
+        "histc",
         "reshape",
         "permute",
         "broadcast_to",

@@ -1408,6 +1408,74 @@ add(
 )
 
 
+def cummax_ref(x: np.ndarray, dim: int, largest: bool = True) -> tuple:
+    """Running extreme and the latest position holding it (no NaN in the samples)."""
+    if x.ndim == 0:
+        return x.copy(), np.array(0)
+    rows = np.moveaxis(x, dim, -1)
+    values = (np.maximum if largest else np.minimum).accumulate(rows, axis=-1)
+    idx = np.zeros(rows.shape, np.int64)
+    for pos in np.ndindex(rows.shape[:-1]):
+        for i in range(rows.shape[-1]):
+            idx[pos + (i,)] = max(j for j in range(i + 1) if rows[pos + (j,)] == values[pos + (i,)])
+    return np.moveaxis(values, -1, dim), np.moveaxis(idx, -1, dim)
+
+
+def mode_ref(x: np.ndarray, dim: int = -1, keepdim: bool = False) -> tuple:
+    if x.ndim == 0:
+        return x.copy(), np.array(0)
+    rows = np.moveaxis(x, dim, -1)
+    values = np.zeros(rows.shape[:-1], x.dtype)
+    idx = np.zeros(rows.shape[:-1], np.int64)
+    for pos in np.ndindex(rows.shape[:-1]):
+        row = list(rows[pos])
+        best = min(row, key=lambda v: (-row.count(v), v))
+        values[pos] = best
+        idx[pos] = len(row) - 1 - row[::-1].index(best)
+    if keepdim:
+        values, idx = np.expand_dims(values, dim), np.expand_dims(idx, dim)
+    return values, idx
+
+
+def _cummax_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 5)), 1), {}, "dim1"),
+        S((uni(rng, (4, 3)), 0), {}, "dim0"),
+        S((uni(rng, (2, 4, 3)), -2), {}, "3d"),
+        S((intvals(rng, (3, 6)), 1), {}, "ties", grad=False),
+        S((uni(rng, ()), 0), {}, "0d"),
+        S((uni(rng, (0, 3)), 1), {}, "empty"),
+        S((uni(rng, (3, 4)), 0), {}, "noncontig", noncontig=True),
+    ]
+
+
+def _mode_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 5)),), {}, "distinct"),
+        S((intvals(rng, (3, 7)),), {}, "ties", grad=False),
+        S((intvals(rng, (6, 3)),), {"dim": 0, "keepdim": True}, "ties_dim0", grad=False),
+        S((uni(rng, (2, 4, 3)),), {"dim": 1}, "3d"),
+        S((uni(rng, ()),), {}, "0d"),
+        S((uni(rng, (3, 4)),), {"dim": 0}, "noncontig", noncontig=True),
+    ]
+
+
+add("cummax", lambda m, x, dim: m.cummax(x, dim), cummax_ref, _cummax_samples)
+add(
+    "cummin",
+    lambda m, x, dim: x.cummin(dim),
+    lambda x, dim: cummax_ref(x, dim, largest=False),
+    _cummax_samples,
+)
+add("mode", lambda m, x, **k: m.mode(x, **k), mode_ref, _mode_samples)
+add(
+    "Tensor.mode",
+    lambda m, x, **k: x.mode(**k),
+    mode_ref,
+    lambda rng: [S((intvals(rng, (4, 9)),), {"dim": 1}, "ties", grad=False)],
+)
+
+
 def _var_samples(rng: np.random.Generator) -> list[Sample]:
     return [
         S((uni(rng, (3, 4)),), {}, "full"),
@@ -2207,6 +2275,125 @@ add(
 )
 
 
+def _cdist_ref(a: np.ndarray, b: np.ndarray, p: float = 2.0, compute_mode: str = "") -> np.ndarray:
+    diff = np.abs(a[..., :, None, :] - b[..., None, :, :])
+    if p == 0:
+        return (diff != 0).sum(-1).astype(a.dtype)
+    if p == math.inf:
+        return diff.max(-1)
+    return (diff**p).sum(-1) ** (1.0 / p)
+
+
+def _cdist_samples(rng: np.random.Generator) -> list[Sample]:
+    mm = "use_mm_for_euclid_dist"
+    return [
+        S((uni(rng, (3, 4)), uni(rng, (5, 4))), {}, "p2"),
+        S((uni(rng, (2, 3, 4)), uni(rng, (2, 2, 4))), {"compute_mode": mm}, "p2_mm"),
+        S((uni(rng, (27, 2)), uni(rng, (3, 2))), {}, "p2_mm_if_necessary"),
+        S((away(rng, (3, 2)), away(rng, (4, 2)) + 5.0), {"p": 1.0}, "p1"),
+        S((uni(rng, (3, 3)), uni(rng, (2, 3))), {"p": 3.0}, "p3"),
+        S((uni(rng, (3, 3)), uni(rng, (2, 3))), {"p": 0.5}, "p_half", gradgrad=False),
+        S((uni(rng, (3, 3)), uni(rng, (2, 3))), {"p": math.inf}, "pinf"),
+        S((uni(rng, (3, 3)), uni(rng, (2, 3))), {"p": 0.0}, "p0"),
+        S((uni(rng, (2, 1, 3, 2)), uni(rng, (4, 2, 2))), {}, "batch_bcast"),
+        S((uni(rng, (0, 3)), uni(rng, (2, 3))), {}, "empty"),
+        S((uni(rng, (3, 2)), uni(rng, (2, 2))), {}, "noncontig", noncontig=True),
+    ]
+
+
+add("cdist", lambda m, a, b, **k: m.cdist(a, b, **k), _cdist_ref, _cdist_samples)
+
+
+def _searchsorted_ref(seq: np.ndarray, v: Any, **kw: Any) -> np.ndarray:
+    right = kw.get("right", False) or kw.get("side") == "right"
+    side = "right" if right else "left"
+    dt = np.int64  # (out_int32: tests/ops/test_search.py; the table expects int64 indices)
+    if kw.get("sorter") is not None:
+        seq = np.take_along_axis(seq, kw["sorter"], -1)
+    if seq.ndim == 1:
+        return np.searchsorted(seq, v, side=side).astype(dt)
+    flat_s, flat_v = seq.reshape(-1, seq.shape[-1]), v.reshape(-1, v.shape[-1])
+    out = [np.searchsorted(r, w, side=side) for r, w in zip(flat_s, flat_v)]
+    return np.asarray(out, dt).reshape(v.shape)
+
+
+def _searchsorted_samples(rng: np.random.Generator) -> list[Sample]:
+    seq = np.sort(intvals(rng, (6,)))
+    rows = np.sort(intvals(rng, (2, 3, 5)), -1)
+    unsorted = intvals(rng, (5,))
+    return [
+        S((seq, intvals(rng, (3, 4))), {}, "1d_left"),
+        S((seq, intvals(rng, (7,))), {"right": True}, "right"),
+        S((seq, intvals(rng, (7,))), {"side": "right"}, "side"),
+        S((rows, intvals(rng, (2, 3, 4))), {}, "batched"),
+        S(
+            (unsorted, intvals(rng, (4,))),
+            {"sorter": np.argsort(unsorted, kind="stable")},
+            "sorter",
+        ),
+        S((np.sort(ints(rng, (5,))), intvals(rng, (3,))), {}, "int_seq_float_values"),
+        S((seq, 0.5), {}, "scalar_value"),
+        S((seq, uni(rng, (0,))), {}, "empty"),
+    ]
+
+
+add(
+    "searchsorted",
+    lambda m, seq, v, **k: m.searchsorted(seq, v, **k),
+    _searchsorted_ref,
+    _searchsorted_samples,
+    differentiable=False,
+)
+
+
+def _bucketize_samples(rng: np.random.Generator) -> list[Sample]:
+    bounds = np.sort(intvals(rng, (5,)))
+    return [
+        S((intvals(rng, (3, 4)), bounds), {}, "left"),
+        S((intvals(rng, (6,)), bounds), {"right": True}, "right"),
+        S((uni(rng, (2, 3)), bounds), {}, "noncontig", noncontig=True),
+    ]
+
+
+add(
+    "bucketize",
+    lambda m, x, b, **k: m.bucketize(x, b, **k),
+    lambda x, b, **k: _searchsorted_ref(b, x, **k),
+    _bucketize_samples,
+    differentiable=False,
+)
+
+
+def _histc_ref(x: np.ndarray, bins: int = 100, min: float = 0, max: float = 0) -> np.ndarray:
+    lo, hi = float(min), float(max)
+    if lo == hi and x.size:
+        lo, hi = float(x.min()), float(x.max())
+    if lo == hi:
+        lo, hi = lo - 1, hi + 1
+    counts, _ = np.histogram(x.reshape(-1), bins=bins, range=(lo, hi))
+    return counts.astype(x.dtype)
+
+
+def _histc_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (4, 5)),), {}, "default"),
+        S((uni(rng, (20,)),), {"bins": 7}, "data_range"),
+        S((uni(rng, (3, 6)),), {"bins": 5, "min": -1.0, "max": 1.0}, "range_clips"),
+        S((np.full((4,), 0.5),), {"bins": 4}, "point"),
+        S((uni(rng, (0,)),), {"bins": 3}, "empty"),
+        S((uni(rng, (3, 4)),), {"bins": 6}, "noncontig", noncontig=True),
+    ]
+
+
+add(
+    "histc",
+    lambda m, x, **k: x.histc(**k),
+    _histc_ref,
+    _histc_samples,
+    differentiable=False,
+)
+
+
 def _addmm_ref(c: np.ndarray, a: np.ndarray, b: np.ndarray, beta: float = 1, alpha: float = 1):
     return (beta * c if beta != 0 else 0.0) + alpha * (a @ b)
 
@@ -2360,6 +2547,41 @@ add(
     lambda m, x, dim: m.cumprod(x, dim=dim),
     lambda x, dim: np.cumprod(x, axis=dim),
     lambda rng: [S((uni(rng, (3, 4)),), {"dim": 1}, "dim1")],
+)
+
+
+def _logcumsumexp_ref(x: np.ndarray, dim: int) -> np.ndarray:
+    if x.ndim == 0:
+        return x.copy()
+    return np.logaddexp.accumulate(x, axis=dim)
+
+
+def _logcumsumexp_samples(rng: np.random.Generator) -> list[Sample]:
+    spread = uni(rng, (2, 6))
+    spread[:, 0] -= 800.0  # a prefix far below the row's maximum: log(cumsum(exp)) underflows
+    return [
+        S((uni(rng, (3, 5)), 1), {}, "dim1"),
+        S((uni(rng, (4, 3)), 0), {}, "dim0"),
+        S((uni(rng, (2, 9, 2)), 1), {}, "3d_9"),
+        S((uni(rng, (2, 3)) + 500.0, 1), {}, "large"),
+        S((spread, 1), {}, "spread"),
+        S((uni(rng, ()), 0), {}, "0d"),
+        S((uni(rng, (0, 3)), 1), {}, "empty"),
+        S((uni(rng, (3, 4)), 1), {}, "noncontig", noncontig=True),
+    ]
+
+
+add(
+    "logcumsumexp",
+    lambda m, x, dim: m.logcumsumexp(x, dim),
+    _logcumsumexp_ref,
+    _logcumsumexp_samples,
+)
+add(
+    "Tensor.logcumsumexp",
+    lambda m, x, dim: x.logcumsumexp(dim),
+    _logcumsumexp_ref,
+    lambda rng: [S((uni(rng, (3, 4)), -1), {}, "last")],
 )
 
 

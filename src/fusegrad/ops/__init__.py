@@ -148,6 +148,7 @@ from .linalg import (
     addmm,
     baddbmm,
     bmm,
+    cdist,
     cross,
     dot,
     einsum,
@@ -170,6 +171,7 @@ from .reduction import (
     cumprod,
     cumsum,
     log_softmax,
+    logcumsumexp,
     logsumexp,
     max,
     mean,
@@ -184,6 +186,7 @@ from .reduction import (
 )
 from .registry import REGISTRY, RULES, apply
 from .sampling import multinomial
+from .search import argwhere, bucketize, histc, nonzero, searchsorted, unique
 from .shape import (
     broadcast_tensors,
     broadcast_to,
@@ -231,7 +234,7 @@ from .shape import (
     view_as,
     vstack,
 )
-from .sorting import argsort, kthvalue, median, msort, sort, topk
+from .sorting import argsort, cummax, cummin, kthvalue, median, mode, msort, sort, topk
 from .views import replay_view as _replay_view
 from .views import set_view_grad_fn as _set_view_grad_fn
 from .views import view_grad_fn as _view_grad_fn
@@ -630,6 +633,7 @@ _METHODS = [
     "std",
     "norm",
     "logsumexp",
+    "logcumsumexp",
     "softmax",
     "log_softmax",
     "count_nonzero",
@@ -640,7 +644,15 @@ _METHODS = [
     "topk",
     "kthvalue",
     "median",
+    "cummax",
+    "cummin",
+    "mode",
     "multinomial",
+    # searching and counting
+    "histc",
+    "nonzero",
+    "argwhere",
+    "unique",
     # shape
     "view",
     "view_as",

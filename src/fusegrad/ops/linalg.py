@@ -1,5 +1,5 @@
 """Linear algebra op surface: matmul/@ (batched, broadcasting), mm, bmm, dot, mv, outer, einsum,
-linear.
+linear, cdist.
 
 ``matmul`` is the one primitive (operands of rank >= 2, numpy batch broadcasting); 1-D operands
 are unsqueezed and squeezed around it.  ``einsum`` reduces each contraction to permute/reshape
@@ -18,6 +18,7 @@ from ..size import broadcast_shapes
 from ..tensor import Tensor
 from ._util import P, apply, cast, to_tensor
 from .elementwise import where
+from .reduction import norm, sum
 from .shape import stack
 
 
@@ -327,3 +328,71 @@ def cross(input: Any, other: Any, dim: int | None = None) -> Tensor:
     a0, a1, a2 = (a.select(d, i) for i in range(3))
     b0, b1, b2 = (b.select(d, i) for i in range(3))
     return stack([a1 * b2 - a2 * b1, a2 * b0 - a0 * b2, a0 * b1 - a1 * b0], d % len(shape))
+
+
+class CdistError(ShapeError, RuntimeError):
+    """Bad arguments of ``cdist`` (ranks, column counts, p): RuntimeErrors in PyTorch."""
+
+
+class CdistDTypeError(DTypeError, RuntimeError):
+    """Non-float or mismatched dtypes in ``cdist`` (a RuntimeError in PyTorch)."""
+
+
+_CDIST_MODES = (
+    "use_mm_for_euclid_dist_if_necessary",
+    "use_mm_for_euclid_dist",
+    "donot_use_mm_for_euclid_dist",
+)
+
+
+def cdist(
+    x1: Any,
+    x2: Any,
+    p: float = 2.0,
+    compute_mode: str = "use_mm_for_euclid_dist_if_necessary",
+) -> Tensor:
+    """p-norm distances between the rows of ``x1`` (``B x P x M``) and of ``x2``
+    (``B x R x M``): ``B x P x R``, batch dimensions broadcast.  ``p`` is any non-negative
+    number, 0 (count of differing coordinates) and inf included; gradients are those of
+    ``norm`` (zero where two rows coincide, as PyTorch's).  For ``p == 2`` with more than 25
+    rows on a side (or ``compute_mode="use_mm_for_euclid_dist"``) distances come from one
+    matmul, ``sqrt(clamp_min(|a|^2 + |b|^2 - 2 a.b, 1e-30))``, as PyTorch computes them (faster
+    and lighter, less exact for near points); otherwise from the differences directly."""
+    a, b = to_tensor(x1), to_tensor(x2)
+    if compute_mode not in _CDIST_MODES:
+        raise ValueError(f"{compute_mode} is not a valid value for compute_mode")
+    for name, t in (("X1", a), ("X2", b)):
+        if t.ndim < 2:
+            raise CdistError(f"cdist only supports at least 2D tensors, {name} got: {t.ndim}D")
+        if t._dtype.category != 2:
+            raise CdistDTypeError(
+                f"cdist only supports floating-point dtypes, {name} got: {describe(t)}"
+            )
+    if a._dtype is not b._dtype:
+        raise CdistDTypeError(
+            f"cdist: expected both inputs to have one dtype, got {describe(a, b)}"
+        )
+    if a.shape[-1] != b.shape[-1]:
+        raise CdistError(
+            f"X1 and X2 must have the same number of columns. X1: {a.shape[-1]} X2: {b.shape[-1]}"
+        )
+    p = float(p)
+    if not p >= 0:
+        raise CdistError("cdist only supports non-negative p values")
+    rows_a, rows_b = a.shape[-2], b.shape[-2]
+    use_mm = p == 2.0 and (
+        compute_mode == "use_mm_for_euclid_dist"
+        or (compute_mode == _CDIST_MODES[0] and (rows_a > 25 or rows_b > 25))
+    )
+    if use_mm:
+        sq_a = sum(a * a, -1, keepdim=True)  # B x P x 1
+        sq_b = sum(b * b, -1, keepdim=True)  # B x R x 1
+        cross_term = matmul(a, b.transpose(-1, -2))
+        squared = sq_a - 2.0 * cross_term + sq_b.transpose(-1, -2)
+        return squared.clamp(min=1e-30).sqrt()
+    diff = a.unsqueeze(-2) - b.unsqueeze(-3)  # B x P x R x M
+    if p == 0:
+        # the count of differing coordinates, through sign so that the result stays in the
+        # graph with a zero gradient, as PyTorch's (norm's p=0 count is a constant)
+        return sum(diff.sign().abs(), -1)
+    return norm(diff, p, dim=-1)

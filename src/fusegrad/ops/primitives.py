@@ -17,6 +17,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .._index_key import numpy_key  # (also the CUDA kernels': kept below both devices)
 from ..cuda.array import to_device
+from ..errors import FusegradError
 from ..size import broadcast_shapes
 from .registry import (
     REGISTRY,
@@ -623,6 +624,93 @@ def _argsort(x, dim, descending, k):  # type: ignore[no-untyped-def]
     return np.ascontiguousarray(np.moveaxis(order.astype(np.int64, copy=False), -1, dim))
 
 
+@primitive("cummax_index", "opaque", "x", differentiable=False)
+def _cummax_index(x, dim, largest):  # type: ignore[no-untyped-def]
+    """Position of the running maximum (``largest=False``: minimum) along ``dim`` (cummax /
+    cummin's indices; their values are a gather).  As PyTorch's CPU kernel: an element equal
+    to the running extreme takes its place (the latest of ties), and a NaN, once met, is the
+    extreme from then on (each later NaN taking its place)."""
+    if x.size == 0:
+        return np.zeros(x.shape, np.int64)
+    rows = np.moveaxis(x, dim, -1)
+    running = (np.maximum if largest else np.minimum).accumulate(rows, axis=-1)
+    # an element equal to the running extreme at its own position (or a NaN) is a candidate;
+    # the running extreme at i sits at the latest candidate up to i (a later, larger extreme
+    # is itself a later candidate)
+    candidate = rows == running
+    if rows.dtype.kind == "f":
+        candidate |= np.isnan(rows)
+    positions = np.where(candidate, np.arange(rows.shape[-1]), -1)
+    out = np.maximum.accumulate(positions, axis=-1).astype(np.int64, copy=False)
+    return np.ascontiguousarray(np.moveaxis(out, -1, dim))
+
+
+@primitive("mode_index", "opaque", "x", differentiable=False)
+def _mode_index(x, dim):  # type: ignore[no-untyped-def]
+    """Position (size 1 along ``dim``) of the mode of each row along ``dim``: the smallest of
+    the most frequent values, at its last occurrence (PyTorch's CPU result; mode's values are
+    a gather).  Rows holding NaN: NaN counts as one value larger than every number."""
+    rows = np.moveaxis(x, dim, -1)
+    lead = rows.shape[:-1]
+    flat = rows.reshape(-1, rows.shape[-1])
+    out = np.zeros(flat.shape[0], np.int64)
+    for r, row in enumerate(flat):
+        order = np.argsort(row, kind="stable")
+        s = row[order]
+        same = s[1:] == s[:-1]
+        if s.dtype.kind == "f":
+            same |= np.isnan(s[1:]) & np.isnan(s[:-1])
+        starts = np.flatnonzero(np.concatenate(([True], ~same)))
+        counts = np.diff(np.append(starts, s.shape[0]))
+        run = int(np.argmax(counts))  # the first longest run: the smallest value
+        out[r] = order[starts[run] + counts[run] - 1]  # stable: its last occurrence
+    return np.ascontiguousarray(np.moveaxis(out.reshape(lead + (1,)), -1, dim))
+
+
+@primitive("searchsorted", "opaque", "sorted_sequence values", differentiable=False)
+def _searchsorted(sorted_sequence, values, right, out_int32):  # type: ignore[no-untyped-def]
+    """Insertion positions of ``values`` in the rows of ``sorted_sequence`` (1-D: one sequence
+    for all values; else the leading dims match and each row of values searches its row):
+    the first position whose element is ``>= v`` (``right``: ``> v``).  A NaN value goes
+    last, as in PyTorch; a sequence holding NaN is searched as sorted with NaN last (numpy's
+    order; PyTorch's binary search gives other positions there)."""
+    side = "right" if right else "left"
+    dt = np.int32 if out_int32 else np.int64
+    if sorted_sequence.ndim == 1:
+        return np.searchsorted(sorted_sequence, values, side=side).astype(dt)
+    seq = sorted_sequence.reshape(-1, sorted_sequence.shape[-1])
+    vals = values.reshape(-1, values.shape[-1])
+    out = np.empty(vals.shape, dt)
+    for r in range(seq.shape[0]):
+        out[r] = np.searchsorted(seq[r], vals[r], side=side)
+    return out.reshape(values.shape)
+
+
+class HistcRangeError(FusegradError, RuntimeError):
+    """``histc`` over the data's own range, which is not finite (PyTorch: a RuntimeError)."""
+
+
+@primitive("histc", "opaque", "x", differentiable=False)
+def _histc(x, bins, min, max):  # type: ignore[no-untyped-def]
+    """Histogram of ``x`` in ``bins`` equal bins over ``[min, max]`` (``min == max``: over the
+    data's own range, widened by one either side when that is a point, as PyTorch does);
+    elements outside the range (and NaN) are not counted; the last bin is closed."""
+    lo, hi = float(min), float(max)
+    data = x.reshape(-1).astype(np.float64)
+    if lo == hi and data.size:
+        lo, hi = float(data.min()), float(data.max())
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            raise HistcRangeError(f"torch.histc: range of [{lo:g}, {hi:g}] is not finite")
+    if lo == hi:
+        lo, hi = lo - 1.0, hi + 1.0
+    keep = (data >= lo) & (data <= hi)
+    data = data[keep]
+    # PyTorch's bin: (v - min) * bins / (max - min), the top edge going into the last bin
+    pos = ((data - lo) * bins / (hi - lo)).astype(np.int64)
+    pos = np.minimum(pos, bins - 1)
+    return np.bincount(pos, minlength=bins).astype(x.dtype)
+
+
 # ---- movement (views where numpy gives one) ------------------------------------------------
 @primitive("reshape", "movement", "x", method=True)
 def _reshape(x, shape):  # type: ignore[no-untyped-def]
@@ -889,6 +977,22 @@ def _set_metas() -> None:
         return tuple(out), _dt.int64
 
     set_meta("argsort", argsort_meta)
+    set_meta("cummax_index", lambda shapes, dtypes, dim, largest: (tuple(shapes[0]), _dt.int64))
+
+    def mode_index_meta(shapes, dtypes, dim):  # type: ignore[no-untyped-def]
+        out = list(shapes[0])
+        out[dim] = 1
+        return tuple(out), _dt.int64
+
+    set_meta("mode_index", mode_index_meta)
+    set_meta(
+        "searchsorted",
+        lambda shapes, dtypes, right, out_int32: (
+            tuple(shapes[1]),
+            _dt.int32 if out_int32 else _dt.int64,
+        ),
+    )
+    set_meta("histc", lambda shapes, dtypes, bins, min, max: ((bins,), dtypes[0]))
     set_meta("reshape", lambda shapes, dtypes, shape: (tuple(shape), dtypes[0]), ("shape",))
     set_meta("broadcast_to", lambda shapes, dtypes, shape: (tuple(shape), dtypes[0]), ("shape",))
     set_meta(

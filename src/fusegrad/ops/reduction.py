@@ -1,5 +1,5 @@
 """Reduction op surface: sum, mean, prod, max/min (values + indices), amax/amin, argmax/argmin,
-var/std, norm, logsumexp, softmax/log_softmax, cumsum, all/any.
+var/std, norm, logsumexp, softmax/log_softmax, cumsum, cumprod, logcumsumexp, all/any.
 
 Primitives: sum, amax, amin, prod, argmax, argmin, cumsum, all, any.  mean, var, std, norm,
 logsumexp, softmax, log_softmax and max/min with ``dim`` are composites.
@@ -17,8 +17,8 @@ from ..errors import DTypeError, ShapeError, describe
 from ..tensor import Tensor
 from ._util import P, apply, cast, to_tensor, wrap_dim, wrap_dims
 from .elementwise import add, div, isfinite, sub, where
-from .generated import abs, eq, exp, log, maximum, minimum, mul, ne, sqrt
-from .shape import cat
+from .generated import abs, eq, exp, log, logaddexp, maximum, minimum, mul, ne, sqrt
+from .shape import cat, pad
 
 _values_indices = namedtuple("_values_indices", ["values", "indices"])
 
@@ -285,3 +285,27 @@ def cumprod(input: Any, dim: int, *, dtype: Any = None) -> Tensor:
         running = mul(running, x.narrow(d, i, 1))
         parts.append(running)
     return cat(parts, d) if n > 1 else running.clone()
+
+
+def logcumsumexp(input: Any, dim: int) -> Tensor:
+    """``log(cumsum(exp(x)))`` along ``dim``, without overflow or underflow: a parallel prefix
+    scan of ``logaddexp`` (Hillis-Steele, ``ceil(log2 n)`` elementwise steps, each combining
+    every element with the one ``2**k`` places before it; the first ``2**k`` are combined with
+    -inf padding, which leaves them as they are).  Not ``log(cumsum(exp(x - max)))``: that
+    underflows to -inf for a prefix far below the row's maximum.  A composite, so it compiles
+    into fused loops and differentiates twice."""
+    x = to_tensor(input)
+    if x._dtype.category != 2:
+        raise DTypeError(f"logcumsumexp: expected a floating point tensor, got {describe(x)}")
+    if x.ndim == 0:
+        return x.clone()
+    d = wrap_dim("logcumsumexp", dim, x.ndim)
+    n = x.shape[d]
+    out = x
+    step = 1
+    while step < n:
+        widths = [0, 0] * (x.ndim - 1 - d) + [step, 0]  # F.pad order: last dim first
+        before = pad(out.narrow(d, 0, n - step), widths, value=-math.inf)
+        out = logaddexp(out, before)
+        step *= 2
+    return out if out is not x else x.clone()

@@ -1,4 +1,4 @@
-"""Sorting op surface: sort, argsort, msort, topk, kthvalue, median.
+"""Sorting op surface: sort, argsort, msort, topk, kthvalue, median; cummax, cummin, mode.
 
 One primitive, ``argsort`` (non-differentiable: the positions of the sorted elements, or of the
 first ``k``), underlies them all.  The values are ``gather(x, dim, indices)``, so gradients
@@ -9,6 +9,10 @@ equal elements keep their original order in ``sort``/``argsort`` (always stable;
 the order of ties unspecified unless ``stable=True``).  ``topk``/``kthvalue`` with ``k`` short of
 the dimension find their elements by a partial sort, so which of several equal elements they
 pick (and the order of ties among them) is unspecified, as in PyTorch.
+
+``cummax``/``cummin`` and ``mode`` follow the same pattern with their own non-differentiable
+index primitives (``cummax_index``, ``mode_index``): the values are a gather, so the gradient
+goes to the positions of the running extremes / of the mode, as in PyTorch.
 """
 
 from __future__ import annotations
@@ -145,3 +149,39 @@ def median(input: Any, dim: Any = None, keepdim: bool = False) -> Any:
     if not keepdim:
         values, idx = values.squeeze(d), idx.squeeze(d)
     return return_types.median(values, idx)
+
+
+def _cumulative_extreme(op: str, input: Any, dim: Any, largest: bool) -> tuple[Tensor, Tensor]:
+    x, d, zero_d = _prepare(op, input, dim)
+    idx = apply(P["cummax_index"], (x,), {"dim": d, "largest": largest})
+    return _finish(_gather(x, d, idx), idx, zero_d)
+
+
+def cummax(input: Any, dim: int) -> return_types.cummax:
+    """``(values, indices)``: the running maximum along ``dim`` and where it sits (the latest
+    of equal elements; a NaN, once met, stays the maximum).  The gradient goes to those
+    positions."""
+    return return_types.cummax(*_cumulative_extreme("cummax", input, dim, True))
+
+
+def cummin(input: Any, dim: int) -> return_types.cummin:
+    """``(values, indices)``: the running minimum along ``dim`` (as ``cummax``)."""
+    return return_types.cummin(*_cumulative_extreme("cummin", input, dim, False))
+
+
+def mode(input: Any, dim: int = -1, keepdim: bool = False) -> return_types.mode:
+    """``(values, indices)``: the most frequent value along ``dim`` (the smallest of equally
+    frequent ones) and the position of its last occurrence, as PyTorch's CPU kernel gives it.
+    The gradient goes to that position."""
+    x, d, zero_d = _prepare("mode", input, dim)
+    if x._data.shape[d] == 0:
+        raise IndexOutOfRange(
+            f"mode(): Expected reduction dim {d} to have non-zero size (input {describe(x)})"
+        )
+    idx = apply(P["mode_index"], (x,), {"dim": d})
+    values = _gather(x, d, idx)
+    if zero_d:
+        return return_types.mode(values.reshape(()), idx.reshape(()))
+    if not keepdim:
+        values, idx = values.squeeze(d), idx.squeeze(d)
+    return return_types.mode(values, idx)
