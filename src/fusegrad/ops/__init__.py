@@ -185,7 +185,7 @@ from .reduction import (
     var_mean,
 )
 from .registry import REGISTRY, RULES, apply
-from .sampling import multinomial
+from .sampling import multinomial, normal, poisson
 from .search import argwhere, bucketize, histc, nonzero, searchsorted, unique
 from .shape import (
     broadcast_tensors,
