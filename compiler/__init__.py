@@ -77,8 +77,18 @@ __all__ = [
     "reset",
     "explain",
     "set_logs",
+    "wait_for_compiles",
     "CompilationError",
 ]
+
+
+def wait_for_compiles(timeout: float | None = None) -> bool:
+    """Wait (at most ``timeout`` seconds) until no whole-step program is being compiled in the
+    background (``config.background_compile``); True when none is left, so that the next call
+    of every compiled step runs compiled code (benchmarks call it before timing)."""
+    from .step import wait_for_compiles as wait  # (the step module imports this package)
+
+    return wait(timeout)
 
 
 class CompilationError(RuntimeError):

@@ -3,6 +3,8 @@ programs, which read them)."""
 
 from __future__ import annotations
 
+import os
+
 from .codegen.interpreter import MAX_ELEMENTS
 
 
@@ -35,6 +37,12 @@ class Config:
         # generated CPU kernels that wait on each other's row sums (layer norm, softmax, their
         # backwards) run as one row kernel, row by row (``passes.rows``); False: separately
         self.row_fusion = True
+        # a whole step whose program needs numba's JIT (nothing in the disk cache) is compiled
+        # on a thread of its own while the calls replay it uncompiled (each recorded value run
+        # by its eager kernel, ``mode="debug"``); the compiled program takes over at the first
+        # call after it is ready (``compiler.wait_for_compiles``).  False: the call that builds
+        # the program waits for the JIT.  ``FUSEGRAD_BACKGROUND_COMPILE=0`` sets False.
+        self.background_compile = os.environ.get("FUSEGRAD_BACKGROUND_COMPILE", "1") != "0"
 
     # the settings ``program_key`` holds, in its order
     PROGRAM_KEY = ("interpreter_max_elements", "row_fusion")

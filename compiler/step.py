@@ -43,6 +43,8 @@ from __future__ import annotations
 import linecache
 import os
 import sys
+import threading
+import time
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -837,6 +839,73 @@ class _FreedNode(Node):
 # ---- replay ------------------------------------------------------------------------------------
 
 
+def _scratch_leaf(leaf: Tensor) -> Tensor:
+    """A stand-in for a leaf in a background compile's run: its ``.grad`` state as the leaf's
+    (a zero array where the leaf has one), so the run takes the kernels the real ones will."""
+    t = Tensor._make(np.empty_like(leaf._data))
+    if leaf._grad is not None:
+        t._grad = Tensor._make(np.zeros_like(leaf._grad._data))
+    return t
+
+
+class _BackgroundCompile:
+    """numba's JIT of a built whole-step program (``Program.prepare``), on a daemon thread of
+    its own, while the step's calls run ``uncompiled`` (``Step.program``).  The thread reads
+    the recording's parameter arrays, which the uncompiled calls update meanwhile: the values
+    it computes are thrown away, only the compiled code is kept."""
+
+    def __init__(
+        self, program: Program, uncompiled: Program, arrays: list, leaves: list, what: str
+    ) -> None:
+        self.program = program
+        self.uncompiled = uncompiled
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.done = threading.Event()
+        with _jobs_lock:
+            _jobs.add(self)
+        thread = threading.Thread(
+            target=self._work, args=(arrays, leaves, what), name="fusegrad-compile", daemon=True
+        )
+        thread.start()
+
+    def _work(self, arrays: list, leaves: list, what: str) -> None:
+        from . import _CompileNotice  # (the package imports this module: a cycle)
+
+        notice = _CompileNotice()
+        notice.start(0, what)
+        try:
+            self.seconds = self.program.prepare(arrays, leaves)
+        except BaseException as e:  # (reported by the call that picks the program up)
+            self.error = e
+        finally:
+            notice.stop()
+            self.done.set()
+            with _jobs_lock:
+                _jobs.discard(self)
+
+
+# the background compiles still running (``wait_for_compiles``)
+_jobs: set[_BackgroundCompile] = set()
+_jobs_lock = threading.Lock()
+
+
+def wait_for_compiles(timeout: float | None = None) -> bool:
+    """Wait until the whole-step programs being compiled in the background are ready (at most
+    ``timeout`` seconds); True when none is left.  The next call of each step then runs its
+    compiled program."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        with _jobs_lock:
+            pending = next(iter(_jobs), None)
+        if pending is None:
+            return True
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return False
+        pending.done.wait(left)
+
+
 class Step:
     """A recorded call, ready to replay (see the module docstring)."""
 
@@ -862,6 +931,8 @@ class Step:
         }
         self.n_outputs = n_outputs
         self.programs: dict[tuple, Program] = {}
+        # programs being JIT-compiled on another thread, by grad key (``program``)
+        self.jobs: dict[tuple, _BackgroundCompile] = {}
         self.write_slots = tuple(bumps)
         self.fresh_outputs = sorted(set(_fresh_outputs(spec)))
         # eager's validations (index ranges, class targets), run on every call before the
@@ -876,20 +947,72 @@ class Step:
                 stack.extend(v.inputs)
         self.check_plan = sorted(needed, key=lambda v: v.id)
 
-    def program(self, grad_key: tuple, mode: str) -> Program:
+    def program(
+        self, grad_key: tuple, mode: str, arrays: list | None = None, leaves: list | None = None
+    ) -> Program:
+        """The program for the leaves' ``.grad`` state ``grad_key``.  Built on first use; when
+        its kernels need numba's JIT and ``config.background_compile`` is on (and the call's
+        input ``arrays`` and ``leaves`` are given), the JIT runs on another thread and, until
+        it is done, the step replays uncompiled: every recorded value computed by its eager
+        kernel (a ``mode="debug"`` program of the same graph, so the same inputs, effects and
+        results as eager's)."""
         program = self.programs.get(grad_key)
-        if program is None:
-            with _trace.resume(self):  # (the trace report's section of this recording)
-                graph = passes.run(self.graph, check=False)
-                program = Program(
-                    graph,
-                    mode=mode,
-                    leaves_with_grad=frozenset(i for i, s in enumerate(grad_key) if s is not None),
-                    interpreter_max_elements=config.interpreter_max_elements,
-                    sizes_per_program=1,
-                    hot=True,  # (a training step: it runs many times)
+        if program is not None:
+            return program
+        job = self.jobs.get(grad_key)
+        if job is not None:
+            if not job.done.is_set():
+                counters.step_uncompiled_runs += 1
+                return job.uncompiled
+            del self.jobs[grad_key]
+            if job.error is None:
+                logs.log(
+                    "perf",
+                    f"whole step: compiled in the background in {job.seconds:.2f} s; "
+                    "the compiled program runs from this call on",
                 )
-            self.programs[grad_key] = program
+                self.programs[grad_key] = job.program
+                return job.program
+            # the background run failed: this call runs the program itself (and fails as a
+            # synchronous first run fails, or compiles what the background run did not)
+            logs.log("perf", f"whole step: background compile failed ({job.error!r})")
+            self.programs[grad_key] = job.program
+            return job.program
+        with _trace.resume(self):  # (the trace report's section of this recording)
+            graph = passes.run(self.graph, check=False)
+            program = Program(
+                graph,
+                mode=mode,
+                leaves_with_grad=frozenset(i for i, s in enumerate(grad_key) if s is not None),
+                interpreter_max_elements=config.interpreter_max_elements,
+                sizes_per_program=1,
+                hot=True,  # (a training step: it runs many times)
+            )
+        if (
+            arrays is not None
+            and leaves is not None
+            and mode != "debug"
+            and config.background_compile
+            and program.needs_jit()
+        ):
+            uncompiled = Program(graph, mode="debug", sizes_per_program=1)
+            st = self.stats
+            what = (
+                f"a whole step ({st['forward ops']} forward and {st['backward ops']} backward "
+                "ops) in the background; calls run it uncompiled until it is ready"
+            )
+            scratch = [
+                a if kind == "ext" else np.array(a, copy=True)
+                for a, (kind, *_) in zip(arrays, self.sources)
+            ]
+            self.jobs[grad_key] = _BackgroundCompile(
+                program, uncompiled, scratch, [_scratch_leaf(t) for t in leaves], what
+            )
+            counters.background_compiles += 1
+            counters.step_uncompiled_runs += 1
+            logs.log("recompiles", f"whole step: numba compiles {what}")
+            return uncompiled
+        self.programs[grad_key] = program
         return program
 
     def run(self, args: list[Tensor], mode: str, finish: Callable | None = None) -> Any:
@@ -922,7 +1045,6 @@ class Step:
     def _run(
         self, args: list[Tensor], leaves: list, grad_key: tuple, mode: str, finish: Any
     ) -> Any:
-        program = self.program(grad_key, mode)
         arrays = []
         for source in self.sources:
             kind = source[0]
@@ -936,6 +1058,7 @@ class Step:
                 arrays.append(np.array(arrays[source[1]].item(), dtype=source[2]))
             else:
                 arrays.append(source[1]()._data)
+        program = self.program(grad_key, mode, arrays, leaves)
         if self.checks:
             self.run_checks(arrays)
         targets = {}

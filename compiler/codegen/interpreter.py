@@ -75,7 +75,7 @@ FILL = len(OPCODES)
 # interpreter costs about 0.1 s per opcode loop on top of a fixed cost (measured: 32 core
 # opcodes 4.1-4.4 s, all 47 7.0-7.3 s), so a kernel that uses only these runs on a machine
 # without the rarer loops (trigonometry, rounding, atan2/hypot/logaddexp, erfc, the gamma
-# family, isnan/isinf, xor); a kernel that needs one of those runs on the full machine, which
+# family, xor); a kernel that needs one of those runs on the full machine, which
 # is compiled (or loaded) when first needed.
 CORE = frozenset(
     {
@@ -110,6 +110,10 @@ CORE = frozenset(
         "logical_and",
         "logical_or",
         "where",
+        # ``isfinite`` (logsumexp's guard, so every cross-entropy and log-softmax) is made of
+        # these two: without them a classifier's step compiled both machines
+        "isnan",
+        "isinf",
     }
     & set(OPCODES)
 )
@@ -392,6 +396,11 @@ class InterpretedKernel:
         self.core = all(int(op) in _CORE_CODES for op in self.code[:, 0])
         self._run_ops = getattr(machine(self.core), f"run_ops_{self.float_dtype.name}")
         self._local = threading.local()
+
+    @property
+    def dispatcher(self) -> Any:
+        """The numba function running this kernel (``Program.needs_jit``)."""
+        return self._run_ops
 
     def _registers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """This thread's register matrix for ``n`` elements and the flat view of its input

@@ -1,0 +1,239 @@
+"""Whole steps compiled in the background (``config.background_compile``): when a step's program
+needs numba's JIT, the JIT runs on a thread of its own while the calls replay the step
+uncompiled (each recorded value by its eager kernel); the compiled program takes over at the
+first call after it is ready.  Either way every call has eager's effects: parameters, optimizer
+state, dropout's random numbers, returned values."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+from fusegrad import compiler
+from fusegrad.compiler.program import Program
+from fusegrad.compiler.settings import config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:  # ``benchmarks`` is a package at the repository root
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks import models  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("fresh_compiler")
+
+
+@pytest.fixture
+def background(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Background compile on, and every new program treated as needing the JIT (whether the
+    kernels are in this process or the disk cache already depends on the tests run before);
+    yields a gate: while it is closed, background compiles wait for it before compiling."""
+    monkeypatch.setattr(config, "background_compile", True)
+    monkeypatch.setattr(Program, "needs_jit", lambda self: True)
+    gate = threading.Event()
+    gate.set()
+    prepare = Program.prepare
+
+    def gated(self: Program, arrays: list, leaves: list) -> float:
+        assert gate.wait(60), "the test never opened the gate"
+        return prepare(self, arrays, leaves)
+
+    monkeypatch.setattr(Program, "prepare", gated)
+    yield gate
+    gate.set()
+    assert compiler.wait_for_compiles(60)
+
+
+def _train(kind: str, compiled: bool, steps: int, gate: Any = None, open_at: int = 0) -> tuple:
+    """``steps`` AdamW steps of ``benchmarks.models``' ``kind`` in float64 (dropout on for the
+    GPT) with the learning rate changing every step; the gate opens before call ``open_at``
+    and the background compile is waited for then (so later calls run compiled code)."""
+    sizes = {"vocab": 17, "width": 16, "heads": 4, "block": 8} if kind == "gpt" else {}
+    fg.manual_seed(0)
+    model = models.make(fg, kind, fg.float64, **sizes)
+    opt = fg.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+
+    def step(x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
+        opt.zero_grad()
+        loss = models.loss(fg, model, x, y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = fg.compile(step) if compiled else step
+    rng = np.random.default_rng(1)
+    fg.manual_seed(2)  # dropout draws from here on
+    losses, uncompiled = [], []
+    for i in range(steps):
+        if gate is not None and i == open_at:
+            gate.set()
+            assert compiler.wait_for_compiles(60)
+        for group in opt.param_groups:
+            group["lr"] = 1e-2 * (1 - i / (2 * steps))
+        x, y = models.batch(fg, kind, rng, dtype=fg.float64, **sizes)
+        before = compiler.counters.step_uncompiled_runs
+        losses.append(fn(x, y).item())
+        uncompiled.append(compiler.counters.step_uncompiled_runs > before)
+    return model, losses, uncompiled
+
+
+@pytest.mark.parametrize("kind", ["mlp", "gpt"])
+def test_uncompiled_then_compiled_calls_match_eager(kind: str, background: Any) -> None:
+    want_model, want, _ = _train(kind, False, 10)
+    compiler.reset()
+    background.clear()  # the JIT waits: calls 3 to 6 run the step uncompiled
+    got_model, got, uncompiled = _train(kind, True, 10, background, open_at=6)
+    # call 1 makes AdamW's state (eager), call 2 records, calls 3-6 replay uncompiled while
+    # the program compiles, calls 7-10 run the compiled program
+    assert uncompiled == [False, False, True, True, True, True, False, False, False, False]
+    counters = compiler.counters
+    assert (counters.step_captures, counters.background_compiles) == (1, 1), counters
+    assert counters.step_runs == 8 and counters.step_uncompiled_runs == 4, counters
+    assert not counters.step_breaks
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    for (name, p), q in zip(got_model.named_parameters(), want_model.parameters()):
+        np.testing.assert_allclose(
+            p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-12, err_msg=name
+        )
+
+
+def test_compiled_program_takes_over_without_waiting(background: Any) -> None:
+    """Nobody waits: the calls go on uncompiled until the thread is done, and from the first
+    call after that on, compiled (eager's results throughout)."""
+    want_model, want, _ = _train("mlp", False, 30)
+    compiler.reset()
+    got_model, got, uncompiled = _train("mlp", True, 30)
+    assert uncompiled[:3] == [False, False, True]
+    first_compiled = uncompiled.index(False, 2) if False in uncompiled[2:] else len(uncompiled)
+    assert not any(uncompiled[first_compiled:])  # never back to uncompiled
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    for p, q in zip(got_model.parameters(), want_model.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_wait_for_compiles_times_out_while_the_jit_runs(background: Any) -> None:
+    background.clear()
+    model = fg.nn.Linear(5, 3).double()
+    opt = fg.optim.SGD(model.parameters(), lr=0.1)
+
+    @fg.compile
+    def step(x: fg.Tensor) -> fg.Tensor:
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    x = fg.randn(4, 5, dtype=fg.float64)
+    for _ in range(3):
+        step(x)
+    assert compiler.counters.background_compiles == 1
+    assert not compiler.wait_for_compiles(0.05)  # the thread waits at the gate
+    background.set()
+    assert compiler.wait_for_compiles(60)
+    before = compiler.counters.step_uncompiled_runs
+    step(x)
+    assert compiler.counters.step_uncompiled_runs == before  # compiled code from now on
+
+
+def test_a_failed_background_run_is_redone_by_the_next_call(
+    background: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The thread's run raising (here: a stand-in failure) loses nothing: the next call runs
+    the program itself, as a synchronous first run does, with eager's results."""
+    prepare = Program.prepare
+
+    def failing(self: Program, arrays: list, leaves: list) -> float:
+        raise RuntimeError("stand-in for a failed JIT")
+
+    monkeypatch.setattr(Program, "prepare", failing)
+    want_model, want, _ = _train("mlp", False, 6)
+    compiler.reset()
+    got_model, got, uncompiled = _train("mlp", True, 6)
+    assert compiler.wait_for_compiles(60)
+    monkeypatch.setattr(Program, "prepare", prepare)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    for p, q in zip(got_model.parameters(), want_model.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-12)
+    assert compiler.counters.background_compiles == 1
+
+
+def test_the_background_run_leaves_the_real_tensors_alone(background: Any) -> None:
+    """The thread's run reads the parameters but writes only its own buffers and scratch
+    leaves: while it ran (gate open, waited for), no parameter, ``.grad`` or version moved."""
+    background.clear()
+    model = fg.nn.Sequential(fg.nn.Linear(6, 8), fg.nn.Tanh(), fg.nn.Linear(8, 2)).double()
+    opt = fg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    @fg.compile
+    def step(x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
+        opt.zero_grad()
+        loss = fg.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    x = fg.randn(5, 6, dtype=fg.float64)
+    y = fg.tensor([0, 1, 1, 0, 1])
+    for _ in range(3):
+        step(x, y)
+    assert compiler.counters.background_compiles == 1
+    params = [p.detach().numpy().copy() for p in model.parameters()]
+    grads = [p.grad.numpy().copy() for p in model.parameters()]
+    versions = [p._version for p in model.parameters()]
+    state = [opt.state[p]["momentum_buffer"].numpy().copy() for p in model.parameters()]
+    background.set()
+    assert compiler.wait_for_compiles(60)
+    assert [p._version for p in model.parameters()] == versions
+    for p, a, g, m in zip(model.parameters(), params, grads, state):
+        np.testing.assert_array_equal(p.detach().numpy(), a)
+        np.testing.assert_array_equal(p.grad.numpy(), g)
+        np.testing.assert_array_equal(opt.state[p]["momentum_buffer"].numpy(), m)
+
+
+def test_programs_in_the_disk_cache_are_not_compiled_in_the_background(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A program whose kernels numba has already (``needs_jit`` False) runs at once, compiled:
+    no thread, no uncompiled calls."""
+    monkeypatch.setattr(config, "background_compile", True)
+    monkeypatch.setattr(Program, "needs_jit", lambda self: False)
+    _, _, uncompiled = _train("mlp", True, 5)
+    assert not any(uncompiled)
+    assert compiler.counters.background_compiles == 0
+    assert compiler.counters.step_runs == 3
+
+
+def test_needs_jit_sees_kernels_numba_has_not_compiled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Program.needs_jit`` is True for a program whose kernel this process has not compiled
+    and the (empty) disk cache does not hold, False after its first run compiled it."""
+    monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
+    unary = ["tanh", "sigmoid", "exp", "sin", "cos", "neg", "abs", "square"]
+    chain = list(np.random.default_rng().choice(unary, size=8))  # (a kernel no test has)
+    w = fg.randn(300, 300, dtype=fg.float64, requires_grad=True)  # (too big to interpret)
+
+    @fg.compile
+    def step() -> fg.Tensor:
+        y = w
+        for name in chain:
+            y = getattr(y, str(name))()
+        loss = y.sum()
+        loss.backward()
+        return loss.detach()
+
+    step()  # recorded
+    w.grad = None
+    entry = next(iter(step.entries.values()))
+    program = entry.program((None,), "default")  # built, not run
+    assert program.kernels
+    assert program.needs_jit(), chain
+    step()  # its first run: numba compiles
+    assert compiler.counters.step_runs == 1
+    assert not program.needs_jit()
