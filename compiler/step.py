@@ -78,7 +78,20 @@ from .settings import config
 _SCALARS = (int, float, bool, str, type(None), complex)
 # optimizer options a recorded update reads on every call (``optim.hyper``): not in the key;
 # for these, whether they are zero is (the update skips a term at 0)
-_RUNTIME_OPTIONS = frozenset({"params", "param_names", "lr", "betas", "eps", "dampening"})
+_RUNTIME_OPTIONS = frozenset(
+    {
+        "params",
+        "param_names",
+        "lr",
+        "betas",
+        "eps",
+        "dampening",
+        "alpha",  # RMSprop
+        "rho",  # Adadelta
+        "lr_decay",  # Adagrad
+        "momentum_decay",  # NAdam
+    }
+)
 _ZERO_OR_NOT = frozenset({"momentum", "weight_decay"})
 # lists, tuples and dicts reached from ``fn`` with at most this many items, this many levels
 # deep, are watched item by item (larger ones by identity only)

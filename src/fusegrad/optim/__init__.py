@@ -1,15 +1,35 @@
 """``fusegrad.optim``: optimizers with PyTorch's names, options and state-dict format.
 
-``SGD``, ``Adam`` and ``AdamW`` update parameters in place under ``no_grad`` (parameter objects
-keep their identity); ``Optimizer`` is the base class for writing others; ``lr_scheduler``
-holds the learning-rate schedules.
+``SGD``, ``Adam``, ``AdamW``, ``RMSprop``, ``Adagrad``, ``Adadelta``, ``Adamax``, ``NAdam`` and
+``LBFGS`` update parameters in place under ``no_grad`` (parameter objects keep their identity);
+``Optimizer`` is the base class for writing others; ``lr_scheduler`` holds the learning-rate
+schedules.
 """
 
 from __future__ import annotations
 
 from . import lr_scheduler
+from .adadelta import Adadelta
+from .adagrad import Adagrad
 from .adam import Adam, AdamW
+from .adamax import Adamax
+from .lbfgs import LBFGS
+from .nadam import NAdam
 from .optimizer import Optimizer, OptimizerError
+from .rmsprop import RMSprop
 from .sgd import SGD
 
-__all__ = ["SGD", "Adam", "AdamW", "Optimizer", "OptimizerError", "lr_scheduler"]
+__all__ = [
+    "SGD",
+    "Adam",
+    "AdamW",
+    "RMSprop",
+    "Adagrad",
+    "Adadelta",
+    "Adamax",
+    "NAdam",
+    "LBFGS",
+    "Optimizer",
+    "OptimizerError",
+    "lr_scheduler",
+]

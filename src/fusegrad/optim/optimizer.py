@@ -267,6 +267,30 @@ class Optimizer:
         return "\n".join(lines)
 
 
+def check_differentiable(optimizer: Optimizer, differentiable: bool) -> None:
+    """``differentiable=True`` (an update autograd records, to differentiate through the step)
+    is accepted only as False: fusegrad's updates are in place under ``no_grad``."""
+    if differentiable:
+        raise NotImplementedError(
+            f"{type(optimizer).__name__}: differentiable=True is not supported"
+        )
+
+
+def missing_state(
+    optimizer: Optimizer, keys: Callable[[dict[str, Any]], tuple[str, ...]]
+) -> Tensor | None:
+    """``Optimizer.state_pending`` for an optimizer whose state per parameter is ``keys(group)``:
+    the first parameter that requires grad and lacks one of them (its next step makes it)."""
+    for group in optimizer.param_groups:
+        needed = keys(group)
+        for p in group["params"]:
+            if p.requires_grad:
+                state = optimizer.state.get(p) or {}
+                if any(k not in state for k in needed):
+                    return p
+    return None
+
+
 def _cast_state(param: Tensor, key: str, value: Any) -> Any:
     """Floating state follows the parameter's dtype (``step`` stays as saved), as in PyTorch."""
     if isinstance(value, Tensor) and key != "step" and value.is_floating_point():

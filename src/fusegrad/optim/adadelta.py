@@ -1,0 +1,111 @@
+"""``Adadelta``: steps scaled by the ratio of running RMS of updates and of gradients,
+PyTorch's update rule (``torch.optim.Adadelta``, single-tensor path):
+
+    g = grad (negated if maximize) + weight_decay * p
+    v = rho * v + (1 - rho) * g * g
+    delta = sqrt(u + eps) / sqrt(v + eps) * g
+    u = rho * u + (1 - rho) * delta * delta
+    p -= lr * delta
+
+State per parameter: ``step`` (a 0-d float32 tensor), ``square_avg`` (v) and ``acc_delta`` (u),
+made at the first step that sees a gradient and updated in place under ``no_grad``; options
+through ``hyper`` so a whole-step compile records the update once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .. import dtypes as _dt
+from ..autograd.grad_mode import no_grad
+from ..ops.creation import zeros, zeros_like
+from .adam import _option
+from .optimizer import Optimizer, OptimizerError, check_differentiable
+
+
+class Adadelta(Optimizer):
+    traceable = True  # (tensor ops only; every option through ``hyper``)
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1.0,
+        rho: float = 0.9,
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        foreach: bool | None = None,
+        *,
+        capturable: bool = False,
+        maximize: bool = False,
+        differentiable: bool = False,
+    ) -> None:
+        if not 0.0 <= lr:
+            raise OptimizerError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= rho <= 1.0:
+            raise OptimizerError(f"Invalid rho value: {rho}")
+        if not 0.0 <= eps:
+            raise OptimizerError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= weight_decay:
+            raise OptimizerError(f"Invalid weight_decay value: {weight_decay}")
+        check_differentiable(self, differentiable)
+        defaults = {
+            "lr": lr,
+            "rho": rho,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "maximize": maximize,
+            "capturable": capturable,
+            "foreach": foreach,
+            "differentiable": differentiable,
+        }
+        super().__init__(params, defaults)
+
+    @no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One update of every parameter that has a gradient; returns the closure's loss."""
+        loss = self._evaluate_closure(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = -p.grad if group["maximize"] else p.grad
+                state = self.state[p]
+                if not state:
+                    state["step"] = zeros((), dtype=_dt.float32)
+                    state["square_avg"] = zeros_like(p)
+                    state["acc_delta"] = zeros_like(p)
+                square_avg, acc_delta = state["square_avg"], state["acc_delta"]
+                state["step"].add_(1)
+                if group["weight_decay"] != 0:
+                    g = g.add(p, alpha=_option(_weight_decay, group))
+                rho = _option(_rho, group)
+                one_minus_rho = _option(_one_minus_rho, group)
+                eps = _option(_eps, group)
+                square_avg.mul_(rho).addcmul_(g, g, value=one_minus_rho)
+                std = square_avg.add(eps).sqrt_()
+                delta = acc_delta.add(eps).sqrt_().div_(std).mul_(g)
+                acc_delta.mul_(rho).addcmul_(delta, delta, value=one_minus_rho)
+                p.add_(delta, alpha=_option(_neg_lr, group))
+        return loss
+
+
+# the options a recorded step reads on every call (``hyper``): a schedule may change them
+def _weight_decay(group: dict) -> float:
+    return group["weight_decay"]
+
+
+def _rho(group: dict) -> float:
+    return group["rho"]
+
+
+def _one_minus_rho(group: dict) -> float:
+    return 1 - group["rho"]
+
+
+def _eps(group: dict) -> float:
+    return group["eps"]
+
+
+def _neg_lr(group: dict) -> float:
+    return -group["lr"]

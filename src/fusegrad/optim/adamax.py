@@ -1,0 +1,112 @@
+"""``Adamax``: Adam with the infinity norm in place of the second moment, PyTorch's rule.
+
+Per parameter (``torch.optim.Adamax``, single-tensor path), with t the step count:
+
+    g = grad (negated if maximize) + weight_decay * p
+    m = lerp(m, g, 1 - beta1)
+    u = max(beta2 * u, |g| + eps)
+    p -= lr / (1 - beta1^t) * m / u
+
+State per parameter: ``step`` (a 0-d float32 tensor), ``exp_avg`` (m) and ``exp_inf`` (u), made
+at the first step that sees a gradient; options and the bias correction through ``hyper``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .. import dtypes as _dt
+from ..autograd.grad_mode import no_grad
+from ..ops.creation import zeros, zeros_like
+from ..ops.generated import maximum
+from .adam import _option, _scalar
+from .optimizer import Optimizer, OptimizerError, check_differentiable
+
+
+class Adamax(Optimizer):
+    traceable = True  # (tensor ops only; options and the bias correction through ``hyper``)
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 2e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        foreach: bool | None = None,
+        *,
+        maximize: bool = False,
+        differentiable: bool = False,
+        capturable: bool = False,
+    ) -> None:
+        if not 0.0 <= lr:
+            raise OptimizerError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= eps:
+            raise OptimizerError(f"Invalid epsilon value: {eps}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise OptimizerError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise OptimizerError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise OptimizerError(f"Invalid weight_decay value: {weight_decay}")
+        check_differentiable(self, differentiable)
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "foreach": foreach,
+            "maximize": maximize,
+            "differentiable": differentiable,
+            "capturable": capturable,
+        }
+        super().__init__(params, defaults)
+
+    @no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One update of every parameter that has a gradient; returns the closure's loss."""
+        loss = self._evaluate_closure(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = -p.grad if group["maximize"] else p.grad
+                state = self.state[p]
+                if not state:
+                    state["step"] = zeros((), dtype=_dt.float32)
+                    state["exp_avg"] = zeros_like(p)
+                    state["exp_inf"] = zeros_like(p)
+                step_t, exp_avg, exp_inf = state["step"], state["exp_avg"], state["exp_inf"]
+                step_t.add_(1)
+                if group["weight_decay"] != 0:
+                    g = g.add(p, alpha=_option(_weight_decay, group))
+                exp_avg.lerp_(g, _option(_one_minus_beta1, group))
+                exp_inf.copy_(
+                    maximum(
+                        exp_inf.mul_(_option(_beta2, group)), g.abs().add_(_option(_eps, group))
+                    )
+                )
+                p.addcdiv_(exp_avg, exp_inf, value=_scalar(_neg_step_size, group, step_t))
+        return loss
+
+
+# the options a recorded step reads on every call (``hyper``): a schedule may change them
+def _weight_decay(group: dict) -> float:
+    return group["weight_decay"]
+
+
+def _one_minus_beta1(group: dict) -> float:
+    return 1 - group["betas"][0]
+
+
+def _beta2(group: dict) -> float:
+    return group["betas"][1]
+
+
+def _eps(group: dict) -> float:
+    return group["eps"]
+
+
+def _neg_step_size(group: dict, step: float) -> float:
+    return -(group["lr"] / (1 - group["betas"][0] ** step))
