@@ -35,7 +35,6 @@ already gathered and checked by the binding (step 1).
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -380,18 +379,6 @@ class Program:
         finally:
             grad_mode._state.enabled = prev_mode
 
-    def needs_jit(self) -> bool:
-        """Whether the first run of the capture's variant would JIT-compile: some numba function
-        it calls has no specialisation in this process and no entry in numba's disk cache.  (An
-        entry made for other argument types still compiles: the guess errs towards "no", which
-        only means a synchronous compile, as without the guess.)"""
-        if self.device != "cpu":
-            return False  # (CUDA kernels are compiled when the variant is built)
-        variant = self.default
-        functions = [fn for _, fn in variant.kernel_fns.values()]
-        functions += [k.dispatcher for k in variant.interpreted.values()]
-        return any(_jit_pending(getattr(fn, "serial", fn)) for fn in functions)
-
     def prepare(self, arrays: list, leaves: list) -> float:
         """Compile (or load) what the capture's variant calls, by running it once on ``arrays``
         (a whole step's inputs, as ``run_step`` takes them) with scratch ``leaves`` and no
@@ -599,16 +586,6 @@ def _epilogue_buffer(leaf: Tensor, v: Value, shape: tuple, sizes: tuple) -> np.n
         return None
     g._version_counter.bump()
     return a.reshape(sizes)
-
-
-def _jit_pending(dispatcher: Any) -> bool:
-    """Whether calling a numba dispatcher would compile: it has no specialisation yet and
-    numba's disk cache has no index for it (``Program.needs_jit``)."""
-    if dispatcher.overloads:
-        return False
-    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
-    index = getattr(cache_file, "_index_path", None)
-    return not (index and os.path.exists(index))
 
 
 def _run_kernel(

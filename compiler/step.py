@@ -862,15 +862,21 @@ def _scratch_leaf(leaf: Tensor) -> Tensor:
 
 
 class _BackgroundCompile:
-    """numba's JIT of a built whole-step program (``Program.prepare``), on a daemon thread of
-    its own, while the step's calls run ``uncompiled`` (``Step.program``).  The thread reads
-    the recording's parameter arrays, which the uncompiled calls update meanwhile: the values
-    it computes are thrown away, only the compiled code is kept."""
+    """A whole-step program built (``build``) and run once on scratch data (``Program.prepare``:
+    numba compiles or loads its kernels), on a daemon thread of its own, while the step's calls
+    run ``uncompiled`` (``Step.program``).  The thread reads the parameter arrays, which the
+    uncompiled calls update meanwhile: the values it computes are thrown away, only the
+    compiled code is kept."""
 
     def __init__(
-        self, program: Program, uncompiled: Program, arrays: list, leaves: list, what: str
+        self,
+        build: Callable[[], Program],
+        uncompiled: Program,
+        arrays: list,
+        leaves: list,
+        what: str,
     ) -> None:
-        self.program = program
+        self.program: Program | None = None
         self.uncompiled = uncompiled
         self.error: BaseException | None = None
         self.seconds = 0.0
@@ -878,20 +884,26 @@ class _BackgroundCompile:
         with _jobs_lock:
             _jobs.add(self)
         thread = threading.Thread(
-            target=self._work, args=(arrays, leaves, what), name="fusegrad-compile", daemon=True
+            target=self._work,
+            args=(build, arrays, leaves, what),
+            name="fusegrad-compile",
+            daemon=True,
         )
         thread.start()
 
-    def _work(self, arrays: list, leaves: list, what: str) -> None:
+    def _work(self, build: Callable[[], Program], arrays: list, leaves: list, what: str) -> None:
         from . import _CompileNotice  # (the package imports this module: a cycle)
 
         notice = _CompileNotice()
         notice.start(0, what)
+        start = time.perf_counter()
         try:
-            self.seconds = self.program.prepare(arrays, leaves)
+            self.program = build()
+            self.program.prepare(arrays, leaves)
         except BaseException as e:  # (reported by the call that picks the program up)
             self.error = e
         finally:
+            self.seconds = time.perf_counter() - start
             notice.stop()
             self.done.set()
             with _jobs_lock:
@@ -963,12 +975,12 @@ class Step:
     def program(
         self, grad_key: tuple, mode: str, arrays: list | None = None, leaves: list | None = None
     ) -> Program:
-        """The program for the leaves' ``.grad`` state ``grad_key``.  Built on first use; when
-        its kernels need numba's JIT and ``config.background_compile`` is on (and the call's
-        input ``arrays`` and ``leaves`` are given), the JIT runs on another thread and, until
-        it is done, the step replays uncompiled: every recorded value computed by its eager
-        kernel (a ``mode="debug"`` program of the same graph, so the same inputs, effects and
-        results as eager's)."""
+        """The program for the leaves' ``.grad`` state ``grad_key``, built on first use.  With
+        ``config.background_compile`` on (and the call's input ``arrays`` and ``leaves`` given),
+        a program whose kernels numba has not loaded in this process is built, compiled or
+        loaded from the disk cache on another thread; until it is ready the step replays
+        uncompiled: every recorded value computed by its eager kernel (a ``mode="debug"``
+        program of the same graph: the same inputs, effects and results as eager's)."""
         program = self.programs.get(grad_key)
         if program is not None:
             return program
@@ -978,22 +990,60 @@ class Step:
                 counters.step_uncompiled_runs += 1
                 return job.uncompiled
             del self.jobs[grad_key]
-            if job.error is None:
+            if job.program is not None and job.error is None:
                 logs.log(
                     "perf",
-                    f"whole step: compiled in the background in {job.seconds:.2f} s; "
+                    f"whole step: built and compiled in the background in {job.seconds:.2f} s; "
                     "the compiled program runs from this call on",
                 )
                 self.programs[grad_key] = job.program
                 return job.program
-            # the background run failed: this call runs the program itself (and fails as a
-            # synchronous first run fails, or compiles what the background run did not)
+            # the thread failed: this call builds and runs the program itself (and fails as a
+            # synchronous build fails, or compiles what the thread did not)
             logs.log("perf", f"whole step: background compile failed ({job.error!r})")
-            self.programs[grad_key] = job.program
-            return job.program
+            if job.program is not None:
+                self.programs[grad_key] = job.program
+                return job.program
+        elif (
+            arrays is not None
+            and leaves is not None
+            and mode != "debug"
+            and config.background_compile
+            and not _trace.enabled  # (the trace report follows one thread's sections)
+        ):
+            uncompiled = Program(self.graph, mode="debug", sizes_per_program=1)
+            st = self.stats
+            what = (
+                f"a whole step ({st['forward ops']} forward and {st['backward ops']} backward "
+                "ops) in the background; calls run it uncompiled until it is ready"
+            )
+            # the thread's run reads copies of the arguments and random draws (the user may
+            # write into them) and the parameters themselves (only ever read)
+            scratch = [
+                a if kind == "ext" else np.array(a, copy=True)
+                for a, (kind, *_) in zip(arrays, self.sources)
+            ]
+            self.jobs[grad_key] = _BackgroundCompile(
+                lambda: self.build(grad_key, mode),
+                uncompiled,
+                scratch,
+                [_scratch_leaf(t) for t in leaves],
+                what,
+            )
+            counters.background_compiles += 1
+            counters.step_uncompiled_runs += 1
+            logs.log("recompiles", f"whole step: numba compiles {what}")
+            return uncompiled
+        program = self.build(grad_key, mode)
+        self.programs[grad_key] = program
+        return program
+
+    def build(self, grad_key: tuple, mode: str) -> Program:
+        """The graph after the passes, as a program for the leaves' ``.grad`` state
+        ``grad_key`` (its kernels JIT-compiled or loaded by their first run)."""
         with _trace.resume(self):  # (the trace report's section of this recording)
             graph = passes.run(self.graph, check=False)
-            program = Program(
+            return Program(
                 graph,
                 mode=mode,
                 leaves_with_grad=frozenset(i for i, s in enumerate(grad_key) if s is not None),
@@ -1001,32 +1051,6 @@ class Step:
                 sizes_per_program=1,
                 hot=True,  # (a training step: it runs many times)
             )
-        if (
-            arrays is not None
-            and leaves is not None
-            and mode != "debug"
-            and config.background_compile
-            and program.needs_jit()
-        ):
-            uncompiled = Program(graph, mode="debug", sizes_per_program=1)
-            st = self.stats
-            what = (
-                f"a whole step ({st['forward ops']} forward and {st['backward ops']} backward "
-                "ops) in the background; calls run it uncompiled until it is ready"
-            )
-            scratch = [
-                a if kind == "ext" else np.array(a, copy=True)
-                for a, (kind, *_) in zip(arrays, self.sources)
-            ]
-            self.jobs[grad_key] = _BackgroundCompile(
-                program, uncompiled, scratch, [_scratch_leaf(t) for t in leaves], what
-            )
-            counters.background_compiles += 1
-            counters.step_uncompiled_runs += 1
-            logs.log("recompiles", f"whole step: numba compiles {what}")
-            return uncompiled
-        self.programs[grad_key] = program
-        return program
 
     def run(self, args: list[Tensor], mode: str, finish: Callable | None = None) -> Any:
         """Replay on this call's tensor arguments; ``finish(outputs, arrays)``, when given, sees

@@ -397,11 +397,6 @@ class InterpretedKernel:
         self._run_ops = getattr(machine(self.core), f"run_ops_{self.float_dtype.name}")
         self._local = threading.local()
 
-    @property
-    def dispatcher(self) -> Any:
-        """The numba function running this kernel (``Program.needs_jit``)."""
-        return self._run_ops
-
     def _registers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """This thread's register matrix for ``n`` elements and the flat view of its input
         rows (kept from call to call while ``n`` stays the same)."""

@@ -30,11 +30,9 @@ pytestmark = pytest.mark.usefixtures("fresh_compiler")
 
 @pytest.fixture
 def background(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Background compile on, and every new program treated as needing the JIT (whether the
-    kernels are in this process or the disk cache already depends on the tests run before);
-    yields a gate: while it is closed, background compiles wait for it before compiling."""
+    """Background compile on; yields a gate: while it is closed, background compiles wait for
+    it before compiling."""
     monkeypatch.setattr(config, "background_compile", True)
-    monkeypatch.setattr(Program, "needs_jit", lambda self: True)
     gate = threading.Event()
     gate.set()
     prepare = Program.prepare
@@ -196,44 +194,11 @@ def test_the_background_run_leaves_the_real_tensors_alone(background: Any) -> No
         np.testing.assert_array_equal(opt.state[p]["momentum_buffer"].numpy(), m)
 
 
-def test_programs_in_the_disk_cache_are_not_compiled_in_the_background(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A program whose kernels numba has already (``needs_jit`` False) runs at once, compiled:
-    no thread, no uncompiled calls."""
-    monkeypatch.setattr(config, "background_compile", True)
-    monkeypatch.setattr(Program, "needs_jit", lambda self: False)
+def test_off_the_call_that_builds_the_program_runs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``config.background_compile = False``: no thread, no uncompiled calls; the third call
+    builds, compiles and runs the program."""
+    monkeypatch.setattr(config, "background_compile", False)
     _, _, uncompiled = _train("mlp", True, 5)
     assert not any(uncompiled)
     assert compiler.counters.background_compiles == 0
     assert compiler.counters.step_runs == 3
-
-
-def test_needs_jit_sees_kernels_numba_has_not_compiled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``Program.needs_jit`` is True for a program whose kernel this process has not compiled
-    and the (empty) disk cache does not hold, False after its first run compiled it."""
-    monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
-    unary = ["tanh", "sigmoid", "exp", "sin", "cos", "neg", "abs", "square"]
-    chain = list(np.random.default_rng().choice(unary, size=8))  # (a kernel no test has)
-    w = fg.randn(300, 300, dtype=fg.float64, requires_grad=True)  # (too big to interpret)
-
-    @fg.compile
-    def step() -> fg.Tensor:
-        y = w
-        for name in chain:
-            y = getattr(y, str(name))()
-        loss = y.sum()
-        loss.backward()
-        return loss.detach()
-
-    step()  # recorded
-    w.grad = None
-    entry = next(iter(step.entries.values()))
-    program = entry.program((None,), "default")  # built, not run
-    assert program.kernels
-    assert program.needs_jit(), chain
-    step()  # its first run: numba compiles
-    assert compiler.counters.step_runs == 1
-    assert not program.needs_jit()
