@@ -308,7 +308,9 @@ def test_repr_like_pytorch():
     assert repr(nn.Conv2d(3, 8, 3, stride=2, padding=1)) == (
         "Conv2d(3, 8, kernel_size=(3, 3), stride=(2, 2), padding=(1, 1))"
     )
-    assert repr(nn.LayerNorm(10)) == "LayerNorm((10,), eps=1e-05, elementwise_affine=True)"
+    assert (
+        repr(nn.LayerNorm(10)) == "LayerNorm((10,), eps=1e-05, elementwise_affine=True, bias=True)"
+    )
     assert repr(nn.Embedding(10, 3, padding_idx=0)) == "Embedding(10, 3, padding_idx=0)"
     assert repr(nn.GELU(approximate="tanh")) == "GELU(approximate='tanh')"
     assert repr(nn.MaxPool2d(2)) == (

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..tensor import Tensor
-from .module import Module
+from .module import Module, _addindent
 from .parameter import Parameter
 
 if TYPE_CHECKING:
@@ -120,6 +120,25 @@ class ModuleList(Module):
 
     def __iter__(self) -> Iterator[Module]:
         return iter(self._modules.values())
+
+    def __repr__(self) -> str:
+        """Runs of consecutive entries that print the same are one line, ``(0-5): 6 x Block(...)``,
+        as PyTorch prints them (a Transformer's identical layers)."""
+        reprs = [repr(m) for m in self]
+        if not reprs:
+            return self._get_name() + "()"
+        runs: list[list[Any]] = []  # [first index, last index, text]
+        for i, text in enumerate(reprs):
+            if runs and runs[-1][2] == text:
+                runs[-1][1] = i
+            else:
+                runs.append([i, i, text])
+        lines = []
+        for first, last, text in runs:
+            head = f"({first})" if first == last else f"({first}-{last}): {last - first + 1} x"
+            line = f"{head}: {text}" if first == last else f"{head} {text}"
+            lines.append(_addindent(line, 2))
+        return self._get_name() + "(\n  " + "\n  ".join(lines) + "\n)"
 
     def __getitem__(self, idx: Any) -> Any:
         if isinstance(idx, slice):

@@ -46,6 +46,7 @@ from ..ops.functional import (
 )
 from ..ops.shape import flatten
 from ..tensor import Tensor
+from ._multi_head import multi_head_attention_forward
 
 __all__ = [
     "adaptive_avg_pool1d",
@@ -79,6 +80,7 @@ __all__ = [
     "max_pool2d",
     "mish",
     "mse_loss",
+    "multi_head_attention_forward",
     "nll_loss",
     "normalize",
     "one_hot",

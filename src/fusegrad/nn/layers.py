@@ -366,6 +366,7 @@ class LayerNorm(Module):
     def extra_repr(self) -> str:
         return (
             f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+            f", bias={self.bias is not None}"
         )
 
 
