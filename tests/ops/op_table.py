@@ -3291,6 +3291,82 @@ add(
 )
 
 
+def conv_transpose2d_ref(
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    output_padding: Any = 0,
+    groups: int = 1,
+    dilation: Any = 1,
+) -> np.ndarray:
+    """By the definition: input pixel (i, j) adds w[c_in, :, a, b] at output
+    (i * s + a * d - p, j * s + b * d - p)."""
+    if x.ndim == 3:
+        return conv_transpose2d_ref(
+            x[None], w, bias, stride, padding, output_padding, groups, dilation
+        )[0]
+    (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
+    (oph, opw), (dh, dw) = _pair(output_padding), _pair(dilation)
+    n, cin, H, W = x.shape
+    _, cout_g, kh, kw = w.shape
+    full_h = (H - 1) * sh + dh * (kh - 1) + 1 + oph
+    full_w = (W - 1) * sw + dw * (kw - 1) + 1 + opw
+    out = np.zeros((n, cout_g * groups, full_h + ph, full_w + pw), dtype=np.result_type(x, w))
+    cin_g = cin // groups
+    for g in range(groups):
+        xs = x[:, g * cin_g : (g + 1) * cin_g]
+        ws = w[g * cin_g : (g + 1) * cin_g]
+        for a in range(kh):
+            for b in range(kw):
+                contrib = np.einsum("nchw,co->nohw", xs, ws[:, :, a, b])
+                rows = slice(a * dh, a * dh + (H - 1) * sh + 1, sh)
+                cols = slice(b * dw, b * dw + (W - 1) * sw + 1, sw)
+                out[:, g * cout_g : (g + 1) * cout_g, rows, cols] += contrib
+    out = out[:, :, ph : full_h - ph, pw : full_w - pw]
+    if bias is not None:
+        out = out + np.asarray(bias).reshape(1, -1, 1, 1)
+    return out
+
+
+def _conv_transpose_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (1, 2, 3, 3)), uni(rng, (2, 3, 2, 2)), uni(rng, (3,))), name="bias"),
+        S(
+            (uni(rng, (2, 2, 3, 2)), uni(rng, (2, 1, 3, 3))),
+            {"stride": 2, "padding": 1, "output_padding": 1},
+            "stride_padding_output_padding",
+        ),
+        S(
+            (uni(rng, (1, 4, 3, 3)), uni(rng, (4, 1, 2, 3)), uni(rng, (2,))),
+            {"stride": (2, 1), "padding": (0, 1), "dilation": (1, 2), "groups": 2},
+            "groups_dilation",
+        ),
+        S(
+            (uni(rng, (1, 1, 2, 2)), uni(rng, (1, 1, 2, 2))),
+            {"stride": 3, "dilation": 2, "output_padding": (2, 1)},
+            "output_padding_below_stride",
+        ),
+        S((uni(rng, (1, 3, 3)), uni(rng, (1, 2, 2, 2))), {"padding": 1}, "unbatched"),
+        S(
+            (uni(rng, (1, 2, 3, 2)), uni(rng, (2, 2, 2, 2))),
+            {"stride": 2},
+            "noncontig",
+            noncontig=True,
+        ),
+    ]
+
+
+add(
+    "conv_transpose2d",
+    lambda m, x, w, b=None, **k: m.F.conv_transpose2d(x, w, b, **k),
+    conv_transpose2d_ref,
+    _conv_transpose_samples,
+    f32_tol=(1e-4, 1e-5),
+)
+
+
 def conv1d_ref(
     x: np.ndarray,
     w: np.ndarray,

@@ -14,6 +14,7 @@ from typing import Any
 
 from . import functional, init, utils
 from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
+from .conv_transpose import ConvTranspose2d
 from .layers import (
     CELU,
     ELU,
@@ -74,6 +75,7 @@ from .transformer import (
 )
 
 __all__ = [
+    "ConvTranspose2d",
     "TransformerEncoderLayer",
     "TransformerEncoder",
     "TransformerDecoderLayer",

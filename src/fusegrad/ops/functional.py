@@ -58,6 +58,7 @@ __all__ = [
     "unfold",
     "conv1d",
     "conv2d",
+    "conv_transpose2d",
     "max_pool2d",
     "avg_pool2d",
     "adaptive_avg_pool1d",
@@ -965,6 +966,97 @@ def _conv2d(
     if bias is not None:
         out = out + to_tensor(bias).reshape(1, out_c, 1, 1)
     return out
+
+
+def _dilate(x: Tensor, dim: int, stride: int) -> Tensor:
+    """``stride - 1`` zeros between neighbours along ``dim``: n -> (n - 1) * stride + 1.  A pad
+    of a new unit dim and a reshape, so the gradient is a strided slice (no scatter)."""
+    if stride == 1 or x.shape[dim] == 0:
+        return x
+    n = x.shape[dim]
+    widths = [0, 0] * (x.ndim - dim - 1) + [0, stride - 1]  # F.pad lists the last dim first
+    spread = pad(x.unsqueeze(dim + 1), tuple(widths))
+    merged = spread.reshape(*x.shape[:dim], n * stride, *x.shape[dim + 1 :])
+    return merged.narrow(dim, 0, (n - 1) * stride + 1)
+
+
+def conv_transpose2d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    output_padding: Any = 0,
+    groups: int = 1,
+    dilation: Any = 1,
+) -> Tensor:
+    """The transposed convolution (conv2d's gradient with respect to its input), of (N, C_in,
+    H, W) or (C_in, H, W) input with weight (C_in, C_out / groups, kh, kw): out size (H - 1) *
+    stride - 2 * padding + dilation * (kh - 1) + output_padding + 1.  Written as a stride-1
+    conv2d of the input spread out by ``stride`` (zeros between pixels) and padded by
+    ``dilation * (k - 1) - padding`` (cropped where negative), with the weight's in/out
+    channels swapped per group and flipped: the same im2col, so the backward is slice-adds and
+    a matmul, never a scatter."""
+    x, w = to_tensor(input), to_tensor(weight)
+    op = "conv_transpose2d"
+    if w.ndim != 4:
+        raise ShapeError(f"{op}: weight must be 4-D (in, out/groups, kh, kw), got {describe(w)}")
+    if x.ndim == 3:
+        return conv_transpose2d(
+            x.unsqueeze(0), w, bias, stride, padding, output_padding, groups, dilation
+        ).squeeze(0)
+    if groups <= 0:
+        raise ShapeError(f"{op}: non-positive groups is not supported (groups={groups})")
+    if w.shape[0] % groups:
+        raise ShapeError(
+            f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, "
+            f"but got weight of size {list(w.shape)} instead"
+        )
+    if x.ndim != 4 or x.shape[1] != w.shape[0]:
+        raise ShapeError(
+            f"Given transposed=1, weight of size {list(w.shape)}, expected input "
+            f"{describe(x)} to have {w.shape[0]} channels (4-D (N, C, H, W) or 3-D (C, H, W))"
+        )
+    (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
+    (oph, opw), (dh, dw) = _pair(output_padding), _pair(dilation)
+    if min(sh, sw, dh, dw) <= 0 or min(ph, pw, oph, opw) < 0:
+        raise ShapeError(
+            f"{op}: stride and dilation must be positive, padding and output_padding "
+            f"non-negative (stride={(sh, sw)}, padding={(ph, pw)}, "
+            f"output_padding={(oph, opw)}, dilation={(dh, dw)})"
+        )
+    if not ((oph < sh or oph < dh) and (opw < sw or opw < dw)):
+        raise ShapeError(
+            "output padding must be smaller than either stride or dilation, but got "
+            f"output_padding_height: {oph} output_padding_width: {opw} stride_height: {sh} "
+            f"stride_width: {sw} dilation_height: {dh} dilation_width: {dw}"
+        )
+    cin, cout_g, kh, kw = w.shape
+    out_c = cout_g * groups
+    if bias is not None and tuple(to_tensor(bias).shape) != (out_c,):
+        raise ShapeError(
+            f"Given transposed=1, weight of size {list(w.shape)}, expected bias to be "
+            f"1-dimensional with {out_c} elements, but got bias of size "
+            f"{list(to_tensor(bias).shape)} instead"
+        )
+    out_h = (x.shape[2] - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
+    out_w = (x.shape[3] - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
+    if out_h <= 0 or out_w <= 0:
+        raise ShapeError(
+            f"{op}: input {describe(x)} with kernel {(kh, kw)}, stride {(sh, sw)}, padding "
+            f"{(ph, pw)} and dilation {(dh, dw)} gives an empty output ({out_h}x{out_w})"
+        )
+    spread = _dilate(_dilate(x, 2, sh), 3, sw)
+    edge_h, edge_w = dh * (kh - 1) - ph, dw * (kw - 1) - pw
+    spread = pad(spread, (edge_w, edge_w + opw, edge_h, edge_h + oph))
+    # (in, out/g, kh, kw) -> (out, in/g, kh, kw), flipped: the conv2d that is its transpose
+    flipped = (
+        w.reshape(groups, cin // groups, cout_g, kh, kw)
+        .transpose(1, 2)
+        .reshape(out_c, cin // groups, kh, kw)
+        .flip((2, 3))
+    )
+    return _conv2d(spread, flipped, bias, 1, 0, (dh, dw), groups, op)
 
 
 def max_pool2d(
