@@ -2967,6 +2967,128 @@ add(
 )
 
 
+def _kl_div_ref(x, t, reduction="mean", log_target=False):  # type: ignore[no-untyped-def]
+    if log_target:
+        loss = np.exp(t) * (t - x)
+    else:
+        loss = np.where(t == 0, 0.0, t * np.log(np.where(t == 0, 1.0, t))) - t * x
+    if reduction == "batchmean":
+        return loss.sum() / (x.shape[0] if x.ndim else 1)
+    return _reduce_ref(loss, reduction)
+
+
+def _kl_div_samples(rng: np.random.Generator) -> list[Sample]:
+    def logp(shape: tuple) -> np.ndarray:
+        return np.asarray(np.log(_prob(rng, shape)))
+
+    zero_target = _prob(rng, (3, 4))
+    zero_target[1, 2] = 0.0  # 0 * log 0 is 0 (the target's own gradient is nan there)
+    return [
+        S((logp((3, 4)), _prob(rng, (3, 4))), {"reduction": "batchmean"}, "batchmean"),
+        S((logp((3, 4)), _prob(rng, (3, 4))), {"reduction": "sum"}, "sum"),
+        S((logp((2, 3, 2)), _prob(rng, (2, 3, 2))), {"reduction": "none"}, "none"),
+        S((logp((3, 4)), logp((3, 4))), {"reduction": "batchmean", "log_target": True}, "log_t"),
+        S((logp((3, 4)), logp((4,))), {"reduction": "sum", "log_target": True}, "bcast"),
+        S(
+            (logp((3, 4)), zero_target),
+            {"reduction": "batchmean"},
+            "zero_target",
+            nograd=frozenset({1}),
+        ),
+        S((logp(()), _prob(rng, ())), {"reduction": "batchmean"}, "0d"),
+        S((logp((3, 2)), _prob(rng, (3, 2))), {"reduction": "sum"}, "noncontig", noncontig=True),
+    ]
+
+
+add(
+    "kl_div",
+    lambda m, x, t, **k: m.F.kl_div(x, t, **k),
+    _kl_div_ref,
+    _kl_div_samples,
+)
+
+
+def _cosine_ref(a, b, dim=1, eps=1e-8):  # type: ignore[no-untyped-def]
+    a, b = np.broadcast_arrays(a, b)
+    na = np.maximum(np.sqrt((a * a).sum(dim, keepdims=True)), eps)
+    nb = np.maximum(np.sqrt((b * b).sum(dim, keepdims=True)), eps)
+    return ((a / na) * (b / nb)).sum(dim)
+
+
+def _cosine_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (3, 4)), uni(rng, (3, 4))), {}, "dim1"),
+        S((uni(rng, (3, 4)), uni(rng, (3, 4))), {"dim": 0}, "dim0"),
+        S((uni(rng, (2, 3, 4)), uni(rng, (4,))), {"dim": -1}, "bcast"),
+        # PyTorch's clamp is outside autograd: not the derivative of the clamped function
+        # (tests/nn/test_distance_losses.py compares that gradient with torch's)
+        S((uni(rng, (3, 4)) * 1e-9, uni(rng, (3, 4))), {}, "tiny_norm_clamped", grad=False),
+        S((uni(rng, (3, 4)), uni(rng, (3, 4))), {"eps": 2.0}, "large_eps", grad=False),
+        S((uni(rng, (3, 2)), uni(rng, (3, 2))), {}, "noncontig", noncontig=True),
+    ]
+
+
+add(
+    "cosine_similarity",
+    lambda m, a, b, **k: m.F.cosine_similarity(a, b, **k),
+    _cosine_ref,
+    _cosine_samples,
+)
+
+
+def _pairwise_ref(a, b, p=2.0, eps=1e-6, keepdim=False):  # type: ignore[no-untyped-def]
+    d = np.abs(a - b + eps)
+    out = (
+        d.max(-1, keepdims=keepdim)
+        if p == math.inf
+        else (d**p).sum(-1, keepdims=keepdim) ** (1 / p)
+    )
+    return out
+
+
+def _triplet_ref(a, pos, neg, margin=1.0, p=2, eps=1e-6, swap=False, reduction="mean"):  # type: ignore[no-untyped-def]
+    d_pos = _pairwise_ref(a, pos, p, eps)
+    d_neg = _pairwise_ref(a, neg, p, eps)
+    if swap:
+        d_neg = np.minimum(d_neg, _pairwise_ref(pos, neg, p, eps))
+    return _reduce_ref(np.maximum(margin + d_pos - d_neg, 0.0), reduction)
+
+
+add(
+    "pairwise_distance",
+    lambda m, a, b, **k: m.F.pairwise_distance(a, b, **k),
+    _pairwise_ref,
+    lambda rng: [
+        S((uni(rng, (3, 4)), uni(rng, (3, 4))), {}, "p2"),
+        S((uni(rng, (3, 4)), uni(rng, (4,))), {"p": 3.0, "keepdim": True}, "p3_keep"),
+        S((uni(rng, (3, 4)), uni(rng, (3, 4))), {"p": math.inf}, "pinf"),
+    ],
+)
+
+
+def _triplet_samples(rng: np.random.Generator) -> list[Sample]:
+    def trio(shape: tuple) -> tuple:
+        return uni(rng, shape), uni(rng, shape), uni(rng, shape)
+
+    return [
+        S(trio((5, 4)), {}, "default"),
+        S(trio((5, 4)), {"margin": 2.5, "reduction": "sum"}, "margin_sum"),
+        S(trio((5, 4)), {"p": 1.0, "margin": 3.0, "reduction": "none"}, "p1"),
+        S(trio((5, 4)), {"swap": True, "margin": 2.0}, "swap"),
+        S(trio((5, 4)), {"p": 3.0, "eps": 1e-3, "margin": 2.0}, "p3_eps"),
+        S(trio((4,)), {"margin": 3.0}, "unbatched"),
+        S(trio((3, 2)), {"margin": 2.0}, "noncontig", noncontig=True),
+    ]
+
+
+add(
+    "triplet_margin_loss",
+    lambda m, anchor, pos, neg, **k: m.F.triplet_margin_loss(anchor, pos, neg, **k),
+    _triplet_ref,
+    _triplet_samples,
+)
+
+
 def _bce_logits_samples(rng: np.random.Generator) -> list[Sample]:
     return _pair_loss_samples(uni, _prob)(rng) + [
         # torch refuses a pos_weight that requires grad

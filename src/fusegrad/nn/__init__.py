@@ -15,6 +15,7 @@ from typing import Any
 from . import functional, init, utils
 from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from .conv_transpose import ConvTranspose2d
+from .distance import CosineSimilarity, PairwiseDistance
 from .layers import (
     CELU,
     ELU,
@@ -57,10 +58,12 @@ from .loss import (
     BCEWithLogitsLoss,
     CrossEntropyLoss,
     HuberLoss,
+    KLDivLoss,
     L1Loss,
     MSELoss,
     NLLLoss,
     SmoothL1Loss,
+    TripletMarginLoss,
 )
 from .module import LoadStateDictError, Module, RemovableHandle
 from .parameter import Parameter
@@ -111,6 +114,10 @@ __all__ = [
     "GroupNorm",
     "Hardswish",
     "HuberLoss",
+    "KLDivLoss",
+    "TripletMarginLoss",
+    "CosineSimilarity",
+    "PairwiseDistance",
     "Identity",
     "InstanceNorm1d",
     "InstanceNorm2d",

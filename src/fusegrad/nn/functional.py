@@ -25,6 +25,7 @@ from ..ops.functional import (
     conv1d,
     conv2d,
     conv_transpose2d,
+    cosine_similarity,
     cross_entropy,
     dropout,
     embedding,
@@ -32,6 +33,7 @@ from ..ops.functional import (
     huber_loss,
     instance_norm,
     interpolate,
+    kl_div,
     l1_loss,
     layer_norm,
     linear,
@@ -41,8 +43,10 @@ from ..ops.functional import (
     normalize,
     one_hot,
     pad,
+    pairwise_distance,
     scaled_dot_product_attention,
     smooth_l1_loss,
+    triplet_margin_loss,
     unfold,
 )
 from ..ops.shape import flatten
@@ -60,6 +64,7 @@ __all__ = [
     "conv1d",
     "conv2d",
     "conv_transpose2d",
+    "cosine_similarity",
     "cross_entropy",
     "dropout",
     "elu",
@@ -73,6 +78,7 @@ __all__ = [
     "huber_loss",
     "instance_norm",
     "interpolate",
+    "kl_div",
     "l1_loss",
     "layer_norm",
     "leaky_relu",
@@ -87,6 +93,7 @@ __all__ = [
     "normalize",
     "one_hot",
     "pad",
+    "pairwise_distance",
     "relu",
     "relu6",
     "scaled_dot_product_attention",
@@ -98,6 +105,7 @@ __all__ = [
     "softmin",
     "softplus",
     "tanh",
+    "triplet_margin_loss",
     "unfold",
 ]
 

@@ -14,9 +14,11 @@ __all__ = [
     "BCELoss",
     "BCEWithLogitsLoss",
     "CrossEntropyLoss",
+    "KLDivLoss",
     "L1Loss",
     "MSELoss",
     "NLLLoss",
+    "TripletMarginLoss",
 ]
 
 _REDUCTIONS = ("none", "mean", "sum")
@@ -163,4 +165,61 @@ class BCEWithLogitsLoss(_Loss):
     def forward(self, input: Tensor, target: Tensor) -> Tensor:
         return F.binary_cross_entropy_with_logits(
             input, target, self.weight, reduction=self.reduction, pos_weight=self.pos_weight
+        )
+
+
+class KLDivLoss(_Loss):
+    """``F.kl_div``: ``input`` holds log probabilities (``log_target``: ``target`` too);
+    ``reduction="batchmean"`` gives the KL divergence per sample."""
+
+    def __init__(
+        self,
+        size_average: bool | None = None,
+        reduce: bool | None = None,
+        reduction: str = "mean",
+        log_target: bool = False,
+    ) -> None:
+        batchmean = reduction == "batchmean" and size_average is None and reduce is None
+        super().__init__(size_average, reduce, "mean" if batchmean else reduction)
+        if batchmean:
+            self.reduction = "batchmean"
+        self.log_target = log_target
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+
+
+class TripletMarginLoss(_Loss):
+    """``F.triplet_margin_loss`` with its ``margin``, ``p``, ``eps`` and ``swap``."""
+
+    def __init__(
+        self,
+        margin: float = 1.0,
+        p: float = 2.0,
+        eps: float = 1e-6,
+        swap: bool = False,
+        size_average: bool | None = None,
+        reduce: bool | None = None,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(size_average, reduce, reduction)
+        if margin <= 0:
+            raise ValueError(
+                f"TripletMarginLoss: expected margin to be greater than 0, got {margin} instead"
+            )
+        self.margin = margin
+        self.p = p
+        self.eps = eps
+        self.swap = swap
+
+    def forward(self, anchor: Tensor, positive: Tensor, negative: Tensor) -> Tensor:
+        return F.triplet_margin_loss(
+            anchor,
+            positive,
+            negative,
+            margin=self.margin,
+            p=self.p,
+            eps=self.eps,
+            swap=self.swap,
+            reduction=self.reduction,
         )

@@ -6,11 +6,13 @@ matmul), so each is differentiable twice and visible to the compiler as ordinary
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from .. import dtypes as _dt
 from .. import storage as _storage
 from ..autograd.grad_mode import no_grad as _no_grad
 from ..autograd.tracer import notify_check as _check
@@ -18,13 +20,13 @@ from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import notify_host_read as _read
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..tensor import Tensor
-from ._util import to_tensor
+from ._util import broadcast_shape, cast, to_tensor
 from .creation import _gen
 from .elementwise import add, clamp, elu, gelu, leaky_relu, neg, relu, silu, softplus, sub, where
-from .generated import abs, exp, log, log1p, mul, sigmoid, tanh
+from .generated import abs, eq, exp, log, log1p, minimum, mul, sigmoid, tanh
 from .indexing import embedding, one_hot  # (re-exported: F.embedding, F.one_hot)
 from .linalg import linear
-from .reduction import log_softmax, mean, softmax, sum, var
+from .reduction import log_softmax, mean, norm, softmax, sum, var
 from .shape import pad, stack
 
 __all__ = [
@@ -68,6 +70,10 @@ __all__ = [
     "embedding",
     "normalize",
     "scaled_dot_product_attention",
+    "kl_div",
+    "cosine_similarity",
+    "pairwise_distance",
+    "triplet_margin_loss",
 ]
 
 
@@ -253,6 +259,111 @@ def huber_loss(
     if weight is not None:
         loss = loss * weight
     return _reduce(loss, reduction, "huber_loss")
+
+
+def kl_div(
+    input: Tensor,
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+    log_target: bool = False,
+) -> Tensor:
+    """Pointwise KL divergence ``target * (log(target) - input)`` with ``input`` given as log
+    probabilities (``log_target=True``: ``target`` too, ``exp(target) * (target - input)``);
+    ``0 * log(0)`` is 0, as PyTorch's ``xlogy``.  ``reduction="batchmean"`` divides the sum by
+    the batch size (``input.size(0)``), the KL divergence's definition; ``"mean"`` (the
+    default) divides by the element count and warns, as PyTorch does."""
+    reduction = _legacy(size_average, reduce, reduction)
+    x, t = to_tensor(input), to_tensor(target)
+    if log_target:
+        loss = exp(t) * sub(t, x)
+    else:
+        t_log_t = where(eq(t, 0), 0.0, t * log(t))  # xlogy(t, t): 0 where t == 0
+        loss = sub(t_log_t, t * x)
+    if reduction == "batchmean":
+        total = sum(loss)
+        return total / x.shape[0] if x.ndim else total
+    if reduction == "mean":
+        warnings.warn(
+            "reduction: 'mean' divides the total loss by both the batch size and the support "
+            "size.'batchmean' divides only by the batch size, and aligns with the KL div math "
+            "definition.'mean' will be changed to behave the same as 'batchmean' in the next "
+            "major release.",
+            UserWarning,
+            stacklevel=2,
+        )
+    return _reduce(loss, reduction, "kl_div")
+
+
+def cosine_similarity(x1: Any, x2: Any, dim: int = 1, eps: float = 1e-8) -> Tensor:
+    """Cosine of the angle between ``x1`` and ``x2`` along ``dim`` (broadcast first), by
+    PyTorch's current formula: each input divided by its own norm clamped below at ``eps``,
+    then the product summed -- so the result stays in [-1, 1].  As in PyTorch the clamp does
+    not enter the gradient (its norm is clamped outside autograd): the gradient is that of
+    ``x1 / n1 * x2 / n2`` with ``n`` the clamped norms taken as the norms."""
+    a, b = to_tensor(x1), to_tensor(x2)
+    common = _dt.result_type(a, b)
+    if common.category != 2:
+        raise DTypeError(
+            "cosine_similarity: expected common dtype to be floating point, yet common dtype "
+            f"is {common.name} ({describe(a, b)})"
+        )
+    a, b = cast(a, common), cast(b, common)
+    shape = broadcast_shape("cosine_similarity", a, b)
+    a, b = a.broadcast_to(shape), b.broadcast_to(shape)  # type: ignore[attr-defined]
+
+    def clamped_norm(v: Tensor) -> Tensor:
+        n = norm(v, 2, dim, keepdim=True)
+        held = n.detach()
+        return add(n, sub(clamp(held, min=eps), held))  # the value clamped, the gradient n's
+
+    return sum((a / clamped_norm(a)) * (b / clamped_norm(b)), dim)
+
+
+def pairwise_distance(
+    x1: Any, x2: Any, p: float = 2.0, eps: float = 1e-6, keepdim: bool = False
+) -> Tensor:
+    """The ``p``-norm of ``x1 - x2 + eps`` over the last dimension (PyTorch's formula, the
+    ``eps`` keeping the norm's gradient finite where the inputs coincide)."""
+    a, b = to_tensor(x1), to_tensor(x2)
+    diff = add(sub(a, b), eps)
+    if diff.ndim == 0:
+        return norm(diff, p, 0, keepdim=keepdim) if keepdim else abs(diff)
+    return norm(diff, p, -1, keepdim=keepdim)
+
+
+def triplet_margin_loss(
+    anchor: Tensor,
+    positive: Tensor,
+    negative: Tensor,
+    margin: float = 1.0,
+    p: float = 2,
+    eps: float = 1e-6,
+    swap: bool = False,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """``max(d(a, p) - d(a, n) + margin, 0)`` with ``d`` the ``pairwise_distance`` (``p``,
+    ``eps``); ``swap=True`` uses ``min(d(a, n), d(p, n))`` as the negative distance (the
+    distance swap of Balntas et al.)."""
+    if margin <= 0:
+        raise ValueError(f"margin must be greater than 0, got {margin}")
+    reduction = _legacy(size_average, reduce, reduction)
+    a, pos, neg = to_tensor(anchor), to_tensor(positive), to_tensor(negative)
+    if not (a.ndim == pos.ndim == neg.ndim):
+        raise ShapeError(
+            "The anchor, positive, and negative tensors are expected to have the same number "
+            f"of dimensions, but got: anchor {a.ndim}D, positive {pos.ndim}D, and negative "
+            f"{neg.ndim}D inputs"
+        )
+    d_pos = pairwise_distance(a, pos, p, eps)
+    d_neg = pairwise_distance(a, neg, p, eps)
+    if swap:
+        d_neg = minimum(d_neg, pairwise_distance(pos, neg, p, eps))
+    loss = clamp(sub(add(d_pos, float(margin)), d_neg), min=0.0)
+    return _reduce(loss, reduction, "triplet_margin_loss")
 
 
 def _legacy(size_average: bool | None, reduce: bool | None, reduction: str) -> str:
