@@ -26,7 +26,9 @@ on first use through ``__getattr__`` below.  ``tests/test_imports.py`` checks al
    after ``ops``).
 9. ``autograd.engine``; ``autograd.api`` (``backward``, ``grad``; it installs
    ``Tensor.backward``), ``autograd.function``, ``autograd.graph``, ``autograd.gradcheck``.
-10. ``nn``, ``optim``, ``utils``; ``serialization`` (``save``/``load``, which needs nn's Parameter).
+10. ``nn``, ``optim``, ``utils``; ``serialization`` (``save``/``load``, which needs nn's Parameter);
+    ``amp`` (``autocast``, ``GradScaler``; also ``cuda.amp``), ``backends`` and ``accelerator``
+    (stubs scripts touch).
 
 A method of a low class that needs a higher layer is installed on the class by that layer: the
 op surface's methods and a view's lazy ``grad_fn`` by ``ops._install_methods``,
@@ -203,8 +205,10 @@ def numel(input: Tensor) -> int:
 
 def __getattr__(name: str) -> Any:
     # Heavy or optional subpackages load on first use, keeping ``import fusegrad`` light.
-    if name in ("nn", "optim", "utils", "viz", "distributed"):
+    if name in ("nn", "optim", "utils", "viz", "distributed", "amp", "backends", "accelerator"):
         return importlib.import_module(f".{name}", __name__)
+    if name in ("autocast", "is_autocast_enabled", "get_autocast_dtype"):
+        return getattr(importlib.import_module(".amp", __name__), name)
     if name in ("save", "load", "serialization"):  # (it needs nn's Parameter: on first use)
         module = importlib.import_module(".serialization", __name__)
         return module if name == "serialization" else getattr(module, name)

@@ -15,6 +15,7 @@ here) and below the op surface: nothing in it imports ``fusegrad.ops``.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from ..device import cuda_probe as _probe
@@ -28,6 +29,7 @@ __all__ = [
     "synchronize",
     "is_simulator",
     "manual_seed",
+    "manual_seed_all",
 ]
 
 
@@ -83,3 +85,16 @@ def synchronize(device: Any = None) -> None:
 def manual_seed(seed: int) -> None:
     """CUDA tensors draw from the host generator (and are copied), so one seed covers both."""
     _manual_seed(seed)
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed every device's generator: there is one (the host's), so ``manual_seed``."""
+    _manual_seed(seed)
+
+
+def __getattr__(name: str) -> Any:
+    # ``fusegrad.cuda.amp`` (``GradScaler``, ``autocast``): made by ``fusegrad.amp``, which
+    # sits above the op surface and so is loaded on first use, not imported by this package
+    if name == "amp":
+        return importlib.import_module("fusegrad.amp").cuda_amp
+    raise AttributeError(f"module 'fusegrad.cuda' has no attribute {name!r}")
