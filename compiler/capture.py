@@ -42,6 +42,7 @@ import numpy as np
 from fusegrad import dtypes as _dt
 from fusegrad.autograd import anomaly
 from fusegrad.autograd import engine as _engine
+from fusegrad.autograd.forward_state import state as _forward_state
 from fusegrad.autograd.node import AccumulateGrad, OpNode
 from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.ops import registry
@@ -160,6 +161,11 @@ def walk(
         return out
     if anomaly._state.enabled:
         out.fallback = "anomaly mode is on (per-node checks and tracebacks)"
+        return out
+    if _forward_state.level is not None:
+        # the rules' ops must run on the dual values to propagate tangents (forward over
+        # reverse); a compiled program would drop them
+        out.fallback = "a forward-AD dual level is active (tangents flow through the backward)"
         return out
     index: dict = {}
     order: list = []

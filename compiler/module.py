@@ -53,6 +53,7 @@ from fusegrad.autograd import engine as _engine
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd import graph_base as _graph_base
 from fusegrad.autograd.api import grad as _grad
+from fusegrad.autograd.forward_state import state as _forward_state
 from fusegrad.autograd.graph_base import AccumulateGrad, Node
 from fusegrad.autograd.node import _freed_message
 from fusegrad.autograd.tracer import current as _current_tracer
@@ -698,6 +699,9 @@ class OptimizedModule(Module):
         if _current_tracer() is not None:  # part of an enclosing compiled function or region
             with compiled_autograd(self._fullgraph, self._compile_mode):
                 return mod(*args, **kwargs)
+        if _forward_state.level is not None:
+            # a dual level: the ops must run to propagate tangents, which no replay computes
+            return mod(*args, **kwargs)
         if _anomaly._state.enabled:
             # anomaly mode checks each backward node's outputs and names the node: the module's
             # own graph, run eagerly (no replay, no module node), as in eager mode

@@ -55,6 +55,7 @@ import fusegrad
 from fusegrad.autograd import anomaly as _anomaly
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd.engine import run_backward
+from fusegrad.autograd.forward_state import state as _forward_state
 from fusegrad.autograd.node import Node, _freed_message
 from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.autograd.tracer import state as _tracer_state
@@ -1265,6 +1266,9 @@ class CompiledFunction:
                 return self.fn(*args, **kwargs)
             with self.region():
                 return self.fn(*args, **kwargs)
+        if _forward_state.level is not None:
+            # a dual level: the ops must run to propagate tangents, which no replay computes
+            return self.fn(*args, **kwargs)
         if _anomaly._state.enabled:
             # anomaly mode checks every backward node's outputs and names the forward line of
             # a failing one: the nodes must run, so the call runs in compiled-backward mode

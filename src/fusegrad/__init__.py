@@ -56,6 +56,7 @@ from .autograd import (
     no_grad,
     set_grad_enabled,
 )
+from .autograd import jvps as _jvps  # the forward-mode rule table, beside it
 from .device import device
 from .dtypes import bool_ as bool  # noqa: A001  (torch-style name)
 from .dtypes import dtype, float32, float64, get_default_dtype, int32, int64, set_default_dtype

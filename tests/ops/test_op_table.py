@@ -114,6 +114,93 @@ def test_gradgradcheck(entry: OpInfo, sample: Sample) -> None:
     assert gradgradcheck(_float_outputs(fn), tuple(leaves))
 
 
+def _jvp_by_forward_ad(fn: Any, leaves: list, tangents: list, lib: Lib = FG) -> list:
+    """The tangents of ``fn``'s float outputs with ``tangents`` on the leaves (forward AD of
+    ``lib``); None where an output has none."""
+    if lib is FG:
+        from fusegrad.autograd import forward_ad as fwAD
+    else:
+        import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        duals = [fwAD.make_dual(x, lib.tensor(t)) for x, t in zip(leaves, tangents)]
+        outs = [o for o in flat_outputs(fn(*duals)) if is_float(o)]
+        return [None if (u := fwAD.unpack_dual(o).tangent) is None else to_numpy(u) for o in outs]
+
+
+@pytest.mark.parametrize("entry,sample", GRAD_CASES, ids=GRAD_IDS)
+def test_jvp_matches_finite_differences(entry: OpInfo, sample: Sample) -> None:
+    """Forward AD (every primitive's JVP rule, ``autograd/jvps.py``) against central finite
+    differences along a random direction, in float64 (gradcheck's tolerances)."""
+    leaves, fn = build(entry, FG, sample, "float64")
+    if not leaves:
+        pytest.skip("no differentiable input in this case")
+    rng = np.random.default_rng(4321)
+    tangents = [rng.standard_normal(tuple(x.shape)) for x in leaves]
+    jvps = _jvp_by_forward_ad(fn, leaves, tangents)
+    eps = 1e-6
+
+    def shifted(sign: float) -> list:
+        moved = [fusegrad.tensor(to_numpy(x) + sign * eps * t) for x, t in zip(leaves, tangents)]
+        return [to_numpy(o) for o in flat_outputs(fn(*moved)) if is_float(o)]
+
+    plus, minus = shifted(1.0), shifted(-1.0)
+    assert len(jvps) == len(plus)
+    for k, (jv, hi, lo) in enumerate(zip(jvps, plus, minus)):
+        numeric = (hi - lo) / (2 * eps)
+        analytic = np.zeros_like(numeric) if jv is None else jv
+        # a nan output (the mean of nothing) has no finite difference to compare with
+        finite = np.isfinite(numeric)
+        np.testing.assert_allclose(
+            analytic[finite], numeric[finite], rtol=1e-3, atol=1e-5, err_msg=f"output {k}"
+        )
+
+
+# fusegrad's mean of nothing is built so that no nan reaches derivatives (ops/reduction.py):
+# its tangent is 0 where PyTorch's is nan (0 / 0); and PyTorch's logcumsumexp JVP underflows
+# to 0 at a prefix 800 below the row's maximum, where out[0] = x[0] has tangent t[0] (fusegrad
+# gives t[0]; the finite-difference test checks it)
+_JVP_NOT_AS_TORCH = {
+    ("mean", "empty_reduced"),
+    ("mean", "empty_full"),
+    ("logcumsumexp", "spread"),
+}
+JVP_TORCH_CASES = [
+    (e, s)
+    for e, s in GRAD_CASES
+    if s.torch and e.torch_grad and (e.name, s.name) not in _JVP_NOT_AS_TORCH
+]
+JVP_TORCH_IDS = [f"{e.name}-{s.name}" for e, s in JVP_TORCH_CASES]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch performance notes
+@pytest.mark.parametrize("entry,sample", JVP_TORCH_CASES, ids=JVP_TORCH_IDS)
+def test_jvp_matches_torch(entry: OpInfo, sample: Sample) -> None:
+    """Forward AD against ``torch.autograd.forward_ad`` on the same case and direction."""
+    pytest.importorskip("torch")
+    tl = torch_lib()
+    leaves, fn = build(entry, FG, sample, "float64")
+    t_leaves, t_fn = build(entry, tl, sample, "float64")
+    if not leaves:
+        pytest.skip("no differentiable input in this case")
+    rng = np.random.default_rng(4321)
+    tangents = [rng.standard_normal(tuple(x.shape)) for x in leaves]
+    try:
+        theirs = _jvp_by_forward_ad(t_fn, t_leaves, tangents, tl)
+    except (NotImplementedError, RuntimeError) as e:
+        pytest.skip(f"torch has no forward AD here: {str(e)[:80]}")
+    ours = _jvp_by_forward_ad(fn, leaves, tangents)
+    assert len(ours) == len(theirs)
+    for k, (a, b) in enumerate(zip(ours, theirs)):
+        if a is None or b is None:
+            # None and zeros are the same derivative (PyTorch gives None for some
+            # piecewise-constant results, fusegrad zeros, or the other way round)
+            assert not np.any(a if a is not None else 0), f"output {k}"
+            assert not np.any(b if b is not None else 0), f"output {k}"
+            continue
+        np.testing.assert_allclose(a, b, rtol=1e-7, atol=1e-10, equal_nan=True, err_msg=f"{k}")
+
+
 def _cotangents(outs: list, dtype: str) -> list[np.ndarray]:
     rng = np.random.default_rng(1234)
     return [rng.standard_normal(tuple(o.shape)).astype(dtype) for o in outs]

@@ -11,7 +11,7 @@ name from it.
 
 from __future__ import annotations
 
-from . import function, graph
+from . import forward_ad, function, functional, graph
 from .anomaly import detect_anomaly, is_anomaly_enabled, set_detect_anomaly
 from .api import backward, grad
 from .function import Function
@@ -31,6 +31,8 @@ __all__ = [
     "backward",
     "detect_anomaly",
     "enable_grad",
+    "forward_ad",
+    "functional",
     "grad",
     "gradcheck",
     "gradgradcheck",

@@ -57,6 +57,7 @@ from ..errors import AutogradError
 from ..ops.shape import sum_to
 from ..tensor import Tensor, _ViewTensor
 from . import anomaly, grad_mode, tracer
+from .forward_state import state as _forward_state
 from .node import AccumulateGrad, Node, OpNode
 
 _make = Tensor._make
@@ -486,10 +487,12 @@ def _execute(
                         and type(prev) in _EAGER
                         and type(g) in _EAGER
                         and type(g._data) is np.ndarray
+                        and _forward_state.level is None
                     ):
                         # fan-in of plain tensors outside create_graph: add the arrays directly
                         # (both already have the input's shape and dtype).  Symbolic values
-                        # (compiler capture) are subclasses and take the op-surface add below.
+                        # (compiler capture) are subclasses and take the op-surface add below,
+                        # as do dual tensors (forward AD: their tangents add too).
                         buf[nr] = _make(np.add(prev._data, g._data))
                     else:
                         buf[nr] = prev + g

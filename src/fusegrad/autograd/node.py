@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import AutogradError
 from ..tensor import Tensor
 from . import anomaly, grad_mode
+from .forward_state import state as _forward_state
 from .graph_base import (  # (Node, AccumulateGrad & co. are re-exported: this was their home)
     AccumulateGrad,
     Node,
@@ -258,6 +259,9 @@ class SavedTensor:
         if self._rg:
             out.grad_fn = node
             out._output_nr = self._output_nr
+        level = _forward_state.level
+        if level is not None:  # a dual level: the output's tangent comes back
+            level.saved_output_tangent(self, out)
         return out
 
     def _unpack_with_hook(self, node: Node | None) -> Tensor:

@@ -25,6 +25,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import storage as _storage
 from ..autograd import grad_mode as _grad_mode
+from ..autograd.forward_state import state as _forward_state
 from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import state as _tracer_state
 from ..device import as_device
@@ -433,11 +434,15 @@ def inplace(self: Tensor, op: str, fn: Any, *args: Any, **kwargs: Any) -> Tensor
         with _grad_mode.no_grad():
             result = fn(self, *args, **kwargs)
         _write(self, result, op)
+        if _forward_state.level is not None:  # a dual level: the tangent follows the value
+            _forward_state.level.inplace_update(self, result)
         return self
     if self._base is not None:
         return _inplace_on_view(self, op, fn, args, kwargs)
     snapshot = _created(Tensor._make(self._data.copy()), self)  # (self's values, as a copy)
     snapshot.grad_fn, snapshot._output_nr = self.grad_fn, self._output_nr
+    if _forward_state.level is not None:
+        _forward_state.level.carry_tangent(snapshot, self)
     result = _cast_result(self, fn(snapshot, *args, **kwargs))
     if result.grad_fn is None and snapshot.grad_fn is not None:
         # a non-differentiable result (eq_, sign-like ops, normal_): as in PyTorch the tensor
@@ -446,6 +451,8 @@ def inplace(self: Tensor, op: str, fn: Any, *args: Any, **kwargs: Any) -> Tensor
         result = _zero_grad_through(result, snapshot)
     _write(self, result, op)
     self._set_history(result.grad_fn, result._output_nr)  # moves a retain_grad along
+    if _forward_state.level is not None:
+        _forward_state.level.inplace_update(self, result)
     return self
 
 
@@ -475,10 +482,14 @@ def _inplace_on_view(view: Tensor, op: str, fn: Any, args: tuple, kwargs: dict) 
     # a copy: the op's node may save its input, and the view's storage is overwritten below
     snapshot = _created(Tensor._make(_storage.copy(region._data)), region)
     snapshot.grad_fn, snapshot._output_nr = region.grad_fn, region._output_nr
+    if _forward_state.level is not None:
+        _forward_state.level.carry_tangent(snapshot, view)
     result = _cast_result(view, fn(snapshot, *args, **kwargs))
     _check_result(view, result, op)  # before the base's history changes
     _write(view, result, op)
     _rewrite_base(view, result)
+    if _forward_state.level is not None:
+        _forward_state.level.inplace_update(view, result)
     return view
 
 
@@ -551,6 +562,8 @@ def _copy(self: Tensor, src: Any) -> Tensor:
         # where, not ``self * 0``, which would turn an inf or nan in self into nan)
         everywhere = _created(Tensor._make(_storage.full_like(self._data, True, bool)))
         return where(everywhere, s, self)
+    if _forward_state.level is not None:
+        return clone(s)  # (a dual level: the copy keeps ``src``'s tangent)
     return clone(s).detach()
 
 

@@ -32,6 +32,7 @@ import numpy as np
 from ..autograd import grad_mode
 from ..autograd.anomaly import _state as _anomaly_state
 from ..autograd.anomaly import record_forward_trace as _record_forward_trace
+from ..autograd.forward_state import state as _forward_state
 from ..autograd.node import OpNode as _OpNode
 from ..autograd.tracer import state as _tracer_state
 from ..cuda.array import CudaArray
@@ -136,6 +137,11 @@ class Rule:
 
 RULES: dict[str, Rule] = {}
 
+JVPS: dict[str, Callable[..., Any]] = {}
+"""The forward-mode table (``autograd/jvps.py``): primitive name -> its Jacobian-vector product
+rule ``fn(inputs, tangents, out, attrs) -> tangent of out`` (``tangents`` has None for inputs
+without one), written in the op surface like the VJP rules."""
+
 
 def primitive(
     name: str,
@@ -232,13 +238,42 @@ def vjp(
     return register
 
 
+def jvp(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the forward-mode rule of primitive ``name`` (see ``JVPS``)."""
+    if name not in REGISTRY:
+        raise ValueError(f"jvp rule for unknown primitive {name!r}")
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if name in JVPS:
+            raise ValueError(f"jvp rule for {name!r} registered twice")
+        JVPS[name] = fn
+        return fn
+
+    return register
+
+
 # ``run`` wraps every result: bound once, a module global instead of two attribute lookups
 _make = Tensor._make
 
 
 def apply(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
     """Run ``prim`` on Tensors ``inputs`` with keyword ``attrs`` (recording a node if needed),
-    or hand the call to this thread's tracer when one is installed."""
+    or hand the call to this thread's tracer when one is installed.  While a forward-AD dual
+    level exists, ``autograd.forward_ad`` also computes the result's tangent (its one check
+    here is all that forward AD costs otherwise)."""
+    level = _forward_state.level
+    if level is not None:
+        return level.apply(prim, inputs, attrs, JVPS, _apply_primal)
+    tracer = _tracer_state.tracer
+    if tracer is not None:
+        result = tracer.apply(prim, inputs, attrs)
+        if result is not NotImplemented:
+            return result
+    return run(prim, inputs, attrs)
+
+
+def _apply_primal(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
+    """``apply`` without forward AD (the primal computation of a dual call)."""
     tracer = _tracer_state.tracer
     if tracer is not None:
         result = tracer.apply(prim, inputs, attrs)

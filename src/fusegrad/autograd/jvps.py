@@ -1,0 +1,294 @@
+"""THE forward-mode table: one Jacobian-vector product (JVP) rule per differentiable primitive,
+beside the VJP rules of ``derivatives.py`` and found by name the same way
+(``ops.registry.JVPS``).
+
+A rule is ``fn(p, t, out, attrs) -> tangent``: ``p`` are the primitive's inputs (primals),
+``t`` their tangents (None for an input without one -- at least one is not None), ``out`` the
+primal result and ``attrs`` the primitive's attributes.  It returns the output's tangent (None:
+none).  ``forward_ad.apply_dual`` casts it to ``out``'s dtype and materialises it to ``out``'s
+shape where it only broadcasts, so rules may return e.g. ``ta`` for ``add(a, b)`` as it is.
+
+Rules are written in the op surface, as the VJP rules are: they are ordinary ops, so a tangent
+computation is recorded by reverse mode when grad mode is on and fuses when a compiler traces
+it.  Linear primitives (movement, sums, ``add``) apply themselves to the tangents
+(``_linear``); view primitives thereby give views of the input's tangent.
+
+``UNSUPPORTED`` names the differentiable primitives without a rule on purpose, with the reason;
+forward AD through them raises ``NotImplementedError`` naming the primitive
+(``tests/autograd/test_forward_ad.py`` checks every differentiable primitive is in one of the
+two).
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+from .. import ops as F
+from ..ops.registry import REGISTRY, jvp
+from ..ops.registry import apply as _apply
+from . import derivatives as _derivatives
+
+# differentiable primitives deliberately left without a JVP rule: name -> why
+UNSUPPORTED: dict[str, str] = {}
+
+
+def _zeros(x: Any) -> Any:
+    return F.zeros_like(x)
+
+
+def _add(*terms: Any) -> Any:
+    """The sum of the terms that are not None (None when all are)."""
+    total = None
+    for term in terms:
+        if term is not None:
+            total = term if total is None else total + term
+    return total
+
+
+def _linear(name: str, differentiable: tuple[int, ...] | None = (0,)) -> None:
+    """A primitive linear in its inputs at positions ``differentiable`` (None: all; the
+    others, index tensors, are passed through): its JVP is the primitive applied to the
+    tangents (zeros for inputs without one)."""
+    prim = REGISTRY[name]
+
+    @jvp(name)
+    def rule(p: tuple, t: tuple, out: Any, attrs: dict) -> Any:
+        args = tuple(
+            (t[i] if t[i] is not None else _zeros(x))
+            if differentiable is None or i in differentiable
+            else x
+            for i, x in enumerate(p)
+        )
+        return _apply(prim, args, attrs)
+
+
+def _unary(name: str, derivative: Any) -> None:
+    """An elementwise ``f(x)``: tangent ``t * f'(x)``, ``derivative(x, out)`` giving f'."""
+
+    @jvp(name)
+    def rule(p: tuple, t: tuple, out: Any, attrs: dict) -> Any:
+        return t[0] * derivative(p[0], out)
+
+
+# ---- elementwise unary -------------------------------------------------------------------------
+
+
+@jvp("neg")
+def _neg(p, t, out, attrs):
+    return -t[0]
+
+
+_unary("exp", lambda x, out: out)
+_unary("expm1", lambda x, out: out + 1.0)
+_unary("log", lambda x, out: x.reciprocal())
+_unary("log1p", lambda x, out: (x + 1.0).reciprocal())
+_unary("sin", lambda x, out: x.cos())
+_unary("tanh", lambda x, out: 1.0 - out * out)
+_unary("sigmoid", lambda x, out: out * (1.0 - out))
+_unary("sqrt", lambda x, out: (out * 2.0).reciprocal())
+_unary("abs", lambda x, out: x.sign())
+_unary("erf", lambda x, out: (-(x * x)).exp() * (2.0 / math.sqrt(math.pi)))
+_unary("erfc", lambda x, out: (-(x * x)).exp() * (-2.0 / math.sqrt(math.pi)))
+_unary("lgamma", lambda x, out: x.digamma())
+_unary("digamma", lambda x, out: F.polygamma(1, x))
+
+
+@jvp("cos")
+def _cos(p, t, out, attrs):
+    return -(t[0] * p[0].sin())
+
+
+@jvp("reciprocal")
+def _reciprocal(p, t, out, attrs):
+    return -(t[0] * (out * out))
+
+
+UNSUPPORTED["trigamma"] = (
+    "its derivative, polygamma(2, x), is not a fusegrad primitive (digamma and polygamma(1, x) "
+    "are differentiable once)"
+)
+
+
+def _zero_tangent(p, t, out, attrs):
+    """Piecewise-constant ops: a zero tangent (PyTorch gives zeros, not None)."""
+    return F.zeros_like(out)
+
+
+for _name in ("sign", "floor", "ceil", "trunc", "round"):
+    jvp(_name)(_zero_tangent)
+
+
+@jvp("cast")
+def _cast(p, t, out, attrs):
+    return F.cast(t[0], out.dtype) if out.is_floating_point() else None
+
+
+@jvp("to_device")
+def _to_device(p, t, out, attrs):
+    return t[0].to(out.device)
+
+
+_linear("clone")
+
+# ---- elementwise binary ------------------------------------------------------------------------
+
+
+@jvp("add")
+def _add_rule(p, t, out, attrs):
+    return _add(t[0], t[1])
+
+
+@jvp("sub")
+def _sub(p, t, out, attrs):
+    return _add(t[0], -t[1] if t[1] is not None else None)
+
+
+@jvp("mul")
+def _mul(p, t, out, attrs):
+    a, b = p
+    ta, tb = t
+    return _add(ta * b if ta is not None else None, a * tb if tb is not None else None)
+
+
+@jvp("div")
+def _div(p, t, out, attrs):
+    a, b = p
+    ta, tb = t
+    return _add(ta / b if ta is not None else None, -(tb * a) / (b * b) if tb is not None else None)
+
+
+@jvp("pow")
+def _pow(p, t, out, attrs):
+    # the VJP's partial derivatives, with its conventions (0 where b == 0, resp. where a == 0
+    # and b >= 0)
+    a, b = p
+    ta, tb = t
+    da = F.where(b == 0, 0.0, ta * (b * a ** (b - 1.0))) if ta is not None else None
+    db = F.where((a == 0) & (b >= 0), 0.0, tb * (out * a.log())) if tb is not None else None
+    return _add(da, db)
+
+
+@jvp("atan2")
+def _atan2(p, t, out, attrs):
+    a, b = p
+    ta, tb = t
+    recip = (a * a + b * b).reciprocal()
+    recip = F.where(recip.isinf(), 0.0, recip)
+    return _add(
+        ta * b * recip if ta is not None else None, tb * -a * recip if tb is not None else None
+    )
+
+
+@jvp("hypot")
+def _hypot(p, t, out, attrs):
+    a, b = p
+    ta, tb = t
+    return _add(ta * a / out if ta is not None else None, tb * b / out if tb is not None else None)
+
+
+@jvp("logaddexp")
+def _logaddexp(p, t, out, attrs):
+    a, b = p
+    ta, tb = t
+    return _add(
+        ta * (a - b).sigmoid() if ta is not None else None,
+        tb * (b - a).sigmoid() if tb is not None else None,
+    )
+
+
+def _extremum2(first_wins: bool):
+    def rule(p, t, out, attrs):
+        a, b = p
+        ta, tb = t
+        # ties split evenly, as the VJP rule does
+        w = (
+            _derivatives._tie_weights(a, b, out.dtype)
+            if first_wins
+            else (_derivatives._tie_weights(b, a, out.dtype))
+        )
+        return _add(ta * w if ta is not None else None, tb * (1.0 - w) if tb is not None else None)
+
+    return rule
+
+
+jvp("maximum")(_extremum2(True))
+jvp("minimum")(_extremum2(False))
+jvp("floor_divide")(_zero_tangent)
+
+
+@jvp("remainder")
+def _remainder(p, t, out, attrs):
+    a, b = p
+    ta, tb = t
+    return _add(ta, -(tb * (a / b).floor()) if tb is not None else None)
+
+
+@jvp("where")
+def _where(p, t, out, attrs):
+    cond = p[0]
+    ta = t[1] if t[1] is not None else 0.0
+    tb = t[2] if t[2] is not None else 0.0
+    return F.where(cond, ta, tb)
+
+
+# ---- reductions --------------------------------------------------------------------------------
+
+_linear("sum")
+_linear("sum_to")
+_linear("cumsum")
+
+
+def _extremum(p, t, out, attrs):
+    """amax/amin: the mean of the tangents at the tied extrema (the VJP splits evenly too)."""
+    x = p[0]
+    dim, keepdim = attrs["dim"], attrs["keepdim"]
+    kshape = _derivatives._keepdim_shape(tuple(x.shape), dim)
+    mask = (x == out.reshape(kshape)).to(t[0].dtype)
+    red = {"dim": dim, "keepdim": keepdim} if dim is not None else {}
+    return (t[0] * mask).sum(**red) / mask.sum(**red)
+
+
+jvp("amax")(_extremum)
+jvp("amin")(_extremum)
+
+
+@jvp("prod")
+def _prod(p, t, out, attrs):
+    # the VJP rule with a cotangent of ones gives every element's partial derivative (exact
+    # with zeros); the tangent is their sum weighted by the input's tangent
+    x = p[0]
+    node = SimpleNamespace(input_shapes=(tuple(x.shape),), attrs=attrs)
+    (partials,) = _derivatives._prod(node, F.ones_like(out), x, out)
+    dim, keepdim = attrs["dim"], attrs["keepdim"]
+    red = {"dim": dim, "keepdim": keepdim} if dim is not None else {}
+    return (t[0] * partials).sum(**red)
+
+
+# ---- movement ----------------------------------------------------------------------------------
+
+for _name in ("reshape", "permute", "broadcast_to", "flip", "diagonal", "getitem"):
+    _linear(_name)
+_linear("cat", None)  # every input
+_linear("index_add_at")
+_linear("gather")
+_linear("index_put", (0, 1))
+_linear("scatter_add", (0, 2))
+_linear("scatter", (0, 2))
+
+
+@jvp("pad")
+def _pad(p, t, out, attrs):
+    # the padding is a constant: its tangent is 0 whatever the fill value
+    return _apply(REGISTRY["pad"], (t[0],), {**attrs, "value": 0})
+
+
+# ---- opaque ------------------------------------------------------------------------------------
+
+
+@jvp("matmul")
+def _matmul(p, t, out, attrs):
+    a, b = p
+    ta, tb = t
+    return _add(ta @ b if ta is not None else None, a @ tb if tb is not None else None)
