@@ -1,9 +1,10 @@
-"""nn.ConvTranspose2d and F.conv_transpose2d against torch (outputs, gradients of input, weight
-and bias in float64; reprs; ``output_size``), their errors, and a backward made of slice-adds
+"""nn.ConvTranspose1d/2d and F.conv_transpose1d/2d against torch (outputs, gradients of input,
+weight and bias in float64; reprs; ``output_size``), their errors, and a backward made of slice-adds
 and a matmul, never a scatter (values and compiled runs are in the op table)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -29,18 +30,27 @@ def _copy_from_torch(module: Any, torch_module: Any) -> None:
     )
 
 
-@pytest.mark.parametrize("case", CASES)
+CASES_1D = [
+    {},
+    {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2},
+    {"stride": 3, "dilation": 2, "output_padding": 1, "bias": False},
+]
+
+
+@pytest.mark.parametrize("dims,case", [(2, c) for c in CASES] + [(1, c) for c in CASES_1D])
 @pytest.mark.parametrize("batched", [True, False])
-def test_module_matches_torch(case: dict, batched: bool) -> None:
+def test_module_matches_torch(dims: int, case: dict, batched: bool) -> None:
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
-    want = torch.nn.ConvTranspose2d(4, 6, 3, **case).double()
-    module = nn.ConvTranspose2d(4, 6, 3, **case).double()
+    name = f"ConvTranspose{dims}d"
+    want = getattr(torch.nn, name)(4, 6, 3, **case).double()
+    module = getattr(nn, name)(4, 6, 3, **case).double()
     assert module.weight.shape == tuple(want.weight.shape)
     _copy_from_torch(module, want)
     assert repr(module) == repr(want)
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 4, 5, 4) if batched else (4, 5, 4))
+    spatial = (5, 4)[:dims]
+    x = rng.standard_normal((2, 4, *spatial) if batched else (4, *spatial))
     xt, xf = torch.tensor(x, requires_grad=True), fg.tensor(x, requires_grad=True)
     yt, yf = want(xt), module(xf)
     assert tuple(yf.shape) == tuple(yt.shape)
@@ -83,6 +93,14 @@ def test_init_bounds() -> None:
     [
         (lambda m: m.F.conv_transpose2d(_t(m, 2, 4, 5, 5), _t(m, 3, 3, 3, 3)), "channels"),
         (
+            lambda m: m.F.conv_transpose1d(_t(m, 2, 4, 5), _t(m, 4, 3, 3), stride=(1, 1)),
+            "single integer value",
+        ),
+        (
+            lambda m: m.F.conv_transpose1d(_t(m, 2, 4, 5, 5), _t(m, 4, 3, 3)),
+            "Expected 2D (unbatched) or 3D (batched) input",
+        ),
+        (
             lambda m: m.F.conv_transpose2d(_t(m, 2, 4, 5, 5), _t(m, 4, 3, 3, 3), groups=3),
             "divisible",
         ),
@@ -97,11 +115,23 @@ def test_init_bounds() -> None:
     ],
 )
 def test_errors_as_torch(call: Any, words: str) -> None:
-    with pytest.raises(RuntimeError, match=words):
+    with pytest.raises(RuntimeError, match=re.escape(words)):
         call(_Lib(fg))
     torch = pytest.importorskip("torch")
-    with pytest.raises(RuntimeError, match=words):
+    with pytest.raises(RuntimeError, match=re.escape(words)):
         call(_Lib(torch))
+
+
+def test_conv_transpose1d_output_size() -> None:
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    want = torch.nn.ConvTranspose1d(2, 3, 3, stride=3).double()
+    module = nn.ConvTranspose1d(2, 3, 3, stride=3).double()
+    _copy_from_torch(module, want)
+    x = np.random.default_rng(2).standard_normal((1, 2, 4))
+    got = module(fg.tensor(x), output_size=[14])
+    expected = want(torch.tensor(x), output_size=[14])
+    np.testing.assert_allclose(got.detach().numpy(), expected.detach().numpy(), atol=1e-12)
 
 
 def test_module_errors_as_torch() -> None:

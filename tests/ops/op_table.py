@@ -3489,6 +3489,34 @@ add(
 )
 
 
+def conv_transpose1d_ref(
+    x: np.ndarray, w: np.ndarray, bias: Any = None, stride: int = 1, padding: int = 0,
+    output_padding: int = 0, groups: int = 1, dilation: int = 1,
+) -> np.ndarray:  # fmt: skip
+    out = conv_transpose2d_ref(
+        x[..., None, :], w[..., None, :], bias, (1, stride), (0, padding),
+        (0, output_padding), groups, (1, dilation),
+    )  # fmt: skip
+    return out[..., 0, :]
+
+
+add(
+    "conv_transpose1d",
+    lambda m, x, w, b=None, **k: m.F.conv_transpose1d(x, w, b, **k),
+    conv_transpose1d_ref,
+    lambda rng: [
+        S((uni(rng, (2, 2, 4)), uni(rng, (2, 3, 3)), uni(rng, (3,))), name="bias"),
+        S(
+            (uni(rng, (1, 4, 3)), uni(rng, (4, 1, 2))),
+            {"stride": 2, "padding": 1, "output_padding": 1, "groups": 2, "dilation": 2},
+            "stride_padding_groups_dilation",
+        ),
+        S((uni(rng, (2, 3)), uni(rng, (2, 2, 2))), {"stride": 3}, "unbatched"),
+    ],
+    f32_tol=(1e-4, 1e-5),
+)
+
+
 def conv1d_ref(
     x: np.ndarray,
     w: np.ndarray,

@@ -14,7 +14,7 @@ from typing import Any
 
 from . import functional, init, utils
 from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
-from .conv_transpose import ConvTranspose2d
+from .conv_transpose import ConvTranspose1d, ConvTranspose2d
 from .distance import CosineSimilarity, PairwiseDistance
 from .layers import (
     CELU,
@@ -78,6 +78,7 @@ from .transformer import (
 )
 
 __all__ = [
+    "ConvTranspose1d",
     "ConvTranspose2d",
     "TransformerEncoderLayer",
     "TransformerEncoder",

@@ -1,6 +1,7 @@
-"""``nn.ConvTranspose2d``: the transposed 2-D convolution module over ``F.conv_transpose2d``,
-with PyTorch's arguments, weight layout (in_channels, out_channels / groups, kh, kw),
-initialisation, repr and ``output_size`` argument of ``forward``."""
+"""``nn.ConvTranspose1d`` and ``nn.ConvTranspose2d``: transposed convolution modules over
+``F.conv_transpose1d``/``F.conv_transpose2d``, with PyTorch's arguments, weight layout
+(in_channels, out_channels / groups, *kernel), initialisation, repr and ``output_size``
+argument of ``forward``."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from . import init
 from .layers import _new_weight, _ntuple
 from .module import Module
 
-__all__ = ["ConvTranspose2d"]
+__all__ = ["ConvTranspose1d", "ConvTranspose2d"]
 
 
-class ConvTranspose2d(Module):
-    """2-D transposed convolution of (N, C_in, H, W) or (C_in, H, W) inputs: H_out = (H - 1) *
-    stride - 2 * padding + dilation * (kernel - 1) + output_padding + 1."""
+class _ConvTransposeNd(Module):
+    """Transposed convolution over ``_n`` spatial dims: each output size is (in - 1) * stride -
+    2 * padding + dilation * (kernel - 1) + output_padding + 1."""
+
+    _n = 2
 
     def __init__(
         self,
@@ -45,16 +48,16 @@ class ConvTranspose2d(Module):
         if out_channels % groups != 0:
             raise ValueError("out_channels must be divisible by groups")
         if padding_mode != "zeros":
-            raise ValueError('Only "zeros" padding mode is supported for ConvTranspose2d')
+            raise ValueError(f'Only "zeros" padding mode is supported for {type(self).__name__}')
         if isinstance(padding, str):
             raise ValueError(f"padding={padding!r} is not supported by ConvTranspose2d: give ints")
         self.in_channels = in_channels
         self.out_channels = out_channels
-        self.kernel_size = _ntuple(kernel_size, 2)
-        self.stride = _ntuple(stride, 2)
-        self.padding = _ntuple(padding, 2)
-        self.output_padding = _ntuple(output_padding, 2)
-        self.dilation = _ntuple(dilation, 2)
+        self.kernel_size = _ntuple(kernel_size, self._n)
+        self.stride = _ntuple(stride, self._n)
+        self.padding = _ntuple(padding, self._n)
+        self.output_padding = _ntuple(output_padding, self._n)
+        self.dilation = _ntuple(dilation, self._n)
         self.groups = groups
         self.padding_mode = padding_mode
         self.transposed = True
@@ -77,18 +80,20 @@ class ConvTranspose2d(Module):
                 init.uniform_(self.bias, -bound, bound)
 
     def _output_padding(self, input: Tensor, output_size: Sequence[int] | None) -> tuple:
-        """The output_padding that gives ``output_size`` (its last two entries), or the
+        """The output_padding that gives ``output_size`` (its last ``_n`` entries), or the
         module's own when no size is asked for."""
         if output_size is None:
             return self.output_padding
-        size = [int(s) for s in output_size][-2:]
-        if len(size) != 2:
+        n = self._n
+        size = [int(s) for s in output_size][-n:]
+        if len(size) != n:
             raise ShapeError(
-                f"ConvTranspose2d: output_size must have 2 or more elements (got {output_size})"
+                f"{type(self).__name__}: output_size must have {n} or more elements "
+                f"(got {output_size})"
             )
-        spatial = list(input.shape[-2:])
+        spatial = list(input.shape[-n:])
         smallest, largest = [], []
-        for d in range(2):
+        for d in range(n):
             low = (
                 (spatial[d] - 1) * self.stride[d]
                 - 2 * self.padding[d]
@@ -97,16 +102,19 @@ class ConvTranspose2d(Module):
             )
             smallest.append(low)
             largest.append(low + self.stride[d] - 1)
-        for d in range(2):
+        for d in range(n):
             if not smallest[d] <= size[d] <= largest[d]:
                 raise ShapeError(
                     f"requested an output size of {size}, but valid sizes range from "
                     f"{smallest} to {largest} (for an input of {spatial})"
                 )
-        return tuple(size[d] - smallest[d] for d in range(2))
+        return tuple(size[d] - smallest[d] for d in range(n))
+
+    def _conv(self, *args: Any) -> Tensor:
+        raise NotImplementedError
 
     def forward(self, input: Tensor, output_size: Sequence[int] | None = None) -> Tensor:
-        return F.conv_transpose2d(
+        return self._conv(
             input,
             self.weight,
             self.bias,
@@ -122,14 +130,33 @@ class ConvTranspose2d(Module):
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
             f"stride={self.stride}"
         )
-        if self.padding != (0, 0):
+        n = self._n
+        if self.padding != (0,) * n:
             s += f", padding={self.padding}"
-        if self.dilation != (1, 1):
+        if self.dilation != (1,) * n:
             s += f", dilation={self.dilation}"
-        if self.output_padding != (0, 0):
+        if self.output_padding != (0,) * n:
             s += f", output_padding={self.output_padding}"
         if self.groups != 1:
             s += f", groups={self.groups}"
         if self.bias is None:
             s += ", bias=False"
         return s
+
+
+class ConvTranspose1d(_ConvTransposeNd):
+    """1-D transposed convolution of (N, C_in, L) or (C_in, L) inputs."""
+
+    _n = 1
+
+    def _conv(self, *args: Any) -> Tensor:
+        return F.conv_transpose1d(*args)
+
+
+class ConvTranspose2d(_ConvTransposeNd):
+    """2-D transposed convolution of (N, C_in, H, W) or (C_in, H, W) inputs."""
+
+    _n = 2
+
+    def _conv(self, *args: Any) -> Tensor:
+        return F.conv_transpose2d(*args)

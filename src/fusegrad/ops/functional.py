@@ -60,6 +60,7 @@ __all__ = [
     "unfold",
     "conv1d",
     "conv2d",
+    "conv_transpose1d",
     "conv_transpose2d",
     "max_pool2d",
     "avg_pool2d",
@@ -1077,6 +1078,40 @@ def _conv2d(
     if bias is not None:
         out = out + to_tensor(bias).reshape(1, out_c, 1, 1)
     return out
+
+
+def conv_transpose1d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    output_padding: Any = 0,
+    groups: int = 1,
+    dilation: Any = 1,
+) -> Tensor:
+    """The transposed 1-D convolution of (N, C_in, L) or (C_in, L) inputs with weight (C_in,
+    C_out / groups, k): conv_transpose2d over a unit height."""
+    x, w = to_tensor(input), to_tensor(weight)
+    op = "conv_transpose1d"
+    if x.ndim not in (2, 3):
+        raise ShapeError(
+            "Expected 2D (unbatched) or 3D (batched) input to conv_transpose1d, but got input "
+            f"of size: {list(x.shape)}"
+        )
+    if w.ndim != 3:
+        raise ShapeError(f"{op}: weight must be 3-D (in, out/groups, k), got {describe(w)}")
+    out = conv_transpose2d(
+        x.unsqueeze(-2),
+        w.unsqueeze(-2),
+        bias,
+        (1, _single(op, "stride", stride)),
+        (0, _single(op, "padding", padding)),
+        (0, _single(op, "output_padding", output_padding)),
+        groups,
+        (1, _single(op, "dilation", dilation)),
+    )
+    return out.squeeze(-2)
 
 
 def _dilate(x: Tensor, dim: int, stride: int) -> Tensor:
