@@ -186,18 +186,19 @@ def run(
                 else:
                     impl.first_calls_s = common.clock() - t0
                     impls["torch_compile"] = impl
+        # three calls each (fusegrad's parameters are compared after the same steps): a whole
+        # step's first call makes the optimizer's state, the second records, the third is the
+        # first replay, which builds and compiles the program on a thread (waited for, so that
+        # compiled steps are measured)
         for key in ("fg_step", "fg_compiled", "fg_module"):
             t0 = common.clock()
-            impls[key].step()  # recorded / captured
-            impls[key].step()  # program built and compiled (or loaded)
-            if key == "fg_step":  # (the first call made the optimizer's state: this one is
-                # the first replay, which starts the program's build on a thread; measure
-                # compiled steps)
+            for _ in range(3):
                 impls[key].step()
+            if key == "fg_step":
                 fc.wait_for_compiles()
             impls[key].first_calls_s = common.clock() - t0
-        impls["fg_eager"].step()
-        impls["fg_eager"].step()
+        for _ in range(3):
+            impls["fg_eager"].step()
         warmup, reps = QUICK_REPS if quick else REPS[name]
         before = (fc.counters.step_runs, dict(fc.counters.step_breaks))
         bar.stage(f"measuring {len(impls)} implementations, {warmup}+{reps} steps each")
