@@ -261,6 +261,54 @@ def test_compiled_function_runs_eagerly_inside_a_dual_level() -> None:
     np.testing.assert_allclose(tangent.numpy(), (2 * np.cos(x.numpy()) * t.numpy()).sum())
 
 
+# ---- custom Functions --------------------------------------------------------------------------
+
+
+class _Cube(fusegrad.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(x)
+        ctx.save_for_forward(x)
+        ctx.scale = scale
+        return fusegrad.tensor(x.numpy() ** 3 * scale)  # leaves the op surface
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * 3 * x * x * ctx.scale, None
+
+    @staticmethod
+    def jvp(ctx, tx, tscale):
+        assert tscale is None  # a Python number has no tangent
+        (x,) = ctx.saved_tensors  # what save_for_forward kept
+        return tx * 3 * x * x * ctx.scale
+
+
+class _NoJvp(fusegrad.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2.0
+
+
+def test_custom_function_jvp() -> None:
+    x, t = _t(_rand(3)), _t(_rand(3, seed=1))
+    with fwAD.dual_level():
+        out = _Cube.apply(fwAD.make_dual(x, t), 2.0)
+        tangent = fwAD.unpack_dual(out).tangent
+        np.testing.assert_allclose(tangent.numpy(), 6 * x.numpy() ** 2 * t.numpy())
+        assert fwAD.unpack_dual(_Cube.apply(x, 2.0)).tangent is None  # no dual input: no jvp
+        with pytest.raises(
+            NotImplementedError,
+            match="You must implement the jvp function for "
+            "custom autograd.Function to use it with forward mode AD",
+        ):
+            _NoJvp.apply(fwAD.make_dual(x, t))
+
+
 # ---- the JVP table -----------------------------------------------------------------------------
 
 

@@ -37,18 +37,22 @@ computation in reverse mode inside the level propagates tangents through the gra
 (forward over reverse, how ``functional.hessian(..., outer_jacobian_strategy="forward-mode")``
 works).  Outputs saved for backward keep their tangent for that (``saved_output_tangent``).
 
-Differences from PyTorch: custom ``autograd.Function``s need no ``jvp`` staticmethod -- their
-forward runs on the dual inputs and its ops propagate the tangents; fusegrad has no
-``torch.func``-style transforms, so higher-order forward derivatives are not available (one
-level at a time, as in PyTorch's ``forward_ad``).
+Custom ``autograd.Function``s take part through their ``jvp`` staticmethod (tangents of the
+inputs, None where there is none, to tangents of the outputs; ``ctx.save_for_forward`` keeps
+what it needs); their forward runs without forward AD, and one without ``jvp`` raises as in
+PyTorch.  Difference from PyTorch: fusegrad has no ``torch.func``-style transforms, so
+higher-order forward derivatives are not available (one level at a time, as in PyTorch's
+``forward_ad``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import weakref
 from collections import namedtuple
+from collections.abc import Iterator
 from typing import Any
 
 from .. import ops as F
@@ -301,6 +305,71 @@ def inplace_update(target: Tensor, result: Tensor) -> None:
             current.copy_(new)
     finally:
         _local.suspended = suspended
+
+
+# ---- custom Functions -------------------------------------------------------------------------
+
+
+def tangents_of(args: tuple) -> list | None:
+    """The tangents of a custom Function's arguments (None for each non-Tensor or tensor
+    without one), or None when there is no dual level or no argument has a tangent."""
+    level = _state.level
+    if level is None or _local.suspended:
+        return None
+    tangents = [_tangent(a, level) if isinstance(a, Tensor) else None for a in args]
+    return tangents if any(t is not None for t in tangents) else None
+
+
+@contextlib.contextmanager
+def suspended(active: bool = True) -> Iterator[None]:
+    """Forward AD off on this thread for the block (where ``active``)."""
+    if not active:
+        yield
+        return
+    previous, _local.suspended = _local.suspended, True
+    try:
+        yield
+    finally:
+        _local.suspended = previous
+
+
+def custom_function_jvp(cls: type, ctx: Any, tangents: list, outputs: list) -> None:
+    """Give a custom Function's outputs the tangents its ``jvp`` computes from ``tangents`` (as
+    PyTorch, a Function without one cannot be used with forward AD)."""
+    level = _state.level
+    ctx.__dict__["_in_jvp"] = True
+    try:
+        with suspended():
+            result = cls.jvp(ctx, *tangents)
+    finally:
+        ctx.__dict__["_in_jvp"] = False
+    results = result if isinstance(result, tuple) else (result,)
+    tensor_outputs = [o for o in outputs if isinstance(o, Tensor)]
+    if len(results) != len(outputs) and len(results) != len(tensor_outputs):
+        raise RuntimeError(
+            f"{cls.__name__}.jvp returned {len(results)} tangents for {len(outputs)} outputs: "
+            "it must return one per output of forward"
+        )
+    pairs = zip(outputs if len(results) == len(outputs) else tensor_outputs, results)
+    for out, tangent in pairs:
+        if not isinstance(out, Tensor) or tangent is None:
+            continue
+        if tuple(tangent.shape) != tuple(out.shape):
+            raise RuntimeError(
+                f"{cls.__name__}.jvp returned a tangent of shape {list(tangent.shape)} for an "
+                f"output of shape {list(out.shape)}"
+            )
+        if _tangent(out, level) is not None:  # an input modified in place (mark_dirty)
+            inplace_update(out, _Carrier(tangent))
+        else:
+            _set_tangent(out, _conform(tangent, out), level)
+
+
+class _Carrier:
+    """Stands for a value whose tangent is ``tangent`` (``inplace_update``'s ``result``)."""
+
+    def __init__(self, tangent: Tensor) -> None:
+        self.__dict__[_TANGENT] = (_state.level, tangent)
 
 
 # ---- dual tensors ------------------------------------------------------------------------------

@@ -37,6 +37,8 @@ from ..errors import AutogradError
 from ..ops import _rebase_history
 from ..tensor import Tensor
 from . import anomaly, grad_mode
+from . import forward_ad as _forward_ad
+from .forward_state import state as _forward_state
 from .node import Node, SavedTensor, _freed_message
 
 
@@ -85,6 +87,18 @@ class FunctionCtx(Node):
                 )
         self._to_save = tensors
 
+    def save_for_forward(self, *tensors: Any) -> None:
+        """Keep ``tensors`` for ``jvp`` (forward-mode AD), which reads them as
+        ``ctx.saved_tensors``."""
+        for i, t in enumerate(tensors):
+            if t is not None and not isinstance(t, Tensor):
+                raise TypeError(
+                    "save_for_forward expects all arguments to be tensors; you should save "
+                    f"non-tensors as attributes on ctx. (argument {i} is of type "
+                    f"{type(t).__name__})"
+                )
+        self.__dict__["_forward_saved"] = tensors
+
     def mark_dirty(self, *tensors: Any) -> None:
         for i, t in enumerate(tensors):
             if not isinstance(t, Tensor):
@@ -109,6 +123,8 @@ class FunctionCtx(Node):
     # -- used inside backward -----------------------------------------------------------------
     @property
     def saved_tensors(self) -> tuple:
+        if self.__dict__.get("_in_jvp"):  # inside jvp: what save_for_forward kept
+            return tuple(self.__dict__.get("_forward_saved", ()))
         if self._released:
             raise AutogradError(_freed_message)
         if self._saved is None:
@@ -181,11 +197,22 @@ class Function:
     def backward(ctx: FunctionCtx, *grads: Any) -> Any:
         raise NotImplementedError("You must implement the backward function for custom Function.")
 
+    @staticmethod
+    def jvp(ctx: FunctionCtx, *tangents: Any) -> Any:
+        """Forward-mode AD: the outputs' tangents from the inputs' (None for an input without
+        one, or that is not a Tensor)."""
+        raise NotImplementedError(
+            "You must implement the jvp function for custom autograd.Function to use it with "
+            "forward mode AD."
+        )
+
     @classmethod
     def apply(cls, *args: Any, **kwargs: Any) -> Any:
         ctx = FunctionCtx(cls, args)
         separate_setup = cls.setup_context is not Function.setup_context
-        with grad_mode.no_grad():
+        # forward AD: the forward's own ops compute no tangents; ``jvp`` gives the outputs'
+        tangents = _forward_ad.tangents_of(args) if _forward_state.level is not None else None
+        with grad_mode.no_grad(), _forward_ad.suspended(tangents is not None):
             if separate_setup:
                 outputs = cls.forward(*args, **kwargs)
                 cls.setup_context(ctx, args, outputs)
@@ -246,6 +273,8 @@ class Function:
             ctx._saved = saved
         else:
             ctx._saved = [SavedTensor(t) if t is not None else None for t in ctx._to_save]
+        if tangents is not None:
+            _forward_ad.custom_function_jvp(cls, ctx, tangents, final)
         if single:
             return final[0]
         return tuple(final)
@@ -298,3 +327,7 @@ class _DelayedError(Function):
     @staticmethod
     def backward(ctx: FunctionCtx, *grads: Any) -> Any:
         raise AutogradError(ctx.message)
+
+    @staticmethod
+    def jvp(ctx: FunctionCtx, message: Any, *tangents: Any) -> Any:
+        return tangents if len(tangents) != 1 else tangents[0]
