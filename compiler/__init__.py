@@ -67,6 +67,7 @@ from .capture import walk as _walk
 from .ir import format_graph, verify
 from .logs import set_logs
 from .program import Program
+from .program import wait_for_compiles as _wait_for_compiles
 from .settings import Config, config
 from .tape import Binding, Unbindable, leaf_key, tape_key
 
@@ -86,9 +87,7 @@ def wait_for_compiles(timeout: float | None = None) -> bool:
     """Wait (at most ``timeout`` seconds) until no whole-step program is being compiled in the
     background (``config.background_compile``); True when none is left, so that the next call
     of every compiled step runs compiled code (benchmarks call it before timing)."""
-    from .step import wait_for_compiles as wait  # (the step module imports this package)
-
-    return wait(timeout)
+    return _wait_for_compiles(timeout)
 
 
 class CompilationError(RuntimeError):

@@ -44,9 +44,11 @@ class Counters:
     * step_captures: calls of compiled functions recorded as a whole step (``step``).
     * step_runs: calls replayed as a whole step.
     * step_warmups: first calls run eagerly because they create optimizer state (``step``).
-    * background_compiles: whole-step programs JIT-compiled on a thread of their own.
-    * step_uncompiled_runs: replays (counted in step_runs too) run uncompiled, each value by
-      its eager kernel, while their program compiled in the background.
+    * background_compiles: programs (whole steps, compiled modules' backwards) built and
+      JIT-compiled on a thread of their own.
+    * uncompiled_runs: whole-step replays (counted in step_runs too) and compiled modules'
+      backwards run uncompiled, each value by its eager kernel, while their program was built
+      in the background.
     * step_breaks: recordings that could not be replayed, by reason (the function then runs
       with compiled backward only, for that guard key).
 
@@ -67,7 +69,7 @@ class Counters:
     step_runs: int = 0
     step_warmups: int = 0
     background_compiles: int = 0
-    step_uncompiled_runs: int = 0
+    uncompiled_runs: int = 0
     step_breaks: Counter = field(default_factory=Counter)
 
     def __repr__(self) -> str:
@@ -80,7 +82,7 @@ class Counters:
             f"step_captures={self.step_captures}, step_runs={self.step_runs}, "
             f"step_warmups={self.step_warmups}, "
             f"background_compiles={self.background_compiles}, "
-            f"step_uncompiled_runs={self.step_uncompiled_runs}, "
+            f"uncompiled_runs={self.uncompiled_runs}, "
             f"step_breaks={dict(self.step_breaks)})"
         )
 
@@ -334,6 +336,6 @@ def reset() -> None:
     counters.captures = counters.compiles = counters.cache_hits = counters.disk_hits = 0
     counters.tape_hits = counters.builds = 0
     counters.compiled_runs = counters.step_captures = counters.step_runs = 0
-    counters.step_warmups = counters.background_compiles = counters.step_uncompiled_runs = 0
+    counters.step_warmups = counters.background_compiles = counters.uncompiled_runs = 0
     counters.fallbacks.clear()
     counters.step_breaks.clear()

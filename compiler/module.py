@@ -71,7 +71,7 @@ from .capture import capture as _capture_graph
 from .capture import walk as _walk
 from .ir import Graph, Value, verify
 from .passes.buffers import VIEW_OPS
-from .program import Program
+from .program import BackgroundBuild, Program
 from .settings import config
 from .step import Recorder, Step, StepBreak, Watch
 
@@ -378,6 +378,8 @@ class AOTEntry:
         self.backward_graph = back
         # per pattern of outputs that got a gradient: the backward program
         self.backward_programs: dict[tuple, Program] = {}
+        # backward programs being built and compiled on another thread, by the same key
+        self.backward_jobs: dict[tuple, BackgroundBuild] = {}
         self.n_inputs = len(inputs)
         # the forward program outputs the module's outputs, then the saved values that are not
         # inputs of the forward (those are the call's own arrays)
@@ -437,30 +439,62 @@ class AOTEntry:
                 stack.extend(v.inputs)
         return any(v.op == "input" and v.attr("index") >= len(present) for v in live)
 
+    def build_backward(self, graph: Graph) -> Program:
+        """The backward program of ``graph`` (the module's backward, or a pruned one)."""
+        with _trace.resume(self):  # (the trace report's section of this recording)
+            return Program(
+                passes.run(graph, check=False),
+                mode=self.mode,
+                interpreter_max_elements=config.interpreter_max_elements,
+                sizes_per_program=1,
+                hot=True,  # (a training step's backward: it runs many times)
+            )
+
     def backward(self, saved: list, grads: tuple) -> list | None:
         """The inputs' gradients (None for an input no output with a gradient reaches), or
         None when this pattern of absent output gradients cannot be pruned exactly."""
         present = tuple(g is not None for g in grads)
         program = self.backward_programs.get(present)
+        # (an absent gradient's input is never read: any array of its shape will do)
+        arrays = [g._data if g is not None else np.empty(0) for g in grads] + saved
         notice = None
+        job = self.backward_jobs.get(present) if program is None else None
+        if job is not None:  # being built and compiled on another thread
+            if job.done.is_set():
+                del self.backward_jobs[present]
+                if job.error is not None:
+                    logs.log("perf", f"compiled module: background build failed ({job.error!r})")
+                program = job.program
+                if program is not None:
+                    self.backward_programs[present] = program
+            else:
+                program = job.uncompiled
+                counters.uncompiled_runs += 1
         if program is None:
             graph = self.backward_graph if all(present) else _prune(self.backward_graph, present)
             if graph is None:
                 return None
-            from . import _CompileNotice  # (the package imports this module: a cycle)
-
-            notice = _CompileNotice()
-            notice.start(len(graph.values), "a compiled module's backward")
-            with _trace.resume(self):  # (the trace report's section of this recording)
-                program = self.backward_programs[present] = Program(
-                    passes.run(graph, check=False),
-                    mode=self.mode,
-                    interpreter_max_elements=config.interpreter_max_elements,
-                    sizes_per_program=1,
-                    hot=True,  # (a training step's backward: it runs many times)
+            if config.background_compile and self.mode != "debug" and not _trace.enabled:
+                # built and compiled on a thread; meanwhile the eager kernels run the graph
+                what = "a compiled module's backward in the background (run uncompiled meanwhile)"
+                scratch = [np.array(a, copy=True) for a in arrays]
+                job = BackgroundBuild(
+                    lambda: self.build_backward(graph),
+                    Program(graph, mode="debug", sizes_per_program=1),
+                    scratch,
+                    [],
+                    what,
                 )
-        # (an absent gradient's input is never read: any array of its shape will do)
-        arrays = [g._data if g is not None else np.empty(0) for g in grads] + saved
+                self.backward_jobs[present] = job
+                counters.background_compiles += 1
+                counters.uncompiled_runs += 1
+                program = job.uncompiled
+            else:
+                from . import _CompileNotice  # (the package imports this module: a cycle)
+
+                notice = _CompileNotice()
+                notice.start(len(graph.values), "a compiled module's backward")
+                program = self.backward_programs[present] = self.build_backward(graph)
         counters.compiled_runs += 1
         prev = grad_mode._state.enabled
         grad_mode._state.enabled = False
@@ -805,7 +839,7 @@ class OptimizedModule(Module):
             for kind, k in entry.version_checks:
                 if kind == "input":
                     source, ref = entry.step.sources[k]
-                    if source in ("draw", "scalar", "cast"):
+                    if source in ("draw", "scalar", "cast", "grad"):
                         continue
                     t = watch.args[ref] if source == "arg" else ref
                     checks.append((t, t._version_counter.value, "an input of the module"))

@@ -38,7 +38,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -586,6 +586,85 @@ def _epilogue_buffer(leaf: Tensor, v: Value, shape: tuple, sizes: tuple) -> np.n
         return None
     g._version_counter.bump()
     return a.reshape(sizes)
+
+
+def scratch_leaf(leaf: Tensor) -> Tensor:
+    """A stand-in for a leaf in a ``BackgroundBuild``'s run: its ``.grad`` state as the leaf's
+    (a zero array where the leaf has one), so the run takes the kernels the real ones will."""
+    t = Tensor._make(np.empty_like(leaf._data))
+    if leaf._grad is not None:
+        t._grad = Tensor._make(np.zeros_like(leaf._grad._data))
+    return t
+
+
+class BackgroundBuild:
+    """A program built (``build``) and run once on scratch data (``Program.prepare``: numba
+    compiles or loads its kernels), on a daemon thread of its own, while the calls that need it
+    run ``uncompiled`` instead (``step.Step.program``, ``module.AOTEntry.backward``).  The
+    thread may read arrays the uncompiled calls update meanwhile (parameters): the values it
+    computes are thrown away, only the compiled code is kept."""
+
+    def __init__(
+        self,
+        build: Callable[[], Program],
+        uncompiled: Program,
+        arrays: list,
+        leaves: list,
+        what: str,
+    ) -> None:
+        self.program: Program | None = None
+        self.uncompiled = uncompiled
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.done = threading.Event()
+        with _jobs_lock:
+            _jobs.add(self)
+        thread = threading.Thread(
+            target=self._work,
+            args=(build, arrays, leaves, what),
+            name="fusegrad-compile",
+            daemon=True,
+        )
+        thread.start()
+
+    def _work(self, build: Callable[[], Program], arrays: list, leaves: list, what: str) -> None:
+        from . import _CompileNotice  # (the package imports this module: a cycle)
+
+        notice = _CompileNotice()
+        notice.start(0, what)
+        start = time.perf_counter()
+        try:
+            self.program = build()
+            self.program.prepare(arrays, leaves)
+        except BaseException as e:  # (reported by the call that picks the program up)
+            self.error = e
+        finally:
+            self.seconds = time.perf_counter() - start
+            notice.stop()
+            self.done.set()
+            with _jobs_lock:
+                _jobs.discard(self)
+
+
+# the background compiles still running (``wait_for_compiles``)
+_jobs: set[BackgroundBuild] = set()
+_jobs_lock = threading.Lock()
+
+
+def wait_for_compiles(timeout: float | None = None) -> bool:
+    """Wait until the whole-step programs being compiled in the background are ready (at most
+    ``timeout`` seconds); True when none is left.  The next call of each step then runs its
+    compiled program."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        with _jobs_lock:
+            pending = next(iter(_jobs), None)
+        if pending is None:
+            return True
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return False
+        pending.done.wait(left)
 
 
 def _run_kernel(

@@ -43,8 +43,6 @@ from __future__ import annotations
 import linecache
 import os
 import sys
-import threading
-import time
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -73,7 +71,7 @@ from .capture import Fallback, _grad_state
 from .capture import capture as _capture_graph
 from .capture import walk as _walk
 from .ir import Graph, Value, format_graph, verify
-from .program import Program
+from .program import BackgroundBuild, Program, scratch_leaf
 from .settings import config
 
 _SCALARS = (int, float, bool, str, type(None), complex)
@@ -650,6 +648,14 @@ class Recorder(Tracer):
             for slot, value in self.grad_effects.items()
             if slot in grad_values and not self.grad_preset[slot]
         ]
+        # a ``.grad`` that existed (``zero_grad(set_to_none=False)``, accumulation over calls)
+        # is added into: what the optimizer then reads of it is its value before the program
+        # (an input, read on every call: zeros when it is None then) plus the gradient
+        preset_grads = [
+            (self.leaves[slot], grad_values[slot])
+            for slot in grad_values
+            if self.grad_preset[slot] and self.leaves[slot]._grad is not None
+        ]
         with tracing(None):  # the derivative rules run eagerly, unrecorded
             if self.explaining:  # explain() also shows the backward compiled on its own
                 results = self.delegate.backward(
@@ -665,6 +671,13 @@ class Recorder(Tracer):
             grad = leaf._grad
             if grad is not None and grad._data.shape == value.shape:
                 self.bind(grad, value)
+        for leaf, value in preset_grads:
+            grad = leaf._grad
+            if grad is None or grad.requires_grad or grad._data.shape != value.shape:
+                continue  # (not read as the sum: a read of it stops the recording)
+            source = ("grad", self.watch.tensors[id(leaf._data)], grad._data.shape, grad._dtype)
+            before = self.new_input(grad, source)
+            self.bind(grad, self.graph.add("add", (before, value), {}, value.shape, value.dtype))
         return results
 
     def graft(
@@ -853,85 +866,6 @@ class _FreedNode(Node):
 # ---- replay ------------------------------------------------------------------------------------
 
 
-def _scratch_leaf(leaf: Tensor) -> Tensor:
-    """A stand-in for a leaf in a background compile's run: its ``.grad`` state as the leaf's
-    (a zero array where the leaf has one), so the run takes the kernels the real ones will."""
-    t = Tensor._make(np.empty_like(leaf._data))
-    if leaf._grad is not None:
-        t._grad = Tensor._make(np.zeros_like(leaf._grad._data))
-    return t
-
-
-class _BackgroundCompile:
-    """A whole-step program built (``build``) and run once on scratch data (``Program.prepare``:
-    numba compiles or loads its kernels), on a daemon thread of its own, while the step's calls
-    run ``uncompiled`` (``Step.program``).  The thread reads the parameter arrays, which the
-    uncompiled calls update meanwhile: the values it computes are thrown away, only the
-    compiled code is kept."""
-
-    def __init__(
-        self,
-        build: Callable[[], Program],
-        uncompiled: Program,
-        arrays: list,
-        leaves: list,
-        what: str,
-    ) -> None:
-        self.program: Program | None = None
-        self.uncompiled = uncompiled
-        self.error: BaseException | None = None
-        self.seconds = 0.0
-        self.done = threading.Event()
-        with _jobs_lock:
-            _jobs.add(self)
-        thread = threading.Thread(
-            target=self._work,
-            args=(build, arrays, leaves, what),
-            name="fusegrad-compile",
-            daemon=True,
-        )
-        thread.start()
-
-    def _work(self, build: Callable[[], Program], arrays: list, leaves: list, what: str) -> None:
-        from . import _CompileNotice  # (the package imports this module: a cycle)
-
-        notice = _CompileNotice()
-        notice.start(0, what)
-        start = time.perf_counter()
-        try:
-            self.program = build()
-            self.program.prepare(arrays, leaves)
-        except BaseException as e:  # (reported by the call that picks the program up)
-            self.error = e
-        finally:
-            self.seconds = time.perf_counter() - start
-            notice.stop()
-            self.done.set()
-            with _jobs_lock:
-                _jobs.discard(self)
-
-
-# the background compiles still running (``wait_for_compiles``)
-_jobs: set[_BackgroundCompile] = set()
-_jobs_lock = threading.Lock()
-
-
-def wait_for_compiles(timeout: float | None = None) -> bool:
-    """Wait until the whole-step programs being compiled in the background are ready (at most
-    ``timeout`` seconds); True when none is left.  The next call of each step then runs its
-    compiled program."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        with _jobs_lock:
-            pending = next(iter(_jobs), None)
-        if pending is None:
-            return True
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            return False
-        pending.done.wait(left)
-
-
 class Step:
     """A recorded call, ready to replay (see the module docstring)."""
 
@@ -958,7 +892,7 @@ class Step:
         self.n_outputs = n_outputs
         self.programs: dict[tuple, Program] = {}
         # programs being JIT-compiled on another thread, by grad key (``program``)
-        self.jobs: dict[tuple, _BackgroundCompile] = {}
+        self.jobs: dict[tuple, BackgroundBuild] = {}
         self.write_slots = tuple(bumps)
         self.fresh_outputs = sorted(set(_fresh_outputs(spec)))
         # eager's validations (index ranges, class targets), run on every call before the
@@ -988,7 +922,7 @@ class Step:
         job = self.jobs.get(grad_key)
         if job is not None:
             if not job.done.is_set():
-                counters.step_uncompiled_runs += 1
+                counters.uncompiled_runs += 1
                 return job.uncompiled
             del self.jobs[grad_key]
             if job.program is not None and job.error is None:
@@ -1024,15 +958,15 @@ class Step:
                 a if kind == "ext" else np.array(a, copy=True)
                 for a, (kind, *_) in zip(arrays, self.sources)
             ]
-            self.jobs[grad_key] = _BackgroundCompile(
+            self.jobs[grad_key] = BackgroundBuild(
                 lambda: self.build(grad_key, mode),
                 uncompiled,
                 scratch,
-                [_scratch_leaf(t) for t in leaves],
+                [scratch_leaf(t) for t in leaves],
                 what,
             )
             counters.background_compiles += 1
-            counters.step_uncompiled_runs += 1
+            counters.uncompiled_runs += 1
             logs.log("recompiles", f"whole step: numba compiles {what}")
             return uncompiled
         program = self.build(grad_key, mode)
@@ -1094,6 +1028,12 @@ class Step:
                 arrays.append(source[1].array())
             elif kind == "cast":  # (as ``ops._util.cast`` casts a Python-number tensor)
                 arrays.append(np.array(arrays[source[1]].item(), dtype=source[2]))
+            elif kind == "grad":  # a leaf's .grad before the program (added into by it: a copy)
+                (where, ref), shape, dtype = source[1:]
+                grad = (args[ref] if where == "arg" else ref)._grad
+                arrays.append(
+                    np.zeros(shape, dtype.np) if grad is None else np.array(grad._data, copy=True)
+                )
             else:
                 arrays.append(source[1]()._data)
         program = self.program(grad_key, mode, arrays, leaves)

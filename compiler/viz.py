@@ -89,6 +89,7 @@ def _input_label(v: Value, sources: list | None) -> str:
             "draw": "random draw",
             "scalar": "runtime scalar",
             "cast": "runtime scalar, cast",
+            "grad": "existing .grad",
         }.get(sources[index][0], sources[index][0])
         return f"%{v.id} input {index}: {what}"
     names = {"root": "root gradient", "saved": "saved tensor", "grad": "existing .grad"}

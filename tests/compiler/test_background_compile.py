@@ -74,9 +74,9 @@ def _train(kind: str, compiled: bool, steps: int, gate: Any = None, open_at: int
         for group in opt.param_groups:
             group["lr"] = 1e-2 * (1 - i / (2 * steps))
         x, y = models.batch(fg, kind, rng, dtype=fg.float64, **sizes)
-        before = compiler.counters.step_uncompiled_runs
+        before = compiler.counters.uncompiled_runs
         losses.append(fn(x, y).item())
-        uncompiled.append(compiler.counters.step_uncompiled_runs > before)
+        uncompiled.append(compiler.counters.uncompiled_runs > before)
     return model, losses, uncompiled
 
 
@@ -91,7 +91,7 @@ def test_uncompiled_then_compiled_calls_match_eager(kind: str, background: Any) 
     assert uncompiled == [False, False, True, True, True, True, False, False, False, False]
     counters = compiler.counters
     assert (counters.step_captures, counters.background_compiles) == (1, 1), counters
-    assert counters.step_runs == 8 and counters.step_uncompiled_runs == 4, counters
+    assert counters.step_runs == 8 and counters.uncompiled_runs == 4, counters
     assert not counters.step_breaks
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     for (name, p), q in zip(got_model.named_parameters(), want_model.parameters()):
@@ -134,9 +134,9 @@ def test_wait_for_compiles_times_out_while_the_jit_runs(background: Any) -> None
     assert not compiler.wait_for_compiles(0.05)  # the thread waits at the gate
     background.set()
     assert compiler.wait_for_compiles(60)
-    before = compiler.counters.step_uncompiled_runs
+    before = compiler.counters.uncompiled_runs
     step(x)
-    assert compiler.counters.step_uncompiled_runs == before  # compiled code from now on
+    assert compiler.counters.uncompiled_runs == before  # compiled code from now on
 
 
 def test_a_failed_background_run_is_redone_by_the_next_call(
@@ -202,3 +202,43 @@ def test_off_the_call_that_builds_the_program_runs_it(monkeypatch: pytest.Monkey
     assert not any(uncompiled)
     assert compiler.counters.background_compiles == 0
     assert compiler.counters.step_runs == 3
+
+
+def test_compiled_module_forward_and_outside_backward(background: Any) -> None:
+    """``fusegrad.compile(model)``: the forward's program and the backward's (run by the
+    outputs' node when ``loss.backward()`` is called outside) are built on threads; until they
+    are ready both run uncompiled, with eager's gradients and updates throughout."""
+
+    def train(compiled: bool, gate: Any = None) -> tuple:
+        fg.manual_seed(0)
+        model = fg.nn.Sequential(fg.nn.Linear(6, 16), fg.nn.GELU(), fg.nn.Linear(16, 3)).double()
+        net = fg.compile(model) if compiled else model
+        opt = fg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        rng = np.random.default_rng(4)
+        losses, uncompiled = [], []
+        for i in range(8):
+            if gate is not None and i == 5:
+                gate.set()
+                assert compiler.wait_for_compiles(60)
+            x = fg.tensor(rng.standard_normal((5, 6)))
+            y = fg.tensor(rng.integers(0, 3, 5))
+            before = compiler.counters.uncompiled_runs
+            opt.zero_grad()
+            loss = fg.nn.functional.cross_entropy(net(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            uncompiled.append(compiler.counters.uncompiled_runs - before)
+        return model, losses, uncompiled
+
+    want_model, want, _ = train(False)
+    compiler.reset()
+    background.clear()
+    got_model, got, uncompiled = train(True, background)
+    # call 1 records the forward (its outputs keep eager's graph: an eager backward); calls
+    # 2-5 start the two builds and run the forward and the backward uncompiled; 6-8 compiled
+    assert uncompiled == [0, 2, 2, 2, 2, 0, 0, 0], uncompiled
+    assert compiler.counters.background_compiles == 2
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    for p, q in zip(got_model.parameters(), want_model.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-12)

@@ -827,3 +827,49 @@ def test_runtime_scalars_are_computed_once_per_group_and_count() -> None:
     replayed = [p.detach().numpy().copy() for p in model.parameters()]
     assert compiler.counters.step_runs == 1
     assert all(not np.array_equal(a, b) for a, b in zip(want, replayed))
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_zero_grad_without_set_to_none_stays_compiled(opt_name: str) -> None:
+    """``opt.zero_grad(set_to_none=False)`` keeps the ``.grad`` tensors: the backward adds
+    into them and the optimizer reads the sums.  The program reads each ``.grad`` before it
+    runs (zeros when the user set it to None meanwhile): one recording, eager's parameters,
+    gradients and ``.grad`` identities."""
+
+    def run(compiled: bool) -> tuple:
+        fg.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).double()
+        opt = _optimizer(opt_name, model.parameters())
+
+        def step(x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
+            opt.zero_grad(set_to_none=False)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        fn = fg.compile(step) if compiled else step
+        rng = np.random.default_rng(3)
+        identities, losses = [], []
+        for i in range(8):
+            x = fg.tensor(rng.standard_normal((5, 6)))
+            y = fg.tensor(rng.integers(0, 3, 5))
+            losses.append(fn(x, y).item())
+            identities.append([id(p.grad) for p in model.parameters()])
+            if i == 4:  # a fresh .grad from here on (the backward makes it)
+                for p in model.parameters():
+                    p.grad = None
+        same = [row == identities[1] for row in identities]
+        params = [p.detach().numpy().copy() for p in model.parameters()]
+        grads = [p.grad.numpy().copy() for p in model.parameters()]
+        return losses, params, grads, same
+
+    want = run(False)
+    compiler.reset()
+    got = run(True)
+    assert compiler.counters.step_captures == 1 and not compiler.counters.step_breaks
+    assert compiler.counters.step_runs == 6, compiler.counters
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    for a, b in zip(got[1] + got[2], want[1] + want[2]):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-14)
+    assert got[3] == want[3] == [True] * 5 + [False] * 3
