@@ -129,3 +129,49 @@ def test_multihead_attention_with_weights_and_dropout_step_matches_eager() -> No
             return self.head(out.mean(0)) + (weights**2).sum((1, 2)).unsqueeze(-1)
 
     _train_both(Attend, _batches((6, 4, 16), (4, 1)), lambda p: fg.optim.SGD(p, lr=0.01))
+
+
+def test_packed_sequence_step_equals_eager_with_a_logged_fall_back() -> None:
+    """Packing reads the lengths on the host (its permutation is a tensor made from them), so
+    a whole step falls back with a logged reason (the backward still compiles); the results
+    equal eager's, also when the lengths change."""
+    from fusegrad.nn.utils import rnn as R
+
+    class Packed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = nn.GRU(3, 5, 2, bidirectional=True)
+            self.head = nn.Linear(10, 1)
+
+        def forward(self, x: fg.Tensor, lengths: list) -> fg.Tensor:
+            out, h = self.rnn(R.pack_padded_sequence(x, lengths, enforce_sorted=False))
+            padded, _ = R.pad_packed_sequence(out)
+            return self.head(padded.sum(0)) + h.sum()
+
+    fg.manual_seed(0)
+    eager = Packed().double()
+    comp = copy.deepcopy(eager)
+
+    def make_step(model: nn.Module) -> Callable:
+        opt = fg.optim.Adam(model.parameters(), lr=1e-2)
+
+        def step(x: fg.Tensor, y: fg.Tensor, lengths: list) -> fg.Tensor:
+            opt.zero_grad()
+            loss = ((model(x, lengths) - y) ** 2).mean()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        return step
+
+    eager_step, comp_step = make_step(eager), fg.compile(make_step(comp))
+    rng = np.random.default_rng(0)
+    for lengths in ([3, 5, 1, 4], [3, 5, 1, 4], [3, 5, 1, 4], [2, 2, 5, 1]):
+        x, y = rng.standard_normal((5, 4, 3)), rng.standard_normal((4, 1))
+        want = eager_step(fg.tensor(x), fg.tensor(y), lengths)
+        got = comp_step(fg.tensor(x), fg.tensor(y), lengths)
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12)
+    for p, q in zip(comp.parameters(), eager.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-8, atol=1e-10)
+    for reason in compiler.counters.step_breaks:
+        assert "int64 tensor" in reason, reason

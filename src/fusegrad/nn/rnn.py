@@ -11,7 +11,8 @@ The recurrence is ordinary ops (linear, sigmoid, tanh, slices, stack), so autogr
 backward and the compilers see primitives: the input projection of a whole layer is one matmul
 over all time steps, and each step adds one ``h @ weight_hh.T``.  A whole-step compile unrolls
 the time loop (the recording grows with the sequence length; a new length records again).
-PackedSequence inputs are not supported (fusegrad has no PackedSequence).
+A PackedSequence input (``nn.utils.rnn``) gives a PackedSequence output: at each step only the
+sequences still running are computed, and each one's final state is its own last step's.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from typing import Any
 
 from ..errors import ShapeError
 from ..ops.creation import empty, zeros
+from ..ops.indexing import index_select
 from ..ops.shape import cat, stack
 from ..tensor import Tensor
 from . import functional as F
 from . import init
 from .module import Module
 from .parameter import Parameter
+from .utils.rnn import PackedSequence
 
 __all__ = ["GRU", "GRUCell", "LSTM", "LSTMCell", "RNN", "RNNBase", "RNNCell", "RNNCellBase"]
 
@@ -346,9 +349,8 @@ class RNNBase(Module):
     def _check_input(self, input: Any) -> Tensor:
         name = {"RNN_TANH": "RNN", "RNN_RELU": "RNN"}.get(self.mode, self.mode)
         if not isinstance(input, Tensor):
-            raise NotImplementedError(
-                f"{name}: input must be a Tensor (PackedSequence is not supported by fusegrad), "
-                f"got {type(input).__name__}"
+            raise TypeError(
+                f"{name}: input must be a Tensor or a PackedSequence, got {type(input).__name__}"
             )
         if input.ndim not in (2, 3):
             raise ShapeError(f"{name}: Expected input to be 2D or 3D, got {input.ndim}D instead")
@@ -381,9 +383,12 @@ class RNNBase(Module):
         return h
 
     def _run(
-        self, input: Tensor, h0: Tensor, c0: Tensor | None
+        self, input: Tensor, h0: Tensor, c0: Tensor | None, sizes: list[int] | None = None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """The layer loop on (L, N, in) input: output (L, N, D * H_out), h_n, c_n."""
+        """The layer loop.  Padded: (L, N, in) input, output (L, N, D * H_out).  Packed
+        (``sizes`` = batch_sizes): (sum of lengths, in) data, output (sum, D * H_out), and at
+        step t only the first ``sizes[t]`` rows run; the others keep their state (a finished
+        sequence's final state, or the initial state of one the reverse pass has not reached)."""
         if input.shape[0] == 0:
             raise ShapeError("Expected sequence length to be larger than 0 in RNN")
         directions = 2 if self.bidirectional else 1
@@ -401,20 +406,27 @@ class RNNBase(Module):
                 b_hh = getattr(self, "bias_hh" + suffix, None)
                 w_hr = getattr(self, "weight_hr" + suffix, None)
                 # the input projection of every time step at once: one matmul per layer
-                x_gates = F.linear(layer_input, w_ih, b_ih).unbind(0)
+                projected = F.linear(layer_input, w_ih, b_ih)
+                x_gates = projected.unbind(0) if sizes is None else projected.split(sizes, 0)
                 steps = range(len(x_gates) - 1, -1, -1) if direction == 1 else range(len(x_gates))
                 h = h0[index]
                 c = None if c0 is None else c0[index]
                 hs: list[Tensor] = [None] * len(x_gates)  # type: ignore[list-item]
                 for t in steps:
+                    rows = h.shape[0] if sizes is None else sizes[t]
+                    active = rows == h.shape[0]
+                    h_in = h if active else h[:rows]
+                    c_in = c if c is None or active else c[:rows]
                     if self.mode == "LSTM":
-                        h, c = _lstm_step(x_gates[t], h, c, w_hh, b_hh, w_hr)  # type: ignore[arg-type]
+                        h_out, c_out = _lstm_step(x_gates[t], h_in, c_in, w_hh, b_hh, w_hr)  # type: ignore[arg-type]
+                        c = c_out if active else cat([c_out, c[rows:]], 0)  # type: ignore[index]
                     elif self.mode == "GRU":
-                        h = _gru_step(x_gates[t], h, w_hh, b_hh)
+                        h_out = _gru_step(x_gates[t], h_in, w_hh, b_hh)
                     else:
-                        h = _rnn_step(self.mode, x_gates[t], h, w_hh, b_hh)
-                    hs[t] = h
-                outputs.append(stack(hs, 0))
+                        h_out = _rnn_step(self.mode, x_gates[t], h_in, w_hh, b_hh)
+                    h = h_out if active else cat([h_out, h[rows:]], 0)
+                    hs[t] = h_out
+                outputs.append(stack(hs, 0) if sizes is None else cat(hs, 0))
                 h_last.append(h)
                 if c is not None:
                     c_last.append(c)
@@ -423,7 +435,41 @@ class RNNBase(Module):
                 layer_input = F.dropout(layer_input, self.dropout, True)
         return layer_input, stack(h_last, 0), (stack(c_last, 0) if c_last else None)
 
-    def _forward(self, input: Any, hx: Any) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _forward_packed(self, input: PackedSequence, hx: Any) -> tuple[Any, Tensor, Any]:
+        data, batch_sizes, sorted_indices, unsorted_indices = input
+        sizes = [int(v) for v in batch_sizes.tolist()]
+        if data.ndim != 2 or data.shape[-1] != self.input_size:
+            raise ShapeError(
+                f"input.size(-1) must be equal to input_size. Expected {self.input_size}, "
+                f"got {data.shape[-1]}"
+            )
+
+        def sort(state: Tensor | None) -> Tensor | None:
+            # the initial states come in the caller's batch order; the packed rows are sorted
+            if state is None or sorted_indices is None:
+                return state
+            return index_select(state, 1, sorted_indices)
+
+        def unsort(state: Tensor) -> Tensor:
+            return state if unsorted_indices is None else index_select(state, 1, unsorted_indices)
+
+        out_size = self.proj_size if self.proj_size > 0 else self.hidden_size
+        if self.mode == "LSTM":
+            if hx is not None and (not isinstance(hx, (tuple, list)) or len(hx) != 2):
+                raise ShapeError("LSTM: expected hx to be a tuple (h_0, c_0)")
+            h_given, c_given = (None, None) if hx is None else (sort(hx[0]), sort(hx[1]))
+            h0 = self._state(h_given, sizes[0], out_size, data, False, "hidden[0]")
+            c0 = self._state(c_given, sizes[0], self.hidden_size, data, False, "hidden[1]")
+        else:
+            h0 = self._state(sort(hx), sizes[0], out_size, data, False, "hidden")
+            c0 = None
+        output, h_n, c_n = self._run(data, h0, c0, sizes)
+        packed = PackedSequence(output, batch_sizes, sorted_indices, unsorted_indices)
+        return packed, unsort(h_n), (None if c_n is None else unsort(c_n))
+
+    def _forward(self, input: Any, hx: Any) -> tuple[Any, Tensor, Tensor | None]:
+        if isinstance(input, PackedSequence):
+            return self._forward_packed(input, hx)
         x = self._check_input(input)
         unbatched = x.ndim == 2
         if unbatched:

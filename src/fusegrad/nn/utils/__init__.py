@@ -1,5 +1,5 @@
-"""``fusegrad.nn.utils``: gradient clipping, parameters as one vector, and ``rnn.pad_sequence``,
-named as in ``torch.nn.utils``.
+"""``fusegrad.nn.utils``: gradient clipping, parameters as one vector, and ``rnn`` (padded and
+packed sequences), named as in ``torch.nn.utils``.
 
 Everything here is written in the op surface (in-place tensor methods under ``no_grad`` for the
 clipping), so a compiled whole step records it like an optimizer's update.
