@@ -54,6 +54,9 @@ from .symbolic import FakeArray, Guard, NeedsData, ShapeEnv
 from .tape import REMATERIALISE
 from .tape import state as tape_state
 
+# float16/bfloat16 values: numba has no CPU half type, so graphs holding them run eagerly
+_HALF_REASON = "a float16/bfloat16 value (compiled programs take no half dtypes: eager)"
+
 
 class Fallback(Exception):
     """This backward cannot be compiled; ``str(e)`` is the one logged reason."""
@@ -456,6 +459,8 @@ class Capture(_engine.Executor, Tracer):
             shape, dtype = prim.meta(shapes, tuple(v.dtype for v in values), **attrs)
         except registry.DataDependentShape as e:
             raise Fallback(f"{prim.name} in {self.current}: {e}") from None
+        if dtype in _dt.HALF or any(v.dtype in _dt.HALF for v in values):
+            raise Fallback(f"{prim.name} in {self.current}: {_HALF_REASON}")
         value = graph.add(
             prim.name,
             tuple(values),

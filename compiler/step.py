@@ -99,6 +99,7 @@ CONTAINER_DEPTH = 3
 
 
 _CUDA = "a CUDA tensor (whole-step compile runs on the CPU for now)"
+_HALF = fusegrad.dtypes.HALF  # numba has no CPU half type: steps holding one run eagerly
 
 
 class StepBreak(Exception):
@@ -433,6 +434,11 @@ class Recorder(Tracer):
             raise StepBreak(f"{prim.name} at {_user_line()}: {e}") from None
         if tuple(shape) != arr.shape or dtype is not out._dtype:
             raise StepBreak(f"{prim.name}: its shape rule disagrees with its kernel")
+        if dtype in _HALF or any(v.dtype in _HALF for v in values):
+            raise StepBreak(
+                f"{prim.name} at {_user_line()}: a float16/bfloat16 value (compiled programs "
+                "take no half dtypes)"
+            )
         try:
             value = self.graph.add(prim.name, values, attrs, arr.shape, out._dtype)
         except TypeError:

@@ -59,7 +59,16 @@ from .autograd import (
 from .autograd import jvps as _jvps  # the forward-mode rule table, beside it
 from .device import device
 from .dtypes import bool_ as bool  # noqa: A001  (torch-style name)
-from .dtypes import dtype, float32, float64, get_default_dtype, int32, int64, set_default_dtype
+from .dtypes import (
+    dtype,
+    float16,
+    float32,
+    float64,
+    get_default_dtype,
+    int32,
+    int64,
+    set_default_dtype,
+)
 from .errors import AutogradError, DTypeError, FusegradError, IndexOutOfRange, ShapeError
 from .ops import *  # noqa: F401,F403,E402
 from .ops import (  # noqa: E402
@@ -190,6 +199,9 @@ from .tensor import Tensor
 
 float = float32  # noqa: A001
 double = float64
+half = float16
+if _dtypes.bfloat16 is not None:  # (with the optional ml_dtypes package)
+    bfloat16 = _dtypes.bfloat16
 long = int64
 int = int32  # noqa: A001
 
@@ -213,6 +225,10 @@ def __getattr__(name: str) -> Any:
     if name in ("save", "load", "serialization"):  # (it needs nn's Parameter: on first use)
         module = importlib.import_module(".serialization", __name__)
         return module if name == "serialization" else getattr(module, name)
+    if name == "bfloat16":
+        raise AttributeError(
+            "fusegrad.bfloat16 needs the optional ml_dtypes package (pip install ml_dtypes)"
+        )
     if name == "compile":
         from .compiler import compile as _compile  # the compiler, and numba with it: on first use
 

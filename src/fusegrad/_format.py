@@ -140,6 +140,8 @@ def format_tensor(t: Any) -> str:
         suffixes.append(f"device='{arr.device}'")
         arr = arr.to_host()
     dtype_suffix = f"dtype=fusegrad.{t.dtype.name}"
+    if arr.dtype.kind == "V":  # bfloat16 (ml_dtypes): printed from float32, exact for it
+        arr = arr.astype(np.float32)
     if arr.size == 0:
         # like numpy, the shape is shown unless it is (0,); an empty tensor shows any dtype
         # but the default float one, since there are no elements to infer it from

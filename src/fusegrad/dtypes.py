@@ -1,7 +1,14 @@
 """dtypes and PyTorch type promotion.
 
-fusegrad has five dtypes (float32 default, float64, int32, int64, bool), each a thin record
-around a numpy dtype.  ``result_type`` implements PyTorch's promotion: operands are ranked by
+fusegrad has six dtypes (float32 default, float64, float16, int32, int64, bool), each a thin
+record around a numpy dtype, and a seventh, bfloat16, when the optional ``ml_dtypes`` package is
+installed (numpy has no bfloat16; ``ml_dtypes`` adds it with numpy's arithmetic).  float16 and
+bfloat16 are storage and eager-compute dtypes: numpy computes each elementwise op on them in
+float32 and rounds (as PyTorch's CPU kernels do), but reductions accumulate in the narrow type
+where numpy does (PyTorch accumulates in float32), and compiled programs do not take them (numba
+has no CPU half type): a backward or whole step that meets one runs eagerly, with that reason.
+
+``result_type`` implements PyTorch's promotion: operands are ranked by
 category (bool < integer < floating); within the highest category present, dimensioned tensors
 win over 0-d tensors, which win over Python scalars ("wrapped numbers").  A Python scalar never
 upcasts a tensor of its own category (``float32 * 2.0`` stays float32); a scalar of a higher
@@ -17,7 +24,7 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True, eq=False)
 class dtype:  # noqa: N801 - torch-style lowercase name
-    # eq=False: the five dtypes are singletons, so identity is equality, and hashing by
+    # eq=False: the dtypes are singletons, so identity is equality, and hashing by
     # identity is fast (dtypes are hashed in every compiled backward's cache key)
     name: str
     np: np.dtype
@@ -42,10 +49,23 @@ int64 = dtype("int64", np.dtype(np.int64), 1, 8)
 float32 = dtype("float32", np.dtype(np.float32), 2, 4)
 float64 = dtype("float64", np.dtype(np.float64), 2, 8)
 
-ALL = (bool_, int32, int64, float32, float64)
+float16 = dtype("float16", np.dtype(np.float16), 2, 2)
+
+try:  # bfloat16: only with the optional ml_dtypes package (numpy has none)
+    import ml_dtypes as _ml_dtypes
+except ImportError:  # pragma: no cover - depends on the environment
+    _ml_dtypes = None
+
+bfloat16: dtype | None = (
+    dtype("bfloat16", np.dtype(_ml_dtypes.bfloat16), 2, 2) if _ml_dtypes is not None else None
+)
+
+ALL = (bool_, int32, int64, float32, float64, float16) + ((bfloat16,) if bfloat16 else ())
+# the half dtypes: eager only (compiled programs fall back, see the module docstring)
+HALF = tuple(d for d in (float16, bfloat16) if d is not None)
 _BY_NP = {d.np: d for d in ALL}
 _BY_NAME = {d.name: d for d in ALL}
-_BY_NAME.update({"float": float32, "double": float64, "long": int64, "int": int32})
+_BY_NAME.update({"float": float32, "double": float64, "long": int64, "int": int32, "half": float16})
 
 _default_float = float32
 
@@ -80,6 +100,8 @@ def as_dtype(d: object) -> dtype:
         npd = None
     if npd is not None and npd in _BY_NP:
         return _BY_NP[npd]
+    if d == "bfloat16" or (npd is not None and npd.name == "bfloat16"):
+        raise TypeError("bfloat16 needs the optional ml_dtypes package (pip install ml_dtypes)")
     if npd is not None:
         # numpy dtypes fusegrad does not store: map to the nearest of its category
         if npd.kind == "f":
@@ -112,6 +134,8 @@ def _promote_pair(a: dtype, b: dtype) -> dtype:
         return a
     if a.category != b.category:
         return a if a.category > b.category else b
+    if a.itemsize == b.itemsize == 2:
+        return float32  # float16 with bfloat16: neither holds the other (PyTorch: float32)
     return a if a.itemsize >= b.itemsize else b
 
 

@@ -10,7 +10,8 @@ compressed) holding
   ``("tensor", n, kind, requires_grad, device)`` (kind ``tensor`` or ``parameter``),
   ``("ndarray", n)``, ``("npscalar", n)``, ``("dtype", name)``, ``("device", name)``;
 * ``fusegrad/data/<n>.npy``: the values of record ``n`` in numpy's ``.npy`` format (read back
-  with ``allow_pickle=False``), bit for bit.
+  with ``allow_pickle=False``), bit for bit; bfloat16 values (which ``.npy`` cannot name) are
+  stored as their uint16 bits, with an empty ``fusegrad/data/<n>.bfloat16`` beside them.
 
 A tensor saved twice (the same object, as a tied weight in a state dict) is one record and loads
 as one tensor; distinct views of one storage load as distinct tensors (PyTorch keeps them
@@ -154,6 +155,9 @@ def _write_archive(fh: IO[bytes], data: bytes, records: list[np.ndarray]) -> Non
         zf.writestr(_PREFIX + "data.pkl", data)
         for n, arr in enumerate(records):
             buf = io.BytesIO()
+            if _dt.bfloat16 is not None and arr.dtype == _dt.bfloat16.np:
+                arr = arr.view(np.uint16)  # (.npy has no bfloat16: its bits, marked)
+                zf.writestr(f"{_PREFIX}data/{n}.bfloat16", b"")
             np.save(buf, arr, allow_pickle=False)
             zf.writestr(f"{_PREFIX}data/{n}.npy", buf.getvalue())
 
@@ -206,7 +210,15 @@ class _Unpickler(pickle.Unpickler):
 
     def _array(self, n: int) -> np.ndarray:
         with self._archive.open(f"{_PREFIX}data/{n}.npy") as fh:
-            return np.load(io.BytesIO(fh.read()), allow_pickle=False)
+            arr = np.load(io.BytesIO(fh.read()), allow_pickle=False)
+        if f"{_PREFIX}data/{n}.bfloat16" in self._archive.NameToInfo:
+            if _dt.bfloat16 is None:
+                raise pickle.UnpicklingError(
+                    "load: the file holds bfloat16 values, which need the optional ml_dtypes "
+                    "package (pip install ml_dtypes)"
+                )
+            arr = arr.view(_dt.bfloat16.np)
+        return arr
 
     def persistent_load(self, pid: Any) -> Any:
         if not isinstance(pid, tuple) or not pid:

@@ -449,6 +449,14 @@ class Module:
     def float(self) -> Module:
         return self.to(_dt.float32)
 
+    def half(self) -> Module:
+        return self.to(_dt.float16)
+
+    def bfloat16(self) -> Module:
+        if _dt.bfloat16 is None:
+            raise TypeError("bfloat16 needs the optional ml_dtypes package (pip install ml_dtypes)")
+        return self.to(_dt.bfloat16)
+
     def cpu(self) -> Module:
         return self.to("cpu")
 

@@ -257,7 +257,7 @@ def to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         if isinstance(a, Tensor):
             dtype = a.dtype
         elif isinstance(a, (_dt.dtype, type)) or (
-            isinstance(a, str) and a in ("float32", "float64")
+            isinstance(a, str) and a in ("float32", "float64", "float16", "bfloat16")
         ):
             dtype = a
         else:
@@ -291,8 +291,14 @@ def _type(self: Tensor, dtype: Any = None) -> Any:
             "int64": "fusegrad.LongTensor",
             "int32": "fusegrad.IntTensor",
             "bool": "fusegrad.BoolTensor",
+            "float16": "fusegrad.HalfTensor",
+            "bfloat16": "fusegrad.BFloat16Tensor",
         }[self.dtype.name]
     return to(self, dtype)
+
+
+def _no_bfloat16(self: Tensor) -> Tensor:
+    raise TypeError("bfloat16 needs the optional ml_dtypes package (pip install ml_dtypes)")
 
 
 def _converter(d: _dt.dtype) -> Any:
@@ -806,8 +812,10 @@ def _install_methods() -> None:
         ("long", _dt.int64),
         ("int", _dt.int32),
         ("bool", _dt.bool_),
+        ("half", _dt.float16),
     ]:
         setattr(Tensor, attr, _converter(d))
+    Tensor.bfloat16 = _converter(_dt.bfloat16) if _dt.bfloat16 else _no_bfloat16  # type: ignore
     Tensor.T = property(lambda self: permute(self, tuple(range(self.ndim))[::-1]))
     Tensor.mT = property(lambda self: transpose(self, -2, -1))
     Tensor.H = Tensor.T

@@ -814,7 +814,11 @@ def _scatter(x, index, src, dim):  # type: ignore[no-untyped-def]
 @primitive("matmul", "opaque", "a b", method=True)
 @_quiet_kernel
 def _matmul(a, b):  # type: ignore[no-untyped-def]
-    """Batched matrix product of operands with at least 2 dims (numpy broadcasting of batch)."""
+    """Batched matrix product of operands with at least 2 dims (numpy broadcasting of batch).
+    float16/bfloat16 operands multiply in float32 (BLAS; float32 accumulation, as PyTorch's
+    CPU half matmul) and round back once."""
+    if a.dtype.itemsize == 2 and a.dtype.kind in "fV":
+        return np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(a.dtype)
     return np.matmul(a, b)
 
 
