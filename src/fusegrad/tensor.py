@@ -611,7 +611,7 @@ def _to_array(data: Any, dtype: Any = None) -> np.ndarray:
     if isinstance(data, Tensor):
         arr = np.array(to_host(data._data), copy=True)
     else:
-        arr = _infer(data)
+        arr = _infer(data, dtype is not None)
     if dtype is not None:
         arr = arr.astype(_dt.as_dtype(dtype).np, copy=False)
     elif arr.dtype not in (d.np for d in _dt.ALL):
@@ -619,12 +619,17 @@ def _to_array(data: Any, dtype: Any = None) -> np.ndarray:
     return arr
 
 
-def _infer(data: Any) -> np.ndarray:
+def _infer(data: Any, dtype_given: bool = False) -> np.ndarray:
+    """``data`` as a fresh array of PyTorch's inferred dtype; with ``dtype_given`` (the caller
+    casts next) Python floats stay float64 here, so that ``tensor([0.1], dtype=float64)`` is
+    exactly 0.1 and ``1e200`` does not overflow on its way through float32."""
     if isinstance(data, np.ndarray):
         return np.array(data, copy=True)
     if isinstance(data, (list, tuple)) and any(isinstance(d, Tensor) for d in _flat(data)):
         data = _untensor(data)
     arr = np.array(data)
+    if dtype_given and arr.dtype.kind != "O":
+        return arr
     if arr.dtype.kind == "f" and not isinstance(data, np.generic):
         # Python floats are the default float dtype (float32), not numpy's float64; numpy float
         # scalars inside a list keep their own precision (PyTorch: [np.float64(1.5)] is float64)
