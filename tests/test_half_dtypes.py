@@ -139,3 +139,10 @@ def test_compiled_programs_run_half_graphs_eagerly(half: str) -> None:
         (x.exp() * x).sum().backward()
     assert x.grad.dtype is x.dtype
     assert any("half dtypes" in r for r in compiler.counters.fallbacks)
+
+
+def test_from_numpy_takes_float16_and_says_so() -> None:
+    t = fg.from_numpy(np.array([0.5, 1.5], np.float16))
+    assert t.dtype is fg.float16
+    with pytest.raises(TypeError, match="float16"):
+        fg.from_numpy(np.ones(2, np.uint8))

@@ -87,7 +87,7 @@ def from_numpy(array: np.ndarray) -> Tensor:
     if array.dtype not in (d.np for d in _dt.ALL):
         raise DTypeError(
             f"from_numpy: can't convert np.ndarray of type {array.dtype}. The only supported "
-            "types are: float64, float32, int64, int32, and bool."
+            f"types are: {', '.join(d.name for d in _dt.ALL if d is not _dt.bool_)}, and bool."
         )
     return Tensor._make(array)
 
