@@ -3413,6 +3413,95 @@ add(
 )
 
 
+def _fg_nn_functional_mha() -> Any:
+    import fusegrad.nn.functional
+
+    return fusegrad.nn.functional.multi_head_attention_forward
+
+
+def _mha_op(
+    m: Any, q: Any, k: Any, v: Any, in_w: Any, in_b: Any, out_w: Any, out_b: Any, **kw: Any
+) -> Any:
+    """multi_head_attention_forward with 2 heads (E = 4), no bias_k/v, no dropout; the weights
+    are returned only when asked for (a None output is not a tensor)."""
+    # fusegrad's lives in nn.functional (the op table's FG.F is fusegrad.ops.functional)
+    fn = m.F.multi_head_attention_forward if m.name == "torch" else _fg_nn_functional_mha()
+    out = fn(q, k, v, 4, 2, in_w, in_b, None, None, False, 0.0, out_w, out_b, **kw)
+    return out if kw.get("need_weights", True) else out[0]
+
+
+def mha_ref(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    in_w: np.ndarray,
+    in_b: np.ndarray,
+    out_w: np.ndarray,
+    out_b: np.ndarray,
+    key_padding_mask: Any = None,
+    need_weights: bool = True,
+    attn_mask: Any = None,
+    average_attn_weights: bool = True,
+) -> Any:
+    """(L, N, E) inputs, 2 heads; bool masks are True where masked."""
+    heads, (L, N, E) = 2, q.shape
+    wq, wk, wv = np.split(in_w, 3)
+    bq, bk, bv = np.split(in_b, 3)
+
+    def split(x: np.ndarray) -> np.ndarray:  # (len, N, E) -> (N, heads, len, E / heads)
+        return x.reshape(x.shape[0], N, heads, E // heads).transpose(1, 2, 0, 3)
+
+    qh, kh, vh = split(q @ wq.T + bq), split(k @ wk.T + bk), split(v @ wv.T + bv)
+    scores = qh @ kh.swapaxes(-1, -2) / np.sqrt(E // heads)
+    if attn_mask is not None:
+        bias = np.where(attn_mask, -np.inf, 0.0) if attn_mask.dtype == bool else attn_mask
+        scores = scores + bias
+    if key_padding_mask is not None:
+        scores = scores + np.where(key_padding_mask, -np.inf, 0.0)[:, None, None, :]
+    e = np.exp(scores - scores.max(-1, keepdims=True))
+    weights = e / e.sum(-1, keepdims=True)
+    out = (weights @ vh).transpose(2, 0, 1, 3).reshape(L, N, E) @ out_w.T + out_b
+    if not need_weights:
+        return out
+    return out, (weights.mean(1) if average_attn_weights else weights)
+
+
+def _mha_samples(rng: np.random.Generator) -> list[Sample]:
+    def weights() -> tuple:
+        return (uni(rng, (12, 4)), uni(rng, (12,)), uni(rng, (4, 4)), uni(rng, (4,)))
+
+    padding = np.zeros((2, 4), dtype=bool)
+    padding[1, 2:] = True
+    keep_one = rng.random((3, 4)) > 0.5
+    keep_one[:, 0] = False
+    return [
+        S(
+            (uni(rng, (3, 2, 4)), uni(rng, (4, 2, 4)), uni(rng, (4, 2, 4))) + weights(),
+            name="plain",
+        ),
+        S(
+            (uni(rng, (3, 2, 4)), uni(rng, (4, 2, 4)), uni(rng, (4, 2, 4))) + weights(),
+            {"key_padding_mask": padding, "attn_mask": keep_one, "average_attn_weights": False},
+            "masks_per_head_weights",
+        ),
+        S(
+            (uni(rng, (3, 2, 4)), uni(rng, (4, 2, 4)), uni(rng, (4, 2, 4))) + weights(),
+            {"need_weights": False, "key_padding_mask": padding, "attn_mask": uni(rng, (3, 4))},
+            "sdpa_path",
+            nograd=frozenset({"attn_mask"}),
+        ),
+    ]
+
+
+add(
+    "multi_head_attention_forward",
+    _mha_op,
+    mha_ref,
+    _mha_samples,
+    f32_tol=(1e-4, 1e-5),
+)
+
+
 def conv_transpose2d_ref(
     x: np.ndarray,
     w: np.ndarray,
