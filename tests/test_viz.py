@@ -72,8 +72,8 @@ def test_module_parameters_are_named_and_shared_nodes_drawn_once() -> None:
     saved = [n for n in dot.into(tanh) if dot.nodes[n].get("fillcolor") == "orange"]
     assert [dot.label(n) for n in saved] == ["out\n(5, 8) float32"]
     assert len(dot.find("AccumulateGrad")) == 4
-    # the second layer's output node (AddBackward0 of the bias) feeds both uses
-    adds = dot.find("AddBackward0")
+    # the second layer's output node (AddmmBackward0, as PyTorch names it) feeds both uses
+    adds = dot.find("AddmmBackward0")
     users = [b for a, b, _ in dot.edges if a in adds and b in dot.find("MulBackward0")]
     assert users, "the layer's output should feed the product"
 
@@ -175,10 +175,11 @@ def test_custom_function_nodes_and_their_saved_tensors() -> None:
 def test_attributes_are_shown_on_request() -> None:
     x = fg.randn(3, 4, requires_grad=True)
     y = x.sum(dim=1)
-    assert dot_label(make_dot(y, show_attrs=True), "SumBackward0") == (
-        "SumBackward0\ndim=(1,)\nkeepdim=False"
+    # (PyTorch's name for a sum over dims: SumBackward1)
+    assert dot_label(make_dot(y, show_attrs=True), "SumBackward1") == (
+        "SumBackward1\ndim=(1,)\nkeepdim=False"
     )
-    assert dot_label(make_dot(y), "SumBackward0") == "SumBackward0"
+    assert dot_label(make_dot(y), "SumBackward1") == "SumBackward1"
 
 
 def dot_label(graph: DotGraph, name: str) -> str:

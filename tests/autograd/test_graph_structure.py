@@ -102,7 +102,7 @@ def test_accumulate_grad_is_shared_per_leaf() -> None:
 def test_more_node_names() -> None:
     a = _leaf(2, 2)
     assert a.exp().grad_fn.name() == "ExpBackward0"
-    assert (a @ a).grad_fn.name() == "MatmulBackward0"
+    assert (a @ a).grad_fn.name() == "MmBackward0"  # PyTorch's name for a 2-D matmul
     assert (a - a).grad_fn.name() == "SubBackward0"
     assert a.tanh().grad_fn.name() == "TanhBackward0"
 

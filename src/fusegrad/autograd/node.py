@@ -15,7 +15,6 @@ the threads that run deeply nested backward calls) and ``graph.py`` holds the pu
 
 from __future__ import annotations
 
-import re
 import threading
 import weakref
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from .graph_base import (  # (Node, AccumulateGrad & co. are re-exported: this w
     add_hook,
     graph_changed,
 )
+from .node_names import primitive_node_name
 
 __all__ = [
     "AccumulateGrad",
@@ -293,14 +293,11 @@ _freed_message = (
 )
 
 
-def _camel(name: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in re.split(r"_+", name) if part)
-
-
 class OpNode(Node):
     """The node of one primitive call: applies the primitive's rule from the derivative table."""
 
     __slots__ = (
+        "_name",
         "_prim",
         "_raw_shared",
         "_rule",
@@ -329,6 +326,7 @@ class OpNode(Node):
         self._retain_grad_hooks = None
         self.metadata = {}
         self._prim = prim
+        self._name = None  # PyTorch's name, set by a composite ending in this node
         self._rule = rule
         self.attrs = attrs
         self.needs_input_grad = tuple(needs)
@@ -354,7 +352,8 @@ class OpNode(Node):
         self._raw_shared = False  # a SavedTensor was handed out (``_raw_saved_<name>``)
 
     def name(self) -> str:
-        return f"{_camel(self._prim.name)}Backward0"
+        name = self._name
+        return primitive_node_name(self) if name is None else name
 
     @property
     def input_shapes(self) -> tuple:

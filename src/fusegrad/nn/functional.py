@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..ops import elementwise as _ew
 from ..ops import functional as _fn
 from ..ops import inplace as _inplace
@@ -127,6 +128,7 @@ def relu6(input: Tensor, inplace: bool = False) -> Tensor:
     return hardtanh(input, 0.0, 6.0, inplace)
 
 
+@_torch_node_name("HardtanhBackward0")
 def hardtanh(
     input: Tensor, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False
 ) -> Tensor:
@@ -149,6 +151,7 @@ def silu(input: Tensor, inplace: bool = False) -> Tensor:
     return _maybe_inplace("silu_", _ew.silu, input, inplace)
 
 
+@_torch_node_name("MishBackward0")
 def mish(input: Tensor, inplace: bool = False) -> Tensor:
     def _mish(x: Tensor) -> Tensor:
         return _ew.mul(x, _ew.tanh(_ew.softplus(x)))
@@ -184,6 +187,7 @@ def tanh(input: Tensor) -> Tensor:
     return _ew.tanh(input)
 
 
+@_torch_node_name("LogSigmoidBackward0")
 def logsigmoid(input: Tensor) -> Tensor:
     # log(sigmoid(x)) = -softplus(-x), stable for large |x|
     return _ew.neg(_ew.softplus(_ew.neg(input)))

@@ -26,6 +26,7 @@ from .. import dtypes as _dt
 from .. import storage as _storage
 from ..autograd import grad_mode as _grad_mode
 from ..autograd.forward_state import state as _forward_state
+from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import state as _tracer_state
 from ..device import as_device
@@ -599,10 +600,12 @@ def _addcdiv(self: Tensor, t1: Any, t2: Any, *, value: Any = 1) -> Tensor:
     return add(self, mul(div(t1, t2), value))
 
 
+@_torch_node_name("AddcmulBackward0")
 def addcmul(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
     return _addcmul(to_tensor(input), tensor1, tensor2, value=value)
 
 
+@_torch_node_name("AddcdivBackward0")
 def addcdiv(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
     return _addcdiv(to_tensor(input), tensor1, tensor2, value=value)
 
@@ -839,6 +842,7 @@ def _install_methods() -> None:
         setattr(Tensor, f"__{name}__", _forward(fn))
         setattr(Tensor, f"__r{name}__", _reverse(fn))
         setattr(Tensor, f"__i{name}__", _inplace_method(f"__i{name}__", fn))
+    Tensor.__rsub__ = _forward(rsub)  # (number - tensor: PyTorch's RsubBackward1)
     for name, fn in {"eq": eq, "ne": ne, "lt": lt, "le": le, "gt": gt, "ge": ge}.items():
         setattr(Tensor, f"__{name}__", _forward(fn))
     Tensor.__neg__ = neg

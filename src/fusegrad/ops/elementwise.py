@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
+from ..autograd.node_names import name_node as _name_node
+from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_host_read as _read
 from ..autograd.tracer import state as _tracer_state
 from ..errors import DTypeError, describe
@@ -92,6 +94,7 @@ def sub(input: Any, other: Any, *, alpha: Any = 1) -> Tensor:
     return _binary("sub", input, other, dt)
 
 
+@_torch_node_name("RsubBackward1")
 def rsub(input: Any, other: Any) -> Tensor:
     return sub(other, input)
 
@@ -121,6 +124,7 @@ def neg(input: Any) -> Tensor:
     return apply(P["neg"], (x,), {})
 
 
+@_torch_node_name("PowBackward0")
 def square(input: Any) -> Tensor:
     return mul(input, input)
 
@@ -143,6 +147,12 @@ def where(condition: Any, input: Any, other: Any) -> Tensor:
     return apply(P["where"], (cond, a, b), {})
 
 
+def _lerp_name(input: Any, end: Any, weight: Any) -> str:
+    # PyTorch's overloads: lerp(Tensor, Tensor, Scalar) 0, lerp(Tensor, Tensor, Tensor) 1
+    return "LerpBackward1" if isinstance(weight, Tensor) else "LerpBackward0"
+
+
+@_torch_node_name(_lerp_name)
 def lerp(input: Any, end: Any, weight: Any) -> Tensor:
     return add(input, mul(weight, sub(end, input)))
 
@@ -150,22 +160,27 @@ def lerp(input: Any, end: Any, weight: Any) -> Tensor:
 # ---- math functions -----------------------------------------------------------------------------
 
 
+@_torch_node_name("Exp2Backward0")
 def exp2(input: Any) -> Tensor:
     return exp(mul(_floatify(input), math.log(2.0)))
 
 
+@_torch_node_name("Log2Backward0")
 def log2(input: Any) -> Tensor:
     return mul(log(input), 1.0 / math.log(2.0))
 
 
+@_torch_node_name("Log10Backward0")
 def log10(input: Any) -> Tensor:
     return mul(log(input), 1.0 / math.log(10.0))
 
 
+@_torch_node_name("RsqrtBackward0")
 def rsqrt(input: Any) -> Tensor:
     return reciprocal(sqrt(input))
 
 
+@_torch_node_name("TanBackward0")
 def tan(input: Any) -> Tensor:
     x = _floatify(input)
     return div(sin(x), cos(x))
@@ -219,22 +234,26 @@ def _floatify(x: Any) -> Tensor:
 
 
 # ---- activations (composites) ---------------------------------------------------------------
+@_torch_node_name("ReluBackward0")
 def relu(input: Any) -> Tensor:
     x = to_tensor(input)
     # where(x > 0, x, 0): the gradient at 0 is 0, as in PyTorch
     return where(gt(x, 0), x, 0)
 
 
+@_torch_node_name("LeakyReluBackward0")
 def leaky_relu(input: Any, negative_slope: float = 0.01) -> Tensor:
     x = to_tensor(input)
     return where(gt(x, 0), x, mul(x, negative_slope))
 
 
+@_torch_node_name("EluBackward0")
 def elu(input: Any, alpha: float = 1.0) -> Tensor:
     x = to_tensor(input)
     return where(gt(x, 0), x, mul(expm1(x), alpha))
 
 
+@_torch_node_name("GeluBackward0")
 def gelu(input: Any, approximate: str = "none") -> Tensor:
     x = _floatify(input)
     if approximate == "none":
@@ -245,11 +264,13 @@ def gelu(input: Any, approximate: str = "none") -> Tensor:
     raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
+@_torch_node_name("SiluBackward0")
 def silu(input: Any) -> Tensor:
     x = _floatify(input)
     return mul(x, sigmoid(x))
 
 
+@_torch_node_name("SoftplusBackward0")
 def softplus(input: Any, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     x = _floatify(input)
     bx = mul(x, beta) if beta != 1 else x
@@ -274,7 +295,9 @@ def clamp(input: Any, min: Any = None, max: Any = None) -> Tensor:
     if out._dtype.category == 2 and out.requires_grad:
         # a NaN input stays NaN but gets no gradient (PyTorch: grad * (min <= x <= max))
         out = where(isnan(x), x.detach(), out)
-    return out
+    # PyTorch's overloads: clamp(Tensor, Tensor?, Tensor?) is ClampBackward0, numbers 1
+    tensors = isinstance(min, Tensor) or isinstance(max, Tensor)
+    return _name_node(out, "ClampBackward0" if tensors else "ClampBackward1")
 
 
 clip = clamp
@@ -284,6 +307,7 @@ def _like(v: Any, ref: Tensor) -> Any:
     return v if isinstance(v, Tensor) else as_operand(v, _dt.result_type(ref, v))
 
 
+@_torch_node_name("NanToNumBackward0")
 def nan_to_num(
     input: Any, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None
 ) -> Tensor:

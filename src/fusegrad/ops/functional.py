@@ -15,6 +15,8 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import storage as _storage
 from ..autograd.grad_mode import no_grad as _no_grad
+from ..autograd.node_names import name_node as _name_node
+from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import notify_host_read as _read
@@ -78,6 +80,32 @@ __all__ = [
 ]
 
 
+def _nll_loss_name(input: Tensor, *args: Any, **kwargs: Any) -> str:
+    # PyTorch: (C) and (N, C) inputs are nll_loss, (N, C, d1, ...) inputs nll_loss2d
+    return "NllLossBackward0" if input.ndim <= 2 else "NllLoss2DBackward0"
+
+
+def _adaptive_pool_name(input: Tensor, output_size: Any) -> str:
+    # PyTorch averages a (1, 1) output with mean over the last two dims
+    sizes = (output_size,) * 2 if isinstance(output_size, int) else tuple(output_size)
+    return "MeanBackward1" if sizes == (1, 1) else "AdaptiveAvgPool2DBackward0"
+
+
+def _interpolate_name(input: Tensor, *args: Any, mode: str = "nearest", **kwargs: Any) -> str:
+    if len(args) >= 3:  # (size, scale_factor, mode, ...) given by position
+        mode = args[2]
+    kind = {
+        "nearest": "Nearest",
+        "nearest-exact": "NearestExact",
+        "linear": "Linear",
+        "bilinear": "Bilinear",
+        "trilinear": "Trilinear",
+    }.get(mode)
+    if kind is None:  # area: adaptive average pooling
+        return f"AdaptiveAvgPool{input.ndim - 2}DBackward0"
+    return f"Upsample{kind}{input.ndim - 2}DBackward0"
+
+
 def _reduce(loss: Tensor, reduction: str, op: str) -> Tensor:
     if reduction == "mean":
         return mean(loss)
@@ -95,6 +123,7 @@ def _class_dim_last(x: Tensor) -> Tensor:
     return x.movedim(1, -1)
 
 
+@_torch_node_name(_nll_loss_name)
 def nll_loss(
     input: Tensor,
     target: Tensor,
@@ -208,6 +237,7 @@ def cross_entropy(
     return nll * (1 - label_smoothing) + smooth_red * label_smoothing
 
 
+@_torch_node_name("MseLossBackward0")
 def mse_loss(input: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
     d = sub(input, target)
     return _reduce(d * d, reduction, "mse_loss")
@@ -221,6 +251,7 @@ class LossArgumentError(ShapeError, RuntimeError):
     """A bad scalar argument of a loss (``beta``, ``delta``): PyTorch raises a RuntimeError."""
 
 
+@_torch_node_name("SmoothL1LossBackward0")
 def smooth_l1_loss(
     input: Tensor,
     target: Tensor,
@@ -242,6 +273,7 @@ def smooth_l1_loss(
     return _reduce(loss, reduction, "smooth_l1_loss")
 
 
+@_torch_node_name("HuberLossBackward0")
 def huber_loss(
     input: Tensor,
     target: Tensor,
@@ -376,6 +408,7 @@ def _legacy(size_average: bool | None, reduce: bool | None, reduction: str) -> s
     return "sum" if size_average is False else "mean"
 
 
+@_torch_node_name("BinaryCrossEntropyBackward0")
 def binary_cross_entropy(
     input: Tensor, target: Tensor, weight: Tensor | None = None, reduction: str = "mean"
 ) -> Tensor:
@@ -394,6 +427,7 @@ def binary_cross_entropy(
     return _reduce(loss, reduction, "binary_cross_entropy")
 
 
+@_torch_node_name("BinaryCrossEntropyWithLogitsBackward0")
 def binary_cross_entropy_with_logits(
     input: Tensor,
     target: Tensor,
@@ -442,6 +476,7 @@ def dropout(
     return mul(x, _created(draw(), draw))
 
 
+@_torch_node_name("NativeLayerNormBackward0")
 def layer_norm(
     input: Tensor,
     normalized_shape: Sequence[int],
@@ -475,6 +510,7 @@ _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
 
 
+@_torch_node_name("HardswishBackward0")
 def hardswish(input: Tensor) -> Tensor:
     """x * relu6(x + 3) / 6, written piecewise so that the gradient at the kinks is PyTorch's:
     0 at x = -3 and 1 at x = 3 (a clamp would pass the gradient there: -0.5 and 1.5)."""
@@ -482,10 +518,12 @@ def hardswish(input: Tensor) -> Tensor:
     return where(x <= -3.0, 0.0, where(x < 3.0, x * add(x, 3.0) / 6.0, x))
 
 
+@_torch_node_name("EluBackward0")
 def selu(input: Tensor) -> Tensor:
     return elu(to_tensor(input), _SELU_ALPHA) * _SELU_SCALE
 
 
+@_torch_node_name("CeluBackward0")
 def celu(input: Tensor, alpha: float = 1.0) -> Tensor:
     """max(0, x) + min(0, alpha * (exp(x / alpha) - 1)) = alpha * elu(x / alpha)."""
     if alpha == 0:
@@ -493,6 +531,7 @@ def celu(input: Tensor, alpha: float = 1.0) -> Tensor:
     return elu(to_tensor(input) / alpha, 1.0) * alpha
 
 
+@_torch_node_name("GluBackward0")
 def glu(input: Tensor, dim: int = -1) -> Tensor:
     """a * sigmoid(b), where a and b are the two halves of ``input`` along ``dim``."""
     x = to_tensor(input)
@@ -580,6 +619,7 @@ def _norm_inputs(
     return x, rm, rv, channels
 
 
+@_torch_node_name("NativeBatchNormBackward0")
 def batch_norm(
     input: Tensor,
     running_mean: Tensor | None,
@@ -618,6 +658,7 @@ def batch_norm(
     return out
 
 
+@_torch_node_name("ViewBackward0")
 def instance_norm(
     input: Tensor,
     running_mean: Tensor | None = None,
@@ -655,6 +696,7 @@ def instance_norm(
     return out
 
 
+@_torch_node_name("NativeGroupNormBackward0")
 def group_norm(
     input: Tensor,
     num_groups: int,
@@ -735,6 +777,7 @@ def _adaptive_average(x: Tensor, dim: int, out: int) -> Tensor:
     return _along(x, dim, matrix)
 
 
+@_torch_node_name(_adaptive_pool_name)
 def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:
     x = to_tensor(input)
     if x.ndim not in (3, 4):
@@ -756,6 +799,7 @@ def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:
     return x
 
 
+@_torch_node_name("SqueezeBackward1")
 def adaptive_avg_pool1d(input: Tensor, output_size: Any) -> Tensor:
     x = to_tensor(input)
     if x.ndim not in (2, 3):
@@ -775,6 +819,7 @@ _INTERPOLATE_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "triline
 _LINEAR_RANK = {"linear": 3, "bilinear": 4, "trilinear": 5}
 
 
+@_torch_node_name(_interpolate_name)
 def interpolate(
     input: Tensor,
     size: Any = None,
@@ -968,6 +1013,7 @@ def _slide(x: Tensor, dim: int, size: int, stride: int, dilation: int, count: in
     return parts[0].unsqueeze(2) if size == 1 else stack(parts, 2)
 
 
+@_torch_node_name("Im2ColBackward0")
 def unfold(
     input: Tensor, kernel_size: Any, dilation: Any = 1, padding: Any = 0, stride: Any = 1
 ) -> Tensor:
@@ -977,6 +1023,7 @@ def unfold(
     return win.reshape(n, c * kh * kw, oh * ow)
 
 
+@_torch_node_name("ConvolutionBackward0")
 def conv2d(
     input: Tensor,
     weight: Tensor,
@@ -989,6 +1036,7 @@ def conv2d(
     return _conv2d(input, weight, bias, stride, padding, dilation, groups, "conv2d")
 
 
+@_torch_node_name("ConvolutionBackward0")
 def conv1d(
     input: Tensor,
     weight: Tensor,
@@ -1233,6 +1281,7 @@ def max_pool2d(
     values, idx = flat.max(dim=2)
     if squeeze:
         values = values.squeeze(0)
+    _name_node(values, "MaxPool2DWithIndicesBackward0")
     if return_indices:
         # PyTorch's indices address the flattened (H, W) input plane, not the window
         (sh, sw), (ph, pw), (dh, dw) = s, p, _pair(dilation)
@@ -1245,6 +1294,7 @@ def max_pool2d(
     return values
 
 
+@_torch_node_name("AvgPool2DBackward0")
 def avg_pool2d(
     input: Tensor,
     kernel_size: Any,

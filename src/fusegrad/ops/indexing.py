@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import storage as _storage
+from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import notify_host_read as _read
@@ -248,6 +249,12 @@ def _scatter_args(op: str, x: Tensor, dim: int, index: Any, src: Any) -> tuple:
     return d, idx, s
 
 
+def _scatter_name(input: Any, dim: int, index: Any, src: Any = None, **kwargs: Any) -> str:
+    # PyTorch's overloads: scatter(..., src: Tensor) 0, scatter(..., value: Scalar) 1
+    return "ScatterBackward0" if isinstance(src, Tensor) else "ScatterBackward1"
+
+
+@_torch_node_name(_scatter_name)
 def scatter(input: Any, dim: int, index: Any, src: Any = None, *, value: Any = None) -> Tensor:
     x = to_tensor(input)
     d, idx, s = _scatter_args("scatter", x, dim, index, src if src is not None else value)
@@ -291,6 +298,7 @@ def _index_source(op: str, x: Tensor, d: int, idx: Tensor, source: Any) -> Tenso
     return src
 
 
+@_torch_node_name("IndexAddBackward0")
 def index_add(input: Any, dim: int, index: Any, source: Any, *, alpha: Any = 1) -> Tensor:
     """``input`` with ``alpha * source`` added at ``index`` along ``dim``; repeated indices
     accumulate."""
@@ -321,6 +329,7 @@ def index_fill(input: Any, dim: int, index: Any, value: Any) -> Tensor:
     return index_put_spec(x, as_operand(value, x.dtype), (idx,), key)
 
 
+@_torch_node_name("IndexSelectBackward0")
 def index_select(input: Any, dim: int, index: Any) -> Tensor:
     x = to_tensor(input)
     idx = _index_tensor("index_select", index)
@@ -331,6 +340,7 @@ def index_select(input: Any, dim: int, index: Any) -> Tensor:
     return getitem(x, (slice(None),) * d + (idx.reshape(-1),))
 
 
+@_torch_node_name("MaskedFillBackward0")
 def masked_fill(input: Any, mask: Any, value: Any) -> Tensor:
     x = to_tensor(input)
     m = to_tensor(mask)
@@ -350,6 +360,7 @@ def masked_fill(input: Any, mask: Any, value: Any) -> Tensor:
     return out
 
 
+@_torch_node_name("MaskedSelectBackward0")
 def masked_select(input: Any, mask: Any) -> Tensor:
     # ``broadcast_tensors`` (shape.py, a surface above this one: its pad uses index_select)
     x, m = to_tensor(input), to_tensor(mask)
@@ -396,6 +407,7 @@ def one_hot(tensor: Any, num_classes: int = -1) -> Tensor:
     return eq(idx.unsqueeze(-1), classes).to(_dt.int64)
 
 
+@_torch_node_name("EmbeddingBackward0")
 def embedding(input: Any, weight: Tensor, padding_idx: int | None = None) -> Tensor:
     idx = _index_tensor("embedding", input)
     if weight.ndim != 2:

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
+from ..autograd.node_names import name_node as _name_node
+from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..errors import DTypeError, ShapeError, describe
 from ..size import broadcast_shapes
 from ..tensor import Tensor
@@ -57,9 +59,20 @@ def matmul(input: Any, other: Any) -> Tensor:
         out = out.squeeze(-2)
     if b.ndim == 1:
         out = out.squeeze(-1)
+    if a.ndim == 1 or b.ndim == 1:
+        # PyTorch's names: dot, mv, a squeeze after a vector-matrix mm, a batched product's
+        # reshape (the primitive's own node is named by its ranks: mm or batched)
+        if a.ndim == 1 and b.ndim == 1:
+            name = "DotBackward0"
+        elif b.ndim == 1:
+            name = "MvBackward0" if a.ndim == 2 else "UnsafeViewBackward0"
+        else:
+            name = "SqueezeBackward4" if b.ndim == 2 else "UnsafeViewBackward0"
+        _name_node(out, name)
     return out
 
 
+@_torch_node_name("MmBackward0")
 def mm(input: Tensor, mat2: Tensor) -> Tensor:
     a, b = to_tensor(input), to_tensor(mat2)
     if a.ndim != 2 or b.ndim != 2:
@@ -67,6 +80,7 @@ def mm(input: Tensor, mat2: Tensor) -> Tensor:
     return matmul(a, b)
 
 
+@_torch_node_name("BmmBackward0")
 def bmm(input: Tensor, mat2: Tensor) -> Tensor:
     a, b = to_tensor(input), to_tensor(mat2)
     if a.ndim != 3 or b.ndim != 3 or a.shape[0] != b.shape[0]:
@@ -74,6 +88,7 @@ def bmm(input: Tensor, mat2: Tensor) -> Tensor:
     return matmul(a, b)
 
 
+@_torch_node_name("MvBackward0")
 def mv(input: Tensor, vec: Tensor) -> Tensor:
     a, b = to_tensor(input), to_tensor(vec)
     if a.ndim != 2 or b.ndim != 1:
@@ -81,6 +96,7 @@ def mv(input: Tensor, vec: Tensor) -> Tensor:
     return matmul(a, b)
 
 
+@_torch_node_name("DotBackward0")
 def dot(input: Tensor, other: Tensor) -> Tensor:
     a, b = to_tensor(input), to_tensor(other)
     if a.ndim != 1 or b.ndim != 1:
@@ -114,7 +130,11 @@ def linear(input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
             f"(in_features {x.shape[-1]} != {w.shape[-1]})"
         )
     out = matmul(x, w.mT if w.ndim == 2 else w)
-    return out + bias if bias is not None else out
+    if bias is None:
+        return out  # (named by matmul: MmBackward0, or a batched product's UnsafeViewBackward0)
+    # PyTorch adds the bias inside addmm for a matrix input, and reshapes an addmm's result
+    # for a batched one
+    return _name_node(out + bias, "AddmmBackward0" if x.ndim == 2 else "ViewBackward0")
 
 
 # ---- einsum ----------------------------------------------------------------------------------
@@ -281,6 +301,7 @@ def _check_product(op: str, a: Tensor, b: Tensor, rank: int) -> None:
         raise ShapeError(f"{op}: shapes of {describe(a, b)} cannot be multiplied")
 
 
+@_torch_node_name("AddmmBackward0")
 def addmm(input: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
     """``beta * input + alpha * (mat1 @ mat2)``, ``mat1`` and ``mat2`` 2-D."""
     a, b = to_tensor(mat1), to_tensor(mat2)
@@ -288,6 +309,7 @@ def addmm(input: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) ->
     return _scaled_sum("addmm", to_tensor(input), mm(a, b), beta, alpha)
 
 
+@_torch_node_name("BaddbmmBackward0")
 def baddbmm(input: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
     """``beta * input + alpha * bmm(batch1, batch2)``."""
     a, b = to_tensor(batch1), to_tensor(batch2)
@@ -295,6 +317,7 @@ def baddbmm(input: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any =
     return _scaled_sum("baddbmm", to_tensor(input), bmm(a, b), beta, alpha)
 
 
+@_torch_node_name("AddbmmBackward0")
 def addbmm(input: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
     """``beta * input + alpha * sum_b(batch1[b] @ batch2[b])``."""
     a, b = to_tensor(batch1), to_tensor(batch2)
@@ -345,6 +368,7 @@ _CDIST_MODES = (
 )
 
 
+@_torch_node_name("CdistBackward0")
 def cdist(
     x1: Any,
     x2: Any,

@@ -12,6 +12,8 @@ from collections import namedtuple
 from typing import Any
 
 from .. import dtypes as _dt
+from ..autograd.node_names import name_node as _name_node
+from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_created as _created
 from ..errors import DTypeError, ShapeError, describe
 from ..tensor import Tensor
@@ -59,10 +61,13 @@ def mean(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = Non
     n = _count(x, dims)
     if n == 0:
         # the mean of nothing is nan; built as 0 * sum + nan so that no nan reaches gradients
-        return add(mul(sum(x, dims, keepdim), 0.0), math.nan)
-    return div(sum(x, dims, keepdim), n)
+        out = add(mul(sum(x, dims, keepdim), 0.0), math.nan)
+    else:
+        out = div(sum(x, dims, keepdim), n)
+    return _name_node(out, "MeanBackward0" if dim is None else "MeanBackward1")
 
 
+@_torch_node_name("VarBackward0")
 def var(
     input: Any,
     dim: Any = None,
@@ -84,6 +89,7 @@ def var(
     return div(ssq, denom) if denom > 0 else mul(ssq, math.inf if n else math.nan)
 
 
+@_torch_node_name("StdBackward0")
 def std(
     input: Any,
     dim: Any = None,
@@ -147,8 +153,9 @@ def _max_min(op: str, x: Any, dim: Any, keepdim: bool) -> Any:
     x = to_tensor(x)
     if isinstance(dim, Tensor):  # max(a, b): elementwise
         return (maximum if op == "max" else minimum)(x, dim)
-    if dim is None:
-        return amax(x) if op == "max" else amin(x)
+    if dim is None:  # PyTorch's max() / min() overloads: MaxBackward1, MinBackward1
+        whole = amax(x) if op == "max" else amin(x)
+        return _name_node(whole, "MaxBackward1" if op == "max" else "MinBackward1")
     d = wrap_dim(op, dim, x.ndim)
     if x.ndim == 0:
         return _values_indices(x.reshape(()), _created(Tensor._make(__import__("numpy").array(0))))
@@ -157,6 +164,7 @@ def _max_min(op: str, x: Any, dim: Any, keepdim: bool) -> Any:
     values = x.gather(d, idx)
     if not keepdim:
         values, idx = values.squeeze(d), idx.squeeze(d)
+    _name_node(values, "MaxBackward0" if op == "max" else "MinBackward0")
     return _values_indices(values, idx)
 
 
@@ -189,6 +197,7 @@ def cumsum(input: Any, dim: int, *, dtype: Any = None) -> Tensor:
     return apply(P["cumsum"], (x,), {"dim": wrap_dim("cumsum", dim, x.ndim)})
 
 
+@_torch_node_name("LinalgVectorNormBackward0")
 def norm(input: Any, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> Tensor:
     x = to_tensor(input)
     if x._dtype.category != 2:
@@ -223,6 +232,7 @@ def _safe_sqrt(s: Tensor) -> Tensor:
     return where(zero, 0.0, sqrt(where(zero, 1.0, s)))
 
 
+@_torch_node_name("LogsumexpBackward0")
 def logsumexp(input: Any, dim: Any, keepdim: bool = False) -> Tensor:
     x = to_tensor(input)
     if x._dtype.category != 2:
@@ -239,6 +249,7 @@ def logsumexp(input: Any, dim: Any, keepdim: bool = False) -> Tensor:
     return out
 
 
+@_torch_node_name("SoftmaxBackward0")
 def softmax(input: Any, dim: int, dtype: Any = None) -> Tensor:
     x = to_tensor(input)
     if dtype is not None:
@@ -252,6 +263,7 @@ def softmax(input: Any, dim: int, dtype: Any = None) -> Tensor:
     return div(e, sum(e, dims, keepdim=True))
 
 
+@_torch_node_name("LogSoftmaxBackward0")
 def log_softmax(input: Any, dim: int, dtype: Any = None) -> Tensor:
     x = to_tensor(input)
     if dtype is not None:
@@ -264,6 +276,7 @@ def log_softmax(input: Any, dim: int, dtype: Any = None) -> Tensor:
     return sub(x, logsumexp(x, d, keepdim=True))
 
 
+@_torch_node_name("CumprodBackward0")
 def cumprod(input: Any, dim: int, *, dtype: Any = None) -> Tensor:
     """Running products along ``dim``, one multiply per position.  Not ``exp(cumsum(log x))``:
     that has no gradient where ``x`` holds a zero, while this chain of products is exact there
@@ -287,6 +300,7 @@ def cumprod(input: Any, dim: int, *, dtype: Any = None) -> Tensor:
     return cat(parts, d) if n > 1 else running.clone()
 
 
+@_torch_node_name("LogcumsumexpBackward0")
 def logcumsumexp(input: Any, dim: int) -> Tensor:
     """``log(cumsum(exp(x)))`` along ``dim``, without overflow or underflow: a parallel prefix
     scan of ``logaddexp`` (Hillis-Steele, ``ceil(log2 n)`` elementwise steps, each combining

@@ -18,6 +18,8 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import storage as _storage
+from ..autograd.node_names import name_node as _name_node
+from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import notify_host_read as _read
@@ -82,7 +84,9 @@ def reshape(input: Any, *shape: Any) -> Tensor:
     target = _infer_shape("reshape", x, shape_arg(shape))
     if target == x._data.shape:
         return _alias(x)
-    return _view_op(x, "reshape", {"shape": target})
+    out = _view_op(x, "reshape", {"shape": target})
+    # not a view (the strides do not allow one): PyTorch copies, then _unsafe_view
+    return out if out._base is not None else _name_node(out, "UnsafeViewBackward0")
 
 
 def _alias(x: Tensor) -> Tensor:
@@ -151,9 +155,13 @@ def squeeze(input: Any, dim: Any = None) -> Tensor:
     else:
         dims = wrap_dims("squeeze", dim, x.ndim) or ()
         dims = tuple(d for d in dims if x.ndim and shp[d] == 1)
-    return reshape(x, tuple(s for i, s in enumerate(shp) if i not in dims))
+    out = reshape(x, tuple(s for i, s in enumerate(shp) if i not in dims))
+    # PyTorch's overloads: squeeze() 0, squeeze(int) 1, squeeze(tuple of ints) 2
+    overload = 0 if dim is None else 1 if isinstance(dim, (int, np.integer)) else 2
+    return _name_node(out, f"SqueezeBackward{overload}")
 
 
+@_torch_node_name("UnsqueezeBackward0")
 def unsqueeze(input: Any, dim: int) -> Tensor:
     x = to_tensor(input)
     d = wrap_dim("unsqueeze", dim, x.ndim + 1)
@@ -177,6 +185,7 @@ def permute(input: Any, *dims: Any) -> Tensor:
     return _view_op(x, "permute", {"dims": wrapped})
 
 
+@_torch_node_name("TransposeBackward0")
 def transpose(input: Any, dim0: int, dim1: int) -> Tensor:
     x = to_tensor(input)
     if x.ndim == 0:
@@ -191,6 +200,7 @@ def transpose(input: Any, dim0: int, dim1: int) -> Tensor:
 swapaxes = swapdims = transpose
 
 
+@_torch_node_name("TBackward0")
 def t(input: Any) -> Tensor:
     x = to_tensor(input)
     if x.ndim > 2:
@@ -210,6 +220,7 @@ def movedim(input: Any, source: Any, destination: Any) -> Tensor:
     return permute(x, order)
 
 
+@_torch_node_name("ExpandBackward0")
 def expand(input: Any, *sizes: Any) -> Tensor:
     x = to_tensor(input)
     sizes = shape_arg(sizes)
@@ -240,6 +251,7 @@ def expand_as(input: Tensor, other: Tensor) -> Tensor:
     return expand(input, tuple(other.shape))
 
 
+@_torch_node_name("ExpandBackward0")
 def broadcast_to(input: Any, shape: Sequence[int]) -> Tensor:
     x = to_tensor(input)
     shape = shape_arg((shape,))
@@ -320,10 +332,16 @@ def split(tensor: Any, split_size_or_sections: Any, dim: int = 0) -> tuple:
                 f"(input tensor's size at dimension {dim}), but got split_sizes={sizes}"
             )
     outs, start = [], 0
+    # PyTorch: split(int) is SplitBackward0, split(list of sizes) SplitWithSizesBackward0
+    name = (
+        "SplitBackward0"
+        if isinstance(split_size_or_sections, (int, np.integer))
+        else ("SplitWithSizesBackward0")
+    )
     for s in sizes:
-        outs.append(narrow(x, d, start, s))
+        outs.append(_name_node(narrow(x, d, start, s), name))
         start += s
-    return _mark_multi_output(tuple(outs), "SplitBackward0")
+    return _mark_multi_output(tuple(outs), name)
 
 
 def chunk(input: Any, chunks: int, dim: int = 0) -> tuple:
@@ -334,7 +352,8 @@ def chunk(input: Any, chunks: int, dim: int = 0) -> tuple:
     size = x._data.shape[d]
     if size == 0:  # PyTorch: `chunks` empties
         return _mark_multi_output(
-            tuple(narrow(x, d, 0, 0) for _ in range(chunks)), "SplitBackward0"
+            tuple(_name_node(narrow(x, d, 0, 0), "SplitBackward0") for _ in range(chunks)),
+            "SplitBackward0",
         )
     return split(x, math.ceil(size / chunks), d)
 
@@ -342,7 +361,7 @@ def chunk(input: Any, chunks: int, dim: int = 0) -> tuple:
 def unbind(input: Any, dim: int = 0) -> tuple:
     x = to_tensor(input)
     d = wrap_dim("unbind", dim, x.ndim)
-    outs = tuple(select(x, d, i) for i in range(x._data.shape[d]))
+    outs = tuple(_name_node(select(x, d, i), "UnbindBackward0") for i in range(x._data.shape[d]))
     return _mark_multi_output(outs, "UnbindBackward0")
 
 
@@ -374,6 +393,7 @@ def cat(tensors: Sequence[Any], dim: int = 0) -> Tensor:
 concat = concatenate = cat
 
 
+@_torch_node_name("StackBackward0")
 def stack(tensors: Sequence[Any], dim: int = 0) -> Tensor:
     ts = [to_tensor(t) for t in tensors]
     if not ts:
@@ -405,6 +425,7 @@ def flip(input: Any, dims: Any) -> Tensor:
     return apply(P["flip"], (x,), {"dims": d})
 
 
+@_torch_node_name("RollBackward0")
 def roll(input: Any, shifts: Any, dims: Any = None) -> Tensor:
     x = to_tensor(input)
     if dims is None:
@@ -425,6 +446,7 @@ def roll(input: Any, shifts: Any, dims: Any = None) -> Tensor:
     return out if out is not x else clone(x)
 
 
+@_torch_node_name("RepeatBackward0")
 def repeat(input: Any, *sizes: Any) -> Tensor:
     x = to_tensor(input)
     reps = shape_arg(sizes)
@@ -442,14 +464,25 @@ def repeat(input: Any, *sizes: Any) -> Tensor:
     return clone(out) if _storage.may_share_memory(out._data, x._data) else out
 
 
-def tile(input: Any, dims: Sequence[int]) -> Tensor:
+def tile(input: Any, *dims: Any) -> Tensor:
     x = to_tensor(input)
-    dims = tuple(dims)
+    dims = shape_arg(dims)  # tile(x, (2, 1)), x.tile(2, 1) and x.tile(2), as PyTorch takes them
     if len(dims) < x.ndim:
         dims = (1,) * (x.ndim - len(dims)) + dims
     return repeat(x, dims)
 
 
+def _pad_name(input: Any, pad: Sequence[int], mode: str = "constant", **kwargs: Any) -> str | None:
+    # PyTorch's padding kernels, by mode and by the number of padded dims
+    dims = len(pad) // 2
+    return {
+        "constant": "ConstantPadNdBackward0",
+        "reflect": f"ReflectionPad{dims}DBackward0",
+        "replicate": f"ReplicationPad{dims}DBackward0",
+    }.get(mode)
+
+
+@_torch_node_name(_pad_name)
 def pad(
     input: Any, pad: Sequence[int], mode: str = "constant", value: float | None = None
 ) -> Tensor:
@@ -562,10 +595,12 @@ def _tri(x: Tensor, diagonal_: int, lower: bool) -> Tensor:
     return where(_tri_mask(x, diagonal_, lower), x, scalar_tensor(0, x.dtype))
 
 
+@_torch_node_name("TrilBackward0")
 def tril(input: Any, diagonal: int = 0) -> Tensor:
     return _tri(to_tensor(input), diagonal, True)
 
 
+@_torch_node_name("TriuBackward0")
 def triu(input: Any, diagonal: int = 0) -> Tensor:
     return _tri(to_tensor(input), diagonal, False)
 

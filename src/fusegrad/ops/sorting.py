@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import return_types
+from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..errors import IndexOutOfRange, describe
 from ..tensor import Tensor
 from ._util import P, apply, to_tensor, wrap_dim
@@ -55,6 +56,7 @@ def _finish(values: Tensor, indices: Tensor, zero_d: bool) -> tuple[Tensor, Tens
     return values, indices
 
 
+@_torch_node_name("SortBackward0")
 def sort(
     input: Any,
     dim: int = -1,
@@ -80,6 +82,7 @@ def msort(input: Any) -> Tensor:
     return sort(input, dim=0).values
 
 
+@_torch_node_name("TopkBackward0")
 def topk(
     input: Any, k: int, dim: int = -1, largest: bool = True, sorted: bool = True
 ) -> return_types.topk:
@@ -97,6 +100,7 @@ def topk(
     return return_types.topk(*_finish(_gather(x, d, idx), idx, zero_d))
 
 
+@_torch_node_name("KthvalueBackward0")
 def kthvalue(input: Any, k: int, dim: int = -1, keepdim: bool = False) -> return_types.kthvalue:
     """The ``k``-th smallest element (1-based) along ``dim`` and its index."""
     x, d, zero_d = _prepare("kthvalue", input, dim)
@@ -128,6 +132,7 @@ def _median_index(x: Tensor, d: int) -> Tensor:
     return where(isnan(_gather(x, d, last)), last, mid)
 
 
+@_torch_node_name(lambda input, dim=None, keepdim=False: f"MedianBackward{0 if dim is None else 1}")
 def median(input: Any, dim: Any = None, keepdim: bool = False) -> Any:
     """``median(x)``: the lower median of all elements (a tensor); ``median(x, dim)``:
     ``(values, indices)`` of the lower median along ``dim``.  NaN if the elements hold one."""
@@ -157,6 +162,7 @@ def _cumulative_extreme(op: str, input: Any, dim: Any, largest: bool) -> tuple[T
     return _finish(_gather(x, d, idx), idx, zero_d)
 
 
+@_torch_node_name("CummaxBackward0")
 def cummax(input: Any, dim: int) -> return_types.cummax:
     """``(values, indices)``: the running maximum along ``dim`` and where it sits (the latest
     of equal elements; a NaN, once met, stays the maximum).  The gradient goes to those
@@ -164,11 +170,13 @@ def cummax(input: Any, dim: int) -> return_types.cummax:
     return return_types.cummax(*_cumulative_extreme("cummax", input, dim, True))
 
 
+@_torch_node_name("CumminBackward0")
 def cummin(input: Any, dim: int) -> return_types.cummin:
     """``(values, indices)``: the running minimum along ``dim`` (as ``cummax``)."""
     return return_types.cummin(*_cumulative_extreme("cummin", input, dim, False))
 
 
+@_torch_node_name("ModeBackward0")
 def mode(input: Any, dim: int = -1, keepdim: bool = False) -> return_types.mode:
     """``(values, indices)``: the most frequent value along ``dim`` (the smallest of equally
     frequent ones) and the position of its last occurrence, as PyTorch's CPU kernel gives it.
