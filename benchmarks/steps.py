@@ -56,6 +56,7 @@ class StepImpl:
     step: Callable[[], dict[str, float]]
     params: Callable[[], list]
     first_calls_s: float | None = None
+    module: Any = None  # the compiled model (``fg_module``)
 
 
 def _build(torch: Any, name: str) -> Any:
@@ -137,7 +138,7 @@ def _impl(
     def params() -> list:
         return [p.detach().numpy().copy() for p in model.parameters()]
 
-    return StepImpl(timed, params)
+    return StepImpl(timed, params, module=net if wrap_model is not None else None)
 
 
 def run(
@@ -239,11 +240,25 @@ def run(
                 },
             }
         )
+        saved = saved_bytes(impls["fg_module"].module)
+        if saved is not None:
+            checks[name]["compile_model_saved_bytes"] = saved
         notes[name] = wl_notes
         if on_row is not None:
             on_row(rows[-1])
         bar.close()
     return {"rows": rows, "checks": checks, "notes": notes}
+
+
+def saved_bytes(module: Any) -> dict[str, int] | None:
+    """What ``fg.compile(model)``'s forward keeps for the backward (its recording's AOT entry:
+    saved values after recomputing cheap elementwise ones, and the module inputs it reads) vs
+    what eager's autograd nodes saved on the recorded call; None without such an entry."""
+    entries = [e for e in getattr(module, "_aot", {}).values() if hasattr(e, "stats")]
+    if not entries:
+        return None
+    stats = entries[-1].stats
+    return {"program": stats["saved bytes"], "eager": stats["eager saved bytes"]}
 
 
 def planned_impls(have_torch: bool, torch_compile: bool) -> list[str]:
@@ -282,6 +297,13 @@ def render_notes(result: dict[str, Any]) -> str:
             f"{name}: parameters after the run vs fg eager (max relative difference): {diffs}; "
             f"whole-step replays {check['step_runs']}, breaks {check['step_breaks'] or 'none'}"
         )
+        saved = check.get("compile_model_saved_bytes")
+        if saved:
+            lines.append(
+                f"{name}: compile(model) keeps {saved['program']:,} bytes of forward values for "
+                f"its backward (eager's nodes: {saved['eager']:,} bytes; "
+                f"{saved['program'] / max(saved['eager'], 1):.2f}×)"
+            )
     for name, wl_notes in result["notes"].items():
         for key, note in wl_notes.items():
             lines.append(f"{name} {key}: {note}")
