@@ -174,6 +174,32 @@ class ReLU6(_InplaceActivation):
     _function = "relu6"
 
 
+class Hardtanh(Module):
+    """``clamp(x, min_val, max_val)`` (``F.hardtanh``), PyTorch's options and repr."""
+
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> None:
+        super().__init__()
+        if max_val <= min_val:  # (PyTorch asserts this, with the same words)
+            raise ValueError(f"max_val ({max_val}) must be greater than min_val ({min_val})")
+        self.min_val = min_val
+        self.max_val = max_val
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.hardtanh(input, self.min_val, self.max_val, self.inplace)
+
+    def extra_repr(self) -> str:
+        extra = ", inplace=True" if self.inplace else ""
+        return f"min_val={self.min_val}, max_val={self.max_val}{extra}"
+
+
+class LogSigmoid(Module):
+    """``log(sigmoid(x))`` (``F.logsigmoid``)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.logsigmoid(input)
+
+
 class GELU(Module):
     def __init__(self, approximate: str = "none") -> None:
         super().__init__()
@@ -287,6 +313,21 @@ class Softmax(Module):
 
     def forward(self, input: Tensor) -> Tensor:
         return F.softmax(input, self.dim)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}"
+
+
+class Softmin(Module):
+    """``softmax(-x)`` along ``dim`` (``F.softmin``; ``dim=None`` picks PyTorch's legacy dim
+    with a warning)."""
+
+    def __init__(self, dim: int | None = None) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.softmin(input, self.dim)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
