@@ -349,6 +349,65 @@ def test_create_graph_results_stay_differentiable() -> None:
     assert not vj.requires_grad
 
 
+class _TimesThree(fusegrad.autograd.Function):
+    """No ``jvp``: forward AD cannot run it, so ``functional.jvp`` uses the double backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 3.0
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3.0
+
+
+class _TimesThreeWithJvp(_TimesThree):
+    calls: list = []
+
+    @staticmethod
+    def jvp(ctx, t):
+        _TimesThreeWithJvp.calls.append("jvp")
+        return t * 3.0
+
+
+def test_jvp_runs_forward_mode_unless_strict() -> None:
+    x, v = _t(_rand(4)), _t(_rand(4, seed=1))
+    _TimesThreeWithJvp.calls.clear()
+    _, jv = AF.jvp(_TimesThreeWithJvp.apply, x, v)
+    assert _TimesThreeWithJvp.calls == ["jvp"]
+    _close(jv.numpy(), 3.0 * v.numpy(), rtol=1e-12, atol=0)
+    AF.jvp(_TimesThreeWithJvp.apply, x, v, strict=True)
+    assert _TimesThreeWithJvp.calls == ["jvp"]  # the double backward uses backward only
+
+
+def test_jvp_forward_mode_and_its_double_backward_fallbacks_agree() -> None:
+    from fusegrad.autograd import forward_ad as fwAD
+
+    x, v = _t(_rand(4)), _t(_rand(4, seed=1))
+    expected = np.cos(x.numpy()) * v.numpy() * 3.0
+
+    def fn(x):
+        return _TimesThree.apply(x.sin())
+
+    def plain(x):
+        return x.sin() * 3.0
+
+    _close(AF.jvp(plain, x, v)[1].numpy(), expected, rtol=1e-12, atol=0)  # forward AD
+    _close(AF.jvp(plain, x, v, strict=True)[1].numpy(), expected, rtol=1e-12, atol=0)
+    _close(AF.jvp(fn, x, v)[1].numpy(), expected, rtol=1e-12, atol=0)  # custom Function
+    with fwAD.dual_level():  # levels do not nest: double backward
+        _close(AF.jvp(plain, x, v)[1].numpy(), expected, rtol=1e-12, atol=0)
+
+
+def test_jvp_create_graph_is_differentiable_in_v() -> None:
+    x = _t(_rand(3), requires_grad=True)
+    v = _t(_rand(3, seed=1), requires_grad=True)
+    _, jv = AF.jvp(lambda x: x.sin(), x, v, create_graph=True)  # cos(x) v
+    gx, gv = fusegrad.autograd.grad(jv.sum(), (x, v))
+    _close(gv.numpy(), np.cos(x.detach().numpy()))
+    _close(gx.numpy(), -np.sin(x.detach().numpy()) * v.detach().numpy())
+
+
 # ---- against torch.autograd.functional ---------------------------------------------------------
 
 
