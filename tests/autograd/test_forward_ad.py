@@ -261,6 +261,20 @@ def test_compiled_function_runs_eagerly_inside_a_dual_level() -> None:
     np.testing.assert_allclose(tangent.numpy(), (2 * np.cos(x.numpy()) * t.numpy()).sum())
 
 
+def test_compiled_backward_keeps_tangents_inside_a_dual_level() -> None:
+    # compiled autograd falls back to the eager engine while a level exists, so forward over
+    # reverse sees the tangents (a compiled program would drop them)
+    from fusegrad import compiler
+
+    x0, v0 = _rand(5), _rand(5, seed=1)
+    x = fusegrad.tensor(x0, requires_grad=True)
+    with fwAD.dual_level(), compiler.compiled_autograd():
+        d = fwAD.make_dual(x, _t(v0))
+        (g,) = fusegrad.autograd.grad((d.exp() * d).sum(), x)  # (x + 1) e^x
+        hv = fwAD.unpack_dual(g).tangent
+    np.testing.assert_allclose(hv.numpy(), (x0 + 2) * np.exp(x0) * v0, rtol=1e-12)
+
+
 # ---- custom Functions --------------------------------------------------------------------------
 
 
