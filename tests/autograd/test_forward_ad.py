@@ -44,6 +44,18 @@ def test_dual_level_index_and_tangents_dropped_on_exit() -> None:
         assert fwAD.unpack_dual(y).tangent is None
 
 
+def test_a_long_level_keeps_no_record_of_dead_tensors() -> None:
+    from fusegrad.autograd.forward_state import state
+
+    x = fusegrad.tensor(_rand(3), requires_grad=True)  # nodes save outputs (exp)
+    with fwAD.dual_level():
+        d = fwAD.make_dual(x, _t(np.ones(3)))
+        for _ in range(200):
+            y = (d * 2.0).exp()
+        assert len(state.level.holders) < 10  # d, y and its inputs, not 400 entries
+        assert fwAD.unpack_dual(y).tangent is not None
+
+
 def test_nested_levels_and_bad_exits_raise() -> None:
     with fwAD.dual_level():
         with pytest.raises(RuntimeError, match="Nested forward mode AD is not supported"):

@@ -72,15 +72,14 @@ __all__ = [
 
 
 class _Level:
-    """One dual level: which tensors hold a tangent in it (to drop them when it ends) and the
-    tangents of outputs saved for backward (``SavedTensor`` keeps only their data)."""
+    """One dual level: which tensors hold a tangent in it, to drop the tangents when it ends
+    (an entry leaves with its tensor)."""
 
-    __slots__ = ("holders", "index", "saved")
+    __slots__ = ("holders", "index")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.holders: dict[int, weakref.ref] = {}
-        self.saved: dict[int, tuple] = {}
 
     # what the layers below the op surface call while this level exists (``forward_state``)
     def apply(self, prim: Any, inputs: tuple, attrs: dict, rules: dict, inner: Any) -> Any:
@@ -131,12 +130,12 @@ def exit_dual_level(*, level: int | None = None) -> None:
             "is not supported."
         )
     _state.level = None
-    for ref in current.holders.values():
+    refs = list(current.holders.values())
+    current.holders.clear()  # (dropping a tangent may free tensors, whose entries then go)
+    for ref in refs:
         t = ref()
         if t is not None:
             t.__dict__.pop(_TANGENT, None)
-    current.holders.clear()
-    current.saved.clear()
 
 
 class dual_level:
@@ -166,7 +165,13 @@ def _set_tangent(t: Tensor, tangent: Tensor | None, level: _Level) -> None:
         t.__dict__[_TANGENT] = (level, tangent)
     except AttributeError:  # a compiler's symbolic value without a __dict__
         return
-    level.holders[id(t)] = weakref.ref(t)
+    key, holders = id(t), level.holders
+
+    def forget(ref: weakref.ref) -> None:  # the tensor died: its entry goes (bounded memory)
+        if holders.get(key) is ref:
+            del holders[key]
+
+    holders[key] = weakref.ref(t, forget)
 
 
 def _tangent(t: Any, level: _Level) -> Tensor | None:
@@ -244,8 +249,8 @@ def apply_dual(prim: Any, inputs: tuple, attrs: dict, rules: dict, inner: Any) -
         saved = getattr(node, "_saved", None)
         if saved:
             for s in saved:
-                if s._is_output:
-                    level.saved[id(s)] = (s, tangent)
+                if s._is_output:  # (it keeps only the output's data)
+                    s._fw_tangent = (level, tangent)
     return out
 
 
@@ -253,10 +258,8 @@ def saved_output_tangent(saved: Any, out: Tensor) -> None:
     """Give ``out``, an output unpacked from saved tensor ``saved``, the tangent it had (so
     backward rules run inside the level propagate tangents: forward over reverse)."""
     level = _state.level
-    if level is None:
-        return
-    entry = level.saved.get(id(saved))
-    if entry is not None and entry[0] is saved:
+    entry = getattr(saved, "_fw_tangent", None)
+    if entry is not None and entry[0] is level:
         _set_tangent(out, entry[1], level)
 
 

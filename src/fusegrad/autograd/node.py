@@ -119,6 +119,7 @@ class SavedTensor:
     __slots__ = (
         "_counter",
         "_data",
+        "_fw_tangent",  # forward AD: (level, tangent) of a saved output (set only in a level)
         "_is_output",
         "_output_nr",
         "_packed",
