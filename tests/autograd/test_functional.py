@@ -379,6 +379,22 @@ def test_jvp_runs_forward_mode_unless_strict() -> None:
     AF.jvp(_TimesThreeWithJvp.apply, x, v, strict=True)
     assert _TimesThreeWithJvp.calls == ["jvp"]  # the double backward uses backward only
 
+    # hvp: forward over reverse unless strict; the same values
+    def cube(x):
+        return (_TimesThreeWithJvp.apply(x) ** 3).sum()
+
+    expected = 6.0 * 27.0 * x.numpy() * v.numpy()  # H of sum((3 x)^3) is diag(162 x)
+    _close(AF.hvp(cube, x, v)[1].numpy(), expected, rtol=1e-12, atol=0)
+    assert _TimesThreeWithJvp.calls == ["jvp", "jvp"]
+    _close(AF.hvp(cube, x, v, strict=True)[1].numpy(), expected, rtol=1e-12, atol=0)
+    assert _TimesThreeWithJvp.calls == ["jvp", "jvp"]
+    _close(
+        AF.hvp(lambda x: (_TimesThree.apply(x) ** 3).sum(), x, v)[1].numpy(),
+        expected,
+        rtol=1e-12,
+        atol=0,
+    )  # no jvp: the double backward
+
 
 def test_jvp_forward_mode_and_its_double_backward_fallbacks_agree() -> None:
     from fusegrad.autograd import forward_ad as fwAD
