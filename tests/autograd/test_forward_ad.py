@@ -222,6 +222,10 @@ def test_writing_a_dual_into_a_plain_tensor_gives_it_a_tangent() -> None:
         )
         # a view made before the base had a tangent sees the base's tangent
         np.testing.assert_array_equal(fwAD.unpack_dual(earlier_view).tangent.numpy(), [0.0])
+        # fill_ with a dual 0-d value fills the tangent with its tangent
+        filled = fusegrad.zeros(3, dtype=fusegrad.float64)
+        filled.fill_(fwAD.make_dual(_t(2.0), _t(0.5)))
+        np.testing.assert_array_equal(fwAD.unpack_dual(filled).tangent.numpy(), [0.5] * 3)
         # overwriting a dual with a plain value zeroes its tangent
         whole.copy_(fusegrad.ones(3, dtype=fusegrad.float64))
         np.testing.assert_array_equal(fwAD.unpack_dual(whole).tangent.numpy(), np.zeros(3))

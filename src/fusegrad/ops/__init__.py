@@ -541,7 +541,9 @@ def _inplace_method(name: str, fn: Any) -> Any:
 
 def _fill(self: Tensor, value: Any) -> Tensor:
     grad_value = isinstance(value, Tensor) and value.requires_grad
-    if not (_grad_mode._state.enabled and (self.requires_grad or grad_value)):
+    # (a dual level: a tensor value's tangent fills the tangent, through the where below)
+    dual_value = isinstance(value, Tensor) and _forward_state.level is not None
+    if not (_grad_mode._state.enabled and (self.requires_grad or grad_value)) and not dual_value:
         return full_like(self, value.item() if isinstance(value, Tensor) else value)
     # keep the result in the graph (PyTorch's FillBackward): self gets a zero gradient, a
     # tensor value the sum of the gradient
