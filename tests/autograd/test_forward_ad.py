@@ -277,6 +277,26 @@ def test_compiled_function_runs_eagerly_inside_a_dual_level() -> None:
     np.testing.assert_allclose(tangent.numpy(), (2 * np.cos(x.numpy()) * t.numpy()).sum())
 
 
+def test_a_dual_level_inside_a_compiled_function_is_recorded_and_replayed() -> None:
+    # JVP rules are ordinary ops: a whole-step compile records them with the forward and
+    # replays them for new inputs
+    from fusegrad import compiler
+
+    compiler.reset()
+
+    @fusegrad.compile
+    def jvp_of_sin(x, v):
+        with fwAD.dual_level():
+            y = (fwAD.make_dual(x, v).sin() * 2.0).sum()
+            return fwAD.unpack_dual(y).tangent
+
+    for seed in range(3):
+        x0, v0 = _rand(5, seed=seed), _rand(5, seed=seed + 10)
+        out = jvp_of_sin(_t(x0), _t(v0))
+        np.testing.assert_allclose(out.numpy(), (2 * np.cos(x0) * v0).sum(), rtol=1e-12)
+    assert compiler.counters.step_captures == 1 and compiler.counters.step_runs == 2
+
+
 def test_compiled_backward_keeps_tangents_inside_a_dual_level() -> None:
     # compiled autograd falls back to the eager engine while a level exists, so forward over
     # reverse sees the tangents (a compiled program would drop them)

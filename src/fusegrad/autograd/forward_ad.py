@@ -16,8 +16,9 @@ the layers below the op surface need not import this module.  JVP rules are writ
 surface: they are ordinary ops, recorded by the reverse-mode engine when grad mode is on
 (reverse over forward) and by a compiler tracer when one is installed.  While a rule (or the
 primitive itself) runs, forward AD is suspended on this thread, so that the rule's own ops do
-not compute tangents of tangents.  Compiled functions, modules and backward passes run eagerly
-while a dual level exists (a replayed program would not compute tangents).
+not compute tangents of tangents.  A compiled function that enters a dual level itself records
+the JVP ops with the rest and replays them; compiled functions, modules and backward passes
+called while a dual level exists run eagerly (a replayed program would not compute tangents).
 
 As in PyTorch:
 
