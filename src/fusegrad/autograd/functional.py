@@ -30,7 +30,7 @@ from .. import ops as F
 from ..tensor import Tensor
 from . import forward_ad as fwAD
 from .api import grad as _grad
-from .grad_mode import enable_grad
+from .grad_mode import enable_grad, no_grad
 
 __all__ = ["hessian", "hvp", "jacobian", "jvp", "vhp", "vjp"]
 
@@ -331,10 +331,13 @@ def _jvp_forward(func: Callable[..., Any], inputs: tuple, v: tuple | None) -> tu
 # ---- jacobian ----------------------------------------------------------------------------------
 
 
-def _one_hot_rows(t: Tensor) -> Tensor:
-    """The ``numel`` one-hot vectors of ``t``'s size as the rows of an identity (``t``'s dtype
-    and device)."""
-    return F.eye(t.numel(), dtype=t.dtype, device=t.device)
+def _one_hot(t: Tensor, k: int) -> Tensor:
+    """A tensor of ``t``'s shape, dtype and device: 1 at flat position ``k``, 0 elsewhere (one
+    at a time: an identity of ``numel`` rows could be far larger than the Jacobian)."""
+    flat = F.zeros(t.numel(), dtype=t.dtype, device=t.device)
+    with no_grad():
+        flat[k] = 1.0
+    return flat.reshape(t.shape)
 
 
 def _jacobian_reverse(
@@ -346,9 +349,8 @@ def _jacobian_reverse(
     for i, out in enumerate(outputs):
         rows: list[list[Tensor]] = [[] for _ in inputs]
         n = out.numel()
-        basis = _one_hot_rows(out) if n else None
         for k in range(n):
-            cotangent = basis[k].reshape(out.shape)
+            cotangent = _one_hot(out, k)
             vj = _grad_allow_none(
                 (out,), inputs, (cotangent,), retain_graph=True, create_graph=create_graph
             )
@@ -386,11 +388,10 @@ def _jacobian_forward(func: Callable[..., Any], inputs: tuple) -> tuple[bool, tu
     is_outputs_tuple = False
     for j, inp in enumerate(inputs):
         n = inp.numel()
-        basis = _one_hot_rows(inp) if n else None
         for k in range(max(n, 1)):
             with fwAD.dual_level():
                 args = tuple(
-                    fwAD.make_dual(t, basis[k].reshape(t.shape)) if jj == j and n else t
+                    fwAD.make_dual(t, _one_hot(t, k)) if jj == j and n else t
                     for jj, t in enumerate(inputs)
                 )
                 outputs = func(*args)
