@@ -55,6 +55,8 @@ class EpochStats:
     train_accuracy: float
     step_ms: float
     compile_seconds: float = 0.0  # time of the steps that recorded or built a compiled program
+    # steps that ran uncompiled while their program was built on a background thread
+    uncompiled_steps: int = 0
 
 
 @dataclass
@@ -238,11 +240,13 @@ def _train(
     if compiled:
         log(
             "compiling… (the first steps of each batch size are recorded, then numba compiles "
-            "them into one program: seconds the first time, loaded from the disk cache later)"
+            "them into one program on a background thread, seconds the first time, loaded from "
+            "the disk cache later; meanwhile the steps run uncompiled)"
         )
     for epoch in range(1, epochs + 1):
         order = order_rng.permutation(n)
         total_loss, correct, step_seconds, steps, compile_seconds = 0.0, 0, 0.0, 0, 0.0
+        uncompiled = _uncompiled_runs() if compiled else 0
         for begin in range(0, n, batch_size):
             idx = order[begin : begin + batch_size]
             xb = fusegrad.from_numpy(data.x_train[idx])
@@ -259,13 +263,23 @@ def _train(
             pred = fusegrad.argmax(logits.detach(), dim=1).numpy()
             correct += int((pred == data.y_train[idx]).sum())
         stats = EpochStats(
-            epoch, total_loss / n, correct / n, 1000.0 * step_seconds / steps, compile_seconds
+            epoch,
+            total_loss / n,
+            correct / n,
+            1000.0 * step_seconds / steps,
+            compile_seconds,
+            _uncompiled_runs() - uncompiled if compiled else 0,
         )
         result.history.append(stats)
+        notes = []
+        if compile_seconds:
+            notes.append(f"recording and compiling: {compile_seconds:.2f} s")
+        if stats.uncompiled_steps:
+            notes.append(f"{stats.uncompiled_steps}/{steps} steps uncompiled while compiling")
         log(
             f"epoch {epoch:3d}/{epochs}  loss {stats.train_loss:.4f}  "
             f"train acc {100 * stats.train_accuracy:5.1f}%  step {stats.step_ms:.2f} ms"
-            + (f"  (recording and compiling: {compile_seconds:.2f} s)" if compile_seconds else "")
+            + (f"  ({'; '.join(notes)})" if notes else "")
         )
     result.test_accuracy = evaluate(model, data.x_test, data.y_test)
     result.seconds = time.perf_counter() - start
@@ -290,9 +304,16 @@ def _compile_work() -> tuple[int, ...]:
     )
 
 
+def _uncompiled_runs() -> int:
+    """Steps run uncompiled so far (their program being compiled in the background)."""
+    return fusegrad.compiler.counters.uncompiled_runs
+
+
 def median_step_ms(result: TrainResult) -> float:
-    """The median of the epochs' mean step times, leaving out the first epoch (compiling)."""
-    return statistics.median(e.step_ms for e in result.history[1:] or result.history)
+    """The median of the epochs' mean step times, leaving out the first epoch and, for the
+    compiled run, the epochs with steps that ran uncompiled (their program was compiling)."""
+    epochs = [e for e in result.history[1:] if not e.uncompiled_steps]
+    return statistics.median(e.step_ms for e in epochs or result.history[1:] or result.history)
 
 
 def speed_line(eager: TrainResult, compiled: TrainResult) -> str:
