@@ -1067,6 +1067,46 @@ add(
     ],
 )
 
+
+def _clear_of(*kinks: float) -> Gen:
+    """Values in [-4, 4] at least 0.1 from each kink (piecewise activations are smooth there)."""
+
+    def gen(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+        x = uni(rng, shape, -4.0, 4.0)
+        for k in kinks:
+            x = np.where(np.abs(x - k) < 0.1, x + 0.25, x)
+        return np.asarray(x)
+
+    return gen
+
+
+add("softsign", lambda m, x: m.F.softsign(x), lambda x: x / (1 + np.abs(x)), unary(away))
+add("tanhshrink", lambda m, x: m.F.tanhshrink(x), lambda x: x - np.tanh(x), unary())
+add(
+    "hardshrink",
+    lambda m, x: m.F.hardshrink(x, 0.5),
+    lambda x: np.where(np.abs(x) > 0.5, x, 0.0),
+    unary(_clear_of(-0.5, 0.5)),
+)
+add(
+    "softshrink",
+    lambda m, x: m.F.softshrink(x, 0.5),
+    lambda x: np.where(x > 0.5, x - 0.5, np.where(x < -0.5, x + 0.5, 0.0)),
+    unary(_clear_of(-0.5, 0.5)),
+)
+add(
+    "threshold",
+    lambda m, x: m.F.threshold(x, 0.3, -2.0),
+    lambda x: np.where(x > 0.3, x, -2.0),
+    unary(_clear_of(0.3)),
+)
+add(
+    "hardsigmoid",
+    lambda m, x: m.F.hardsigmoid(x),
+    lambda x: np.clip(x / 6 + 0.5, 0.0, 1.0),
+    unary(_clear_of(-3.0, 3.0)),
+)
+
 # clamp, extrema, where, lerp ------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from ..autograd.node_names import name_node as _name_node
 from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..ops import elementwise as _ew
 from ..ops import functional as _fn
@@ -32,6 +33,7 @@ from ..ops.functional import (
     dropout,
     embedding,
     group_norm,
+    hardshrink,
     huber_loss,
     instance_norm,
     interpolate,
@@ -48,6 +50,9 @@ from ..ops.functional import (
     pairwise_distance,
     scaled_dot_product_attention,
     smooth_l1_loss,
+    softshrink,
+    softsign,
+    tanhshrink,
     triplet_margin_loss,
     unfold,
 )
@@ -63,6 +68,7 @@ __all__ = [
     "binary_cross_entropy",
     "binary_cross_entropy_with_logits",
     "celu",
+    "celu_",
     "conv1d",
     "conv2d",
     "conv_transpose1d",
@@ -71,13 +77,17 @@ __all__ = [
     "cross_entropy",
     "dropout",
     "elu",
+    "elu_",
     "embedding",
     "flatten",
     "gelu",
     "glu",
     "group_norm",
+    "hardshrink",
+    "hardsigmoid",
     "hardswish",
     "hardtanh",
+    "hardtanh_",
     "huber_loss",
     "instance_norm",
     "interpolate",
@@ -85,6 +95,7 @@ __all__ = [
     "l1_loss",
     "layer_norm",
     "leaky_relu",
+    "leaky_relu_",
     "linear",
     "log_softmax",
     "logsigmoid",
@@ -99,24 +110,43 @@ __all__ = [
     "pairwise_distance",
     "relu",
     "relu6",
+    "relu_",
     "scaled_dot_product_attention",
     "selu",
+    "selu_",
     "sigmoid",
     "silu",
-    "softmax",
     "smooth_l1_loss",
+    "softmax",
     "softmin",
     "softplus",
+    "softshrink",
+    "softsign",
     "tanh",
+    "tanhshrink",
+    "threshold",
+    "threshold_",
     "triplet_margin_loss",
     "unfold",
 ]
 
 
+# PyTorch's in-place activations whose node has a name of its own (relu_ is ReluBackward0)
+_INPLACE_NODE_NAMES = {
+    "elu_": "EluBackward1",
+    "leaky_relu_": "LeakyReluBackward1",
+    "selu_": "EluBackward1",
+    "celu_": "CeluBackward1",
+    "threshold_": "ThresholdBackward1",
+}
+
+
 def _maybe_inplace(name: str, fn: Any, input: Tensor, inplace: bool, *args: Any) -> Tensor:
     if inplace:
         # same path as Tensor.relu_(): writes into input's storage and rebases its history
-        return _inplace(input, name, fn, *args)
+        out = _inplace(input, name, fn, *args)
+        own = _INPLACE_NODE_NAMES.get(name)
+        return out if own is None or out.grad_fn is None else _name_node(out, own)
     return fn(input, *args)
 
 
@@ -191,6 +221,45 @@ def tanh(input: Tensor) -> Tensor:
 def logsigmoid(input: Tensor) -> Tensor:
     # log(sigmoid(x)) = -softplus(-x), stable for large |x|
     return _ew.neg(_ew.softplus(_ew.neg(input)))
+
+
+def threshold(input: Tensor, threshold: float, value: float, inplace: bool = False) -> Tensor:
+    """``x`` where ``x > threshold``, else ``value``."""
+    return _maybe_inplace("threshold_", _fn.threshold, input, inplace, threshold, value)
+
+
+def hardsigmoid(input: Tensor, inplace: bool = False) -> Tensor:
+    """``relu6(x + 3) / 6``."""
+    return _maybe_inplace("hardsigmoid_", _fn.hardsigmoid, input, inplace)
+
+
+# in-place functional forms, as torch.nn.functional has them
+def relu_(input: Tensor) -> Tensor:
+    return relu(input, inplace=True)
+
+
+def elu_(input: Tensor, alpha: float = 1.0) -> Tensor:
+    return elu(input, alpha, inplace=True)
+
+
+def leaky_relu_(input: Tensor, negative_slope: float = 0.01) -> Tensor:
+    return leaky_relu(input, negative_slope, inplace=True)
+
+
+def hardtanh_(input: Tensor, min_val: float = -1.0, max_val: float = 1.0) -> Tensor:
+    return hardtanh(input, min_val, max_val, inplace=True)
+
+
+def selu_(input: Tensor) -> Tensor:
+    return selu(input, inplace=True)
+
+
+def celu_(input: Tensor, alpha: float = 1.0) -> Tensor:
+    return celu(input, alpha, inplace=True)
+
+
+def threshold_(input: Tensor, threshold_: float, value: float) -> Tensor:
+    return threshold(input, threshold_, value, inplace=True)
 
 
 def _get_softmax_dim(name: str, ndim: int) -> int:

@@ -193,6 +193,69 @@ class Hardtanh(Module):
         return f"min_val={self.min_val}, max_val={self.max_val}{extra}"
 
 
+class Hardsigmoid(Module):
+    """``relu6(x + 3) / 6`` (``F.hardsigmoid``); PyTorch's repr leaves out ``inplace``."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.hardsigmoid(input, self.inplace)
+
+
+class Softsign(Module):
+    """``x / (1 + |x|)`` (``F.softsign``)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.softsign(input)
+
+
+class Tanhshrink(Module):
+    """``x - tanh(x)`` (``F.tanhshrink``)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.tanhshrink(input)
+
+
+class Hardshrink(Module):
+    """``x`` where ``|x| > lambd``, else 0 (``F.hardshrink``)."""
+
+    def __init__(self, lambd: float = 0.5) -> None:
+        super().__init__()
+        self.lambd = lambd
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.hardshrink(input, self.lambd)
+
+    def extra_repr(self) -> str:
+        return f"{self.lambd}"
+
+
+class Softshrink(Hardshrink):
+    """``x -+ lambd`` outside ``[-lambd, lambd]``, else 0 (``F.softshrink``)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.softshrink(input, self.lambd)
+
+
+class Threshold(Module):
+    """``x`` where ``x > threshold``, else ``value`` (``F.threshold``)."""
+
+    def __init__(self, threshold: float, value: float, inplace: bool = False) -> None:
+        super().__init__()
+        self.threshold = threshold
+        self.value = value
+        self.inplace = inplace
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.threshold(input, self.threshold, self.value, self.inplace)
+
+    def extra_repr(self) -> str:
+        extra = ", inplace=True" if self.inplace else ""
+        return f"threshold={self.threshold}, value={self.value}{extra}"
+
+
 class LogSigmoid(Module):
     """``log(sigmoid(x))`` (``F.logsigmoid``)."""
 

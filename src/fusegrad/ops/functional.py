@@ -22,10 +22,12 @@ from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import notify_host_read as _read
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..tensor import Tensor
+from . import elementwise as _ew
 from ._util import broadcast_shape, cast, to_tensor
 from .creation import _gen
 from .elementwise import add, clamp, elu, gelu, leaky_relu, neg, relu, silu, softplus, sub, where
 from .generated import abs, eq, exp, log, log1p, minimum, mul, sigmoid, tanh
+from .generated import ge as _ge
 from .indexing import embedding, one_hot  # (re-exported: F.embedding, F.one_hot)
 from .linalg import linear
 from .reduction import log_softmax, mean, norm, softmax, sum, var
@@ -508,6 +510,53 @@ def layer_norm(
 # SELU's constants (Klambauer et al. 2017), as PyTorch spells them
 _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def softsign(input: Tensor) -> Tensor:
+    """``x / (1 + |x|)``."""
+    x = _ew.to_tensor(input)
+    return _ew.div(x, _ew.add(_ew.abs(x), 1.0))
+
+
+def tanhshrink(input: Tensor) -> Tensor:
+    """``x - tanh(x)``."""
+    x = _ew.to_tensor(input)
+    return _ew.sub(x, _ew.tanh(x))
+
+
+@_torch_node_name("HardshrinkBackward0")
+def hardshrink(input: Tensor, lambd: float = 0.5) -> Tensor:
+    """``x`` where ``|x| > lambd``, else 0 (gradient 0 at ``|x| == lambd``, as PyTorch)."""
+    x = _ew.to_tensor(input)
+    return _ew.where(_ew.gt(_ew.abs(x), lambd), x, 0.0)
+
+
+@_torch_node_name("SoftshrinkBackward0")
+def softshrink(input: Tensor, lambd: float = 0.5) -> Tensor:
+    """``x - lambd`` above ``lambd``, ``x + lambd`` below ``-lambd``, else 0."""
+    x = _ew.to_tensor(input)
+    if lambd < 0:
+        raise RuntimeError(
+            f"lambda must be in range [0, inf] for input dtype {x.dtype}, but found {lambd}"
+        )
+    shrunk = _ew.where(_ew.gt(x, lambd), _ew.sub(x, lambd), _ew.add(x, lambd))
+    return _ew.where(_ew.gt(_ew.abs(x), lambd), shrunk, 0.0)
+
+
+@_torch_node_name("ThresholdBackward0")
+def threshold(input: Tensor, threshold: float, value: float) -> Tensor:
+    """``x`` where ``x > threshold``, else ``value`` (``inplace`` in nn.functional)."""
+    return _ew.where(_ew.gt(_ew.to_tensor(input), threshold), input, value)
+
+
+@_torch_node_name("HardsigmoidBackward0")
+def hardsigmoid(input: Tensor) -> Tensor:
+    """``relu6(x + 3) / 6`` (``inplace`` in nn.functional)."""
+    x = _ew.to_tensor(input)
+    # x / 6 + 1/2 on (-3, 3), 0 below, 1 above; the gradient is 0 at -3 and 3, as PyTorch's
+    inside = _ew.logical_and(_ew.gt(x, -3.0), _ew.lt(x, 3.0))
+    outside = _ew.where(_ge(x, 3.0), 1.0, 0.0)
+    return _ew.where(inside, _ew.add(_ew.div(x, 6.0), 0.5), outside)
 
 
 @_torch_node_name("HardswishBackward0")
