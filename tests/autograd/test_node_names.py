@@ -287,6 +287,11 @@ CASES: list[tuple[str, str, Callable[[Any, Any], Any]]] = [
         "ReplicationPad2DBackward0",
         lambda L, F: F.pad(_x(L, 1, 3, 4), (1, 1, 1, 1), mode="replicate"),
     ),
+    (
+        "pad_value_positional",
+        "ConstantPadNdBackward0",
+        lambda L, F: F.pad(_x(L, 3, 4), (1, 1), "constant", 2.0),
+    ),
     ("normalize", "DivBackward0", lambda L, F: F.normalize(_x(L, 3, 4))),
     # more tensor ops
     ("lerp", "LerpBackward0", lambda L, F: L.lerp(_x(L, 3), _x(L, 3, seed=1), 0.3)),

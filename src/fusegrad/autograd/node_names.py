@@ -102,6 +102,15 @@ def name_node(out: Any, name: str) -> Any:
     return out
 
 
+def _name_of_call(name: Callable[..., str | None], args: tuple, kwargs: dict) -> str | None:
+    """``name(*args, **kwargs)``; a call it cannot read keeps the primitive's name (naming a
+    node must never fail the op, which has already run)."""
+    try:
+        return name(*args, **kwargs)
+    except Exception:
+        return None
+
+
 def torch_node_name(name: str | Callable[..., str | None]) -> Callable[[Callable], Callable]:
     """Decorator for a composite returning one tensor, or a (values, indices) tuple: the
     result's (the values') node reads ``name`` (or ``name(*args, **kwargs)`` of the call, for
@@ -115,7 +124,7 @@ def torch_node_name(name: str | Callable[..., str | None]) -> Callable[[Callable
             out = fn(*args, **kwargs)
             node = getattr(out[0] if isinstance(out, tuple) else out, "grad_fn", None)
             if node is not None and hasattr(node, "_prim") and node._seq > mark:
-                new = name if isinstance(name, str) else name(*args, **kwargs)
+                new = name if isinstance(name, str) else _name_of_call(name, args, kwargs)
                 if new is not None:  # (None: no PyTorch name for this call)
                     node._name = new
             return out

@@ -909,6 +909,72 @@ class Conv2d(_ConvNd):
         )
 
 
+class _PadNd(Module):
+    """Padding of the last ``_dims`` dims through ``F.pad``: ``padding`` an int (every side) or
+    a tuple (left, right, top, bottom, front, back), PyTorch's padding modules."""
+
+    _dims = 1
+    _mode = "constant"
+
+    def __init__(self, padding: Any) -> None:
+        super().__init__()
+        if isinstance(padding, int):
+            padding = (padding,) * (2 * self._dims)
+        self.padding = tuple(int(p) for p in padding)
+        if len(self.padding) != 2 * self._dims:
+            raise ValueError(
+                f"{type(self).__name__}: padding must be an int or a tuple of "
+                f"{2 * self._dims} ints, got {padding}"
+            )
+
+    def forward(self, input: Tensor) -> Tensor:
+        if self._mode == "constant":
+            return F.pad(input, self.padding, "constant", self._value())
+        return F.pad(input, self.padding, self._mode)
+
+    def _value(self) -> float:
+        return 0.0
+
+    def extra_repr(self) -> str:
+        return f"{self.padding}"
+
+
+class _ConstantPadNd(_PadNd):
+    def __init__(self, padding: Any, value: float) -> None:
+        super().__init__(padding)
+        self.value = value
+
+    def _value(self) -> float:
+        return self.value
+
+    def extra_repr(self) -> str:
+        return f"padding={self.padding}, value={self.value}"
+
+
+def _pad_class(name: str, base: type, dims: int, mode: str) -> type:
+    doc = f"``F.pad(input, padding, {mode!r})`` of the last {dims} dim(s), as torch.nn.{name}."
+    return type(
+        name, (base,), {"_dims": dims, "_mode": mode, "__doc__": doc, "__module__": __name__}
+    )
+
+
+ZeroPad1d = _pad_class("ZeroPad1d", _PadNd, 1, "constant")
+ZeroPad2d = _pad_class("ZeroPad2d", _PadNd, 2, "constant")
+ZeroPad3d = _pad_class("ZeroPad3d", _PadNd, 3, "constant")
+ConstantPad1d = _pad_class("ConstantPad1d", _ConstantPadNd, 1, "constant")
+ConstantPad2d = _pad_class("ConstantPad2d", _ConstantPadNd, 2, "constant")
+ConstantPad3d = _pad_class("ConstantPad3d", _ConstantPadNd, 3, "constant")
+ReflectionPad1d = _pad_class("ReflectionPad1d", _PadNd, 1, "reflect")
+ReflectionPad2d = _pad_class("ReflectionPad2d", _PadNd, 2, "reflect")
+ReflectionPad3d = _pad_class("ReflectionPad3d", _PadNd, 3, "reflect")
+ReplicationPad1d = _pad_class("ReplicationPad1d", _PadNd, 1, "replicate")
+ReplicationPad2d = _pad_class("ReplicationPad2d", _PadNd, 2, "replicate")
+ReplicationPad3d = _pad_class("ReplicationPad3d", _PadNd, 3, "replicate")
+CircularPad1d = _pad_class("CircularPad1d", _PadNd, 1, "circular")
+CircularPad2d = _pad_class("CircularPad2d", _PadNd, 2, "circular")
+CircularPad3d = _pad_class("CircularPad3d", _PadNd, 3, "circular")
+
+
 class MaxPool2d(Module):
     def __init__(
         self,

@@ -472,7 +472,7 @@ def tile(input: Any, *dims: Any) -> Tensor:
     return repeat(x, dims)
 
 
-def _pad_name(input: Any, pad: Sequence[int], mode: str = "constant", **kwargs: Any) -> str | None:
+def _pad_name(input: Any, pad: Sequence[int], mode: str = "constant", *rest: Any, **kw: Any) -> Any:
     # PyTorch's padding kernels, by mode and by the number of padded dims
     dims = len(pad) // 2
     return {
