@@ -3848,6 +3848,52 @@ add(
         ]
     ),
 )
+
+
+def _pool1d_ref(ref2d: Callable) -> Callable:
+    """A 1-D pooling reference: the 2-D one over a unit height."""
+
+    def ref(x: np.ndarray, k: int, **kw: Any) -> np.ndarray:
+        kw = {
+            key: ((1, v) if key in ("stride", "dilation") else (0, v) if key == "padding" else v)
+            for key, v in kw.items()
+        }
+        return ref2d(x[..., None, :], (1, k), **kw)[..., 0, :]
+
+    return ref
+
+
+def _pool1d_samples(rng: np.random.Generator) -> list[Sample]:
+    return [
+        S((uni(rng, (2, 3, 9)), 3), name="k3"),
+        S((uni(rng, (3, 8)), 2), name="unbatched"),
+        S((uni(rng, (1, 2, 9)), 3), {"stride": 2, "padding": 1}, "stride_padding"),
+        S((uni(rng, (1, 2, 8)), 3), {"stride": 2, "ceil_mode": True}, "ceil_mode"),
+        S((uni(rng, (1, 2, 6)), 2), name="noncontig", noncontig=True),
+    ]
+
+
+add(
+    "max_pool1d",
+    lambda m, x, k, **kw: m.F.max_pool1d(x, k, **kw),
+    _pool1d_ref(max_pool2d_ref),
+    lambda rng: _pool1d_samples(rng) + [S((uni(rng, (1, 2, 9)), 2), {"dilation": 2}, "dilation")],
+)
+add(
+    "avg_pool1d",
+    lambda m, x, k, **kw: m.F.avg_pool1d(x, k, **kw),
+    _pool1d_ref(avg_pool2d_ref),
+    lambda rng: (
+        _pool1d_samples(rng)
+        + [
+            S(
+                (uni(rng, (1, 2, 9)), 4),
+                {"stride": 2, "padding": 2, "count_include_pad": False},
+                "exclude_pad",
+            )
+        ]
+    ),
+)
 add(
     "max_pool2d_indices",
     lambda m, x, k: m.F.max_pool2d(x, k, return_indices=True)[1],

@@ -429,6 +429,27 @@ class Dropout(Module):
         return f"p={self.p}, inplace={self.inplace}"
 
 
+class Dropout1d(Dropout):
+    """Zeroes whole channels (``F.dropout1d``) in training mode."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.dropout1d(input, self.p, self.training, self.inplace)
+
+
+class Dropout2d(Dropout):
+    """Zeroes whole channels (``F.dropout2d``) in training mode."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.dropout2d(input, self.p, self.training, self.inplace)
+
+
+class Dropout3d(Dropout):
+    """Zeroes whole channels (``F.dropout3d``) in training mode."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.dropout3d(input, self.p, self.training, self.inplace)
+
+
 class LayerNorm(Module):
     """Normalises over the trailing ``normalized_shape`` dims; affine weight=1, bias=0."""
 
@@ -973,6 +994,80 @@ ReplicationPad3d = _pad_class("ReplicationPad3d", _PadNd, 3, "replicate")
 CircularPad1d = _pad_class("CircularPad1d", _PadNd, 1, "circular")
 CircularPad2d = _pad_class("CircularPad2d", _PadNd, 2, "circular")
 CircularPad3d = _pad_class("CircularPad3d", _PadNd, 3, "circular")
+
+
+class MaxPool1d(Module):
+    """``F.max_pool1d`` with PyTorch's options and repr."""
+
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        dilation: Any = 1,
+        return_indices: bool = False,
+        ceil_mode: bool = False,
+    ) -> None:
+        super().__init__()
+        self.kernel_size = kernel_size
+        self.stride = stride if stride is not None else kernel_size
+        self.padding = padding
+        self.dilation = dilation
+        self.return_indices = return_indices
+        self.ceil_mode = ceil_mode
+
+    def forward(self, input: Tensor) -> Any:
+        return F.max_pool1d(
+            input,
+            self.kernel_size,
+            self.stride,
+            self.padding,
+            self.dilation,
+            ceil_mode=self.ceil_mode,
+            return_indices=self.return_indices,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}, "
+            f"dilation={self.dilation}, ceil_mode={self.ceil_mode}"
+        )
+
+
+def _one(v: Any) -> tuple:
+    return (v,) if isinstance(v, int) else tuple(v)
+
+
+class AvgPool1d(Module):
+    """``F.avg_pool1d`` with PyTorch's options and repr (its sizes as 1-tuples)."""
+
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+    ) -> None:
+        super().__init__()
+        self.kernel_size = _one(kernel_size)
+        self.stride = _one(stride if stride is not None else kernel_size)
+        self.padding = _one(padding)
+        self.ceil_mode = ceil_mode
+        self.count_include_pad = count_include_pad
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.avg_pool1d(
+            input,
+            self.kernel_size,
+            self.stride,
+            self.padding,
+            self.ceil_mode,
+            self.count_include_pad,
+        )
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
 class MaxPool2d(Module):

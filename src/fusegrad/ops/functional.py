@@ -478,6 +478,140 @@ def dropout(
     return mul(x, _created(draw(), draw))
 
 
+def _feature_dropout(x: Tensor, p: float, training: bool, spatial: int, generator: Any) -> Tensor:
+    """Channel dropout: one keep-or-drop draw per (sample, channel), shared by its ``spatial``
+    trailing dims; an input of ``spatial + 1`` dims is one unbatched sample."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0:
+        return x
+    if p == 1.0:
+        return mul(x, 0.0)
+    shape = tuple(x.shape)
+    if len(shape) == spatial + 1:
+        mask_shape = shape[:1] + (1,) * spatial
+    else:
+        mask_shape = shape[:2] + (1,) * max(len(shape) - 2, 0)
+    np_dtype = x.dtype.np
+
+    def draw() -> Tensor:
+        keep = _gen(generator).random(mask_shape) >= p
+        return Tensor._make((keep / (1.0 - p)).astype(np_dtype))
+
+    return mul(x, _created(draw(), draw))
+
+
+def _feature_dropout_input(op: str, x: Tensor, spatial: int) -> None:
+    if x.ndim in (spatial + 1, spatial + 2):
+        return
+    plain = {1: "2D or 3D", 2: "3D or 4D", 3: "4D or 5D"}[spatial]
+    warnings.warn(
+        f"{op}: Received a {x.ndim}-D input to {op}, which is deprecated and will result in an "
+        "error in a future release. To retain the behavior and silence this warning, please use "
+        f"dropout instead. Note that {op} exists to provide channel-wise dropout on inputs with "
+        f"{spatial} spatial dimensions, a channel dimension, and an optional batch dimension "
+        f"(i.e. {plain} inputs).",
+        stacklevel=3,
+    )
+
+
+def dropout1d(
+    input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> Tensor:
+    """Zeroes whole channels of an (N, C, L) or (C, L) input with probability ``p``."""
+    x = to_tensor(input)
+    if x.ndim not in (2, 3):
+        raise ShapeError(
+            f"dropout1d: Expected 2D or 3D input, but received a {x.ndim}D input. Note that "
+            "dropout1d exists to provide channel-wise dropout on inputs with 1 spatial "
+            "dimension, a channel dimension, and an optional batch dimension (i.e. 2D or 3D "
+            "inputs)."
+        )
+    return _feature_dropout(x, p, training, 1, None)
+
+
+def dropout2d(
+    input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> Tensor:
+    """Zeroes whole channels of an (N, C, H, W) input with probability ``p``; a 3-D input is
+    (N, C, L), with PyTorch's warning."""
+    x = to_tensor(input)
+    if x.ndim == 3:
+        warnings.warn(
+            "dropout2d: Received a 3D input to dropout2d and assuming that channel-wise 1D "
+            "dropout behavior is desired - input is interpreted as shape (N, C, L), where C is "
+            "the channel dim. This behavior will change in a future release to interpret the "
+            "input as one without a batch dimension, i.e. shape (C, H, W). To maintain the 1D "
+            "channel-wise dropout behavior, please switch to using dropout1d instead.",
+            stacklevel=2,
+        )
+        return _feature_dropout(x, p, training, 3, None)  # (never "unbatched": N, C, 1)
+    _feature_dropout_input("dropout2d", x, 2)
+    return _feature_dropout(x, p, training, 2, None)
+
+
+def dropout3d(
+    input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> Tensor:
+    """Zeroes whole channels of an (N, C, D, H, W) or (C, D, H, W) input with probability
+    ``p``."""
+    x = to_tensor(input)
+    _feature_dropout_input("dropout3d", x, 3)
+    return _feature_dropout(x, p, training, 3, None)
+
+
+def max_pool1d(
+    input: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Any:
+    """``max_pool2d`` over a unit height: an (N, C, L) or (C, L) input."""
+    x = to_tensor(input)
+    if x.ndim not in (2, 3):
+        raise ShapeError(f"max_pool1d: Expected 2D or 3D input, got {describe(x)}")
+    one = _single("max_pool1d", "kernel_size", kernel_size)
+    out = max_pool2d(
+        x.unsqueeze(-2),
+        (1, one),
+        (1, _single("max_pool1d", "stride", stride if stride is not None else one)),
+        (0, _single("max_pool1d", "padding", padding)),
+        (1, _single("max_pool1d", "dilation", dilation)),
+        ceil_mode,
+        return_indices,
+    )
+    if return_indices:
+        return out[0].squeeze(-2), out[1].squeeze(-2)
+    return out.squeeze(-2)
+
+
+def avg_pool1d(
+    input: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+) -> Tensor:
+    """``avg_pool2d`` over a unit height: an (N, C, L) or (C, L) input."""
+    x = to_tensor(input)
+    if x.ndim not in (2, 3):
+        raise ShapeError(f"avg_pool1d: Expected 2D or 3D input, got {describe(x)}")
+    one = _single("avg_pool1d", "kernel_size", kernel_size)
+    out = avg_pool2d(
+        x.unsqueeze(-2),
+        (1, one),
+        (1, _single("avg_pool1d", "stride", stride if stride is not None else one)),
+        (0, _single("avg_pool1d", "padding", padding)),
+        ceil_mode,
+        count_include_pad,
+    )
+    return out.squeeze(-2)
+
+
 @_torch_node_name("NativeLayerNormBackward0")
 def layer_norm(
     input: Tensor,
