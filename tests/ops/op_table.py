@@ -3894,6 +3894,57 @@ add(
         ]
     ),
 )
+
+
+def pixel_shuffle_ref(x: np.ndarray, r: int) -> np.ndarray:
+    *lead, c, h, w = x.shape
+    y = x.reshape(*lead, c // (r * r), r, r, h, w)
+    n = len(lead)
+    y = np.moveaxis(y, (n + 1, n + 2), (n + 2, n + 4))  # (*, C, H, r, W, r)
+    return y.reshape(*lead, c // (r * r), h * r, w * r)
+
+
+def pixel_unshuffle_ref(x: np.ndarray, r: int) -> np.ndarray:
+    *lead, c, h, w = x.shape
+    n = len(lead)
+    y = x.reshape(*lead, c, h // r, r, w // r, r)
+    y = np.moveaxis(y, (n + 2, n + 4), (n + 1, n + 2))  # (*, C, r, r, H, W)
+    return y.reshape(*lead, c * r * r, h // r, w // r)
+
+
+def channel_shuffle_ref(x: np.ndarray, g: int) -> np.ndarray:
+    n, c, *rest = x.shape
+    return np.swapaxes(x.reshape(n, g, c // g, *rest), 1, 2).reshape(x.shape)
+
+
+add(
+    "pixel_shuffle",
+    lambda m, x, r: m.F.pixel_shuffle(x, r),
+    pixel_shuffle_ref,
+    lambda rng: [
+        S((uni(rng, (2, 8, 2, 3)), 2), name="r2"),
+        S((uni(rng, (9, 2, 2)), 3), name="unbatched"),
+        S((uni(rng, (1, 4, 2, 2)), 2), name="noncontig", noncontig=True),
+    ],
+)
+add(
+    "pixel_unshuffle",
+    lambda m, x, r: m.F.pixel_unshuffle(x, r),
+    pixel_unshuffle_ref,
+    lambda rng: [
+        S((uni(rng, (2, 2, 4, 6)), 2), name="r2"),
+        S((uni(rng, (1, 3, 3, 6)), 3), name="r3"),
+    ],
+)
+add(
+    "channel_shuffle",
+    lambda m, x, g: m.F.channel_shuffle(x, g),
+    channel_shuffle_ref,
+    lambda rng: [
+        S((uni(rng, (2, 6, 3, 2)), 2), name="g2"),
+        S((uni(rng, (1, 6, 4)), 3), name="g3"),
+    ],
+)
 add(
     "max_pool2d_indices",
     lambda m, x, k: m.F.max_pool2d(x, k, return_indices=True)[1],

@@ -25,6 +25,7 @@ from ..ops.functional import (
     batch_norm,
     binary_cross_entropy,
     binary_cross_entropy_with_logits,
+    channel_shuffle,
     conv1d,
     conv2d,
     conv_transpose1d,
@@ -53,6 +54,8 @@ from ..ops.functional import (
     one_hot,
     pad,
     pairwise_distance,
+    pixel_shuffle,
+    pixel_unshuffle,
     scaled_dot_product_attention,
     smooth_l1_loss,
     softshrink,
@@ -75,6 +78,7 @@ __all__ = [
     "binary_cross_entropy_with_logits",
     "celu",
     "celu_",
+    "channel_shuffle",
     "conv1d",
     "conv2d",
     "conv_transpose1d",
@@ -113,11 +117,14 @@ __all__ = [
     "mish",
     "mse_loss",
     "multi_head_attention_forward",
+    "native_channel_shuffle",
     "nll_loss",
     "normalize",
     "one_hot",
     "pad",
     "pairwise_distance",
+    "pixel_shuffle",
+    "pixel_unshuffle",
     "relu",
     "relu6",
     "relu_",
@@ -138,6 +145,9 @@ __all__ = [
     "threshold_",
     "triplet_margin_loss",
     "unfold",
+    "upsample",
+    "upsample_bilinear",
+    "upsample_nearest",
 ]
 
 
@@ -304,3 +314,39 @@ def log_softmax(
     if dim is None:
         dim = _get_softmax_dim("log_softmax", input.dim())
     return _red.log_softmax(input, dim, dtype=dtype)
+
+
+native_channel_shuffle = channel_shuffle
+
+
+def upsample(
+    input: Tensor,
+    size: Any = None,
+    scale_factor: Any = None,
+    mode: str = "nearest",
+    align_corners: bool | None = None,
+) -> Tensor:
+    """Deprecated alias of ``interpolate`` (PyTorch warns the same way)."""
+    warnings.warn(
+        "`nn.functional.upsample` is deprecated. Use `nn.functional.interpolate` instead.",
+        stacklevel=2,
+    )
+    return interpolate(input, size, scale_factor, mode, align_corners)
+
+
+def upsample_nearest(input: Tensor, size: Any = None, scale_factor: Any = None) -> Tensor:
+    """Deprecated: ``interpolate(..., mode="nearest")``."""
+    warnings.warn(
+        "`nn.functional.upsample_nearest` is deprecated. Use `nn.functional.interpolate` instead.",
+        stacklevel=2,
+    )
+    return interpolate(input, size, scale_factor, mode="nearest")
+
+
+def upsample_bilinear(input: Tensor, size: Any = None, scale_factor: Any = None) -> Tensor:
+    """Deprecated: ``interpolate(..., mode="bilinear", align_corners=True)``."""
+    warnings.warn(
+        "`nn.functional.upsample_bilinear` is deprecated. Use `nn.functional.interpolate` instead.",
+        stacklevel=2,
+    )
+    return interpolate(input, size, scale_factor, mode="bilinear", align_corners=True)

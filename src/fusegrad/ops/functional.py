@@ -612,6 +612,69 @@ def avg_pool1d(
     return out.squeeze(-2)
 
 
+@_torch_node_name("PixelShuffleBackward0")
+def pixel_shuffle(input: Tensor, upscale_factor: int) -> Tensor:
+    """(*, C r^2, H, W) -> (*, C, H r, W r): each channel group of r^2 becomes an r x r block."""
+    x = to_tensor(input)
+    r = int(upscale_factor)
+    if x.ndim < 3:
+        raise ShapeError(
+            f"pixel_shuffle expects input to have at least 3 dimensions, but got input with "
+            f"{x.ndim} dimension(s)"
+        )
+    *lead, c, h, w = x.shape
+    if c % (r * r):
+        raise ShapeError(
+            "pixel_shuffle expects its input's 'channel' dimension to be divisible by the square "
+            f"of upscale_factor, but input.size(-3)={c} is not divisible by {r * r}"
+        )
+    n = len(lead)
+    y = x.reshape(*lead, c // (r * r), r, r, h, w)
+    y = y.permute(*range(n), n, n + 3, n + 1, n + 4, n + 2)  # (*, C, H, r, W, r)
+    return y.reshape(*lead, c // (r * r), h * r, w * r)
+
+
+@_torch_node_name("PixelUnshuffleBackward0")
+def pixel_unshuffle(input: Tensor, downscale_factor: int) -> Tensor:
+    """(*, C, H r, W r) -> (*, C r^2, H, W): the inverse of ``pixel_shuffle``."""
+    x = to_tensor(input)
+    r = int(downscale_factor)
+    if x.ndim < 3:
+        raise ShapeError(
+            f"pixel_unshuffle expects input to have at least 3 dimensions, but got input with "
+            f"{x.ndim} dimension(s)"
+        )
+    *lead, c, h, w = x.shape
+    if h % r or w % r:
+        raise ShapeError(
+            "pixel_unshuffle expects height and width to be divisible by downscale_factor, but "
+            f"input.size(-2)={h} and input.size(-1)={w} are not both divisible by {r}"
+        )
+    n = len(lead)
+    y = x.reshape(*lead, c, h // r, r, w // r, r)
+    y = y.permute(*range(n), n, n + 2, n + 4, n + 1, n + 3)  # (*, C, r, r, H, W)
+    return y.reshape(*lead, c * r * r, h // r, w // r)
+
+
+@_torch_node_name("ChannelShuffleBackward0")
+def channel_shuffle(input: Tensor, groups: int) -> Tensor:
+    """(N, g k, *) -> channels interleaved across the ``groups`` (ShuffleNet)."""
+    x = to_tensor(input)
+    g = int(groups)
+    if x.ndim < 3:
+        raise ShapeError(
+            f"channel_shuffle expects input to have at least 3 dimensions, but got input with "
+            f"{x.ndim} dimension(s)"
+        )
+    if g <= 0 or x.shape[1] % g:
+        raise ShapeError(
+            f"Number of channels must be divisible by groups. Got {x.shape[1]} channels and "
+            f"{g} groups."
+        )
+    n, c, *rest = x.shape
+    return x.reshape(n, g, c // g, *rest).transpose(1, 2).reshape(n, c, *rest)
+
+
 @_torch_node_name("NativeLayerNormBackward0")
 def layer_norm(
     input: Tensor,
