@@ -2984,6 +2984,150 @@ add(
 )
 
 
+def _signs(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    return np.where(rng.random(shape) > 0.5, 1.0, -1.0)
+
+
+def _reduced(loss: np.ndarray, reduction: str = "mean") -> np.ndarray:
+    return {"mean": np.mean, "sum": np.sum, "none": np.asarray}[reduction](loss)
+
+
+def _margin_ranking_ref(a, b, y, margin=0.0, reduction="mean"):  # type: ignore[no-untyped-def]
+    return _reduced(np.maximum(0.0, -y * (a - b) + margin), reduction)
+
+
+def _hinge_embedding_ref(x, y, margin=1.0, reduction="mean"):  # type: ignore[no-untyped-def]
+    loss = np.where(y != 1, np.maximum(0.0, margin - x), 0.0) + np.where(y != -1, x, 0.0)
+    return _reduced(loss, reduction)
+
+
+def _soft_margin_ref(x, y, reduction="mean"):  # type: ignore[no-untyped-def]
+    return _reduced(np.log1p(np.exp(-y * x)), reduction)
+
+
+def _multilabel_soft_margin_ref(x, y, weight=None, reduction="mean"):  # type: ignore[no-untyped-def]
+    loss = y * np.log1p(np.exp(-x)) + (1 - y) * np.log1p(np.exp(x))
+    if weight is not None:
+        loss = loss * weight
+    return _reduced(loss.mean(-1), reduction)
+
+
+def _cosine_embedding_ref(a, b, y, margin=0.0, reduction="mean"):  # type: ignore[no-untyped-def]
+    cos = (a * b).sum(-1) / np.sqrt(((a * a).sum(-1) + 1e-12) * ((b * b).sum(-1) + 1e-12))
+    loss = np.where(y == 1, 1 - cos, 0.0) + np.where(y == -1, np.maximum(0.0, cos - margin), 0.0)
+    return _reduced(loss, reduction)
+
+
+def _poisson_nll_ref(x, y, log_input=True, full=False, reduction="mean"):  # type: ignore[no-untyped-def]
+    loss = np.exp(x) - y * x if log_input else x - y * np.log(x + 1e-8)
+    if full:
+        safe = np.where(y > 1, y, 2.0)
+        stirling = safe * np.log(safe) - safe + 0.5 * np.log(2 * np.pi * safe)
+        loss = loss + np.where(y > 1, stirling, 0.0)
+    return _reduced(loss, reduction)
+
+
+add(
+    "margin_ranking_loss",
+    lambda m, a, b, y, **k: m.F.margin_ranking_loss(a, b, y, **k),
+    _margin_ranking_ref,
+    lambda rng: [
+        S(
+            (uni(rng, (3, 4)), uni(rng, (3, 4)), _signs(rng, (3, 4))),
+            {"margin": 0.2},
+            "mean",
+            nograd=frozenset({2}),
+        ),
+        S(
+            (uni(rng, (5,)), uni(rng, (5,)), _signs(rng, (5,))),
+            {"reduction": "sum"},
+            "sum",
+            nograd=frozenset({2}),
+        ),
+        S(
+            (uni(rng, (5,)), uni(rng, (5,)), _signs(rng, (5,))),
+            {"reduction": "none"},
+            "none",
+            nograd=frozenset({2}),
+        ),
+    ],
+)
+add(
+    "hinge_embedding_loss",
+    lambda m, x, y, **k: m.F.hinge_embedding_loss(x, y, **k),
+    _hinge_embedding_ref,
+    lambda rng: [
+        S((uni(rng, (3, 4)), _signs(rng, (3, 4))), {"margin": 0.5}, "mean", nograd=frozenset({1})),
+        S(
+            (uni(rng, (6,)), _signs(rng, (6,))),
+            {"reduction": "none"},
+            "none",
+            nograd=frozenset({1}),
+        ),
+    ],
+)
+add(
+    "soft_margin_loss",
+    lambda m, x, y, **k: m.F.soft_margin_loss(x, y, **k),
+    _soft_margin_ref,
+    lambda rng: [
+        S((uni(rng, (3, 4)), _signs(rng, (3, 4))), name="mean", nograd=frozenset({1})),
+        S((uni(rng, (5,)), _signs(rng, (5,))), {"reduction": "sum"}, "sum", nograd=frozenset({1})),
+    ],
+)
+add(
+    "multilabel_soft_margin_loss",
+    lambda m, x, y, **k: m.F.multilabel_soft_margin_loss(x, y, **k),
+    _multilabel_soft_margin_ref,
+    lambda rng: [
+        S((uni(rng, (3, 4)), (_signs(rng, (3, 4)) + 1) / 2), name="mean", nograd=frozenset({1})),
+        S(
+            (uni(rng, (3, 4)), (_signs(rng, (3, 4)) + 1) / 2),
+            {"weight": pos(rng, (4,)), "reduction": "none"},
+            "weight_none",
+            nograd=frozenset({1, "weight"}),
+        ),
+    ],
+)
+add(
+    "cosine_embedding_loss",
+    lambda m, a, b, y, **k: m.F.cosine_embedding_loss(a, b, y, **k),
+    _cosine_embedding_ref,
+    lambda rng: [
+        S(
+            (uni(rng, (4, 3)), uni(rng, (4, 3)), _signs(rng, (4,))),
+            {"margin": -0.5},
+            "mean",
+            nograd=frozenset({2}),
+        ),
+        S(
+            (uni(rng, (4, 3)), uni(rng, (4, 3)), _signs(rng, (4,))),
+            {"reduction": "none"},
+            "none",
+            nograd=frozenset({2}),
+        ),
+    ],
+)
+add(
+    "poisson_nll_loss",
+    lambda m, x, y, **k: m.F.poisson_nll_loss(x, y, **k),
+    _poisson_nll_ref,
+    lambda rng: [
+        S(
+            (uni(rng, (3, 4)), rng.poisson(2.0, (3, 4)).astype(np.float64)),
+            name="log_input",
+            nograd=frozenset({1}),
+        ),
+        S(
+            (pos(rng, (3, 4)), rng.poisson(2.0, (3, 4)).astype(np.float64)),
+            {"log_input": False, "full": True, "reduction": "sum"},
+            "full",
+            nograd=frozenset({1}),
+        ),
+    ],
+)
+
+
 def _prob(rng: np.random.Generator, shape: tuple) -> np.ndarray:
     return uni(rng, shape, 0.05, 0.95)
 

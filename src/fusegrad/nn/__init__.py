@@ -91,13 +91,19 @@ from .layers import (
 from .loss import (
     BCELoss,
     BCEWithLogitsLoss,
+    CosineEmbeddingLoss,
     CrossEntropyLoss,
+    HingeEmbeddingLoss,
     HuberLoss,
     KLDivLoss,
     L1Loss,
+    MarginRankingLoss,
     MSELoss,
+    MultiLabelSoftMarginLoss,
     NLLLoss,
+    PoissonNLLLoss,
     SmoothL1Loss,
+    SoftMarginLoss,
     TripletMarginLoss,
 )
 from .module import LoadStateDictError, Module, RemovableHandle
@@ -113,6 +119,12 @@ from .transformer import (
 )
 
 __all__ = [
+    "MarginRankingLoss",
+    "HingeEmbeddingLoss",
+    "SoftMarginLoss",
+    "MultiLabelSoftMarginLoss",
+    "CosineEmbeddingLoss",
+    "PoissonNLLLoss",
     "ConvTranspose1d",
     "ConvTranspose2d",
     "TransformerEncoderLayer",

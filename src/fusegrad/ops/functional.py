@@ -25,8 +25,21 @@ from ..tensor import Tensor
 from . import elementwise as _ew
 from ._util import broadcast_shape, cast, to_tensor
 from .creation import _gen
-from .elementwise import add, clamp, elu, gelu, leaky_relu, neg, relu, silu, softplus, sub, where
-from .generated import abs, eq, exp, log, log1p, minimum, mul, sigmoid, tanh
+from .elementwise import (
+    add,
+    clamp,
+    div,
+    elu,
+    gelu,
+    leaky_relu,
+    neg,
+    relu,
+    silu,
+    softplus,
+    sub,
+    where,
+)
+from .generated import abs, eq, exp, log, log1p, minimum, mul, sigmoid, sqrt, tanh
 from .generated import ge as _ge
 from .indexing import embedding, one_hot  # (re-exported: F.embedding, F.one_hot)
 from .linalg import linear
@@ -673,6 +686,127 @@ def channel_shuffle(input: Tensor, groups: int) -> Tensor:
         )
     n, c, *rest = x.shape
     return x.reshape(n, g, c // g, *rest).transpose(1, 2).reshape(n, c, *rest)
+
+
+# ---- margin and likelihood losses (composites; PyTorch's formulas) ----------------------------
+
+
+def margin_ranking_loss(
+    input1: Tensor,
+    input2: Tensor,
+    target: Tensor,
+    margin: float = 0.0,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """``max(0, -y (x1 - x2) + margin)``."""
+    reduction = _legacy(size_average, reduce, reduction)
+    x1, x2, y = to_tensor(input1), to_tensor(input2), to_tensor(target)
+    if not (x1.ndim == x2.ndim == y.ndim):
+        raise ShapeError(
+            f"margin_ranking_loss : All input tensors should have same dimension but got sizes: "
+            f"input1: {list(x1.shape)}, input2: {list(x2.shape)}, target: {list(y.shape)} "
+        )
+    loss = clamp(add(neg(mul(y, sub(x1, x2))), margin), min=0.0)
+    return _reduce(loss, reduction, "margin_ranking_loss")
+
+
+def hinge_embedding_loss(
+    input: Tensor,
+    target: Tensor,
+    margin: float = 1.0,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """``x`` where ``y == 1``, ``max(0, margin - x)`` where ``y == -1``."""
+    reduction = _legacy(size_average, reduce, reduction)
+    x, y = to_tensor(input), to_tensor(target)
+    margin_part = where(y != 1, clamp(sub(margin, x), min=0.0), 0.0)
+    self_part = where(y != -1, x, 0.0)
+    return _reduce(add(margin_part, self_part), reduction, "hinge_embedding_loss")
+
+
+@_torch_node_name("SoftMarginLossBackward0")
+def soft_margin_loss(
+    input: Tensor,
+    target: Tensor,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """``log(1 + exp(-y x))``, computed as ``softplus(-y x)``."""
+    reduction = _legacy(size_average, reduce, reduction)
+    loss = softplus(neg(mul(to_tensor(target), to_tensor(input))))
+    return _reduce(loss, reduction, "soft_margin_loss")
+
+
+def multilabel_soft_margin_loss(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Per sample, the mean over classes of ``-(y log sigmoid(x) + (1 - y) log sigmoid(-x))``."""
+    reduction = _legacy(size_average, reduce, reduction)
+    x, y = to_tensor(input), to_tensor(target)
+    # log sigmoid(x) = -softplus(-x), stable for large |x|
+    loss = add(mul(y, softplus(neg(x))), mul(sub(1.0, y), softplus(x)))
+    if weight is not None:
+        loss = mul(loss, weight)
+    loss = div(sum(loss, x.ndim - 1), x.shape[-1])
+    return _reduce(loss, reduction, "multilabel_soft_margin_loss")
+
+
+def cosine_embedding_loss(
+    input1: Tensor,
+    input2: Tensor,
+    target: Tensor,
+    margin: float = 0.0,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """``1 - cos(x1, x2)`` where ``y == 1``, ``max(0, cos(x1, x2) - margin)`` where
+    ``y == -1`` (the cosine with PyTorch's 1e-12 added to each squared norm)."""
+    reduction = _legacy(size_average, reduce, reduction)
+    x1, x2, y = to_tensor(input1), to_tensor(input2), to_tensor(target)
+    d = x1.ndim - 1
+    eps = 1e-12
+    dot = sum(mul(x1, x2), d)
+    denom = sqrt(mul(add(sum(mul(x1, x1), d), eps), add(sum(mul(x2, x2), d), eps)))
+    cos = div(dot, denom)
+    pos = where(y == 1, sub(1.0, cos), 0.0)
+    neg_part = where(y == -1, clamp(sub(cos, margin), min=0.0), 0.0)
+    return _reduce(add(pos, neg_part), reduction, "cosine_embedding_loss")
+
+
+def poisson_nll_loss(
+    input: Tensor,
+    target: Tensor,
+    log_input: bool = True,
+    full: bool = False,
+    size_average: bool | None = None,
+    eps: float = 1e-8,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Poisson negative log likelihood: ``exp(x) - y x`` (``log_input``) or
+    ``x - y log(x + eps)``; ``full`` adds Stirling's term where ``y > 1``."""
+    reduction = _legacy(size_average, reduce, reduction)
+    x, y = to_tensor(input), to_tensor(target)
+    if log_input:
+        loss = sub(exp(x), mul(y, x))
+    else:
+        loss = sub(x, mul(y, log(add(x, eps))))
+    if full:
+        safe = where(y > 1, y, 2.0)
+        stirling = add(sub(mul(safe, log(safe)), safe), mul(log(mul(safe, 2 * math.pi)), 0.5))
+        loss = add(loss, where(y > 1, stirling, 0.0))
+    return _reduce(loss, reduction, "poisson_nll_loss")
 
 
 @_torch_node_name("NativeLayerNormBackward0")
