@@ -3128,6 +3128,76 @@ add(
 )
 
 
+def _rms_norm_ref(x, shape, weight=None, eps=None):  # type: ignore[no-untyped-def]
+    dims = tuple(range(x.ndim - len(shape), x.ndim))
+    eps = np.finfo(x.dtype).eps if eps is None else eps
+    out = x / np.sqrt((x * x).mean(axis=dims, keepdims=True) + eps)
+    return out if weight is None else out * weight
+
+
+def _prelu_ref(x, w):  # type: ignore[no-untyped-def]
+    w = w if w.size == 1 else w.reshape((-1,) + (1,) * (x.ndim - 2))
+    return np.where(x > 0, x, w * x)
+
+
+def _gaussian_nll_ref(x, y, var, full=False, reduction="mean"):  # type: ignore[no-untyped-def]
+    var = np.maximum(var, 1e-6)
+    loss = 0.5 * (np.log(var) + (x - y) ** 2 / var) + (0.5 * np.log(2 * np.pi) if full else 0)
+    return _reduced(loss, reduction)
+
+
+def _away_from_zero(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    return away(rng, shape)
+
+
+add(
+    "rms_norm",
+    lambda m, x, shape, *a, **k: m.F.rms_norm(x, shape, *a, **k),
+    _rms_norm_ref,
+    lambda rng: [
+        S((uni(rng, (3, 4)), (4,)), name="last"),
+        S((uni(rng, (2, 3, 4)), (3, 4), pos(rng, (3, 4))), {"eps": 1e-5}, "weight"),
+        S((uni(rng, (2, 5)), (5,)), name="noncontig", noncontig=True),
+    ],
+)
+add(
+    "prelu",
+    lambda m, x, w: m.F.prelu(x, w),
+    _prelu_ref,
+    lambda rng: [
+        S((_away_from_zero(rng, (3, 4)), np.array([0.2])), name="shared"),
+        S((_away_from_zero(rng, (2, 3, 4)), pos(rng, (3,)) / 4), name="channels"),
+    ],
+)
+add(
+    "bilinear",
+    lambda m, a, b, w, *bias: m.F.bilinear(a, b, w, *bias),
+    lambda a, b, w, *bias: np.einsum("...i,oij,...j->...o", a, w, b) + (bias[0] if bias else 0),
+    lambda rng: [
+        S((uni(rng, (5, 3)), uni(rng, (5, 4)), uni(rng, (2, 3, 4)), uni(rng, (2,))), name="bias"),
+        S((uni(rng, (2, 5, 3)), uni(rng, (2, 5, 4)), uni(rng, (2, 3, 4))), name="batched"),
+    ],
+)
+add(
+    "gaussian_nll_loss",
+    lambda m, x, y, var, **k: m.F.gaussian_nll_loss(x, y, var, **k),
+    _gaussian_nll_ref,
+    lambda rng: [
+        S(
+            (uni(rng, (3, 4)), uni(rng, (3, 4)), pos(rng, (3, 4))),
+            name="mean",
+            nograd=frozenset({1}),
+        ),
+        S(
+            (uni(rng, (3, 4)), uni(rng, (3, 4)), pos(rng, (3, 1))),
+            {"full": True, "reduction": "sum"},
+            "full_sum",
+            nograd=frozenset({1}),
+        ),
+    ],
+)
+
+
 def _prob(rng: np.random.Generator, shape: tuple) -> np.ndarray:
     return uni(rng, shape, 0.05, 0.95)
 

@@ -28,6 +28,7 @@ from .layers import (
     AvgPool2d,
     BatchNorm1d,
     BatchNorm2d,
+    Bilinear,
     ChannelShuffle,
     CircularPad1d,
     CircularPad2d,
@@ -61,6 +62,7 @@ from .layers import (
     Mish,
     PixelShuffle,
     PixelUnshuffle,
+    PReLU,
     ReflectionPad1d,
     ReflectionPad2d,
     ReflectionPad3d,
@@ -69,6 +71,7 @@ from .layers import (
     ReplicationPad1d,
     ReplicationPad2d,
     ReplicationPad3d,
+    RMSNorm,
     Sigmoid,
     SiLU,
     Softmax,
@@ -93,6 +96,7 @@ from .loss import (
     BCEWithLogitsLoss,
     CosineEmbeddingLoss,
     CrossEntropyLoss,
+    GaussianNLLLoss,
     HingeEmbeddingLoss,
     HuberLoss,
     KLDivLoss,
@@ -119,6 +123,10 @@ from .transformer import (
 )
 
 __all__ = [
+    "GaussianNLLLoss",
+    "RMSNorm",
+    "PReLU",
+    "Bilinear",
     "MarginRankingLoss",
     "HingeEmbeddingLoss",
     "SoftMarginLoss",

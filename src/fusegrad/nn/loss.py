@@ -6,6 +6,8 @@ appear in ``state_dict`` and follow ``.to(dtype)``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..tensor import Tensor
 from . import functional as F
 from .module import Module
@@ -309,4 +311,16 @@ class PoissonNLLLoss(_Loss):
             full=self.full,
             eps=self.eps,
             reduction=self.reduction,
+        )
+
+
+class GaussianNLLLoss(_Loss):
+    def __init__(self, *, full: bool = False, eps: float = 1e-6, reduction: str = "mean") -> None:
+        super().__init__(reduction=reduction)
+        self.full = full
+        self.eps = eps
+
+    def forward(self, input: Tensor, target: Tensor, var: Any) -> Tensor:
+        return F.gaussian_nll_loss(
+            input, target, var, full=self.full, eps=self.eps, reduction=self.reduction
         )

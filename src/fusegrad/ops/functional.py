@@ -25,6 +25,7 @@ from ..tensor import Tensor
 from . import elementwise as _ew
 from ._util import broadcast_shape, cast, to_tensor
 from .creation import _gen
+from .creation import full_like as _full_like
 from .elementwise import (
     add,
     clamp,
@@ -39,6 +40,7 @@ from .elementwise import (
     sub,
     where,
 )
+from .elementwise import rsqrt as _rsqrt
 from .generated import abs, eq, exp, log, log1p, minimum, mul, sigmoid, sqrt, tanh
 from .generated import ge as _ge
 from .indexing import embedding, one_hot  # (re-exported: F.embedding, F.one_hot)
@@ -807,6 +809,94 @@ def poisson_nll_loss(
         stirling = add(sub(mul(safe, log(safe)), safe), mul(log(mul(safe, 2 * math.pi)), 0.5))
         loss = add(loss, where(y > 1, stirling, 0.0))
     return _reduce(loss, reduction, "poisson_nll_loss")
+
+
+def rms_norm(
+    input: Tensor,
+    normalized_shape: Any,
+    weight: Tensor | None = None,
+    eps: float | None = None,
+) -> Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the trailing ``normalized_shape`` dims;
+    ``eps=None`` is the dtype's machine epsilon, as PyTorch's."""
+    x = to_tensor(input)
+    shape = (
+        (int(normalized_shape),)
+        if isinstance(normalized_shape, int)
+        else tuple(int(s) for s in normalized_shape)
+    )
+    if not shape or tuple(x.shape[x.ndim - len(shape) :]) != shape or len(shape) > x.ndim:
+        raise ShapeError(
+            f"Given normalized_shape={list(shape)}, expected input with shape "
+            f"[*, {', '.join(str(s) for s in shape)}], but got input of size{list(x.shape)}"
+        )
+    if eps is None:
+        eps = float(np.finfo(x.dtype.np).eps)
+    dims = tuple(range(x.ndim - len(shape), x.ndim))
+    scale = _rsqrt(add(mean(mul(x, x), dims, keepdim=True), eps))
+    out = mul(x, scale)
+    return out if weight is None else mul(out, weight)
+
+
+def gaussian_nll_loss(
+    input: Tensor,
+    target: Tensor,
+    var: Any,
+    full: bool = False,
+    eps: float = 1e-6,
+    reduction: str = "mean",
+) -> Tensor:
+    """``0.5 (log(var) + (x - y)^2 / var)`` (``+ 0.5 log(2 pi)`` when ``full``); ``var`` is
+    clamped to ``eps`` for the value only (the gradient passes as if unclamped, as PyTorch's
+    in-place clamp under no_grad does)."""
+    x, y = to_tensor(input), to_tensor(target)
+    v = to_tensor(var) if isinstance(var, Tensor) else _full_like(x, float(var))
+    if tuple(v.shape) != tuple(x.shape):
+        if tuple(x.shape[:-1]) == tuple(v.shape):
+            v = v.unsqueeze(-1)  # one variance per sample: homoscedastic over the last dim
+        elif tuple(x.shape[:-1]) == tuple(v.shape[:-1]) and v.shape[-1] == 1:
+            pass
+        else:
+            raise ValueError("var is of incorrect size")
+    if reduction not in ("none", "mean", "sum"):
+        raise ValueError(reduction + " is not a valid value for reduction")
+
+    def no_negative(array: Any) -> None:  # (checked again on every replay of a compiled step)
+        if (np.asarray(_storage.to_host(array)) < 0).any():
+            raise ValueError("var has negative entry/entries")
+
+    _check(v, no_negative)
+    with _no_grad():
+        lifted = sub(clamp(v, min=eps), v)
+    v = add(v, lifted)
+    loss = mul(add(log(v), div(mul(sub(x, y), sub(x, y)), v)), 0.5)
+    if full:
+        loss = add(loss, 0.5 * math.log(2 * math.pi))
+    return _reduce(loss, reduction, "gaussian_nll_loss")
+
+
+@_torch_node_name("PreluKernelBackward0")
+def prelu(input: Tensor, weight: Tensor) -> Tensor:
+    """``x`` where ``x > 0``, else ``weight * x``; ``weight`` one value or one per channel
+    (dim 1)."""
+    x, w = to_tensor(input), to_tensor(weight)
+    if w.numel() != 1:
+        channels = x.shape[1] if x.ndim >= 2 else 1
+        if w.numel() != channels:
+            raise ShapeError(
+                "Mismatch of parameter numbers and input channel size. Found parameter numbers "
+                f"= {w.numel()} and channel size = {channels}."
+            )
+        w = w.reshape((channels,) + (1,) * (x.ndim - 2))
+    return where(x > 0, x, mul(w, x))
+
+
+def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``y_o = x1^T W_o x2 + b_o`` over the last dims (an einsum)."""
+    from .linalg import einsum  # (linalg imports this module's neighbours; keep the cycle out)
+
+    out = einsum("...i,oij,...j->...o", to_tensor(input1), to_tensor(weight), to_tensor(input2))
+    return out if bias is None else add(out, bias)
 
 
 @_torch_node_name("NativeLayerNormBackward0")
