@@ -44,7 +44,7 @@ from .elementwise import rsqrt as _rsqrt
 from .generated import abs, eq, exp, log, log1p, minimum, mul, sigmoid, sqrt, tanh
 from .generated import ge as _ge
 from .indexing import embedding, one_hot  # (re-exported: F.embedding, F.one_hot)
-from .linalg import linear
+from .linalg import einsum, linear
 from .reduction import log_softmax, mean, norm, softmax, sum, var
 from .shape import pad, stack
 
@@ -893,8 +893,6 @@ def prelu(input: Tensor, weight: Tensor) -> Tensor:
 
 def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``y_o = x1^T W_o x2 + b_o`` over the last dims (an einsum)."""
-    from .linalg import einsum  # (linalg imports this module's neighbours; keep the cycle out)
-
     out = einsum("...i,oij,...j->...o", to_tensor(input1), to_tensor(weight), to_tensor(input2))
     return out if bias is None else add(out, bias)
 
