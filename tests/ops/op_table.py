@@ -1080,6 +1080,12 @@ def _clear_of(*kinks: float) -> Gen:
     return gen
 
 
+add(
+    "rrelu_eval",
+    lambda m, x: m.F.rrelu(x, 0.1, 0.3),
+    lambda x: np.where(x >= 0, x, 0.2 * x),
+    unary(away),
+)
 add("softsign", lambda m, x: m.F.softsign(x), lambda x: x / (1 + np.abs(x)), unary(away))
 add("tanhshrink", lambda m, x: m.F.tanhshrink(x), lambda x: x - np.tanh(x), unary())
 add(

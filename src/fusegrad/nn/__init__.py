@@ -72,6 +72,7 @@ from .layers import (
     ReplicationPad2d,
     ReplicationPad3d,
     RMSNorm,
+    RReLU,
     Sigmoid,
     SiLU,
     Softmax,
@@ -84,6 +85,7 @@ from .layers import (
     Tanhshrink,
     Threshold,
     Unflatten,
+    Unfold,
     Upsample,
     UpsamplingBilinear2d,
     UpsamplingNearest2d,
@@ -105,6 +107,7 @@ from .loss import (
     MSELoss,
     MultiLabelSoftMarginLoss,
     NLLLoss,
+    NLLLoss2d,
     PoissonNLLLoss,
     SmoothL1Loss,
     SoftMarginLoss,
@@ -123,6 +126,9 @@ from .transformer import (
 )
 
 __all__ = [
+    "NLLLoss2d",
+    "RReLU",
+    "Unfold",
     "GaussianNLLLoss",
     "RMSNorm",
     "PReLU",

@@ -52,7 +52,9 @@ from ..ops.functional import (
     linear,
     margin_ranking_loss,
     max_pool1d,
+    max_pool1d_with_indices,
     max_pool2d,
+    max_pool2d_with_indices,
     mse_loss,
     multilabel_soft_margin_loss,
     nll_loss,
@@ -128,7 +130,9 @@ __all__ = [
     "logsigmoid",
     "margin_ranking_loss",
     "max_pool1d",
+    "max_pool1d_with_indices",
     "max_pool2d",
+    "max_pool2d_with_indices",
     "mish",
     "mse_loss",
     "multi_head_attention_forward",
@@ -147,6 +151,8 @@ __all__ = [
     "relu6",
     "relu_",
     "rms_norm",
+    "rrelu",
+    "rrelu_",
     "scaled_dot_product_attention",
     "selu",
     "selu_",
@@ -370,3 +376,20 @@ def upsample_bilinear(input: Tensor, size: Any = None, scale_factor: Any = None)
         stacklevel=2,
     )
     return interpolate(input, size, scale_factor, mode="bilinear", align_corners=True)
+
+
+def rrelu(
+    input: Tensor,
+    lower: float = 1.0 / 8,
+    upper: float = 1.0 / 3,
+    training: bool = False,
+    inplace: bool = False,
+) -> Tensor:
+    """Randomized leaky ReLU (slopes drawn from U(lower, upper) in training)."""
+    return _maybe_inplace("rrelu_", _fn.rrelu, input, inplace, lower, upper, training)
+
+
+def rrelu_(
+    input: Tensor, lower: float = 1.0 / 8, upper: float = 1.0 / 3, training: bool = False
+) -> Tensor:
+    return rrelu(input, lower, upper, training, inplace=True)

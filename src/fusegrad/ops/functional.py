@@ -897,6 +897,54 @@ def bilinear(input1: Tensor, input2: Tensor, weight: Tensor, bias: Tensor | None
     return out if bias is None else add(out, bias)
 
 
+def max_pool1d_with_indices(
+    input: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = True,
+) -> Any:
+    """``max_pool1d(..., return_indices=True)``."""
+    return max_pool1d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+def max_pool2d_with_indices(
+    input: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = True,
+) -> Any:
+    """``max_pool2d(..., return_indices=True)``."""
+    return max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+@_torch_node_name("RreluWithNoiseBackward0")
+def rrelu(
+    input: Tensor,
+    lower: float = 1.0 / 8,
+    upper: float = 1.0 / 3,
+    training: bool = False,
+    generator: Any = None,
+) -> Tensor:
+    """Randomized leaky ReLU: negative inputs times a slope drawn from U(lower, upper) per
+    element in training, times ``(lower + upper) / 2`` otherwise."""
+    x = to_tensor(input)
+    if not training:
+        return where(x >= 0, x, mul(x, (lower + upper) / 2))
+    shape, np_dtype = tuple(x.shape), x.dtype.np
+
+    def draw() -> Tensor:
+        slopes = _gen(generator).uniform(lower, upper, shape)
+        return Tensor._make(np.asarray(slopes, dtype=np_dtype))
+
+    return where(x >= 0, x, mul(x, _created(draw(), draw)))
+
+
 @_torch_node_name("NativeLayerNormBackward0")
 def layer_norm(
     input: Tensor,
