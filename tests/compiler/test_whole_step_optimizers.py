@@ -44,6 +44,9 @@ CASES = [
     ),
     ("NAdam", {"lr": 0.01, "weight_decay": 0.1}, {}),
     ("NAdam", {"lr": 0.01, "weight_decay": 0.1, "decoupled_weight_decay": True}, {}),
+    ("Rprop", {"lr": 0.01, "etas": (0.4, 1.3)}, {}),
+    # not recorded (its branch depends on the step count): replayed as a call, eager's values
+    ("RAdam", {"lr": 0.01, "weight_decay": 0.1}, {"betas": lambda i: (0.8 + 0.01 * i, 0.99)}),
 ]
 IDS = [f"{name}-{i}" for i, (name, _, _) in enumerate(CASES)]
 

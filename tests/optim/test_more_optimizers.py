@@ -47,6 +47,16 @@ CASES: dict[str, list[dict[str, Any]]] = {
         {"weight_decay": 0.1, "decoupled_weight_decay": True, "momentum_decay": 0.02},
         {"maximize": True, "foreach": True},
     ],
+    "RAdam": [
+        {},
+        {"lr": 0.01, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1},
+        {"lr": 0.01, "weight_decay": 0.1, "decoupled_weight_decay": True, "maximize": True},
+    ],
+    "Rprop": [
+        {},
+        {"lr": 0.05, "etas": (0.3, 1.5), "step_sizes": (1e-3, 0.2)},
+        {"maximize": True, "foreach": True},
+    ],
 }
 ALL = [(name, kwargs) for name, cases in CASES.items() for kwargs in cases]
 IDS = [f"{name}-{i}" for name, cases in CASES.items() for i in range(len(cases))]
@@ -115,10 +125,13 @@ def test_param_groups_with_their_own_options_against_torch(name: str) -> None:
         "Adadelta": {"rho": 0.5, "lr": 0.3},
         "Adamax": {"betas": (0.5, 0.9)},
         "NAdam": {"momentum_decay": 0.05, "weight_decay": 0.01},
+        "RAdam": {"betas": (0.5, 0.9), "decoupled_weight_decay": True},
+        "Rprop": {"etas": (0.4, 1.3), "step_sizes": (1e-4, 1.0)},
     }[name]
 
     def groups(ps: list, cls: Any) -> Any:
-        return cls([{"params": [ps[0]]}, {"params": [ps[1]], **own}], weight_decay=0.02)
+        shared = {} if cls.__name__ == "Rprop" else {"weight_decay": 0.02}
+        return cls([{"params": [ps[0]]}, {"params": [ps[1]], **own}], **shared)
 
     ours, opt, theirs, topt = _pair(torch, name, init, groups)
     for i in range(0, STEPS, 3):  # a schedule changing the first group's lr

@@ -1,7 +1,8 @@
 """``fusegrad.optim``: optimizers with PyTorch's names, options and state-dict format.
 
-``SGD``, ``Adam``, ``AdamW``, ``RMSprop``, ``Adagrad``, ``Adadelta``, ``Adamax``, ``NAdam`` and
-``LBFGS`` update parameters in place under ``no_grad`` (parameter objects keep their identity);
+``SGD``, ``Adam``, ``AdamW``, ``RMSprop``, ``Adagrad``, ``Adadelta``, ``Adamax``, ``NAdam``,
+``RAdam``, ``Rprop`` and ``LBFGS`` update parameters in place under ``no_grad`` (parameter
+objects keep their identity);
 ``Optimizer`` is the base class for writing others; ``lr_scheduler`` holds the learning-rate
 schedules.
 """
@@ -16,7 +17,9 @@ from .adamax import Adamax
 from .lbfgs import LBFGS
 from .nadam import NAdam
 from .optimizer import Optimizer, OptimizerError
+from .radam import RAdam
 from .rmsprop import RMSprop
+from .rprop import Rprop
 from .sgd import SGD
 
 __all__ = [
@@ -29,6 +32,8 @@ __all__ = [
     "Adamax",
     "NAdam",
     "LBFGS",
+    "RAdam",
+    "Rprop",
     "Optimizer",
     "OptimizerError",
     "lr_scheduler",
