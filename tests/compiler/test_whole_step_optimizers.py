@@ -47,6 +47,7 @@ CASES = [
     ("Rprop", {"lr": 0.01, "etas": (0.4, 1.3)}, {}),
     # not recorded (its branch depends on the step count): replayed as a call, eager's values
     ("RAdam", {"lr": 0.01, "weight_decay": 0.1}, {"betas": lambda i: (0.8 + 0.01 * i, 0.99)}),
+    ("ASGD", {"lr": 0.01, "t0": 3}, {}),
 ]
 IDS = [f"{name}-{i}" for i, (name, _, _) in enumerate(CASES)]
 

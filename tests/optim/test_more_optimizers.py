@@ -57,6 +57,11 @@ CASES: dict[str, list[dict[str, Any]]] = {
         {"lr": 0.05, "etas": (0.3, 1.5), "step_sizes": (1e-3, 0.2)},
         {"maximize": True, "foreach": True},
     ],
+    "ASGD": [
+        {},
+        {"lr": 0.05, "lambd": 1e-3, "alpha": 0.5, "t0": 3, "weight_decay": 0.1},
+        {"maximize": True, "t0": 0},
+    ],
 }
 ALL = [(name, kwargs) for name, cases in CASES.items() for kwargs in cases]
 IDS = [f"{name}-{i}" for name, cases in CASES.items() for i in range(len(cases))]
@@ -127,6 +132,7 @@ def test_param_groups_with_their_own_options_against_torch(name: str) -> None:
         "NAdam": {"momentum_decay": 0.05, "weight_decay": 0.01},
         "RAdam": {"betas": (0.5, 0.9), "decoupled_weight_decay": True},
         "Rprop": {"etas": (0.4, 1.3), "step_sizes": (1e-4, 1.0)},
+        "ASGD": {"t0": 2, "lambd": 1e-3},
     }[name]
 
     def groups(ps: list, cls: Any) -> Any:
@@ -160,9 +166,9 @@ def test_state_dict_round_trip_resumes_identically(name: str, kwargs: dict) -> N
     state = again.state[fresh[0]]
     assert state["step"] is not saved["state"][0]["step"]  # not aliasing the caller's dict
     _steps(fresh, again, grads[5:], fusegrad.tensor)
-    # bit for bit; NAdam's float32 mu_product is cast to the parameter's dtype on loading, as
-    # PyTorch casts it, so its later products round differently
-    tol = 1e-10 if name == "NAdam" else 0.0
+    # bit for bit; NAdam's float32 mu_product (ASGD's eta and mu) is cast to the parameter's
+    # dtype on loading, as PyTorch casts it, so its later values round differently
+    tol = 1e-10 if name in ("NAdam", "ASGD") else 0.0
     _close(fresh, params, tol)
 
 

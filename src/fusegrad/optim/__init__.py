@@ -1,7 +1,7 @@
 """``fusegrad.optim``: optimizers with PyTorch's names, options and state-dict format.
 
 ``SGD``, ``Adam``, ``AdamW``, ``RMSprop``, ``Adagrad``, ``Adadelta``, ``Adamax``, ``NAdam``,
-``RAdam``, ``Rprop`` and ``LBFGS`` update parameters in place under ``no_grad`` (parameter
+``RAdam``, ``Rprop``, ``ASGD`` and ``LBFGS`` update parameters in place under ``no_grad`` (parameter
 objects keep their identity);
 ``Optimizer`` is the base class for writing others; ``lr_scheduler`` holds the learning-rate
 schedules.
@@ -14,6 +14,7 @@ from .adadelta import Adadelta
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .adamax import Adamax
+from .asgd import ASGD
 from .lbfgs import LBFGS
 from .nadam import NAdam
 from .optimizer import Optimizer, OptimizerError
@@ -32,6 +33,7 @@ __all__ = [
     "Adamax",
     "NAdam",
     "LBFGS",
+    "ASGD",
     "RAdam",
     "Rprop",
     "Optimizer",
