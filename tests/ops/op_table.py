@@ -3156,6 +3156,22 @@ def _away_from_zero(rng: np.random.Generator, shape: tuple) -> np.ndarray:
     return away(rng, shape)
 
 
+def _lrn_ref(x, size, alpha=1e-4, beta=0.75, k=1.0):  # type: ignore[no-untyped-def]
+    sq = np.moveaxis(x * x, 1, -1)
+    padded = np.pad(sq, [(0, 0)] * (sq.ndim - 1) + [(size // 2, (size - 1) // 2)])
+    window = sum(padded[..., j : j + x.shape[1]] for j in range(size))
+    return x / np.moveaxis(k + alpha * window / size, -1, 1) ** beta
+
+
+add(
+    "local_response_norm",
+    lambda m, x, size, **k: m.F.local_response_norm(x, size, **k),
+    _lrn_ref,
+    lambda rng: [
+        S((uni(rng, (2, 5, 3)), 3), name="3d"),
+        S((uni(rng, (1, 4, 2, 3)), 2), {"alpha": 0.1, "beta": 0.5, "k": 2.0}, "4d"),
+    ],
+)
 add(
     "rms_norm",
     lambda m, x, shape, *a, **k: m.F.rms_norm(x, shape, *a, **k),

@@ -55,6 +55,7 @@ from .layers import (
     LayerNorm,
     LeakyReLU,
     Linear,
+    LocalResponseNorm,
     LogSigmoid,
     LogSoftmax,
     MaxPool1d,
@@ -126,6 +127,7 @@ from .transformer import (
 )
 
 __all__ = [
+    "LocalResponseNorm",
     "NLLLoss2d",
     "RReLU",
     "Unfold",

@@ -1418,3 +1418,20 @@ class Unfold(Module):
             f"kernel_size={self.kernel_size}, dilation={self.dilation}, padding={self.padding}, "
             f"stride={self.stride}"
         )
+
+
+class LocalResponseNorm(Module):
+    """``F.local_response_norm`` across channels."""
+
+    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> None:
+        super().__init__()
+        self.size = size
+        self.alpha = alpha
+        self.beta = beta
+        self.k = k
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.local_response_norm(input, self.size, self.alpha, self.beta, self.k)
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"

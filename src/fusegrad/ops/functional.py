@@ -26,6 +26,7 @@ from . import elementwise as _ew
 from ._util import broadcast_shape, cast, to_tensor
 from .creation import _gen
 from .creation import full_like as _full_like
+from .creation import zeros_like as _zeros_like
 from .elementwise import (
     add,
     clamp,
@@ -943,6 +944,48 @@ def rrelu(
         return Tensor._make(np.asarray(slopes, dtype=np_dtype))
 
     return where(x >= 0, x, mul(x, _created(draw(), draw)))
+
+
+def local_response_norm(
+    input: Tensor, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0
+) -> Tensor:
+    """``x / (k + alpha * mean of x^2 over a window of ``size`` channels)^beta``; the window is
+    zero-padded at the ends (``size // 2`` before, ``(size - 1) // 2`` after), as PyTorch's."""
+    x = to_tensor(input)
+    if x.ndim < 3:
+        raise ValueError(f"Expected 3D or higher dimensionality input (got {x.ndim} dimensions)")
+    if x.numel() == 0:
+        return x
+    channels = x.shape[1]
+    square = mul(x, x)
+    widths = [0] * (2 * (x.ndim - 2)) + [size // 2, (size - 1) // 2]
+    padded = pad(square, widths)
+    window = padded.narrow(1, 0, channels)
+    for j in range(1, size):
+        window = add(window, padded.narrow(1, j, channels))
+    div_ = add(mul(window, alpha / size), k) ** beta
+    return div(x, div_)
+
+
+def gumbel_softmax(
+    logits: Tensor, tau: float = 1, hard: bool = False, eps: float = 1e-10, dim: int = -1
+) -> Tensor:
+    """``softmax((logits + g) / tau)`` with Gumbel(0, 1) noise ``g`` (drawn through the
+    generator path dropout uses, so a compiled step redraws it); ``hard``: the one-hot of the
+    arg max in the forward, the soft sample's gradient (straight-through)."""
+    x = to_tensor(logits)
+    shape, np_dtype = tuple(x.shape), x.dtype.np
+
+    def draw() -> Tensor:
+        exponential = -np.log1p(-_gen(None).random(shape))  # Exp(1) samples
+        return Tensor._make((-np.log(exponential)).astype(np_dtype))
+
+    y_soft = softmax(div(add(x, _created(draw(), draw)), tau), dim)
+    if not hard:
+        return y_soft
+    index = y_soft.argmax(dim, keepdim=True)
+    y_hard = _zeros_like(x).scatter(dim, index, 1.0)
+    return add(sub(y_hard, y_soft.detach()), y_soft)
 
 
 @_torch_node_name("NativeLayerNormBackward0")
