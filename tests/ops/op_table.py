@@ -3172,6 +3172,37 @@ add(
         S((uni(rng, (1, 4, 2, 3)), 2), {"alpha": 0.1, "beta": 0.5, "k": 2.0}, "4d"),
     ],
 )
+
+
+def _adaptive_max_ref(x, sizes):  # type: ignore[no-untyped-def]
+    for k, out in enumerate(sizes):
+        dim = x.ndim - len(sizes) + k
+        n = x.shape[dim]
+        parts = [
+            np.take(x, range((i * n) // out, -((-(i + 1) * n) // out)), axis=dim).max(
+                axis=dim, keepdims=True
+            )
+            for i in range(out)
+        ]
+        x = np.concatenate(parts, axis=dim)
+    return x
+
+
+add(
+    "adaptive_max_pool2d",
+    lambda m, x, size: m.F.adaptive_max_pool2d(x, size),
+    lambda x, size: _adaptive_max_ref(x, (size, size) if isinstance(size, int) else size),
+    lambda rng: [
+        S((uni(rng, (1, 2, 6, 4)), (3, 2)), name="even"),
+        S((uni(rng, (2, 5, 7)), (2, 3)), name="uneven_unbatched"),
+    ],
+)
+add(
+    "adaptive_max_pool1d",
+    lambda m, x, size: m.F.adaptive_max_pool1d(x, size),
+    lambda x, size: _adaptive_max_ref(x, (size,)),
+    lambda rng: [S((uni(rng, (2, 3, 7)), 3), name="uneven"), S((uni(rng, (3, 8)), 4), name="even")],
+)
 add(
     "rms_norm",
     lambda m, x, shape, *a, **k: m.F.rms_norm(x, shape, *a, **k),

@@ -24,6 +24,8 @@ from .layers import (
     SELU,
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
+    AdaptiveMaxPool1d,
+    AdaptiveMaxPool2d,
     AvgPool1d,
     AvgPool2d,
     BatchNorm1d,
@@ -127,6 +129,8 @@ from .transformer import (
 )
 
 __all__ = [
+    "AdaptiveMaxPool1d",
+    "AdaptiveMaxPool2d",
     "LocalResponseNorm",
     "NLLLoss2d",
     "RReLU",

@@ -20,6 +20,8 @@ from ..ops import reduction as _red
 from ..ops.functional import (
     adaptive_avg_pool1d,
     adaptive_avg_pool2d,
+    adaptive_max_pool1d,
+    adaptive_max_pool2d,
     avg_pool1d,
     avg_pool2d,
     batch_norm,
@@ -85,6 +87,8 @@ from ._multi_head import multi_head_attention_forward
 __all__ = [
     "adaptive_avg_pool1d",
     "adaptive_avg_pool2d",
+    "adaptive_max_pool1d",
+    "adaptive_max_pool2d",
     "avg_pool1d",
     "avg_pool2d",
     "batch_norm",

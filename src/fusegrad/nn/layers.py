@@ -1435,3 +1435,25 @@ class LocalResponseNorm(Module):
 
     def extra_repr(self) -> str:
         return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+
+
+class AdaptiveMaxPool1d(Module):
+    """``F.adaptive_max_pool1d`` (``return_indices=True`` is not supported)."""
+
+    def __init__(self, output_size: Any, return_indices: bool = False) -> None:
+        super().__init__()
+        self.output_size = output_size
+        self.return_indices = return_indices
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.adaptive_max_pool1d(input, self.output_size, self.return_indices)
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+class AdaptiveMaxPool2d(AdaptiveMaxPool1d):
+    """``F.adaptive_max_pool2d`` (``return_indices=True`` is not supported)."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.adaptive_max_pool2d(input, self.output_size, self.return_indices)

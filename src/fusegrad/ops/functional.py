@@ -5,6 +5,7 @@ matmul), so each is differentiable twice and visible to the compiler as ordinary
 
 from __future__ import annotations
 
+import builtins
 import math
 import warnings
 from collections.abc import Sequence
@@ -1319,6 +1320,65 @@ def _along(x: Tensor, dim: int, matrix: np.ndarray) -> Tensor:
     if dim == x.ndim - 2:
         return m @ x
     return (x.movedim(dim, -1) @ m.mT).movedim(-1, dim)
+
+
+def _adaptive_max(x: Tensor, dim: int, out: int) -> Tensor:
+    """PyTorch's adaptive max along ``dim``: output i is the maximum of input
+    [floor(i * n / out), ceil((i + 1) * n / out)); windows are gathered (a short one repeats
+    its last element) so the gradient reaches the one selected element, as max(dim) sends it."""
+    n = x.shape[dim]
+    if out == n:
+        return x.clone()
+    if out > 0 and n % out == 0:
+        return x.unflatten(dim, (out, n // out)).max(dim + 1).values
+    bounds = [((i * n) // out, -((-(i + 1) * n) // out)) for i in range(out)]
+    width = builtins.max(stop - start for start, stop in bounds)
+    index = np.array(
+        [[builtins.min(start + j, stop - 1) for j in range(width)] for start, stop in bounds],
+        dtype=np.int64,
+    )
+    positions = _created(Tensor._make(index.reshape(-1)))
+    positions = positions if x.device == positions.device else positions.to(x.device)
+    windows = x.index_select(dim, positions)
+    return windows.unflatten(dim, (out, width)).max(dim + 1).values
+
+
+def _adaptive_sizes(op: str, x: Tensor, output_size: Any, dims: int) -> tuple:
+    sizes = (output_size,) * dims if isinstance(output_size, int) else tuple(output_size)
+    if len(sizes) != dims:
+        raise ValueError(f"{op}: output_size must be an int or {dims} values, got {output_size}")
+    spatial = x.shape[x.ndim - dims :]
+    return tuple(int(n if s is None else s) for s, n in zip(sizes, spatial))
+
+
+def _no_indices(op: str, return_indices: bool) -> None:
+    if return_indices:
+        raise NotImplementedError(f"{op}: return_indices=True is not supported")
+
+
+@_torch_node_name("AdaptiveMaxPool2DBackward0")
+def adaptive_max_pool2d(input: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:
+    """Max over PyTorch's adaptive windows of the last two dims ((N, C, H, W) or (C, H, W))."""
+    x = to_tensor(input)
+    if x.ndim not in (3, 4):
+        raise ShapeError(
+            f"adaptive_max_pool2d(): Expected 3D or 4D tensor, but got {list(x.shape)}"
+        )
+    _no_indices("adaptive_max_pool2d", return_indices)
+    oh, ow = _adaptive_sizes("adaptive_max_pool2d", x, output_size, 2)
+    return _adaptive_max(_adaptive_max(x, x.ndim - 2, oh), x.ndim - 1, ow)
+
+
+def adaptive_max_pool1d(input: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:
+    """Max over PyTorch's adaptive windows of the last dim ((N, C, L) or (C, L))."""
+    x = to_tensor(input)
+    if x.ndim not in (2, 3):
+        raise ShapeError(
+            f"adaptive_max_pool1d(): Expected 2D or 3D tensor, but got {list(x.shape)}"
+        )
+    _no_indices("adaptive_max_pool1d", return_indices)
+    (size,) = _adaptive_sizes("adaptive_max_pool1d", x, output_size, 1)
+    return _name_node(_adaptive_max(x, x.ndim - 1, size), "SqueezeBackward1")
 
 
 def _adaptive_average(x: Tensor, dim: int, out: int) -> Tensor:
