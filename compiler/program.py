@@ -46,6 +46,7 @@ import numpy as np
 from fusegrad.autograd import engine as _engine
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd.node import OpNode
+from fusegrad.errors import AutogradError
 from fusegrad.ops.registry import REGISTRY
 from fusegrad.tensor import Tensor
 
@@ -507,9 +508,15 @@ def _site_hooks(node: Any, kind: str, slot: int) -> list:
 def _run_hook(v: Value, env: dict, w: Walk, inputs: Any) -> Any:
     node_index, kind, slot, position = v.attr("site")
     node = w.nodes[node_index]
-    hooks = _site_hooks(node, kind, slot)
+    # a site's hooks are read once, when its first hook runs, as the engine snapshots them: a
+    # hook removing a later one of the same site does not stop it this time (one removing a
+    # hook of a site that runs later does)
+    key = ("hooks", node_index, kind, slot)
+    hooks = env.get(key)
+    if hooks is None:
+        hooks = env[key] = _site_hooks(node, kind, slot)
     if position >= len(hooks):
-        return None  # removed during this backward before its turn (as eager: it still ran)
+        return None  # (removed before its site ran)
     hook = hooks[position]
     if kind == "post_acc":
         return hook(node.variable)
@@ -531,8 +538,35 @@ def _hook_output(v: Value, env: dict, w: Walk, inputs: Any) -> np.ndarray:
     returned, original = env[v.inputs[0]], env[v.inputs[1]]
     if returned is None:
         return original
-    item = returned if isinstance(returned, Tensor) else returned[v.attr("index")]
-    return original if item is None else item._data
+    index = v.attr("index")
+    item = returned if isinstance(returned, Tensor) else returned[index]
+    if item is None:
+        node_index, kind, _, _ = v.inputs[0].attr("site")
+        if kind == "post":
+            # eager drops that gradient (its paths get nothing); the program was built for
+            # it to flow on: refused, never computed on
+            raise AutogradError(
+                f"a post hook of {w.nodes[node_index].name()} returned None for the gradient at "
+                f"index {index}, which compiled backward cannot drop (it was built for it to "
+                "flow on): run this backward eagerly"
+            )
+        return original
+    if not isinstance(item, Tensor) or item._data.shape != original.shape:
+        # what the program was built for is the gradient's own shape: a post hook's result
+        # goes through the engine's check (summed to the input's shape, or its error), and
+        # anything else that changed a shape is refused, never computed on
+        node_index, kind, _, _ = v.inputs[0].attr("site")
+        node = w.nodes[node_index]
+        if kind != "post":
+            raise AutogradError(
+                f"a {kind} hook of {node.name()} returned a gradient of another shape at index "
+                f"{index} (got {list(getattr(item, 'shape', ()))}, expected "
+                f"{list(original.shape)}): not supported in compiled backward"
+            )
+        item = _engine.validate_gradient(node, index, item, original.shape, v.dtype)
+    elif item._dtype is not v.dtype:
+        item = item.to(v.dtype)  # (as the engine casts a rule's or hook's gradient)
+    return item._data
 
 
 def _store(v: Value, env: dict, w: Walk, inputs: Any) -> None:

@@ -121,3 +121,64 @@ def test_hooks_see_grad_states_in_eager_order() -> None:
         return [x, w], (x.exp() * w).sum()
 
     _check(*_both(program))
+
+
+def test_hooks_removed_during_backward_as_eager() -> None:
+    """A site's hooks are read when its first hook runs (the engine's snapshot): a hook that
+    removes a later hook of its own tensor does not stop it this time; a pre-hook removing a
+    hook of a site that runs later does."""
+
+    def program(log: list) -> tuple:
+        x, w = _x(), _x((1.5, 0.25, -0.5))
+        y = x * w
+        handles: dict = {}
+
+        def remove_b(g: fg.Tensor) -> None:
+            log.append("a")
+            handles["b"].remove()
+
+        y.register_hook(remove_b)
+        handles["b"] = y.register_hook(lambda g: log.append("b"))
+
+        def remove_self(g: fg.Tensor) -> None:
+            log.append("self")
+            handles["self"].remove()
+
+        handles["self"] = y.register_hook(remove_self)
+
+        def remove_acc(grad_outputs: tuple) -> None:
+            log.append("pre")
+            handles["acc"].remove()
+
+        y.grad_fn.register_prehook(remove_acc)
+        handles["acc"] = x.register_post_accumulate_grad_hook(lambda t: log.append("acc"))
+        return [x, w], y.sum()
+
+    eager, compiled = _both(program)
+    assert eager[0] == ["a", "b", "self", "pre"]
+    _check(eager, compiled)
+
+
+def test_post_hook_results_are_checked_as_eager() -> None:
+    """A post hook's gradient of another shape: summed to the input's shape when it can be
+    (as the engine does), eager's error otherwise; one dropped (None): refused with a clear
+    error, never computed on."""
+
+    def summable(log: list) -> tuple:
+        a, b = _x(), _x((1.5, 0.25, -0.5))
+        y = a * b
+        y.grad_fn.register_hook(lambda gi, go: (gi[0], fg.ones(2, 3, dtype=fg.float64)))
+        return [a, b], y.sum()
+
+    _check(*_both(summable))
+
+    for bad, match in (
+        (fg.ones(2, 2, dtype=fg.float64), "MulBackward0 returned an invalid gradient at index 1"),
+        (None, "returned None for the gradient at index 1"),
+    ):
+        a, b = _x(), _x((1.5, 0.25, -0.5))
+        y = a * b
+        y.grad_fn.register_hook(lambda gi, go, bad=bad: (gi[0], bad))
+        with pytest.raises(RuntimeError, match=match):
+            with compiler.compiled_autograd():
+                y.sum().backward()
