@@ -391,3 +391,26 @@ class _null:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def test_saved_tensor_hooks_registered_after_the_forward_leave_the_tape() -> None:
+    """``grad_fn._raw_saved_self.register_hooks(pack, unpack)`` on a recorded forward packs that
+    saved tensor now: the tape's record of it is stale, so the backward falls back (the unpack
+    hook's value is what the gradient reads, as in eager), never reading the packed object."""
+    log: list = []
+    with compiler.compiled_autograd():
+        for step in range(3):
+            x = fg.tensor([1.0, 2.0], dtype=fg.float64, requires_grad=True)
+            w = fg.tensor([3.0, 4.0], dtype=fg.float64, requires_grad=True)
+            y = x * w
+            if step == 2:  # the first two made the program and its tape entry
+                y.grad_fn._raw_saved_self.register_hooks(
+                    lambda t: (log.append("pack"), t.detach() * 10.0)[1],
+                    lambda p: (log.append("unpack"), p)[1],
+                )
+            y.sum().backward()
+    np.testing.assert_allclose(w.grad.numpy(), [10.0, 20.0])  # dw = x as unpacked
+    np.testing.assert_allclose(x.grad.numpy(), [3.0, 4.0])
+    assert log == ["pack", "unpack"]
+    assert compiler.counters.tape_hits == 1
+    assert any("saved-tensor hooks" in reason for reason in compiler.counters.fallbacks)

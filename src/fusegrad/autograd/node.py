@@ -217,6 +217,9 @@ class SavedTensor:
         self._pack(t, output_nr, (pack_hook, unpack_hook))
         if not self._is_output and producer is not None:
             self._producer, self._output_nr, self._rg = producer, output_nr, True
+        # an existing graph changed: compiled autograd's tape must not trust what it recorded
+        # of this saved tensor (it is packed now, unpacked by user code)
+        graph_changed()
 
     @property
     def has_hooks(self) -> bool:
