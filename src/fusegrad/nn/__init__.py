@@ -26,6 +26,7 @@ from .layers import (
     AdaptiveAvgPool2d,
     AdaptiveMaxPool1d,
     AdaptiveMaxPool2d,
+    AlphaDropout,
     AvgPool1d,
     AvgPool2d,
     BatchNorm1d,
@@ -45,6 +46,7 @@ from .layers import (
     Dropout2d,
     Dropout3d,
     Embedding,
+    FeatureAlphaDropout,
     Flatten,
     GroupNorm,
     Hardshrink,
@@ -129,6 +131,8 @@ from .transformer import (
 )
 
 __all__ = [
+    "AlphaDropout",
+    "FeatureAlphaDropout",
     "AdaptiveMaxPool1d",
     "AdaptiveMaxPool2d",
     "LocalResponseNorm",

@@ -430,6 +430,20 @@ class Dropout(Module):
         return f"p={self.p}, inplace={self.inplace}"
 
 
+class AlphaDropout(Dropout):
+    """Alpha dropout (``F.alpha_dropout``) in training mode, for SELU networks."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.alpha_dropout(input, self.p, self.training)
+
+
+class FeatureAlphaDropout(Dropout):
+    """Alpha dropout of whole channels (``F.feature_alpha_dropout``) in training mode."""
+
+    def forward(self, input: Tensor) -> Tensor:
+        return F.feature_alpha_dropout(input, self.p, self.training)
+
+
 class Dropout1d(Dropout):
     """Zeroes whole channels (``F.dropout1d``) in training mode."""
 

@@ -532,6 +532,46 @@ def _feature_dropout_input(op: str, x: Tensor, spatial: int) -> None:
     )
 
 
+def _alpha_dropout(x: Tensor, p: float, training: bool, feature: bool) -> Tensor:
+    """SELU's dropout (PyTorch's ``_dropout_impl`` with alpha): dropped values go to SELU's
+    negative saturation and the result is rescaled so mean and variance are kept:
+    ``x * a m + alpha a (m - 1) + alpha a p`` for a keep mask ``m``."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0:
+        return x
+    if p == 1.0:
+        return mul(x, 0.0)
+    shape = tuple(x.shape)
+    if feature:
+        shape = shape[:2] + (1,) * max(len(shape) - 2, 0)
+    np_dtype = x.dtype.np
+    alpha = 1.7580993408473766
+    a = 1.0 / math.sqrt((alpha * alpha * p + 1) * (1 - p))
+
+    def draw() -> Tensor:
+        keep = (_gen(None).random(shape) >= p).astype(np_dtype)
+        return Tensor._make(keep)
+
+    keep = _created(draw(), draw)
+    shift = add(mul(sub(keep, 1.0), alpha * a), alpha * a * p)
+    return add(mul(x, mul(keep, a)), shift)
+
+
+def alpha_dropout(
+    input: Tensor, p: float = 0.5, training: bool = False, inplace: bool = False
+) -> Tensor:
+    """Alpha dropout (for SELU networks), element by element."""
+    return _alpha_dropout(to_tensor(input), p, training, False)
+
+
+def feature_alpha_dropout(
+    input: Tensor, p: float = 0.5, training: bool = False, inplace: bool = False
+) -> Tensor:
+    """Alpha dropout of whole channels."""
+    return _alpha_dropout(to_tensor(input), p, training, True)
+
+
 def dropout1d(
     input: Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
 ) -> Tensor:
