@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from fusegrad.autograd import anomaly as _anomaly
-from fusegrad.autograd.engine import run_backward
+from fusegrad.autograd.engine import graph_task, run_backward
 from fusegrad.autograd.node import OpNode
 from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.nn.module import Module
@@ -212,6 +212,9 @@ def run(
         if fast is not None and not w.has_hooks:
             _remember_tape(fast, w, region, program)
         counters.compiled_runs += 1
+        if w.has_hooks:  # (user code runs inside: it may queue callbacks, as in eager)
+            with graph_task(retain_graph, create_graph, accumulate, inputs):
+                return program.run(w, w.sizes, grads, retain_graph, inputs)
         return program.run(w, w.sizes, grads, retain_graph, inputs)
     finally:
         notice.stop()

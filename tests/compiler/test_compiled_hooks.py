@@ -182,3 +182,24 @@ def test_post_hook_results_are_checked_as_eager() -> None:
         with pytest.raises(RuntimeError, match=match):
             with compiler.compiled_autograd():
                 y.sum().backward()
+
+
+def test_hooks_may_queue_callbacks_in_compiled_backward() -> None:
+    """``engine.queue_callback`` from a hook of a compiled backward (as DDP's post-accumulate
+    hooks do): the callback runs once the program has finished, before backward() returns."""
+    from fusegrad.autograd import engine
+
+    def program(log: list) -> tuple:
+        x, w = _x(), _x((1.5, 0.25, -0.5))
+
+        def on_x(p: fg.Tensor) -> None:
+            log.append("x")
+            engine.queue_callback(lambda: log.append(("end", w.grad is not None)))
+
+        x.register_post_accumulate_grad_hook(on_x)
+        w.register_post_accumulate_grad_hook(lambda p: log.append("w"))
+        return [x, w], (x * w).sum()
+
+    eager, compiled = _both(program)
+    assert eager[0][-1] == ("end", True) and sorted(eager[0][:-1]) == ["w", "x"]
+    _check(eager, compiled)

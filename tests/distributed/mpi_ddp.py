@@ -250,13 +250,21 @@ def test_a_backward_that_raises_midway_leaves_the_next_iteration_correct() -> No
         np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), **TIGHT, err_msg=name)
 
 
-def test_compiled_autograd_is_refused_with_a_clear_error() -> None:
-    """Compiled DDP (allreduce steps inside compiled programs) is not built yet: a compiled
-    backward replays the hooks outside the engine, and DDP says so instead of leaving
-    gradients unaveraged."""
-    ddp, _ = make()
+def test_compiled_autograd_runs_the_hooks_and_waits_at_the_end() -> None:
+    """Under compiled autograd the compiled backward runs DDP's post-accumulate-grad hooks at
+    their eager positions and its end-of-backward callback when the program is done: the
+    gradients are one process's on the whole batch, every bucket waited for, and the backward
+    compiled (no fallback), on the first call and from the cached program."""
+    ddp, ref = make(bucket_cap_mb=0.0001)  # one parameter per bucket
     x, y = batch()
-    with pytest.raises(RuntimeError, match="compiled DDP is not supported yet"):
-        with fg.compiler.compiled_autograd():
+    before = fg.compiler.counters.compiled_runs
+    for _ in range(3):
+        ddp.zero_grad()
+        ref.zero_grad()
+        with fg.compiler.compiled_autograd(fullgraph=True):
             F.mse_loss(ddp(half(x)), half(y)).backward()
-    assert all(b.work is None and not b.ready for b in ddp._buckets)  # nothing started
+        F.mse_loss(ref(x), y).backward()
+        for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), **TIGHT, err_msg=name)
+        assert all(b.work is None and not b.ready for b in ddp._buckets)
+    assert fg.compiler.counters.compiled_runs - before == 3

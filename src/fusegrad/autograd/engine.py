@@ -44,10 +44,11 @@ gradients and tensors returned by rules or hooks can be shared freely; None stay
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -314,6 +315,24 @@ def queue_callback(callback: Callable[[], None]) -> None:
             "custom Function's backward while backward() runs"
         )
     task.callbacks.append(callback)
+
+
+@contextlib.contextmanager
+def graph_task(
+    retain_graph: bool, create_graph: bool, accumulate: bool, inputs: Sequence[Tensor] | None
+) -> Iterator[None]:
+    """A backward call that another executor runs (compiled autograd's programs): the hooks it
+    calls see a running backward (``queue_callback``, ``current_graph_task_id``), and the
+    callbacks they queue run, in order, when it finishes without an error, as in ``_execute``."""
+    task = _Task(retain_graph, create_graph, accumulate, inputs, None, {}, EAGER)
+    parent, _current.task = _current.task, task
+    try:
+        yield
+        callbacks = task.callbacks
+        while callbacks:  # (one may queue more)
+            callbacks.pop(0)()
+    finally:
+        _current.task = parent
 
 
 def is_checkpoint_valid() -> bool:

@@ -35,9 +35,12 @@ torch's DDP ones); ``load_state_dict`` takes keys with or without it; ``ddp.modu
 gives the plain keys.
 
 ``device_ids``, ``output_device``, ``dim`` and ``check_reduction`` are accepted and ignored (the
-module's parameters say where it runs; inputs are not scattered).  Not supported yet: DDP
-inside ``fusegrad.compile`` programs or compiled autograd (a gradient hook replayed by a
-compiled program raises; issue 13), ``register_comm_hook``, ``join``.
+module's parameters say where it runs; inputs are not scattered).  Under compiled autograd
+(and a ``fusegrad.compile``d step, which falls back to it: the hooks stop its recording) the
+compiled backward runs DDP's hooks at their eager positions and its end-of-backward callback
+when the program is done, so buckets overlap the rest of the program as in eager; the
+allreduces are not yet steps the compiler itself schedules.  Not supported yet:
+``register_comm_hook``, ``join``.
 """
 
 from __future__ import annotations
@@ -232,10 +235,11 @@ class DistributedDataParallel(Module):
             return
         task = engine.current_graph_task_id()
         if task == -1:
-            # a compiled program replaying the hook: no engine task to wait at the end of
+            # (every backward, eager or compiled, runs as an engine task; a hook called by
+            # hand is not in one: nothing would wait for its bucket)
             raise RuntimeError(
-                "DistributedDataParallel: a gradient arrived outside an eager backward() "
-                "(fusegrad.compile / compiled autograd); compiled DDP is not supported yet"
+                "DistributedDataParallel: a gradient arrived outside a backward() call: no "
+                "end of backward to wait for its bucket's allreduce at"
             )
         if task != self._callback_task:
             self._callback_task = task
