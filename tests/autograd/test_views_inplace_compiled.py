@@ -52,6 +52,7 @@ def _grads(prog: Callable, compiled: bool) -> list[np.ndarray]:
     return [a.grad.numpy(), w.grad.numpy()]
 
 
+@pytest.mark.compares_compiled
 @pytest.mark.parametrize("prog", [_row_mul_and_column_set, _chain_of_views, _mask_assignment])
 def test_compiled_backward_equals_eager(prog: Callable) -> None:
     compiler.reset()
