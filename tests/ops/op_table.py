@@ -3203,6 +3203,25 @@ add(
     lambda x, size: _adaptive_max_ref(x, (size,)),
     lambda rng: [S((uni(rng, (2, 3, 7)), 3), name="uneven"), S((uni(rng, (3, 8)), 4), name="even")],
 )
+
+
+def _pdist_ref(x, p=2.0):  # type: ignore[no-untyped-def]
+    i, j = np.triu_indices(x.shape[0], 1)
+    return (np.abs(x[i] - x[j]) ** p).sum(-1) ** (1 / p)
+
+
+add(
+    "pdist",
+    lambda m, x, *a: m.F.pdist(x, *a),
+    _pdist_ref,
+    lambda rng: [S((uni(rng, (5, 3)),), name="p2"), S((uni(rng, (4, 2)), 3.0), name="p3")],
+)
+add(
+    "lp_pool2d",
+    lambda m, x, p, k: m.F.lp_pool2d(x, p, k),
+    lambda x, p, k: avg_pool2d_ref(x**p, k) ** (1 / p) * (k * k) ** (1 / p),
+    lambda rng: [S((pos(rng, (1, 2, 4, 6)), 2.0, 2), name="p2")],
+)
 add(
     "rms_norm",
     lambda m, x, shape, *a, **k: m.F.rms_norm(x, shape, *a, **k),

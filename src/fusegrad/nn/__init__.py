@@ -62,6 +62,8 @@ from .layers import (
     LocalResponseNorm,
     LogSigmoid,
     LogSoftmax,
+    LPPool1d,
+    LPPool2d,
     MaxPool1d,
     MaxPool2d,
     Mish,
@@ -131,6 +133,8 @@ from .transformer import (
 )
 
 __all__ = [
+    "LPPool1d",
+    "LPPool2d",
     "AlphaDropout",
     "FeatureAlphaDropout",
     "AdaptiveMaxPool1d",

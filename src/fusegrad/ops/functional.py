@@ -37,6 +37,7 @@ from .elementwise import (
     leaky_relu,
     neg,
     relu,
+    sign,
     silu,
     softplus,
     sub,
@@ -570,6 +571,48 @@ def feature_alpha_dropout(
 ) -> Tensor:
     """Alpha dropout of whole channels."""
     return _alpha_dropout(to_tensor(input), p, training, True)
+
+
+def _lp_finish(pooled: Tensor, window: int, norm_type: float) -> Tensor:
+    # PyTorch's (sign(out) * relu(|out|) * window) ** (1 / p) of the average of x ** p
+    signed = mul(sign(pooled), relu(abs(pooled)))
+    return mul(signed, float(window)) ** (1.0 / norm_type)
+
+
+def lp_pool1d(
+    input: Tensor, norm_type: float, kernel_size: int, stride: Any = None, ceil_mode: bool = False
+) -> Tensor:
+    """Power-average pooling over the last dim: ``(sum of x^p over a window)^(1/p)``."""
+    x = to_tensor(input)
+    k = _single("lp_pool1d", "kernel_size", kernel_size)
+    pooled = avg_pool1d(x**norm_type, k, stride, 0, ceil_mode)
+    return _lp_finish(pooled, k, norm_type)
+
+
+def lp_pool2d(
+    input: Tensor, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False
+) -> Tensor:
+    """Power-average pooling over the last two dims: ``(sum of x^p over a window)^(1/p)``."""
+    x = to_tensor(input)
+    kh, kw = _pair(kernel_size)
+    pooled = avg_pool2d(x**norm_type, (kh, kw), stride, 0, ceil_mode)
+    return _lp_finish(pooled, kh * kw, norm_type)
+
+
+@_torch_node_name("PdistBackward0")
+def pdist(input: Tensor, p: float = 2.0) -> Tensor:
+    """The ``p``-norm distances between the rows of an (N, M) input, pairs i < j in row-major
+    order (``N (N - 1) / 2`` values); zero distances get a zero gradient."""
+    x = to_tensor(input)
+    if x.ndim != 2:
+        raise ShapeError(f"pdist only supports 2D tensors, got: {x.ndim}D")
+    rows, cols = np.triu_indices(x.shape[0], 1)
+    first = _created(Tensor._make(rows.astype(np.int64)))
+    second = _created(Tensor._make(cols.astype(np.int64)))
+    if x.device != first.device:
+        first, second = first.to(x.device), second.to(x.device)
+    diff = sub(x.index_select(0, first), x.index_select(0, second))
+    return norm(diff, p, dim=1)
 
 
 def dropout1d(
