@@ -172,12 +172,16 @@ class Config:
     @contextlib.contextmanager
     def settings(self) -> Iterator[None]:
         previous = compiler.config.interpreter_max_elements
+        background = compiler.config.background_compile
         if self.interpreter_max_elements is not None:
             compiler.config.interpreter_max_elements = self.interpreter_max_elements
+        # compiled code must run on the calls compared (no uncompiled run while it compiles)
+        compiler.config.background_compile = False
         try:
             yield
         finally:
             compiler.config.interpreter_max_elements = previous
+            compiler.config.background_compile = background
 
 
 DEFAULT = Config("default")
@@ -1188,6 +1192,7 @@ def _render(p: Program, config: Config, verdict: str) -> str:
     add("")
     add("")
     add('if __name__ == "__main__":')
+    add("    compiler.config.background_compile = False  # (compiled code on the calls compared)")
     if config is GRADCHECK:
         add("    with compiler.compiled_autograd():")
         add("        fg.autograd.gradcheck(objective, leaves())  # raises on a Jacobian mismatch")

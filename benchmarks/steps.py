@@ -195,8 +195,7 @@ def run(
             t0 = common.clock()
             for _ in range(3):
                 impls[key].step()
-            if key == "fg_step":
-                fc.wait_for_compiles()
+            fc.wait_for_compiles()  # (compiled on a thread while the calls ran uncompiled)
             impls[key].first_calls_s = common.clock() - t0
         for _ in range(3):
             impls["fg_eager"].step()

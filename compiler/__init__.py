@@ -66,7 +66,7 @@ from .capture import capture as _capture_graph
 from .capture import walk as _walk
 from .ir import format_graph, verify
 from .logs import set_logs
-from .program import Program
+from .program import BackgroundBuild, Program, _saved_arrays, scratch_leaf
 from .program import wait_for_compiles as _wait_for_compiles
 from .settings import Config, config
 from .tape import Binding, Unbindable, leaf_key, tape_key
@@ -187,7 +187,7 @@ def run(
             arrays, leaves, release = bound
             lk = leaf_key(leaves)
             slot = entry.programs.get((lk, region.mode, config.program_key()))
-            if slot is not None:
+            if slot is not None and slot[0].pending is None:  # (compiling: the walk path)
                 program, sizes = slot
                 counters.cache_hits += 1
                 counters.tape_hits += 1
@@ -211,6 +211,10 @@ def run(
             )
         if fast is not None and not w.has_hooks:
             _remember_tape(fast, w, region, program)
+        if _compiling_in_background(region, program, w, grads):
+            # the eager engine runs this backward meanwhile (same results, no fallback)
+            counters.uncompiled_runs += 1
+            return run_backward(outputs, grads, retain_graph, create_graph, inputs, accumulate)
         counters.compiled_runs += 1
         if w.has_hooks:  # (user code runs inside: it may queue callbacks, as in eager)
             with graph_task(retain_graph, create_graph, accumulate, inputs):
@@ -348,6 +352,50 @@ def _program_for(
     else:
         captured.keep(pkey, program)
     return program
+
+
+def _compiling_in_background(region: Region, program: Program, w: Any, grads: Any) -> bool:
+    """Whether ``program``'s first run for these sizes is (still) being compiled on another
+    thread (``config.background_compile``): started here for a program not run yet, when it
+    calls no user hook (the thread's run must not) and runs on the CPU."""
+    job = program.pending
+    if job is not None:
+        if not job.done.is_set():
+            return True
+        program.pending = None
+        if job.error is not None:  # (this call's run compiles what the thread did not)
+            logs.log("perf", f"compiled backward: background compile failed ({job.error!r})")
+        else:
+            logs.log(
+                "perf", f"compiled backward: compiled in the background in {job.seconds:.2f} s"
+            )
+        return False
+    if (
+        not config.background_compile
+        or region.mode == "debug"
+        or w.has_hooks
+        or program.device != "cpu"
+        or _trace.enabled
+        or _debug.report is not None
+        or not program.instance(w.sizes).variant.first_run
+    ):
+        return False
+    try:
+        saved = _saved_arrays(w, program.unpacked)
+    except Exception:  # noqa: BLE001 - (the eager run raises it, as eager does)
+        return False
+    roots = [Tensor._make(np.array(g._data, copy=True)) for g in grads]
+    leaves = [scratch_leaf(t) for t in w.leaves]
+    sizes = w.sizes
+
+    def work() -> Program:
+        program.prepare(saved, leaves, roots, sizes)
+        return program
+
+    what = f"the backward of a {len(w.nodes)}-node graph in the background (run eagerly meanwhile)"
+    program.pending = BackgroundBuild(work, None, what)
+    counters.background_compiles += 1
+    return True
 
 
 def _capture(

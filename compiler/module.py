@@ -71,7 +71,7 @@ from .capture import capture as _capture_graph
 from .capture import walk as _walk
 from .ir import Graph, Value, verify
 from .passes.buffers import VIEW_OPS
-from .program import BackgroundBuild, Program
+from .program import BackgroundBuild, Program, built_and_prepared
 from .settings import config
 from .step import Recorder, Step, StepBreak, Watch
 
@@ -479,10 +479,8 @@ class AOTEntry:
                 what = "a compiled module's backward in the background (run uncompiled meanwhile)"
                 scratch = [np.array(a, copy=True) for a in arrays]
                 job = BackgroundBuild(
-                    lambda: self.build_backward(graph),
+                    lambda: built_and_prepared(lambda: self.build_backward(graph), scratch, []),
                     Program(graph, mode="debug", sizes_per_program=1),
-                    scratch,
-                    [],
                     what,
                 )
                 self.backward_jobs[present] = job

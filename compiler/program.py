@@ -241,6 +241,8 @@ class Program:
         self._variants: dict[frozenset[int], Variant] = {}
         self._instances: dict[tuple, Instance] = {}
         self._lock = threading.RLock()
+        # compiled autograd's background build of this program's first run (``compiler.run``)
+        self.pending: BackgroundBuild | None = None
         # per-call work precomputed once: where inputs come from, fixed arrays
         self._inputs = [
             (v, v.attr("kind") == "root", v.attr("index")) for v in graph.values if v.op == "input"
@@ -380,18 +382,25 @@ class Program:
         finally:
             grad_mode._state.enabled = prev_mode
 
-    def prepare(self, arrays: list, leaves: list) -> float:
-        """Compile (or load) what the capture's variant calls, by running it once on ``arrays``
-        (a whole step's inputs, as ``run_step`` takes them) with scratch ``leaves`` and no
-        effects: nothing outside the run's own buffers is written (``step``'s background
-        compile, on a thread of its own).  Returns the seconds it took."""
-        inst = self.instance(self.graph.hints)
+    def prepare(
+        self,
+        arrays: list,
+        leaves: list,
+        grad_roots: Sequence[Tensor] = (),
+        sizes: tuple | None = None,
+    ) -> float:
+        """Compile (or load) what the variant for ``sizes`` (default: the capture's) calls, by
+        running it once on ``arrays`` (a whole step's inputs, as ``run_step`` takes them, or a
+        backward's saved arrays with its ``grad_roots``) with scratch ``leaves`` and no effects:
+        nothing outside the run's own buffers is written, no hook is called (``BackgroundBuild``,
+        on a thread of its own).  Returns the seconds it took."""
+        inst = self.instance(self.graph.hints if sizes is None else sizes)
         variant = inst.variant
         prev_mode = grad_mode._state.enabled
         grad_mode._state.enabled = False
         start = time.perf_counter()
         try:
-            self._run(inst, None, arrays, leaves, (), None, dry=True)
+            self._run(inst, None, arrays, leaves, grad_roots, None, dry=True)
         finally:
             grad_mode._state.enabled = prev_mode
         variant.compile_seconds = time.perf_counter() - start
@@ -632,20 +641,14 @@ def scratch_leaf(leaf: Tensor) -> Tensor:
 
 
 class BackgroundBuild:
-    """A program built (``build``) and run once on scratch data (``Program.prepare``: numba
-    compiles or loads its kernels), on a daemon thread of its own, while the calls that need it
-    run ``uncompiled`` instead (``step.Step.program``, ``module.AOTEntry.backward``).  The
-    thread may read arrays the uncompiled calls update meanwhile (parameters): the values it
-    computes are thrown away, only the compiled code is kept."""
+    """A program built and run once on scratch data (``work``: build, then ``Program.prepare``:
+    numba compiles or loads its kernels), on a daemon thread of its own, while the calls that
+    need it run ``uncompiled`` instead (``step.Step.program``, ``module.AOTEntry.backward``,
+    and compiled autograd's ``run``, where the eager engine is the uncompiled run).  The thread
+    may read arrays the uncompiled calls update meanwhile (parameters): the values it computes
+    are thrown away, only the compiled code is kept."""
 
-    def __init__(
-        self,
-        build: Callable[[], Program],
-        uncompiled: Program,
-        arrays: list,
-        leaves: list,
-        what: str,
-    ) -> None:
+    def __init__(self, work: Callable[[], Program], uncompiled: Any, what: str) -> None:
         self.program: Program | None = None
         self.uncompiled = uncompiled
         self.error: BaseException | None = None
@@ -654,22 +657,18 @@ class BackgroundBuild:
         with _jobs_lock:
             _jobs.add(self)
         thread = threading.Thread(
-            target=self._work,
-            args=(build, arrays, leaves, what),
-            name="fusegrad-compile",
-            daemon=True,
+            target=self._work, args=(work, what), name="fusegrad-compile", daemon=True
         )
         thread.start()
 
-    def _work(self, build: Callable[[], Program], arrays: list, leaves: list, what: str) -> None:
+    def _work(self, work: Callable[[], Program], what: str) -> None:
         from . import _CompileNotice  # (the package imports this module: a cycle)
 
         notice = _CompileNotice()
         notice.start(0, what)
         start = time.perf_counter()
         try:
-            self.program = build()
-            self.program.prepare(arrays, leaves)
+            self.program = work()
         except BaseException as e:  # (reported by the call that picks the program up)
             self.error = e
         finally:
@@ -678,6 +677,13 @@ class BackgroundBuild:
             self.done.set()
             with _jobs_lock:
                 _jobs.discard(self)
+
+
+def built_and_prepared(build: Callable[[], Program], arrays: list, leaves: list) -> Program:
+    """``build()``, run once by ``Program.prepare`` (a ``BackgroundBuild``'s work)."""
+    program = build()
+    program.prepare(arrays, leaves)
+    return program
 
 
 # the background compiles still running (``wait_for_compiles``)

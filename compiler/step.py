@@ -71,7 +71,7 @@ from .capture import Fallback, _grad_state
 from .capture import capture as _capture_graph
 from .capture import walk as _walk
 from .ir import Graph, Value, format_graph, verify
-from .program import BackgroundBuild, Program, scratch_leaf
+from .program import BackgroundBuild, Program, built_and_prepared, scratch_leaf
 from .settings import config
 
 _SCALARS = (int, float, bool, str, type(None), complex)
@@ -964,11 +964,12 @@ class Step:
                 a if kind == "ext" else np.array(a, copy=True)
                 for a, (kind, *_) in zip(arrays, self.sources)
             ]
+            leaf_stand_ins = [scratch_leaf(t) for t in leaves]
             self.jobs[grad_key] = BackgroundBuild(
-                lambda: self.build(grad_key, mode),
+                lambda: built_and_prepared(
+                    lambda: self.build(grad_key, mode), scratch, leaf_stand_ins
+                ),
                 uncompiled,
-                scratch,
-                [scratch_leaf(t) for t in leaves],
                 what,
             )
             counters.background_compiles += 1

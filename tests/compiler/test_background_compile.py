@@ -235,10 +235,54 @@ def test_compiled_module_forward_and_outside_backward(background: Any) -> None:
     compiler.reset()
     background.clear()
     got_model, got, uncompiled = train(True, background)
-    # call 1 records the forward (its outputs keep eager's graph: an eager backward); calls
-    # 2-5 start the two builds and run the forward and the backward uncompiled; 6-8 compiled
-    assert uncompiled == [0, 2, 2, 2, 2, 0, 0, 0], uncompiled
-    assert compiler.counters.background_compiles == 2
+    # call 1 records the forward (its backward: compiled autograd's, whose program compiles
+    # on a thread while the engine runs it); calls 2-5 start the module's two builds and run
+    # the forward and the backward uncompiled; 6-8 compiled
+    assert uncompiled == [1, 2, 2, 2, 2, 0, 0, 0], uncompiled
+    assert compiler.counters.background_compiles == 3
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     for p, q in zip(got_model.parameters(), want_model.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_compiled_autograd_runs_eagerly_while_its_program_compiles(background: Any) -> None:
+    """A backward in ``compiled_autograd()`` whose program has not run yet: the program is
+    compiled on a thread and the eager engine runs this backward (and the next ones, until
+    the thread is done); then the program runs them, with eager's gradients throughout."""
+    background.clear()
+    rng = np.random.default_rng(7)
+    w = fg.tensor(rng.standard_normal((6, 4)), requires_grad=True)
+    grads, kinds = [], []
+    with compiler.compiled_autograd():
+        for i in range(5):
+            if i == 3:
+                background.set()
+                assert compiler.wait_for_compiles(60)
+            x = fg.tensor(rng.standard_normal((3, 6)))
+            before = (compiler.counters.uncompiled_runs, compiler.counters.compiled_runs)
+            w.grad = None
+            (x @ w).tanh().square().sum().backward()
+            after = (compiler.counters.uncompiled_runs, compiler.counters.compiled_runs)
+            kinds.append("eager" if after[0] > before[0] else "compiled")
+            want = (
+                (1 - np.tanh(x.numpy() @ w.detach().numpy()) ** 2)
+                * 2
+                * np.tanh(x.numpy() @ w.detach().numpy())
+            )
+            grads.append((w.grad.numpy().copy(), x.numpy().T @ want))
+    assert kinds == ["eager", "eager", "eager", "compiled", "compiled"]
+    assert compiler.counters.background_compiles == 1 and not compiler.counters.fallbacks
+    for got, want in grads:
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_compiled_autograd_with_hooks_compiles_at_once(background: Any) -> None:
+    """A backward that calls user hooks is not run a second time on the thread (the hooks
+    would run there): its program compiles on the calling thread, as without the setting."""
+    w = fg.tensor([1.0, 2.0, 3.0], dtype=fg.float64, requires_grad=True)
+    seen: list = []
+    w.register_hook(lambda g: seen.append(g.numpy().copy()))
+    with compiler.compiled_autograd():
+        (w * w).sum().backward()
+    assert compiler.counters.background_compiles == 0 and compiler.counters.compiled_runs == 1
+    np.testing.assert_allclose(seen[0], [2.0, 4.0, 6.0])
