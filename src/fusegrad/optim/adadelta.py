@@ -21,7 +21,7 @@ from .. import dtypes as _dt
 from ..autograd.grad_mode import no_grad
 from ..ops.creation import zeros, zeros_like
 from .adam import _option
-from .optimizer import Optimizer, OptimizerError, check_differentiable
+from .optimizer import Optimizer, OptimizerError, check_differentiable, check_options
 
 
 class Adadelta(Optimizer):
@@ -44,10 +44,7 @@ class Adadelta(Optimizer):
             raise OptimizerError(f"Invalid learning rate: {lr}")
         if not 0.0 <= rho <= 1.0:
             raise OptimizerError(f"Invalid rho value: {rho}")
-        if not 0.0 <= eps:
-            raise OptimizerError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= weight_decay:
-            raise OptimizerError(f"Invalid weight_decay value: {weight_decay}")
+        check_options(eps=eps, weight_decay=weight_decay)
         check_differentiable(self, differentiable)
         defaults = {
             "lr": lr,

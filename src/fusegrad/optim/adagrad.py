@@ -22,7 +22,7 @@ from .. import dtypes as _dt
 from ..autograd.grad_mode import no_grad
 from ..ops.creation import full_like, zeros
 from .adam import _option, _scalar
-from .optimizer import Optimizer, OptimizerError, check_differentiable, missing_state
+from .optimizer import Optimizer, OptimizerError, check_differentiable, check_options, missing_state
 
 
 class Adagrad(Optimizer):
@@ -42,12 +42,7 @@ class Adagrad(Optimizer):
         differentiable: bool = False,
         fused: bool | None = None,
     ) -> None:
-        if not 0.0 <= lr:
-            raise OptimizerError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= lr_decay:
-            raise OptimizerError(f"Invalid lr_decay value: {lr_decay}")
-        if not 0.0 <= weight_decay:
-            raise OptimizerError(f"Invalid weight_decay value: {weight_decay}")
+        check_options(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay)
         if not 0.0 <= initial_accumulator_value:
             raise OptimizerError(
                 f"Invalid initial_accumulator_value value: {initial_accumulator_value}"

@@ -23,7 +23,7 @@ from ..autograd.grad_mode import no_grad
 from ..ops.creation import zeros, zeros_like
 from ..ops.generated import maximum
 from ..storage import to_host
-from .optimizer import Optimizer, OptimizerError, hyper
+from .optimizer import Optimizer, check_options, hyper
 
 
 class Adam(Optimizer):
@@ -45,16 +45,7 @@ class Adam(Optimizer):
         fused: bool | None = None,
         decoupled_weight_decay: bool = False,
     ) -> None:
-        if not 0.0 <= lr:
-            raise OptimizerError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise OptimizerError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise OptimizerError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise OptimizerError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise OptimizerError(f"Invalid weight_decay value: {weight_decay}")
+        check_options(lr=lr, eps=eps, betas=betas, weight_decay=weight_decay)
         if differentiable:
             raise NotImplementedError(
                 f"{type(self).__name__}: differentiable=True is not supported"

@@ -21,7 +21,7 @@ from .. import dtypes as _dt
 from ..autograd.grad_mode import no_grad
 from ..ops.creation import ones, tensor, zeros, zeros_like
 from .adam import _count
-from .optimizer import Optimizer, OptimizerError, check_differentiable
+from .optimizer import Optimizer, check_differentiable, check_options
 
 
 class ASGD(Optimizer):
@@ -38,10 +38,7 @@ class ASGD(Optimizer):
         differentiable: bool = False,
         capturable: bool = False,
     ) -> None:
-        if not 0.0 <= lr:
-            raise OptimizerError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= weight_decay:
-            raise OptimizerError(f"Invalid weight_decay value: {weight_decay}")
+        check_options(lr=lr, weight_decay=weight_decay)
         check_differentiable(self, differentiable)
         defaults = {
             "lr": lr,

@@ -27,7 +27,7 @@ from .. import dtypes as _dt
 from ..autograd.grad_mode import no_grad
 from ..ops.creation import ones, zeros, zeros_like
 from .adam import _count, _option, _scalar
-from .optimizer import Optimizer, OptimizerError, check_differentiable, hyper
+from .optimizer import Optimizer, check_differentiable, check_options, hyper
 
 
 class NAdam(Optimizer):
@@ -48,18 +48,9 @@ class NAdam(Optimizer):
         capturable: bool = False,
         differentiable: bool = False,
     ) -> None:
-        if not 0.0 <= lr:
-            raise OptimizerError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise OptimizerError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise OptimizerError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise OptimizerError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise OptimizerError(f"Invalid weight_decay value: {weight_decay}")
-        if not 0.0 <= momentum_decay:
-            raise OptimizerError(f"Invalid momentum_decay value: {momentum_decay}")
+        check_options(
+            lr=lr, eps=eps, betas=betas, weight_decay=weight_decay, momentum_decay=momentum_decay
+        )
         check_differentiable(self, differentiable)
         defaults = {
             "lr": lr,

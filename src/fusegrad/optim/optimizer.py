@@ -267,6 +267,21 @@ class Optimizer:
         return "\n".join(lines)
 
 
+def check_options(**options: Any) -> None:
+    """PyTorch's constructor checks of the options given, in their order: each must be ≥ 0 (a
+    NaN fails too) and each of ``betas`` in [0, 1), with PyTorch's messages ("Invalid learning
+    rate: -1", "Invalid epsilon value: ...", "Invalid beta parameter at index 1: ...",
+    "Invalid <name> value: ...")."""
+    for name, value in options.items():
+        if name == "betas":
+            for index, beta in enumerate(value):
+                if not 0.0 <= beta < 1.0:
+                    raise OptimizerError(f"Invalid beta parameter at index {index}: {beta}")
+        elif not 0.0 <= value:
+            what = {"lr": "learning rate", "eps": "epsilon value"}.get(name, f"{name} value")
+            raise OptimizerError(f"Invalid {what}: {value}")
+
+
 def check_differentiable(optimizer: Optimizer, differentiable: bool) -> None:
     """``differentiable=True`` (an update autograd records, to differentiate through the step)
     is accepted only as False: fusegrad's updates are in place under ``no_grad``."""

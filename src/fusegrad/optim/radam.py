@@ -19,7 +19,7 @@ from .. import dtypes as _dt
 from ..autograd.grad_mode import no_grad
 from ..ops.creation import zeros, zeros_like
 from .adam import _count
-from .optimizer import Optimizer, OptimizerError, check_differentiable
+from .optimizer import Optimizer, check_differentiable, check_options
 
 
 class RAdam(Optimizer):
@@ -37,16 +37,7 @@ class RAdam(Optimizer):
         capturable: bool = False,
         differentiable: bool = False,
     ) -> None:
-        if not 0.0 <= lr:
-            raise OptimizerError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise OptimizerError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise OptimizerError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise OptimizerError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise OptimizerError(f"Invalid weight_decay value: {weight_decay}")
+        check_options(lr=lr, eps=eps, betas=betas, weight_decay=weight_decay)
         check_differentiable(self, differentiable)
         defaults = {
             "lr": lr,

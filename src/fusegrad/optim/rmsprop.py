@@ -24,7 +24,7 @@ from .. import dtypes as _dt
 from ..autograd.grad_mode import no_grad
 from ..ops.creation import zeros, zeros_like
 from .adam import _option
-from .optimizer import Optimizer, OptimizerError, check_differentiable, missing_state
+from .optimizer import Optimizer, check_differentiable, check_options, missing_state
 
 
 class RMSprop(Optimizer):
@@ -44,16 +44,7 @@ class RMSprop(Optimizer):
         maximize: bool = False,
         differentiable: bool = False,
     ) -> None:
-        if not 0.0 <= lr:
-            raise OptimizerError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise OptimizerError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= momentum:
-            raise OptimizerError(f"Invalid momentum value: {momentum}")
-        if not 0.0 <= weight_decay:
-            raise OptimizerError(f"Invalid weight_decay value: {weight_decay}")
-        if not 0.0 <= alpha:
-            raise OptimizerError(f"Invalid alpha value: {alpha}")
+        check_options(lr=lr, eps=eps, momentum=momentum, weight_decay=weight_decay, alpha=alpha)
         check_differentiable(self, differentiable)
         defaults = {
             "lr": lr,
