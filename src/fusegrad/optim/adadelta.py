@@ -62,28 +62,23 @@ class Adadelta(Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every parameter that has a gradient; returns the closure's loss."""
         loss = self._evaluate_closure(closure)
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = -p.grad if group["maximize"] else p.grad
-                state = self.state[p]
-                if not state:
-                    state["step"] = zeros((), dtype=_dt.float32)
-                    state["square_avg"] = zeros_like(p)
-                    state["acc_delta"] = zeros_like(p)
-                square_avg, acc_delta = state["square_avg"], state["acc_delta"]
-                state["step"].add_(1)
-                if group["weight_decay"] != 0:
-                    g = g.add(p, alpha=_option(_weight_decay, group))
-                rho = _option(_rho, group)
-                one_minus_rho = _option(_one_minus_rho, group)
-                eps = _option(_eps, group)
-                square_avg.mul_(rho).addcmul_(g, g, value=one_minus_rho)
-                std = square_avg.add(eps).sqrt_()
-                delta = acc_delta.add(eps).sqrt_().div_(std).mul_(g)
-                acc_delta.mul_(rho).addcmul_(delta, delta, value=one_minus_rho)
-                p.add_(delta, alpha=_option(_neg_lr, group))
+        for group, p, g, state in self.gradients():
+            if not state:
+                state["step"] = zeros((), dtype=_dt.float32)
+                state["square_avg"] = zeros_like(p)
+                state["acc_delta"] = zeros_like(p)
+            square_avg, acc_delta = state["square_avg"], state["acc_delta"]
+            state["step"].add_(1)
+            if group["weight_decay"] != 0:
+                g = g.add(p, alpha=_option(_weight_decay, group))
+            rho = _option(_rho, group)
+            one_minus_rho = _option(_one_minus_rho, group)
+            eps = _option(_eps, group)
+            square_avg.mul_(rho).addcmul_(g, g, value=one_minus_rho)
+            std = square_avg.add(eps).sqrt_()
+            delta = acc_delta.add(eps).sqrt_().div_(std).mul_(g)
+            acc_delta.mul_(rho).addcmul_(delta, delta, value=one_minus_rho)
+            p.add_(delta, alpha=_option(_neg_lr, group))
         return loss
 
 

@@ -58,27 +58,20 @@ class Adamax(Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every parameter that has a gradient; returns the closure's loss."""
         loss = self._evaluate_closure(closure)
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = -p.grad if group["maximize"] else p.grad
-                state = self.state[p]
-                if not state:
-                    state["step"] = zeros((), dtype=_dt.float32)
-                    state["exp_avg"] = zeros_like(p)
-                    state["exp_inf"] = zeros_like(p)
-                step_t, exp_avg, exp_inf = state["step"], state["exp_avg"], state["exp_inf"]
-                step_t.add_(1)
-                if group["weight_decay"] != 0:
-                    g = g.add(p, alpha=_option(_weight_decay, group))
-                exp_avg.lerp_(g, _option(_one_minus_beta1, group))
-                exp_inf.copy_(
-                    maximum(
-                        exp_inf.mul_(_option(_beta2, group)), g.abs().add_(_option(_eps, group))
-                    )
-                )
-                p.addcdiv_(exp_avg, exp_inf, value=_scalar(_neg_step_size, group, step_t))
+        for group, p, g, state in self.gradients():
+            if not state:
+                state["step"] = zeros((), dtype=_dt.float32)
+                state["exp_avg"] = zeros_like(p)
+                state["exp_inf"] = zeros_like(p)
+            step_t, exp_avg, exp_inf = state["step"], state["exp_avg"], state["exp_inf"]
+            step_t.add_(1)
+            if group["weight_decay"] != 0:
+                g = g.add(p, alpha=_option(_weight_decay, group))
+            exp_avg.lerp_(g, _option(_one_minus_beta1, group))
+            exp_inf.copy_(
+                maximum(exp_inf.mul_(_option(_beta2, group)), g.abs().add_(_option(_eps, group)))
+            )
+            p.addcdiv_(exp_avg, exp_inf, value=_scalar(_neg_step_size, group, step_t))
         return loss
 
 

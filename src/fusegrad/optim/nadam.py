@@ -70,39 +70,32 @@ class NAdam(Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One update of every parameter that has a gradient; returns the closure's loss."""
         loss = self._evaluate_closure(closure)
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = -p.grad if group["maximize"] else p.grad
-                state = self.state[p]
-                if not state:
-                    state["step"] = zeros((), dtype=_dt.float32)
-                    state["mu_product"] = ones((), dtype=_dt.float32)
-                    state["exp_avg"] = zeros_like(p)
-                    state["exp_avg_sq"] = zeros_like(p)
-                step_t, mu_product = state["step"], state["mu_product"]
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                step_t.add_(1)
-                if group["weight_decay"] != 0:
-                    if group["decoupled_weight_decay"]:
-                        p.mul_(_option(_decay, group))
-                    else:
-                        g = g.add(p, alpha=_option(_weight_decay, group))
-                mu_product.mul_(_scalar(_mu, group, step_t))
-                exp_avg.lerp_(g, _option(_one_minus_beta1, group))
-                exp_avg_sq.mul_(_option(_beta2, group)).addcmul_(
-                    g, g, value=_option(_one_minus_beta2, group)
-                )
-                denom = (
-                    exp_avg_sq.div(_scalar(_bias_correction2, group, step_t))
-                    .sqrt()
-                    .add_(_option(_eps, group))
-                )
-                p.addcdiv_(g, denom, value=_product_scalar(_grad_coef, group, step_t, mu_product))
-                p.addcdiv_(
-                    exp_avg, denom, value=_product_scalar(_avg_coef, group, step_t, mu_product)
-                )
+        for group, p, g, state in self.gradients():
+            if not state:
+                state["step"] = zeros((), dtype=_dt.float32)
+                state["mu_product"] = ones((), dtype=_dt.float32)
+                state["exp_avg"] = zeros_like(p)
+                state["exp_avg_sq"] = zeros_like(p)
+            step_t, mu_product = state["step"], state["mu_product"]
+            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+            step_t.add_(1)
+            if group["weight_decay"] != 0:
+                if group["decoupled_weight_decay"]:
+                    p.mul_(_option(_decay, group))
+                else:
+                    g = g.add(p, alpha=_option(_weight_decay, group))
+            mu_product.mul_(_scalar(_mu, group, step_t))
+            exp_avg.lerp_(g, _option(_one_minus_beta1, group))
+            exp_avg_sq.mul_(_option(_beta2, group)).addcmul_(
+                g, g, value=_option(_one_minus_beta2, group)
+            )
+            denom = (
+                exp_avg_sq.div(_scalar(_bias_correction2, group, step_t))
+                .sqrt()
+                .add_(_option(_eps, group))
+            )
+            p.addcdiv_(g, denom, value=_product_scalar(_grad_coef, group, step_t, mu_product))
+            p.addcdiv_(exp_avg, denom, value=_product_scalar(_avg_coef, group, step_t, mu_product))
         return loss
 
 

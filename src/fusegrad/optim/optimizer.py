@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -186,6 +186,16 @@ class Optimizer:
             return None
         with enable_grad():
             return closure()
+
+    def gradients(self) -> Iterator[tuple[dict[str, Any], Tensor, Tensor, dict[str, Any]]]:
+        """``(group, p, g, state)`` for every parameter with a gradient, group by group: ``g``
+        is ``p.grad``, negated when the group maximizes; ``state`` is ``self.state[p]`` (empty
+        before the first update).  The loop of the elementwise optimizers' ``step``."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                yield group, p, (-p.grad if group["maximize"] else p.grad), self.state[p]
 
     # -- serialisation -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
