@@ -86,8 +86,12 @@ def test_op_table_on_cuda_matches_cpu(dtype: str) -> None:
             if not np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True) or g.dtype != w.dtype:
                 failures.append(f"{entry.name}: output {k} differs")
         for k, (g, w) in enumerate(zip(got_grads, want_grads)):
+            # a gradient summed from many products (attention's projection weights) has
+            # float32 rounding of the size of its largest entries, also where an entry is
+            # near 0: the absolute tolerance scales with the gradient's magnitude
+            scaled = atol if w is None or not w.size else atol * max(1.0, float(np.abs(w).max()))
             if (g is None) != (w is None) or (
-                g is not None and not np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+                g is not None and not np.allclose(g, w, rtol=rtol, atol=scaled, equal_nan=True)
             ):
                 failures.append(f"{entry.name}: gradient {k} differs")
     assert not failures, "\n".join(failures)
