@@ -420,9 +420,15 @@ def _device_of(w: Any, grads: Sequence[Tensor]) -> str | None:
     """ "cpu" or "cuda" for the arrays a backward reads, None when it mixes them.  Decided at
     program build: the key holds every array's type, so every later call agrees."""
     arrays = [g._data for g in grads] + [leaf._data for leaf in w.leaves]
-    arrays += [s._data if s._tensor is None else s._tensor._data for _, s in w.saved]
-    # 0-d host arrays (saved Python scalars) go with any device, as in eager mode
-    kinds = {"cpu" if type(a) is np.ndarray else "cuda" for a in arrays if a.ndim}
+    # 0-d host arrays (saved Python scalars) go with any device, as in eager mode; a tensor
+    # packed by saved-tensor hooks counts with the shape and array type it had
+    kinds = set()
+    for _, s in w.saved:
+        if s._unpack_hook is None:
+            arrays.append(s._data if s._tensor is None else s._tensor._data)
+        elif s._meta[0]:
+            kinds.add("cpu" if s._meta[2] is np.ndarray else "cuda")
+    kinds.update("cpu" if type(a) is np.ndarray else "cuda" for a in arrays if a.ndim)
     if len(kinds) > 1:
         return None
     return kinds.pop() if kinds else "cpu"

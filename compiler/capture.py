@@ -18,7 +18,8 @@ Two steps, both over the live eager graph:
    a rule comes to ``Capture.apply`` and is recorded as an IR value.  Saved tensors become
    ``input`` values (their versions are checked exactly as in eager mode), ``.grad`` writes
    become effects, user hooks opaque steps at their eager positions, and tensors that rules
-   create from nothing (index ranges) become constants.  Nothing is patched: another thread's
+   create from nothing (index ranges) become constants.  A tensor packed by saved-tensor hooks
+   becomes an ``unpack_saved`` step, which calls the unpack hook where eager mode would.  Nothing is patched: another thread's
    backward, eager or compiled, never sees this capture.
 
 A capture is *symbolic* first: sizes are ``symbolic.SymInt``s (in the symbolic tensors' shapes,
@@ -237,13 +238,19 @@ def walk(
                 saved = ()
             smeta = []
             for s in saved:
-                if s._counter is None or s._unpack_hook is not None:
-                    out.fallback = (
-                        f"{n.name()} has freed its saved tensors"
-                        if s._counter is None
-                        else f"{n.name()} has saved-tensor hooks (user code on unpack)"
-                    )
+                if s._counter is None:
+                    out.fallback = f"{n.name()} has freed its saved tensors"
                     return out
+                if s._unpack_hook is not None:
+                    # packed by saved-tensor hooks: the unpack hook is an opaque step of the
+                    # program (user code, so effects keep their eager order); the program is
+                    # built for the shape and dtype the packed tensor had
+                    out.has_hooks = True
+                    mshape, mdtype, mtype = s._meta
+                    smeta.append((shape(mshape), mdtype, mtype, "unpack"))
+                    out.saved_alias.append(len(saved_out))
+                    saved_out.append((n, s))
+                    continue
                 t = s._tensor
                 data = s._data if t is None else t._data
                 # which saved arrays are the same array is structure too: one program input
@@ -504,11 +511,23 @@ class Capture(_engine.Executor, Tracer):
         return _engine.check_results(node, rule.fn(view, grads[0], *values))
 
     def unpack(self, saved: Any, node: Any) -> SymbolicTensor:
-        saved.unpack(node)  # the real unpack, for its version check (and error) only
         w = self.w
         k = self.saved_index.get(id(saved))
         if k is None:
             raise Fallback(f"{node.name()} unpacked a tensor the walk did not see")
+        if saved._unpack_hook is not None:
+            # the user's unpack hook runs when the program gets here, not now
+            mshape, mdtype, _ = saved._meta
+            value = self.graph.add(
+                "unpack_saved",
+                (),
+                {"saved": k, "seq": next(self.seq)},
+                self.exprs(mshape),
+                mdtype,
+                origin=self.current,
+            )
+            return self.symbolic(value)
+        saved.unpack(node)  # the real unpack, for its version check (and error) only
         self.unpacked.add(k)
         remat = w.remat.get(k)
         if remat is not None:  # recompute from the leaf the program reads anyway

@@ -11,8 +11,9 @@ of the IR's own ops:
 ``constant``   a tensor created inside a derivative rule (``zeros_like(g)``, index ranges):
                ``attrs["index"]`` points into ``Graph.constants``;
 ``scalar``     a Python number inside a rule (``1.0 - out * out``), ``attrs["value"]``;
-``hook``, ``hook_output``, ``store_grad``: user hooks as opaque steps and ``.grad`` writes at
-               their eager positions (only in graphs whose backward runs user hooks).
+``hook``, ``hook_output``, ``store_grad``, ``unpack_saved``: user hooks (tensor, node and
+               saved-tensor unpack hooks) as opaque steps and ``.grad`` writes at their eager
+               positions (only in graphs whose backward runs user hooks).
 
 The graph's *effects* say what the program does with its results: ``("grad", leaf, value)``
 accumulates into leaf ``leaf``'s ``.grad`` (in place when it exists, keeping its identity),
@@ -47,8 +48,10 @@ IR_OPS = ("input", "constant", "scalar")
 # side-effecting steps, present only when user hooks run during the backward (they keep eager
 # order): ``hook`` calls a user hook (inputs: the tensors it is given; ``attrs["site"]`` says
 # which), ``hook_output`` is what it returned for one slot (or the slot's old value when it
-# returned None), ``store_grad`` performs one ``.grad`` write at its eager position
-EFFECT_OPS = ("hook", "store_grad")
+# returned None), ``store_grad`` performs one ``.grad`` write at its eager position,
+# ``unpack_saved`` calls the unpack hook of saved tensor ``attrs["saved"]`` (packed by
+# saved-tensor hooks) and is the tensor it returns
+EFFECT_OPS = ("hook", "store_grad", "unpack_saved")
 IR_OWN_OPS = IR_OPS + EFFECT_OPS + ("hook_output",)
 
 

@@ -594,7 +594,29 @@ def _store(v: Value, env: dict, w: Walk, inputs: Any) -> None:
     return None
 
 
-_SPECIAL = {"hook": _run_hook, "hook_output": _hook_output, "store_grad": _store}
+def _unpack_saved(v: Value, env: dict, w: Walk, inputs: Any) -> np.ndarray:
+    """A tensor packed by saved-tensor hooks: its unpack hook runs here, at its eager position
+    (``SavedTensor.unpack``: the freed check, the hook, the type check).  The program was built
+    for the shape and dtype the packed tensor had: anything else is refused, never computed on."""
+    node, saved = w.saved[v.attr("saved")]
+    t = saved.unpack(node)
+    shape, dtype, kind = saved._meta
+    if t._data.shape != shape or t._dtype is not dtype or type(t._data) is not kind:
+        raise AutogradError(
+            f"the unpack hook of a tensor saved by {node.name()} returned a "
+            f"{t._dtype.name} tensor of shape {list(t._data.shape)} ({type(t._data).__name__}); "
+            f"the tensor packed was {dtype.name} of shape {list(shape)} ({kind.__name__}), "
+            "which compiled backward was built for: run this backward eagerly"
+        )
+    return t._data
+
+
+_SPECIAL = {
+    "hook": _run_hook,
+    "hook_output": _hook_output,
+    "store_grad": _store,
+    "unpack_saved": _unpack_saved,
+}
 
 
 def _saved_arrays(w: Walk, unpacked: frozenset[int] | None) -> list:
@@ -606,7 +628,9 @@ def _saved_arrays(w: Walk, unpacked: frozenset[int] | None) -> list:
     append = arrays.append
     for k, (node, s) in enumerate(w.saved):
         counter = s._counter
-        if counter is not None and counter.value == s._version and s._unpack_hook is None:
+        if s._unpack_hook is not None:
+            append(None)  # (its ``unpack_saved`` step calls the hook where eager mode would)
+        elif counter is not None and counter.value == s._version:
             t = s._tensor
             append(s._data if t is None else t._data)
         elif unpacked is None or k in unpacked:

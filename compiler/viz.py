@@ -14,7 +14,7 @@ with ``fusegrad.viz.DotGraph``:
   reductions fused as epilogues are marked, and so are ``.grad`` effects whose ``+=`` the kernel
   does itself (the accumulation epilogue), drawn inside the kernel;
 * externs (a primitive's eager kernel, a fusion barrier) as bold boxes; user hooks and ordered
-  ``.grad`` writes (``hook``, ``hook_output``, ``store_grad``: opaque steps at their eager
+  ``.grad`` writes (``hook``, ``hook_output``, ``store_grad``, ``unpack_saved``: opaque steps at their eager
   positions) as red octagons;
 * the effects: ``.grad`` accumulation, ``backward(inputs=...)`` gradients, returned values,
   in-place writes of a whole step;
@@ -46,7 +46,7 @@ INPUT_COLOR = "lightblue"
 EFFECT_COLOR = "darkolivegreen1"
 HOOK_COLOR = "#ffc9c9"
 NOTE_COLOR = "mistyrose"
-_OPAQUE = ("hook", "hook_output", "store_grad")
+_OPAQUE = ("hook", "hook_output", "store_grad", "unpack_saved")
 
 
 def _wrap(text: str, width: int = 64) -> str:
@@ -116,6 +116,8 @@ def _value_label(v: Value, extra: str = "") -> str:
         lines.append(
             f"{kind} hook {position} of node {node}" + (f", slot {slot}" * (kind != "post_acc"))
         )
+    if v.op == "unpack_saved":
+        lines.append(f"unpack hook of saved tensor {v.attr('saved')}")
     if v.op == "store_grad":
         target = v.attr("target")
         if target[0] == "grad":

@@ -225,6 +225,10 @@ def test_determinism_check_different_number_of_saved_tensors() -> None:
     assert issubclass(CheckpointError, RuntimeError)
 
 
+@pytest.mark.compiled_differs(
+    "an unpack hook returning another dtype than was packed is refused by compiled backward, "
+    "which was built for the packed one (README)"
+)
 def test_determinism_check_different_metadata() -> None:
     runs: list = []
 

@@ -281,16 +281,12 @@ class _Square(fg.autograd.Function):
         ("create_graph", "create_graph"),
         ("anomaly", "anomaly"),
         ("function", "custom Function"),
-        ("saved_hooks", "saved-tensor hooks"),
     ],
 )
 def test_fallbacks_run_eagerly_with_one_reason(case: str, reason: str) -> None:
     def program(x: fg.Tensor) -> fg.Tensor:
         if case == "function":
             return _Square.apply(x).sum()
-        if case == "saved_hooks":
-            with fg.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
-                return (x.exp() * x).sum()
         return (x.exp() * x).sum()
 
     x_ref = fg.tensor([0.5, -1.0, 2.0], dtype=fg.float64, requires_grad=True)

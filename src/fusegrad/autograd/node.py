@@ -121,6 +121,7 @@ class SavedTensor:
         "_data",
         "_fw_tangent",  # forward AD: (level, tangent) of a saved output (set only in a level)
         "_is_output",
+        "_meta",  # packed by hooks: (shape, dtype, array type) of the tensor packed
         "_output_nr",
         "_packed",
         "_producer",
@@ -181,6 +182,7 @@ class SavedTensor:
         else:
             self._producer, self._output_nr, self._rg = None, 0, False
         version = t._version_counter.value
+        self._meta = (t._data.shape, t._dtype, type(t._data))
         with grad_mode.no_grad():
             packed = pack_hook(t)
         if t._version_counter.value != version:
@@ -223,8 +225,8 @@ class SavedTensor:
 
     @property
     def has_hooks(self) -> bool:
-        """True when unpacking runs user code (saved-tensor hooks): compiled autograd must run
-        such a graph eagerly (DESIGN.md contract 4)."""
+        """True when unpacking runs user code (saved-tensor hooks): compiled autograd calls the
+        unpack hook as an opaque step of the program, at its eager position."""
         return self._unpack_hook is not None
 
     def release(self) -> None:
