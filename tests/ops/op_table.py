@@ -932,6 +932,26 @@ add("cos", lambda m, x: m.cos(x), np.cos, unary())
 add("tan", lambda m, x: m.tan(x), np.tan, unary(lambda r, s: uni(r, s, -1.2, 1.2)))
 add("tanh", lambda m, x: m.tanh(x), np.tanh, unary())
 add("sigmoid", lambda m, x: m.sigmoid(x), sigmoid_ref, unary(lambda r, s: uni(r, s, -4, 4)))
+# inverse trigonometric and hyperbolic functions: samples inside their domains (clear of the
+# poles at +-1 and 1), their special values forward and against PyTorch, integers promoted
+_INSIDE_ONE = unary(lambda r, s: uni(r, s, -0.9, 0.9))
+add("asin", lambda m, x: m.asin(x), np.arcsin, promoted(with_special(_INSIDE_ONE), 1))
+add("acos", lambda m, x: m.acos(x), np.arccos, promoted(with_special(_INSIDE_ONE), 1))
+add("atan", lambda m, x: m.atan(x), np.arctan, promoted(with_special(unary()), 1))
+add("sinh", lambda m, x: m.sinh(x), np.sinh, promoted(with_special(unary()), 1))
+add("cosh", lambda m, x: m.cosh(x), np.cosh, promoted(with_special(unary()), 1))
+add("asinh", lambda m, x: m.asinh(x), np.arcsinh, promoted(with_special(unary()), 1))
+add(
+    "acosh",
+    lambda m, x: m.acosh(x),
+    np.arccosh,
+    promoted(with_special(unary(lambda r, s: uni(r, s, 1.1, 3.0))), 1),
+)
+add("atanh", lambda m, x: m.atanh(x), np.arctanh, promoted(with_special(_INSIDE_ONE), 1))
+add("arcsin", lambda m, x: x.arcsin(), np.arcsin, _INSIDE_ONE)
+# (PyTorch 2.13 has no derivative for its in-place asinh_/atanh_: values only against it)
+add("arcsinh_", lambda m, x: (x * 1.0).arcsinh_(), np.arcsinh, unary(), torch_grad=False)
+add("cosh_", lambda m, x: (x * 1.0).cosh_(), np.cosh, unary())
 add("erf", lambda m, x: m.erf(x), erf_ref, unary())
 add(
     "erfc",

@@ -65,6 +65,46 @@ def _tanh(node, g, out):
     return (g * (1.0 - out * out),)
 
 
+@vjp("asin", save="x")
+def _asin(node, g, x):
+    return (g * (1.0 - x * x).rsqrt(),)
+
+
+@vjp("acos", save="x")
+def _acos(node, g, x):
+    return (-(g * (1.0 - x * x).rsqrt()),)
+
+
+@vjp("atan", save="x")
+def _atan(node, g, x):
+    return (g / (x * x + 1.0),)
+
+
+@vjp("sinh", save="x")
+def _sinh(node, g, x):
+    return (g * x.cosh(),)
+
+
+@vjp("cosh", save="x")
+def _cosh(node, g, x):
+    return (g * x.sinh(),)
+
+
+@vjp("asinh", save="x")
+def _asinh(node, g, x):
+    return (g * (x * x + 1.0).rsqrt(),)
+
+
+@vjp("acosh", save="x")
+def _acosh(node, g, x):
+    return (g * (x * x - 1.0).rsqrt(),)
+
+
+@vjp("atanh", save="x")
+def _atanh(node, g, x):
+    return (g / (1.0 - x * x),)
+
+
 @vjp("sigmoid", save="out")
 def _sigmoid(node, g, out):
     return (g * (out * (1.0 - out)),)

@@ -111,6 +111,29 @@ _elementwise("log1p", "x", np.log1p, "{log1p}({0})", _libm("log1p"), **_FLOAT_OP
 _elementwise("sin", "x", np.sin, "{sin}({0})", _libm("sin"), **_FLOAT_OP)
 _elementwise("cos", "x", np.cos, "{cos}({0})", _libm("cos"), **_FLOAT_OP)
 _elementwise("tanh", "x", np.tanh, "{tanh}({0})", _libm("tanh"), **_FLOAT_OP)
+# inverse trigonometric and hyperbolic functions: primitives rather than composites (asin as
+# atan2(x, sqrt(1 - x^2)), sinh from exp, ...) because libm computes them to an ulp where the
+# composites lose accuracy near 0, near +-1 or overflow early
+for _name, _kernel in [
+    ("asin", np.arcsin),
+    ("acos", np.arccos),
+    ("atan", np.arctan),
+    ("sinh", np.sinh),
+    ("cosh", np.cosh),
+    ("asinh", np.arcsinh),
+    ("acosh", np.arccosh),
+    ("atanh", np.arctanh),
+]:
+    _aliases = () if _name in ("sinh", "cosh") else ("arc" + _name[1:],)
+    _elementwise(
+        _name,
+        "x",
+        _kernel,
+        "{" + _name + "}({0})",
+        _libm(_name, _kernel),
+        **_FLOAT_OP,
+        aliases=_aliases,
+    )
 _elementwise("sqrt", "x", np.sqrt, "{sqrt}({0})", _libm("sqrt", numpy=True), **_FLOAT_OP)
 _elementwise("reciprocal", "x", np.reciprocal, "({one} / {0})", **_FLOAT_OP)
 _elementwise("abs", "x", np.abs, "abs({0})", **_SAME_OP, aliases=("absolute",))
