@@ -4,8 +4,8 @@ names keep them out of this single-process collection.  Skipped when mpi4py or m
 missing (the ``distributed`` extra, which the ``test`` extra includes).
 
 Also here: the launcher, ``python -m fusegrad.distributed.run -n 2``, on a small script and on
-the README's example (the block after ``<!-- mpi-example -->``, which tests/test_readme.py
-cannot run in one process).
+the README's examples (the blocks after ``<!-- mpi-example -->`` and ``<!-- mpi-rpc-example
+-->``, which tests/test_readme.py cannot run in one process).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from fusegrad.distributed.run import find_mpiexec
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-TIMEOUT_S = 240  # the suites take ~20 s on two busy cores; a wait times out after 60 s
-SUITES = ["mpi_collectives.py", "mpi_ddp.py"]  # mpi_cuda.py runs apart, in the simulator
+TIMEOUT_S = 240  # the suites take ~30 s on two busy cores; a wait times out after 60 s
+SUITES = ["mpi_collectives.py", "mpi_ddp.py", "mpi_rpc.py"]  # mpi_cuda.py: in the simulator
 
 MPIEXEC = find_mpiexec()
 pytestmark = pytest.mark.skipif(
@@ -136,3 +136,25 @@ def test_readme_example_trains_on_two_processes(tmp_path: pathlib.Path) -> None:
     )
     assert [r for r, _ in ranks_and_losses] == ["0", "1"], done.stdout
     assert ranks_and_losses[0][1] == ranks_and_losses[1][1]
+
+
+def test_readme_rpc_example_trains_a_model_split_over_two_processes(tmp_path: pathlib.Path) -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    match = re.search(
+        r"^<!-- mpi-rpc-example -->\n```\n(.*?)^```$", readme, re.MULTILINE | re.DOTALL
+    )
+    assert match, "README.md: the RPC example is marked <!-- mpi-rpc-example -->"
+    script = tmp_path / "train.py"
+    script.write_text(match[1])
+    cmd = [sys.executable, "-m", "fusegrad.distributed.run", "-n", "2", str(script)]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # worker 0 prints step and loss: 30 steps, the loss going down (both workers' parameters
+    # are trained: the gradients reached worker 1's layer and its optimizer stepped)
+    losses = [
+        float(line.split()[1])
+        for line in done.stdout.splitlines()
+        if re.fullmatch(r"\d+ \S+", line)
+    ]
+    assert len(losses) == 30, done.stdout
+    assert losses[-1] < 0.6 * losses[0], losses
