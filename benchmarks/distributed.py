@@ -121,6 +121,7 @@ class Impl:
         wrap: Callable[[Any], Any] | None = None,
         context: Callable[[], Any] | None = None,
         barrier: Callable[[], Any] | None = None,
+        compiled_runs: Callable[[], int] | None = None,
     ) -> None:
         self.torch = torch
         model = _build(torch, name, quick)
@@ -136,6 +137,8 @@ class Impl:
         self.context = context
         self.barrier = barrier
         self.count = 0
+        self.compiled_runs = compiled_runs  # the compiler's counter of compiled backwards
+        self.steps = self.compiled_steps = 0  # since prepared: steps, and those run compiled
 
     def _grad_ready(self, p: Any) -> None:
         self.last_grad_at = common.clock()
@@ -149,12 +152,16 @@ class Impl:
         self.opt.zero_grad()
         loss = models.loss(self.torch, self.net, x, y)
         t1 = common.clock()
+        before = self.compiled_runs() if self.compiled_runs is not None else 0
         if self.context is not None:
             with self.context():
                 loss.backward()
         else:
             loss.backward()
         t2 = common.clock()
+        self.steps += 1
+        if self.compiled_runs is not None and self.compiled_runs() > before:
+            self.compiled_steps += 1
         self.opt.step()
         t3 = common.clock()
         phases = {"forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2}
@@ -270,14 +277,28 @@ def run_model(
                 impl.step()
             if key == "fg_compiled":
                 fc.wait_for_compiles()  # (compiled on a thread while the first calls ran eagerly)
+            impl.steps = impl.compiled_steps = 0
         return impls
+
+    def compiled_runs() -> int:
+        return int(fc.counters.compiled_runs)
+
+    compiled_share: dict[str, str] = {}
 
     # -- one process, the whole batch (rank 0; the others wait) --------------------------------
     single: dict[str, float | None] = dict.fromkeys(IMPLS)
     if rank == 0:
         impls = {
             "fg_eager": Impl(fg, name, state, data, quick=quick),
-            "fg_compiled": Impl(fg, name, state, data, quick=quick, context=fc.compiled_autograd),
+            "fg_compiled": Impl(
+                fg,
+                name,
+                state,
+                data,
+                quick=quick,
+                context=fc.compiled_autograd,
+                compiled_runs=compiled_runs,
+            ),
         }
         if torch is not None:
             impls["torch"] = Impl(torch, name, tstate, data, quick=quick)
@@ -285,6 +306,8 @@ def run_model(
             {k: i.step for k, i in prepared(impls).items()}, warmup=warmup, reps=reps
         )
         single.update({k: _step_ms(s) for k, s in stats.items()})
+        done = impls["fg_compiled"]
+        compiled_share["1 process"] = f"{done.compiled_steps}/{done.steps}"
     dist.barrier()
 
     # -- DDP on every process, 1/world of the batch each --------------------------------------
@@ -302,6 +325,7 @@ def run_model(
             wrap=fg_ddp,
             context=fc.compiled_autograd,
             barrier=dist.barrier,
+            compiled_runs=compiled_runs,
         ),
     }
     if torch is not None:
@@ -348,7 +372,14 @@ def run_model(
         else 0.0
         for k in impls
     }
-    row: dict[str, Any] = {"model": name, "global_batch": batch, "per_process_batch": share}
+    done = impls["fg_compiled"]
+    compiled_share["DDP"] = f"{done.compiled_steps}/{done.steps}"
+    row: dict[str, Any] = {
+        "model": name,
+        "global_batch": batch,
+        "per_process_batch": share,
+        "fg_compiled_backwards_run_compiled": compiled_share,
+    }
     for key in IMPLS:
         if key not in stats:
             continue
@@ -529,6 +560,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{HEADERS[k]} {row[k]['replica_max_abs_difference']:.1e}" for k in IMPLS if k in row
         )
         say(f"{row['model']}: parameters after the run, max |difference| between ranks: {diffs}")
+        shares = ", ".join(f"{k} {v}" for k, v in row["fg_compiled_backwards_run_compiled"].items())
+        say(f"{row['model']}: fg compiled bwd, backwards that ran compiled (rank 0): {shares}")
     if rank == 0:
         payload = {
             "benchmark": "distributed",

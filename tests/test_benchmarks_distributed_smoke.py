@@ -76,6 +76,12 @@ def test_json_values_are_finite_and_positive(bench_run: tuple[str, dict[str, Any
     assert [row["model"] for row in payload["rows"]] == ["MLP", "GPT"]
     for row in payload["rows"]:
         assert row["per_process_batch"] * 2 == row["global_batch"]
+        # every measured backward of "fg compiled bwd" ran compiled (no fallback), DDP's too
+        shares = row["fg_compiled_backwards_run_compiled"]
+        assert set(shares) == {"1 process", "DDP"}
+        for share in shares.values():
+            compiled, steps = map(int, share.split("/"))
+            assert compiled == steps > 0, shares
         for key in keys:
             r = row[key]
             for field in (
