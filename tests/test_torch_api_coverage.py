@@ -1,7 +1,8 @@
-"""PyTorch's public names in ``torch.nn.functional``, ``torch.nn`` and ``torch.optim`` that
-fusegrad lacks are exactly those in ``tests/missing_torch_names.txt``, each under a one-line
-reason: a gap is deliberate, and a name implemented later must leave the list (the test fails
-on stale entries too, with or without torch)."""
+"""PyTorch's public names in ``torch.nn.functional``, ``torch.nn``, ``torch.optim`` and
+``torch`` itself (its names that are not submodules) that fusegrad lacks are exactly those in
+``tests/missing_torch_names.txt``, each under a one-line reason: a gap is deliberate, and a
+name implemented later must leave the list (the test fails on stale entries too, with or
+without torch)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ MODULES = {
     "torch.nn.functional": "fusegrad.nn.functional",
     "torch.nn": "fusegrad.nn",
     "torch.optim": "fusegrad.optim",
+    "torch": "fusegrad",
 }
 
 
@@ -45,8 +47,17 @@ def _allow_list() -> dict[str, dict[str, str]]:
 def _public_names(module_name: str) -> list[str]:
     """PyTorch's public names of a module: ``__all__`` where it has one (torch.optim);
     otherwise the functions and classes it defines or re-exports from torch (not typing helpers,
-    imported modules or torch-function plumbing), and torch.nn's submodules."""
+    imported modules or torch-function plumbing), and torch.nn's submodules; for ``torch``
+    itself, every public name that is not a submodule."""
     module = importlib.import_module(module_name)
+    if module_name == "torch":
+        # every public name that is not a submodule: functions, classes, dtypes, constants
+        # (torch's __all__ leaves out many names scripts use, such as the dtypes)
+        return sorted(
+            name
+            for name in dir(module)
+            if not name.startswith("_") and not isinstance(getattr(module, name), types.ModuleType)
+        )
     if hasattr(module, "__all__"):
         return sorted(module.__all__)
     names = []

@@ -28,7 +28,7 @@ on first use through ``__getattr__`` below.  ``tests/test_imports.py`` checks al
    ``Tensor.backward``), ``autograd.function``, ``autograd.graph``, ``autograd.gradcheck``.
 10. ``nn``, ``optim``, ``utils``; ``serialization`` (``save``/``load``, which needs nn's Parameter);
     ``amp`` (``autocast``, ``GradScaler``; also ``cuda.amp``), ``backends`` and ``accelerator``
-    (stubs scripts touch).
+    (stubs scripts touch); ``runtime`` (``finfo``, constants, thread counts and flags).
 
 A method of a low class that needs a higher layer is installed on the class by that layer: the
 op surface's methods and a view's lazy ``grad_fn`` by ``ops._install_methods``,
@@ -194,6 +194,8 @@ from .ops import (  # noqa: E402
     zeros,
     zeros_like,
 )
+from .ops.composites import range  # noqa: A004,E402  (torch.range; not in ops' __all__)
+from .runtime import *  # noqa: F401,F403,E402  (constants, dtype queries, settings)
 from .size import Size
 from .tensor import Tensor
 
@@ -216,6 +218,16 @@ def numel(input: Tensor) -> int:
     return input.numel()
 
 
+# nn.functional's functions that PyTorch also has at top level with the same signature (the
+# others there, such as batch_norm or kl_div, take different arguments and are not mirrored)
+_FUNCTIONAL_AT_TOP_LEVEL = frozenset(
+    "selu celu threshold prelu rrelu hardshrink pixel_shuffle pixel_unshuffle conv1d "
+    "conv_transpose1d conv_transpose2d alpha_dropout feature_alpha_dropout pairwise_distance "
+    "cosine_similarity bilinear rms_norm adaptive_avg_pool1d adaptive_max_pool1d avg_pool1d "
+    "max_pool1d max_pool1d_with_indices channel_shuffle".split()
+)
+
+
 def __getattr__(name: str) -> Any:
     # Heavy or optional subpackages load on first use, keeping ``import fusegrad`` light.
     if name in ("nn", "optim", "utils", "viz", "distributed", "amp", "backends", "accelerator"):
@@ -225,6 +237,8 @@ def __getattr__(name: str) -> Any:
     if name in ("save", "load", "serialization"):  # (it needs nn's Parameter: on first use)
         module = importlib.import_module(".serialization", __name__)
         return module if name == "serialization" else getattr(module, name)
+    if name in _FUNCTIONAL_AT_TOP_LEVEL:  # torch.selu, torch.conv1d, ...: nn.functional's
+        return getattr(importlib.import_module(".nn.functional", __name__), name)
     if name == "bfloat16":
         raise AttributeError(
             "fusegrad.bfloat16 needs the optional ml_dtypes package (pip install ml_dtypes)"

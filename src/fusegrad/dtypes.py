@@ -35,6 +35,14 @@ class dtype:  # noqa: N801 - torch-style lowercase name
     def is_floating_point(self) -> bool:
         return self.category == 2
 
+    @property
+    def is_complex(self) -> bool:
+        return False  # fusegrad has no complex dtypes
+
+    @property
+    def is_signed(self) -> bool:
+        return self.category != 0  # (no unsigned integer dtypes)
+
     def __repr__(self) -> str:
         return f"fusegrad.{self.name}"
 

@@ -4294,5 +4294,214 @@ add(
     ),
 )
 
+
+# top-level composites (ops/composites.py) -------------------------------------------------------
+def _one(*shapes: tuple, gen: Gen = uni, noncontig: bool = False, **kw: Any) -> Callable:
+    """One sample of arrays of ``shapes`` (with keyword arguments ``kw``)."""
+    return lambda rng: [S(tuple(_arrays(gen)(rng, s) for s in shapes), kw, noncontig=noncontig)]
+
+
+def _cases(*makers: Callable) -> Callable:
+    return lambda rng: [s for make in makers for s in make(rng)]
+
+
+add("frac", lambda m, x: m.frac(x), lambda x: x - np.trunc(x), unary(nonint))
+add(
+    "fmod",
+    lambda m, a, b: m.fmod(a, b),
+    np.fmod,
+    exact_quotients,
+)
+add("deg2rad", lambda m, x: m.deg2rad(x), np.deg2rad, unary())
+add("rad2deg", lambda m, x: m.rad2deg(x), np.rad2deg, unary())
+# (at input == other == 0 PyTorch's gradient for other is 0 / 0 = nan, fusegrad's 0: the
+# "zeros" sample is compared with the reference only)
+add(
+    "xlogy",
+    lambda m, a, b: m.xlogy(a, b),
+    lambda a, b: np.where((a == 0) & ~np.isnan(b), 0.0, a * np.log(np.where(a == 0, 1.0, b))),
+    _cases(
+        binary(uni, pos, scalars=False),
+        lambda rng: [
+            S(
+                (np.array([0.0, 0.0, 2.0]), np.array([0.0, -1.0, 3.0])),
+                name="zeros",
+                grad=False,
+                torch=False,
+            )
+        ],
+    ),
+)
+add(
+    "logit",
+    lambda m, x: m.logit(x),
+    lambda x: np.log(x / (1 - x)),
+    unary(lambda r, s: uni(r, s, 0.1, 0.9)),
+)
+add(
+    "logit_eps",
+    lambda m, x: m.logit(x, eps=0.2),
+    lambda x: np.log(np.clip(x, 0.2, 0.8) / (1 - np.clip(x, 0.2, 0.8))),
+    _one(
+        (3, 4),
+        gen=lambda r, s: np.where(r.random(s) < 0.5, uni(r, s, 0.05, 0.15), uni(r, s, 0.3, 0.7)),
+    ),
+)
+add(
+    "copysign",
+    lambda m, a, b: m.copysign(a, b),
+    np.copysign,
+    binary(away, away, scalar_left=False),
+)
+add(
+    "fmax",
+    lambda m, a, b: m.fmax(a, b),
+    np.fmax,
+    _cases(
+        binary(scalars=False),
+        lambda rng: [
+            S(
+                (np.array([1.0, np.nan, np.nan]), np.array([np.nan, 2.0, np.nan])),
+                name="nan",
+                grad=False,
+            )
+        ],
+    ),
+)
+add(
+    "fmin",
+    lambda m, a, b: m.fmin(a, b),
+    np.fmin,
+    _cases(
+        binary(scalars=False),
+        lambda rng: [
+            S(
+                (np.array([1.0, np.nan, np.nan]), np.array([np.nan, 2.0, np.nan])),
+                name="nan",
+                grad=False,
+            )
+        ],
+    ),
+)
+add(
+    "float_power",
+    lambda m, a, b: m.float_power(a, b),
+    np.power,
+    binary(pos, scalars=False),
+    out_dtype="float64",
+)
+add("logaddexp2", lambda m, a, b: m.logaddexp2(a, b), np.logaddexp2, binary(scalars=False))
+add("clamp_min", lambda m, x: m.clamp_min(x, 0.3), lambda x: np.maximum(x, 0.3), unary(away))
+add("clamp_max", lambda m, x: m.clamp_max(x, 0.3), lambda x: np.minimum(x, 0.3), unary(away))
+add("nansum", lambda m, x: m.nansum(x, 1), lambda x: np.nansum(x, 1), _one((3, 4)))
+add(
+    "nanmean",
+    lambda m, x: m.nanmean(x, 0),
+    lambda x: np.nanmean(x, 0),
+    lambda rng: [S((np.array([[1.0, np.nan, 2.0], [3.0, 4.0, np.nan]]),), nograd=frozenset({0}))],
+    torch_grad=False,
+)
+add(
+    "aminmax",
+    lambda m, x: tuple(m.aminmax(x, dim=1)),
+    lambda x: (x.min(1), x.max(1)),
+    _one((3, 4)),
+)
+add(
+    "std_mean",
+    lambda m, x: m.std_mean(x, 1),
+    lambda x: (x.std(1, ddof=1), x.mean(1)),
+    _one((3, 4)),
+)
+add("trace", lambda m, x: m.trace(x), np.trace, _cases(_one((3, 4)), _one((3, 3), noncontig=True)))
+add(
+    "dist",
+    lambda m, a, b: m.dist(a, b, 3),
+    lambda a, b: np.sum(np.abs(a - b) ** 3) ** (1 / 3),
+    _one((3, 4), (3, 4)),
+)
+add("ravel", lambda m, x: m.ravel(x), np.ravel, _one((3, 4), noncontig=True))
+add("fliplr", lambda m, x: m.fliplr(x), np.fliplr, _one((3, 4)))
+add(
+    "rot90",
+    lambda m, x: (m.rot90(x), m.rot90(x, 2), m.rot90(x, -1, (2, 0))),
+    lambda x: (np.rot90(x), np.rot90(x, 2), np.rot90(x, -1, (2, 0))),
+    _one((2, 3, 4)),
+)
+add(
+    "atleast_3d",
+    lambda m, a, b: m.atleast_3d(a, b),
+    lambda a, b: (a[None, :, None], b[:, :, None]),
+    _one((3,), (2, 3)),
+)
+add(
+    "tensor_split",
+    lambda m, x: m.tensor_split(x, 3, 1) + m.tensor_split(x, [1, 3], 0),
+    lambda x: tuple(np.array_split(x, 3, 1)) + tuple(np.split(x, [1, 3], 0)),
+    _one((4, 5)),
+)
+add(
+    "column_stack",
+    lambda m, a, b: m.column_stack([a, b]),
+    lambda a, b: np.column_stack([a, b]),
+    _one((3,), (3, 2)),
+)
+add(
+    "dstack", lambda m, a, b: m.dstack([a, b]), lambda a, b: np.dstack([a, b]), _one((2, 3), (2, 3))
+)
+add(
+    "diag_embed",
+    lambda m, x: (m.diag_embed(x), m.diag_embed(x, 1, 0, 2)),
+    lambda x: (
+        np.stack([np.diag(r) for r in x]),
+        np.moveaxis(np.stack([np.diag(r, 1) for r in x]), 0, 1),
+    ),
+    _one((2, 3)),
+)
+add("diagflat", lambda m, x: m.diagflat(x, -1), lambda x: np.diagflat(x, -1), _one((2, 2)))
+add(
+    "block_diag",
+    lambda m, a, b: m.block_diag(a, b),
+    lambda a, b: np.block([[a, np.zeros((2, 2))], [np.zeros((1, 3)), b[None]]]),
+    _one((2, 3), (2,)),
+)
+add(
+    "cartesian_prod",
+    lambda m, a, b: m.cartesian_prod(a, b),
+    lambda a, b: np.stack([np.repeat(a, len(b)), np.tile(b, len(a))], 1),
+    _one((2,), (3,)),
+)
+add(
+    "meshgrid",
+    lambda m, a, b: m.meshgrid(a, b, indexing="xy"),
+    lambda a, b: tuple(np.meshgrid(a, b, indexing="xy")),
+    _one((2,), (3,)),
+)
+add(
+    "take",
+    lambda m, x, i: m.take(x, i),
+    lambda x, i: np.take(x, i),
+    lambda rng: [S((uni(rng, (3, 4)), np.array([[0, -1], [5, 3]])))],
+)
+add(
+    "tensordot",
+    lambda m, a, b: m.tensordot(a, b, dims=([1, 0], [0, 2])),
+    lambda a, b: np.tensordot(a, b, axes=([1, 0], [0, 2])),
+    _one((3, 4, 2), (4, 5, 3)),
+)
+add("kron", lambda m, a, b: m.kron(a, b), np.kron, _one((2, 3), (3, 1, 2)))
+add(
+    "addmv",
+    lambda m, x, a, v: m.addmv(x, a, v, beta=0.5, alpha=2.0),
+    lambda x, a, v: 0.5 * x + 2.0 * (a @ v),
+    _one((3,), (3, 4), (4,)),
+)
+add(
+    "addr",
+    lambda m, x, a, b: m.addr(x, a, b, alpha=3.0),
+    lambda x, a, b: x + 3.0 * np.outer(a, b),
+    _one((1, 4), (3,), (4,)),
+)
+
 OPS_BY_NAME = {e.name: e for e in OPS}
 assert len(OPS_BY_NAME) == len(OPS), "duplicate op table names"

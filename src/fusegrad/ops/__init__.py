@@ -37,6 +37,7 @@ from ..tensor import view_rebase_error as _view_rebase_error
 from . import _util, registry
 from . import primitives as _primitives  # noqa: F401  (registers kernels)
 from ._util import cast, to_tensor
+from .composites import *  # noqa: F401,F403  (composites PyTorch has at top level)
 from .creation import *  # noqa: F401,F403
 from .creation import (
     Generator,
