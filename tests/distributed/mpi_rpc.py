@@ -140,6 +140,7 @@ def test_remote_and_rrefs() -> None:
     with pytest.raises(RuntimeError, match="RRef.local_value\\(\\): this RRef is owned by"):
         rref.local_value()
     copy_here = rref.to_here()
+    assert isinstance(copy_here, nn.Linear) and isinstance(copy_here.weight, nn.Parameter)
     expected = make_layer(3, 2, 7)
     np.testing.assert_array_equal(
         copy_here.weight.detach().numpy(), expected.weight.detach().numpy()
@@ -170,6 +171,9 @@ def test_remote_exceptions_carry_the_remote_traceback() -> None:
     # a type that cannot be rebuilt from one message: DistError with the same text
     with pytest.raises(dist.DistError, match="(?s)TwoArgError: On WorkerInfo.*first"):
         rpc.rpc_sync(other(), raise_two_arg_error)
+    # functions go by reference: one the callee could not import is refused here, unsent
+    with pytest.raises(TypeError, match="cannot pickle the call.*by reference"):
+        rpc.rpc_sync(other(), lambda: 1)
     with pytest.raises(ValueError, match="unknown worker name 'nobody'"):
         rpc.rpc_sync("nobody", whoami)
 

@@ -7,8 +7,9 @@ message is one pickled tuple sent with ``isend`` (mpi4py's object send) under on
     (kind, request_id, context_id, body, tensors, extra)
 
 ``body`` is the payload pickled with tensors taken out (``persistent_id``): each tensor travels
-as its numpy array in ``tensors``, with whether it requires grad and, inside a distributed
-autograd context, its send id (``_dist_context``).  Functions are pickled by reference (module
+as its numpy array in ``tensors``, with whether it requires grad, its class when it is a
+subclass (``nn.Parameter``) and, inside a distributed autograd context, its send id
+(``_dist_context``).  Functions are pickled by reference (module
 and name), so the callee must be able to import them.  ``extra`` holds an RRef's id for the
 kinds that need it before the body is read.
 
@@ -167,7 +168,7 @@ class _Pickler(pickle.Pickler):
     def __init__(self, file: io.BytesIO, ctx: _dist_context.DistAutogradContext | None) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.ctx = ctx
-        self.tensors: list[tuple[np.ndarray, bool, int | None]] = []
+        self.tensors: list[tuple[np.ndarray, bool, int | None, type | None]] = []
         self._index: dict[int, int] = {}
         self._keep: list[Tensor] = []  # (ids stay unique while the pickle is made)
 
@@ -181,7 +182,9 @@ class _Pickler(pickle.Pickler):
                 send_id = self.ctx.record_send(obj)
             array = np.ascontiguousarray(to_host(obj._data))
             index = self._index[id(obj)] = len(self.tensors)
-            self.tensors.append((array, bool(obj.requires_grad), send_id))
+            # a subclass (nn.Parameter) comes back as itself
+            kind = None if type(obj) is Tensor else type(obj)
+            self.tensors.append((array, bool(obj.requires_grad), send_id, kind))
             self._keep.append(obj)
         return ("tensor", index)
 
@@ -206,8 +209,8 @@ class _Unpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
         made = self._made.get(index)
         if made is None:
-            array, requires_grad, send_id = self.tensors[index]
-            made = Tensor._make(array)
+            array, requires_grad, send_id, kind = self.tensors[index]
+            made = (kind or Tensor)._make(array)
             if requires_grad:
                 made.requires_grad_(True)
                 if send_id is not None and self.ctx is not None:
@@ -371,7 +374,14 @@ class Agent:
         ctx = _dist_context.current()
         request_id = next(self._request_ids)
         future = Future(description, timeout_s)
-        body, tensors = pack(payload, ctx)  # (an unpicklable payload raises here, unsent)
+        try:
+            body, tensors = pack(payload, ctx)
+        except (pickle.PicklingError, AttributeError, TypeError) as e:  # refused here, unsent
+            raise TypeError(
+                f"{description}: cannot pickle the call ({e}); RPC sends functions and classes "
+                f"by reference, so they must be defined at module level, importable by the "
+                f"callee, and the arguments picklable"
+            ) from e
         if ctx is not None:
             with ctx.lock:
                 ctx.peers.add(dst)
