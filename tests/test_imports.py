@@ -34,6 +34,9 @@ FACADES = frozenset({"fusegrad.autograd"})
 ALLOWED_LOCAL = {
     ("fusegrad", "fusegrad.compiler"): "fusegrad.compile: the compiler and numba, on first use",
     ("fusegrad.cuda.generated", "fusegrad.compiler.codegen"): "the CUDA emitter, on first use",
+    ("fusegrad.ops.primitives", "fusegrad.ops.attention_kernels"): (
+        "the fused attention kernels (numba, and the compiler's fastmath exp), on first use"
+    ),
 }
 
 

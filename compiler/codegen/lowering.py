@@ -83,6 +83,8 @@ EXTERNS = frozenset(
         "any",
         "cumsum",
         "argsort",  # sort/topk/kthvalue/median's indices (their values are a gather)
+        "attention",  # scaled_dot_product_attention's fused CPU kernel (numba)
+        "attention_backward",  # its gradients (q, k, v stacked)
         "cummax_index",  # cummax/cummin's indices (their values are a gather)
         "mode_index",  # mode's index (its value is a gather)
         "searchsorted",  # searchsorted/bucketize

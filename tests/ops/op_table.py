@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 import fusegrad
+from fusegrad.autograd.forward_state import state as _fg_forward_state
 from fusegrad.ops import functional as _fg_functional
 
 # ---- the two libraries ------------------------------------------------------------------------
@@ -3561,6 +3562,67 @@ add(
     lambda m, q, k, v, *a, **kw: m.F.scaled_dot_product_attention(q, k, v, *a, **kw),
     sdpa_ref,
     _sdpa_samples,
+    f32_tol=(1e-4, 1e-5),
+)
+
+
+def _sdpa_fused_samples(rng: np.random.Generator) -> list[Sample]:
+    """Cases for the fused kernel (``attention``): equal head dims, one batch shape; masks
+    shared, per batch, broadcast over heads or queries, with rows that attend to nothing."""
+    keep = rng.random((3, 5)) < 0.7
+    keep[:, 0] = True
+    empty_row = np.broadcast_to(keep, (2, 2, 3, 5)).copy()
+    empty_row[1, 0, 2] = False
+    padding = np.ones((2, 1, 1, 5), dtype=bool)
+    padding[0, ..., 3:] = False
+    bias = uni(rng, (2, 1, 3, 5))
+    bias[1, 0, 1] = -np.inf
+    qkv = (uni(rng, (2, 2, 3, 4)), uni(rng, (2, 2, 5, 4)), uni(rng, (2, 2, 5, 4)))
+    return [
+        S(qkv, {"scale": 0.5}, name="plain"),
+        S((uni(rng, (3, 4)), uni(rng, (5, 4)), uni(rng, (5, 4))), name="unbatched"),
+        S(qkv, {"is_causal": True}, name="causal"),
+        S(
+            (uni(rng, (2, 6, 3)), uni(rng, (2, 4, 3)), uni(rng, (2, 4, 3))),
+            {"is_causal": True},
+            name="causal_short_keys",
+        ),
+        S(qkv + (keep,), name="bool_shared"),
+        S(qkv + (empty_row,), name="bool_empty_row"),
+        S(qkv + (padding,), name="key_padding"),
+        S(qkv + (bias,), name="float_bias", nograd=frozenset({3})),
+        S(qkv, {"is_causal": True}, name="noncontig", noncontig=True),
+    ]
+
+
+def _sdpa_fused(
+    m: Any, q: Any, k: Any, v: Any, mask: Any = None, *, is_causal: bool = False, scale: Any = None
+) -> Any:
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if m.name == "torch" or _fg_forward_state.level is not None or q.device.type != "cpu":
+        # (under forward AD and on CUDA the public function runs the composite, never the
+        # kernel, which is the CPU's)
+        return m.F.scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, scale=scale)
+    return _fg_functional._fused_attention(q, k, v, mask, scale, is_causal)
+
+
+# the fused CPU kernel (the ``attention`` primitive) called directly, masks included (the public
+# function runs it for causal attention only, where it pays: see ops/functional.py); its double
+# backward is the rule's op-surface form
+add(
+    "sdpa_fused_kernel",
+    _sdpa_fused,
+    lambda q, k, v, mask=None, is_causal=False, scale=None: sdpa_ref(
+        q, k, v, mask, is_causal=is_causal, scale=scale
+    ),
+    _sdpa_fused_samples,
+    f32_tol=(1e-4, 1e-5),
+)
+add(
+    "sdpa_causal_public",
+    lambda m, q, k, v: m.F.scaled_dot_product_attention(q, k, v, is_causal=True),
+    lambda q, k, v: sdpa_ref(q, k, v, is_causal=True),
+    lambda rng: [S(tuple(uni(rng, (2, 3, 6, 4)) for _ in range(3)))],
     f32_tol=(1e-4, 1e-5),
 )
 

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import ops as F
 from ..errors import AutogradError
 from ..ops.registry import vjp
+from .grad_mode import is_grad_enabled
 
 # ---- elementwise unary -------------------------------------------------------------------------
 
@@ -418,6 +421,41 @@ def _diagonal(node, g):
     shape = node.input_shapes[0]
     a = node.attrs
     return (F.diagonal_backward(g, shape, a["offset"], a["dim1"], a["dim2"]),)
+
+
+@vjp("attention", save="q k v out mask*")
+def _attention(node, g, q, k, v, out, *mask):
+    """The fused kernel's gradients (``attention_backward``); where a graph of the gradient is
+    wanted (grad mode on: ``create_graph``), the same formulas in the op surface instead, with
+    the weights recomputed from the saved logsumexp, so that they differentiate again."""
+    scale, causal = node.attrs["scale"], node.attrs["causal"]
+    length, source, width = q.shape[1], k.shape[1], q.shape[2]
+    need = node.needs_input_grad
+    if not is_grad_enabled():
+        attrs = {"scale": scale, "causal": causal}
+        grads = F.apply(F.REGISTRY["attention_backward"], (g, q, k, v, out, *mask), attrs)
+        dq = grads.narrow(1, 0, length)
+        dk = grads.narrow(1, length, source)
+        dv = grads.narrow(1, length + source, source)
+    else:
+        scores = (q @ k.mT) * scale
+        if causal:
+            keep = F.tensor(np.tri(length, source, 0, dtype=bool))
+            scores = F.where(keep, scores, -math.inf)
+        if mask:
+            bias = mask[0]
+            scores = (
+                F.where(bias, scores, -math.inf) if bias.dtype.name == "bool" else scores + bias
+            )
+        o, lse = out.narrow(2, 0, width), out.narrow(2, width, 1)
+        go, glse = g.narrow(2, 0, width), g.narrow(2, width, 1)
+        p = (scores - lse).exp()  # 0 in rows with nothing to attend to (lse = +inf)
+        delta = (go * o).sum(2, keepdim=True) - glse
+        ds = p * ((go @ v.mT) - delta) * scale
+        dq, dk, dv = ds @ k, ds.mT @ q, p.mT @ go
+    return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + (
+        None,
+    ) * len(mask)
 
 
 @vjp("getitem", save="idx*")

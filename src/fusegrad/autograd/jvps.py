@@ -113,6 +113,10 @@ def _reciprocal(p, t, out, attrs):
     return -(t[0] * (out * out))
 
 
+UNSUPPORTED["attention"] = (
+    "scaled_dot_product_attention uses its composite (matmul, softmax) while a dual level is "
+    "active, so forward AD never meets the fused kernel"
+)
 UNSUPPORTED["trigamma"] = (
     "its derivative, polygamma(2, x), is not a fusegrad primitive (digamma and polygamma(1, x) "
     "are differentiable once)"

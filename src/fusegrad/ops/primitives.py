@@ -647,6 +647,32 @@ def _argsort(x, dim, descending, k):  # type: ignore[no-untyped-def]
     return np.ascontiguousarray(np.moveaxis(order.astype(np.int64, copy=False), -1, dim))
 
 
+def _attention_kernels():  # type: ignore[no-untyped-def]
+    """The fused attention kernels (forward, backward), imported on first use."""
+    from .attention_kernels import attention_backward, attention_forward  # numba: not at import
+
+    return attention_forward, attention_backward
+
+
+@primitive("attention", "opaque", "q k v mask*")
+def _attention(q, k, v, *mask, scale, causal):  # type: ignore[no-untyped-def]
+    """Fused scaled dot-product attention of slabs ``q`` (N, L, E), ``k`` (N, S, E), ``v``
+    (N, S, E), with an optional mask (M, L, S), M 1 or N: bool (True attends) or an additive
+    float bias in the inputs' dtype; ``causal`` keeps keys ``j <= i``.  Returns (N, L, E + 1):
+    the outputs, then each row's logsumexp (+inf for a row with nothing to attend to), which
+    the backward recomputes the weights from.  One numba kernel (``attention_kernels``)."""
+    return _attention_kernels()[0](q, k, v, mask[0] if mask else None, scale, causal)
+
+
+@primitive("attention_backward", "opaque", "g q k v out mask*", differentiable=False)
+def _attention_backward(g, q, k, v, out, *mask, scale, causal):  # type: ignore[no-untyped-def]
+    """The gradients of ``attention`` for its (N, L, E + 1) gradient ``g`` (the logsumexp
+    column's included), from its inputs and output: (N, L + 2 S, E), the gradients of q, k and
+    v stacked along dim 1.  Not differentiable: the rule computes a differentiable composite
+    instead where a graph of the gradient is wanted (``create_graph``)."""
+    return _attention_kernels()[1](g, q, k, v, out, mask[0] if mask else None, scale, causal)
+
+
 @primitive("cummax_index", "opaque", "x", differentiable=False)
 def _cummax_index(x, dim, largest):  # type: ignore[no-untyped-def]
     """Position of the running maximum (``largest=False``: minimum) along ``dim`` (cummax /
@@ -1004,6 +1030,20 @@ def _set_metas() -> None:
         return tuple(out), _dt.int64
 
     set_meta("argsort", argsort_meta)
+    set_meta(
+        "attention",
+        lambda shapes, dtypes, scale, causal: (
+            tuple(shapes[0][:2]) + (shapes[0][2] + 1,),
+            dtypes[1],
+        ),
+    )
+    set_meta(
+        "attention_backward",
+        lambda shapes, dtypes, scale, causal: (
+            (shapes[1][0], shapes[1][1] + 2 * shapes[2][1], shapes[1][2]),
+            dtypes[1],
+        ),
+    )
     set_meta("cummax_index", lambda shapes, dtypes, dim, largest: (tuple(shapes[0]), _dt.int64))
 
     def mode_index_meta(shapes, dtypes, dim):  # type: ignore[no-untyped-def]
