@@ -6,8 +6,9 @@ parameters (fusegrad's initialisation, loaded into both)."""
 
 from __future__ import annotations
 
+import functools
 import inspect
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -15,18 +16,30 @@ import pytest
 
 import fusegrad
 
-from . import cnn, gpt, lstm_lbfgs, transformer_classifier
+from . import cnn, gpt, lstm_lbfgs, makemore, polynomial_regression, transformer_classifier
 
-PROGRAMS = {
+
+def _makemore(kind: str) -> Any:
+    """makemore's model ``kind`` as a program (its ``build`` and ``run`` bound to it)."""
+    return SimpleNamespace(
+        build=functools.partial(makemore.build, kind=kind),
+        run=functools.partial(makemore.run, kind=kind),
+    )
+
+
+PROGRAMS: dict[str, Any] = {
     "gpt": gpt,
     "cnn": cnn,
     "lstm_lbfgs": lstm_lbfgs,
     "transformer_classifier": transformer_classifier,
+    "makemore_mlp": _makemore("mlp"),
+    "makemore_gru": _makemore("gru"),
+    "polynomial_regression": polynomial_regression,
 }
 WITH_DROPOUT = ("gpt", "cnn", "transformer_classifier")
 
 
-def _initial_state(program: ModuleType) -> dict:
+def _initial_state(program: ModuleType | SimpleNamespace) -> dict:
     fusegrad.manual_seed(0)
     kwargs = {"dropout": 0.0} if "dropout" in inspect.signature(program.build).parameters else {}
     model = program.build(fusegrad, **kwargs).double()
@@ -65,6 +78,22 @@ def test_compiled_matches_eager(name: str) -> None:
     want = program.run(fusegrad, state, compiled=False, **kwargs)
     got = program.run(fusegrad, state, compiled=True, **kwargs)
     _close(got, want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "gru"])
+def test_makemore_samples_characters_with_a_generator(kind: str) -> None:
+    """Sampling draws from fusegrad's generators (not PyTorch's stream): the words are
+    reproducible and made of the vocabulary."""
+    state = _initial_state(_makemore(kind))
+    first = makemore.run(fusegrad, state, compiled=False, kind=kind)["sample"]
+    again = makemore.run(fusegrad, state, compiled=False, kind=kind)["sample"]
+    assert first == again and len(first) == 3
+    assert all(0 < ix < makemore.VOCAB for word in first for ix in word)
+
+
+def test_polynomial_regression_learns() -> None:
+    out = polynomial_regression.run(fusegrad, None, compiled=False, steps=60)
+    assert out["losses"][-1] < 0.2 * out["losses"][0]
 
 
 def test_gpt_generates_with_topk_and_multinomial() -> None:
