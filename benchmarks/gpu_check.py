@@ -48,7 +48,11 @@ def run_tests(log_dir: Path) -> list[dict[str, Any]]:
     runs = []
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     suites = [
-        ("cuda-gpu", ["tests/cuda", "-p", "no:cacheprovider"], {"FUSEGRAD_CUDA_DEVICE": "1"}),
+        (
+            "cuda-gpu",
+            ["tests/cuda", "-p", "no:cacheprovider"],
+            {"FUSEGRAD_CUDA_DEVICE": "1", "FUSEGRAD_CUDA_FULL": "1"},  # (every dtype: fast here)
+        ),
         ("cuda-ptx", ["tests/cuda", "-p", "no:cacheprovider"], {"FUSEGRAD_CUDA_PTX": "1"}),
     ]
     for name, args, extra in suites:

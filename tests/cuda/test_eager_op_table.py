@@ -1,5 +1,8 @@
 """Eager CUDA (numba's simulator) against the CPU over the op table: forward values and
-gradients of the first sample of every entry, in float64 and float32.
+gradients of the first sample of every entry, each in one of float64 and float32 (alternating
+down the table: the simulator takes about 2.5 minutes per pass on 2 cores); with
+``FUSEGRAD_CUDA_FULL=1`` (``benchmarks.gpu_check`` sets it) a second pass runs every entry in
+the other dtype.
 
 Ops whose CUDA kernel does not exist yet must fail with ``NotImplementedError`` naming the
 primitive (never a wrong value, never a silent trip through host memory); the set of those is
@@ -59,14 +62,17 @@ def _run(entry: Any, lib: Lib, sample: Any, dtype: str) -> tuple[list, list]:
 
 
 CASES = [(entry, entry.get_samples()[0]) for entry in OPS if entry.get_samples()]
+DTYPES = ("float64", "float32")
+PASSES = 2 if os.environ.get("FUSEGRAD_CUDA_FULL") == "1" else 1
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_op_table_on_cuda_matches_cpu(dtype: str) -> None:
+@pytest.mark.parametrize("swap", range(PASSES))
+def test_op_table_on_cuda_matches_cpu(swap: int) -> None:
     gaps: dict[str, str] = {}
     failures: list[str] = []
     ran = 0
-    for entry, sample in CASES:
+    for k, (entry, sample) in enumerate(CASES):
+        dtype = DTYPES[(k + swap) % 2]
         try:
             want_values, want_grads = _run(entry, FG, sample, dtype)
         except Exception:  # noqa: BLE001 - error cases are the op table's own business
@@ -78,14 +84,16 @@ def test_op_table_on_cuda_matches_cpu(dtype: str) -> None:
             gaps[prim] = entry.name
             continue
         except Exception as e:  # noqa: BLE001 - collected and reported together
-            failures.append(f"{entry.name}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            failures.append(
+                f"{entry.name} ({dtype}): {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            )
             continue
         ran += 1
         rtol, atol = (1e-9, 1e-12) if dtype == "float64" else (2e-5, 2e-6)
-        for k, (g, w) in enumerate(zip(got_values, want_values)):
+        for i, (g, w) in enumerate(zip(got_values, want_values)):
             if not np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True) or g.dtype != w.dtype:
-                failures.append(f"{entry.name}: output {k} differs")
-        for k, (g, w) in enumerate(zip(got_grads, want_grads)):
+                failures.append(f"{entry.name} ({dtype}): output {i} differs")
+        for i, (g, w) in enumerate(zip(got_grads, want_grads)):
             # a gradient summed from many products (attention's projection weights) has
             # float32 rounding of the size of its largest entries, also where an entry is
             # near 0: the absolute tolerance scales with the gradient's magnitude
@@ -93,7 +101,7 @@ def test_op_table_on_cuda_matches_cpu(dtype: str) -> None:
             if (g is None) != (w is None) or (
                 g is not None and not np.allclose(g, w, rtol=rtol, atol=scaled, equal_nan=True)
             ):
-                failures.append(f"{entry.name}: gradient {k} differs")
+                failures.append(f"{entry.name} ({dtype}): gradient {i} differs")
     assert not failures, "\n".join(failures)
     assert set(gaps) <= KNOWN_GAPS, f"new CUDA gaps: {gaps}"
     assert ran >= 0.9 * len(CASES) - 10, f"only {ran} of {len(CASES)} entries ran on CUDA"

@@ -3,6 +3,8 @@ engine's .grad accumulation on the device, optimizers updating device parameters
 
 from __future__ import annotations
 
+import os
+
 import modes
 import numpy as np
 import pytest
@@ -41,7 +43,14 @@ def _train(device: str, opt_name: str, steps: int = 3) -> tuple[list[float], lis
     return losses, [p.detach().cpu().numpy() for p in params]
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adam", "adamw"])
+# (Adam's CUDA update is AdamW's without weight decay: the simulator's 17 s go to the two that
+# differ, and a real GPU, FUSEGRAD_CUDA_FULL=1, runs all three)
+OPTIMIZERS = (
+    ["sgd", "adam", "adamw"] if os.environ.get("FUSEGRAD_CUDA_FULL") == "1" else ["sgd", "adamw"]
+)
+
+
+@pytest.mark.parametrize("opt_name", OPTIMIZERS)
 def test_training_steps_match_the_cpu(opt_name: str) -> None:
     cpu_losses, cpu_params = _train("cpu", opt_name)
     gpu_losses, gpu_params = _train("cuda", opt_name)
