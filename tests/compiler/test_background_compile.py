@@ -37,9 +37,10 @@ def background(monkeypatch: pytest.MonkeyPatch) -> Any:
     gate.set()
     prepare = Program.prepare
 
-    def gated(self: Program, arrays: list, leaves: list) -> float:
+    def gated(self: Program, *args: Any, **kwargs: Any) -> float:
+        # (a whole step's prepare takes arrays and leaves; a backward's also roots and sizes)
         assert gate.wait(60), "the test never opened the gate"
-        return prepare(self, arrays, leaves)
+        return prepare(self, *args, **kwargs)
 
     monkeypatch.setattr(Program, "prepare", gated)
     yield gate
