@@ -45,7 +45,7 @@ from fusegrad.nn.module import Module
 from fusegrad.ops import registry as _registry
 from fusegrad.tensor import Tensor
 
-from . import logs, passes
+from . import double, logs, passes
 from . import tape as _tape
 from . import trace as _trace
 from .cache import (
@@ -61,12 +61,13 @@ from .cache import (
     tape_programs,
 )
 from .cache import reset as _reset_cache
-from .capture import Captured, Fallback, _grad_state
+from .capture import Captured, Fallback, Refused, _grad_state
 from .capture import capture as _capture_graph
 from .capture import walk as _walk
 from .ir import format_graph, verify
 from .logs import set_logs
 from .program import BackgroundBuild, Program, _saved_arrays, scratch_leaf
+from .program import release as release_nodes
 from .program import wait_for_compiles as _wait_for_compiles
 from .settings import Config, config
 from .tape import Binding, Unbindable, leaf_key, tape_key
@@ -196,6 +197,8 @@ def run(
                 program.run_bound(sizes, arrays, leaves, release, grads, retain_graph)
                 return None
     w = _walk(outputs, grads, inputs, accumulate, create_graph)
+    if w.fallback is None and create_graph and any(type(g._data) is not np.ndarray for g in grads):
+        w.fallback = "create_graph=True on CUDA (compiled double backward is CPU-only)"
     if w.fallback is not None:
         return _fallback(
             region, w.fallback, outputs, grads, retain_graph, create_graph, inputs, accumulate
@@ -204,7 +207,9 @@ def run(
     traced = _trace.depth() if _trace.enabled else -1  # (the trace sections opened below)
     try:
         try:
-            program = _program_for(region, w, grads, outputs, inputs, accumulate, notice)
+            program = _program_for(
+                region, w, grads, outputs, inputs, accumulate, notice, create_graph
+            )
         except Fallback as e:
             return _fallback(
                 region, str(e), outputs, grads, retain_graph, create_graph, inputs, accumulate
@@ -219,6 +224,13 @@ def run(
         if w.has_hooks:  # (user code runs inside: it may queue callbacks, as in eager)
             with graph_task(retain_graph, create_graph, accumulate, inputs):
                 return program.run(w, w.sizes, grads, retain_graph, inputs)
+        if create_graph:
+            raw, vjp = program.double
+            results = program.run(w, w.sizes, grads, True, inputs)
+            double.attach(raw, vjp, w, grads, results, inputs, region.mode)
+            if not retain_graph:
+                release_nodes(w)
+            return results
         return program.run(w, w.sizes, grads, retain_graph, inputs)
     finally:
         notice.stop()
@@ -279,12 +291,15 @@ def _program_for(
     inputs: Sequence[Tensor] | None,
     accumulate: bool,
     notice: _CompileNotice,
+    create_graph: bool = False,
 ) -> Program:
     """The program for walk ``w`` in ``region``: cached, built from a cached graph, or captured
     (raises ``Fallback`` when it cannot be).  Under ``explain`` nothing is looked up or kept.
     ``notice`` is started on the slow paths (capture, a new program)."""
     report = _debug.report
     entry = graphs.get(w.key) if report is None else None
+    if entry is not None and entry.refused is not None:
+        raise Fallback(entry.refused)
     captured = entry.find(w.sizes) if entry is not None else None
     if captured is None:
         notice.start(len(w.nodes))
@@ -297,10 +312,21 @@ def _program_for(
             )
         else:
             why = miss_reason(w.key) if logs.enabled("recompiles") or _trace.enabled else ""
-        symbolic = config.symbolic_sizes and (entry is None or entry.symbolic_failed is None)
+        symbolic = (
+            config.symbolic_sizes
+            and not create_graph  # (``double`` differentiates a graph of concrete sizes)
+            and (entry is None or entry.symbolic_failed is None)
+        )
         if _trace.enabled:
             _trace.begin("backward", f"backward of a {len(w.nodes)}-node graph", why)
-        captured = _capture(w, outputs, grads, inputs, accumulate, symbolic)
+        try:
+            captured = _capture(w, outputs, grads, inputs, accumulate, symbolic, create_graph)
+        except Refused as e:
+            if report is None and entry is None:  # (a key that holds graphs keeps them)
+                entry = GraphEntry()
+                entry.refused = str(e)
+                graphs.put(w.key, entry)
+            raise
         counters.captures += 1
         if captured.symbolic:
             kind = "symbolic sizes"
@@ -347,6 +373,7 @@ def _program_for(
         sizes_per_program=config.sizes_per_program,
         unpacked=captured.unpacked,
     )
+    program.double = (captured.raw, captured.vjp)  # (``double.attach``: create_graph)
     if report is not None:
         report.append(("capture", "explain() captures every graph", program))
     else:
@@ -405,9 +432,12 @@ def _capture(
     inputs: Sequence[Tensor] | None,
     accumulate: bool,
     symbolic: bool,
+    create_graph: bool = False,
 ) -> Captured:
     with _trace.phase("capture"):
         captured = _capture_graph(w, outputs, grads, inputs, accumulate, symbolic=symbolic)
+    if create_graph:
+        captured.raw = captured.graph
     if _debug.check:
         verify(captured.graph)
     if _trace.enabled:

@@ -159,6 +159,8 @@ class GraphEntry:
         self.symbolic: list = []  # capture.Captured, most recent last
         self.concrete = LRU(_limit("captures_per_key"))
         self.symbolic_failed: str | None = None  # why symbolic capture failed for this key
+        # why this key's backward runs eagerly every time (``capture.Refused``), else None
+        self.refused: str | None = None
         self._lock = threading.Lock()
 
     def find(self, sizes: tuple) -> Any:

@@ -9,8 +9,8 @@ Two steps, both over the live eager graph:
    vector (every size of 2 or more, numbered in order of first appearance: ``symbolic``), the
    nodes' saved tensors and the leaves.  The leaves' ``.grad`` state is kept apart
    (``Walk.grad_key``): it changes the program built from a graph, not the graph.  Anything the
-   compiler cannot run (custom Functions, anomaly mode, ``create_graph``, ...) is reported as a
-   fallback reason instead.
+   compiler cannot run (anomaly mode, ``create_graph``, untraceable custom Functions, ...) is
+   reported as a fallback reason instead.
 2. ``Capture`` -- on a cache miss, the *same* engine (``engine.run_backward``) runs the *same*
    derivative rules, with a ``Capture`` as its executor (DESIGN.md contracts 1, 3 and 10): the
    roots' gradients and saved tensors are ``SymbolicTensor``s, tensors with a shape and dtype but
@@ -19,8 +19,9 @@ Two steps, both over the live eager graph:
    ``input`` values (their versions are checked exactly as in eager mode), ``.grad`` writes
    become effects, user hooks opaque steps at their eager positions, and tensors that rules
    create from nothing (index ranges) become constants.  A tensor packed by saved-tensor hooks
-   becomes an ``unpack_saved`` step, which calls the unpack hook where eager mode would.  Nothing is patched: another thread's
-   backward, eager or compiled, never sees this capture.
+   becomes an ``unpack_saved`` step, which calls the unpack hook where eager mode would.  A
+   custom Function's ``backward`` is traced like a rule, under watch (``functions``).  Nothing
+   is patched: another thread's backward, eager or compiled, never sees this capture.
 
 A capture is *symbolic* first: sizes are ``symbolic.SymInt``s (in the symbolic tensors' shapes,
 and in what rules see of their node: ``NodeView``), so the graph's shapes and size attributes are
@@ -44,12 +45,22 @@ from fusegrad import dtypes as _dt
 from fusegrad.autograd import anomaly
 from fusegrad.autograd import engine as _engine
 from fusegrad.autograd.forward_state import state as _forward_state
+from fusegrad.autograd.function import FunctionCtx
 from fusegrad.autograd.node import AccumulateGrad, OpNode
 from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.ops import registry
+from fusegrad.ops.registry import RULES as _RULES
 from fusegrad.tensor import Tensor
 
 from . import symbolic
+from .functions import (
+    CTX_INTERNAL,
+    CtxTensor,
+    TracedCtx,
+    Untraceable,
+    ctx_attribute_key,
+    function_globals_key,
+)
 from .ir import Graph, Value, freeze
 from .symbolic import FakeArray, Guard, NeedsData, ShapeEnv
 from .tape import REMATERIALISE
@@ -59,8 +70,18 @@ from .tape import state as tape_state
 _HALF_REASON = "a float16/bfloat16 value (compiled programs take no half dtypes: eager)"
 
 
+# node types the capture inlines (``double.CompiledGradBackward``): type -> an object with
+# ``key(node)`` (its part of the walk key) and ``inline(capture, node, grads)`` (its results)
+INLINED: dict[type, Any] = {}
+
+
 class Fallback(Exception):
     """This backward cannot be compiled; ``str(e)`` is the one logged reason."""
+
+
+class Refused(Fallback):
+    """A fallback that holds for every call with the same walk key (a custom Function's
+    backward that cannot be traced): remembered, so later calls skip the capture."""
 
 
 class SymbolicTensor(Tensor):
@@ -105,6 +126,8 @@ class Walk:
     # -- those only reached through an input, and an input's own node when nothing needed lies
     # beyond it -- whose saved tensors are neither read, checked nor freed (as in eager)
     unrun: frozenset = frozenset()
+    # Function node -> {attribute name: CtxTensor} (its tensor attributes, in ``saved``)
+    ctx_tensors: dict = field(default_factory=dict)
 
 
 class _Sizes:
@@ -160,12 +183,6 @@ def walk(
 ) -> Walk:
     """Build the key and collect the runtime arguments (see the module docstring)."""
     out = Walk(key=())
-    if create_graph:
-        out.fallback = "create_graph=True (the backward itself must be recorded)"
-        return out
-    if anomaly._state.enabled:
-        out.fallback = "anomaly mode is on (per-node checks and tracebacks)"
-        return out
     if _forward_state.level is not None:
         # the rules' ops must run on the dual values to propagate tangents (forward over
         # reverse); a compiled program would drop them
@@ -191,7 +208,7 @@ def walk(
         unrun = frozenset(
             n
             for n in order
-            if type(n) is OpNode
+            if (type(n) in (OpNode, FunctionCtx) or type(n) in INLINED)
             and (
                 n not in needed
                 or (n in targets and not any(c in needed for c, _ in n._edges if c is not None))
@@ -200,7 +217,10 @@ def walk(
         out.unrun = unrun
     sizes = _Sizes()
     shape = sizes.shape
-    key: list = [("call", accumulate, len(roots))]
+    # anomaly mode: the program checks each node's gradients for NaN (``Capture.check_nan``);
+    # create_graph: its gradients get a differentiable node (``double``)
+    check_nan = anomaly._state.enabled and anomaly._state.check_nan
+    key: list = [("call", accumulate, len(roots), check_nan, create_graph)]
     for (n, nr), g in zip(root_edges, grad_roots):
         # the array type is the device (numpy on the CPU, CudaArray on CUDA)
         key.append(("root", index.get(n, -1), nr, shape(g._data.shape), g._dtype, type(g._data)))
@@ -216,7 +236,7 @@ def walk(
     aliases: dict = {}
     for n in order:
         kind = type(n)
-        if kind is OpNode:
+        if kind is OpNode or kind is FunctionCtx or kind in INLINED:
             hooks: tuple | None = None
             if n._pre_hooks or n._post_hooks or n._tensor_pre_hooks or n._retain_grad_hooks:
                 # hook *counts* per site are structure; the callables are looked up at run time
@@ -231,13 +251,16 @@ def walk(
             if n in unrun:
                 saved = ()  # (the key still holds its place: ``"unrun"`` below)
             elif saved is None:
-                if n._rule.save_index:
+                if kind is OpNode and n._rule.save_index or kind is not OpNode and n._released:
                     # freed: the eager engine raises its "Specify retain_graph=True" error
                     out.fallback = f"{n.name()} has freed its saved tensors"
                     return out
                 saved = ()
-            smeta = []
+            smeta: list = []
             for s in saved:
+                if s is None:  # (a Function saved None)
+                    smeta.append(None)
+                    continue
                 if s._counter is None:
                     out.fallback = f"{n.name()} has freed its saved tensors"
                     return out
@@ -259,7 +282,31 @@ def walk(
                 smeta.append((shape(data.shape), data.dtype, type(data), alias))
                 saved_out.append((n, s))
                 out.saved_alias.append(alias)
+            if kind is not OpNode:
+                if kind is FunctionCtx:
+                    try:
+                        entry = _function_entry(n, out, shape, aliases, n in unrun)
+                    except Untraceable as e:
+                        out.fallback = f"{n.name()}: {e}"
+                        return out
+                else:
+                    entry = INLINED[kind].key(n)
+                append(
+                    (
+                        entry,
+                        tuple((index[c] if c is not None else -1, nr) for c, nr in n._edges),
+                        tuple([(shape(s), d) for s, d in n._input_meta]),
+                        tuple(smeta),
+                        hooks,
+                        "unrun" if n in unrun else None,
+                    )
+                )
+                continue
             prim = n._prim
+            if n._rule is not _RULES.get(prim.name):
+                # a node built by hand with a rule of its own: programs are keyed by primitive
+                out.fallback = f"{n.name()} has a derivative rule of its own (not its primitive's)"
+                return out
             attrs = n.attrs
             if prim.size_attrs:
                 items = tuple(
@@ -296,6 +343,19 @@ def walk(
         else:
             out.fallback = _unsupported(n)
             return out
+    if out.has_hooks and anomaly._state.enabled:
+        # (a NaN check must stop the backward before later hooks run, as eager's does)
+        out.fallback = "anomaly mode is on and the backward runs user hooks"
+        return out
+    if create_graph and anomaly._state.enabled:
+        out.fallback = "create_graph=True under anomaly mode (each recorded node keeps its parent)"
+        return out
+    if create_graph and out.has_hooks:
+        out.fallback = "create_graph=True with user hooks (their results would be recorded)"
+        return out
+    if create_graph and accumulate and any(s is not None for s in grad_key):
+        out.fallback = "create_graph=True adding into an existing .grad"
+        return out
     out.nodes = order
     out.index = index
     out.remat = _plan_rematerialisation(out, aliases)
@@ -309,6 +369,44 @@ def walk(
     except TypeError:  # an attribute value that is not hashable: freeze everything
         out.key = freeze(tuple(key))
     return out
+
+
+def _function_entry(n: FunctionCtx, w: Walk, shape: Any, aliases: dict, unrun: bool) -> tuple:
+    """The key of custom Function node ``n`` apart from its edges, inputs and saved tensors:
+    its class and ``backward``, what ``backward`` reads from globals and closures, the ctx's
+    attributes (its tensors become program inputs, ``w.ctx_tensors``), its flags and outputs
+    (``functions``; raises ``Untraceable``)."""
+    cls = n._cls
+    backward = cls.backward
+    if unrun:
+        return ("function", cls, backward)
+    attrs: list = []
+    tensors: dict = {}
+    for name, value in n.__dict__.items():
+        if name in CTX_INTERNAL:
+            continue
+        if isinstance(value, Tensor):
+            obj = CtxTensor(value)
+            data = value._data
+            alias = aliases.setdefault(id(data), len(w.saved))
+            w.saved.append((n, obj))
+            w.saved_alias.append(alias)
+            tensors[name] = obj
+            attrs.append((name, shape(data.shape), value._dtype, type(data), alias))
+        else:
+            attrs.append((name, ctx_attribute_key(name, value)))
+    if tensors:
+        w.ctx_tensors[n] = tensors
+    return (
+        "function",
+        cls,
+        backward,
+        function_globals_key(backward),
+        tuple(attrs),
+        n.materialize_grads,
+        n.needs_input_grad,
+        tuple((shape(s), d) for s, d in n._output_meta),
+    )
 
 
 def _plan_rematerialisation(w: Walk, aliases: dict) -> dict:
@@ -376,83 +474,44 @@ class NodeView:
         raise NeedsData(f"a derivative rule read {name!r} of its node")
 
 
-class Capture(_engine.Executor, Tracer):
-    """One capture: the engine's executor and this thread's tracer while the engine runs the
-    backward of ``w``'s graph on symbolic values (see the module docstring).  ``run`` returns
-    the graph; ``Fallback`` says why there is none.  ``symbolic`` selects sizes as symbols (the
-    guards the graph needs end up in ``guards``) or the call's concrete sizes."""
+class Recorder(Tracer):
+    """Records primitive calls on symbolic values as IR values of ``graph`` (this thread's
+    tracer while it runs derivative rules): the capture's, and ``double``'s differentiation of a
+    captured graph.  ``env`` holds the symbolic sizes (None: concrete ones); ``current`` names
+    the node whose rule runs (IR values keep it as their origin); ``user`` is set while a custom
+    Function's backward runs (``Capture._trace_function``), whose tensors ``made`` holds."""
 
-    def __init__(
-        self,
-        w: Walk,
-        roots: Sequence[Tensor],
-        grad_roots: Sequence[Tensor],
-        inputs: Sequence[Tensor] | None,
-        accumulate: bool,
-        symbolic: bool = True,
-    ) -> None:
-        self.w = w
-        self.roots = roots
-        self.grad_roots = grad_roots
-        self.inputs = inputs
-        self.accumulate = accumulate
-        self.env = ShapeEnv(w.sizes) if symbolic else None
-        self.graph = Graph(hints=w.sizes)
-        self.saved_index = {id(s): k for k, (_, s) in enumerate(w.saved)}
-        self.leaf_index = {id(t): k for k, t in enumerate(w.leaves)}
-        self.input_index = {id(t): k for k, t in enumerate(inputs or ())}
-        self.current = ""  # the eager node whose rule runs (IR values name it)
-        self.saved_values: dict[int, Value] = {}  # alias class -> its input value
-        self.seq = iter(range(1 << 62))  # side-effecting values are never interned together
-        self.last_store: dict[int, Value] = {}  # id(tensor) -> its latest store_grad value
-        # saved tensors the engine unpacked (their nodes ran): only these are version-checked
-        # when the program runs, as eager mode checks only those of the nodes it runs
-        self.unpacked: set[int] = set()
-
-    @property
-    def guards(self) -> list[Guard]:
-        """What the graph assumes about the size vector (``symbolic.Guard``): in a concrete
-        capture, that every size is the one it had."""
-        if self.env is not None:
-            return list(self.env.guards)
-        return [
-            Guard(symbolic.sub(symbolic.symbol(k), v), "==", "the capture used concrete sizes")
-            for k, v in enumerate(self.w.sizes)
-        ]
-
-    def run(self) -> Graph:
-        graph = self.graph
-        sym_roots = [
-            self.symbolic(graph.input("root", i, self.exprs(g._data.shape), g._dtype))
-            for i, g in enumerate(self.grad_roots)
-        ]
-        with tracing(self):
-            captured = _engine.run_backward(
-                self.roots, sym_roots, True, False, self.inputs, self.accumulate, executor=self
-            )
-        if not self.accumulate:
-            for pos, g in enumerate(captured or ()):
-                if g is not None:
-                    graph.effects.append(("capture", pos, self.as_value(g)))
-        return graph
-
-    def exprs(self, shape: tuple) -> tuple:
-        """A concrete shape of the walked graph as IR dims (symbols in a symbolic capture)."""
-        if self.env is None:
-            return tuple(shape)
-        return tuple(symbolic.expr_of(self.env.size(d)) for d in shape)
+    def __init__(self, graph: Graph, env: ShapeEnv | None) -> None:
+        self.graph = graph
+        self.env = env
+        self.current = ""
+        self.user = False
+        self.made: dict[int, Tensor] = {}
 
     def symbolic(self, value: Value) -> SymbolicTensor:
+        if self.user and self.env is None:
+            # (inside a custom Function's backward: its values have no data even in a
+            # concrete capture, and what it does is watched)
+            # user code must never compute on the zeros a concrete capture's values hold:
+            # reading data raises (``NeedsData``), and that backward falls back
+            t = SymbolicTensor._make(FakeArray(tuple(value.shape), value.dtype.np))
+            t._value = value
+            return t
         return SymbolicTensor.of(value, self.env)
 
-    # ---- Tracer: every primitive call of a rule ------------------------------------------------
     def apply(self, prim: registry.Primitive, inputs: tuple, attrs: dict) -> Any:
         graph = self.graph
         values = []
         for a in inputs:
             if isinstance(a, SymbolicTensor):
                 values.append(a._value)
-            elif a._wrapped_number or (a._data.ndim == 0):
+                continue
+            if self.user and not a._wrapped_number and id(a) not in self.made:
+                raise Refused(
+                    f"the backward of {self.current} uses a tensor that is neither an input of "
+                    "its backward (gradients, saved tensors, ctx attributes) nor made inside it"
+                )
+            if a._wrapped_number or (a._data.ndim == 0):
                 values.append(graph.scalar(a._data.item(), a._dtype))
             else:
                 values.append(graph.constant(a._data))
@@ -484,20 +543,191 @@ class Capture(_engine.Executor, Tracer):
         dims = symbolic.to_exprs(tuple(shape))
         return self.symbolic(self.graph.full(dims, value, dtype, self.current))
 
+
+class Capture(_engine.Executor, Recorder):
+    """One capture: the engine's executor and this thread's tracer while the engine runs the
+    backward of ``w``'s graph on symbolic values (see the module docstring).  ``run`` returns
+    the graph; ``Fallback`` says why there is none.  ``symbolic`` selects sizes as symbols (the
+    guards the graph needs end up in ``guards``) or the call's concrete sizes."""
+
+    def __init__(
+        self,
+        w: Walk,
+        roots: Sequence[Tensor],
+        grad_roots: Sequence[Tensor],
+        inputs: Sequence[Tensor] | None,
+        accumulate: bool,
+        symbolic: bool = True,
+    ) -> None:
+        self.w = w
+        self.roots = roots
+        self.grad_roots = grad_roots
+        self.inputs = inputs
+        self.accumulate = accumulate
+        Recorder.__init__(self, Graph(hints=w.sizes), ShapeEnv(w.sizes) if symbolic else None)
+        self.saved_index = {id(s): k for k, (_, s) in enumerate(w.saved)}
+        self.leaf_index = {id(t): k for k, t in enumerate(w.leaves)}
+        self.input_index = {id(t): k for k, t in enumerate(inputs or ())}
+        self.saved_values: dict[int, Value] = {}  # alias class -> its input value
+        self.seq = iter(range(1 << 62))  # side-effecting values are never interned together
+        self.last_store: dict[int, Value] = {}  # id(tensor) -> its latest store_grad value
+        # saved tensors the engine unpacked (their nodes ran): only these are version-checked
+        # when the program runs, as eager mode checks only those of the nodes it runs
+        self.unpacked: set[int] = set()
+        # anomaly mode: each node's gradients become ``("check", (node, output), value)``
+        # effects, which the program tests for NaN, in eager's order, before any other effect
+        self.check_nan = anomaly._state.enabled and anomaly._state.check_nan
+
+    @property
+    def guards(self) -> list[Guard]:
+        """What the graph assumes about the size vector (``symbolic.Guard``): in a concrete
+        capture, that every size is the one it had."""
+        if self.env is not None:
+            return list(self.env.guards)
+        return [
+            Guard(symbolic.sub(symbolic.symbol(k), v), "==", "the capture used concrete sizes")
+            for k, v in enumerate(self.w.sizes)
+        ]
+
+    def run(self) -> Graph:
+        graph = self.graph
+        sym_roots = [
+            self.symbolic(graph.input("root", i, self.exprs(g._data.shape), g._dtype))
+            for i, g in enumerate(self.grad_roots)
+        ]
+        # anomaly mode's per-node work is the program's (``check_nan``), not the capture's: the
+        # engine's own NaN check and warnings would read symbolic values
+        enabled, anomaly._state.enabled = anomaly._state.enabled, False
+        try:
+            with tracing(self):
+                captured = _engine.run_backward(
+                    self.roots, sym_roots, True, False, self.inputs, self.accumulate, executor=self
+                )
+        finally:
+            anomaly._state.enabled = enabled
+        if not self.accumulate:
+            for pos, g in enumerate(captured or ()):
+                if g is not None:
+                    graph.effects.append(("capture", pos, self.as_value(g)))
+        return graph
+
+    def exprs(self, shape: tuple) -> tuple:
+        """A concrete shape of the walked graph as IR dims (symbols in a symbolic capture)."""
+        if self.env is None:
+            return tuple(shape)
+        return tuple(symbolic.expr_of(self.env.size(d)) for d in shape)
+
+    # ---- Tracer: every primitive call of a rule ------------------------------------------------
     def backward(self, *args: Any) -> Any:
-        # only rules run during a capture, and they never call backward
-        raise Fallback("a backward() inside a derivative rule")
+        # rules never call backward; a custom Function's backward that does (reentrant
+        # checkpointing) runs eagerly
+        raise Refused(f"a backward() inside the backward of {self.current}")
+
+    # What a custom Function's backward must not do to be replayed (``functions``): each is
+    # detected while it runs, and sends that backward to eager mode (remembered per key).
+    def created(self, tensor: Tensor, redo: Any) -> None:
+        if self.user:
+            if redo is not None and not isinstance(redo, Tensor):
+                raise Refused(f"the backward of {self.current} draws random numbers")
+            self.made[id(tensor)] = tensor
+
+    def host_read(self, tensor: Tensor, what: str, result: Any = None) -> None:
+        if self.user:
+            raise Refused(f"the backward of {self.current} reads tensor values ({what})")
+
+    def wrote(self, target: Tensor, result: Tensor) -> None:
+        if self.user:
+            raise Refused(f"the backward of {self.current} writes into a tensor in place")
+
+    def side_effect(self, tensor: Tensor, what: str) -> None:
+        if self.user:
+            raise Refused(f"the backward of {self.current} changes tensor state ({what})")
+
+    def opaque(self, owner: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
+        if self.user:
+            raise Refused(f"the backward of {self.current} calls {fn.__qualname__}")
+        return NotImplemented
+
+    def _trace_function(self, node: FunctionCtx, grads: list) -> tuple:
+        """Run custom Function ``node``'s ``backward`` on symbolic values: its ops are recorded
+        like a rule's.  What ``FunctionCtx.apply`` does around it is done here on the symbolic
+        values (zeros for missing gradients when materialized, the checks, dropping gradients of
+        inputs that need none); anything the key cannot vouch for is ``Refused``."""
+        name = self.current
+        self.user = True
+        try:
+            args = []
+            for i, g in enumerate(grads):
+                if g is None:
+                    shape, dtype = node._output_meta[i]
+                    if node.materialize_grads and dtype is not None:
+                        g = self.full(self.exprs(shape), 0, dtype, None)
+                else:
+                    g = self.symbolic(self.as_value(g))
+                args.append(g)
+            ctx = TracedCtx(self, node, self.w.ctx_tensors.get(node, {}))
+            try:
+                result = node._cls.backward(ctx, *args)
+            except (Fallback, NeedsData):
+                raise
+            except Untraceable as e:
+                raise Refused(f"{name}: {e}") from None
+            except Exception as e:  # noqa: BLE001 - eager mode raises it, if it is real
+                raise Refused(
+                    f"the backward of {name} failed on symbolic values ({type(e).__name__}: {e})"
+                ) from None
+        except NeedsData as e:
+            if self.env is not None:
+                raise  # (a concrete capture may do without symbolic sizes)
+            raise Refused(f"the backward of {name} needs tensor values ({e})") from None
+        finally:
+            self.user = False
+        if not isinstance(result, tuple):
+            result = (result,)
+        n = len(node._edges)
+        if len(result) > n and all(r is None for r in result[n:]):
+            result = result[:n]
+        if len(result) != n:
+            raise Refused(f"{name} returned an incorrect number of gradients")
+        out: list = []
+        for i, r in enumerate(result):
+            if r is not None and (not isinstance(r, Tensor) or node._input_meta[i][1] is None):
+                raise Refused(
+                    f"{name} returned an invalid gradient at index {i}"
+                )  # (eager's error)
+            if r is None or not node.needs_input_grad[i]:
+                out.append(None)  # (dropped: the input needs no gradient, as in eager)
+                continue
+            if not isinstance(r, SymbolicTensor) and id(r) not in self.made:
+                raise Refused(f"{name} returned a tensor made outside its backward")
+            # back to the capture's own kind of value (zero-stride data in a concrete one)
+            out.append(self.symbolic(self.as_value(r)))
+        return tuple(out)
 
     # ---- Executor: the engine's steps -----------------------------------------------------------
     def input_meta(self, node: Any) -> tuple:
-        if self.env is None or type(node) is not OpNode:
+        if self.env is None or type(node) not in (OpNode, FunctionCtx):
             return node._input_meta
         return tuple((self.env.shape(s), d) for s, d in node._input_meta)
 
     def apply_node(self, node: Any, grads: list, retain_graph: bool) -> tuple:
+        results = self._apply_node(node, grads)
+        if self.check_nan:
+            site = self.w.index[node]
+            for i, r in enumerate(results):
+                if isinstance(r, SymbolicTensor) and r._dtype.is_floating_point:
+                    self.graph.effects.append(("check", (site, i), r._value))
+        return results
+
+    def _apply_node(self, node: Any, grads: list) -> tuple:
         self.current = node.name()
         if self.env is not None:
             self.env.where = f"the rule of {self.current}"
+        if type(node) is FunctionCtx:
+            return self._trace_function(node, grads)
+        inlined = INLINED.get(type(node))
+        if inlined is not None:
+            return inlined.inline(self, node, grads)
         if type(node) is not OpNode:
             raise Fallback(_unsupported(node))
         rule = node._rule
@@ -649,6 +879,10 @@ class Captured:
     reason: str = ""  # why the capture was concrete (empty for a symbolic one)
     unpacked: frozenset[int] = frozenset()  # saved tensors (walk order) the backward unpacks
     programs: dict = field(default_factory=dict)
+    # a ``create_graph`` backward's graph before the passes (what ``double`` differentiates:
+    # the rules' own ops) and the VJP programs built from it
+    raw: Graph | None = None
+    vjp: dict = field(default_factory=dict)
 
     MAX_PROGRAMS = 8  # program keys kept per graph (mode x .grad states x configurations)
 
@@ -683,5 +917,12 @@ def capture(
         except Exception as e:  # noqa: BLE001  (the concrete capture re-raises real errors)
             reason = f"{c.current or 'the capture'} failed with symbolic sizes ({e!r})"
     c = Capture(w, roots, grad_roots, inputs, accumulate, symbolic=False)
-    graph = c.run()
+    try:
+        graph = c.run()
+    except Fallback:
+        raise
+    except Exception as e:
+        if anomaly._state.enabled:  # eager mode raises it with anomaly mode's warnings
+            raise Fallback(f"{c.current} raised {type(e).__name__} under anomaly mode") from None
+        raise
     return Captured(graph, tuple(c.guards), False, reason, frozenset(c.unpacked))

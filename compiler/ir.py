@@ -19,9 +19,10 @@ The graph's *effects* say what the program does with its results: ``("grad", lea
 accumulates into leaf ``leaf``'s ``.grad`` (in place when it exists, keeping its identity),
 ``("input_grad", position, value)`` does the same for a non-leaf listed in
 ``backward(inputs=...)``, and ``("capture", position, value)`` returns a gradient for
-``autograd.grad`` (or a whole step's output), and ``("write", index, value)`` copies the value
+``autograd.grad`` (or a whole step's output), ``("write", index, value)`` copies the value
 into the array of ``arg`` input ``index`` (a whole step's in-place write to an argument,
-parameter or buffer).
+parameter or buffer), and ``("check", (node, output), value)`` (anomaly mode) raises eager's
+NaN error for walk node ``node`` when the value holds a NaN, before any other effect.
 
 Values are interned: asking for the same op on the same inputs with the same attributes returns
 the existing value, so common subexpressions are shared at construction.  Shapes and size
@@ -116,7 +117,7 @@ class Value:
 class Graph:
     values: list[Value] = field(default_factory=list)
     constants: list[np.ndarray] = field(default_factory=list)
-    effects: list[tuple[str, int, Value]] = field(default_factory=list)
+    effects: list[tuple[str, Any, Value]] = field(default_factory=list)  # (slot: int or tuple)
     hints: tuple[int, ...] = ()  # the size vector at capture: symbol k stood for hints[k]
     _interned: dict = field(default_factory=dict, repr=False)
 
@@ -256,7 +257,7 @@ def verify(graph: Graph) -> None:
                 f"{dtype.name}{list(shape)}"
             )
     for kind, slot, value in graph.effects:
-        if kind not in ("grad", "input_grad", "capture", "write"):
+        if kind not in ("grad", "input_grad", "capture", "write", "check"):
             raise VerifyError(f"unknown effect {kind!r}")
         if index.get(value) is None:
             raise VerifyError(f"effect ({kind}, {slot}) refers to a value outside the graph")

@@ -43,8 +43,9 @@ from typing import Any
 
 import numpy as np
 
+from fusegrad.autograd import anomaly, grad_mode
 from fusegrad.autograd import engine as _engine
-from fusegrad.autograd import grad_mode
+from fusegrad.autograd.function import FunctionCtx
 from fusegrad.autograd.node import OpNode
 from fusegrad.errors import AutogradError
 from fusegrad.ops.registry import REGISTRY
@@ -53,7 +54,7 @@ from fusegrad.tensor import Tensor
 from . import logs
 from . import trace as _trace
 from .cache import counters
-from .capture import Walk
+from .capture import INLINED, Walk
 from .codegen.common import is_flat
 from .ir import Graph, Value, format_graph
 from .passes import schedule as _schedule
@@ -243,6 +244,8 @@ class Program:
         self._lock = threading.RLock()
         # compiled autograd's background build of this program's first run (``compiler.run``)
         self.pending: BackgroundBuild | None = None
+        # a create_graph backward's (raw graph, VJP programs) (``double.attach``)
+        self.double: tuple = (None, {})
         # per-call work precomputed once: where inputs come from, fixed arrays
         self._inputs = [
             (v, v.attr("kind") == "root", v.attr("index")) for v in graph.values if v.op == "input"
@@ -258,6 +261,8 @@ class Program:
 
             fixed = {v: to_device(a) for v, a in fixed.items()}
         self._fixed = fixed
+        # anomaly mode's NaN checks (``("check", site, value)`` effects), in eager's order
+        self.checks = [(slot, v) for kind, slot, v in graph.effects if kind == "check"]
         # the variant for the capture's sizes is built (and compiled) now
         self.default = self.instance(graph.hints).variant
         counters.builds += 1
@@ -342,10 +347,7 @@ class Program:
         finally:
             grad_mode._state.enabled = prev_mode
         if not retain_graph:
-            unrun = w.unrun
-            for n in w.nodes:
-                if type(n) is OpNode and n not in unrun:
-                    n.release()
+            release(w)
         return captured
 
     def run_bound(
@@ -476,10 +478,12 @@ class Program:
             captured = [None] * len(inputs)
         elif outputs:
             captured = [None] * outputs
+        if self.checks:
+            _check_nan(self.checks, env, w)
         fresh = buffers.fresh
         for kind, slot, v in self.graph.effects:
-            if v in epilogue:
-                continue  # already added into .grad by its kernel
+            if v in epilogue or kind == "check":
+                continue  # (added into .grad by its kernel; checked above)
             g = Tensor._make(env[v])
             if kind == "grad" and v in fresh and leaves[slot]._grad is None:
                 # a kernel's freshly allocated output, used by this effect only: it becomes
@@ -500,7 +504,28 @@ class Program:
         return captured
 
 
+def release(w: Walk) -> None:
+    """Free the saved tensors of the nodes a backward ran (no ``retain_graph``)."""
+    unrun = w.unrun
+    for n in w.nodes:
+        if (type(n) is OpNode or type(n) is FunctionCtx or type(n) in INLINED) and n not in unrun:
+            n.release()
+
+
 # ---- the side-effecting steps of graphs whose backward runs user hooks ------------------------
+
+
+def _check_nan(checks: list, env: dict, w: Walk | None) -> None:
+    """Anomaly mode: the first node, in eager's order, one of whose gradients holds a NaN gets
+    eager's warning (its forward traceback) and error; nothing has been written yet."""
+    for (node_index, output), v in checks:
+        if bool(Tensor._make(env[v]).isnan().any()):
+            assert w is not None  # (anomaly programs run on the walk path only)
+            node = w.nodes[node_index]
+            anomaly.warn_error_detected_in(node)
+            raise AutogradError(
+                f"Function '{node.name()}' returned nan values in its {output}th output."
+            )
 
 
 def _site_hooks(node: Any, kind: str, slot: int) -> list:

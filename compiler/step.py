@@ -54,6 +54,7 @@ from fusegrad.autograd import anomaly as _anomaly
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd.engine import run_backward
 from fusegrad.autograd.forward_state import state as _forward_state
+from fusegrad.autograd.function import FunctionCtx
 from fusegrad.autograd.node import Node, _freed_message
 from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.autograd.tracer import state as _tracer_state
@@ -70,6 +71,7 @@ from .cache import counters
 from .capture import Fallback, _grad_state
 from .capture import capture as _capture_graph
 from .capture import walk as _walk
+from .functions import function_globals_key, reads_plain_values
 from .ir import Graph, Value, format_graph, verify
 from .program import BackgroundBuild, Program, built_and_prepared, scratch_leaf
 from .settings import config
@@ -607,11 +609,24 @@ class Recorder(Tracer):
         inputs: Any,
         accumulate: bool,
     ) -> Any:
+        if create_graph:
+            # (the recorded program would need the double backward's intermediate values,
+            # which the eager run that records it does not bind)
+            raise StepBreak(f"backward(create_graph=True) at {_user_line()}")
         w = _walk(roots, grads, inputs, accumulate, create_graph)
         if w.fallback is not None:
             raise StepBreak(f"backward() at {_user_line()}: {w.fallback}")
         if w.has_hooks:
             raise StepBreak(f"backward() at {_user_line()} runs user hooks")
+        for n in w.nodes:
+            # a traced custom Function's backward is keyed by the walk, which a replay skips:
+            # what it reads of globals must not be able to change (the step's guard does not
+            # watch that code)
+            if type(n) is FunctionCtx and reads_plain_values(function_globals_key(n._cls.backward)):
+                raise StepBreak(
+                    f"backward() at {_user_line()}: the backward of {n.name()} reads Python "
+                    "values from globals or closures, which the step's guard does not watch"
+                )
         if inputs is not None and accumulate and any(t.grad_fn is not None for t in inputs):
             # (a non-leaf's .grad lives on a tensor of the recording call only)
             raise StepBreak(f"backward(inputs=...) with a non-leaf input at {_user_line()}")

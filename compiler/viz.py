@@ -14,8 +14,8 @@ with ``fusegrad.viz.DotGraph``:
   reductions fused as epilogues are marked, and so are ``.grad`` effects whose ``+=`` the kernel
   does itself (the accumulation epilogue), drawn inside the kernel;
 * externs (a primitive's eager kernel, a fusion barrier) as bold boxes; user hooks and ordered
-  ``.grad`` writes (``hook``, ``hook_output``, ``store_grad``, ``unpack_saved``: opaque steps at their eager
-  positions) as red octagons;
+  ``.grad`` writes (``hook``, ``hook_output``, ``store_grad``, ``unpack_saved``: opaque steps at
+  their eager positions) as red octagons;
 * the effects: ``.grad`` accumulation, ``backward(inputs=...)`` gradients, returned values,
   in-place writes of a whole step;
 * for a whole-step program, each value coloured by the part of the step it belongs to:
@@ -96,13 +96,15 @@ def _input_label(v: Value, sources: list | None) -> str:
     return f"%{v.id} {names.get(kind, kind)} {index}"
 
 
-def _effect_label(kind: str, slot: int, whole_step: bool) -> str:
+def _effect_label(kind: str, slot: Any, whole_step: bool) -> str:
     if kind == "grad":
         return f".grad of leaf {slot}"
     if kind == "input_grad":
         return f".grad of inputs[{slot}]"
     if kind == "write":
         return f"in-place write to input {slot}"
+    if kind == "check":
+        return f"NaN check: node {slot[0]}, output {slot[1]}"
     return f"output {slot}" if whole_step else f"returned gradient {slot}"
 
 

@@ -72,7 +72,7 @@ def test_unpack_hooks_run_in_eager_order_and_feed_the_gradients(scale: float) ->
     """The unpacked values are what the kernels read: a hook that scales what it keeps changes
     the gradients exactly as in eager mode."""
     eager_log, eager = _run(False, _model, _Logged(scale))
-    for call in range(3):  # a capture, then cache hits
+    for _ in range(3):  # a capture, then cache hits
         log, grads = _run(True, _model, _Logged(scale), seed=0)
         assert log == eager_log
         for e, c in zip(eager, grads):

@@ -1,0 +1,440 @@
+"""Custom autograd Functions inside compiled backward (issue 12, item 1).
+
+A ``backward`` written with fusegrad ops is traced like a derivative rule: its ops become IR
+values of the program and fuse with their neighbours.  Everything it depends on besides its
+tensors is in the cache key (ctx attributes, the globals and closures its code reads), and what
+it must not do (read values, draw random numbers, write in place, touch Python state) is
+detected while it runs and sends it to eager mode with the reason.  Each test compares with
+eager mode and checks what was captured or fell back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fusegrad as fg
+from fusegrad import compiler
+from fusegrad.autograd import Function
+from fusegrad.autograd.function import once_differentiable
+
+pytestmark = pytest.mark.usefixtures("fresh_compiler")
+
+SCALE = 3.0  # a global the backward of _GlobalScale reads (in the key: changing it recaptures)
+
+
+class _Cube(Function):
+    @staticmethod
+    def forward(ctx: Any, x: fg.Tensor, k: float) -> fg.Tensor:
+        ctx.save_for_backward(x)
+        ctx.k = k
+        return k * x**3
+
+    @staticmethod
+    def backward(ctx: Any, g: fg.Tensor) -> tuple:
+        (x,) = ctx.saved_tensors
+        return 3.0 * ctx.k * x * x * g, None
+
+
+def _leaf(shape: tuple = (3, 4), seed: int = 0) -> fg.Tensor:
+    rng = np.random.default_rng(seed)
+    return fg.tensor(rng.standard_normal(shape), requires_grad=True)
+
+
+def _grads(compiled: bool, program: Any, *shapes: tuple, seed: int = 0) -> list:
+    leaves = [_leaf(s, seed + i) for i, s in enumerate(shapes)]
+    y = program(*leaves)
+    if compiled:
+        with compiler.compiled_autograd():
+            y.backward()
+    else:
+        y.backward()
+    return [None if t.grad is None else t.grad.numpy() for t in leaves]
+
+
+def _same(program: Any, *shapes: tuple, calls: int = 3, seed: int = 0) -> None:
+    eager = _grads(False, program, *shapes, seed=seed)
+    for _ in range(calls):
+        got = _grads(True, program, *shapes, seed=seed)
+        for e, c in zip(eager, got):
+            assert (e is None) == (c is None)
+            if e is not None:
+                np.testing.assert_allclose(c, e, rtol=1e-12, atol=1e-12)
+
+
+def _compiled_without_fallback(captures: int = 1) -> None:
+    assert not compiler.counters.fallbacks, compiler.counters.fallbacks
+    assert compiler.counters.captures == captures
+
+
+def test_a_backward_in_fusegrad_ops_is_traced_and_replayed() -> None:
+    _same(lambda x: (_Cube.apply(x.exp(), 2.0) * x).sum(), (3, 4))
+    _compiled_without_fallback()
+    assert compiler.counters.compiled_runs == 3
+
+
+def test_its_ops_fuse_with_the_rest_of_the_backward() -> None:
+    x = _leaf()
+    report = compiler.explain(lambda: (_Cube.apply(x.tanh(), 2.0) * 1.5).sum().backward())
+    assert not report.fallbacks
+    ((_, program),) = report.captures
+    # tanh's rule, the Function's mul chain, the constant's mul: one elementwise loop
+    assert len(program.kernels) == 1, str(program)
+
+
+def test_ctx_attributes_are_in_the_key() -> None:
+    _same(lambda x: _Cube.apply(x, 2.0).sum(), (5,))
+    _same(lambda x: _Cube.apply(x, 0.5).sum(), (5,))
+    _compiled_without_fallback(captures=2)
+
+
+def test_a_global_the_backward_reads_is_in_the_key() -> None:
+    global SCALE
+
+    class _GlobalScale(Function):
+        @staticmethod
+        def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
+            return x * 1.0
+
+        @staticmethod
+        def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+            return g * SCALE
+
+    try:
+        _same(lambda x: _GlobalScale.apply(x).sum(), (4,))
+        SCALE = 5.0
+        got = _grads(True, lambda x: _GlobalScale.apply(x).sum(), (4,))
+        np.testing.assert_allclose(got[0], np.full(4, 5.0))
+    finally:
+        SCALE = 3.0
+    _compiled_without_fallback(captures=2)
+
+
+def test_a_ctx_tensor_attribute_is_read_at_its_current_values() -> None:
+    """``ctx.w = w`` (no save_for_backward): eager mode reads ``w`` as it is when backward
+    runs, without a version check; so does the program."""
+
+    class _ScaleBy(Function):
+        @staticmethod
+        def forward(ctx: Any, x: fg.Tensor, w: fg.Tensor) -> fg.Tensor:
+            ctx.w = w
+            return x * w
+
+        @staticmethod
+        def backward(ctx: Any, g: fg.Tensor) -> tuple:
+            return g * ctx.w, None
+
+    for compiled in (False, True, True):
+        x = _leaf((4,))
+        w = fg.tensor([1.0, 2.0, 3.0, 4.0], dtype=fg.float64)
+        y = _ScaleBy.apply(x, w).sum()
+        w.mul_(10.0)
+        if compiled:
+            with compiler.compiled_autograd():
+                y.backward()
+        else:
+            y.backward()
+        np.testing.assert_allclose(x.grad.numpy(), [10.0, 20.0, 30.0, 40.0])
+    _compiled_without_fallback()
+
+
+def test_saved_tensors_keep_their_version_check() -> None:
+    x = _leaf((3,))
+    h = x * 2.0
+    y = _Cube.apply(h, 1.0).sum()
+    with fg.no_grad():
+        h.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        with compiler.compiled_autograd():
+            y.backward()
+
+
+def test_needs_input_grad_branches_are_keyed() -> None:
+    class _Mul(Function):
+        @staticmethod
+        def forward(ctx: Any, a: fg.Tensor, b: fg.Tensor) -> fg.Tensor:
+            ctx.save_for_backward(a, b)
+            return a * b
+
+        @staticmethod
+        def backward(ctx: Any, g: fg.Tensor) -> tuple:
+            a, b = ctx.saved_tensors
+            ga = g * b if ctx.needs_input_grad[0] else None
+            gb = g * a if ctx.needs_input_grad[1] else None
+            return ga, gb
+
+    _same(lambda a, b: _Mul.apply(a, b).sum(), (3,), (3,))
+
+    def only_a(a: fg.Tensor, b: fg.Tensor) -> fg.Tensor:
+        return _Mul.apply(a, b.detach()).sum()
+
+    _same(only_a, (3,), (3,))
+    _compiled_without_fallback(captures=2)
+
+
+def test_multiple_outputs_materialized_and_not() -> None:
+    for materialize in (True, False):
+
+        class _Split(Function):
+            @staticmethod
+            def forward(ctx: Any, x: fg.Tensor, materialize: bool = materialize) -> tuple:
+                ctx.set_materialize_grads(materialize)
+                return x * 2.0, x * 3.0
+
+            @staticmethod
+            def backward(ctx: Any, g1: Any, g2: Any) -> fg.Tensor:
+                if g2 is None:  # (only without materialized gradients)
+                    return g1 * 2.0
+                return g1 * 2.0 + g2 * 3.0
+
+        _same(lambda x: _Split.apply(x)[0].sum(), (4,))
+        _same(lambda x: sum(o.sum() for o in _Split.apply(x)), (4,))
+    assert not compiler.counters.fallbacks
+
+
+def test_once_differentiable_mark_dirty_and_non_differentiable() -> None:
+    class _Relu(Function):
+        @staticmethod
+        def forward(ctx: Any, x: fg.Tensor) -> tuple:
+            out = x.clamp(min=0.0)
+            mask = x > 0
+            ctx.mark_non_differentiable(mask)
+            ctx.save_for_backward(mask.to(x.dtype))
+            return out, mask
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx: Any, g: fg.Tensor, _: Any) -> fg.Tensor:
+            (m,) = ctx.saved_tensors
+            return g * m
+
+    class _AddOneInPlace(Function):
+        @staticmethod
+        def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
+            x.add_(1.0)
+            ctx.mark_dirty(x)
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+            return g * 1.0
+
+    _same(lambda x: (_Relu.apply(x)[0] * x).sum(), (3, 4))
+    _same(lambda x: _AddOneInPlace.apply(x * 1.0).pow(2).sum(), (5,))
+    _compiled_without_fallback(captures=2)
+
+
+def test_setup_context_style_and_saved_views() -> None:
+    class _RowScale(Function):
+        @staticmethod
+        def forward(x: fg.Tensor, s: fg.Tensor) -> fg.Tensor:
+            return x * s[:, None]
+
+        @staticmethod
+        def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+            x, s = inputs
+            ctx.save_for_backward(x.t(), s)  # a view of an input
+
+        @staticmethod
+        def backward(ctx: Any, g: fg.Tensor) -> tuple:
+            xt, s = ctx.saved_tensors
+            return g * s[:, None], (g * xt.t()).sum(1)
+
+    _same(lambda x, s: (_RowScale.apply(x, s) ** 2).sum(), (3, 4), (3,))
+    _compiled_without_fallback()
+
+
+def test_symbolic_sizes_serve_a_new_batch() -> None:
+    class _MeanRows(Function):
+        @staticmethod
+        def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
+            ctx.n = x.shape[0]  # (an int: in the key; the next batch size is a new key)
+            ctx.save_for_backward(x)
+            return x.mean(0)
+
+        @staticmethod
+        def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+            (x,) = ctx.saved_tensors
+            return g.expand(x.shape[0], -1) / x.shape[0]
+
+    class _Double(Function):
+        @staticmethod
+        def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+            return g.reshape(g.shape[0], -1).mul(2.0).reshape(g.shape)
+
+    for rows in (4, 7):
+        _same(lambda x: _MeanRows.apply(x).sum(), (rows, 3), calls=1)
+    assert compiler.counters.captures == 2
+    for rows in (4, 7, 9):
+        _same(lambda x: _Double.apply(x.exp()).sum(), (rows, 3), calls=1)
+    assert compiler.counters.captures == 3  # one symbolic capture for the three batches
+    assert not compiler.counters.fallbacks
+
+
+def _refusal(backward: Any, reason: str, program: Any = None, captures: int = 0) -> None:
+    """A Function with this backward runs eagerly, for ``reason``, with eager's gradients
+    (``captures``: other backwards that compiled meanwhile)."""
+    compiler.reset()
+
+    class _F(Function):
+        @staticmethod
+        def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
+            ctx.save_for_backward(x)
+            return x * 2.0
+
+    _F.backward = staticmethod(backward)  # type: ignore[method-assign]
+    run = program or (lambda x: _F.apply(x).sum())
+    _same(lambda x: run(x) if program is None else program(_F, x), (4,), calls=2)
+    reasons = compiler.counters.fallbacks
+    assert sum(reasons.values()) == 2 and len(reasons) == 1, reasons
+    assert reason in next(iter(reasons)), reasons
+    assert compiler.counters.captures == captures
+
+
+def test_reading_values_falls_back() -> None:
+    _refusal(lambda ctx, g: g * float(ctx.saved_tensors[0].sum()), "needs tensor values")
+
+
+def test_branching_on_values_falls_back() -> None:
+    _refusal(lambda ctx, g: g * 2.0 if bool((g > 0).all()) else g, "needs tensor values")
+
+
+def test_numpy_falls_back() -> None:
+    _refusal(lambda ctx, g: fg.tensor(np.asarray(g.detach()) * 2.0), "reads module 'numpy'")
+
+
+def test_random_draws_fall_back() -> None:
+    _refusal(lambda ctx, g: g * 2.0 + 0.0 * fg.randn(4, dtype=fg.float64), "draws random")
+
+
+def test_in_place_writes_fall_back() -> None:
+    # (the write into a symbolic value's memory fails before the tracer hears of it)
+    _refusal(lambda ctx, g: g.clone().mul_(2.0), "needs tensor values")
+
+
+LOG: list = []
+
+
+def test_python_state_falls_back() -> None:
+    _refusal(lambda ctx, g: (LOG.append(1), g * 2.0)[1], "reads 'LOG', a list")
+    _refusal(lambda ctx, g: (print(end=""), g * 2.0)[1], "builtin 'print'")
+
+
+def test_an_outside_tensor_falls_back() -> None:
+    outside = fg.tensor([2.0, 2.0, 2.0, 2.0], dtype=fg.float64)
+    _refusal(lambda ctx, g: g * outside, "reads the tensor 'outside'")
+
+
+def test_a_nested_backward_falls_back() -> None:
+    def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+        (x,) = ctx.saved_tensors
+        with fg.enable_grad():
+            inner = x.detach().requires_grad_()
+            (gi,) = fg.autograd.grad((inner * 2.0).sum(), inner)
+        return g * gi
+
+    _refusal(backward, "changes tensor state", captures=1)  # (the inner grad() compiles)
+
+
+def test_errors_of_the_backward_are_eagers() -> None:
+    class _TooFew(Function):
+        @staticmethod
+        def forward(ctx: Any, x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
+            return x * y
+
+        @staticmethod
+        def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+            return g
+
+    x, y = _leaf((2,)), _leaf((2,), 1)
+    with pytest.raises(RuntimeError, match="returned an incorrect number of gradients"):
+        with compiler.compiled_autograd():
+            _TooFew.apply(x, y).sum().backward()
+    assert x.grad is None and y.grad is None
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    rows=st.integers(1, 5),
+    cols=st.integers(1, 5),
+    k=st.sampled_from([0.5, 2.0]),
+    before=st.sampled_from(["exp", "tanh", "neg"]),
+)
+def test_random_shapes_and_neighbours_match_eager(
+    rows: int, cols: int, k: float, before: str
+) -> None:
+    def program(x: fg.Tensor) -> fg.Tensor:
+        h = getattr(x, before)()
+        return (_Cube.apply(h, k) * h.sigmoid()).sum() + _Cube.apply(x, k).mean()
+
+    compiler.reset()
+    _same(program, (rows, cols), calls=2)
+    assert not compiler.counters.fallbacks
+
+
+class _Swish(Function):
+    @staticmethod
+    def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
+        s = x.sigmoid()
+        ctx.save_for_backward(x, s)
+        return x * s
+
+    @staticmethod
+    def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+        x, s = ctx.saved_tensors
+        return g * (s + x * s * (1.0 - s))
+
+
+class _GlobalGain(Function):
+    @staticmethod
+    def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+        return g * SCALE
+
+
+@pytest.mark.parametrize("fn", [_Swish, _GlobalGain])
+def test_a_whole_step_records_a_traced_function(fn: Any) -> None:
+    """Inside a compiled training step the Function's backward is part of the one program; one
+    whose backward reads global values the step's guard does not watch stops the recording."""
+
+    def train(compiled: bool) -> tuple:
+        fg.manual_seed(0)
+        model = fg.nn.Sequential(fg.nn.Linear(4, 8), fg.nn.Linear(8, 2)).double()
+        opt = fg.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
+            opt.zero_grad()
+            loss = (model[1](fn.apply(model[0](x))) - y).pow(2).mean()
+            loss.backward()
+            opt.step()
+            return loss
+
+        run = fg.compile(step) if compiled else step
+        rng = np.random.default_rng(0)
+        losses = []
+        for _ in range(4):
+            x = fg.tensor(rng.standard_normal((16, 4)))
+            y = fg.tensor(rng.standard_normal((16, 2)))
+            losses.append(float(run(x, y)))
+        return losses, model[0].weight.detach().numpy()
+
+    eager, compiled = train(False), train(True)
+    np.testing.assert_allclose(compiled[0], eager[0], rtol=1e-12)
+    np.testing.assert_allclose(compiled[1], eager[1], rtol=1e-12, atol=1e-14)
+    if fn is _Swish:
+        assert compiler.counters.step_captures == 1 and compiler.counters.step_runs == 3
+        assert not compiler.counters.step_breaks
+    else:
+        assert compiler.counters.step_runs == 0
+        assert any("reads Python values" in r for r in compiler.counters.step_breaks)
