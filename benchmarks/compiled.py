@@ -82,7 +82,7 @@ from benchmarks import eager_overhead as eager  # MLP inputs and hand-written nu
 
 # numpy, fusegrad, torch and jax are imported in ``main`` only, after the thread count is pinned.
 
-WORKLOADS = ("A", "B", "C", "D")
+WORKLOADS = ("A", "B", "C", "D", "E", "F")
 A_SIZES = (10**5, 10**6, 10**7)
 A_SIZES_QUICK = (10**3, 10**4)
 B_SHAPE = (256, 1024)
@@ -92,6 +92,9 @@ GELU_K = 0.044715
 D_SIZE = 1000
 D_BLOCKS = 20  # 10 ops per block: 200 elementwise ops, then the sum
 D_W_EVERY = 2  # w is the multiplier of every second block: used 10 times
+E_SHAPE = (256, 64, 256)  # batch, features, critic width (WGAN-GP gradient penalty)
+E_LAMBDA = 10.0
+F_SIZE = 10**5  # Hessian-vector product over this many elements
 
 IMPLS = (
     "fg_eager",
@@ -131,6 +134,8 @@ DEFAULT_REPS = {
     "B": (3, 30),
     "C": (3, 30),
     "D": (10, 150),
+    "E": (5, 60),
+    "F": (5, 60),
 }
 QUICK_REPS = (1, 2)
 GRAD_RTOL = 2e-3
@@ -153,6 +158,8 @@ class Ops:
     layer_norm: Callable[[Any, Any, Any], Any]
     relu: Callable[[Any], Any]
     cross_entropy: Callable[[Any, Any], Any]
+    # d(y)/d(x) for a scalar y, itself differentiable (``create_graph=True``)
+    grad: Callable[[Any, Any], Any] | None = None
 
 
 def a_forward(ops: Ops, x: Any, w: Any, b: Any) -> Any:
@@ -193,6 +200,25 @@ def d_forward(ops: Ops, x: Any, w: Any) -> Any:
         y = s * e  # mul
         h = h + y  # add
     return ops.sum(h)
+
+
+def e_forward(ops: Ops, x: Any, W1: Any, b1: Any, W2: Any, b2: Any) -> Any:
+    """Workload E: a WGAN-GP critic step: a tanh MLP critic ``D``, the gradient of ``D(x)``
+    with respect to its input (``create_graph=True``), and the loss ``mean(D(x)) +
+    10 * mean((|grad|_2 - 1)^2)``, whose backward is a double backward."""
+    assert ops.grad is not None
+    out = ops.tanh(x @ W1 + b1) @ W2 + b2
+    gx = ops.grad(ops.sum(out), x)
+    norm = ((gx * gx).sum(1) + 1e-12).sqrt()
+    return out.mean() + E_LAMBDA * ((norm - 1.0) * (norm - 1.0)).mean()
+
+
+def f_forward(ops: Ops, x: Any, w: Any, v: Any) -> Any:
+    """Workload F: a Hessian-vector product: ``g = d f / d x`` (``create_graph=True``) for
+    ``f = sum(tanh(x*w) * x)``, loss ``sum(g * v)``; its backward leaves ``H v`` in ``x.grad``."""
+    assert ops.grad is not None
+    g = ops.grad(ops.sum(ops.tanh(x * w) * x), x)
+    return ops.sum(g * v)
 
 
 @dataclass
@@ -297,6 +323,46 @@ def make_workloads(np: Any, names: Sequence[str], quick: bool) -> list[Workload]
                     f"w used {D_BLOCKS // D_W_EVERY} times",
                 )
             )
+        elif name == "E":
+            batch, feats, width = E_SHAPE
+            out.append(
+                Workload(
+                    "E",
+                    "E grad penalty",
+                    "E",
+                    {
+                        "x": rng.standard_normal((batch, feats)).astype(np.float32),
+                        "W1": (rng.standard_normal((feats, width)) / feats**0.5).astype(np.float32),
+                        "b1": (0.1 * rng.standard_normal(width)).astype(np.float32),
+                        "W2": (rng.standard_normal((width, 1)) / width**0.5).astype(np.float32),
+                        "b2": np.zeros(1, np.float32),
+                    },
+                    ("x", "W1", "b1", "W2", "b2"),
+                    (),
+                    e_forward,
+                    "ms",
+                    description=f"WGAN-GP: critic {feats}-{width}-1 (tanh), batch {batch}; "
+                    "grad(D(x), x, create_graph=True), then the penalty's backward",
+                )
+            )
+        elif name == "F":
+            out.append(
+                Workload(
+                    "F",
+                    "F HVP",
+                    "F",
+                    {
+                        "x": rng.standard_normal(F_SIZE).astype(np.float32),
+                        "w": rng.uniform(0.5, 1.5, F_SIZE).astype(np.float32),
+                        "v": rng.standard_normal(F_SIZE).astype(np.float32),
+                    },
+                    ("x", "w"),
+                    ("v",),
+                    f_forward,
+                    "µs",
+                    description=f"Hessian-vector product of sum(tanh(x*w)*x), {F_SIZE} elements",
+                )
+            )
         else:
             raise ValueError(f"unknown workload {name!r} (expected one of {', '.join(WORKLOADS)})")
     return out
@@ -331,6 +397,7 @@ def fg_ops(fg: Any) -> Ops:
         layer_norm=lambda t, w, b: F.layer_norm(t, (t.shape[-1],), w, b, eps=LN_EPS),
         relu=F.relu,
         cross_entropy=F.cross_entropy,
+        grad=lambda y, x: fg.autograd.grad(y, x, create_graph=True)[0],
     )
 
 
@@ -345,6 +412,7 @@ def torch_ops(torch: Any) -> Ops:
         layer_norm=lambda t, w, b: F.layer_norm(t, (t.shape[-1],), w, b, eps=LN_EPS),
         relu=torch.relu,
         cross_entropy=F.cross_entropy,
+        grad=lambda y, x: torch.autograd.grad(y, x, create_graph=True)[0],
     )
 
 
@@ -453,6 +521,8 @@ def fg_step_impl(wl: Workload, fg: Any, *, keep_grad: bool = False) -> Impl:
 
 def jax_impl(wl: Workload, jax: Any, jnp: Any) -> Impl:
     """``jax.jit(jax.value_and_grad(loss))`` over the leaves; one phase, forward+backward."""
+    if wl.name in ("E", "F"):
+        raise NotImplementedError("its forward differentiates (not written for JAX)")
     ops = jax_ops(jax, jnp)
 
     def loss_fn(*tensors: Any) -> Any:
@@ -698,6 +768,8 @@ NUMPY_IMPLS: dict[str, dict[str, Callable[[Any, dict[str, Any]], Impl]]] = {
     "B": {"numpy": b_numpy},
     "C": {"numpy": c_numpy},
     "D": {"numpy": d_numpy},
+    "E": {},  # (double backward: no hand-written numpy version)
+    "F": {},
 }
 
 

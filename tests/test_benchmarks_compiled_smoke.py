@@ -33,7 +33,15 @@ HAVE_JAX = importlib.util.find_spec("jax") is not None
 HAVE_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-QUICK_LABELS = ["A N=1e3", "A N=1e4", "B 256x1024", "C MLP", "D chain200"]
+QUICK_LABELS = [
+    "A N=1e3",
+    "A N=1e4",
+    "B 256x1024",
+    "C MLP",
+    "D chain200",
+    "E grad penalty",
+    "F HVP",
+]
 METRICS = ["forward", "backward", "forward+backward"]
 A_METRICS = ["forward", "backward", "backward, .grad kept", "forward+backward"]
 
