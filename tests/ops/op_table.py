@@ -4565,5 +4565,75 @@ add(
     _one((1, 4), (3,), (4,)),
 )
 
+add("adjoint", lambda m, x: m.adjoint(x), lambda x: np.swapaxes(x, -1, -2), _one((2, 3, 4)))
+add(
+    "fill",
+    lambda m, x, v: m.fill(x, v),
+    lambda x, v: np.broadcast_to(v, x.shape),
+    _one((2, 3), ()),
+)
+add(
+    "ldexp",
+    lambda m, x, e: m.ldexp(x, e),
+    lambda x, e: x * 2.0**e,
+    lambda rng: [S((uni(rng, (3, 4)), uni(rng, (3, 4)))), S((uni(rng, (3, 1)), uni(rng, (4,))))],
+)
+add(
+    "mvlgamma",
+    lambda m, x: m.mvlgamma(x, 3),
+    lambda x: sum(lgamma_ref(x - j / 2) for j in range(3)) + 1.5 * np.log(np.pi),
+    unary(lambda r, s: uni(r, s, 1.2, 4.0)),
+)
+add(
+    "trapezoid",
+    lambda m, y, x: (m.trapezoid(y, x), m.trapezoid(y, dx=0.5, dim=0), m.trapz(y)),
+    lambda y, x: (np.trapezoid(y, x), np.trapezoid(y, dx=0.5, axis=0), np.trapezoid(y)),
+    lambda rng: [S((uni(rng, (3, 5)), np.cumsum(pos(rng, (5,)))), nograd=frozenset({1}))],
+)
+add(
+    "cumulative_trapezoid",
+    lambda m, y, x: m.cumulative_trapezoid(y, x),
+    lambda y, x: np.cumsum((y[:, 1:] + y[:, :-1]) / 2 * np.diff(x), 1),
+    lambda rng: [S((uni(rng, (3, 5)), np.cumsum(pos(rng, (3, 5)), 1)))],
+)
+add(
+    "cov",
+    lambda m, x, a: (m.cov(x), m.cov(x, correction=0, fweights=m.tensor([1, 2, 1, 3]), aweights=a)),
+    lambda x, a: (np.cov(x), np.cov(x, ddof=0, fweights=[1, 2, 1, 3], aweights=a)),
+    lambda rng: [S((uni(rng, (3, 4)), pos(rng, (4,))))],
+)
+add("corrcoef", lambda m, x: m.corrcoef(x), np.corrcoef, _one((3, 5)))
+add(
+    "vander",
+    lambda m, x: (m.vander(x), m.vander(x, 2, increasing=True)),
+    lambda x: (np.vander(x), np.vander(x, 2, increasing=True)),
+    _one((4,)),
+    torch_grad=False,  # (PyTorch 2.13's vander backward fails: a tensor it saved is modified)
+)
+add(
+    "combinations",
+    lambda m, x: m.combinations(x, 2, with_replacement=True),
+    lambda x: np.array(list(__import__("itertools").combinations_with_replacement(x, 2))),
+    _one((4,)),
+)
+add(
+    "quantile",
+    lambda m, x: (
+        m.quantile(x, m.tensor([0.1, 0.5, 1.0], dtype=x.dtype), dim=1, keepdim=True),
+        m.quantile(x, 0.3, interpolation="midpoint"),
+    ),
+    lambda x: (
+        np.moveaxis(np.quantile(x, [0.1, 0.5, 1.0], axis=1, keepdims=True), 0, 0),
+        np.quantile(x, 0.3, method="midpoint"),
+    ),
+    _one((3, 5)),
+)
+add(
+    "nanquantile",
+    lambda m, x: m.nanquantile(x, 0.4, dim=0),
+    lambda x: np.nanquantile(x, 0.4, axis=0),
+    lambda rng: [S((np.where(rng.random((4, 3)) < 0.3, np.nan, uni(rng, (4, 3))),))],
+)
+
 OPS_BY_NAME = {e.name: e for e in OPS}
 assert len(OPS_BY_NAME) == len(OPS), "duplicate op table names"

@@ -4,6 +4,7 @@ the op table."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -58,6 +59,14 @@ CASES = {
     "vsplit": lambda m: m.vsplit(m.ones(4, 2), [1, 3]),
     "atleast_2d_tuple": lambda m: m.atleast_2d((m.tensor(1.0), m.tensor([1.0, 2.0]))),
     "block_diag_empty": lambda m: m.block_diag(m.ones(0, 2), m.ones(1, 1)),
+    "bincount": lambda m: m.bincount(m.tensor([1, 1, 3]), minlength=6),
+    "bincount_weights": lambda m: m.bincount(m.tensor([1, 1, 3]), m.tensor([0.5, 1.0, 2.0])),
+    "unravel_index": lambda m: m.unravel_index(m.tensor([4, -1, 7]), (2, 4)),
+    "quantile_nan": lambda m: m.quantile(m.tensor([[1.0, math.nan], [2.0, 3.0]]), 0.5, dim=0),
+    "nanquantile_all_nan": lambda m: m.nanquantile(
+        m.tensor([[math.nan, math.nan], [2.0, 3.0]]), 0.5, dim=1
+    ),
+    "cov_1d": lambda m: m.cov(m.tensor([1.0, 2.5, 4.0, 3.0])),
 }
 for _window in ("hann", "hamming", "blackman", "bartlett", "kaiser"):
     for _periodic in (True, False):
@@ -106,6 +115,10 @@ def test_randint_like_keeps_shape_and_dtype_and_range() -> None:
         (lambda: fg.positive(fg.tensor([True])), TypeError, "bool"),
         (lambda: fg.hann_window(3, dtype=fg.int64), TypeError, "floating point"),
         (lambda: fg.meshgrid(fg.ones(2, 2), indexing="ij"), RuntimeError, "0D or 1D"),
+        (lambda: fg.quantile(fg.ones(3), 1.5), ValueError, r"range \[0, 1\]"),
+        (lambda: fg.bincount(fg.tensor([1, -1])), ValueError, "non-negative"),
+        (lambda: fg.mvlgamma(fg.tensor([0.5]), 3), ValueError, "greater than"),
+        (lambda: fg.fill(fg.ones(2), fg.ones(2)), RuntimeError, "0-dimension"),
     ],
 )
 def test_errors(call: object, error: type, words: str) -> None:

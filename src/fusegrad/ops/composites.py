@@ -23,13 +23,15 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import return_types
+from .. import storage as _storage
 from ..autograd.node_names import torch_node_name as _torch_node_name
+from ..autograd.tracer import notify_host_read as _read
 from ..device import as_device
 from ..errors import DTypeError, ShapeError, describe
 from ..tensor import Tensor
 from ._util import cast, operand, to_tensor, wrap_dim
 from .creation import _created, _dtype_or_default, _leaf, ones_like, randint, zeros_like
-from .elementwise import add, clamp, div, sign, sub, trunc, where
+from .elementwise import add, ceil, clamp, div, floor, round, sign, sqrt, sub, trunc, where
 from .generated import (
     abs,
     eq,
@@ -38,6 +40,7 @@ from .generated import (
     isinf,
     isnan,
     le,
+    lgamma,
     log,
     logaddexp,
     logical_and,
@@ -48,12 +51,13 @@ from .generated import (
     pow,
     remainder,
 )
-from .indexing import index_select
+from .indexing import gather, index_select
 from .linalg import dot, matmul, mv, outer
-from .reduction import amax, amin, any, mean, norm, std, sum
+from .reduction import amax, amin, any, cumsum, mean, norm, std, sum
 from .shape import (
     cat,
     diagonal,
+    diff,
     flip,
     movedim,
     permute,
@@ -62,6 +66,7 @@ from .shape import (
     transpose,
     unsqueeze,
 )
+from .sorting import sort
 
 __all__ = [
     "frac",
@@ -130,6 +135,21 @@ __all__ = [
     "bartlett_window",
     "blackman_window",
     "kaiser_window",
+    "adjoint",
+    "fill",
+    "ldexp",
+    "mvlgamma",
+    "trapezoid",
+    "trapz",
+    "cumulative_trapezoid",
+    "cov",
+    "corrcoef",
+    "vander",
+    "combinations",
+    "quantile",
+    "nanquantile",
+    "bincount",
+    "unravel_index",
 ]
 
 
@@ -912,3 +932,296 @@ def kaiser_window(
         requires_grad,
         lambda n: np.kaiser(n, beta),
     )
+
+
+# ---- more numerics -------------------------------------------------------------------------
+def adjoint(input: Any) -> Tensor:
+    """The conjugate transpose of the last two dims: their transpose (no complex dtypes)."""
+    x = to_tensor(input)
+    if x.ndim < 2:
+        raise ShapeError(
+            "tensor.adjoint() is only supported on matrices or batches of matrices. "
+            f"Got {x.ndim}-D tensor."
+        )
+    return transpose(x, -2, -1)
+
+
+def fill(input: Any, value: Any) -> Tensor:
+    """A new tensor like ``input`` filled with ``value`` (a number or a 0-d tensor, which gets
+    the gradient summed; ``input`` gets none)."""
+    x = to_tensor(input)
+    v = to_tensor(value)
+    if v.ndim != 0:
+        raise ShapeError(
+            f"fill only supports 0-dimension value tensor but got tensor with {v.ndim} dimensions."
+        )
+    return where(ones_like(x, dtype=_dt.bool_), cast(v, x._dtype), x.detach())
+
+
+def ldexp(input: Any, other: Any) -> Tensor:
+    """``input * 2 ** other``."""
+    x, e = _float_operands("ldexp", input, other)
+    return mul(x, pow(2.0, e))
+
+
+def mvlgamma(input: Any, p: int) -> Tensor:
+    """The multivariate log-gamma of dimension ``p``:
+    ``p (p - 1) / 4 log(pi) + sum_j lgamma(x - j / 2)``, j = 0 .. p - 1."""
+    (x,) = _float_operands("mvlgamma", input)
+    if p < 1:
+        raise ValueError(f"p has to be greater than or equal to 1, but got {p}")
+    if x.numel() and bool((x.detach() <= (p - 1) / 2).any()):
+        raise ValueError(f"All elements must be greater than (p-1)/2 = {(p - 1) / 2}")
+    total = lgamma(x)
+    for j in builtins.range(1, p):
+        total = add(total, lgamma(sub(x, j / 2)))
+    return add(total, p * (p - 1) / 4 * math.log(math.pi))
+
+
+def _trapezoid_parts(y: Tensor, x: Any, dx: Any, dim: int) -> tuple[Tensor, Any]:
+    """The pairwise means of ``y`` along ``dim`` and the spacings (a number or a tensor)."""
+    d = wrap_dim("trapezoid", dim, y.ndim)
+    n = y.shape[d]
+    means = div(add(y.narrow(d, 1, n - 1), y.narrow(d, 0, n - 1)), 2.0)
+    if x is None:
+        return means, 1.0 if dx is None else dx
+    if dx is not None:
+        raise TypeError("trapezoid: received both x and dx; pass one of them")
+    xs = to_tensor(x)
+    if xs.ndim == 1:
+        if xs.shape[0] != n:
+            raise ShapeError(
+                f"trapezoid: There must be one `x` value for each sample point, got {xs.shape[0]}"
+                f" x values and {n} samples"
+            )
+        view = [1] * y.ndim
+        view[d] = n - 1
+        return means, reshape(diff(xs), tuple(view))
+    return means, diff(xs, dim=d)
+
+
+def trapezoid(y: Any, x: Any = None, *, dx: Any = None, dim: int = -1) -> Tensor:
+    t = to_tensor(y)
+    if t.shape[wrap_dim("trapezoid", dim, t.ndim)] == 0:
+        return sum(t, dim)
+    means, spacing = _trapezoid_parts(t, x, dx, dim)
+    return sum(mul(means, spacing), dim)
+
+
+def trapz(y: Any, x: Any = None, *, dx: Any = None, dim: int = -1) -> Tensor:
+    return trapezoid(y, x, dx=dx, dim=dim)
+
+
+def cumulative_trapezoid(y: Any, x: Any = None, *, dx: Any = None, dim: int = -1) -> Tensor:
+    t = to_tensor(y)
+    d = wrap_dim("cumulative_trapezoid", dim, t.ndim)
+    if t.shape[d] == 0:
+        return t.narrow(d, 0, 0)
+    means, spacing = _trapezoid_parts(t, x, dx, d)
+    return cumsum(mul(means, spacing), d)
+
+
+def cov(input: Any, *, correction: int = 1, fweights: Any = None, aweights: Any = None) -> Tensor:
+    """The covariance of the rows of ``input`` (variables) over its columns (observations),
+    with optional integer frequency and float observation weights, as numpy's ``cov``."""
+    x = to_tensor(input)
+    if x.ndim > 2:
+        raise ShapeError(
+            f"cov(): expected input to have two or fewer dimensions but got an input "
+            f"with {x.ndim} dimensions"
+        )
+    if x._dtype.category < 2:
+        x = cast(x, _dt.get_default_dtype())
+    x = reshape(x, (1, -1)) if x.ndim < 2 else x
+    observations = x.shape[1]
+    w = None
+    if fweights is not None:
+        w = cast(to_tensor(fweights), x._dtype)
+    if aweights is not None:
+        a = cast(to_tensor(aweights), x._dtype)
+        w = a if w is None else mul(w, a)
+    if w is None:
+        total = to_tensor(float(observations), x._dtype)
+        average = mean(x, 1, True)
+        factor = sub(total, correction)
+        centred = sub(x, average)
+        product = matmul(centred, transpose(centred, 0, 1))
+    else:
+        total = sum(w)
+        average = div(sum(mul(x, w), 1, True), total)
+        if aweights is None or correction == 0:
+            factor = sub(total, correction)
+        else:
+            factor = sub(
+                total, div(mul(sum(mul(w, cast(to_tensor(aweights), x._dtype))), correction), total)
+            )
+        centred = sub(x, average)
+        product = matmul(mul(centred, w), transpose(centred, 0, 1))
+    factor = clamp(factor, min=0.0)
+    out = div(product, factor)
+    return reshape(out, ()) if out.shape == (1, 1) else out
+
+
+def corrcoef(input: Any) -> Tensor:
+    c = cov(input)
+    if c.ndim == 0:
+        return div(c, c)
+    d = sqrt(diagonal(c))
+    out = div(div(c, unsqueeze(d, 1)), unsqueeze(d, 0))
+    return clamp(out, -1.0, 1.0)
+
+
+def vander(x: Any, N: int | None = None, increasing: bool = False) -> Tensor:  # noqa: N803
+    t = to_tensor(x)
+    if t.ndim != 1:
+        raise ShapeError("x must be a one-dimensional tensor.")
+    n = t.shape[0] if N is None else int(N)
+    if n < 0:
+        raise ValueError("N must be non-negative.")
+    if n == 0:
+        return reshape(t, (-1, 1)).narrow(1, 0, 0)
+    # columns 1, x, x*x, ...: a running product (as PyTorch: exact at x = 0 and for integers)
+    columns = [ones_like(t)]
+    for _ in builtins.range(1, n):
+        columns.append(mul(columns[-1], t))
+    out = stack(columns, 1)
+    return out if increasing else flip(out, (1,))
+
+
+def combinations(input: Any, r: int = 2, with_replacement: bool = False) -> Tensor:
+    import itertools  # (standard library; only this function uses it)
+
+    x = to_tensor(input)
+    if x.ndim != 1:
+        raise ShapeError(f"Expect a 1D vector, but got shape {list(x.shape)}")
+    if r < 0:
+        raise ValueError(f"Expect a non-negative number, but got {r}")
+    if r == 0:
+        return x.narrow(0, 0, 0)
+    pick = itertools.combinations_with_replacement if with_replacement else itertools.combinations
+    rows = list(pick(builtins.range(x.shape[0]), r))
+    index = np.array(rows, dtype=np.int64).reshape(-1)
+    chosen = index_select(x, 0, to_tensor(index))
+    return reshape(chosen, (len(rows), r))
+
+
+_INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
+
+
+def _quantile(
+    op: str, input: Any, q: Any, dim: Any, keepdim: bool, interpolation: str, ignore_nan: bool
+) -> Tensor:
+    x = to_tensor(input)
+    if x._dtype.category < 2:
+        raise DTypeError(f"{op}() input tensor must be either float or double dtype")
+    if interpolation not in _INTERPOLATIONS:
+        raise ValueError(
+            f"{op}() interpolation must be one of linear, lower, higher, midpoint or nearest. "
+            f"Got {interpolation}"
+        )
+    qs = to_tensor(q, x._dtype).detach()
+    scalar_q = qs.ndim == 0
+    if qs.ndim > 1:
+        raise ShapeError(f"{op}() q must be a scalar or 1D tensor")
+    qv = reshape(cast(qs, x._dtype), (-1,))
+    if qv.numel() and not bool(((qv >= 0) & (qv <= 1)).all()):
+        raise ValueError(f"{op}() q values must be in the range [0, 1]")
+    if dim is None:
+        rows, d = reshape(x, (1, -1)), 1
+        kept = (1,) * x.ndim
+        reduced: tuple = ()
+    else:
+        d = wrap_dim(op, dim, builtins.max(x.ndim, 1))
+        rows = x if x.ndim else reshape(x, (1,))
+        kept = tuple(1 if i == d else s for i, s in enumerate(rows.shape))
+        reduced = tuple(s for i, s in enumerate(rows.shape) if i != d)
+        rows, d = movedim(rows, d, -1), rows.ndim - 1
+    if rows.shape[-1] == 0:
+        raise ShapeError(f"{op}() input tensor must be non-empty")
+    ordered = sort(rows, -1).values  # NaN last
+    nan_row = any(isnan(rows.detach()), -1, True)
+    count = sum(logical_not(isnan(rows.detach())), -1, True) if ignore_nan else None
+    last = cast(count, x._dtype) if ignore_nan else to_tensor(float(rows.shape[-1]), x._dtype)
+    last = clamp(sub(last, 1.0), min=0.0)
+    pos = mul(last, qv).expand(*rows.shape[:-1], qv.shape[0])  # (..., nq)
+    lo, hi = floor(pos), ceil(pos)
+    if interpolation == "nearest":
+        lo = hi = round(pos)
+    take_lo = gather(ordered, -1, cast(lo, _dt.int64))
+    take_hi = gather(ordered, -1, cast(hi, _dt.int64))
+    if interpolation in ("lower", "nearest"):
+        out = take_lo
+    elif interpolation == "higher":
+        out = take_hi
+    elif interpolation == "midpoint":
+        out = div(add(take_lo, take_hi), 2.0)
+    else:
+        out = add(take_lo, mul(sub(take_hi, take_lo), sub(pos, lo)))
+    invalid = eq(count, 0) if ignore_nan else nan_row
+    out = where(invalid, math.nan, out)
+    # (..., nq) -> (nq, *reduced or kept)
+    out = movedim(out, -1, 0)
+    shape = kept if keepdim else reduced
+    out = reshape(out, (qv.shape[0],) + tuple(shape))
+    return reshape(out, tuple(shape)) if scalar_q else out
+
+
+def quantile(
+    input: Any, q: Any, dim: Any = None, keepdim: bool = False, *, interpolation: str = "linear"
+) -> Tensor:
+    """The ``q``-quantiles along ``dim`` (all elements when None), interpolated between the
+    sorted values (PyTorch's five ``interpolation`` modes); nan where the slice holds a nan.
+    Gradients reach the selected elements through the sort."""
+    return _quantile("quantile", input, q, dim, keepdim, interpolation, ignore_nan=False)
+
+
+def nanquantile(
+    input: Any, q: Any, dim: Any = None, keepdim: bool = False, *, interpolation: str = "linear"
+) -> Tensor:
+    """``quantile`` ignoring nan values (nan only where a slice has nothing else)."""
+    return _quantile("nanquantile", input, q, dim, keepdim, interpolation, ignore_nan=True)
+
+
+def _read_host(t: Tensor, what: str) -> np.ndarray:
+    """``t``'s values on the host, telling a tracing compiler that ``what`` reads them."""
+    _read(t, what)
+    return _storage.to_host(t._data)
+
+
+def bincount(input: Any, weights: Any = None, minlength: int = 0) -> Tensor:
+    """Counts (or sums of ``weights``) of each value of a 1-D non-negative integer tensor;
+    computed on the host (its length depends on the values), not differentiable."""
+    x = to_tensor(input)
+    if x.ndim != 1 or x._dtype.category != 1:
+        raise ShapeError(
+            f"bincount only supports 1-d non-negative integral inputs, got {describe(x)}"
+        )
+    values = np.asarray(_read_host(x, "bincount()"))
+    if values.size and values.min() < 0:
+        raise ValueError("bincount only supports 1-d non-negative integral inputs.")
+    if weights is None:
+        counts = np.bincount(values, minlength=minlength).astype(np.int64)
+        return _created(_leaf(counts, False, x.device))
+    w = to_tensor(weights)
+    wv = np.asarray(_read_host(w, "bincount()"))
+    dt = w._dtype if w._dtype in (_dt.float32, _dt.float64) else _dt.float64
+    sums = np.bincount(values, weights=wv, minlength=minlength).astype(dt.np)
+    return _created(_leaf(sums, False, x.device))
+
+
+def unravel_index(indices: Any, shape: Any) -> tuple:
+    idx = to_tensor(indices)
+    if idx._dtype.category != 1:
+        raise TypeError(f"expected 'indices' to be integer dtype, but got {idx.dtype}")
+    dims = (int(shape),) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    if builtins.any(s < 0 for s in dims):
+        raise ValueError("'shape' cannot have negative values, but got " + str(dims))
+    total = int(np.prod(dims))
+    if idx.numel() and bool(((idx < -total) | (idx >= total)).any()):
+        raise IndexError("index out of bounds for the given shape")
+    flat = where(lt(idx, 0), add(idx, total), idx)
+    coords = []
+    for size in reversed(dims):
+        coords.append(remainder(flat, size) if size else flat)
+        flat = flat.div(size, rounding_mode="floor") if size else flat
+    return tuple(reversed(coords))
