@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 import fusegrad as fg
@@ -113,3 +114,36 @@ def test_functional_names_at_top_level_are_nn_functional_s() -> None:
         assert getattr(fg, name) is getattr(F, name)
     x = fg.randn(2, 3)
     assert fg.allclose(fg.selu(x), F.selu(x))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"precision": 2},
+        {"sci_mode": False},
+        {"sci_mode": True},
+        {"profile": "short"},
+        {"profile": "full"},
+        {"threshold": 5, "edgeitems": 1},
+        {"linewidth": 30},
+        {"precision": 6, "sci_mode": False},
+    ],
+)
+def test_set_printoptions_prints_as_pytorch(options: dict) -> None:
+    arrays = [
+        np.array([[1.23456789, 1e-5, 300.0], [2, 3, 4]]),
+        np.arange(12.0).reshape(3, 4) * 1.5,
+        np.array([1e10, 1.0]),
+        np.arange(2000.0),
+        np.array([np.nan, 1.5, -np.inf]),
+    ]
+    try:
+        fg.set_printoptions(**options)
+        torch.set_printoptions(**options)
+        for a in arrays:  # float32, the default dtype: no dtype suffix whose name differs
+            a = a.astype(np.float32)
+            assert repr(fg.tensor(a)) == repr(torch.tensor(a)), (options, a)
+    finally:
+        fg.set_printoptions(profile="default")
+        torch.set_printoptions(profile="default")
+    assert repr(fg.tensor([1.5, 2.0])) == "tensor([1.5000, 2.0000])"

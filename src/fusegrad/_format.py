@@ -16,10 +16,52 @@ import numpy as np
 
 from . import dtypes as _dt
 
-_PRECISION = 4
-_THRESHOLD = 1000
-_EDGEITEMS = 3
-_LINEWIDTH = 80
+
+class _PrintOptions:
+    """What ``fusegrad.set_printoptions`` sets (PyTorch's defaults); ``sci_mode`` None lets
+    each tensor's values choose."""
+
+    def __init__(self) -> None:
+        self.precision = 4
+        self.threshold: float = 1000
+        self.edgeitems = 3
+        self.linewidth = 80
+        self.sci_mode: bool | None = None
+
+
+OPTIONS = _PrintOptions()
+
+_PROFILES = {
+    "default": {"precision": 4, "threshold": 1000, "edgeitems": 3, "linewidth": 80},
+    "short": {"precision": 2, "threshold": 1000, "edgeitems": 2, "linewidth": 80},
+    "full": {"precision": 4, "threshold": math.inf, "edgeitems": 3, "linewidth": 80},
+}
+
+
+def set_printoptions(
+    precision: int | None = None,
+    threshold: float | None = None,
+    edgeitems: int | None = None,
+    linewidth: int | None = None,
+    profile: str | None = None,
+    sci_mode: bool | None = None,
+) -> None:
+    """PyTorch's ``set_printoptions``: a ``profile`` ("default", "short", "full") first, then
+    the options given; ``sci_mode`` is always set (None: chosen from the values)."""
+    if profile is not None:
+        if profile not in _PROFILES:
+            raise ValueError(f"unknown profile {profile!r}: expected one of {sorted(_PROFILES)}")
+        for name, value in _PROFILES[profile].items():
+            setattr(OPTIONS, name, value)
+    for name, value in (
+        ("precision", precision),
+        ("threshold", threshold),
+        ("edgeitems", edgeitems),
+        ("linewidth", linewidth),
+    ):
+        if value is not None:
+            setattr(OPTIONS, name, value)
+    OPTIONS.sci_mode = sci_mode
 
 
 class _Formatter:
@@ -42,16 +84,17 @@ class _Formatter:
         vmin, vmax = float(absval.min()), float(absval.max())
         self.int_mode = bool(np.all(values == np.ceil(values)))
         if self.int_mode:
-            if vmax / vmin > 1000.0 or vmax > 1.0e8:
-                self.sci_mode = True
-                self.max_width = max(len(f"{v:.{_PRECISION}e}") for v in values.tolist())
-            else:
-                self.max_width = max(len(f"{v:.0f}") + 1 for v in values.tolist())
-        elif vmax / vmin > 1000.0 or vmax > 1.0e8 or vmin < 1.0e-4:
-            self.sci_mode = True
-            self.max_width = max(len(f"{v:.{_PRECISION}e}") for v in values.tolist())
+            self.sci_mode = vmax / vmin > 1000.0 or vmax > 1.0e8
         else:
-            self.max_width = max(len(f"{v:.{_PRECISION}f}") for v in values.tolist())
+            self.sci_mode = vmax / vmin > 1000.0 or vmax > 1.0e8 or vmin < 1.0e-4
+        if OPTIONS.sci_mode is not None:  # set_printoptions(sci_mode=...) overrides the choice
+            self.sci_mode = OPTIONS.sci_mode
+        if self.sci_mode:
+            self.max_width = max(len(f"{v:.{OPTIONS.precision}e}") for v in values.tolist())
+        elif self.int_mode:
+            self.max_width = max(len(f"{v:.0f}") + 1 for v in values.tolist())
+        else:
+            self.max_width = max(len(f"{v:.{OPTIONS.precision}f}") for v in values.tolist())
 
     def width(self) -> int:
         return self.max_width
@@ -59,13 +102,13 @@ class _Formatter:
     def format(self, value: Any) -> str:
         if self.floating:
             if self.sci_mode:
-                text = f"{value:{self.max_width}.{_PRECISION}e}"
+                text = f"{value:{self.max_width}.{OPTIONS.precision}e}"
             elif self.int_mode:
                 text = f"{value:.0f}"
                 if not (math.isinf(value) or math.isnan(value)):
                     text += "."
             else:
-                text = f"{value:.{_PRECISION}f}"
+                text = f"{value:.{OPTIONS.precision}f}"
         else:
             text = f"{value}"
         return (self.max_width - len(text)) * " " + text
@@ -76,23 +119,25 @@ def _summarized(arr: np.ndarray) -> np.ndarray:
     if arr.ndim == 0:
         return arr
     if arr.ndim == 1:
-        if arr.shape[0] > 2 * _EDGEITEMS:
-            return np.concatenate((arr[:_EDGEITEMS], arr[-_EDGEITEMS:]))
+        if arr.shape[0] > 2 * OPTIONS.edgeitems:
+            return np.concatenate((arr[: OPTIONS.edgeitems], arr[-OPTIONS.edgeitems :]))
         return arr
-    if arr.shape[0] > 2 * _EDGEITEMS:
-        rows = list(range(_EDGEITEMS)) + list(range(arr.shape[0] - _EDGEITEMS, arr.shape[0]))
+    if arr.shape[0] > 2 * OPTIONS.edgeitems:
+        rows = list(range(OPTIONS.edgeitems)) + list(
+            range(arr.shape[0] - OPTIONS.edgeitems, arr.shape[0])
+        )
     else:
         rows = list(range(arr.shape[0]))
     return np.stack([_summarized(arr[i]) for i in rows])
 
 
 def _vector_str(arr: np.ndarray, indent: int, summarize: bool, fmt: _Formatter) -> str:
-    per_line = max(1, (_LINEWIDTH - indent) // (fmt.width() + 2))
-    if summarize and arr.shape[0] > 2 * _EDGEITEMS:
+    per_line = max(1, (OPTIONS.linewidth - indent) // (fmt.width() + 2))
+    if summarize and arr.shape[0] > 2 * OPTIONS.edgeitems:
         data = (
-            [fmt.format(v) for v in arr[:_EDGEITEMS].tolist()]
+            [fmt.format(v) for v in arr[: OPTIONS.edgeitems].tolist()]
             + [" ..."]
-            + [fmt.format(v) for v in arr[-_EDGEITEMS:].tolist()]
+            + [fmt.format(v) for v in arr[-OPTIONS.edgeitems :].tolist()]
         )
     else:
         data = [fmt.format(v) for v in arr.tolist()]
@@ -106,11 +151,14 @@ def _tensor_str(arr: np.ndarray, indent: int, summarize: bool, fmt: _Formatter) 
     if arr.ndim == 1:
         return _vector_str(arr, indent, summarize, fmt)
     n = arr.shape[0]
-    if summarize and n > 2 * _EDGEITEMS:
+    if summarize and n > 2 * OPTIONS.edgeitems:
         slices = (
-            [_tensor_str(arr[i], indent + 1, summarize, fmt) for i in range(_EDGEITEMS)]
+            [_tensor_str(arr[i], indent + 1, summarize, fmt) for i in range(OPTIONS.edgeitems)]
             + ["..."]
-            + [_tensor_str(arr[i], indent + 1, summarize, fmt) for i in range(n - _EDGEITEMS, n)]
+            + [
+                _tensor_str(arr[i], indent + 1, summarize, fmt)
+                for i in range(n - OPTIONS.edgeitems, n)
+            ]
         )
     else:
         slices = [_tensor_str(arr[i], indent + 1, summarize, fmt) for i in range(n)]
@@ -121,7 +169,7 @@ def _add_suffixes(body: str, suffixes: list[str], indent: int) -> str:
     parts = [body]
     last_line_len = len(body) - body.rfind("\n") + 1
     for suffix in suffixes:
-        if last_line_len + len(suffix) + 2 > _LINEWIDTH:
+        if last_line_len + len(suffix) + 2 > OPTIONS.linewidth:
             parts.append(",\n" + " " * indent + suffix)
             last_line_len = indent + len(suffix)
         else:
@@ -153,7 +201,7 @@ def format_tensor(t: Any) -> str:
     else:
         if t.dtype not in (_dt.get_default_dtype(), _dt.int64, _dt.bool_):
             suffixes.append(dtype_suffix)
-        summarize = arr.size > _THRESHOLD
+        summarize = arr.size > OPTIONS.threshold
         fmt = _Formatter(_summarized(arr) if summarize else arr)
         body = _tensor_str(arr, indent, summarize, fmt)
     if t.grad_fn is not None:

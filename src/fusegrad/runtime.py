@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import dtypes as _dt
+from ._format import set_printoptions
 from .autograd import anomaly as _anomaly
 from .ops.creation import default_generator
 from .size import Size
@@ -64,6 +65,7 @@ __all__ = [
     "set_anomaly_enabled",
     "set_warn_always",
     "is_warn_always_enabled",
+    "set_printoptions",
 ]
 
 pi = math.pi
