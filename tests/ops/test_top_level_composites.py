@@ -67,6 +67,15 @@ CASES = {
         m.tensor([[math.nan, math.nan], [2.0, 3.0]]), 0.5, dim=1
     ),
     "cov_1d": lambda m: m.cov(m.tensor([1.0, 2.5, 4.0, 3.0])),
+    "unique_consecutive": lambda m: m.unique_consecutive(
+        m.tensor([1, 1, 2, 2, 3, 1, 1, 2]), return_inverse=True, return_counts=True
+    ),
+    "unique_consecutive_dim": lambda m: m.unique_consecutive(
+        m.tensor([[1, 1], [1, 1], [2, 3], [2, 3], [1, 1]]), return_counts=True, dim=0
+    ),
+    "unique_consecutive_nan": lambda m: m.tensor(
+        [1.0, math.nan, math.nan, 2.0, 2.0]
+    ).unique_consecutive(return_inverse=True),
 }
 for _window in ("hann", "hamming", "blackman", "bartlett", "kaiser"):
     for _periodic in (True, False):

@@ -189,7 +189,15 @@ from .reduction import (
 )
 from .registry import REGISTRY, RULES, apply
 from .sampling import multinomial, normal, poisson
-from .search import argwhere, bucketize, histc, nonzero, searchsorted, unique
+from .search import (
+    argwhere,
+    bucketize,
+    histc,
+    nonzero,
+    searchsorted,
+    unique,
+    unique_consecutive,
+)
 from .shape import (
     broadcast_tensors,
     broadcast_to,
@@ -678,6 +686,7 @@ _METHODS = [
     "nonzero",
     "argwhere",
     "unique",
+    "unique_consecutive",
     # shape
     "view",
     "view_as",

@@ -201,3 +201,44 @@ def unique(
     if return_counts:
         parts.append(_leaf(counts.astype(np.int64), False, dev))
     return tuple(parts)
+
+
+def unique_consecutive(
+    input: Any,
+    return_inverse: bool = False,
+    return_counts: bool = False,
+    dim: int | None = None,
+) -> Any:
+    """``input`` (``dim=None``: flattened) with each run of equal consecutive elements (slices
+    along ``dim``) kept once, in order; ``return_inverse`` gives each element's (slice's) run,
+    ``return_counts`` each run's length.  NaNs never equal each other, as in PyTorch.  Computed
+    on the host; the result does not require grad."""
+    x = to_tensor(input)
+    data = _host_values(x, "unique_consecutive()")
+    dev = x.device
+    if dim is None:
+        rows = data.reshape(-1, 1)
+        d = 0
+    else:
+        d = wrap_dim("unique_consecutive", dim, x.ndim)
+        rows = np.moveaxis(data, d, 0).reshape(data.shape[d], -1) if data.ndim else data
+    n = rows.shape[0]
+    starts = np.ones(n, dtype=bool)
+    if n > 1:
+        starts[1:] = (rows[1:] != rows[:-1]).any(axis=1)
+    inverse = np.cumsum(starts) - 1
+    counts = np.diff(np.append(np.flatnonzero(starts), n))
+    if dim is None:
+        values = data.reshape(-1)[starts]
+        inverse = inverse.reshape(data.shape)
+    else:
+        values = np.moveaxis(np.moveaxis(data, d, 0)[starts], 0, d)
+    out = _leaf(np.ascontiguousarray(values.astype(data.dtype, copy=False)), False, dev)
+    if not (return_inverse or return_counts):
+        return out
+    parts = [out]
+    if return_inverse:
+        parts.append(_leaf(inverse.astype(np.int64), False, dev))
+    if return_counts:
+        parts.append(_leaf(counts.astype(np.int64), False, dev))
+    return tuple(parts)
