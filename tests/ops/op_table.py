@@ -961,6 +961,30 @@ add(
     promoted(with_special(unary()), 1),
 )
 add("erfc_", lambda m, x: (x * 1.0).erfc_(), lambda x: 1.0 - erf_ref(x), unary())
+
+
+def erfinv_ref(y: Any) -> np.ndarray:
+    """erfinv by bisection on math.erf (independent of fusegrad's Newton iteration): 200
+    halvings of [-6, 6], where erf reaches 1 in float64."""
+    y = np.asarray(y, dtype=np.float64)
+    lo, hi = np.full(y.shape, -6.0), np.full(y.shape, 6.0)
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        below = erf_ref(mid) < y
+        lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+    out = (lo + hi) / 2
+    out = np.where(y == 0, y, out)
+    out = np.where(np.abs(y) == 1, np.copysign(np.inf, y), out)
+    return np.where(np.isnan(y) | (np.abs(y) > 1), np.nan, out)
+
+
+add(
+    "erfinv",
+    lambda m, x: m.erfinv(x),
+    erfinv_ref,
+    promoted(with_special(unary(lambda r, s: uni(r, s, -0.95, 0.95))), 1, torch_ints=True),
+)
+add("erfinv_", lambda m, x: (x * 0.5).erfinv_(), lambda x: erfinv_ref(x * 0.5), unary())
 add("lgamma", lambda m, x: m.lgamma(x), lgamma_ref, promoted(with_special(unary(nonint)), 1))
 add("lgamma_", lambda m, x: (x * 1.0).lgamma_(), lgamma_ref, unary(nonint))
 # digamma's derivative, polygamma(1, x), is not differentiable in fusegrad (no polygamma(2, x)):

@@ -138,6 +138,11 @@ def _erfc(node, g, x):
     return (g * ((-(x * x)).exp() * (-2.0 / math.sqrt(math.pi))),)
 
 
+@vjp("erfinv", save="out")
+def _erfinv(node, g, out):
+    return (g * ((out * out).exp() * (math.sqrt(math.pi) / 2.0)),)
+
+
 @vjp("lgamma", save="x")
 def _lgamma(node, g, x):
     return (g * x.digamma(),)

@@ -100,6 +100,7 @@ _unary("abs", lambda x, out: x.sign())
 _unary("erf", lambda x, out: (-(x * x)).exp() * (2.0 / math.sqrt(math.pi)))
 _unary("erfc", lambda x, out: (-(x * x)).exp() * (-2.0 / math.sqrt(math.pi)))
 _unary("lgamma", lambda x, out: x.digamma())
+_unary("erfinv", lambda x, out: (out * out).exp() * (math.sqrt(math.pi) / 2.0))
 _unary("digamma", lambda x, out: F.polygamma(1, x))
 
 
