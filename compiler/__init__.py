@@ -435,7 +435,9 @@ def _capture(
     create_graph: bool = False,
 ) -> Captured:
     with _trace.phase("capture"):
-        captured = _capture_graph(w, outputs, grads, inputs, accumulate, symbolic=symbolic)
+        captured = _capture_graph(
+            w, outputs, grads, inputs, accumulate, symbolic=symbolic, create_graph=create_graph
+        )
     if create_graph:
         captured.raw = captured.graph
     if _debug.check:

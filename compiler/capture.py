@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from fusegrad import dtypes as _dt
-from fusegrad.autograd import anomaly
+from fusegrad.autograd import anomaly, grad_mode
 from fusegrad.autograd import engine as _engine
 from fusegrad.autograd.forward_state import state as _forward_state
 from fusegrad.autograd.function import FunctionCtx
@@ -60,6 +60,7 @@ from .functions import (
     Untraceable,
     ctx_attribute_key,
     function_globals_key,
+    reads_plain_values,
 )
 from .ir import Graph, Value, freeze
 from .symbolic import FakeArray, Guard, NeedsData, ShapeEnv
@@ -371,6 +372,19 @@ def walk(
     return out
 
 
+def replay_reason(w: Walk) -> str | None:
+    """Why a backward of walk ``w`` must not be replayed without walking it again (a whole
+    step, compile(module)): a traced custom Function's backward that reads Python values from
+    globals or closures, which only the walk's key checks."""
+    for n in w.nodes:
+        if type(n) is FunctionCtx and reads_plain_values(function_globals_key(n._cls.backward)):
+            return (
+                f"the backward of {n.name()} reads Python values from globals or closures, "
+                "which a replay does not check"
+            )
+    return None
+
+
 def _function_entry(n: FunctionCtx, w: Walk, shape: Any, aliases: dict, unrun: bool) -> tuple:
     """The key of custom Function node ``n`` apart from its edges, inputs and saved tensors:
     its class and ``backward``, what ``backward`` reads from globals and closures, the ctx's
@@ -485,8 +499,18 @@ class Recorder(Tracer):
         self.graph = graph
         self.env = env
         self.current = ""
-        self.user = False
+        self.user = 0  # how deep in custom Functions' backwards (nested: reentrant ones)
         self.made: dict[int, Tensor] = {}
+        # the no-data arrays of the values user code got, by id: a tensor sharing one
+        # (``detach()``, a saved output rebuilt on unpack) stands for that value
+        self.fake: dict[int, tuple[FakeArray, Value]] = {}
+
+    def value_of(self, t: Any) -> Value | None:
+        """The IR value tensor ``t`` stands for, if it stands for one."""
+        if isinstance(t, SymbolicTensor):
+            return t._value
+        entry = self.fake.get(id(t._data))
+        return entry[1] if entry is not None and entry[0] is t._data else None
 
     def symbolic(self, value: Value) -> SymbolicTensor:
         if self.user and self.env is None:
@@ -496,15 +520,20 @@ class Recorder(Tracer):
             # reading data raises (``NeedsData``), and that backward falls back
             t = SymbolicTensor._make(FakeArray(tuple(value.shape), value.dtype.np))
             t._value = value
+            self.fake[id(t._data)] = (t._data, value)
             return t
-        return SymbolicTensor.of(value, self.env)
+        t = SymbolicTensor.of(value, self.env)
+        if self.user:
+            self.fake[id(t._data)] = (t._data, value)
+        return t
 
     def apply(self, prim: registry.Primitive, inputs: tuple, attrs: dict) -> Any:
         graph = self.graph
         values = []
         for a in inputs:
-            if isinstance(a, SymbolicTensor):
-                values.append(a._value)
+            known = self.value_of(a)
+            if known is not None:
+                values.append(known)
                 continue
             if self.user and not a._wrapped_number and id(a) not in self.made:
                 raise Refused(
@@ -535,7 +564,16 @@ class Recorder(Tracer):
             dtype,
             origin=self.current,
         )
-        return self.symbolic(value)
+        out = self.symbolic(value)
+        if self.user and prim.differentiable and grad_mode._state.enabled:
+            # user code recording a graph (to call backward() on it: a reentrant backward)
+            for a in inputs:
+                if a._requires_grad or a.grad_fn is not None:
+                    if env is not None:
+                        raise NeedsData("a custom Function's backward records a graph")
+                    out.grad_fn = OpNode(prim, _RULES[prim.name], attrs, inputs, (out,))
+                    break
+        return out
 
     def full(self, shape: tuple, value: Any, dtype: Any, device: Any) -> Any:
         """A constant a rule makes (``zeros_like(g)``, ``zeros(shape)``): one scalar broadcast
@@ -558,12 +596,14 @@ class Capture(_engine.Executor, Recorder):
         inputs: Sequence[Tensor] | None,
         accumulate: bool,
         symbolic: bool = True,
+        create_graph: bool = False,
     ) -> None:
         self.w = w
         self.roots = roots
         self.grad_roots = grad_roots
         self.inputs = inputs
         self.accumulate = accumulate
+        self.create_graph = create_graph
         Recorder.__init__(self, Graph(hints=w.sizes), ShapeEnv(w.sizes) if symbolic else None)
         self.saved_index = {id(s): k for k, (_, s) in enumerate(w.saved)}
         self.leaf_index = {id(t): k for k, t in enumerate(w.leaves)}
@@ -601,7 +641,13 @@ class Capture(_engine.Executor, Recorder):
         try:
             with tracing(self):
                 captured = _engine.run_backward(
-                    self.roots, sym_roots, True, False, self.inputs, self.accumulate, executor=self
+                    self.roots,
+                    sym_roots,
+                    True,
+                    self.create_graph,
+                    self.inputs,
+                    self.accumulate,
+                    executor=self,
                 )
         finally:
             anomaly._state.enabled = enabled
@@ -618,10 +664,29 @@ class Capture(_engine.Executor, Recorder):
         return tuple(symbolic.expr_of(self.env.size(d)) for d in shape)
 
     # ---- Tracer: every primitive call of a rule ------------------------------------------------
-    def backward(self, *args: Any) -> Any:
-        # rules never call backward; a custom Function's backward that does (reentrant
-        # checkpointing) runs eagerly
-        raise Refused(f"a backward() inside the backward of {self.current}")
+    def backward(
+        self,
+        roots: Sequence[Tensor],
+        grads: Sequence[Tensor],
+        retain_graph: bool,
+        create_graph: bool,
+        inputs: Sequence[Tensor] | None,
+        accumulate: bool,
+    ) -> Any:
+        """A reentrant backward inside a custom Function's backward: the engine runs it with
+        this capture as its executor, over the graph that code recorded (rules never call
+        backward)."""
+        if not self.user or create_graph:
+            raise Refused(f"a backward() inside the backward of {self.current}")
+        if self.env is not None:
+            raise NeedsData("a reentrant backward (captured with concrete sizes)")
+        roots_grads = []
+        for g in grads:
+            v = self.value_of(g)
+            roots_grads.append(self.symbolic(v if v is not None else self.as_value(g)))
+        return _engine.run_backward(
+            roots, roots_grads, retain_graph, False, inputs, accumulate, executor=self
+        )
 
     # What a custom Function's backward must not do to be replayed (``functions``): each is
     # detected while it runs, and sends that backward to eager mode (remembered per key).
@@ -640,7 +705,7 @@ class Capture(_engine.Executor, Recorder):
             raise Refused(f"the backward of {self.current} writes into a tensor in place")
 
     def side_effect(self, tensor: Tensor, what: str) -> None:
-        if self.user:
+        if self.user and self.value_of(tensor) is None:  # (its own values: ``requires_grad_``)
             raise Refused(f"the backward of {self.current} changes tensor state ({what})")
 
     def opaque(self, owner: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
@@ -654,7 +719,16 @@ class Capture(_engine.Executor, Recorder):
         values (zeros for missing gradients when materialized, the checks, dropping gradients of
         inputs that need none); anything the key cannot vouch for is ``Refused``."""
         name = self.current
-        self.user = True
+        if node not in self.w.index:
+            # made by an outer Function's backward (reentrant): what its code reads must be
+            # fixed by the key, which holds only the outer one's
+            try:
+                reads = reads_plain_values(function_globals_key(node._cls.backward))
+            except Untraceable as e:
+                raise Refused(f"{name}: {e}") from None
+            if reads:
+                raise Refused(f"{name} (made inside a backward) reads Python values of globals")
+        self.user += 1
         try:
             args = []
             for i, g in enumerate(grads):
@@ -681,7 +755,7 @@ class Capture(_engine.Executor, Recorder):
                 raise  # (a concrete capture may do without symbolic sizes)
             raise Refused(f"the backward of {name} needs tensor values ({e})") from None
         finally:
-            self.user = False
+            self.user -= 1
         if not isinstance(result, tuple):
             result = (result,)
         n = len(node._edges)
@@ -712,7 +786,7 @@ class Capture(_engine.Executor, Recorder):
 
     def apply_node(self, node: Any, grads: list, retain_graph: bool) -> tuple:
         results = self._apply_node(node, grads)
-        if self.check_nan:
+        if self.check_nan and node in self.w.index:
             site = self.w.index[node]
             for i, r in enumerate(results):
                 if isinstance(r, SymbolicTensor) and r._dtype.is_floating_point:
@@ -744,6 +818,10 @@ class Capture(_engine.Executor, Recorder):
         w = self.w
         k = self.saved_index.get(id(saved))
         if k is None:
+            if self.user:  # saved by a node user code recorded (reentrant backward)
+                value = self.value_of(saved.unpack(node))
+                if value is not None:
+                    return self.symbolic(value)
             raise Fallback(f"{node.name()} unpacked a tensor the walk did not see")
         if saved._unpack_hook is not None:
             # the user's unpack hook runs when the program gets here, not now
@@ -792,6 +870,10 @@ class Capture(_engine.Executor, Recorder):
             target = ("input_grad", self.input_index[id(t)])
         elif t.grad_fn is not None and t.grad_fn in w.index:
             target = ("retain_grad", w.index[t.grad_fn], t._output_nr)  # retain_grad()
+        elif self.user and self.value_of(t) is not None:
+            # a leaf user code made (reentrant backward): its .grad lives in this capture
+            t._grad = g if t._grad is None else t._grad + g
+            return
         else:
             raise Fallback("a .grad write to a tensor the walk did not see")
         if not w.has_hooks:
@@ -822,6 +904,8 @@ class Capture(_engine.Executor, Recorder):
         return tuple(self._hook(node, "post", 0, position, [grads_in, grads_out], list(grads_in)))
 
     def post_acc_grad_hook(self, hook: Any, node: Any, position: int, tensor: Tensor) -> None:
+        if not self.w.has_hooks:
+            return  # (a whole step does DistributedDataParallel's work itself: ``step``)
         site = (self.w.index[node], "post_acc", 0, position)
         self.graph.add(
             "hook",
@@ -901,12 +985,14 @@ def capture(
     inputs: Sequence[Tensor] | None,
     accumulate: bool,
     symbolic: bool = True,
+    create_graph: bool = False,
 ) -> Captured:
     """Record the backward of ``roots`` as an IR graph (see the module docstring): symbolic
-    sizes when possible, else the call's concrete sizes."""
+    sizes when possible, else the call's concrete sizes.  With ``create_graph`` the rules run
+    in grad mode, as eager's do then (a rule may pick a differentiable formula: ``double``)."""
     reason = "symbolic sizes were turned off for this graph"
     if symbolic:
-        c = Capture(w, roots, grad_roots, inputs, accumulate, symbolic=True)
+        c = Capture(w, roots, grad_roots, inputs, accumulate, True, create_graph)
         try:
             graph = c.run()
             return Captured(graph, tuple(c.guards), True, unpacked=frozenset(c.unpacked))
@@ -916,7 +1002,7 @@ def capture(
             reason = f"{c.current or 'the capture'} needed concrete sizes ({e})"
         except Exception as e:  # noqa: BLE001  (the concrete capture re-raises real errors)
             reason = f"{c.current or 'the capture'} failed with symbolic sizes ({e!r})"
-    c = Capture(w, roots, grad_roots, inputs, accumulate, symbolic=False)
+    c = Capture(w, roots, grad_roots, inputs, accumulate, False, create_graph)
     try:
         graph = c.run()
     except Fallback:

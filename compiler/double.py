@@ -103,11 +103,14 @@ def vjp_graph(graph: Graph, outputs: Sequence[Value], needed: Sequence[Value]) -
                 continue
             prim = registry.REGISTRY[v.op]
             rule = registry.RULES.get(v.op)
-            if not prim.differentiable or rule is None:
-                continue
             needs = tuple(i in live and i.dtype.is_floating_point for i in v.inputs)
             if not any(needs):
                 continue
+            if not prim.differentiable or rule is None:
+                # a float value computed from inputs that need grad by an op eager mode would
+                # not have recorded under create_graph: never silently zero (the caller falls
+                # back)
+                raise NotImplementedError(f"{v.op} has no derivative rule")
             node = _IRNode(v, needs)
             rec.current = node.name()
             saved: list = []
@@ -259,9 +262,16 @@ class CompiledGradBackward(Node):
                     values[v] = Tensor._make(graph.constants[v.attr("index")])
                 else:
                     prim = registry.REGISTRY[v.op]
-                    values[v] = registry.apply(
-                        prim, tuple(values[i] for i in v.inputs), dict(v.attrs)
-                    )
+                    args = tuple(values[i] for i in v.inputs)
+                    if not prim.differentiable and v.dtype.is_floating_point:
+                        if any(a.requires_grad for a in args):
+                            # (what eager's create_graph would have differentiated is not
+                            # in this graph: an error, never a missing term)
+                            raise AutogradError(
+                                f"compiled double backward: {v.op} ({v.origin}) has no "
+                                "derivative; run this backward outside compiled autograd"
+                            )
+                    values[v] = registry.apply(prim, args, dict(v.attrs))
         outs = [values[v] for v in self._outputs]
         pairs = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
         wanted = [sources[k] for k in self._needed]

@@ -53,7 +53,12 @@ IR_OPS = ("input", "constant", "scalar")
 # ``unpack_saved`` calls the unpack hook of saved tensor ``attrs["saved"]`` (packed by
 # saved-tensor hooks) and is the tensor it returns
 EFFECT_OPS = ("hook", "store_grad", "unpack_saved")
-IR_OWN_OPS = IR_OPS + EFFECT_OPS + ("hook_output",)
+# a whole step's data-parallel gradient averaging (DistributedDataParallel's buckets, ``step``):
+# ``allreduce_start`` copies its input (a bucket's gradients, flat) and starts a non-blocking
+# allreduce of the copy over ``attrs["group"]``; ``allreduce_wait`` (inputs: that start) waits
+# for it and is the sum divided by ``attrs["world"]``.  Kernels run between the two.
+COLLECTIVE_OPS = ("allreduce_start", "allreduce_wait")
+IR_OWN_OPS = IR_OPS + EFFECT_OPS + COLLECTIVE_OPS + ("hook_output",)
 
 
 def freeze(value: Any) -> Any:
@@ -222,6 +227,12 @@ def verify(graph: Graph) -> None:
             if index.get(i) is None or index[i] >= pos:
                 raise VerifyError(f"%{v.id} = {v.op} uses %{i.id}, which is not defined before it")
         index[v] = pos
+        if v.op in COLLECTIVE_OPS:
+            if len(v.inputs) != 1 or (v.op == "allreduce_wait") != (
+                v.inputs[0].op == "allreduce_start"
+            ):
+                raise VerifyError(f"%{v.id}: {v.op} takes one input (a start takes the values)")
+            continue
         if v.op in EFFECT_OPS or v.op == "hook_output":
             if v.op == "hook_output" and (len(v.inputs) != 2 or v.inputs[0].op != "hook"):
                 raise VerifyError(f"%{v.id}: hook_output takes (hook, original value)")

@@ -66,7 +66,7 @@ from . import CompilationError, Region, compiled_autograd, logs, passes
 from . import tape as _tape
 from . import trace as _trace
 from .cache import counters
-from .capture import Fallback
+from .capture import Fallback, replay_reason
 from .capture import capture as _capture_graph
 from .capture import walk as _walk
 from .ir import Graph, Value, verify
@@ -338,6 +338,9 @@ class AOTEntry:
             w = _walk(roots, dummy, inputs, False, False)
             if w.fallback is not None or w.has_hooks:
                 raise StepBreak(w.fallback or "the backward runs user hooks")
+            reason = replay_reason(w)
+            if reason is not None:
+                raise StepBreak(reason)
             try:
                 captured = _capture_graph(w, roots, dummy, inputs, False, symbolic=False)
             except Fallback as e:

@@ -162,7 +162,10 @@ class Variant:
                     dims += f"] = [{', '.join(str(d) for d in at_capture)}"
                 lines.append(f"kernel over [{dims}] ({how}): {fused}")
             else:
-                lines.append(f"extern %{step.value.id} = {step.value.op}")
+                v = step.value
+                bucket = v.attr("bucket") if v.op in _COLLECTIVE else None
+                where = f" (DDP bucket {bucket})" if bucket is not None else ""
+                lines.append(f"extern %{v.id} = {v.op}{where}")
         return "\n".join(lines)
 
 
@@ -434,6 +437,9 @@ class Program:
         for k, step in enumerate(schedule.steps):
             if isinstance(step, Extern):
                 v = step.value
+                if v.op in _COLLECTIVE:
+                    env[v] = _COLLECTIVE[v.op](v, env, dry)
+                    continue
                 if v.op in _SPECIAL:
                     assert w is not None  # hooks: never on the tape path (``run_bound``)
                     env[v] = _SPECIAL[v.op](v, env, w, inputs)
@@ -642,6 +648,28 @@ _SPECIAL = {
     "store_grad": _store,
     "unpack_saved": _unpack_saved,
 }
+
+
+def _allreduce_start(v: Value, env: dict, dry: bool) -> tuple:
+    """A bucket's gradients (flat), copied and put in flight: (work handle, buffer).  A dry run
+    (``prepare``, one process compiling) communicates nothing."""
+    buf = np.array(env[v.inputs[0]], copy=True, order="C")
+    if dry:
+        return None, buf
+    from fusegrad import distributed as dist
+
+    work = dist.all_reduce(Tensor._make(buf), group=v.attr("group"), async_op=True)
+    return work, buf
+
+
+def _allreduce_wait(v: Value, env: dict, dry: bool) -> np.ndarray:
+    work, buf = env[v.inputs[0]]
+    if work is not None:
+        work.wait()
+    return np.divide(buf, v.attr("world"), out=buf)  # (DDP's average, bit for bit)
+
+
+_COLLECTIVE = {"allreduce_start": _allreduce_start, "allreduce_wait": _allreduce_wait}
 
 
 def _saved_arrays(w: Walk, unpacked: frozenset[int] | None) -> list:

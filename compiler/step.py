@@ -40,6 +40,7 @@ ops, and Python state the guard does not watch -- is documented in the README.
 
 from __future__ import annotations
 
+import dataclasses
 import linecache
 import os
 import sys
@@ -54,8 +55,7 @@ from fusegrad.autograd import anomaly as _anomaly
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd.engine import run_backward
 from fusegrad.autograd.forward_state import state as _forward_state
-from fusegrad.autograd.function import FunctionCtx
-from fusegrad.autograd.node import Node, _freed_message
+from fusegrad.autograd.node import AccumulateGrad, Node, _freed_message
 from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.autograd.tracer import state as _tracer_state
 from fusegrad.cuda.array import CudaArray
@@ -68,10 +68,9 @@ from fusegrad.tensor import Tensor
 from . import logs, passes
 from . import trace as _trace
 from .cache import counters
-from .capture import Fallback, _grad_state
+from .capture import Fallback, _grad_state, replay_reason
 from .capture import capture as _capture_graph
 from .capture import walk as _walk
-from .functions import function_globals_key, reads_plain_values
 from .ir import Graph, Value, format_graph, verify
 from .program import BackgroundBuild, Program, built_and_prepared, scratch_leaf
 from .settings import config
@@ -317,6 +316,8 @@ class Recorder(Tracer):
         self.started = False  # a tensor op was recorded
         self.pending: list = []  # host reads not yet known to be harmless: (result, what, line)
         self.backwards = 0
+        # the DistributedDataParallel wrappers whose hooks the program does the work of
+        self.ddps: set[int] = set()
         self.checks: list = []  # (value, fn): eager's validations of values (index ranges)
         self.forward_ops = 0  # primitives recorded from the function's own code
         self.backward_ops = 0  # values the captured backward graphs added
@@ -616,17 +617,18 @@ class Recorder(Tracer):
         w = _walk(roots, grads, inputs, accumulate, create_graph)
         if w.fallback is not None:
             raise StepBreak(f"backward() at {_user_line()}: {w.fallback}")
+        ddps: list = []
         if w.has_hooks:
-            raise StepBreak(f"backward() at {_user_line()} runs user hooks")
-        for n in w.nodes:
-            # a traced custom Function's backward is keyed by the walk, which a replay skips:
-            # what it reads of globals must not be able to change (the step's guard does not
-            # watch that code)
-            if type(n) is FunctionCtx and reads_plain_values(function_globals_key(n._cls.backward)):
-                raise StepBreak(
-                    f"backward() at {_user_line()}: the backward of {n.name()} reads Python "
-                    "values from globals or closures, which the step's guard does not watch"
-                )
+            # DistributedDataParallel's hooks are the one kind a step takes in: it averages the
+            # buckets itself (``_average_buckets``); the capture leaves them out
+            ddps = _ddp_hooks_only(w)
+            if not ddps:
+                raise StepBreak(f"backward() at {_user_line()} runs user hooks")
+            w = dataclasses.replace(w, has_hooks=False)
+            self.ddps.update(id(d) for d in ddps)
+        reason = replay_reason(w)
+        if reason is not None:
+            raise StepBreak(f"backward() at {_user_line()}: {reason}")
         if inputs is not None and accumulate and any(t.grad_fn is not None for t in inputs):
             # (a non-leaf's .grad lives on a tensor of the recording call only)
             raise StepBreak(f"backward(inputs=...) with a non-leaf input at {_user_line()}")
@@ -636,7 +638,14 @@ class Recorder(Tracer):
             raise StepBreak(f"backward() at {_user_line()}: {e}") from None
         bgraph = captured.graph
         graph = self.graph
-        mapping = self.graft(w, bgraph, graph, lambda k: self.value_of(grads[k]))
+        buckets = _Buckets(self, w, bgraph, ddps) if ddps else None
+        mapping = self.graft(
+            w,
+            bgraph,
+            graph,
+            lambda k: self.value_of(grads[k]),
+            on_value=None if buckets is None else buckets.mapped,
+        )
         self.backward_ops += sum(1 for v in bgraph.values if v.op not in ("input", "constant"))
         grad_values = {}
         for kind, slot, v in bgraph.effects:
@@ -648,7 +657,9 @@ class Recorder(Tracer):
                         f"backward() at {_user_line()} reaches {_describe(leaf)}, which the guard "
                         "does not watch (not an argument, parameter or closure tensor)"
                     )
-                grad_values[self.leaf_slot(leaf)] = mapping[v]
+                grad_values[self.leaf_slot(leaf)] = (
+                    mapping[v] if buckets is None else buckets.averaged.get(slot, mapping[v])
+                )
             elif kind != "capture":
                 raise StepBreak(f"backward() at {_user_line()}: {kind} effects are not replayed")
         for slot, value in grad_values.items():
@@ -708,6 +719,7 @@ class Recorder(Tracer):
         into: Graph,
         root: Callable[[int], Value],
         saved: Callable[[Value], Value] | None = None,
+        on_value: Callable[[Value | None, dict], None] | None = None,
     ) -> dict[Value, Value]:
         """Copy the captured backward graph ``bgraph`` (of walk ``w``) into ``into``: root
         gradient k becomes ``root(k)``, a saved tensor the recorded forward value it is
@@ -741,6 +753,10 @@ class Recorder(Tracer):
                 mapping[v] = into.add(
                     v.op, tuple(mapping[i] for i in v.inputs), v.attrs, v.shape, v.dtype, v.origin
                 )
+            if on_value is not None:
+                on_value(v, mapping)
+        if on_value is not None:
+            on_value(None, mapping)  # (the end of the backward)
         return mapping
 
     def leaf_slot(self, leaf: Tensor) -> int:
@@ -890,6 +906,16 @@ class _FreedNode(Node):
 class Step:
     """A recorded call, ready to replay (see the module docstring)."""
 
+    def _ddp_hooks(self, leaf: Tensor) -> bool:
+        """Whether ``leaf``'s post-accumulate-grad hooks are all those of the
+        DistributedDataParallel wrappers whose averaging this program does."""
+        for hook in leaf._post_acc_hooks.values():
+            ref = getattr(hook, "ddp", None)
+            ddp = ref() if ref is not None else None
+            if ddp is None or id(ddp) not in self.ddps:
+                return False
+        return True
+
     def __init__(self, rec: Recorder, spec: Any, bumps: dict, n_outputs: int) -> None:
         self.graph = rec.graph
         self.sources = rec.sources
@@ -911,6 +937,7 @@ class Step:
             ),
         }
         self.n_outputs = n_outputs
+        self.ddps = frozenset(rec.ddps)
         self.programs: dict[tuple, Program] = {}
         # programs being JIT-compiled on another thread, by grad key (``program``)
         self.jobs: dict[tuple, BackgroundBuild] = {}
@@ -1018,7 +1045,7 @@ class Step:
         leaves = [args[ref] if kind == "arg" else ref for kind, ref in self.leaf_sources]
         grad_key = tuple(_grad_state(leaf) for leaf in leaves)
         for leaf in leaves:
-            if leaf._hooks or leaf._post_acc_hooks:
+            if leaf._hooks or leaf._post_acc_hooks and not self._ddp_hooks(leaf):
                 return NotImplemented
         notice = None
         if grad_key not in self.programs:  # built, then JIT-compiled by its first run
@@ -1326,3 +1353,107 @@ class CompiledFunction:
         while len(self.entries) >= max(config.step_recordings, 1):
             self.entries.pop(next(iter(self.entries)))
         self.entries[key] = entry
+
+
+def _ddp_hooks_only(w: Any) -> list:
+    """The DistributedDataParallel wrappers whose post-accumulate-grad hooks are all the user
+    code walk ``w``'s backward runs (empty: other hooks, or a wrapper a step cannot take in)."""
+    ddps: dict[int, Any] = {}
+    for n in w.nodes:
+        if isinstance(n, AccumulateGrad):
+            var = n.variable
+            if n._pre_hooks or n._post_hooks or var._hooks:
+                return []
+            for hook in (var._post_acc_hooks or {}).values():
+                ref = getattr(hook, "ddp", None)
+                ddp = ref() if ref is not None else None
+                if ddp is None:
+                    return []
+                ddps[id(ddp)] = ddp
+        elif n._pre_hooks or n._post_hooks or n._tensor_pre_hooks or n._retain_grad_hooks:
+            return []
+    if any(s._unpack_hook is not None for _, s in w.saved):
+        return []
+    for ddp in ddps.values():
+        if ddp.find_unused_parameters or ddp.static_graph or ddp._world < 1:
+            return []
+        if ddp.broadcast_buffers and ddp._world > 1 and any(True for _ in ddp.module.buffers()):
+            return []  # (its forward broadcasts the buffers: a collective a replay would skip)
+        if any(not isinstance(p._data, np.ndarray) for p in ddp.module.parameters()):
+            return []
+    return list(ddps.values())
+
+
+class _Buckets:
+    """A whole step's DistributedDataParallel averaging: for each bucket (in the wrapper's
+    order, the order every process issues them in), an ``allreduce_start`` of its gradients
+    placed as soon as the backward has computed the last of them, and an ``allreduce_wait``
+    after the backward; the averages are what ``.grad`` and the optimizer get
+    (``averaged``: leaf slot of the walk -> value)."""
+
+    def __init__(self, recorder: Any, w: Any, bgraph: Graph, ddps: list) -> None:
+        self.recorder = recorder
+        slot_of = {id(leaf): k for k, leaf in enumerate(w.leaves)}
+        effect = {slot: v for kind, slot, v in bgraph.effects if kind == "grad"}
+        self.buckets: list = []  # (ddp, bucket, [(walk slot, gradient value of bgraph)])
+        for ddp in ddps:
+            if not ddp.require_backward_grad_sync:
+                continue  # (no_sync: gradients accumulate locally)
+            for bucket in ddp._buckets:
+                members = []
+                for _, name, p in bucket.params:
+                    slot = slot_of.get(id(p))
+                    if slot is None or slot not in effect:
+                        raise StepBreak(
+                            f"backward() at {_user_line()}: DistributedDataParallel parameter "
+                            f"{name} gets no gradient (unused parameters are not replayed)"
+                        )
+                    members.append((slot, effect[slot]))
+                self.buckets.append((ddp, bucket, members))
+        self.waiting: list = [{v for _, v in m} for _, _, m in self.buckets]
+        self.started: list = []
+        self.averaged: dict[int, Value] = {}
+
+    def mapped(self, v: Value | None, mapping: dict) -> None:
+        """The graft mapped ``v`` (None: it is done): start every bucket, in order, whose
+        gradients are all there; at the end, wait for them."""
+        for waiting in self.waiting[len(self.started) :]:
+            waiting.discard(v)
+        while len(self.started) < len(self.buckets) and not self.waiting[len(self.started)]:
+            ddp, bucket, members = self.buckets[len(self.started)]
+            self.started.append(self._start(ddp, bucket, members, mapping))
+        if v is None:
+            for (ddp, _, members), (start, sizes) in zip(self.buckets, self.started):
+                self._wait(ddp, members, start, sizes, mapping)
+
+    def _start(self, ddp: Any, bucket: Any, members: list, mapping: dict) -> tuple:
+        graph = self.recorder.graph
+        parts, sizes = [], []
+        for _, g in members:
+            value = mapping[g]
+            n = int(np.prod(value.shape, dtype=np.int64))
+            parts.append(graph.add("reshape", (value,), {"shape": (n,)}, (n,), value.dtype))
+            sizes.append((n, value.shape))
+        dtype = parts[0].dtype
+        total = sum(n for n, _ in sizes)
+        flat = (
+            parts[0]
+            if len(parts) == 1
+            else graph.add("cat", tuple(parts), {"dim": 0}, (total,), dtype)
+        )
+        attrs = {"group": ddp.process_group, "bucket": bucket.index, "ddp": id(ddp)}
+        return graph.add("allreduce_start", (flat,), attrs, (), dtype, "DDP bucket"), sizes
+
+    def _wait(self, ddp: Any, members: list, start: Value, sizes: list, mapping: dict) -> None:
+        graph = self.recorder.graph
+        total = sum(n for n, _ in sizes)
+        attrs = {"world": ddp._world, "bucket": start.attr("bucket"), "ddp": start.attr("ddp")}
+        flat = graph.add("allreduce_wait", (start,), attrs, (total,), start.dtype, "DDP bucket")
+        offset = 0
+        for (slot, _), (n, shape) in zip(members, sizes):
+            key = (("s", offset, offset + n, 1),)
+            part = graph.add("getitem", (flat,), {"key": key}, (n,), start.dtype)
+            self.averaged[slot] = graph.add(
+                "reshape", (part,), {"shape": shape}, shape, start.dtype
+            )
+            offset += n

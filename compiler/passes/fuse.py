@@ -103,7 +103,7 @@ def fuse(graph: Graph, enabled: bool = True) -> list[Kernel | Extern]:
         if not placed:
             steps.append(Extern(v))
             step_of[v] = len(steps) - 1
-            if v.op in EFFECT_OPS:
+            if v.op in EFFECT_OPS or v.op == "allreduce_start":
                 # a user hook or an ordered .grad write: nothing computed after it in eager
                 # order may move before it, so no earlier kernel grows past this point
                 open_kernels.clear()

@@ -281,7 +281,6 @@ class _Square(fg.autograd.Function):
 @pytest.mark.parametrize(
     "case,reason",
     [
-        ("create_graph", "create_graph"),
         ("function", "needs tensor values"),
     ],
 )

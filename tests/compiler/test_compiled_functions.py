@@ -333,15 +333,44 @@ def test_an_outside_tensor_falls_back() -> None:
     _refusal(lambda ctx, g: g * outside, "reads the tensor 'outside'")
 
 
-def test_a_nested_backward_falls_back() -> None:
+class _Nested(Function):
+    """d/dx (2x), computed by a reentrant backward through ``depth`` more of these."""
+
+    @staticmethod
+    def forward(ctx: Any, x: fg.Tensor, depth: int) -> fg.Tensor:
+        ctx.depth = depth
+        ctx.save_for_backward(x)
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx: Any, g: fg.Tensor) -> tuple:
+        (x,) = ctx.saved_tensors
+        if ctx.depth == 0:
+            return g * 2.0, None
+        with fg.enable_grad():
+            inner = x.detach().requires_grad_()
+            y = _Nested.apply(inner.sin(), ctx.depth - 1)
+            (gi,) = fg.autograd.grad(y.sum(), inner)
+        return g * gi, None
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_a_reentrant_backward_inside_is_captured_too(depth: int) -> None:
+    """A backward() inside the backward runs the engine over the graph that code recorded, on
+    symbolic values: its rules join the same program (captured with concrete sizes)."""
+    _same(lambda x: (_Nested.apply(x.exp(), depth) * x).sum(), (3, 4))
+    _compiled_without_fallback()
+
+
+def test_a_reentrant_backward_with_create_graph_falls_back() -> None:
     def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
         (x,) = ctx.saved_tensors
         with fg.enable_grad():
             inner = x.detach().requires_grad_()
-            (gi,) = fg.autograd.grad((inner * 2.0).sum(), inner)
-        return g * gi
+            (gi,) = fg.autograd.grad((inner * inner).sum(), inner, create_graph=True)
+        return g * gi.detach()
 
-    _refusal(backward, "changes tensor state", captures=1)  # (the inner grad() compiles)
+    _refusal(backward, "a backward() inside the backward", captures=1)  # (the inner compiles)
 
 
 def test_errors_of_the_backward_are_eagers() -> None:
@@ -437,4 +466,39 @@ def test_a_whole_step_records_a_traced_function(fn: Any) -> None:
         assert not compiler.counters.step_breaks
     else:
         assert compiler.counters.step_runs == 0
+        assert any("reads Python values" in r for r in compiler.counters.step_breaks)
+
+
+@pytest.mark.parametrize("fn", [_Swish, _GlobalGain])
+def test_a_compiled_module_takes_a_traced_function_into_its_backward(fn: Any) -> None:
+    """compile(model): the Function's backward is part of the module's backward program; one
+    reading global values runs the module's own graph instead (a replay would not check them)."""
+
+    class _Block(fg.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = fg.nn.Linear(4, 8)
+            self.outer = fg.nn.Linear(8, 2)
+
+        def forward(self, x: fg.Tensor) -> fg.Tensor:
+            return self.outer(fn.apply(self.inner(x)))
+
+    def grads(compiled: bool) -> list:
+        fg.manual_seed(0)
+        model = _Block().double()
+        run = fg.compile(model) if compiled else model
+        rng = np.random.default_rng(0)
+        out = []
+        for _ in range(3):
+            for p in model.parameters():
+                p.grad = None
+            run(fg.tensor(rng.standard_normal((5, 4)))).pow(2).sum().backward()
+            out.append(model.inner.weight.grad.numpy().copy())
+        return out
+
+    for e, c in zip(grads(False), grads(True)):
+        np.testing.assert_allclose(c, e, rtol=1e-12, atol=1e-14)
+    if fn is _Swish:
+        assert compiler.counters.step_runs >= 2 and not compiler.counters.step_breaks
+    else:
         assert any("reads Python values" in r for r in compiler.counters.step_breaks)

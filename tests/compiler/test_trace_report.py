@@ -45,7 +45,8 @@ SCRIPT = textwrap.dedent(
     w = fg.randn(4, requires_grad=True)
     with compiler.compiled_autograd():
         (fg.randn(5, 4) * w).exp().sum().backward()
-        (fg.randn(5, 4) * w).exp().sum().backward(create_graph=True)  # a fallback
+        # a fallback: w.grad exists (the line above), and create_graph=True would add into it
+        (fg.randn(5, 4) * w).exp().sum().backward(create_graph=True)
     print(compiler.trace.trace_path())
     """
 )
@@ -251,7 +252,9 @@ def test_backward_section(report) -> None:  # type: ignore[no-untyped-def]
         "module load",
         "first run",
     ]
-    assert "('call', True, 1)" in section["pre"]["key"][0]
+    assert (
+        "('call', True, 1, False, False)" in section["pre"]["key"][0]
+    )  # (no NaN checks, create_graph)
     assert section["lists"]["notes"] == ["captured with symbolic sizes"]
     assert "float32[s0, s1]" in section["pre"]["ir"][0]
 
@@ -259,9 +262,7 @@ def test_backward_section(report) -> None:  # type: ignore[no-untyped-def]
 def test_fallback_section(report) -> None:  # type: ignore[no-untyped-def]
     page, _ = report
     (section,) = _sections(page, "fallback")
-    assert section["lists"]["fallbacks"] == [
-        "create_graph=True (the backward itself must be recorded)"
-    ]
+    assert section["lists"]["fallbacks"] == ["create_graph=True adding into an existing .grad"]
 
 
 def test_module_and_fallbacks_inside_a_section(tmp_path, fresh_compiler) -> None:  # type: ignore[no-untyped-def]
@@ -323,7 +324,7 @@ def test_in_a_browser(report) -> None:  # type: ignore[no-untyped-def]
             assert page.title().startswith("fusegrad trace, process ")
             assert page.locator("section.capture").count() == 4
             assert page.locator("section[data-kind='fallback'] ul.fallbacks li").inner_text() == (
-                "create_graph=True (the backward itself must be recorded)"
+                "create_graph=True adding into an existing .grad"
             )
             if shutil.which("dot"):
                 box = page.locator("section#s1 .picture svg").bounding_box()

@@ -268,3 +268,41 @@ def test_compiled_autograd_runs_the_hooks_and_waits_at_the_end() -> None:
             np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), **TIGHT, err_msg=name)
         assert all(b.work is None and not b.ready for b in ddp._buckets)
     assert fg.compiler.counters.compiled_runs - before == 3
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
+def test_a_compiled_whole_step_averages_the_buckets_in_its_program(optimizer: str) -> None:
+    """fusegrad.compile of a DDP training step: the program holds an allreduce start per bucket
+    (placed right after the kernels computing the bucket's gradients) and its wait (before the
+    optimizer reads the average); DDP's own hooks are not called by the replay.  Equal to one
+    process on the whole batch, the same on both ranks."""
+    ddp, ref = make(bucket_cap_mb=0.0005, broadcast_buffers=False)
+    opts = {"SGD": {"lr": 0.1, "momentum": 0.9}, "AdamW": {"lr": 0.01, "weight_decay": 0.1}}
+    make_opt = getattr(fg.optim, optimizer)
+    opt = make_opt(ddp.parameters(), **opts[optimizer])
+    ref_opt = make_opt(ref.parameters(), **opts[optimizer])
+
+    def step(x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
+        opt.zero_grad()
+        loss = F.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    compiled = fg.compile(step)
+    before = (fg.compiler.counters.step_runs, dict(fg.compiler.counters.step_breaks))
+    for k in range(6):
+        x, y = batch(seed=k)
+        compiled(half(x), half(y))
+        ref_opt.zero_grad()
+        F.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+    assert fg.compiler.counters.step_runs - before[0] >= 3
+    assert fg.compiler.counters.step_breaks == before[1]
+    for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), **TIGHT, err_msg=name)
+        assert same_on_every_rank(p), name
+    x, y = batch(seed=6)
+    text = str(fg.compiler.explain(compiled, half(x), half(y)))
+    assert text.count("allreduce_start") >= len(ddp._buckets) > 1
+    assert text.count("allreduce_wait") >= len(ddp._buckets)

@@ -5,9 +5,10 @@ Start processes with ``mpiexec -n 2 python train.py`` or ``python -m fusegrad.di
 or PyTorch's "gloo"/"nccl", which are aliases: MPI is the one transport).  Collectives work on
 tensors in place; CPU tensors go to MPI as their own numpy arrays, CUDA tensors through host
 buffers.  ``fusegrad.nn.parallel.DistributedDataParallel`` and
-``fusegrad.utils.data.DistributedSampler`` build on it.  Under ``compiled_autograd`` (and in a
-compiled step, which falls back to it) DDP's hooks run at their eager positions in the compiled
-backward.
+``fusegrad.utils.data.DistributedSampler`` build on it.  Under ``compiled_autograd`` DDP's
+hooks run at their eager positions in the compiled backward; a compiled training step
+(``fusegrad.compile``) averages DDP's buckets in its program (``allreduce_start`` /
+``allreduce_wait`` steps, see ``fusegrad.compiler.step``).
 
 ``fusegrad.distributed.rpc`` (``init_rpc``, ``rpc_sync``/``rpc_async``/``remote``, ``RRef``;
 MPI point-to-point with a progress thread), ``fusegrad.distributed.autograd`` (a backward
@@ -15,8 +16,7 @@ across processes: ``context``, ``backward``, ``get_gradients``) and
 ``fusegrad.distributed.optim.DistributedOptimizer`` are imported as modules of their own, as
 PyTorch's are.
 
-Not yet here (issue 13): bucket allreduces scheduled by the compiler itself (compiled DDP as
-program steps), ``all_to_all``, ``Work.get_future``, RRef reference counting,
+Not yet here: ``all_to_all``, ``Work.get_future``, RRef reference counting,
 ``rpc.functions.async_execution``.
 """
 

@@ -150,6 +150,8 @@ class DistributedDataParallel(Module):
             if method is not None:
                 method(p)
 
+        # a compiled whole step recognises the hook and averages the buckets itself
+        hook.ddp = weakref.ref(self)  # type: ignore[attr-defined]
         for _, p in named:
             p.register_post_accumulate_grad_hook(hook)
 
