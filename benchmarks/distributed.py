@@ -24,6 +24,10 @@ Measured, per model and implementation:
   figures are shown: the allreduces keep the ranks in step).
 * **speedup** = (1-process step time) / (N-process step time): the throughput ratio at the same
   global batch (ideal: N); **efficiency** = speedup / N.
+* **N alone** (the control): every process trains its own model on its share without DDP or
+  any communication, all at once; **speedup alone** = 1-process time / that: what the machine
+  lets N processes gain before any communication (on a machine whose cores are shared with
+  other work, well below N).
 * **allreduce**: the time of blocking allreduces of the same buckets (same sizes and dtype, one
   after another, after a barrier), i.e. what communication costs when nothing hides it.
   fusegrad's buckets are DDP's (``bucket_names``), torch's the ones its logging data reports.
@@ -350,6 +354,20 @@ def run_model(
     stats = common.measure_interleaved(
         {k: i.step for k, i in prepared(impls).items()}, warmup=warmup, reps=reps
     )
+    # the control: every process trains alone on its share (no DDP, no communication), all at
+    # once: what the machine allows N processes to do, communication apart
+    control: dict[str, Impl] = {
+        "fg_eager": Impl(fg, name, state, mine, quick=quick, barrier=dist.barrier),
+        "fg_compiled": Impl(
+            fg, name, state, mine, quick=quick, context=fc.compiled_autograd, barrier=dist.barrier
+        ),
+    }
+    if torch is not None:
+        control["torch"] = Impl(torch, name, tstate, mine, quick=quick, barrier=dist.barrier)
+    alone_stats = common.measure_interleaved(
+        {k: i.step for k, i in prepared(control).items()}, warmup=warmup, reps=reps
+    )
+    alone = {k: _step_ms(st) for k, st in alone_stats.items()}
     # blocking allreduces of each implementation's buckets
     fg_sizes = _fg_bucket_sizes(impls["fg_eager"].net)
 
@@ -421,6 +439,8 @@ def run_model(
         row[key] = {
             "single_step_ms": single[key],
             "ddp_step_ms": ddp_ms,
+            "alone_step_ms": alone[key],
+            "alone_speedup": common.ratio(single[key], alone[key]),
             "speedup": speedup,
             "efficiency": speedup / world if speedup is not None else None,
             "ddp_forward_ms": _median_ms(s, "forward"),
@@ -446,6 +466,8 @@ def step_table(rows: list[dict[str, Any]], world: int) -> str:
         f"{world} processes (ms)",
         "speedup",
         "efficiency",
+        f"{world} alone (ms)",
+        "speedup alone",
     ]
     body = []
     for row in rows:
@@ -462,9 +484,11 @@ def step_table(rows: list[dict[str, Any]], world: int) -> str:
                     common.format_number(r["ddp_step_ms"]),
                     common.format_number(r["speedup"], 2) + "×",
                     f"{r['efficiency'] * 100:.0f}%" if r["efficiency"] is not None else "—",
+                    common.format_number(r["alone_step_ms"]),
+                    common.format_number(r["alone_speedup"], 2) + "×",
                 ]
             )
-    return common.markdown_table(headers, body, ["l", "r", "l", "r", "r", "r", "r"])
+    return common.markdown_table(headers, body, ["l", "r", "l"] + ["r"] * 6)
 
 
 def comm_table(rows: list[dict[str, Any]]) -> str:
@@ -505,6 +529,10 @@ DEFINITIONS = {
     "speedup": "1-process step time (whole global batch, no DDP) / N-process DDP step time "
     "(1/N of the batch each): the throughput ratio at the same global batch; ideal N",
     "efficiency": "speedup / N",
+    "N alone": "the control: every process trains its own model on its 1/N of the batch, "
+    "without DDP or any communication, all at once (each step after an untimed barrier); "
+    "'speedup alone' = 1-process step time / that: what the machine lets N processes gain "
+    "before communication (below N: they compete for cores or memory bandwidth)",
     "allreduce": "median time of blocking allreduces of the implementation's DDP buckets (same "
     "sizes and dtype, one after another, started after a barrier)",
     "exposed": "backward() return time minus the time this rank's last gradient was accumulated "

@@ -58,6 +58,7 @@ def test_printed_tables(bench_run: tuple[str, dict[str, Any]]) -> None:
     assert "overlap_fraction: 1 - (after all ranks) / allreduce" in stdout
     step_header = next(line for line in lines if line.startswith("| model | global batch"))
     assert "1 process (ms)" in step_header and "2 processes (ms)" in step_header
+    assert "2 alone (ms)" in step_header
     impls = ["fg eager", "fg compiled bwd"] + (["torch (gloo)"] if HAVE_TORCH else [])
     for model in ("MLP", "GPT"):
         rows = [line for line in lines if line.startswith(f"| {model} ")]
@@ -87,6 +88,8 @@ def test_json_values_are_finite_and_positive(bench_run: tuple[str, dict[str, Any
             for field in (
                 "single_step_ms",
                 "ddp_step_ms",
+                "alone_step_ms",
+                "alone_speedup",
                 "speedup",
                 "efficiency",
                 "ddp_backward_ms",
