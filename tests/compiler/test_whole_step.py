@@ -482,6 +482,9 @@ FIRST_CASES = list(
 )
 # what may stop a recording of one op (the op's own nature, never a wrong replay)
 ALLOWED_BREAKS = ("data-dependent",)
+# entries whose op lambda itself makes a tensor from data (``m.tensor([...])``): an untraced
+# path, which stops the recording (the replay could not make it again)
+MAKES_TENSORS = ("cov", "quantile")
 
 
 @pytest.mark.parametrize(
@@ -520,7 +523,8 @@ def test_op_table_whole_step_matches_eager(entry: Any, sample: Any) -> None:
                 a, b = a.numpy(), b.numpy()
             np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
     for reason in compiler.counters.step_breaks:
-        assert any(k in reason for k in ALLOWED_BREAKS), reason
+        allowed = ALLOWED_BREAKS + (("untraced path",) if entry.name in MAKES_TENSORS else ())
+        assert any(k in reason for k in allowed), reason
     # the second call was a replay (193 of the 194 ops; masked_select's shape is data)
     assert compiler.counters.step_runs == 1 or compiler.counters.step_breaks
 

@@ -25,6 +25,7 @@ from .. import dtypes as _dt
 from .. import return_types
 from .. import storage as _storage
 from ..autograd.node_names import torch_node_name as _torch_node_name
+from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_host_read as _read
 from ..device import as_device
 from ..errors import DTypeError, ShapeError, describe
@@ -535,7 +536,7 @@ def diag_embed(input: Any, offset: int = 0, dim1: int = -2, dim2: int = -1) -> T
     cols = np.arange(n) + builtins.max(offset, 0)
     place = np.zeros((n, m, m))
     place[np.arange(n), rows, cols] = 1.0
-    plane = matmul(unsqueeze(x, -2), to_tensor(place.reshape(n, m * m), x._dtype))
+    plane = matmul(unsqueeze(x, -2), _created(to_tensor(place.reshape(n, m * m), x._dtype)))
     plane = reshape(plane, tuple(x.shape[:-1]) + (m, m))
     # the planes are the last two dims now; move them to (d1, d2)
     rest = [i for i in builtins.range(ndim) if i not in (d1, d2)]
@@ -566,8 +567,10 @@ def block_diag(*tensors: Any) -> Tensor:
     rows, col = [], 0
     for m in mats:
         m = cast(m, dt)
-        left = to_tensor(np.zeros((m.shape[0], col), dtype=dt.np), dt)
-        right = to_tensor(np.zeros((m.shape[0], width - col - m.shape[1]), dtype=dt.np), dt)
+        left = _created(to_tensor(np.zeros((m.shape[0], col), dtype=dt.np), dt))
+        right = _created(
+            to_tensor(np.zeros((m.shape[0], width - col - m.shape[1]), dtype=dt.np), dt)
+        )
         rows.append(cat([left, m, right], 1))
         col += m.shape[1]
     return cat(rows, 0)
@@ -970,8 +973,12 @@ def mvlgamma(input: Any, p: int) -> Tensor:
     (x,) = _float_operands("mvlgamma", input)
     if p < 1:
         raise ValueError(f"p has to be greater than or equal to 1, but got {p}")
-    if x.numel() and bool((x.detach() <= (p - 1) / 2).any()):
-        raise ValueError(f"All elements must be greater than (p-1)/2 = {(p - 1) / 2}")
+
+    def domain(array: Any) -> None:  # (a whole step checks each call's values again)
+        if (_storage.to_host(array) <= (p - 1) / 2).any():
+            raise ValueError(f"All elements must be greater than (p-1)/2 = {(p - 1) / 2}")
+
+    _check(x, domain)
     total = lgamma(x)
     for j in builtins.range(1, p):
         total = add(total, lgamma(sub(x, j / 2)))
@@ -1101,7 +1108,7 @@ def combinations(input: Any, r: int = 2, with_replacement: bool = False) -> Tens
     pick = itertools.combinations_with_replacement if with_replacement else itertools.combinations
     rows = list(pick(builtins.range(x.shape[0]), r))
     index = np.array(rows, dtype=np.int64).reshape(-1)
-    chosen = index_select(x, 0, to_tensor(index))
+    chosen = index_select(x, 0, _created(to_tensor(index)))
     return reshape(chosen, (len(rows), r))
 
 
@@ -1119,13 +1126,22 @@ def _quantile(
             f"{op}() interpolation must be one of linear, lower, higher, midpoint or nearest. "
             f"Got {interpolation}"
         )
-    qs = to_tensor(q, x._dtype).detach()
+    qs = (
+        to_tensor(q, x._dtype).detach()
+        if isinstance(q, Tensor)
+        else _created(to_tensor(q, x._dtype))
+    )
     scalar_q = qs.ndim == 0
     if qs.ndim > 1:
         raise ShapeError(f"{op}() q must be a scalar or 1D tensor")
     qv = reshape(cast(qs, x._dtype), (-1,))
-    if qv.numel() and not bool(((qv >= 0) & (qv <= 1)).all()):
-        raise ValueError(f"{op}() q values must be in the range [0, 1]")
+
+    def in_range(array: Any) -> None:
+        values = _storage.to_host(array)
+        if not ((values >= 0) & (values <= 1)).all():
+            raise ValueError(f"{op}() q values must be in the range [0, 1]")
+
+    _check(qv, in_range)
     if dim is None:
         rows, d = reshape(x, (1, -1)), 1
         kept = (1,) * x.ndim
@@ -1141,7 +1157,11 @@ def _quantile(
     ordered = sort(rows, -1).values  # NaN last
     nan_row = any(isnan(rows.detach()), -1, True)
     count = sum(logical_not(isnan(rows.detach())), -1, True) if ignore_nan else None
-    last = cast(count, x._dtype) if ignore_nan else to_tensor(float(rows.shape[-1]), x._dtype)
+    last = (
+        cast(count, x._dtype)
+        if ignore_nan
+        else _created(to_tensor(float(rows.shape[-1]), x._dtype))
+    )
     last = clamp(sub(last, 1.0), min=0.0)
     pos = mul(last, qv).expand(*rows.shape[:-1], qv.shape[0])  # (..., nq)
     lo, hi = floor(pos), ceil(pos)
@@ -1217,8 +1237,13 @@ def unravel_index(indices: Any, shape: Any) -> tuple:
     if builtins.any(s < 0 for s in dims):
         raise ValueError("'shape' cannot have negative values, but got " + str(dims))
     total = int(np.prod(dims))
-    if idx.numel() and bool(((idx < -total) | (idx >= total)).any()):
-        raise IndexError("index out of bounds for the given shape")
+
+    def in_bounds(array: Any) -> None:
+        values = _storage.to_host(array)
+        if ((values < -total) | (values >= total)).any():
+            raise IndexError("index out of bounds for the given shape")
+
+    _check(idx, in_bounds)
     flat = where(lt(idx, 0), add(idx, total), idx)
     coords = []
     for size in reversed(dims):
