@@ -19,7 +19,7 @@ op with eager tensors and differentiates that (same values, eager speed), and sa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,26 @@ class _IRNode:
         return f"{self.op} (compiled double backward)"
 
 
+def copy_values(
+    src: Graph, into: Graph, input_of: Callable[[Value], Value], origin: str | None = None
+) -> dict[Value, Value]:
+    """Copy ``src``'s values into ``into`` (an input becomes ``input_of(input)``; ``origin``
+    replaces the values' origins when given); returns the mapping."""
+    mapped: dict[Value, Value] = {}
+    for v in src.values:
+        if v.op == "input":
+            mapped[v] = input_of(v)
+        elif v.op == "scalar":
+            mapped[v] = into.scalar(v.attr("value"), v.dtype)
+        elif v.op == "constant":
+            mapped[v] = into.constant(src.constants[v.attr("index")])
+        else:
+            inputs = tuple(mapped[i] for i in v.inputs)
+            where = v.origin if origin is None else origin
+            mapped[v] = into.add(v.op, inputs, v.attrs, v.shape, v.dtype, where)
+    return mapped
+
+
 def vjp_graph(graph: Graph, outputs: Sequence[Value], needed: Sequence[Value]) -> Graph:
     """The VJP of ``graph`` (concrete sizes) as a graph: its inputs are ``graph``'s inputs
     (``("saved", k)`` for ``graph``'s k-th input value in graph order) and one cotangent per
@@ -66,19 +86,9 @@ def vjp_graph(graph: Graph, outputs: Sequence[Value], needed: Sequence[Value]) -
     flows.  Raises whatever a rule raises (the caller falls back)."""
     out = Graph(hints=())
     rec = Recorder(out, None)
-    mapped: dict[Value, Value] = {}
-    k = 0
-    for v in graph.values:  # the first-order values, recomputed where the VJP reads them
-        if v.op == "input":
-            mapped[v] = out.input("saved", k, v.shape, v.dtype)
-            k += 1
-        elif v.op == "scalar":
-            mapped[v] = out.scalar(v.attr("value"), v.dtype)
-        elif v.op == "constant":
-            mapped[v] = out.constant(graph.constants[v.attr("index")])
-        else:
-            inputs = tuple(mapped[i] for i in v.inputs)
-            mapped[v] = out.add(v.op, inputs, v.attrs, v.shape, v.dtype, origin=v.origin)
+    order = {v: k for k, v in enumerate(u for u in graph.values if u.op == "input")}
+    # the first-order values, recomputed where the VJP reads them
+    mapped = copy_values(graph, out, lambda v: out.input("saved", order[v], v.shape, v.dtype))
     # which values depend on an input that requires grad (only those get cotangents)
     live = set(needed)
     for v in graph.values:
@@ -360,23 +370,16 @@ class _Inline:
         saved = node._saved
         if saved is None:
             raise AutogradError(_freed_message)
-        mapped: dict[Value, Value] = {}
-        for v in vjp.values:
-            if v.op == "input":
-                index = v.attr("index")
-                if v.attr("kind") == "saved":
-                    mapped[v] = capture.unpack(saved[index], node)._value
-                elif grads[index] is not None:
-                    mapped[v] = capture.as_value(grads[index])
-                else:
-                    mapped[v] = graph.full(tuple(v.shape), 0, v.dtype, node.name())
-            elif v.op == "scalar":
-                mapped[v] = graph.scalar(v.attr("value"), v.dtype)
-            elif v.op == "constant":
-                mapped[v] = graph.constant(vjp.constants[v.attr("index")])
-            else:
-                inputs = tuple(mapped[i] for i in v.inputs)
-                mapped[v] = graph.add(v.op, inputs, v.attrs, v.shape, v.dtype, node.name())
+
+        def input_of(v: Value) -> Value:
+            index = v.attr("index")
+            if v.attr("kind") == "saved":
+                return capture.unpack(saved[index], node)._value
+            if grads[index] is not None:
+                return capture.as_value(grads[index])
+            return graph.full(tuple(v.shape), 0, v.dtype, node.name())
+
+        mapped = copy_values(vjp, graph, input_of, node.name())
         results: list = [None] * len(node._edges)
         for _, pos, v in vjp.effects:
             results[pos] = capture.symbolic(mapped[v])

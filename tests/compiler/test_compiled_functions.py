@@ -40,6 +40,18 @@ class _Cube(Function):
         return 3.0 * ctx.k * x * x * g, None
 
 
+class _GlobalGain(Function):
+    """Identity forward; its backward scales by the global ``SCALE``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+        return g * SCALE
+
+
 def _leaf(shape: tuple = (3, 4), seed: int = 0) -> fg.Tensor:
     rng = np.random.default_rng(seed)
     return fg.tensor(rng.standard_normal(shape), requires_grad=True)
@@ -94,20 +106,10 @@ def test_ctx_attributes_are_in_the_key() -> None:
 
 def test_a_global_the_backward_reads_is_in_the_key() -> None:
     global SCALE
-
-    class _GlobalScale(Function):
-        @staticmethod
-        def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
-            return x * 1.0
-
-        @staticmethod
-        def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
-            return g * SCALE
-
     try:
-        _same(lambda x: _GlobalScale.apply(x).sum(), (4,))
+        _same(lambda x: _GlobalGain.apply(x).sum(), (4,))
         SCALE = 5.0
-        got = _grads(True, lambda x: _GlobalScale.apply(x).sum(), (4,))
+        got = _grads(True, lambda x: _GlobalGain.apply(x).sum(), (4,))
         np.testing.assert_allclose(got[0], np.full(4, 5.0))
     finally:
         SCALE = 3.0
@@ -420,16 +422,6 @@ class _Swish(Function):
     def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
         x, s = ctx.saved_tensors
         return g * (s + x * s * (1.0 - s))
-
-
-class _GlobalGain(Function):
-    @staticmethod
-    def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
-        return x * 1.0
-
-    @staticmethod
-    def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
-        return g * SCALE
 
 
 @pytest.mark.parametrize("fn", [_Swish, _GlobalGain])
