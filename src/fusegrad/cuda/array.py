@@ -231,7 +231,9 @@ def empty(shape: tuple, dtype: Any) -> CudaArray:
 
 def to_device(host: Any) -> CudaArray:
     """Copy a host array (anything numpy accepts) to a new contiguous CudaArray."""
-    arr = np.ascontiguousarray(host)
+    arr = np.asarray(host)
+    if not arr.flags.c_contiguous:  # (np.ascontiguousarray would also make a 0-d array 1-d)
+        arr = np.ascontiguousarray(arr)
     flat = arr.reshape(-1) if arr.size else np.zeros(1, arr.dtype)
     buffer = numba_cuda().to_device(flat)
     return CudaArray(buffer, arr.shape, contiguous_strides(arr.shape, arr.itemsize), 0, arr.dtype)

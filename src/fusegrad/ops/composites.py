@@ -536,7 +536,7 @@ def diag_embed(input: Any, offset: int = 0, dim1: int = -2, dim2: int = -1) -> T
     cols = np.arange(n) + builtins.max(offset, 0)
     place = np.zeros((n, m, m))
     place[np.arange(n), rows, cols] = 1.0
-    plane = matmul(unsqueeze(x, -2), _created(to_tensor(place.reshape(n, m * m), x._dtype)))
+    plane = matmul(unsqueeze(x, -2), _constant(place.reshape(n, m * m), x))
     plane = reshape(plane, tuple(x.shape[:-1]) + (m, m))
     # the planes are the last two dims now; move them to (d1, d2)
     rest = [i for i in builtins.range(ndim) if i not in (d1, d2)]
@@ -567,10 +567,8 @@ def block_diag(*tensors: Any) -> Tensor:
     rows, col = [], 0
     for m in mats:
         m = cast(m, dt)
-        left = _created(to_tensor(np.zeros((m.shape[0], col), dtype=dt.np), dt))
-        right = _created(
-            to_tensor(np.zeros((m.shape[0], width - col - m.shape[1]), dtype=dt.np), dt)
-        )
+        left = _constant(np.zeros((m.shape[0], col)), m)
+        right = _constant(np.zeros((m.shape[0], width - col - m.shape[1])), m)
         rows.append(cat([left, m, right], 1))
         col += m.shape[1]
     return cat(rows, 0)
@@ -949,6 +947,15 @@ def adjoint(input: Any) -> Tensor:
     return transpose(x, -2, -1)
 
 
+def _constant(values: np.ndarray, like: Tensor, dtype: Any = None) -> Tensor:
+    """A constant made from the arguments (shapes, Python numbers) on ``like``'s device, in
+    ``like``'s dtype unless given, announced to a recording tracer (a whole step replays it)."""
+    t = to_tensor(values, like._dtype if dtype is None else dtype)
+    if t.device != like.device:
+        t = t.to(like.device)
+    return _created(t)
+
+
 def fill(input: Any, value: Any) -> Tensor:
     """A new tensor like ``input`` filled with ``value`` (a number or a 0-d tensor, which gets
     the gradient summed; ``input`` gets none)."""
@@ -1108,7 +1115,7 @@ def combinations(input: Any, r: int = 2, with_replacement: bool = False) -> Tens
     pick = itertools.combinations_with_replacement if with_replacement else itertools.combinations
     rows = list(pick(builtins.range(x.shape[0]), r))
     index = np.array(rows, dtype=np.int64).reshape(-1)
-    chosen = index_select(x, 0, _created(to_tensor(index)))
+    chosen = index_select(x, 0, _constant(index, x, _dt.int64))
     return reshape(chosen, (len(rows), r))
 
 
@@ -1126,11 +1133,7 @@ def _quantile(
             f"{op}() interpolation must be one of linear, lower, higher, midpoint or nearest. "
             f"Got {interpolation}"
         )
-    qs = (
-        to_tensor(q, x._dtype).detach()
-        if isinstance(q, Tensor)
-        else _created(to_tensor(q, x._dtype))
-    )
+    qs = to_tensor(q, x._dtype).detach() if isinstance(q, Tensor) else _constant(np.asarray(q), x)
     scalar_q = qs.ndim == 0
     if qs.ndim > 1:
         raise ShapeError(f"{op}() q must be a scalar or 1D tensor")
@@ -1157,11 +1160,7 @@ def _quantile(
     ordered = sort(rows, -1).values  # NaN last
     nan_row = any(isnan(rows.detach()), -1, True)
     count = sum(logical_not(isnan(rows.detach())), -1, True) if ignore_nan else None
-    last = (
-        cast(count, x._dtype)
-        if ignore_nan
-        else _created(to_tensor(float(rows.shape[-1]), x._dtype))
-    )
+    last = cast(count, x._dtype) if ignore_nan else _constant(np.asarray(float(rows.shape[-1])), x)
     last = clamp(sub(last, 1.0), min=0.0)
     pos = mul(last, qv).expand(*rows.shape[:-1], qv.shape[0])  # (..., nq)
     lo, hi = floor(pos), ceil(pos)
