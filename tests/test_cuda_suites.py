@@ -6,8 +6,9 @@
   kernel of the eager CUDA backend compiled to PTX, numba-cuda's real type inference (no GPU
   needed).
 
-Both start together (they run concurrently) and each test waits for its own; a failure shows the
-suite's output.  The simulator suite takes minutes, so while a test waits it prints what it is
+Both start together, as soon as pytest has collected these tests (``tests/conftest.py``), and
+run beside the rest of the suite; each test waits for its own, and a failure shows the suite's
+output.  The simulator suite takes minutes, so while a test waits it prints what it is
 waiting for and, every ``PROGRESS_EVERY_S`` seconds, how far the suite has got (straight to the
 terminal, past pytest's capture).  Marked ``cuda``: ``python -m pytest -m "not cuda"`` leaves
 them out.  Skipped when numba-cuda is not installed (the ``cuda`` extra).
@@ -28,7 +29,7 @@ from collections.abc import Iterator
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TIMEOUT_S = 900
+TIMEOUT_S = 1800  # (from the suite's start, early in the session)
 PROGRESS_EVERY_S = 30
 
 pytestmark = [
@@ -91,23 +92,38 @@ class _Suite:
         self.reader.join(timeout=10)
 
 
+_started: dict[str, _Suite] = {}
+
+
+def start_early() -> None:
+    """Start both suites now.  tests/conftest.py calls this as soon as collection has chosen
+    these tests: the suites then take their minutes on the second core while the rest of the
+    suite runs on the first, instead of after it."""
+    if _started or importlib.util.find_spec("numba_cuda") is None:
+        return
+    _started["simulator"] = _Suite(
+        "tests/cuda in numba's CUDA simulator",
+        {"NUMBA_ENABLE_CUDASIM": "1"},
+        ("FUSEGRAD_CUDA_PTX",),
+    )
+    _started["ptx"] = _Suite(
+        "tests/cuda compiling every kernel to PTX",
+        {"FUSEGRAD_CUDA_PTX": "1"},
+        ("NUMBA_ENABLE_CUDASIM",),
+    )
+
+
+def stop_all() -> None:
+    """Stop what still runs (the session ends, e.g. after ``-x``)."""
+    for suite in _started.values():
+        suite.stop()
+
+
 @pytest.fixture(scope="module")
 def suites() -> Iterator[dict[str, _Suite]]:
-    started = {
-        "simulator": _Suite(
-            "tests/cuda in numba's CUDA simulator",
-            {"NUMBA_ENABLE_CUDASIM": "1"},
-            ("FUSEGRAD_CUDA_PTX",),
-        ),
-        "ptx": _Suite(
-            "tests/cuda compiling every kernel to PTX",
-            {"FUSEGRAD_CUDA_PTX": "1"},
-            ("NUMBA_ENABLE_CUDASIM",),
-        ),
-    }
-    yield started
-    for suite in started.values():
-        suite.stop()
+    start_early()  # (if conftest has not)
+    yield _started
+    stop_all()
 
 
 def _say(capsys: pytest.CaptureFixture[str], text: str) -> None:
