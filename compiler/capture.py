@@ -48,6 +48,7 @@ from fusegrad.autograd.forward_state import state as _forward_state
 from fusegrad.autograd.function import FunctionCtx
 from fusegrad.autograd.node import AccumulateGrad, OpNode
 from fusegrad.autograd.tracer import Tracer, tracing
+from fusegrad.errors import AutogradError
 from fusegrad.ops import registry
 from fusegrad.ops.registry import RULES as _RULES
 from fusegrad.tensor import Tensor
@@ -756,26 +757,16 @@ class Capture(_engine.Executor, Recorder):
             raise Refused(f"the backward of {name} needs tensor values ({e})") from None
         finally:
             self.user -= 1
-        if not isinstance(result, tuple):
-            result = (result,)
-        n = len(node._edges)
-        if len(result) > n and all(r is None for r in result[n:]):
-            result = result[:n]
-        if len(result) != n:
-            raise Refused(f"{name} returned an incorrect number of gradients")
+        try:
+            result = node.backward_results(result)
+        except AutogradError as e:  # (eager mode raises it)
+            raise Refused(f"{name}: {e}") from None
         out: list = []
-        for i, r in enumerate(result):
-            if r is not None and (not isinstance(r, Tensor) or node._input_meta[i][1] is None):
-                raise Refused(
-                    f"{name} returned an invalid gradient at index {i}"
-                )  # (eager's error)
-            if r is None or not node.needs_input_grad[i]:
-                out.append(None)  # (dropped: the input needs no gradient, as in eager)
-                continue
-            if not isinstance(r, SymbolicTensor) and id(r) not in self.made:
+        for r in result:
+            if r is not None and not isinstance(r, SymbolicTensor) and id(r) not in self.made:
                 raise Refused(f"{name} returned a tensor made outside its backward")
             # back to the capture's own kind of value (zero-stride data in a concrete one)
-            out.append(self.symbolic(self.as_value(r)))
+            out.append(None if r is None else self.symbolic(self.as_value(r)))
         return tuple(out)
 
     # ---- Executor: the engine's steps -----------------------------------------------------------

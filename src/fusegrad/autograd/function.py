@@ -154,7 +154,15 @@ class FunctionCtx(Node):
                 shape, dtype = self._output_meta[i]
                 if g is None and dtype is not None:
                     grads[i] = Tensor._make(np.zeros(shape, dtype.np))
-        result = self._cls.backward(self, *grads)
+        result = self.backward_results(self._cls.backward(self, *grads))
+        if not retain:
+            self.release()
+        return result
+
+    def backward_results(self, result: Any) -> tuple:
+        """What ``backward`` returned, checked as PyTorch checks it (count, types, no gradient
+        for a non-tensor input), as one entry per edge, None for inputs that need no gradient
+        (also what compiled autograd's trace of ``backward`` goes through)."""
         if not isinstance(result, tuple):
             result = (result,)
         n = len(self._edges)
@@ -176,8 +184,6 @@ class FunctionCtx(Node):
                     f"function {self.name()} returned a gradient different than None at position "
                     f"{i + 1}, but the corresponding forward input was not a Tensor"
                 )
-        if not retain:
-            self.release()
         # a gradient for an input that does not require grad is dropped, as in PyTorch
         return tuple(r if self.needs_input_grad[i] else None for i, r in enumerate(result))
 
