@@ -20,6 +20,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+import time
 import traceback
 
 # MPI launchers' variables for the global and the node-local rank (MPICH's hydra, Open MPI)
@@ -89,6 +90,10 @@ def _run_worker(script: str, args: list[str], module: bool) -> None:
         raise
     except BaseException:
         traceback.print_exc()
+        sys.stderr.flush()
+        # (mpiexec forwards each rank's output through its own proxies: the abort below kills
+        # them, so the traceback gets a moment to pass through first; once seen cut short)
+        time.sleep(0.2)
         _abort(1)
         raise
 
