@@ -297,6 +297,8 @@ def _program_for(
     (raises ``Fallback`` when it cannot be).  Under ``explain`` nothing is looked up or kept.
     ``notice`` is started on the slow paths (capture, a new program)."""
     report = _debug.report
+    if w.opaque and region.fullgraph:
+        raise Fallback(next(iter(w.opaque.values())))  # (an opaque step is a graph break)
     entry = graphs.get(w.key) if report is None else None
     if entry is not None and entry.refused is not None:
         raise Fallback(entry.refused)
@@ -320,7 +322,9 @@ def _program_for(
         if _trace.enabled:
             _trace.begin("backward", f"backward of a {len(w.nodes)}-node graph", why)
         try:
-            captured = _capture(w, outputs, grads, inputs, accumulate, symbolic, create_graph)
+            captured = _capture(
+                w, outputs, grads, inputs, accumulate, symbolic, create_graph, not region.fullgraph
+            )
         except Refused as e:
             if report is None and entry is None:  # (a key that holds graphs keeps them)
                 entry = GraphEntry()
@@ -335,6 +339,10 @@ def _program_for(
         else:
             kind = f"concrete sizes: {captured.reason}"
         logs.log("recompiles", f"capture #{counters.captures} ({kind}): {why}")
+        for reason in [*w.opaque.values(), *captured.opaque.values()]:
+            logs.log_counted("fallback", reason, f"an opaque step, run eagerly: {reason}")
+            if report is not None:
+                report.append(("opaque", reason))
         if _trace.enabled:
             _trace.captured(captured, kind, w.key)
         logs.log("graph", "backward graph:\n" + format_graph(captured.graph))
@@ -344,6 +352,10 @@ def _program_for(
                 graphs.put(w.key, entry)
                 remember(w.key)
             entry.add(captured, w.sizes)
+    if captured.opaque:
+        # custom Functions the capture found untraceable run as opaque steps (user code):
+        # this call then runs as one with hooks does (``capture.capture``)
+        w.has_hooks = True
     pkey = (w.grad_key, region.mode, config.program_key())
     program = captured.programs.get(pkey)
     if program is not None:
@@ -433,10 +445,18 @@ def _capture(
     accumulate: bool,
     symbolic: bool,
     create_graph: bool = False,
+    allow_opaque: bool = True,
 ) -> Captured:
     with _trace.phase("capture"):
         captured = _capture_graph(
-            w, outputs, grads, inputs, accumulate, symbolic=symbolic, create_graph=create_graph
+            w,
+            outputs,
+            grads,
+            inputs,
+            accumulate,
+            symbolic=symbolic,
+            create_graph=create_graph,
+            allow_opaque=allow_opaque,
         )
     if create_graph:
         captured.raw = captured.graph
@@ -541,6 +561,8 @@ class Report:
             (reason, prog) for kind, reason, *rest in events if kind == "capture" for prog in rest
         ]
         self.fallbacks = [reason for kind, reason, *rest in events if kind == "fallback"]
+        # custom Function backwards that run eagerly as opaque steps of a compiled program
+        self.opaque = [reason for kind, reason, *rest in events if kind == "opaque"]
         self.steps = [(e[1], e[2]) for e in events if e[0] == "step"]
         self.breaks = [reason for kind, reason, *rest in events if kind == "break"]
         self.guards = [rest[0] for kind, *rest in events if kind == "guards"]
@@ -563,6 +585,8 @@ class Report:
         for guard in self.guards:
             lines.append(f"guards: {guard}")
         lines.append(f"{len(self.captures)} graph(s) captured, {len(self.fallbacks)} fallback(s)")
+        for reason in self.opaque:
+            lines.append(f"opaque step (a custom Function's backward, run eagerly): {reason}")
         for i, (reason, prog) in enumerate(self.captures):
             n = sum(1 for v in prog.graph.values if v.op not in ("input", "scalar", "constant"))
             lines.append(

@@ -51,6 +51,8 @@ class Counters:
       in the background.
     * step_breaks: recordings that could not be replayed, by reason (the function then runs
       with compiled backward only, for that guard key).
+    * opaque_functions: custom Function ``backward`` calls a compiled program ran eagerly, as
+      an opaque step, because they cannot be traced, by reason (counted in compiled_runs too).
 
     ``compiles`` and ``disk_hits`` count the functions programs call (generated CPU kernels, their
     ``prange`` variants, the interpreter's ``run_ops``, CUDA kernels on a GPU; the CUDA simulator
@@ -71,6 +73,7 @@ class Counters:
     background_compiles: int = 0
     uncompiled_runs: int = 0
     step_breaks: Counter = field(default_factory=Counter)
+    opaque_functions: Counter = field(default_factory=Counter)
 
     def __repr__(self) -> str:
         fb = dict(self.fallbacks)
@@ -83,7 +86,8 @@ class Counters:
             f"step_warmups={self.step_warmups}, "
             f"background_compiles={self.background_compiles}, "
             f"uncompiled_runs={self.uncompiled_runs}, "
-            f"step_breaks={dict(self.step_breaks)})"
+            f"step_breaks={dict(self.step_breaks)}, "
+            f"opaque_functions={dict(self.opaque_functions)})"
         )
 
 
@@ -341,3 +345,4 @@ def reset() -> None:
     counters.step_warmups = counters.background_compiles = counters.uncompiled_runs = 0
     counters.fallbacks.clear()
     counters.step_breaks.clear()
+    counters.opaque_functions.clear()

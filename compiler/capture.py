@@ -62,6 +62,7 @@ from .functions import (
     ctx_attribute_key,
     function_globals_key,
     reads_plain_values,
+    return_sources,
 )
 from .ir import Graph, Value, freeze
 from .symbolic import FakeArray, Guard, NeedsData, ShapeEnv
@@ -79,6 +80,47 @@ INLINED: dict[type, Any] = {}
 
 class Fallback(Exception):
     """This backward cannot be compiled; ``str(e)`` is the one logged reason."""
+
+
+class OpaqueRestart(Fallback):
+    """A custom Function's ``backward`` could not be traced (``reason``): capture again with
+    node ``site`` (its walk position) as an opaque step (``Capture._opaque_function``)."""
+
+    def __init__(self, site: int, reason: str) -> None:
+        super().__init__(reason)
+        self.site = site
+        self.reason = reason
+
+
+# custom Function class -> (input positions its ``backward`` returned None for although the
+# program expected a gradient, positions it returned a gradient for although the program
+# expected None), found when opaque steps ran (``program._function_output``): the walk keys them
+NONE_GRADIENTS: dict[type, tuple[frozenset, frozenset]] = {}
+
+
+def learn_gradient(cls: type, index: int, returned: bool) -> None:
+    """Record that ``cls.backward`` returned a gradient (or None) at ``index`` against what the
+    program was built for."""
+    none, some = NONE_GRADIENTS.get(cls, (frozenset(), frozenset()))
+    if returned:
+        NONE_GRADIENTS[cls] = (none - {index}, some | {index})
+    else:
+        NONE_GRADIENTS[cls] = (none | {index}, some - {index})
+
+
+def none_gradients(node: FunctionCtx, layout: tuple) -> frozenset:
+    """The input positions an opaque step of ``node``'s ``backward`` is built to take no
+    gradient from, given which gradients it gets (``layout``): those where every ``return`` has
+    a literal None or passes on a gradient it gets as None (``functions.return_sources``), or,
+    once one has run, those found at run time (``NONE_GRADIENTS``)."""
+    none = set()
+    for j, source in return_sources(node._cls.backward).items():
+        if source is None or (
+            not node.materialize_grads and source < len(layout) and not layout[source]
+        ):
+            none.add(j)
+    learned, some = NONE_GRADIENTS.get(node._cls, (frozenset(), frozenset()))
+    return frozenset((none | learned) - some)
 
 
 class Refused(Fallback):
@@ -130,6 +172,10 @@ class Walk:
     unrun: frozenset = frozenset()
     # Function node -> {attribute name: CtxTensor} (its tensor attributes, in ``saved``)
     ctx_tensors: dict = field(default_factory=dict)
+    # Function node -> why its ``backward`` cannot be traced: it runs as an opaque step of the
+    # program (the eager ``backward``, like a user hook), found by the walk; ``Captured.opaque``
+    # holds those the capture found
+    opaque: dict = field(default_factory=dict)
 
 
 class _Sizes:
@@ -289,8 +335,9 @@ def walk(
                     try:
                         entry = _function_entry(n, out, shape, aliases, n in unrun)
                     except Untraceable as e:
-                        out.fallback = f"{n.name()}: {e}"
-                        return out
+                        out.opaque[n] = f"{n.name()}: {e}"
+                        out.has_hooks = True  # (user code runs inside: effects in eager order)
+                        entry = _opaque_function_entry(n, shape)
                 else:
                     entry = INLINED[kind].key(n)
                 append(
@@ -345,6 +392,10 @@ def walk(
         else:
             out.fallback = _unsupported(n)
             return out
+    if out.opaque and (anomaly._state.enabled or create_graph):
+        # (its gradients would have to be differentiable, or NaN-checked before it returns)
+        out.fallback = next(iter(out.opaque.values()))
+        return out
     if out.has_hooks and anomaly._state.enabled:
         # (a NaN check must stop the backward before later hooks run, as eager's does)
         out.fallback = "anomaly mode is on and the backward runs user hooks"
@@ -395,31 +446,59 @@ def _function_entry(n: FunctionCtx, w: Walk, shape: Any, aliases: dict, unrun: b
     backward = cls.backward
     if unrun:
         return ("function", cls, backward)
+    globals_key = function_globals_key(backward)
     attrs: list = []
     tensors: dict = {}
-    for name, value in n.__dict__.items():
-        if name in CTX_INTERNAL:
-            continue
-        if isinstance(value, Tensor):
-            obj = CtxTensor(value)
-            data = value._data
-            alias = aliases.setdefault(id(data), len(w.saved))
-            w.saved.append((n, obj))
-            w.saved_alias.append(alias)
-            tensors[name] = obj
-            attrs.append((name, shape(data.shape), value._dtype, type(data), alias))
-        else:
-            attrs.append((name, ctx_attribute_key(name, value)))
+    start = len(w.saved)
+    try:
+        for name, value in n.__dict__.items():
+            if name in CTX_INTERNAL:
+                continue
+            if isinstance(value, Tensor):
+                obj = CtxTensor(value)
+                data = value._data
+                alias = aliases.setdefault(id(data), len(w.saved))
+                w.saved.append((n, obj))
+                w.saved_alias.append(alias)
+                tensors[name] = obj
+                attrs.append((name, shape(data.shape), value._dtype, type(data), alias))
+            else:
+                attrs.append((name, ctx_attribute_key(name, value)))
+    except Untraceable:
+        # (the node runs opaquely: its tensor attributes are no program inputs after all, and
+        # the walk's saved list must not depend on which attribute failed)
+        for k in range(start, len(w.saved)):
+            data = w.saved[k][1]._tensor._data
+            if aliases.get(id(data)) == k:
+                del aliases[id(data)]
+        del w.saved[start:], w.saved_alias[start:]
+        raise
     if tensors:
         w.ctx_tensors[n] = tensors
     return (
         "function",
         cls,
         backward,
-        function_globals_key(backward),
+        globals_key,
         tuple(attrs),
         n.materialize_grads,
         n.needs_input_grad,
+        tuple((shape(s), d) for s, d in n._output_meta),
+    )
+
+
+def _opaque_function_entry(n: FunctionCtx, shape: Any) -> tuple:
+    """The key of custom Function node ``n`` that runs as an opaque step: the eager ``backward``
+    is called on the node itself, so only what the program's structure depends on counts --
+    which inputs get a gradient from it (``Capture._opaque_function``)."""
+    return (
+        "function",
+        n._cls,
+        n._cls.backward,
+        "opaque",
+        n.materialize_grads,
+        n.needs_input_grad,
+        NONE_GRADIENTS.get(n._cls),
         tuple((shape(s), d) for s, d in n._output_meta),
     )
 
@@ -598,8 +677,14 @@ class Capture(_engine.Executor, Recorder):
         accumulate: bool,
         symbolic: bool = True,
         create_graph: bool = False,
+        opaque: dict | None = None,
+        allow_opaque: bool = True,
     ) -> None:
         self.w = w
+        # walk positions of Function nodes this capture runs as opaque steps (beyond the walk's
+        # own ``w.opaque``), and whether a backward that cannot be traced may become one
+        self.opaque = opaque or {}  # site -> why
+        self.allow_opaque = allow_opaque
         self.roots = roots
         self.grad_roots = grad_roots
         self.inputs = inputs
@@ -715,6 +800,55 @@ class Capture(_engine.Executor, Recorder):
         return NotImplemented
 
     def _trace_function(self, node: FunctionCtx, grads: list) -> tuple:
+        """A custom Function node of the walk: traced (``_traced_function``), or an opaque step
+        when its backward cannot be (found by the walk, or now: the capture restarts)."""
+        site = self.w.index.get(node)
+        if site is not None and (node in self.w.opaque or site in self.opaque):
+            return self._opaque_function(node, site, grads)
+        try:
+            return self._traced_function(node, grads)
+        except Refused as e:
+            if site is None or not self.allow_opaque or self.create_graph or self.check_nan:
+                raise
+            raise OpaqueRestart(site, str(e)) from None
+
+    def _opaque_function(self, node: FunctionCtx, site: int, grads: list) -> tuple:
+        """The node's eager ``backward`` as a step of the program, at its eager position (like a
+        user hook): a ``function`` value takes the gradients it is given, and one
+        ``function_output`` per input it is expected to return a gradient for -- every input
+        that needs one (``needs_input_grad``) and leads somewhere.  Should it return None there
+        after all, the program refuses (``program._function_output``)."""
+        graph = self.graph
+        layout = tuple(g is not None for g in grads)
+        values = tuple(self.as_value(g) for g in grads if g is not None)
+        why = self.w.opaque.get(node) or self.opaque.get(site, "")
+        none = none_gradients(node, layout)
+        wanted = [
+            child is not None and meta[1] is not None and node.needs_input_grad[i]
+            for i, ((child, _), meta) in enumerate(zip(node._edges, node._input_meta))
+        ]
+        dropped = tuple(i for i, want in enumerate(wanted) if want and i in none)
+        attrs = {"node": site, "layout": layout, "why": why, "dropped": dropped}
+        token = graph.add(
+            "function", values, {**attrs, "seq": next(self.seq)}, (), _dt.bool_, origin=self.current
+        )
+        out: list = []
+        for i, (shape, dtype) in enumerate(node._input_meta):
+            if not wanted[i] or i in none:
+                out.append(None)
+                continue
+            value = graph.add(
+                "function_output",
+                (token,),
+                {"index": i},
+                self.exprs(shape),
+                dtype,
+                origin=self.current,
+            )
+            out.append(self.symbolic(value))
+        return tuple(out)
+
+    def _traced_function(self, node: FunctionCtx, grads: list) -> tuple:
         """Run custom Function ``node``'s ``backward`` on symbolic values: its ops are recorded
         like a rule's.  What ``FunctionCtx.apply`` does around it is done here on the symbolic
         values (zeros for missing gradients when materialized, the checks, dropping gradients of
@@ -958,6 +1092,9 @@ class Captured:
     # the rules' own ops) and the VJP programs built from it
     raw: Graph | None = None
     vjp: dict = field(default_factory=dict)
+    # walk positions of the custom Function nodes the capture found it could not trace (they
+    # run as opaque steps, like those of ``Walk.opaque``) -> why
+    opaque: dict = field(default_factory=dict)
 
     MAX_PROGRAMS = 8  # program keys kept per graph (mode x .grad states x configurations)
 
@@ -977,13 +1114,46 @@ def capture(
     accumulate: bool,
     symbolic: bool = True,
     create_graph: bool = False,
+    allow_opaque: bool = True,
 ) -> Captured:
     """Record the backward of ``roots`` as an IR graph (see the module docstring): symbolic
     sizes when possible, else the call's concrete sizes.  With ``create_graph`` the rules run
-    in grad mode, as eager's do then (a rule may pick a differentiable formula: ``double``)."""
+    in grad mode, as eager's do then (a rule may pick a differentiable formula: ``double``).
+    A custom Function whose ``backward`` turns out untraceable becomes an opaque step and the
+    capture starts again (``allow_opaque``; else it is ``Refused``, as for whole steps, which
+    replay no Python): the backward then runs user code, so ``w.has_hooks`` is set."""
+    opaque: dict = {}
+    while True:
+        try:
+            captured = _capture(
+                w, roots, grad_roots, inputs, accumulate, symbolic, create_graph, opaque,
+                allow_opaque,
+            )  # fmt: skip
+        except OpaqueRestart as e:
+            if e.site in opaque:  # (cannot happen: an opaque node is not traced again)
+                raise Refused(e.reason) from None
+            opaque[e.site] = e.reason
+            w.has_hooks = True
+            continue
+        captured.opaque = opaque
+        return captured
+
+
+def _capture(
+    w: Walk,
+    roots: Sequence[Tensor],
+    grad_roots: Sequence[Tensor],
+    inputs: Sequence[Tensor] | None,
+    accumulate: bool,
+    symbolic: bool,
+    create_graph: bool,
+    opaque: dict,
+    allow_opaque: bool,
+) -> Captured:
     reason = "symbolic sizes were turned off for this graph"
+    args = (w, roots, grad_roots, inputs, accumulate)
     if symbolic:
-        c = Capture(w, roots, grad_roots, inputs, accumulate, True, create_graph)
+        c = Capture(*args, True, create_graph, opaque, allow_opaque)
         try:
             graph = c.run()
             return Captured(graph, tuple(c.guards), True, unpacked=frozenset(c.unpacked))
@@ -993,7 +1163,7 @@ def capture(
             reason = f"{c.current or 'the capture'} needed concrete sizes ({e})"
         except Exception as e:  # noqa: BLE001  (the concrete capture re-raises real errors)
             reason = f"{c.current or 'the capture'} failed with symbolic sizes ({e!r})"
-    c = Capture(w, roots, grad_roots, inputs, accumulate, False, create_graph)
+    c = Capture(*args, False, create_graph, opaque, allow_opaque)
     try:
         graph = c.run()
     except Fallback:

@@ -264,3 +264,56 @@ class TracedCtx:
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise Untraceable(f"its backward sets ctx.{name} (Python state a replay would not set)")
+
+
+def return_sources(fn: Any, cache: dict = {}) -> dict:  # noqa: B006 (memo)
+    """What a custom ``backward`` returns at each position, read from its bytecode where every
+    ``return`` agrees: None (a literal None, ``return g * 2, None``) or the index of the
+    gradient argument it passes through unchanged (``return g``: None when that gradient is).
+    An opaque step of ``fn`` is built to take no gradient where it gets None
+    (``capture.Capture._opaque_function``).  A return that cannot be read this way (a tuple
+    built elsewhere, a call) leaves every position open."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return {}
+    found = cache.get(code)
+    if found is not None:
+        return found
+    instrs = [i for i in dis.get_instructions(code) if i.opname not in ("CACHE", "EXTENDED_ARG")]
+    # the gradient arguments (after ctx), unless the code assigns to them
+    stored = {i.argval for i in instrs if i.opname in ("STORE_FAST", "DELETE_FAST")}
+    params = {
+        name: k - 1
+        for k, name in enumerate(code.co_varnames[: code.co_argcount])
+        if k > 0 and name not in stored
+    }
+
+    def source(item: Any) -> Any:
+        if item.opname == "LOAD_CONST" and item.argval is None:
+            return "none"
+        if item.opname == "LOAD_FAST" and item.argval in params:
+            return params[item.argval]
+        return "other"
+
+    result: dict | None = None
+    for k, ins in enumerate(instrs):
+        if ins.opname != "RETURN_VALUE":
+            continue
+        here: dict = {}
+        prev = instrs[k - 1] if k else None
+        if prev is not None and prev.opname == "LOAD_CONST" and isinstance(prev.argval, tuple):
+            here = {j: "none" for j, item in enumerate(prev.argval) if item is None}
+        elif prev is not None and prev.opname == "BUILD_TUPLE":
+            n = prev.argval
+            # the items, last first, while each is one instruction (a name or a constant)
+            for j in range(n - 1, -1, -1):
+                at = k - 2 - (n - 1 - j)
+                if at < 0 or instrs[at].opname not in ("LOAD_CONST", "LOAD_FAST"):
+                    break
+                here[j] = source(instrs[at])
+        elif prev is not None and prev.opname in ("LOAD_CONST", "LOAD_FAST"):
+            here = {0: source(prev)}  # (a single gradient, not in a tuple)
+        here = {j: v for j, v in here.items() if v != "other"}
+        result = here if result is None else {j: v for j, v in result.items() if here.get(j) == v}
+    found = cache[code] = {j: (None if v == "none" else v) for j, v in (result or {}).items()}
+    return found

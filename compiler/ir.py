@@ -51,14 +51,16 @@ IR_OPS = ("input", "constant", "scalar")
 # which), ``hook_output`` is what it returned for one slot (or the slot's old value when it
 # returned None), ``store_grad`` performs one ``.grad`` write at its eager position,
 # ``unpack_saved`` calls the unpack hook of saved tensor ``attrs["saved"]`` (packed by
-# saved-tensor hooks) and is the tensor it returns
-EFFECT_OPS = ("hook", "store_grad", "unpack_saved")
+# saved-tensor hooks) and is the tensor it returns; ``function`` runs the eager ``backward`` of
+# custom Function node ``attrs["node"]`` (one it cannot trace) on the gradients it is given,
+# and ``function_output`` (input: that step) is its gradient for input ``attrs["index"]``
+EFFECT_OPS = ("hook", "store_grad", "unpack_saved", "function")
 # a whole step's data-parallel gradient averaging (DistributedDataParallel's buckets, ``step``):
 # ``allreduce_start`` copies its input (a bucket's gradients, flat) and starts a non-blocking
 # allreduce of the copy over ``attrs["group"]``; ``allreduce_wait`` (inputs: that start) waits
 # for it and is the sum divided by ``attrs["world"]``.  Kernels run between the two.
 COLLECTIVE_OPS = ("allreduce_start", "allreduce_wait")
-IR_OWN_OPS = IR_OPS + EFFECT_OPS + COLLECTIVE_OPS + ("hook_output",)
+IR_OWN_OPS = IR_OPS + EFFECT_OPS + COLLECTIVE_OPS + ("hook_output", "function_output")
 
 
 def freeze(value: Any) -> Any:
@@ -232,6 +234,10 @@ def verify(graph: Graph) -> None:
                 v.inputs[0].op == "allreduce_start"
             ):
                 raise VerifyError(f"%{v.id}: {v.op} takes one input (a start takes the values)")
+            continue
+        if v.op == "function_output" and (len(v.inputs) != 1 or v.inputs[0].op != "function"):
+            raise VerifyError(f"%{v.id}: function_output takes (function,)")
+        if v.op == "function_output":
             continue
         if v.op in EFFECT_OPS or v.op == "hook_output":
             if v.op == "hook_output" and (len(v.inputs) != 2 or v.inputs[0].op != "hook"):

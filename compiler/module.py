@@ -337,12 +337,15 @@ class AOTEntry:
             dummy = [Tensor._make(np.zeros(r._data.shape, r._dtype.np)) for r in roots]
             w = _walk(roots, dummy, inputs, False, False)
             if w.fallback is not None or w.has_hooks:
-                raise StepBreak(w.fallback or "the backward runs user hooks")
+                opaque = next(iter(w.opaque.values()), None)
+                raise StepBreak(w.fallback or opaque or "the backward runs user hooks")
             reason = replay_reason(w)
             if reason is not None:
                 raise StepBreak(reason)
             try:
-                captured = _capture_graph(w, roots, dummy, inputs, False, symbolic=False)
+                captured = _capture_graph(
+                    w, roots, dummy, inputs, False, symbolic=False, allow_opaque=False
+                )
             except Fallback as e:
                 raise StepBreak(str(e)) from None
             except Exception as e:  # noqa: BLE001  (eager raises it only if a backward runs there)

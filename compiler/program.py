@@ -54,7 +54,7 @@ from fusegrad.tensor import Tensor
 from . import logs
 from . import trace as _trace
 from .cache import counters
-from .capture import INLINED, Walk
+from .capture import INLINED, Walk, learn_gradient
 from .codegen.common import is_flat
 from .ir import Graph, Value, format_graph
 from .passes import schedule as _schedule
@@ -558,17 +558,18 @@ def _run_hook(v: Value, env: dict, w: Walk, inputs: Any) -> Any:
     if position >= len(hooks):
         return None  # (removed before its site ran)
     hook = hooks[position]
+    # (each hook call is one level of reentrant backward: it may call backward() itself)
     if kind == "post_acc":
-        return hook(node.variable)
+        return _engine.nested(hook, node.variable)
     arrays = iter(env[i] for i in v.inputs)
     groups = []
     for mask in v.attr("layout"):
         groups.append(tuple(Tensor._make(next(arrays)) if present else None for present in mask))
     if kind == "tensor":
         old = groups[0][0]
-        out = hook(old)
+        out = _engine.nested(hook, old)
         return None if out is None else _engine.check_hook_result(hook, old, out)
-    out = hook(*groups)
+    out = _engine.nested(hook, *groups)
     if out is None:
         return None
     return _engine.hook_tuple(hook, out, len(groups[0]))
@@ -642,8 +643,54 @@ def _unpack_saved(v: Value, env: dict, w: Walk, inputs: Any) -> np.ndarray:
     return t._data
 
 
+def _run_function(v: Value, env: dict, w: Walk, inputs: Any) -> tuple:
+    """A custom Function's ``backward`` the capture could not trace, run eagerly where eager
+    mode runs it (``FunctionCtx.apply``: materialised gradients, PyTorch's checks of what it
+    returns), as one level of reentrant backward (it may call ``backward()`` itself)."""
+    node = w.nodes[v.attr("node")]
+    arrays = iter(env[i] for i in v.inputs)
+    grads = [Tensor._make(next(arrays)) if present else None for present in v.attr("layout")]
+    counters.opaque_functions[v.attr("why")] += 1
+    # (the saved tensors stay: the program frees those of every node it ran at the end)
+    results = _engine.nested(_engine._apply, node, grads, True)
+    for index in v.attr("dropped"):
+        if results[index] is not None:
+            learn_gradient(node._cls, index, True)
+            raise AutogradError(
+                f"function {node.name()} returned a gradient for input {index}, where compiled "
+                "backward was built to receive None (this backward stops here). Later backward "
+                "calls through this Function are built to take it; or run this backward eagerly"
+            )
+    return results
+
+
+def _function_output(v: Value, env: dict, w: Walk, inputs: Any) -> Any:
+    """What the opaque ``backward`` returned for input ``index``, brought to the input's shape
+    and dtype as the engine brings it.  The program was built for a gradient there (the input
+    needs one): a None is refused, never computed on, and remembered for the class, so that
+    programs built later take none from it (``capture.NONE_GRADIENTS``)."""
+    step = v.inputs[0]
+    node = w.nodes[step.attr("node")]
+    index = v.attr("index")
+    g = env[step][index]
+    if g is None:
+        learn_gradient(node._cls, index, False)
+        raise AutogradError(
+            f"function {node.name()} returned None as the gradient of input {index}, which "
+            "requires grad, where compiled backward was built to receive one (this backward "
+            "stops here). Later backward calls through this Function are built without it; "
+            "or run this backward eagerly"
+        )
+    shape, dtype = node._input_meta[index]
+    if g._data.shape != shape or g._dtype is not dtype:
+        g = _engine.validate_gradient(node, index, g, shape, dtype)
+    return g._data
+
+
 _SPECIAL = {
     "hook": _run_hook,
+    "function": _run_function,
+    "function_output": _function_output,
     "hook_output": _hook_output,
     "store_grad": _store,
     "unpack_saved": _unpack_saved,

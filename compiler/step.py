@@ -617,6 +617,8 @@ class Recorder(Tracer):
         w = _walk(roots, grads, inputs, accumulate, create_graph)
         if w.fallback is not None:
             raise StepBreak(f"backward() at {_user_line()}: {w.fallback}")
+        if w.opaque:
+            raise StepBreak(f"backward() at {_user_line()}: {next(iter(w.opaque.values()))}")
         ddps: list = []
         if w.has_hooks:
             # DistributedDataParallel's hooks are the one kind a step takes in: it averages the
@@ -633,7 +635,9 @@ class Recorder(Tracer):
             # (a non-leaf's .grad lives on a tensor of the recording call only)
             raise StepBreak(f"backward(inputs=...) with a non-leaf input at {_user_line()}")
         try:
-            captured = _capture_graph(w, roots, grads, inputs, accumulate, symbolic=False)
+            captured = _capture_graph(
+                w, roots, grads, inputs, accumulate, symbolic=False, allow_opaque=False
+            )
         except Fallback as e:
             raise StepBreak(f"backward() at {_user_line()}: {e}") from None
         bgraph = captured.graph

@@ -46,7 +46,7 @@ INPUT_COLOR = "lightblue"
 EFFECT_COLOR = "darkolivegreen1"
 HOOK_COLOR = "#ffc9c9"
 NOTE_COLOR = "mistyrose"
-_OPAQUE = ("hook", "hook_output", "store_grad", "unpack_saved")
+_OPAQUE = ("hook", "hook_output", "store_grad", "unpack_saved", "function", "function_output")
 
 
 def _wrap(text: str, width: int = 64) -> str:
@@ -120,6 +120,8 @@ def _value_label(v: Value, extra: str = "") -> str:
         )
     if v.op == "unpack_saved":
         lines.append(f"unpack hook of saved tensor {v.attr('saved')}")
+    if v.op == "function":
+        lines.append(f"eager backward of custom Function node {v.attr('node')}")
     if v.op == "store_grad":
         target = v.attr("target")
         if target[0] == "grad":

@@ -27,7 +27,9 @@ from .fuse import Kernel
 from .schedule import Schedule, step_inputs
 
 # externs whose result may share memory with an input
-VIEW_OPS = frozenset({"reshape", "permute", "broadcast_to", "getitem", "diagonal", "hook_output"})
+VIEW_OPS = frozenset(
+    {"reshape", "permute", "broadcast_to", "getitem", "diagonal", "hook_output", "function_output"}
+)
 
 
 @dataclass(frozen=True)

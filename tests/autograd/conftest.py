@@ -27,6 +27,7 @@ _totals: dict[str, Any] = {
     "fallbacks": Counter(),
     "tests": Counter(),
     "excluded": 0,
+    "opaque": Counter(),  # custom Function backwards compiled programs ran as opaque steps
 }
 
 
@@ -66,12 +67,13 @@ if COMPILED:
 
         counters = compiler.counters
         before = (counters.compiled_runs, Counter(counters.fallbacks))
+        opaque_before = Counter(counters.opaque_functions)
         with compiler.compiled_autograd():
             yield
         # (a test that calls compiler.reset() zeroes the counters: count from zero then)
         start_runs, start_fallbacks = before
         if counters.compiled_runs < start_runs:
-            start_runs, start_fallbacks = 0, Counter()
+            start_runs, start_fallbacks, opaque_before = 0, Counter(), Counter()
         compiled = counters.compiled_runs - start_runs
         fallbacks = Counter(counters.fallbacks)
         fallbacks.subtract(start_fallbacks)
@@ -81,6 +83,9 @@ if COMPILED:
             return
         _totals["compiled"] += compiled
         _totals["fallbacks"].update(fallbacks)
+        opaque = Counter(counters.opaque_functions)
+        opaque.subtract(opaque_before)
+        _totals["opaque"].update(+opaque)
         if compiled or fallbacks:
             outcome = (
                 "compiled" if not fallbacks else "fell back" if not compiled else "partly fell back"
@@ -108,3 +113,11 @@ if COMPILED:
         )
         for reason, count in _totals["fallbacks"].most_common():
             write(f"  {count:5d}  {reason}")
+        opaque = _totals["opaque"]
+        if opaque:
+            write(
+                f"  custom Function backwards the compiled programs ran eagerly, as opaque steps: "
+                f"{sum(opaque.values())}"
+            )
+            for reason, count in opaque.most_common():
+                write(f"  {count:5d}  {reason}")

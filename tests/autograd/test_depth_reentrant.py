@@ -61,9 +61,6 @@ def _grad_in_hook(level: int, count: list) -> fg.Tensor:
     return gx
 
 
-@pytest.mark.compiled_differs(
-    "compiled backward adds frames per reentrant level: 1,000 levels exceed the limit"
-)
 def test_grad_inside_hooks_a_thousand_levels_deep() -> None:
     count: list = []
     value = _grad_in_hook(DEEP, count)

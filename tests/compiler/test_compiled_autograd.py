@@ -265,7 +265,7 @@ def test_version_check_raises_before_any_grad_is_written() -> None:
 
 class _Square(fg.autograd.Function):
     """A custom Function whose backward reads values on the host (``.item()``): it cannot be
-    traced, so its backward falls back."""
+    traced, so its backward runs eagerly, as an opaque step of the program."""
 
     @staticmethod
     def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
@@ -278,28 +278,19 @@ class _Square(fg.autograd.Function):
         return 2 * x * g * float(x.sum().item() != 0.0)
 
 
-@pytest.mark.parametrize(
-    "case,reason",
-    [
-        ("function", "needs tensor values"),
-    ],
-)
-def test_fallbacks_run_eagerly_with_one_reason(case: str, reason: str) -> None:
+def test_an_untraceable_function_is_an_opaque_step_with_its_reason() -> None:
     def program(x: fg.Tensor) -> fg.Tensor:
-        if case == "function":
-            return _Square.apply(x).sum()
-        return (x.exp() * x).sum()
+        return (_Square.apply(x.exp()) * x).sum()
 
     x_ref = fg.tensor([0.5, -1.0, 2.0], dtype=fg.float64, requires_grad=True)
-    program(x_ref).backward(create_graph=case == "create_graph")
+    program(x_ref).backward()
     x = fg.tensor([0.5, -1.0, 2.0], dtype=fg.float64, requires_grad=True)
     with compiler.compiled_autograd():
-        y = program(x)
-        y.backward(create_graph=case == "create_graph")
-    np.testing.assert_allclose(x.grad.detach().numpy(), x_ref.grad.detach().numpy())
-    assert compiler.counters.captures == 0
-    assert sum(compiler.counters.fallbacks.values()) == 1
-    assert any(reason in r for r in compiler.counters.fallbacks), compiler.counters.fallbacks
+        program(x).backward()
+    np.testing.assert_allclose(x.grad.numpy(), x_ref.grad.numpy(), rtol=1e-12)
+    assert compiler.counters.captures == 1 and not compiler.counters.fallbacks
+    ((reason, count),) = compiler.counters.opaque_functions.items()
+    assert "SquareBackward needs tensor values" in reason and count == 1
 
 
 def test_fullgraph_raises_instead_of_falling_back() -> None:
@@ -319,7 +310,8 @@ def test_explain_reports_graphs_and_fallbacks() -> None:
     assert "grad[0]" in text and "grad[2]" in text
     x = fg.tensor([1.0], requires_grad=True)
     report = compiler.explain(lambda: _Square.apply(x).sum().backward())
-    assert report.fallbacks and "needs tensor values" in report.fallbacks[0]
+    assert not report.fallbacks and "needs tensor values" in report.opaque[0]
+    assert "opaque step (a custom Function's backward, run eagerly)" in str(report)
 
 
 def test_symbolic_values_never_run_kernels() -> None:

@@ -4,8 +4,9 @@ A ``backward`` written with fusegrad ops is traced like a derivative rule: its o
 values of the program and fuse with their neighbours.  Everything it depends on besides its
 tensors is in the cache key (ctx attributes, the globals and closures its code reads), and what
 it must not do (read values, draw random numbers, write in place, touch Python state) is
-detected while it runs and sends it to eager mode with the reason.  Each test compares with
-eager mode and checks what was captured or fell back.
+detected while it runs; such a backward then runs eagerly as an opaque step of the program,
+where eager mode runs it (like a user hook), and the rest of the backward stays compiled.
+Each test compares with eager mode and checks what was captured, ran opaquely or fell back.
 """
 
 from __future__ import annotations
@@ -282,8 +283,9 @@ def test_symbolic_sizes_serve_a_new_batch() -> None:
 
 
 def _refusal(backward: Any, reason: str, program: Any = None, captures: int = 0) -> None:
-    """A Function with this backward runs eagerly, for ``reason``, with eager's gradients
-    (``captures``: other backwards that compiled meanwhile)."""
+    """A Function with this backward cannot be traced, for ``reason``: it runs as an opaque step
+    of the compiled program (its eager ``backward``, where eager runs it), with eager's gradients
+    and no fallback (``captures``: other backwards that compiled meanwhile)."""
     compiler.reset()
 
     class _F(Function):
@@ -295,29 +297,30 @@ def _refusal(backward: Any, reason: str, program: Any = None, captures: int = 0)
     _F.backward = staticmethod(backward)  # type: ignore[method-assign]
     run = program or (lambda x: _F.apply(x).sum())
     _same(lambda x: run(x) if program is None else program(_F, x), (4,), calls=2)
-    reasons = compiler.counters.fallbacks
-    assert sum(reasons.values()) == 2 and len(reasons) == 1, reasons
-    assert reason in next(iter(reasons)), reasons
-    assert compiler.counters.captures == captures
+    assert not compiler.counters.fallbacks, compiler.counters.fallbacks
+    opaque = compiler.counters.opaque_functions
+    assert sum(opaque.values()) == 2 and len(opaque) == 1, opaque
+    assert reason in next(iter(opaque)), opaque
+    assert compiler.counters.captures == 1 + captures
 
 
-def test_reading_values_falls_back() -> None:
+def test_reading_values_runs_opaquely() -> None:
     _refusal(lambda ctx, g: g * float(ctx.saved_tensors[0].sum()), "needs tensor values")
 
 
-def test_branching_on_values_falls_back() -> None:
+def test_branching_on_values_runs_opaquely() -> None:
     _refusal(lambda ctx, g: g * 2.0 if bool((g > 0).all()) else g, "needs tensor values")
 
 
-def test_numpy_falls_back() -> None:
+def test_numpy_runs_opaquely() -> None:
     _refusal(lambda ctx, g: fg.tensor(np.asarray(g.detach()) * 2.0), "reads module 'numpy'")
 
 
-def test_random_draws_fall_back() -> None:
+def test_random_draws_run_opaquely() -> None:
     _refusal(lambda ctx, g: g * 2.0 + 0.0 * fg.randn(4, dtype=fg.float64), "draws random")
 
 
-def test_in_place_writes_fall_back() -> None:
+def test_in_place_writes_run_opaquely() -> None:
     # (the write into a symbolic value's memory fails before the tracer hears of it)
     _refusal(lambda ctx, g: g.clone().mul_(2.0), "needs tensor values")
 
@@ -325,12 +328,12 @@ def test_in_place_writes_fall_back() -> None:
 LOG: list = []
 
 
-def test_python_state_falls_back() -> None:
+def test_python_state_runs_opaquely() -> None:
     _refusal(lambda ctx, g: (LOG.append(1), g * 2.0)[1], "reads 'LOG', a list")
     _refusal(lambda ctx, g: (print(end=""), g * 2.0)[1], "builtin 'print'")
 
 
-def test_an_outside_tensor_falls_back() -> None:
+def test_an_outside_tensor_runs_opaquely() -> None:
     outside = fg.tensor([2.0, 2.0, 2.0, 2.0], dtype=fg.float64)
     _refusal(lambda ctx, g: g * outside, "reads the tensor 'outside'")
 
@@ -364,7 +367,7 @@ def test_a_reentrant_backward_inside_is_captured_too(depth: int) -> None:
     _compiled_without_fallback()
 
 
-def test_a_reentrant_backward_with_create_graph_falls_back() -> None:
+def test_a_reentrant_backward_with_create_graph_runs_opaquely() -> None:
     def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
         (x,) = ctx.saved_tensors
         with fg.enable_grad():
@@ -494,3 +497,159 @@ def test_a_compiled_module_takes_a_traced_function_into_its_backward(fn: Any) ->
         assert compiler.counters.step_runs >= 2 and not compiler.counters.step_breaks
     else:
         assert any("reads Python values" in r for r in compiler.counters.step_breaks)
+
+
+class _Logged(Function):
+    """Appends to a list kept on its ctx (Python state: untraceable) and reads numpy."""
+
+    @staticmethod
+    def forward(ctx: Any, x: fg.Tensor, log: list) -> fg.Tensor:
+        ctx.log = log
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx: Any, g: fg.Tensor) -> tuple:
+        (x,) = ctx.saved_tensors
+        ctx.log.append("function")
+        return fg.tensor(2.0 * np.asarray(x.detach()) * np.asarray(g)), None
+
+
+def _opaque_program(log: list) -> Any:
+    def program(x: fg.Tensor, w: fg.Tensor) -> fg.Tensor:
+        h = (x * w).tanh()
+        h.register_hook(lambda g: log.append("hook") and None)  # runs after the Function
+        y = _Logged.apply(h.exp(), log)
+        return (y.sigmoid() * w).sum()
+
+    return program
+
+
+def test_an_untraceable_backward_is_an_opaque_step_between_compiled_kernels() -> None:
+    eager_log: list = []
+    _grads(False, _opaque_program(eager_log), (3, 4), (3, 4))
+    log: list = []
+    _same(_opaque_program(log), (3, 4), (3, 4), calls=3)  # (eager once, then compiled)
+    assert eager_log == ["function", "hook"]
+    assert log == eager_log * 4  # once per backward, in eager order
+    assert not compiler.counters.fallbacks and compiler.counters.captures == 1
+    assert sum(compiler.counters.opaque_functions.values()) == 3
+    x, w = _leaf(), _leaf(seed=1)
+    report = compiler.explain(lambda: _opaque_program([])(x, w).backward())
+    assert not report.fallbacks
+    ((_, program),) = report.captures
+    ops = [v.op for v in program.graph.values]
+    assert "function" in ops and "function_output" in ops
+    # the rules before (sigmoid, mul) and after (exp, tanh, mul) it are fused kernels
+    assert len(program.kernels) >= 2
+
+
+def test_an_opaque_step_is_one_level_of_reentrant_backward() -> None:
+    """A Function whose backward calls backward() on a fresh graph, a hundred levels deep: each
+    level is a compiled program whose opaque step runs the next, hopping to a fresh thread every
+    ``engine.MAX_REENTRANT_DEPTH`` levels, as eager does."""
+
+    class _Inside(Function):
+        @staticmethod
+        def forward(ctx: Any, x: fg.Tensor, level: int, log: list) -> fg.Tensor:
+            ctx.level, ctx.log = level, log
+            return x * 3.0
+
+        @staticmethod
+        def backward(ctx: Any, g: fg.Tensor) -> tuple:
+            ctx.log.append(ctx.level)
+            if ctx.level > 0:
+                with fg.enable_grad():
+                    inner = fg.tensor([1.0], dtype=fg.float64, requires_grad=True)
+                    _Inside.apply(inner, ctx.level - 1, ctx.log).sum().backward()
+            return g * 3.0, None, None
+
+    log: list = []
+    x = _leaf((2,))
+    with compiler.compiled_autograd():
+        _Inside.apply(x.exp(), 100, log).sum().backward()
+    assert log == list(range(100, -1, -1))
+    np.testing.assert_allclose(x.grad.numpy(), 3.0 * np.exp(_leaf((2,)).detach().numpy()))
+    assert compiler.counters.compiled_runs == 101 and not compiler.counters.fallbacks
+    assert compiler.counters.captures == 2  # (the outer graph, and the one every level makes)
+
+
+class _MaybeNone(Function):
+    """Reads numpy (opaque); returns None for ``y`` when ``ctx.drop`` says so -- not a literal
+    None, so the program is first built to receive a gradient there."""
+
+    @staticmethod
+    def forward(ctx: Any, x: fg.Tensor, y: fg.Tensor, drop: bool) -> fg.Tensor:
+        ctx.drop = drop
+        return x * y
+
+    @staticmethod
+    def backward(ctx: Any, g: fg.Tensor) -> tuple:
+        gy = None if ctx.drop else fg.tensor(np.asarray(g) * 2.0)
+        return fg.tensor(np.asarray(g) * 3.0), gy, None
+
+
+def _maybe_none(drop: bool) -> tuple:
+    x, y = _leaf((3,)), _leaf((3,), 1)
+    with compiler.compiled_autograd():
+        _MaybeNone.apply(x, y.exp(), drop).sum().backward()
+    return x.grad, y.grad
+
+
+def test_a_none_where_the_program_expected_a_gradient_is_refused_then_learned() -> None:
+    compiler.counters.fallbacks.clear()
+    gx, gy = _maybe_none(False)
+    assert gx is not None and gy is not None
+    with pytest.raises(RuntimeError, match=r"MaybeNoneBackward returned None .* input 1"):
+        _maybe_none(True)
+    gx, gy = _maybe_none(True)  # (built without a gradient there now: eager's .grad None)
+    np.testing.assert_allclose(gx.numpy(), 3.0)
+    assert gy is None
+    with pytest.raises(RuntimeError, match=r"returned a gradient for input 1, where compiled"):
+        _maybe_none(False)  # the other way round: never dropped silently
+    gx, gy = _maybe_none(False)
+    np.testing.assert_allclose(gy.numpy(), 2.0 * np.exp(_leaf((3,), 1).detach().numpy()))
+    assert not compiler.counters.fallbacks
+
+
+def test_what_every_return_passes_is_read_from_the_bytecode() -> None:
+    from fusegrad.compiler.functions import return_sources
+
+    def two_returns(ctx: Any, g: fg.Tensor, h: fg.Tensor) -> tuple:
+        if ctx.flag:
+            return g * 2.0, None, h
+        return (None, None, None)
+
+    def built_elsewhere(ctx: Any, g: fg.Tensor) -> tuple:
+        out = (g, None)
+        return out
+
+    def reassigned(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+        g = g * 2.0
+        return g
+
+    assert return_sources(two_returns) == {1: None}
+    assert return_sources(built_elsewhere) == {}
+    assert return_sources(reassigned) == {}
+    assert return_sources(lambda ctx, g: (g.sin(), g, None)) == {1: 0, 2: None}
+    assert return_sources(lambda ctx, g: g) == {0: 0}
+
+
+def test_a_whole_step_breaks_at_an_opaque_function() -> None:
+    log: list = []
+    w = _leaf((3,))
+    opt = fg.optim.SGD([w], lr=0.1)
+
+    @compiler.compile
+    def step(x: fg.Tensor) -> fg.Tensor:
+        opt.zero_grad()
+        loss = _Logged.apply(x * w, log).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(3):
+        step(_leaf((3,), 2).detach())
+    assert log == ["function"] * 3
+    (reason,) = compiler.counters.step_breaks
+    assert "_LoggedBackward" in reason and "numpy" in reason

@@ -396,18 +396,26 @@ def run_backward(
     """Execute the graph.  Returns captured gradients for ``inputs`` when not accumulating.
     ``executor`` performs the steps (``Executor``; by default eagerly)."""
     args = (roots, grad_roots, retain_graph, create_graph, inputs, accumulate, executor)
+    return nested(_execute, *args)
+
+
+def nested(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` as one level of reentrant backward: past ``MAX_REENTRANT_DEPTH`` levels on
+    this thread it runs on a fresh thread (new Python stack) with this thread's autograd state,
+    which waits for it and re-raises its error.  (Compiled autograd runs a custom Function's
+    backward through it too: that backward may call ``backward()`` again.)"""
     depth = getattr(_depth, "value", 0)
     if depth >= MAX_REENTRANT_DEPTH:
-        return _run_on_fresh_thread(args)
+        return _run_on_fresh_thread(fn, args)
     _depth.value = depth + 1
     try:
-        return _execute(*args)
+        return fn(*args)
     finally:
         _depth.value = depth
 
 
-def _run_on_fresh_thread(args: tuple) -> list | None:
-    """Run a deeply nested backward on a new thread (new Python stack); wait; re-raise."""
+def _run_on_fresh_thread(fn: Callable[..., Any], args: tuple) -> Any:
+    """Run a deeply nested call on a new thread (new Python stack); wait; re-raise."""
     states = [(capture(), restore) for capture, restore in THREAD_STATE]
     outcome: dict = {}
 
@@ -416,7 +424,7 @@ def _run_on_fresh_thread(args: tuple) -> list | None:
         for state, restore in states:
             restore(state)
         try:
-            outcome["result"] = _execute(*args)
+            outcome["result"] = fn(*args)
         except BaseException as e:  # noqa: BLE001  (re-raised on the calling thread)
             outcome["error"] = e
         finally:
