@@ -45,6 +45,7 @@ from fusegrad.nn.module import Module
 from fusegrad.ops import registry as _registry
 from fusegrad.tensor import Tensor
 
+from . import ddp as _ddp
 from . import double, logs, passes
 from . import tape as _tape
 from . import trace as _trace
@@ -203,6 +204,14 @@ def run(
         return _fallback(
             region, w.fallback, outputs, grads, retain_graph, create_graph, inputs, accumulate
         )
+    if w.has_hooks and accumulate and inputs is None and not create_graph:
+        # DistributedDataParallel's hooks alone: the program does their averaging itself
+        # (``ddp``), when that is exactly what they would do
+        plan = _ddp.plan(w) if not _anomaly._state.enabled else None
+        if plan is not None:
+            w.has_hooks = False
+            w.ddp = plan
+            w.key = (*w.key, plan.key)
     notice = _CompileNotice()
     traced = _trace.depth() if _trace.enabled else -1  # (the trace sections opened below)
     try:
@@ -214,7 +223,7 @@ def run(
             return _fallback(
                 region, str(e), outputs, grads, retain_graph, create_graph, inputs, accumulate
             )
-        if fast is not None and not w.has_hooks:
+        if fast is not None and not w.has_hooks and w.ddp is None:
             _remember_tape(fast, w, region, program)
         if _compiling_in_background(region, program, w, grads):
             # the eager engine runs this backward meanwhile (same results, no fallback)
@@ -317,6 +326,7 @@ def _program_for(
         symbolic = (
             config.symbolic_sizes
             and not create_graph  # (``double`` differentiates a graph of concrete sizes)
+            and not (w.ddp is not None and w.ddp.buckets)  # (a bucket's size is a number)
             and (entry is None or entry.symbolic_failed is None)
         )
         if _trace.enabled:

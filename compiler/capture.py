@@ -54,6 +54,7 @@ from fusegrad.ops.registry import RULES as _RULES
 from fusegrad.tensor import Tensor
 
 from . import symbolic
+from .ddp import Buckets
 from .functions import (
     CTX_INTERNAL,
     CtxTensor,
@@ -176,6 +177,9 @@ class Walk:
     # program (the eager ``backward``, like a user hook), found by the walk; ``Captured.opaque``
     # holds those the capture found
     opaque: dict = field(default_factory=dict)
+    # compiled autograd doing DistributedDataParallel's averaging (``ddp.plan``): the program
+    # starts each bucket's allreduce where the hooks would; the hooks themselves do not run
+    ddp: Any = None
 
 
 class _Sizes:
@@ -703,6 +707,7 @@ class Capture(_engine.Executor, Recorder):
         # anomaly mode: each node's gradients become ``("check", (node, output), value)``
         # effects, which the program tests for NaN, in eager's order, before any other effect
         self.check_nan = anomaly._state.enabled and anomaly._state.check_nan
+        self.buckets = None if w.ddp is None else Buckets(w.ddp, self.graph)
 
     @property
     def guards(self) -> list[Guard]:
@@ -741,6 +746,17 @@ class Capture(_engine.Executor, Recorder):
             for pos, g in enumerate(captured or ()):
                 if g is not None:
                     graph.effects.append(("capture", pos, self.as_value(g)))
+        if self.buckets is not None:
+            averaged = self.buckets.finish()
+            if averaged is None:
+                raise Fallback(
+                    "a DistributedDataParallel parameter got no gradient (its hooks leave the "
+                    "reduction unfinished, which eager mode reports at the next forward)"
+                )
+            graph.effects = [
+                (kind, slot, averaged.get(slot, v) if kind == "grad" else v)
+                for kind, slot, v in graph.effects
+            ]
         return graph
 
     def exprs(self, shape: tuple) -> tuple:
@@ -1004,6 +1020,8 @@ class Capture(_engine.Executor, Recorder):
         if not w.has_hooks:
             # no user code runs during this backward: writes can all happen at the end
             self.graph.effects.append((target[0], target[1], self.as_value(g)))
+            if self.buckets is not None and target[0] == "grad":
+                self.buckets.values[target[1]] = self.as_value(g)
             return
         self.last_store[id(t)] = self.graph.add(
             "store_grad",
@@ -1029,6 +1047,10 @@ class Capture(_engine.Executor, Recorder):
         return tuple(self._hook(node, "post", 0, position, [grads_in, grads_out], list(grads_in)))
 
     def post_acc_grad_hook(self, hook: Any, node: Any, position: int, tensor: Tensor) -> None:
+        if self.buckets is not None:  # (DDP's hooks: the program averages, ``ddp.Buckets``)
+            slot = self.leaf_index[id(tensor)]
+            self.buckets.ready(slot, self.buckets.values[slot])
+            return
         if not self.w.has_hooks:
             return  # (a whole step does DistributedDataParallel's work itself: ``step``)
         site = (self.w.index[node], "post_acc", 0, position)

@@ -55,7 +55,7 @@ from fusegrad.autograd import anomaly as _anomaly
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd.engine import run_backward
 from fusegrad.autograd.forward_state import state as _forward_state
-from fusegrad.autograd.node import AccumulateGrad, Node, _freed_message
+from fusegrad.autograd.node import Node, _freed_message
 from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.autograd.tracer import state as _tracer_state
 from fusegrad.cuda.array import CudaArray
@@ -71,6 +71,7 @@ from .cache import counters
 from .capture import Fallback, _grad_state, replay_reason
 from .capture import capture as _capture_graph
 from .capture import walk as _walk
+from .ddp import ddp_hooks_only, start_bucket, wait_bucket
 from .ir import Graph, Value, format_graph, verify
 from .program import BackgroundBuild, Program, built_and_prepared, scratch_leaf
 from .settings import config
@@ -623,7 +624,7 @@ class Recorder(Tracer):
         if w.has_hooks:
             # DistributedDataParallel's hooks are the one kind a step takes in: it averages the
             # buckets itself (``_average_buckets``); the capture leaves them out
-            ddps = _ddp_hooks_only(w)
+            ddps = ddp_hooks_only(w)
             if not ddps:
                 raise StepBreak(f"backward() at {_user_line()} runs user hooks")
             w = dataclasses.replace(w, has_hooks=False)
@@ -1359,35 +1360,6 @@ class CompiledFunction:
         self.entries[key] = entry
 
 
-def _ddp_hooks_only(w: Any) -> list:
-    """The DistributedDataParallel wrappers whose post-accumulate-grad hooks are all the user
-    code walk ``w``'s backward runs (empty: other hooks, or a wrapper a step cannot take in)."""
-    ddps: dict[int, Any] = {}
-    for n in w.nodes:
-        if isinstance(n, AccumulateGrad):
-            var = n.variable
-            if n._pre_hooks or n._post_hooks or var._hooks:
-                return []
-            for hook in (var._post_acc_hooks or {}).values():
-                ref = getattr(hook, "ddp", None)
-                ddp = ref() if ref is not None else None
-                if ddp is None:
-                    return []
-                ddps[id(ddp)] = ddp
-        elif n._pre_hooks or n._post_hooks or n._tensor_pre_hooks or n._retain_grad_hooks:
-            return []
-    if any(s._unpack_hook is not None for _, s in w.saved):
-        return []
-    for ddp in ddps.values():
-        if ddp.find_unused_parameters or ddp.static_graph or ddp._world < 1:
-            return []
-        if ddp.broadcast_buffers and ddp._world > 1 and any(True for _ in ddp.module.buffers()):
-            return []  # (its forward broadcasts the buffers: a collective a replay would skip)
-        if any(not isinstance(p._data, np.ndarray) for p in ddp.module.parameters()):
-            return []
-    return list(ddps.values())
-
-
 class _Buckets:
     """A whole step's DistributedDataParallel averaging: for each bucket (in the wrapper's
     order, the order every process issues them in), an ``allreduce_start`` of its gradients
@@ -1431,33 +1403,9 @@ class _Buckets:
                 self._wait(ddp, members, start, sizes, mapping)
 
     def _start(self, ddp: Any, bucket: Any, members: list, mapping: dict) -> tuple:
-        graph = self.recorder.graph
-        parts, sizes = [], []
-        for _, g in members:
-            value = mapping[g]
-            n = int(np.prod(value.shape, dtype=np.int64))
-            parts.append(graph.add("reshape", (value,), {"shape": (n,)}, (n,), value.dtype))
-            sizes.append((n, value.shape))
-        dtype = parts[0].dtype
-        total = sum(n for n, _ in sizes)
-        flat = (
-            parts[0]
-            if len(parts) == 1
-            else graph.add("cat", tuple(parts), {"dim": 0}, (total,), dtype)
-        )
-        attrs = {"group": ddp.process_group, "bucket": bucket.index, "ddp": id(ddp)}
-        return graph.add("allreduce_start", (flat,), attrs, (), dtype, "DDP bucket"), sizes
+        return start_bucket(self.recorder.graph, ddp, bucket, [mapping[g] for _, g in members])
 
     def _wait(self, ddp: Any, members: list, start: Value, sizes: list, mapping: dict) -> None:
-        graph = self.recorder.graph
-        total = sum(n for n, _ in sizes)
-        attrs = {"world": ddp._world, "bucket": start.attr("bucket"), "ddp": start.attr("ddp")}
-        flat = graph.add("allreduce_wait", (start,), attrs, (total,), start.dtype, "DDP bucket")
-        offset = 0
-        for (slot, _), (n, shape) in zip(members, sizes):
-            key = (("s", offset, offset + n, 1),)
-            part = graph.add("getitem", (flat,), {"key": key}, (n,), start.dtype)
-            self.averaged[slot] = graph.add(
-                "reshape", (part,), {"shape": shape}, shape, start.dtype
-            )
-            offset += n
+        averaged = wait_bucket(self.recorder.graph, ddp, start, sizes)
+        for (slot, _), value in zip(members, averaged):
+            self.averaged[slot] = value

@@ -270,6 +270,46 @@ def test_compiled_autograd_runs_the_hooks_and_waits_at_the_end() -> None:
     assert fg.compiler.counters.compiled_runs - before == 3
 
 
+def test_compiled_autograd_averages_the_buckets_in_its_program() -> None:
+    """Compiled autograd alone (no whole step), DDP's hooks the only user code, no .grad to add
+    to: the program does DDP's work -- an allreduce start per bucket right after the kernels of
+    its last gradient, in the wrapper's order, and the waits at the end -- and calls no hook.
+    Equal to one process on the whole batch; with no_sync, or a .grad to add to, the hooks run
+    as opaque steps and the result is the same."""
+    ddp, ref = make(bucket_cap_mb=0.0005, broadcast_buffers=False)
+    x, y = batch()
+    before = fg.compiler.counters.compiled_runs
+    for _ in range(3):
+        ddp.zero_grad()
+        ref.zero_grad()
+        with fg.compiler.compiled_autograd(fullgraph=True):
+            F.mse_loss(ddp(half(x)), half(y)).backward()
+        F.mse_loss(ref(x), y).backward()
+        for (name, p), q in zip(ddp.module.named_parameters(), ref.parameters()):
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), **TIGHT, err_msg=name)
+            assert same_on_every_rank(p.grad), name
+        assert ddp._callback_task == -1 and all(not b.ready for b in ddp._buckets)
+    assert fg.compiler.counters.compiled_runs - before == 3
+    ddp.zero_grad()
+    report = fg.compiler.explain(lambda: F.mse_loss(ddp(half(x)), half(y)).backward())
+    text = str(report)
+    assert len(ddp._buckets) > 1
+    for k in range(len(ddp._buckets)):
+        assert f"allreduce_start (DDP bucket {k})" in text
+        assert f"allreduce_wait (DDP bucket {k})" in text
+    assert "= hook" not in text  # (no opaque hook step)
+    # gradient accumulation: no_sync, then a synchronising backward adding to .grad
+    ddp.zero_grad()
+    ref.zero_grad()
+    with fg.compiler.compiled_autograd():
+        with ddp.no_sync():
+            F.mse_loss(ddp(half(x)), half(y)).backward()
+        F.mse_loss(ddp(half(x)), half(y)).backward()
+    (2.0 * F.mse_loss(ref(x), y)).backward()
+    for p, q in zip(ddp.module.parameters(), ref.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), **TIGHT)
+
+
 @pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
 def test_a_compiled_whole_step_averages_the_buckets_in_its_program(optimizer: str) -> None:
     """fusegrad.compile of a DDP training step: the program holds an allreduce start per bucket
