@@ -32,7 +32,9 @@ Measured, per model and implementation:
   after another, after a barrier), i.e. what communication costs when nothing hides it.
   fusegrad's buckets are DDP's (``bucket_names``), torch's the ones its logging data reports.
 * **exposed**: the time from the moment the last gradient is accumulated (a post-accumulate-grad
-  hook on every parameter, running before DDP's own) to ``backward()`` returning: what
+  hook on every parameter, running before DDP's own; for ``fg compiled bwd``, whose program
+  does DDP's averaging itself when no other hook is there, the moment it started the last
+  bucket's allreduce, ``compiler.counters.last_allreduce_start``) to ``backward()`` returning: what
   backward spends waiting for the outstanding allreduces (and copying the averages out) after
   its computation is done.  Mean over the ranks of each rank's median.
 * **after all ranks**: the same, counted from the latest of the ranks' last-gradient moments in
@@ -134,13 +136,18 @@ class Impl:
         context: Callable[[], Any] | None = None,
         barrier: Callable[[], Any] | None = None,
         compiled_runs: Callable[[], int] | None = None,
+        last_start: Callable[[], float] | None = None,
     ) -> None:
         self.torch = torch
         model = _build(torch, name, quick)
         model.load_state_dict(copy.deepcopy(state))
         self.model = model
         self.last_grad_at = 0.0
-        if wrap is not None:  # hooks first, so they run before DDP's own on each parameter
+        # a compiled backward that does DDP's averaging itself (no hook of ours in the way,
+        # or it would run DDP's hooks instead) tells when it started the last bucket
+        self.last_start = last_start
+        if wrap is not None and last_start is None:
+            # hooks first, so they run before DDP's own on each parameter
             for p in model.parameters():
                 p.register_post_accumulate_grad_hook(self._grad_ready)
         self.net = wrap(model) if wrap is not None else model
@@ -172,6 +179,8 @@ class Impl:
         else:
             loss.backward()
         t2 = common.clock()
+        if self.last_start is not None and self.last_start() > t1:
+            self.last_grad_at = self.last_start()
         self.steps += 1
         if self.compiled_runs is not None and self.compiled_runs() > before:
             self.compiled_steps += 1
@@ -341,6 +350,7 @@ def run_model(
             context=fc.compiled_autograd,
             barrier=dist.barrier,
             compiled_runs=compiled_runs,
+            last_start=lambda: float(fc.counters.last_allreduce_start),
         ),
     }
     if torch is not None:
@@ -536,7 +546,8 @@ DEFINITIONS = {
     "allreduce": "median time of blocking allreduces of the implementation's DDP buckets (same "
     "sizes and dtype, one after another, started after a barrier)",
     "exposed": "backward() return time minus the time this rank's last gradient was accumulated "
-    "(a post-accumulate-grad hook on every parameter, before DDP's): what backward waits after "
+    "(a post-accumulate-grad hook on every parameter, before DDP's; for fg compiled bwd, when "
+    "its program started the last bucket's allreduce): what backward waits after "
     "its own computation, for the allreduces, for a slower peer to join them, and to copy the "
     "averages out; per rank the median over steps, then the mean over ranks",
     "after all ranks": "backward() return time minus the latest last-gradient time over all "

@@ -74,6 +74,9 @@ class Counters:
     uncompiled_runs: int = 0
     step_breaks: Counter = field(default_factory=Counter)
     opaque_functions: Counter = field(default_factory=Counter)
+    # not a count: ``time.perf_counter()`` when a program last started an allreduce (a DDP
+    # bucket): the moment its last gradient was done (``benchmarks.distributed`` reads it)
+    last_allreduce_start: float = 0.0
 
     def __repr__(self) -> str:
         fb = dict(self.fallbacks)

@@ -703,6 +703,7 @@ def _allreduce_start(v: Value, env: dict, dry: bool) -> tuple:
     buf = np.array(env[v.inputs[0]], copy=True, order="C")
     if dry:
         return None, buf
+    counters.last_allreduce_start = time.perf_counter()
     from fusegrad import distributed as dist
 
     work = dist.all_reduce(Tensor._make(buf), group=v.attr("group"), async_op=True)
