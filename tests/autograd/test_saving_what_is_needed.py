@@ -151,3 +151,137 @@ def test_second_order_through_partly_saved_nodes(name: str) -> None:
             return fn(fg, t, free) if needs == "first" else fn(fg, free, t)
 
         assert gradgradcheck(f, (a if needs == "first" else b,))
+
+
+# ---- conv2d and the normalisation layers: one node each (``fusegrad.ops.native``) -------------
+
+# name -> (the layer written for a module ``m``: input, weight, bias; their shapes; tensors
+# saved when the input and the weight and bias / the input only / the weight and bias only
+# require grad)
+LAYERS: dict[str, tuple[Callable[..., Any], tuple[tuple[int, ...], ...], tuple[int, int, int]]] = {
+    # the input for the weight's gradient, the weight for the input's (PyTorch: both always)
+    "conv2d": (
+        lambda m, x, w, b: m.nn.functional.conv2d(x, w, b, padding=1),
+        ((2, 3, 8, 8), (4, 3, 3, 3), (4,)),
+        (2, 1, 1),
+    ),
+    "conv2d strided groups": (
+        lambda m, x, w, b: m.nn.functional.conv2d(x, w, b, stride=2, dilation=2, groups=2),
+        ((2, 4, 9, 9), (6, 2, 3, 2), (6,)),
+        (2, 1, 1),
+    ),
+    "conv2d same even kernel": (
+        lambda m, x, w, b: m.nn.functional.conv2d(x, w, b, padding="same"),
+        ((2, 3, 6, 6), (4, 3, 2, 2), (4,)),
+        (2, 1, 1),
+    ),
+    "conv1d": (
+        lambda m, x, w, b: m.nn.functional.conv1d(x, w, b, padding=1),
+        ((2, 3, 8), (4, 3, 3), (4,)),
+        (2, 1, 1),
+    ),
+}
+LAYER_NEEDS = {
+    "both": (True, True, True),
+    "input": (True, False, False),
+    "weight": (False, True, True),
+}
+# (name, needs) where fusegrad saves fewer tensors or bytes than PyTorch; elsewhere the same
+LAYER_FEWER_THAN_TORCH = {
+    (name, needs) for name in LAYERS if name.startswith("conv") for needs in ("input", "weight")
+}
+
+
+def _layer_packs(m: Any, name: str, needs: str, dtype: str = "float32") -> tuple:
+    """Pack-hook calls and packed bytes while building layer ``name``; its output, operands."""
+    fn, shapes, _ = LAYERS[name]
+    rng = np.random.default_rng(0)
+    operands = [
+        m.tensor(rng.uniform(0.5, 2.0, shape), dtype=getattr(m, dtype), requires_grad=rg)
+        for shape, rg in zip(shapes, LAYER_NEEDS[needs])
+    ]
+    packed: list = []
+
+    def pack(t: Any) -> Any:
+        packed.append(t.numel() * t.element_size())
+        return t
+
+    with m.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(m, *operands)
+    return len(packed), sum(packed), out, operands
+
+
+@pytest.mark.parametrize("needs", list(LAYER_NEEDS))
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layers_save_only_what_their_gradients_need(name: str, needs: str) -> None:
+    count, _, out, _ = _layer_packs(fg, name, needs)
+    assert count == LAYERS[name][2][list(LAYER_NEEDS).index(needs)]
+    assert out.grad_fn.name() == ("ConvolutionBackward0" if name.startswith("conv") else None)
+
+
+def test_conv2d_saves_the_input_and_the_weight_not_their_columns() -> None:
+    # x (2, 3, 8, 8) float32: 1536 bytes; w (4, 3, 3, 3): 432 (im2col's columns: 13824)
+    assert _layer_packs(fg, "conv2d", "both")[:2] == (2, 1536 + 432)
+    assert _layer_packs(fg, "conv2d", "input")[:2] == (1, 432)
+    assert _layer_packs(fg, "conv2d", "weight")[:2] == (1, 1536)
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same'")  # (torch's note on even kernels)
+@pytest.mark.parametrize("needs", list(LAYER_NEEDS))
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_pack_hook_calls_and_bytes_against_torch(name: str, needs: str) -> None:
+    torch = pytest.importorskip("torch")
+    ours = _layer_packs(fg, name, needs)[:2]
+    theirs = _layer_packs(torch, name, needs)[:2]
+    assert ours[0] <= theirs[0] and ours[1] <= theirs[1]
+    if (name, needs) not in LAYER_FEWER_THAN_TORCH:
+        assert ours == theirs
+
+
+def _layer_grads(m: Any, name: str, needs: str, compiled: bool = False) -> list:
+    """float64 gradients of ``(layer(...).tanh() * 2).sum()`` for the operands that need one."""
+    *_, out, operands = _layer_packs(m, name, needs, "float64")
+    if compiled:
+        from fusegrad import compiler
+
+        with compiler.compiled_autograd():
+            (out.tanh() * 2.0).sum().backward()
+    else:
+        (out.tanh() * 2.0).sum().backward()
+    return [t.grad.numpy() if t.requires_grad else None for t in operands]
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same'")
+@pytest.mark.parametrize("needs", list(LAYER_NEEDS))
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_gradients_match_torch_eager_and_compiled(name: str, needs: str) -> None:
+    torch = pytest.importorskip("torch")
+    from fusegrad import compiler
+
+    compiler.reset()
+    theirs = _layer_grads(torch, name, needs)
+    for compiled in (False, True):
+        for ours, ref in zip(_layer_grads(fg, name, needs, compiled), theirs):
+            assert (ours is None) == (ref is None)
+            if ref is not None:
+                np.testing.assert_allclose(ours, ref, rtol=1e-10, atol=1e-12)
+    assert compiler.counters.captures == 1 and not compiler.counters.fallbacks
+    compiler.reset()
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_layer_second_order_per_requires_grad_pattern(name: str) -> None:
+    fn, shapes, _ = LAYERS[name]
+    rng = np.random.default_rng(1)
+    values = [rng.uniform(0.5, 2.0, shape) for shape in shapes]
+    for needs in LAYER_NEEDS.values():
+        operands = [
+            fg.tensor(v, dtype=fg.float64, requires_grad=rg) for v, rg in zip(values, needs)
+        ]
+        free = [t for t in operands if t.requires_grad]
+
+        def f(*inputs: fg.Tensor, operands: list = operands) -> fg.Tensor:
+            it = iter(inputs)
+            return fn(fg, *(next(it) if t.requires_grad else t for t in operands))
+
+        assert gradgradcheck(f, tuple(free), fast_mode=True)

@@ -133,7 +133,8 @@ class FunctionCtx(Node):
 
     # -- node interface -----------------------------------------------------------------------
     def name(self) -> str:
-        return f"{self._cls.__name__}Backward"
+        # (fusegrad's internal Functions carry PyTorch's name for the native node they stand for)
+        return self._cls.__dict__.get("_node_name") or f"{self._cls.__name__}Backward"
 
     @property
     def num_outputs(self) -> int:

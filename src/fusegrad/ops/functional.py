@@ -1,6 +1,8 @@
 """``fusegrad.nn.functional``: losses, dropout, layer_norm, conv2d and pooling, all composites of
 primitives (conv2d and pooling go through ``unfold``/im2col: an advanced-indexing gather plus a
 matmul), so each is differentiable twice and visible to the compiler as ordinary primitives.
+While a graph is recorded, conv2d runs inside one node (``native.Convolution``) that saves the
+input and the weight rather than every primitive's operands.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import storage as _storage
+from ..autograd import grad_mode as _grad_mode
 from ..autograd.forward_state import state as _forward_state
 from ..autograd.grad_mode import no_grad as _no_grad
 from ..autograd.node_names import name_node as _name_node
@@ -1816,19 +1819,44 @@ def _conv2d(
             kh, kw = w.shape[2], w.shape[3]
             dh, dw = _pair(dilation)
             th, tw = dh * (kh - 1), dw * (kw - 1)
-            # as PyTorch: an odd total padding puts the extra row/column at the end
-            x = pad(x, (tw // 2, tw - tw // 2, th // 2, th - th // 2))
-            padding = 0
+            if th % 2 or tw % 2:
+                # as PyTorch: an odd total padding puts the extra row/column at the end
+                x = pad(x, (tw // 2, tw - tw // 2, th // 2, th - th // 2))
+                padding = 0
+            else:
+                padding = (th // 2, tw // 2)
         else:
             raise ValueError(f"{op}: invalid padding string {padding!r}")
+    b = None if bias is None else to_tensor(bias)
+    geometry = (_pair(stride), _pair(padding), _pair(dilation), groups, op)
+    if _grad_mode.is_grad_enabled() and _forward_state.level is None:
+        if x.requires_grad or w.requires_grad or (b is not None and b.requires_grad):
+            from .native import Convolution
+
+            # one node saving only what the gradients need (see ``native``)
+            return Convolution.apply(x, w, b, *geometry)
+    return _conv_columns(x, w, b, *geometry)
+
+
+def _conv_columns(
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor | None,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+    op: str,
+) -> Tensor:
+    """conv2d as im2col and one (batched, grouped) matmul, plus the bias."""
     out_c, cin_g, kh, kw = w.shape
-    win = _windows(x, (kh, kw), _pair(stride), _pair(padding), _pair(dilation), 0.0, op=op)
+    win = _windows(x, (kh, kw), stride, padding, dilation, 0.0, op=op)
     n, c, _, _, oh, ow = win.shape
     cols = win.reshape(n, groups, cin_g * kh * kw, oh * ow)
     wmat = w.reshape(groups, out_c // groups, cin_g * kh * kw)
     out = (wmat @ cols).reshape(n, out_c, oh, ow)
     if bias is not None:
-        out = out + to_tensor(bias).reshape(1, out_c, 1, 1)
+        out = out + bias.reshape(1, out_c, 1, 1)
     return out
 
 

@@ -1,0 +1,128 @@
+"""conv2d and the normalisation layers as single backward nodes that save what PyTorch's native
+ops save, and only for the gradients that will be computed.
+
+Their forwards are composites of primitives (im2col and a matmul; means and a reciprocal
+square root).  Recorded primitive by primitive, every node of such a composite saves its own
+operands: conv2d kept its im2col columns (kh * kw times the input), layer_norm eight tensors.
+Here the same forward runs inside an internal ``autograd.Function`` (under no_grad, so no
+per-primitive nodes), which saves
+
+* conv2d: the input only for the weight's gradient, the weight only for the input's
+  (PyTorch's ``ConvolutionBackward0`` keeps both always);
+* the normalisations: the input, the per-row mean and reciprocal standard deviation (for the
+  input's and the weight's gradients) and the weight (for the input's), as
+  ``NativeLayerNormBackward0`` / ``NativeBatchNormBackward0`` / ``NativeGroupNormBackward0`` do.
+
+The backwards are written with fusegrad ops on the saved values: they differentiate again
+(``create_graph``; the statistics are then recomputed from the saved input, so that their own
+dependence on it is seen), compiled autograd traces them like derivative rules and fuses them,
+and whole compiled steps take them in (``compiler/functions.py``).  Callers use the Functions
+only when a graph is recorded and no forward-mode AD level is active (whose tangents the
+composites' primitive rules give); otherwise they run the composite directly.
+
+Imported lazily by ``functional`` (``autograd.function`` imports ``ops``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..autograd.function import Function
+from ..tensor import Tensor
+from .indexing import index_add_at
+
+_FULL = ("s", None, None, 1)  # a whole dim in a normalised getitem key
+
+
+def columns(
+    x: Tensor, kernel: tuple, stride: tuple, padding: tuple, dilation: tuple, groups: int, op: str
+) -> Tensor:
+    """im2col of an (N, C, H, W) input: (N, groups, C / groups * kh * kw, oh * ow)."""
+    from .functional import _windows
+
+    win = _windows(x, kernel, stride, padding, dilation, 0.0, op=op)
+    n, c, kh, kw, oh, ow = win.shape
+    return win.reshape(n, groups, c // groups * kh * kw, oh * ow)
+
+
+def _unslide(g: Tensor, size: int, stride: int, dilation: int, count: int, length: int) -> Tensor:
+    """The transpose of ``functional._slide`` along dim 3: ``g`` (N, C, size, d, count, ...),
+    the window offsets at dim 2, -> (N, C, d, length, ...), each offset's part added into the
+    strided slice the forward read it from (what the slices' own gradients would do)."""
+    span = (count - 1) * stride + 1
+    shape = list(g.shape)
+    del shape[2]
+    shape[3] = length
+    total = None
+    for a in range(size):
+        key = (_FULL, _FULL, _FULL, ("s", a * dilation, a * dilation + span, stride))
+        part = index_add_at(g.select(2, a), (), key, tuple(shape))
+        total = part if total is None else total + part
+    return total
+
+
+def _col2im(
+    cols: Tensor, shape: tuple, kernel: tuple, stride: tuple, padding: tuple, dilation: tuple
+) -> Tensor:
+    """The transpose of ``columns``: (N, groups, C / groups * kh * kw, oh * ow) -> the (N, C,
+    H, W) input's gradient (overlapping windows add up; padding is cropped)."""
+    from .functional import _out_size
+
+    n, c, h, w = shape
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    oh, ow = _out_size(h, kh, sh, ph, dh), _out_size(w, kw, sw, pw, dw)
+    # the padded input _windows read: padding, and more at the end to fit the last window
+    full_h = max(h + 2 * ph, (oh - 1) * sh + dh * (kh - 1) + 1)
+    full_w = max(w + 2 * pw, (ow - 1) * sw + dw * (kw - 1) + 1)
+    g = cols.reshape(n, c, kh, kw, oh, ow)
+    g = _unslide(g, kh, sh, dh, oh, full_h)  # (N, C, kw, H', ow)
+    g = _unslide(g, kw, sw, dw, ow, full_w)  # (N, C, H', W')
+    if (full_h, full_w) != (h, w):
+        g = g[:, :, ph : ph + h, pw : pw + w]
+    return g
+
+
+class Convolution(Function):
+    """conv2d of an (N, C, H, W) input (already padded for an uneven ``padding='same'``) by an
+    (O, C / groups, kh, kw) weight, plus an optional (O,) bias.  Saves the input only for the
+    weight's gradient and the weight only for the input's; the bias's needs neither."""
+
+    _node_name = "ConvolutionBackward0"
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        w: Tensor,
+        bias: Tensor | None,
+        stride: tuple,
+        padding: tuple,
+        dilation: tuple,
+        groups: int,
+        op: str,
+    ) -> Tensor:
+        from .functional import _conv_columns
+
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        ctx.save_for_backward(x if need_w else None, w if need_x else None)
+        ctx.geometry = (tuple(x.shape), tuple(w.shape), stride, padding, dilation, groups, op)
+        return _conv_columns(x, w, bias, stride, padding, dilation, groups, op)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple:
+        x, w = ctx.saved_tensors
+        x_shape, w_shape, stride, padding, dilation, groups, op = ctx.geometry
+        need = ctx.needs_input_grad
+        out_c, kernel = w_shape[0], (w_shape[2], w_shape[3])
+        n, _, oh, ow = g.shape
+        g_mat = g.reshape(n, groups, out_c // groups, oh * ow)
+        gx = gw = gb = None
+        if need[0]:
+            w_mat = w.reshape(groups, out_c // groups, -1)
+            gx = _col2im(w_mat.mT @ g_mat, x_shape, kernel, stride, padding, dilation)
+        if need[1]:
+            cols = columns(x, kernel, stride, padding, dilation, groups, op)
+            gw = (g_mat @ cols.mT).sum(0).reshape(w_shape)
+        if need[2]:
+            gb = g.sum((0, 2, 3))
+        return gx, gw, gb, None, None, None, None, None
