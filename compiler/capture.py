@@ -9,8 +9,9 @@ Two steps, both over the live eager graph:
    vector (every size of 2 or more, numbered in order of first appearance: ``symbolic``), the
    nodes' saved tensors and the leaves.  The leaves' ``.grad`` state is kept apart
    (``Walk.grad_key``): it changes the program built from a graph, not the graph.  Anything the
-   compiler cannot run (anomaly mode, ``create_graph``, untraceable custom Functions, ...) is
-   reported as a fallback reason instead.
+   compiler cannot run (a forward-AD level, freed saved tensors, a hand-built node, ...) is
+   reported as a fallback reason instead; a custom Function whose ``backward`` the key cannot
+   vouch for becomes an opaque step (``Walk.opaque``).
 2. ``Capture`` -- on a cache miss, the *same* engine (``engine.run_backward``) runs the *same*
    derivative rules, with a ``Capture`` as its executor (DESIGN.md contracts 1, 3 and 10): the
    roots' gradients and saved tensors are ``SymbolicTensor``s, tensors with a shape and dtype but
@@ -20,7 +21,9 @@ Two steps, both over the live eager graph:
    become effects, user hooks opaque steps at their eager positions, and tensors that rules
    create from nothing (index ranges) become constants.  A tensor packed by saved-tensor hooks
    becomes an ``unpack_saved`` step, which calls the unpack hook where eager mode would.  A
-   custom Function's ``backward`` is traced like a rule, under watch (``functions``).  Nothing
+   custom Function's ``backward`` is traced like a rule, under watch (``functions``); one that
+   turns out untraceable becomes a ``function`` step, its eager ``backward`` run where eager mode
+   runs it, and the capture starts again (``OpaqueRestart``).  Nothing
    is patched: another thread's backward, eager or compiled, never sees this capture.
 
 A capture is *symbolic* first: sizes are ``symbolic.SymInt``s (in the symbolic tensors' shapes,
