@@ -801,6 +801,10 @@ class Capture(_engine.Executor, Recorder):
                 raise Refused(f"the backward of {self.current} draws random numbers")
             self.made[id(tensor)] = tensor
 
+    def will_draw(self) -> None:
+        if self.user:  # (before the generator moves: the eager run draws what eager would)
+            raise Refused(f"the backward of {self.current} draws random numbers")
+
     def host_read(self, tensor: Tensor, what: str, result: Any = None) -> None:
         if self.user:
             raise Refused(f"the backward of {self.current} reads tensor values ({what})")

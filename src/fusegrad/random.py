@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .autograd.tracer import notify_will_draw as _notify_will_draw
 from .device import as_device
 
 
@@ -63,4 +64,6 @@ def set_rng_state(state: dict) -> None:
 
 
 def _gen(generator: Generator | None) -> np.random.Generator:
+    """The numpy generator a random op draws from (told to the tracer first: ``will_draw``)."""
+    _notify_will_draw()
     return (generator or default_generator)._rng

@@ -320,6 +320,37 @@ def test_random_draws_run_opaquely() -> None:
     _refusal(lambda ctx, g: g * 2.0 + 0.0 * fg.randn(4, dtype=fg.float64), "draws random")
 
 
+def test_a_refused_draw_leaves_the_generator_where_eager_finds_it() -> None:
+    """The trace stops *before* the draw (``Tracer.will_draw``), so the opaque step draws the
+    numbers eager mode draws, on the first call as on later ones."""
+
+    class _Noisy(Function):
+        @staticmethod
+        def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+            return g * fg.randn(4, dtype=fg.float64)
+
+    def run(compiled: bool) -> tuple:
+        fg.manual_seed(0)
+        x = _leaf((4,))
+        y = _Noisy.apply(x.exp()).sum()
+        if compiled:
+            with compiler.compiled_autograd():
+                y.backward()
+        else:
+            y.backward()
+        return x.grad.numpy(), fg.randn(3).numpy()
+
+    grad, after = run(False)
+    for _ in range(2):
+        got, got_after = run(True)
+        np.testing.assert_array_equal(got, grad)
+        np.testing.assert_array_equal(got_after, after)
+
+
 def test_in_place_writes_run_opaquely() -> None:
     # (the write into a symbolic value's memory fails before the tracer hears of it)
     _refusal(lambda ctx, g: g.clone().mul_(2.0), "needs tensor values")

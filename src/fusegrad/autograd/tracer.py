@@ -92,6 +92,10 @@ class Tracer:
         """A creation function made ``tensor`` (``redo``: None for values fixed by the call's
         arguments, else a callable drawing a new one from its random generator)."""
 
+    def will_draw(self) -> None:
+        """A random draw is about to advance a generator (``random._gen``): a tracer that
+        refuses it here leaves the generator as it was."""
+
     def host_read(self, tensor: Tensor, what: str, result: Any = None) -> None:
         """Python read ``tensor``'s values through ``what``, getting ``result``."""
 
@@ -132,6 +136,12 @@ def notify_side_effect(tensor: Tensor, what: str) -> None:
     tracer = state.tracer
     if tracer is not None:
         tracer.side_effect(tensor, what)
+
+
+def notify_will_draw() -> None:
+    tracer = state.tracer
+    if tracer is not None:
+        tracer.will_draw()
 
 
 def notify_created(tensor: Tensor, redo: Any = None) -> Tensor:
