@@ -53,6 +53,8 @@ class Counters:
       with compiled backward only, for that guard key).
     * opaque_functions: custom Function ``backward`` calls a compiled program ran eagerly, as
       an opaque step, because they cannot be traced, by reason (counted in compiled_runs too).
+    * batched_vjps: Jacobian blocks (``jacobian(vectorize=True)``, one per output) whose rows
+      one batched program computed (``batching``).
 
     ``compiles`` and ``disk_hits`` count the functions programs call (generated CPU kernels, their
     ``prange`` variants, the interpreter's ``run_ops``, CUDA kernels on a GPU; the CUDA simulator
@@ -74,6 +76,7 @@ class Counters:
     uncompiled_runs: int = 0
     step_breaks: Counter = field(default_factory=Counter)
     opaque_functions: Counter = field(default_factory=Counter)
+    batched_vjps: int = 0
     # not a count: ``time.perf_counter()`` when a program last started an allreduce (a DDP
     # bucket): the moment its last gradient was done (``benchmarks.distributed`` reads it)
     last_allreduce_start: float = 0.0
@@ -90,7 +93,7 @@ class Counters:
             f"background_compiles={self.background_compiles}, "
             f"uncompiled_runs={self.uncompiled_runs}, "
             f"step_breaks={dict(self.step_breaks)}, "
-            f"opaque_functions={dict(self.opaque_functions)})"
+            f"opaque_functions={dict(self.opaque_functions)}, batched_vjps={self.batched_vjps})"
         )
 
 
@@ -349,3 +352,4 @@ def reset() -> None:
     counters.fallbacks.clear()
     counters.step_breaks.clear()
     counters.opaque_functions.clear()
+    counters.batched_vjps = 0

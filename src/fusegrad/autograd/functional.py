@@ -13,9 +13,13 @@ of blocks of shape ``output.shape + input.shape``.
 ``strict=True`` raises where an output is independent of an input instead of returning zeros
 (the error texts are PyTorch's).
 
-``vectorize=True`` is accepted for PyTorch compatibility, but fusegrad has no ``vmap``: the
-Jacobian is still computed one row (reverse mode) or one column (forward mode) at a time, each a
-separate backward or forward pass over the function's graph.  The results are the same.
+``vectorize=True`` in reverse mode (``jacobian``, and the outer Jacobian of ``hessian``)
+computes all the rows of an output's block with one compiled program: the backward graph gets a
+batch dimension holding every one-hot cotangent (``fusegrad.compiler.batching``, which this
+loads on first use).  Where that graph cannot be batched (an op without a batching rule, user
+hooks, CUDA tensors, ``create_graph=True``) the rows are computed one at a time, each a
+separate backward pass over the function's graph, with the reason in the compiler's ``perf``
+log; forward mode computes one column at a time.  The results are the same either way.
 
 This sits above the engine, ``api`` (``grad``) and ``forward_ad``; it is plain user-level code
 over those, with no engine hooks of its own.
@@ -340,15 +344,43 @@ def _one_hot(t: Tensor, k: int) -> Tensor:
     return flat.reshape(t.shape)
 
 
+def _batched_rows(out: Tensor, inputs: tuple) -> list | None:
+    """All the rows of ``out``'s Jacobian blocks by one batched backward program (per input an
+    array ``(out.numel(), *input.shape)``, None where ``out`` does not depend on it), or None
+    when the backward cannot be batched (``fusegrad.compiler.batching``)."""
+    import importlib
+
+    import numpy as np
+
+    if type(out._data) is not np.ndarray or any(type(t._data) is not np.ndarray for t in inputs):
+        return None
+    batching = importlib.import_module("fusegrad.compiler.batching")
+    n = out.numel()
+    cotangents = np.eye(n, dtype=out.dtype.np).reshape((n, *out._data.shape))
+    return batching.batched_vjp(out, inputs, cotangents)
+
+
 def _jacobian_reverse(
-    outputs: tuple, inputs: tuple, create_graph: bool, strict: bool
+    outputs: tuple, inputs: tuple, create_graph: bool, strict: bool, vectorize: bool = False
 ) -> tuple[tuple, ...]:
     """J[i][j] of shape ``outputs[i].shape + inputs[j].shape``, one backward pass per output
-    element (a one-hot cotangent) through the graph, which is kept between passes."""
+    element (a one-hot cotangent) through the graph, which is kept between passes -- or, with
+    ``vectorize`` (and no ``create_graph``), all of them in one batched program."""
     jac = []
     for i, out in enumerate(outputs):
         rows: list[list[Tensor]] = [[] for _ in inputs]
         n = out.numel()
+        batched = _batched_rows(out, inputs) if vectorize and n and not create_graph else None
+        if batched is not None:
+            blocks = []
+            for arr, inp in zip(batched, inputs):
+                shape = tuple(out.shape) + tuple(inp.shape)
+                if arr is None:
+                    blocks.append(F.zeros(shape, dtype=inp.dtype, device=inp.device))
+                else:
+                    blocks.append(Tensor._make(arr.reshape(shape)))
+            jac.append(tuple(blocks))
+            continue
         for k in range(n):
             cotangent = _one_hot(out, k)
             vj = _grad_allow_none(
@@ -437,8 +469,9 @@ def jacobian(
     ``strategy="reverse-mode"`` runs one backward pass per output element;
     ``"forward-mode"`` one forward pass per input element with forward-mode AD (cheaper when
     the function has more outputs than inputs).  As in PyTorch, forward mode needs
-    ``vectorize=True`` and supports neither ``create_graph`` nor ``strict``.  ``vectorize`` does
-    not batch anything here (no vmap): see the module docstring."""
+    ``vectorize=True`` and supports neither ``create_graph`` nor ``strict``.  In reverse mode
+    ``vectorize=True`` computes each output's rows with one batched program where it can (see
+    the module docstring)."""
     if strategy not in ("forward-mode", "reverse-mode"):
         raise AssertionError(
             'Expected strategy to be either "forward-mode" or "reverse-mode". Hint: If your '
@@ -484,7 +517,7 @@ def jacobian(
                 "not supported together. Please either set `strict=False` or "
                 "`vectorize=False`."
             )
-        jac = _jacobian_reverse(outputs, inputs, create_graph, strict)
+        jac = _jacobian_reverse(outputs, inputs, create_graph, strict, vectorize)
     return _unpack2(jac, is_outputs_tuple, is_inputs_tuple)
 
 
