@@ -94,6 +94,22 @@ def test_a_second_jacobian_reuses_the_program() -> None:
     assert len(batching._programs._data) == 1
 
 
+def test_a_large_jacobian_goes_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fusegrad.autograd import functional
+
+    # 32 rows of 32 + 32 elements each (cotangent and result): 5 rows per chunk
+    monkeypatch.setattr(functional, "BATCH_ELEMENTS", 5 * 8 * 64)
+    x = _t(np.random.default_rng(4), 8, 4)
+
+    def f(x: fg.Tensor) -> fg.Tensor:
+        return (x.tanh() * x[:, :1]).t().reshape(32)
+
+    before = compiler.counters.batched_vjps
+    vec = jacobian(f, x, vectorize=True)
+    assert compiler.counters.batched_vjps - before == 7  # ceil(32 / 5) chunks
+    np.testing.assert_allclose(vec.numpy(), jacobian(f, x).numpy(), rtol=1e-12, atol=1e-12)
+
+
 def test_vectorized_hessian() -> None:
     x = _t(np.random.default_rng(1), 5)
     f = lambda x: (x.sin() * x).sum() ** 2 + (x[:3] * x[2:]).prod()  # noqa: E731

@@ -344,6 +344,9 @@ def _one_hot(t: Tensor, k: int) -> Tensor:
     return flat.reshape(t.shape)
 
 
+BATCH_ELEMENTS = 1 << 26  # (``_batched_rows``: 256 MiB of float32 at once, give or take)
+
+
 def _batched_rows(out: Tensor, inputs: tuple) -> list | None:
     """All the rows of ``out``'s Jacobian blocks by one batched backward program (per input an
     array ``(out.numel(), *input.shape)``, None where ``out`` does not depend on it), or None
@@ -356,8 +359,24 @@ def _batched_rows(out: Tensor, inputs: tuple) -> list | None:
         return None
     batching = importlib.import_module("fusegrad.compiler.batching")
     n = out.numel()
-    cotangents = np.eye(n, dtype=out.dtype.np).reshape((n, *out._data.shape))
-    return batching.batched_vjp(out, inputs, cotangents)
+    # rows per program run: every value of the batched program holds that many rows, so a
+    # large Jacobian goes in chunks (about BATCH_ELEMENTS elements of cotangents and results)
+    per_row = n + sum(t.numel() for t in inputs)
+    chunk = max(1, min(n, BATCH_ELEMENTS // max(1, 8 * per_row)))
+    parts: list[list] = [[] for _ in inputs]
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        cotangents = np.zeros((stop - start, n), dtype=out.dtype.np)
+        cotangents[np.arange(stop - start), np.arange(start, stop)] = 1
+        got = batching.batched_vjp(out, inputs, cotangents.reshape((-1, *out._data.shape)))
+        if got is None:
+            return None
+        for j, arr in enumerate(got):
+            parts[j].append(arr)
+    return [
+        None if any(a is None for a in p) else p[0] if len(p) == 1 else np.concatenate(p)
+        for p in parts
+    ]
 
 
 def _jacobian_reverse(
