@@ -103,7 +103,9 @@ def test_layer_norm_backward_is_one_row_kernel() -> None:
     report = compiler.explain(lambda: _layer_norm_gelu(*data).backward())
     ((_, program),) = report.captures
     (kernel,) = program.kernels
-    assert kernel.phases and max(kernel.phases.values()) >= 2, str(report)
+    # (layer_norm's backward reads its saved mean and rstd: the row sums of g and g * normed
+    # in one phase, the input's gradient from them in the next)
+    assert kernel.phases and max(kernel.phases.values()) >= 1, str(report)
     assert not program.externs
     # the per-row values (last dim 1) live inside it, as locals of a row
     assert any(v.shape[-1] == 1 and v not in kernel.reductions for v in kernel.values)

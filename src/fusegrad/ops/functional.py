@@ -1,8 +1,9 @@
 """``fusegrad.nn.functional``: losses, dropout, layer_norm, conv2d and pooling, all composites of
 primitives (conv2d and pooling go through ``unfold``/im2col: an advanced-indexing gather plus a
 matmul), so each is differentiable twice and visible to the compiler as ordinary primitives.
-While a graph is recorded, conv2d runs inside one node (``native.Convolution``) that saves the
-input and the weight rather than every primitive's operands.
+While a graph is recorded, conv2d and the norm layers run inside one node each
+(``native.Convolution``, ``native.LayerNorm``, ...) that saves what PyTorch's native node saves
+rather than every primitive's operands.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from .generated import abs, eq, exp, log, log1p, minimum, mul, sigmoid, sqrt, ta
 from .generated import ge as _ge
 from .indexing import embedding, one_hot  # (re-exported: F.embedding, F.one_hot)
 from .linalg import einsum, linear
-from .reduction import log_softmax, mean, norm, softmax, sum, var
+from .reduction import log_softmax, mean, norm, softmax, sum
 from .shape import pad, stack
 
 __all__ = [
@@ -1093,15 +1094,16 @@ def layer_norm(
             f"input {describe(x)}"
         )
     dims = tuple(range(x.ndim - len(shape), x.ndim))
-    mu = mean(x, dims, keepdim=True)
-    centred = sub(x, mu)
-    sigma2 = var(x, dims, keepdim=True, correction=0)
-    out = centred * (sigma2 + eps).rsqrt()
-    if weight is not None:
-        out = out * weight
-    if bias is not None:
-        out = out + bias
-    return out
+    w = None if weight is None else to_tensor(weight)
+    b = None if bias is None else to_tensor(bias)
+    if _records(x, w, b):
+        from .native import LayerNorm
+
+        lead = tuple(range(x.ndim - len(shape)))
+        return LayerNorm.apply(x, w, b, eps, None, dims, None, lead, None, None, None)
+    from .native import normalize
+
+    return normalize(x, w, b, eps, None, dims, None)[0]
 
 
 # ---- more activations (composites; nn.functional adds their ``inplace=`` forms) --------------
@@ -1297,13 +1299,23 @@ def batch_norm(
             f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}"
         )
     dims = (0,) + tuple(range(2, x.ndim))
-    mu = mean(x, dims, keepdim=True)
-    centred = sub(x, mu)
-    sum_sq = sum(centred * centred, dims, keepdim=True)
-    out = _affine(centred * (sum_sq / count + eps).rsqrt(), weight, bias)
-    _update_running(rm, mu, momentum)
-    _update_running(rv, sum_sq / (count - 1), momentum)
-    return out
+    return _batch_norm_training(x, weight, bias, eps, dims, (rm, rv, momentum))
+
+
+def _batch_norm_training(
+    x: Tensor, weight: Any, bias: Any, eps: float, dims: tuple, running: tuple
+) -> Tensor:
+    """Per-channel (dim 1) statistics over ``dims``; the running ones move towards them."""
+    w = None if weight is None else to_tensor(weight)
+    b = None if bias is None else to_tensor(bias)
+    shape = (1, -1) + (1,) * (x.ndim - 2)  # (per channel: no size to key a compiled backward on)
+    if _records(x, w, b):
+        from .native import BatchNorm
+
+        return BatchNorm.apply(x, w, b, eps, None, dims, shape, dims, *running)
+    from .native import normalize
+
+    return normalize(x, w, b, eps, None, dims, shape, running)[0]
 
 
 @_torch_node_name("ViewBackward0")
@@ -1333,15 +1345,15 @@ def instance_norm(
         raise NormArgumentError(
             f"Expected more than 1 spatial element when training, got input size {tuple(x.shape)}"
         )
-    dims = tuple(range(2, x.ndim))
-    mu = mean(x, dims, keepdim=True)
-    centred = sub(x, mu)
-    sum_sq = sum(centred * centred, dims, keepdim=True)
-    out = _affine(centred * (sum_sq / count + eps).rsqrt(), weight, bias)
-    if rm is not None or rv is not None:
-        _update_running(rm, mean(mu.reshape(x.shape[0], channels), 0), momentum)
-        _update_running(rv, mean(sum_sq.reshape(x.shape[0], channels), 0) / (count - 1), momentum)
-    return out
+    # as PyTorch: batch_norm of the (1, N * C, *) input, the affine parameters repeated per
+    # sample; the running statistics move towards the mean of the instances' statistics
+    n = x.shape[0]
+    merged = x.reshape(1, n * channels, *x.shape[2:])
+    w = None if weight is None else to_tensor(weight).repeat(n)
+    b = None if bias is None else to_tensor(bias).repeat(n)
+    dims = (0,) + tuple(range(2, x.ndim))
+    out = _batch_norm_training(merged, w, b, eps, dims, (rm, rv, momentum))
+    return out.reshape(x.shape)
 
 
 @_torch_node_name("NativeGroupNormBackward0")
@@ -1359,7 +1371,7 @@ def group_norm(
         raise NormArgumentError(
             f"Expected at least 2 dimensions for input tensor but received {x.ndim}"
         )
-    n, channels = x.shape[0], x.shape[1]
+    channels = x.shape[1]
     if num_groups <= 0 or channels % num_groups:
         raise NormArgumentError(
             "Expected number of channels in input to be divisible by num_groups, but got input "
@@ -1372,12 +1384,17 @@ def group_norm(
                 f"input, but got {name} of shape {list(to_tensor(v).shape)} and input of shape "
                 f"{list(x.shape)}"
             )
-    grouped = x.reshape(n, num_groups, -1)
-    mu = mean(grouped, 2, keepdim=True)
-    centred = sub(grouped, mu)
-    var_ = mean(centred * centred, 2, keepdim=True)
-    normed = (centred * (var_ + eps).rsqrt()).reshape(x.shape)
-    return _affine(normed, weight, bias)
+    w = None if weight is None else to_tensor(weight)
+    b = None if bias is None else to_tensor(bias)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    if _records(x, w, b):
+        from .native import GroupNorm
+
+        per_channel = (0,) + tuple(range(2, x.ndim))
+        return GroupNorm.apply(x, w, b, eps, num_groups, (2,), shape, per_channel, None, None, None)
+    from .native import normalize
+
+    return normalize(x, w, b, eps, num_groups, (2,), shape)[0]
 
 
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
@@ -1663,6 +1680,16 @@ def _nearest(x: Tensor, dim: int, source: np.ndarray) -> Tensor:
 # ---- convolution and pooling via im2col ----------------------------------------------------------
 
 
+def _records(*tensors: Tensor | None) -> bool:
+    """Whether a call on ``tensors`` records a backward node: grad mode on, one of them
+    requiring grad, and no forward-AD level (whose tangents come from the composites'
+    primitives).  conv2d and the norm layers then run as one node of ``native``, which saves
+    only what PyTorch's native node saves (and only for the gradients that will be needed)."""
+    if not _grad_mode.is_grad_enabled() or _forward_state.level is not None:
+        return False
+    return any(t is not None and t.requires_grad for t in tensors)
+
+
 def _pair(v: Any) -> tuple[int, int]:
     return (int(v), int(v)) if isinstance(v, (int, np.integer)) else (int(v[0]), int(v[1]))
 
@@ -1829,12 +1856,10 @@ def _conv2d(
             raise ValueError(f"{op}: invalid padding string {padding!r}")
     b = None if bias is None else to_tensor(bias)
     geometry = (_pair(stride), _pair(padding), _pair(dilation), groups, op)
-    if _grad_mode.is_grad_enabled() and _forward_state.level is None:
-        if x.requires_grad or w.requires_grad or (b is not None and b.requires_grad):
-            from .native import Convolution
+    if _records(x, w, b):
+        from .native import Convolution
 
-            # one node saving only what the gradients need (see ``native``)
-            return Convolution.apply(x, w, b, *geometry)
+        return Convolution.apply(x, w, b, *geometry)
     return _conv_columns(x, w, b, *geometry)
 
 

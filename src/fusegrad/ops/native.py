@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..autograd.function import Function
+from ..autograd.grad_mode import is_grad_enabled
 from ..tensor import Tensor
 from .indexing import index_add_at
 
@@ -105,7 +106,8 @@ class Convolution(Function):
 
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.save_for_backward(x if need_w else None, w if need_x else None)
-        ctx.geometry = (tuple(x.shape), tuple(w.shape), stride, padding, dilation, groups, op)
+        # (sizes on the ctx are keyed by value in a compiled backward: not the batch size)
+        ctx.geometry = (tuple(x.shape[1:]), tuple(w.shape), stride, padding, dilation, groups, op)
         return _conv_columns(x, w, bias, stride, padding, dilation, groups, op)
 
     @staticmethod
@@ -119,10 +121,157 @@ class Convolution(Function):
         gx = gw = gb = None
         if need[0]:
             w_mat = w.reshape(groups, out_c // groups, -1)
-            gx = _col2im(w_mat.mT @ g_mat, x_shape, kernel, stride, padding, dilation)
+            shape = (n, *x_shape)
+            gx = _col2im(w_mat.mT @ g_mat, shape, kernel, stride, padding, dilation)
         if need[1]:
             cols = columns(x, kernel, stride, padding, dilation, groups, op)
             gw = (g_mat @ cols.mT).sum(0).reshape(w_shape)
         if need[2]:
             gb = g.sum((0, 2, 3))
         return gx, gw, gb, None, None, None, None, None
+
+
+def _channels_view(x: Tensor, groups: int | None) -> Tensor:
+    """``x``, or ``x`` as (N, groups, -1) where the statistics are per (sample, group)."""
+    if groups is None:
+        return x
+    rest = 1
+    for size in x.shape[1:]:
+        rest *= size
+    return x.reshape(x.shape[0], groups, rest // groups)
+
+
+def normalize(
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    eps: float,
+    groups: int | None,
+    dims: tuple,
+    param_shape: tuple | None,
+    running: tuple | None = None,
+) -> tuple:
+    """``(x - mean) * rstd * weight + bias`` with the statistics over ``dims`` of ``x`` (seen
+    as (N, groups, -1) when ``groups`` is given), the weight and bias reshaped to
+    ``param_shape`` (None: as they are).  Returns the result, the mean and the reciprocal
+    standard deviation (shaped as the statistics' view with ``dims`` kept as 1), and the number
+    of elements per statistic.  ``running = (running_mean, running_var, momentum)`` moves the
+    running statistics (one per channel, averaged over the other rows; unbiased variance), in
+    place and without history."""
+    from .functional import _update_running
+
+    xs = _channels_view(x, groups)
+    mean = xs.mean(dims, keepdim=True)
+    centred = xs - mean
+    var = (centred * centred).mean(dims, keepdim=True)
+    rstd = (var + eps).rsqrt()
+    out = centred * rstd
+    if groups is not None:
+        out = out.reshape(x.shape)
+    if weight is not None:
+        out = out * (weight if param_shape is None else weight.reshape(param_shape))
+    if bias is not None:
+        out = out + (bias if param_shape is None else bias.reshape(param_shape))
+    count = xs.numel() // mean.numel() if mean.numel() else 0
+    if running is not None:
+        running_mean, running_var, momentum = running
+        rows = running_mean if running_mean is not None else running_var
+        if rows is not None:
+            channels = rows.numel()
+            unbiased = var * (count / (count - 1))
+            _update_running(running_mean, mean.reshape(-1, channels).mean(0), momentum)
+            _update_running(running_var, unbiased.reshape(-1, channels).mean(0), momentum)
+    return out, mean, rstd, count
+
+
+class _Normalization(Function):
+    """``normalize`` as one node: saves the input, mean and rstd for the input's and the
+    weight's gradients, the weight for the input's, nothing for the bias's.
+
+    Arguments: ``x, weight, bias, eps, groups, dims, param_shape, param_dims, running_mean,
+    running_var, momentum``; ``param_dims`` are the dims of ``x`` the weight's and bias's
+    gradients sum over.  No size is kept as a Python number (a compiled backward would key on
+    it): the backward reads shapes from its tensors, and the mean's divisor from a 0-d tensor
+    on the ctx (a program input)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        weight: Tensor | None,
+        bias: Tensor | None,
+        eps: float,
+        groups: int | None,
+        dims: tuple,
+        param_shape: tuple | None,
+        param_dims: tuple,
+        running_mean: Tensor | None,
+        running_var: Tensor | None,
+        momentum: Any,
+    ) -> Tensor:
+        from .creation import full
+
+        running = (running_mean, running_var, momentum)
+        out, mean, rstd, count = normalize(x, weight, bias, eps, groups, dims, param_shape, running)
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        stats = need_x or need_w
+        ctx.save_for_backward(
+            x if stats else None,
+            weight if need_x else None,
+            mean if stats else None,
+            rstd if stats else None,
+        )
+        ctx.layout = (eps, groups, dims, param_shape, param_dims)
+        ctx.per_count = full((), 1.0 / max(count, 1), dtype=x.dtype, device=x.device)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple:
+        x, weight, mean, rstd = ctx.saved_tensors
+        eps, groups, dims, param_shape, param_dims = ctx.layout
+        per_count = ctx.per_count
+        need = ctx.needs_input_grad
+        gx = gw = gb = None
+        if need[2]:
+            gb = _sum_over(g, param_dims)
+        if need[0] or need[1]:
+            xs = _channels_view(x, groups)
+            if is_grad_enabled():
+                # create_graph: the statistics again, from the input, so that the next
+                # derivative sees how they depend on it (the saved ones carry no history)
+                mean = xs.sum(dims, keepdim=True) * per_count
+                centred = xs - mean
+                var = (centred * centred).sum(dims, keepdim=True) * per_count
+                rstd = (var + eps).rsqrt()
+            else:
+                centred = xs - mean
+            normed = centred * rstd
+            if need[1]:
+                full = normed if groups is None else normed.reshape(g.shape)
+                gw = _sum_over(g * full, param_dims)
+            if need[0]:
+                if weight is not None:
+                    g = g * (weight if param_shape is None else weight.reshape(param_shape))
+                gs = _channels_view(g, groups)
+                gs_mean = gs.sum(dims, keepdim=True) * per_count
+                proj = (gs * normed).sum(dims, keepdim=True) * per_count
+                gx = rstd * (gs - gs_mean - normed * proj)
+                if groups is not None:
+                    gx = gx.reshape(g.shape)
+        return gx, gw, gb, None, None, None, None, None, None, None, None
+
+
+def _sum_over(t: Tensor, dims: tuple) -> Tensor:
+    return t.sum(dims) if dims else t
+
+
+class LayerNorm(_Normalization):
+    _node_name = "NativeLayerNormBackward0"
+
+
+class BatchNorm(_Normalization):
+    _node_name = "NativeBatchNormBackward0"
+
+
+class GroupNorm(_Normalization):
+    _node_name = "NativeGroupNormBackward0"
