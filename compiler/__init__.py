@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from fusegrad.autograd import anomaly as _anomaly
+from fusegrad.autograd import grad_mode
 from fusegrad.autograd.engine import graph_task, run_backward
 from fusegrad.autograd.node import OpNode
 from fusegrad.autograd.tracer import Tracer, tracing
@@ -198,8 +199,6 @@ def run(
                 program.run_bound(sizes, arrays, leaves, release, grads, retain_graph)
                 return None
     w = _walk(outputs, grads, inputs, accumulate, create_graph)
-    if w.fallback is None and create_graph and any(type(g._data) is not np.ndarray for g in grads):
-        w.fallback = "create_graph=True on CUDA (compiled double backward is CPU-only)"
     if w.fallback is not None:
         return _fallback(
             region, w.fallback, outputs, grads, retain_graph, create_graph, inputs, accumulate
@@ -212,6 +211,17 @@ def run(
             w.has_hooks = False
             w.ddp = plan
             w.key = (*w.key, plan.key)
+    # create_graph adding into an existing .grad: eager makes ``.grad = .grad + g`` (a new tensor
+    # whose history joins both); the program runs as for no .grad and the sum is made after it
+    stashed: list = []
+    if create_graph and accumulate:
+        seen: set = set()
+        for t in [*w.leaves, *(inputs or ())]:
+            if t._grad is not None and id(t) not in seen:
+                seen.add(id(t))
+                stashed.append(t)
+        if stashed:
+            w.grad_key = tuple(None if id(t) in seen else _grad_state(t) for t in w.leaves)
     notice = _CompileNotice()
     traced = _trace.depth() if _trace.enabled else -1  # (the trace sections opened below)
     try:
@@ -235,8 +245,19 @@ def run(
                 return program.run(w, w.sizes, grads, retain_graph, inputs)
         if create_graph:
             raw, vjp = program.double
-            results = program.run(w, w.sizes, grads, True, inputs)
-            double.attach(raw, vjp, w, grads, results, inputs, region.mode)
+            olds = [t._grad for t in stashed]
+            for t in stashed:
+                t._grad = None
+            try:
+                results = program.run(w, w.sizes, grads, True, inputs)
+                double.attach(raw, vjp, w, grads, results, inputs, region.mode)
+            except BaseException:
+                for t, old in zip(stashed, olds):
+                    t._grad = old
+                raise
+            with grad_mode.enable_grad():
+                for t, old in zip(stashed, olds):
+                    t._grad = old if t._grad is None else old + t._grad
             if not retain_graph:
                 release_nodes(w)
             return results

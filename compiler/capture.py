@@ -413,9 +413,6 @@ def walk(
     if create_graph and out.has_hooks:
         out.fallback = "create_graph=True with user hooks (their results would be recorded)"
         return out
-    if create_graph and accumulate and any(s is not None for s in grad_key):
-        out.fallback = "create_graph=True adding into an existing .grad"
-        return out
     out.nodes = order
     out.index = index
     out.remat = _plan_rematerialisation(out, aliases)

@@ -32,9 +32,10 @@ from fusegrad.autograd.tracer import tracing
 from fusegrad.errors import AutogradError
 from fusegrad.ops import registry
 from fusegrad.ops._util import scalar_tensor
+from fusegrad.ops.creation import zeros
 from fusegrad.tensor import Tensor
 
-from . import logs
+from . import logs, passes
 from .cache import counters
 from .capture import INLINED, Recorder, Refused, SymbolicTensor, Walk
 from .ir import Graph, Value
@@ -151,7 +152,16 @@ class CompiledGradBackward(Node):
     module docstring): output j is the program's j-th gradient, edges are the program inputs
     that require grad."""
 
-    __slots__ = ("_cache", "_graph", "_mode", "_needed", "_outputs", "_released", "_saved")
+    __slots__ = (
+        "_cache",
+        "_device",
+        "_graph",
+        "_mode",
+        "_needed",
+        "_outputs",
+        "_released",
+        "_saved",
+    )
 
     def __init__(
         self, graph: Graph, outputs: list, sources: list, needed: list, cache: dict, mode: str
@@ -170,6 +180,11 @@ class CompiledGradBackward(Node):
         # that stands for the graph in walk keys
         self._cache = cache
         self._mode = mode
+        # where its arrays live: the VJP program runs there too (CUDA: the device's kernels)
+        self._device = "cpu" if all(type(t._data) is np.ndarray for t in sources) else "cuda"
+
+    def _zeros(self, shape: tuple, dtype: Any) -> Tensor:
+        return zeros(shape, dtype=dtype, device=self._device)
 
     def token(self) -> Any:
         """What stands for this node's graph in a walk key (``capture.walk``)."""
@@ -194,7 +209,7 @@ class CompiledGradBackward(Node):
             raise AutogradError(_freed_message)
         sources = [s.unpack(self) for s in self._saved]
         cots = [
-            g if g is not None else Tensor._make(np.zeros(v.shape, v.dtype.np))
+            g if g is not None else self._zeros(tuple(v.shape), v.dtype)
             for g, v in zip(grads, self._outputs)
         ]
         result = None
@@ -234,6 +249,7 @@ class CompiledGradBackward(Node):
             tuple(self._needed),
             tuple(self._outputs),
             self._mode,
+            self._device,
             config.program_key(),
         )
         if key not in self._cache:
@@ -242,10 +258,11 @@ class CompiledGradBackward(Node):
                 None
                 if graph is None
                 else Program(
-                    graph,
+                    passes.run(graph),  # (the first-order values it does not read go: dce)
                     mode=self._mode,
                     interpreter_max_elements=config.interpreter_max_elements,
                     sizes_per_program=config.sizes_per_program,
+                    device=self._device,
                 )
             )
         return self._cache[key]
@@ -295,7 +312,7 @@ class CompiledGradBackward(Node):
             allow_unused=True,
         )
         return [
-            g if g is not None else Tensor._make(np.zeros(t._data.shape, t._dtype.np))
+            g if g is not None else self._zeros(tuple(t._data.shape), t._dtype)
             for g, t in zip(got, wanted)
         ]
 

@@ -418,6 +418,8 @@ def _emit_launch(kernel: Kernel, plan: CudaKernelPlan, launch: Launch) -> list[s
         if not launch.flat:
             lines += _unravel("j", launch.reduced, body)
     out_index = {v: k for k, v in enumerate(outputs)}
+    if not values and not reds:
+        lines.append(f"{body}pass  # (no output: nothing this kernel computes is read)")
     for v in values:
         lines.append(f"{body}v{v.id} = {expression(v, read, _SPELLING)}  {describe(v)}")
         if v in out_index:

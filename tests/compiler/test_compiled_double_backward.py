@@ -139,6 +139,23 @@ def test_backward_with_create_graph_writes_differentiable_grads() -> None:
     _no_fallback()
 
 
+def test_create_graph_adding_into_an_existing_grad_sums_out_of_place() -> None:
+    """As eager: ``.grad = .grad + g``, a new tensor whose history reaches both the old .grad
+    (which requires grad here) and the compiled node; the old tensor is left as it was."""
+
+    def program() -> list:
+        x, w = _leaves()
+        old = fg.tensor(np.full((4, 3), 0.5), requires_grad=True)
+        w.grad = old
+        (x @ w).tanh().sum().backward(create_graph=True)
+        assert w.grad is not old and w.grad.grad_fn is not None
+        gx, gold = fg.autograd.grad(w.grad.pow(2).sum(), [x, old])
+        return [w.grad.detach().numpy(), gx.numpy(), gold.numpy(), old.detach().numpy()]
+
+    _both(program)
+    _no_fallback()
+
+
 def test_grad_outputs_that_require_grad_are_inputs_of_the_node() -> None:
     def program() -> list:
         x, _ = _leaves()

@@ -100,3 +100,39 @@ def test_cpu_and_cuda_graphs_of_one_structure_get_separate_programs() -> None:
             _golden(*leaves).backward()
         assert leaves[0].grad.is_cuda == (device == "cuda")
     assert sorted(p.device for p in compiler.cached_programs()) == ["cpu", "cuda"]
+
+
+def _penalty_grads(device: str, compiled: str) -> list:
+    """A gradient penalty: ``grad(create_graph=True)`` compiled when ``compiled`` is not
+    "none"; the penalty's backward inside the region ("both": the VJP inlined into its
+    program) or outside it ("first": the node's own VJP program); then a third order."""
+    rng = np.random.default_rng(0)
+    x = fg.tensor(rng.standard_normal((6, 4)), device=device, requires_grad=True)
+    w = fg.tensor(rng.standard_normal((4, 3)), device=device, requires_grad=True)
+
+    def first() -> fg.Tensor:
+        (gx,) = fg.autograd.grad((x @ w).tanh().sum(), x, create_graph=True)
+        return ((gx * gx).sum(1) - 1.0).pow(2).mean()
+
+    if compiled == "none":
+        pen = first()
+        pen.backward(create_graph=True)
+    else:
+        with compiler.compiled_autograd():
+            pen = first()
+            if compiled == "both":
+                pen.backward(create_graph=True)
+        if compiled == "first":
+            pen.backward(create_graph=True)
+    (third,) = fg.autograd.grad(w.grad.sum(), x)  # through the recorded second order
+    return [w.grad.detach().cpu().numpy(), x.grad.detach().cpu().numpy(), third.cpu().numpy()]
+
+
+@pytest.mark.parametrize("compiled", ["both", "first"])
+def test_compiled_double_backward_on_cuda_matches_the_cpu(compiled: str) -> None:
+    compiler.reset()
+    ref = _penalty_grads("cpu", "none")
+    got = _penalty_grads("cuda", compiled)
+    assert not compiler.counters.fallbacks, compiler.counters.fallbacks
+    for a, b in zip(got, ref):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
