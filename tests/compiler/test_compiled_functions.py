@@ -282,6 +282,27 @@ def test_symbolic_sizes_serve_a_new_batch() -> None:
     assert not compiler.counters.fallbacks
 
 
+def test_a_mean_in_the_backward_is_traced_with_its_count_guarded() -> None:
+    """``x.mean(0)`` divides by a size: under symbolic sizes that size becomes a number the
+    capture guards (a new row count captures again), not an untraceable tensor."""
+
+    class _ByMean(Function):
+        @staticmethod
+        def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
+            ctx.save_for_backward(x)
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+            (x,) = ctx.saved_tensors
+            return g * x.mean(0, keepdim=True)
+
+    for rows in (4, 6):
+        _same(lambda x: _ByMean.apply(x.exp()).sum(), (rows, 3), calls=2)
+    assert not compiler.counters.opaque_functions and not compiler.counters.fallbacks
+    assert compiler.counters.captures == 2
+
+
 def _refusal(backward: Any, reason: str, program: Any = None, captures: int = 0) -> None:
     """A Function with this backward cannot be traced, for ``reason``: it runs as an opaque step
     of the compiled program (its eager ``backward``, where eager runs it), with eager's gradients

@@ -38,7 +38,15 @@ def to_tensor(x: Any, dtype: _dt.dtype | None = None) -> Tensor:
         return x
     if isinstance(x, (bool, int, float, np.number, np.bool_)):
         return scalar_tensor(x, dtype if dtype is not None else _dt.result_type(x))
+    if _other_integral(x):
+        # the compiler's symbolic size: its value, which the capture then guards
+        return to_tensor(int(x), dtype)
     return Tensor._make(_to_array(x, dtype))  # ``tensor(x, dtype=dtype)``: a new CPU leaf
+
+
+def _other_integral(x: object) -> bool:
+    """An integral number that is no Python or numpy int (a symbolic size of the compiler)."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, (bool, int, np.integer, np.bool_))
 
 
 def is_number(x: object) -> bool:
@@ -50,6 +58,8 @@ def operand(x: Any) -> Any:
     lists and other data become tensors."""
     if isinstance(x, Tensor) or is_number(x):
         return x
+    if _other_integral(x):
+        return int(x)  # (a symbolic size: see ``to_tensor``)
     return to_tensor(x)
 
 
