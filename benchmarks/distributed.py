@@ -146,7 +146,8 @@ class Impl:
         # a compiled backward that does DDP's averaging itself (no hook of ours in the way,
         # or it would run DDP's hooks instead) tells when it started the last bucket
         self.last_start = last_start
-        if wrap is not None and last_start is None:
+        # (a model with buffers to broadcast keeps DDP's hooks, and so can have ours)
+        if wrap is not None and (last_start is None or any(True for _ in model.buffers())):
             # hooks first, so they run before DDP's own on each parameter
             for p in model.parameters():
                 p.register_post_accumulate_grad_hook(self._grad_ready)
@@ -169,6 +170,8 @@ class Impl:
         if self.barrier is not None:  # (untimed) the ranks start each step together
             self.barrier()
         t0 = common.clock()
+        if self.last_start is not None:
+            self.last_grad_at = 0.0  # (set below, or by our hook, for this step)
         self.opt.zero_grad()
         loss = models.loss(self.torch, self.net, x, y)
         t1 = common.clock()
@@ -407,9 +410,12 @@ def run_model(
     if one_machine:
         for key in impls:
             per_rank = []
+            steps = min(len(m[1][key]) for m in marks)
+            if not steps:
+                continue  # (no step of this implementation had a last-gradient moment)
             for r in range(world):
                 waits = []
-                for i, (_, end) in enumerate(marks[r][1][key]):
+                for i, (_, end) in enumerate(marks[r][1][key][:steps]):
                     latest = max(m[1][key][i][0] for m in marks)
                     waits.append(max(0.0, end - latest))
                 per_rank.append(common.summarize(waits).median * 1e3)

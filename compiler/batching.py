@@ -277,7 +277,7 @@ def batched_vjp(output: Tensor, inputs: Sequence[Tensor], cotangents: np.ndarray
             raise Unbatchable(w.fallback)
         if w.has_hooks:
             raise Unbatchable("the backward runs user hooks")
-        key = (w.key, batch)
+        key = (w.key, w.sizes, batch)  # (captured with concrete sizes: they are part of it)
         entry = _programs.get(key)
         if entry is None:
             captured = capture(

@@ -153,7 +153,7 @@ def test_second_order_through_partly_saved_nodes(name: str) -> None:
         assert gradgradcheck(f, (a if needs == "first" else b,))
 
 
-# ---- conv2d and the normalisation layers: one node each (``fusegrad.ops.native``) -------------
+# ---- conv2d and the normalisation layers: one node each (``fusegrad.autograd.native``) ---------
 
 # name -> (the layer written for a module ``m``: input, weight, bias; their shapes; tensors
 # saved when the input and the weight and bias / the input only / the weight and bias only

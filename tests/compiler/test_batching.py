@@ -110,6 +110,14 @@ def test_a_large_jacobian_goes_in_chunks(monkeypatch: pytest.MonkeyPatch) -> Non
     np.testing.assert_allclose(vec.numpy(), jacobian(f, x).numpy(), rtol=1e-12, atol=1e-12)
 
 
+def test_the_same_structure_with_other_sizes_gets_its_own_program() -> None:
+    batching._programs.clear()
+    rng = np.random.default_rng(5)
+    for rows in (2, 5, 2):  # (5: the walk key and batch of 2, other concrete sizes)
+        _same_jacobian(lambda x, w: (x @ w).tanh().sum(0), (_t(rng, rows, 3), _t(rng, 3, 4)))
+    assert len(batching._programs._data) == 2
+
+
 def test_vectorized_hessian() -> None:
     x = _t(np.random.default_rng(1), 5)
     f = lambda x: (x.sin() * x).sum() ** 2 + (x[:3] * x[2:]).prod()  # noqa: E731

@@ -12,6 +12,7 @@ name from it.
 from __future__ import annotations
 
 from . import forward_ad, function, functional, graph
+from . import native as _native  # noqa: F401  (installs conv2d's and the norms' nodes in ops)
 from .anomaly import detect_anomaly, is_anomaly_enabled, set_detect_anomaly
 from .api import backward, grad
 from .function import Function

@@ -27,8 +27,11 @@ over those, with no engine hooks of its own.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from .. import ops as F
 from ..tensor import Tensor
@@ -351,12 +354,9 @@ def _batched_rows(out: Tensor, inputs: tuple) -> list | None:
     """All the rows of ``out``'s Jacobian blocks by one batched backward program (per input an
     array ``(out.numel(), *input.shape)``, None where ``out`` does not depend on it), or None
     when the backward cannot be batched (``fusegrad.compiler.batching``)."""
-    import importlib
-
-    import numpy as np
-
     if type(out._data) is not np.ndarray or any(type(t._data) is not np.ndarray for t in inputs):
         return None
+    # the compiler (and numba) load on first use, as ``fusegrad.compile`` loads them
     batching = importlib.import_module("fusegrad.compiler.batching")
     n = out.numel()
     # rows per program run: every value of the batched program holds that many rows, so a

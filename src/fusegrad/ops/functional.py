@@ -1097,13 +1097,9 @@ def layer_norm(
     w = None if weight is None else to_tensor(weight)
     b = None if bias is None else to_tensor(bias)
     if _records(x, w, b):
-        from .native import LayerNorm
-
         lead = tuple(range(x.ndim - len(shape)))
-        return LayerNorm.apply(x, w, b, eps, None, dims, None, lead, None, None, None)
-    from .native import normalize
-
-    return normalize(x, w, b, eps, None, dims, None)[0]
+        return _native.LayerNorm.apply(x, w, b, eps, None, dims, None, lead, None, None, None)
+    return _native.normalize(x, w, b, eps, None, dims, None)[0]
 
 
 # ---- more activations (composites; nn.functional adds their ``inplace=`` forms) --------------
@@ -1310,12 +1306,8 @@ def _batch_norm_training(
     b = None if bias is None else to_tensor(bias)
     shape = (1, -1) + (1,) * (x.ndim - 2)  # (per channel: no size to key a compiled backward on)
     if _records(x, w, b):
-        from .native import BatchNorm
-
-        return BatchNorm.apply(x, w, b, eps, None, dims, shape, dims, *running)
-    from .native import normalize
-
-    return normalize(x, w, b, eps, None, dims, shape, running)[0]
+        return _native.BatchNorm.apply(x, w, b, eps, None, dims, shape, dims, *running)
+    return _native.normalize(x, w, b, eps, None, dims, shape, running)[0]
 
 
 @_torch_node_name("ViewBackward0")
@@ -1388,13 +1380,11 @@ def group_norm(
     b = None if bias is None else to_tensor(bias)
     shape = (1, -1) + (1,) * (x.ndim - 2)
     if _records(x, w, b):
-        from .native import GroupNorm
-
         per_channel = (0,) + tuple(range(2, x.ndim))
-        return GroupNorm.apply(x, w, b, eps, num_groups, (2,), shape, per_channel, None, None, None)
-    from .native import normalize
-
-    return normalize(x, w, b, eps, num_groups, (2,), shape)[0]
+        return _native.GroupNorm.apply(
+            x, w, b, eps, num_groups, (2,), shape, per_channel, None, None, None
+        )
+    return _native.normalize(x, w, b, eps, num_groups, (2,), shape)[0]
 
 
 def normalize(input: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
@@ -1680,6 +1670,17 @@ def _nearest(x: Tensor, dim: int, source: np.ndarray) -> Tensor:
 # ---- convolution and pooling via im2col ----------------------------------------------------------
 
 
+# ``fusegrad.autograd.native``: conv2d and the norm layers as single nodes (custom Functions,
+# so a layer above this one), handed over by that module when it is imported
+_native: Any = None
+
+
+def install_native(module: Any) -> None:
+    """Called by ``fusegrad.autograd.native`` with itself (see its docstring)."""
+    global _native
+    _native = module
+
+
 def _records(*tensors: Tensor | None) -> bool:
     """Whether a call on ``tensors`` records a backward node: grad mode on, one of them
     requiring grad, and no forward-AD level (whose tangents come from the composites'
@@ -1857,9 +1858,7 @@ def _conv2d(
     b = None if bias is None else to_tensor(bias)
     geometry = (_pair(stride), _pair(padding), _pair(dilation), groups, op)
     if _records(x, w, b):
-        from .native import Convolution
-
-        return Convolution.apply(x, w, b, *geometry)
+        return _native.Convolution.apply(x, w, b, *geometry)
     return _conv_columns(x, w, b, *geometry)
 
 

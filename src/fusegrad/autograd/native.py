@@ -20,17 +20,24 @@ and whole compiled steps take them in (``compiler/functions.py``).  Callers use 
 only when a graph is recorded and no forward-mode AD level is active (whose tangents the
 composites' primitive rules give); otherwise they run the composite directly.
 
-Imported lazily by ``functional`` (``autograd.function`` imports ``ops``).
+This module sits above the op surface and ``autograd.function`` (which imports ``ops``), so
+``ops.functional`` cannot import it: importing it hands it to ``functional.install_native``
+(``fusegrad.autograd`` imports it after ``function``), as ``autograd.api`` installs
+``Tensor.backward``.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-from ..autograd.function import Function
-from ..autograd.grad_mode import is_grad_enabled
+from ..ops import functional as _functional
+from ..ops.creation import full
+from ..ops.functional import _conv_columns, _out_size, _update_running, _windows
+from ..ops.indexing import index_add_at
 from ..tensor import Tensor
-from .indexing import index_add_at
+from .function import Function
+from .grad_mode import is_grad_enabled
 
 _FULL = ("s", None, None, 1)  # a whole dim in a normalised getitem key
 
@@ -39,7 +46,6 @@ def columns(
     x: Tensor, kernel: tuple, stride: tuple, padding: tuple, dilation: tuple, groups: int, op: str
 ) -> Tensor:
     """im2col of an (N, C, H, W) input: (N, groups, C / groups * kh * kw, oh * ow)."""
-    from .functional import _windows
 
     win = _windows(x, kernel, stride, padding, dilation, 0.0, op=op)
     n, c, kh, kw, oh, ow = win.shape
@@ -67,7 +73,6 @@ def _col2im(
 ) -> Tensor:
     """The transpose of ``columns``: (N, groups, C / groups * kh * kw, oh * ow) -> the (N, C,
     H, W) input's gradient (overlapping windows add up; padding is cropped)."""
-    from .functional import _out_size
 
     n, c, h, w = shape
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
@@ -102,7 +107,6 @@ class Convolution(Function):
         groups: int,
         op: str,
     ) -> Tensor:
-        from .functional import _conv_columns
 
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.save_for_backward(x if need_w else None, w if need_x else None)
@@ -158,7 +162,6 @@ def normalize(
     of elements per statistic.  ``running = (running_mean, running_var, momentum)`` moves the
     running statistics (one per channel, averaged over the other rows; unbiased variance), in
     place and without history."""
-    from .functional import _update_running
 
     xs = _channels_view(x, groups)
     mean = xs.mean(dims, keepdim=True)
@@ -209,7 +212,6 @@ class _Normalization(Function):
         running_var: Tensor | None,
         momentum: Any,
     ) -> Tensor:
-        from .creation import full
 
         running = (running_mean, running_var, momentum)
         out, mean, rstd, count = normalize(x, weight, bias, eps, groups, dims, param_shape, running)
@@ -275,3 +277,6 @@ class BatchNorm(_Normalization):
 
 class GroupNorm(_Normalization):
     _node_name = "NativeGroupNormBackward0"
+
+
+_functional.install_native(sys.modules[__name__])
