@@ -107,7 +107,6 @@ class Convolution(Function):
         groups: int,
         op: str,
     ) -> Tensor:
-
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         ctx.save_for_backward(x if need_w else None, w if need_x else None)
         # (sizes on the ctx are keyed by value in a compiled backward: not the batch size)
@@ -212,7 +211,6 @@ class _Normalization(Function):
         running_var: Tensor | None,
         momentum: Any,
     ) -> Tensor:
-
         running = (running_mean, running_var, momentum)
         out, mean, rstd, count = normalize(x, weight, bias, eps, groups, dims, param_shape, running)
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
