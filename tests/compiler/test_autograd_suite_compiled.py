@@ -1,7 +1,7 @@
 """The autograd suite run inside ``compiled_autograd()`` (``FUSEGRAD_TEST_COMPILED=1``, see
 tests/autograd/conftest.py): every test passes there too, except the known differences marked
-``compiled_differs`` (strict expected failures), and the coverage report is printed.  One
-subprocess, about a minute."""
+``compiled_differs`` (strict expected failures), at least 95% of the backward calls compile,
+and the coverage report is printed.  One subprocess, about a minute and a half."""
 
 from __future__ import annotations
 
@@ -33,4 +33,8 @@ def test_autograd_suite_passes_inside_compiled_autograd() -> None:
     assert calls is not None, output[-3000:]
     total, compiled, _, fell_back = (float(g) for g in calls.groups())
     assert total == compiled + fell_back and compiled > 0
+    # issue 12's target: at least 95% of the suite's backward calls run a compiled program
+    # (custom Function backwards that cannot be traced run inside it as opaque steps)
+    assert compiled >= 0.95 * total, output[output.index("compiled-autograd coverage") :]
+    assert "as opaque steps:" in output
     print(output[output.index("compiled-autograd coverage") :])  # (shown with -s)
