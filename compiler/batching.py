@@ -162,23 +162,18 @@ class _Batcher:
         return self.add("sum", (x,), attrs, (self.b, *v.shape), v)
 
     def _matmul(self, v: Value, ins: list) -> Value:
-        (a, ba), (b, bb) = ins
         # the operands' own batch dimensions broadcast right-aligned: the batch dimension of
-        # the cotangents must not meet one of them, so both get the same rank after it
-        ra = len(a.shape) - (1 if ba else 0)
-        rb = len(b.shape) - (1 if bb else 0)
-        rank = max(ra, rb)
-        if ba:
-            a = self.aligned(a, rank)
-        elif ra < rank + 1:
-            shape = (1,) * (rank + 1 - ra) + tuple(a.shape)
-            a = self.out.add("reshape", (a,), {"shape": shape}, shape, a.dtype, a.origin)
-        if bb:
-            b = self.aligned(b, rank)
-        elif rb < rank + 1:
-            shape = (1,) * (rank + 1 - rb) + tuple(b.shape)
-            b = self.out.add("reshape", (b,), {"shape": shape}, shape, b.dtype, b.origin)
-        return self.add("matmul", (a, b), dict(v.attrs), (self.b, *v.shape), v)
+        # the cotangents must not meet one of them, so both get the same rank after it (an
+        # operand that does not depend on the cotangents gets size-1 dims in front)
+        rank = max(len(x.shape) - batched for x, batched in ins)
+        args = []
+        for x, batched in ins:
+            if batched:
+                args.append(self.aligned(x, rank))
+            else:
+                shape = (1,) * (rank + 1 - len(x.shape)) + tuple(x.shape)
+                args.append(self.out.add("reshape", (x,), {"shape": shape}, shape, x.dtype))
+        return self.add("matmul", tuple(args), dict(v.attrs), (self.b, *v.shape), v)
 
     def _getitem(self, v: Value, ins: list) -> Value:
         key = v.attr("key")
@@ -231,18 +226,10 @@ class _Batcher:
         return self.add("index_add_at", (ins[0][0],), attrs, shape, v)
 
     def _indexed(self, v: Value, ins: list) -> Value:
-        """``gather`` (x, index) and ``scatter_add`` (x, index, src) along ``dim``: the index
-        (never batched: it does not depend on the cotangents) spread over the batch."""
-        args = []
-        for k, (x, batched) in enumerate(ins):
-            if batched:
-                args.append(x)
-            elif k == 1 or v.op == "scatter_add":
-                args.append(self.spread(x, tuple(x.shape)))
-            else:
-                args.append(x)
-        if v.op == "gather" and not ins[0][1]:
-            args[0] = self.spread(args[0], tuple(args[0].shape))
+        """``gather`` (x, index) and ``scatter_add`` (x, index, src) along ``dim``: every
+        operand that does not depend on the cotangents (the index never does) is spread over
+        the batch."""
+        args = [x if batched else self.spread(x, tuple(x.shape)) for x, batched in ins]
         dim = _norm(v.attr("dim"), len(v.shape)) + 1
         return self.add(v.op, tuple(args), {"dim": dim}, (self.b, *v.shape), v)
 

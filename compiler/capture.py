@@ -687,7 +687,7 @@ class Capture(_engine.Executor, Recorder):
         self.w = w
         # walk positions of Function nodes this capture runs as opaque steps (beyond the walk's
         # own ``w.opaque``), and whether a backward that cannot be traced may become one
-        self.opaque = opaque or {}  # site -> why
+        self.opaque_sites = opaque or {}  # site -> why
         self.allow_opaque = allow_opaque
         self.roots = roots
         self.grad_roots = grad_roots
@@ -823,7 +823,7 @@ class Capture(_engine.Executor, Recorder):
         """A custom Function node of the walk: traced (``_traced_function``), or an opaque step
         when its backward cannot be (found by the walk, or now: the capture restarts)."""
         site = self.w.index.get(node)
-        if site is not None and (node in self.w.opaque or site in self.opaque):
+        if site is not None and (node in self.w.opaque or site in self.opaque_sites):
             return self._opaque_function(node, site, grads)
         try:
             return self._traced_function(node, grads)
@@ -841,7 +841,7 @@ class Capture(_engine.Executor, Recorder):
         graph = self.graph
         layout = tuple(g is not None for g in grads)
         values = tuple(self.as_value(g) for g in grads if g is not None)
-        why = self.w.opaque.get(node) or self.opaque.get(site, "")
+        why = self.w.opaque.get(node) or self.opaque_sites.get(site, "")
         none = none_gradients(node, layout)
         wanted = [
             child is not None and meta[1] is not None and node.needs_input_grad[i]
@@ -1052,8 +1052,7 @@ class Capture(_engine.Executor, Recorder):
 
     def post_acc_grad_hook(self, hook: Any, node: Any, position: int, tensor: Tensor) -> None:
         if self.buckets is not None:  # (DDP's hooks: the program averages, ``ddp.Buckets``)
-            slot = self.leaf_index[id(tensor)]
-            self.buckets.ready(slot, self.buckets.values[slot])
+            self.buckets.ready()
             return
         if not self.w.has_hooks:
             return  # (a whole step does DistributedDataParallel's work itself: ``step``)

@@ -129,10 +129,10 @@ def plan(w: Any) -> Plan | None:
 
 
 class Buckets:
-    """One capture's progress through a ``Plan``: ``ready`` as each leaf's gradient is
-    accumulated (where the hook would run) starts, in each wrapper's order, the buckets whose
-    gradients are all there; ``finish`` waits for them and gives the averages (walk leaf slot
-    -> value), which ``.grad`` gets instead of the local gradients."""
+    """One capture's progress through a ``Plan``: ``ready``, called where DDP's hook would
+    run once a leaf's gradient (in ``values``) is accumulated, starts the buckets whose
+    gradients are all there, in each wrapper's order; ``finish`` waits for them and gives the
+    averages (walk leaf slot -> value), which ``.grad`` gets instead of the local gradients."""
 
     def __init__(self, plan: Plan, graph: Graph) -> None:
         self.graph = graph
@@ -141,19 +141,21 @@ class Buckets:
         self.started: dict[int, tuple] = {}  # position in plan.buckets -> (start, sizes)
         self.next: dict[int, int] = {}  # id(ddp) -> its first position not started
 
-    def ready(self, slot: int, value: Value) -> None:
-        self.values[slot] = value
+    def ready(self) -> None:
+        """A leaf's gradient was accumulated (its value is in ``values``): start every bucket
+        now complete, each wrapper's in its order (MPI matches collectives by order)."""
         buckets = self.plan.buckets
-        for k, (ddp, bucket, slots) in enumerate(buckets):
-            if k in self.started or any(s not in self.values for s in slots):
-                continue
-            # a wrapper's buckets start in its order (MPI matches collectives by order)
-            earlier = [j for j in range(k) if buckets[j][0] is ddp and j not in self.started]
-            if earlier:
-                continue
-            self.started[k] = start_bucket(self.graph, ddp, bucket, [self.values[s] for s in slots])
-            self.ready(slot, value)  # (a later bucket of the wrapper may be complete now)
-            return
+        progress = True
+        while progress:
+            progress = False
+            for k, (ddp, bucket, slots) in enumerate(buckets):
+                if k in self.started or any(s not in self.values for s in slots):
+                    continue
+                if any(buckets[j][0] is ddp and j not in self.started for j in range(k)):
+                    continue  # (an elder bucket of the wrapper has not started)
+                values = [self.values[s] for s in slots]
+                self.started[k] = start_bucket(self.graph, ddp, bucket, values)
+                progress = True
 
     def finish(self) -> dict[int, Value] | None:
         """The averages, or None when a bucket never filled (a parameter got no gradient:

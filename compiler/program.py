@@ -545,6 +545,12 @@ def _site_hooks(node: Any, kind: str, slot: int) -> list:
     return list(node.variable._post_acc_hooks.values())  # post_acc
 
 
+def _tensors(arrays: Any, mask: tuple) -> tuple:
+    """A step's gradients: the next array of ``arrays`` as a tensor where ``mask`` has one,
+    None where the capture had None."""
+    return tuple(Tensor._make(next(arrays)) if present else None for present in mask)
+
+
 def _run_hook(v: Value, env: dict, w: Walk, inputs: Any) -> Any:
     node_index, kind, slot, position = v.attr("site")
     node = w.nodes[node_index]
@@ -562,9 +568,7 @@ def _run_hook(v: Value, env: dict, w: Walk, inputs: Any) -> Any:
     if kind == "post_acc":
         return _engine.nested(hook, node.variable)
     arrays = iter(env[i] for i in v.inputs)
-    groups = []
-    for mask in v.attr("layout"):
-        groups.append(tuple(Tensor._make(next(arrays)) if present else None for present in mask))
+    groups = [_tensors(arrays, mask) for mask in v.attr("layout")]
     if kind == "tensor":
         old = groups[0][0]
         out = _engine.nested(hook, old)
@@ -648,8 +652,7 @@ def _run_function(v: Value, env: dict, w: Walk, inputs: Any) -> tuple:
     mode runs it (``FunctionCtx.apply``: materialised gradients, PyTorch's checks of what it
     returns), as one level of reentrant backward (it may call ``backward()`` itself)."""
     node = w.nodes[v.attr("node")]
-    arrays = iter(env[i] for i in v.inputs)
-    grads = [Tensor._make(next(arrays)) if present else None for present in v.attr("layout")]
+    grads = list(_tensors(iter(env[i] for i in v.inputs), v.attr("layout")))
     counters.opaque_functions[v.attr("why")] += 1
     # (the saved tensors stay: the program frees those of every node it ran at the end)
     results = _engine.nested(_engine._apply, node, grads, True)
