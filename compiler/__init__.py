@@ -240,6 +240,10 @@ def run(
             counters.uncompiled_runs += 1
             return run_backward(outputs, grads, retain_graph, create_graph, inputs, accumulate)
         counters.compiled_runs += 1
+        if w.regions or w.reruns:
+            counters.checkpoints_replayed += len(w.regions)
+            for why in w.reruns:
+                counters.checkpoints_rerun[why] += 1
         if w.has_hooks:  # (user code runs inside: it may queue callbacks, as in eager)
             with graph_task(retain_graph, create_graph, accumulate, inputs):
                 return program.run(w, w.sizes, grads, retain_graph, inputs)

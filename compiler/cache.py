@@ -53,6 +53,11 @@ class Counters:
       with compiled backward only, for that guard key).
     * opaque_functions: custom Function ``backward`` calls a compiled program ran eagerly, as
       an opaque step, because they cannot be traced, by reason (counted in compiled_runs too).
+    * checkpoints_replayed: checkpointed functions a compiled program recomputed from the
+      recording of their forward (``autograd.recording``), without their Python.
+    * checkpoints_rerun: checkpointed functions whose Python a compiled program ran again (the
+      unpack hook as an opaque step), because a replay could not vouch for it, by reason (a
+      reentrant one counts in opaque_functions instead).
     * batched_vjps: Jacobian blocks (``jacobian(vectorize=True)``, one per output) whose rows
       one batched program computed (``batching``).
 
@@ -76,6 +81,8 @@ class Counters:
     uncompiled_runs: int = 0
     step_breaks: Counter = field(default_factory=Counter)
     opaque_functions: Counter = field(default_factory=Counter)
+    checkpoints_replayed: int = 0
+    checkpoints_rerun: Counter = field(default_factory=Counter)
     batched_vjps: int = 0
     # not a count: ``time.perf_counter()`` when a program last started an allreduce (a DDP
     # bucket): the moment its last gradient was done (``benchmarks.distributed`` reads it)
@@ -93,7 +100,10 @@ class Counters:
             f"background_compiles={self.background_compiles}, "
             f"uncompiled_runs={self.uncompiled_runs}, "
             f"step_breaks={dict(self.step_breaks)}, "
-            f"opaque_functions={dict(self.opaque_functions)}, batched_vjps={self.batched_vjps})"
+            f"opaque_functions={dict(self.opaque_functions)}, "
+            f"checkpoints_replayed={self.checkpoints_replayed}, "
+            f"checkpoints_rerun={dict(self.checkpoints_rerun)}, "
+            f"batched_vjps={self.batched_vjps})"
         )
 
 
@@ -352,4 +362,6 @@ def reset() -> None:
     counters.fallbacks.clear()
     counters.step_breaks.clear()
     counters.opaque_functions.clear()
+    counters.checkpoints_replayed = 0
+    counters.checkpoints_rerun.clear()
     counters.batched_vjps = 0

@@ -5,9 +5,10 @@ Two steps, both over the live eager graph:
 1. ``walk`` -- a cheap, deterministic walk of the nodes reachable from the roots (iterative DFS,
    preorder) that builds the cache *key* (node types, primitive attributes, edge structure,
    dtypes, ranks, which sizes are 0 or 1 and which are equal to each other, which leaves get
-   gradients, the call's flags) and collects the runtime arguments in a fixed order: the size
-   vector (every size of 2 or more, numbered in order of first appearance: ``symbolic``), the
-   nodes' saved tensors and the leaves.  The leaves' ``.grad`` state is kept apart
+   gradients, the call's flags, the structure of checkpoint recordings) and collects the
+   runtime arguments in a fixed order: the size vector (every size of 2 or more, numbered in
+   order of first appearance: ``symbolic``), the nodes' saved tensors (and what checkpoint
+   recordings read) and the leaves.  The leaves' ``.grad`` state is kept apart
    (``Walk.grad_key``): it changes the program built from a graph, not the graph.  Anything the
    compiler cannot run (a forward-AD level, freed saved tensors, a hand-built node, ...) is
    reported as a fallback reason instead; a custom Function whose ``backward`` the key cannot
@@ -20,7 +21,11 @@ Two steps, both over the live eager graph:
    ``input`` values (their versions are checked exactly as in eager mode), ``.grad`` writes
    become effects, user hooks opaque steps at their eager positions, and tensors that rules
    create from nothing (index ranges) become constants.  A tensor packed by saved-tensor hooks
-   becomes an ``unpack_saved`` step, which calls the unpack hook where eager mode would.  A
+   becomes an ``unpack_saved`` step, which calls the unpack hook where eager mode would --
+   unless a checkpoint packed it and recorded its function's forward (``autograd.recording``):
+   then the recording's ops are recorded instead, at the first unpack (``Capture.recompute``),
+   and a reentrant checkpoint's backward is the recording's, replayed with grad on and
+   differentiated in a reentrant backward of the capture (``_checkpoint_backward``).  A
    custom Function's ``backward`` is traced like a rule, under watch (``functions``); one that
    turns out untraceable becomes a ``function`` step, its eager ``backward`` run where eager mode
    runs it, and the capture starts again (``OpaqueRestart``).  Nothing
@@ -50,11 +55,13 @@ from fusegrad.autograd import engine as _engine
 from fusegrad.autograd.forward_state import state as _forward_state
 from fusegrad.autograd.function import FunctionCtx
 from fusegrad.autograd.node import AccumulateGrad, OpNode
+from fusegrad.autograd.recording import Recording
 from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.errors import AutogradError
 from fusegrad.ops import registry
 from fusegrad.ops.registry import RULES as _RULES
 from fusegrad.tensor import Tensor
+from fusegrad.utils.checkpoint import CheckpointFunction
 
 from . import symbolic
 from .ddp import Buckets
@@ -183,6 +190,15 @@ class Walk:
     # compiled autograd doing DistributedDataParallel's averaging (``ddp.plan``): the program
     # starts each bucket's allreduce where the hooks would; the hooks themselves do not run
     ddp: Any = None
+    # checkpointed functions whose recomputation the program runs from their recordings
+    # (``autograd.recording``): (recording, saved indices of its arguments, of its tensors from
+    # outside); and per saved tensor a holder stands for: (region number, ref)
+    regions: list = field(default_factory=list)
+    region_of: dict = field(default_factory=dict)
+    # reentrant checkpoint node -> its region: its backward is the recording's (``Capture``)
+    reentrant: dict = field(default_factory=dict)
+    # why the recordings of non-reentrant checkpoints whose unpack hooks run are not replayed
+    reruns: list = field(default_factory=list)
 
 
 class _Sizes:
@@ -289,6 +305,118 @@ def walk(
     saved_out = out.saved
     grad_key = []
     aliases: dict = {}
+    regions: dict = {}  # id(recording) -> its region number
+
+    def packed(n: Any, s: Any) -> tuple:
+        """The key entry of saved tensor ``s`` (of node ``n``), packed by saved-tensor hooks."""
+        holder = s._packed
+        rec = getattr(holder, "recording", None)
+        if type(rec) is Recording and rec.broken is None and not create_graph:
+            # a checkpointed function's tensor: the program recomputes it from the recording
+            number = regions.get(id(rec))
+            if number is None:
+                number = regions[id(rec)] = region(n, rec)
+            out.region_of[len(saved_out)] = (number, holder.ref)
+            out.saved_alias.append(len(saved_out))
+            saved_out.append((n, s))
+            return ("region", number, holder.ref)
+        if type(rec) is Recording and id(rec) not in regions:
+            regions[id(rec)] = -1
+            out.reruns.append(rec.broken or "create_graph=True")
+        # otherwise the unpack hook is an opaque step of the program (user code, so effects
+        # keep their eager order), built for the shape and dtype the packed tensor had
+        out.has_hooks = True
+        mshape, mdtype, mtype = s._meta
+        out.saved_alias.append(len(saved_out))
+        saved_out.append((n, s))
+        return (shape(mshape), mdtype, mtype, "unpack")
+
+    def replayable(n: FunctionCtx, rec: Recording) -> bool:
+        """Whether the backward of reentrant checkpoint ``n`` can be its recording's backward:
+        a plain ``backward()`` (eager's raises otherwise), and what the recording reads from
+        outside that needs a gradient are leaves without hooks (the inner backward's writes
+        are then ``.grad`` writes, in any order)."""
+        if rec.broken is not None or create_graph or inputs is not None or not accumulate:
+            return False
+        if not _engine.is_checkpoint_valid() or not rec.outputs:
+            return False
+        for t in rec.outside:
+            if t._requires_grad or t.grad_fn is not None:
+                if t.grad_fn is not None or t._hooks or t._post_acc_hooks:
+                    return False
+                acc = t._accumulator() if t._accumulator is not None else None
+                if acc is not None and (acc._pre_hooks or acc._post_hooks):
+                    return False
+        return True
+
+    def reentrant(n: FunctionCtx, rec: Recording) -> tuple:
+        """The key entry of reentrant checkpoint ``n`` replayed from ``rec``: the recording,
+        and the leaves from outside it that the inner backward writes ``.grad`` of."""
+        number = regions[id(rec)] = region(n, rec)
+        out.reentrant[n] = number
+        for t in rec.outside:
+            if t._requires_grad:
+                append(("leaf", shape(t._data.shape), t._dtype, type(t._data), None))
+                grad_key.append(_grad_state(t))
+                out.leaves.append(t)
+        return (
+            "checkpoint",
+            number,
+            n.materialize_grads,
+            n.needs_input_grad,
+            tuple(n.tensor_indices),
+            tuple((shape(s), d) for s, d in n._output_meta),
+        )
+
+    def region(n: Any, rec: Recording) -> int:
+        """Key recording ``rec`` (the ops, with their size attributes as the walk's sizes) and
+        add its arguments and its tensors from outside to the saved list; its number."""
+        args = []
+        for a in rec.args:  # (version-checked when the program unpacks them, as eager does)
+            k = len(saved_out)
+            if a._unpack_hook is not None:  # packed by an enclosing checkpoint's hooks
+                args.append((k, packed(n, a)))
+                continue
+            t = a._tensor
+            data = a._data if t is None else t._data
+            alias = aliases.setdefault(id(data), k)
+            saved_out.append((n, a))
+            out.saved_alias.append(alias)
+            args.append((k, (shape(data.shape), data.dtype, type(data), alias)))
+        outside = []
+        for t in rec.outside:  # (read as they are now, as the Python re-run would read them)
+            k = len(saved_out)
+            data = t._data
+            alias = aliases.setdefault(id(data), k)
+            saved_out.append((n, CtxTensor(t)))
+            out.saved_alias.append(alias)
+            outside.append((k, (shape(data.shape), t._dtype, type(data), alias)))
+        ops = []
+        for op in rec.ops:
+            if op[0] == "full":
+                ops.append(("full", shape(op[1]), op[2], op[3]))
+                continue
+            prim, attrs, refs = op[1], op[2], op[3]
+            if prim.size_attrs:
+                items = tuple(
+                    (k, symbolic.map_size_attr(k, v, sizes.size) if k in prim.size_attrs else v)
+                    for k, v in attrs.items()
+                )
+            else:
+                items = tuple(attrs.items())
+            ops.append((prim.name, items, refs))
+        append(
+            (
+                "region",
+                tuple(m for _, m in args),
+                tuple(m for _, m in outside),
+                tuple(ops),
+                tuple((t._data.item(), t._dtype) for t in rec.numbers),
+            )
+        )
+        out.regions.append((rec, [k for k, _ in args], [k for k, _ in outside]))
+        return len(out.regions) - 1
+
     for n in order:
         kind = type(n)
         if kind is OpNode or kind is FunctionCtx or kind in INLINED:
@@ -320,14 +448,7 @@ def walk(
                     out.fallback = f"{n.name()} has freed its saved tensors"
                     return out
                 if s._unpack_hook is not None:
-                    # packed by saved-tensor hooks: the unpack hook is an opaque step of the
-                    # program (user code, so effects keep their eager order); the program is
-                    # built for the shape and dtype the packed tensor had
-                    out.has_hooks = True
-                    mshape, mdtype, mtype = s._meta
-                    smeta.append((shape(mshape), mdtype, mtype, "unpack"))
-                    out.saved_alias.append(len(saved_out))
-                    saved_out.append((n, s))
+                    smeta.append(packed(n, s))
                     continue
                 t = s._tensor
                 data = s._data if t is None else t._data
@@ -339,8 +460,12 @@ def walk(
                 out.saved_alias.append(alias)
             if kind is not OpNode:
                 if kind is FunctionCtx:
+                    rec = n.__dict__.get("recording") if n._cls is CheckpointFunction else None
                     try:
-                        entry = _function_entry(n, out, shape, aliases, n in unrun)
+                        if rec is not None and replayable(n, rec):
+                            entry = reentrant(n, rec)
+                        else:
+                            entry = _function_entry(n, out, shape, aliases, n in unrun)
                     except Untraceable as e:
                         out.opaque[n] = f"{n.name()}: {e}"
                         out.has_hooks = True  # (user code runs inside: effects in eager order)
@@ -708,6 +833,9 @@ class Capture(_engine.Executor, Recorder):
         # effects, which the program tests for NaN, in eager's order, before any other effect
         self.check_nan = anomaly._state.enabled and anomaly._state.check_nan
         self.buckets = None if w.ddp is None else Buckets(w.ddp, self.graph)
+        self.regions: dict[int, dict] = {}  # region number -> its recomputed values, by ref
+        self.holders: set[int] = set()  # ids of the checkpoint holders unpacked
+        self.standins: dict[int, Tensor] = {}  # id(replayed outside tensor) -> the tensor
 
     @property
     def guards(self) -> list[Guard]:
@@ -895,8 +1023,12 @@ class Capture(_engine.Executor, Recorder):
                     g = self.symbolic(self.as_value(g))
                 args.append(g)
             ctx = TracedCtx(self, node, self.w.ctx_tensors.get(node, {}))
+            number = self.w.reentrant.get(node)
             try:
-                result = node._cls.backward(ctx, *args)
+                if number is not None:  # (a reentrant checkpoint replayed from its recording)
+                    result = self._checkpoint_backward(node, number, args)
+                else:
+                    result = node._cls.backward(ctx, *args)
             except (Fallback, NeedsData):
                 raise
             except Untraceable as e:
@@ -964,11 +1096,17 @@ class Capture(_engine.Executor, Recorder):
         k = self.saved_index.get(id(saved))
         if k is None:
             if self.user:  # saved by a node user code recorded (reentrant backward)
-                value = self.value_of(saved.unpack(node))
+                t = saved.unpack(node)
+                value = self.value_of(t)
+                if value is None and t._wrapped_number:  # (a Python number in a replayed op)
+                    value = self.graph.scalar(t._data.item(), t._dtype)
                 if value is not None:
                     return self.symbolic(value)
             raise Fallback(f"{node.name()} unpacked a tensor the walk did not see")
         if saved._unpack_hook is not None:
+            region = w.region_of.get(k)
+            if region is not None:
+                return self.recomputed(region, saved, node)
             # the user's unpack hook runs when the program gets here, not now
             mshape, mdtype, _ = saved._meta
             value = self.graph.add(
@@ -992,6 +1130,98 @@ class Capture(_engine.Executor, Recorder):
             return self.symbolic(value)
         return self.symbolic(self.saved_input(w.saved_alias[k]))
 
+    def recomputed(self, region: tuple, saved: Any, node: Any) -> SymbolicTensor:
+        """A checkpointed function's saved tensor: its recording's ops become values of this
+        graph (once per capture, on the first unpack, where eager mode recomputes), and this is
+        the one ``saved``'s holder stands for."""
+        number, ref = region
+        holder = saved._packed
+        if id(holder) in self.holders:
+            raise Fallback(
+                f"{node.name()} unpacked a checkpointed tensor twice (eager mode raises "
+                "CheckpointError)"
+            )
+        self.holders.add(id(holder))
+        values = self.regions.get(number)
+        if values is None:
+            values = self.regions[number] = self.recompute(number, node)
+        return values[ref]
+
+    def recompute(self, number: int, node: Any) -> dict:
+        """The values of recording ``number`` of the walk, by ref: its arguments unpacked (and
+        version-checked) as eager's recomputation unpacks them, its tensors from outside read
+        as program inputs, its ops recorded as a rule's are."""
+        rec, arg_ks, outside_ks = self.w.regions[number]
+        saved = self.w.saved
+        values: dict = {}
+        for j, k in enumerate(arg_ks):
+            values[("a", j)] = self.unpack(saved[k][1], node)
+        for j, k in enumerate(outside_ks):
+            values[("e", j)] = self.symbolic(self.saved_input(self.w.saved_alias[k]))
+        current = self.current
+        self.current = f"the recomputation of a checkpoint (for {current})"
+        try:
+            self.replay(rec, values)
+        finally:
+            self.current = current
+        return values
+
+    def replay(self, rec: Recording, values: dict) -> None:
+        """Record ``rec``'s ops on ``values`` (its arguments and tensors from outside, by ref),
+        adding their results to it."""
+        env = self.env
+        for i, op in enumerate(rec.ops):
+            if op[0] == "full":
+                values[("v", i)] = self.full(self.exprs(op[1]), op[2], op[3], None)
+                continue
+            prim, attrs, refs = op[1], op[2], op[3]
+            inputs = tuple(rec.numbers[r[1]] if r[0] == "n" else values[r] for r in refs)
+            if env is not None and prim.size_attrs:
+                attrs = {
+                    k: symbolic.map_size_attr(k, v, env.size) if k in prim.size_attrs else v
+                    for k, v in attrs.items()
+                }
+            values[("v", i)] = self.apply(prim, inputs, attrs)
+
+    def _checkpoint_backward(self, node: FunctionCtx, number: int, grads: list) -> tuple:
+        """``CheckpointFunction.backward`` with the recording's ops for ``run_function``: the
+        arguments detached, the forward replayed with grad on, a reentrant backward through it
+        (whose ``.grad`` writes to the parameters read from outside are the program's)."""
+        if self.env is not None:
+            raise NeedsData("a reentrant checkpoint's backward (a reentrant backward)")
+        rec, _, outside_ks = self.w.regions[number]
+        values: dict = {}
+        detached = []
+        for j, s in enumerate(node._saved):
+            d = self.symbolic(self.unpack(s, node)._value)
+            if node.needs_input_grad[2 + node.tensor_indices[j]]:
+                d.requires_grad_(True)
+            self.made[id(d)] = d
+            detached.append(d)
+            values[("a", j)] = d
+        for j, k in enumerate(outside_ks):
+            t = rec.outside[j]
+            d = self.symbolic(self.saved_input(self.w.saved_alias[k]))
+            if t._requires_grad:
+                d.requires_grad_(True)
+                self.standins[id(d)] = t
+            self.made[id(d)] = d
+            values[("e", j)] = d
+        with grad_mode.enable_grad():
+            self.replay(rec, values)
+        roots, root_grads = [], []
+        for ref, g in zip(rec.outputs, grads):
+            if ref is not None and values[ref].requires_grad:
+                roots.append(values[ref])
+                root_grads.append(g)
+        if not roots:
+            raise Refused("none of the checkpoint's outputs requires grad (eager raises)")
+        self.backward(roots, root_grads, False, False, None, True)
+        result: list = [None] * len(node._input_meta)
+        for j, i in enumerate(node.tensor_indices):
+            result[2 + i] = detached[j]._grad
+        return tuple(result)
+
     def saved_input(self, first: int) -> Value:
         """The program input for the saved array of alias class ``first``."""
         value = self.saved_values.get(first)
@@ -1009,6 +1239,7 @@ class Capture(_engine.Executor, Recorder):
 
     def accumulate_grad(self, t: Tensor, g: Tensor, create_graph: bool) -> None:
         w = self.w
+        t = self.standins.get(id(t), t)  # (a parameter a reentrant checkpoint reads)
         if id(t) in self.leaf_index:
             target: tuple = ("grad", self.leaf_index[id(t)])
         elif id(t) in self.input_index:

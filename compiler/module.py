@@ -336,9 +336,14 @@ class AOTEntry:
         if roots:
             dummy = [Tensor._make(np.zeros(r._data.shape, r._dtype.np)) for r in roots]
             w = _walk(roots, dummy, inputs, False, False)
-            if w.fallback is not None or w.has_hooks:
+            if w.fallback is not None or w.has_hooks or w.regions:
                 opaque = next(iter(w.opaque.values()), None)
-                raise StepBreak(w.fallback or opaque or "the backward runs user hooks")
+                raise StepBreak(
+                    w.fallback
+                    or opaque
+                    or ("the backward runs user hooks" if w.has_hooks else None)
+                    or "the backward recomputes a checkpointed function"
+                )
             reason = replay_reason(w)
             if reason is not None:
                 raise StepBreak(reason)

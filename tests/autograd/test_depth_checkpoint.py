@@ -24,6 +24,12 @@ from fusegrad.utils.checkpoint import (
 )
 
 VARIANTS = [pytest.param(True, id="reentrant"), pytest.param(False, id="non_reentrant")]
+# compiled backward recomputes a checkpoint from the recording of its forward: the function's
+# Python does not run again (so it cannot differ from the forward either)
+REPLAYED = pytest.mark.compiled_differs(
+    "compiled backward recomputes from the recording of the forward, without running the "
+    "checkpointed function's Python again (README)"
+)
 
 
 def _t(data, requires_grad: bool = False) -> fg.Tensor:
@@ -90,7 +96,13 @@ def test_use_reentrant_none_warns_and_is_reentrant() -> None:
         checkpoint_sequential([lambda a: a.sin()], 1, x)
 
 
-@pytest.mark.parametrize("use_reentrant", VARIANTS)
+@pytest.mark.parametrize(
+    "use_reentrant",
+    [
+        pytest.param(True, id="reentrant", marks=REPLAYED),
+        pytest.param(False, id="non_reentrant", marks=REPLAYED),
+    ],
+)
 def test_activations_are_freed_and_recomputed_once_per_backward(use_reentrant: bool) -> None:
     calls: list = []
     refs: list = []
@@ -205,6 +217,7 @@ def test_without_preserve_rng_state_the_masks_differ(use_reentrant: bool) -> Non
     assert not np.array_equal(v1.grad.numpy(), w1.grad.numpy())
 
 
+@REPLAYED
 def test_determinism_check_different_number_of_saved_tensors() -> None:
     runs: list = []
 
@@ -225,10 +238,7 @@ def test_determinism_check_different_number_of_saved_tensors() -> None:
     assert issubclass(CheckpointError, RuntimeError)
 
 
-@pytest.mark.compiled_differs(
-    "an unpack hook returning another dtype than was packed is refused by compiled backward, "
-    "which was built for the packed one (README)"
-)
+@REPLAYED
 def test_determinism_check_different_metadata() -> None:
     runs: list = []
 
@@ -251,6 +261,7 @@ def test_determinism_check_different_metadata() -> None:
         checkpoint(fn, _t([1.0], True), use_reentrant=False, determinism_check="strict")
 
 
+@REPLAYED
 def test_more_tensors_saved_in_recomputation_is_an_error() -> None:
     runs: list = []
 
@@ -267,6 +278,7 @@ def test_more_tensors_saved_in_recomputation_is_an_error() -> None:
         out.sum().backward()
 
 
+@REPLAYED
 def test_debug_lists_saved_tensors() -> None:
     runs: list = []
 
@@ -283,6 +295,7 @@ def test_debug_lists_saved_tensors() -> None:
     assert "ExpBackward0" in str(info.value)
 
 
+@REPLAYED
 def test_early_stop() -> None:
     log: list = []
 

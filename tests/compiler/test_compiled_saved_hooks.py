@@ -1,9 +1,10 @@
 """Saved-tensor hooks inside compiled backward (issue 12, item 2).
 
-A tensor packed by ``saved_tensors_hooks`` (or ``save_on_cpu``, or non-reentrant checkpointing)
-becomes an ``unpack_saved`` step of the program: the unpack hook runs where eager mode runs it,
-once per unpack, and what it returns is what the gradient kernels read.  Each test compares
-gradients *and* the hooks' call log with eager mode, and checks that nothing fell back.
+A tensor packed by ``saved_tensors_hooks`` (or ``save_on_cpu``) becomes an ``unpack_saved`` step
+of the program: the unpack hook runs where eager mode runs it, once per unpack, and what it
+returns is what the gradient kernels read.  Each test compares gradients *and* the hooks' call
+log with eager mode, and checks that nothing fell back.  (Checkpointing, whose hooks the
+program replaces by the recomputation itself: test_compiled_checkpoint.py.)
 """
 
 from __future__ import annotations
@@ -100,9 +101,8 @@ def test_save_on_cpu_compiles() -> None:
 
 
 def test_non_reentrant_checkpoint_compiles() -> None:
-    """Checkpointing without reentrance packs through saved-tensor hooks: its unpack hook
-    recomputes the forward (eagerly, inside that step) and the rest of the backward is the
-    compiled program."""
+    """Checkpointing without reentrance packs through saved-tensor hooks: the program
+    recomputes what they stand for from the recording of the forward (no unpack step)."""
     fg.manual_seed(0)
     lin1, lin2 = fg.nn.Linear(4, 8).double(), fg.nn.Linear(8, 3).double()
 

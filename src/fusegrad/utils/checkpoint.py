@@ -22,6 +22,11 @@ Two variants, chosen by ``use_reentrant``:
   raises ``CheckpointError`` (``determinism_check="default"``; ``"none"`` turns it off).
 
 ``use_reentrant=None`` warns (PyTorch 2.x) and uses the reentrant variant.
+
+Both variants also record ``fn``'s forward (``autograd.recording``: its primitive calls, and
+where each saved tensor comes from in them), so that compiled backward can recompute without
+the Python: the recording's ops become part of the backward program.  Eager backward never
+reads the recording.
 """
 
 from __future__ import annotations
@@ -34,11 +39,12 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..autograd import engine, grad_mode
+from ..autograd import engine, grad_mode, tracer
 from ..autograd.api import backward
 from ..autograd.function import Function, FunctionCtx
 from ..autograd.graph import saved_tensors_hooks
 from ..autograd.node import SavedTensor
+from ..autograd.recording import Recording, RegionRecorder
 from ..errors import AutogradError
 from ..ops.creation import get_rng_state, set_rng_state
 from ..tensor import Tensor
@@ -129,8 +135,13 @@ class CheckpointFunction(Function):
             else:
                 ctx.inputs.append(arg)
         ctx.save_for_backward(*tensor_inputs)
-        with grad_mode.no_grad():  # (apply already runs forward under no_grad; explicit here)
-            return run_function(*args)
+        # what backward recomputes, for compiled backward (``autograd.recording``)
+        ctx.recording = rec = Recording([])
+        recorder = RegionRecorder(rec, tensor_inputs, tracer.current(), preserve_rng_state)
+        with grad_mode.no_grad(), tracer.tracing(recorder):
+            outputs = run_function(*args)
+        rec.finish(outputs if isinstance(outputs, tuple) else (outputs,))
+        return outputs
 
     @staticmethod
     def backward(ctx: FunctionCtx, *grad_outputs: Any) -> tuple:
@@ -193,12 +204,16 @@ class _Handle:
 
 class _Holder:
     """What the pack hook stores for one saved tensor: per backward call (graph task id), the
-    handle of its recomputed value, set to None once it has been unpacked."""
+    handle of its recomputed value, set to None once it has been unpacked; and where it comes
+    from in the recording of the function's forward (``recording``, ``ref``)."""
 
-    __slots__ = ("__weakref__", "handles")
+    __slots__ = ("__weakref__", "handles", "recording", "ref")
 
-    def __init__(self) -> None:
+    def __init__(self, recording: Recording) -> None:
         self.handles: dict[int, _Handle | None] = {}
+        # what recomputes it without the Python (``autograd.recording``: compiled backward)
+        self.recording = recording
+        self.ref: tuple | None = None
 
 
 class _StopRecomputation(Exception):
@@ -245,11 +260,13 @@ class _CheckpointFrame:
         self.recomputed_metadatas: defaultdict[int, list] = defaultdict(list)
         self.forward_completed = False
         self.ignore_saved_mismatch = False
+        self.recording = Recording([])
 
     def save_inputs(self, args: tuple) -> None:
         # SavedTensor: version-checked, and packed by an enclosing checkpoint's hooks (the
         # inputs of an inner checkpoint are tensors its parent saved)
         self.saved_args = [SavedTensor(a) if isinstance(a, Tensor) else a for a in args]
+        self.recording = Recording([a for a in self.saved_args if isinstance(a, SavedTensor)])
 
     def get_inputs(self) -> list:
         return [a.unpack(None) if isinstance(a, SavedTensor) else a for a in self.saved_args]
@@ -340,7 +357,8 @@ class _checkpoint_hook(saved_tensors_hooks):
 
     def __init__(self, frame: _CheckpointFrame) -> None:
         def pack_hook(x: Tensor) -> _Holder:
-            holder = _Holder()
+            holder = _Holder(frame.recording)
+            frame.recording.hold(holder, x)
             frame.weak_holders.append(weakref.ref(holder))
             if frame.metadata_fn is not None:
                 frame.x_metadatas.append(frame.metadata_fn(x))
@@ -413,8 +431,15 @@ def _checkpoint_without_reentrant(
     if not grad_mode.is_grad_enabled():
         return fn(*args, **kwargs)  # nothing will be saved: plain call
     frame.save_inputs(args)
-    with _checkpoint_hook(frame), forward_context:
+    rec = frame.recording
+    if context_fn is not noop_context_fn:
+        rec.stop("it has a context_fn (the recomputation runs under contexts of its own)")
+    recorder = RegionRecorder(
+        rec, [a for a in args if isinstance(a, Tensor)], tracer.current(), preserve_rng_state
+    )
+    with _checkpoint_hook(frame), forward_context, tracer.tracing(recorder):
         result = fn(*args, **kwargs)
+    rec.finish()
     frame.forward_completed = True
     return result
 
