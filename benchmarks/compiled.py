@@ -82,7 +82,7 @@ from benchmarks import eager_overhead as eager  # MLP inputs and hand-written nu
 
 # numpy, fusegrad, torch and jax are imported in ``main`` only, after the thread count is pinned.
 
-WORKLOADS = ("A", "B", "C", "D", "E", "F")
+WORKLOADS = ("A", "B", "C", "D", "E", "F", "G")
 A_SIZES = (10**5, 10**6, 10**7)
 A_SIZES_QUICK = (10**3, 10**4)
 B_SHAPE = (256, 1024)
@@ -136,6 +136,7 @@ DEFAULT_REPS = {
     "D": (10, 150),
     "E": (5, 60),
     "F": (5, 60),
+    "G": (3, 30),
 }
 QUICK_REPS = (1, 2)
 GRAD_RTOL = 2e-3
@@ -160,6 +161,8 @@ class Ops:
     cross_entropy: Callable[[Any, Any], Any]
     # d(y)/d(x) for a scalar y, itself differentiable (``create_graph=True``)
     grad: Callable[[Any, Any], Any] | None = None
+    # ``checkpoint(fn, *args)``: fn's activations recomputed in backward, not kept
+    checkpoint: Callable[..., Any] | None = None
 
 
 def a_forward(ops: Ops, x: Any, w: Any, b: Any) -> Any:
@@ -219,6 +222,20 @@ def f_forward(ops: Ops, x: Any, w: Any, v: Any) -> Any:
     assert ops.grad is not None
     g = ops.grad(ops.sum(ops.tanh(x * w) * x), x)
     return ops.sum(g * v)
+
+
+def g_forward(
+    ops: Ops, W1: Any, b1: Any, W2: Any, b2: Any, W3: Any, b3: Any, inputs: Any, target: Any
+) -> Any:
+    """Workload G: workload C's MLP with its two hidden layers checkpointed (non-reentrant):
+    their activations are recomputed in backward instead of kept."""
+    assert ops.checkpoint is not None
+
+    def hidden(x: Any, W1: Any, b1: Any, W2: Any, b2: Any) -> Any:
+        return ops.relu(ops.relu(x @ W1 + b1) @ W2 + b2)
+
+    h2 = ops.checkpoint(hidden, inputs, W1, b1, W2, b2)
+    return ops.cross_entropy(h2 @ W3 + b3, target)
 
 
 @dataclass
@@ -305,6 +322,21 @@ def make_workloads(np: Any, names: Sequence[str], quick: bool) -> list[Workload]
                     f"{eager.MLP_BATCH}, ReLU, cross_entropy",
                 )
             )
+        elif name == "G":
+            out.append(
+                Workload(
+                    "G",
+                    "G checkpointed MLP",
+                    "G",
+                    eager.mlp_inputs(np),
+                    eager.MLP_PARAMS,
+                    ("input", "target"),
+                    g_forward,
+                    "ms",
+                    description="workload C with its two hidden layers in one checkpoint "
+                    "(use_reentrant=False)",
+                )
+            )
         elif name == "D":
             out.append(
                 Workload(
@@ -388,6 +420,7 @@ class Impl:
 
 def fg_ops(fg: Any) -> Ops:
     F = importlib.import_module("fusegrad.nn.functional")
+    checkpoint = importlib.import_module("fusegrad.utils.checkpoint").checkpoint
     return Ops(
         tanh=lambda t: t.tanh(),
         sigmoid=lambda t: t.sigmoid(),
@@ -398,11 +431,13 @@ def fg_ops(fg: Any) -> Ops:
         relu=F.relu,
         cross_entropy=F.cross_entropy,
         grad=lambda y, x: fg.autograd.grad(y, x, create_graph=True)[0],
+        checkpoint=lambda f, *a: checkpoint(f, *a, use_reentrant=False),
     )
 
 
 def torch_ops(torch: Any) -> Ops:
     F = torch.nn.functional
+    checkpoint = importlib.import_module("torch.utils.checkpoint").checkpoint
     return Ops(
         tanh=torch.tanh,
         sigmoid=torch.sigmoid,
@@ -413,6 +448,7 @@ def torch_ops(torch: Any) -> Ops:
         relu=torch.relu,
         cross_entropy=F.cross_entropy,
         grad=lambda y, x: torch.autograd.grad(y, x, create_graph=True)[0],
+        checkpoint=lambda f, *a: checkpoint(f, *a, use_reentrant=False),
     )
 
 
@@ -435,6 +471,7 @@ def jax_ops(jax: Any, jnp: Any) -> Ops:
         layer_norm=layer_norm,
         relu=jax.nn.relu,
         cross_entropy=cross_entropy,
+        checkpoint=lambda f, *a: jax.checkpoint(f)(*a),
     )
 
 
@@ -770,6 +807,7 @@ NUMPY_IMPLS: dict[str, dict[str, Callable[[Any, dict[str, Any]], Impl]]] = {
     "D": {"numpy": d_numpy},
     "E": {},  # (double backward: no hand-written numpy version)
     "F": {},
+    "G": {},  # (recomputation: no hand-written numpy version)
 }
 
 

@@ -41,6 +41,7 @@ QUICK_LABELS = [
     "D chain200",
     "E grad penalty",
     "F HVP",
+    "G checkpointed MLP",
 ]
 METRICS = ["forward", "backward", "forward+backward"]
 A_METRICS = ["forward", "backward", "backward, .grad kept", "forward+backward"]
@@ -118,8 +119,8 @@ def test_quick_json_structure(quick_run: tuple[str, dict[str, Any]]) -> None:
     for row in payload["rows"]:
         for impl in ("fg_eager", "fg_compiled"):
             assert row[impl] is not None and row[impl] > 0, (row["workload"], row["metric"])
-        # (E and F differentiate inside their forward: no hand-written numpy version)
-        if row["metric"] != "backward, .grad kept" and row["workload"][0] not in "EF":
+        # (E and F differentiate inside their forward, G recomputes: no hand-written numpy)
+        if row["metric"] != "backward, .grad kept" and row["workload"][0] not in "EFG":
             assert row["numpy"] is not None and row["fg_compiled/numpy"] is not None
         assert (row["torch"] is not None) == HAVE_TORCH
         assert row["torch_compile"] is None
