@@ -54,6 +54,7 @@ from fusegrad.autograd import grad_mode
 from fusegrad.autograd import graph_base as _graph_base
 from fusegrad.autograd.api import grad as _grad
 from fusegrad.autograd.forward_state import state as _forward_state
+from fusegrad.autograd.function import FunctionCtx
 from fusegrad.autograd.graph_base import AccumulateGrad, Node
 from fusegrad.autograd.node import _freed_message
 from fusegrad.autograd.tracer import current as _current_tracer
@@ -61,6 +62,7 @@ from fusegrad.autograd.tracer import tracing as _tracing
 from fusegrad.errors import AutogradError
 from fusegrad.nn.module import Module
 from fusegrad.tensor import Tensor
+from fusegrad.utils.checkpoint import CheckpointFunction
 
 from . import CompilationError, Region, compiled_autograd, logs, passes
 from . import tape as _tape
@@ -302,6 +304,17 @@ def _dependent_reason(roots: list, first_seq: int) -> str | None:
     return None
 
 
+def _reentrant_reason(roots: list, first_seq: int) -> str | None:
+    """Why the module's backward cannot be an ``autograd.grad`` with respect to its inputs: a
+    reentrant checkpoint inside needs a plain ``backward()`` (eager raises otherwise), or
+    None."""
+    starts = [r.grad_fn for r in roots]
+    for node in [*starts, *(child for child, _ in _edges_below(starts, first_seq))]:
+        if type(node) is FunctionCtx and node._cls is CheckpointFunction:
+            return "the forward has a reentrant checkpoint (its backward needs a plain backward())"
+    return None
+
+
 def _leaf_reason(t: Tensor) -> str:
     return (
         f"the forward uses a tensor of shape {list(t.shape)} that requires grad and is neither "
@@ -336,14 +349,9 @@ class AOTEntry:
         if roots:
             dummy = [Tensor._make(np.zeros(r._data.shape, r._dtype.np)) for r in roots]
             w = _walk(roots, dummy, inputs, False, False)
-            if w.fallback is not None or w.has_hooks or w.regions:
+            if w.fallback is not None or w.has_hooks:
                 opaque = next(iter(w.opaque.values()), None)
-                raise StepBreak(
-                    w.fallback
-                    or opaque
-                    or ("the backward runs user hooks" if w.has_hooks else None)
-                    or "the backward recomputes a checkpointed function"
-                )
+                raise StepBreak(w.fallback or opaque or "the backward runs user hooks")
             reason = replay_reason(w)
             if reason is not None:
                 raise StepBreak(reason)
@@ -779,8 +787,10 @@ class OptimizedModule(Module):
                 self._remember(entries, watch, rec, out, [], [])
             return out
         inputs = _inputs_of(mod, args, kwargs)
-        reason = _outside_reason(roots, inputs, first_seq, tape) or _dependent_reason(
-            roots, first_seq
+        reason = (
+            _outside_reason(roots, inputs, first_seq, tape)
+            or _dependent_reason(roots, first_seq)
+            or _reentrant_reason(roots, first_seq)
         )
         if reason is not None:
             if rec is not None:

@@ -620,8 +620,6 @@ class Recorder(Tracer):
             raise StepBreak(f"backward() at {_user_line()}: {w.fallback}")
         if w.opaque:
             raise StepBreak(f"backward() at {_user_line()}: {next(iter(w.opaque.values()))}")
-        if w.regions:  # (its recomputation would read the recording call's tensors)
-            raise StepBreak(f"backward() at {_user_line()} recomputes a checkpointed function")
         ddps: list = []
         if w.has_hooks:
             # DistributedDataParallel's hooks are the one kind a step takes in: it averages the

@@ -507,3 +507,59 @@ def test_random_checkpointed_programs_match_eager(
             np.testing.assert_allclose(c, e, rtol=1e-12, atol=1e-12)
     assert not compiler.counters.fallbacks
     assert not compiler.counters.checkpoints_rerun and not compiler.counters.opaque_functions
+
+
+# ---- whole steps and compiled modules ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_whole_step_replays_a_checkpointed_forward_and_its_recomputation(reentrant: bool) -> None:
+    net = _Net()
+    opt = fg.optim.SGD(net.params(), lr=0.05)
+
+    def step(x: fg.Tensor) -> fg.Tensor:
+        opt.zero_grad()
+        loss = (checkpoint(net.block, x, use_reentrant=reentrant) ** 2).mean()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    xs = [_x(seed=s) for s in range(5)]
+    start = [p.detach().clone() for p in net.params()]
+    eager = [step(x).item() for x in xs]
+    after = [p.detach().clone() for p in net.params()]
+    with fg.no_grad():
+        for p, s in zip(net.params(), start):
+            p.copy_(s)
+    compiled = fg.compile(step)
+    got = [compiled(x).item() for x in xs]
+    np.testing.assert_allclose(got, eager, rtol=1e-10)
+    _close([p.detach().numpy() for p in net.params()], [p.numpy() for p in after])
+    assert compiler.counters.step_runs >= 3 and not compiler.counters.step_breaks
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_compiled_module_with_a_checkpoint(reentrant: bool) -> None:
+    """Non-reentrant: the module's forward is replayed and its backward program recomputes the
+    checkpointed part from the forward's inputs.  Reentrant: its backward needs a plain
+    ``backward()``, so the outputs keep the eager graph (no ``autograd.grad`` inside)."""
+    net = _Net()
+
+    class Block(fg.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin1, self.norm, self.lin2 = net.lin1, net.norm, net.lin2
+
+        def forward(self, x: fg.Tensor) -> fg.Tensor:
+            return checkpoint(net.block, x, use_reentrant=reentrant)
+
+    module = Block()
+    cmodule = fg.compile(module)
+    for seed in range(4):
+        x = _x(seed=seed)
+        want = _grads(False, module, net.params(), x)
+        _close(_grads(False, cmodule, net.params(), x), want)
+    if reentrant:
+        assert compiler.counters.step_runs == 0
+    else:
+        assert compiler.counters.step_runs >= 2 and not compiler.counters.step_breaks
