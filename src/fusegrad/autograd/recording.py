@@ -159,6 +159,9 @@ class RegionRecorder(Tracer):
             out = NotImplemented if previous is None else previous.apply(prim, inputs, attrs)
             if out is NotImplemented:
                 out = registry.run(prim, inputs, attrs)
+        except BaseException:
+            rec.stop(f"{prim.name} raised (and the error was caught inside it)")
+            raise
         finally:
             rec.running = False
         if rec.broken is None:
