@@ -60,6 +60,7 @@ from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.errors import AutogradError
 from fusegrad.ops import registry
 from fusegrad.ops.registry import RULES as _RULES
+from fusegrad.random import default_generator
 from fusegrad.tensor import Tensor
 from fusegrad.utils.checkpoint import CheckpointFunction
 
@@ -199,6 +200,46 @@ class Walk:
     reentrant: dict = field(default_factory=dict)
     # why the recordings of non-reentrant checkpoints whose unpack hooks run are not replayed
     reruns: list = field(default_factory=list)
+
+
+class _Unversioned:
+    """The version counter of a value no one writes."""
+
+    __slots__ = ()
+    value = 0
+
+
+class RedrawnTensor:
+    """A random draw inside a checkpointed function (``autograd.recording``): a program input
+    drawn again, whenever the program reads it, by ``redo`` from the default generator set to
+    ``state`` (its state before the forward's draw, put back afterwards), as eager's
+    recomputation with ``preserve_rng_state`` draws it: the forward's numbers, not kept."""
+
+    __slots__ = ("_redo", "_state")
+    _counter = _Unversioned()
+    _version = 0
+    _data = None
+    _unpack_hook = None
+    _producer = None
+    _output_nr = 0
+    _is_output = False
+
+    def __init__(self, redo: Any, state: Any) -> None:
+        self._redo = redo
+        self._state = state
+
+    @property
+    def _tensor(self) -> Tensor:
+        now = default_generator.get_state()
+        default_generator.set_state(self._state)
+        try:
+            with tracing(None):  # (no tracer of this thread sees the draw)
+                return self._redo()  # type: ignore[no-any-return]
+        finally:
+            default_generator.set_state(now)
+
+    def unpack(self, node: Any) -> Tensor:
+        return self._tensor
 
 
 class _Sizes:
@@ -392,9 +433,16 @@ def walk(
             out.saved_alias.append(alias)
             outside.append((k, (shape(data.shape), t._dtype, type(data), alias)))
         ops = []
-        for op in rec.ops:
+        draws = {}
+        for i, op in enumerate(rec.ops):
             if op[0] == "full":
                 ops.append(("full", shape(op[1]), op[2], op[3]))
+                continue
+            if op[0] == "draw":  # (drawn again on every run: an input of its own)
+                draws[i] = len(saved_out)
+                saved_out.append((n, RedrawnTensor(op[1], op[2])))
+                out.saved_alias.append(draws[i])
+                ops.append(("draw", op[3], shape(op[4]), op[5]))
                 continue
             prim, attrs, refs = op[1], op[2], op[3]
             if prim.size_attrs:
@@ -414,7 +462,7 @@ def walk(
                 tuple((t._data.item(), t._dtype) for t in rec.numbers),
             )
         )
-        out.regions.append((rec, [k for k, _ in args], [k for k, _ in outside]))
+        out.regions.append((rec, [k for k, _ in args], [k for k, _ in outside], draws))
         return len(out.regions) - 1
 
     for n in order:
@@ -643,9 +691,8 @@ def _plan_rematerialisation(w: Walk, aliases: dict) -> dict:
     plan: dict = {}
     candidates = []
     for k, (_, s) in enumerate(w.saved):
-        t = s._tensor
         producer = s._producer
-        if t is None or type(producer) is not OpNode or s._output_nr != 0:
+        if type(producer) is not OpNode or s._output_nr != 0 or s._tensor is None:
             continue
         if producer._prim.name not in REMATERIALISE:
             continue
@@ -926,7 +973,7 @@ class Capture(_engine.Executor, Recorder):
                 raise Refused(f"the backward of {self.current} draws random numbers")
             self.made[id(tensor)] = tensor
 
-    def will_draw(self) -> None:
+    def will_draw(self, generator: Any = None) -> None:
         if self.user:  # (before the generator moves: the eager run draws what eager would)
             raise Refused(f"the backward of {self.current} draws random numbers")
 
@@ -1151,7 +1198,7 @@ class Capture(_engine.Executor, Recorder):
         """The values of recording ``number`` of the walk, by ref: its arguments unpacked (and
         version-checked) as eager's recomputation unpacks them, its tensors from outside read
         as program inputs, its ops recorded as a rule's are."""
-        rec, arg_ks, outside_ks = self.w.regions[number]
+        rec, arg_ks, outside_ks, _ = self.w.regions[number]
         saved = self.w.saved
         values: dict = {}
         for j, k in enumerate(arg_ks):
@@ -1161,18 +1208,22 @@ class Capture(_engine.Executor, Recorder):
         current = self.current
         self.current = f"the recomputation of a checkpoint (for {current})"
         try:
-            self.replay(rec, values)
+            self.replay(number, values)
         finally:
             self.current = current
         return values
 
-    def replay(self, rec: Recording, values: dict) -> None:
-        """Record ``rec``'s ops on ``values`` (its arguments and tensors from outside, by ref),
-        adding their results to it."""
+    def replay(self, number: int, values: dict) -> None:
+        """Record the ops of the walk's recording ``number`` on ``values`` (its arguments and
+        tensors from outside, by ref), adding their results to it."""
+        rec, _, _, draws = self.w.regions[number]
         env = self.env
         for i, op in enumerate(rec.ops):
             if op[0] == "full":
                 values[("v", i)] = self.full(self.exprs(op[1]), op[2], op[3], None)
+                continue
+            if op[0] == "draw":
+                values[("v", i)] = self.symbolic(self.saved_input(draws[i]))
                 continue
             prim, attrs, refs = op[1], op[2], op[3]
             inputs = tuple(rec.numbers[r[1]] if r[0] == "n" else values[r] for r in refs)
@@ -1189,7 +1240,7 @@ class Capture(_engine.Executor, Recorder):
         (whose ``.grad`` writes to the parameters read from outside are the program's)."""
         if self.env is not None:
             raise NeedsData("a reentrant checkpoint's backward (a reentrant backward)")
-        rec, _, outside_ks = self.w.regions[number]
+        rec, _, outside_ks, _ = self.w.regions[number]
         values: dict = {}
         detached = []
         for j, s in enumerate(node._saved):
@@ -1208,7 +1259,7 @@ class Capture(_engine.Executor, Recorder):
             self.made[id(d)] = d
             values[("e", j)] = d
         with grad_mode.enable_grad():
-            self.replay(rec, values)
+            self.replay(number, values)
         roots, root_grads = [], []
         for ref, g in zip(rec.outputs, grads):
             if ref is not None and values[ref].requires_grad:

@@ -68,7 +68,7 @@ from fusegrad.tensor import Tensor
 from . import logs, passes
 from . import trace as _trace
 from .cache import counters
-from .capture import Fallback, _grad_state, replay_reason
+from .capture import Fallback, RedrawnTensor, _grad_state, replay_reason
 from .capture import capture as _capture_graph
 from .capture import walk as _walk
 from .ddp import ddp_hooks_only, start_bucket, wait_bucket
@@ -738,6 +738,11 @@ class Recorder(Tracer):
                     mapping[v] = root(index)
                 elif kind == "saved":
                     node, sv = w.saved[index]
+                    if type(sv) is RedrawnTensor:  # (not the forward's value: drawn again)
+                        raise StepBreak(
+                            f"backward() at {_user_line()} recomputes a random draw of a "
+                            "checkpointed function"
+                        )
                     t = sv._tensor
                     arr = sv._data if t is None else t._data
                     found = self.values.get(id(arr))

@@ -65,5 +65,6 @@ def set_rng_state(state: dict) -> None:
 
 def _gen(generator: Generator | None) -> np.random.Generator:
     """The numpy generator a random op draws from (told to the tracer first: ``will_draw``)."""
-    _notify_will_draw()
-    return (generator or default_generator)._rng
+    generator = generator or default_generator
+    _notify_will_draw(generator)
+    return generator._rng

@@ -147,35 +147,47 @@ def test_different_python_paths_are_different_programs() -> None:
     assert not compiler.counters.fallbacks
 
 
-@pytest.mark.parametrize("preserve", [True, False])
-def test_dropout_inside_draws_what_eager_draws(preserve: bool) -> None:
-    """With the generator's state preserved, the recomputation's mask is the forward's: a
-    tensor from outside the recording.  Without, eager's recomputation draws anew: the unpack
-    hook runs the Python as a step of the program, drawing what eager draws."""
+@pytest.mark.parametrize(
+    ("preserve", "own_generator"), [(True, False), (False, False), (True, True)]
+)
+def test_dropout_inside_draws_what_eager_draws(preserve: bool, own_generator: bool) -> None:
+    """With the default generator's state preserved, the program draws the mask again from
+    that state (the forward's numbers; the mask is not kept).  Without, or from a generator of
+    its own, eager's recomputation draws anew: the unpack hook runs the Python as a step of the
+    program, drawing what eager draws."""
     net = _Net()
-    drop = fg.nn.Dropout(0.5)
+    generator = fg.Generator().manual_seed(3) if own_generator else None
 
     def block(x: fg.Tensor) -> fg.Tensor:
-        return drop(net.block(x)) * 3.0
+        return fg.nn.functional.dropout(net.block(x), 0.5, generator=generator) * 3.0
 
     def forward(x: fg.Tensor) -> fg.Tensor:
         return checkpoint(block, x, use_reentrant=False, preserve_rng_state=preserve)
 
     x = _x()
     fg.manual_seed(5)
+    if generator is not None:
+        generator.manual_seed(3)
     eager = _grads(False, forward, net.params(), x)
     eager_next = fg.rand(3).numpy()
     for _ in range(2):
         fg.manual_seed(5)
+        if generator is not None:
+            generator.manual_seed(3)
         _close(_grads(True, forward, net.params(), x), eager)
         np.testing.assert_array_equal(fg.rand(3).numpy(), eager_next)
     y = (forward(x) ** 2).sum()
     w = _walk(y)
-    if preserve:
+    if preserve and not own_generator:
         assert len(w.regions) == 1 and not w.has_hooks
+        rec = w.regions[0][0]
+        assert [op[0] for op in rec.ops].count("draw") == 1
+        assert {id(t) for t in rec.outside} == {id(p) for p in net.params()}  # (no mask kept)
     else:
         assert not w.regions and w.has_hooks
-        assert "preserve_rng_state=False" in _broken(y)
+        assert ("preserve_rng_state=False" if not preserve else "other than the default") in (
+            _broken(y)
+        )
     assert not compiler.counters.fallbacks
 
 
@@ -538,6 +550,21 @@ def test_a_whole_step_replays_a_checkpointed_forward_and_its_recomputation(reent
     assert compiler.counters.step_runs >= 3 and not compiler.counters.step_breaks
 
 
+class _Module(fg.nn.Module):
+    """``_Net``'s layers as a module whose forward checkpoints ``_Net.block`` (None: plain)."""
+
+    def __init__(self, net: _Net, reentrant: bool | None) -> None:
+        super().__init__()
+        self.lin1, self.norm, self.lin2 = net.lin1, net.norm, net.lin2
+        self.net = net
+        self.reentrant = reentrant
+
+    def forward(self, x: fg.Tensor) -> fg.Tensor:
+        if self.reentrant is None:
+            return self.net.block(x)
+        return checkpoint(self.net.block, x, use_reentrant=self.reentrant)
+
+
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_a_compiled_module_with_a_checkpoint(reentrant: bool) -> None:
     """Non-reentrant: the module's forward is replayed and its backward program recomputes the
@@ -545,15 +572,7 @@ def test_a_compiled_module_with_a_checkpoint(reentrant: bool) -> None:
     ``backward()``, so the outputs keep the eager graph (no ``autograd.grad`` inside)."""
     net = _Net()
 
-    class Block(fg.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.lin1, self.norm, self.lin2 = net.lin1, net.norm, net.lin2
-
-        def forward(self, x: fg.Tensor) -> fg.Tensor:
-            return checkpoint(net.block, x, use_reentrant=reentrant)
-
-    module = Block()
+    module = _Module(net, reentrant)
     cmodule = fg.compile(module)
     for seed in range(4):
         x = _x(seed=seed)
@@ -563,3 +582,30 @@ def test_a_compiled_module_with_a_checkpoint(reentrant: bool) -> None:
         assert compiler.counters.step_runs == 0
     else:
         assert compiler.counters.step_runs >= 2 and not compiler.counters.step_breaks
+
+
+def test_a_whole_step_with_dropout_in_a_checkpoint_runs_with_compiled_backward() -> None:
+    """The recomputation draws the mask again; a whole step would have to read the forward's:
+    it breaks (one reason) and every call runs with compiled backward, as eager draws."""
+    net = _Net()
+    model = _Module(net, None)
+
+    def step(x: fg.Tensor) -> fg.Tensor:
+        h = checkpoint(lambda a: fg.nn.functional.dropout(model(a), 0.4), x, use_reentrant=False)
+        loss = (h**2).sum()
+        loss.backward()
+        return loss.detach()
+
+    compiled = fg.compile(step)
+    for seed in range(3):
+        x = _x(seed=seed)
+        results = []
+        for fn in (step, compiled):
+            for p in net.params():
+                p.grad = None
+            fg.manual_seed(seed)
+            results.append([fn(x).numpy(), *(p.grad.numpy().copy() for p in net.params())])
+        _close(results[1], results[0])
+    (reason,) = compiler.counters.step_breaks
+    assert "random draw of a checkpointed function" in reason
+    assert compiler.counters.checkpoints_replayed >= 2

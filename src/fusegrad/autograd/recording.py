@@ -7,11 +7,13 @@ thread's tracer, delegating to the one it replaced) also writes down what that r
 computes, as a ``Recording``:
 
 * ``ops``: every primitive call (``ops.registry.apply``: the primitive, its attributes, where
-  each input comes from) and every constant made by ``full`` (``zeros``, ``ones``, ...);
+  each input comes from), every constant made by ``full`` (``zeros``, ``ones``, ...) and every
+  random draw (the function that draws it again, and the default generator's state before
+  it: the recomputation restores that state, so it draws the same numbers);
 * where a tensor comes from (a *ref*): ``("a", k)`` the block's ``k``-th tensor argument (kept as
   the frame's version-checked ``SavedTensor``), ``("v", i)`` the result of ``ops[i]``, ``("e", k)``
-  a tensor from outside the block (a parameter, a constant made by a creation function, a random
-  draw), read as it is when the recording runs, as the re-run Python would read it, and
+  a tensor from outside the block (a parameter, a constant made by a creation function), read as
+  it is when the recording runs, as the re-run Python would read it, and
   ``("n", k)`` a Python number wrapped as a tensor;
 * each holder knows the ref of the tensor it stands for.
 
@@ -21,9 +23,9 @@ Python again.  That is exact only if re-running the recorded calls computes what
 Python would; ``Recording.broken`` says why not, and then only the Python recomputes: the block
 read tensor values into Python (a branch could go another way), called ``backward()`` or a
 stateful library method (an optimizer), drew random numbers without the generator's state being
-restored for the recomputation, or wrote in place into a tensor from outside or into memory
-that another tensor shares.  A random draw with the state restored (``preserve_rng_state``) is a
-tensor from outside: the recomputation draws the same numbers.
+restored for the recomputation (``preserve_rng_state=False``, or another generator than the
+default one), or wrote in place into a tensor from outside or into memory that another tensor
+shares.
 
 Tensors are followed by their arrays' identity (``detach()`` shares its array: the same ref),
 through weak references, so recording keeps nothing alive that the forward would free.
@@ -37,6 +39,7 @@ from typing import Any
 from .. import storage as _storage
 from ..device import CPU
 from ..ops import registry
+from ..random import default_generator
 from ..tensor import Tensor
 from .tracer import Tracer
 
@@ -60,7 +63,9 @@ class Recording:
 
     def __init__(self, args: list) -> None:
         self.args = args  # the block's tensor arguments, as version-checked SavedTensors
-        self.ops: list[tuple] = []  # ("prim", prim, attrs, refs) | ("full", shape, value, dtype)
+        # ("prim", prim, attrs, refs) | ("full", shape, value, dtype)
+        # | ("draw", redo, generator state, dtype, shape, array type)
+        self.ops: list[tuple] = []
         self.outside: list[Tensor] = []  # tensors from outside the block, by ("e", k)
         self.numbers: list[Tensor] = []  # Python numbers wrapped as tensors, by ("n", k)
         self.broken: str | None = None
@@ -138,9 +143,8 @@ class Recording:
 class RegionRecorder(Tracer):
     """The thread's tracer while a recorded block's forward runs: computes as the tracer it
     replaced (``previous``; None: eagerly) would and writes the calls into ``recording``.
-    ``tensors``: the block's tensor arguments.  ``random_ok``: random draws are replayed by the
-    recomputation (the generator's state is restored for it), so a draw is a tensor from
-    outside."""
+    ``tensors``: the block's tensor arguments.  ``random_ok``: the recomputation restores the
+    default generator's state, so it draws what the forward drew (``preserve_rng_state``)."""
 
     def __init__(
         self, recording: Recording, tensors: list, previous: Tracer | None, random_ok: bool
@@ -148,6 +152,7 @@ class RegionRecorder(Tracer):
         self.recording = recording
         self.previous = previous
         self.random_ok = random_ok
+        self.drawing: Any = None  # the default generator's state before the draw under way
         for k, t in enumerate(tensors):  # (the arguments ``recording.args`` saved)
             recording.bind(t, ("a", k))
 
@@ -197,16 +202,26 @@ class RegionRecorder(Tracer):
             ref = rec.known(redo)
             if ref is not None and rec.broken is None and redo._dtype is tensor._dtype:
                 rec.bind(tensor, ref)
-        elif redo is not None and not self.random_ok:
-            rec.stop("it draws random numbers and preserve_rng_state=False")
+        elif redo is not None and self.drawing is not None and rec.broken is None:
+            # a random draw: ``redo`` draws it again from the generator set to ``drawing``
+            arr = tensor._data
+            rec.ops.append(("draw", redo, self.drawing, tensor._dtype, arr.shape, type(arr)))
+            rec.bind(tensor, ("v", len(rec.ops) - 1))
+        self.drawing = None
         if self.previous is not None:
             self.previous.created(tensor, redo)
 
-    def will_draw(self) -> None:
+    def will_draw(self, generator: Any = None) -> None:
+        rec = self.recording
         if not self.random_ok:
-            self.recording.stop("it draws random numbers and preserve_rng_state=False")
+            rec.stop("it draws random numbers and preserve_rng_state=False")
+        elif generator is not default_generator:
+            # (the recomputation restores the default generator only: it draws anew from this)
+            rec.stop("it draws random numbers from a generator other than the default one")
+        elif rec.broken is None:
+            self.drawing = generator.get_state()
         if self.previous is not None:
-            self.previous.will_draw()
+            self.previous.will_draw(generator)
 
     def host_read(self, tensor: Tensor, what: str, result: Any = None) -> None:
         self.recording.stop(f"it reads tensor values into Python ({what})")

@@ -92,9 +92,9 @@ class Tracer:
         """A creation function made ``tensor`` (``redo``: None for values fixed by the call's
         arguments, else a callable drawing a new one from its random generator)."""
 
-    def will_draw(self) -> None:
-        """A random draw is about to advance a generator (``random._gen``): a tracer that
-        refuses it here leaves the generator as it was."""
+    def will_draw(self, generator: Any = None) -> None:
+        """A random draw is about to advance ``generator`` (a ``random.Generator``:
+        ``random._gen``): a tracer that refuses it here leaves the generator as it was."""
 
     def host_read(self, tensor: Tensor, what: str, result: Any = None) -> None:
         """Python read ``tensor``'s values through ``what``, getting ``result``."""
@@ -138,10 +138,10 @@ def notify_side_effect(tensor: Tensor, what: str) -> None:
         tracer.side_effect(tensor, what)
 
 
-def notify_will_draw() -> None:
+def notify_will_draw(generator: Any = None) -> None:
     tracer = state.tracer
     if tracer is not None:
-        tracer.will_draw()
+        tracer.will_draw(generator)
 
 
 def notify_created(tensor: Tensor, redo: Any = None) -> Tensor:
