@@ -202,6 +202,15 @@ class Walk:
     reruns: list = field(default_factory=list)
 
 
+def sized_attrs(prim: Any, attrs: dict, size: Any) -> dict:
+    """``attrs`` of a call of ``prim`` with ``size`` applied to every size in its size
+    attributes (``symbolic.map_size_attr``)."""
+    return {
+        k: symbolic.map_size_attr(k, v, size) if k in prim.size_attrs else v
+        for k, v in attrs.items()
+    }
+
+
 class _Unversioned:
     """The version counter of a value no one writes."""
 
@@ -446,13 +455,8 @@ def walk(
                 continue
             prim, attrs, refs = op[1], op[2], op[3]
             if prim.size_attrs:
-                items = tuple(
-                    (k, symbolic.map_size_attr(k, v, sizes.size) if k in prim.size_attrs else v)
-                    for k, v in attrs.items()
-                )
-            else:
-                items = tuple(attrs.items())
-            ops.append((prim.name, items, refs))
+                attrs = sized_attrs(prim, attrs, sizes.size)
+            ops.append((prim.name, tuple(attrs.items()), refs))
         append(
             (
                 "region",
@@ -537,13 +541,9 @@ def walk(
                 out.fallback = f"{n.name()} has a derivative rule of its own (not its primitive's)"
                 return out
             attrs = n.attrs
-            if prim.size_attrs:
-                items = tuple(
-                    (k, symbolic.map_size_attr(k, v, sizes.size) if k in prim.size_attrs else v)
-                    for k, v in attrs.items()
-                )
-            else:
-                items = tuple(attrs.items())
+            items = tuple(
+                (sized_attrs(prim, attrs, sizes.size) if prim.size_attrs else attrs).items()
+            )
             append(
                 (
                     prim.name,
@@ -728,11 +728,7 @@ class NodeView:
 
     def __init__(self, node: OpNode, env: ShapeEnv) -> None:
         self._node = node
-        size_attrs = node._prim.size_attrs
-        self.attrs = {
-            k: symbolic.map_size_attr(k, v, env.size) if k in size_attrs else v
-            for k, v in node.attrs.items()
-        }
+        self.attrs = sized_attrs(node._prim, node.attrs, env.size)
         self.input_shapes = tuple(env.shape(m[0]) for m in node._input_meta)
         self.input_dtypes = node.input_dtypes
         self.needs_input_grad = node.needs_input_grad
@@ -1228,10 +1224,7 @@ class Capture(_engine.Executor, Recorder):
             prim, attrs, refs = op[1], op[2], op[3]
             inputs = tuple(rec.numbers[r[1]] if r[0] == "n" else values[r] for r in refs)
             if env is not None and prim.size_attrs:
-                attrs = {
-                    k: symbolic.map_size_attr(k, v, env.size) if k in prim.size_attrs else v
-                    for k, v in attrs.items()
-                }
+                attrs = sized_attrs(prim, attrs, env.size)
             values[("v", i)] = self.apply(prim, inputs, attrs)
 
     def _checkpoint_backward(self, node: FunctionCtx, number: int, grads: list) -> tuple:
