@@ -193,7 +193,8 @@ class Walk:
     ddp: Any = None
     # checkpointed functions whose recomputation the program runs from their recordings
     # (``autograd.recording``): (recording, saved indices of its arguments, of its tensors from
-    # outside); and per saved tensor a holder stands for: (region number, ref)
+    # outside, {op index: saved index} of its random draws); and per saved tensor a holder
+    # stands for: (region number, ref)
     regions: list = field(default_factory=list)
     region_of: dict = field(default_factory=dict)
     # reentrant checkpoint node -> its region: its backward is the recording's (``Capture``)
