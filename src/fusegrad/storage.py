@@ -63,5 +63,10 @@ def copy(a: Any, dtype: Any = None) -> Any:
     return a.astype(a.dtype if dtype is None else dtype)
 
 
+def placed_like(a: np.ndarray, like: Any) -> Any:
+    """Host array ``a`` on ``like``'s device (a copy to the GPU; ``a`` itself on the CPU)."""
+    return a if is_host(like) else _cuda_array.to_device(a)
+
+
 def to_host(a: Any) -> np.ndarray:
     return a if is_host(a) else a.to_host()

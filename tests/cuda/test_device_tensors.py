@@ -263,3 +263,25 @@ def test_pickle_and_deepcopy_keep_values_and_device() -> None:
     z = copy.deepcopy(x)
     assert z.is_cuda and z._data.buffer is not x._data.buffer
     np.testing.assert_array_equal(host(z.detach()), [1.5, -2.0])
+
+
+# ---- random ops: their draws land on the input's device ----------------------------------------
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda F, t: F.dropout(t, 0.4),
+        lambda F, t: F.dropout2d(t, 0.4),
+        lambda F, t: F.alpha_dropout(t, 0.4, training=True),
+        lambda F, t: F.rrelu(t, training=True),
+        lambda F, t: F.gumbel_softmax(t, tau=0.5),
+    ],
+    ids=["dropout", "dropout2d", "alpha_dropout", "rrelu", "gumbel_softmax"],
+)
+def test_random_ops_on_cuda_draw_what_the_cpu_draws(op: object) -> None:
+    F = fusegrad.nn.functional
+    a = RNG.standard_normal((2, 3, 4))
+    fusegrad.manual_seed(11)
+    cpu = op(F, fusegrad.tensor(a))  # type: ignore[operator]
+    fusegrad.manual_seed(11)
+    out = op(F, cuda_tensor(a))  # type: ignore[operator]
+    np.testing.assert_allclose(host(out), cpu.numpy(), rtol=1e-12, atol=1e-12)

@@ -497,7 +497,7 @@ def dropout(
 
     def draw() -> Tensor:
         keep = _gen(generator).random(shape) >= p
-        return Tensor._make((keep / (1.0 - p)).astype(np_dtype))
+        return Tensor._make(_storage.placed_like((keep / (1.0 - p)).astype(np_dtype), x._data))
 
     return mul(x, _created(draw(), draw))
 
@@ -520,7 +520,7 @@ def _feature_dropout(x: Tensor, p: float, training: bool, spatial: int, generato
 
     def draw() -> Tensor:
         keep = _gen(generator).random(mask_shape) >= p
-        return Tensor._make((keep / (1.0 - p)).astype(np_dtype))
+        return Tensor._make(_storage.placed_like((keep / (1.0 - p)).astype(np_dtype), x._data))
 
     return mul(x, _created(draw(), draw))
 
@@ -558,7 +558,7 @@ def _alpha_dropout(x: Tensor, p: float, training: bool, feature: bool) -> Tensor
 
     def draw() -> Tensor:
         keep = (_gen(None).random(shape) >= p).astype(np_dtype)
-        return Tensor._make(keep)
+        return Tensor._make(_storage.placed_like(keep, x._data))
 
     keep = _created(draw(), draw)
     shift = add(mul(sub(keep, 1.0), alpha * a), alpha * a * p)
@@ -1031,7 +1031,7 @@ def rrelu(
 
     def draw() -> Tensor:
         slopes = _gen(generator).uniform(lower, upper, shape)
-        return Tensor._make(np.asarray(slopes, dtype=np_dtype))
+        return Tensor._make(_storage.placed_like(np.asarray(slopes, dtype=np_dtype), x._data))
 
     return where(x >= 0, x, mul(x, _created(draw(), draw)))
 
@@ -1068,7 +1068,8 @@ def gumbel_softmax(
 
     def draw() -> Tensor:
         exponential = -np.log1p(-_gen(None).random(shape))  # Exp(1) samples
-        return Tensor._make((-np.log(exponential)).astype(np_dtype))
+        gumbel = (-np.log(exponential)).astype(np_dtype)
+        return Tensor._make(_storage.placed_like(gumbel, x._data))
 
     y_soft = softmax(div(add(x, _created(draw(), draw)), tau), dim)
     if not hard:
