@@ -133,7 +133,7 @@ def test_quick_json_structure(quick_run: tuple[str, dict[str, Any]]) -> None:
         assert events["fallbacks"] == 0 and events["captures_steady_state"] == 0, events
         assert payload["programs"][label]["kernels"] >= 1
     # cold and warm-from-disk compile, once per workload, in fresh processes
-    assert set(payload["compile_time"]) == {"A", "B", "C", "D", "E", "F"}
+    assert set(payload["compile_time"]) == {"A", "B", "C", "D", "E", "F", "G"}
     for name, cases in payload["compile_time"].items():
         cold, warm = cases["cold"], cases["warm_disk"]
         assert "error" not in cold and "error" not in warm, (name, cases)
