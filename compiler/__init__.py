@@ -378,6 +378,14 @@ def _program_for(
             logs.log_counted("fallback", reason, f"an opaque step, run eagerly: {reason}")
             if report is not None:
                 report.append(("opaque", reason))
+        for reason in w.reruns:
+            logs.log_counted(
+                "fallback", reason, f"a checkpoint's recomputation runs its Python: {reason}"
+            )
+            if report is not None:
+                report.append(("checkpoint", f"its Python runs again ({reason})"))
+        if w.regions and report is not None:
+            report.append(("checkpoint", f"{len(w.regions)} replayed from the forward's recording"))
         if _trace.enabled:
             _trace.captured(captured, kind, w.key)
         logs.log("graph", "backward graph:\n" + format_graph(captured.graph))
@@ -598,6 +606,8 @@ class Report:
         self.fallbacks = [reason for kind, reason, *rest in events if kind == "fallback"]
         # custom Function backwards that run eagerly as opaque steps of a compiled program
         self.opaque = [reason for kind, reason, *rest in events if kind == "opaque"]
+        # how checkpoints recompute: replayed from their recordings, or their Python run again
+        self.checkpoints = [what for kind, what, *rest in events if kind == "checkpoint"]
         self.steps = [(e[1], e[2]) for e in events if e[0] == "step"]
         self.breaks = [reason for kind, reason, *rest in events if kind == "break"]
         self.guards = [rest[0] for kind, *rest in events if kind == "guards"]
@@ -622,6 +632,8 @@ class Report:
         lines.append(f"{len(self.captures)} graph(s) captured, {len(self.fallbacks)} fallback(s)")
         for reason in self.opaque:
             lines.append(f"opaque step (a custom Function's backward, run eagerly): {reason}")
+        for what in self.checkpoints:
+            lines.append(f"checkpoint recomputation: {what}")
         for i, (reason, prog) in enumerate(self.captures):
             n = sum(1 for v in prog.graph.values if v.op not in ("input", "scalar", "constant"))
             lines.append(

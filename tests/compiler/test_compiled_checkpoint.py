@@ -609,3 +609,16 @@ def test_a_whole_step_with_dropout_in_a_checkpoint_runs_with_compiled_backward()
     (reason,) = compiler.counters.step_breaks
     assert "random draw of a checkpointed function" in reason
     assert compiler.counters.checkpoints_replayed >= 2
+
+
+def test_explain_says_how_checkpoints_recompute() -> None:
+    net = _Net()
+    x = _x()
+
+    def step() -> None:
+        h = checkpoint(net.block, x, use_reentrant=False)
+        checkpoint(_data_branch, h, use_reentrant=False).sum().backward()
+
+    report = str(compiler.explain(step))
+    assert "checkpoint recomputation: 1 replayed from the forward's recording" in report
+    assert "checkpoint recomputation: its Python runs again (it reads tensor values" in report
