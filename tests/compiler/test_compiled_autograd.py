@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import random_programs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from op_table import FG, OPS, build, flat_outputs, is_float
@@ -325,18 +326,11 @@ def test_symbolic_values_never_run_kernels() -> None:
 
 # ---- random graphs ----------------------------------------------------------------------------
 
-_UNARY = ["exp", "tanh", "sigmoid", "sin", "neg", "relu", "abs"]
-_BINARY = ["add", "sub", "mul", "maximum"]
-
 
 @settings(max_examples=40, deadline=None)
 @given(
-    ops=st.lists(
-        st.tuples(st.sampled_from(_UNARY + _BINARY), st.integers(0, 50), st.integers(0, 50)),
-        min_size=1,
-        max_size=12,
-    ),
-    shapes=st.sampled_from([((3, 4), (4,)), ((2, 1, 3), (4, 1)), ((5,), ()), ((2, 3), (2, 3))]),
+    ops=random_programs.steps(12),
+    shapes=random_programs.SHAPES,
     reduce_dim=st.sampled_from([None, 0, -1]),
 )
 def test_random_graphs_compiled_match_eager(ops: list, shapes: tuple, reduce_dim: Any) -> None:
@@ -345,13 +339,9 @@ def test_random_graphs_compiled_match_eager(ops: list, shapes: tuple, reduce_dim
 
     def run(compiled: bool) -> list:
         leaves = [fg.tensor(a, requires_grad=True) for a in arrays]
-        vals = list(leaves)
-        for name, i, j in ops:
-            a, b = vals[i % len(vals)], vals[j % len(vals)]
-            vals.append(getattr(fg, name)(a) if name in _UNARY else getattr(fg, name)(a, b))
         out = sum(
             v.sum() if reduce_dim is None or v.ndim == 0 else v.sum(reduce_dim).sum()
-            for v in vals[len(leaves) :]
+            for v in random_programs.run(ops, list(leaves))
         )
         if compiled:
             with compiler.compiled_autograd():

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import random_programs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -472,20 +473,9 @@ def test_nested_reentrant_checkpoints() -> None:
 
 # ---- random programs ---------------------------------------------------------------------------
 
-_UNARY = ["exp", "tanh", "sigmoid", "sin", "neg", "relu", "abs"]
-_BINARY = ["add", "sub", "mul", "maximum"]
-
 
 @settings(max_examples=30, deadline=None)
-@given(
-    ops=st.lists(
-        st.tuples(st.sampled_from(_UNARY + _BINARY), st.integers(0, 50), st.integers(0, 50)),
-        min_size=1,
-        max_size=10,
-    ),
-    shapes=st.sampled_from([((3, 4), (4,)), ((2, 1, 3), (4, 1)), ((5,), ()), ((2, 3), (2, 3))]),
-    reentrant=st.booleans(),
-)
+@given(ops=random_programs.steps(10), shapes=random_programs.SHAPES, reentrant=st.booleans())
 def test_random_checkpointed_programs_match_eager(
     ops: list, shapes: tuple, reentrant: bool
 ) -> None:
@@ -495,11 +485,7 @@ def test_random_checkpointed_programs_match_eager(
     arrays = [rng.standard_normal(s) for s in (*shapes, shapes[0])]
 
     def region(a: fg.Tensor, b: fg.Tensor, w: fg.Tensor) -> tuple:
-        vals = [a, b, w]
-        for name, i, j in ops:
-            p, q = vals[i % len(vals)], vals[j % len(vals)]
-            vals.append(getattr(fg, name)(p) if name in _UNARY else getattr(fg, name)(p, q))
-        return tuple(vals[3:])
+        return tuple(random_programs.run(ops, [a, b, w]))
 
     def run(compiled: bool) -> list:
         x, y, w = (fg.tensor(a, requires_grad=True) for a in arrays)
