@@ -17,11 +17,14 @@ gradients accumulate in place), so the peak is what one forward+backward allocat
 activations, saved tensors, recomputation and the gradients in flight.  Time per step (median of
 a few repetitions, tracemalloc off) shows the price: about one extra forward.  Every variant's
 gradients are checked against the plain run, so a checkpoint that silently computes something
-else fails loudly (exit status 1).
+else fails loudly (exit status 1).  ``--compiled`` adds each variant with its backward inside
+``fusegrad.compiler.compiled_autograd()`` (the recomputation is then part of the compiled
+backward program), measured after a warm-up call.
 
 Run from the repository root::
 
     python -m benchmarks.checkpoint_memory [--layers N] [--width N] [--batch N] [--quick]
+                                           [--compiled]
 
 or as a script (``python benchmarks/checkpoint_memory.py``).  Results also go to
 ``benchmarks/results/checkpoint_memory.json`` (``--json PATH`` to change).
@@ -30,7 +33,10 @@ or as a script (``python benchmarks/checkpoint_memory.py``).  Results also go to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import importlib
+import itertools
 import math
 import statistics
 import sys
@@ -95,29 +101,30 @@ def variants(fg: Any, model: Any, layers: int) -> dict[str, Callable[[Any], Any]
     }
 
 
-def step(forward: Callable[[Any], Any], x: Any) -> None:
-    forward(x).backward()
+def step(forward: Callable[[Any], Any], x: Any, region: Callable[[], Any]) -> None:
+    with region():
+        forward(x).backward()
 
 
-def peak_bytes(forward: Callable[[Any], Any], x: Any) -> int:
+def peak_bytes(forward: Callable[[Any], Any], x: Any, region: Callable[[], Any]) -> int:
     """Peak traced allocation of one forward+backward, on top of what already exists."""
     gc.collect()
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()
-        step(forward, x)
+        step(forward, x, region)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     return peak
 
 
-def median_ms(forward: Callable[[Any], Any], x: Any, reps: int) -> float:
+def median_ms(forward: Callable[[Any], Any], x: Any, reps: int, region: Callable[[], Any]) -> float:
     samples = []
     for _ in range(reps):
         gc.collect()
         start = time.perf_counter()
-        step(forward, x)
+        step(forward, x, region)
         samples.append((time.perf_counter() - start) * 1e3)
     return statistics.median(samples)
 
@@ -133,6 +140,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions (3)")
     parser.add_argument("--threads", type=int, default=1, help="BLAS/OpenMP threads (1)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="also every variant with its backward inside compiled_autograd() (after a warm-up "
+        "call: capture and compilation are not measured)",
+    )
     parser.add_argument(
         "--json",
         type=Path,
@@ -163,14 +176,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     x.requires_grad_(True)
     params = [*model.parameters(), x]
 
+    regions: list[tuple[str, Callable[[], Any]]] = [("", contextlib.nullcontext)]
+    if args.compiled:
+        compiler = importlib.import_module("fusegrad.compiler")
+        compiler.config.background_compile = False  # (the warm-up call compiles)
+        regions.append((", compiled backward", compiler.compiled_autograd))
     rows = []
     reference: list | None = None
     plain_peak = plain_ms = None
     ok = True
-    for name, forward in variants(fg, model, sizes["layers"]).items():
+    for (name, forward), (suffix, region) in itertools.product(
+        variants(fg, model, sizes["layers"]).items(), regions
+    ):
+        name += suffix
+        if suffix:
+            step(forward, x, region)  # (the warm-up call: capture and compile)
         for p in params:  # zero-filled .grad: gradients accumulate in place, as in step 2+
             p.grad = fg.zeros_like(p)
-        peak = peak_bytes(forward, x)
+        peak = peak_bytes(forward, x, region)
         grads = [p.grad.numpy().copy() for p in params]
         if reference is None:
             reference = grads
@@ -180,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         )
         matches = max_error <= 1e-5
         ok = ok and matches
-        ms = median_ms(forward, x, sizes["reps"])
+        ms = median_ms(forward, x, sizes["reps"], region)
         if plain_peak is None:
             plain_peak, plain_ms = peak, ms
         rows.append(

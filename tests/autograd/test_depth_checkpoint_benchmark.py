@@ -1,5 +1,6 @@
-"""Smoke test of ``benchmarks/checkpoint_memory.py``: its ``--quick`` mode runs end to end as a
-module, checks every checkpointed variant's gradients against the plain run and writes its JSON.
+"""Smoke test of ``benchmarks/checkpoint_memory.py``: its ``--quick --compiled`` mode runs end to
+end as a module, checks every checkpointed variant's gradients (eager and with compiled backward)
+against the plain run and writes its JSON.
 
 Memory figures are not asserted here (tiny sizes, and measurements belong in ``benchmarks/``);
 that checkpointing frees activations is asserted directly in ``test_depth_checkpoint.py``.
@@ -18,7 +19,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def test_checkpoint_memory_benchmark_quick(tmp_path: Path) -> None:
     out = tmp_path / "checkpoint_memory.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.checkpoint_memory", "--quick", "--json", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.checkpoint_memory",
+            "--quick",
+            "--compiled",
+            "--json",
+            str(out),
+        ],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -30,5 +39,5 @@ def test_checkpoint_memory_benchmark_quick(tmp_path: Path) -> None:
     payload = json.loads(out.read_text())
     assert payload["all_grads_match"] is True
     names = [row["variant"] for row in payload["rows"]]
-    assert names[0] == "plain" and len(names) == 5
+    assert names[0] == "plain" and names[1] == "plain, compiled backward" and len(names) == 10
     assert all(row["peak_bytes"] > 0 for row in payload["rows"])
