@@ -429,6 +429,8 @@ class Program:
         epilogue = schedule.epilogue
         buffers = variant.buffers
         dying = buffers.dying
+        early = {} if dry else buffers.early
+        fresh = buffers.fresh
         cuda = self.device == "cuda"
         env: dict = dict(self._fixed)  # scalars and constants
         for v, is_root, index in self._inputs:
@@ -439,24 +441,23 @@ class Program:
                 v = step.value
                 if v.op in _COLLECTIVE:
                     env[v] = _COLLECTIVE[v.op](v, env, dry)
-                    continue
-                if v.op in _SPECIAL:
+                elif v.op in _SPECIAL:
                     assert w is not None  # hooks: never on the tape path (``run_bound``)
                     env[v] = _SPECIAL[v.op](v, env, w, inputs)
-                    continue
-                kernel, attrs, symbolic = variant.externs[k]
-                if symbolic:
-                    attrs = inst.attrs[k]
-                arrays = [env[i] for i in v.inputs]
-                if cuda:
-                    env[v] = _cuda_extern(v, arrays, attrs)
-                    continue
-                result = kernel(*arrays, **attrs)
-                if type(result) is not np.ndarray:
-                    result = np.asarray(result)
-                if result.dtype != v.dtype.np:  # the IR's dtype is the eager one (debug mode)
-                    result = result.astype(v.dtype.np)
-                env[v] = result
+                else:
+                    kernel, attrs, symbolic = variant.externs[k]
+                    if symbolic:
+                        attrs = inst.attrs[k]
+                    arrays = [env[i] for i in v.inputs]
+                    if cuda:
+                        env[v] = _cuda_extern(v, arrays, attrs)
+                    else:
+                        result = kernel(*arrays, **attrs)
+                        if type(result) is not np.ndarray:
+                            result = np.asarray(result)
+                        if result.dtype != v.dtype.np:  # (the IR's dtype is eager's: debug mode)
+                            result = result.astype(v.dtype.np)
+                        env[v] = result
             elif cuda:
                 _run_cuda_kernel(step, variant.cuda_kernels[id(step)], env, epilogue, leaves, inst)
             elif k in schedule.interpreted:
@@ -468,6 +469,8 @@ class Program:
                 _run_kernel(step, plan, fn, env, epilogue, leaves, buffers, pool, inst, k)
             for dead in dying.get(k, ()):
                 env.pop(dead, None)
+            for slot, v in early.get(k, ()):  # (.grad written now, its array dropped)
+                _write_grad(leaves[slot], env.pop(v), v in fresh)
         if dry:  # (``prepare``: the kernels ran once, nothing else happens)
             return None
         if variant.first_run:
@@ -486,18 +489,14 @@ class Program:
             captured = [None] * outputs
         if self.checks:
             _check_nan(self.checks, env, w)
-        fresh = buffers.fresh
         for kind, slot, v in self.graph.effects:
-            if v in epilogue or kind == "check":
-                continue  # (added into .grad by its kernel; checked above)
+            if v in epilogue or kind == "check" or v not in env:
+                continue  # (added into .grad by its kernel; checked above; written early)
+            if kind == "grad":
+                _write_grad(leaves[slot], env[v], v in fresh)
+                continue
             g = Tensor._make(env[v])
-            if kind == "grad" and v in fresh and leaves[slot]._grad is None:
-                # a kernel's freshly allocated output, used by this effect only: it becomes
-                # the .grad without the defensive copy accumulate_grad makes
-                leaves[slot]._grad = g
-            elif kind == "grad":
-                _engine.accumulate_grad(leaves[slot], g, False)
-            elif kind == "input_grad":
+            if kind == "input_grad":
                 _engine.accumulate_grad(inputs[slot], g, False)  # type: ignore[index]
             elif kind == "write":
                 target, bumps = targets[slot]  # type: ignore[index]
@@ -508,6 +507,17 @@ class Program:
             else:
                 captured[slot] = g  # type: ignore[index]
         return captured
+
+
+def _write_grad(leaf: Tensor, array: Any, fresh: bool) -> None:
+    """``array`` into ``leaf.grad``, as the engine accumulates it; a freshly allocated one
+    (``BufferPlan.fresh``: nothing else holds it) becomes the ``.grad`` without the defensive
+    copy ``accumulate_grad`` makes."""
+    g = Tensor._make(array)
+    if fresh and leaf._grad is None:
+        leaf._grad = g
+    else:
+        _engine.accumulate_grad(leaf, g, False)
 
 
 def release(w: Walk) -> None:

@@ -11,7 +11,14 @@ Assumes a ``schedule.Schedule`` of a verified graph.  ``plan_buffers`` gives a `
   faults of fresh allocations: about 2x on 40 MB buffers);
 * ``dying``: per step index, the values whose last use is that step, dropped from the run's
   environment right after it (effects' values, inputs, constants and scalars are never dropped:
-  they stay alive elsewhere, so dropping them frees nothing).
+  they stay alive elsewhere, so dropping them frees nothing);
+* ``early``: per step index, the ``.grad`` effects ``(slot, value)`` whose value that step
+  computes and no later step reads: the program performs them right after it and drops the
+  array, as eager's engine writes a leaf's ``.grad`` when it gets there, instead of keeping
+  every parameter's gradient alive to the end.  Only in a backward graph (inputs: root
+  gradients and saved tensors; a whole step may read a ``.grad`` later) without user hooks
+  or NaN checks (their order with the writes is eager's), and not for values a kernel adds into
+  ``.grad`` itself (``Schedule.epilogue``).
 
 Guarantees: a value is in ``fresh`` or ``pooled`` only if no reference to its array can remain
 after the run except the one the program itself hands out (fresh) or keeps (pooled).
@@ -37,6 +44,7 @@ class BufferPlan:
     fresh: frozenset[Value]
     pooled: frozenset[Value]
     dying: Mapping[int, tuple[Value, ...]]
+    early: Mapping[int, tuple[tuple[int, Value], ...]]
 
 
 def plan_buffers(schedule: Schedule, graph: Graph) -> BufferPlan:
@@ -77,6 +85,28 @@ def plan_buffers(schedule: Schedule, graph: Graph) -> BufferPlan:
     for v, k in last.items():
         if v not in effect_values and v.op not in ("input", "constant", "scalar"):
             dying.setdefault(k, []).append(v)
+    early: dict[int, list[tuple[int, Value]]] = {}
+    backward_only = all(
+        v.attr("kind") in ("root", "saved") for v in graph.values if v.op == "input"
+    )
+    if backward_only and not has_hooks and all(kind != "check" for kind, _, _ in graph.effects):
+        made: dict[Value, int] = {}
+        for k, step in enumerate(schedule.steps):
+            for v in step.outputs if isinstance(step, Kernel) else [step.value]:
+                made[v] = k
+        for kind, slot, v in graph.effects:
+            k = made.get(v)
+            if (
+                kind == "grad"
+                and k is not None
+                and uses[v] == 1
+                and v not in schedule.epilogue
+                and last.get(v, k) <= k
+            ):
+                early.setdefault(k, []).append((slot, v))
     return BufferPlan(
-        frozenset(fresh), frozenset(pooled), {k: tuple(vs) for k, vs in dying.items()}
+        frozenset(fresh),
+        frozenset(pooled),
+        {k: tuple(vs) for k, vs in dying.items()},
+        {k: tuple(e) for k, e in early.items()},
     )

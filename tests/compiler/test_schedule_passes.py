@@ -5,6 +5,7 @@ them directly."""
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -96,6 +97,73 @@ def test_buffer_plan_fresh_pooled_and_dying() -> None:
         for v in dead:  # dropped after its last use, never before
             later = [s for s in schedule.steps[k + 1 :] if v in sched.step_inputs(s)]
             assert not later
+
+
+def _deep_mlp(layers: int = 8, width: int = 128) -> tuple[list, fg.Tensor]:
+    fg.manual_seed(0)
+    weights = [fg.randn(width, width, requires_grad=True) for _ in range(layers)]
+    return weights, fg.randn(32, width)
+
+
+def _mlp_loss(weights: list, x: fg.Tensor) -> fg.Tensor:
+    for w in weights:
+        x = (x @ w).tanh()
+    return x.sum()
+
+
+def test_gradients_are_written_when_computed_not_kept_to_the_end() -> None:
+    """Each weight's gradient (a matmul, read by nothing later) is written to .grad right after
+    the step that computes it and its array dropped, as eager's engine does: the compiled
+    backward's peak memory is eager's, not eager's plus every gradient at once."""
+    weights, x = _deep_mlp()
+    graph, _ = _graph(lambda *ws: _mlp_loss(list(ws), x), weights)
+    schedule = sched.finish(sched.steps(graph, "default"), graph, frozenset(), lambda k: False)
+    plan = plan_buffers(schedule, graph)
+    early = {v for pairs in plan.early.values() for _, v in pairs}
+    assert len(early) == len(weights)
+    for k, pairs in plan.early.items():
+        for _, v in pairs:  # made by step k, read by no later step
+            assert v in (
+                schedule.steps[k].outputs
+                if isinstance(schedule.steps[k], Kernel)
+                else [schedule.steps[k].value]
+            )
+            assert not [s for s in schedule.steps[k + 1 :] if v in sched.step_inputs(s)]
+    peaks = []
+    for compiled in (False, True, True):  # (the first compiled call compiles)
+        for w in weights:
+            w.grad = fg.zeros_like(w)
+        loss = _mlp_loss(weights, x)
+        tracemalloc.start()
+        try:
+            if compiled:
+                with compiler.compiled_autograd():
+                    loss.backward()
+            else:
+                loss.backward()
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+    one_gradient = weights[0].numel() * 4
+    assert peaks[2] <= peaks[0] + one_gradient, peaks  # (all of them: 8x one_gradient more)
+
+
+def test_no_early_writes_under_hooks_or_anomaly_checks() -> None:
+    weights, x = _deep_mlp(layers=3, width=8)
+
+    def loss(*ws: fg.Tensor) -> fg.Tensor:
+        ws[0].register_hook(lambda g: None)
+        return _mlp_loss(list(ws), x)
+
+    graph, _ = _graph(loss, weights)
+    schedule = sched.finish(sched.steps(graph, "default"), graph, frozenset(), lambda k: False)
+    assert not plan_buffers(schedule, graph).early
+    compiler.reset()
+    weights, x = _deep_mlp(layers=3, width=8)  # (without the hook)
+    with fg.autograd.detect_anomaly(), compiler.compiled_autograd():
+        _mlp_loss(weights, x).backward()
+    (program,) = compiler.cached_programs()
+    assert program.checks and not program.default.buffers.early
 
 
 def test_no_pooling_when_a_user_hook_may_keep_a_buffer() -> None:
