@@ -17,6 +17,10 @@ computes, as a ``Recording``:
   ``("n", k)`` a Python number wrapped as a tensor;
 * each holder knows the ref of the tensor it stands for.
 
+The reentrant variant (``CheckpointFunction``) records its forward, which runs under no_grad,
+the same way, with the refs of the function's results (``Recording.outputs``): its backward
+replays the recording with grad on and differentiates it.
+
 A tool that runs primitive calls on values of its own (``fusegrad.compiler``'s capture) then
 recomputes the saved tensors from the recording inside its program instead of calling the
 Python again.  That is exact only if re-running the recorded calls computes what re-running the
