@@ -424,10 +424,12 @@ def walk(
         add its arguments and its tensors from outside to the saved list; its number."""
         args = []
         for a in rec.args:  # (version-checked when the program unpacks them, as eager does)
-            k = len(saved_out)
             if a._unpack_hook is not None:  # packed by an enclosing checkpoint's hooks
-                args.append((k, packed(n, a)))
+                # (keying the enclosing recording first may add entries: ``a`` is the last)
+                meta = packed(n, a)
+                args.append((len(saved_out) - 1, meta))
                 continue
+            k = len(saved_out)
             t = a._tensor
             data = a._data if t is None else t._data
             alias = aliases.setdefault(id(data), k)

@@ -272,6 +272,23 @@ def test_nested_checkpoints() -> None:
     assert compiler.counters.captures == 1 and not compiler.counters.fallbacks
 
 
+def test_nested_checkpoints_whose_inner_one_the_walk_meets_first() -> None:
+    """The outer function returns the inner checkpoint's result: the walk keys the inner
+    recording first, and keying its argument (packed by the outer one) keys the outer."""
+    net = _Net()
+
+    def outer(x: fg.Tensor) -> fg.Tensor:
+        h = net.block(x).sin()
+        return checkpoint(lambda a: (a * 1.5).tanh() * a, h, use_reentrant=False)
+
+    x = _x()
+    eager = _grads(False, outer, net.params(), x)
+    got = _grads(True, lambda x: checkpoint(outer, x, use_reentrant=False), net.params(), x)
+    _close(got, eager)
+    w = _walk((checkpoint(outer, x, use_reentrant=False) ** 2).sum())
+    assert len(w.regions) == 2 and not w.has_hooks
+
+
 def test_checkpoint_sequential_and_conv_layers() -> None:
     fg.manual_seed(3)
     layers = fg.nn.Sequential(
