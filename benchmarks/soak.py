@@ -126,12 +126,12 @@ def distinct_graphs(count: int, log: Any) -> dict[str, Any]:
             gc.collect()
             rss_filled = rss_mib()
         if k % max(count // 10, 1) == 0:
-            log(f"  distinct graphs: {k}/{count}, cached {len(compiler.cache.graphs)}")
+            log(f"  distinct graphs: {k}/{count}, cached {len(compiler.service.service.graphs)}")
     gc.collect()
     return {
         "graphs": count,
         "captures": compiler.counters.captures,
-        "cached_graphs": len(compiler.cache.graphs),
+        "cached_graphs": len(compiler.service.service.graphs),
         "cache_size": filled,
         "rss_filled_mib": rss_filled,
         "rss_end_mib": rss_mib(),

@@ -27,11 +27,12 @@ import numpy as np
 
 from fusegrad.tensor import Tensor
 
-from . import logs, passes
-from .cache import LRU, counters
-from .capture import Fallback, capture, walk
+from . import admission, events, logs, passes
+from .capture import Fallback, capture
+from .events import emit
 from .ir import Graph, Value, VerifyError, verify
-from .settings import config
+from .key import walk
+from .service import service
 
 _ELEMENTWISE_ATTRS = frozenset({"dtype"})  # attributes an elementwise rule may keep as they are
 
@@ -247,9 +248,6 @@ def batch_graph(graph: Graph, batch: int) -> Graph:
     return out
 
 
-_programs = LRU(lambda: config.cache_size)
-
-
 def batched_vjp(output: Tensor, inputs: Sequence[Tensor], cotangents: np.ndarray) -> list | None:
     """The VJPs of ``output`` with respect to ``inputs`` for every cotangent in
     ``cotangents`` (shape ``(B, *output.shape)``) by one program: per input an array of shape
@@ -260,31 +258,22 @@ def batched_vjp(output: Tensor, inputs: Sequence[Tensor], cotangents: np.ndarray
     root = Tensor._make(np.zeros(cotangents.shape[1:], cotangents.dtype))
     try:
         w = walk([output], [root], list(inputs), False, False)
-        if w.fallback is not None:
-            raise Unbatchable(w.fallback)
-        if w.has_hooks:
-            raise Unbatchable("the backward runs user hooks")
+        plan = admission.admit(w, admission.BATCHED, inputs=list(inputs), accumulate=False)
+        if isinstance(plan, str):
+            raise Unbatchable(plan)
         key = (w.key, w.sizes, batch)  # (captured with concrete sizes: they are part of it)
-        entry = _programs.get(key)
+        entry = service.batched.get(key)
         if entry is None:
             captured = capture(
                 w, [output], [root], list(inputs), False, symbolic=False, allow_opaque=False
             )
-            from .program import Program
-
             graph = passes.run(batch_graph(captured.graph, batch))
-            program = Program(
-                graph,
-                interpreter_max_elements=config.interpreter_max_elements,
-                sizes_per_program=config.sizes_per_program,
-                unpacked=captured.unpacked,
-            )
-            entry = (program,)
-            _programs.put(key, entry)
+            entry = (service.build(graph, unpacked=captured.unpacked),)
+            service.batched.put(key, entry)
     except (Unbatchable, Fallback) as e:
         logs.log("perf", f"jacobian(vectorize=True): rows one by one ({e})")
         return None
     (program,) = entry
     results = program.run(w, w.sizes, [Tensor._make(cotangents)], True, list(inputs))
-    counters.batched_vjps += 1
+    emit(events.BATCHED_VJP)
     return [None if r is None else r._data for r in results]  # type: ignore[union-attr]

@@ -1,113 +1,37 @@
-"""Program caches, their bounds, and counters.
+"""The data structures of the compiler's caches: bounded maps, the graphs captured per walk
+key, a front end's programs per key, the tape path's entries, and the miss reasons in words.
+The caches themselves (the instances) belong to the compilation service (``service``); this
+module only says what they hold:
 
-Three levels, each bounded (``config``) and safe to use from several threads at once:
-
-* ``graphs``: walk key (``capture.walk``: structure, attributes, dtypes, ranks, which sizes are 0
-  or 1 and which are equal, no sizes) -> ``GraphEntry``: the graphs captured for that key.  A
-  symbolic capture serves every size vector that satisfies its guards; a concrete one only its
+* ``Service.graphs``: walk key (``key.walk``: structure, attributes, dtypes, ranks, which sizes
+  are 0 or 1 and which are equal, no sizes) -> ``GraphEntry``: the graphs captured for that key.
+  A symbolic capture serves every size vector that satisfies its guards; a concrete one only its
   own sizes.  Each captured graph keeps its programs per *program key* (the leaves' ``.grad``
-  state, the mode and the configuration that changes generated code): changing only those
-  builds a program from the same graph, without a capture.
-* ``tape_programs``: the walk-free path (``tape``): a tape key (the structure and shapes of the
+  state, the mode and the configuration that changes generated code) in a ``Programs`` table:
+  changing only those builds a program from the same graph, without a capture.
+* ``Service.tapes``: the walk-free path (``tape``): a tape key (the structure and shapes of the
   forward recorded in a compiled region) -> ``TapeEntry``, the ``tape.Binding`` that finds the
-  walk's arguments in such a graph and, per state of the leaves, the program and size vector.
+  walk's arguments in such a graph and, per state of the leaves, where its program is.
 * each ``program.Program`` keeps its own per-size-vector instances (``config.sizes_per_program``).
 
-A miss costs O(1) in the number of cached programs: the reason in words (logged on the
-``recompiles`` channel) compares the new key with the last key of the same coarse shape (the
-sequence of node kinds), never with every cached key.
+A miss costs O(1) in the number of cached programs: the reason in words (``KeyHistory``, logged
+on the ``recompiles`` channel) compares the new key with the last key of the same coarse shape
+(the sequence of node kinds), never with every cached key.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .settings import config
 
-
-@dataclass
-class Counters:
-    """What the compiler did in this process (``reset()`` zeroes it), one line per counter:
-
-    * captures: backward graphs captured (the engine run over symbolic values: Python work).
-    * builds: programs built from a captured graph (schedule, code generation, loading).
-    * compiles: numba specialisations (a function for one set of argument types) JIT-compiled.
-    * cache_hits: backward passes that found their ``Program`` in memory (tape hits included).
-    * tape_hits: the cache hits found through the tape, without walking the graph.
-    * disk_hits: numba specialisations loaded from the disk cache instead of compiled.
-    * compiled_runs: backward passes run by a compiled ``Program``.
-    * fallbacks: backward passes run eagerly, by reason.
-    * step_captures: calls of compiled functions recorded as a whole step (``step``).
-    * step_runs: calls replayed as a whole step.
-    * step_warmups: first calls run eagerly because they create optimizer state (``step``).
-    * background_compiles: programs (whole steps, compiled modules' backwards) built and
-      JIT-compiled on a thread of their own.
-    * uncompiled_runs: whole-step replays (counted in step_runs too) and compiled modules'
-      backwards run uncompiled, each value by its eager kernel, while their program was built
-      in the background.
-    * step_breaks: recordings that could not be replayed, by reason (the function then runs
-      with compiled backward only, for that guard key).
-    * opaque_functions: custom Function ``backward`` calls a compiled program ran eagerly, as
-      an opaque step, because they cannot be traced, by reason (counted in compiled_runs too).
-    * checkpoints_replayed: checkpointed functions a compiled program recomputed from the
-      recording of their forward (``autograd.recording``), without their Python.
-    * checkpoints_rerun: checkpointed functions whose Python a compiled program ran again (the
-      unpack hook as an opaque step), because a replay could not vouch for it, by reason (a
-      reentrant one counts in opaque_functions instead).
-    * batched_vjps: Jacobian blocks (``jacobian(vectorize=True)``, one per output) whose rows
-      one batched program computed (``batching``).
-
-    ``compiles`` and ``disk_hits`` count the functions programs call (generated CPU kernels, their
-    ``prange`` variants, the interpreter's ``run_ops``, CUDA kernels on a GPU; the CUDA simulator
-    compiles nothing), whenever numba needs one (``codegen.diskcache``), not the helpers inside.
-    """
-
-    captures: int = 0
-    builds: int = 0
-    compiles: int = 0
-    cache_hits: int = 0
-    tape_hits: int = 0
-    disk_hits: int = 0
-    compiled_runs: int = 0
-    fallbacks: Counter = field(default_factory=Counter)
-    step_captures: int = 0
-    step_runs: int = 0
-    step_warmups: int = 0
-    background_compiles: int = 0
-    uncompiled_runs: int = 0
-    step_breaks: Counter = field(default_factory=Counter)
-    opaque_functions: Counter = field(default_factory=Counter)
-    checkpoints_replayed: int = 0
-    checkpoints_rerun: Counter = field(default_factory=Counter)
-    batched_vjps: int = 0
-    # not a count: ``time.perf_counter()`` when a program last started an allreduce (a DDP
-    # bucket): the moment its last gradient was done (``benchmarks.distributed`` reads it)
-    last_allreduce_start: float = 0.0
-
-    def __repr__(self) -> str:
-        fb = dict(self.fallbacks)
-        return (
-            f"Counters(captures={self.captures}, builds={self.builds}, "
-            f"compiles={self.compiles}, cache_hits={self.cache_hits}, "
-            f"tape_hits={self.tape_hits}, disk_hits={self.disk_hits}, "
-            f"compiled_runs={self.compiled_runs}, fallbacks={fb}, "
-            f"step_captures={self.step_captures}, step_runs={self.step_runs}, "
-            f"step_warmups={self.step_warmups}, "
-            f"background_compiles={self.background_compiles}, "
-            f"uncompiled_runs={self.uncompiled_runs}, "
-            f"step_breaks={dict(self.step_breaks)}, "
-            f"opaque_functions={dict(self.opaque_functions)}, "
-            f"checkpoints_replayed={self.checkpoints_replayed}, "
-            f"checkpoints_rerun={dict(self.checkpoints_rerun)}, "
-            f"batched_vjps={self.batched_vjps})"
-        )
-
-
-counters = Counters()
+if TYPE_CHECKING:
+    from .program import Program
+    from .service import BackgroundBuild
 
 
 class LRU:
@@ -208,44 +132,101 @@ class GraphEntry:
         return None
 
 
-graphs = LRU(_limit("cache_size"))
+class Slot:
+    """One program's life under one key: ``program`` once built (and, in the background case,
+    compiled), ``job`` while a ``BackgroundBuild`` runs."""
+
+    __slots__ = ("job", "program")
+
+    def __init__(self) -> None:
+        self.program: Program | None = None
+        self.job: BackgroundBuild | None = None
+
+
+class Programs:
+    """A front end's programs by key (a whole step's by ``.grad`` state, a module's backward by
+    which outputs got a gradient, a captured graph's by program key), at most ``limit`` kept:
+    the oldest key goes first.  Readers on other threads see whole dicts (copy on write)."""
+
+    __slots__ = ("limit", "slots")
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+        self.slots: dict[Any, Slot] = {}
+
+    def ready(self, key: Any) -> Program | None:
+        """The program under ``key`` when it is built and not being compiled, else None."""
+        slot = self.slots.get(key)
+        if slot is None or slot.job is not None:
+            return None
+        return slot.program
+
+    def slot(self, key: Any) -> Slot:
+        found = self.slots.get(key)
+        if found is None:
+            slots = dict(self.slots)
+            found = slots[key] = Slot()
+            while self.limit is not None and len(slots) > self.limit:
+                slots.pop(next(iter(slots)))
+            self.slots = slots
+        return found
+
+    def programs(self) -> list[Program]:
+        return [s.program for s in self.slots.values() if s.program is not None]
+
+    def keys(self) -> list:
+        return list(self.slots)
+
+    def __iter__(self) -> Iterator:
+        return iter(self.keys())
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def __contains__(self, key: Any) -> bool:
+        return self.ready(key) is not None
 
 
 @dataclass
 class TapeEntry:
     binding: Any  # tape.Binding
-    programs: dict = field(default_factory=dict)  # (leaf key, mode) -> (Program, size vector)
-
-
-tape_programs = LRU(_limit("tape_cache_size"))
+    # (leaf key, mode, configuration) -> (the captured graph's ``Programs``, program key, size
+    # vector): its program, when ready
+    programs: dict = field(default_factory=dict)
 
 
 # ---- miss reasons, in words, in O(1) --------------------------------------------------------
 
-_recent = LRU(lambda: 4096)  # coarse shape of a key -> the last full key of that shape
+
+class KeyHistory:
+    """The last full walk key of each coarse shape (the sequence of node kinds), to say why a
+    key missed in O(1): its first difference from the last key of the same shape."""
+
+    def __init__(self) -> None:
+        self._recent = LRU(lambda: 4096)
+
+    def remember(self, key: tuple) -> None:
+        self._recent.put(_coarse(key), key)
+
+    def clear(self) -> None:
+        self._recent.clear()
+
+    def miss_reason(self, key: tuple, first: bool) -> str:
+        """Why ``key`` missed, in words (``first``: nothing is cached at all)."""
+        if first:
+            return "first capture"
+        previous = self._recent.get(_coarse(key))
+        if previous is None:
+            nodes = sum(1 for e in key if isinstance(e, tuple) and e and e[0] not in _KINDS)
+            return f"a graph not seen before ({nodes} nodes)"
+        for i, (a, b) in enumerate(zip(previous, key)):
+            if a != b:
+                return describe_difference(i, a, b)
+        return "a graph whose earlier program was evicted from the cache (config.cache_size)"
 
 
 def _coarse(key: tuple) -> tuple:
     return tuple(entry[0] if isinstance(entry, tuple) and entry else None for entry in key)
-
-
-def remember(key: tuple) -> None:
-    _recent.put(_coarse(key), key)
-
-
-def miss_reason(key: tuple) -> str:
-    """Why ``key`` missed, in words: the first difference from the last key of the same coarse
-    shape (the same sequence of node kinds), or that the graph is new."""
-    if not len(graphs):
-        return "first capture"
-    previous = _recent.get(_coarse(key))
-    if previous is None:
-        nodes = sum(1 for e in key if isinstance(e, tuple) and e and e[0] not in _KINDS)
-        return f"a graph not seen before ({nodes} nodes)"
-    for i, (a, b) in enumerate(zip(previous, key)):
-        if a != b:
-            return describe_difference(i, a, b)
-    return "a graph whose earlier program was evicted from the cache (config.cache_size)"
 
 
 _KINDS = ("call", "root", "input", "leaf", "remat")
@@ -329,39 +310,3 @@ def describe_program_miss(old_key: tuple | None, new_key: tuple) -> str:
         if a != b:
             return f"leaf {k}'s .grad changed (dtype, layout or requires_grad)"
     return "another program key"
-
-
-def lookup(w: Any, mode: str = "default") -> Any:
-    """The cached program that runs walk ``w`` in ``mode`` now, or None (for tools)."""
-    entry = graphs.get(w.key)
-    captured = entry.find(w.sizes) if entry is not None else None
-    if captured is None:
-        return None
-    return captured.programs.get((w.grad_key, mode, config.program_key()))
-
-
-def cached_programs() -> list:
-    """Every program in the graph cache (for tests and tools), oldest graph first."""
-    out = []
-    for entry in graphs.values():
-        captures = list(entry.symbolic) + entry.concrete.values()
-        for captured in captures:
-            out.extend(captured.programs.values())
-    return out
-
-
-def reset() -> None:
-    """Clear in-memory program caches and counters."""
-    graphs.clear()
-    tape_programs.clear()
-    _recent.clear()
-    counters.captures = counters.compiles = counters.cache_hits = counters.disk_hits = 0
-    counters.tape_hits = counters.builds = 0
-    counters.compiled_runs = counters.step_captures = counters.step_runs = 0
-    counters.step_warmups = counters.background_compiles = counters.uncompiled_runs = 0
-    counters.fallbacks.clear()
-    counters.step_breaks.clear()
-    counters.opaque_functions.clear()
-    counters.checkpoints_replayed = 0
-    counters.checkpoints_rerun.clear()
-    counters.batched_vjps = 0

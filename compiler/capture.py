@@ -45,49 +45,37 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from fusegrad import dtypes as _dt
 from fusegrad.autograd import anomaly, grad_mode
 from fusegrad.autograd import engine as _engine
-from fusegrad.autograd.forward_state import state as _forward_state
 from fusegrad.autograd.function import FunctionCtx
-from fusegrad.autograd.node import AccumulateGrad, OpNode
-from fusegrad.autograd.recording import Recording
+from fusegrad.autograd.node import OpNode
 from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.errors import AutogradError
 from fusegrad.ops import registry
 from fusegrad.ops.registry import RULES as _RULES
-from fusegrad.random import default_generator
 from fusegrad.tensor import Tensor
-from fusegrad.utils.checkpoint import CheckpointFunction
 
 from . import symbolic
+from .cache import Programs
 from .ddp import Buckets
 from .functions import (
-    CTX_INTERNAL,
-    CtxTensor,
     TracedCtx,
     Untraceable,
-    ctx_attribute_key,
     function_globals_key,
+    none_gradients,
     reads_plain_values,
-    return_sources,
 )
-from .ir import Graph, Value, freeze
+from .ir import Graph, Value
+from .key import INLINED, Walk, sized_attrs
 from .symbolic import FakeArray, Guard, NeedsData, ShapeEnv
-from .tape import REMATERIALISE
-from .tape import state as tape_state
 
 # float16/bfloat16 values: numba has no CPU half type, so graphs holding them run eagerly
 _HALF_REASON = "a float16/bfloat16 value (compiled programs take no half dtypes: eager)"
-
-
-# node types the capture inlines (``double.CompiledGradBackward``): type -> an object with
-# ``key(node)`` (its part of the walk key) and ``inline(capture, node, grads)`` (its results)
-INLINED: dict[type, Any] = {}
 
 
 class Fallback(Exception):
@@ -102,37 +90,6 @@ class OpaqueRestart(Fallback):
         super().__init__(reason)
         self.site = site
         self.reason = reason
-
-
-# custom Function class -> (input positions its ``backward`` returned None for although the
-# program expected a gradient, positions it returned a gradient for although the program
-# expected None), found when opaque steps ran (``program._function_output``): the walk keys them
-NONE_GRADIENTS: dict[type, tuple[frozenset, frozenset]] = {}
-
-
-def learn_gradient(cls: type, index: int, returned: bool) -> None:
-    """Record that ``cls.backward`` returned a gradient (or None) at ``index`` against what the
-    program was built for."""
-    none, some = NONE_GRADIENTS.get(cls, (frozenset(), frozenset()))
-    if returned:
-        NONE_GRADIENTS[cls] = (none - {index}, some | {index})
-    else:
-        NONE_GRADIENTS[cls] = (none | {index}, some - {index})
-
-
-def none_gradients(node: FunctionCtx, layout: tuple) -> frozenset:
-    """The input positions an opaque step of ``node``'s ``backward`` is built to take no
-    gradient from, given which gradients it gets (``layout``): those where every ``return`` has
-    a literal None or passes on a gradient it gets as None (``functions.return_sources``), or,
-    once one has run, those found at run time (``NONE_GRADIENTS``)."""
-    none = set()
-    for j, source in return_sources(node._cls.backward).items():
-        if source is None or (
-            not node.materialize_grads and source < len(layout) and not layout[source]
-        ):
-            none.add(j)
-    learned, some = NONE_GRADIENTS.get(node._cls, (frozenset(), frozenset()))
-    return frozenset((none | learned) - some)
 
 
 class Refused(Fallback):
@@ -159,566 +116,6 @@ class SymbolicTensor(Tensor):
         t = cls._make(data)
         t._value = value
         return t
-
-
-@dataclass
-class Walk:
-    """The result of the cheap walk: cache key plus runtime arguments in key order."""
-
-    key: tuple
-    sizes: tuple = ()  # the size vector: symbol k's value is sizes[k]
-    grad_key: tuple = ()  # the leaves' .grad state (what a program, not a graph, depends on)
-    nodes: list = field(default_factory=list)
-    saved: list = field(default_factory=list)  # (node, SavedTensor) in key order
-    saved_alias: list = field(default_factory=list)  # per saved: index of its first alias
-    # saved index -> (primitive, attrs, saved index of its input): saved values recomputed in
-    # the program from an array it reads anyway (see ``_plan_rematerialisation``)
-    remat: dict = field(default_factory=dict)
-    leaves: list = field(default_factory=list)  # leaf tensors in key order
-    fallback: str | None = None
-    index: dict = field(default_factory=dict)  # node -> position in ``nodes``
-    has_hooks: bool = False  # user hooks run as opaque steps (effects then happen in order)
-    # with ``inputs`` (grad(), backward(inputs=...)): the OpNodes the eager engine does not run
-    # -- those only reached through an input, and an input's own node when nothing needed lies
-    # beyond it -- whose saved tensors are neither read, checked nor freed (as in eager)
-    unrun: frozenset = frozenset()
-    # Function node -> {attribute name: CtxTensor} (its tensor attributes, in ``saved``)
-    ctx_tensors: dict = field(default_factory=dict)
-    # Function node -> why its ``backward`` cannot be traced: it runs as an opaque step of the
-    # program (the eager ``backward``, like a user hook), found by the walk; ``Captured.opaque``
-    # holds those the capture found
-    opaque: dict = field(default_factory=dict)
-    # compiled autograd doing DistributedDataParallel's averaging (``ddp.plan``): the program
-    # starts each bucket's allreduce where the hooks would; the hooks themselves do not run
-    ddp: Any = None
-    # checkpointed functions whose recomputation the program runs from their recordings
-    # (``autograd.recording``): (recording, saved indices of its arguments, of its tensors from
-    # outside, {op index: saved index} of its random draws); and per saved tensor a holder
-    # stands for: (region number, ref)
-    regions: list = field(default_factory=list)
-    region_of: dict = field(default_factory=dict)
-    # reentrant checkpoint node -> its region: its backward is the recording's (``Capture``)
-    reentrant: dict = field(default_factory=dict)
-    # why the recordings of non-reentrant checkpoints whose unpack hooks run are not replayed
-    reruns: list = field(default_factory=list)
-
-
-def sized_attrs(prim: Any, attrs: dict, size: Any) -> dict:
-    """``attrs`` of a call of ``prim`` with ``size`` applied to every size in its size
-    attributes (``symbolic.map_size_attr``)."""
-    return {
-        k: symbolic.map_size_attr(k, v, size) if k in prim.size_attrs else v
-        for k, v in attrs.items()
-    }
-
-
-class _Unversioned:
-    """The version counter of a value no one writes."""
-
-    __slots__ = ()
-    value = 0
-
-
-class RedrawnTensor:
-    """A random draw inside a checkpointed function (``autograd.recording``): a program input
-    drawn again, whenever the program reads it, by ``redo`` from the default generator set to
-    ``state`` (its state before the forward's draw, put back afterwards), as eager's
-    recomputation with ``preserve_rng_state`` draws it: the forward's numbers, not kept."""
-
-    __slots__ = ("_redo", "_state")
-    _counter = _Unversioned()
-    _version = 0
-    _data = None
-    _unpack_hook = None
-    _producer = None
-    _output_nr = 0
-    _is_output = False
-
-    def __init__(self, redo: Any, state: Any) -> None:
-        self._redo = redo
-        self._state = state
-
-    @property
-    def _tensor(self) -> Tensor:
-        now = default_generator.get_state()
-        default_generator.set_state(self._state)
-        try:
-            with tracing(None):  # (no tracer of this thread sees the draw)
-                return self._redo()  # type: ignore[no-any-return]
-        finally:
-            default_generator.set_state(now)
-
-    def unpack(self, node: Any) -> Tensor:
-        return self._tensor
-
-
-class _Sizes:
-    """Duck sizing for one walk: each size of 2 or more becomes its symbol (``2 + k`` in the key,
-    where no literal size of 2 or more remains), 0 and 1 stay literal."""
-
-    __slots__ = ("of", "shapes", "values")
-
-    def __init__(self) -> None:
-        self.of: dict[int, int] = {}
-        self.values: list[int] = []
-        self.shapes: dict[tuple, tuple] = {}
-
-    def size(self, d: int) -> int:
-        if d < 2:
-            return d
-        k = self.of.get(d)
-        if k is None:
-            k = self.of[d] = len(self.values)
-            self.values.append(d)
-        return k + 2
-
-    def shape(self, shape: tuple) -> tuple:
-        out = self.shapes.get(shape)
-        if out is None:
-            out = self.shapes[shape] = tuple([self.size(d) for d in shape])
-        return out
-
-
-def _grad_state(leaf: Any) -> tuple | None:
-    """What a program depends on of a leaf's ``.grad``: whether it exists, and what decides if a
-    kernel may add into it in place."""
-    grad = leaf._grad
-    if grad is None:
-        return None
-    data = grad._data
-    flags = data.flags
-    return (
-        grad._dtype,
-        grad.requires_grad,
-        bool(flags.writeable),
-        bool(flags.c_contiguous),
-        data.shape == leaf._data.shape,
-    )
-
-
-def walk(
-    roots: Sequence[Tensor],
-    grad_roots: Sequence[Tensor],
-    inputs: Sequence[Tensor] | None,
-    accumulate: bool,
-    create_graph: bool,
-) -> Walk:
-    """Build the key and collect the runtime arguments (see the module docstring)."""
-    out = Walk(key=())
-    if _forward_state.level is not None:
-        # the rules' ops must run on the dual values to propagate tangents (forward over
-        # reverse); a compiled program would drop them
-        out.fallback = "a forward-AD dual level is active (tangents flow through the backward)"
-        return out
-    index: dict = {}
-    order: list = []
-    root_edges = [r._edge() for r in roots]
-    stack = [n for n, _ in reversed(root_edges) if n is not None]
-    while stack:
-        n = stack.pop()
-        if n in index:
-            continue
-        index[n] = len(order)
-        order.append(n)
-        for child, _ in reversed(n._edges):
-            if child is not None and child not in index:
-                stack.append(child)
-    unrun: frozenset = frozenset()
-    if inputs is not None:
-        targets = {n for n, _ in (t._edge() for t in inputs) if n is not None}
-        needed = _engine._needed(index, targets)
-        unrun = frozenset(
-            n
-            for n in order
-            if (type(n) in (OpNode, FunctionCtx) or type(n) in INLINED)
-            and (
-                n not in needed
-                or (n in targets and not any(c in needed for c, _ in n._edges if c is not None))
-            )
-        )
-        out.unrun = unrun
-    sizes = _Sizes()
-    shape = sizes.shape
-    # anomaly mode: the program checks each node's gradients for NaN (``Capture.check_nan``);
-    # create_graph: its gradients get a differentiable node (``double``)
-    check_nan = anomaly._state.enabled and anomaly._state.check_nan
-    key: list = [("call", accumulate, len(roots), check_nan, create_graph)]
-    for (n, nr), g in zip(root_edges, grad_roots):
-        # the array type is the device (numpy on the CPU, CudaArray on CUDA)
-        key.append(("root", index.get(n, -1), nr, shape(g._data.shape), g._dtype, type(g._data)))
-    if inputs is not None:
-        for t in inputs:
-            n, nr = t._edge()
-            key.append(("input", index.get(n, -1), nr))
-    # The hot loop of every walked backward: per node only attribute reads and tuple building
-    # (dtype objects, not their names; attrs as items, frozen only if unhashable).
-    append = key.append
-    saved_out = out.saved
-    grad_key = []
-    aliases: dict = {}
-    regions: dict = {}  # id(recording) -> its region number
-
-    def packed(n: Any, s: Any) -> tuple:
-        """The key entry of saved tensor ``s`` (of node ``n``), packed by saved-tensor hooks."""
-        holder = s._packed
-        rec = getattr(holder, "recording", None)
-        if type(rec) is Recording and rec.broken is None and not create_graph:
-            # a checkpointed function's tensor: the program recomputes it from the recording
-            number = regions.get(id(rec))
-            if number is None:
-                number = regions[id(rec)] = region(n, rec)
-            out.region_of[len(saved_out)] = (number, holder.ref)
-            out.saved_alias.append(len(saved_out))
-            saved_out.append((n, s))
-            return ("region", number, holder.ref)
-        if type(rec) is Recording and id(rec) not in regions:
-            regions[id(rec)] = -1
-            out.reruns.append(rec.broken or "create_graph=True")
-        # otherwise the unpack hook is an opaque step of the program (user code, so effects
-        # keep their eager order), built for the shape and dtype the packed tensor had
-        out.has_hooks = True
-        mshape, mdtype, mtype = s._meta
-        out.saved_alias.append(len(saved_out))
-        saved_out.append((n, s))
-        return (shape(mshape), mdtype, mtype, "unpack")
-
-    def replayable(n: FunctionCtx, rec: Recording) -> bool:
-        """Whether the backward of reentrant checkpoint ``n`` can be its recording's backward:
-        a plain ``backward()`` (eager's raises otherwise), and what the recording reads from
-        outside that needs a gradient are leaves without hooks (the inner backward's writes
-        are then ``.grad`` writes, in any order)."""
-        if rec.broken is not None or create_graph or inputs is not None or not accumulate:
-            return False
-        if not _engine.is_checkpoint_valid() or not rec.outputs:
-            return False
-        for t in rec.outside:
-            if t._requires_grad or t.grad_fn is not None:
-                if t.grad_fn is not None or t._hooks or t._post_acc_hooks:
-                    return False
-                acc = t._accumulator() if t._accumulator is not None else None
-                if acc is not None and (acc._pre_hooks or acc._post_hooks):
-                    return False
-        return True
-
-    def reentrant(n: FunctionCtx, rec: Recording) -> tuple:
-        """The key entry of reentrant checkpoint ``n`` replayed from ``rec``: the recording,
-        and the leaves from outside it that the inner backward writes ``.grad`` of."""
-        number = regions[id(rec)] = region(n, rec)
-        out.reentrant[n] = number
-        for t in rec.outside:
-            if t._requires_grad:
-                append(("leaf", shape(t._data.shape), t._dtype, type(t._data), None))
-                grad_key.append(_grad_state(t))
-                out.leaves.append(t)
-        return (
-            "checkpoint",
-            number,
-            n.materialize_grads,
-            n.needs_input_grad,
-            tuple(n.tensor_indices),
-            tuple((shape(s), d) for s, d in n._output_meta),
-        )
-
-    def region(n: Any, rec: Recording) -> int:
-        """Key recording ``rec`` (the ops, with their size attributes as the walk's sizes) and
-        add its arguments and its tensors from outside to the saved list; its number."""
-        args = []
-        for a in rec.args:  # (version-checked when the program unpacks them, as eager does)
-            if a._unpack_hook is not None:  # packed by an enclosing checkpoint's hooks
-                # (keying the enclosing recording first may add entries: ``a`` is the last)
-                meta = packed(n, a)
-                args.append((len(saved_out) - 1, meta))
-                continue
-            k = len(saved_out)
-            t = a._tensor
-            data = a._data if t is None else t._data
-            alias = aliases.setdefault(id(data), k)
-            saved_out.append((n, a))
-            out.saved_alias.append(alias)
-            args.append((k, (shape(data.shape), data.dtype, type(data), alias)))
-        outside = []
-        for t in rec.outside:  # (read as they are now, as the Python re-run would read them)
-            k = len(saved_out)
-            data = t._data
-            alias = aliases.setdefault(id(data), k)
-            saved_out.append((n, CtxTensor(t)))
-            out.saved_alias.append(alias)
-            outside.append((k, (shape(data.shape), t._dtype, type(data), alias)))
-        ops = []
-        draws = {}
-        for i, op in enumerate(rec.ops):
-            if op[0] == "full":
-                ops.append(("full", shape(op[1]), op[2], op[3]))
-                continue
-            if op[0] == "draw":  # (drawn again on every run: an input of its own)
-                draws[i] = len(saved_out)
-                saved_out.append((n, RedrawnTensor(op[1], op[2])))
-                out.saved_alias.append(draws[i])
-                ops.append(("draw", op[3], shape(op[4]), op[5]))
-                continue
-            prim, attrs, refs = op[1], op[2], op[3]
-            if prim.size_attrs:
-                attrs = sized_attrs(prim, attrs, sizes.size)
-            ops.append((prim.name, tuple(attrs.items()), refs))
-        append(
-            (
-                "region",
-                tuple(m for _, m in args),
-                tuple(m for _, m in outside),
-                tuple(ops),
-                tuple((t._data.item(), t._dtype) for t in rec.numbers),
-            )
-        )
-        out.regions.append((rec, [k for k, _ in args], [k for k, _ in outside], draws))
-        return len(out.regions) - 1
-
-    for n in order:
-        kind = type(n)
-        if kind is OpNode or kind is FunctionCtx or kind in INLINED:
-            hooks: tuple | None = None
-            if n._pre_hooks or n._post_hooks or n._tensor_pre_hooks or n._retain_grad_hooks:
-                # hook *counts* per site are structure; the callables are looked up at run time
-                out.has_hooks = True
-                hooks = (
-                    len(n._pre_hooks or ()),
-                    len(n._post_hooks or ()),
-                    tuple(sorted((nr, len(h)) for nr, h in (n._tensor_pre_hooks or {}).items())),
-                    tuple(sorted(n._retain_grad_hooks or ())),
-                )
-            saved = n._saved
-            if n in unrun:
-                saved = ()  # (the key still holds its place: ``"unrun"`` below)
-            elif saved is None:
-                if kind is OpNode and n._rule.save_index or kind is not OpNode and n._released:
-                    # freed: the eager engine raises its "Specify retain_graph=True" error
-                    out.fallback = f"{n.name()} has freed its saved tensors"
-                    return out
-                saved = ()
-            smeta: list = []
-            for s in saved:
-                if s is None:  # (a Function saved None)
-                    smeta.append(None)
-                    continue
-                if s._counter is None:
-                    out.fallback = f"{n.name()} has freed its saved tensors"
-                    return out
-                if s._unpack_hook is not None:
-                    smeta.append(packed(n, s))
-                    continue
-                t = s._tensor
-                data = s._data if t is None else t._data
-                # which saved arrays are the same array is structure too: one program input
-                # (and one kernel argument) per distinct array
-                alias = aliases.setdefault(id(data), len(saved_out))
-                smeta.append((shape(data.shape), data.dtype, type(data), alias))
-                saved_out.append((n, s))
-                out.saved_alias.append(alias)
-            if kind is not OpNode:
-                if kind is FunctionCtx:
-                    rec = n.__dict__.get("recording") if n._cls is CheckpointFunction else None
-                    try:
-                        if rec is not None and replayable(n, rec):
-                            entry = reentrant(n, rec)
-                        else:
-                            entry = _function_entry(n, out, shape, aliases, n in unrun)
-                    except Untraceable as e:
-                        out.opaque[n] = f"{n.name()}: {e}"
-                        out.has_hooks = True  # (user code runs inside: effects in eager order)
-                        entry = _opaque_function_entry(n, shape)
-                else:
-                    entry = INLINED[kind].key(n)
-                append(
-                    (
-                        entry,
-                        tuple((index[c] if c is not None else -1, nr) for c, nr in n._edges),
-                        tuple([(shape(s), d) for s, d in n._input_meta]),
-                        tuple(smeta),
-                        hooks,
-                        "unrun" if n in unrun else None,
-                    )
-                )
-                continue
-            prim = n._prim
-            if n._rule is not _RULES.get(prim.name):
-                # a node built by hand with a rule of its own: programs are keyed by primitive
-                out.fallback = f"{n.name()} has a derivative rule of its own (not its primitive's)"
-                return out
-            attrs = n.attrs
-            items = tuple(
-                (sized_attrs(prim, attrs, sizes.size) if prim.size_attrs else attrs).items()
-            )
-            append(
-                (
-                    prim.name,
-                    items,
-                    tuple((index[c] if c is not None else -1, nr) for c, nr in n._edges),
-                    tuple([(shape(s), d) for s, d in n._input_meta]),
-                    tuple(smeta),
-                    hooks,
-                    "unrun" if n in unrun else None,
-                )
-            )
-        elif kind is AccumulateGrad:
-            v = n.variable
-            hooks = None  # (annotated above)
-            if n._pre_hooks or n._post_hooks or v._hooks or v._post_acc_hooks:
-                out.has_hooks = True
-                hooks = (
-                    len(n._pre_hooks or ()),
-                    len(n._post_hooks or ()),
-                    len(v._hooks or ()),
-                    len(v._post_acc_hooks or ()),
-                )
-            append(("leaf", shape(v._data.shape), v._dtype, type(v._data), hooks))
-            grad_key.append(_grad_state(v))
-            out.leaves.append(v)
-        else:
-            out.fallback = _unsupported(n)
-            return out
-    if out.opaque and (anomaly._state.enabled or create_graph):
-        # (its gradients would have to be differentiable, or NaN-checked before it returns)
-        out.fallback = next(iter(out.opaque.values()))
-        return out
-    if out.has_hooks and anomaly._state.enabled:
-        # (a NaN check must stop the backward before later hooks run, as eager's does)
-        out.fallback = "anomaly mode is on and the backward runs user hooks"
-        return out
-    if create_graph and anomaly._state.enabled:
-        out.fallback = "create_graph=True under anomaly mode (each recorded node keeps its parent)"
-        return out
-    if create_graph and out.has_hooks:
-        out.fallback = "create_graph=True with user hooks (their results would be recorded)"
-        return out
-    out.nodes = order
-    out.index = index
-    out.remat = _plan_rematerialisation(out, aliases)
-    if out.remat:
-        key.append(("remat", tuple(sorted(out.remat.items()))))
-    out.sizes = tuple(sizes.values)
-    out.grad_key = tuple(grad_key)
-    try:
-        out.key = tuple(key)
-        hash(out.key)
-    except TypeError:  # an attribute value that is not hashable: freeze everything
-        out.key = freeze(tuple(key))
-    return out
-
-
-def replay_reason(w: Walk) -> str | None:
-    """Why a backward of walk ``w`` must not be replayed without walking it again (a whole
-    step, compile(module)): a traced custom Function's backward that reads Python values from
-    globals or closures, which only the walk's key checks."""
-    for n in w.nodes:
-        if type(n) is FunctionCtx and reads_plain_values(function_globals_key(n._cls.backward)):
-            return (
-                f"the backward of {n.name()} reads Python values from globals or closures, "
-                "which a replay does not check"
-            )
-    return None
-
-
-def _function_entry(n: FunctionCtx, w: Walk, shape: Any, aliases: dict, unrun: bool) -> tuple:
-    """The key of custom Function node ``n`` apart from its edges, inputs and saved tensors:
-    its class and ``backward``, what ``backward`` reads from globals and closures, the ctx's
-    attributes (its tensors become program inputs, ``w.ctx_tensors``), its flags and outputs
-    (``functions``; raises ``Untraceable``)."""
-    cls = n._cls
-    backward = cls.backward
-    if unrun:
-        return ("function", cls, backward)
-    globals_key = function_globals_key(backward)
-    attrs: list = []
-    tensors: dict = {}
-    start = len(w.saved)
-    try:
-        for name, value in n.__dict__.items():
-            if name in CTX_INTERNAL:
-                continue
-            if isinstance(value, Tensor):
-                obj = CtxTensor(value)
-                data = value._data
-                alias = aliases.setdefault(id(data), len(w.saved))
-                w.saved.append((n, obj))
-                w.saved_alias.append(alias)
-                tensors[name] = obj
-                attrs.append((name, shape(data.shape), value._dtype, type(data), alias))
-            else:
-                attrs.append((name, ctx_attribute_key(name, value)))
-    except Untraceable:
-        # (the node runs opaquely: its tensor attributes are no program inputs after all, and
-        # the walk's saved list must not depend on which attribute failed)
-        for k in range(start, len(w.saved)):
-            data = w.saved[k][1]._tensor._data
-            if aliases.get(id(data)) == k:
-                del aliases[id(data)]
-        del w.saved[start:], w.saved_alias[start:]
-        raise
-    if tensors:
-        w.ctx_tensors[n] = tensors
-    return (
-        "function",
-        cls,
-        backward,
-        globals_key,
-        tuple(attrs),
-        n.materialize_grads,
-        n.needs_input_grad,
-        tuple((shape(s), d) for s, d in n._output_meta),
-    )
-
-
-def _opaque_function_entry(n: FunctionCtx, shape: Any) -> tuple:
-    """The key of custom Function node ``n`` that runs as an opaque step: the eager ``backward``
-    is called on the node itself, so only what the program's structure depends on counts --
-    which inputs get a gradient from it (``Capture._opaque_function``)."""
-    return (
-        "function",
-        n._cls,
-        n._cls.backward,
-        "opaque",
-        n.materialize_grads,
-        n.needs_input_grad,
-        NONE_GRADIENTS.get(n._cls),
-        tuple((shape(s), d) for s, d in n._output_meta),
-    )
-
-
-def _plan_rematerialisation(w: Walk, aliases: dict) -> dict:
-    """Saved inputs that are ``neg``/``abs`` of a leaf whose array the program reads anyway
-    (cheap enough to recompute instead of reading their saved result from memory: a fused loop
-    is memory-bound, and one arithmetic op costs far less than loading 4 bytes).
-
-    Safe only if the leaf still holds the values the op saw: the op was recorded on this
-    thread's tape, which kept the leaf's version then (``tape.REMATERIALISE``), and the leaf is
-    still at that version.  The decision (and so the version equality) is part of the key."""
-    plan: dict = {}
-    candidates = []
-    for k, (_, s) in enumerate(w.saved):
-        producer = s._producer
-        if type(producer) is not OpNode or s._output_nr != 0 or s._tensor is None:
-            continue
-        if producer._prim.name not in REMATERIALISE:
-            continue
-        child = producer._edges[0][0]
-        if type(child) is not AccumulateGrad:
-            continue
-        leaf = child.variable
-        if leaf._version_counter.value != tape_state.leaf_version(producer):
-            continue
-        candidates.append((k, producer, leaf))
-    remat_ids = set()
-    for k, producer, leaf in candidates:
-        first = aliases.get(id(leaf._data))
-        if first is None or first in remat_ids:
-            continue  # the leaf's array is not read by the program: recomputing saves nothing
-        plan[k] = (producer._prim.name, tuple(producer.attrs.items()), first)
-        remat_ids.add(w.saved_alias[k])
-    # keep only plans whose input is itself read from memory (not recomputed)
-    return {k: p for k, p in plan.items() if p[2] not in remat_ids}
-
-
-def _unsupported(n: Any) -> str:
-    return f"{n.name()} is not a primitive's node (custom Function or other node type)"
 
 
 class NodeView:
@@ -1126,7 +523,9 @@ class Capture(_engine.Executor, Recorder):
         if inlined is not None:
             return inlined.inline(self, node, grads)
         if type(node) is not OpNode:
-            raise Fallback(_unsupported(node))
+            raise Fallback(
+                f"{node.name()} is not a primitive's node (custom Function or other node type)"
+            )
         rule = node._rule
         view: Any = node if self.env is None else NodeView(node, self.env)
         if not rule.save_index:
@@ -1383,14 +782,15 @@ class Capture(_engine.Executor, Recorder):
 @dataclass
 class Captured:
     """A captured graph, the guards it holds under, how it was captured, and the programs built
-    from it (per program key: ``compiler._program_for``)."""
+    from it (per program key: ``region``)."""
 
     graph: Graph
     guards: tuple[Guard, ...]
     symbolic: bool
     reason: str = ""  # why the capture was concrete (empty for a symbolic one)
     unpacked: frozenset[int] = frozenset()  # saved tensors (walk order) the backward unpacks
-    programs: dict = field(default_factory=dict)
+    # its programs by program key (``region``, through the service)
+    programs: Programs = field(default_factory=lambda: Programs(limit=Captured.MAX_PROGRAMS))
     # a ``create_graph`` backward's graph before the passes (what ``double`` differentiates:
     # the rules' own ops) and the VJP programs built from it
     raw: Graph | None = None
@@ -1399,14 +799,7 @@ class Captured:
     # run as opaque steps, like those of ``Walk.opaque``) -> why
     opaque: dict = field(default_factory=dict)
 
-    MAX_PROGRAMS = 8  # program keys kept per graph (mode x .grad states x configurations)
-
-    def keep(self, key: tuple, program: Any) -> None:
-        programs = dict(self.programs)  # copy-on-write: readers on other threads see a whole dict
-        programs[key] = program
-        while len(programs) > self.MAX_PROGRAMS:
-            programs.pop(next(iter(programs)))
-        self.programs = programs
+    MAX_PROGRAMS: ClassVar[int] = 8  # program keys kept per graph (mode x .grad states x configs)
 
 
 def capture(

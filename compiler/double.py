@@ -35,10 +35,11 @@ from fusegrad.ops._util import scalar_tensor
 from fusegrad.ops.creation import zeros
 from fusegrad.tensor import Tensor
 
-from . import logs, passes
-from .cache import counters
-from .capture import INLINED, Recorder, Refused, SymbolicTensor, Walk
+from . import events, logs, passes
+from .capture import Recorder, Refused, SymbolicTensor
+from .events import emit
 from .ir import Graph, Value
+from .key import INLINED, Walk
 from .settings import config
 from .symbolic import NeedsData
 
@@ -216,7 +217,7 @@ class CompiledGradBackward(Node):
         if not grad_mode.is_grad_enabled():
             program = self._program()
             if program is not None:
-                counters.compiled_runs += 1
+                emit(events.COMPILED_RUN)
                 arrays = [t._data for t in sources]
                 inst = program.instance(program.graph.hints)
                 result = program._run(inst, None, arrays, [], cots, None, None, len(self._needed))

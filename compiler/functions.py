@@ -29,11 +29,14 @@ from __future__ import annotations
 import builtins
 import dis
 import types
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fusegrad import dtypes as _dt
 from fusegrad.size import Size
 from fusegrad.tensor import Tensor
+
+if TYPE_CHECKING:
+    from fusegrad.autograd.function import FunctionCtx
 
 # ctx attributes the Function machinery itself keeps in ``__dict__``
 CTX_INTERNAL = frozenset({"_forward_saved", "_in_jvp"})
@@ -317,3 +320,34 @@ def return_sources(fn: Any, cache: dict = {}) -> dict:  # noqa: B006 (memo)
         result = here if result is None else {j: v for j, v in result.items() if here.get(j) == v}
     found = cache[code] = {j: (None if v == "none" else v) for j, v in (result or {}).items()}
     return found
+
+
+# custom Function class -> (input positions its ``backward`` returned None for although the
+# program expected a gradient, positions it returned a gradient for although the program
+# expected None), found when opaque steps ran (``program._function_output``): the walk keys them
+NONE_GRADIENTS: dict[type, tuple[frozenset, frozenset]] = {}
+
+
+def learn_gradient(cls: type, index: int, returned: bool) -> None:
+    """Record that ``cls.backward`` returned a gradient (or None) at ``index`` against what the
+    program was built for."""
+    none, some = NONE_GRADIENTS.get(cls, (frozenset(), frozenset()))
+    if returned:
+        NONE_GRADIENTS[cls] = (none - {index}, some | {index})
+    else:
+        NONE_GRADIENTS[cls] = (none | {index}, some - {index})
+
+
+def none_gradients(node: FunctionCtx, layout: tuple) -> frozenset:
+    """The input positions an opaque step of ``node``'s ``backward`` is built to take no
+    gradient from, given which gradients it gets (``layout``): those where every ``return`` has
+    a literal None or passes on a gradient it gets as None (``functions.return_sources``), or,
+    once one has run, those found at run time (``NONE_GRADIENTS``)."""
+    none = set()
+    for j, source in return_sources(node._cls.backward).items():
+        if source is None or (
+            not node.materialize_grads and source < len(layout) and not layout[source]
+        ):
+            none.add(j)
+    learned, some = NONE_GRADIENTS.get(node._cls, (frozenset(), frozenset()))
+    return frozenset((none | learned) - some)

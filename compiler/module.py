@@ -48,34 +48,33 @@ from typing import Any
 import numpy as np
 
 from fusegrad import random as _random
-from fusegrad.autograd import anomaly as _anomaly
 from fusegrad.autograd import engine as _engine
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd import graph_base as _graph_base
 from fusegrad.autograd.api import grad as _grad
-from fusegrad.autograd.forward_state import state as _forward_state
 from fusegrad.autograd.function import FunctionCtx
 from fusegrad.autograd.graph_base import AccumulateGrad, Node
 from fusegrad.autograd.node import _freed_message
-from fusegrad.autograd.tracer import current as _current_tracer
-from fusegrad.autograd.tracer import tracing as _tracing
 from fusegrad.errors import AutogradError
 from fusegrad.nn.module import Module
 from fusegrad.tensor import Tensor
 from fusegrad.utils.checkpoint import CheckpointFunction
 
-from . import CompilationError, Region, compiled_autograd, logs, passes
+from . import admission, events, passes
 from . import tape as _tape
 from . import trace as _trace
-from .cache import counters
-from .capture import Fallback, replay_reason
+from .admission import CompilationError
+from .capture import Fallback
 from .capture import capture as _capture_graph
-from .capture import walk as _walk
+from .events import emit
 from .ir import Graph, Value, verify
+from .key import walk as _walk
 from .passes.buffers import VIEW_OPS
-from .program import BackgroundBuild, Program, built_and_prepared
-from .settings import config
-from .step import Recorder, Step, StepBreak, Watch
+from .program import Program
+from .recording import Recorder, StepBreak, Watch, why_recorded
+from .region import Region, compiled_autograd
+from .service import Background, CompileNotice, Programs, Recordings, service
+from .step import Step, record, run_as_written
 
 
 class _ModuleNode(Node):
@@ -349,12 +348,9 @@ class AOTEntry:
         if roots:
             dummy = [Tensor._make(np.zeros(r._data.shape, r._dtype.np)) for r in roots]
             w = _walk(roots, dummy, inputs, False, False)
-            if w.fallback is not None or w.has_hooks:
-                opaque = next(iter(w.opaque.values()), None)
-                raise StepBreak(w.fallback or opaque or "the backward runs user hooks")
-            reason = replay_reason(w)
-            if reason is not None:
-                raise StepBreak(reason)
+            plan = admission.admit(w, admission.MODULE, inputs=inputs, accumulate=False)
+            if isinstance(plan, str):
+                raise StepBreak(plan)
             try:
                 captured = _capture_graph(
                     w, roots, dummy, inputs, False, symbolic=False, allow_opaque=False
@@ -395,10 +391,10 @@ class AOTEntry:
             back.effects.append(("capture", pos, mapping[v]))
         verify(back)
         self.backward_graph = back
-        # per pattern of outputs that got a gradient: the backward program
-        self.backward_programs: dict[tuple, Program] = {}
-        # backward programs being built and compiled on another thread, by the same key
-        self.backward_jobs: dict[tuple, BackgroundBuild] = {}
+        # per pattern of outputs that got a gradient: the backward program, and the graph it
+        # is built from (None: that pattern cannot be pruned exactly)
+        self.backward_programs = Programs()
+        self.pruned: dict[tuple, Graph | None] = {}
         self.n_inputs = len(inputs)
         # the forward program outputs the module's outputs, then the saved values that are not
         # inputs of the forward (those are the call's own arrays)
@@ -410,7 +406,7 @@ class AOTEntry:
         self.saved_plan = [
             ("input", input_index[f]) if f in forward_inputs else ("output", slot[f]) for f in saved
         ]
-        self.step: Step = rec.finish(out, internal, history=True)
+        self.step = Step(rec, *rec.finish(out, internal, history=True))
         verify(rec.graph)
         self.n_outputs = rec.user_outputs
         # what eager would check before this backward: the saved inputs and saved outputs
@@ -461,66 +457,58 @@ class AOTEntry:
     def build_backward(self, graph: Graph) -> Program:
         """The backward program of ``graph`` (the module's backward, or a pruned one)."""
         with _trace.resume(self):  # (the trace report's section of this recording)
-            return Program(
-                passes.run(graph, check=False),
-                mode=self.mode,
-                interpreter_max_elements=config.interpreter_max_elements,
-                sizes_per_program=1,
-                hot=True,  # (a training step's backward: it runs many times)
-            )
+            return service.build(passes.run(graph, check=False), mode=self.mode, recorded=True)
+
+    def graph_for(self, present: tuple) -> Graph | None:
+        """The backward graph for this pattern of output gradients (None: not prunable)."""
+        if all(present):
+            return self.backward_graph
+        if present not in self.pruned:
+            self.pruned[present] = _prune(self.backward_graph, present)
+        return self.pruned[present]
 
     def backward(self, saved: list, grads: tuple) -> list | None:
         """The inputs' gradients (None for an input no output with a gradient reaches), or
         None when this pattern of absent output gradients cannot be pruned exactly."""
         present = tuple(g is not None for g in grads)
-        program = self.backward_programs.get(present)
         # (an absent gradient's input is never read: any array of its shape will do)
         arrays = [g._data if g is not None else np.empty(0) for g in grads] + saved
+        program = self.backward_programs.ready(present)
         notice = None
-        job = self.backward_jobs.get(present) if program is None else None
-        if job is not None:  # being built and compiled on another thread
-            if job.done.is_set():
-                del self.backward_jobs[present]
-                if job.error is not None:
-                    logs.log("perf", f"compiled module: background build failed ({job.error!r})")
-                program = job.program
-                if program is not None:
-                    self.backward_programs[present] = program
-            else:
-                program = job.uncompiled
-                counters.uncompiled_runs += 1
         if program is None:
-            graph = self.backward_graph if all(present) else _prune(self.backward_graph, present)
+            graph = self.graph_for(present)
             if graph is None:
                 return None
-            if config.background_compile and self.mode != "debug" and not _trace.enabled:
-                # built and compiled on a thread; meanwhile the eager kernels run the graph
-                what = "a compiled module's backward in the background (run uncompiled meanwhile)"
-                scratch = [np.array(a, copy=True) for a in arrays]
-                job = BackgroundBuild(
-                    lambda: built_and_prepared(lambda: self.build_backward(graph), scratch, []),
-                    Program(graph, mode="debug", sizes_per_program=1),
-                    what,
+            background = None
+            if self.mode != "debug":
+                background = Background(
+                    owner="compiled module",
+                    what="a compiled module's backward in the background (run uncompiled "
+                    "meanwhile)",
+                    warmup=lambda: _warmup([np.array(a, copy=True) for a in arrays]),
+                    uncompiled=lambda: service.uncompiled(graph),
                 )
-                self.backward_jobs[present] = job
-                counters.background_compiles += 1
-                counters.uncompiled_runs += 1
-                program = job.uncompiled
-            else:
-                from . import _CompileNotice  # (the package imports this module: a cycle)
-
-                notice = _CompileNotice()
-                notice.start(len(graph.values), "a compiled module's backward")
-                program = self.backward_programs[present] = self.build_backward(graph)
-        counters.compiled_runs += 1
+            notice = CompileNotice()
+            program, _ = service.obtain(
+                self.backward_programs,
+                present,
+                lambda: self.build_backward(graph),
+                background,
+                notice,
+            )
+        emit(events.COMPILED_RUN)
         prev = grad_mode._state.enabled
         grad_mode._state.enabled = False
         try:
-            return program.run_step(arrays, [], {}, self.n_inputs)
+            return program.run_step(arrays, [], {}, self.n_inputs)  # type: ignore[no-any-return]
         finally:
             grad_mode._state.enabled = prev
             if notice is not None:
                 notice.stop()
+
+
+def _warmup(scratch: list) -> Callable[[Program], Any]:
+    return lambda program: program.prepare(scratch, [])
 
 
 _ABSENT = object()
@@ -670,7 +658,8 @@ class OptimizedModule(Module):
         object.__setattr__(self, "_fullgraph", fullgraph)
         object.__setattr__(self, "_compile_mode", mode)
         object.__setattr__(self, "_reasons_logged", set())
-        object.__setattr__(self, "_aot", {})  # guard key -> AOTEntry | reason (str)
+        # guard key -> AOTEntry | reason (str), and the recording policy
+        object.__setattr__(self, "_aot", Recordings(lambda: f"compile({type(mod).__name__})"))
 
     # -- the original's state, not a copy -------------------------------------------------------
     @property
@@ -747,38 +736,30 @@ class OptimizedModule(Module):
     # -- the compiled call ---------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
-        if _current_tracer() is not None:  # part of an enclosing compiled function or region
-            with compiled_autograd(self._fullgraph, self._compile_mode):
-                return mod(*args, **kwargs)
-        if _forward_state.level is not None:
-            # a dual level: the ops must run to propagate tangents, which no replay computes
-            return mod(*args, **kwargs)
-        if _anomaly._state.enabled:
-            # anomaly mode checks each backward node's outputs and names the node: the module's
-            # own graph, run eagerly (no replay, no module node), as in eager mode
-            return mod(*args, **kwargs)
+        policy = admission.call_policy()
+        if policy != admission.COMPILE:
+            return run_as_written(policy, mod, args, kwargs, self._region)
         watch = Watch(mod.forward, args, kwargs)
         entries = self.__dict__["_aot"]
         entry = entries.get(watch.key)
         if type(entry) is AOTEntry:
             out = self._replay(entry, watch, args, kwargs)
             if out is not NotImplemented:
-                counters.step_runs += 1
-                logs.log_counted("cache", "module", "compiled module's forward replayed")
+                emit(
+                    events.STEP_REPLAYED,
+                    what="module",
+                    message="compiled module's forward replayed",
+                )
                 return out
         first_seq = next(_graph_base._sequence)
         rec = None
-        if entry is None and len(entries) < config.step_recordings:
-            rec = Recorder(watch, Region(self._fullgraph, self._compile_mode))
-            _tape.state.enter()
-            try:
-                tape = _tape.state.tape
-                with _tracing(rec):
-                    out = mod(*args, **kwargs)
-            finally:
-                _tape.state.exit()
+        if entry is None and entries.refusal() is None:
+            entries.count()
+            rec, out, tape = record(
+                mod, watch, Region(self._fullgraph, self._compile_mode), args, kwargs
+            )
         else:
-            with compiled_autograd(self._fullgraph, self._compile_mode):
+            with self._region():
                 tape = _tape.state.tape
                 out = mod(*args, **kwargs)
         roots = _roots(out, first_seq)
@@ -794,50 +775,41 @@ class OptimizedModule(Module):
         )
         if reason is not None:
             if rec is not None:
-                entries[watch.key] = reason
+                entries.remember(watch.key, reason)
             self._note_eager_backward(reason)
             return out
         if rec is not None:
             self._remember(entries, watch, rec, out, roots, inputs)
-        node = CompiledModuleBackward(roots, inputs, self._fullgraph, self._compile_mode)
-        index = {id(r): k for k, r in enumerate(roots)}
+        return _alias_outputs(
+            out, roots, CompiledModuleBackward(roots, inputs, self._fullgraph, self._compile_mode)
+        )
 
-        made: dict[int, Tensor] = {}  # one alias per output, however often it is returned
+    def _region(self) -> Any:
+        return compiled_autograd(self._fullgraph, self._compile_mode)
 
-        def alias(t: Tensor) -> Tensor:
-            k = index.get(id(t))
-            if k is None:
-                return t
-            a = made.get(k)
-            if a is None:
-                a = made[k] = Tensor._make(t._data)
-                a._version_counter = t._version_counter
-                a.grad_fn = node
-                a._output_nr = k
-            return a
-
-        return _map_tensors(out, alias)
+    def _name(self) -> str:
+        return f"compile({type(self._orig_mod).__name__})"
 
     def _remember(
-        self, entries: dict, watch: Watch, rec: Recorder, out: Any, roots: list, inputs: list
+        self, entries: Recordings, watch: Watch, rec: Recorder, out: Any, roots: list, inputs: list
     ) -> None:
         """File the recording of this call (or why it cannot be replayed)."""
         started = _trace.clock() if _trace.enabled else 0.0
+        detail = {"what": "module", "owner": self, "watch": watch, "started": started, "why": ""}
         try:
             if rec.backwards:
                 raise StepBreak("the forward calls backward()")
-            entries[watch.key] = AOTEntry(rec, out, roots, inputs, watch, self._compile_mode)
-            counters.step_captures += 1
+            entry = AOTEntry(rec, out, roots, inputs, watch, self._compile_mode)
         except StepBreak as e:
-            entries[watch.key] = str(e)
-            counters.step_breaks[str(e)] += 1
-            logs.log(
-                "fallback",
-                f"compile({type(self._orig_mod).__name__}): the forward is not replayable ({e}); "
-                "its backward is still compiled",
-            )
+            entries.remember(watch.key, str(e))
+            if _trace.enabled:
+                detail["why"] = why_recorded(self._name(), entries, watch.key)
+            emit(events.STEP_BREAK, str(e), name=type(self._orig_mod).__name__, **detail)
+            return
+        entries.remember(watch.key, entry)
         if _trace.enabled:
-            _trace.module_recorded(self, entries, watch, started, entries.get(watch.key))
+            detail["why"] = why_recorded(self._name(), entries, watch.key)
+        emit(events.STEP_RECORDED, entry=entry, **detail)
 
     def _replay(self, entry: AOTEntry, watch: Watch, args: tuple, kwargs: dict) -> Any:
         """A call replayed: the forward program, then one ``AOTBackward`` node for its outputs
@@ -912,11 +884,29 @@ class OptimizedModule(Module):
 
     def _note_eager_backward(self, reason: str) -> None:
         if self._fullgraph:
-            raise CompilationError(f"compile({type(self._orig_mod).__name__}): {reason}")
-        if reason not in self._reasons_logged:
+            raise CompilationError(f"{self._name()}: {reason}")
+        if reason not in self._reasons_logged:  # (once per reason)
             self._reasons_logged.add(reason)
-            logs.log(
-                "fallback",
-                f"compile({type(self._orig_mod).__name__}): a backward outside the module runs "
-                f"eagerly: {reason}",
-            )
+            emit(events.EAGER_BACKWARD, reason, name=type(self._orig_mod).__name__)
+
+
+def _alias_outputs(out: Any, roots: list, node: Node) -> Any:
+    """``out`` with each output in ``roots`` replaced by an alias whose ``grad_fn`` is
+    ``node`` (one alias per output, however often it is returned): same data, same version
+    counter."""
+    index = {id(r): k for k, r in enumerate(roots)}
+    made: dict[int, Tensor] = {}
+
+    def alias(t: Tensor) -> Tensor:
+        k = index.get(id(t))
+        if k is None:
+            return t
+        a = made.get(k)
+        if a is None:
+            a = made[k] = Tensor._make(t._data)
+            a._version_counter = t._version_counter
+            a.grad_fn = node
+            a._output_nr = k
+        return a
+
+    return _map_tensors(out, alias)

@@ -38,7 +38,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -51,12 +51,13 @@ from fusegrad.errors import AutogradError
 from fusegrad.ops.registry import REGISTRY
 from fusegrad.tensor import Tensor
 
-from . import logs
+from . import events, logs
 from . import trace as _trace
-from .cache import counters
-from .capture import INLINED, Walk, learn_gradient
 from .codegen.common import is_flat
+from .events import counters, emit
+from .functions import learn_gradient
 from .ir import Graph, Value, format_graph
+from .key import INLINED, Walk
 from .passes import schedule as _schedule
 from .passes.buffers import BufferPlan, plan_buffers
 from .passes.fuse import Extern, Kernel
@@ -245,8 +246,6 @@ class Program:
         self._variants: dict[frozenset[int], Variant] = {}
         self._instances: dict[tuple, Instance] = {}
         self._lock = threading.RLock()
-        # compiled autograd's background build of this program's first run (``compiler.run``)
-        self.pending: BackgroundBuild | None = None
         # a create_graph backward's (raw graph, VJP programs) (``double.attach``)
         self.double: tuple = (None, {})
         # per-call work precomputed once: where inputs come from, fixed arrays
@@ -268,9 +267,7 @@ class Program:
         self.checks = [(slot, v) for kind, slot, v in graph.effects if kind == "check"]
         # the variant for the capture's sizes is built (and compiled) now
         self.default = self.instance(graph.hints).variant
-        counters.builds += 1
-        if _trace.enabled:
-            _trace.program_built(self)
+        emit(events.BUILT, program=self)
 
     # ---- variants and instances -------------------------------------------------------------
     def variant(self, sizes: tuple) -> Variant:
@@ -397,8 +394,8 @@ class Program:
         """Compile (or load) what the variant for ``sizes`` (default: the capture's) calls, by
         running it once on ``arrays`` (a whole step's inputs, as ``run_step`` takes them, or a
         backward's saved arrays with its ``grad_roots``) with scratch ``leaves`` and no effects:
-        nothing outside the run's own buffers is written, no hook is called (``BackgroundBuild``,
-        on a thread of its own).  Returns the seconds it took."""
+        nothing outside the run's own buffers is written, no hook is called
+        (``service.BackgroundBuild``, on a thread of its own).  Returns the seconds it took."""
         inst = self.instance(self.graph.hints if sizes is None else sizes)
         variant = inst.variant
         prev_mode = grad_mode._state.enabled
@@ -476,12 +473,7 @@ class Program:
         if variant.first_run:
             variant.first_run = False
             variant.compile_seconds = time.perf_counter() - start  # includes numba's JIT
-            if _trace.enabled:
-                _trace.first_run(self, variant.compile_seconds)
-            logs.log(
-                "perf",
-                f"first run (JIT or cache load included): {1e3 * variant.compile_seconds:.1f} ms",
-            )
+            emit(events.FIRST_RUN, program=self, seconds=variant.compile_seconds)
         captured: list | None = None
         if inputs is not None:
             captured = [None] * len(inputs)
@@ -663,7 +655,7 @@ def _run_function(v: Value, env: dict, w: Walk, inputs: Any) -> tuple:
     returns), as one level of reentrant backward (it may call ``backward()`` itself)."""
     node = w.nodes[v.attr("node")]
     grads = list(_tensors(iter(env[i] for i in v.inputs), v.attr("layout")))
-    counters.opaque_functions[v.attr("why")] += 1
+    emit(events.OPAQUE_FUNCTION_RUN, v.attr("why"))
     # (the saved tensors stay: the program frees those of every node it ran at the end)
     results = _engine.nested(_engine._apply, node, grads, True)
     for index in v.attr("dropped"):
@@ -770,79 +762,12 @@ def _epilogue_buffer(leaf: Tensor, v: Value, shape: tuple, sizes: tuple) -> np.n
 
 
 def scratch_leaf(leaf: Tensor) -> Tensor:
-    """A stand-in for a leaf in a ``BackgroundBuild``'s run: its ``.grad`` state as the leaf's
+    """A stand-in for a leaf in a background compile's run: its ``.grad`` state as the leaf's
     (a zero array where the leaf has one), so the run takes the kernels the real ones will."""
     t = Tensor._make(np.empty_like(leaf._data))
     if leaf._grad is not None:
         t._grad = Tensor._make(np.zeros_like(leaf._grad._data))
     return t
-
-
-class BackgroundBuild:
-    """A program built and run once on scratch data (``work``: build, then ``Program.prepare``:
-    numba compiles or loads its kernels), on a daemon thread of its own, while the calls that
-    need it run ``uncompiled`` instead (``step.Step.program``, ``module.AOTEntry.backward``,
-    and compiled autograd's ``run``, where the eager engine is the uncompiled run).  The thread
-    may read arrays the uncompiled calls update meanwhile (parameters): the values it computes
-    are thrown away, only the compiled code is kept."""
-
-    def __init__(self, work: Callable[[], Program], uncompiled: Any, what: str) -> None:
-        self.program: Program | None = None
-        self.uncompiled = uncompiled
-        self.error: BaseException | None = None
-        self.seconds = 0.0
-        self.done = threading.Event()
-        with _jobs_lock:
-            _jobs.add(self)
-        thread = threading.Thread(
-            target=self._work, args=(work, what), name="fusegrad-compile", daemon=True
-        )
-        thread.start()
-
-    def _work(self, work: Callable[[], Program], what: str) -> None:
-        from . import _CompileNotice  # (the package imports this module: a cycle)
-
-        notice = _CompileNotice()
-        notice.start(0, what)
-        start = time.perf_counter()
-        try:
-            self.program = work()
-        except BaseException as e:  # (reported by the call that picks the program up)
-            self.error = e
-        finally:
-            self.seconds = time.perf_counter() - start
-            notice.stop()
-            self.done.set()
-            with _jobs_lock:
-                _jobs.discard(self)
-
-
-def built_and_prepared(build: Callable[[], Program], arrays: list, leaves: list) -> Program:
-    """``build()``, run once by ``Program.prepare`` (a ``BackgroundBuild``'s work)."""
-    program = build()
-    program.prepare(arrays, leaves)
-    return program
-
-
-# the background compiles still running (``wait_for_compiles``)
-_jobs: set[BackgroundBuild] = set()
-_jobs_lock = threading.Lock()
-
-
-def wait_for_compiles(timeout: float | None = None) -> bool:
-    """Wait until the whole-step programs being compiled in the background are ready (at most
-    ``timeout`` seconds); True when none is left.  The next call of each step then runs its
-    compiled program."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        with _jobs_lock:
-            pending = next(iter(_jobs), None)
-        if pending is None:
-            return True
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            return False
-        pending.done.wait(left)
 
 
 def _run_kernel(

@@ -1,11 +1,13 @@
-"""The compiler's process-wide settings, ``fusegrad.compiler.config`` (below the cache and the
-programs, which read them)."""
+"""The compiler's process-wide settings, ``fusegrad.compiler.config``: the bottom of the
+compiler's layers (it imports nothing of it); every other module reads them."""
 
 from __future__ import annotations
 
 import os
 
-from .codegen.interpreter import MAX_ELEMENTS
+# the largest iteration space the precompiled interpreter runs (elements; larger kernels get
+# generated code): ``Config.interpreter_max_elements``'s default
+INTERPRETER_MAX_ELEMENTS = 1 << 16
 
 
 class Config:
@@ -15,7 +17,7 @@ class Config:
     def __init__(self) -> None:
         # kernels over at most this many elements run on the precompiled interpreter instead
         # of generated code (no per-graph JIT); 0 disables the interpreter
-        self.interpreter_max_elements = MAX_ELEMENTS
+        self.interpreter_max_elements = INTERPRETER_MAX_ELEMENTS
         # capture with symbolic sizes, so that a program serves every batch size (False:
         # concrete sizes, one capture per size vector)
         self.symbolic_sizes = True

@@ -1,9 +1,11 @@
-"""Whole-step compile: ``fusegrad.compile(fn)`` records the whole call -- forward primitives,
+"""Whole-step compile, a front end of the compilation service: ``fusegrad.compile(fn)`` records
+the whole call -- forward primitives,
 the ``backward()``/``autograd.grad()`` inside it, optimizer ``step()``/``zero_grad()`` -- and
 later calls replay it as one fused program after a guard check.
 
 **Recording.**  The first call with a new guard key runs ``fn`` eagerly (its results are the
-eager ones) with a ``Recorder`` as the thread's tracer.  Each primitive call becomes an IR value
+eager ones) with a ``recording.Recorder`` as the thread's tracer (the guard is a
+``recording.Watch``).  Each primitive call becomes an IR value
 of one graph (``ir.Graph``, concrete sizes); arrays are followed by identity, so a tensor that
 shares another's array (``detach()``) is the same value.  Tensors the step did not compute are
 program inputs: the call's tensor arguments, and the parameters, buffers and tensors the guard
@@ -40,857 +42,30 @@ ops, and Python state the guard does not watch -- is documented in the README.
 
 from __future__ import annotations
 
-import dataclasses
-import linecache
-import os
-import sys
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-import fusegrad
-from fusegrad.autograd import anomaly as _anomaly
-from fusegrad.autograd import grad_mode
-from fusegrad.autograd.engine import run_backward
-from fusegrad.autograd.forward_state import state as _forward_state
 from fusegrad.autograd.node import Node, _freed_message
-from fusegrad.autograd.tracer import Tracer, tracing
-from fusegrad.autograd.tracer import state as _tracer_state
-from fusegrad.cuda.array import CudaArray
+from fusegrad.autograd.tracer import tracing
 from fusegrad.errors import AutogradError
-from fusegrad.nn.module import Module
 from fusegrad.ops import registry as _registry
 from fusegrad.optim.optimizer import Optimizer
 from fusegrad.tensor import Tensor
 
-from . import logs, passes
+from . import admission, events, passes
+from . import tape as _tape
 from . import trace as _trace
-from .cache import counters
-from .capture import Fallback, RedrawnTensor, _grad_state, replay_reason
-from .capture import capture as _capture_graph
-from .capture import walk as _walk
-from .ddp import ddp_hooks_only, start_bucket, wait_bucket
-from .ir import Graph, Value, format_graph, verify
-from .program import BackgroundBuild, Program, built_and_prepared, scratch_leaf
-from .settings import config
-
-_SCALARS = (int, float, bool, str, type(None), complex)
-# optimizer options a recorded update reads on every call (``optim.hyper``): not in the key;
-# for these, whether they are zero is (the update skips a term at 0)
-_RUNTIME_OPTIONS = frozenset(
-    {
-        "params",
-        "param_names",
-        "lr",
-        "betas",
-        "eps",
-        "dampening",
-        "alpha",  # RMSprop
-        "rho",  # Adadelta
-        "lr_decay",  # Adagrad
-        "momentum_decay",  # NAdam
-    }
-)
-_ZERO_OR_NOT = frozenset({"momentum", "weight_decay"})
-# lists, tuples and dicts reached from ``fn`` with at most this many items, this many levels
-# deep, are watched item by item (larger ones by identity only)
-CONTAINER_ITEMS = 64
-CONTAINER_DEPTH = 3
-
-
-_CUDA = "a CUDA tensor (whole-step compile runs on the CPU for now)"
-_HALF = fusegrad.dtypes.HALF  # numba has no CPU half type: steps holding one run eagerly
-
-
-class StepBreak(Exception):
-    """The call cannot be replayed; ``str(e)`` is the reason (with its source line)."""
-
-
-_PACKAGES = tuple(
-    os.path.dirname(os.path.abspath(f)) + os.sep for f in (fusegrad.__file__, __file__)
-)
-
-
-def _user_line() -> str:
-    """``file:line`` of the innermost frame outside fusegrad (where the user's code is)."""
-    frame: types.FrameType | None = sys._getframe(1)
-    while frame is not None:
-        name = os.path.abspath(frame.f_code.co_filename)
-        if not name.startswith(_PACKAGES) and not name.startswith("<frozen"):
-            line = linecache.getline(name, frame.f_lineno).strip()
-            return f"{frame.f_code.co_filename}:{frame.f_lineno}" + (f" ({line})" if line else "")
-        frame = frame.f_back
-    return "<unknown>"
-
-
-# ---- the guard ---------------------------------------------------------------------------------
-
-
-class Watch:
-    """What a recording depends on besides the arguments' tensors, and the key that tells two
-    calls apart: grad mode; per argument, a tensor's shape, dtype, device and ``requires_grad``,
-    a Python scalar's value, any other object's identity; for every module reachable from the
-    arguments, ``fn``'s ``self``, closure and named globals: its ``training`` flag, its Python
-    scalar attributes, and its parameters' and buffers' identities, shapes, dtypes and
-    ``requires_grad``; an optimizer's parameters' identities; tensors and scalars in the closure
-    and named globals (tensors by identity, scalars by value).
-
-    ``tensors`` maps ``id(array)`` to where the array comes from on a replay: ``("arg", k)``,
-    the k-th tensor argument, or ``("ext", tensor)``, a watched tensor."""
-
-    def __init__(self, fn: Callable, args: tuple, kwargs: dict) -> None:
-        self.key_parts: list = [grad_mode._state.enabled, grad_mode._state.inference]
-        self.args: list[Tensor] = []
-        self.tensors: dict[int, tuple] = {}
-        self.optimizers: list[Optimizer] = []
-        self.seen: set[int] = set()
-        self.depth = 0
-        self.key_parts.append(self.describe(args))
-        self.key_parts.append(self.describe(tuple(sorted(kwargs.items()))))
-        func = getattr(fn, "__func__", fn)
-        owner = getattr(fn, "__self__", None)
-        if owner is not None:
-            self.key_parts.append(("self", self.root(owner)))
-        self.seen.add(id(func))
-        self.key_parts.extend(self.function(func))
-        self.key = tuple(self.key_parts)
-
-    def function(self, func: Any) -> list:
-        """Key parts of a function's closure cells and of the globals its code names."""
-        parts: list = []
-        for cell in getattr(func, "__closure__", None) or ():
-            try:
-                content = cell.cell_contents
-            except ValueError:  # an empty cell
-                content = None
-            parts.append(("cell", self.root(content)))
-        code = getattr(func, "__code__", None)
-        glob = getattr(func, "__globals__", None)
-        if code is not None and glob is not None:
-            for name in code.co_names:
-                if name in glob:
-                    part = self.root(glob[name])
-                    if part is not None:
-                        parts.append((name, part))
-        return parts
-
-    def describe_guards(self) -> str:
-        """What the key holds, in words (``explain``)."""
-        parts = self.key_parts
-        names = [p[0] for p in parts[4:]]
-        return (
-            f"grad mode {parts[0]}, inference mode {parts[1]}; {len(self.args)} tensor "
-            "argument(s) by shape, dtype, device and requires_grad, other arguments by value "
-            f"or identity; watched: {', '.join(map(str, names)) or 'nothing else'} (modules: "
-            "training flags, Python scalar attributes, parameters and buffers by identity, "
-            "shape, dtype and requires_grad; optimizers: their parameters; tensors by identity; "
-            "Python scalars by value); the leaves' .grad state selects the program"
-        )
-
-    def describe(self, obj: Any) -> Any:
-        """An argument's part of the key (tensors become argument inputs)."""
-        if isinstance(obj, Tensor):
-            arr = obj._data
-            self.tensors.setdefault(id(arr), ("arg", len(self.args)))
-            self.args.append(obj)
-            return ("T", arr.shape, obj._dtype, type(arr), obj.requires_grad)
-        if isinstance(obj, _SCALARS):
-            return (type(obj), obj)
-        if isinstance(obj, (tuple, list)):
-            return (type(obj), tuple(self.describe(o) for o in obj))
-        if isinstance(obj, dict):
-            return (dict, tuple((k, self.describe(v)) for k, v in obj.items()))
-        return ("id", id(obj), self.root(obj))
-
-    def root(self, obj: Any) -> Any:
-        """The key part of an object reached from ``fn`` (None: nothing to watch)."""
-        if isinstance(obj, Tensor):
-            arr = obj._data
-            self.tensors.setdefault(id(arr), ("ext", obj))
-            return ("T", id(obj), arr.shape, obj._dtype, type(arr), obj._requires_grad)
-        if isinstance(obj, _SCALARS):
-            return (type(obj), obj)
-        if id(obj) in self.seen:
-            return ("seen", id(obj))
-        if isinstance(obj, Module):
-            self.seen.add(id(obj))
-            return ("M", id(obj), tuple(self.module(m) for m in obj.modules()))
-        if isinstance(obj, Optimizer):
-            # parameters and state tensors by identity, options by value except the numeric
-            # hyperparameters: runtime inputs of a recorded update (``optim.hyper``; schedulers
-            # change them every step), of which only "is it zero" shapes the update
-            self.seen.add(id(obj))
-            self.optimizers.append(obj)
-            parts: list = []
-            for group in obj.param_groups:
-                parts.append(id(group))  # (a recorded update reads this dict on every call)
-                parts.append(
-                    tuple(
-                        (k, v != 0 if k in _ZERO_OR_NOT else v)
-                        for k, v in group.items()
-                        if k not in _RUNTIME_OPTIONS and isinstance(v, (*_SCALARS, tuple))
-                    )
-                )
-                for p in group["params"]:
-                    parts.append(self.root(p))
-                    state = obj.state.get(p)
-                    if state:
-                        parts.append(tuple((k, self.root(v)) for k, v in state.items()))
-            return ("O", id(obj), tuple(parts))
-        if isinstance(obj, types.FunctionType):
-            # a function ``fn`` calls: its closure and the globals it names, watched as
-            # ``fn``'s own are, a few levels deep
-            self.seen.add(id(obj))
-            self.depth += 1
-            try:
-                if self.depth <= CONTAINER_DEPTH:
-                    return ("F", id(obj), tuple(self.function(obj)))
-            finally:
-                self.depth -= 1
-            return None
-        if isinstance(obj, (types.ModuleType, type, types.BuiltinFunctionType)):
-            return None
-        if isinstance(obj, (list, tuple, dict)) and len(obj) <= CONTAINER_ITEMS:
-            # small containers in the closure or globals: their items watched like the rest
-            # (tensors by identity, scalars by value), a few levels deep
-            self.seen.add(id(obj))
-            self.depth += 1
-            try:
-                if self.depth <= CONTAINER_DEPTH:
-                    items = obj.items() if isinstance(obj, dict) else enumerate(obj)
-                    return (type(obj), id(obj), tuple((k, self.root(v)) for k, v in items))
-            finally:
-                self.depth -= 1
-        return ("id", id(obj))
-
-    def module(self, m: Module) -> tuple:
-        self.seen.add(id(m))
-        attrs = tuple(
-            (k, v if isinstance(v, _SCALARS) else tuple(v))
-            for k, v in m.__dict__.items()
-            if isinstance(v, _SCALARS)
-            or (
-                isinstance(v, (list, tuple))
-                and len(v) <= CONTAINER_ITEMS
-                and all(isinstance(x, _SCALARS) for x in v)
-            )
-        )
-        tensors = []
-        for name, t in list(m._parameters.items()) + list(m._buffers.items()):
-            tensors.append((name, None if t is None else self.root(t)))
-        return (id(m), m.training, attrs, tuple(tensors))
-
-
-# ---- recording ---------------------------------------------------------------------------------
-
-
-class Recorder(Tracer):
-    """The tracer of a recording call (see the module docstring).  ``broken`` is the reason the
-    call cannot be replayed (None while it still can); once broken, it only stays out of the
-    way: ``delegate`` (today's compiled-backward region) handles every call."""
-
-    def __init__(self, watch: Watch, delegate: Any) -> None:
-        self.watch = watch
-        self.delegate = delegate
-        self.graph = Graph()
-        # id(array) -> (value, version counter, its value when bound)
-        self.values: dict[int, tuple[Value, Any, int]] = {}
-        self.keep: list = []  # arrays kept alive while their ids are keys
-        self.sharing: dict[int, set[int]] = {}  # id(root array) -> bound arrays on its memory
-        self.stale: dict[int, str] = {}  # id(array) -> where a write through another array was
-        # per program input: ("arg", k) | ("ext", t) | ("draw", redo) | ("scalar", redo) |
-        # ("cast", k, dtype): input k, a runtime scalar, cast
-        self.sources: list = []
-        self.runtime_keys: dict = {}  # ``optim.hyper`` key -> its runtime input
-        self.input_arrays: list = []  # their arrays in this call
-        self.source_of: dict[int, int] = {}  # id(array) -> program input index
-        self.input_values: list[Value] = []
-        self.leaves: list[Tensor] = []
-        self.leaf_of: dict[int, int] = {}
-        self.grad_effects: dict[int, Value] = {}  # leaf slot -> its gradient's value
-        self.grad_preset: dict[int, bool] = {}  # leaf slot -> .grad existed when first reached
-        self.writes: dict[int, list] = {}  # program input index -> [final value, bumps]
-        self.prefix: list = []
-        self.suffix: list = []
-        self.started = False  # a tensor op was recorded
-        self.pending: list = []  # host reads not yet known to be harmless: (result, what, line)
-        self.backwards = 0
-        # the DistributedDataParallel wrappers whose hooks the program does the work of
-        self.ddps: set[int] = set()
-        self.checks: list = []  # (value, fn): eager's validations of values (index ranges)
-        self.forward_ops = 0  # primitives recorded from the function's own code
-        self.backward_ops = 0  # values the captured backward graphs added
-        self.eager_saved: dict[int, int] = {}  # id(array) -> bytes eager's nodes saved
-        self.saved_values: set[Value] = set()  # forward values the backward reads
-        self.broken: str | None = None
-        self.explaining = False  # set by ``explain``
-        self.history = False  # see ``finish``
-        self.user_outputs = 0
-        self.output_tensors: list[Tensor] = []  # the call's output tensors, by output slot
-        self.fresh_slots: list[bool] = []  # per output slot: eager made it in new memory
-
-    # ---- bookkeeping --------------------------------------------------------------------------
-    def stop(self, reason: str) -> None:
-        if self.broken is None:
-            self.broken = reason
-
-    def event(self) -> None:
-        """A tensor op is about to be recorded: fine unless Python read values before it or the
-        optimizer already stepped."""
-        if self.pending:
-            _, what, line, _ = self.pending[0]
-            raise StepBreak(
-                f"Python read a tensor's value ({what}) at {line}, and tensor ops follow"
-            )
-        if self.suffix:
-            owner, fn = self.suffix[0][0], self.suffix[0][1]
-            raise StepBreak(
-                f"a tensor op at {_user_line()} after {type(owner).__name__}.{fn.__name__}() "
-                "(only optimizer and zero_grad calls at the start and the end are replayed)"
-            )
-        self.started = True
-
-    @staticmethod
-    def _root(arr: np.ndarray) -> np.ndarray:
-        while isinstance(arr.base, np.ndarray):
-            arr = arr.base
-        return arr
-
-    def bind(self, t: Tensor, value: Value) -> None:
-        arr = t._data
-        if id(arr) not in self.values:
-            self.keep.append(arr)
-            self.sharing.setdefault(id(self._root(arr)), set()).add(id(arr))
-            self.stale.pop(id(arr), None)
-        counter = t._version_counter
-        self.values[id(arr)] = (value, counter, counter.value)
-
-    def value_of(self, t: Tensor) -> Value:
-        arr = t._data
-        if type(arr) is CudaArray:
-            raise StepBreak(_CUDA)
-        found = self.values.get(id(arr))
-        if found is not None:
-            value, counter, version = found
-            if t._version_counter is not counter:
-                # a view made after its primitive ran shares its base's counter from then on
-                self.values[id(arr)] = (value, t._version_counter, t._version_counter.value)
-            elif counter.value != version:
-                raise StepBreak(
-                    f"{_describe(t)} was modified outside the recorded ops (at {_user_line()})"
-                )
-            return value
-        where = self.stale.get(id(arr))
-        if where is not None:
-            raise StepBreak(
-                f"{_describe(t)} is read at {_user_line()} after an in-place write at {where} "
-                "into memory it shares (a view and its base)"
-            )
-        if t._wrapped_number:  # a Python number (kept: a node may save it)
-            value = self.graph.scalar(arr.item(), t._dtype)
-            self.bind(t, value)
-            return value
-        source = self.watch.tensors.get(id(arr))
-        if source is None:
-            raise StepBreak(
-                f"{_describe(t)} used at {_user_line()} was not computed by the function and is "
-                "not an argument, a parameter or buffer of a watched module, or a tensor in its "
-                "closure or globals (made by an untraced path, e.g. torch.tensor(data) inside)"
-            )
-        return self.new_input(t, source)
-
-    def new_input(self, t: Tensor, source: tuple) -> Value:
-        arr = t._data
-        index = len(self.sources)
-        self.sources.append(source)
-        self.input_arrays.append(arr)
-        value = self.graph.input("arg", index, arr.shape, t._dtype)
-        self.input_values.append(value)
-        self.source_of[id(arr)] = index
-        self.bind(t, value)
-        return value
-
-    # ---- Tracer ----------------------------------------------------------------------------------
-    def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
-        if self.broken is None:
-            try:
-                self.event()
-            except StepBreak as e:
-                self.stop(str(e))
-        out = self.delegate.apply(prim, inputs, attrs)
-        if self.broken is None:
-            try:
-                self.record(prim, inputs, attrs, out)
-            except StepBreak as e:
-                self.stop(str(e))
-        return out
-
-    def record(self, prim: Any, inputs: tuple, attrs: dict, out: Tensor) -> None:
-        values = tuple(self.value_of(t) for t in inputs)
-        arr = out._data
-        try:
-            shape, dtype = prim.meta(
-                tuple(v.shape for v in values), tuple(v.dtype for v in values), **attrs
-            )
-        except _registry.DataDependentShape as e:
-            raise StepBreak(f"{prim.name} at {_user_line()}: {e}") from None
-        if tuple(shape) != arr.shape or dtype is not out._dtype:
-            raise StepBreak(f"{prim.name}: its shape rule disagrees with its kernel")
-        if dtype in _HALF or any(v.dtype in _HALF for v in values):
-            raise StepBreak(
-                f"{prim.name} at {_user_line()}: a float16/bfloat16 value (compiled programs "
-                "take no half dtypes)"
-            )
-        try:
-            value = self.graph.add(prim.name, values, attrs, arr.shape, out._dtype)
-        except TypeError:
-            raise StepBreak(f"{prim.name} at {_user_line()}: an attribute is unhashable") from None
-        self.bind(out, value)
-        self.forward_ops += 1
-
-    def full(self, shape: tuple, value: Any, dtype: Any, device: Any) -> Any:
-        if self.broken is not None or (device is not None and str(device) != "cpu"):
-            return NotImplemented
-        try:
-            self.event()
-        except StepBreak as e:
-            self.stop(str(e))
-            return NotImplemented
-        t = Tensor._make(np.full(shape, value, dtype.np))
-        self.bind(t, self.graph.full(tuple(shape), value, dtype))
-        return t
-
-    def created(self, t: Tensor, redo: Any) -> None:
-        if self.broken is not None:
-            return
-        try:
-            self.event()
-            if type(t._data) is CudaArray:
-                raise StepBreak(_CUDA)
-            if t._requires_grad:
-                raise StepBreak(f"a tensor requiring grad created at {_user_line()}")
-        except StepBreak as e:
-            self.stop(str(e))
-            return
-        if isinstance(redo, Tensor):  # a copy of ``redo``'s values (perhaps cast)
-            try:
-                value = self.value_of(redo)
-                if value.dtype is not t._dtype:
-                    value = self.cast(t, value)
-                self.bind(t, value)
-            except StepBreak as e:
-                self.stop(str(e))
-        elif redo is None and t._data.ndim == 0 and t._data.dtype.kind in "fiub":
-            self.bind(t, self.graph.scalar(t._data.item(), t._dtype))  # (foldable, fusable)
-        elif redo is None:
-            self.bind(t, self.graph.constant(t._data))
-        else:
-            # a random draw, or a runtime scalar of an optimizer (``optim.hyper``): both made
-            # again on every call, in the recording's order
-            if getattr(redo, "runtime_scalar", False):
-                key = getattr(redo, "key", None)
-                known = self.runtime_keys.get(key) if key is not None else None
-                if known is not None:  # the same option again: one input
-                    self.bind(t, known)
-                else:
-                    value = self.new_input(t, ("scalar", redo))
-                    if key is not None:
-                        self.runtime_keys[key] = value
-            else:
-                self.new_input(t, ("draw", redo))
-
-    def cast(self, t: Tensor, value: Value) -> Value:
-        """``value`` cast to ``t``'s dtype: a runtime scalar (``optim.hyper``) becomes a runtime
-        input of that dtype, cast as the op surface casts it (one kernel fewer, and a kernel
-        of one float dtype, which the interpreter runs); anything else a ``cast`` value."""
-        source = self.sources[value.attr("index")] if value.op == "input" else None
-        if source is None or source[0] != "scalar":
-            return self.graph.add("cast", (value,), {"dtype": t._dtype}, value.shape, t._dtype)
-        index = value.attr("index")
-        key = ("cast", index, t._dtype)
-        known = self.runtime_keys.get(key)
-        if known is None:  # ("cast", k, dtype): input k's value (computed before it) cast
-            known = self.runtime_keys[key] = self.new_input(t, ("cast", index, t._dtype.np))
-        return known
-
-    def host_read(self, t: Tensor, what: str, result: Any = None) -> None:
-        if self.broken is None:
-            found = self.values.get(id(t._data))
-            value = found[0] if found is not None and found[2] == t._version_counter.value else None
-            self.pending.append((result, what, _user_line(), value))
-
-    def wrote(self, target: Tensor, result: Tensor) -> None:
-        if self.broken is not None:
-            return
-        try:
-            self.event()
-            arr = target._data
-            if type(arr) is CudaArray:
-                raise StepBreak(_CUDA)
-            if id(arr) not in self.values:
-                self.value_of(target)  # an input written before it was read
-            value = self.value_of(result)
-            if value.dtype is not target._dtype or value.shape != arr.shape:
-                raise StepBreak(f"an in-place write at {_user_line()} that casts or broadcasts")
-            self.values[id(arr)] = (value, target._version_counter, target._version_counter.value)
-            # other arrays on the same memory (views, a view's base) now hold values the graph
-            # does not know: reading one stops the recording
-            for other in self.sharing.get(id(self._root(arr)), ()):
-                if other != id(arr) and other in self.values:
-                    del self.values[other]
-                    self.stale[other] = _user_line()
-            index = self.source_of.get(id(arr))
-            if index is not None:
-                entry = self.writes.setdefault(index, [value, 0])
-                entry[0] = value
-                entry[1] += 1
-        except StepBreak as e:
-            self.stop(str(e))
-
-    def check(self, t: Tensor, fn: Any) -> None:
-        if self.broken is None:
-            try:
-                self.checks.append((self.value_of(t), fn))
-            except StepBreak as e:
-                self.stop(str(e))
-
-    def side_effect(self, t: Tensor, what: str) -> None:
-        self.stop(f"{what} at {_user_line()} inside the compiled function")
-
-    def opaque(self, owner: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
-        if self.broken is not None:
-            return NotImplemented
-        if any(callable(a) for a in args) or any(callable(v) for v in kwargs.values()):
-            self.stop(f"{type(owner).__name__}.{fn.__name__}() with a closure at {_user_line()}")
-            return NotImplemented
-        if (
-            fn.__name__ == "step"
-            and getattr(owner, "traceable", False)
-            and not args
-            and not kwargs
-            and not self.suffix
-        ):
-            return NotImplemented  # its tensor ops are recorded into the program
-        call = (owner, fn, args, dict(kwargs))
-        # zero_grad touches only ``.grad``, which recorded ops never read (reading it stops the
-        # recording): before any backward it is replayed before the program
-        early = not self.started or (fn.__name__ == "zero_grad" and not self.backwards)
-        (self.prefix if early and not self.suffix else self.suffix).append(call)
-        with tracing(None):  # its own ops are not recorded: it is replayed as a call
-            return fn(owner, *args, **kwargs)
-
-    def backward(
-        self,
-        roots: Any,
-        grads: Any,
-        retain_graph: bool,
-        create_graph: bool,
-        inputs: Any,
-        accumulate: bool,
-    ) -> Any:
-        if self.broken is None:
-            try:
-                self.event()
-                results = self.record_backward(
-                    roots, grads, retain_graph, create_graph, inputs, accumulate
-                )
-            except StepBreak as e:
-                self.stop(str(e))
-            else:
-                return results
-        return self.delegate.backward(roots, grads, retain_graph, create_graph, inputs, accumulate)
-
-    def record_backward(
-        self,
-        roots: Any,
-        grads: Any,
-        retain_graph: bool,
-        create_graph: bool,
-        inputs: Any,
-        accumulate: bool,
-    ) -> Any:
-        if create_graph:
-            # (the recorded program would need the double backward's intermediate values,
-            # which the eager run that records it does not bind)
-            raise StepBreak(f"backward(create_graph=True) at {_user_line()}")
-        w = _walk(roots, grads, inputs, accumulate, create_graph)
-        if w.fallback is not None:
-            raise StepBreak(f"backward() at {_user_line()}: {w.fallback}")
-        if w.opaque:
-            raise StepBreak(f"backward() at {_user_line()}: {next(iter(w.opaque.values()))}")
-        ddps: list = []
-        if w.has_hooks:
-            # DistributedDataParallel's hooks are the one kind a step takes in: it averages the
-            # buckets itself (``_average_buckets``); the capture leaves them out
-            ddps = ddp_hooks_only(w)
-            if not ddps:
-                raise StepBreak(f"backward() at {_user_line()} runs user hooks")
-            w = dataclasses.replace(w, has_hooks=False)
-            self.ddps.update(id(d) for d in ddps)
-        reason = replay_reason(w)
-        if reason is not None:
-            raise StepBreak(f"backward() at {_user_line()}: {reason}")
-        if inputs is not None and accumulate and any(t.grad_fn is not None for t in inputs):
-            # (a non-leaf's .grad lives on a tensor of the recording call only)
-            raise StepBreak(f"backward(inputs=...) with a non-leaf input at {_user_line()}")
-        try:
-            captured = _capture_graph(
-                w, roots, grads, inputs, accumulate, symbolic=False, allow_opaque=False
-            )
-        except Fallback as e:
-            raise StepBreak(f"backward() at {_user_line()}: {e}") from None
-        bgraph = captured.graph
-        graph = self.graph
-        buckets = _Buckets(self, w, bgraph, ddps) if ddps else None
-        mapping = self.graft(
-            w,
-            bgraph,
-            graph,
-            lambda k: self.value_of(grads[k]),
-            on_value=None if buckets is None else buckets.mapped,
-        )
-        self.backward_ops += sum(1 for v in bgraph.values if v.op not in ("input", "constant"))
-        grad_values = {}
-        for kind, slot, v in bgraph.effects:
-            if kind == "grad":
-                leaf = w.leaves[slot]
-                source = self.watch.tensors.get(id(leaf._data))
-                if source is None:
-                    raise StepBreak(
-                        f"backward() at {_user_line()} reaches {_describe(leaf)}, which the guard "
-                        "does not watch (not an argument, parameter or closure tensor)"
-                    )
-                grad_values[self.leaf_slot(leaf)] = (
-                    mapping[v] if buckets is None else buckets.averaged.get(slot, mapping[v])
-                )
-            elif kind != "capture":
-                raise StepBreak(f"backward() at {_user_line()}: {kind} effects are not replayed")
-        for slot, value in grad_values.items():
-            leaf = self.leaves[slot]
-            previous = self.grad_effects.get(slot)
-            if previous is None:
-                self.grad_preset[slot] = leaf._grad is not None
-                self.grad_effects[slot] = value
-            elif self.grad_preset[slot]:
-                raise StepBreak("two backward() calls reach a leaf whose .grad existed")
-            else:
-                self.grad_effects[slot] = graph.add(
-                    "add", (previous, value), {}, value.shape, value.dtype
-                )
-        self.backwards += 1
-        bind_grads = [
-            (self.leaves[slot], value)
-            for slot, value in self.grad_effects.items()
-            if slot in grad_values and not self.grad_preset[slot]
-        ]
-        # a ``.grad`` that existed (``zero_grad(set_to_none=False)``, accumulation over calls)
-        # is added into: what the optimizer then reads of it is its value before the program
-        # (an input, read on every call: zeros when it is None then) plus the gradient
-        preset_grads = [
-            (self.leaves[slot], grad_values[slot])
-            for slot in grad_values
-            if self.grad_preset[slot] and self.leaves[slot]._grad is not None
-        ]
-        with tracing(None):  # the derivative rules run eagerly, unrecorded
-            if self.explaining:  # explain() also shows the backward compiled on its own
-                results = self.delegate.backward(
-                    roots, grads, retain_graph, create_graph, inputs, accumulate
-                )
-            else:
-                results = run_backward(roots, grads, retain_graph, create_graph, inputs, accumulate)
-        if not accumulate:
-            for kind, pos, v in bgraph.effects:
-                if kind == "capture" and results[pos] is not None:
-                    self.bind(results[pos], mapping[v])
-        for leaf, value in bind_grads:  # ``.grad`` as computed: the optimizer reads it
-            grad = leaf._grad
-            if grad is not None and grad._data.shape == value.shape:
-                self.bind(grad, value)
-        for leaf, value in preset_grads:
-            grad = leaf._grad
-            if grad is None or grad.requires_grad or grad._data.shape != value.shape:
-                continue  # (not read as the sum: a read of it stops the recording)
-            source = ("grad", self.watch.tensors[id(leaf._data)], grad._data.shape, grad._dtype)
-            before = self.new_input(grad, source)
-            self.bind(grad, self.graph.add("add", (before, value), {}, value.shape, value.dtype))
-        return results
-
-    def graft(
-        self,
-        w: Any,
-        bgraph: Graph,
-        into: Graph,
-        root: Callable[[int], Value],
-        saved: Callable[[Value], Value] | None = None,
-        on_value: Callable[[Value | None, dict], None] | None = None,
-    ) -> dict[Value, Value]:
-        """Copy the captured backward graph ``bgraph`` (of walk ``w``) into ``into``: root
-        gradient k becomes ``root(k)``, a saved tensor the recorded forward value it is
-        (through ``saved``, when given), constants and ops themselves.  Returns the mapping;
-        raises ``StepBreak`` for what the recording cannot name."""
-        mapping: dict[Value, Value] = {}
-        for v in bgraph.values:
-            if v.op == "input":
-                kind, index = v.attr("kind"), v.attr("index")
-                if kind == "root":
-                    mapping[v] = root(index)
-                elif kind == "saved":
-                    node, sv = w.saved[index]
-                    if type(sv) is RedrawnTensor:  # (not the forward's value: drawn again)
-                        raise StepBreak(
-                            f"backward() at {_user_line()} recomputes a random draw of a "
-                            "checkpointed function"
-                        )
-                    t = sv._tensor
-                    arr = sv._data if t is None else t._data
-                    found = self.values.get(id(arr))
-                    if found is None:
-                        value = self.value_of(Tensor._make(arr))
-                    elif sv._counter is not found[1] or found[2] != sv._version:
-                        raise StepBreak(f"{node.name()} saved a tensor that was modified later")
-                    else:
-                        value = found[0]
-                    self.saved_values.add(value)
-                    self.eager_saved[id(arr)] = arr.nbytes
-                    mapping[v] = value if saved is None else saved(value)
-                else:
-                    raise StepBreak(f"the backward at {_user_line()} reads an existing .grad")
-            elif v.op == "constant":
-                mapping[v] = into.constant(bgraph.constants[v.attr("index")])
-            else:
-                mapping[v] = into.add(
-                    v.op, tuple(mapping[i] for i in v.inputs), v.attrs, v.shape, v.dtype, v.origin
-                )
-            if on_value is not None:
-                on_value(v, mapping)
-        if on_value is not None:
-            on_value(None, mapping)  # (the end of the backward)
-        return mapping
-
-    def leaf_slot(self, leaf: Tensor) -> int:
-        slot = self.leaf_of.get(id(leaf))
-        if slot is None:
-            slot = self.leaf_of[id(leaf)] = len(self.leaves)
-            self.leaves.append(leaf)
-        return slot
-
-    # ---- the end of the call -----------------------------------------------------------------
-    def finish(self, result: Any, saved: Sequence[Value] = (), history: bool = False) -> Step:
-        """The replayable step for this call's recording (raises ``StepBreak``).  ``saved``:
-        values the program also outputs, after the function's own outputs (what a module's
-        backward reads, ``module``); ``history``: outputs may require grad (a module's, whose
-        backward node ``module`` makes)."""
-        if self.broken is not None:
-            raise StepBreak(self.broken)
-        self.history = history
-        reads = {id(r): i for i, (r, *_) in enumerate(self.pending)}
-        returned_reads: set[int] = set()
-        outputs: list[Value] = []
-        spec = self.output_spec(result, reads, returned_reads, outputs)
-        for i, (_, what, line, _) in enumerate(self.pending):
-            if i not in returned_reads:
-                raise StepBreak(f"Python read a tensor's value ({what}) at {line}")
-        graph = self.graph
-        for slot in sorted(self.grad_effects):
-            graph.effects.append(("grad", slot, self.grad_effects[slot]))
-        bumps = {}
-        for index, (value, count) in sorted(self.writes.items()):
-            graph.effects.append(("write", index, value))
-            bumps[index] = count
-        self.user_outputs = len(outputs)
-        outputs = outputs + list(saved)
-        for k, value in enumerate(outputs):
-            graph.effects.append(("capture", k, value))
-        return Step(self, spec, bumps, len(outputs))
-
-    def output_spec(self, obj: Any, reads: dict, returned: set, outputs: list) -> Any:
-        if isinstance(obj, Tensor):
-            arr = obj._data
-            known = self.watch.tensors.get(id(arr))
-            if known is not None and (id(arr) not in self.values or id(arr) in self.source_of):
-                # an argument or watched tensor (perhaps written in place): itself, or a new
-                # tensor on its memory (``x.detach()``), as eager returns
-                kind, ref = known
-                same = obj is (self.watch.args[ref] if kind == "arg" else ref)
-                if obj.requires_grad and not same:
-                    raise StepBreak(f"the function returns a view of {_describe(obj)}")
-                return ("arg", kind, ref, same)
-            if id(arr) not in self.values:
-                raise StepBreak(f"the function returns {_describe(obj)}, of unknown origin")
-            if obj.requires_grad and not self.backwards and not self.history:
-                raise StepBreak(
-                    "the function returns a tensor that needs its autograd history (backward "
-                    "outside the function: compile the module, fusegrad.compile(model), for that)"
-                )
-            freed = None
-            if obj.requires_grad and not self.history:
-                # after backward(): eager's tensor keeps a graph whose saved values are freed
-                # (a later backward through it raises); the replay's gets a node that raises
-                # the same.  A graph still usable (retain_graph, nothing saved) is not replayed.
-                freed = _freed_history(obj)
-                if freed is None:
-                    raise StepBreak(
-                        f"the function returns {_describe(obj)} whose autograd graph a later "
-                        "backward could still use (retain_graph, or nothing saved): compile "
-                        "the module, fusegrad.compile(model), for a backward outside"
-                    )
-            for k, t in enumerate(self.output_tensors):
-                if t is obj:  # returned again: the same tensor again, as in eager
-                    return ("out", k, self.fresh_slots[k], freed)
-            value = self.value_of(obj)
-            outputs.append(value)
-            self.output_tensors.append(obj)
-            # a result eager made in new memory must not come back as (part of) an input or a
-            # constant of the program, as a simplified ``x * 1`` would
-            fresh = not any(np.may_share_memory(arr, a) for a in self.input_arrays)
-            self.fresh_slots.append(fresh)
-            return ("out", len(outputs) - 1, fresh, freed)
-        if id(obj) in reads and isinstance(obj, (float, list)):
-            i = reads[id(obj)]
-            returned.add(i)
-            _, what, line, value = self.pending[i]
-            if what not in ("item()", "Python float", "tolist()") or value is None:
-                raise StepBreak(f"the function returns a value read by {what} at {line}")
-            outputs.append(value)
-            return ("read", len(outputs) - 1, what == "tolist()")
-        if isinstance(obj, tuple) and type(obj) is not tuple:  # a namedtuple
-            return (
-                "namedtuple",
-                type(obj),
-                [self.output_spec(o, reads, returned, outputs) for o in obj],
-            )
-        if isinstance(obj, (tuple, list)):
-            return (type(obj), [self.output_spec(o, reads, returned, outputs) for o in obj])
-        if isinstance(obj, dict):
-            return (
-                "dict",
-                [(k, self.output_spec(v, reads, returned, outputs)) for k, v in obj.items()],
-            )
-        return ("object", obj)
-
-
-def _describe(t: Tensor) -> str:
-    return f"a {t._dtype.name} tensor of shape {list(t._data.shape)}"
-
-
-def _freed_history(t: Tensor) -> str | None:
-    """The name of ``t``'s ``grad_fn`` when a backward through it would reach a node whose
-    saved values a backward freed (eager raises there), else None."""
-    root = t.grad_fn
-    stack = [root]
-    seen = set()
-    while stack:
-        node = stack.pop()
-        if node is None or id(node) in seen:
-            continue
-        seen.add(id(node))
-        rule = getattr(node, "_rule", None)
-        if rule is not None and rule.save_index and getattr(node, "_saved", ()) is None:
-            return root.name()
-        stack.extend(edge[0] for edge in node.next_functions)
-    return None
+from .admission import CompilationError
+from .events import emit
+from .ir import Value, format_graph, verify
+from .key import grad_state
+from .program import Program, scratch_leaf
+from .recording import Recorder, StepBreak, Watch, describe_change, why_recorded
+from .region import Region
+from .service import Background, CompileNotice, Programs, Recordings, service
 
 
 class _FreedNode(Node):
@@ -927,6 +102,8 @@ class Step:
         return True
 
     def __init__(self, rec: Recorder, spec: Any, bumps: dict, n_outputs: int) -> None:
+        """From a finished recording (``Recorder.finish``: ``spec``, ``bumps``,
+        ``n_outputs``)."""
         self.graph = rec.graph
         self.sources = rec.sources
         self.leaves = rec.leaves  # the recording call's (``describe``, ``explain``)
@@ -948,9 +125,8 @@ class Step:
         }
         self.n_outputs = n_outputs
         self.ddps = frozenset(rec.ddps)
-        self.programs: dict[tuple, Program] = {}
-        # programs being JIT-compiled on another thread, by grad key (``program``)
-        self.jobs: dict[tuple, BackgroundBuild] = {}
+        # its programs by the leaves' ``.grad`` state (``service.obtain``)
+        self.programs = Programs()
         self.write_slots = tuple(bumps)
         self.fresh_outputs = sorted(set(_fresh_outputs(spec)))
         # eager's validations (index ranges, class targets), run on every call before the
@@ -968,82 +144,57 @@ class Step:
     def program(
         self, grad_key: tuple, mode: str, arrays: list | None = None, leaves: list | None = None
     ) -> Program:
-        """The program for the leaves' ``.grad`` state ``grad_key``, built on first use.  With
-        ``config.background_compile`` on (and the call's input ``arrays`` and ``leaves`` given),
-        a program whose kernels numba has not loaded in this process is built, compiled or
-        loaded from the disk cache on another thread; until it is ready the step replays
-        uncompiled: every recorded value computed by its eager kernel (a ``mode="debug"``
-        program of the same graph: the same inputs, effects and results as eager's)."""
-        program = self.programs.get(grad_key)
-        if program is not None:
-            return program
-        job = self.jobs.get(grad_key)
-        if job is not None:
-            if not job.done.is_set():
-                counters.uncompiled_runs += 1
-                return job.uncompiled
-            del self.jobs[grad_key]
-            if job.program is not None and job.error is None:
-                logs.log(
-                    "perf",
-                    f"whole step: built and compiled in the background in {job.seconds:.2f} s; "
-                    "the compiled program runs from this call on",
-                )
-                self.programs[grad_key] = job.program
-                return job.program
-            # the thread failed: this call builds and runs the program itself (and fails as a
-            # synchronous build fails, or compiles what the thread did not)
-            logs.log("perf", f"whole step: background compile failed ({job.error!r})")
-            if job.program is not None:
-                self.programs[grad_key] = job.program
-                return job.program
-        elif (
-            arrays is not None
-            and leaves is not None
-            and mode != "debug"
-            and config.background_compile
-            and not _trace.enabled  # (the trace report follows one thread's sections)
-        ):
-            uncompiled = Program(self.graph, mode="debug", sizes_per_program=1)
-            st = self.stats
-            what = (
-                f"a whole step ({st['forward ops']} forward and {st['backward ops']} backward "
-                "ops) in the background; calls run it uncompiled until it is ready"
-            )
-            # the thread's run reads copies of the arguments and random draws (the user may
-            # write into them) and the parameters themselves (only ever read)
+        """The program for the leaves' ``.grad`` state ``grad_key``, from the service (built on
+        first use).  Given the call's input ``arrays`` and ``leaves``, a program numba has not
+        compiled yet may be compiled in the background (``config.background_compile``); until
+        it is ready the step replays uncompiled: every recorded value computed by its eager
+        kernel (a ``mode="debug"`` program of the same graph: the same inputs, effects and
+        results as eager's)."""
+        ready = self.programs.ready(grad_key)
+        if ready is not None:
+            return ready
+        background = None
+        if arrays is not None and leaves is not None and mode != "debug":
+            background = self.background(arrays, leaves)
+        program, _ = service.obtain(
+            self.programs, grad_key, lambda: self.build(grad_key, mode), background
+        )
+        return program  # type: ignore[no-any-return]
+
+    def background(self, arrays: list, leaves: list) -> Background:
+        """How this step's program compiles in the background: its thread reads copies of the
+        arguments and random draws (the user may write into them) and the parameters
+        themselves (only ever read), with stand-ins for the leaves."""
+        st = self.stats
+        sources = self.sources
+
+        def warmup() -> Callable[[Program], Any]:
             scratch = [
                 a if kind == "ext" else np.array(a, copy=True)
-                for a, (kind, *_) in zip(arrays, self.sources)
+                for a, (kind, *_) in zip(arrays, sources)
             ]
-            leaf_stand_ins = [scratch_leaf(t) for t in leaves]
-            self.jobs[grad_key] = BackgroundBuild(
-                lambda: built_and_prepared(
-                    lambda: self.build(grad_key, mode), scratch, leaf_stand_ins
-                ),
-                uncompiled,
-                what,
-            )
-            counters.background_compiles += 1
-            counters.uncompiled_runs += 1
-            logs.log("recompiles", f"whole step: numba compiles {what}")
-            return uncompiled
-        program = self.build(grad_key, mode)
-        self.programs[grad_key] = program
-        return program
+            stand_ins = [scratch_leaf(t) for t in leaves]
+            return lambda program: program.prepare(scratch, stand_ins)
+
+        return Background(
+            owner="whole step",
+            what=(
+                f"a whole step ({st['forward ops']} forward and {st['backward ops']} backward "
+                "ops) in the background; calls run it uncompiled until it is ready"
+            ),
+            warmup=warmup,
+            uncompiled=lambda: service.uncompiled(self.graph),
+        )
 
     def build(self, grad_key: tuple, mode: str) -> Program:
         """The graph after the passes, as a program for the leaves' ``.grad`` state
         ``grad_key`` (its kernels JIT-compiled or loaded by their first run)."""
         with _trace.resume(self):  # (the trace report's section of this recording)
-            graph = passes.run(self.graph, check=False)
-            return Program(
-                graph,
+            return service.build(
+                passes.run(self.graph, check=False),
                 mode=mode,
                 leaves_with_grad=frozenset(i for i, s in enumerate(grad_key) if s is not None),
-                interpreter_max_elements=config.interpreter_max_elements,
-                sizes_per_program=1,
-                hot=True,  # (a training step: it runs many times)
+                recorded=True,
             )
 
     def run(self, args: list[Tensor], mode: str, finish: Callable | None = None) -> Any:
@@ -1053,19 +204,16 @@ class Step:
         for owner, fn, a, kw in self.prefix:
             fn(owner, *a, **kw)
         leaves = [args[ref] if kind == "arg" else ref for kind, ref in self.leaf_sources]
-        grad_key = tuple(_grad_state(leaf) for leaf in leaves)
+        grad_key = tuple(grad_state(leaf) for leaf in leaves)
         for leaf in leaves:
             if leaf._hooks or leaf._post_acc_hooks and not self._ddp_hooks(leaf):
                 return NotImplemented
         notice = None
         if grad_key not in self.programs:  # built, then JIT-compiled by its first run
-            from . import _CompileNotice  # (the package imports this module: a cycle)
-
-            notice = _CompileNotice()
+            notice = CompileNotice()
             st = self.stats
             notice.start(
-                0,
-                f"a whole step ({st['forward ops']} forward and {st['backward ops']} backward ops)",
+                f"a whole step ({st['forward ops']} forward and {st['backward ops']} backward ops)"
             )
         try:
             return self._run(args, leaves, grad_key, mode, finish)
@@ -1165,9 +313,6 @@ class Step:
             fn(env[v])
 
 
-_KEY_PARTS = ("grad mode", "inference mode", "the positional arguments", "the keyword arguments")
-
-
 def _state_pending(optimizers: list[Optimizer]) -> str:
     """Why the next call will create optimizer state ("" when it will not, as far as the
     optimizers can tell before the call: ``Optimizer.state_pending``)."""
@@ -1179,30 +324,6 @@ def _state_pending(optimizers: list[Optimizer]) -> str:
                 f"{list(p.shape)} (made at its first step()); recording starts at the next call"
             )
     return ""
-
-
-def describe_change(old: tuple, new: tuple) -> str:
-    """In words: the first difference between two guard keys (``Watch.key``)."""
-    for i, (a, b) in enumerate(zip(old, new)):
-        if a != b:
-            where = _KEY_PARTS[i] if i < len(_KEY_PARTS) else f"{a[0]!r} (closure/global/self)"
-            return f"{where} changed: {_first_difference(a, b)}"
-    return "the watched objects changed (modules, optimizers, globals)"
-
-
-def _first_difference(a: Any, b: Any) -> str:
-    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        if a and a[0] == "T" and b and b[0] == "T":  # a tensor: say what
-            return f"tensor {_short(a[1:])} -> {_short(b[1:])}"
-        for x, y in zip(a, b):
-            if x != y:
-                return _first_difference(x, y)
-    return f"{_short(a)} -> {_short(b)}"
-
-
-def _short(x: Any) -> str:
-    text = repr(x)
-    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _fresh_outputs(spec: Any) -> list[int]:
@@ -1241,6 +362,37 @@ def _rebuild(spec: Any, args: list, outputs: list) -> Any:
     return kind(_rebuild(s, args, outputs) for s in spec[1])
 
 
+def run_as_written(policy: str, fn: Callable, args: tuple, kwargs: dict, region: Callable) -> Any:
+    """A call of a compiled function or module that ``admission.call_policy`` does not compile:
+    its Python runs, inside a compiled-backward region (``region()``) where the policy says so."""
+    if policy == admission.REGION:
+        with region():
+            return fn(*args, **kwargs)
+    return fn(*args, **kwargs)
+
+
+def record(
+    fn: Callable,
+    watch: Watch,
+    region: Region,
+    args: tuple,
+    kwargs: dict,
+    explaining: bool = False,
+) -> tuple[Recorder, Any, Any]:
+    """Run ``fn`` once, eagerly, while a ``Recorder`` records it (its results are eager's);
+    the recorder, the call's result and the tape its forward was recorded on."""
+    rec = Recorder(watch, region)
+    rec.explaining = explaining
+    _tape.state.enter()
+    try:
+        tape = _tape.state.tape
+        with tracing(rec):
+            result = fn(*args, **kwargs)
+    finally:
+        _tape.state.exit()
+    return rec, result, tape
+
+
 class CompiledFunction:
     """``fusegrad.compile(fn)``: see the module docstring."""
 
@@ -1248,56 +400,40 @@ class CompiledFunction:
         self.fn = fn
         self.fullgraph = fullgraph
         self.mode = mode
-        self.region = region  # () -> a context manager: today's compiled-backward region
-        self.entries: dict[tuple, Any] = {}  # guard key -> Step | reason (str)
-        self.recordings = 0
-        self.given_up: str | None = None  # why this function is no longer recorded
+        self.region = region  # () -> a context manager: a compiled-backward region
+        # guard key -> Step | reason (str), and the recording policy (``service.Recordings``)
+        self.entries = Recordings(self.name)
         self.warmed_up = False  # see ``_state_pending``
         self.__wrapped__ = fn
+
+    def name(self) -> str:
+        return str(getattr(self.fn, "__qualname__", self.fn))
+
+    @property
+    def recordings(self) -> int:
+        return self.entries.recordings
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else types.MethodType(self, obj)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        current = _tracer_state.tracer
-        if current is not None:  # inside another compiled function or region: part of it
-            if isinstance(current, Recorder):
-                return self.fn(*args, **kwargs)
-            with self.region():
-                return self.fn(*args, **kwargs)
-        if _forward_state.level is not None:
-            # a dual level: the ops must run to propagate tangents, which no replay computes
-            return self.fn(*args, **kwargs)
-        if _anomaly._state.enabled:
-            # anomaly mode checks every backward node's outputs and names the forward line of
-            # a failing one: the nodes must run, so the call runs in compiled-backward mode
-            # (which runs anomaly-mode backwards eagerly), neither recorded nor replayed
-            with self.region():
-                return self.fn(*args, **kwargs)
+        policy = admission.call_policy()
+        if policy != admission.COMPILE:
+            return run_as_written(policy, self.fn, args, kwargs, self.region)
         watch = Watch(self.fn, args, kwargs)
         entry = self.entries.get(watch.key)
         if type(entry) is Step:
             out = entry.run(watch.args, self.mode)
             if out is not NotImplemented:
-                counters.step_runs += 1
-                logs.log_counted("cache", "step", "whole step replayed")
+                emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
                 return out
             entry = "a leaf has hooks"
-        if entry is None and self.recordings >= config.step_recordings:
-            if self.given_up is None:
-                self.given_up = entry = (
-                    f"{self.recordings} recordings (config.step_recordings) of "
-                    f"{getattr(self.fn, '__qualname__', self.fn)}: the guard key changes on "
-                    "every call (sizes, Python values, modules); whole-step compile is off for "
-                    "it, its backward is still compiled"
-                )
-                counters.step_breaks[entry] += 1
-                logs.log("recompiles", entry)
-            entry = self.given_up
+        if entry is None:
+            entry = self.entries.refusal()
         if entry is not None:  # fell back for this key: compiled backward only
             with self.region():
                 return self.fn(*args, **kwargs)
-        if not self.warmed_up and not self.recordings:
+        if not self.warmed_up and not self.entries.recordings:
             self.warmed_up = True
             pending = _state_pending(watch.optimizers)
             if pending:
@@ -1305,112 +441,42 @@ class CompiledFunction:
                 # at their first step): a recording now would hold the first step's creation
                 # ops, and the next call, with the state in the key, would need another.  It
                 # runs eagerly instead; the next call is recorded once, for every later call.
-                counters.step_warmups += 1
-                logs.log("recompiles", f"whole step: first call runs eagerly: {pending}")
+                emit(events.WARMUP, pending)
                 return self.fn(*args, **kwargs)
-        self.recordings += 1
-        if self.entries and logs.enabled("recompiles"):
-            logs.log(
-                "recompiles",
-                f"whole step: recording #{self.recordings}: {self.why_record(watch.key)}",
-            )
+        number = self.entries.count()
+        if len(self.entries) and events.wanted(events.RECORDING):
+            emit(events.RECORDING, f"whole step: recording #{number}: {self.why_record(watch.key)}")
         return self.record(watch, args, kwargs)
 
     def why_record(self, key: tuple) -> str:
         """In words, why a call with guard key ``key`` is recorded (``explain``, the log)."""
         if key in self.entries:
             return "these guards were recorded before; recorded again (explain replaces it)"
-        if not self.entries:
+        last = self.entries.last_key()
+        if last is None:
             return "first call of this function"
-        return describe_change(next(reversed(self.entries)), key)
+        return describe_change(last, key)
 
     def record(self, watch: Watch, args: tuple, kwargs: dict, explaining: bool = False) -> Any:
-        from . import Region, _tape  # (the package imports this module: a cycle)
-
         started = _trace.clock() if _trace.enabled else 0.0
         region = Region(self.fullgraph, self.mode)
-        rec = Recorder(watch, region)
-        rec.explaining = explaining
-        _tape.state.enter()
+        rec, result, _ = record(self.fn, watch, region, args, kwargs, explaining)
+        detail = {"what": "step", "owner": self, "watch": watch, "started": started, "why": ""}
         try:
-            with tracing(rec):
-                result = self.fn(*args, **kwargs)
-        finally:
-            _tape.state.exit()
-        try:
-            step = rec.finish(result)
+            step = Step(rec, *rec.finish(result))
         except StepBreak as e:
-            self.remember(watch.key, str(e))
-            counters.step_breaks[str(e)] += 1
-            logs.log("fallback", f"whole-step compile: {e}; compiling backward() only")
+            self.entries.remember(watch.key, str(e))
             if _trace.enabled:
-                _trace.recorded(self, watch, started, None, str(e))
+                detail["why"] = why_recorded(self.name(), self.entries, watch.key)
+            emit(events.STEP_BREAK, str(e), **detail)
             if self.fullgraph:
-                from . import CompilationError  # (a cycle, as above)
-
                 raise CompilationError(f"fullgraph=True: {e}") from None
             return result
-        if logs.enabled("graph"):
-            logs.log("graph", "whole-step graph:\n" + format_graph(rec.graph))
+        if events.wanted(events.GRAPH):
+            emit(events.GRAPH, "whole-step graph:\n" + format_graph(rec.graph))
         verify(rec.graph)
-        counters.step_captures += 1
-        self.remember(watch.key, step)
+        self.entries.remember(watch.key, step)
         if _trace.enabled:
-            _trace.recorded(self, watch, started, step)
+            detail["why"] = why_recorded(self.name(), self.entries, watch.key)
+        emit(events.STEP_RECORDED, entry=step, **detail)
         return result
-
-    def remember(self, key: tuple, entry: Any) -> None:
-        while len(self.entries) >= max(config.step_recordings, 1):
-            self.entries.pop(next(iter(self.entries)))
-        self.entries[key] = entry
-
-
-class _Buckets:
-    """A whole step's DistributedDataParallel averaging: for each bucket (in the wrapper's
-    order, the order every process issues them in), an ``allreduce_start`` of its gradients
-    placed as soon as the backward has computed the last of them, and an ``allreduce_wait``
-    after the backward; the averages are what ``.grad`` and the optimizer get
-    (``averaged``: leaf slot of the walk -> value)."""
-
-    def __init__(self, recorder: Any, w: Any, bgraph: Graph, ddps: list) -> None:
-        self.recorder = recorder
-        slot_of = {id(leaf): k for k, leaf in enumerate(w.leaves)}
-        effect = {slot: v for kind, slot, v in bgraph.effects if kind == "grad"}
-        self.buckets: list = []  # (ddp, bucket, [(walk slot, gradient value of bgraph)])
-        for ddp in ddps:
-            if not ddp.require_backward_grad_sync:
-                continue  # (no_sync: gradients accumulate locally)
-            for bucket in ddp._buckets:
-                members = []
-                for _, name, p in bucket.params:
-                    slot = slot_of.get(id(p))
-                    if slot is None or slot not in effect:
-                        raise StepBreak(
-                            f"backward() at {_user_line()}: DistributedDataParallel parameter "
-                            f"{name} gets no gradient (unused parameters are not replayed)"
-                        )
-                    members.append((slot, effect[slot]))
-                self.buckets.append((ddp, bucket, members))
-        self.waiting: list = [{v for _, v in m} for _, _, m in self.buckets]
-        self.started: list = []
-        self.averaged: dict[int, Value] = {}
-
-    def mapped(self, v: Value | None, mapping: dict) -> None:
-        """The graft mapped ``v`` (None: it is done): start every bucket, in order, whose
-        gradients are all there; at the end, wait for them."""
-        for waiting in self.waiting[len(self.started) :]:
-            waiting.discard(v)
-        while len(self.started) < len(self.buckets) and not self.waiting[len(self.started)]:
-            ddp, bucket, members = self.buckets[len(self.started)]
-            self.started.append(self._start(ddp, bucket, members, mapping))
-        if v is None:
-            for (ddp, _, members), (start, sizes) in zip(self.buckets, self.started):
-                self._wait(ddp, members, start, sizes, mapping)
-
-    def _start(self, ddp: Any, bucket: Any, members: list, mapping: dict) -> tuple:
-        return start_bucket(self.recorder.graph, ddp, bucket, [mapping[g] for _, g in members])
-
-    def _wait(self, ddp: Any, members: list, start: Value, sizes: list, mapping: dict) -> None:
-        averaged = wait_bucket(self.recorder.graph, ddp, start, sizes)
-        for (slot, _), value in zip(members, averaged):
-            self.averaged[slot] = value

@@ -256,24 +256,14 @@ def _graph_text(graph: Any) -> str:
     return format_graph(graph)
 
 
-def _why_recorded(name: str, entries: dict, key: tuple) -> str:
-    """Why a call was recorded: first call, or the difference from the last key recorded."""
-    from .step import describe_change  # (the step module imports this one)
-
-    earlier = [k for k in entries if k != key]
-    if not earlier:
-        return f"first call of {name}"
-    return f"recording #{len(earlier) + 1} of {name}: {describe_change(earlier[-1], key)}"
-
-
-def recorded(fn: Any, watch: Any, started: float, step: Any, broke: str | None = None) -> None:
-    """A whole-step recording of ``fn`` (a ``step.CompiledFunction``) ended: as ``step`` (a
-    ``step.Step``, whose program is built on its first replay: ``resume``), or not replayable
-    because of ``broke``."""
+def recorded(
+    fn: Any, watch: Any, started: float, why: str, step: Any, broke: str | None = None
+) -> None:
+    """A whole-step recording of ``fn`` (a ``step.CompiledFunction``) ended, recorded because
+    of ``why``: as ``step`` (a ``step.Step``, whose program is built on its first replay:
+    ``resume``), or not replayable because of ``broke``."""
     name = getattr(fn.fn, "__qualname__", repr(fn.fn))
-    section = _new_section(
-        "whole step", f"whole step: {name}", _why_recorded(name, fn.entries, watch.key)
-    )
+    section = _new_section("whole step", f"whole step: {name}", why)
     section.times["recording"] = time.perf_counter() - started
     section.guards.append(watch.describe_guards())
     if step is None:
@@ -290,16 +280,18 @@ def recorded(fn: Any, watch: Any, started: float, step: Any, broke: str | None =
     write()
 
 
-def module_recorded(module: Any, entries: dict, watch: Any, started: float, entry: Any) -> None:
+def module_recorded(
+    module: Any, watch: Any, started: float, why: str, entry: Any, broke: str | None = None
+) -> None:
     """``compile(module)`` recorded a forward and captured its backward (``entry``, a
-    ``module.AOTEntry``), or could not (``entry`` is the reason)."""
+    ``module.AOTEntry``), recorded because of ``why``, or could not (because of ``broke``)."""
     name = f"compile({type(module._orig_mod).__name__})"
-    section = _new_section("compile(module)", name, _why_recorded(name, entries, watch.key))
+    section = _new_section("compile(module)", name, why)
     section.times["capture"] = time.perf_counter() - started
     section.guards.append(watch.describe_guards())
-    if isinstance(entry, str) or entry is None:
+    if entry is None:
         section.fallbacks.append(
-            f"the forward is not replayable ({entry}); its backward is still compiled"
+            f"the forward is not replayable ({broke}); its backward is still compiled"
         )
     else:
         adopt(entry, section)

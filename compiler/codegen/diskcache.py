@@ -36,7 +36,8 @@ The rules (DESIGN.md contract 10), and how they hold:
   logged and the compiled code is kept in memory.
 * **Counters.**  The guarded cache is also where numba reports each specialisation it needs:
   for the functions a program calls (``entry_points``), a load counts one ``disk_hits``, a
-  compilation one ``compiles`` (``cache.Counters``), whichever variant and whenever it happens.
+  compilation one ``compiles`` (``events.Counters``, through the event stream), whichever
+  variant and whenever it happens.
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ from typing import Any
 
 from numba.core.caching import NullCache
 
-from .. import cache as _program_cache
-from .. import logs
+from .. import events, logs
+from ..events import emit
 
 __all__ = [
     "CorruptCacheEntry",
@@ -336,14 +337,13 @@ class _GuardedCache:
             self._discard(f"{type(error).__name__}: {error}")
             return None
         if result is not None and self.counted:
-            _program_cache.counters.disk_hits += 1
-            logs.log("cache", f"{self._describe()}: loaded from numba's disk cache")
+            emit(events.NUMBA_LOADED, self._describe())
         return result
 
     def save_overload(self, sig: Any, data: Any) -> None:
         # numba calls this right after compiling a specialisation (and only then)
         if self.counted:
-            _program_cache.counters.compiles += 1
+            emit(events.NUMBA_COMPILED, self._describe())
         try:
             super().save_overload(sig, data)  # type: ignore[misc]
         except Exception as error:
@@ -379,7 +379,7 @@ class _UncachedCounter(NullCache):  # type: ignore[misc]
     compilation (numba calls ``save_overload`` after every one)."""
 
     def save_overload(self, sig: Any, data: Any) -> None:
-        _program_cache.counters.compiles += 1
+        emit(events.NUMBA_COMPILED, "an entry point without a disk cache")
 
 
 # (mixin, numba base class) -> their subclass: made once per numba class (CPU and CUDA differ)

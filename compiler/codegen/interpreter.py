@@ -48,14 +48,15 @@ import numpy as np
 from fusegrad.ops.registry import REGISTRY
 
 from ..passes.fuse import Kernel, merge_kernels
+from ..settings import INTERPRETER_MAX_ELEMENTS
 from . import common, numba_cpu
 from .common import is_single, reduction_target
 from .lowering import EXPRESSIONS
 
 INTERPRETER_VERSION = 2
 
-# the largest iteration space run by the interpreter (elements); larger ones get generated code
-MAX_ELEMENTS = 1 << 16
+# the largest iteration space run by the interpreter (elements; ``config``'s default)
+MAX_ELEMENTS = INTERPRETER_MAX_ELEMENTS
 
 # elements per block of ``run_ops``: 8 KiB float32 rows, so an op's operands stay in L1/L2
 BLOCK = 2048

@@ -22,7 +22,7 @@ import fusegrad.nn.functional as F
 from fusegrad import compiler
 from fusegrad.autograd import Function
 from fusegrad.autograd.functional import hessian, jacobian
-from fusegrad.compiler import batching
+from fusegrad.compiler.service import service
 
 
 def _t(rng: np.random.Generator, *shape: int) -> fg.Tensor:
@@ -77,21 +77,21 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_vectorized_jacobian_equals_the_row_by_row_one(name: str) -> None:
     f, inputs = CASES[name]
-    batching._programs.clear()
+    service.batched.clear()
     _same_jacobian(f, inputs)
 
 
 def test_a_second_jacobian_reuses_the_program() -> None:
-    batching._programs.clear()
+    service.batched.clear()
     f, inputs = CASES["mlp"]
     jacobian(f, inputs, vectorize=True)
-    assert len(batching._programs._data) == 1
+    assert len(service.batched) == 1
     x, w = inputs
     got = jacobian(f, (x * 2.0, w), vectorize=True)  # new values, same graph
     ref = jacobian(f, (x * 2.0, w))
     for a, b in zip(_blocks(ref), _blocks(got)):
         np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-12)
-    assert len(batching._programs._data) == 1
+    assert len(service.batched) == 1
 
 
 def test_a_large_jacobian_goes_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,21 +111,21 @@ def test_a_large_jacobian_goes_in_chunks(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_the_same_structure_with_other_sizes_gets_its_own_program() -> None:
-    batching._programs.clear()
+    service.batched.clear()
     rng = np.random.default_rng(5)
     for rows in (2, 5, 2):  # (5: the walk key and batch of 2, other concrete sizes)
         _same_jacobian(lambda x, w: (x @ w).tanh().sum(0), (_t(rng, rows, 3), _t(rng, 3, 4)))
-    assert len(batching._programs._data) == 2
+    assert len(service.batched) == 2
 
 
 def test_vectorized_hessian() -> None:
     x = _t(np.random.default_rng(1), 5)
     f = lambda x: (x.sin() * x).sum() ** 2 + (x[:3] * x[2:]).prod()  # noqa: E731
-    batching._programs.clear()
+    service.batched.clear()
     np.testing.assert_allclose(
         hessian(f, x, vectorize=True).numpy(), hessian(f, x).numpy(), rtol=1e-12, atol=1e-12
     )
-    assert len(batching._programs._data) == 1
+    assert len(service.batched) == 1
 
 
 class _Numpy(Function):
@@ -139,7 +139,7 @@ class _Numpy(Function):
 
 
 def test_what_cannot_be_batched_is_computed_row_by_row() -> None:
-    batching._programs.clear()
+    service.batched.clear()
     x = _t(np.random.default_rng(2), 3)
     # a custom Function that reads numpy: no program may run it
     _same_jacobian(lambda x: _Numpy.apply(x.exp()), (x,), batched=False)

@@ -20,7 +20,7 @@ from op_table import FG, OPS, build, flat_outputs, is_float
 import fusegrad as fg
 from fusegrad import compiler
 from fusegrad.compiler.capture import capture as capture_graph
-from fusegrad.compiler.capture import walk as walk_graph
+from fusegrad.compiler.key import walk as walk_graph
 
 GRAD_CASES = [(e, s) for e in OPS for s in e.get_samples() if e.differentiable and s.grad]
 # numba compiles each new kernel (~0.3 s): the generated-code run covers the first sample of

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 import fusegrad as fg
 from fusegrad import compiler
-from fusegrad.compiler.capture import capture, walk
+from fusegrad.compiler.capture import capture
+from fusegrad.compiler.key import walk
 from fusegrad.utils.checkpoint import CheckpointError, checkpoint, checkpoint_sequential
 
 pytestmark = pytest.mark.usefixtures("fresh_compiler")

@@ -13,8 +13,9 @@ import pytest
 import fusegrad as fg
 from fusegrad import compiler
 from fusegrad.compiler import passes
-from fusegrad.compiler.capture import capture, walk
+from fusegrad.compiler.capture import capture
 from fusegrad.compiler.ir import Graph, verify
+from fusegrad.compiler.key import walk
 from fusegrad.compiler.passes import schedule as sched
 from fusegrad.compiler.passes.buffers import plan_buffers
 from fusegrad.compiler.passes.fuse import Extern, Kernel

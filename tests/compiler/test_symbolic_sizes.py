@@ -24,6 +24,7 @@ import fusegrad as fg
 import fusegrad.nn.functional as F
 from fusegrad import compiler
 from fusegrad.compiler import cache, symbolic
+from fusegrad.compiler.service import service
 from fusegrad.compiler.symbolic import FakeArray, NeedsData, ShapeEnv, Sym, SymInt
 
 pytestmark = pytest.mark.usefixtures("fresh_compiler")
@@ -276,9 +277,9 @@ def test_miss_reasons_are_words() -> None:
     with compiler.compiled_autograd():
         (x.exp() * x).sum().backward()
     y = fg.randn(8, dtype=fg.float64, requires_grad=True)
-    walk = compiler.capture.walk
+    walk = compiler.key.walk
     w = walk([(y.exp() * y).sum()], [fg.ones(())], None, True, False)
-    reason = cache.miss_reason(w.key)
+    reason = service.miss_reason(w.key)
     assert "dtype float32 -> float64" in reason, reason
 
 
@@ -316,8 +317,8 @@ def test_every_cache_level_is_bounded() -> None:
     try:
         for k in range(6):  # six structures
             _chain_backward(5, k + 1, "sin")
-        assert len(cache.graphs) == 3
-        assert len(cache.tape_programs) <= 2
+        assert len(service.graphs) == 3
+        assert len(service.tapes) <= 2
         for n in range(10, 20):  # ten size vectors of one structure
             _chain_backward(n, 1, "sin")
         for program in compiler.cached_programs():
@@ -427,7 +428,7 @@ def test_random_programs_run_at_other_batch_sizes(
     # size of 2 may coincide with a pad width or a stack's 2) or a guard failed
     captures = compiler.counters.captures
     if captures > 1:
-        entries = cache.graphs.values()
+        entries = service.graphs.values()
         guarded = any(c.guards for e in entries for c in e.symbolic)
         assert guarded or len(entries) > 1 or any(e.symbolic_failed for e in entries), (
             names,

@@ -1,0 +1,984 @@
+"""Recording a call: the machinery whole steps (``step``: ``compile(fn)``) and compiled modules
+(``module``: ``compile(model)``) share.
+
+**The guard** (``Watch``): what a recording depends on besides the arguments' tensors, and the
+key that tells two calls apart (grad mode; the arguments' shapes, dtypes, devices and
+``requires_grad``; Python scalars by value; the modules, optimizers, closures and globals the
+function reaches: their flags, attributes, parameters and state by identity and shape).
+
+**The recorder** (``Recorder``): the thread's tracer while a call runs eagerly to be recorded.
+Each primitive call becomes an IR value of one graph (``ir.Graph``, concrete sizes); arrays are
+followed by identity, so a tensor that shares another's array (``detach()``) is the same value.
+Tensors the call did not compute are program inputs (the arguments, and the tensors the guard
+watches); constants made by creation functions are constants; random draws and optimizer
+hyperparameters are inputs made again on every call.  A ``backward()`` inside is admitted
+(``admission.admit``), captured by the backward compiler (``capture``, concrete sizes) and
+grafted onto the forward's graph (the saved tensors *are* forward values, so the two fuse);
+DistributedDataParallel's averaging is grafted with it (``_Buckets``).  In-place writes rebind
+the written array to the new value; writes to inputs become ``write`` effects.  Optimizer
+``step()``/``zero_grad()`` calls at the start and the end are kept as calls to replay around
+the program.  What a replay could not reproduce stops the recording (``StepBreak``, with the
+source line); ``Recorder.finish`` turns a complete recording into the graph's effects and the
+output structure the front end replays (``step.Step``).  See docs/ARCHITECTURE.md,
+"Recordings".
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+import fusegrad
+from fusegrad.autograd import grad_mode
+from fusegrad.autograd.engine import run_backward
+from fusegrad.autograd.tracer import Tracer, tracing
+from fusegrad.cuda.array import CudaArray
+from fusegrad.nn.module import Module
+from fusegrad.ops import registry as _registry
+from fusegrad.optim.optimizer import Optimizer
+from fusegrad.tensor import Tensor
+
+from . import admission
+from .capture import Captured, Fallback
+from .capture import capture as _capture_graph
+from .ddp import start_bucket, wait_bucket
+from .ir import Graph, Value
+from .key import RedrawnTensor, Walk
+from .key import walk as _walk
+
+_SCALARS = (int, float, bool, str, type(None), complex)
+# optimizer options a recorded update reads on every call (``optim.hyper``): not in the key;
+# for these, whether they are zero is (the update skips a term at 0)
+_RUNTIME_OPTIONS = frozenset(
+    {
+        "params",
+        "param_names",
+        "lr",
+        "betas",
+        "eps",
+        "dampening",
+        "alpha",  # RMSprop
+        "rho",  # Adadelta
+        "lr_decay",  # Adagrad
+        "momentum_decay",  # NAdam
+    }
+)
+_ZERO_OR_NOT = frozenset({"momentum", "weight_decay"})
+# lists, tuples and dicts reached from ``fn`` with at most this many items, this many levels
+# deep, are watched item by item (larger ones by identity only)
+CONTAINER_ITEMS = 64
+CONTAINER_DEPTH = 3
+
+
+_CUDA = "a CUDA tensor (whole-step compile runs on the CPU for now)"
+_HALF = fusegrad.dtypes.HALF  # numba has no CPU half type: steps holding one run eagerly
+
+
+class StepBreak(Exception):
+    """The call cannot be replayed; ``str(e)`` is the reason (with its source line)."""
+
+
+_PACKAGES = tuple(
+    os.path.dirname(os.path.abspath(f)) + os.sep for f in (fusegrad.__file__, __file__)
+)
+
+
+def _user_line() -> str:
+    """``file:line`` of the innermost frame outside fusegrad (where the user's code is)."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not name.startswith(_PACKAGES) and not name.startswith("<frozen"):
+            line = linecache.getline(name, frame.f_lineno).strip()
+            return f"{frame.f_code.co_filename}:{frame.f_lineno}" + (f" ({line})" if line else "")
+        frame = frame.f_back
+    return "<unknown>"
+
+
+# ---- the guard ---------------------------------------------------------------------------------
+
+
+class Watch:
+    """What a recording depends on besides the arguments' tensors, and the key that tells two
+    calls apart: grad mode; per argument, a tensor's shape, dtype, device and ``requires_grad``,
+    a Python scalar's value, any other object's identity; for every module reachable from the
+    arguments, ``fn``'s ``self``, closure and named globals: its ``training`` flag, its Python
+    scalar attributes, and its parameters' and buffers' identities, shapes, dtypes and
+    ``requires_grad``; an optimizer's parameters' identities; tensors and scalars in the closure
+    and named globals (tensors by identity, scalars by value).
+
+    ``tensors`` maps ``id(array)`` to where the array comes from on a replay: ``("arg", k)``,
+    the k-th tensor argument, or ``("ext", tensor)``, a watched tensor."""
+
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict) -> None:
+        self.key_parts: list = [grad_mode._state.enabled, grad_mode._state.inference]
+        self.args: list[Tensor] = []
+        self.tensors: dict[int, tuple] = {}
+        self.optimizers: list[Optimizer] = []
+        self.seen: set[int] = set()
+        self.depth = 0
+        self.key_parts.append(self.describe(args))
+        self.key_parts.append(self.describe(tuple(sorted(kwargs.items()))))
+        func = getattr(fn, "__func__", fn)
+        owner = getattr(fn, "__self__", None)
+        if owner is not None:
+            self.key_parts.append(("self", self.root(owner)))
+        self.seen.add(id(func))
+        self.key_parts.extend(self.function(func))
+        self.key = tuple(self.key_parts)
+
+    def function(self, func: Any) -> list:
+        """Key parts of a function's closure cells and of the globals its code names."""
+        parts: list = []
+        for cell in getattr(func, "__closure__", None) or ():
+            try:
+                content = cell.cell_contents
+            except ValueError:  # an empty cell
+                content = None
+            parts.append(("cell", self.root(content)))
+        code = getattr(func, "__code__", None)
+        glob = getattr(func, "__globals__", None)
+        if code is not None and glob is not None:
+            for name in code.co_names:
+                if name in glob:
+                    part = self.root(glob[name])
+                    if part is not None:
+                        parts.append((name, part))
+        return parts
+
+    def describe_guards(self) -> str:
+        """What the key holds, in words (``explain``)."""
+        parts = self.key_parts
+        names = [p[0] for p in parts[4:]]
+        return (
+            f"grad mode {parts[0]}, inference mode {parts[1]}; {len(self.args)} tensor "
+            "argument(s) by shape, dtype, device and requires_grad, other arguments by value "
+            f"or identity; watched: {', '.join(map(str, names)) or 'nothing else'} (modules: "
+            "training flags, Python scalar attributes, parameters and buffers by identity, "
+            "shape, dtype and requires_grad; optimizers: their parameters; tensors by identity; "
+            "Python scalars by value); the leaves' .grad state selects the program"
+        )
+
+    def describe(self, obj: Any) -> Any:
+        """An argument's part of the key (tensors become argument inputs)."""
+        if isinstance(obj, Tensor):
+            arr = obj._data
+            self.tensors.setdefault(id(arr), ("arg", len(self.args)))
+            self.args.append(obj)
+            return ("T", arr.shape, obj._dtype, type(arr), obj.requires_grad)
+        if isinstance(obj, _SCALARS):
+            return (type(obj), obj)
+        if isinstance(obj, (tuple, list)):
+            return (type(obj), tuple(self.describe(o) for o in obj))
+        if isinstance(obj, dict):
+            return (dict, tuple((k, self.describe(v)) for k, v in obj.items()))
+        return ("id", id(obj), self.root(obj))
+
+    def root(self, obj: Any) -> Any:
+        """The key part of an object reached from ``fn`` (None: nothing to watch)."""
+        if isinstance(obj, Tensor):
+            arr = obj._data
+            self.tensors.setdefault(id(arr), ("ext", obj))
+            return ("T", id(obj), arr.shape, obj._dtype, type(arr), obj._requires_grad)
+        if isinstance(obj, _SCALARS):
+            return (type(obj), obj)
+        if id(obj) in self.seen:
+            return ("seen", id(obj))
+        if isinstance(obj, Module):
+            self.seen.add(id(obj))
+            return ("M", id(obj), tuple(self.module(m) for m in obj.modules()))
+        if isinstance(obj, Optimizer):
+            # parameters and state tensors by identity, options by value except the numeric
+            # hyperparameters: runtime inputs of a recorded update (``optim.hyper``; schedulers
+            # change them every step), of which only "is it zero" shapes the update
+            self.seen.add(id(obj))
+            self.optimizers.append(obj)
+            parts: list = []
+            for group in obj.param_groups:
+                parts.append(id(group))  # (a recorded update reads this dict on every call)
+                parts.append(
+                    tuple(
+                        (k, v != 0 if k in _ZERO_OR_NOT else v)
+                        for k, v in group.items()
+                        if k not in _RUNTIME_OPTIONS and isinstance(v, (*_SCALARS, tuple))
+                    )
+                )
+                for p in group["params"]:
+                    parts.append(self.root(p))
+                    state = obj.state.get(p)
+                    if state:
+                        parts.append(tuple((k, self.root(v)) for k, v in state.items()))
+            return ("O", id(obj), tuple(parts))
+        if isinstance(obj, types.FunctionType):
+            # a function ``fn`` calls: its closure and the globals it names, watched as
+            # ``fn``'s own are, a few levels deep
+            self.seen.add(id(obj))
+            self.depth += 1
+            try:
+                if self.depth <= CONTAINER_DEPTH:
+                    return ("F", id(obj), tuple(self.function(obj)))
+            finally:
+                self.depth -= 1
+            return None
+        if isinstance(obj, (types.ModuleType, type, types.BuiltinFunctionType)):
+            return None
+        if isinstance(obj, (list, tuple, dict)) and len(obj) <= CONTAINER_ITEMS:
+            # small containers in the closure or globals: their items watched like the rest
+            # (tensors by identity, scalars by value), a few levels deep
+            self.seen.add(id(obj))
+            self.depth += 1
+            try:
+                if self.depth <= CONTAINER_DEPTH:
+                    items = obj.items() if isinstance(obj, dict) else enumerate(obj)
+                    return (type(obj), id(obj), tuple((k, self.root(v)) for k, v in items))
+            finally:
+                self.depth -= 1
+        return ("id", id(obj))
+
+    def module(self, m: Module) -> tuple:
+        self.seen.add(id(m))
+        attrs = tuple(
+            (k, v if isinstance(v, _SCALARS) else tuple(v))
+            for k, v in m.__dict__.items()
+            if isinstance(v, _SCALARS)
+            or (
+                isinstance(v, (list, tuple))
+                and len(v) <= CONTAINER_ITEMS
+                and all(isinstance(x, _SCALARS) for x in v)
+            )
+        )
+        tensors = []
+        for name, t in list(m._parameters.items()) + list(m._buffers.items()):
+            tensors.append((name, None if t is None else self.root(t)))
+        return (id(m), m.training, attrs, tuple(tensors))
+
+
+# ---- recording ---------------------------------------------------------------------------------
+
+
+class Recorder(Tracer):
+    """The tracer of a recording call (see the module docstring).  ``broken`` is the reason the
+    call cannot be replayed (None while it still can); once broken, it only stays out of the
+    way: ``delegate`` (a compiled-backward region) handles every call."""
+
+    records_calls = True  # (``admission.call_policy``: a compiled call inside is part of this)
+
+    def __init__(self, watch: Watch, delegate: Any) -> None:
+        self.watch = watch
+        self.delegate = delegate
+        self.graph = Graph()
+        # id(array) -> (value, version counter, its value when bound)
+        self.values: dict[int, tuple[Value, Any, int]] = {}
+        self.keep: list = []  # arrays kept alive while their ids are keys
+        self.sharing: dict[int, set[int]] = {}  # id(root array) -> bound arrays on its memory
+        self.stale: dict[int, str] = {}  # id(array) -> where a write through another array was
+        # per program input: ("arg", k) | ("ext", t) | ("draw", redo) | ("scalar", redo) |
+        # ("cast", k, dtype): input k, a runtime scalar, cast
+        self.sources: list = []
+        self.runtime_keys: dict = {}  # ``optim.hyper`` key -> its runtime input
+        self.input_arrays: list = []  # their arrays in this call
+        self.source_of: dict[int, int] = {}  # id(array) -> program input index
+        self.input_values: list[Value] = []
+        self.leaves: list[Tensor] = []
+        self.leaf_of: dict[int, int] = {}
+        self.grad_effects: dict[int, Value] = {}  # leaf slot -> its gradient's value
+        self.grad_preset: dict[int, bool] = {}  # leaf slot -> .grad existed when first reached
+        self.writes: dict[int, list] = {}  # program input index -> [final value, bumps]
+        self.prefix: list = []
+        self.suffix: list = []
+        self.started = False  # a tensor op was recorded
+        self.pending: list = []  # host reads not yet known to be harmless: (result, what, line)
+        self.backwards = 0
+        # the DistributedDataParallel wrappers whose hooks the program does the work of
+        self.ddps: set[int] = set()
+        self.checks: list = []  # (value, fn): eager's validations of values (index ranges)
+        self.forward_ops = 0  # primitives recorded from the function's own code
+        self.backward_ops = 0  # values the captured backward graphs added
+        self.eager_saved: dict[int, int] = {}  # id(array) -> bytes eager's nodes saved
+        self.saved_values: set[Value] = set()  # forward values the backward reads
+        self.broken: str | None = None
+        self.explaining = False  # set by ``explain``
+        self.history = False  # see ``finish``
+        self.user_outputs = 0
+        self.output_tensors: list[Tensor] = []  # the call's output tensors, by output slot
+        self.fresh_slots: list[bool] = []  # per output slot: eager made it in new memory
+
+    # ---- bookkeeping --------------------------------------------------------------------------
+    def stop(self, reason: str) -> None:
+        if self.broken is None:
+            self.broken = reason
+
+    def event(self) -> None:
+        """A tensor op is about to be recorded: fine unless Python read values before it or the
+        optimizer already stepped."""
+        if self.pending:
+            _, what, line, _ = self.pending[0]
+            raise StepBreak(
+                f"Python read a tensor's value ({what}) at {line}, and tensor ops follow"
+            )
+        if self.suffix:
+            owner, fn = self.suffix[0][0], self.suffix[0][1]
+            raise StepBreak(
+                f"a tensor op at {_user_line()} after {type(owner).__name__}.{fn.__name__}() "
+                "(only optimizer and zero_grad calls at the start and the end are replayed)"
+            )
+        self.started = True
+
+    @staticmethod
+    def _root(arr: np.ndarray) -> np.ndarray:
+        while isinstance(arr.base, np.ndarray):
+            arr = arr.base
+        return arr
+
+    def bind(self, t: Tensor, value: Value) -> None:
+        arr = t._data
+        if id(arr) not in self.values:
+            self.keep.append(arr)
+            self.sharing.setdefault(id(self._root(arr)), set()).add(id(arr))
+            self.stale.pop(id(arr), None)
+        counter = t._version_counter
+        self.values[id(arr)] = (value, counter, counter.value)
+
+    def value_of(self, t: Tensor) -> Value:
+        arr = t._data
+        if type(arr) is CudaArray:
+            raise StepBreak(_CUDA)
+        found = self.values.get(id(arr))
+        if found is not None:
+            value, counter, version = found
+            if t._version_counter is not counter:
+                # a view made after its primitive ran shares its base's counter from then on
+                self.values[id(arr)] = (value, t._version_counter, t._version_counter.value)
+            elif counter.value != version:
+                raise StepBreak(
+                    f"{_describe(t)} was modified outside the recorded ops (at {_user_line()})"
+                )
+            return value
+        where = self.stale.get(id(arr))
+        if where is not None:
+            raise StepBreak(
+                f"{_describe(t)} is read at {_user_line()} after an in-place write at {where} "
+                "into memory it shares (a view and its base)"
+            )
+        if t._wrapped_number:  # a Python number (kept: a node may save it)
+            value = self.graph.scalar(arr.item(), t._dtype)
+            self.bind(t, value)
+            return value
+        source = self.watch.tensors.get(id(arr))
+        if source is None:
+            raise StepBreak(
+                f"{_describe(t)} used at {_user_line()} was not computed by the function and is "
+                "not an argument, a parameter or buffer of a watched module, or a tensor in its "
+                "closure or globals (made by an untraced path, e.g. torch.tensor(data) inside)"
+            )
+        return self.new_input(t, source)
+
+    def new_input(self, t: Tensor, source: tuple) -> Value:
+        arr = t._data
+        index = len(self.sources)
+        self.sources.append(source)
+        self.input_arrays.append(arr)
+        value = self.graph.input("arg", index, arr.shape, t._dtype)
+        self.input_values.append(value)
+        self.source_of[id(arr)] = index
+        self.bind(t, value)
+        return value
+
+    # ---- Tracer ----------------------------------------------------------------------------------
+    def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
+        if self.broken is None:
+            try:
+                self.event()
+            except StepBreak as e:
+                self.stop(str(e))
+        out = self.delegate.apply(prim, inputs, attrs)
+        if self.broken is None:
+            try:
+                self.record(prim, inputs, attrs, out)
+            except StepBreak as e:
+                self.stop(str(e))
+        return out
+
+    def record(self, prim: Any, inputs: tuple, attrs: dict, out: Tensor) -> None:
+        values = tuple(self.value_of(t) for t in inputs)
+        arr = out._data
+        try:
+            shape, dtype = prim.meta(
+                tuple(v.shape for v in values), tuple(v.dtype for v in values), **attrs
+            )
+        except _registry.DataDependentShape as e:
+            raise StepBreak(f"{prim.name} at {_user_line()}: {e}") from None
+        if tuple(shape) != arr.shape or dtype is not out._dtype:
+            raise StepBreak(f"{prim.name}: its shape rule disagrees with its kernel")
+        if dtype in _HALF or any(v.dtype in _HALF for v in values):
+            raise StepBreak(
+                f"{prim.name} at {_user_line()}: a float16/bfloat16 value (compiled programs "
+                "take no half dtypes)"
+            )
+        try:
+            value = self.graph.add(prim.name, values, attrs, arr.shape, out._dtype)
+        except TypeError:
+            raise StepBreak(f"{prim.name} at {_user_line()}: an attribute is unhashable") from None
+        self.bind(out, value)
+        self.forward_ops += 1
+
+    def full(self, shape: tuple, value: Any, dtype: Any, device: Any) -> Any:
+        if self.broken is not None or (device is not None and str(device) != "cpu"):
+            return NotImplemented
+        try:
+            self.event()
+        except StepBreak as e:
+            self.stop(str(e))
+            return NotImplemented
+        t = Tensor._make(np.full(shape, value, dtype.np))
+        self.bind(t, self.graph.full(tuple(shape), value, dtype))
+        return t
+
+    def created(self, t: Tensor, redo: Any) -> None:
+        if self.broken is not None:
+            return
+        try:
+            self.event()
+            if type(t._data) is CudaArray:
+                raise StepBreak(_CUDA)
+            if t._requires_grad:
+                raise StepBreak(f"a tensor requiring grad created at {_user_line()}")
+        except StepBreak as e:
+            self.stop(str(e))
+            return
+        if isinstance(redo, Tensor):  # a copy of ``redo``'s values (perhaps cast)
+            try:
+                value = self.value_of(redo)
+                if value.dtype is not t._dtype:
+                    value = self.cast(t, value)
+                self.bind(t, value)
+            except StepBreak as e:
+                self.stop(str(e))
+        elif redo is None and t._data.ndim == 0 and t._data.dtype.kind in "fiub":
+            self.bind(t, self.graph.scalar(t._data.item(), t._dtype))  # (foldable, fusable)
+        elif redo is None:
+            self.bind(t, self.graph.constant(t._data))
+        else:
+            # a random draw, or a runtime scalar of an optimizer (``optim.hyper``): both made
+            # again on every call, in the recording's order
+            if getattr(redo, "runtime_scalar", False):
+                key = getattr(redo, "key", None)
+                known = self.runtime_keys.get(key) if key is not None else None
+                if known is not None:  # the same option again: one input
+                    self.bind(t, known)
+                else:
+                    value = self.new_input(t, ("scalar", redo))
+                    if key is not None:
+                        self.runtime_keys[key] = value
+            else:
+                self.new_input(t, ("draw", redo))
+
+    def cast(self, t: Tensor, value: Value) -> Value:
+        """``value`` cast to ``t``'s dtype: a runtime scalar (``optim.hyper``) becomes a runtime
+        input of that dtype, cast as the op surface casts it (one kernel fewer, and a kernel
+        of one float dtype, which the interpreter runs); anything else a ``cast`` value."""
+        source = self.sources[value.attr("index")] if value.op == "input" else None
+        if source is None or source[0] != "scalar":
+            return self.graph.add("cast", (value,), {"dtype": t._dtype}, value.shape, t._dtype)
+        index = value.attr("index")
+        key = ("cast", index, t._dtype)
+        known = self.runtime_keys.get(key)
+        if known is None:  # ("cast", k, dtype): input k's value (computed before it) cast
+            known = self.runtime_keys[key] = self.new_input(t, ("cast", index, t._dtype.np))
+        return known
+
+    def host_read(self, t: Tensor, what: str, result: Any = None) -> None:
+        if self.broken is None:
+            found = self.values.get(id(t._data))
+            value = found[0] if found is not None and found[2] == t._version_counter.value else None
+            self.pending.append((result, what, _user_line(), value))
+
+    def wrote(self, target: Tensor, result: Tensor) -> None:
+        if self.broken is not None:
+            return
+        try:
+            self.event()
+            arr = target._data
+            if type(arr) is CudaArray:
+                raise StepBreak(_CUDA)
+            if id(arr) not in self.values:
+                self.value_of(target)  # an input written before it was read
+            value = self.value_of(result)
+            if value.dtype is not target._dtype or value.shape != arr.shape:
+                raise StepBreak(f"an in-place write at {_user_line()} that casts or broadcasts")
+            self.values[id(arr)] = (value, target._version_counter, target._version_counter.value)
+            # other arrays on the same memory (views, a view's base) now hold values the graph
+            # does not know: reading one stops the recording
+            for other in self.sharing.get(id(self._root(arr)), ()):
+                if other != id(arr) and other in self.values:
+                    del self.values[other]
+                    self.stale[other] = _user_line()
+            index = self.source_of.get(id(arr))
+            if index is not None:
+                entry = self.writes.setdefault(index, [value, 0])
+                entry[0] = value
+                entry[1] += 1
+        except StepBreak as e:
+            self.stop(str(e))
+
+    def check(self, t: Tensor, fn: Any) -> None:
+        if self.broken is None:
+            try:
+                self.checks.append((self.value_of(t), fn))
+            except StepBreak as e:
+                self.stop(str(e))
+
+    def side_effect(self, t: Tensor, what: str) -> None:
+        self.stop(f"{what} at {_user_line()} inside the compiled function")
+
+    def opaque(self, owner: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
+        if self.broken is not None:
+            return NotImplemented
+        if any(callable(a) for a in args) or any(callable(v) for v in kwargs.values()):
+            self.stop(f"{type(owner).__name__}.{fn.__name__}() with a closure at {_user_line()}")
+            return NotImplemented
+        if (
+            fn.__name__ == "step"
+            and getattr(owner, "traceable", False)
+            and not args
+            and not kwargs
+            and not self.suffix
+        ):
+            return NotImplemented  # its tensor ops are recorded into the program
+        call = (owner, fn, args, dict(kwargs))
+        # zero_grad touches only ``.grad``, which recorded ops never read (reading it stops the
+        # recording): before any backward it is replayed before the program
+        early = not self.started or (fn.__name__ == "zero_grad" and not self.backwards)
+        (self.prefix if early and not self.suffix else self.suffix).append(call)
+        with tracing(None):  # its own ops are not recorded: it is replayed as a call
+            return fn(owner, *args, **kwargs)
+
+    def backward(
+        self,
+        roots: Any,
+        grads: Any,
+        retain_graph: bool,
+        create_graph: bool,
+        inputs: Any,
+        accumulate: bool,
+    ) -> Any:
+        if self.broken is None:
+            try:
+                self.event()
+                results = self.record_backward(
+                    roots, grads, retain_graph, create_graph, inputs, accumulate
+                )
+            except StepBreak as e:
+                self.stop(str(e))
+            else:
+                return results
+        return self.delegate.backward(roots, grads, retain_graph, create_graph, inputs, accumulate)
+
+    def record_backward(
+        self,
+        roots: Any,
+        grads: Any,
+        retain_graph: bool,
+        create_graph: bool,
+        inputs: Any,
+        accumulate: bool,
+    ) -> Any:
+        """A ``backward()``/``grad()`` of the call: admitted, captured, grafted onto the
+        forward's graph with its ``.grad`` effects, then run eagerly (the call's results are
+        eager's) and its results bound to their values."""
+        w, captured, ddps = self.captured_backward(roots, grads, inputs, accumulate, create_graph)
+        bgraph = captured.graph
+        buckets = _Buckets(self, w, bgraph, ddps) if ddps else None
+        mapping = self.graft(
+            w,
+            bgraph,
+            self.graph,
+            lambda k: self.value_of(grads[k]),
+            on_value=None if buckets is None else buckets.mapped,
+        )
+        self.backward_ops += sum(1 for v in bgraph.values if v.op not in ("input", "constant"))
+        grad_values = self.grad_values(w, bgraph, mapping, buckets)
+        bind_grads, preset_grads = self.add_grad_effects(grad_values)
+        self.backwards += 1
+        with tracing(None):  # the derivative rules run eagerly, unrecorded
+            if self.explaining:  # explain() also shows the backward compiled on its own
+                results = self.delegate.backward(
+                    roots, grads, retain_graph, create_graph, inputs, accumulate
+                )
+            else:
+                results = run_backward(roots, grads, retain_graph, create_graph, inputs, accumulate)
+        if not accumulate:
+            for kind, pos, v in bgraph.effects:
+                if kind == "capture" and results[pos] is not None:
+                    self.bind(results[pos], mapping[v])
+        self.bind_grads(bind_grads, preset_grads)
+        return results
+
+    def captured_backward(
+        self, roots: Any, grads: Any, inputs: Any, accumulate: bool, create_graph: bool
+    ) -> tuple[Walk, Captured, list]:
+        """The backward's walk, admitted for a whole step, and its captured graph (concrete
+        sizes); the DistributedDataParallel wrappers whose averaging the program does."""
+        where = _user_line()
+        w = _walk(roots, grads, inputs, accumulate, create_graph)
+        plan = admission.admit(
+            w,
+            admission.STEP,
+            create_graph=create_graph,
+            inputs=inputs,
+            accumulate=accumulate,
+            where=where,
+        )
+        if isinstance(plan, str):
+            raise StepBreak(plan)
+        ddps = plan.ddp or []
+        if ddps:
+            # the capture leaves the wrappers' hooks out: the program averages the buckets
+            w.has_hooks = False
+            self.ddps.update(id(d) for d in ddps)
+        try:
+            captured = _capture_graph(
+                w, roots, grads, inputs, accumulate, symbolic=False, allow_opaque=False
+            )
+        except Fallback as e:
+            raise StepBreak(f"backward() at {where}: {e}") from None
+        return w, captured, ddps
+
+    def grad_values(self, w: Walk, bgraph: Graph, mapping: dict, buckets: Any) -> dict:
+        """Leaf slot (of the recording) -> the value of its gradient in this backward (the
+        bucket's average under DistributedDataParallel)."""
+        grad_values = {}
+        for kind, slot, v in bgraph.effects:
+            if kind == "grad":
+                leaf = w.leaves[slot]
+                source = self.watch.tensors.get(id(leaf._data))
+                if source is None:
+                    raise StepBreak(
+                        f"backward() at {_user_line()} reaches {_describe(leaf)}, which the guard "
+                        "does not watch (not an argument, parameter or closure tensor)"
+                    )
+                grad_values[self.leaf_slot(leaf)] = (
+                    mapping[v] if buckets is None else buckets.averaged.get(slot, mapping[v])
+                )
+            elif kind != "capture":
+                raise StepBreak(f"backward() at {_user_line()}: {kind} effects are not replayed")
+        return grad_values
+
+    def add_grad_effects(self, grad_values: dict) -> tuple[list, list]:
+        """Add this backward's gradients to the ``.grad`` effects (a second backward adds into
+        the first's); which ``.grad`` tensors to bind to their values afterwards: those made
+        by the backward, and those it added into."""
+        graph = self.graph
+        for slot, value in grad_values.items():
+            leaf = self.leaves[slot]
+            previous = self.grad_effects.get(slot)
+            if previous is None:
+                self.grad_preset[slot] = leaf._grad is not None
+                self.grad_effects[slot] = value
+            elif self.grad_preset[slot]:
+                raise StepBreak("two backward() calls reach a leaf whose .grad existed")
+            else:
+                self.grad_effects[slot] = graph.add(
+                    "add", (previous, value), {}, value.shape, value.dtype
+                )
+        bind_grads = [
+            (self.leaves[slot], value)
+            for slot, value in self.grad_effects.items()
+            if slot in grad_values and not self.grad_preset[slot]
+        ]
+        # a ``.grad`` that existed (``zero_grad(set_to_none=False)``, accumulation over calls)
+        # is added into: what the optimizer then reads of it is its value before the program
+        # (an input, read on every call: zeros when it is None then) plus the gradient
+        preset_grads = [
+            (self.leaves[slot], grad_values[slot])
+            for slot in grad_values
+            if self.grad_preset[slot] and self.leaves[slot]._grad is not None
+        ]
+        return bind_grads, preset_grads
+
+    def bind_grads(self, bind_grads: list, preset_grads: list) -> None:
+        """After the eager backward: each ``.grad`` it made is its value (the optimizer reads
+        it), each it added into the sum of its value before the program and the gradient."""
+        for leaf, value in bind_grads:
+            grad = leaf._grad
+            if grad is not None and grad._data.shape == value.shape:
+                self.bind(grad, value)
+        for leaf, value in preset_grads:
+            grad = leaf._grad
+            if grad is None or grad.requires_grad or grad._data.shape != value.shape:
+                continue  # (not read as the sum: a read of it stops the recording)
+            source = ("grad", self.watch.tensors[id(leaf._data)], grad._data.shape, grad._dtype)
+            before = self.new_input(grad, source)
+            self.bind(grad, self.graph.add("add", (before, value), {}, value.shape, value.dtype))
+
+    def graft(
+        self,
+        w: Any,
+        bgraph: Graph,
+        into: Graph,
+        root: Callable[[int], Value],
+        saved: Callable[[Value], Value] | None = None,
+        on_value: Callable[[Value | None, dict], None] | None = None,
+    ) -> dict[Value, Value]:
+        """Copy the captured backward graph ``bgraph`` (of walk ``w``) into ``into``: root
+        gradient k becomes ``root(k)``, a saved tensor the recorded forward value it is
+        (through ``saved``, when given), constants and ops themselves.  Returns the mapping;
+        raises ``StepBreak`` for what the recording cannot name."""
+        mapping: dict[Value, Value] = {}
+        for v in bgraph.values:
+            if v.op == "input":
+                kind, index = v.attr("kind"), v.attr("index")
+                if kind == "root":
+                    mapping[v] = root(index)
+                elif kind == "saved":
+                    node, sv = w.saved[index]
+                    if type(sv) is RedrawnTensor:  # (not the forward's value: drawn again)
+                        raise StepBreak(
+                            f"backward() at {_user_line()} recomputes a random draw of a "
+                            "checkpointed function"
+                        )
+                    t = sv._tensor
+                    arr = sv._data if t is None else t._data
+                    found = self.values.get(id(arr))
+                    if found is None:
+                        value = self.value_of(Tensor._make(arr))
+                    elif sv._counter is not found[1] or found[2] != sv._version:
+                        raise StepBreak(f"{node.name()} saved a tensor that was modified later")
+                    else:
+                        value = found[0]
+                    self.saved_values.add(value)
+                    self.eager_saved[id(arr)] = arr.nbytes
+                    mapping[v] = value if saved is None else saved(value)
+                else:
+                    raise StepBreak(f"the backward at {_user_line()} reads an existing .grad")
+            elif v.op == "constant":
+                mapping[v] = into.constant(bgraph.constants[v.attr("index")])
+            else:
+                mapping[v] = into.add(
+                    v.op, tuple(mapping[i] for i in v.inputs), v.attrs, v.shape, v.dtype, v.origin
+                )
+            if on_value is not None:
+                on_value(v, mapping)
+        if on_value is not None:
+            on_value(None, mapping)  # (the end of the backward)
+        return mapping
+
+    def leaf_slot(self, leaf: Tensor) -> int:
+        slot = self.leaf_of.get(id(leaf))
+        if slot is None:
+            slot = self.leaf_of[id(leaf)] = len(self.leaves)
+            self.leaves.append(leaf)
+        return slot
+
+    # ---- the end of the call -----------------------------------------------------------------
+    def finish(
+        self, result: Any, saved: Sequence[Value] = (), history: bool = False
+    ) -> tuple[Any, dict, int]:
+        """The end of a replayable recording (raises ``StepBreak``): the graph's effects made,
+        and what ``step.Step`` replays -- the output structure, the version bumps of the
+        written inputs, the number of program outputs.  ``saved``:
+        values the program also outputs, after the function's own outputs (what a module's
+        backward reads, ``module``); ``history``: outputs may require grad (a module's, whose
+        backward node ``module`` makes)."""
+        if self.broken is not None:
+            raise StepBreak(self.broken)
+        self.history = history
+        reads = {id(r): i for i, (r, *_) in enumerate(self.pending)}
+        returned_reads: set[int] = set()
+        outputs: list[Value] = []
+        spec = self.output_spec(result, reads, returned_reads, outputs)
+        for i, (_, what, line, _) in enumerate(self.pending):
+            if i not in returned_reads:
+                raise StepBreak(f"Python read a tensor's value ({what}) at {line}")
+        graph = self.graph
+        for slot in sorted(self.grad_effects):
+            graph.effects.append(("grad", slot, self.grad_effects[slot]))
+        bumps = {}
+        for index, (value, count) in sorted(self.writes.items()):
+            graph.effects.append(("write", index, value))
+            bumps[index] = count
+        self.user_outputs = len(outputs)
+        outputs = outputs + list(saved)
+        for k, value in enumerate(outputs):
+            graph.effects.append(("capture", k, value))
+        return spec, bumps, len(outputs)
+
+    def output_spec(self, obj: Any, reads: dict, returned: set, outputs: list) -> Any:
+        if isinstance(obj, Tensor):
+            arr = obj._data
+            known = self.watch.tensors.get(id(arr))
+            if known is not None and (id(arr) not in self.values or id(arr) in self.source_of):
+                # an argument or watched tensor (perhaps written in place): itself, or a new
+                # tensor on its memory (``x.detach()``), as eager returns
+                kind, ref = known
+                same = obj is (self.watch.args[ref] if kind == "arg" else ref)
+                if obj.requires_grad and not same:
+                    raise StepBreak(f"the function returns a view of {_describe(obj)}")
+                return ("arg", kind, ref, same)
+            if id(arr) not in self.values:
+                raise StepBreak(f"the function returns {_describe(obj)}, of unknown origin")
+            if obj.requires_grad and not self.backwards and not self.history:
+                raise StepBreak(
+                    "the function returns a tensor that needs its autograd history (backward "
+                    "outside the function: compile the module, fusegrad.compile(model), for that)"
+                )
+            freed = None
+            if obj.requires_grad and not self.history:
+                # after backward(): eager's tensor keeps a graph whose saved values are freed
+                # (a later backward through it raises); the replay's gets a node that raises
+                # the same.  A graph still usable (retain_graph, nothing saved) is not replayed.
+                freed = _freed_history(obj)
+                if freed is None:
+                    raise StepBreak(
+                        f"the function returns {_describe(obj)} whose autograd graph a later "
+                        "backward could still use (retain_graph, or nothing saved): compile "
+                        "the module, fusegrad.compile(model), for a backward outside"
+                    )
+            for k, t in enumerate(self.output_tensors):
+                if t is obj:  # returned again: the same tensor again, as in eager
+                    return ("out", k, self.fresh_slots[k], freed)
+            value = self.value_of(obj)
+            outputs.append(value)
+            self.output_tensors.append(obj)
+            # a result eager made in new memory must not come back as (part of) an input or a
+            # constant of the program, as a simplified ``x * 1`` would
+            fresh = not any(np.may_share_memory(arr, a) for a in self.input_arrays)
+            self.fresh_slots.append(fresh)
+            return ("out", len(outputs) - 1, fresh, freed)
+        if id(obj) in reads and isinstance(obj, (float, list)):
+            i = reads[id(obj)]
+            returned.add(i)
+            _, what, line, value = self.pending[i]
+            if what not in ("item()", "Python float", "tolist()") or value is None:
+                raise StepBreak(f"the function returns a value read by {what} at {line}")
+            outputs.append(value)
+            return ("read", len(outputs) - 1, what == "tolist()")
+        if isinstance(obj, tuple) and type(obj) is not tuple:  # a namedtuple
+            return (
+                "namedtuple",
+                type(obj),
+                [self.output_spec(o, reads, returned, outputs) for o in obj],
+            )
+        if isinstance(obj, (tuple, list)):
+            return (type(obj), [self.output_spec(o, reads, returned, outputs) for o in obj])
+        if isinstance(obj, dict):
+            return (
+                "dict",
+                [(k, self.output_spec(v, reads, returned, outputs)) for k, v in obj.items()],
+            )
+        return ("object", obj)
+
+
+def _describe(t: Tensor) -> str:
+    return f"a {t._dtype.name} tensor of shape {list(t._data.shape)}"
+
+
+def _freed_history(t: Tensor) -> str | None:
+    """The name of ``t``'s ``grad_fn`` when a backward through it would reach a node whose
+    saved values a backward freed (eager raises there), else None."""
+    root = t.grad_fn
+    stack = [root]
+    seen = set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        rule = getattr(node, "_rule", None)
+        if rule is not None and rule.save_index and getattr(node, "_saved", ()) is None:
+            return root.name()
+        stack.extend(edge[0] for edge in node.next_functions)
+    return None
+
+
+_KEY_PARTS = ("grad mode", "inference mode", "the positional arguments", "the keyword arguments")
+
+
+def why_recorded(name: str, keys: Any, key: tuple) -> str:
+    """Why a call of ``name`` with guard key ``key`` was recorded (the trace report): its first
+    call, or the difference from the last other key recorded (``keys``, in recording order)."""
+    earlier = [k for k in keys if k != key]
+    if not earlier:
+        return f"first call of {name}"
+    return f"recording #{len(earlier) + 1} of {name}: {describe_change(earlier[-1], key)}"
+
+
+def describe_change(old: tuple, new: tuple) -> str:
+    """In words: the first difference between two guard keys (``Watch.key``)."""
+    for i, (a, b) in enumerate(zip(old, new)):
+        if a != b:
+            where = _KEY_PARTS[i] if i < len(_KEY_PARTS) else f"{a[0]!r} (closure/global/self)"
+            return f"{where} changed: {_first_difference(a, b)}"
+    return "the watched objects changed (modules, optimizers, globals)"
+
+
+def _first_difference(a: Any, b: Any) -> str:
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        if a and a[0] == "T" and b and b[0] == "T":  # a tensor: say what
+            return f"tensor {_short(a[1:])} -> {_short(b[1:])}"
+        for x, y in zip(a, b):
+            if x != y:
+                return _first_difference(x, y)
+    return f"{_short(a)} -> {_short(b)}"
+
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class _Buckets:
+    """A whole step's DistributedDataParallel averaging: for each bucket (in the wrapper's
+    order, the order every process issues them in), an ``allreduce_start`` of its gradients
+    placed as soon as the backward has computed the last of them, and an ``allreduce_wait``
+    after the backward; the averages are what ``.grad`` and the optimizer get
+    (``averaged``: leaf slot of the walk -> value)."""
+
+    def __init__(self, recorder: Any, w: Any, bgraph: Graph, ddps: list) -> None:
+        self.recorder = recorder
+        slot_of = {id(leaf): k for k, leaf in enumerate(w.leaves)}
+        effect = {slot: v for kind, slot, v in bgraph.effects if kind == "grad"}
+        self.buckets: list = []  # (ddp, bucket, [(walk slot, gradient value of bgraph)])
+        for ddp in ddps:
+            if not ddp.require_backward_grad_sync:
+                continue  # (no_sync: gradients accumulate locally)
+            for bucket in ddp._buckets:
+                members = []
+                for _, name, p in bucket.params:
+                    slot = slot_of.get(id(p))
+                    if slot is None or slot not in effect:
+                        raise StepBreak(
+                            f"backward() at {_user_line()}: DistributedDataParallel parameter "
+                            f"{name} gets no gradient (unused parameters are not replayed)"
+                        )
+                    members.append((slot, effect[slot]))
+                self.buckets.append((ddp, bucket, members))
+        self.waiting: list = [{v for _, v in m} for _, _, m in self.buckets]
+        self.started: list = []
+        self.averaged: dict[int, Value] = {}
+
+    def mapped(self, v: Value | None, mapping: dict) -> None:
+        """The graft mapped ``v`` (None: it is done): start every bucket, in order, whose
+        gradients are all there; at the end, wait for them."""
+        for waiting in self.waiting[len(self.started) :]:
+            waiting.discard(v)
+        while len(self.started) < len(self.buckets) and not self.waiting[len(self.started)]:
+            ddp, bucket, members = self.buckets[len(self.started)]
+            self.started.append(self._start(ddp, bucket, members, mapping))
+        if v is None:
+            for (ddp, _, members), (start, sizes) in zip(self.buckets, self.started):
+                self._wait(ddp, members, start, sizes, mapping)
+
+    def _start(self, ddp: Any, bucket: Any, members: list, mapping: dict) -> tuple:
+        return start_bucket(self.recorder.graph, ddp, bucket, [mapping[g] for _, g in members])
+
+    def _wait(self, ddp: Any, members: list, start: Value, sizes: list, mapping: dict) -> None:
+        averaged = wait_bucket(self.recorder.graph, ddp, start, sizes)
+        for (slot, _), value in zip(members, averaged):
+            self.averaged[slot] = value

@@ -1,0 +1,409 @@
+"""The compilation service: the one owner of a program's life, from a front end's key to code
+that runs.
+
+The three front ends -- compiled autograd (``region``), whole steps (``step``: ``compile(fn)``)
+and compiled modules (``module``: ``compile(model)``) -- each turn a call into a key and a graph
+(a captured backward, a recorded step, a module's forward and backward).  What happens to that
+graph from then on is decided here, once for all three:
+
+* **the caches** (``Service.graphs``: walk key -> captured graphs; ``Service.tapes``: the
+  walk-free path; ``Service.batched``: Jacobian programs) and their bounds (``config``); the
+  refusals they remember (``GraphEntry.refused``, a recording's break reason in ``Recordings``);
+* **building** a ``Program`` from a graph and the configuration (``Service.build``: the only
+  place a program is constructed);
+* **compiling** it -- in the foreground, or on a thread of its own while the calls run
+  uncompiled (``Service.obtain`` with a ``Background``: the one state machine of a program's
+  life, ``Slot``: building -> ready, or failed and built again by the next call);
+* **promoting** it (the first call after the background compile finished runs the compiled
+  program) and **evicting** it (bounded tables: ``Programs``, ``Recordings``);
+* **the compile notice** (``CompileNotice``: one line on stderr when a compile is slow);
+* **the recording policy** of whole steps and modules (``Recordings``: at most
+  ``config.step_recordings`` guard keys per function or module, then one logged reason).
+
+Everything it does is reported through ``events``.  See docs/ARCHITECTURE.md, "The
+compilation service".
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from . import events
+from . import trace as _trace
+from .cache import LRU, KeyHistory, Programs, Slot
+from .events import emit
+from .ir import Graph
+from .program import Program
+from .settings import config
+
+
+class CompileNotice:
+    """One line on stderr when capturing, building and first running (numba's JIT) something
+    takes longer than ``config.compile_notice_s``: printed by a timer while it still runs, or at
+    the end if the timer had no chance to.  Cache hits never start one (``start`` is called on
+    the slow paths only)."""
+
+    __slots__ = ("lock", "said", "start_time", "timer", "what")
+
+    def __init__(self) -> None:
+        self.timer: threading.Timer | None = None  # (the rest is made by ``start``)
+
+    def start(self, what: str) -> None:
+        """The slow path began; ``what`` names what compiles."""
+        limit = config.compile_notice_s
+        if self.timer is not None or limit is None:
+            return
+        self.what = what
+        self.said = False
+        self.lock = threading.Lock()
+        self.start_time = time.perf_counter()
+        self.timer = threading.Timer(limit, self.say)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def say(self) -> None:
+        with self.lock:
+            if self.said:
+                return
+            self.said = True
+        print(
+            f"fusegrad.compiler: compiling {self.what} (capture, fusion and numba's JIT: once; "
+            "later calls reuse it, later processes load it from the disk cache)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def stop(self) -> None:
+        timer = self.timer
+        if timer is None:
+            return
+        timer.cancel()
+        limit = config.compile_notice_s
+        if limit is not None and time.perf_counter() - self.start_time >= limit:
+            self.say()
+
+    def __enter__(self) -> CompileNotice:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+# ---- background compiles -----------------------------------------------------------------------
+
+
+class BackgroundBuild:
+    """A program built and run once on scratch data (``work``: build, then ``Program.prepare``:
+    numba compiles or loads its kernels), on a daemon thread of its own, while the calls that
+    need it run uncompiled.  The thread may read arrays the uncompiled calls update meanwhile
+    (parameters): the values it computes are thrown away, only the compiled code is kept."""
+
+    def __init__(self, work: Callable[[], Program], uncompiled: Any, what: str) -> None:
+        self.program: Program | None = None
+        self.uncompiled = uncompiled
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.done = threading.Event()
+        with _jobs_lock:
+            _jobs.add(self)
+        thread = threading.Thread(
+            target=self._work, args=(work, what), name="fusegrad-compile", daemon=True
+        )
+        thread.start()
+
+    def _work(self, work: Callable[[], Program], what: str) -> None:
+        notice = CompileNotice()
+        notice.start(what)
+        start = time.perf_counter()
+        try:
+            self.program = work()
+        except BaseException as e:  # (reported by the call that picks the program up)
+            self.error = e
+        finally:
+            self.seconds = time.perf_counter() - start
+            notice.stop()
+            self.done.set()
+            with _jobs_lock:
+                _jobs.discard(self)
+
+
+# the background compiles still running (``wait_for_compiles``)
+_jobs: set[BackgroundBuild] = set()
+_jobs_lock = threading.Lock()
+
+
+def wait_for_compiles(timeout: float | None = None) -> bool:
+    """Wait until the programs being compiled in the background are ready (at most ``timeout``
+    seconds); True when none is left.  The next call of each then runs its compiled program."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        with _jobs_lock:
+            pending = next(iter(_jobs), None)
+        if pending is None:
+            return True
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return False
+        pending.done.wait(left)
+
+
+@dataclass
+class Background:
+    """How ``Service.obtain`` may compile a program off the caller's thread.
+
+    ``owner`` names the front end in log lines ("whole step", ...), ``what`` the program (the
+    compile notice, the ``recompiles`` log).  ``warmup()`` is called on the caller's thread when
+    a background compile starts: it takes what it needs of this call's arrays now (copies where
+    the user may write into them) and returns the function that runs the program once on them
+    on the compile thread, so that numba compiles or loads what it calls; if it raises (a saved
+    tensor was modified), no background compile starts and the call goes on in the
+    foreground.  ``uncompiled()``
+    gives what calls run meanwhile (a ``mode="debug"`` program: every value by its eager kernel),
+    or is None when the caller has its own uncompiled path (compiled autograd: the eager engine).
+    ``cold(program)``: whether a program already built still needs numba for this call (a new
+    size vector of a symbolic program); a program not built yet always does.  ``build_first``:
+    the program is built on the caller's thread (a captured backward: cheap), only numba's
+    compile runs in the background; otherwise both do (a whole step: the passes over a large
+    graph take a while)."""
+
+    owner: str
+    what: str
+    warmup: Callable[[], Callable[[Program], Any]]
+    uncompiled: Callable[[], Any] | None = None
+    cold: Callable[[Program], bool] | None = None
+    build_first: bool = False
+
+
+# ---- recordings: whole steps and compiled modules ----------------------------------------------
+
+
+class Recordings:
+    """A compiled function's (or module's) recordings by guard key: the replayable entry, or
+    the reason it cannot be replayed (a refusal remembered: that key runs with compiled backward
+    only).  The one recording policy of both front ends: a key is recorded once; at most
+    ``config.step_recordings`` recordings are made, after which the function is no longer
+    recorded (``GIVEN_UP``, with one logged reason) and every new key runs with compiled
+    backward only.  The oldest entries go first when the table is full."""
+
+    __slots__ = ("entries", "given_up", "name", "recordings")
+
+    def __init__(self, name: Callable[[], str]) -> None:
+        self.name = name  # (in words, for the reason: called only when one is given)
+        self.entries: dict[tuple, Any] = {}
+        self.recordings = 0
+        self.given_up: str | None = None
+
+    def get(self, key: tuple) -> Any:
+        return self.entries.get(key)
+
+    def refusal(self) -> str | None:
+        """Why a new key is not recorded (None: it is; counted as a recording)."""
+        if self.recordings >= config.step_recordings:
+            if self.given_up is None:
+                self.given_up = (
+                    f"{self.recordings} recordings (config.step_recordings) of {self.name()}: "
+                    "the guard key changes on every call (sizes, Python values, modules); "
+                    "whole-step compile is off for it, its backward is still compiled"
+                )
+                emit(events.GIVEN_UP, self.given_up)
+            return self.given_up
+        return None
+
+    def count(self) -> int:
+        """Count a recording that starts now; returns its number."""
+        self.recordings += 1
+        return self.recordings
+
+    def remember(self, key: tuple, entry: Any) -> None:
+        while len(self.entries) >= max(config.step_recordings, 1):
+            self.entries.pop(next(iter(self.entries)))
+        self.entries[key] = entry
+
+    def last_key(self) -> tuple | None:
+        return next(reversed(self.entries), None)
+
+    def values(self) -> list:
+        return list(self.entries.values())
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self.entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.entries
+
+
+# ---- the service -------------------------------------------------------------------------------
+
+
+class Service:
+    """The process's compilation service (``service``, one per process): see the module
+    docstring."""
+
+    def __init__(self) -> None:
+        # walk key (``key.walk``) -> ``cache.GraphEntry``: the graphs captured for it
+        self.graphs = LRU(lambda: config.cache_size)
+        # tape key (``tape.tape_key``) -> ``cache.TapeEntry``: the walk-free path
+        self.tapes = LRU(lambda: config.tape_cache_size)
+        # jacobian(vectorize=True): (walk key, sizes, batch) -> (Program,)
+        self.batched = LRU(lambda: config.cache_size)
+        # the last walk key of each coarse shape: why a key missed, in words
+        self.history = KeyHistory()
+
+    def miss_reason(self, key: tuple) -> str:
+        """Why walk key ``key`` found no graph, in words."""
+        return self.history.miss_reason(key, first=not len(self.graphs))
+
+    def lookup(self, w: Any, mode: str = "default") -> Program | None:
+        """The cached program that runs walk ``w`` in ``mode`` now, or None (for tools)."""
+        entry = self.graphs.get(w.key)
+        captured = entry.find(w.sizes) if entry is not None else None
+        if captured is None:
+            return None
+        return captured.programs.ready((w.grad_key, mode, config.program_key()))
+
+    def cached_programs(self) -> list[Program]:
+        """Every program in the graph cache (for tests and tools), oldest graph first."""
+        out: list[Program] = []
+        for entry in self.graphs.values():
+            for captured in list(entry.symbolic) + entry.concrete.values():
+                out.extend(captured.programs.programs())
+        return out
+
+    # ---- building -------------------------------------------------------------------------------
+    def build(
+        self,
+        graph: Graph,
+        *,
+        mode: str = "default",
+        device: str = "cpu",
+        leaves_with_grad: frozenset = frozenset(),
+        unpacked: frozenset[int] | None = None,
+        recorded: bool = False,
+    ) -> Program:
+        """The program of ``graph`` (after the passes) under the configuration: the one place a
+        ``Program`` is built.  ``recorded``: a whole step's or module's program, of the sizes it
+        was recorded with, that runs many times (one size vector; row kernels also replace runs
+        of interpreted kernels, ``Program.hot``); otherwise a captured backward of symbolic sizes
+        (``config.sizes_per_program`` size vectors kept prepared)."""
+        return Program(
+            graph,
+            mode=mode,
+            leaves_with_grad=leaves_with_grad,
+            interpreter_max_elements=config.interpreter_max_elements,
+            device=device,
+            sizes_per_program=1 if recorded else config.sizes_per_program,
+            unpacked=unpacked,
+            hot=recorded,
+        )
+
+    def uncompiled(self, graph: Graph) -> Program:
+        """What a recorded graph runs as while its program compiles: every value by its
+        primitive's eager kernel (``mode="debug"``: the same inputs, effects and results as
+        eager's), no code generated."""
+        return Program(graph, mode="debug", sizes_per_program=1)
+
+    # ---- a program's life -----------------------------------------------------------------------
+    def obtain(
+        self,
+        table: Programs,
+        key: Any,
+        build: Callable[[], Program],
+        background: Background | None = None,
+        notice: CompileNotice | None = None,
+    ) -> tuple[Any, bool]:
+        """The program under ``key`` of ``table`` for this call, as ``(program, compiled)``.
+
+        ``compiled`` False: the program is being compiled on another thread and this call runs
+        uncompiled -- ``program`` is then ``background.uncompiled()``'s (None: the caller's own
+        uncompiled path).  A background compile starts when ``background`` is given and allowed
+        (``config.background_compile``, no trace report, no ``explain``) and the program is not
+        built yet or is ``cold``; otherwise the program is built here (``notice`` started) and
+        compiled by its first run.  The call after a background compile finished promotes its
+        program; one whose compile failed builds it again here (and fails as a foreground build
+        fails, or compiles what the thread did not)."""
+        slot = table.slots.get(key)
+        if slot is not None and slot.job is None and slot.program is not None:
+            if background is None or background.cold is None or not background.cold(slot.program):
+                return slot.program, True
+        if slot is None:
+            slot = table.slot(key)
+        job = slot.job
+        if job is not None:
+            if not job.done.is_set():
+                emit(events.UNCOMPILED_RUN)
+                return job.uncompiled, False
+            self._promote(slot, background)
+            if slot.program is None:  # (its build failed: built here, failing as it would)
+                if notice is not None:
+                    notice.start(background.what if background is not None else "a program")
+                slot.program = build()
+            return slot.program, True
+        if background is not None and self._may_background():
+            if background.build_first and slot.program is None:
+                if notice is not None:
+                    notice.start(background.what)
+                slot.program = build()
+            if self._start(slot, build, background):
+                emit(events.UNCOMPILED_RUN)
+                return slot.job.uncompiled if slot.job is not None else None, False
+        if slot.program is None:
+            if notice is not None:
+                notice.start(background.what if background is not None else "a program")
+            slot.program = build()
+        return slot.program, True
+
+    @staticmethod
+    def _may_background() -> bool:
+        return config.background_compile and not _trace.enabled and events.debug.report is None
+
+    def _start(self, slot: Slot, build: Callable[[], Program], background: Background) -> bool:
+        """Start compiling ``slot``'s program on a thread of its own; False when its warm-up
+        cannot be made (the call then goes on in the foreground)."""
+        try:
+            warmup = background.warmup()
+        except Exception:  # noqa: BLE001 - (the foreground run raises it, as eager does)
+            return False
+        built = slot.program
+
+        def work() -> Program:
+            program = built if built is not None else build()
+            warmup(program)
+            return program
+
+        uncompiled = background.uncompiled() if background.uncompiled is not None else None
+        slot.job = BackgroundBuild(work, uncompiled, background.what)
+        emit(events.BACKGROUND_STARTED, background.what)
+        return True
+
+    @staticmethod
+    def _promote(slot: Slot, background: Background | None) -> None:
+        job = slot.job
+        assert job is not None
+        slot.job = None
+        owner = background.owner if background is not None else "a program"
+        if job.error is not None:
+            emit(events.BACKGROUND_FAILED, owner=owner, error=job.error)
+        else:
+            emit(events.BACKGROUND_DONE, owner=owner, seconds=job.seconds)
+        if job.program is not None:
+            slot.program = job.program
+
+    # ---- the whole cache ------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget every cached graph and program, and zero the counters (``compiler.reset``)."""
+        self.graphs.clear()
+        self.tapes.clear()
+        self.batched.clear()
+        self.history.clear()
+        events.counters.reset()
+
+
+service = Service()
