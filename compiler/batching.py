@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from fusegrad.ops.registry import REGISTRY
 from fusegrad.tensor import Tensor
 
 from . import admission, events, logs, passes
@@ -102,8 +103,6 @@ class _Batcher:
         return self.out
 
     def rewrite(self, v: Value) -> tuple[Value, bool]:
-        from fusegrad.ops.registry import REGISTRY
-
         ins = [self.mapped[i] for i in v.inputs]
         if not any(batched for _, batched in ins):
             # nothing here depends on the cotangents: the value as it was

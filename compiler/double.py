@@ -26,6 +26,7 @@ import numpy as np
 
 from fusegrad.autograd import engine as _engine
 from fusegrad.autograd import grad_mode
+from fusegrad.autograd.api import grad as _grad
 from fusegrad.autograd.graph_base import Node
 from fusegrad.autograd.node import SavedTensor, _freed_message
 from fusegrad.autograd.tracer import tracing
@@ -40,6 +41,7 @@ from .capture import Recorder, Refused, SymbolicTensor
 from .events import emit
 from .ir import Graph, Value
 from .key import INLINED, Walk
+from .service import service
 from .settings import config
 from .symbolic import NeedsData
 
@@ -243,8 +245,6 @@ class CompiledGradBackward(Node):
 
     def _program(self) -> Any:
         """The compiled VJP program (once per captured graph), or None."""
-        from .program import Program
-
         key = (
             "program",
             tuple(self._needed),
@@ -258,11 +258,9 @@ class CompiledGradBackward(Node):
             self._cache[key] = (
                 None
                 if graph is None
-                else Program(
+                else service.build(
                     passes.run(graph),  # (the first-order values it does not read go: dce)
                     mode=self._mode,
-                    interpreter_max_elements=config.interpreter_max_elements,
-                    sizes_per_program=config.sizes_per_program,
                     device=self._device,
                 )
             )
@@ -303,8 +301,6 @@ class CompiledGradBackward(Node):
         outs = [values[v] for v in self._outputs]
         pairs = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
         wanted = [sources[k] for k in self._needed]
-        from fusegrad.autograd.api import grad as _grad
-
         got = _grad(
             [o for o, _ in pairs],
             wanted,

@@ -47,13 +47,16 @@ from fusegrad.autograd import anomaly, grad_mode
 from fusegrad.autograd import engine as _engine
 from fusegrad.autograd.function import FunctionCtx
 from fusegrad.autograd.node import OpNode
+from fusegrad.cuda.array import to_device
 from fusegrad.errors import AutogradError
 from fusegrad.ops.registry import REGISTRY
 from fusegrad.tensor import Tensor
 
 from . import events, logs
 from . import trace as _trace
+from .codegen import numba_cpu
 from .codegen.common import is_flat
+from .codegen.interpreter import InterpretedKernel
 from .events import counters, emit
 from .functions import learn_gradient
 from .ir import Graph, Value, format_graph
@@ -99,8 +102,6 @@ class Variant:
         self.buffers: BufferPlan = plan_buffers(self.schedule, graph)
         self.interpreted: dict[int, Any] = {}
         if interpreted:
-            from .codegen.interpreter import InterpretedKernel
-
             for k in interpreted:
                 step = steps[k]
                 assert isinstance(step, Kernel)
@@ -112,7 +113,7 @@ class Variant:
         self.cuda_kernels: dict[int, Any] = {}
         self.source_path: str | None = None
         if generated and program.device == "cuda":
-            from .codegen import numba_cuda
+            from .codegen import numba_cuda  # (numba-cuda: loaded by the first CUDA program)
 
             with _trace.phase("codegen"):
                 compiled, path = numba_cuda.compile_kernels(
@@ -123,8 +124,6 @@ class Variant:
             for step, ck in zip(generated, compiled):
                 self.cuda_kernels[id(step)] = ck
         elif generated:
-            from .codegen import numba_cpu
-
             summary = (
                 f"{len(generated)} fused kernel(s) of a backward graph with "
                 f"{len(graph.values)} IR values"
@@ -259,8 +258,6 @@ class Program:
             elif v.op == "constant":
                 fixed[v] = graph.constants[v.attr("index")]
         if device == "cuda":  # constants live on the device, copied there once
-            from fusegrad.cuda.array import to_device
-
             fixed = {v: to_device(a) for v, a in fixed.items()}
         self._fixed = fixed
         # anomaly mode's NaN checks (``("check", site, value)`` effects), in eager's order
@@ -709,7 +706,7 @@ def _allreduce_start(v: Value, env: dict, dry: bool) -> tuple:
     if dry:
         return None, buf
     counters.last_allreduce_start = time.perf_counter()
-    from fusegrad import distributed as dist
+    from fusegrad import distributed as dist  # (MPI: loaded by the first collective)
 
     work = dist.all_reduce(Tensor._make(buf), group=v.attr("group"), async_op=True)
     return work, buf
@@ -836,7 +833,7 @@ def _run_kernel(
 
 def _cuda_extern(v: Value, arrays: list, attrs: dict) -> Any:
     """An extern step of a CUDA program: the primitive's eager CUDA kernel."""
-    from fusegrad.cuda.ops import run
+    from fusegrad.cuda.ops import run  # (the CUDA eager kernels: numba-cuda, on first use)
 
     return run(REGISTRY[v.op], arrays, attrs)
 
@@ -846,9 +843,10 @@ def _run_cuda_kernel(
 ) -> None:
     """Launch a fused kernel of a CUDA program (``numba_cuda.run_kernel``); ``.grad +=``
     epilogues write straight into the leaves' existing device ``.grad`` arrays."""
+    # (numba-cuda and the CUDA eager kernels: loaded by the first CUDA program)
     from fusegrad.cuda.generated import wrap
 
-    from .codegen import numba_cuda
+    from .codegen import numba_cuda  # (numba-cuda, as above)
 
     plan = compiled.plan
     grads = {}
@@ -864,7 +862,7 @@ def _run_cuda_kernel(
     for v in kernel.inputs:
         a = env[v]
         if type(a) is np.ndarray:  # a saved Python scalar (0-d): uploaded once, then cached
-            from fusegrad.cuda.ops import device_scalar
+            from fusegrad.cuda.ops import device_scalar  # (numba-cuda, as above)
 
             a = device_scalar(a)
         inputs[v] = a.kernel_array()

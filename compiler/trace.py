@@ -43,6 +43,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .ir import format_graph
+
 __all__ = ["ENV", "enabled", "set_trace_dir", "trace_path"]
 
 ENV = "FUSEGRAD_TRACE_DIR"
@@ -250,9 +252,6 @@ def captured(captured: Any, kind: str, key: Any) -> None:
 
 
 def _graph_text(graph: Any) -> str:
-    from .ir import format_graph  # (this module's own imports stay at the standard library:
-    # the passes and programs import it)
-
     return format_graph(graph)
 
 
@@ -354,7 +353,8 @@ def fallback(reason: str) -> None:
 
 
 def _picture(program: Any, section: Section, whole: bool, n_values: int) -> str:
-    from .viz import program_dot  # (compiler.viz imports the passes, which import this module)
+    # (pictures, on first use: compiler.viz sits above the passes, which report to this module)
+    from .viz import program_dot
 
     if n_values > MAX_DRAWN_VALUES:
         return (

@@ -88,7 +88,7 @@ def fit(problem: FitProblem) -> tuple[list[float], float]:
 
 def fit_problems() -> dict[str, FitProblem]:
     """Every table of ``fastmath.py`` as a fitting problem; needs mpmath (40-digit references)."""
-    import mpmath  # type: ignore[import-untyped]
+    import mpmath  # type: ignore[import-untyped]  # (a development tool's own dependency)
 
     mp: Any = mpmath  # untyped: arithmetic on mpf values is not checked
     mp.mp.dps = 40

@@ -56,6 +56,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+import numba
+
 from fusegrad.ops.registry import ScalarFunction
 
 from ..ir import Value
@@ -271,114 +273,146 @@ def _emit_rows(kernel: Kernel, name: str) -> tuple[list[str], KernelPlan]:
     cache); a row sum is complete after its phase's loop and is then a local of the row.  Each
     reduction is summed as the separate kernels sum it (``_emit``): row sums in lanes reset per
     row, totals in lanes kept across rows, column sums straight into their buffer element."""
-    space = kernel.shape
-    rank = len(space)
-    idx = [f"i{d}" for d in range(rank)]
-    inner = idx[-1]
-    n_inner = f"n{rank - 1}"
-    phases = kernel.phases
-    reds = list(kernel.reductions)
-    reduction_set = set(reds)
-    targets = [reduction_target(r, space) for r in reds]
-    # one row (every dim but the last literally 1): a total is that row's sum, complete after
-    # its phase, and summed in the same order either way (lanes, then the tail)
-    one_row = all(type(d) is int and d == 1 for d in space[:-1])
-    full_red = [all(t == 1 for t in target) and not one_row for target in targets]
-    row_red = [
-        not full_red[k] and target[-1] == 1 and space[-1] != 1 for k, target in enumerate(targets)
-    ]
-    lanes = [k for k in range(len(reds)) if full_red[k] or row_red[k]]
-    row_shape = tuple(space[:-1]) + (1,)
-    # rows known to be shorter than the lanes (a whole step's sizes are concrete) would run
-    # all in the scalar tail loop: fewer lanes keep them in the vectorised blocks
-    last = space[-1]
-    n_lanes = SHORT_ROW_LANES if type(last) is int and last < REDUCTION_LANES else REDUCTION_LANES
+    emitter = _RowKernel(kernel, name)
+    return emitter.emit(), emitter.plan()
 
-    def per_row(v: Value) -> bool:
-        return v not in reduction_set and tuple(v.shape) == row_shape
 
-    full_out = [v for v in kernel.outputs if v not in reduction_set]
-    out_index = {v: k for k, v in enumerate(full_out)}
-    buffered = {
-        i
-        for m in kernel.values + reds
-        for i in m.inputs
-        if i in phases and i not in reduction_set and not per_row(i) and phases[i] < phases[m]
-    }
-    lines = _header(name, False, rank, kernel, full_out, reds, lanes, full_red, n_lanes)
-    for v in sorted(buffered, key=lambda v: v.id):
-        dtype = "np.bool_" if v.dtype.name == "bool" else f"np.{v.dtype.name}"
-        lines.append(f"    rb{v.id} = np.empty({n_inner}, dtype={dtype})  # %{v.id}, one row")
+class _RowKernel:
+    """The geometry and source of one row kernel (``_emit_rows``)."""
 
-    def read_input(k: int, v: Value) -> str:  # inputs arrive reshaped to the loop's rank
-        b = broadcast_dims(v, space)
-        pad = rank - len(v.shape)
-        sub = ", ".join("0" if (d < pad or b[d]) else idx[d] for d in range(rank))
+    def __init__(self, kernel: Kernel, name: str) -> None:
+        self.kernel = kernel
+        self.name = name
+        space = self.space = kernel.shape
+        rank = self.rank = len(space)
+        self.idx = [f"i{d}" for d in range(rank)]
+        self.inner = self.idx[-1]
+        self.n_inner = f"n{rank - 1}"
+        self.phases = kernel.phases
+        reds = self.reds = list(kernel.reductions)
+        self.reduction_set = set(reds)
+        targets = self.targets = [reduction_target(r, space) for r in reds]
+        # one row (every dim but the last literally 1): a total is that row's sum, complete
+        # after its phase, and summed in the same order either way (lanes, then the tail)
+        one_row = all(type(d) is int and d == 1 for d in space[:-1])
+        self.full_red = [all(t == 1 for t in target) and not one_row for target in targets]
+        self.row_red = [
+            not self.full_red[k] and target[-1] == 1 and space[-1] != 1
+            for k, target in enumerate(targets)
+        ]
+        self.lanes = [k for k in range(len(reds)) if self.full_red[k] or self.row_red[k]]
+        self.row_shape = tuple(space[:-1]) + (1,)
+        # rows known to be shorter than the lanes (a whole step's sizes are concrete) would run
+        # all in the scalar tail loop: fewer lanes keep them in the vectorised blocks
+        last = space[-1]
+        self.n_lanes = (
+            SHORT_ROW_LANES if type(last) is int and last < REDUCTION_LANES else REDUCTION_LANES
+        )
+        self.full_out = [v for v in kernel.outputs if v not in self.reduction_set]
+        self.out_index = {v: k for k, v in enumerate(self.full_out)}
+        phases = self.phases
+        self.buffered = {
+            i
+            for m in kernel.values + reds
+            for i in m.inputs
+            if i in phases
+            and i not in self.reduction_set
+            and not self.per_row(i)
+            and phases[i] < phases[m]
+        }
+        self.phase_now = 0
+
+    def per_row(self, v: Value) -> bool:
+        return v not in self.reduction_set and tuple(v.shape) == self.row_shape
+
+    def read_input(self, k: int, v: Value) -> str:  # inputs arrive reshaped to the loop's rank
+        b = broadcast_dims(v, self.space)
+        pad = self.rank - len(v.shape)
+        sub = ", ".join("0" if (d < pad or b[d]) else self.idx[d] for d in range(self.rank))
         return f"in{k}[{sub}]"
 
-    phase_now = [0]
-
-    def read(v: Value) -> str:
-        if v in phases:
-            if v in buffered and phases[v] < phase_now[0]:
-                return f"rb{v.id}[{inner}]"
+    def read(self, v: Value) -> str:
+        if v in self.phases:
+            if v in self.buffered and self.phases[v] < self.phase_now:
+                return f"rb{v.id}[{self.inner}]"
             return f"v{v.id}"
         if v.op == "scalar":
             return literal(v.attr("value"), v.dtype)
-        return read_input(kernel.inputs.index(v), v)
+        return self.read_input(self.kernel.inputs.index(v), v)
 
-    def reduced_index(r: Value) -> str:
-        target = reduction_target(r, space)
-        return ", ".join("0" if target[d] == 1 and space[d] != 1 else idx[d] for d in range(rank))
+    def reduced_index(self, r: Value) -> str:
+        target = reduction_target(r, self.space)
+        space, idx = self.space, self.idx
+        return ", ".join(
+            "0" if target[d] == 1 and space[d] != 1 else idx[d] for d in range(self.rank)
+        )
 
-    def write(v: Value, position: str) -> list[str]:
+    def write(self, v: Value, position: str) -> list[str]:
         lines = []
-        if v in out_index:
-            op = "+=" if v in kernel.accumulate else "="
-            lines.append(f"out{out_index[v]}[{position}] {op} v{v.id}")
-        if v in buffered:
-            lines.append(f"rb{v.id}[{inner}] = v{v.id}")
+        if v in self.out_index:
+            op = "+=" if v in self.kernel.accumulate else "="
+            lines.append(f"out{self.out_index[v]}[{position}] {op} v{v.id}")
+        if v in self.buffered:
+            lines.append(f"rb{v.id}[{self.inner}] = v{v.id}")
         return lines
 
-    for d in range(rank - 1):
-        lines.append("    " * (d + 1) + f"for {idx[d]} in range(n{d}):")
-    indent = "    " * rank
-    row_position = ", ".join(idx[:-1] + ["0"])
-    for phase in range(max(phases.values()) + 1):
-        phase_now[0] = phase
-        lines.append(f"{indent}# phase {phase}")
+    def emit(self) -> list[str]:
+        kernel, rank = self.kernel, self.rank
+        lines = _header(
+            self.name,
+            False,
+            rank,
+            kernel,
+            self.full_out,
+            self.reds,
+            self.lanes,
+            self.full_red,
+            self.n_lanes,
+        )
+        for v in sorted(self.buffered, key=lambda v: v.id):
+            dtype = "np.bool_" if v.dtype.name == "bool" else f"np.{v.dtype.name}"
+            lines.append(
+                f"    rb{v.id} = np.empty({self.n_inner}, dtype={dtype})  # %{v.id}, one row"
+            )
+        for d in range(rank - 1):
+            lines.append("    " * (d + 1) + f"for {self.idx[d]} in range(n{d}):")
+        for phase in range(max(self.phases.values()) + 1):
+            lines += self.phase_lines(phase)
+        for k in self.lanes:
+            if self.full_red[k]:
+                lines += _combine_lanes(k, "    ", self.n_lanes)
+                lines.append(f"    red{k}[{', '.join('0' for _ in range(rank))}] = total{k}")
+        return lines
+
+    def phase_lines(self, phase: int) -> list[str]:
+        """One phase of a row: its per-row values, then its loop over the row's elements."""
+        self.phase_now = phase
+        kernel, phases, reds = self.kernel, self.phases, self.reds
+        indent = "    " * self.rank
+        row_position = ", ".join(self.idx[:-1] + ["0"])
+        lines = [f"{indent}# phase {phase}"]
         for v in kernel.values:
-            if phases[v] == phase and per_row(v):
-                lines.append(f"{indent}v{v.id} = {expression(v, read, SPELLING)}  {describe(v)}")
-                lines += [f"{indent}{line}" for line in write(v, row_position)]
-        loop_values = [v for v in kernel.values if phases[v] == phase and not per_row(v)]
+            if phases[v] == phase and self.per_row(v):
+                lines.append(
+                    f"{indent}v{v.id} = {expression(v, self.read, SPELLING)}  {describe(v)}"
+                )
+                lines += [f"{indent}{line}" for line in self.write(v, row_position)]
+        loop_values = [v for v in kernel.values if phases[v] == phase and not self.per_row(v)]
         loop_reds = [k for k, r in enumerate(reds) if phases[r] == phase]
         if not loop_values and not loop_reds:
-            continue
+            return lines
 
-        def body(
-            summand: str, loop_values: list = loop_values, loop_reds: list = loop_reds
-        ) -> list[str]:
-            body_lines: list[str] = []
-            for v in loop_values:
-                body_lines.append(f"v{v.id} = {expression(v, read, SPELLING)}  {describe(v)}")
-                body_lines += write(v, ", ".join(idx))
-            for k in loop_reds:
-                r = reds[k]
-                term = read(r.inputs[0])
-                if k in lanes:
-                    body_lines.append(f"{summand.format(k=k)} += {term}  # %{r.id} = {r.op}")
-                else:
-                    body_lines.append(f"red{k}[{reduced_index(r)}] += {term}  # %{r.id} = {r.op}")
-            return body_lines
+        def body(summand: str) -> list[str]:
+            return self.body(summand, loop_values, loop_reds)
 
-        phase_lanes = [k for k in loop_reds if k in lanes]
+        phase_lanes = [k for k in loop_reds if k in self.lanes]
+        inner, n_inner, n_lanes = self.inner, self.n_inner, self.n_lanes
         if not phase_lanes:
             lines.append(f"{indent}for {inner} in range({n_inner}):")
             lines += [f"{indent}    {line}" for line in body("")]
-            continue
+            return lines
         for k in phase_lanes:
-            if row_red[k]:
+            if self.row_red[k]:
                 lines += [
                     f"{indent}for lane in range({n_lanes}):",
                     f"{indent}    lanes{k}[lane] = 0.0",
@@ -386,30 +420,44 @@ def _emit_rows(kernel: Kernel, name: str) -> tuple[list[str], KernelPlan]:
                 ]
         lines += _blocked_loop(indent, inner, n_inner, body, n_lanes)
         for k in phase_lanes:
-            if row_red[k]:
+            if self.row_red[k]:
                 r = reds[k]
                 lines += _combine_lanes(k, indent, n_lanes)
-                lines.append(f"{indent}red{k}[{reduced_index(r)}] += total{k}")
+                lines.append(f"{indent}red{k}[{self.reduced_index(r)}] += total{k}")
                 # the row's sum as the separate kernels hand it on: its float64 buffer
                 # element (0.0 + total) rounded to the value's dtype
                 lines.append(f"{indent}v{r.id} = np.{r.dtype.name}(total{k})  # %{r.id}, this row")
-    for k in lanes:
-        if full_red[k]:
-            lines += _combine_lanes(k, "    ", n_lanes)
-            lines.append(f"    red{k}[{', '.join('0' for _ in range(rank))}] = total{k}")
-    plan = KernelPlan(
-        name,
-        rank,
-        False,
-        tuple(kernel.inputs),
-        tuple(full_out),
-        tuple(v in kernel.accumulate for v in full_out),
-        tuple(reds),
-        tuple(targets),
-        tuple(full_red),
-        row_outputs=tuple(per_row(v) for v in full_out),
-    )
-    return lines, plan
+        return lines
+
+    def body(self, summand: str, loop_values: list, loop_reds: list) -> list[str]:
+        """The statements for one element of the row in a phase's loop."""
+        body_lines: list[str] = []
+        for v in loop_values:
+            body_lines.append(f"v{v.id} = {expression(v, self.read, SPELLING)}  {describe(v)}")
+            body_lines += self.write(v, ", ".join(self.idx))
+        for k in loop_reds:
+            r = self.reds[k]
+            term = self.read(r.inputs[0])
+            if k in self.lanes:
+                body_lines.append(f"{summand.format(k=k)} += {term}  # %{r.id} = {r.op}")
+            else:
+                body_lines.append(f"red{k}[{self.reduced_index(r)}] += {term}  # %{r.id} = {r.op}")
+        return body_lines
+
+    def plan(self) -> KernelPlan:
+        kernel = self.kernel
+        return KernelPlan(
+            self.name,
+            self.rank,
+            False,
+            tuple(kernel.inputs),
+            tuple(self.full_out),
+            tuple(v in kernel.accumulate for v in self.full_out),
+            tuple(self.reds),
+            tuple(self.targets),
+            tuple(self.full_red),
+            row_outputs=tuple(self.per_row(v) for v in self.full_out),
+        )
 
 
 def _header(
@@ -537,7 +585,6 @@ def module_name(source: str) -> str:
 
 
 def _numba_version() -> str:
-    import numba
 
     return numba.__version__
 
@@ -559,8 +606,6 @@ def use_parallel(n: int) -> bool:
     """Whether a kernel over ``n`` elements should run its ``prange`` variant."""
     if n < PARALLEL_MIN_ELEMENTS:
         return False
-    import numba
-
     return bool(numba.get_num_threads() > 1)
 
 

@@ -780,7 +780,7 @@ def launch_signatures(plan: CudaKernelPlan) -> list[tuple[str, tuple]]:
     ``plan``, with the array layouts it passes (C-contiguous for the flat form and for arrays the
     launcher allocates, any layout for the strided form's inputs and accumulated outputs): for
     ``cuda.compile_ptx`` without a GPU."""
-    from numba import types as nt
+    from numba import types as nt  # (numba's type objects, for the PTX tests only)
 
     def array(dtype: Any, ndim: int, layout: str) -> Any:
         return nt.Array(numba.from_dtype(np.dtype(dtype)), ndim, layout)  # type: ignore[call-overload]
