@@ -14,7 +14,8 @@ Two steps, both over the live eager graph:
    reported as a fallback reason instead; a custom Function whose ``backward`` the key cannot
    vouch for becomes an opaque step (``Walk.opaque``).
 2. ``Capture`` -- on a cache miss, the *same* engine (``engine.run_backward``) runs the *same*
-   derivative rules, with a ``Capture`` as its executor (DESIGN.md contracts 1, 3 and 10): the
+   derivative rules, with a ``Capture`` as its executor (docs/ARCHITECTURE.md, contracts 1, 3 and
+   10): the
    roots' gradients and saved tensors are ``SymbolicTensor``s, tensors with a shape and dtype but
    no data, and the capture is this thread's tracer for the duration, so every primitive call of
    a rule comes to ``Capture.apply`` and is recorded as an IR value.  Saved tensors become

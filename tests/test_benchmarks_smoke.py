@@ -2,7 +2,8 @@
 module and as a script, and prints / writes the expected table rows and JSON fields.
 
 Only structure and correctness are asserted (rows present, gradient cross-check passed); timing
-never is (CONVENTIONS.md: timing belongs in ``benchmarks/``).  The benchmark runs in a subprocess
+never is (docs/ARCHITECTURE.md, "Conventions": timing belongs in ``benchmarks/``).  The benchmark
+runs in a subprocess
 because it must pin BLAS threads before numpy is imported.
 """
 

@@ -1,4 +1,4 @@
-"""The CUDA test suites, each in a pytest process of its own (DESIGN.md contract 9):
+"""The CUDA test suites, each in a pytest process of its own (docs/ARCHITECTURE.md, contract 9):
 
 * tests/cuda under numba's CUDA simulator: ``NUMBA_ENABLE_CUDASIM=1`` must be set before numba is
   first imported, which this process has long done;

@@ -17,7 +17,8 @@ too); they differ only in loop structure and in how scalar functions are spelled
   caches, in-memory fallback).
 
 Sizes never appear in generated source: shapes only decide *structure* (which dims are 1, i.e.
-broadcast or reduced, and which are the same expression), which the cache key fixes (DESIGN.md
+broadcast or reduced, and which are the same expression), which the cache key fixes
+(docs/ARCHITECTURE.md,
 contract 5).  Shapes are tuples of ints and ``symbolic.Sym``s; every helper here compares them
 structurally.
 """

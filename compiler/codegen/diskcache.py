@@ -2,7 +2,8 @@
 imported, and how numba's own cache files are kept from ever breaking a run.
 
 Where it sits in the pipeline: an emitter (``numba_cpu``, ``numba_cuda``) produces a module's
-source; ``common.load_module`` names it (a hash of the source and every codegen flag, DESIGN.md
+source; ``common.load_module`` names it (a hash of the source and every codegen flag,
+docs/ARCHITECTURE.md,
 contract 7) and calls ``load_module`` here, which writes the source into the cache directory
 and imports it.  numba's ``cache=True`` then keeps each function's machine code in an index
 file (``.nbi``: which signature is in which data file, for which source) and data files
@@ -10,7 +11,7 @@ file (``.nbi``: which signature is in which data file, for which source) and dat
 ``NUMBA_CACHE_DIR``.  ``guard_module`` puts a guarded cache on every numba function of such a
 module, and of the package's own precompiled functions (the interpreter, the float32 helpers).
 
-The rules (DESIGN.md contract 10), and how they hold:
+The rules (docs/ARCHITECTURE.md, contract 10), and how they hold:
 
 * **Location.**  ``FUSEGRAD_CACHE_DIR``, else ``$XDG_CACHE_HOME/fusegrad``, else
   ``~/.cache/fusegrad``: per user.  A directory that cannot be written is never replaced by

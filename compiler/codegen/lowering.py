@@ -1,4 +1,4 @@
-"""THE lowering table: how the compiler computes each primitive (DESIGN.md contract 1).
+"""THE lowering table: how the compiler computes each primitive (docs/ARCHITECTURE.md, contract 1).
 
 Every primitive of the op registry has exactly one entry, of one of three kinds:
 

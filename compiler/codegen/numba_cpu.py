@@ -9,7 +9,8 @@ element, the loop is flattened to one dimension (the common case, and the one LL
 best).  float32 math uses the vectorisable helpers of ``fastmath`` (this numba has no SVML; libm
 calls would stop vectorisation); float64 uses libm.
 
-Floating-point flags (DESIGN.md contract 8): kernels are compiled with ``fastmath={"contract"}``
+Floating-point flags (docs/ARCHITECTURE.md, contract 8): kernels are compiled with
+``fastmath={"contract"}``
 only, which lets LLVM fuse a multiply and an add into one FMA (one rounding instead of two) and
 changes nothing else.  No ``reassoc`` (it folded ``g + (-g)`` to 0 where eager gives NaN at inf),
 no ``nsz`` (it turned ``x - x = +0`` into -0), no ``nnan``/``ninf``/``arcp``/``afn``: NaN, inf and
@@ -31,7 +32,8 @@ count, so results are deterministic; it differs from numpy's pairwise summation 
 only (README, "Tolerances").  The cost is compile time: the loop body appears twice (blocks and
 tail).
 
-A kernel without reductions also gets a ``prange`` variant (DESIGN.md contract 8: ``prange`` only
+A kernel without reductions also gets a ``prange`` variant (docs/ARCHITECTURE.md, contract 8:
+``prange`` only
 over disjoint outputs): ``kernel_function`` returns a dispatcher that runs it for sizes of at least
 ``PARALLEL_MIN_ELEMENTS`` when numba has more than one thread.  Both variants compute each element
 with the same expression, so results do not depend on the choice; kernels with reductions stay

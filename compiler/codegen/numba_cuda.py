@@ -1,4 +1,5 @@
-"""The numba-cuda emitter and launcher, the CUDA counterpart of ``numba_cpu`` (DESIGN.md, 9).
+"""The numba-cuda emitter and launcher, the CUDA counterpart of ``numba_cpu``
+(docs/ARCHITECTURE.md, contract 9).
 
 It reads the same ``passes.fuse.Kernel`` objects and computes every value with the same
 ``lowering.EXPRESSIONS`` template (through ``common.expression``); only the loop structure and the

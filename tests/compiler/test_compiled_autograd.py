@@ -2,7 +2,7 @@
 
 Every differentiable op of the op table runs its backward compiled (with the IR verified after
 capture and after every pass) and must give the eager gradients; then the cache, fallback and
-state rules of the compiled path (DESIGN.md contracts 4 and 5).
+state rules of the compiled path (docs/ARCHITECTURE.md, contracts 4 and 5).
 """
 
 from __future__ import annotations

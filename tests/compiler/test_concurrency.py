@@ -1,6 +1,6 @@
 """Compiled autograd under threads: one thread capturing or running a compiled backward never
 changes what another thread computes, eager or compiled, and nothing in fusegrad is reassigned
-while they run (DESIGN.md contract 10: tracers are passed, never patched).
+while they run (docs/ARCHITECTURE.md, contract 10: tracers are passed, never patched).
 
 * ``test_lockstep_captures_at_every_step``: barriers stop two captures (and their programs'
   hooks) at every step the engine hands to its executor and at every primitive call the tracer

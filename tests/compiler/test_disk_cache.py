@@ -1,4 +1,5 @@
-"""The on-disk cache of generated code never breaks a run (DESIGN.md contracts 7 and 10).
+"""The on-disk cache of generated code never breaks a run (docs/ARCHITECTURE.md, contracts 7 and
+10).
 
 * corruption: every kind of broken entry (generated ``.py``, numba's index ``.nbi`` and data
   ``.nbc`` files, payloads moved between modules) is repaired by the next process, which still

@@ -117,7 +117,8 @@ def test_l1_loss_gradient_with_an_infinite_target() -> None:
 
 
 # ---- fast-math reassociation in generated code ---------------------------------------------------
-# generated kernels are compiled with LLVM's ``reassoc`` and ``nsz`` flags (DESIGN.md contract 8
+# generated kernels are compiled with LLVM's ``reassoc`` and ``nsz`` flags (docs/ARCHITECTURE.md,
+# contract 8
 # rules both out).  Together they fold the fan-in sum g + (-g) to -0 where eager's is NaN
 # (inf - inf) or +0 (``x - x`` under a root gradient holding inf); ``reassoc`` alone reorders
 # div's rule -g*a/(b*b) so that it overflows to inf/inf = NaN where eager's is 0 (seed 295).
@@ -224,7 +225,8 @@ def test_float64_scatter_keeps_float64_precision_beside_float32_zeros(mode: str)
 # ---- the program cache ignores the compile mode and the interpreter setting ----------------------
 # found when the fuzzer's debug runs never captured: a backward whose structure was compiled in
 # default mode reused that program in mode="debug" (and vice versa), and changing
-# ``config.interpreter_max_elements`` reused programs built under the old setting; DESIGN.md
+# ``config.interpreter_max_elements`` reused programs built under the old setting;
+# docs/ARCHITECTURE.md,
 # contract 5 puts the compile mode and config in the key (fixed since: the captured graph may
 # be shared, the program may not).
 

@@ -1,4 +1,4 @@
-"""NaN, inf and signed zeros in compiled code are eager's (DESIGN.md contract 8, README
+"""NaN, inf and signed zeros in compiled code are eager's (docs/ARCHITECTURE.md, contract 8, README
 "Tolerances").
 
 * Generated kernels carry no fast-math flag that reassociates or drops signed zeros: ``g + (-g)``

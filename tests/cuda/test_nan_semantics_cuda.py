@@ -1,5 +1,5 @@
 """NaN, inf and signed zeros in CUDA kernels (numba's simulator) are eager's: the CUDA
-counterpart of ``tests/compiler/test_nan_semantics.py`` (DESIGN.md contract 8).
+counterpart of ``tests/compiler/test_nan_semantics.py`` (docs/ARCHITECTURE.md, contract 8).
 
 * Every ``lowering.EXPRESSIONS`` primitive, compiled by the CUDA emitter, at +-0, +-inf, NaN,
   +-1, +-largest, +-smallest denormal and a few ordinary values, every pair for binary ones

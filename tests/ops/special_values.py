@@ -1,5 +1,5 @@
 """Special floating-point values, the lowering table as one kernel over them, and the comparison
-with numpy that compiled code must pass (DESIGN.md contract 8: NaN and inf included).
+with numpy that compiled code must pass (docs/ARCHITECTURE.md, contract 8: NaN and inf included).
 
 Shared by ``tests/compiler/test_nan_semantics.py`` (generated CPU code, the interpreter, the
 scalar helpers) and ``tests/cuda/test_nan_semantics_cuda.py`` (the CUDA emitter in numba's

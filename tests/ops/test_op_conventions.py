@@ -1,4 +1,4 @@
-"""Gradients at non-differentiable points (SEMANTICS.md): relu at 0 -> 0, clamp at a bound
+"""Gradients at non-differentiable points (PyTorch's behaviour): relu at 0 -> 0, clamp at a bound
 passes the gradient, max/amax ties split evenly for full reductions, abs at 0 -> 0,
 sqrt(0) -> inf, where does not shield NaN; plus the other kinks users meet.  Each case states
 the expected values and, where PyTorch is installed, is also run through torch."""

@@ -1,4 +1,5 @@
-"""Error behaviour of the op surface (CONVENTIONS.md "Errors"): each bad call raises the right
+"""Error behaviour of the op surface (docs/ARCHITECTURE.md, "Conventions"): each bad call raises
+the right
 class (``ShapeError`` is a RuntimeError and a ValueError, ``DTypeError`` a TypeError,
 ``IndexOutOfRange`` an IndexError, ``AutogradError`` a RuntimeError), says what went wrong, and
 leaves its inputs, their ``.grad`` and their version counters exactly as they were."""

@@ -1,4 +1,5 @@
-"""Everything about a primitive comes from its record (DESIGN.md contract 1): the op surface,
+"""Everything about a primitive comes from its record (docs/ARCHITECTURE.md, contract 1): the op
+surface,
 ``Tensor`` methods and aliases, the shape/dtype rule, the compiler's lowering table, the
 interpreter's opcodes, the CPU and CUDA spellings of its scalar functions and the CUDA
 simulator's ``math``.

@@ -3,7 +3,8 @@
 Each rule is ``fn(node, g, *saved) -> tuple`` with one entry per forward input (None where the
 input gets no gradient).  Rules are written only with the op surface (``fusegrad.ops`` functions
 and Tensor methods), never raw numpy, so that they are differentiable again (double backward,
-``create_graph``) and traceable by the compiler (DESIGN.md contracts 1 and 3).  Rules return
+``create_graph``) and traceable by the compiler (docs/ARCHITECTURE.md, contracts 1 and 3).  Rules
+return
 gradients in the *output's* shape where that is natural: undoing broadcasting (sum-to-shape) and
 summing fan-in is the engine's job (contract 2).
 

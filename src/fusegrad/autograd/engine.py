@@ -11,7 +11,7 @@ One iterative loop (no recursion over graph depth):
 3. per node: tensor hooks, retain_grad, capture for ``grad()`` / ``backward(inputs=...)``, node
    pre-hooks, the rule (under no_grad unless ``create_graph``) or, for a leaf, the ``.grad``
    write, post-accumulate-grad hooks, node post-hooks;
-4. per outgoing edge: undo broadcasting with ``sum_to`` (the engine owns this, DESIGN.md
+4. per outgoing edge: undo broadcasting with ``sum_to`` (the engine owns this, docs/ARCHITECTURE.md,
    contract 2), cast to the input's dtype, and sum fan-in into the next node's buffer.
 
 Reentrant calls (``backward()``/``grad()`` inside a node's backward, e.g. a custom Function or
@@ -35,7 +35,7 @@ What happens at each node goes through the call's *executor* (``Executor``; the 
 everything eagerly): running a node's rule, writing ``.grad`` and calling user hooks, with
 ``begin_capture``/``end_capture`` around the call.  The compiler's capture is an executor that
 records these steps as IR instead of performing them; the engine loop, its ordering, its
-broadcasting and fan-in are the same for both (DESIGN.md contracts 2 and 10).
+broadcasting and fan-in are the same for both (docs/ARCHITECTURE.md, contracts 2 and 10).
 
 Saved tensors are released after each node unless ``retain_graph``.  Gradients are never
 mutated in place here except an existing ``.grad`` (which the engine or the user owns), so root
@@ -205,7 +205,7 @@ class Executor:
     * ``accumulate_grad(tensor, g, create_graph)``: a ``.grad`` write;
     * ``tensor_pre_hook``, ``pre_hook``, ``post_hook``, ``post_acc_grad_hook``: one user hook,
       with its site (``node``, output number, its position among that site's hooks); the value
-      returned replaces gradients as SEMANTICS.md says.
+      returned replaces gradients as in PyTorch.
     """
 
     def begin_capture(self, task: _Task) -> None:
@@ -554,7 +554,8 @@ def _check_nan(node: Node, results: tuple | None) -> None:
 
 
 def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
-    """Hooks and the node itself, in SEMANTICS.md's order; the gradients for its edges."""
+    """Hooks and the node itself, in PyTorch's order (docs/ARCHITECTURE.md, "Hooks"); the gradients
+    for its edges."""
     executor = task.executor
     if (
         type(node) is OpNode

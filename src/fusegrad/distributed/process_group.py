@@ -1,6 +1,7 @@
 """Process groups over MPI: the default group, ``new_group``, ``ReduceOp`` and work handles.
 
-``fusegrad.distributed`` has one transport, MPI through ``mpi4py`` (DESIGN.md contract 11); a
+``fusegrad.distributed`` has one transport, MPI through ``mpi4py`` (docs/ARCHITECTURE.md, contract
+11); a
 process group is an MPI communicator plus the global ranks it holds.  ``mpi4py`` is imported by
 ``init_process_group``, never when ``fusegrad.distributed`` is imported, so a script that only
 checks ``is_available()`` starts no MPI.  A plain ``python script.py`` (no ``mpiexec``) is a

@@ -6,7 +6,7 @@ small reductions (``aminmax``, ``std_mean``, ``trace``, ``nansum``), shape helpe
 ``tril_indices``, the window functions).
 
 Where this sits: above the other op-surface modules, written only with their functions
-(CONVENTIONS.md "composites over primitives"), so every differentiable one has its gradient,
+(docs/ARCHITECTURE.md, "Conventions"), so every differentiable one has its gradient,
 double gradient and compiled form from the primitives it is made of.  ``ops/__init__.py``
 exports them; ``tests/ops/op_table.py`` checks them against numpy and PyTorch.
 """

@@ -7,7 +7,7 @@ theirs are generated from their records (``ops/generated.py``), and this module 
 ones its composites use.  Each function promotes its arguments (PyTorch rules,
 ``dtypes.result_type``), checks that shapes broadcast, and calls one primitive through
 ``registry.apply``; activations and the like are composites of those primitives
-(CONVENTIONS.md "composites over primitives").
+(docs/ARCHITECTURE.md, "Conventions").
 """
 
 from __future__ import annotations

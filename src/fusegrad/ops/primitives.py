@@ -3,7 +3,8 @@
 Kernels take numpy arrays that the op surface has already promoted to one dtype and checked
 for shape, plus keyword attributes, and return one array.  They never allocate more than numpy
 needs and never touch autograd.  The full list is small on purpose: everything else in fusegrad
-is a composite of these (CONVENTIONS.md), so there is one derivative rule and one compiler
+is a composite of these (docs/ARCHITECTURE.md, "Conventions"), so there is one derivative rule and
+one compiler
 lowering per entry here.
 """
 

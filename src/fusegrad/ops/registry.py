@@ -16,7 +16,8 @@ they are written in the op surface over these primitives.
 
 ``apply`` sends every call to this thread's tracer first, when one is installed
 (``autograd.tracer``, the eager core's one extension point): the compiler's capture records
-derivative rules written in the op surface as IR instead of computing them (DESIGN.md contract
+derivative rules written in the op surface as IR instead of computing them (docs/ARCHITECTURE.md,
+contract
 3), and its compiled regions record forwards.  ``run`` is the eager execution proper.
 """
 
