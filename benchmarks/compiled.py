@@ -824,38 +824,30 @@ def program_info(np: Any, fc: Any, impl: Impl) -> dict[str, Any]:
     """One extra (untimed) compiled backward of ``impl`` that records which program ran: its
     kernels and externs, and the bytes its kernels move (each distinct array a kernel reads
     counted once per kernel, every output written once; externs not counted).  Uses compiler
-    internals (``compiler._walk``, ``Program.kernels``) and reports an error instead of failing
-    when they change."""
-    box: list[tuple[Any, list[Any] | None]] = []
-    original = getattr(fc, "_walk", None)
-    if original is None or impl.fn is None:
-        return {"error": "fusegrad.compiler._walk not found"}
-
-    def recording_walk(*a: Any, **k: Any) -> Any:
-        w = original(*a, **k)
+    internals (``compiler.key.walk``, the service's ``lookup``, ``Program.kernels``) and reports an
+    error instead of failing when they change."""
+    try:
+        import fusegrad as fg
+        from fusegrad.compiler.key import walk
+        from fusegrad.compiler.service import service
+    except ImportError as e:
+        return {"error": f"compiler internals moved: {e}"}
+    if impl.fn is None:
+        return {"error": "no function to run"}
+    for t in impl.leaf_tensors:
+        t.grad = None
+    with fc.compiled_autograd():
+        loss = impl.fn(*impl.args)
+        # the walk the backward does, made first (it only reads the graph)
+        w = walk([loss], [fg.ones_like(loss)], None, True, False)
         arrays = None
         if w.fallback is None:
             with contextlib.suppress(Exception):
                 arrays = [s.unpack(node)._data for node, s in w.saved]
-        box.append((w, arrays))
-        return w
-
-    fc._walk = recording_walk
-    # a backward found through the forward's tape skips the walk: forget the tape entries
-    getattr(fc, "tape_programs", {}).clear()
-    try:
-        for t in impl.leaf_tensors:
-            t.grad = None
-        with fc.compiled_autograd():
-            impl.fn(*impl.args).backward()
-    finally:
-        fc._walk = original
-    if not box:
-        return {"error": "no compiled backward was recorded"}
-    w, arrays = box[0]
+        loss.backward()
     if w.fallback is not None:
         return {"fallback": w.fallback}
-    program = fc.lookup(w)
+    program = service.lookup(w)
     if program is None:
         return {"error": "program not found in fusegrad.compiler's cache"}
     info: dict[str, Any] = {
@@ -1342,6 +1334,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="skip the cold / warm-from-disk compile-time subprocesses",
     )
+    parser.add_argument(
+        "--compile-time-workloads",
+        default=None,
+        help="comma-separated workloads whose compile time is measured (default: every workload "
+        "run; each costs two fresh processes, the first compiling everything cold)",
+    )
     parser.add_argument("--warmup", type=int, default=None, help="override warm-up repetitions")
     parser.add_argument("--reps", type=int, default=None, help="override measured repetitions")
     parser.add_argument(
@@ -1374,6 +1372,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if bad or not names:
         parser.error(f"--workloads: unknown {bad or 'empty list'}; choose from A,B,C,D")
     args.workload_names = list(dict.fromkeys(names))
+    args.compile_time_names = None
+    if args.compile_time_workloads is not None:
+        timed = [n.strip().upper() for n in args.compile_time_workloads.split(",") if n.strip()]
+        outside = [n for n in timed if n not in args.workload_names]
+        if outside:
+            parser.error(f"--compile-time-workloads: {outside} not among --workloads")
+        args.compile_time_names = timed
     return args
 
 
@@ -1634,8 +1639,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     )
     compile_stream.start()
     names = [n for n in WORKLOADS if n in args.workload_names]
+    timed = names if args.compile_time_names is None else args.compile_time_names
     for index, name in enumerate(names, 1):
-        if not args.no_compile_time:
+        if not args.no_compile_time and name in timed:
             with live.Progress(
                 f"compile time {name}", mode=args.progress, position=(index, len(names))
             ) as progress:

@@ -642,6 +642,39 @@ class KeyBuilder:
             out.key = freeze(tuple(key))
 
 
+class BackwardCall:
+    """One ``backward()``/``grad()`` call's arguments, as the engine hands them to a tracer
+    (``Tracer.backward``); ``eagerly()`` runs it on the eager engine."""
+
+    __slots__ = ("accumulate", "create_graph", "grads", "inputs", "outputs", "retain_graph")
+
+    def __init__(
+        self,
+        outputs: Sequence[Tensor],
+        grads: Sequence[Tensor],
+        retain_graph: bool,
+        create_graph: bool,
+        inputs: Sequence[Tensor] | None,
+        accumulate: bool,
+    ) -> None:
+        self.outputs = outputs
+        self.grads = grads
+        self.retain_graph = retain_graph
+        self.create_graph = create_graph
+        self.inputs = inputs
+        self.accumulate = accumulate
+
+    def eagerly(self) -> Any:
+        return _engine.run_backward(
+            self.outputs,
+            self.grads,
+            self.retain_graph,
+            self.create_graph,
+            self.inputs,
+            self.accumulate,
+        )
+
+
 def walk(
     roots: Sequence[Tensor],
     grad_roots: Sequence[Tensor],

@@ -36,7 +36,6 @@ import numpy as np
 
 import fusegrad
 from fusegrad.autograd import grad_mode
-from fusegrad.autograd.engine import run_backward
 from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.cuda.array import CudaArray
 from fusegrad.nn.module import Module
@@ -49,7 +48,7 @@ from .capture import Captured, Fallback
 from .capture import capture as _capture_graph
 from .ddp import start_bucket, wait_bucket
 from .ir import Graph, Value
-from .key import RedrawnTensor, Walk
+from .key import BackwardCall, RedrawnTensor, Walk
 from .key import walk as _walk
 
 _SCALARS = (int, float, bool, str, type(None), complex)
@@ -572,7 +571,7 @@ class Recorder(Tracer):
             try:
                 self.event()
                 results = self.record_backward(
-                    roots, grads, retain_graph, create_graph, inputs, accumulate
+                    BackwardCall(roots, grads, retain_graph, create_graph, inputs, accumulate)
                 )
             except StepBreak as e:
                 self.stop(str(e))
@@ -580,19 +579,14 @@ class Recorder(Tracer):
                 return results
         return self.delegate.backward(roots, grads, retain_graph, create_graph, inputs, accumulate)
 
-    def record_backward(
-        self,
-        roots: Any,
-        grads: Any,
-        retain_graph: bool,
-        create_graph: bool,
-        inputs: Any,
-        accumulate: bool,
-    ) -> Any:
+    def record_backward(self, call: BackwardCall) -> Any:
         """A ``backward()``/``grad()`` of the call: admitted, captured, grafted onto the
         forward's graph with its ``.grad`` effects, then run eagerly (the call's results are
         eager's) and its results bound to their values."""
-        w, captured, ddps = self.captured_backward(roots, grads, inputs, accumulate, create_graph)
+        roots, grads, inputs, accumulate = call.outputs, call.grads, call.inputs, call.accumulate
+        w, captured, ddps = self.captured_backward(
+            roots, grads, inputs, accumulate, call.create_graph
+        )
         bgraph = captured.graph
         buckets = _Buckets(self, w, bgraph, ddps) if ddps else None
         mapping = self.graft(
@@ -609,10 +603,10 @@ class Recorder(Tracer):
         with tracing(None):  # the derivative rules run eagerly, unrecorded
             if self.explaining:  # explain() also shows the backward compiled on its own
                 results = self.delegate.backward(
-                    roots, grads, retain_graph, create_graph, inputs, accumulate
+                    roots, grads, call.retain_graph, call.create_graph, inputs, accumulate
                 )
             else:
-                results = run_backward(roots, grads, retain_graph, create_graph, inputs, accumulate)
+                results = call.eagerly()
         if not accumulate:
             for kind, pos, v in bgraph.effects:
                 if kind == "capture" and results[pos] is not None:

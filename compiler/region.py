@@ -36,7 +36,7 @@ import numpy as np
 
 from fusegrad.autograd import anomaly as _anomaly
 from fusegrad.autograd import grad_mode
-from fusegrad.autograd.engine import graph_task, run_backward
+from fusegrad.autograd.engine import graph_task
 from fusegrad.autograd.node import OpNode
 from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.ops import registry as _registry
@@ -51,7 +51,7 @@ from .capture import Captured, Fallback, Refused
 from .capture import capture as _capture_graph
 from .events import emit
 from .ir import format_graph, verify
-from .key import Walk, grad_state
+from .key import BackwardCall, Walk, grad_state
 from .key import walk as _walk
 from .program import Program, _saved_arrays, scratch_leaf
 from .program import release as release_nodes
@@ -89,7 +89,7 @@ class Region(Tracer):
         inputs: Sequence[Tensor] | None,
         accumulate: bool,
     ) -> Any:
-        return run(self, roots, grads, retain_graph, create_graph, inputs, accumulate)
+        return run(self, BackwardCall(roots, grads, retain_graph, create_graph, inputs, accumulate))
 
 
 @contextlib.contextmanager
@@ -105,48 +105,10 @@ def compiled_autograd(fullgraph: bool = False, mode: str = "default") -> Iterato
         _tape.state.exit()
 
 
-class _Call:
-    """One ``backward()``/``grad()`` call's arguments, as the engine received them."""
-
-    __slots__ = ("accumulate", "create_graph", "grads", "inputs", "outputs", "retain_graph")
-
-    def __init__(
-        self,
-        outputs: Sequence[Tensor],
-        grads: Sequence[Tensor],
-        retain_graph: bool,
-        create_graph: bool,
-        inputs: Sequence[Tensor] | None,
-        accumulate: bool,
-    ) -> None:
-        self.outputs = outputs
-        self.grads = grads
-        self.retain_graph = retain_graph
-        self.create_graph = create_graph
-        self.inputs = inputs
-        self.accumulate = accumulate
-
-    def eagerly(self) -> Any:
-        return run_backward(
-            self.outputs,
-            self.grads,
-            self.retain_graph,
-            self.create_graph,
-            self.inputs,
-            self.accumulate,
-        )
-
-
-def run(
-    region: Region,
-    outputs: Sequence[Tensor],
-    grads: Sequence[Tensor],
-    retain_graph: bool,
-    create_graph: bool,
-    inputs: Sequence[Tensor] | None,
-    accumulate: bool,
-) -> Any:
+def run(region: Region, call: BackwardCall) -> Any:
     """A ``backward()``/``grad()`` call in ``region``: compiled, or eager with a reason."""
+    outputs, grads, inputs = call.outputs, call.grads, call.inputs
+    create_graph, accumulate = call.create_graph, call.accumulate
     # the tape path: the forward recorded in this region keys and binds the backward
     fast = None
     if inputs is None and not create_graph and not _anomaly._state.enabled:
@@ -154,9 +116,8 @@ def run(
             fast = tape_key(outputs, grads, accumulate)
     # nodes made from here on (by hooks, or the next forward) go on a new tape
     _tape.state.next_tape()
-    if fast is not None and _run_from_tape(region, fast, grads, retain_graph):
+    if fast is not None and _run_from_tape(region, fast, grads, call.retain_graph):
         return None
-    call = _Call(outputs, grads, retain_graph, create_graph, inputs, accumulate)
     w = _walk(outputs, grads, inputs, accumulate, create_graph)
     plan = admission.admit(
         w,
@@ -212,14 +173,14 @@ def _run_from_tape(region: Region, fast: tuple, grads: Sequence[Tensor], retain:
     return True
 
 
-def _fallback(region: Region, reason: str, call: _Call) -> Any:
+def _fallback(region: Region, reason: str, call: BackwardCall) -> Any:
     if region.fullgraph:
         raise CompilationError(f"fullgraph=True: this backward cannot be compiled: {reason}")
     emit(events.FALLBACK, reason)
     return call.eagerly()
 
 
-def _stash_grads(w: Walk, call: _Call) -> list:
+def _stash_grads(w: Walk, call: BackwardCall) -> list:
     """create_graph adding into an existing .grad: eager makes ``.grad = .grad + g`` (a new
     tensor whose history joins both); the program runs as for no .grad and the sum is made
     after it.  The leaves (and inputs) that have a ``.grad``."""
@@ -234,7 +195,9 @@ def _stash_grads(w: Walk, call: _Call) -> list:
     return stashed
 
 
-def _run_program(region: Region, program: Program, w: Walk, call: _Call, stashed: list) -> Any:
+def _run_program(
+    region: Region, program: Program, w: Walk, call: BackwardCall, stashed: list
+) -> Any:
     """Run ``program`` on this call's data (user hooks at their positions; create_graph: a
     differentiable node over the results)."""
     emit(events.COMPILED_RUN, replayed=len(w.regions), reruns=w.reruns)
@@ -267,7 +230,7 @@ def _run_program(region: Region, program: Program, w: Walk, call: _Call, stashed
 
 
 def _program_for(
-    region: Region, w: Walk, call: _Call, notice: CompileNotice
+    region: Region, w: Walk, call: BackwardCall, notice: CompileNotice
 ) -> tuple[Program | None, bool, tuple | None]:
     """The program for walk ``w`` in ``region``, whether it is compiled (False: compiling in
     the background, the caller runs eagerly meanwhile), and where it is filed (the captured
@@ -305,7 +268,7 @@ def _program_for(
     return program, compiled, (table, pkey)
 
 
-def _device(w: Walk, call: _Call) -> str:
+def _device(w: Walk, call: BackwardCall) -> str:
     device = _device_of(w, call.grads)
     if device is None:
         raise Fallback("the backward graph spans devices (cpu and cuda)")
@@ -339,7 +302,7 @@ def _program_change(table: Any, pkey: tuple) -> str:
     return describe_program_miss(closest, pkey)
 
 
-def _background(region: Region, w: Walk, call: _Call) -> Background | None:
+def _background(region: Region, w: Walk, call: BackwardCall) -> Background | None:
     """How this backward's program may compile in the background while the eager engine runs
     it (``config.background_compile``): not when it calls user hooks (the compile thread's run
     must not) or runs on CUDA, nor in debug mode or under ``create_graph``; its thread runs the
@@ -366,7 +329,7 @@ def _background(region: Region, w: Walk, call: _Call) -> Background | None:
     )
 
 
-def _graph_for(region: Region, w: Walk, call: _Call, notice: CompileNotice) -> Captured:
+def _graph_for(region: Region, w: Walk, call: BackwardCall, notice: CompileNotice) -> Captured:
     """The captured graph for walk ``w`` and its sizes: cached, or captured now (raises
     ``Fallback``/``Refused``; a refusal is remembered for the key)."""
     report = events.debug.report
@@ -432,7 +395,7 @@ def _note_capture(w: Walk, captured: Captured, why: str) -> None:
         emit(events.GRAPH, "backward graph:\n" + format_graph(captured.graph))
 
 
-def _capture(w: Walk, call: _Call, symbolic: bool, allow_opaque: bool) -> Captured:
+def _capture(w: Walk, call: BackwardCall, symbolic: bool, allow_opaque: bool) -> Captured:
     with _trace.phase("capture"):
         captured = _capture_graph(
             w,
