@@ -51,7 +51,7 @@ elements within
     |compiled - eager| <= rtol * |eager| + FLOOR * u * max(max|eager|, max|root gradient|)
                           + SHADOW * estimate
 
-``rtol`` is the README's (1e-10 float64, 1e-5 float32) and ``u`` the unit roundoff of the
+``rtol`` is docs/numerics.md's (1e-10 float64, 1e-5 float32) and ``u`` the unit roundoff of the
 gradient's dtype.  The second term is a norm-wise floor of a few roundoffs of the scale of the
 backward's terms (the largest of the tensor's largest element, the largest root gradient and
 the largest gradient that flows into the result in eager's backward, measured by

@@ -28,7 +28,7 @@ VARIANTS = [pytest.param(True, id="reentrant"), pytest.param(False, id="non_reen
 # Python does not run again (so it cannot differ from the forward either)
 REPLAYED = pytest.mark.compiled_differs(
     "compiled backward recomputes from the recording of the forward, without running the "
-    "checkpointed function's Python again (README)"
+    "checkpointed function's Python again (docs/compile.md)"
 )
 
 

@@ -247,7 +247,7 @@ def test_gradient_is_cast_to_the_input_dtype() -> None:
 
 
 @pytest.mark.compiled_differs(
-    "a post hook dropping a gradient raises in compiled backward (README)"
+    "a post hook dropping a gradient raises in compiled backward (docs/compile.md)"
 )
 def test_none_gradients_are_never_materialised() -> None:
     a = _leaf(3)
@@ -360,7 +360,7 @@ def _partial_failure(lib, inplace_ctx) -> tuple:
 
 
 @pytest.mark.compiled_differs(
-    "compiled backward checks every saved tensor before it writes anything (README)"
+    "compiled backward checks every saved tensor before it writes anything (docs/compile.md)"
 )
 def test_failing_backward_keeps_what_already_ran_like_pytorch() -> None:
     a_grad, b_grad = _partial_failure(fg, fg.no_grad)

@@ -1,5 +1,5 @@
-"""NaN, inf and signed zeros in compiled code are eager's (docs/ARCHITECTURE.md, contract 8, README
-"Tolerances").
+"""NaN, inf and signed zeros in compiled code are eager's (docs/ARCHITECTURE.md, contract 8, and
+docs/numerics.md).
 
 * Generated kernels carry no fast-math flag that reassociates or drops signed zeros: ``g + (-g)``
   stays NaN at inf, ``x - x`` keeps +0 (the facts of the issue), checked through the public

@@ -4,8 +4,8 @@ names keep them out of this single-process collection.  Skipped when mpi4py or m
 missing (the ``distributed`` extra, which the ``test`` extra includes).
 
 Also here: the launcher, ``python -m fusegrad.distributed.run -n 2``, on a small script and on
-the README's examples (the blocks after ``<!-- mpi-example -->`` and ``<!-- mpi-rpc-example
--->``, which tests/test_readme.py cannot run in one process).
+the examples of docs/distributed.md (the blocks after ``<!-- mpi-example -->`` and
+``<!-- mpi-rpc-example -->``, which tests/test_readme.py cannot run in one process).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from fusegrad.distributed.run import find_mpiexec
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+DISTRIBUTED_DOC = ROOT / "docs" / "distributed.md"
 TIMEOUT_S = 240  # the suites take ~30 s on two busy cores; a wait times out after 60 s
 SUITES = ["mpi_collectives.py", "mpi_ddp.py", "mpi_rpc.py"]  # mpi_cuda.py: in the simulator
 
@@ -117,12 +118,10 @@ def test_launcher_ends_the_job_when_a_rank_fails(tmp_path: pathlib.Path) -> None
     assert "rank 1 failed; aborting the other processes" in done.stderr
 
 
-def test_readme_example_trains_on_two_processes(tmp_path: pathlib.Path) -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    match = re.search(r"^<!-- mpi-example -->\n```\n(.*?)^```$", readme, re.MULTILINE | re.DOTALL)
-    assert match, (
-        "README.md: the Distributed (MPI) section's example is marked <!-- mpi-example -->"
-    )
+def test_docs_example_trains_on_two_processes(tmp_path: pathlib.Path) -> None:
+    doc = DISTRIBUTED_DOC.read_text(encoding="utf-8")
+    match = re.search(r"^<!-- mpi-example -->\n```\n(.*?)^```$", doc, re.MULTILINE | re.DOTALL)
+    assert match, "docs/distributed.md: the data-parallel example is marked <!-- mpi-example -->"
     script = tmp_path / "train.py"
     script.write_text(match[1])
     cmd = [sys.executable, "-m", "fusegrad.distributed.run", "-n", "2", str(script)]
@@ -138,12 +137,10 @@ def test_readme_example_trains_on_two_processes(tmp_path: pathlib.Path) -> None:
     assert ranks_and_losses[0][1] == ranks_and_losses[1][1]
 
 
-def test_readme_rpc_example_trains_a_model_split_over_two_processes(tmp_path: pathlib.Path) -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    match = re.search(
-        r"^<!-- mpi-rpc-example -->\n```\n(.*?)^```$", readme, re.MULTILINE | re.DOTALL
-    )
-    assert match, "README.md: the RPC example is marked <!-- mpi-rpc-example -->"
+def test_docs_rpc_example_trains_a_model_split_over_two_processes(tmp_path: pathlib.Path) -> None:
+    doc = DISTRIBUTED_DOC.read_text(encoding="utf-8")
+    match = re.search(r"^<!-- mpi-rpc-example -->\n```\n(.*?)^```$", doc, re.MULTILINE | re.DOTALL)
+    assert match, "docs/distributed.md: the RPC example is marked <!-- mpi-rpc-example -->"
     script = tmp_path / "train.py"
     script.write_text(match[1])
     cmd = [sys.executable, "-m", "fusegrad.distributed.run", "-n", "2", str(script)]
