@@ -37,7 +37,7 @@ in-place writes to memory another recorded array shares (views); hooks, ``retain
 ``.grad`` assignments inside the function; data-dependent shapes; tensor ops after the optimizer
 step; outputs that still need autograd history (use ``compile(module)`` for a backward
 outside); CUDA tensors (not yet).  What is *not* detected -- Python side effects other than tensor
-ops, and Python state the guard does not watch -- is documented in the README.
+ops, and Python state the guard does not watch -- is documented in docs/compile.md.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ past the last whole block go into one more partial sum, ``tail`` (a scalar loop)
 (of the row, for row sums) the partial sums are added pairwise in a fixed order, then the tail.
 The order depends on the sizes only, never on the machine, its vector width or the thread
 count, so results are deterministic; it differs from numpy's pairwise summation in rounding
-only (README, "Tolerances").  The cost is compile time: the loop body appears twice (blocks and
+only (docs/numerics.md).  The cost is compile time: the loop body appears twice (blocks and
 tail).
 
 A kernel without reductions also gets a ``prange`` variant (docs/ARCHITECTURE.md, contract 8:
