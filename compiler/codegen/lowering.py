@@ -105,6 +105,10 @@ EXTERNS = frozenset(
         "matmul",
         "to_device",  # a host <-> device copy
     }
+) | frozenset(
+    # complex numbers (ops/complex.py): never compiled, since a graph holding a complex value
+    # runs eagerly (capture's fallback), but each primitive still has its one lowering
+    {"conj_physical", "real", "imag", "complex", "view_as_real", "view_as_complex"}
 )
 # ``broadcast_to`` is also fused (as a broadcasting read) when its consumer is in a kernel;
 # standing alone it is an extern (a numpy view).

@@ -60,6 +60,8 @@ from .autograd import jvps as _jvps  # the forward-mode rule table, beside it
 from .device import device
 from .dtypes import bool_ as bool  # noqa: A001  (torch-style name)
 from .dtypes import (
+    complex64,
+    complex128,
     dtype,
     float16,
     float32,
@@ -206,6 +208,8 @@ if _dtypes.bfloat16 is not None:  # (with the optional ml_dtypes package)
     bfloat16 = _dtypes.bfloat16
 long = int64
 int = int32  # noqa: A001
+cfloat = complex64
+cdouble = complex128
 
 __version__ = "0.1.0"
 

@@ -4660,5 +4660,73 @@ add(
     lambda rng: [S((np.where(rng.random((4, 3)) < 0.3, np.nan, uni(rng, (4, 3))),))],
 )
 
+# complex numbers (docs/complex.md): real leaves in and real values out, complex in between, so
+# that every case runs through the table's float machinery (gradients reach the real leaves
+# through the complex rules); tests/ops/test_complex.py checks complex leaves themselves
+add(
+    "complex_abs",
+    lambda m, a, b: m.complex(a, b).abs(),
+    lambda a, b: np.abs(a + 1j * b),
+    binary(away, away, scalars=False),
+)
+add(
+    "complex_exp_parts",
+    lambda m, a, b: (m.complex(a, b).exp().real, m.complex(a, b).sin().imag),
+    lambda a, b: (np.exp(a + 1j * b).real, np.sin(a + 1j * b).imag),
+    binary(scalars=False),
+)
+
+
+def _torch_fails_empty(make: Callable) -> Callable:
+    """PyTorch 2.13's view_as_real backward refuses an empty gradient (its strides): those
+    cases are checked against numpy only."""
+
+    def samples(rng: np.random.Generator) -> list[Sample]:
+        out = make(rng)
+        for s in out:
+            if s.name == "empty":
+                s.torch = False
+        return out
+
+    return samples
+
+
+add(
+    "complex_mul_conj",
+    lambda m, a, b: m.view_as_real(m.complex(a, b) * m.complex(b, a).conj_physical()),
+    lambda a, b: np.stack(
+        [((a + 1j * b) * (b - 1j * a)).real, ((a + 1j * b) * (b - 1j * a)).imag], -1
+    ),
+    _torch_fails_empty(binary(scalars=False)),
+)
+add(
+    "view_as_complex",
+    lambda m, x: m.view_as_real(m.view_as_complex(x) * m.view_as_complex(x).sqrt()),
+    lambda x: np.stack(
+        [
+            ((x[..., 0] + 1j * x[..., 1]) ** 1.5).real,
+            ((x[..., 0] + 1j * x[..., 1]) ** 1.5).imag,
+        ],
+        -1,
+    ),
+    lambda rng: [S((away(rng, (3, 2)),)), S((away(rng, (2, 4, 2)),)), S((away(rng, (2,)),))],
+)
+add(
+    "complex_angle_sgn",
+    lambda m, a, b: (m.complex(a, b).angle(), m.view_as_real(m.complex(a, b).sgn())),
+    lambda a, b: (
+        np.angle(a + 1j * b),
+        np.stack([(a + 1j * b).real / np.abs(a + 1j * b), b / np.abs(a + 1j * b)], -1),
+    ),
+    _torch_fails_empty(binary(away, away, scalars=False)),
+)
+add(
+    "polar",
+    lambda m, r, theta: m.view_as_real(m.polar(r, theta)),
+    lambda r, theta: np.stack([r * np.cos(theta), r * np.sin(theta)], -1),
+    _torch_fails_empty(binary(pos, uni, scalars=False)),
+)
+add("angle_real", lambda m, x: m.angle(x), np.angle, unary(away), zero_grad=True)
+
 OPS_BY_NAME = {e.name: e for e in OPS}
 assert len(OPS_BY_NAME) == len(OPS), "duplicate op table names"

@@ -8,6 +8,13 @@ return
 gradients in the *output's* shape where that is natural: undoing broadcasting (sum-to-shape) and
 summing fan-in is the engine's job (contract 2).
 
+Complex values follow PyTorch's convention (docs/complex.md): the gradient of a real loss ``L``
+with respect to ``z = x + iy`` is ``dL/dx + i dL/dy``, the conjugate Wirtinger derivative (times
+2).  A rule maps the output's gradient ``g`` to ``g * conj(f'(z))`` for a holomorphic ``f``, so
+the rules of ``exp``, ``mul``, ``matmul``, ... conjugate their factors; ``conj()`` of a real
+tensor is the tensor itself, so for real values they are the real rules unchanged.  A gradient
+that reaches a real input from complex values is its real part (the engine takes it).
+
 ``node.attrs`` are the primitive's keyword attributes, ``node.input_shapes`` /
 ``node.input_dtypes`` describe the forward inputs, and ``node.needs_input_grad[i]`` says whether
 input ``i`` wants a gradient (skip work for the ones that do not).  ``save={"a": "b"}`` saves
@@ -36,97 +43,102 @@ def _neg(node, g):
 
 @vjp("exp", save="out")
 def _exp(node, g, out):
-    return (g * out,)
+    return (g * out.conj(),)
 
 
 @vjp("expm1", save="out")
 def _expm1(node, g, out):
-    return (g * (out + 1.0),)
+    return (g * (out + 1.0).conj(),)
 
 
 @vjp("log", save="x")
 def _log(node, g, x):
-    return (g / x,)
+    return (g / x.conj(),)
 
 
 @vjp("log1p", save="x")
 def _log1p(node, g, x):
-    return (g / (x + 1.0),)
+    return (g / (x + 1.0).conj(),)
 
 
 @vjp("sin", save="x")
 def _sin(node, g, x):
-    return (g * x.cos(),)
+    return (g * x.cos().conj(),)
 
 
 @vjp("cos", save="x")
 def _cos(node, g, x):
-    return (-(g * x.sin()),)
+    return (-(g * x.sin().conj()),)
 
 
 @vjp("tanh", save="out")
 def _tanh(node, g, out):
-    return (g * (1.0 - out * out),)
+    return (g * (1.0 - out * out).conj(),)
 
 
 @vjp("asin", save="x")
 def _asin(node, g, x):
-    return (g * (1.0 - x * x).rsqrt(),)
+    return (g * (1.0 - x * x).rsqrt().conj(),)
 
 
 @vjp("acos", save="x")
 def _acos(node, g, x):
-    return (-(g * (1.0 - x * x).rsqrt()),)
+    return (-(g * (1.0 - x * x).rsqrt().conj()),)
 
 
 @vjp("atan", save="x")
 def _atan(node, g, x):
-    return (g / (x * x + 1.0),)
+    return (g / (x * x + 1.0).conj(),)
 
 
 @vjp("sinh", save="x")
 def _sinh(node, g, x):
-    return (g * x.cosh(),)
+    return (g * x.cosh().conj(),)
 
 
 @vjp("cosh", save="x")
 def _cosh(node, g, x):
-    return (g * x.sinh(),)
+    return (g * x.sinh().conj(),)
 
 
 @vjp("asinh", save="x")
 def _asinh(node, g, x):
-    return (g * (x * x + 1.0).rsqrt(),)
+    return (g * (x * x + 1.0).rsqrt().conj(),)
 
 
 @vjp("acosh", save="x")
 def _acosh(node, g, x):
+    if x.is_complex():
+        # the principal branch's derivative 1 / (sqrt(z - 1) sqrt(z + 1)), which differs from
+        # rsqrt(z^2 - 1) by a sign in half the plane (PyTorch's complex formula)
+        return (g / ((x - 1.0).sqrt() * (x + 1.0).sqrt()).conj(),)
     return (g * (x * x - 1.0).rsqrt(),)
 
 
 @vjp("atanh", save="x")
 def _atanh(node, g, x):
-    return (g / (1.0 - x * x),)
+    return (g / (1.0 - x * x).conj(),)
 
 
 @vjp("sigmoid", save="out")
 def _sigmoid(node, g, out):
-    return (g * (out * (1.0 - out)),)
+    return (g * (out * (1.0 - out)).conj(),)
 
 
 @vjp("sqrt", save="out")
 def _sqrt(node, g, out):
-    return (g / (out * 2.0),)
+    return (g / (out * 2.0).conj(),)
 
 
 @vjp("reciprocal", save="out")
 def _reciprocal(node, g, out):
-    return (-(g * (out * out)),)
+    return (-(g * (out * out).conj()),)
 
 
 @vjp("abs", save="x")
 def _abs(node, g, x):
-    return (g * x.sign(),)
+    # sgn is sign for real x, z / |z| (0 at 0) for complex z
+    return (g * x.sgn(),)
 
 
 @vjp("erf", save="x")
@@ -175,7 +187,11 @@ for _name in ("sign", "floor", "ceil", "trunc", "round"):
 @vjp("cast")
 def _cast(node, g):
     src = node.input_dtypes[0]
-    return (g.to(src) if src.is_floating_point else None,)
+    if src.category < 2:
+        return (None,)
+    if g.is_complex() and not src.is_complex:
+        g = g.real  # a real value cast to complex: the gradient's real part
+    return (g.to(src),)
 
 
 @vjp("to_device")
@@ -204,14 +220,14 @@ def _sub(node, g):
 @vjp("mul", save={"a": "b", "b": "a"})  # each operand only for the other's gradient
 def _mul(node, g, a, b):
     need = node.needs_input_grad
-    return (g * b if need[0] else None, g * a if need[1] else None)
+    return (g * b.conj() if need[0] else None, g * a.conj() if need[1] else None)
 
 
 @vjp("div", save={"a": "b", "b": "a b"})
 def _div(node, g, a, b):
     need = node.needs_input_grad
-    ga = g / b if need[0] else None
-    gb = -(g * a) / (b * b) if need[1] else None
+    ga = g / b.conj() if need[0] else None
+    gb = -(g * a.conj()) / (b * b).conj() if need[1] else None
     return (ga, gb)
 
 
@@ -221,10 +237,12 @@ def _pow(node, g, a, b, out):
     ga = gb = None
     if need[0]:
         # d/da a**b = b * a**(b-1), defined as 0 where b == 0 (PyTorch's convention)
-        ga = F.where(b == 0, 0.0, g * (b * a ** (b - 1.0)))
+        ga = F.where(b == 0, 0.0, g * (b * a ** (b - 1.0)).conj())
     if need[1]:
-        # d/db a**b = a**b * log(a), defined as 0 where a == 0 and b >= 0
-        gb = F.where((a == 0) & (b >= 0), 0.0, g * (out * a.log()))
+        # d/db a**b = a**b * log(a), defined as 0 where a == 0 and b >= 0 (for complex b:
+        # where a == 0 and the real part of b is >= 0)
+        nonnegative = (b.real if b.is_complex() else b) >= 0
+        gb = F.where((a == 0) & nonnegative, 0.0, g * (out * a.log()).conj())
     return (ga, gb)
 
 
@@ -367,7 +385,7 @@ def _prod(node, g, x, out):
         out / nonzero,
         F.where(count == 1, one_zero, F.where(count == 2, two_zeros, 0.0)),
     )
-    return (g * grad,)
+    return (g * grad.conj(),)
 
 
 @vjp("cumsum")
@@ -520,6 +538,42 @@ def _scatter(node, g, index):
 @vjp("matmul", save={"a": "b", "b": "a"})
 def _matmul(node, g, a, b):
     need = node.needs_input_grad
-    ga = g @ b.mT if need[0] else None
-    gb = a.mT @ g if need[1] else None
+    ga = g @ b.mH if need[0] else None
+    gb = a.mH @ g if need[1] else None
     return (ga, gb)
+
+
+# ---- complex numbers ---------------------------------------------------------------------------
+
+
+@vjp("conj_physical")
+def _conj_physical(node, g):
+    return (g.conj(),)
+
+
+@vjp("real")
+def _real(node, g):
+    # L depends on x = Re z only: dL/dx + i 0 (the engine casts the real g to z's dtype)
+    return (g,)
+
+
+@vjp("imag")
+def _imag(node, g):
+    # L depends on y = Im z only: 0 + i dL/dy
+    return (F.complex(F.zeros_like(g), g),)
+
+
+@vjp("complex")
+def _complex(node, g):
+    need = node.needs_input_grad
+    return (g.real if need[0] else None, g.imag if need[1] else None)
+
+
+@vjp("view_as_real")
+def _view_as_real(node, g):
+    return (F.view_as_complex(g.contiguous()),)
+
+
+@vjp("view_as_complex")
+def _view_as_complex(node, g):
+    return (F.view_as_real(g),)

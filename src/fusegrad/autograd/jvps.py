@@ -93,10 +93,27 @@ _unary("atan", lambda x, out: (x * x + 1.0).reciprocal())
 _unary("sinh", lambda x, out: x.cosh())
 _unary("cosh", lambda x, out: x.sinh())
 _unary("asinh", lambda x, out: (x * x + 1.0).rsqrt())
-_unary("acosh", lambda x, out: (x * x - 1.0).rsqrt())
+_unary(
+    "acosh",
+    lambda x, out: (
+        ((x - 1.0).sqrt() * (x + 1.0).sqrt()).reciprocal()
+        if x.is_complex()
+        else (x * x - 1.0).rsqrt()
+    ),
+)
 _unary("atanh", lambda x, out: (1.0 - x * x).reciprocal())
 _unary("sqrt", lambda x, out: (out * 2.0).reciprocal())
-_unary("abs", lambda x, out: x.sign())
+
+
+@jvp("abs")
+def _abs(p, t, out, attrs):
+    # d|z| along t is Re(conj(sgn z) t); sign(x) t for real x
+    x = p[0]
+    if x.is_complex():
+        return (x.sgn().conj() * t[0]).real
+    return t[0] * x.sign()
+
+
 _unary("erf", lambda x, out: (-(x * x)).exp() * (2.0 / math.sqrt(math.pi)))
 _unary("erfc", lambda x, out: (-(x * x)).exp() * (-2.0 / math.sqrt(math.pi)))
 _unary("lgamma", lambda x, out: x.digamma())
@@ -135,7 +152,12 @@ for _name in ("sign", "floor", "ceil", "trunc", "round"):
 
 @jvp("cast")
 def _cast(p, t, out, attrs):
-    return F.cast(t[0], out.dtype) if out.is_floating_point() else None
+    if not (out.is_floating_point() or out.is_complex()):
+        return None
+    tangent = t[0]
+    if tangent.is_complex() and not out.is_complex():
+        tangent = tangent.real  # complex to real keeps the real part, of the tangent too
+    return F.cast(tangent, out.dtype)
 
 
 @jvp("to_device")
@@ -274,6 +296,7 @@ def _prod(p, t, out, attrs):
     x = p[0]
     node = SimpleNamespace(input_shapes=(tuple(x.shape),), attrs=attrs)
     (partials,) = _derivatives._prod(node, F.ones_like(out), x, out)
+    partials = partials.conj()  # (the VJP conjugates them for complex x)
     dim, keepdim = attrs["dim"], attrs["keepdim"]
     red = {"dim": dim, "keepdim": keepdim} if dim is not None else {}
     return (t[0] * partials).sum(**red)
@@ -305,3 +328,10 @@ def _matmul(p, t, out, attrs):
     a, b = p
     ta, tb = t
     return _add(ta @ b if ta is not None else None, a @ tb if tb is not None else None)
+
+
+# ---- complex numbers ---------------------------------------------------------------------------
+
+for _name in ("conj_physical", "real", "imag", "view_as_real", "view_as_complex"):
+    _linear(_name)
+_linear("complex", None)

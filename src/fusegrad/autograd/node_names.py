@@ -81,6 +81,9 @@ PRIMITIVE_NAMES: dict[str, str | Callable[[Any], str]] = {
     "pad": "ConstantPadNdBackward0",
     "log1p": "Log1PBackward0",
     "trigamma": "PolygammaBackward0",
+    # PyTorch takes .real / .imag as a select of view_as_real
+    "real": "SelectBackward0",
+    "imag": "SelectBackward0",
 }
 
 
