@@ -105,11 +105,14 @@ EXTERNS = frozenset(
         "matmul",
         "to_device",  # a host <-> device copy
     }
-) | frozenset(
-    # complex numbers (ops/complex.py): never compiled, since a graph holding a complex value
-    # runs eagerly (capture's fallback), but each primitive still has its one lowering
-    {"conj_physical", "real", "imag", "complex", "view_as_real", "view_as_complex"}
 )
+# the mathematical surface's primitives, computed by their eager kernels between fused loops:
+# complex numbers (ops/complex.py; never compiled in fact, since a graph holding a complex value
+# runs eagerly, but each still has its one lowering) and fusegrad.fft (ops/spectral.py)
+MATH_EXTERNS = frozenset(
+    "conj_physical real imag complex view_as_real view_as_complex fft_c2c fft_r2c fft_c2r".split()
+)
+EXTERNS = EXTERNS | MATH_EXTERNS
 # ``broadcast_to`` is also fused (as a broadcasting read) when its consumer is in a kernel;
 # standing alone it is an extern (a numpy view).
 # ``sum``/``sum_to`` over integer values and reductions that cannot fuse run as externs too.

@@ -232,9 +232,13 @@ _FUNCTIONAL_AT_TOP_LEVEL = frozenset(
 )
 
 
+# subpackages loaded on first use (``fusegrad.nn``, ``fusegrad.fft``, ...)
+_SUBPACKAGES = frozenset("nn optim utils viz distributed amp backends accelerator fft".split())
+
+
 def __getattr__(name: str) -> Any:
     # Heavy or optional subpackages load on first use, keeping ``import fusegrad`` light.
-    if name in ("nn", "optim", "utils", "viz", "distributed", "amp", "backends", "accelerator"):
+    if name in _SUBPACKAGES:
         return importlib.import_module(f".{name}", __name__)
     if name in ("autocast", "is_autocast_enabled", "get_autocast_dtype"):
         return getattr(importlib.import_module(".amp", __name__), name)

@@ -4728,5 +4728,19 @@ add(
 )
 add("angle_real", lambda m, x: m.angle(x), np.angle, unary(away), zero_grad=True)
 
+# fusegrad.fft (tests/test_fft.py covers every function, norm and size): real in, real out
+add(
+    "fft_circular_convolution",
+    lambda m, a, b: m.fft.irfft(m.fft.rfft(a) * m.fft.rfft(b), n=a.shape[-1]),
+    lambda a, b: np.fft.irfft(np.fft.rfft(a) * np.fft.rfft(b), n=a.shape[-1]),
+    lambda rng: [S((uni(rng, (3, 6)), uni(rng, (3, 6)))), S((uni(rng, (5,)), uni(rng, (5,))))],
+)
+add(
+    "fft_magnitude",
+    lambda m, x: m.fft.fftn(x, s=(4, 3), norm="ortho").abs(),
+    lambda x: np.abs(np.fft.fftn(x, s=(4, 3), axes=(-2, -1), norm="ortho")),
+    lambda rng: [S((uni(rng, (3, 5)),)), S((uni(rng, (2, 3, 2)),), noncontig=True)],
+)
+
 OPS_BY_NAME = {e.name: e for e in OPS}
 assert len(OPS_BY_NAME) == len(OPS), "duplicate op table names"

@@ -31,6 +31,7 @@ import numpy as np
 from .. import ops as F
 from ..errors import AutogradError
 from ..ops.registry import vjp
+from ..ops.spectral import dual_norm
 from .grad_mode import is_grad_enabled
 
 # ---- elementwise unary -------------------------------------------------------------------------
@@ -577,3 +578,49 @@ def _view_as_real(node, g):
 @vjp("view_as_complex")
 def _view_as_complex(node, g):
     return (F.view_as_real(g),)
+
+
+# ---- discrete Fourier transforms (ops/spectral.py) --------------------------------------------
+# Each transform is linear; its adjoint is the transform in the other direction with the other
+# scaling word (``dual_norm``: the same factor, applied in the other direction).
+
+
+@vjp("fft_c2c")
+def _fft_c2c(node, g):
+    a = node.attrs
+    attrs = {"dims": a["dims"], "norm": dual_norm(a["norm"]), "forward": not a["forward"]}
+    return (F.apply(F.REGISTRY["fft_c2c"], (g,), attrs),)
+
+
+@vjp("fft_r2c")
+def _fft_r2c(node, g):
+    # rfft keeps the first n // 2 + 1 entries of the full transform: the adjoint pads the
+    # gradient back with zeros, transforms it back, and a real input takes the real part
+    a = node.attrs
+    dims = a["dims"]
+    last, n = dims[-1], node.input_shapes[0][dims[-1]]
+    missing = n - g.shape[last]
+    if missing > 0:
+        g = F.pad(g, [0, 0] * (g.ndim - 1 - last) + [0, missing])
+    attrs = {"dims": dims, "norm": dual_norm(a["norm"]), "forward": False}
+    return (F.apply(F.REGISTRY["fft_c2c"], (g,), attrs).real,)
+
+
+@vjp("fft_c2r")
+def _fft_c2r(node, g):
+    # irfft fills the missing half of the spectrum with the mirror of the given one: the
+    # adjoint transforms the gradient forward and adds each mirrored entry's share, i.e.
+    # doubles the entries 1 .. n - (n // 2 + 1) along the last dim (those whose mirror is not
+    # among the given ones)
+    a = node.attrs
+    dims = a["dims"]
+    last, n = dims[-1], a["last_dim_size"]
+    out = F.apply(F.REGISTRY["fft_r2c"], (g,), {"dims": dims, "norm": dual_norm(a["norm"])})
+    doubled = n - (n // 2 + 1)
+    if doubled > 0:
+        weights = np.ones(out.shape[last])
+        weights[1 : 1 + doubled] = 2.0
+        shape = [1] * out.ndim
+        shape[last] = out.shape[last]
+        out = out * F.tensor(weights.reshape(shape), dtype=g.dtype, device=g.device)
+    return (out,)

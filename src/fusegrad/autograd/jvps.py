@@ -335,3 +335,8 @@ def _matmul(p, t, out, attrs):
 for _name in ("conj_physical", "real", "imag", "view_as_real", "view_as_complex"):
     _linear(_name)
 _linear("complex", None)
+
+# ---- discrete Fourier transforms: linear ------------------------------------------------------
+
+for _name in ("fft_c2c", "fft_r2c", "fft_c2r"):
+    _linear(_name)

@@ -84,6 +84,9 @@ PRIMITIVE_NAMES: dict[str, str | Callable[[Any], str]] = {
     # PyTorch takes .real / .imag as a select of view_as_real
     "real": "SelectBackward0",
     "imag": "SelectBackward0",
+    "fft_c2c": "FftC2CBackward0",
+    "fft_r2c": "FftR2CBackward0",
+    "fft_c2r": "FftC2RBackward0",
 }
 
 

@@ -36,6 +36,7 @@ from ..tensor import Tensor, _ViewTensor
 from ..tensor import view_rebase_error as _view_rebase_error
 from . import _util, registry
 from . import primitives as _primitives  # noqa: F401  (registers kernels)
+from . import spectral as _spectral  # noqa: F401  (the FFT primitives of fusegrad.fft)
 from ._util import cast, to_tensor
 from .complex import *  # noqa: F401,F403  (complex numbers: primitives and surface)
 from .complex import (

@@ -25,8 +25,8 @@ import numpy as np
 from .. import dtypes as _dt
 from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..errors import DTypeError, ShapeError, describe
-from ..tensor import Tensor
 from ..size import broadcast_shapes
+from ..tensor import Tensor
 from ._util import P, apply, broadcast_shape, to_tensor
 from .elementwise import where
 from .registry import primitive, set_meta
