@@ -197,6 +197,10 @@ from .ops import (  # noqa: E402
     zeros_like,
 )
 from .ops.composites import range  # noqa: A004,E402  (torch.range; not in ops' __all__)
+
+# ``from .ops import *`` brought the op surface's module ``ops.linalg`` (matmul, einsum, ...) in
+# under the name of the ``fusegrad.linalg`` package, which loads on first use instead
+globals().pop("linalg", None)
 from .runtime import *  # noqa: F401,F403,E402  (constants, dtype queries, settings)
 from .size import Size
 from .tensor import Tensor
@@ -233,7 +237,9 @@ _FUNCTIONAL_AT_TOP_LEVEL = frozenset(
 
 
 # subpackages loaded on first use (``fusegrad.nn``, ``fusegrad.fft``, ...)
-_SUBPACKAGES = frozenset("nn optim utils viz distributed amp backends accelerator fft".split())
+_SUBPACKAGES = frozenset(
+    "nn optim utils viz distributed amp backends accelerator fft linalg".split()
+)
 
 
 def __getattr__(name: str) -> Any:

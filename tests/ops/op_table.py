@@ -4742,5 +4742,121 @@ add(
     lambda rng: [S((uni(rng, (3, 5)),)), S((uni(rng, (2, 3, 2)),), noncontig=True)],
 )
 
+# fusegrad.linalg (tests/test_linalg.py covers every function, real and complex, batched):
+# well-conditioned inputs, and outputs that do not depend on the sign of eigen- or singular
+# vectors
+
+
+def _square(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    return uni(rng, shape) + 3 * np.eye(shape[-1])
+
+
+_LINALG = {"f32_tol": (2e-4, 2e-5)}
+add(
+    "linalg_solve",
+    lambda m, A, B: m.linalg.solve(A, B),
+    np.linalg.solve,
+    lambda rng: [
+        S((_square(rng, (2, 3, 3)), uni(rng, (2, 3, 2)))),
+        S((_square(rng, (3, 3)), uni(rng, (3, 1)))),
+    ],
+    **_LINALG,
+)
+add(
+    "linalg_solve_triangular",
+    lambda m, A, B: m.linalg.solve_triangular(A, B, upper=False),
+    lambda A, B: np.linalg.solve(np.tril(A), B),
+    lambda rng: [S((_square(rng, (2, 3, 3)), uni(rng, (2, 3, 2))))],
+    **_LINALG,
+)
+add(
+    "linalg_cholesky",
+    lambda m, x: m.linalg.cholesky(x @ x.mT + m.eye(x.shape[-1], dtype=x.dtype)),
+    lambda x: np.linalg.cholesky(x @ np.swapaxes(x, -1, -2) + np.eye(x.shape[-1])),
+    lambda rng: [S((uni(rng, (2, 3, 3)),))],
+    **_LINALG,
+)
+add(
+    "linalg_lu",
+    lambda m, A: tuple(m.linalg.lu(A)),
+    lambda A: _lu_reference(A),
+    lambda rng: [S((uni(rng, (3, 3)),))],
+    **_LINALG,
+)
+add(
+    "linalg_det_slogdet",
+    lambda m, A: (m.linalg.det(A), *m.linalg.slogdet(A)),
+    lambda A: (np.linalg.det(A), *np.linalg.slogdet(A)),
+    lambda rng: [S((_square(rng, (2, 3, 3)),))],
+    **_LINALG,
+)
+add(
+    "linalg_eigh",
+    lambda m, x: (lambda L, V: (L, V**2))(*m.linalg.eigh(x + x.mT)),
+    lambda x: (lambda L, V: (L, V**2))(*np.linalg.eigh(x + np.swapaxes(x, -1, -2))),
+    lambda rng: [S((uni(rng, (2, 3, 3)),))],
+    **_LINALG,
+)
+add(
+    "linalg_eig",
+    lambda m, x: (lambda L, V: ((L**2).sum(-1).real, (V.abs() ** 2).sum()))(
+        *m.linalg.eig(x + x.mT)
+    ),
+    lambda x: (lambda L, V: ((L**2).sum(-1).real, (np.abs(V) ** 2).sum()))(
+        *np.linalg.eig(x + np.swapaxes(x, -1, -2))
+    ),
+    lambda rng: [S((uni(rng, (3, 3)),))],
+    **_LINALG,
+)
+add(
+    "linalg_svd",
+    lambda m, A: (lambda U, S_, Vh: (U**2, S_, Vh**2))(*m.linalg.svd(A, full_matrices=False)),
+    lambda A: (lambda U, S_, Vh: (U**2, S_, Vh**2))(*np.linalg.svd(A, full_matrices=False)),
+    lambda rng: [S((uni(rng, (2, 4, 3)),)), S((uni(rng, (3, 5)),))],
+    **_LINALG,
+)
+add(
+    "linalg_qr",
+    lambda m, A: tuple(m.linalg.qr(A)),
+    lambda A: tuple(np.linalg.qr(A)),
+    lambda rng: [S((uni(rng, (2, 4, 3)),)), S((uni(rng, (3, 5)),))],
+    **_LINALG,
+)
+add(
+    "linalg_pinv_matrix_exp",
+    lambda m, A: (m.linalg.pinv(A), m.linalg.matrix_exp(A[..., :3, :])),
+    lambda A: (np.linalg.pinv(A), _expm_reference(A[..., :3, :])),
+    lambda rng: [S((uni(rng, (2, 4, 3)),))],
+    **_LINALG,
+)
+
+
+def _lu_reference(A: np.ndarray) -> tuple:
+    """P, L, U by Doolittle elimination with partial pivoting (as LAPACK's getrf)."""
+    n = A.shape[-1]
+    U, L, perm = A.astype(np.float64).copy(), np.eye(n), np.arange(n)
+    for j in range(n):
+        p = j + int(np.argmax(np.abs(U[j:, j])))
+        U[[j, p]], perm[[j, p]], L[[j, p], :j] = U[[p, j]], perm[[p, j]], L[[p, j], :j]
+        for i in range(j + 1, n):
+            L[i, j] = U[i, j] / U[j, j]
+            U[i] -= L[i, j] * U[j]
+    P = np.zeros((n, n))
+    P[perm, np.arange(n)] = 1
+    return P, L, np.triu(U)
+
+
+def _expm_reference(A: np.ndarray) -> np.ndarray:
+    """exp(A) by a long Taylor series after scaling by 2**-6, then squaring."""
+    x = A / 64.0
+    term = total = np.broadcast_to(np.eye(A.shape[-1]), A.shape)
+    for k in range(1, 25):
+        term = term @ x / k
+        total = total + term
+    for _ in range(6):
+        total = total @ total
+    return total
+
+
 OPS_BY_NAME = {e.name: e for e in OPS}
 assert len(OPS_BY_NAME) == len(OPS), "duplicate op table names"

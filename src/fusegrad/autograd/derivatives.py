@@ -25,9 +25,11 @@ must not use it), as PyTorch saves only what the gradients it will compute need.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
+from .. import dtypes as _dt
 from .. import ops as F
 from ..errors import AutogradError
 from ..ops.registry import vjp
@@ -624,3 +626,303 @@ def _fft_c2r(node, g):
         shape[last] = out.shape[last]
         out = out * F.tensor(weights.reshape(shape), dtype=g.dtype, device=g.device)
     return (out,)
+
+
+# ---- linear algebra (ops/decompositions.py) ---------------------------------------------------
+# PyTorch's formulas (FunctionsManual.cpp), in the op surface.  A factorization with several
+# outputs is one primitive per output: each rule is the part of the joint formula that its
+# output's gradient contributes (the joint formula is linear in the outputs' gradients), and
+# recomputes the sibling outputs it needs from the saved input.
+
+
+def _zero_grad_like_input(node, g):
+    """A piecewise-constant function of a matrix (the sign of its determinant): zeros."""
+    return (F.zeros(node.input_shapes[0], dtype=node.input_dtypes[0], device=g.device),)
+
+
+def _lin(name, *inputs, **attrs):
+    return F.apply(F.REGISTRY[name], inputs, attrs)
+
+
+def _eye_like(A):
+    n = A.shape[-1]
+    return F.eye(n, dtype=A.dtype, device=A.device).expand(tuple(A.shape))
+
+
+def _solve_unchecked(A, B):
+    """``A^-1 B`` that gives inf / nan for a singular ``A`` instead of raising (rules run on
+    whatever the forward accepted)."""
+    return _lin("linalg_solve", A, B, check=None)
+
+
+def _tri(A, B, upper, left=True, unitriangular=False):
+    return _lin(
+        "linalg_solve_triangular", A, B, upper=upper, left=left, unitriangular=unitriangular
+    )
+
+
+@vjp("linalg_solve", save={"A": "A B", "out": "A"})
+def _linalg_solve(node, g, A, out):
+    gB = _solve_unchecked(A.mH, g)
+    need = node.needs_input_grad
+    return (-(gB @ out.mH) if need[0] else None, gB if need[1] else None)
+
+
+@vjp("linalg_solve_triangular", save={"A": "A B", "out": "A"})
+def _linalg_solve_triangular(node, g, A, out):
+    a = node.attrs
+    upper, left, unit = a["upper"], a["left"], a["unitriangular"]
+    gB = _tri(A.mH, g, not upper, left, unit)
+    gA = None
+    if node.needs_input_grad[0]:
+        gA = -(gB @ out.mH) if left else -(out.mH @ gB)
+        gA = gA.triu(int(unit)) if upper else gA.tril(-int(unit))
+    return (gA, gB if node.needs_input_grad[1] else None)
+
+
+@vjp("linalg_cholesky", save="out")
+def _linalg_cholesky(node, g, L):
+    # tril(L^H gL), made Hermitian with half its diagonal, conjugated by L^-1
+    gA = (L.mH @ g).tril()
+    gA = (gA + gA.tril(-1).mH) * 0.5
+    gA = _tri(L.mH, gA, True, True)
+    return (_tri(L, gA, False, False),)
+
+
+@vjp("linalg_lu_factor", save="A out")
+def _linalg_lu_factor(node, g, A, LU):
+    m, n = A.shape[-2], A.shape[-1]
+    if m != n:
+        raise AutogradError(
+            f"lu_factor: the derivative is implemented for square matrices; got {m} x {n}"
+        )
+    pivots = _lin("linalg_lu_pivots", A.detach())
+    P = _lin("linalg_lu_permutation", pivots, m=m, dtype=A.dtype)
+    L = LU.tril(-1) + _eye_like(LU)
+    U = LU.triu()
+    # A = P L U: gA = P L^-H [tril(L^H gL, -1) + triu(gU U^H)] U^-H
+    gR = (L.mH @ g.tril(-1)).tril(-1) + (g.triu() @ U.mH).triu()
+    gA = _tri(L.mH, gR, True, True, True)
+    gA = _tri(U.mH, gA, False, False)
+    return (P @ gA,)
+
+
+@vjp("linalg_det", save="A")
+def _linalg_det(node, g, A):
+    # the adjugate from the SVD A = U S Vh: adj(A)^H = conj(det U det Vh) U diag(prod_{j!=i}
+    # s_j) Vh, exact for singular A as well (PyTorch's singular-case formula)
+    U = _lin("linalg_svd_u", A, full_matrices=False)
+    S = _lin("linalg_svd_s", A)
+    Vh = _lin("linalg_svd_vh", A, full_matrices=False)
+    phase = (_lin("linalg_det", U) * _lin("linalg_det", Vh)).conj()
+    prod = S.prod(-1)
+    node_like = SimpleNamespace(
+        input_shapes=(tuple(S.shape),), attrs={"dim": (S.ndim - 1,), "keepdim": False}
+    )
+    (others,) = _prod(node_like, F.ones_like(prod), S, prod)  # prod_{j != i} s_j, exact with zeros
+    cofactor = (U * others.unsqueeze(-2).to(U.dtype)) @ Vh
+    return (cofactor * (g * phase).unsqueeze(-1).unsqueeze(-1),)
+
+
+vjp("linalg_slogdet_sign")(_zero_grad_like_input)
+
+
+@vjp("linalg_logabsdet", save="A")
+def _linalg_logabsdet(node, g, A):
+    return (_solve_unchecked(A.mH, _eye_like(A)) * g.unsqueeze(-1).unsqueeze(-1),)
+
+
+def _eigh_parts(node, A):
+    upper = node.attrs["upper"]
+    return (
+        _lin("linalg_eigh_values", A, upper=upper),
+        _lin("linalg_eigh_vectors", A, upper=upper),
+    )
+
+
+@vjp("linalg_eigh_values", save="A")
+def _linalg_eigh_values(node, g, A):
+    V = _lin("linalg_eigh_vectors", A, upper=node.attrs["upper"])
+    return ((V * g.unsqueeze(-2).to(V.dtype)) @ V.mH,)
+
+
+def _off_diagonal_reciprocal(E):
+    """1 / E off the diagonal (inf where E is 0: PyTorch's nan gradients for repeated
+    eigenvalues or singular values), 0 on it."""
+    n = E.shape[-1]
+    eye = F.eye(n, dtype=_dt.bool_, device=E.device)
+    return F.where(eye, 0.0, (F.where(eye, 1.0, E)).reciprocal())
+
+
+@vjp("linalg_eigh_vectors", save="A")
+def _linalg_eigh_vectors(node, g, A):
+    L, V = _eigh_parts(node, A)
+    VhgV = V.mH @ g
+    skew = (VhgV - VhgV.mH) * 0.5
+    E = L.unsqueeze(-2) - L.unsqueeze(-1)  # E[i, j] = L[j] - L[i]
+    inner = skew * _off_diagonal_reciprocal(E).to(skew.dtype)
+    return (V @ inner @ V.mH,)
+
+
+@vjp("linalg_eig_values", save="A")
+def _linalg_eig_values(node, g, A):
+    V = _lin("linalg_eig_vectors", A)
+    return (_solve_unchecked(V.mH, g.unsqueeze(-1) * V.mH),)
+
+
+@vjp("linalg_eig_vectors", save="A")
+def _linalg_eig_vectors(node, g, A):
+    L = _lin("linalg_eig_values", A)
+    V = _lin("linalg_eig_vectors", A)
+    VhgV = V.mH @ g
+    diagonal = VhgV.diagonal(0, -2, -1).real.to(V.dtype)
+    # project onto the tangent space of matrices with unit-norm columns
+    VhgV = VhgV - V.mH @ (V * diagonal.unsqueeze(-2))
+    Lc = L.conj()
+    E = Lc.unsqueeze(-2) - Lc.unsqueeze(-1)
+    n = E.shape[-1]
+    eye = F.eye(n, dtype=_dt.bool_, device=E.device)
+    inner = VhgV / F.where(eye, 1.0, E)
+    return (_solve_unchecked(V.mH, inner @ V.mH),)
+
+
+def _svd_parts(A):
+    return (
+        _lin("linalg_svd_u", A, full_matrices=False),
+        _lin("linalg_svd_s", A),
+        _lin("linalg_svd_vh", A, full_matrices=False),
+    )
+
+
+@vjp("linalg_svd_s", save="A")
+def _linalg_svd_s(node, g, A):
+    U, _, Vh = _svd_parts(A)
+    return ((U * g.unsqueeze(-2).to(U.dtype)) @ Vh,)
+
+
+def _svd_denominator(S):
+    S2 = S * S
+    return S2.unsqueeze(-2) - S2.unsqueeze(-1)  # E[i, j] = s_j^2 - s_i^2
+
+
+@vjp("linalg_svd_u", save="A")
+def _linalg_svd_u(node, g, A):
+    U, S, Vh = _svd_parts(A)
+    k = S.shape[-1]
+    if node.attrs["full_matrices"]:
+        g = g.narrow(-1, 0, k)  # (the extra columns of a full U are not differentiable)
+    m = U.shape[-2]
+    UhgU = U.mH @ g
+    UhgU = UhgU - UhgU.mH
+    Sc = S.to(U.dtype)
+    inner = (UhgU * _off_diagonal_reciprocal(_svd_denominator(S)).to(U.dtype)) * Sc.unsqueeze(-2)
+    if U.is_complex():
+        inner = inner + F.diag_embed(UhgU.diagonal(0, -2, -1) / (Sc * 2.0))
+    gA = U @ inner
+    if m > k:
+        gUSinv = g / Sc.unsqueeze(-2)
+        gA = gA + gUSinv - U @ (U.mH @ gUSinv)
+    return (gA @ Vh,)
+
+
+@vjp("linalg_svd_vh", save="A")
+def _linalg_svd_vh(node, g, A):
+    U, S, Vh = _svd_parts(A)
+    k = S.shape[-1]
+    if node.attrs["full_matrices"]:
+        g = g.narrow(-2, 0, k)
+    n = Vh.shape[-1]
+    VhgV = Vh @ g.mH
+    VhgV = VhgV - VhgV.mH
+    Sc = S.to(U.dtype)
+    inner = Sc.unsqueeze(-1) * (VhgV * _off_diagonal_reciprocal(_svd_denominator(S)).to(U.dtype))
+    gA = inner @ Vh
+    if n > k:
+        SinvgVh = g / Sc.unsqueeze(-1)
+        gA = gA + SinvgVh - (SinvgVh @ Vh.mH) @ Vh
+    return (U @ gA,)
+
+
+def _copyltu(M):
+    """The Hermitian matrix with ``M``'s strictly lower triangle and the real part of its
+    diagonal."""
+    low = M.tril(-1)
+    diagonal = M.diagonal(0, -2, -1)
+    if M.is_complex():
+        diagonal = diagonal.real.to(M.dtype)
+    return low + low.mH + F.diag_embed(diagonal)
+
+
+def _qr_square_backward(gQ, gR, Q, R):
+    """gA of A = Q R with R square (k x k) and Q (m x k), m >= k."""
+    M = 0.0
+    if gR is not None:
+        M = R @ gR.mH
+    if gQ is not None:
+        M = M - gQ.mH @ Q
+    b = Q @ _copyltu(M)
+    if gQ is not None:
+        b = b + gQ
+    return _tri(R.mH, b, False, False)  # b R^-H
+
+
+def _linalg_qr(node, A, gQ, gR):
+    mode = node.attrs["mode"]
+    m, n = A.shape[-2], A.shape[-1]
+    if mode == "complete" and m > n:
+        raise AutogradError(
+            "The QR decomposition is not differentiable when mode='complete' and nrows > ncols."
+        )
+    Q = _lin("linalg_qr_q", A, mode="reduced")
+    R = _lin("linalg_qr_r", A, mode="reduced")
+    if m >= n:
+        return _qr_square_backward(gQ, gR, Q, R)
+    # A = Q [X Y] with X m x m: X's factorization, and Y = Q R2 passes through
+    R1 = R.narrow(-1, 0, m)
+    Y = A.narrow(-1, m, n - m)
+    gR1 = gR.narrow(-1, 0, m) if gR is not None else None
+    gR2 = gR.narrow(-1, m, n - m) if gR is not None else None
+    gQ_eff = gQ
+    if gR2 is not None:
+        extra = Y @ gR2.mH
+        gQ_eff = extra if gQ_eff is None else gQ_eff + extra
+    gX = _qr_square_backward(gQ_eff, gR1, Q, R1)
+    gY = Q @ gR2 if gR2 is not None else F.zeros_like(Y)
+    return F.cat([gX, gY], -1)
+
+
+@vjp("linalg_qr_q", save="A")
+def _linalg_qr_q(node, g, A):
+    return (_linalg_qr(node, A, g, None),)
+
+
+@vjp("linalg_qr_r", save="A")
+def _linalg_qr_r(node, g, A):
+    return (_linalg_qr(node, A, None, g),)
+
+
+@vjp("linalg_pinv", save="A out")
+def _linalg_pinv(node, g, A, pinvA):
+    m, n = A.shape[-2], A.shape[-1]
+    pinvAh = pinvA.mH
+    gh = g.mH
+    if m <= n:
+        K = gh @ pinvA
+        KpinvAh = K @ pinvAh
+        gA = -(pinvA @ K).mH + KpinvAh - (A @ pinvA) @ KpinvAh + (pinvAh @ pinvA) @ (gh - K @ A)
+    else:
+        K = pinvA @ gh
+        pinvAhK = pinvAh @ K
+        gA = -(K @ pinvA).mH + (gh - A @ K) @ pinvA @ pinvAh + pinvAhK - pinvAhK @ pinvA @ A
+    return (gA,)
+
+
+@vjp("linalg_matrix_exp", save="A")
+def _linalg_matrix_exp(node, g, A):
+    # the gradient of exp at A along g is the upper right block of exp([[A^H, g], [0, A^H]])
+    n = A.shape[-1]
+    Ah = A.mH
+    top = F.cat([Ah, g], -1)
+    bottom = F.cat([F.zeros_like(Ah), Ah], -1)
+    big = _lin("linalg_matrix_exp", F.cat([top, bottom], -2))
+    return (big.narrow(-2, 0, n).narrow(-1, n, n),)

@@ -340,3 +340,59 @@ _linear("complex", None)
 
 for _name in ("fft_c2c", "fft_r2c", "fft_c2r"):
     _linear(_name)
+
+# ---- linear algebra ------------------------------------------------------------------------------
+
+
+@jvp("linalg_solve")
+def _linalg_solve(p, t, out, attrs):
+    # A X = B: A dX = dB - dA X
+    A, _ = p
+    tA, tB = t
+    rhs = _add(tB, -(tA @ out) if tA is not None else None)
+    return _apply(REGISTRY["linalg_solve"], (A, rhs), {"check": None})
+
+
+@jvp("linalg_solve_triangular")
+def _linalg_solve_triangular(p, t, out, attrs):
+    A, _ = p
+    tA, tB = t
+    if tA is not None:  # only the triangle the solve reads
+        upper, unit = attrs["upper"], attrs["unitriangular"]
+        tA = tA.triu(int(unit)) if upper else tA.tril(-int(unit))
+        tA = -(tA @ out) if attrs["left"] else -(out @ tA)
+    return _apply(REGISTRY["linalg_solve_triangular"], (A, _add(tB, tA)), attrs)
+
+
+jvp("linalg_slogdet_sign")(_zero_tangent)
+
+
+@jvp("linalg_logabsdet")
+def _linalg_logabsdet(p, t, out, attrs):
+    # d log|det A| = Re tr(A^-1 dA)
+    A = p[0]
+    X = _apply(REGISTRY["linalg_solve"], (A, t[0]), {"check": None})
+    trace = X.diagonal(0, -2, -1).sum(-1)
+    return trace.real if trace.is_complex() else trace
+
+
+@jvp("linalg_matrix_exp")
+def _linalg_matrix_exp(p, t, out, attrs):
+    # the upper right block of exp([[A, dA], [0, A]])
+    A = p[0]
+    n = A.shape[-1]
+    top = F.cat([A, t[0]], -1)
+    bottom = F.cat([F.zeros_like(A), A], -1)
+    big = _apply(REGISTRY["linalg_matrix_exp"], (F.cat([top, bottom], -2),), {})
+    return big.narrow(-2, 0, n).narrow(-1, n, n)
+
+
+for _name in (
+    "linalg_cholesky linalg_lu_factor linalg_det linalg_eigh_values linalg_eigh_vectors "
+    "linalg_eig_values linalg_eig_vectors linalg_svd_u linalg_svd_s linalg_svd_vh linalg_qr_q "
+    "linalg_qr_r linalg_pinv"
+).split():
+    UNSUPPORTED[_name] = (
+        "forward-mode rules of the factorizations are not written yet (their reverse-mode rules "
+        "are, and differentiate twice)"
+    )

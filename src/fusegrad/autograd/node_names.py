@@ -87,6 +87,23 @@ PRIMITIVE_NAMES: dict[str, str | Callable[[Any], str]] = {
     "fft_c2c": "FftC2CBackward0",
     "fft_r2c": "FftR2CBackward0",
     "fft_c2r": "FftC2RBackward0",
+    "linalg_solve": "LinalgSolveExBackward0",
+    "linalg_solve_triangular": "LinalgSolveTriangularBackward0",
+    "linalg_cholesky": "LinalgCholeskyExBackward0",
+    "linalg_lu_factor": "LinalgLuFactorExBackward0",
+    "linalg_det": "LinalgDetBackward0",
+    "linalg_logabsdet": "LinalgSlogdetBackward0",
+    "linalg_eigh_values": "LinalgEighBackward0",
+    "linalg_eigh_vectors": "LinalgEighBackward0",
+    "linalg_eig_values": "LinalgEigBackward0",
+    "linalg_eig_vectors": "LinalgEigBackward0",
+    "linalg_svd_u": "LinalgSvdBackward0",
+    "linalg_svd_s": "LinalgSvdBackward0",
+    "linalg_svd_vh": "LinalgSvdBackward0",
+    "linalg_qr_q": "LinalgQrBackward0",
+    "linalg_qr_r": "LinalgQrBackward0",
+    "linalg_pinv": "LinalgPinvBackward0",
+    "linalg_matrix_exp": "LinalgMatrixExpBackward0",
 }
 
 

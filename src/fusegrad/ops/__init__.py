@@ -35,6 +35,7 @@ from ..tensor import DEFAULT as _DEFAULT_VIEW
 from ..tensor import Tensor, _ViewTensor
 from ..tensor import view_rebase_error as _view_rebase_error
 from . import _util, registry
+from . import decompositions as _decompositions  # noqa: F401  (fusegrad.linalg's primitives)
 from . import primitives as _primitives  # noqa: F401  (registers kernels)
 from . import spectral as _spectral  # noqa: F401  (the FFT primitives of fusegrad.fft)
 from ._util import cast, to_tensor
