@@ -77,6 +77,8 @@ from .symbolic import FakeArray, Guard, NeedsData, ShapeEnv
 
 # float16/bfloat16 values: numba has no CPU half type, so graphs holding them run eagerly
 _HALF_REASON = "a float16/bfloat16 value (compiled programs take no half dtypes: eager)"
+# complex values: the lowering table has real scalar expressions only (docs/complex.md)
+_COMPLEX_REASON = "a complex value (compiled programs take no complex dtypes: eager)"
 
 
 class Fallback(Exception):
@@ -209,6 +211,8 @@ class Recorder(Tracer):
             raise Fallback(f"{prim.name} in {self.current}: {e}") from None
         if dtype in _dt.HALF or any(v.dtype in _dt.HALF for v in values):
             raise Fallback(f"{prim.name} in {self.current}: {_HALF_REASON}")
+        if dtype.is_complex or any(v.dtype.is_complex for v in values):
+            raise Fallback(f"{prim.name} in {self.current}: {_COMPLEX_REASON}")
         value = graph.add(
             prim.name,
             tuple(values),

@@ -420,6 +420,11 @@ class Recorder(Tracer):
                 f"{prim.name} at {_user_line()}: a float16/bfloat16 value (compiled programs "
                 "take no half dtypes)"
             )
+        if dtype.is_complex or any(v.dtype.is_complex for v in values):
+            raise StepBreak(
+                f"{prim.name} at {_user_line()}: a complex value (compiled programs take no "
+                "complex dtypes)"
+            )
         try:
             value = self.graph.add(prim.name, values, attrs, arr.shape, out._dtype)
         except TypeError:

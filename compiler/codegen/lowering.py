@@ -21,6 +21,7 @@ import hashlib
 import inspect
 from functools import cache
 
+from fusegrad.ops import decompositions as _decompositions
 from fusegrad.ops.registry import REGISTRY, ScalarFunction
 
 EXPRESSIONS: dict[str, str] = {
@@ -106,6 +107,15 @@ EXTERNS = frozenset(
         "to_device",  # a host <-> device copy
     }
 )
+# the mathematical surface's primitives, computed by their eager kernels between fused loops:
+# complex numbers (ops/complex.py; never compiled in fact, since a graph holding a complex value
+# runs eagerly, but each still has its one lowering), fusegrad.fft (ops/spectral.py) and
+# fusegrad.linalg (ops/decompositions.py: LAPACK through numpy)
+MATH_EXTERNS = frozenset(
+    "conj_physical real imag complex view_as_real view_as_complex fft_c2c fft_r2c fft_c2r".split()
+    + _decompositions.NAMES
+)
+EXTERNS = EXTERNS | MATH_EXTERNS
 # ``broadcast_to`` is also fused (as a broadcasting read) when its consumer is in a kernel;
 # standing alone it is an extern (a numpy view).
 # ``sum``/``sum_to`` over integer values and reductions that cannot fuse run as externs too.

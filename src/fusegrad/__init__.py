@@ -60,6 +60,8 @@ from .autograd import jvps as _jvps  # the forward-mode rule table, beside it
 from .device import device
 from .dtypes import bool_ as bool  # noqa: A001  (torch-style name)
 from .dtypes import (
+    complex64,
+    complex128,
     dtype,
     float16,
     float32,
@@ -195,6 +197,10 @@ from .ops import (  # noqa: E402
     zeros_like,
 )
 from .ops.composites import range  # noqa: A004,E402  (torch.range; not in ops' __all__)
+
+# ``from .ops import *`` brought the op surface's module ``ops.linalg`` (matmul, einsum, ...) in
+# under the name of the ``fusegrad.linalg`` package, which loads on first use instead
+globals().pop("linalg", None)
 from .runtime import *  # noqa: F401,F403,E402  (constants, dtype queries, settings)
 from .size import Size
 from .tensor import Tensor
@@ -206,6 +212,8 @@ if _dtypes.bfloat16 is not None:  # (with the optional ml_dtypes package)
     bfloat16 = _dtypes.bfloat16
 long = int64
 int = int32  # noqa: A001
+cfloat = complex64
+cdouble = complex128
 
 __version__ = "0.1.0"
 
@@ -228,9 +236,15 @@ _FUNCTIONAL_AT_TOP_LEVEL = frozenset(
 )
 
 
+# subpackages loaded on first use (``fusegrad.nn``, ``fusegrad.fft``, ...)
+_SUBPACKAGES = frozenset(
+    "nn optim utils viz distributed amp backends accelerator fft linalg".split()
+)
+
+
 def __getattr__(name: str) -> Any:
     # Heavy or optional subpackages load on first use, keeping ``import fusegrad`` light.
-    if name in ("nn", "optim", "utils", "viz", "distributed", "amp", "backends", "accelerator"):
+    if name in _SUBPACKAGES:
         return importlib.import_module(f".{name}", __name__)
     if name in ("autocast", "is_autocast_enabled", "get_autocast_dtype"):
         return getattr(importlib.import_module(".amp", __name__), name)

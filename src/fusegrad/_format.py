@@ -1,10 +1,10 @@
 """PyTorch-like printing: ``tensor([1., 2.], requires_grad=True)``, ``grad_fn=<MulBackward0>``.
 
 The layout follows ``torch/_tensor_str.py`` so that printed tensors look the same as in PyTorch:
-one formatter per tensor decides between integer-valued (``1.``), fixed (``1.5000``) and
-scientific (``1.0000e-05``) notation from the nonzero finite values, every element is padded to
-the widest one, lines wrap at 80 columns, and tensors with more than 1000 elements are
-summarised with 3 edge items per dimension.
+one formatter per tensor (two for complex ones: real and imaginary parts) decides between
+integer-valued (``1.``), fixed (``1.5000``) and scientific (``1.0000e-05``) notation from the
+nonzero finite values, every element is padded to the widest one, lines wrap at 80 columns,
+and tensors with more than 1000 elements are summarised with 3 edge items per dimension.
 """
 
 from __future__ import annotations
@@ -114,6 +114,26 @@ class _Formatter:
         return (self.max_width - len(text)) * " " + text
 
 
+class _ComplexFormatter:
+    """PyTorch's layout of complex elements: the real parts padded to their common width, the
+    imaginary parts (formatted on their own) signed and followed by ``j``."""
+
+    def __init__(self, arr: np.ndarray) -> None:
+        self.real = _Formatter(arr.real)
+        self.imag = _Formatter(arr.imag)
+
+    def width(self) -> int:
+        return self.real.width() + self.imag.width() + 1  # (+ the "j")
+
+    def format(self, value: Any) -> str:
+        value = complex(value)
+        real_str = self.real.format(value.real)
+        imag_str = (self.imag.format(value.imag) + "j").lstrip()
+        if imag_str[0] in "+-":
+            return real_str + imag_str
+        return real_str + "+" + imag_str
+
+
 def _summarized(arr: np.ndarray) -> np.ndarray:
     """The elements that will be shown (edge items of every dimension)."""
     if arr.ndim == 0:
@@ -131,7 +151,7 @@ def _summarized(arr: np.ndarray) -> np.ndarray:
     return np.stack([_summarized(arr[i]) for i in rows])
 
 
-def _vector_str(arr: np.ndarray, indent: int, summarize: bool, fmt: _Formatter) -> str:
+def _vector_str(arr: np.ndarray, indent: int, summarize: bool, fmt: Any) -> str:
     per_line = max(1, (OPTIONS.linewidth - indent) // (fmt.width() + 2))
     if summarize and arr.shape[0] > 2 * OPTIONS.edgeitems:
         data = (
@@ -145,7 +165,7 @@ def _vector_str(arr: np.ndarray, indent: int, summarize: bool, fmt: _Formatter) 
     return "[" + ("," + "\n" + " " * (indent + 1)).join(lines) + "]"
 
 
-def _tensor_str(arr: np.ndarray, indent: int, summarize: bool, fmt: _Formatter) -> str:
+def _tensor_str(arr: np.ndarray, indent: int, summarize: bool, fmt: Any) -> str:
     if arr.ndim == 0:
         return fmt.format(arr.item())
     if arr.ndim == 1:
@@ -199,10 +219,12 @@ def format_tensor(t: Any) -> str:
             suffixes.append(dtype_suffix)
         body = "[]"
     else:
-        if t.dtype not in (_dt.get_default_dtype(), _dt.int64, _dt.bool_):
+        default = (_dt.get_default_dtype(), _dt.get_default_complex_dtype(), _dt.int64, _dt.bool_)
+        if t.dtype not in default:
             suffixes.append(dtype_suffix)
         summarize = arr.size > OPTIONS.threshold
-        fmt = _Formatter(_summarized(arr) if summarize else arr)
+        shown = _summarized(arr) if summarize else arr
+        fmt = _ComplexFormatter(shown) if arr.dtype.kind == "c" else _Formatter(shown)
         body = _tensor_str(arr, indent, summarize, fmt)
     if t.grad_fn is not None:
         suffixes.append(f"grad_fn=<{t.grad_fn.name()}>")

@@ -1,18 +1,21 @@
 """dtypes and PyTorch type promotion.
 
-fusegrad has six dtypes (float32 default, float64, float16, int32, int64, bool), each a thin
-record around a numpy dtype, and a seventh, bfloat16, when the optional ``ml_dtypes`` package is
-installed (numpy has no bfloat16; ``ml_dtypes`` adds it with numpy's arithmetic).  float16 and
-bfloat16 are storage and eager-compute dtypes: numpy computes each elementwise op on them in
-float32 and rounds (as PyTorch's CPU kernels do), but reductions accumulate in the narrow type
-where numpy does (PyTorch accumulates in float32), and compiled programs do not take them (numba
-has no CPU half type): a backward or whole step that meets one runs eagerly, with that reason.
+fusegrad has eight dtypes (float32 default, float64, float16, int32, int64, bool, complex64,
+complex128), each a thin record around a numpy dtype, and a ninth, bfloat16, when the optional
+``ml_dtypes`` package is installed (numpy has no bfloat16; ``ml_dtypes`` adds it with numpy's
+arithmetic).  float16 and bfloat16 are storage and eager-compute dtypes: numpy computes each
+elementwise op on them in float32 and rounds (as PyTorch's CPU kernels do), but reductions
+accumulate in the narrow type where numpy does (PyTorch accumulates in float32), and compiled
+programs do not take them (numba has no CPU half type): a backward or whole step that meets one
+runs eagerly, with that reason.
 
 ``result_type`` implements PyTorch's promotion: operands are ranked by
-category (bool < integer < floating); within the highest category present, dimensioned tensors
-win over 0-d tensors, which win over Python scalars ("wrapped numbers").  A Python scalar never
-upcasts a tensor of its own category (``float32 * 2.0`` stays float32); a scalar of a higher
-category gives the default dtype of that category (``int_tensor * 2.5`` is float32).
+category (bool < integer < floating < complex); within the highest category present, dimensioned
+tensors win over 0-d tensors, which win over Python scalars ("wrapped numbers").  A Python scalar
+never upcasts a tensor of its own category (``float32 * 2.0`` stays float32); a scalar of a higher
+category gives the default dtype of that category (``int_tensor * 2.5`` is float32).  A complex
+operand that wins over a floating one keeps that one's precision (``float64 * 1j`` is
+complex128).  docs/complex.md describes the complex dtypes.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ class dtype:  # noqa: N801 - torch-style lowercase name
     # identity is fast (dtypes are hashed in every compiled backward's cache key)
     name: str
     np: np.dtype
-    category: int  # 0 bool, 1 integer, 2 floating
+    category: int  # 0 bool, 1 integer, 2 floating, 3 complex
     itemsize: int
 
     @property
@@ -37,7 +40,20 @@ class dtype:  # noqa: N801 - torch-style lowercase name
 
     @property
     def is_complex(self) -> bool:
-        return False  # fusegrad has no complex dtypes
+        return self.category == 3
+
+    def to_real(self) -> dtype:
+        """The dtype of a complex dtype's real and imaginary parts (itself for the others)."""
+        return _REAL_OF.get(self, self)
+
+    def to_complex(self) -> dtype:
+        """The complex dtype whose parts have this floating dtype (itself for complex ones);
+        float16 and bfloat16 give complex64 (fusegrad has no complex32)."""
+        if self.category == 3:
+            return self
+        if self.category != 2:
+            raise TypeError(f"to_complex: expected a floating point dtype, got {self.name}")
+        return complex128 if self.itemsize == 8 else complex64
 
     @property
     def is_signed(self) -> bool:
@@ -58,6 +74,10 @@ float32 = dtype("float32", np.dtype(np.float32), 2, 4)
 float64 = dtype("float64", np.dtype(np.float64), 2, 8)
 
 float16 = dtype("float16", np.dtype(np.float16), 2, 2)
+# complex: a real and an imaginary part of float32 / float64 (numpy's layout, as PyTorch's)
+complex64 = dtype("complex64", np.dtype(np.complex64), 3, 8)
+complex128 = dtype("complex128", np.dtype(np.complex128), 3, 16)
+_REAL_OF = {complex64: float32, complex128: float64}
 
 try:  # bfloat16: only with the optional ml_dtypes package (numpy has none)
     import ml_dtypes as _ml_dtypes
@@ -68,18 +88,27 @@ bfloat16: dtype | None = (
     dtype("bfloat16", np.dtype(_ml_dtypes.bfloat16), 2, 2) if _ml_dtypes is not None else None
 )
 
-ALL = (bool_, int32, int64, float32, float64, float16) + ((bfloat16,) if bfloat16 else ())
+ALL = (bool_, int32, int64, float32, float64, float16, complex64, complex128) + (
+    (bfloat16,) if bfloat16 else ()
+)
+COMPLEX = (complex64, complex128)
 # the half dtypes: eager only (compiled programs fall back, see the module docstring)
 HALF = tuple(d for d in (float16, bfloat16) if d is not None)
 _BY_NP = {d.np: d for d in ALL}
 _BY_NAME = {d.name: d for d in ALL}
 _BY_NAME.update({"float": float32, "double": float64, "long": int64, "int": int32, "half": float16})
+_BY_NAME.update({"cfloat": complex64, "cdouble": complex128})
 
 _default_float = float32
 
 
 def get_default_dtype() -> dtype:
     return _default_float
+
+
+def get_default_complex_dtype() -> dtype:
+    """complex128 when the default float dtype is float64, else complex64 (PyTorch's rule)."""
+    return complex128 if _default_float is float64 else complex64
 
 
 def set_default_dtype(d: dtype) -> None:
@@ -100,6 +129,8 @@ def as_dtype(d: object) -> dtype:
         return int64
     if d is bool:
         return bool_
+    if d is complex:
+        return get_default_complex_dtype()
     if isinstance(d, str) and d in _BY_NAME:
         return _BY_NAME[d]
     try:
@@ -116,6 +147,8 @@ def as_dtype(d: object) -> dtype:
             return float64 if npd.itemsize > 4 else float32
         if npd.kind in "iu":
             return int64 if npd.itemsize > 4 else int32
+        if npd.kind == "c":
+            return complex128 if npd.itemsize > 8 else complex64
     raise TypeError(f"unsupported dtype {d!r}; expected one of {', '.join(x.name for x in ALL)}")
 
 
@@ -130,16 +163,26 @@ def _scalar_category(x: object) -> int:
         return 1
     if isinstance(x, (float, np.floating)):
         return 2
+    if isinstance(x, (complex, np.complexfloating)):
+        return 3
     raise TypeError(f"unsupported scalar type {type(x).__name__}")
 
 
 def _default_for(category: int) -> dtype:
-    return (bool_, int64, _default_float)[category]
+    return (bool_, int64, _default_float, get_default_complex_dtype())[category]
 
 
 def _promote_pair(a: dtype, b: dtype) -> dtype:
     if a is b:
         return a
+    if a.category == 3 or b.category == 3:
+        # complex with anything: complex, wide enough for both parts (complex64 with float64
+        # is complex128); complex with an integer or bool keeps its own precision
+        ra = a.to_real() if a.category >= 2 else None
+        rb = b.to_real() if b.category >= 2 else None
+        if ra is None or rb is None:
+            return a if a.category == 3 else b
+        return _promote_pair(ra, rb).to_complex()
     if a.category != b.category:
         return a if a.category > b.category else b
     if a.itemsize == b.itemsize == 2:
@@ -147,33 +190,53 @@ def _promote_pair(a: dtype, b: dtype) -> dtype:
     return a if a.itemsize >= b.itemsize else b
 
 
+def _combine(higher: dtype | None, lower: dtype | None) -> dtype | None:
+    """The result of operands of a higher priority class (dimensioned tensors over 0-d ones,
+    0-d ones over scalars) with those of a lower one (PyTorch's ``combine_categories``): the
+    lower class only matters when its category is above the higher's, and a complex lower
+    class meeting a floating higher one keeps the higher one's precision."""
+    if higher is None:
+        return lower
+    if lower is None or higher.category == 3:
+        return higher
+    if lower.category == 3:
+        return higher.to_complex() if higher.category == 2 else lower
+    if higher.category == 2:
+        return higher
+    if higher is bool_ or lower.category == 2:
+        return _promote_pair(higher, lower)
+    return higher
+
+
 def result_type(*operands: object) -> dtype:
     """PyTorch promotion over tensors (anything with ``.dtype`` and ``.ndim``) and scalars."""
     dim_t: dtype | None = None
     zero_t: dtype | None = None
-    wrapped_t: dtype | None = None
-    scalar_cat = -1
+    wrapped_t: dtype | None = None  # the wrapped numbers' own dtypes
+    weak: dtype | None = None  # scalars and wrapped numbers, as their category's default
     for x in operands:
         d = getattr(x, "dtype", None)
         if isinstance(d, dtype):
             if getattr(x, "_wrapped_number", False):
-                scalar_cat = max(scalar_cat, d.category)
                 wrapped_t = d if wrapped_t is None else _promote_pair(wrapped_t, d)
+                s = _default_for(d.category)
+                weak = s if weak is None else _promote_pair(weak, s)
             elif x.ndim == 0:  # type: ignore[attr-defined]
                 zero_t = d if zero_t is None else _promote_pair(zero_t, d)
             else:
                 dim_t = d if dim_t is None else _promote_pair(dim_t, d)
         else:
-            scalar_cat = max(scalar_cat, _scalar_category(x))
-    result = dim_t
-    if zero_t is not None and (result is None or zero_t.category > result.category):
-        result = zero_t
-    if result is None and wrapped_t is not None and wrapped_t.category >= scalar_cat:
-        # only weak operands, one of them an already-typed wrapped number (a scalar a primitive
-        # saved, e.g. pow's exponent inside its derivative rule): keep its precision
-        return wrapped_t
-    if scalar_cat >= 0 and (result is None or scalar_cat > result.category):
-        result = _default_for(scalar_cat)
-    if result is None:
-        raise TypeError("result_type: no operands")
+            s = _default_for(_scalar_category(x))
+            weak = s if weak is None else _promote_pair(weak, s)
+    if dim_t is None and zero_t is None:
+        if weak is None:
+            raise TypeError("result_type: no operands")
+        if wrapped_t is not None and wrapped_t.category >= weak.category:
+            # only weak operands, one of them an already-typed wrapped number (a scalar a
+            # primitive saved, e.g. pow's exponent inside its derivative rule): keep its
+            # precision
+            return wrapped_t
+        return weak
+    result = _combine(dim_t, _combine(zero_t, weak))
+    assert result is not None
     return result

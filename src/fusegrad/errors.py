@@ -31,6 +31,11 @@ class IndexOutOfRange(FusegradError, IndexError):
     """An index or ``dim`` outside the valid range."""
 
 
+class ComplexNotSupported(FusegradError, NotImplementedError):
+    """An op that PyTorch does not define for complex tensors (ordering, rounding, ``erf``,
+    ...) met one: a ``NotImplementedError``, as PyTorch raises for most of them."""
+
+
 def describe(*tensors: object) -> str:
     """``(3, 4) float32, (5,) int64`` for the given tensors (scalars as their Python type)."""
     parts = []

@@ -129,9 +129,7 @@ def is_floating_point(input: Tensor) -> bool:
 
 
 def is_complex(input: Tensor) -> bool:
-    """Always False: fusegrad has no complex dtypes."""
-    _tensor("is_complex", input)
-    return False
+    return _tensor("is_complex", input).dtype.is_complex
 
 
 def is_signed(input: Tensor) -> bool:
@@ -165,6 +163,8 @@ _TYPE_NAMES = {
     "int32": "torch.IntTensor",
     "int64": "torch.LongTensor",
     "bool": "torch.BoolTensor",
+    "complex64": "torch.ComplexFloatTensor",
+    "complex128": "torch.ComplexDoubleTensor",
 }
 
 

@@ -205,6 +205,9 @@ class Tensor:
     def is_floating_point(self) -> bool:
         return self._dtype.category == 2
 
+    def is_complex(self) -> bool:
+        return self._dtype.category == 3
+
     def element_size(self) -> int:
         return self._dtype.itemsize
 
@@ -259,9 +262,9 @@ class Tensor:
                     "use var_no_grad = var.detach()."
                 )
             return self
-        if requires_grad and self._dtype.category != 2:
+        if requires_grad and self._dtype.category < 2:
             raise DTypeError(
-                "only Tensors of floating point dtype can require gradients "
+                "only Tensors of floating point and complex dtype can require gradients "
                 f"(got {self._dtype.name} tensor of shape {tuple(self._data.shape)})"
             )
         if requires_grad and self._inference and not _grad_mode._state.inference:
@@ -503,6 +506,9 @@ class Tensor:
     def __int__(self) -> int:
         return int(self._scalar_value("Python int"))
 
+    def __complex__(self) -> complex:
+        return complex(self._scalar_value("Python complex"))
+
     def __index__(self) -> int:
         if self._dtype.category != 1 or self._data.size != 1:
             raise TypeError("only integer tensors of a single element can be converted to an index")
@@ -639,6 +645,13 @@ def _infer(data: Any, dtype_given: bool = False) -> np.ndarray:
             arr = arr.astype(_dt.get_default_dtype().np)
         else:
             arr = arr.astype(_dt.as_dtype(widest).np)
+    elif arr.dtype.kind == "c" and not isinstance(data, np.generic):
+        # Python complex numbers are the default complex dtype (complex64 beside float32);
+        # numpy scalars inside a list keep their own precision, as for floats
+        typed = [e.dtype for e in _flat(data) if isinstance(e, (np.floating, np.complexfloating))]
+        wide = any(d.itemsize >= (16 if d.kind == "c" else 8) for d in typed)
+        default = _dt.get_default_complex_dtype()
+        arr = arr.astype((_dt.complex128 if wide else default).np)
     elif arr.dtype.kind in "iu" and not isinstance(data, np.generic):
         arr = arr.astype(np.int64)
     elif arr.dtype.kind == "O":

@@ -4660,5 +4660,203 @@ add(
     lambda rng: [S((np.where(rng.random((4, 3)) < 0.3, np.nan, uni(rng, (4, 3))),))],
 )
 
+# complex numbers (docs/complex.md): real leaves in and real values out, complex in between, so
+# that every case runs through the table's float machinery (gradients reach the real leaves
+# through the complex rules); tests/ops/test_complex.py checks complex leaves themselves
+add(
+    "complex_abs",
+    lambda m, a, b: m.complex(a, b).abs(),
+    lambda a, b: np.abs(a + 1j * b),
+    binary(away, away, scalars=False),
+)
+add(
+    "complex_exp_parts",
+    lambda m, a, b: (m.complex(a, b).exp().real, m.complex(a, b).sin().imag),
+    lambda a, b: (np.exp(a + 1j * b).real, np.sin(a + 1j * b).imag),
+    binary(scalars=False),
+)
+
+
+def _torch_fails_empty(make: Callable) -> Callable:
+    """PyTorch 2.13's view_as_real backward refuses an empty gradient (its strides): those
+    cases are checked against numpy only."""
+
+    def samples(rng: np.random.Generator) -> list[Sample]:
+        out = make(rng)
+        for s in out:
+            if s.name == "empty":
+                s.torch = False
+        return out
+
+    return samples
+
+
+add(
+    "complex_mul_conj",
+    lambda m, a, b: m.view_as_real(m.complex(a, b) * m.complex(b, a).conj_physical()),
+    lambda a, b: np.stack(
+        [((a + 1j * b) * (b - 1j * a)).real, ((a + 1j * b) * (b - 1j * a)).imag], -1
+    ),
+    _torch_fails_empty(binary(scalars=False)),
+)
+add(
+    "view_as_complex",
+    lambda m, x: m.view_as_real(m.view_as_complex(x) * m.view_as_complex(x).sqrt()),
+    lambda x: np.stack(
+        [
+            ((x[..., 0] + 1j * x[..., 1]) ** 1.5).real,
+            ((x[..., 0] + 1j * x[..., 1]) ** 1.5).imag,
+        ],
+        -1,
+    ),
+    lambda rng: [S((away(rng, (3, 2)),)), S((away(rng, (2, 4, 2)),)), S((away(rng, (2,)),))],
+)
+add(
+    "complex_angle_sgn",
+    lambda m, a, b: (m.complex(a, b).angle(), m.view_as_real(m.complex(a, b).sgn())),
+    lambda a, b: (
+        np.angle(a + 1j * b),
+        np.stack([(a + 1j * b).real / np.abs(a + 1j * b), b / np.abs(a + 1j * b)], -1),
+    ),
+    _torch_fails_empty(binary(away, away, scalars=False)),
+)
+add(
+    "polar",
+    lambda m, r, theta: m.view_as_real(m.polar(r, theta)),
+    lambda r, theta: np.stack([r * np.cos(theta), r * np.sin(theta)], -1),
+    _torch_fails_empty(binary(pos, uni, scalars=False)),
+)
+add("angle_real", lambda m, x: m.angle(x), np.angle, unary(away), zero_grad=True)
+
+# fusegrad.fft (tests/test_fft.py covers every function, norm and size): real in, real out
+add(
+    "fft_circular_convolution",
+    lambda m, a, b: m.fft.irfft(m.fft.rfft(a) * m.fft.rfft(b), n=a.shape[-1]),
+    lambda a, b: np.fft.irfft(np.fft.rfft(a) * np.fft.rfft(b), n=a.shape[-1]),
+    lambda rng: [S((uni(rng, (3, 6)), uni(rng, (3, 6)))), S((uni(rng, (5,)), uni(rng, (5,))))],
+)
+add(
+    "fft_magnitude",
+    lambda m, x: m.fft.fftn(x, s=(4, 3), norm="ortho").abs(),
+    lambda x: np.abs(np.fft.fftn(x, s=(4, 3), axes=(-2, -1), norm="ortho")),
+    lambda rng: [S((uni(rng, (3, 5)),)), S((uni(rng, (2, 3, 2)),), noncontig=True)],
+)
+
+# fusegrad.linalg (tests/test_linalg.py covers every function, real and complex, batched):
+# well-conditioned inputs, and outputs that do not depend on the sign of eigen- or singular
+# vectors
+
+
+def _square(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    return uni(rng, shape) + 3 * np.eye(shape[-1])
+
+
+_LINALG = {"f32_tol": (2e-4, 2e-5)}
+add(
+    "linalg_solve",
+    lambda m, A, B: m.linalg.solve(A, B),
+    np.linalg.solve,
+    lambda rng: [
+        S((_square(rng, (2, 3, 3)), uni(rng, (2, 3, 2)))),
+        S((_square(rng, (3, 3)), uni(rng, (3, 1)))),
+    ],
+    **_LINALG,
+)
+add(
+    "linalg_solve_triangular",
+    lambda m, A, B: m.linalg.solve_triangular(A, B, upper=False),
+    lambda A, B: np.linalg.solve(np.tril(A), B),
+    lambda rng: [S((_square(rng, (2, 3, 3)), uni(rng, (2, 3, 2))))],
+    **_LINALG,
+)
+add(
+    "linalg_cholesky",
+    lambda m, x: m.linalg.cholesky(x @ x.mT + m.eye(x.shape[-1], dtype=x.dtype)),
+    lambda x: np.linalg.cholesky(x @ np.swapaxes(x, -1, -2) + np.eye(x.shape[-1])),
+    lambda rng: [S((uni(rng, (2, 3, 3)),))],
+    **_LINALG,
+)
+add(
+    "linalg_lu",
+    lambda m, A: tuple(m.linalg.lu(A)),
+    lambda A: _lu_reference(A),
+    lambda rng: [S((uni(rng, (3, 3)),))],
+    **_LINALG,
+)
+add(
+    "linalg_det_slogdet",
+    lambda m, A: (m.linalg.det(A), *m.linalg.slogdet(A)),
+    lambda A: (np.linalg.det(A), *np.linalg.slogdet(A)),
+    lambda rng: [S((_square(rng, (2, 3, 3)),))],
+    **_LINALG,
+)
+add(
+    "linalg_eigh",
+    lambda m, x: (lambda L, V: (L, V**2))(*m.linalg.eigh(x + x.mT)),
+    lambda x: (lambda L, V: (L, V**2))(*np.linalg.eigh(x + np.swapaxes(x, -1, -2))),
+    lambda rng: [S((uni(rng, (2, 3, 3)),))],
+    **_LINALG,
+)
+add(
+    "linalg_eig",
+    lambda m, x: (lambda L, V: ((L**2).sum(-1).real, (V.abs() ** 2).sum()))(
+        *m.linalg.eig(x + x.mT)
+    ),
+    lambda x: (lambda L, V: ((L**2).sum(-1).real, (np.abs(V) ** 2).sum()))(
+        *np.linalg.eig(x + np.swapaxes(x, -1, -2))
+    ),
+    lambda rng: [S((uni(rng, (3, 3)),))],
+    **_LINALG,
+)
+add(
+    "linalg_svd",
+    lambda m, A: (lambda U, S_, Vh: (U**2, S_, Vh**2))(*m.linalg.svd(A, full_matrices=False)),
+    lambda A: (lambda U, S_, Vh: (U**2, S_, Vh**2))(*np.linalg.svd(A, full_matrices=False)),
+    lambda rng: [S((uni(rng, (2, 4, 3)),)), S((uni(rng, (3, 5)),))],
+    **_LINALG,
+)
+add(
+    "linalg_qr",
+    lambda m, A: tuple(m.linalg.qr(A)),
+    lambda A: tuple(np.linalg.qr(A)),
+    lambda rng: [S((uni(rng, (2, 4, 3)),)), S((uni(rng, (3, 5)),))],
+    **_LINALG,
+)
+add(
+    "linalg_pinv_matrix_exp",
+    lambda m, A: (m.linalg.pinv(A), m.linalg.matrix_exp(A[..., :3, :])),
+    lambda A: (np.linalg.pinv(A), _expm_reference(A[..., :3, :])),
+    lambda rng: [S((uni(rng, (2, 4, 3)),))],
+    **_LINALG,
+)
+
+
+def _lu_reference(A: np.ndarray) -> tuple:
+    """P, L, U by Doolittle elimination with partial pivoting (as LAPACK's getrf)."""
+    n = A.shape[-1]
+    U, L, perm = A.astype(np.float64).copy(), np.eye(n), np.arange(n)
+    for j in range(n):
+        p = j + int(np.argmax(np.abs(U[j:, j])))
+        U[[j, p]], perm[[j, p]], L[[j, p], :j] = U[[p, j]], perm[[p, j]], L[[p, j], :j]
+        for i in range(j + 1, n):
+            L[i, j] = U[i, j] / U[j, j]
+            U[i] -= L[i, j] * U[j]
+    P = np.zeros((n, n))
+    P[perm, np.arange(n)] = 1
+    return P, L, np.triu(U)
+
+
+def _expm_reference(A: np.ndarray) -> np.ndarray:
+    """exp(A) by a long Taylor series after scaling by 2**-6, then squaring."""
+    x = A / 64.0
+    term = total = np.broadcast_to(np.eye(A.shape[-1]), A.shape)
+    for k in range(1, 25):
+        term = term @ x / k
+        total = total + term
+    for _ in range(6):
+        total = total @ total
+    return total
+
+
 OPS_BY_NAME = {e.name: e for e in OPS}
 assert len(OPS_BY_NAME) == len(OPS), "duplicate op table names"

@@ -44,6 +44,11 @@ def _make_grads(outputs: tuple, grad_outputs: tuple, create_graph: bool) -> list
     for i, out in enumerate(outputs):
         g = grad_outputs[i] if grad_outputs else None
         if g is None:
+            if out._dtype.category == 3:
+                raise AutogradError(
+                    "grad can be implicitly created only for real scalar outputs (output "
+                    f"{i} is {out._dtype.name}); pass a gradient, or take .real or .abs() first"
+                )
             if out.numel() != 1:
                 raise AutogradError(
                     "grad can be implicitly created only for scalar outputs (output "
@@ -58,9 +63,15 @@ def _make_grads(outputs: tuple, grad_outputs: tuple, create_graph: bool) -> list
                     f"Mismatch in shape: grad_output[{i}] has a shape of {g.shape} and "
                     f"output[{i}] has a shape of {out.shape}."
                 )
-            if g.dtype.category != 2:
+            if g.dtype.category < 2:
                 raise AutogradError(
-                    f"grad_output[{i}] must be a floating point tensor, got {g.dtype.name}"
+                    f"grad_output[{i}] must be a floating point or complex tensor, got "
+                    f"{g.dtype.name}"
+                )
+            if g._dtype.category == 3 and out._dtype.category != 3:
+                raise AutogradError(
+                    f"grad_output[{i}] is {g.dtype.name} but output[{i}] is {out.dtype.name}: "
+                    "a real output takes a real gradient"
                 )
             if not create_graph:
                 g = g.detach()

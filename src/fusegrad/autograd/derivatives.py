@@ -8,6 +8,13 @@ return
 gradients in the *output's* shape where that is natural: undoing broadcasting (sum-to-shape) and
 summing fan-in is the engine's job (contract 2).
 
+Complex values follow PyTorch's convention (docs/complex.md): the gradient of a real loss ``L``
+with respect to ``z = x + iy`` is ``dL/dx + i dL/dy``, the conjugate Wirtinger derivative (times
+2).  A rule maps the output's gradient ``g`` to ``g * conj(f'(z))`` for a holomorphic ``f``, so
+the rules of ``exp``, ``mul``, ``matmul``, ... conjugate their factors; ``conj()`` of a real
+tensor is the tensor itself, so for real values they are the real rules unchanged.  A gradient
+that reaches a real input from complex values is its real part (the engine takes it).
+
 ``node.attrs`` are the primitive's keyword attributes, ``node.input_shapes`` /
 ``node.input_dtypes`` describe the forward inputs, and ``node.needs_input_grad[i]`` says whether
 input ``i`` wants a gradient (skip work for the ones that do not).  ``save={"a": "b"}`` saves
@@ -18,12 +25,15 @@ must not use it), as PyTorch saves only what the gradients it will compute need.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
+from .. import dtypes as _dt
 from .. import ops as F
 from ..errors import AutogradError
 from ..ops.registry import vjp
+from ..ops.spectral import dual_norm
 from .grad_mode import is_grad_enabled
 
 # ---- elementwise unary -------------------------------------------------------------------------
@@ -36,97 +46,102 @@ def _neg(node, g):
 
 @vjp("exp", save="out")
 def _exp(node, g, out):
-    return (g * out,)
+    return (g * out.conj(),)
 
 
 @vjp("expm1", save="out")
 def _expm1(node, g, out):
-    return (g * (out + 1.0),)
+    return (g * (out + 1.0).conj(),)
 
 
 @vjp("log", save="x")
 def _log(node, g, x):
-    return (g / x,)
+    return (g / x.conj(),)
 
 
 @vjp("log1p", save="x")
 def _log1p(node, g, x):
-    return (g / (x + 1.0),)
+    return (g / (x + 1.0).conj(),)
 
 
 @vjp("sin", save="x")
 def _sin(node, g, x):
-    return (g * x.cos(),)
+    return (g * x.cos().conj(),)
 
 
 @vjp("cos", save="x")
 def _cos(node, g, x):
-    return (-(g * x.sin()),)
+    return (-(g * x.sin().conj()),)
 
 
 @vjp("tanh", save="out")
 def _tanh(node, g, out):
-    return (g * (1.0 - out * out),)
+    return (g * (1.0 - out * out).conj(),)
 
 
 @vjp("asin", save="x")
 def _asin(node, g, x):
-    return (g * (1.0 - x * x).rsqrt(),)
+    return (g * (1.0 - x * x).rsqrt().conj(),)
 
 
 @vjp("acos", save="x")
 def _acos(node, g, x):
-    return (-(g * (1.0 - x * x).rsqrt()),)
+    return (-(g * (1.0 - x * x).rsqrt().conj()),)
 
 
 @vjp("atan", save="x")
 def _atan(node, g, x):
-    return (g / (x * x + 1.0),)
+    return (g / (x * x + 1.0).conj(),)
 
 
 @vjp("sinh", save="x")
 def _sinh(node, g, x):
-    return (g * x.cosh(),)
+    return (g * x.cosh().conj(),)
 
 
 @vjp("cosh", save="x")
 def _cosh(node, g, x):
-    return (g * x.sinh(),)
+    return (g * x.sinh().conj(),)
 
 
 @vjp("asinh", save="x")
 def _asinh(node, g, x):
-    return (g * (x * x + 1.0).rsqrt(),)
+    return (g * (x * x + 1.0).rsqrt().conj(),)
 
 
 @vjp("acosh", save="x")
 def _acosh(node, g, x):
+    if x.is_complex():
+        # the principal branch's derivative 1 / (sqrt(z - 1) sqrt(z + 1)), which differs from
+        # rsqrt(z^2 - 1) by a sign in half the plane (PyTorch's complex formula)
+        return (g / ((x - 1.0).sqrt() * (x + 1.0).sqrt()).conj(),)
     return (g * (x * x - 1.0).rsqrt(),)
 
 
 @vjp("atanh", save="x")
 def _atanh(node, g, x):
-    return (g / (1.0 - x * x),)
+    return (g / (1.0 - x * x).conj(),)
 
 
 @vjp("sigmoid", save="out")
 def _sigmoid(node, g, out):
-    return (g * (out * (1.0 - out)),)
+    return (g * (out * (1.0 - out)).conj(),)
 
 
 @vjp("sqrt", save="out")
 def _sqrt(node, g, out):
-    return (g / (out * 2.0),)
+    return (g / (out * 2.0).conj(),)
 
 
 @vjp("reciprocal", save="out")
 def _reciprocal(node, g, out):
-    return (-(g * (out * out)),)
+    return (-(g * (out * out).conj()),)
 
 
 @vjp("abs", save="x")
 def _abs(node, g, x):
-    return (g * x.sign(),)
+    # sgn is sign for real x, z / |z| (0 at 0) for complex z
+    return (g * x.sgn(),)
 
 
 @vjp("erf", save="x")
@@ -175,7 +190,11 @@ for _name in ("sign", "floor", "ceil", "trunc", "round"):
 @vjp("cast")
 def _cast(node, g):
     src = node.input_dtypes[0]
-    return (g.to(src) if src.is_floating_point else None,)
+    if src.category < 2:
+        return (None,)
+    if g.is_complex() and not src.is_complex:
+        g = g.real  # a real value cast to complex: the gradient's real part
+    return (g.to(src),)
 
 
 @vjp("to_device")
@@ -204,14 +223,14 @@ def _sub(node, g):
 @vjp("mul", save={"a": "b", "b": "a"})  # each operand only for the other's gradient
 def _mul(node, g, a, b):
     need = node.needs_input_grad
-    return (g * b if need[0] else None, g * a if need[1] else None)
+    return (g * b.conj() if need[0] else None, g * a.conj() if need[1] else None)
 
 
 @vjp("div", save={"a": "b", "b": "a b"})
 def _div(node, g, a, b):
     need = node.needs_input_grad
-    ga = g / b if need[0] else None
-    gb = -(g * a) / (b * b) if need[1] else None
+    ga = g / b.conj() if need[0] else None
+    gb = -(g * a.conj()) / (b * b).conj() if need[1] else None
     return (ga, gb)
 
 
@@ -221,10 +240,12 @@ def _pow(node, g, a, b, out):
     ga = gb = None
     if need[0]:
         # d/da a**b = b * a**(b-1), defined as 0 where b == 0 (PyTorch's convention)
-        ga = F.where(b == 0, 0.0, g * (b * a ** (b - 1.0)))
+        ga = F.where(b == 0, 0.0, g * (b * a ** (b - 1.0)).conj())
     if need[1]:
-        # d/db a**b = a**b * log(a), defined as 0 where a == 0 and b >= 0
-        gb = F.where((a == 0) & (b >= 0), 0.0, g * (out * a.log()))
+        # d/db a**b = a**b * log(a), defined as 0 where a == 0 and b >= 0 (for complex b:
+        # where a == 0 and the real part of b is >= 0)
+        nonnegative = (b.real if b.is_complex() else b) >= 0
+        gb = F.where((a == 0) & nonnegative, 0.0, g * (out * a.log()).conj())
     return (ga, gb)
 
 
@@ -367,7 +388,7 @@ def _prod(node, g, x, out):
         out / nonzero,
         F.where(count == 1, one_zero, F.where(count == 2, two_zeros, 0.0)),
     )
-    return (g * grad,)
+    return (g * grad.conj(),)
 
 
 @vjp("cumsum")
@@ -520,6 +541,388 @@ def _scatter(node, g, index):
 @vjp("matmul", save={"a": "b", "b": "a"})
 def _matmul(node, g, a, b):
     need = node.needs_input_grad
-    ga = g @ b.mT if need[0] else None
-    gb = a.mT @ g if need[1] else None
+    ga = g @ b.mH if need[0] else None
+    gb = a.mH @ g if need[1] else None
     return (ga, gb)
+
+
+# ---- complex numbers ---------------------------------------------------------------------------
+
+
+@vjp("conj_physical")
+def _conj_physical(node, g):
+    return (g.conj(),)
+
+
+@vjp("real")
+def _real(node, g):
+    # L depends on x = Re z only: dL/dx + i 0 (the engine casts the real g to z's dtype)
+    return (g,)
+
+
+@vjp("imag")
+def _imag(node, g):
+    # L depends on y = Im z only: 0 + i dL/dy
+    return (F.complex(F.zeros_like(g), g),)
+
+
+@vjp("complex")
+def _complex(node, g):
+    need = node.needs_input_grad
+    return (g.real if need[0] else None, g.imag if need[1] else None)
+
+
+@vjp("view_as_real")
+def _view_as_real(node, g):
+    return (F.view_as_complex(g.contiguous()),)
+
+
+@vjp("view_as_complex")
+def _view_as_complex(node, g):
+    return (F.view_as_real(g),)
+
+
+# ---- discrete Fourier transforms (ops/spectral.py) --------------------------------------------
+# Each transform is linear; its adjoint is the transform in the other direction with the other
+# scaling word (``dual_norm``: the same factor, applied in the other direction).
+
+
+@vjp("fft_c2c")
+def _fft_c2c(node, g):
+    a = node.attrs
+    attrs = {"dims": a["dims"], "norm": dual_norm(a["norm"]), "forward": not a["forward"]}
+    return (F.apply(F.REGISTRY["fft_c2c"], (g,), attrs),)
+
+
+@vjp("fft_r2c")
+def _fft_r2c(node, g):
+    # rfft keeps the first n // 2 + 1 entries of the full transform: the adjoint pads the
+    # gradient back with zeros, transforms it back, and a real input takes the real part
+    a = node.attrs
+    dims = a["dims"]
+    last, n = dims[-1], node.input_shapes[0][dims[-1]]
+    missing = n - g.shape[last]
+    if missing > 0:
+        g = F.pad(g, [0, 0] * (g.ndim - 1 - last) + [0, missing])
+    attrs = {"dims": dims, "norm": dual_norm(a["norm"]), "forward": False}
+    return (F.apply(F.REGISTRY["fft_c2c"], (g,), attrs).real,)
+
+
+@vjp("fft_c2r")
+def _fft_c2r(node, g):
+    # irfft fills the missing half of the spectrum with the mirror of the given one: the
+    # adjoint transforms the gradient forward and adds each mirrored entry's share, i.e.
+    # doubles the entries 1 .. n - (n // 2 + 1) along the last dim (those whose mirror is not
+    # among the given ones)
+    a = node.attrs
+    dims = a["dims"]
+    last, n = dims[-1], a["last_dim_size"]
+    out = F.apply(F.REGISTRY["fft_r2c"], (g,), {"dims": dims, "norm": dual_norm(a["norm"])})
+    doubled = n - (n // 2 + 1)
+    if doubled > 0:
+        weights = np.ones(out.shape[last])
+        weights[1 : 1 + doubled] = 2.0
+        shape = [1] * out.ndim
+        shape[last] = out.shape[last]
+        out = out * F.tensor(weights.reshape(shape), dtype=g.dtype, device=g.device)
+    return (out,)
+
+
+# ---- linear algebra (ops/decompositions.py) ---------------------------------------------------
+# PyTorch's formulas (FunctionsManual.cpp), in the op surface.  A factorization with several
+# outputs is one primitive per output: each rule is the part of the joint formula that its
+# output's gradient contributes (the joint formula is linear in the outputs' gradients), and
+# recomputes the sibling outputs it needs from the saved input.
+
+
+def _zero_grad_like_input(node, g):
+    """A piecewise-constant function of a matrix (the sign of its determinant): zeros."""
+    return (F.zeros(node.input_shapes[0], dtype=node.input_dtypes[0], device=g.device),)
+
+
+def _lin(name, *inputs, **attrs):
+    return F.apply(F.REGISTRY[name], inputs, attrs)
+
+
+def _eye_like(A):
+    n = A.shape[-1]
+    return F.eye(n, dtype=A.dtype, device=A.device).expand(tuple(A.shape))
+
+
+def _solve_unchecked(A, B):
+    """``A^-1 B`` that gives inf / nan for a singular ``A`` instead of raising (rules run on
+    whatever the forward accepted)."""
+    return _lin("linalg_solve", A, B, check=None)
+
+
+def _tri(A, B, upper, left=True, unitriangular=False):
+    return _lin(
+        "linalg_solve_triangular", A, B, upper=upper, left=left, unitriangular=unitriangular
+    )
+
+
+@vjp("linalg_solve", save={"A": "A B", "out": "A"})
+def _linalg_solve(node, g, A, out):
+    gB = _solve_unchecked(A.mH, g)
+    need = node.needs_input_grad
+    return (-(gB @ out.mH) if need[0] else None, gB if need[1] else None)
+
+
+@vjp("linalg_solve_triangular", save={"A": "A B", "out": "A"})
+def _linalg_solve_triangular(node, g, A, out):
+    a = node.attrs
+    upper, left, unit = a["upper"], a["left"], a["unitriangular"]
+    gB = _tri(A.mH, g, not upper, left, unit)
+    gA = None
+    if node.needs_input_grad[0]:
+        gA = -(gB @ out.mH) if left else -(out.mH @ gB)
+        gA = gA.triu(int(unit)) if upper else gA.tril(-int(unit))
+    return (gA, gB if node.needs_input_grad[1] else None)
+
+
+@vjp("linalg_cholesky", save="out")
+def _linalg_cholesky(node, g, L):
+    # tril(L^H gL), made Hermitian with half its diagonal, conjugated by L^-1
+    gA = (L.mH @ g).tril()
+    gA = (gA + gA.tril(-1).mH) * 0.5
+    gA = _tri(L.mH, gA, True, True)
+    return (_tri(L, gA, False, False),)
+
+
+@vjp("linalg_lu_factor", save="A out")
+def _linalg_lu_factor(node, g, A, LU):
+    m, n = A.shape[-2], A.shape[-1]
+    if m != n:
+        raise AutogradError(
+            f"lu_factor: the derivative is implemented for square matrices; got {m} x {n}"
+        )
+    pivots = _lin("linalg_lu_pivots", A.detach())
+    P = _lin("linalg_lu_permutation", pivots, m=m, dtype=A.dtype)
+    L = LU.tril(-1) + _eye_like(LU)
+    U = LU.triu()
+    # A = P L U: gA = P L^-H [tril(L^H gL, -1) + triu(gU U^H)] U^-H
+    gR = (L.mH @ g.tril(-1)).tril(-1) + (g.triu() @ U.mH).triu()
+    gA = _tri(L.mH, gR, True, True, True)
+    gA = _tri(U.mH, gA, False, False)
+    return (P @ gA,)
+
+
+@vjp("linalg_det", save="A")
+def _linalg_det(node, g, A):
+    # the adjugate from the SVD A = U S Vh: adj(A)^H = conj(det U det Vh) U diag(prod_{j!=i}
+    # s_j) Vh, exact for singular A as well (PyTorch's singular-case formula)
+    U = _lin("linalg_svd_u", A, full_matrices=False)
+    S = _lin("linalg_svd_s", A)
+    Vh = _lin("linalg_svd_vh", A, full_matrices=False)
+    phase = (_lin("linalg_det", U) * _lin("linalg_det", Vh)).conj()
+    prod = S.prod(-1)
+    node_like = SimpleNamespace(
+        input_shapes=(tuple(S.shape),), attrs={"dim": (S.ndim - 1,), "keepdim": False}
+    )
+    (others,) = _prod(node_like, F.ones_like(prod), S, prod)  # prod_{j != i} s_j, exact with zeros
+    cofactor = (U * others.unsqueeze(-2).to(U.dtype)) @ Vh
+    return (cofactor * (g * phase).unsqueeze(-1).unsqueeze(-1),)
+
+
+vjp("linalg_slogdet_sign")(_zero_grad_like_input)
+
+
+@vjp("linalg_logabsdet", save="A")
+def _linalg_logabsdet(node, g, A):
+    return (_solve_unchecked(A.mH, _eye_like(A)) * g.unsqueeze(-1).unsqueeze(-1),)
+
+
+def _eigh_parts(node, A):
+    upper = node.attrs["upper"]
+    return (
+        _lin("linalg_eigh_values", A, upper=upper),
+        _lin("linalg_eigh_vectors", A, upper=upper),
+    )
+
+
+@vjp("linalg_eigh_values", save="A")
+def _linalg_eigh_values(node, g, A):
+    V = _lin("linalg_eigh_vectors", A, upper=node.attrs["upper"])
+    return ((V * g.unsqueeze(-2).to(V.dtype)) @ V.mH,)
+
+
+def _off_diagonal_reciprocal(E):
+    """1 / E off the diagonal (inf where E is 0: PyTorch's nan gradients for repeated
+    eigenvalues or singular values), 0 on it."""
+    n = E.shape[-1]
+    eye = F.eye(n, dtype=_dt.bool_, device=E.device)
+    return F.where(eye, 0.0, (F.where(eye, 1.0, E)).reciprocal())
+
+
+@vjp("linalg_eigh_vectors", save="A")
+def _linalg_eigh_vectors(node, g, A):
+    L, V = _eigh_parts(node, A)
+    VhgV = V.mH @ g
+    skew = (VhgV - VhgV.mH) * 0.5
+    E = L.unsqueeze(-2) - L.unsqueeze(-1)  # E[i, j] = L[j] - L[i]
+    inner = skew * _off_diagonal_reciprocal(E).to(skew.dtype)
+    return (V @ inner @ V.mH,)
+
+
+@vjp("linalg_eig_values", save="A")
+def _linalg_eig_values(node, g, A):
+    V = _lin("linalg_eig_vectors", A)
+    return (_solve_unchecked(V.mH, g.unsqueeze(-1) * V.mH),)
+
+
+@vjp("linalg_eig_vectors", save="A")
+def _linalg_eig_vectors(node, g, A):
+    L = _lin("linalg_eig_values", A)
+    V = _lin("linalg_eig_vectors", A)
+    VhgV = V.mH @ g
+    diagonal = VhgV.diagonal(0, -2, -1).real.to(V.dtype)
+    # project onto the tangent space of matrices with unit-norm columns
+    VhgV = VhgV - V.mH @ (V * diagonal.unsqueeze(-2))
+    Lc = L.conj()
+    E = Lc.unsqueeze(-2) - Lc.unsqueeze(-1)
+    n = E.shape[-1]
+    eye = F.eye(n, dtype=_dt.bool_, device=E.device)
+    inner = VhgV / F.where(eye, 1.0, E)
+    return (_solve_unchecked(V.mH, inner @ V.mH),)
+
+
+def _svd_parts(A):
+    return (
+        _lin("linalg_svd_u", A, full_matrices=False),
+        _lin("linalg_svd_s", A),
+        _lin("linalg_svd_vh", A, full_matrices=False),
+    )
+
+
+@vjp("linalg_svd_s", save="A")
+def _linalg_svd_s(node, g, A):
+    U, _, Vh = _svd_parts(A)
+    return ((U * g.unsqueeze(-2).to(U.dtype)) @ Vh,)
+
+
+def _svd_denominator(S):
+    S2 = S * S
+    return S2.unsqueeze(-2) - S2.unsqueeze(-1)  # E[i, j] = s_j^2 - s_i^2
+
+
+@vjp("linalg_svd_u", save="A")
+def _linalg_svd_u(node, g, A):
+    U, S, Vh = _svd_parts(A)
+    k = S.shape[-1]
+    if node.attrs["full_matrices"]:
+        g = g.narrow(-1, 0, k)  # (the extra columns of a full U are not differentiable)
+    m = U.shape[-2]
+    UhgU = U.mH @ g
+    UhgU = UhgU - UhgU.mH
+    Sc = S.to(U.dtype)
+    inner = (UhgU * _off_diagonal_reciprocal(_svd_denominator(S)).to(U.dtype)) * Sc.unsqueeze(-2)
+    if U.is_complex():
+        inner = inner + F.diag_embed(UhgU.diagonal(0, -2, -1) / (Sc * 2.0))
+    gA = U @ inner
+    if m > k:
+        gUSinv = g / Sc.unsqueeze(-2)
+        gA = gA + gUSinv - U @ (U.mH @ gUSinv)
+    return (gA @ Vh,)
+
+
+@vjp("linalg_svd_vh", save="A")
+def _linalg_svd_vh(node, g, A):
+    U, S, Vh = _svd_parts(A)
+    k = S.shape[-1]
+    if node.attrs["full_matrices"]:
+        g = g.narrow(-2, 0, k)
+    n = Vh.shape[-1]
+    VhgV = Vh @ g.mH
+    VhgV = VhgV - VhgV.mH
+    Sc = S.to(U.dtype)
+    inner = Sc.unsqueeze(-1) * (VhgV * _off_diagonal_reciprocal(_svd_denominator(S)).to(U.dtype))
+    gA = inner @ Vh
+    if n > k:
+        SinvgVh = g / Sc.unsqueeze(-1)
+        gA = gA + SinvgVh - (SinvgVh @ Vh.mH) @ Vh
+    return (U @ gA,)
+
+
+def _copyltu(M):
+    """The Hermitian matrix with ``M``'s strictly lower triangle and the real part of its
+    diagonal."""
+    low = M.tril(-1)
+    diagonal = M.diagonal(0, -2, -1)
+    if M.is_complex():
+        diagonal = diagonal.real.to(M.dtype)
+    return low + low.mH + F.diag_embed(diagonal)
+
+
+def _qr_square_backward(gQ, gR, Q, R):
+    """gA of A = Q R with R square (k x k) and Q (m x k), m >= k."""
+    M = 0.0
+    if gR is not None:
+        M = R @ gR.mH
+    if gQ is not None:
+        M = M - gQ.mH @ Q
+    b = Q @ _copyltu(M)
+    if gQ is not None:
+        b = b + gQ
+    return _tri(R.mH, b, False, False)  # b R^-H
+
+
+def _linalg_qr(node, A, gQ, gR):
+    mode = node.attrs["mode"]
+    m, n = A.shape[-2], A.shape[-1]
+    if mode == "complete" and m > n:
+        raise AutogradError(
+            "The QR decomposition is not differentiable when mode='complete' and nrows > ncols."
+        )
+    Q = _lin("linalg_qr_q", A, mode="reduced")
+    R = _lin("linalg_qr_r", A, mode="reduced")
+    if m >= n:
+        return _qr_square_backward(gQ, gR, Q, R)
+    # A = Q [X Y] with X m x m: X's factorization, and Y = Q R2 passes through
+    R1 = R.narrow(-1, 0, m)
+    Y = A.narrow(-1, m, n - m)
+    gR1 = gR.narrow(-1, 0, m) if gR is not None else None
+    gR2 = gR.narrow(-1, m, n - m) if gR is not None else None
+    gQ_eff = gQ
+    if gR2 is not None:
+        extra = Y @ gR2.mH
+        gQ_eff = extra if gQ_eff is None else gQ_eff + extra
+    gX = _qr_square_backward(gQ_eff, gR1, Q, R1)
+    gY = Q @ gR2 if gR2 is not None else F.zeros_like(Y)
+    return F.cat([gX, gY], -1)
+
+
+@vjp("linalg_qr_q", save="A")
+def _linalg_qr_q(node, g, A):
+    return (_linalg_qr(node, A, g, None),)
+
+
+@vjp("linalg_qr_r", save="A")
+def _linalg_qr_r(node, g, A):
+    return (_linalg_qr(node, A, None, g),)
+
+
+@vjp("linalg_pinv", save="A out")
+def _linalg_pinv(node, g, A, pinvA):
+    m, n = A.shape[-2], A.shape[-1]
+    pinvAh = pinvA.mH
+    gh = g.mH
+    if m <= n:
+        K = gh @ pinvA
+        KpinvAh = K @ pinvAh
+        gA = -(pinvA @ K).mH + KpinvAh - (A @ pinvA) @ KpinvAh + (pinvAh @ pinvA) @ (gh - K @ A)
+    else:
+        K = pinvA @ gh
+        pinvAhK = pinvAh @ K
+        gA = -(K @ pinvA).mH + (gh - A @ K) @ pinvA @ pinvAh + pinvAhK - pinvAhK @ pinvA @ A
+    return (gA,)
+
+
+@vjp("linalg_matrix_exp", save="A")
+def _linalg_matrix_exp(node, g, A):
+    # the gradient of exp at A along g is the upper right block of exp([[A^H, g], [0, A^H]])
+    n = A.shape[-1]
+    Ah = A.mH
+    top = F.cat([Ah, g], -1)
+    bottom = F.cat([F.zeros_like(Ah), Ah], -1)
+    big = _lin("linalg_matrix_exp", F.cat([top, bottom], -2))
+    return (big.narrow(-2, 0, n).narrow(-1, n, n),)

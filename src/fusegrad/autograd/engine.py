@@ -91,6 +91,8 @@ def validate_gradient(node: Node, index: int, g: Any, shape: tuple, dtype: Any) 
             )
         g = sum_to(g, shape)
     if g._dtype is not dtype:
+        if g._dtype.category == 3 and dtype.category != 3:
+            g = g.real  # a real input of complex values: the real part (docs/complex.md)
         g = g.to(dtype)
     return g
 
@@ -152,7 +154,7 @@ def accumulate_grad(t: Tensor, g: Tensor, create_graph: bool) -> None:
             _storage.copyto(old._data, (old + g)._data)
         old._version_counter.bump()
     else:  # a read-only (e.g. expanded) .grad the user assigned: replace it
-        t._grad = Tensor._make(old._data + g._data)
+        t._grad = Tensor._make(np.asarray(old._data + g._data))
 
 
 def _discover(root_nodes: list[Node]) -> dict:
@@ -520,7 +522,8 @@ def _execute(
                         # (both already have the input's shape and dtype).  Symbolic values
                         # (compiler capture) are subclasses and take the op-surface add below,
                         # as do dual tensors (forward AD: their tangents add too).
-                        buf[nr] = _make(np.add(prev._data, g._data))
+                        # (np.asarray: numpy returns a scalar, not a 0-d array, for 0-d sums)
+                        buf[nr] = _make(np.asarray(np.add(prev._data, g._data)))
                     else:
                         buf[nr] = prev + g
                 deps[nxt] -= 1
@@ -547,7 +550,7 @@ def _check_nan(node: Node, results: tuple | None) -> None:
     if not anomaly._state.check_nan or results is None:
         return
     for i, r in enumerate(results):
-        if isinstance(r, Tensor) and r._dtype.category == 2 and bool(r.isnan().any()):
+        if isinstance(r, Tensor) and r._dtype.category >= 2 and bool(r.isnan().any()):
             raise AutogradError(
                 f"Function '{node.name()}' returned nan values in its {i}th output."
             )

@@ -207,9 +207,11 @@ def _replay(tangent: Tensor, steps: tuple) -> Tensor:
 def _conform(tangent: Any, out: Tensor) -> Tensor | None:
     """A rule's result as ``out``'s tangent: None for a non-float output; ``out``'s dtype and
     shape (a tangent that only broadcasts to it is materialised, so it can be written)."""
-    if tangent is None or not out.is_floating_point():
+    if tangent is None or out.dtype.category < 2:  # (floating and complex ones have tangents)
         return None
     if tangent.dtype != out.dtype:
+        if tangent.dtype.is_complex and not out.dtype.is_complex:
+            tangent = tangent.real  # a real output of complex values: the real part
         tangent = F.cast(tangent, out.dtype)
     if tuple(tangent.shape) != tuple(out.shape):
         tangent = F.clone(tangent.broadcast_to(tuple(out.shape)))
@@ -296,7 +298,7 @@ def inplace_update(target: Tensor, result: Tensor) -> None:
                 _set_tangent(base, base_tangent, level)
             current = _tangent(target, level)  # the view of the base's tangent
         if current is None:
-            if not target.is_floating_point():
+            if target.dtype.category < 2:
                 return
             _set_tangent(target, _conform(new, target), level)
             return
@@ -408,11 +410,11 @@ def make_dual(tensor: Tensor, tangent: Tensor, *, level: int | None = None) -> T
             "make_dual(): expected tensor and tangent to be Tensors, got "
             f"{type(tensor).__name__} and {type(tangent).__name__}"
         )
-    if not tensor.is_floating_point():
+    if tensor.dtype.category < 2:
         raise ValueError(
             f"Expected primal to be floating point or complex, but got: {tensor.dtype}"
         )
-    if not tangent.is_floating_point():
+    if tangent.dtype.category < 2:
         raise ValueError(
             f"Expected tangent to be floating point or complex, but got: {tangent.dtype}"
         )

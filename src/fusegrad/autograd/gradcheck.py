@@ -8,6 +8,12 @@ zero input gradients.  ``fast_mode`` compares random projections ``v^T J u`` ins
 Jacobians.  ``gradgradcheck`` runs gradcheck on the function that computes first gradients with
 ``create_graph=True``.  Inputs are perturbed in place (any memory layout; restored afterwards,
 also when the function raises).
+
+Complex inputs and outputs are checked in real coordinates, as PyTorch's gradcheck checks
+them: each complex element is a pair (real part, imaginary part), perturbed one part at a time,
+and the gradient ``g`` of a complex input is compared as the pair (Re g, Im g), which under
+PyTorch's convention is (dL/dx, dL/dy) for the real function ``L`` whose output gradient is 1
+(``L = Re w``) or ``1j`` (``L = Im w``) at one output element ``w`` (docs/complex.md).
 """
 
 from __future__ import annotations
@@ -41,22 +47,46 @@ def _diff_inputs(inputs: tuple) -> list[int]:
 
 def _outputs(fn: Callable, inputs: tuple) -> tuple:
     out = _tuple(fn(*inputs))
-    return tuple(o for o in out if _is_tensor(o) and o.dtype.is_floating_point)
+    return tuple(
+        o for o in out if _is_tensor(o) and (o.dtype.is_floating_point or o.dtype.is_complex)
+    )
+
+
+def _real_coordinates(arr: Any) -> np.ndarray:
+    """An array as float64 numbers in real coordinates, flattened: a complex element gives two
+    (its real part, then its imaginary part)."""
+    arr = np.asarray(arr)
+    if arr.dtype.kind == "c":
+        return np.stack([arr.real, arr.imag], -1).astype(np.float64).reshape(-1)
+    return np.array(arr, dtype=np.float64, copy=True).reshape(-1)
+
+
+def _from_real_coordinates(v: np.ndarray, like: Tensor) -> np.ndarray:
+    """A vector of real coordinates as an array of ``like``'s shape and dtype."""
+    if like.dtype.is_complex:
+        v = v[0::2] + 1j * v[1::2]
+    return v.reshape(like._data.shape).astype(like.dtype.np)
+
+
+def _real_size(t: Tensor) -> int:
+    return t.numel() * (2 if t.dtype.is_complex else 1)
 
 
 def _eval(fn: Callable, inputs: tuple) -> list[np.ndarray]:
     # grad mode stays on: for gradgradcheck ``fn`` itself differentiates
-    return [np.array(o._data, dtype=np.float64, copy=True) for o in _outputs(fn, inputs)]
+    return [_real_coordinates(o._data) for o in _outputs(fn, inputs)]
 
 
 def _numerical(
     fn: Callable, inputs: tuple, i: int, eps: float, direction: np.ndarray | None = None
 ) -> list[np.ndarray]:
     """d outputs / d inputs[i]: a Jacobian (out_numel, in_numel) per output, or, with
-    ``direction``, the directional derivative J u per output (flattened).
+    ``direction``, the directional derivative J u per output (flattened), all in real
+    coordinates (a complex element counts as two).
 
     The input's array is perturbed in place (any layout, element by element in C order, the
-    order of a flattened gradient) and restored afterwards, also when ``fn`` raises."""
+    order of a flattened gradient; a complex element's real part, then its imaginary part) and
+    restored afterwards, also when ``fn`` raises."""
     data = inputs[i]._data
     if not data.flags.writeable:
         raise GradcheckError(
@@ -74,9 +104,10 @@ def _numerical(
         data[...] = saved
         return [((p - m) / (2 * eps)).reshape(-1) for p, m in zip(plus, minus)]
 
+    complex_input = data.dtype.kind == "c"
     try:
         if direction is not None:
-            u = direction.reshape(data.shape)
+            u = _from_real_coordinates(direction, inputs[i])
 
             def along(step: float) -> None:
                 data[...] = saved + step * u
@@ -84,15 +115,16 @@ def _numerical(
             return central(along)
         cols: list[list[np.ndarray]] = []
         for index in np.ndindex(*data.shape):
+            for part in (1.0, 1j) if complex_input else (1.0,):
 
-            def at(step: float, index: tuple = index) -> None:
-                data[index] = saved[index] + step
+                def at(step: float, index: tuple = index, part: Any = part) -> None:
+                    data[index] = saved[index] + step * part
 
-            diffs = central(at)
-            if not cols:
-                cols = [[] for _ in diffs]
-            for k, d in enumerate(diffs):
-                cols[k].append(d)
+                diffs = central(at)
+                if not cols:
+                    cols = [[] for _ in diffs]
+                for k, d in enumerate(diffs):
+                    cols[k].append(d)
     finally:
         data[...] = saved
     if not cols:  # empty input: one empty Jacobian per output
@@ -101,26 +133,29 @@ def _numerical(
 
 
 def _vjp(outputs: tuple, inputs: tuple, diff: list[int], k: int, v: np.ndarray) -> list:
+    """The gradients of the inputs ``diff`` for output ``k``'s gradient ``v`` (in real
+    coordinates: a complex output's gradient is ``v[0::2] + 1j v[1::2]``)."""
     out = outputs[k]
-    g = Tensor._make(v.reshape(out._data.shape).astype(out.dtype.np))
+    g = Tensor._make(_from_real_coordinates(v, out))
     if not out.requires_grad:
         return [None] * len(diff)
     return list(grad(out, [inputs[i] for i in diff], g, retain_graph=True, allow_unused=True))
 
 
 def _analytical(fn: Callable, inputs: tuple, diff: list[int]) -> tuple[list, tuple]:
-    """Per output k, per diff input: the Jacobian built row by row through ``grad``."""
+    """Per output k, per diff input: the Jacobian built row by row through ``grad``, in real
+    coordinates."""
     outputs = _outputs(fn, inputs)
     jac = []
     for k, out in enumerate(outputs):
-        n_out = out.numel()
-        rows = [np.zeros((n_out, inputs[i].numel())) for i in diff]
+        n_out = _real_size(out)
+        rows = [np.zeros((n_out, _real_size(inputs[i]))) for i in diff]
         for r in range(n_out):
             v = np.zeros(n_out)
             v[r] = 1.0
             for col, g in enumerate(_vjp(outputs, inputs, diff, k, v)):
                 if g is not None:
-                    rows[col][r] = np.asarray(g._data, dtype=np.float64).reshape(-1)
+                    rows[col][r] = _real_coordinates(g._data)
         jac.append(rows)
     return jac, outputs
 
@@ -151,7 +186,7 @@ def gradcheck(
     if not diff:
         raise ValueError("gradcheck expects at least one input tensor to require gradient")
     for i in diff:
-        if inputs[i].dtype.name != "float64":
+        if inputs[i].dtype.name not in ("float64", "complex128"):
             warnings.warn(
                 f"gradcheck: input {i} is {inputs[i].dtype.name}, not float64; the check may "
                 "fail from rounding alone",
@@ -214,14 +249,14 @@ def _fast_check(
     output (twice, for determinism) against one directional finite difference per input."""
     rng = np.random.default_rng(seed)
     outputs = _outputs(func, inputs)
-    vs = [rng.standard_normal(o.numel()) for o in outputs]
-    us = [rng.standard_normal(inputs[i].numel()) for i in diff]
+    vs = [rng.standard_normal(_real_size(o)) for o in outputs]
+    us = [rng.standard_normal(_real_size(inputs[i])) for i in diff]
 
     def project(grads: list, col: int) -> float:
         g = grads[col]
         if g is None:
             return 0.0
-        return float(np.asarray(g._data, dtype=np.float64).reshape(-1) @ us[col])
+        return float(_real_coordinates(g._data) @ us[col])
 
     analytic: list[list[float]] = []  # [output][input]
     for k in range(len(outputs)):
@@ -257,7 +292,7 @@ def _fast_check(
 def _check_zero_grad(outputs: tuple, inputs: tuple, diff: list[int], raise_exception: bool) -> bool:
     """A zero gradient for an output must give zero (or no) gradients for every input."""
     for k, out in enumerate(outputs):
-        for col, g in enumerate(_vjp(outputs, inputs, diff, k, np.zeros(out.numel()))):
+        for col, g in enumerate(_vjp(outputs, inputs, diff, k, np.zeros(_real_size(out)))):
             if g is not None and np.any(g._data != 0):
                 return _fail(
                     f"gradcheck: a zero gradient for output {k} gave a nonzero gradient for "
@@ -290,7 +325,10 @@ def gradgradcheck(
         rng = np.random.default_rng(seed)
         grad_outputs = []
         for o in outputs:
-            g = Tensor._make(rng.standard_normal(o._data.shape).astype(o.dtype.np))
+            values = rng.standard_normal(o._data.shape)
+            if o.dtype.is_complex:
+                values = values + 1j * rng.standard_normal(o._data.shape)
+            g = Tensor._make(np.array(values, dtype=o.dtype.np))  # (writable, also when 0-d)
             g.requires_grad_(True)
             grad_outputs.append(g)
     grad_outputs = tuple(grad_outputs)

@@ -93,10 +93,27 @@ _unary("atan", lambda x, out: (x * x + 1.0).reciprocal())
 _unary("sinh", lambda x, out: x.cosh())
 _unary("cosh", lambda x, out: x.sinh())
 _unary("asinh", lambda x, out: (x * x + 1.0).rsqrt())
-_unary("acosh", lambda x, out: (x * x - 1.0).rsqrt())
+_unary(
+    "acosh",
+    lambda x, out: (
+        ((x - 1.0).sqrt() * (x + 1.0).sqrt()).reciprocal()
+        if x.is_complex()
+        else (x * x - 1.0).rsqrt()
+    ),
+)
 _unary("atanh", lambda x, out: (1.0 - x * x).reciprocal())
 _unary("sqrt", lambda x, out: (out * 2.0).reciprocal())
-_unary("abs", lambda x, out: x.sign())
+
+
+@jvp("abs")
+def _abs(p, t, out, attrs):
+    # d|z| along t is Re(conj(sgn z) t); sign(x) t for real x
+    x = p[0]
+    if x.is_complex():
+        return (x.sgn().conj() * t[0]).real
+    return t[0] * x.sign()
+
+
 _unary("erf", lambda x, out: (-(x * x)).exp() * (2.0 / math.sqrt(math.pi)))
 _unary("erfc", lambda x, out: (-(x * x)).exp() * (-2.0 / math.sqrt(math.pi)))
 _unary("lgamma", lambda x, out: x.digamma())
@@ -135,7 +152,12 @@ for _name in ("sign", "floor", "ceil", "trunc", "round"):
 
 @jvp("cast")
 def _cast(p, t, out, attrs):
-    return F.cast(t[0], out.dtype) if out.is_floating_point() else None
+    if not (out.is_floating_point() or out.is_complex()):
+        return None
+    tangent = t[0]
+    if tangent.is_complex() and not out.is_complex():
+        tangent = tangent.real  # complex to real keeps the real part, of the tangent too
+    return F.cast(tangent, out.dtype)
 
 
 @jvp("to_device")
@@ -274,6 +296,7 @@ def _prod(p, t, out, attrs):
     x = p[0]
     node = SimpleNamespace(input_shapes=(tuple(x.shape),), attrs=attrs)
     (partials,) = _derivatives._prod(node, F.ones_like(out), x, out)
+    partials = partials.conj()  # (the VJP conjugates them for complex x)
     dim, keepdim = attrs["dim"], attrs["keepdim"]
     red = {"dim": dim, "keepdim": keepdim} if dim is not None else {}
     return (t[0] * partials).sum(**red)
@@ -305,3 +328,71 @@ def _matmul(p, t, out, attrs):
     a, b = p
     ta, tb = t
     return _add(ta @ b if ta is not None else None, a @ tb if tb is not None else None)
+
+
+# ---- complex numbers ---------------------------------------------------------------------------
+
+for _name in ("conj_physical", "real", "imag", "view_as_real", "view_as_complex"):
+    _linear(_name)
+_linear("complex", None)
+
+# ---- discrete Fourier transforms: linear ------------------------------------------------------
+
+for _name in ("fft_c2c", "fft_r2c", "fft_c2r"):
+    _linear(_name)
+
+# ---- linear algebra ------------------------------------------------------------------------------
+
+
+@jvp("linalg_solve")
+def _linalg_solve(p, t, out, attrs):
+    # A X = B: A dX = dB - dA X
+    A, _ = p
+    tA, tB = t
+    rhs = _add(tB, -(tA @ out) if tA is not None else None)
+    return _apply(REGISTRY["linalg_solve"], (A, rhs), {"check": None})
+
+
+@jvp("linalg_solve_triangular")
+def _linalg_solve_triangular(p, t, out, attrs):
+    A, _ = p
+    tA, tB = t
+    if tA is not None:  # only the triangle the solve reads
+        upper, unit = attrs["upper"], attrs["unitriangular"]
+        tA = tA.triu(int(unit)) if upper else tA.tril(-int(unit))
+        tA = -(tA @ out) if attrs["left"] else -(out @ tA)
+    return _apply(REGISTRY["linalg_solve_triangular"], (A, _add(tB, tA)), attrs)
+
+
+jvp("linalg_slogdet_sign")(_zero_tangent)
+
+
+@jvp("linalg_logabsdet")
+def _linalg_logabsdet(p, t, out, attrs):
+    # d log|det A| = Re tr(A^-1 dA)
+    A = p[0]
+    X = _apply(REGISTRY["linalg_solve"], (A, t[0]), {"check": None})
+    trace = X.diagonal(0, -2, -1).sum(-1)
+    return trace.real if trace.is_complex() else trace
+
+
+@jvp("linalg_matrix_exp")
+def _linalg_matrix_exp(p, t, out, attrs):
+    # the upper right block of exp([[A, dA], [0, A]])
+    A = p[0]
+    n = A.shape[-1]
+    top = F.cat([A, t[0]], -1)
+    bottom = F.cat([F.zeros_like(A), A], -1)
+    big = _apply(REGISTRY["linalg_matrix_exp"], (F.cat([top, bottom], -2),), {})
+    return big.narrow(-2, 0, n).narrow(-1, n, n)
+
+
+for _name in (
+    "linalg_cholesky linalg_lu_factor linalg_det linalg_eigh_values linalg_eigh_vectors "
+    "linalg_eig_values linalg_eig_vectors linalg_svd_u linalg_svd_s linalg_svd_vh linalg_qr_q "
+    "linalg_qr_r linalg_pinv"
+).split():
+    UNSUPPORTED[_name] = (
+        "forward-mode rules of the factorizations are not written yet (their reverse-mode rules "
+        "are, and differentiate twice)"
+    )

@@ -81,6 +81,12 @@ def run(prim: Any, arrays: list, attrs: dict) -> Any:
     if name in _INDEX_AT_1 and type(arrays[1]) is not CudaArray:
         arrays = [arrays[0], to_device(np.asarray(arrays[1])), *arrays[2:]]
     arrays = _on_device(prim, arrays)
+    if name not in _GEOMETRY_ONLY and any(a.dtype.kind == "c" for a in arrays):
+        # the CUDA kernels (generated and hand-written) compute in real arithmetic: a complex
+        # operand would be cast and lose its imaginary part (docs/complex.md)
+        raise NotImplementedError(
+            _unsupported(prim, arrays, attrs) + " (CUDA kernels take no complex operands)"
+        )
     special = _SPECIAL.get(name)
     if special is not None:
         result = special(prim, arrays, attrs)
@@ -98,6 +104,8 @@ def run(prim: Any, arrays: list, attrs: dict) -> Any:
     raise NotImplementedError(_unsupported(prim, arrays, attrs))
 
 
+# primitives that only compute geometry (views): any dtype, complex included
+_GEOMETRY_ONLY = frozenset({"reshape", "permute", "broadcast_to", "diagonal", "getitem"})
 # primitives with trailing index operands: how many leading operands are data
 _DATA_OPERANDS = {"getitem": 1, "index_put": 2, "index_add_at": 1}
 # primitives with an index operand at position 1 (uploaded when it is on the host)

@@ -35,8 +35,26 @@ from ..tensor import DEFAULT as _DEFAULT_VIEW
 from ..tensor import Tensor, _ViewTensor
 from ..tensor import view_rebase_error as _view_rebase_error
 from . import _util, registry
+from . import decompositions as _decompositions  # noqa: F401  (fusegrad.linalg's primitives)
 from . import primitives as _primitives  # noqa: F401  (registers kernels)
+from . import spectral as _spectral  # noqa: F401  (the FFT primitives of fusegrad.fft)
 from ._util import cast, to_tensor
+from .complex import *  # noqa: F401,F403  (complex numbers: primitives and surface)
+from .complex import (
+    angle,
+    complex,
+    conj,
+    conj_physical,
+    imag,
+    is_conj,
+    is_neg,
+    real,
+    resolve_conj,
+    resolve_neg,
+    sgn,
+    view_as_complex,
+    view_as_real,
+)
 from .composites import *  # noqa: F401,F403  (composites PyTorch has at top level)
 from .creation import *  # noqa: F401,F403
 from .creation import (
@@ -303,6 +321,8 @@ def _type(self: Tensor, dtype: Any = None) -> Any:
             "bool": "fusegrad.BoolTensor",
             "float16": "fusegrad.HalfTensor",
             "bfloat16": "fusegrad.BFloat16Tensor",
+            "complex64": "fusegrad.ComplexFloatTensor",
+            "complex128": "fusegrad.ComplexDoubleTensor",
         }[self.dtype.name]
     return to(self, dtype)
 
@@ -518,10 +538,38 @@ def _rewrite_base(view: Tensor, result: Tensor) -> None:
     # index_put saves only its index tensors, and only the node is kept.
     old_base = Tensor._make(base._data)
     old_base.grad_fn, old_base._output_nr = base.grad_fn, base._output_nr
-    index, key = _view_positions(base, view._view_info.steps)
-    value = result if index or result.ndim == 0 else result.reshape(())  # 0-d base: key ()
-    new_base = index_put_spec(old_base, value, index, key)
+    steps = view._view_info.steps
+    value = result
+    # Views that change the dtype (z.real, view_as_real(z), ...) have no element positions in
+    # their base: from the last of them outwards, the new value of what that view was taken
+    # from is built from the written value and the parts it leaves alone (the base's memory
+    # already holds the new values, so replaying the views reads those parts unchanged).
+    while _builtins.any(prim in _DTYPE_VIEWS for prim, _ in steps):
+        j = _builtins.max(i for i, (prim, _) in enumerate(steps) if prim in _DTYPE_VIEWS)
+        if j + 1 < len(steps):
+            value = _put(_replay_view(old_base, steps[: j + 1]), value, steps[j + 1 :])
+        value = _DTYPE_VIEWS[steps[j][0]](_replay_view(old_base, steps[:j]), value)
+        steps = steps[:j]
+    new_base = _put(old_base, value, steps) if steps else value
     base._set_history(new_base.grad_fn, new_base._output_nr)
+
+
+def _put(base: Tensor, value: Tensor, steps: tuple) -> Tensor:
+    """``base`` with the elements of its view ``steps`` (no dtype-changing step) replaced by
+    ``value``: an ``index_put`` at the view's positions."""
+    index, key = _view_positions(base, steps)
+    value = value if index or value.ndim == 0 else value.reshape(())  # 0-d base: key ()
+    return index_put_spec(base, value, index, key)
+
+
+# dtype-changing views: name -> (what the view was taken from, the view's new value) -> the
+# new value of what it was taken from
+_DTYPE_VIEWS = {
+    "real": lambda outer, value: complex(value, imag(outer)),
+    "imag": lambda outer, value: complex(real(outer), value),
+    "view_as_real": lambda outer, value: view_as_complex(value.contiguous()),
+    "view_as_complex": lambda outer, value: view_as_real(value),
+}
 
 
 def _rebase_history(self: Tensor, grad_fn: Any, output_nr: int) -> None:
@@ -741,6 +789,17 @@ _METHODS = [
     "repeat_interleave",
     "addcmul",
     "addcdiv",
+    # complex
+    "conj",
+    "conj_physical",
+    "resolve_conj",
+    "resolve_neg",
+    "is_conj",
+    "is_neg",
+    "angle",
+    "sgn",
+    "adjoint",
+    "isreal",
 ]
 
 # in-place methods of composites and of what is not an op (fill_, copy_, normal_, ...)
@@ -771,6 +830,8 @@ _INPLACE = {
     "index_copy_": index_copy,
     "index_fill_": index_fill,
     "polygamma_": _polygamma,
+    "conj_physical_": conj_physical,
+    "sgn_": sgn,
 }
 
 
@@ -828,13 +889,18 @@ def _install_methods() -> None:
         ("int", _dt.int32),
         ("bool", _dt.bool_),
         ("half", _dt.float16),
+        ("cfloat", _dt.complex64),
+        ("cdouble", _dt.complex128),
     ]:
         setattr(Tensor, attr, _converter(d))
     Tensor.bfloat16 = _converter(_dt.bfloat16) if _dt.bfloat16 else _no_bfloat16  # type: ignore
     Tensor.T = property(lambda self: permute(self, tuple(range(self.ndim))[::-1]))
     Tensor.mT = property(lambda self: transpose(self, -2, -1))
-    Tensor.H = Tensor.T
-    Tensor.mH = Tensor.mT
+    # the conjugate transposes (the transposes themselves for real tensors)
+    Tensor.H = property(lambda self: conj(permute(self, tuple(range(self.ndim))[::-1])))
+    Tensor.mH = property(lambda self: conj(transpose(self, -2, -1)))
+    Tensor.real = property(real, _set_real, doc="The real parts (a view; ``self`` if real).")
+    Tensor.imag = property(imag, _set_imag, doc="The imaginary parts of a complex tensor.")
     Tensor.__getitem__ = getitem
     Tensor.__setitem__ = _setitem
     binary = {
@@ -875,9 +941,20 @@ def _install_methods() -> None:
     )
 
 
+def _set_real(self: Tensor, value: Any) -> None:
+    """``z.real = x``: writes the real parts (``self`` itself when it is real)."""
+    real(self).copy_(value)
+
+
+def _set_imag(self: Tensor, value: Any) -> None:
+    imag(self).copy_(value)
+
+
 def _forward(fn: Any) -> Any:
     def op(self: Tensor, other: Any) -> Any:
-        if not isinstance(other, (Tensor, int, float, bool, np.ndarray, np.number, list)):
+        if not isinstance(
+            other, (Tensor, int, float, _builtins.complex, bool, np.ndarray, np.number, list)
+        ):
             return NotImplemented
         return fn(self, other)
 
@@ -886,7 +963,9 @@ def _forward(fn: Any) -> Any:
 
 def _reverse(fn: Any) -> Any:
     def op(self: Tensor, other: Any) -> Any:
-        if not isinstance(other, (Tensor, int, float, bool, np.ndarray, np.number, list)):
+        if not isinstance(
+            other, (Tensor, int, float, _builtins.complex, bool, np.ndarray, np.number, list)
+        ):
             return NotImplemented
         return fn(other, self)
 

@@ -6,6 +6,7 @@ These never compute tensor values; they prepare the arguments of ``registry.appl
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -36,7 +37,7 @@ def to_tensor(x: Any, dtype: _dt.dtype | None = None) -> Tensor:
     """Tensors pass through; numbers become wrapped scalars; arrays and lists become tensors."""
     if isinstance(x, Tensor):
         return x
-    if isinstance(x, (bool, int, float, np.number, np.bool_)):
+    if isinstance(x, (bool, int, float, complex, np.number, np.bool_)):
         return scalar_tensor(x, dtype if dtype is not None else _dt.result_type(x))
     if _other_integral(x):
         # the compiler's symbolic size: its value, which the capture then guards
@@ -50,7 +51,7 @@ def _other_integral(x: object) -> bool:
 
 
 def is_number(x: object) -> bool:
-    return isinstance(x, (bool, int, float, np.number, np.bool_))
+    return isinstance(x, (bool, int, float, complex, np.number, np.bool_))
 
 
 def operand(x: Any) -> Any:
@@ -66,6 +67,12 @@ def operand(x: Any) -> Any:
 def cast(t: Tensor, dtype: _dt.dtype) -> Tensor:
     if t._dtype is dtype:
         return t
+    if t._dtype.category == 3 and dtype.category != 3:
+        # PyTorch's words (its copy kernel warns on every such cast); internal code takes
+        # ``real`` explicitly instead
+        warnings.warn(
+            "Casting complex values to real discards the imaginary part", UserWarning, stacklevel=3
+        )
     if t._wrapped_number:
         # a tracer that recorded ``t`` (a runtime scalar: ``optim.hyper``) sees the new
         # scalar as ``t``'s value cast, not as a constant
@@ -76,7 +83,7 @@ def cast(t: Tensor, dtype: _dt.dtype) -> Tensor:
 def as_operand(x: Any, dtype: _dt.dtype) -> Tensor:
     if isinstance(x, Tensor):
         return cast(x, dtype)
-    if isinstance(x, (bool, int, float, np.number, np.bool_)):
+    if isinstance(x, (bool, int, float, complex, np.number, np.bool_)):
         return scalar_tensor(x, dtype)
     return cast(to_tensor(x), dtype)
 

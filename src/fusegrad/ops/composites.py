@@ -31,6 +31,7 @@ from ..device import as_device
 from ..errors import DTypeError, ShapeError, describe
 from ..tensor import Tensor
 from ._util import cast, operand, to_tensor, wrap_dim
+from .complex import conj, imag
 from .creation import _created, _dtype_or_default, _leaf, ones_like, randint, zeros_like
 from .elementwise import add, ceil, clamp, div, floor, round, sign, sqrt, sub, trunc, where
 from .generated import (
@@ -77,7 +78,6 @@ __all__ = [
     "heaviside",
     "xlogy",
     "logit",
-    "sgn",
     "signbit",
     "copysign",
     "fmax",
@@ -230,11 +230,6 @@ def logit(input: Any, eps: float | None = None) -> Tensor:
     return log(div(x, sub(1.0, x)))
 
 
-def sgn(input: Any) -> Tensor:
-    """``sign`` (fusegrad has no complex tensors, where the two differ)."""
-    return sign(input)
-
-
 def signbit(input: Any) -> Tensor:
     """True where the sign bit is set: negative numbers and -0.0 (``1 / -0.0`` is ``-inf``)."""
     x = to_tensor(input).detach()
@@ -312,8 +307,11 @@ def isposinf(input: Any) -> Tensor:
 
 
 def isreal(input: Any) -> Tensor:
-    """True everywhere: fusegrad has no complex tensors."""
-    return ones_like(to_tensor(input), dtype=_dt.bool_)
+    """True where the imaginary part is 0 (everywhere for a real tensor)."""
+    x = to_tensor(input)
+    if x._dtype.category == 3:
+        return eq(imag(x.detach()), 0)
+    return ones_like(x, dtype=_dt.bool_)
 
 
 def isin(
@@ -672,7 +670,8 @@ def kron(input: Any, other: Any) -> Tensor:
 
 
 def vdot(input: Any, other: Any) -> Tensor:
-    return dot(input, other)
+    """``sum(conj(input) * other)`` of two 1-D tensors."""
+    return dot(conj(to_tensor(input)), other)
 
 
 def _scaled_add(op: str, input: Any, product: Tensor, beta: Any, alpha: Any) -> Tensor:
@@ -937,14 +936,14 @@ def kaiser_window(
 
 # ---- more numerics -------------------------------------------------------------------------
 def adjoint(input: Any) -> Tensor:
-    """The conjugate transpose of the last two dims: their transpose (no complex dtypes)."""
+    """The conjugate transpose of the last two dims (their transpose for real tensors)."""
     x = to_tensor(input)
     if x.ndim < 2:
         raise ShapeError(
             "tensor.adjoint() is only supported on matrices or batches of matrices. "
             f"Got {x.ndim}-D tensor."
         )
-    return transpose(x, -2, -1)
+    return conj(transpose(x, -2, -1))
 
 
 def _constant(values: np.ndarray, like: Tensor, dtype: Any = None) -> Tensor:

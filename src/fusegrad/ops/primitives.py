@@ -11,6 +11,7 @@ lowering per entry here.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import math
 
 import numpy as np
@@ -18,7 +19,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .._index_key import numpy_key  # (also the CUDA kernels': kept below both devices)
 from ..cuda.array import to_device
-from ..errors import FusegradError
+from ..errors import ComplexNotSupported, FusegradError
 from ..size import broadcast_shapes
 from .registry import (
     REGISTRY,
@@ -174,6 +175,8 @@ def sigmoid_scalar(x: float) -> float:
     **_FLOAT_OP,
 )
 def _sigmoid(x):  # type: ignore[no-untyped-def]
+    if x.dtype.kind == "c":  # complex: the formula itself (it has poles, no stable form)
+        return 1 / (1 + np.exp(-x))
     e = np.exp(-np.abs(x))
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
@@ -497,6 +500,10 @@ def _round(x, decimals=0):  # type: ignore[no-untyped-def]
 
 @primitive("cast", "elementwise", "x", lowering=Lowering("_cast_{dtype}({0})"))
 def _cast(x, dtype):  # type: ignore[no-untyped-def]
+    if x.dtype.kind == "c" and not dtype.is_complex:
+        # complex to real keeps the real part, to bool tests for nonzero (PyTorch's casts;
+        # numpy's astype would warn about the discarded imaginary part)
+        x = x != 0 if dtype is _dt.bool_ else x.real
     return x.astype(dtype.np)
 
 
@@ -938,6 +945,8 @@ def _elementwise_meta(name: str):  # type: ignore[no-untyped-def]
             return shape, attrs["dtype"]
         if name == "where":
             return shape, dtypes[1]
+        if name == "abs":
+            return shape, dtypes[0].to_real()  # |z| of a complex z is real
         return shape, dtypes[0]
 
     return meta
@@ -1037,6 +1046,38 @@ def _diagonal_shape(shape: tuple, offset: int, dim1: int, dim2: int) -> tuple:
     length = min(a, b - offset) if offset >= 0 else min(a + offset, b)
     rest = tuple(s for i, s in enumerate(shape) if i not in (dim1, dim2))
     return rest + (max(length, 0),)
+
+
+# ---- complex operands --------------------------------------------------------------------------
+# numpy computes these for complex arrays too (ordering them lexicographically, rounding each
+# part, ...), where PyTorch refuses complex tensors; their kernels refuse them as PyTorch does.
+# The other primitives take complex operands (docs/complex.md).
+REAL_ONLY = frozenset(
+    "sign floor ceil trunc round erf erfc erfinv lgamma digamma trigamma atan2 hypot logaddexp "
+    "maximum minimum remainder floor_divide lt le gt ge amax amin argmax argmin argsort "
+    "cummax_index mode_index searchsorted histc attention attention_backward".split()
+)
+
+
+def _complex_refused(name: str, kernel):  # type: ignore[no-untyped-def]
+    def refuse(*arrays, **attrs):  # type: ignore[no-untyped-def]
+        for a in arrays:
+            if getattr(a, "dtype", None) is not None and a.dtype.kind == "c":
+                shapes = ", ".join(f"{tuple(x.shape)} {x.dtype}" for x in arrays)
+                raise ComplexNotSupported(
+                    f"{name} is not supported for complex inputs (got {shapes})"
+                )
+        return kernel(*arrays, **attrs)
+
+    refuse.__name__ = getattr(kernel, "__name__", name)
+    refuse.__doc__ = kernel.__doc__
+    return refuse
+
+
+def _refuse_complex() -> None:
+    for name in REAL_ONLY:
+        prim = REGISTRY[name]
+        REGISTRY[name] = dataclasses.replace(prim, kernel=_complex_refused(name, prim.kernel))
 
 
 def _set_metas() -> None:
@@ -1159,6 +1200,7 @@ def _set_metas() -> None:
 
     set_meta("matmul", matmul_meta)
     set_meta("to_device", lambda shapes, dtypes, device, source: (tuple(shapes[0]), dtypes[0]))
+    _refuse_complex()
     missing = [name for name, prim in REGISTRY.items() if prim.meta is None]
     if missing:
         raise AssertionError(f"primitives without a shape/dtype rule: {missing}")

@@ -52,7 +52,7 @@ def mean(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = Non
     x = to_tensor(input)
     if dtype is not None:
         x = cast(x, _dt.as_dtype(dtype))
-    if x._dtype.category != 2:
+    if x._dtype.category < 2:
         raise DTypeError(
             "mean(): could not infer output dtype. Input dtype must be either a floating point "
             f"or complex dtype. Got: {x._dtype.name}"
@@ -77,13 +77,15 @@ def var(
     correction: float | None = None,
 ) -> Tensor:
     x = to_tensor(input)
-    if x._dtype.category != 2:
-        raise DTypeError(f"var: expected a floating point tensor, got {describe(x)}")
+    if x._dtype.category < 2:
+        raise DTypeError(f"var: expected a floating point or complex tensor, got {describe(x)}")
     if correction is None:
         correction = 1 if unbiased is None or unbiased else 0
     dims = wrap_dims("var", dim, x.ndim) if x.ndim else None
     n = _count(x, dims)
     centred = sub(x, mean(x, dims, keepdim=True))
+    if centred._dtype.category == 3:  # |x - mean|^2: the variance of complex values is real
+        centred = abs(centred)
     ssq = sum(mul(centred, centred), dims, keepdim)
     denom = n - correction
     return div(ssq, denom) if denom > 0 else mul(ssq, math.inf if n else math.nan)
@@ -200,8 +202,10 @@ def cumsum(input: Any, dim: int, *, dtype: Any = None) -> Tensor:
 @_torch_node_name("LinalgVectorNormBackward0")
 def norm(input: Any, p: Any = "fro", dim: Any = None, keepdim: bool = False) -> Tensor:
     x = to_tensor(input)
-    if x._dtype.category != 2:
-        raise DTypeError(f"norm: expected a floating point tensor, got {describe(x)}")
+    if x._dtype.category < 2:
+        raise DTypeError(f"norm: expected a floating point or complex tensor, got {describe(x)}")
+    if x._dtype.category == 3:
+        x = abs(x)  # every p-norm of complex values is the norm of their moduli
     dims = wrap_dims("norm", dim, x.ndim) if x.ndim else None
     if p in ("fro", 2, 2.0):
         return _safe_sqrt(sum(mul(x, x), dims, keepdim))
