@@ -8,8 +8,8 @@ words when it is missing.  Nothing in the output mentions an issue number.
 
 Only structure and correctness are asserted (rows present, gradients of every implementation
 agree, no compile-time subprocess failed -- two workloads' are run --, no fallback to eager);
-timing never is, nor which caches the compile-time subprocesses hit.  torch.compile is left out (``--no-torch-compile``):
-its first compile alone takes longer than this test may.
+timing never is, nor which caches the compile-time subprocesses hit.  torch.compile is left out
+(``--no-torch-compile``): its first compile alone takes longer than this test may.
 """
 
 from __future__ import annotations

@@ -27,13 +27,14 @@ def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one() -> Non
     assert len(setup) == 2
     demo, tests = setup
     assert demo.endswith("python -m fusegrad")
-    assert tests.endswith("python -m pytest")
+    run = "python -m pytest -n auto"  # (pytest-xdist: the suite on every core)
+    assert tests.endswith(run)
     ci = (ROOT / ".ci" / "run").read_text()
     # CI runs the README's test command (with -q and an optional torch install spliced in)
-    install = tests.split(" && python -m pytest")[0].replace("pip install -e", "pip install -q -e")
+    install = tests.split(f" && {run}")[0].replace("pip install -e", "pip install -q -e")
     assert install.endswith('pip install -q -e ".[test,cuda]"')  # the CUDA suites run in CI
     assert install in ci
-    assert ci.rstrip().endswith("python -m pytest")
+    assert ci.rstrip().endswith(run)
     assert "set -euo pipefail" in ci
 
 

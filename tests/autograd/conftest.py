@@ -4,8 +4,8 @@ ran a compiled program and how many fell back to the eager engine, with the reas
 compiler's coverage measured on the project's own autograd suite.  Tests marked
 ``shows_fallback`` exist to show a fallback and are left out of the figures (they still run);
 tests marked ``compiled_differs(reason)`` check eager behaviour that compiled backward knowingly
-does not have (docs/compile.md): they are expected to fail there (strictly: one that passes fails, so
-that a difference fixed is unmarked).  ``tests/compiler/test_autograd_suite_compiled.py``
+does not have (docs/compile.md): they are expected to fail there (strictly: one that passes
+fails, so that a difference fixed is unmarked).  ``tests/compiler/test_autograd_suite_compiled.py``
 runs this mode.
 
 Without the variable this file does nothing."""

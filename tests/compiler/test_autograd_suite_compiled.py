@@ -1,31 +1,30 @@
 """The autograd suite run inside ``compiled_autograd()`` (``FUSEGRAD_TEST_COMPILED=1``, see
 tests/autograd/conftest.py): every test passes there too, except the known differences marked
 ``compiled_differs`` (strict expected failures), at least 95% of the backward calls compile,
-and the coverage report is printed.  One subprocess, about a minute and a half."""
+and the coverage report is printed.  One pytest process of its own, started early
+(``tests/early_suites.py``): it runs beside the rest of the suite."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+import early_suites
+import pytest
 
 
-def test_autograd_suite_passes_inside_compiled_autograd() -> None:
-    env = dict(os.environ, FUSEGRAD_TEST_COMPILED="1")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/autograd"],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    output = done.stdout + done.stderr
+def test_autograd_suite_passes_inside_compiled_autograd(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def say(text: str) -> None:
+        with capsys.disabled():
+            print(f"\n[{__name__}] {text}", flush=True)
+
+    suite = early_suites.SUITES["autograd-compiled"]
+    try:
+        done = early_suites.wait(suite, 1800, 30, say)
+    except TimeoutError as e:
+        pytest.fail(str(e))
+    output = done.output
     assert done.returncode == 0, output[-6000:]
     calls = re.search(
         r"backward calls: (\d+); compiled (\d+) \(([\d.]+)%\), fell back (\d+)", output
