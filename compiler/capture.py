@@ -807,6 +807,23 @@ class Captured:
     MAX_PROGRAMS: ClassVar[int] = 8  # program keys kept per graph (mode x .grad states x configs)
 
 
+def _complex_node(w: Walk, grad_roots: Sequence[Tensor]) -> str | None:
+    """The name of the first thing of the backward that holds a complex value, or None."""
+    if any(g._dtype.is_complex for g in grad_roots):
+        return "a root gradient"
+    for n in w.nodes:
+        meta = getattr(n, "_input_meta", None)
+        if meta is not None and any(d is not None and d.is_complex for _, d in meta):
+            return n.name()
+        out = getattr(n, "_output_meta", None)
+        if out is not None and any(d is not None and d.is_complex for _, d in out):
+            return n.name()
+        var = getattr(n, "variable", None)
+        if var is not None and var._dtype.is_complex:
+            return "a complex leaf"
+    return None
+
+
 def capture(
     w: Walk,
     roots: Sequence[Tensor],
@@ -822,7 +839,12 @@ def capture(
     in grad mode, as eager's do then (a rule may pick a differentiable formula: ``double``).
     A custom Function whose ``backward`` turns out untraceable becomes an opaque step and the
     capture starts again (``allow_opaque``; else it is ``Refused``, as for whole steps, which
-    replay no Python): the backward then runs user code, so ``w.has_hooks`` is set."""
+    replay no Python): the backward then runs user code, so ``w.has_hooks`` is set.  A graph
+    that holds a complex value anywhere is ``Refused`` before any rule runs (a rule may read a
+    complex tensor's strides, which a symbolic value does not have)."""
+    complex_node = _complex_node(w, grad_roots)
+    if complex_node is not None:
+        raise Refused(f"{complex_node}: {_COMPLEX_REASON}")
     opaque: dict = {}
     while True:
         try:

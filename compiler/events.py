@@ -151,6 +151,7 @@ STEP_BREAK = "step break"  # not replayable; reason; detail: owner, watch, start
 GIVEN_UP = "given up"  # past config.step_recordings: no more recordings; reason
 WARMUP = "warmup"  # a first call runs eagerly (it creates optimizer state); reason
 EAGER_BACKWARD = "eager backward"  # compile(module): its backward runs eagerly; reason
+EXPLAINED = "explained"  # explain() built a backward's program (kept nowhere); detail: program
 GRAPH = "graph"  # an IR graph to show (the ``graph`` log channel); reason: the text
 
 
@@ -345,6 +346,7 @@ _HANDLERS: dict[str, list[Callable[[str, dict], None]]] = {
         _log("recompiles", "whole step: first call runs eagerly: {reason}"),
     ],
     GRAPH: [_log("graph", "{reason}")],
+    EXPLAINED: [_explain("capture", "reason", "program")],
     EAGER_BACKWARD: [
         _log(
             "fallback",

@@ -246,7 +246,7 @@ def _program_for(
     if report is not None:  # explain(): a program of its own, kept nowhere
         notice.start(f"the backward of a {len(w.nodes)}-node graph")
         program = _build(region, w, captured, _device(w, call))
-        report.append(("capture", "explain() captures every graph", program))
+        emit(events.EXPLAINED, "explain() captures every graph", program=program)
         return program, True, None
     pkey = (w.grad_key, region.mode, config.program_key())
     table = captured.programs

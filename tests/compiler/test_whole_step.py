@@ -481,7 +481,7 @@ FIRST_CASES = list(
     }.values()
 )
 # what may stop a recording of one op (the op's own nature, never a wrong replay)
-ALLOWED_BREAKS = ("data-dependent",)
+ALLOWED_BREAKS = ("data-dependent", "a complex value")
 # entries whose op lambda itself makes a tensor from data (``m.tensor([...])``): an untraced
 # path, which stops the recording (the replay could not make it again)
 MAKES_TENSORS = ("cov", "quantile")
