@@ -67,9 +67,12 @@ from .dtypes import (
     float32,
     float64,
     get_default_dtype,
+    int8,
+    int16,
     int32,
     int64,
     set_default_dtype,
+    uint8,
 )
 from .errors import AutogradError, DTypeError, FusegradError, IndexOutOfRange, ShapeError
 from .ops import *  # noqa: F401,F403,E402
@@ -204,6 +207,7 @@ globals().pop("linalg", None)
 from .runtime import *  # noqa: F401,F403,E402  (constants, dtype queries, settings)
 from .size import Size
 from .tensor import Tensor
+from .tensor_types import *  # noqa: F401,F403,E402  (FloatTensor, LongTensor, ...)
 
 float = float32  # noqa: A001
 double = float64
@@ -214,6 +218,7 @@ long = int64
 int = int32  # noqa: A001
 cfloat = complex64
 cdouble = complex128
+short = int16
 
 __version__ = "0.1.0"
 

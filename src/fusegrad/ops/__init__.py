@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import storage as _storage
+from .. import tensor_types as _tensor_types
 from ..autograd import grad_mode as _grad_mode
 from ..autograd.forward_state import state as _forward_state
 from ..autograd.node_names import torch_node_name as _torch_node_name
@@ -323,7 +324,18 @@ def _type(self: Tensor, dtype: Any = None) -> Any:
             "bfloat16": "fusegrad.BFloat16Tensor",
             "complex64": "fusegrad.ComplexFloatTensor",
             "complex128": "fusegrad.ComplexDoubleTensor",
+            "int16": "fusegrad.ShortTensor",
+            "int8": "fusegrad.CharTensor",
+            "uint8": "fusegrad.ByteTensor",
         }[self.dtype.name]
+    legacy = getattr(dtype, "_legacy_dtype", None)  # FloatTensor and the other tensor types
+    if legacy is not None:
+        out = to(self, legacy)
+        return out.cuda() if getattr(dtype, "_legacy_cuda", False) else out
+    if isinstance(dtype, str):  # "torch.FloatTensor", "fusegrad.cuda.LongTensor", ...
+        kind = _tensor_types.by_name(dtype)
+        if kind is not None:
+            return _type(self, kind)
     return to(self, dtype)
 
 
@@ -891,6 +903,9 @@ def _install_methods() -> None:
         ("half", _dt.float16),
         ("cfloat", _dt.complex64),
         ("cdouble", _dt.complex128),
+        ("short", _dt.int16),
+        ("char", _dt.int8),
+        ("byte", _dt.uint8),
     ]:
         setattr(Tensor, attr, _converter(d))
     Tensor.bfloat16 = _converter(_dt.bfloat16) if _dt.bfloat16 else _no_bfloat16  # type: ignore

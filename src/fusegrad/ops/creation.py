@@ -19,7 +19,7 @@ from ..autograd.tracer import notify_host_read as _read
 from ..autograd.tracer import state as _tracer_state
 from ..cuda.array import CudaArray, to_device
 from ..device import CPU, as_device
-from ..errors import DTypeError
+from ..errors import ArgumentError, DTypeError
 from ..random import (  # noqa: F401  (re-exported: the op surface's random functions)
     Generator,
     _gen,
@@ -175,7 +175,13 @@ def linspace(
     requires_grad: bool = False,
 ) -> Tensor:
     dev = as_device(device)
-    arr = np.linspace(start, end, int(steps)).astype(_dtype_or_default(dtype).np)
+    dt = _dtype_or_default(dtype)
+    if dt is _dt.bool_:
+        # PyTorch's NotImplementedError (a RuntimeError) for a dtype its kernel lacks
+        raise NotImplementedError("\"linspace\" not implemented for 'Bool'")
+    if int(steps) < 0:
+        raise ArgumentError(f"linspace: number of steps must be non-negative, got {steps}")
+    arr = np.linspace(start, end, int(steps)).astype(dt.np)
     return _created(_leaf(arr, requires_grad, dev))
 
 

@@ -118,11 +118,42 @@ def _normalise_key(x: Tensor, key: Any) -> tuple[tuple, tuple]:
     return tuple(spec), tuple(tensors)
 
 
+def _split_ints(spec: tuple, tensors: tuple) -> tuple[tuple, tuple] | None:
+    """PyTorch applies integer indices as basic indexing (``select``) before any advanced
+    index, so they do not take part in where the advanced result dims go (numpy's rule counts
+    them as advanced: ``x[1, :, idx]`` puts idx's dims first there).  For a key with both,
+    returns (the ints with full slices elsewhere, the rest of the key); None otherwise."""
+    if not tensors or not any(entry[0] == "i" for entry in spec):
+        return None
+    first: list = []
+    rest: list = []
+    for entry in spec:
+        tag = entry[0]
+        if tag == "i":
+            first.append(entry)
+            continue
+        rest.append(entry)
+        if tag == "e":
+            first.append(entry)
+        elif tag == "s":
+            first.append(("s", None, None, 1))
+        elif tag == "t":
+            t = tensors[entry[1]]
+            width = t.ndim if t._dtype is _dt.bool_ else 1
+            first.extend([("s", None, None, 1)] * width)
+        # ("n",): a new dim, added by the second step only
+    return tuple(first), tuple(rest)
+
+
 def getitem(input: Tensor, key: Any) -> Tensor:
     x = to_tensor(input)
     spec, tensors = _normalise_key(x, key)
     if not tensors:  # basic indexing: a view
         return _view_op(x, "getitem", {"key": spec})
+    split = _split_ints(spec, tensors)
+    if split is not None:
+        x = _view_op(x, "getitem", {"key": split[0]})
+        spec = split[1]
     return apply(P["getitem"], (x,) + tensors, {"key": spec})
 
 
@@ -152,6 +183,10 @@ def setitem_value(x: Tensor, key: Any, value: Any) -> Tensor:
     """Out-of-place ``x[key] = value``: the value of the in-place assignment."""
     spec, tensors = _normalise_key(x, key)
     v = as_operand(value, x.dtype)
+    split = _split_ints(spec, tensors)
+    if split is not None:  # the ints select first (see _split_ints), then the rest assigns
+        part = _view_op(x, "getitem", {"key": split[0]})
+        return index_put_spec(x, index_put_spec(part, v, tensors, split[1]), (), split[0])
     return index_put_spec(x, v, tensors, spec)
 
 
