@@ -32,14 +32,21 @@ import math
 import sys
 from typing import Any
 
+from .. import dtypes as _dtypes
 from ..ops import convolution as _convolution
+from ..ops import extra as _extra
 from ..ops import functional as _functional
 from ..ops.convolution import col2im, conv_columns, windows
-from ..ops.creation import full
+from ..ops.creation import full, ones_like, zeros_like
+from ..ops.elementwise import where
+from ..ops.extra import scatter_reduce_host
 from ..ops.functional import _update_running
+from ..storage import to_host
 from ..tensor import Tensor
-from .function import Function
+from .function import Function, once_differentiable
 from .grad_mode import is_grad_enabled
+
+_bool = _dtypes.bool_
 
 
 def columns(
@@ -251,5 +258,82 @@ class GroupNorm(_Normalization):
     _node_name = "NativeGroupNormBackward0"
 
 
+class ScatterReduce(Function):
+    """``scatter_reduce``/``index_reduce`` with ``prod``, ``amax`` or ``amin``: the values by
+    numpy's ``ufunc.at`` on the host; the gradient, in fusegrad ops, goes to the elements that
+    equal the result, split evenly between ties (``amax``/``amin``, as PyTorch's), or is the
+    product of the other factors (``prod``, zeros handled; not differentiable twice)."""
+
+    _node_name = "ScatterReduceBackward0"
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: Tensor, src: Tensor, index: Tensor, dim: int, reduce: str, include: bool
+    ) -> Tensor:
+        host = [to_host(t._data) for t in (x, src, index)]
+        out = scatter_reduce_host(*host, dim, reduce, include)
+        result = Tensor._make(out)
+        result = result if x.device == result.device else result.to(x.device)
+        ctx.save_for_backward(x, src, index, result)
+        ctx.layout = (dim, reduce, include)
+        return result
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple:
+        x, src, index, result = ctx.saved_tensors
+        dim, reduce, include = ctx.layout
+        touched = _touched(x, index, dim)
+        if reduce == "prod":
+            return _prod_backward(ctx, g)
+        # PyTorch's split: every element equal to the result takes an even share, the input's
+        # own value counted even when not included (its share then goes nowhere)
+        picked = result.gather(dim, index)
+        hit_src = (src == picked).to(g.dtype)
+        hit_self = (x == result).to(g.dtype)
+        share = g / hit_self.scatter_add(dim, index, hit_src)
+        g_src = share.gather(dim, index) * hit_src
+        g_x = share * hit_self
+        if not include:
+            g_x = where(touched, 0.0, g_x)
+        return g_x, g_src, None, None, None, None
+
+
+def _touched(x: Tensor, index: Tensor, dim: int) -> Tensor:
+    """Where along ``dim`` something is scattered to (bool, ``x``'s shape)."""
+    return zeros_like(x, dtype=_bool).scatter(dim, index, value=True)
+
+
+@once_differentiable
+def _prod_backward(ctx: Any, g: Tensor) -> tuple:
+    """``prod``'s gradient: each factor's is the product of the others (the result over the
+    factor where no factor is zero; the product of the nonzero ones for the single zero
+    factor of a position; zero where two or more factors are).  Not differentiable again."""
+    x, src, index, result = ctx.saved_tensors
+    dim, _, include = ctx.layout
+    touched = _touched(x, index, dim)
+    nz_src = where(src != 0, src, 1.0)
+    zeros_at = zeros_like(result).scatter_add(dim, index, (src == 0).to(g.dtype))
+    nz_x = where((x != 0) | ~touched, x, 1.0) if include else ones_like(x)
+    if include:
+        zeros_at = zeros_at + ((x == 0) & touched).to(g.dtype)
+    host = [to_host(t._data) for t in (nz_x, nz_src, index)]
+    nz_prod = Tensor._make(scatter_reduce_host(*host, dim, "prod", True)).to(x.device)
+
+    def others(value: Tensor, pick: Any) -> Tensor:
+        """The product of a factor's co-factors, ``pick`` taking each factor's position."""
+        count = pick(zeros_at)
+        alone = (count == 1) & (value == 0)
+        by_division = pick(result) / where(value != 0, value, 1.0)
+        return where(count == 0, by_division, where(alone, pick(nz_prod), 0.0))
+
+    g_src = g.gather(dim, index) * others(src, lambda t: t.gather(dim, index))
+    if include:
+        g_x = where(touched, g * others(x, lambda t: t), g)
+    else:
+        g_x = where(touched, 0.0, g)
+    return g_x, g_src, None, None, None, None
+
+
 _functional.install_native(sys.modules[__name__])
+_extra.install_native(sys.modules[__name__])
 _convolution.install_native(sys.modules[__name__])

@@ -128,6 +128,17 @@ from .elementwise import (
     trunc,
     where,
 )
+from .extra import *  # noqa: F401,F403  (more of PyTorch's ops)
+from .extra import (
+    INPLACE_NAMES,
+    INPLACE_OTHER,
+    METHOD_NAMES,
+    OTHER_METHODS,
+    PROPERTIES,
+    TOP_LEVEL_INPLACE,
+    bitwise_left_shift,
+    bitwise_right_shift,
+)
 from .functional import (
     avg_pool2d,
     binary_cross_entropy,
@@ -884,6 +895,23 @@ def _install_methods() -> None:
         setattr(Tensor, name, g[name])
     for name, fn in _INPLACE.items():
         setattr(Tensor, name, _inplace_method(name, fn))
+    # more of PyTorch's methods (``extra``'s tables)
+    for name in METHOD_NAMES:
+        setattr(Tensor, name, g[name])
+    for name in INPLACE_NAMES:
+        setattr(Tensor, name + "_", _inplace_method(name + "_", g[name]))
+    for name, fn in INPLACE_OTHER.items():
+        setattr(Tensor, name, _inplace_method(name, fn))
+    for name, fn in OTHER_METHODS.items():
+        setattr(Tensor, name, fn)
+    for name, fn in PROPERTIES.items():
+        setattr(Tensor, name, property(fn))
+    Tensor.__lshift__ = bitwise_left_shift
+    Tensor.__rshift__ = bitwise_right_shift
+    Tensor.__rlshift__ = lambda self, other: bitwise_left_shift(other, self)
+    Tensor.__rrshift__ = lambda self, other: bitwise_right_shift(other, self)
+    Tensor.__ilshift__ = _inplace_method("__ilshift__", bitwise_left_shift)
+    Tensor.__irshift__ = _inplace_method("__irshift__", bitwise_right_shift)
     # a view's grad_fn: regenerated from its base (by replaying view ops) after in-place changes
     _ViewTensor.grad_fn = property(  # type: ignore[assignment]
         _view_grad_fn,
@@ -948,12 +976,8 @@ def _install_methods() -> None:
             name,
             _new_factory({"new_zeros": zeros, "new_ones": ones, "new_empty": empty}[name]),
         )
-    Tensor.new_full = lambda self, size, fill_value, *, dtype=None, requires_grad=False: full(
-        size, fill_value, dtype=dtype or self.dtype, requires_grad=requires_grad
-    )
-    Tensor.new_tensor = lambda self, data, *, dtype=None, requires_grad=False: tensor(
-        data, dtype=dtype or self.dtype, requires_grad=requires_grad
-    )
+    Tensor.new_full = _new_full
+    Tensor.new_tensor = _new_tensor
 
 
 def _set_real(self: Tensor, value: Any) -> None:
@@ -988,10 +1012,74 @@ def _reverse(fn: Any) -> Any:
 
 
 def _new_factory(factory: Any) -> Any:
-    def make(self: Tensor, *size: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-        return factory(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
+    def make(
+        self: Tensor,
+        *size: Any,
+        dtype: Any = None,
+        device: Any = None,
+        requires_grad: bool = False,
+        **ignored: Any,  # layout=, pin_memory=: fusegrad has one of each
+    ) -> Tensor:
+        return factory(
+            *size,
+            dtype=dtype or self.dtype,
+            device=self.device if device is None else device,
+            requires_grad=requires_grad,
+        )
 
     return make
 
 
+def _new_full(
+    self: Tensor,
+    size: Any,
+    fill_value: Any,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    requires_grad: bool = False,
+    **ignored: Any,
+) -> Tensor:
+    return full(
+        size,
+        fill_value,
+        dtype=dtype or self.dtype,
+        device=self.device if device is None else device,
+        requires_grad=requires_grad,
+    )
+
+
+def _new_tensor(
+    self: Tensor,
+    data: Any,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    requires_grad: bool = False,
+    **ignored: Any,
+) -> Tensor:
+    return tensor(
+        data,
+        dtype=dtype or self.dtype,
+        device=self.device if device is None else device,
+        requires_grad=requires_grad,
+    )
+
+
+def _method_function(name: str) -> Any:
+    """``fusegrad.<name>(input, ...)``: the Tensor method of that name (``torch.abs_(x)`` is
+    ``x.abs_()``)."""
+
+    def call(input: Tensor, *args: Any, **kwargs: Any) -> Any:
+        return getattr(input, name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``input.{name}(...)``."
+    return call
+
+
 _install_methods()
+# the in-place forms PyTorch also has at top level (torch.abs_(x), torch.zero_(x), ...)
+for _name in TOP_LEVEL_INPLACE:
+    if hasattr(Tensor, _name):
+        globals()[_name] = _method_function(_name)
