@@ -104,6 +104,16 @@ from ..ops.functional import (
     triplet_margin_loss,
     unfold,
 )
+from ..ops.nn_more import (
+    affine_grid,
+    ctc_loss,
+    embedding_bag,
+    grid_sample,
+    linear_cross_entropy,
+    multi_margin_loss,
+    multilabel_margin_loss,
+    triplet_margin_with_distance_loss,
+)
 from ..ops.shape import flatten
 from ..tensor import Tensor
 from ._multi_head import multi_head_attention_forward
@@ -118,6 +128,7 @@ __all__ = [
     "adaptive_max_pool2d_with_indices",
     "adaptive_max_pool3d",
     "adaptive_max_pool3d_with_indices",
+    "affine_grid",
     "alpha_dropout",
     "avg_pool1d",
     "avg_pool2d",
@@ -138,6 +149,7 @@ __all__ = [
     "cosine_embedding_loss",
     "cosine_similarity",
     "cross_entropy",
+    "ctc_loss",
     "dropout",
     "dropout1d",
     "dropout2d",
@@ -145,6 +157,7 @@ __all__ = [
     "elu",
     "elu_",
     "embedding",
+    "embedding_bag",
     "feature_alpha_dropout",
     "flatten",
     "fold",
@@ -155,6 +168,7 @@ __all__ = [
     "gaussian_nll_loss",
     "gelu",
     "glu",
+    "grid_sample",
     "group_norm",
     "gumbel_softmax",
     "hardshrink",
@@ -172,6 +186,7 @@ __all__ = [
     "leaky_relu",
     "leaky_relu_",
     "linear",
+    "linear_cross_entropy",
     "local_response_norm",
     "log_softmax",
     "logsigmoid",
@@ -191,6 +206,8 @@ __all__ = [
     "mish",
     "mse_loss",
     "multi_head_attention_forward",
+    "multi_margin_loss",
+    "multilabel_margin_loss",
     "multilabel_soft_margin_loss",
     "native_channel_shuffle",
     "nll_loss",
@@ -226,6 +243,7 @@ __all__ = [
     "threshold",
     "threshold_",
     "triplet_margin_loss",
+    "triplet_margin_with_distance_loss",
     "unfold",
     "upsample",
     "upsample_bilinear",

@@ -170,7 +170,6 @@ from .indexing import (
     masked_fill,
     masked_select,
     one_hot,
-    scatter,
     scatter_add,
     scatter_spec,
     setitem_value,

@@ -44,9 +44,11 @@ from .indexing import (
     _split_ints,
     gather,
     index_add_at,
-    scatter,
     scatter_add,
     setitem_value,
+)
+from .indexing import (
+    scatter as _scatter,
 )
 from .primitives import key_shape, numpy_key
 from .reduction import norm
@@ -81,6 +83,7 @@ def install_native(module: Any) -> None:
 
 
 __all__ = [
+    "scatter",  # (with reduce=; replaces the plain one as function and method)
     "binomial",
     "bitwise_left_shift",
     "bitwise_right_shift",
@@ -390,6 +393,30 @@ def nanmedian(input: Any, dim: Any = None, keepdim: bool = False) -> Any:
     if not keepdim:
         values, index = squeeze(values, d), squeeze(index, d)
     return return_types.nanmedian(values, index)
+
+
+def scatter(
+    input: Any,
+    dim: int,
+    index: Any,
+    src: Any = None,
+    *,
+    value: Any = None,
+    reduce: str | None = None,
+) -> Tensor:
+    """``scatter``, with PyTorch's (deprecated) ``reduce="add"`` or ``"multiply"``: the
+    scattered values are added to, or multiply, what is there."""
+    if reduce is None:
+        return _scatter(input, dim, index, src, value=value)
+    if reduce not in ("add", "multiply"):
+        raise ArgumentError(f"reduce argument must be either add or multiply, got {reduce}")
+    x, idx = to_tensor(input), to_tensor(index)
+    s = src if src is not None else value
+    if not isinstance(s, Tensor):
+        s = zeros(tuple(idx.shape), dtype=x.dtype, device=x.device) + s
+    if reduce == "add":
+        return scatter_add(x, dim, idx, s)
+    return scatter_reduce(x, dim, idx, s, "prod")
 
 
 # ---- scatter_reduce / index_reduce --------------------------------------------------------------

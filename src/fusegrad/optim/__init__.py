@@ -16,6 +16,7 @@ from .adam import Adam, AdamW
 from .adamax import Adamax
 from .asgd import ASGD
 from .lbfgs import LBFGS
+from .more import Adafactor, Muon, SparseAdam
 from .nadam import NAdam
 from .optimizer import Optimizer, OptimizerError
 from .radam import RAdam
@@ -36,6 +37,9 @@ __all__ = [
     "ASGD",
     "RAdam",
     "Rprop",
+    "Adafactor",
+    "Muon",
+    "SparseAdam",
     "Optimizer",
     "OptimizerError",
     "lr_scheduler",
