@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from . import functional, init, utils
+from . import attention, common_types, functional, grad, init, utils
 from .containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from .conv_transpose import ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from .distance import CosineSimilarity, PairwiseDistance
@@ -353,6 +353,29 @@ __all__ = [
     "init",
     "utils",
 ]
+
+
+# PyTorch's module paths (fusegrad.nn.modules.<file>), which also name the layers in pickles
+from . import modules  # noqa: E402
+
+
+def factory_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``device``/``dtype``/``memory_format`` entries of ``kwargs`` (also those nested
+    under a ``factory_kwargs`` key), for passing on to factories; any other key is an error."""
+    if kwargs is None:
+        return {}
+    allowed = {"device", "dtype", "memory_format", "factory_kwargs"}
+    unknown = set(kwargs) - allowed
+    if unknown:
+        raise TypeError(f"unexpected kwargs {sorted(unknown)}; expected only {sorted(allowed)}")
+    out = {k: v for k, v in kwargs.items() if k != "factory_kwargs"}
+    for k, v in (kwargs.get("factory_kwargs") or {}).items():
+        if k in out:
+            raise ValueError(f"{k} was specified twice, as a keyword and in factory_kwargs")
+        if k not in allowed - {"factory_kwargs"}:
+            raise TypeError(f"unexpected factory_kwargs key {k!r}")
+        out[k] = v
+    return out
 
 
 def __getattr__(name: str) -> Any:

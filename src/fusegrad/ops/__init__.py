@@ -18,6 +18,7 @@ Names: a primitive's aliases and its ``Tensor`` methods come from its record (``
 from __future__ import annotations
 
 import builtins as _builtins
+import inspect
 from typing import Any
 
 import numpy as np
@@ -275,6 +276,7 @@ from .shape import (
     vstack,
 )
 from .sorting import argsort, cummax, cummin, kthvalue, median, mode, msort, sort, topk
+from .spellings import adapt
 from .views import replay_view as _replay_view
 from .views import set_view_grad_fn as _set_view_grad_fn
 from .views import view_grad_fn as _view_grad_fn
@@ -292,6 +294,7 @@ def to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     device = kwargs.pop("device", None)
     copy = kwargs.pop("copy", False)
     kwargs.pop("non_blocking", None)
+    kwargs.pop("memory_format", None)  # (one memory order in fusegrad: see ``layouts``)
     for a in args:
         if isinstance(a, Tensor):
             dtype = a.dtype
@@ -1082,3 +1085,30 @@ _install_methods()
 for _name in TOP_LEVEL_INPLACE:
     if hasattr(Tensor, _name):
         globals()[_name] = _method_function(_name)
+
+
+def _adapt_spellings() -> None:
+    """numpy's ``axis=``/``keepdims=`` on every function and method taking ``dim``/``keepdim``,
+    and ``out=`` on the top-level functions (``spellings``).  A method that is also a
+    top-level function gets the same wrapper (``Tensor.exp is fusegrad.exp`` stays true)."""
+    g = globals()
+    wrapped: dict[int, Any] = {}
+
+    def once(fn: Any, out: bool) -> Any:
+        if id(fn) not in wrapped:
+            wrapped[id(fn)] = adapt(fn, out=out)
+        return wrapped[id(fn)]
+
+    for name, value in list(g.items()):
+        if name.startswith("_") or not inspect.isfunction(value):
+            continue
+        if not getattr(value, "__module__", "").startswith("fusegrad.ops"):
+            continue
+        g[name] = once(value, out=True)
+    for cls in (Tensor, _ViewTensor):
+        for name, value in list(vars(cls).items()):
+            if not name.startswith("_") and inspect.isfunction(value):
+                setattr(cls, name, once(value, out=False))
+
+
+_adapt_spellings()

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
+from .. import layouts as _layouts
 from .. import return_types
 from .. import storage as _storage
 from ..autograd import grad_mode as _grad_mode
@@ -1008,6 +1009,7 @@ INPLACE_OTHER: dict[str, Any] = {
     "bernoulli_": _bernoulli_fill,
 }
 PROPERTIES: dict[str, Any] = {
+    "layout": lambda self: _layouts.strided,
     "is_cpu": _is_cpu,
     "itemsize": _itemsize,
     "nbytes": _nbytes,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -2178,6 +2179,12 @@ def scaled_dot_product_attention(
     factor = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if _fused_attention_pays(q, k, v, mask, dropout_p, is_causal):
         return _fused_attention(q, k, v, mask, float(factor), is_causal)
+    if not sdpa_backends.math:
+        raise RuntimeError(  # (PyTorch's words when no allowed backend takes the call)
+            "No available kernel. Aborting execution. (nn.attention.sdpa_kernel allows no "
+            "backend that runs this call: fusegrad's are MATH and, for CPU float32/float64 "
+            "calls without dropout, FLASH_ATTENTION / EFFICIENT_ATTENTION)"
+        )
     scores = mul(q @ k.mT, factor)
     if is_causal:
         keep = _created(Tensor._make(np.tri(length, source, 0, dtype=bool))).to(q.device)
@@ -2213,6 +2220,18 @@ def scaled_dot_product_attention(
 _FUSED_MIN_SCORES = 1 << 26
 
 
+class _SdpaBackends(threading.local):
+    """Which attention paths ``nn.attention.sdpa_kernel`` allows, per thread: ``math`` (the
+    composite) and ``fused`` (the fused CPU kernel, PyTorch's flash / efficient backends)."""
+
+    def __init__(self) -> None:
+        self.math = True
+        self.fused = True
+
+
+sdpa_backends = _SdpaBackends()
+
+
 def _fused_attention_pays(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, causal: bool
 ) -> bool:
@@ -2222,6 +2241,8 @@ def _fused_attention_pays(
     forward-AD level (whose rules the composite has).
     Everything else (CUDA, dropout, enable_gqa's repeated heads, broadcast batch dims, float16)
     runs the composite."""
+    if not sdpa_backends.fused:  # (``nn.attention.sdpa_kernel`` allowed the math path only)
+        return False
     if dropout_p > 0.0 or q.device.type != "cpu" or q.dtype.name not in ("float32", "float64"):
         return False
     if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]) or q.ndim < 2:

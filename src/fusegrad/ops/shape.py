@@ -334,11 +334,13 @@ def sum_to_size(input: Tensor, *size: Any) -> Tensor:
     return sum_to(input, shape_arg(size))
 
 
-def contiguous(input: Tensor) -> Tensor:
+def contiguous(input: Tensor, memory_format: Any = None) -> Tensor:
+    """``input`` (C-contiguous), or a C-contiguous copy; ``memory_format`` is accepted (fusegrad
+    keeps one memory order, see ``fusegrad.layouts``)."""
     return input if input._data.flags.c_contiguous else clone(input)
 
 
-def clone(input: Any) -> Tensor:
+def clone(input: Any, *, memory_format: Any = None) -> Tensor:
     return apply(P["clone"], (to_tensor(input),), {})
 
 

@@ -9,7 +9,7 @@ schedules.
 
 from __future__ import annotations
 
-from . import lr_scheduler
+from . import lr_scheduler, swa_utils
 from .adadelta import Adadelta
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
@@ -43,4 +43,5 @@ __all__ = [
     "Optimizer",
     "OptimizerError",
     "lr_scheduler",
+    "swa_utils",
 ]
