@@ -216,6 +216,9 @@ from .ops.composites import range  # noqa: A004,E402  (torch.range; not in ops' 
 globals().pop("linalg", None)
 from .runtime import *  # noqa: F401,F403,E402  (constants, dtype queries, settings)
 from .size import Size
+from . import sparse  # noqa: E402  (COO tensors; installs Tensor.to_sparse and friends)
+from .sparse import sparse_coo_tensor  # noqa: E402
+from .sparse import mm as spmm  # noqa: E402
 from .tensor import Tensor
 from .tensor_types import *  # noqa: F401,F403,E402  (FloatTensor, LongTensor, ...)
 
@@ -259,7 +262,7 @@ _FUNCTIONAL_AT_TOP_LEVEL = frozenset(
 
 # subpackages loaded on first use (``fusegrad.nn``, ``fusegrad.fft``, ...)
 _SUBPACKAGES = frozenset(
-    "nn optim utils viz distributed amp backends accelerator fft linalg".split()
+    "nn optim utils viz distributed amp backends accelerator fft linalg onnx".split()
 )
 
 
