@@ -1,6 +1,7 @@
 """``fusegrad.onnx``: importable, as scripts import ``torch.onnx`` at the top, but fusegrad
 does not export ONNX graphs: ``export`` raises ``NotImplementedError`` saying so, and how to
-export from PyTorch instead (its modules take the same state dict, as numpy arrays).  ``is_in_onnx_export`` is False: no export ever runs."""
+export from PyTorch instead (its modules take the same state dict, as numpy arrays).
+``is_in_onnx_export`` is False: no export ever runs."""
 
 from __future__ import annotations
 

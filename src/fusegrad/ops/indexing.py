@@ -10,6 +10,7 @@ gradient (``index_add_at``) accumulates duplicate indices, as in PyTorch.
 from __future__ import annotations
 
 import numbers
+import warnings
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from ..autograd.tracer import notify_host_read as _read
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..size import broadcast_shapes
 from ..tensor import Tensor
-from ._util import P, apply, as_operand, as_size, broadcast_shape, to_tensor, wrap_dim
+from ._util import P, apply, as_operand, as_size, broadcast_shape, cast, to_tensor, wrap_dim
 from .creation import full
 from .elementwise import add, where
 from .generated import eq, mul
@@ -93,6 +94,15 @@ def _normalise_key(x: Tensor, key: Any) -> tuple[tuple, tuple]:
                     # a constant of the key (a Python list: a tracer's guard sees its values;
                     # a numpy array it cannot, so that stays an untraced tensor)
                     _created(t)
+            if t._dtype is _dt.uint8:
+                # PyTorch's old spelling of a mask: read as bool, with its deprecation warning
+                warnings.warn(
+                    "indexing with dtype fusegrad.uint8 is now deprecated, please use a dtype "
+                    "fusegrad.bool instead.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                t = cast(t, _dt.bool_)
             if t._data.dtype.kind == "f":
                 raise IndexOutOfRange(
                     "getitem: tensors used as indices must be long, int or bool tensors, "
