@@ -45,7 +45,11 @@ from typing import Any
 
 # ``autograd`` first: its __init__ is the top of the autograd layers (see the docstring); ``ops``
 # (the op surface, which installs the Tensor methods that run ops) is loaded by it already
-from . import autograd, ops
+from . import (
+    autograd,
+    ops,
+    sparse,  # noqa: E402  (COO tensors; installs Tensor.to_sparse and friends)
+)
 from . import dtypes as _dtypes
 from .autograd import derivatives as _derivatives  # the rule table, above the op surface
 from .autograd import (
@@ -216,9 +220,8 @@ from .ops.composites import range  # noqa: A004,E402  (torch.range; not in ops' 
 globals().pop("linalg", None)
 from .runtime import *  # noqa: F401,F403,E402  (constants, dtype queries, settings)
 from .size import Size
-from . import sparse  # noqa: E402  (COO tensors; installs Tensor.to_sparse and friends)
-from .sparse import sparse_coo_tensor  # noqa: E402
 from .sparse import mm as spmm  # noqa: E402
+from .sparse import sparse_coo_tensor  # noqa: E402
 from .tensor import Tensor
 from .tensor_types import *  # noqa: F401,F403,E402  (FloatTensor, LongTensor, ...)
 
