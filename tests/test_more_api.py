@@ -265,3 +265,29 @@ def test_sparse_coo_graph_convolution() -> None:
         np.testing.assert_array_equal(
             adj.coalesce().indices().numpy(), tadj.coalesce().indices().numpy()
         )
+
+
+def test_chain_dataset_and_more_inplace_methods() -> None:
+    from fusegrad.utils.data import ChainDataset, IterableDataset
+
+    class Count(IterableDataset):
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __iter__(self) -> Any:
+            return iter(range(self.n))
+
+        def __len__(self) -> int:
+            return self.n
+
+    assert list(Count(2) + Count(3)) == [0, 1, 0, 1, 2]
+    assert len(ChainDataset([Count(2), Count(1)])) == 3
+    x = fg.zeros(2, 2)
+    x.addmm_(fg.ones(2, 3), fg.ones(3, 2))
+    assert x.tolist() == [[3.0, 3.0], [3.0, 3.0]]
+    b = fg.zeros(2, 2)
+    b.addbmm_(fg.ones(4, 2, 3), fg.ones(4, 3, 2))
+    assert b.tolist() == [[12.0, 12.0], [12.0, 12.0]]
+    c = fg.zeros(4, 2, 2)
+    c.baddbmm_(fg.ones(4, 2, 3), fg.ones(4, 3, 2), alpha=0.5)
+    assert c.sum().item() == 4 * 4 * 1.5

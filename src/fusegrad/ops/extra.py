@@ -959,12 +959,13 @@ METHOD_NAMES = (
     "take tensor_split trace vdot vsplit xlogy bitwise_left_shift bitwise_right_shift gcd lcm "
     "frexp nextafter histogram index_put put masked_scatter renorm nanmedian scatter_reduce "
     "index_reduce select_scatter slice_scatter diagonal_scatter split_with_sizes unsafe_chunk "
-    "unsafe_split unsafe_split_with_sizes bernoulli"
+    "unsafe_split unsafe_split_with_sizes bernoulli nonzero_static"
 ).split()
 
 # in-place methods: name -> the function whose result is written into the tensor
 INPLACE_NAMES = (
-    "addmv addr copysign cumprod cumsum deg2rad float_power fmod frac heaviside ldexp logit "
+    "addbmm addmm baddbmm addmv addr copysign cumprod cumsum deg2rad float_power fmod frac "
+    "heaviside ldexp logit "
     "multiply mvlgamma rad2deg sgn sinc subtract tril triu xlogy bitwise_left_shift "
     "bitwise_right_shift gcd lcm nextafter index_put put masked_scatter renorm scatter_reduce "
     "index_reduce"
