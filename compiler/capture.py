@@ -79,6 +79,7 @@ from .symbolic import FakeArray, Guard, NeedsData, ShapeEnv
 _HALF_REASON = "a float16/bfloat16 value (compiled programs take no half dtypes: eager)"
 # complex values: the lowering table has real scalar expressions only (docs/complex.md)
 _COMPLEX_REASON = "a complex value (compiled programs take no complex dtypes: eager)"
+_SMALL_INT_REASON = "an int16/int8/uint8 value (compiled programs take no small integers: eager)"
 
 
 class Fallback(Exception):
@@ -213,6 +214,8 @@ class Recorder(Tracer):
             raise Fallback(f"{prim.name} in {self.current}: {_HALF_REASON}")
         if dtype.is_complex or any(v.dtype.is_complex for v in values):
             raise Fallback(f"{prim.name} in {self.current}: {_COMPLEX_REASON}")
+        if dtype in _dt.SMALL_INT or any(v.dtype in _dt.SMALL_INT for v in values):
+            raise Fallback(f"{prim.name} in {self.current}: {_SMALL_INT_REASON}")
         value = graph.add(
             prim.name,
             tuple(values),
@@ -277,6 +280,9 @@ class Capture(_engine.Executor, Recorder):
         # saved tensors the engine unpacked (their nodes ran): only these are version-checked
         # when the program runs, as eager mode checks only those of the nodes it runs
         self.unpacked: set[int] = set()
+        # the error of a saved tensor's real unpack (a version check): eager's own error, which
+        # a custom Function's traced backward must raise as eager's would, not refuse
+        self.unpack_error: BaseException | None = None
         # anomaly mode: each node's gradients become ``("check", (node, output), value)``
         # effects, which the program tests for NaN, in eager's order, before any other effect
         self.check_nan = anomaly._state.enabled and anomaly._state.check_nan
@@ -479,6 +485,12 @@ class Capture(_engine.Executor, Recorder):
                     result = node._cls.backward(ctx, *args)
             except (Fallback, NeedsData):
                 raise
+            except AutogradError as e:
+                if e is self.unpack_error:  # (a version check: eager raises it here too)
+                    raise
+                raise Refused(
+                    f"the backward of {name} failed on symbolic values ({type(e).__name__}: {e})"
+                ) from None
             except Untraceable as e:
                 raise Refused(f"{name}: {e}") from None
             except Exception as e:  # noqa: BLE001 - eager mode raises it, if it is real
@@ -568,7 +580,11 @@ class Capture(_engine.Executor, Recorder):
                 origin=self.current,
             )
             return self.symbolic(value)
-        saved.unpack(node)  # the real unpack, for its version check (and error) only
+        try:
+            saved.unpack(node)  # the real unpack, for its version check (and error) only
+        except AutogradError as e:
+            self.unpack_error = e
+            raise
         self.unpacked.add(k)
         remat = w.remat.get(k)
         if remat is not None:  # recompute from the leaf the program reads anyway

@@ -352,6 +352,23 @@ def attach(
     effects = [(k, slot, v) for k, slot, v in graph.effects if k != "check" and v in live]
     if not effects:
         return
+    # an edge only to the sources the gradients depend on differentiably, as eager's graph
+    # would have: a source no gradient depends on gets None from grad(allow_unused=True),
+    # not zeros (a path through a comparison or another op without a derivative is no path)
+    reach = {v for _, _, v in effects}
+    for v in reversed(graph.values):
+        if v in reach and v.op not in ("input", "scalar", "constant"):
+            if registry.REGISTRY[v.op].differentiable:
+                reach.update(i for i in v.inputs if i.dtype.is_floating_point)
+    needed = [k for k in needed if values[k] in reach]
+    live = {values[k] for k in needed}
+    for v in graph.values:
+        if v not in live and v.op not in ("input", "scalar", "constant"):
+            if registry.REGISTRY[v.op].differentiable and any(i in live for i in v.inputs):
+                live.add(v)
+    effects = [e for e in effects if e[2] in live]
+    if not effects:
+        return
     node = CompiledGradBackward(graph, [v for _, _, v in effects], sources, needed, cache, mode)
     for j, (kind, slot, _) in enumerate(effects):
         if kind == "capture":

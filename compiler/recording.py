@@ -77,6 +77,7 @@ CONTAINER_DEPTH = 3
 
 _CUDA = "a CUDA tensor (whole-step compile runs on the CPU for now)"
 _HALF = fusegrad.dtypes.HALF  # numba has no CPU half type: steps holding one run eagerly
+_SMALL_INT = fusegrad.dtypes.SMALL_INT  # nor casts to them in generated code: eagerly too
 
 
 class StepBreak(Exception):
@@ -424,6 +425,11 @@ class Recorder(Tracer):
             raise StepBreak(
                 f"{prim.name} at {_user_line()}: a complex value (compiled programs take no "
                 "complex dtypes)"
+            )
+        if dtype in _SMALL_INT or any(v.dtype in _SMALL_INT for v in values):
+            raise StepBreak(
+                f"{prim.name} at {_user_line()}: an int16/int8/uint8 value (compiled programs "
+                "take no small integers)"
             )
         try:
             value = self.graph.add(prim.name, values, attrs, arr.shape, out._dtype)

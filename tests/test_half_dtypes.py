@@ -145,4 +145,4 @@ def test_from_numpy_takes_float16_and_says_so() -> None:
     t = fg.from_numpy(np.array([0.5, 1.5], np.float16))
     assert t.dtype is fg.float16
     with pytest.raises(TypeError, match="float16"):
-        fg.from_numpy(np.ones(2, np.uint8))
+        fg.from_numpy(np.ones(2, np.uint16))

@@ -101,6 +101,21 @@ def _cast_int32(x):  # type: ignore[no-untyped-def]
 
 
 @_helper
+def _cast_int16(x):  # type: ignore[no-untyped-def]
+    return np.int16(x)
+
+
+@_helper
+def _cast_int8(x):  # type: ignore[no-untyped-def]
+    return np.int8(x)
+
+
+@_helper
+def _cast_uint8(x):  # type: ignore[no-untyped-def]
+    return np.uint8(x)
+
+
+@_helper
 def _cast_bool(x):  # type: ignore[no-untyped-def]
     return x != 0
 
@@ -118,8 +133,11 @@ TARGET_HELPERS = (
     "_cast_bool",
     "_cast_float32",
     "_cast_float64",
+    "_cast_int16",
     "_cast_int32",
     "_cast_int64",
+    "_cast_int8",
+    "_cast_uint8",
     "_maximum",
     "_minimum",
     "_partial_sums",

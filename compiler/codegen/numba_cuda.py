@@ -106,6 +106,9 @@ _cast_float32 = _device(cpu_helpers._cast_float32)
 _cast_float64 = _device(cpu_helpers._cast_float64)
 _cast_int32 = _device(cpu_helpers._cast_int32)
 _cast_int64 = _device(cpu_helpers._cast_int64)
+_cast_int16 = _device(cpu_helpers._cast_int16)  # (the small integers: eager CUDA kernels)
+_cast_int8 = _device(cpu_helpers._cast_int8)
+_cast_uint8 = _device(cpu_helpers._cast_uint8)
 
 
 @cuda.jit(device=True, inline="always")

@@ -45,7 +45,11 @@ from typing import Any
 
 # ``autograd`` first: its __init__ is the top of the autograd layers (see the docstring); ``ops``
 # (the op surface, which installs the Tensor methods that run ops) is loaded by it already
-from . import autograd, ops
+from . import (
+    autograd,
+    ops,
+    sparse,  # noqa: E402  (COO tensors; installs Tensor.to_sparse and friends)
+)
 from . import dtypes as _dtypes
 from .autograd import derivatives as _derivatives  # the rule table, above the op surface
 from .autograd import (
@@ -57,7 +61,7 @@ from .autograd import (
     set_grad_enabled,
 )
 from .autograd import jvps as _jvps  # the forward-mode rule table, beside it
-from .device import device
+from .device import device, get_default_device, set_default_device
 from .dtypes import bool_ as bool  # noqa: A001  (torch-style name)
 from .dtypes import (
     complex64,
@@ -67,11 +71,24 @@ from .dtypes import (
     float32,
     float64,
     get_default_dtype,
+    int8,
+    int16,
     int32,
     int64,
     set_default_dtype,
+    uint8,
 )
 from .errors import AutogradError, DTypeError, FusegradError, IndexOutOfRange, ShapeError
+from .layouts import (  # noqa: E402
+    channels_last,
+    channels_last_3d,
+    contiguous_format,
+    layout,
+    memory_format,
+    preserve_format,
+    sparse_coo,
+    strided,
+)
 from .ops import *  # noqa: F401,F403,E402
 from .ops import (  # noqa: E402
     Generator,
@@ -203,7 +220,10 @@ from .ops.composites import range  # noqa: A004,E402  (torch.range; not in ops' 
 globals().pop("linalg", None)
 from .runtime import *  # noqa: F401,F403,E402  (constants, dtype queries, settings)
 from .size import Size
+from .sparse import mm as spmm  # noqa: E402
+from .sparse import sparse_coo_tensor  # noqa: E402
 from .tensor import Tensor
+from .tensor_types import *  # noqa: F401,F403,E402  (FloatTensor, LongTensor, ...)
 
 float = float32  # noqa: A001
 double = float64
@@ -214,6 +234,7 @@ long = int64
 int = int32  # noqa: A001
 cfloat = complex64
 cdouble = complex128
+short = int16
 
 __version__ = "0.1.0"
 
@@ -226,19 +247,25 @@ def numel(input: Tensor) -> int:
     return input.numel()
 
 
+def get_device(input: Tensor) -> int:
+    """The tensor's CUDA device index, or -1 for a CPU tensor."""
+    return input.get_device()
+
+
 # nn.functional's functions that PyTorch also has at top level with the same signature (the
 # others there, such as batch_norm or kl_div, take different arguments and are not mirrored)
 _FUNCTIONAL_AT_TOP_LEVEL = frozenset(
     "selu celu threshold prelu rrelu hardshrink pixel_shuffle pixel_unshuffle conv1d "
     "conv_transpose1d conv_transpose2d alpha_dropout feature_alpha_dropout pairwise_distance "
     "cosine_similarity bilinear rms_norm adaptive_avg_pool1d adaptive_max_pool1d avg_pool1d "
-    "max_pool1d max_pool1d_with_indices channel_shuffle".split()
+    "max_pool1d max_pool1d_with_indices channel_shuffle conv3d conv_transpose3d max_pool3d "
+    "max_pool2d".split()
 )
 
 
 # subpackages loaded on first use (``fusegrad.nn``, ``fusegrad.fft``, ...)
 _SUBPACKAGES = frozenset(
-    "nn optim utils viz distributed amp backends accelerator fft linalg".split()
+    "nn optim utils viz distributed amp backends accelerator fft linalg onnx".split()
 )
 
 
@@ -246,6 +273,10 @@ def __getattr__(name: str) -> Any:
     # Heavy or optional subpackages load on first use, keeping ``import fusegrad`` light.
     if name in _SUBPACKAGES:
         return importlib.import_module(f".{name}", __name__)
+    if name in ("ModuleDict", "ParameterDict"):  # (torch 2.13 exposes them at top level too)
+        return getattr(importlib.import_module(".nn", __name__), name)
+    if name == "GradScaler":
+        return importlib.import_module(".amp", __name__).GradScaler
     if name in ("autocast", "is_autocast_enabled", "get_autocast_dtype"):
         return getattr(importlib.import_module(".amp", __name__), name)
     if name in ("save", "load", "serialization"):  # (it needs nn's Parameter: on first use)

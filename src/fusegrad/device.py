@@ -65,9 +65,26 @@ def cuda_probe() -> tuple[Any, str]:
     return cuda, ""
 
 
+_default: list = []  # the device set_default_device chose (empty: the CPU)
+
+
+def set_default_device(d: object) -> None:
+    """The device factories put tensors on when given none (``None``: back to the CPU)."""
+    _default.clear()
+    if d is not None:
+        dev = as_device(d)
+        if dev.type != "cpu":
+            _default.append(dev)
+
+
+def get_default_device() -> device:
+    """The device factories put tensors on when given none."""
+    return _default[0] if _default else CPU
+
+
 def as_device(d: object) -> device:
     if d is None:
-        return CPU
+        return _default[0] if _default else CPU
     if isinstance(d, device):
         dev = d
     elif isinstance(d, str):

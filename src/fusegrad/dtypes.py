@@ -1,21 +1,23 @@
 """dtypes and PyTorch type promotion.
 
-fusegrad has eight dtypes (float32 default, float64, float16, int32, int64, bool, complex64,
-complex128), each a thin record around a numpy dtype, and a ninth, bfloat16, when the optional
-``ml_dtypes`` package is installed (numpy has no bfloat16; ``ml_dtypes`` adds it with numpy's
-arithmetic).  float16 and bfloat16 are storage and eager-compute dtypes: numpy computes each
-elementwise op on them in float32 and rounds (as PyTorch's CPU kernels do), but reductions
-accumulate in the narrow type where numpy does (PyTorch accumulates in float32), and compiled
-programs do not take them (numba has no CPU half type): a backward or whole step that meets one
-runs eagerly, with that reason.
+fusegrad has eleven dtypes (float32 default, float64, float16, int64, int32, int16, int8, uint8,
+bool, complex64, complex128), each a thin record around a numpy dtype, and a twelfth, bfloat16,
+when the optional ``ml_dtypes`` package is installed (numpy has no bfloat16; ``ml_dtypes`` adds
+it with numpy's arithmetic). float16 and bfloat16 are storage and eager-compute dtypes: numpy
+computes each elementwise op on them in float32 and rounds (as PyTorch's CPU kernels do), but
+reductions accumulate in the narrow type where numpy does (PyTorch accumulates in float32), and
+compiled programs do not take them (numba has no CPU half type): a backward or whole step that
+meets one runs eagerly, with that reason. The small integers (int16, int8, uint8) are eager only
+too (``SMALL_INT``): generated code casts only to 32- and 64-bit types.
 
-``result_type`` implements PyTorch's promotion: operands are ranked by
-category (bool < integer < floating < complex); within the highest category present, dimensioned
-tensors win over 0-d tensors, which win over Python scalars ("wrapped numbers").  A Python scalar
-never upcasts a tensor of its own category (``float32 * 2.0`` stays float32); a scalar of a higher
-category gives the default dtype of that category (``int_tensor * 2.5`` is float32).  A complex
+``result_type`` implements PyTorch's promotion: operands are ranked by category (bool < integer
+< floating < complex); uint8 with a signed integer gives the smallest signed type that holds
+both (``uint8 + int8`` is int16); within the highest category present, dimensioned tensors win
+over 0-d tensors, which win over Python scalars ("wrapped numbers"). A Python scalar never
+upcasts a tensor of its own category (``float32 * 2.0`` stays float32); a scalar of a higher
+category gives the default dtype of that category (``int_tensor * 2.5`` is float32). A complex
 operand that wins over a floating one keeps that one's precision (``float64 * 1j`` is
-complex128).  docs/complex.md describes the complex dtypes.
+complex128). docs/complex.md describes the complex dtypes.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class dtype:  # noqa: N801 - torch-style lowercase name
 
     @property
     def is_signed(self) -> bool:
-        return self.category != 0  # (no unsigned integer dtypes)
+        return self.category != 0 and self.np.kind != "u"
 
     def __repr__(self) -> str:
         return f"fusegrad.{self.name}"
@@ -68,6 +70,10 @@ class dtype:  # noqa: N801 - torch-style lowercase name
 
 
 bool_ = dtype("bool", np.dtype(np.bool_), 0, 1)
+# the small integers (images, masks, quantised data): eager only, like the half dtypes
+uint8 = dtype("uint8", np.dtype(np.uint8), 1, 1)
+int8 = dtype("int8", np.dtype(np.int8), 1, 1)
+int16 = dtype("int16", np.dtype(np.int16), 1, 2)
 int32 = dtype("int32", np.dtype(np.int32), 1, 4)
 int64 = dtype("int64", np.dtype(np.int64), 1, 8)
 float32 = dtype("float32", np.dtype(np.float32), 2, 4)
@@ -92,12 +98,16 @@ ALL = (bool_, int32, int64, float32, float64, float16, complex64, complex128) + 
     (bfloat16,) if bfloat16 else ()
 )
 COMPLEX = (complex64, complex128)
+ALL += (uint8, int8, int16)
 # the half dtypes: eager only (compiled programs fall back, see the module docstring)
 HALF = tuple(d for d in (float16, bfloat16) if d is not None)
+# the small integers: eager only too (generated code casts only to 32- and 64-bit types)
+SMALL_INT = (uint8, int8, int16)
 _BY_NP = {d.np: d for d in ALL}
 _BY_NAME = {d.name: d for d in ALL}
 _BY_NAME.update({"float": float32, "double": float64, "long": int64, "int": int32, "half": float16})
 _BY_NAME.update({"cfloat": complex64, "cdouble": complex128})
+_BY_NAME.update({"short": int16})
 
 _default_float = float32
 
@@ -145,8 +155,8 @@ def as_dtype(d: object) -> dtype:
         # numpy dtypes fusegrad does not store: map to the nearest of its category
         if npd.kind == "f":
             return float64 if npd.itemsize > 4 else float32
-        if npd.kind in "iu":
-            return int64 if npd.itemsize > 4 else int32
+        if npd.kind in "iu":  # uint16, uint32, uint64: the signed type that holds them
+            return int64 if npd.itemsize >= 4 else int32
         if npd.kind == "c":
             return complex128 if npd.itemsize > 8 else complex64
     raise TypeError(f"unsupported dtype {d!r}; expected one of {', '.join(x.name for x in ALL)}")
@@ -185,6 +195,11 @@ def _promote_pair(a: dtype, b: dtype) -> dtype:
         return _promote_pair(ra, rb).to_complex()
     if a.category != b.category:
         return a if a.category > b.category else b
+    if a.category == 1 and (a is uint8 or b is uint8):
+        # uint8 with a signed integer: the smallest signed type holding both (uint8 + int8 is
+        # int16, uint8 + int16 int16, ...), as in PyTorch
+        signed = b if a is uint8 else a
+        return int16 if signed.itemsize == 1 else signed
     if a.itemsize == b.itemsize == 2:
         return float32  # float16 with bfloat16: neither holds the other (PyTorch: float32)
     return a if a.itemsize >= b.itemsize else b

@@ -36,6 +36,12 @@ class ComplexNotSupported(FusegradError, NotImplementedError):
     ...) met one: a ``NotImplementedError``, as PyTorch raises for most of them."""
 
 
+class ArgumentError(FusegradError, RuntimeError):
+    """An argument value the op does not accept (a rounding mode, an indexing mode, clamp
+    without bounds, an integer to a negative power, a bool dtype for ``linspace``): PyTorch's
+    ``RuntimeError``."""
+
+
 def describe(*tensors: object) -> str:
     """``(3, 4) float32, (5,) int64`` for the given tensors (scalars as their Python type)."""
     parts = []

@@ -66,6 +66,68 @@ _SAFE_GLOBALS: dict[tuple[str, str], Any] = {
 }
 
 
+# globals the user allowed for weights-only loads: ``add_safe_globals`` (for the process) and
+# ``safe_globals`` (for a block, this thread)
+_USER_GLOBALS: list[Any] = []
+_scoped = threading.local()
+
+
+def _key_of(entry: Any) -> tuple[tuple[str, str], Any]:
+    """``(module, name)`` and the object of an allowed global: the object itself, or a pair
+    ``(object, "module.name")`` naming the path a file stores it under."""
+    if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str):
+        obj, path = entry
+        module, _, name = path.rpartition(".")
+        return (module, name), obj
+    return (entry.__module__, entry.__qualname__), entry
+
+
+def _allowed_by_user(module: str, name: str) -> Any:
+    for entry in [*getattr(_scoped, "entries", ()), *_USER_GLOBALS]:
+        key, obj = _key_of(entry)
+        if key == (module, name):
+            return obj
+    return None
+
+
+def add_safe_globals(safe_globals: list[Any]) -> None:
+    """Allow these globals (classes, functions, or ``(object, "module.name")`` pairs) in
+    ``load(weights_only=True)`` for the rest of the process: trust the file's authors to use
+    them only as data."""
+    for entry in safe_globals:
+        _key_of(entry)  # (checks the entry's form)
+        _USER_GLOBALS.append(entry)
+
+
+def get_safe_globals() -> list[Any]:
+    """The globals ``add_safe_globals`` allowed."""
+    return list(_USER_GLOBALS)
+
+
+def clear_safe_globals() -> None:
+    """Forget the globals ``add_safe_globals`` allowed."""
+    _USER_GLOBALS.clear()
+
+
+class safe_globals:  # noqa: N801  (PyTorch's name)
+    """``with safe_globals([...]):`` allows the globals in weights-only loads in the block (in
+    this thread), as ``add_safe_globals`` does for the process."""
+
+    def __init__(self, safe_globals: list[Any]) -> None:
+        for entry in safe_globals:
+            _key_of(entry)
+        self._entries = list(safe_globals)
+        self._saved: tuple = ()
+
+    def __enter__(self) -> safe_globals:
+        self._saved = tuple(getattr(_scoped, "entries", ()))
+        _scoped.entries = (*self._saved, *self._entries)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _scoped.entries = self._saved
+
+
 class WeightsOnlyUnpicklingError(pickle.UnpicklingError):
     """A ``weights_only=True`` load met a global it does not allow."""
 
@@ -199,6 +261,8 @@ class _Unpickler(pickle.Unpickler):
         # protocol 2 writes Python 2's module names (``__builtin__``): read them as Python 3's
         module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         found = _SAFE_GLOBALS.get((module, name))
+        if found is None:
+            found = _allowed_by_user(module, name)
         if found is None:
             raise WeightsOnlyUnpicklingError(
                 "Weights only load failed: the file names the global "

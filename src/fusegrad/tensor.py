@@ -113,8 +113,17 @@ class Tensor:
 
     __array_priority__ = 1000  # numpy defers binary operators to Tensor
 
-    def __init__(self, data: Any, dtype: Any = None, requires_grad: bool = False) -> None:
-        arr = _to_array(data, dtype)
+    def __init__(
+        self, *args: Any, dtype: Any = None, device: Any = None, requires_grad: bool = False
+    ) -> None:
+        """PyTorch's legacy constructor (``torch.Tensor(...)``), in the default float dtype
+        (or ``dtype``): ``Tensor(*sizes)`` or ``Tensor(Size)`` gives uninitialised values of
+        that shape, ``Tensor(data)`` a copy of a sequence or array, ``Tensor()`` an empty
+        tensor.  ``fusegrad.tensor(data)`` is the constructor that infers the dtype."""
+        target = _dt.get_default_dtype() if dtype is None else _dt.as_dtype(dtype)
+        arr = legacy_array(args, target, "Tensor")
+        if device is not None and as_device(device) is not CPU:
+            arr = to_device(arr)
         self._init(arr)
         if requires_grad:
             self.requires_grad_(True)
@@ -612,6 +621,31 @@ def view_rebase_error(view: Tensor, info: _ViewInfo | None, indirect: bool) -> A
 
 
 # ---- data -> array (``Tensor(data)``, ``fusegrad.tensor(data)``) ---------------------------------
+def legacy_array(args: tuple, dtype: _dt.dtype, name: str) -> Any:
+    """The array of a legacy constructor call ``name(*args)`` (``Tensor``, ``FloatTensor``,
+    ...): sizes give uninitialised values, one sequence, array or tensor is copied (converted
+    to ``dtype``), nothing gives an empty 1-D array."""
+    if not args:
+        return np.empty((0,), dtype.np)
+    if all(isinstance(a, (int, np.integer)) and not isinstance(a, bool) for a in args):
+        if any(a < 0 for a in args):
+            raise ShapeError(f"{name}: negative dimension in size {list(args)}")
+        return np.empty(tuple(int(a) for a in args), dtype.np)
+    if len(args) == 1:
+        data = args[0]
+        if isinstance(data, Size):
+            return np.empty(tuple(data), dtype.np)
+        if isinstance(data, Tensor):
+            return to_host(data._data).astype(dtype.np, copy=True)
+        if isinstance(data, (list, tuple, np.ndarray)):
+            return _to_array(data, dtype)
+    kinds = ", ".join(type(a).__name__ for a in args)
+    raise TypeError(
+        f"{name}() takes sizes (ints or a Size), or one sequence, array or tensor of data; got "
+        f"({kinds})"
+    )
+
+
 def _to_array(data: Any, dtype: Any = None) -> np.ndarray:
     """Copy ``data`` into a fresh array with PyTorch's dtype inference."""
     if isinstance(data, Tensor):

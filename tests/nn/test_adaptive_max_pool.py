@@ -1,6 +1,6 @@
 """F.adaptive_max_pool1d/2d with nn.AdaptiveMaxPool1d/2d against torch: even and uneven
-windows, None sizes, unbatched inputs, gradients to the selected elements, reprs, node names;
-return_indices=True is refused."""
+windows, None sizes, unbatched inputs, gradients to the selected elements, reprs, node names,
+and the indices of return_indices=True."""
 
 from __future__ import annotations
 
@@ -40,6 +40,13 @@ def test_adaptive_max_pool_matches_torch(name: str, shape: tuple, size: object) 
     assert y.grad_fn.name() == z.grad_fn.name()
 
 
-def test_return_indices_is_refused() -> None:
-    with pytest.raises(NotImplementedError, match="return_indices=True is not supported"):
-        F.adaptive_max_pool2d(fusegrad.ones(1, 1, 4, 4), 2, return_indices=True)
+@pytest.mark.parametrize("dims, size", [(1, 4), (2, (4, 3)), (3, (2, None, 3))])
+def test_return_indices_match_torch(dims: int, size: object) -> None:
+    torch = pytest.importorskip("torch")
+    x = RNG.standard_normal((2, 3) + (7, 5, 6)[:dims])
+    fn = f"adaptive_max_pool{dims}d"
+    values, indices = getattr(F, fn)(fusegrad.tensor(x, requires_grad=True), size, True)
+    want_v, want_i = getattr(torch.nn.functional, fn)(torch.tensor(x), size, True)
+    np.testing.assert_array_equal(values.detach().numpy(), want_v.numpy())
+    np.testing.assert_array_equal(indices.numpy(), want_i.numpy())
+    assert indices.dtype is fusegrad.int64

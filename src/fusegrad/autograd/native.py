@@ -28,70 +28,50 @@ This module sits above the op surface and ``autograd.function`` (which imports `
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
+from .. import dtypes as _dtypes
+from ..ops import convolution as _convolution
+from ..ops import extra as _extra
 from ..ops import functional as _functional
-from ..ops.creation import full
-from ..ops.functional import _conv_columns, _out_size, _update_running, _windows
-from ..ops.indexing import index_add_at
+from ..ops.convolution import col2im, conv_columns, windows
+from ..ops.creation import full, ones_like, zeros_like
+from ..ops.elementwise import where
+from ..ops.extra import scatter_reduce_host
+from ..ops.functional import _update_running
+from ..storage import to_host
 from ..tensor import Tensor
-from .function import Function
+from .function import Function, once_differentiable
 from .grad_mode import is_grad_enabled
 
-_FULL = ("s", None, None, 1)  # a whole dim in a normalised getitem key
+_bool = _dtypes.bool_
 
 
 def columns(
     x: Tensor, kernel: tuple, stride: tuple, padding: tuple, dilation: tuple, groups: int, op: str
 ) -> Tensor:
-    """im2col of an (N, C, H, W) input: (N, groups, C / groups * kh * kw, oh * ow)."""
-
-    win = _windows(x, kernel, stride, padding, dilation, 0.0, op=op)
-    n, c, kh, kw, oh, ow = win.shape
-    return win.reshape(n, groups, c // groups * kh * kw, oh * ow)
-
-
-def _unslide(g: Tensor, size: int, stride: int, dilation: int, count: int, length: int) -> Tensor:
-    """The transpose of ``functional._slide`` along dim 3: ``g`` (N, C, size, d, count, ...),
-    the window offsets at dim 2, -> (N, C, d, length, ...), each offset's part added into the
-    strided slice the forward read it from (what the slices' own gradients would do)."""
-    span = (count - 1) * stride + 1
-    shape = list(g.shape)
-    del shape[2]
-    shape[3] = length
-    total = None
-    for a in range(size):
-        key = (_FULL, _FULL, _FULL, ("s", a * dilation, a * dilation + span, stride))
-        part = index_add_at(g.select(2, a), (), key, tuple(shape))
-        total = part if total is None else total + part
-    return total
+    """im2col of an (N, C, *spatial) input: (N, groups, C / groups * prod(kernel), prod(out))."""
+    win = windows(x, kernel, stride, padding, dilation, 0.0, op=op)
+    n = len(kernel)
+    outs = win.shape[2 + n :]
+    return win.reshape(x.shape[0], groups, -1, math.prod(outs))
 
 
-def _col2im(
-    cols: Tensor, shape: tuple, kernel: tuple, stride: tuple, padding: tuple, dilation: tuple
-) -> Tensor:
-    """The transpose of ``columns``: (N, groups, C / groups * kh * kw, oh * ow) -> the (N, C,
-    H, W) input's gradient (overlapping windows add up; padding is cropped)."""
-
-    n, c, h, w = shape
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-    oh, ow = _out_size(h, kh, sh, ph, dh), _out_size(w, kw, sw, pw, dw)
-    # the padded input _windows read: padding, and more at the end to fit the last window
-    full_h = max(h + 2 * ph, (oh - 1) * sh + dh * (kh - 1) + 1)
-    full_w = max(w + 2 * pw, (ow - 1) * sw + dw * (kw - 1) + 1)
-    g = cols.reshape(n, c, kh, kw, oh, ow)
-    g = _unslide(g, kh, sh, dh, oh, full_h)  # (N, C, kw, H', ow)
-    g = _unslide(g, kw, sw, dw, ow, full_w)  # (N, C, H', W')
-    if (full_h, full_w) != (h, w):
-        g = g[:, :, ph : ph + h, pw : pw + w]
-    return g
+def _owned(out: Tensor) -> Tensor:
+    """``out`` as a tensor of its own rather than a view of a forward intermediate (a reshape
+    of the matmul's result, which nothing else can reach): the node's output must accept
+    in-place ops as a native op's output does (``conv(x).add_(1)``), and a view created in
+    the Function's no_grad forward would refuse them."""
+    return Tensor._make(out._data) if out._base is not None else out
 
 
 class Convolution(Function):
-    """conv2d of an (N, C, H, W) input (already padded for an uneven ``padding='same'``) by an
-    (O, C / groups, kh, kw) weight, plus an optional (O,) bias.  Saves the input only for the
-    weight's gradient and the weight only for the input's; the bias's needs neither."""
+    """An n-d convolution of an (N, C, *spatial) input (already padded for an uneven
+    ``padding='same'``) by an (O, C / groups, *kernel) weight, plus an optional (O,) bias.
+    Saves the input only for the weight's gradient and the weight only for the input's; the
+    bias's needs neither."""
 
     _node_name = "ConvolutionBackward0"
 
@@ -111,26 +91,26 @@ class Convolution(Function):
         ctx.save_for_backward(x if need_w else None, w if need_x else None)
         # (sizes on the ctx are keyed by value in a compiled backward: not the batch size)
         ctx.geometry = (tuple(x.shape[1:]), tuple(w.shape), stride, padding, dilation, groups, op)
-        return _conv_columns(x, w, bias, stride, padding, dilation, groups, op)
+        return _owned(conv_columns(x, w, bias, stride, padding, dilation, groups, op))
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple:
         x, w = ctx.saved_tensors
         x_shape, w_shape, stride, padding, dilation, groups, op = ctx.geometry
         need = ctx.needs_input_grad
-        out_c, kernel = w_shape[0], (w_shape[2], w_shape[3])
-        n, _, oh, ow = g.shape
-        g_mat = g.reshape(n, groups, out_c // groups, oh * ow)
+        out_c, kernel = w_shape[0], tuple(w_shape[2:])
+        n = g.shape[0]
+        g_mat = g.reshape(n, groups, out_c // groups, math.prod(g.shape[2:]))
         gx = gw = gb = None
         if need[0]:
             w_mat = w.reshape(groups, out_c // groups, -1)
             shape = (n, *x_shape)
-            gx = _col2im(w_mat.mT @ g_mat, shape, kernel, stride, padding, dilation)
+            gx = col2im(w_mat.mT @ g_mat, shape, kernel, stride, padding, dilation)
         if need[1]:
             cols = columns(x, kernel, stride, padding, dilation, groups, op)
             gw = (g_mat @ cols.mT).sum(0).reshape(w_shape)
         if need[2]:
-            gb = g.sum((0, 2, 3))
+            gb = g.sum((0, *range(2, g.ndim)))
         return gx, gw, gb, None, None, None, None, None
 
 
@@ -213,6 +193,7 @@ class _Normalization(Function):
     ) -> Tensor:
         running = (running_mean, running_var, momentum)
         out, mean, rstd, count = normalize(x, weight, bias, eps, groups, dims, param_shape, running)
+        out = _owned(out)
         need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         stats = need_x or need_w
         ctx.save_for_backward(
@@ -277,4 +258,82 @@ class GroupNorm(_Normalization):
     _node_name = "NativeGroupNormBackward0"
 
 
+class ScatterReduce(Function):
+    """``scatter_reduce``/``index_reduce`` with ``prod``, ``amax`` or ``amin``: the values by
+    numpy's ``ufunc.at`` on the host; the gradient, in fusegrad ops, goes to the elements that
+    equal the result, split evenly between ties (``amax``/``amin``, as PyTorch's), or is the
+    product of the other factors (``prod``, zeros handled; not differentiable twice)."""
+
+    _node_name = "ScatterReduceBackward0"
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: Tensor, src: Tensor, index: Tensor, dim: int, reduce: str, include: bool
+    ) -> Tensor:
+        host = [to_host(t._data) for t in (x, src, index)]
+        out = scatter_reduce_host(*host, dim, reduce, include)
+        result = Tensor._make(out)
+        result = result if x.device == result.device else result.to(x.device)
+        ctx.save_for_backward(x, src, index, result)
+        ctx.layout = (dim, reduce, include)
+        return result
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple:
+        x, src, index, result = ctx.saved_tensors
+        dim, reduce, include = ctx.layout
+        touched = _touched(x, index, dim)
+        if reduce == "prod":
+            return _prod_backward(ctx, g)
+        # PyTorch's split: every element equal to the result takes an even share, the input's
+        # own value counted even when not included (its share then goes nowhere)
+        picked = result.gather(dim, index)
+        hit_src = (src == picked).to(g.dtype)
+        hit_self = (x == result).to(g.dtype)
+        share = g / hit_self.scatter_add(dim, index, hit_src)
+        g_src = share.gather(dim, index) * hit_src
+        g_x = share * hit_self
+        if not include:
+            g_x = where(touched, 0.0, g_x)
+        return g_x, g_src, None, None, None, None
+
+
+def _touched(x: Tensor, index: Tensor, dim: int) -> Tensor:
+    """Where along ``dim`` something is scattered to (bool, ``x``'s shape)."""
+    return zeros_like(x, dtype=_bool).scatter(dim, index, value=True)
+
+
+@once_differentiable
+def _prod_backward(ctx: Any, g: Tensor) -> tuple:
+    """``prod``'s gradient: each factor's is the product of the others (the result over the
+    factor where no factor is zero; the product of the nonzero ones for the single zero
+    factor of a position; zero where two or more factors are).  Not differentiable again."""
+    x, src, index, result = ctx.saved_tensors
+    dim, _, include = ctx.layout
+    touched = _touched(x, index, dim)
+    nz_src = where(src != 0, src, 1.0)
+    zeros_at = zeros_like(result).scatter_add(dim, index, (src == 0).to(g.dtype))
+    nz_x = where((x != 0) | ~touched, x, 1.0) if include else ones_like(x)
+    if include:
+        zeros_at = zeros_at + ((x == 0) & touched).to(g.dtype)
+    host = [to_host(t._data) for t in (nz_x, nz_src, index)]
+    nz_prod = Tensor._make(scatter_reduce_host(*host, dim, "prod", True)).to(x.device)
+
+    def others(value: Tensor, pick: Any) -> Tensor:
+        """The product of a factor's co-factors, ``pick`` taking each factor's position."""
+        count = pick(zeros_at)
+        alone = (count == 1) & (value == 0)
+        by_division = pick(result) / where(value != 0, value, 1.0)
+        return where(count == 0, by_division, where(alone, pick(nz_prod), 0.0))
+
+    g_src = g.gather(dim, index) * others(src, lambda t: t.gather(dim, index))
+    if include:
+        g_x = where(touched, g * others(x, lambda t: t), g)
+    else:
+        g_x = where(touched, 0.0, g)
+    return g_x, g_src, None, None, None, None
+
+
 _functional.install_native(sys.modules[__name__])
+_extra.install_native(sys.modules[__name__])
+_convolution.install_native(sys.modules[__name__])

@@ -97,4 +97,8 @@ def __getattr__(name: str) -> Any:
     # sits above the op surface and so is loaded on first use, not imported by this package
     if name == "amp":
         return importlib.import_module("fusegrad.amp").cuda_amp
+    if name.endswith("Tensor"):  # FloatTensor, LongTensor, ...: the legacy CUDA tensor types
+        types = importlib.import_module("fusegrad.tensor_types").CUDA_TYPES
+        if name in types:
+            return types[name]
     raise AttributeError(f"module 'fusegrad.cuda' has no attribute {name!r}")

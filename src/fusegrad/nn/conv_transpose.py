@@ -1,7 +1,7 @@
-"""``nn.ConvTranspose1d`` and ``nn.ConvTranspose2d``: transposed convolution modules over
-``F.conv_transpose1d``/``F.conv_transpose2d``, with PyTorch's arguments, weight layout
-(in_channels, out_channels / groups, *kernel), initialisation, repr and ``output_size``
-argument of ``forward``."""
+"""``nn.ConvTranspose1d``, ``nn.ConvTranspose2d`` and ``nn.ConvTranspose3d``: transposed
+convolution modules over ``F.conv_transpose1d``/``2d``/``3d``, with PyTorch's arguments,
+weight layout (in_channels, out_channels / groups, *kernel), initialisation, repr and
+``output_size`` argument of ``forward``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from . import init
 from .layers import _new_weight, _ntuple
 from .module import Module
 
-__all__ = ["ConvTranspose1d", "ConvTranspose2d"]
+__all__ = ["ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]
 
 
 class _ConvTransposeNd(Module):
@@ -160,3 +160,12 @@ class ConvTranspose2d(_ConvTransposeNd):
 
     def _conv(self, *args: Any) -> Tensor:
         return F.conv_transpose2d(*args)
+
+
+class ConvTranspose3d(_ConvTransposeNd):
+    """3-D transposed convolution of (N, C_in, D, H, W) or (C_in, D, H, W) inputs."""
+
+    _n = 3
+
+    def _conv(self, *args: Any) -> Tensor:
+        return F.conv_transpose3d(*args)

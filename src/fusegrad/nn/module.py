@@ -24,7 +24,7 @@ from ..device import as_device
 from ..errors import FusegradError
 from ..ops.creation import as_tensor
 from ..tensor import Tensor
-from .parameter import Parameter
+from .parameter import Buffer, Parameter
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -198,6 +198,13 @@ class Module:
             self.__dict__.pop(name, None)
 
         params = self.__dict__.get("_parameters")
+        if isinstance(value, Buffer):  # nn.Buffer: registered as a buffer (the tensor it marks)
+            source = value.__dict__.get("_source")
+            plain = source if source is not None else Tensor._make(value._data)
+            if params is not None:
+                remove_from(self._parameters, self._modules)
+            self.register_buffer(name, plain, value.__dict__.get("persistent", True))
+            return
         if isinstance(value, Parameter):
             if params is None:
                 raise AttributeError("cannot assign parameters before Module.__init__() call")

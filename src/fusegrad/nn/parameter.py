@@ -53,5 +53,29 @@ def _rebuild_parameter(arr: np.ndarray, requires_grad: bool, device: str = "cpu"
     return Parameter(_rebuild(arr, False, device), requires_grad)
 
 
+class Buffer(Tensor):
+    """``nn.Buffer(data, persistent=True)``: marks a tensor to be registered as a buffer when
+    assigned to a Module attribute (``self.stats = nn.Buffer(t)`` is
+    ``self.register_buffer("stats", t, persistent)``).  The module holds the tensor itself,
+    not this marker."""
+
+    def __new__(cls, data: Any = None, *, persistent: bool = True) -> Buffer:  # type: ignore[misc]
+        t = object.__new__(cls)
+        if data is None:
+            t._init(np.empty((0,), _dt.get_default_dtype().np))
+        elif isinstance(data, Tensor):
+            t._init(data._data)
+            t._version_counter = data._version_counter
+            t._requires_grad = data._requires_grad and data.grad_fn is None
+            t.__dict__["_source"] = data
+        else:
+            t._init(_to_array(data))
+        t.__dict__["persistent"] = persistent
+        return t
+
+    def __init__(self, data: Any = None, *, persistent: bool = True) -> None:
+        pass  # (made by __new__)
+
+
 def is_parameter(obj: object) -> bool:
     return isinstance(obj, Parameter)

@@ -18,12 +18,14 @@ Names: a primitive's aliases and its ``Tensor`` methods come from its record (``
 from __future__ import annotations
 
 import builtins as _builtins
+import inspect
 from typing import Any
 
 import numpy as np
 
 from .. import dtypes as _dt
 from .. import storage as _storage
+from .. import tensor_types as _tensor_types
 from ..autograd import grad_mode as _grad_mode
 from ..autograd.forward_state import state as _forward_state
 from ..autograd.node_names import torch_node_name as _torch_node_name
@@ -127,6 +129,17 @@ from .elementwise import (
     trunc,
     where,
 )
+from .extra import *  # noqa: F401,F403  (more of PyTorch's ops)
+from .extra import (
+    INPLACE_NAMES,
+    INPLACE_OTHER,
+    METHOD_NAMES,
+    OTHER_METHODS,
+    PROPERTIES,
+    TOP_LEVEL_INPLACE,
+    bitwise_left_shift,
+    bitwise_right_shift,
+)
 from .functional import (
     avg_pool2d,
     binary_cross_entropy,
@@ -158,7 +171,6 @@ from .indexing import (
     masked_fill,
     masked_select,
     one_hot,
-    scatter,
     scatter_add,
     scatter_spec,
     setitem_value,
@@ -264,6 +276,7 @@ from .shape import (
     vstack,
 )
 from .sorting import argsort, cummax, cummin, kthvalue, median, mode, msort, sort, topk
+from .spellings import adapt
 from .views import replay_view as _replay_view
 from .views import set_view_grad_fn as _set_view_grad_fn
 from .views import view_grad_fn as _view_grad_fn
@@ -281,6 +294,7 @@ def to(self: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     device = kwargs.pop("device", None)
     copy = kwargs.pop("copy", False)
     kwargs.pop("non_blocking", None)
+    kwargs.pop("memory_format", None)  # (one memory order in fusegrad: see ``layouts``)
     for a in args:
         if isinstance(a, Tensor):
             dtype = a.dtype
@@ -323,7 +337,18 @@ def _type(self: Tensor, dtype: Any = None) -> Any:
             "bfloat16": "fusegrad.BFloat16Tensor",
             "complex64": "fusegrad.ComplexFloatTensor",
             "complex128": "fusegrad.ComplexDoubleTensor",
+            "int16": "fusegrad.ShortTensor",
+            "int8": "fusegrad.CharTensor",
+            "uint8": "fusegrad.ByteTensor",
         }[self.dtype.name]
+    legacy = getattr(dtype, "_legacy_dtype", None)  # FloatTensor and the other tensor types
+    if legacy is not None:
+        out = to(self, legacy)
+        return out.cuda() if getattr(dtype, "_legacy_cuda", False) else out
+    if isinstance(dtype, str):  # "torch.FloatTensor", "fusegrad.cuda.LongTensor", ...
+        kind = _tensor_types.by_name(dtype)
+        if kind is not None:
+            return _type(self, kind)
     return to(self, dtype)
 
 
@@ -872,6 +897,23 @@ def _install_methods() -> None:
         setattr(Tensor, name, g[name])
     for name, fn in _INPLACE.items():
         setattr(Tensor, name, _inplace_method(name, fn))
+    # more of PyTorch's methods (``extra``'s tables)
+    for name in METHOD_NAMES:
+        setattr(Tensor, name, g[name])
+    for name in INPLACE_NAMES:
+        setattr(Tensor, name + "_", _inplace_method(name + "_", g[name]))
+    for name, fn in INPLACE_OTHER.items():
+        setattr(Tensor, name, _inplace_method(name, fn))
+    for name, fn in OTHER_METHODS.items():
+        setattr(Tensor, name, fn)
+    for name, fn in PROPERTIES.items():
+        setattr(Tensor, name, property(fn))
+    Tensor.__lshift__ = bitwise_left_shift
+    Tensor.__rshift__ = bitwise_right_shift
+    Tensor.__rlshift__ = lambda self, other: bitwise_left_shift(other, self)
+    Tensor.__rrshift__ = lambda self, other: bitwise_right_shift(other, self)
+    Tensor.__ilshift__ = _inplace_method("__ilshift__", bitwise_left_shift)
+    Tensor.__irshift__ = _inplace_method("__irshift__", bitwise_right_shift)
     # a view's grad_fn: regenerated from its base (by replaying view ops) after in-place changes
     _ViewTensor.grad_fn = property(  # type: ignore[assignment]
         _view_grad_fn,
@@ -891,6 +933,9 @@ def _install_methods() -> None:
         ("half", _dt.float16),
         ("cfloat", _dt.complex64),
         ("cdouble", _dt.complex128),
+        ("short", _dt.int16),
+        ("char", _dt.int8),
+        ("byte", _dt.uint8),
     ]:
         setattr(Tensor, attr, _converter(d))
     Tensor.bfloat16 = _converter(_dt.bfloat16) if _dt.bfloat16 else _no_bfloat16  # type: ignore
@@ -933,12 +978,8 @@ def _install_methods() -> None:
             name,
             _new_factory({"new_zeros": zeros, "new_ones": ones, "new_empty": empty}[name]),
         )
-    Tensor.new_full = lambda self, size, fill_value, *, dtype=None, requires_grad=False: full(
-        size, fill_value, dtype=dtype or self.dtype, requires_grad=requires_grad
-    )
-    Tensor.new_tensor = lambda self, data, *, dtype=None, requires_grad=False: tensor(
-        data, dtype=dtype or self.dtype, requires_grad=requires_grad
-    )
+    Tensor.new_full = _new_full
+    Tensor.new_tensor = _new_tensor
 
 
 def _set_real(self: Tensor, value: Any) -> None:
@@ -973,10 +1014,101 @@ def _reverse(fn: Any) -> Any:
 
 
 def _new_factory(factory: Any) -> Any:
-    def make(self: Tensor, *size: Any, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-        return factory(*size, dtype=dtype or self.dtype, requires_grad=requires_grad)
+    def make(
+        self: Tensor,
+        *size: Any,
+        dtype: Any = None,
+        device: Any = None,
+        requires_grad: bool = False,
+        **ignored: Any,  # layout=, pin_memory=: fusegrad has one of each
+    ) -> Tensor:
+        return factory(
+            *size,
+            dtype=dtype or self.dtype,
+            device=self.device if device is None else device,
+            requires_grad=requires_grad,
+        )
 
     return make
 
 
+def _new_full(
+    self: Tensor,
+    size: Any,
+    fill_value: Any,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    requires_grad: bool = False,
+    **ignored: Any,
+) -> Tensor:
+    return full(
+        size,
+        fill_value,
+        dtype=dtype or self.dtype,
+        device=self.device if device is None else device,
+        requires_grad=requires_grad,
+    )
+
+
+def _new_tensor(
+    self: Tensor,
+    data: Any,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    requires_grad: bool = False,
+    **ignored: Any,
+) -> Tensor:
+    return tensor(
+        data,
+        dtype=dtype or self.dtype,
+        device=self.device if device is None else device,
+        requires_grad=requires_grad,
+    )
+
+
+def _method_function(name: str) -> Any:
+    """``fusegrad.<name>(input, ...)``: the Tensor method of that name (``torch.abs_(x)`` is
+    ``x.abs_()``)."""
+
+    def call(input: Tensor, *args: Any, **kwargs: Any) -> Any:
+        return getattr(input, name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``input.{name}(...)``."
+    return call
+
+
 _install_methods()
+# the in-place forms PyTorch also has at top level (torch.abs_(x), torch.zero_(x), ...)
+for _name in TOP_LEVEL_INPLACE:
+    if hasattr(Tensor, _name):
+        globals()[_name] = _method_function(_name)
+
+
+def _adapt_spellings() -> None:
+    """numpy's ``axis=``/``keepdims=`` on every function and method taking ``dim``/``keepdim``,
+    and ``out=`` on the top-level functions (``spellings``).  A method that is also a
+    top-level function gets the same wrapper (``Tensor.exp is fusegrad.exp`` stays true)."""
+    g = globals()
+    wrapped: dict[int, Any] = {}
+
+    def once(fn: Any, out: bool) -> Any:
+        if id(fn) not in wrapped:
+            wrapped[id(fn)] = adapt(fn, out=out)
+        return wrapped[id(fn)]
+
+    for name, value in list(g.items()):
+        if name.startswith("_") or not inspect.isfunction(value):
+            continue
+        if not getattr(value, "__module__", "").startswith("fusegrad.ops"):
+            continue
+        g[name] = once(value, out=True)
+    for cls in (Tensor, _ViewTensor):
+        for name, value in list(vars(cls).items()):
+            if not name.startswith("_") and inspect.isfunction(value):
+                setattr(cls, name, once(value, out=False))
+
+
+_adapt_spellings()

@@ -28,7 +28,7 @@ from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_host_read as _read
 from ..device import as_device
-from ..errors import DTypeError, ShapeError, describe
+from ..errors import ArgumentError, DTypeError, ShapeError, describe
 from ..tensor import Tensor
 from ._util import cast, operand, to_tensor, wrap_dim
 from .complex import conj, imag
@@ -242,7 +242,13 @@ def signbit(input: Any) -> Tensor:
 def copysign(input: Any, other: Any) -> Tensor:
     x, y = _float_operands("copysign", input, other)
     magnitude = abs(x)
-    return where(signbit(y), -magnitude, magnitude)
+    out = where(signbit(y), -magnitude, magnitude)
+    if y.requires_grad:
+        # PyTorch's gradient for ``other`` is zeros, not "unused": route ``y`` through a where
+        # that never selects it (values unchanged, gradient where(False, g, 0) = 0)
+        never = zeros_like(out.detach(), dtype=_dt.bool_)
+        out = where(never, y, out)
+    return out
 
 
 def fmax(input: Any, other: Any) -> Tensor:
@@ -584,7 +590,7 @@ def meshgrid(*tensors: Any, indexing: str | None = None) -> tuple:
         )
         indexing = "ij"
     if indexing not in ("ij", "xy"):
-        raise ValueError(
+        raise ArgumentError(
             f'torch.meshgrid: indexing must be one of "xy" or "ij", but received: {indexing}'
         )
     ts = [to_tensor(t) for t in tensors]

@@ -19,7 +19,8 @@ from ..autograd.tracer import notify_host_read as _read
 from ..autograd.tracer import state as _tracer_state
 from ..cuda.array import CudaArray, to_device
 from ..device import CPU, as_device
-from ..errors import DTypeError
+from ..errors import ArgumentError, DTypeError
+from ..layouts import check_factory_options
 from ..random import (  # noqa: F401  (re-exported: the op surface's random functions)
     Generator,
     _gen,
@@ -81,6 +82,80 @@ def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
     return tensor(data, dtype=dtype, device=dev)
 
 
+def asarray(
+    obj: Any,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    copy: bool | None = None,
+    requires_grad: bool = False,
+) -> Tensor:
+    """``obj`` as a tensor, sharing its memory where it can (a tensor, a numpy array or
+    anything with ``__array__``/``__dlpack__`` of a dtype fusegrad stores, on the CPU) unless
+    ``copy``; ``copy=False`` refuses where a copy would be needed."""
+    if isinstance(obj, Tensor):
+        out = obj
+        if dtype is not None and _dt.as_dtype(dtype) is not obj.dtype:
+            if copy is False:
+                raise ValueError("asarray: a dtype change needs a copy, but copy=False")
+            out = out.to(_dt.as_dtype(dtype))
+        if device is not None and as_device(device) != out.device:
+            if copy is False:
+                raise ValueError("asarray: a device change needs a copy, but copy=False")
+            out = out.to(device)
+        if copy and out is obj:
+            out = obj.clone()
+        if requires_grad:
+            out = out.detach().requires_grad_(True) if out is obj else out.requires_grad_(True)
+        return out
+    arr = None
+    if hasattr(obj, "__dlpack__") and not isinstance(obj, np.ndarray):
+        arr = np.from_dlpack(obj)
+    elif isinstance(obj, np.ndarray) or hasattr(obj, "__array__"):
+        arr = np.asarray(obj)
+    if arr is not None and arr.dtype in (d.np for d in _dt.ALL) and dtype is None:
+        dev = as_device(device)
+        if copy:
+            arr = arr.copy()
+        elif dev is not CPU and copy is False:
+            raise ValueError("asarray: moving to a device needs a copy, but copy=False")
+        return _leaf(arr, requires_grad, dev)
+    if copy is False:
+        raise ValueError(f"asarray: {type(obj).__name__} cannot be used without a copy")
+    return tensor(obj, dtype=dtype, device=device, requires_grad=requires_grad)
+
+
+def frombuffer(
+    buffer: Any,
+    *,
+    dtype: Any,
+    count: int = -1,
+    offset: int = 0,
+    requires_grad: bool = False,
+) -> Tensor:
+    """A 1-D tensor over the bytes of a Python buffer (shared, not copied): ``count`` items of
+    ``dtype`` from byte ``offset`` (all of them by default)."""
+    dt = _dt.as_dtype(dtype)
+    arr = np.frombuffer(buffer, dtype=dt.np, count=count, offset=offset)
+    return _leaf(arr, requires_grad, CPU)
+
+
+def from_dlpack(ext_tensor: Any) -> Tensor:
+    """A tensor sharing the memory of a DLPack-capable CPU array (numpy, PyTorch, JAX, ...)."""
+    arr = np.from_dlpack(ext_tensor)
+    if arr.dtype not in (d.np for d in _dt.ALL):
+        raise DTypeError(f"from_dlpack: fusegrad has no dtype for {arr.dtype}")
+    return Tensor._make(arr)
+
+
+def to_dlpack(tensor: Tensor) -> Any:
+    """A DLPack capsule of a CPU tensor's memory (shared), for ``from_dlpack`` elsewhere."""
+    data = tensor._data
+    if not isinstance(data, np.ndarray):
+        raise RuntimeError("to_dlpack: only CPU tensors are exported (copy with .cpu() first)")
+    return data.__dlpack__()
+
+
 def from_numpy(array: np.ndarray) -> Tensor:
     if not isinstance(array, np.ndarray):
         raise TypeError(f"from_numpy: expected np.ndarray, got {type(array).__name__}")
@@ -124,22 +199,61 @@ def _like_dtype(t: Tensor, dtype: Any) -> _dt.dtype:
     return t.dtype if dtype is None else _dt.as_dtype(dtype)
 
 
-def zeros_like(input: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return _full(input.shape, 0, _like_dtype(input, dtype).np, input.device, requires_grad)
+def _like_device(t: Tensor, device: Any) -> Any:
+    return t.device if device is None else as_device(device)
 
 
-def ones_like(input: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return _full(input.shape, 1, _like_dtype(input, dtype).np, input.device, requires_grad)
+def zeros_like(
+    input: Tensor,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    requires_grad: bool = False,
+    **layout: Any,  # layout=, memory_format=: fusegrad has one of each
+) -> Tensor:
+    check_factory_options("zeros_like", layout)
+    dt, dev = _like_dtype(input, dtype), _like_device(input, device)
+    return _full(input.shape, 0, dt.np, dev, requires_grad)
 
 
-def empty_like(input: Tensor, *, dtype: Any = None, requires_grad: bool = False) -> Tensor:
-    return _leaf(np.empty(input.shape, _like_dtype(input, dtype).np), requires_grad, input.device)
+def ones_like(
+    input: Tensor,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    requires_grad: bool = False,
+    **layout: Any,
+) -> Tensor:
+    check_factory_options("ones_like", layout)
+    dt, dev = _like_dtype(input, dtype), _like_device(input, device)
+    return _full(input.shape, 1, dt.np, dev, requires_grad)
+
+
+def empty_like(
+    input: Tensor,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    requires_grad: bool = False,
+    **layout: Any,
+) -> Tensor:
+    check_factory_options("empty_like", layout)
+    arr = np.empty(input.shape, _like_dtype(input, dtype).np)
+    return _leaf(arr, requires_grad, _like_device(input, device))
 
 
 def full_like(
-    input: Tensor, fill_value: Any, *, dtype: Any = None, requires_grad: bool = False
+    input: Tensor,
+    fill_value: Any,
+    *,
+    dtype: Any = None,
+    device: Any = None,
+    requires_grad: bool = False,
+    **layout: Any,
 ) -> Tensor:
-    return _full(input.shape, fill_value, _like_dtype(input, dtype).np, input.device, requires_grad)
+    check_factory_options("full_like", layout)
+    dt, dev = _like_dtype(input, dtype), _like_device(input, device)
+    return _full(input.shape, fill_value, dt.np, dev, requires_grad)
 
 
 def arange(
@@ -175,7 +289,13 @@ def linspace(
     requires_grad: bool = False,
 ) -> Tensor:
     dev = as_device(device)
-    arr = np.linspace(start, end, int(steps)).astype(_dtype_or_default(dtype).np)
+    dt = _dtype_or_default(dtype)
+    if dt is _dt.bool_:
+        # PyTorch's NotImplementedError (a RuntimeError) for a dtype its kernel lacks
+        raise NotImplementedError("\"linspace\" not implemented for 'Bool'")
+    if int(steps) < 0:
+        raise ArgumentError(f"linspace: number of steps must be non-negative, got {steps}")
+    arr = np.linspace(start, end, int(steps)).astype(dt.np)
     return _created(_leaf(arr, requires_grad, dev))
 
 
@@ -235,7 +355,10 @@ def randint(
     generator: Generator | None = None,
     dtype: Any = None,
     device: Any = None,
+    requires_grad: bool = False,
+    **layout: Any,
 ) -> Tensor:
+    check_factory_options("randint", layout)
     dev = as_device(device)
     if high is None:
         low, high = 0, low
@@ -243,29 +366,66 @@ def randint(
     shape = tuple(size)
 
     def draw() -> Tensor:
-        return _leaf(_gen(generator).integers(low, high, size=shape).astype(dt.np), False, dev)
+        arr = _gen(generator).integers(low, high, size=shape).astype(dt.np)
+        return _leaf(arr, requires_grad, dev)
 
     return _created(draw(), draw)
 
 
-def randperm(n: int, *, generator: Generator | None = None, dtype: Any = None) -> Tensor:
+def randperm(
+    n: int,
+    *,
+    generator: Generator | None = None,
+    dtype: Any = None,
+    device: Any = None,
+    requires_grad: bool = False,
+    **layout: Any,
+) -> Tensor:
+    check_factory_options("randperm", layout)
     dt = _dt.int64 if dtype is None else _dt.as_dtype(dtype)
+    dev = as_device(device)
 
     def draw() -> Tensor:
-        return Tensor._make(_gen(generator).permutation(n).astype(dt.np))
+        return _leaf(_gen(generator).permutation(n).astype(dt.np), requires_grad, dev)
 
     return _created(draw(), draw)
 
 
-def rand_like(input: Tensor, *, dtype: Any = None, generator: Generator | None = None) -> Tensor:
+def rand_like(
+    input: Tensor,
+    *,
+    dtype: Any = None,
+    generator: Generator | None = None,
+    device: Any = None,
+    requires_grad: bool = False,
+    **layout: Any,
+) -> Tensor:
+    check_factory_options("rand_like", layout)
     return rand(
-        *input.shape, dtype=_like_dtype(input, dtype), generator=generator, device=input.device
+        *input.shape,
+        dtype=_like_dtype(input, dtype),
+        generator=generator,
+        device=_like_device(input, device),
+        requires_grad=requires_grad,
     )
 
 
-def randn_like(input: Tensor, *, dtype: Any = None, generator: Generator | None = None) -> Tensor:
+def randn_like(
+    input: Tensor,
+    *,
+    dtype: Any = None,
+    generator: Generator | None = None,
+    device: Any = None,
+    requires_grad: bool = False,
+    **layout: Any,
+) -> Tensor:
+    check_factory_options("randn_like", layout)
     return randn(
-        *input.shape, dtype=_like_dtype(input, dtype), generator=generator, device=input.device
+        *input.shape,
+        dtype=_like_dtype(input, dtype),
+        generator=generator,
+        device=_like_device(input, device),
+        requires_grad=requires_grad,
     )
 
 

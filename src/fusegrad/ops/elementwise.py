@@ -22,7 +22,7 @@ from ..autograd.node_names import name_node as _name_node
 from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_host_read as _read
 from ..autograd.tracer import state as _tracer_state
-from ..errors import DTypeError, describe
+from ..errors import ArgumentError, DTypeError, describe
 from ..tensor import Tensor
 from ._util import P, apply, as_operand, broadcast_shape, cast, is_number, operand, to_tensor
 from .generated import (  # generated from the records; used by the composites below
@@ -111,7 +111,7 @@ def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor:
         if dt.category < 2:
             q = cast(q.detach(), _dt.float64)  # exact for int32; int64 up to 2**53
         return cast(trunc(q), dt)
-    raise ValueError(
+    raise ArgumentError(
         f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found "
         f"'{rounding_mode}'"
     )
@@ -284,7 +284,7 @@ def softplus(input: Any, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
 def clamp(input: Any, min: Any = None, max: Any = None) -> Tensor:
     x = to_tensor(input)
     if min is None and max is None:
-        raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
+        raise ArgumentError("torch.clamp: At least one of 'min' or 'max' must not be None")
     # where-based so that the gradient passes at a bound (x == min goes to the x branch) and NaN
     # inputs stay NaN, as in PyTorch.
     out = x
@@ -362,12 +362,26 @@ def isfinite(input: Any) -> Tensor:
 def isclose(
     input: Any, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False
 ) -> Tensor:
+    """``|input - other| <= atol + rtol * |other|`` where that difference is finite, or equal
+    (infinities of the same sign), or both nan with ``equal_nan``: PyTorch's rule, so ``inf``
+    is not close to ``-inf`` and no finite number is close to an infinity."""
     a, b = to_tensor(input).detach(), to_tensor(other).detach()
-    close = le(abs(sub(a, b)), add(mul(abs(b), rtol), atol))
-    close = logical_or(close, eq(a, b))
+    if a.dtype is not b.dtype and isinstance(input, Tensor) and isinstance(other, Tensor):
+        raise ArgumentError(  # (PyTorch: a RuntimeError)
+            f"isclose: {a.dtype.name} did not match {b.dtype.name} ({describe(a, b)})"
+        )
+    if rtol < 0 or atol < 0:
+        raise ArgumentError(
+            f"isclose: rtol and atol must be non-negative, got rtol={rtol}, atol={atol}"
+        )
+    close = eq(a, b)
     if equal_nan:
         close = logical_or(close, logical_and(isnan(a), isnan(b)))
-    return close
+    if a.dtype is _dt.bool_:
+        return close
+    error = abs(sub(a, b))
+    within = le(error, add(mul(abs(b), rtol), atol))
+    return logical_or(close, logical_and(isfinite(error), within))
 
 
 def allclose(

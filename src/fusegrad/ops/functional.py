@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -25,12 +26,13 @@ from ..autograd.node_names import name_node as _name_node
 from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_created as _created
-from ..autograd.tracer import notify_host_read as _read
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..size import broadcast_shapes as _broadcast_shapes
 from ..tensor import Tensor
+from . import convolution as _conv
 from . import elementwise as _ew
 from ._util import P, apply, broadcast_shape, cast, to_tensor
+from .convolution import fold, unfold  # noqa: F401  (re-exported: F.fold, F.unfold)
 from .creation import _gen
 from .creation import full_like as _full_like
 from .creation import zeros_like as _zeros_like
@@ -55,7 +57,7 @@ from .generated import ge as _ge
 from .indexing import embedding, one_hot  # (re-exported: F.embedding, F.one_hot)
 from .linalg import einsum, linear
 from .reduction import log_softmax, mean, norm, softmax, sum
-from .shape import pad, stack
+from .shape import pad
 
 __all__ = [
     "relu",
@@ -1447,34 +1449,67 @@ def _adaptive_sizes(op: str, x: Tensor, output_size: Any, dims: int) -> tuple:
     return tuple(int(n if s is None else s) for s, n in zip(sizes, spatial))
 
 
-def _no_indices(op: str, return_indices: bool) -> None:
-    if return_indices:
-        raise NotImplementedError(f"{op}: return_indices=True is not supported")
-
-
 @_torch_node_name("AdaptiveMaxPool2DBackward0")
-def adaptive_max_pool2d(input: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:
+def adaptive_max_pool2d(input: Tensor, output_size: Any, return_indices: bool = False) -> Any:
     """Max over PyTorch's adaptive windows of the last two dims ((N, C, H, W) or (C, H, W))."""
     x = to_tensor(input)
     if x.ndim not in (3, 4):
         raise ShapeError(
             f"adaptive_max_pool2d(): Expected 3D or 4D tensor, but got {list(x.shape)}"
         )
-    _no_indices("adaptive_max_pool2d", return_indices)
+    if return_indices:
+        return _conv.adaptive_max_pool(x, 2, output_size, True, "adaptive_max_pool2d")
     oh, ow = _adaptive_sizes("adaptive_max_pool2d", x, output_size, 2)
     return _adaptive_max(_adaptive_max(x, x.ndim - 2, oh), x.ndim - 1, ow)
 
 
-def adaptive_max_pool1d(input: Tensor, output_size: Any, return_indices: bool = False) -> Tensor:
+def adaptive_max_pool1d(input: Tensor, output_size: Any, return_indices: bool = False) -> Any:
     """Max over PyTorch's adaptive windows of the last dim ((N, C, L) or (C, L))."""
     x = to_tensor(input)
     if x.ndim not in (2, 3):
         raise ShapeError(
             f"adaptive_max_pool1d(): Expected 2D or 3D tensor, but got {list(x.shape)}"
         )
-    _no_indices("adaptive_max_pool1d", return_indices)
     (size,) = _adaptive_sizes("adaptive_max_pool1d", x, output_size, 1)
+    if return_indices:
+        values, indices = _conv.adaptive_max_pool(x, 1, (size,), True, "adaptive_max_pool1d")
+        return _name_node(values, "SqueezeBackward1"), indices
     return _name_node(_adaptive_max(x, x.ndim - 1, size), "SqueezeBackward1")
+
+
+@_torch_node_name("AdaptiveMaxPool3DBackward0")
+def adaptive_max_pool3d(input: Tensor, output_size: Any, return_indices: bool = False) -> Any:
+    """Max over PyTorch's adaptive windows of the last three dims ((N, C, D, H, W) or (C, D,
+    H, W)); separable (a maximum over a box is the maximum over each dim in turn)."""
+    x = to_tensor(input)
+    if x.ndim not in (4, 5):
+        raise ShapeError(
+            f"adaptive_max_pool3d(): Expected 4D or 5D tensor, but got {list(x.shape)}"
+        )
+    if return_indices:
+        return _conv.adaptive_max_pool(x, 3, output_size, True, "adaptive_max_pool3d")
+    sizes = _adaptive_sizes("adaptive_max_pool3d", x, output_size, 3)
+    for k, size in enumerate(sizes):
+        x = _adaptive_max(x, x.ndim - 3 + k, size)
+    return x
+
+
+def adaptive_max_pool1d_with_indices(
+    input: Tensor, output_size: Any, return_indices: bool = True
+) -> Any:
+    return adaptive_max_pool1d(input, output_size, True)
+
+
+def adaptive_max_pool2d_with_indices(
+    input: Tensor, output_size: Any, return_indices: bool = True
+) -> Any:
+    return adaptive_max_pool2d(input, output_size, True)
+
+
+def adaptive_max_pool3d_with_indices(
+    input: Tensor, output_size: Any, return_indices: bool = True
+) -> Any:
+    return adaptive_max_pool3d(input, output_size, True)
 
 
 def _adaptive_average(x: Tensor, dim: int, out: int) -> Tensor:
@@ -1528,6 +1563,26 @@ def adaptive_avg_pool1d(input: Tensor, output_size: Any) -> Tensor:
             f"(got {len(sizes)})"
         )
     return _adaptive_average(x, x.ndim - 1, int(sizes[0]))
+
+
+@_torch_node_name("AdaptiveAvgPool3DBackward0")
+def adaptive_avg_pool3d(input: Tensor, output_size: Any) -> Tensor:
+    """Averages over PyTorch's adaptive windows of the last three dims."""
+    x = to_tensor(input)
+    if x.ndim not in (4, 5):
+        raise ShapeError(
+            f"adaptive_avg_pool3d(): Expected 4D or 5D tensor, but got {list(x.shape)}"
+        )
+    for d in range(1 if x.ndim == 5 else 0, x.ndim):
+        if x.shape[d] == 0:
+            raise ShapeError(
+                "adaptive_avg_pool3d(): Expected input to have non-zero size for non-batch "
+                f"dimensions, but input has sizes {list(x.shape)} with dimension {d} being empty"
+            )
+    sizes = _adaptive_sizes("adaptive_avg_pool3d", x, output_size, 3)
+    for k, size in enumerate(sizes):
+        x = _adaptive_average(x, x.ndim - 3 + k, size)
+    return x
 
 
 _INTERPOLATE_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear", "area")
@@ -1696,80 +1751,20 @@ def _pair(v: Any) -> tuple[int, int]:
     return (int(v), int(v)) if isinstance(v, (int, np.integer)) else (int(v[0]), int(v[1]))
 
 
-def _out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool = False) -> int:
-    span = size + 2 * p - d * (k - 1) - 1
-    n = (-(-span // s) if ceil_mode else span // s) + 1
-    if ceil_mode and (n - 1) * s >= size + p:
-        n -= 1  # the last window must start inside the input or left padding
-    return n
-
-
-def _windows(
-    x: Tensor,
-    kernel: tuple,
-    stride: tuple,
-    padding: tuple,
-    dilation: tuple,
-    pad_value: float,
-    ceil_mode: bool = False,
-    op: str = "unfold",
-) -> Tensor:
-    """(N, C, H, W) -> (N, C, kh, kw, oh, ow): every kernel window, by one gather."""
-    if x.ndim != 4:
-        raise ShapeError(f"{op}: expected a 4-D input (N, C, H, W), got {describe(x)}")
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-    H, W = x.shape[2], x.shape[3]
-    oh = _out_size(H, kh, sh, ph, dh, ceil_mode)
-    ow = _out_size(W, kw, sw, pw, dw, ceil_mode)
-    if oh <= 0 or ow <= 0:
+def _single(op: str, name: str, v: Any) -> int:
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    if len(v) != 1:
         raise ShapeError(
-            f"{op}: input {describe(x)} is too small for kernel {kernel} with padding {padding}, "
-            f"stride {stride}, dilation {dilation} (output would be {oh}x{ow})"
+            f"{op}: expected {name} to be a single integer value or a list of 1 values to match "
+            f"the convolution dimensions, but got {name}={list(v)}"
         )
-    extra_h = max((oh - 1) * sh + dh * (kh - 1) + 1 - (H + 2 * ph), 0)
-    extra_w = max((ow - 1) * sw + dw * (kw - 1) + 1 - (W + 2 * pw), 0)
-    if ph or pw or extra_h or extra_w:
-        x = pad(x, (pw, pw + extra_w, ph, ph + extra_h), value=pad_value)
-    # columns first, then rows, each stacked at dim 2: (N, C, kw, H', ow), then (N, C, kh, kw,
-    # oh, ow), already in the layout the matmul of conv2d reads
-    return _slide(_slide(x, 3, kw, sw, dw, ow), 3, kh, sh, dh, oh)
+    return int(v[0])
 
 
-def _slide(x: Tensor, dim: int, size: int, stride: int, dilation: int, count: int) -> Tensor:
-    """The ``size`` windows' offsets along ``dim`` as a new dim 2: ``out[:, :, a, ..., i, ...]
-    = x[..., a * dilation + i * stride, ...]`` (``dim`` of ``x`` becomes ``count`` long).
-
-    One strided basic slice per kernel offset, stacked: the backward of a basic slice writes
-    ``g`` into zeros by a slice assignment, so the gradient (col2im) is a few slice-adds, never
-    a scatter with duplicate indices (``np.add.at``, which advanced-index windows would need)."""
-    span = (count - 1) * stride + 1
-    lead = (slice(None),) * dim
-    parts = [x[lead + (slice(a * dilation, a * dilation + span, stride),)] for a in range(size)]
-    # one offset (a 1x1 kernel, a unit height): a view, no copy
-    return parts[0].unsqueeze(2) if size == 1 else stack(parts, 2)
-
-
-@_torch_node_name("Im2ColBackward0")
-def unfold(
-    input: Tensor, kernel_size: Any, dilation: Any = 1, padding: Any = 0, stride: Any = 1
-) -> Tensor:
-    x = to_tensor(input)
-    win = _windows(x, _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation), 0.0)
-    n, c, kh, kw, oh, ow = win.shape
-    return win.reshape(n, c * kh * kw, oh * ow)
-
-
-@_torch_node_name("ConvolutionBackward0")
-def conv2d(
-    input: Tensor,
-    weight: Tensor,
-    bias: Tensor | None = None,
-    stride: Any = 1,
-    padding: Any = 0,
-    dilation: Any = 1,
-    groups: int = 1,
-) -> Tensor:
-    return _conv2d(input, weight, bias, stride, padding, dilation, groups, "conv2d")
+# Convolution and pooling over 1, 2 and 3 spatial dims are written once, in ``convolution``;
+# these are PyTorch's entry points (1-D pooling runs as 2-D over a unit height, as PyTorch's
+# does, so its node is a ``SqueezeBackward1``).
 
 
 @_torch_node_name("ConvolutionBackward0")
@@ -1782,107 +1777,38 @@ def conv1d(
     dilation: Any = 1,
     groups: int = 1,
 ) -> Tensor:
-    """1-D convolution of (N, C, L) or (C, L) inputs: conv2d's im2col over a unit height."""
-    x, w = to_tensor(input), to_tensor(weight)
-    if x.ndim not in (2, 3):
-        raise ShapeError(
-            "Expected 2D (unbatched) or 3D (batched) input to conv1d, but got input of size: "
-            f"{list(x.shape)}"
-        )
-    if w.ndim != 3:
-        raise ShapeError(f"conv1d: weight must be 3-D (out, in/groups, k), got {describe(w)}")
-    if not isinstance(padding, str):
-        padding = (0, _single("conv1d", "padding", padding))
-    out = _conv2d(
-        x.unsqueeze(-2),
-        w.unsqueeze(-2),
-        bias,
-        (1, _single("conv1d", "stride", stride)),
-        padding,
-        (1, _single("conv1d", "dilation", dilation)),
-        groups,
-        "conv1d",
-    )
-    return out.squeeze(-2)
+    """1-D convolution of (N, C, L) or (C, L) inputs by an (O, C / groups, k) weight."""
+    return _conv.convolution(input, weight, bias, stride, padding, dilation, groups, 1, "conv1d")
 
 
-def _single(op: str, name: str, v: Any) -> int:
-    if isinstance(v, (int, np.integer)):
-        return int(v)
-    if len(v) != 1:
-        raise ShapeError(
-            f"{op}: expected {name} to be a single integer value or a list of 1 values to match "
-            f"the convolution dimensions, but got {name}={list(v)}"
-        )
-    return int(v[0])
-
-
-def _conv2d(
+@_torch_node_name("ConvolutionBackward0")
+def conv2d(
     input: Tensor,
     weight: Tensor,
-    bias: Tensor | None,
-    stride: Any,
-    padding: Any,
-    dilation: Any,
-    groups: int,
-    op: str,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
 ) -> Tensor:
-    x, w = to_tensor(input), to_tensor(weight)
-    if w.ndim != 4:
-        raise ShapeError(f"{op}: weight must be 4-D (out, in/groups, kh, kw), got {describe(w)}")
-    if x.ndim == 3:
-        return _conv2d(x.unsqueeze(0), w, bias, stride, padding, dilation, groups, op).squeeze(0)
-    if groups <= 0:
-        raise ShapeError(f"{op}: non-positive groups is not supported (groups={groups})")
-    if x.ndim != 4 or x.shape[1] != w.shape[1] * groups or w.shape[0] % groups:
-        raise ShapeError(
-            f"{op}: input {describe(x)} does not fit weight {describe(w)} with groups={groups} "
-            f"(expected {w.shape[1] * groups} input channels)"
-        )
-    if isinstance(padding, str):
-        if padding == "valid":
-            padding = 0
-        elif padding == "same":
-            if _pair(stride) != (1, 1):
-                raise ShapeError(f"{op}: padding='same' is not supported for strided convolutions")
-            kh, kw = w.shape[2], w.shape[3]
-            dh, dw = _pair(dilation)
-            th, tw = dh * (kh - 1), dw * (kw - 1)
-            if th % 2 or tw % 2:
-                # as PyTorch: an odd total padding puts the extra row/column at the end
-                x = pad(x, (tw // 2, tw - tw // 2, th // 2, th - th // 2))
-                padding = 0
-            else:
-                padding = (th // 2, tw // 2)
-        else:
-            raise ValueError(f"{op}: invalid padding string {padding!r}")
-    b = None if bias is None else to_tensor(bias)
-    geometry = (_pair(stride), _pair(padding), _pair(dilation), groups, op)
-    if _records(x, w, b):
-        return _native.Convolution.apply(x, w, b, *geometry)
-    return _conv_columns(x, w, b, *geometry)
+    """2-D convolution of (N, C, H, W) or (C, H, W) inputs by an (O, C / groups, kh, kw)
+    weight."""
+    return _conv.convolution(input, weight, bias, stride, padding, dilation, groups, 2, "conv2d")
 
 
-def _conv_columns(
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None,
-    stride: tuple,
-    padding: tuple,
-    dilation: tuple,
-    groups: int,
-    op: str,
+@_torch_node_name("ConvolutionBackward0")
+def conv3d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
 ) -> Tensor:
-    """conv2d as im2col and one (batched, grouped) matmul, plus the bias."""
-    out_c, cin_g, kh, kw = w.shape
-    win = _windows(x, (kh, kw), stride, padding, dilation, 0.0, op=op)
-    n, c, _, _, oh, ow = win.shape
-    cols = win.reshape(n, groups, cin_g * kh * kw, oh * ow)
-    wmat = w.reshape(groups, out_c // groups, cin_g * kh * kw)
-    out = (wmat @ cols).reshape(n, out_c, oh, ow)
-    if bias is not None:
-        out = out + bias.reshape(1, out_c, 1, 1)
-    return out
+    """3-D convolution of (N, C, D, H, W) or (C, D, H, W) inputs by an (O, C / groups, kd,
+    kh, kw) weight."""
+    return _conv.convolution(input, weight, bias, stride, padding, dilation, groups, 3, "conv3d")
 
 
 def conv_transpose1d(
@@ -1896,39 +1822,19 @@ def conv_transpose1d(
     dilation: Any = 1,
 ) -> Tensor:
     """The transposed 1-D convolution of (N, C_in, L) or (C_in, L) inputs with weight (C_in,
-    C_out / groups, k): conv_transpose2d over a unit height."""
-    x, w = to_tensor(input), to_tensor(weight)
-    op = "conv_transpose1d"
-    if x.ndim not in (2, 3):
-        raise ShapeError(
-            "Expected 2D (unbatched) or 3D (batched) input to conv_transpose1d, but got input "
-            f"of size: {list(x.shape)}"
-        )
-    if w.ndim != 3:
-        raise ShapeError(f"{op}: weight must be 3-D (in, out/groups, k), got {describe(w)}")
-    out = conv_transpose2d(
-        x.unsqueeze(-2),
-        w.unsqueeze(-2),
+    C_out / groups, k)."""
+    return _conv.conv_transpose(
+        input,
+        weight,
         bias,
-        (1, _single(op, "stride", stride)),
-        (0, _single(op, "padding", padding)),
-        (0, _single(op, "output_padding", output_padding)),
+        stride,
+        padding,
+        output_padding,
         groups,
-        (1, _single(op, "dilation", dilation)),
+        dilation,
+        1,
+        "conv_transpose1d",
     )
-    return out.squeeze(-2)
-
-
-def _dilate(x: Tensor, dim: int, stride: int) -> Tensor:
-    """``stride - 1`` zeros between neighbours along ``dim``: n -> (n - 1) * stride + 1.  A pad
-    of a new unit dim and a reshape, so the gradient is a strided slice (no scatter)."""
-    if stride == 1 or x.shape[dim] == 0:
-        return x
-    n = x.shape[dim]
-    widths = [0, 0] * (x.ndim - dim - 1) + [0, stride - 1]  # F.pad lists the last dim first
-    spread = pad(x.unsqueeze(dim + 1), tuple(widths))
-    merged = spread.reshape(*x.shape[:dim], n * stride, *x.shape[dim + 1 :])
-    return merged.narrow(dim, 0, (n - 1) * stride + 1)
 
 
 def conv_transpose2d(
@@ -1941,73 +1847,46 @@ def conv_transpose2d(
     groups: int = 1,
     dilation: Any = 1,
 ) -> Tensor:
-    """The transposed convolution (conv2d's gradient with respect to its input), of (N, C_in,
-    H, W) or (C_in, H, W) input with weight (C_in, C_out / groups, kh, kw): out size (H - 1) *
-    stride - 2 * padding + dilation * (kh - 1) + output_padding + 1.  Written as a stride-1
-    conv2d of the input spread out by ``stride`` (zeros between pixels) and padded by
-    ``dilation * (k - 1) - padding`` (cropped where negative), with the weight's in/out
-    channels swapped per group and flipped: the same im2col, so the backward is slice-adds and
-    a matmul, never a scatter."""
-    x, w = to_tensor(input), to_tensor(weight)
-    op = "conv_transpose2d"
-    if w.ndim != 4:
-        raise ShapeError(f"{op}: weight must be 4-D (in, out/groups, kh, kw), got {describe(w)}")
-    if x.ndim == 3:
-        return conv_transpose2d(
-            x.unsqueeze(0), w, bias, stride, padding, output_padding, groups, dilation
-        ).squeeze(0)
-    if groups <= 0:
-        raise ShapeError(f"{op}: non-positive groups is not supported (groups={groups})")
-    if w.shape[0] % groups:
-        raise ShapeError(
-            f"Given groups={groups}, expected weight to be divisible by {groups} at dimension 0, "
-            f"but got weight of size {list(w.shape)} instead"
-        )
-    if x.ndim != 4 or x.shape[1] != w.shape[0]:
-        raise ShapeError(
-            f"Given transposed=1, weight of size {list(w.shape)}, expected input "
-            f"{describe(x)} to have {w.shape[0]} channels (4-D (N, C, H, W) or 3-D (C, H, W))"
-        )
-    (sh, sw), (ph, pw) = _pair(stride), _pair(padding)
-    (oph, opw), (dh, dw) = _pair(output_padding), _pair(dilation)
-    if min(sh, sw, dh, dw) <= 0 or min(ph, pw, oph, opw) < 0:
-        raise ShapeError(
-            f"{op}: stride and dilation must be positive, padding and output_padding "
-            f"non-negative (stride={(sh, sw)}, padding={(ph, pw)}, "
-            f"output_padding={(oph, opw)}, dilation={(dh, dw)})"
-        )
-    if not ((oph < sh or oph < dh) and (opw < sw or opw < dw)):
-        raise ShapeError(
-            "output padding must be smaller than either stride or dilation, but got "
-            f"output_padding_height: {oph} output_padding_width: {opw} stride_height: {sh} "
-            f"stride_width: {sw} dilation_height: {dh} dilation_width: {dw}"
-        )
-    cin, cout_g, kh, kw = w.shape
-    out_c = cout_g * groups
-    if bias is not None and tuple(to_tensor(bias).shape) != (out_c,):
-        raise ShapeError(
-            f"Given transposed=1, weight of size {list(w.shape)}, expected bias to be "
-            f"1-dimensional with {out_c} elements, but got bias of size "
-            f"{list(to_tensor(bias).shape)} instead"
-        )
-    out_h = (x.shape[2] - 1) * sh - 2 * ph + dh * (kh - 1) + oph + 1
-    out_w = (x.shape[3] - 1) * sw - 2 * pw + dw * (kw - 1) + opw + 1
-    if out_h <= 0 or out_w <= 0:
-        raise ShapeError(
-            f"{op}: input {describe(x)} with kernel {(kh, kw)}, stride {(sh, sw)}, padding "
-            f"{(ph, pw)} and dilation {(dh, dw)} gives an empty output ({out_h}x{out_w})"
-        )
-    spread = _dilate(_dilate(x, 2, sh), 3, sw)
-    edge_h, edge_w = dh * (kh - 1) - ph, dw * (kw - 1) - pw
-    spread = pad(spread, (edge_w, edge_w + opw, edge_h, edge_h + oph))
-    # (in, out/g, kh, kw) -> (out, in/g, kh, kw), flipped: the conv2d that is its transpose
-    flipped = (
-        w.reshape(groups, cin // groups, cout_g, kh, kw)
-        .transpose(1, 2)
-        .reshape(out_c, cin // groups, kh, kw)
-        .flip((2, 3))
+    """The transposed 2-D convolution (conv2d's gradient with respect to its input) of (N,
+    C_in, H, W) or (C_in, H, W) input with weight (C_in, C_out / groups, kh, kw)."""
+    return _conv.conv_transpose(
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        output_padding,
+        groups,
+        dilation,
+        2,
+        "conv_transpose2d",
     )
-    return _conv2d(spread, flipped, bias, 1, 0, (dh, dw), groups, op)
+
+
+def conv_transpose3d(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    output_padding: Any = 0,
+    groups: int = 1,
+    dilation: Any = 1,
+) -> Tensor:
+    """The transposed 3-D convolution of (N, C_in, D, H, W) or (C_in, D, H, W) input with
+    weight (C_in, C_out / groups, kd, kh, kw)."""
+    return _conv.conv_transpose(
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        output_padding,
+        groups,
+        dilation,
+        3,
+        "conv_transpose3d",
+    )
 
 
 def max_pool2d(
@@ -2019,36 +1898,36 @@ def max_pool2d(
     ceil_mode: bool = False,
     return_indices: bool = False,
 ) -> Any:
-    x = to_tensor(input)
-    squeeze = x.ndim == 3
-    if squeeze:
-        x = x.unsqueeze(0)
-    k = _pair(kernel_size)
-    s = _pair(stride) if stride is not None else k
-    p = _pair(padding)
-    if p[0] > k[0] // 2 or p[1] > k[1] // 2:
-        raise ShapeError(
-            f"max_pool2d: pad should be at most half of effective kernel size, got "
-            f"padding {p} for kernel {k}"
-        )
-    win = _windows(x, k, s, p, _pair(dilation), -math.inf, ceil_mode, op="max_pool2d")
-    n, c, kh, kw, oh, ow = win.shape
-    flat = win.reshape(n, c, kh * kw, oh, ow)
-    # values via argmax + gather: the gradient goes to one element per window, as in PyTorch
-    values, idx = flat.max(dim=2)
-    if squeeze:
-        values = values.squeeze(0)
-    _name_node(values, "MaxPool2DWithIndicesBackward0")
-    if return_indices:
-        # PyTorch's indices address the flattened (H, W) input plane, not the window
-        (sh, sw), (ph, pw), (dh, dw) = s, p, _pair(dilation)
-        _read(idx, "max_pool2d(return_indices=True)")  # (indices are computed on the host)
-        local = _storage.to_host(idx._data)
-        rows = np.arange(oh)[:, None] * sh - ph + (local // kw) * dh
-        cols = np.arange(ow)[None, :] * sw - pw + (local % kw) * dw
-        flat_idx = Tensor._make((rows * x.shape[3] + cols).astype(np.int64)).to(x.device)
-        return values, (flat_idx.squeeze(0) if squeeze else flat_idx)
-    return values
+    return _conv.max_pool(
+        input, 2, kernel_size, stride, padding, dilation, ceil_mode, return_indices, "max_pool2d"
+    )
+
+
+def max_pool3d(
+    input: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Any:
+    return _conv.max_pool(
+        input, 3, kernel_size, stride, padding, dilation, ceil_mode, return_indices, "max_pool3d"
+    )
+
+
+def max_pool3d_with_indices(
+    input: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+    return_indices: bool = True,
+) -> Any:
+    """``max_pool3d(..., return_indices=True)``."""
+    return max_pool3d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
 
 
 @_torch_node_name("AvgPool2DBackward0")
@@ -2061,31 +1940,167 @@ def avg_pool2d(
     count_include_pad: bool = True,
     divisor_override: int | None = None,
 ) -> Tensor:
-    x = to_tensor(input)
-    squeeze = x.ndim == 3
-    if squeeze:
-        x = x.unsqueeze(0)
-    k = _pair(kernel_size)
-    s = _pair(stride) if stride is not None else k
-    p = _pair(padding)
-    win = _windows(x, k, s, p, (1, 1), 0.0, ceil_mode, op="avg_pool2d")
-    n, c, kh, kw, oh, ow = win.shape
-    total = sum(win.reshape(n, c, kh * kw, oh, ow), 2)
-    if divisor_override:
-        out = total / divisor_override
-    elif count_include_pad and not ceil_mode:
-        out = total / (kh * kw)
-    else:
-        ones = _created(Tensor._make(np.ones((1, 1) + tuple(x.shape[2:]), x.dtype.np)))
-        if count_include_pad:
-            ones = pad(ones, (p[1], p[1], p[0], p[0]), value=1.0)
-            p2 = (0, 0)
-        else:
-            p2 = p
-        cnt = _windows(ones, k, s, p2, (1, 1), 0.0, ceil_mode, op="avg_pool2d")
-        cnt = sum(cnt.reshape(1, 1, kh * kw, oh, ow), 2)
-        out = total / cnt
-    return out.squeeze(0) if squeeze else out
+    return _conv.avg_pool(
+        input,
+        2,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        count_include_pad,
+        divisor_override,
+        "avg_pool2d",
+    )
+
+
+@_torch_node_name("AvgPool3DBackward0")
+def avg_pool3d(
+    input: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    return _conv.avg_pool(
+        input,
+        3,
+        kernel_size,
+        stride,
+        padding,
+        ceil_mode,
+        count_include_pad,
+        divisor_override,
+        "avg_pool3d",
+    )
+
+
+def lp_pool3d(
+    input: Tensor, norm_type: float, kernel_size: Any, stride: Any = None, ceil_mode: bool = False
+) -> Tensor:
+    """Power-average pooling over the last three dims: ``(sum of x^p over a window)^(1/p)``."""
+    return _conv.lp_pool(input, 3, norm_type, kernel_size, stride, ceil_mode, "lp_pool3d")
+
+
+def _max_unpool_name(
+    input: Tensor, indices: Tensor, kernel_size: Any, *args: Any, **kw: Any
+) -> str:
+    return f"MaxUnpool{to_tensor(indices).ndim - 2 if to_tensor(indices).ndim > 2 else 1}DBackward0"
+
+
+def max_unpool1d(
+    input: Tensor,
+    indices: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    output_size: Any = None,
+) -> Tensor:
+    """The inverse of ``max_pool1d``: values put back at their indices, zeros elsewhere."""
+    out = _conv.max_unpool(
+        input, indices, 1, kernel_size, stride, padding, output_size, "max_unpool1d"
+    )
+    return _name_node(out, "MaxUnpool1DBackward0")
+
+
+def max_unpool2d(
+    input: Tensor,
+    indices: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    output_size: Any = None,
+) -> Tensor:
+    """The inverse of ``max_pool2d``: values put back at their indices, zeros elsewhere."""
+    out = _conv.max_unpool(
+        input, indices, 2, kernel_size, stride, padding, output_size, "max_unpool2d"
+    )
+    return _name_node(out, "MaxUnpool2DBackward0")
+
+
+def max_unpool3d(
+    input: Tensor,
+    indices: Tensor,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    output_size: Any = None,
+) -> Tensor:
+    """The inverse of ``max_pool3d``: values put back at their indices, zeros elsewhere."""
+    out = _conv.max_unpool(
+        input, indices, 3, kernel_size, stride, padding, output_size, "max_unpool3d"
+    )
+    return _name_node(out, "MaxUnpool3DBackward0")
+
+
+def fractional_max_pool2d(
+    input: Tensor,
+    kernel_size: Any,
+    output_size: Any = None,
+    output_ratio: Any = None,
+    return_indices: bool = False,
+    _random_samples: Tensor | None = None,
+) -> Any:
+    """Max over windows of ``kernel_size`` at pseudo-random starts (PyTorch's sequence for the
+    same ``_random_samples``) that give ``output_size`` or ``output_ratio`` outputs."""
+    return _conv.fractional_max_pool(
+        input,
+        2,
+        kernel_size,
+        output_size,
+        output_ratio,
+        return_indices,
+        _random_samples,
+        "fractional_max_pool2d",
+    )
+
+
+def fractional_max_pool3d(
+    input: Tensor,
+    kernel_size: Any,
+    output_size: Any = None,
+    output_ratio: Any = None,
+    return_indices: bool = False,
+    _random_samples: Tensor | None = None,
+) -> Any:
+    """3-D ``fractional_max_pool2d``."""
+    return _conv.fractional_max_pool(
+        input,
+        3,
+        kernel_size,
+        output_size,
+        output_ratio,
+        return_indices,
+        _random_samples,
+        "fractional_max_pool3d",
+    )
+
+
+def fractional_max_pool2d_with_indices(
+    input: Tensor,
+    kernel_size: Any,
+    output_size: Any = None,
+    output_ratio: Any = None,
+    return_indices: bool = True,
+    _random_samples: Tensor | None = None,
+) -> Any:
+    return fractional_max_pool2d(
+        input, kernel_size, output_size, output_ratio, True, _random_samples
+    )
+
+
+def fractional_max_pool3d_with_indices(
+    input: Tensor,
+    kernel_size: Any,
+    output_size: Any = None,
+    output_ratio: Any = None,
+    return_indices: bool = True,
+    _random_samples: Tensor | None = None,
+) -> Any:
+    return fractional_max_pool3d(
+        input, kernel_size, output_size, output_ratio, True, _random_samples
+    )
 
 
 # ---- attention -------------------------------------------------------------------------------
@@ -2164,6 +2179,12 @@ def scaled_dot_product_attention(
     factor = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if _fused_attention_pays(q, k, v, mask, dropout_p, is_causal):
         return _fused_attention(q, k, v, mask, float(factor), is_causal)
+    if not sdpa_backends.math:
+        raise RuntimeError(  # (PyTorch's words when no allowed backend takes the call)
+            "No available kernel. Aborting execution. (nn.attention.sdpa_kernel allows no "
+            "backend that runs this call: fusegrad's are MATH and, for CPU float32/float64 "
+            "calls without dropout, FLASH_ATTENTION / EFFICIENT_ATTENTION)"
+        )
     scores = mul(q @ k.mT, factor)
     if is_causal:
         keep = _created(Tensor._make(np.tri(length, source, 0, dtype=bool))).to(q.device)
@@ -2199,6 +2220,18 @@ def scaled_dot_product_attention(
 _FUSED_MIN_SCORES = 1 << 26
 
 
+class _SdpaBackends(threading.local):
+    """Which attention paths ``nn.attention.sdpa_kernel`` allows, per thread: ``math`` (the
+    composite) and ``fused`` (the fused CPU kernel, PyTorch's flash / efficient backends)."""
+
+    def __init__(self) -> None:
+        self.math = True
+        self.fused = True
+
+
+sdpa_backends = _SdpaBackends()
+
+
 def _fused_attention_pays(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, causal: bool
 ) -> bool:
@@ -2208,6 +2241,8 @@ def _fused_attention_pays(
     forward-AD level (whose rules the composite has).
     Everything else (CUDA, dropout, enable_gqa's repeated heads, broadcast batch dims, float16)
     runs the composite."""
+    if not sdpa_backends.fused:  # (``nn.attention.sdpa_kernel`` allowed the math path only)
+        return False
     if dropout_p > 0.0 or q.device.type != "cpu" or q.dtype.name not in ("float32", "float64"):
         return False
     if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]) or q.ndim < 2:

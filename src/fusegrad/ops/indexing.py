@@ -10,6 +10,7 @@ gradient (``index_add_at``) accumulates duplicate indices, as in PyTorch.
 from __future__ import annotations
 
 import numbers
+import warnings
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from ..autograd.tracer import notify_host_read as _read
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..size import broadcast_shapes
 from ..tensor import Tensor
-from ._util import P, apply, as_operand, as_size, broadcast_shape, to_tensor, wrap_dim
+from ._util import P, apply, as_operand, as_size, broadcast_shape, cast, to_tensor, wrap_dim
 from .creation import full
 from .elementwise import add, where
 from .generated import eq, mul
@@ -93,6 +94,15 @@ def _normalise_key(x: Tensor, key: Any) -> tuple[tuple, tuple]:
                     # a constant of the key (a Python list: a tracer's guard sees its values;
                     # a numpy array it cannot, so that stays an untraced tensor)
                     _created(t)
+            if t._dtype is _dt.uint8:
+                # PyTorch's old spelling of a mask: read as bool, with its deprecation warning
+                warnings.warn(
+                    "indexing with dtype fusegrad.uint8 is now deprecated, please use a dtype "
+                    "fusegrad.bool instead.",
+                    UserWarning,
+                    stacklevel=3,
+                )
+                t = cast(t, _dt.bool_)
             if t._data.dtype.kind == "f":
                 raise IndexOutOfRange(
                     "getitem: tensors used as indices must be long, int or bool tensors, "
@@ -118,11 +128,42 @@ def _normalise_key(x: Tensor, key: Any) -> tuple[tuple, tuple]:
     return tuple(spec), tuple(tensors)
 
 
+def _split_ints(spec: tuple, tensors: tuple) -> tuple[tuple, tuple] | None:
+    """PyTorch applies integer indices as basic indexing (``select``) before any advanced
+    index, so they do not take part in where the advanced result dims go (numpy's rule counts
+    them as advanced: ``x[1, :, idx]`` puts idx's dims first there).  For a key with both,
+    returns (the ints with full slices elsewhere, the rest of the key); None otherwise."""
+    if not tensors or not any(entry[0] == "i" for entry in spec):
+        return None
+    first: list = []
+    rest: list = []
+    for entry in spec:
+        tag = entry[0]
+        if tag == "i":
+            first.append(entry)
+            continue
+        rest.append(entry)
+        if tag == "e":
+            first.append(entry)
+        elif tag == "s":
+            first.append(("s", None, None, 1))
+        elif tag == "t":
+            t = tensors[entry[1]]
+            width = t.ndim if t._dtype is _dt.bool_ else 1
+            first.extend([("s", None, None, 1)] * width)
+        # ("n",): a new dim, added by the second step only
+    return tuple(first), tuple(rest)
+
+
 def getitem(input: Tensor, key: Any) -> Tensor:
     x = to_tensor(input)
     spec, tensors = _normalise_key(x, key)
     if not tensors:  # basic indexing: a view
         return _view_op(x, "getitem", {"key": spec})
+    split = _split_ints(spec, tensors)
+    if split is not None:
+        x = _view_op(x, "getitem", {"key": split[0]})
+        spec = split[1]
     return apply(P["getitem"], (x,) + tensors, {"key": spec})
 
 
@@ -152,6 +193,10 @@ def setitem_value(x: Tensor, key: Any, value: Any) -> Tensor:
     """Out-of-place ``x[key] = value``: the value of the in-place assignment."""
     spec, tensors = _normalise_key(x, key)
     v = as_operand(value, x.dtype)
+    split = _split_ints(spec, tensors)
+    if split is not None:  # the ints select first (see _split_ints), then the rest assigns
+        part = _view_op(x, "getitem", {"key": split[0]})
+        return index_put_spec(x, index_put_spec(part, v, tensors, split[1]), (), split[0])
     return index_put_spec(x, v, tensors, spec)
 
 

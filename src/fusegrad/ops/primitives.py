@@ -19,7 +19,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .._index_key import numpy_key  # (also the CUDA kernels': kept below both devices)
 from ..cuda.array import to_device
-from ..errors import ComplexNotSupported, FusegradError
+from ..errors import ArgumentError, ComplexNotSupported, FusegradError
 from ..size import broadcast_shapes
 from .registry import (
     REGISTRY,
@@ -547,7 +547,7 @@ def _div(a, b):  # type: ignore[no-untyped-def]
 @_quiet_kernel
 def _pow(a, b):  # type: ignore[no-untyped-def]
     if a.dtype.kind in "iu" and np.any(b < 0):
-        raise ValueError("Integers to negative integer powers are not allowed.")
+        raise ArgumentError("Integers to negative integer powers are not allowed.")
     return np.power(a, b)
 
 

@@ -194,9 +194,10 @@ def cumsum(input: Any, dim: int, *, dtype: Any = None) -> Tensor:
     x = to_tensor(input)
     if dtype is not None:
         x = cast(x, _dt.as_dtype(dtype))
+    d = wrap_dim("cumsum", dim, x.ndim)  # (a 0-d tensor takes dim 0 or -1 only)
     if x.ndim == 0:
         return x.clone()
-    return apply(P["cumsum"], (x,), {"dim": wrap_dim("cumsum", dim, x.ndim)})
+    return apply(P["cumsum"], (x,), {"dim": d})
 
 
 @_torch_node_name("LinalgVectorNormBackward0")
@@ -290,9 +291,9 @@ def cumprod(input: Any, dim: int, *, dtype: Any = None) -> Tensor:
         x = cast(x, _dt.as_dtype(dtype))
     elif x._dtype.category < 2:
         x = cast(x, _dt.int64)
+    d = wrap_dim("cumprod", dim, x.ndim)  # (a 0-d tensor takes dim 0 or -1 only)
     if x.ndim == 0:
         return x.clone()
-    d = wrap_dim("cumprod", dim, x.ndim)
     n = x.shape[d]
     if n == 0:
         return x.clone()

@@ -10,6 +10,7 @@ storage and the version counter with their base and record how to rebuild them f
 
 from __future__ import annotations
 
+import builtins
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import notify_host_read as _read
+from ..cuda.array import CudaArray
 from ..errors import DTypeError, ShapeError, describe
 from ..size import broadcast_shapes
 from ..tensor import DEFAULT, MULTI_OUTPUT, Tensor
@@ -97,7 +99,7 @@ def _alias(x: Tensor) -> Tensor:
 def view(input: Tensor, *shape: Any) -> Tensor:
     x = to_tensor(input)
     if len(shape) == 1 and not isinstance(shape[0], (int, tuple, list, np.integer)):
-        return x.to(_dt.as_dtype(shape[0]))
+        return _view_dtype(x, _dt.as_dtype(shape[0]))
     target = _infer_shape("view", x, shape_arg(shape))
     probe = x._data.probe().view() if x.is_cuda else x._data.view()
     try:
@@ -109,6 +111,52 @@ def view(input: Tensor, *shape: Any) -> Tensor:
             "one dimension spans across two contiguous subspaces. Use .reshape(...) instead."
         ) from None
     return _view_op(x, "reshape", {"shape": target})
+
+
+def _view_dtype(x: Tensor, dtype: _dt.dtype) -> Tensor:
+    """``x.view(dtype)``: the same bytes read as ``dtype`` (no conversion).  With a different
+    element size the last dim (which must be contiguous) grows or shrinks by the ratio.  Not
+    differentiable (as in PyTorch); the result shares storage and version counter with ``x``,
+    so saved tensors still notice changes made through it."""
+    if dtype is x.dtype:
+        return _view_op(x, "reshape", {"shape": tuple(x.shape)})
+    old, new = x.dtype.itemsize, dtype.itemsize
+    data = x._data
+    if old != new:
+        last = x.shape[-1] if x.ndim else 0
+        itemstrides = [st // old for st in data.strides]
+        problem = None
+        if x.ndim == 0:
+            problem = "self.dim() cannot be 0"
+        elif itemstrides[-1] != 1 and last != 1:
+            problem = "self.stride(-1) must be 1"
+        elif (last * old) % new:
+            problem = f"self.size(-1) ({last}) * {old} must be divisible by {new}"
+        elif builtins.any((st * old) % new for st in itemstrides[:-1]):
+            problem = f"every other stride ({itemstrides[:-1]}) * {old} must be divisible by {new}"
+        if problem is not None:
+            raise ShapeError(
+                f"view: to view a {describe(x)} tensor as {dtype.name}, whose element size "
+                f"differs ({old} vs {new} bytes), {problem}"
+            )
+    if isinstance(data, np.ndarray):
+        if old != new and data.strides[-1] != old:  # a unit last dim with another stride
+            data = data.reshape(data.shape[:-1] + (1,))
+            data = np.lib.stride_tricks.as_strided(data, data.shape, data.strides[:-1] + (old,))
+        out = data.view(dtype.np)
+    else:
+        shape, strides = list(data.shape), list(data.strides)
+        if old != new:
+            shape[-1] = shape[-1] * old // new
+            strides[-1] = new
+        out = CudaArray(
+            data.buffer, tuple(shape), tuple(strides), data.offset, dtype.np, data.writeable
+        )
+    _read(x, "view(dtype)")  # (a compiled region cannot follow a reinterpretation of bytes)
+    t = Tensor._make(out)
+    t._version_counter = x._version_counter
+    t._inference = x._inference
+    return _created(t)
 
 
 def view_as(input: Tensor, other: Tensor) -> Tensor:
@@ -286,11 +334,13 @@ def sum_to_size(input: Tensor, *size: Any) -> Tensor:
     return sum_to(input, shape_arg(size))
 
 
-def contiguous(input: Tensor) -> Tensor:
+def contiguous(input: Tensor, memory_format: Any = None) -> Tensor:
+    """``input`` (C-contiguous), or a C-contiguous copy; ``memory_format`` is accepted (fusegrad
+    keeps one memory order, see ``fusegrad.layouts``)."""
     return input if input._data.flags.c_contiguous else clone(input)
 
 
-def clone(input: Any) -> Tensor:
+def clone(input: Any, *, memory_format: Any = None) -> Tensor:
     return apply(P["clone"], (to_tensor(input),), {})
 
 
@@ -497,12 +547,23 @@ def pad(
     widths = [(0, 0)] * x.ndim
     for i in range(len(pad) // 2):
         widths[x.ndim - 1 - i] = (pad[2 * i], pad[2 * i + 1])
-    if any(b < 0 or a < 0 for b, a in widths):
-        # negative padding crops
-        key = tuple(slice(max(-b, 0), s - max(-a, 0)) for (b, a), s in zip(widths, x.shape))
-        x = x[key]
-        widths = [(max(b, 0), max(a, 0)) for b, a in widths]
+    for d, ((before, after), n) in enumerate(zip(widths, x.shape)):
+        # a crop may empty a dim only in constant mode (reflect and replicate read the
+        # uncropped input, circular wraps around what the crop leaves)
+        least = 0 if mode == "constant" else 1
+        cropped = n + min(before, 0) + min(after, 0)
+        if n + before + after < least or (mode in ("constant", "circular") and cropped < least):
+            raise ShapeError(
+                f"pad: padding ({before}, {after}) at dimension {d} of input {list(x.shape)} "
+                f"crops more than the dimension holds (output size {n + before + after}, "
+                f"mode {mode!r})"
+            )
     if mode == "constant":
+        if any(b < 0 or a < 0 for b, a in widths):
+            # negative padding crops
+            key = tuple(slice(max(-b, 0), s - max(-a, 0)) for (b, a), s in zip(widths, x.shape))
+            x = x[key]
+            widths = [(max(b, 0), max(a, 0)) for b, a in widths]
         if all(w == (0, 0) for w in widths):
             return clone(x)
         return apply(P["pad"], (x,), {"widths": tuple(widths), "value": value or 0.0})
@@ -512,24 +573,38 @@ def pad(
             if before or after:
                 out = _index_pad(out, d, before, after, mode)
         return out
-    raise ValueError(f"pad: unsupported mode {mode!r}")
+    raise NotImplementedError(f"Unrecognised padding mode {mode}")
 
 
 def _index_pad(x: Tensor, d: int, before: int, after: int, mode: str) -> Tensor:
+    """Pad (or crop, where a width is negative) dim ``d`` by gathering from the input: output
+    position ``i`` reads input position ``i - before`` mapped back into ``[0, n)`` by
+    reflection or clamping (circular padding wraps around the cropped middle instead).  Widths
+    are checked against the input's own size, as in PyTorch (a crop on one side does not shrink
+    what the other side may reflect)."""
     n = x._data.shape[d]
+    if mode == "reflect" and (before >= n or after >= n):
+        raise ShapeError(
+            f"Argument #4: Padding size should be less than the corresponding input dimension, "
+            f"but got: padding ({before}, {after}) at dimension {d} of input {list(x.shape)}"
+        )
+    kept = n - max(-before, 0) - max(-after, 0)  # what a crop leaves
+    if mode == "circular" and (before > kept or after > kept):
+        raise ShapeError(
+            f"Padding value causes wrapping around more than once (padding ({before}, {after}) "
+            f"at dimension {d} of input {list(x.shape)})"
+        )
     idx = np.arange(-before, n + after)
     if mode == "reflect":
-        if before >= n or after >= n:
-            raise ShapeError(
-                f"pad: padding ({before}, {after}) should be less than the input dimension {n} "
-                "in reflect mode"
-            )
         idx = np.abs(idx)
         idx = np.where(idx >= n, 2 * (n - 1) - idx, idx)
     elif mode == "replicate":
         idx = np.clip(idx, 0, n - 1)
     else:
-        idx = idx % n
+        # circular: a negative width crops first, and the wrapped parts copy the cropped
+        # middle (PyTorch's order)
+        start, stop = max(-before, 0), n - max(-after, 0)
+        idx = start + (np.arange(-max(before, 0), stop - start + max(after, 0)) % (stop - start))
     return index_select(x, d, _created(Tensor._make(idx.astype(np.int64))))
 
 

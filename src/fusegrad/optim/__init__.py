@@ -9,13 +9,14 @@ schedules.
 
 from __future__ import annotations
 
-from . import lr_scheduler
+from . import lr_scheduler, swa_utils
 from .adadelta import Adadelta
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
 from .adamax import Adamax
 from .asgd import ASGD
 from .lbfgs import LBFGS
+from .more import Adafactor, Muon, SparseAdam
 from .nadam import NAdam
 from .optimizer import Optimizer, OptimizerError
 from .radam import RAdam
@@ -36,7 +37,11 @@ __all__ = [
     "ASGD",
     "RAdam",
     "Rprop",
+    "Adafactor",
+    "Muon",
+    "SparseAdam",
     "Optimizer",
     "OptimizerError",
     "lr_scheduler",
+    "swa_utils",
 ]

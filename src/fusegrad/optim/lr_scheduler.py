@@ -43,6 +43,10 @@ __all__ = [
     "ReduceLROnPlateau",
     "SequentialLR",
     "StepLR",
+    "ChainedScheduler",
+    "CosineAnnealingWarmRestarts",
+    "CyclicLR",
+    "PolynomialLR",
 ]
 
 _EPOCH_DEPRECATION = (
@@ -656,3 +660,228 @@ class ReduceLROnPlateau(LRScheduler):
             self.cooldown_counter = self.cooldown
             self.num_bad_epochs = 0
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+
+class PolynomialLR(LRScheduler):
+    """Decays each lr by ``((1 - t / total_iters) / (1 - (t - 1) / total_iters)) ** power``
+    per step until ``total_iters``: ``base_lr * (1 - t / total_iters) ** power`` in closed
+    form."""
+
+    def __init__(
+        self, optimizer: Optimizer, total_iters: int = 5, power: float = 1.0, last_epoch: int = -1
+    ) -> None:
+        self.total_iters = total_iters
+        self.power = power
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[Any]:
+        groups = self.optimizer.param_groups
+        if self.last_epoch == 0 or self.last_epoch > self.total_iters:
+            return [group["lr"] for group in groups]
+        factor = (
+            (1.0 - self.last_epoch / self.total_iters)
+            / (1.0 - (self.last_epoch - 1) / self.total_iters)
+        ) ** self.power
+        return [group["lr"] * factor for group in groups]
+
+    def _get_closed_form_lr(self) -> list[Any]:
+        t = min(self.total_iters, self.last_epoch)
+        return [base * (1.0 - t / self.total_iters) ** self.power for base in self.base_lrs]
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """Cosine annealing from ``base_lr`` to ``eta_min`` over ``T_0`` epochs, restarting each
+    period, each ``T_mult`` times longer than the last (SGDR, Loshchilov and Hutter).
+    ``step(epoch)`` may take a fractional epoch."""
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        T_0: int,  # noqa: N803  (PyTorch's argument names)
+        T_mult: int = 1,  # noqa: N803
+        eta_min: float = 0.0,
+        last_epoch: int = -1,
+    ) -> None:
+        if T_0 <= 0 or not isinstance(T_0, int):
+            raise ValueError(f"Expected positive integer T_0, but got {T_0}")
+        if T_mult < 1 or not isinstance(T_mult, int):
+            raise ValueError(f"Expected integer T_mult >= 1, but got {T_mult}")
+        if not isinstance(eta_min, (float, int)):
+            raise ValueError(f"Expected float or int eta_min, but got {eta_min}")
+        self.T_0 = T_0
+        self.T_i = T_0
+        self.T_mult = T_mult
+        self.eta_min = eta_min
+        self.T_cur = last_epoch
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[Any]:
+        cosine = (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+        return [self.eta_min + (base - self.eta_min) * cosine for base in self.base_lrs]
+
+    @opaque_method
+    def step(self, epoch: float | None = None) -> None:  # type: ignore[override]
+        if epoch is None and self.last_epoch < 0:
+            epoch = 0
+        if epoch is None:
+            epoch = self.last_epoch + 1
+            self.T_cur = self.T_cur + 1
+            if self.T_cur >= self.T_i:
+                self.T_cur = self.T_cur - self.T_i
+                self.T_i = self.T_i * self.T_mult
+        else:
+            if epoch < 0:
+                raise ValueError(f"Expected non-negative epoch, but got {epoch}")
+            if epoch >= self.T_0:
+                if self.T_mult == 1:
+                    self.T_cur = epoch % self.T_0
+                else:
+                    n = int(math.log(epoch / self.T_0 * (self.T_mult - 1) + 1, self.T_mult))
+                    self.T_cur = epoch - self.T_0 * (self.T_mult**n - 1) / (self.T_mult - 1)
+                    self.T_i = self.T_0 * self.T_mult**n
+            else:
+                self.T_i = self.T_0
+                self.T_cur = epoch
+        self.last_epoch = math.floor(epoch)
+        self._step_count = getattr(self, "_step_count", 0) + 1
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            _set_lr(group, lr)
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+
+class CyclicLR(LRScheduler):
+    """The cyclical learning rate of Smith (2017): between ``base_lr`` and ``max_lr`` in
+    cycles of ``step_size_up + step_size_down`` iterations (``triangular``,
+    ``triangular2``: halved amplitude each cycle, ``exp_range``: scaled by ``gamma ** t``, or
+    a custom ``scale_fn``); with ``cycle_momentum`` the momentum cycles the other way.  Steps
+    after every batch."""
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        base_lr: Any,
+        max_lr: Any,
+        step_size_up: int = 2000,
+        step_size_down: int | None = None,
+        mode: str = "triangular",
+        gamma: float = 1.0,
+        scale_fn: Callable[[float], float] | None = None,
+        scale_mode: str = "cycle",
+        cycle_momentum: bool = True,
+        base_momentum: Any = 0.8,
+        max_momentum: Any = 0.9,
+        last_epoch: int = -1,
+    ) -> None:
+        _check_optimizer(optimizer)
+        base_lrs = _per_group("base_lr", optimizer, base_lr)
+        if last_epoch == -1:
+            for lr, group in zip(base_lrs, optimizer.param_groups):
+                _set_lr(group, lr)
+        self.max_lrs = _per_group("max_lr", optimizer, max_lr)
+        up = float(step_size_up)
+        down = float(step_size_down) if step_size_down is not None else up
+        self.total_size = up + down
+        self.step_ratio = up / self.total_size
+        if mode not in ("triangular", "triangular2", "exp_range") and scale_fn is None:
+            raise ValueError("mode is invalid and scale_fn is None")
+        self.mode = mode
+        self.gamma = gamma
+        self._scale_fn_custom = scale_fn
+        self.scale_mode = (
+            scale_mode
+            if scale_fn is not None
+            else ("cycle" if mode in ("triangular", "triangular2") else "iterations")
+        )
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueError(
+                    "optimizer must support momentum or beta1 with `cycle_momentum` option enabled"
+                )
+            self.use_beta1 = "betas" in optimizer.defaults
+            self.base_momentums = _per_group("base_momentum", optimizer, base_momentum)
+            self.max_momentums = _per_group("max_momentum", optimizer, max_momentum)
+            if last_epoch == -1:
+                for m, group in zip(self.max_momentums, optimizer.param_groups):
+                    if self.use_beta1:
+                        group["betas"] = (m, *group["betas"][1:])
+                    else:
+                        group["momentum"] = m
+        super().__init__(optimizer, last_epoch)
+        self.base_lrs = base_lrs
+
+    def scale_fn(self, x: float) -> float:
+        if self._scale_fn_custom is not None:
+            return self._scale_fn_custom(x)
+        if self.mode == "triangular":
+            return 1.0
+        if self.mode == "triangular2":
+            return 1 / (2.0 ** (x - 1))
+        return self.gamma**x
+
+    def get_lr(self) -> list[Any]:
+        cycle = math.floor(1 + self.last_epoch / self.total_size)
+        x = 1.0 + self.last_epoch / self.total_size - cycle
+        scale = x / self.step_ratio if x <= self.step_ratio else (x - 1) / (self.step_ratio - 1)
+        at = cycle if self.scale_mode == "cycle" else self.last_epoch
+        factor = self.scale_fn(at)
+        lrs = [
+            base + (peak - base) * scale * factor for base, peak in zip(self.base_lrs, self.max_lrs)
+        ]
+        if self.cycle_momentum:
+            momenta = [
+                top - (top - low) * scale * factor
+                for low, top in zip(self.base_momentums, self.max_momentums)
+            ]
+            for group, m in zip(self.optimizer.param_groups, momenta):
+                if self.use_beta1:
+                    group["betas"] = (m, *group["betas"][1:])
+                else:
+                    group["momentum"] = m
+        return lrs
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state.pop("_scale_fn_custom", None)  # (a function: not saved, as in PyTorch)
+        return state
+
+
+class ChainedScheduler(LRScheduler):
+    """Several schedulers stepped together: each ``step()`` steps every one of them in order
+    (their factors multiply)."""
+
+    def __init__(self, schedulers: Sequence[LRScheduler], optimizer: Optimizer | None = None):
+        if len(schedulers) < 1:
+            raise ValueError(
+                f"{type(self).__name__} expects at least one scheduler to be chained, but got no "
+                "scheduler."
+            )
+        optimizer = optimizer or schedulers[0].optimizer
+        for i, scheduler in enumerate(schedulers):
+            if scheduler.optimizer is not optimizer:
+                raise ValueError(
+                    f"{type(self).__name__} expects all schedulers to belong to the same "
+                    f"optimizer, but got scheduler {type(scheduler).__name__} at index {i} "
+                    "attached to another optimizer"
+                )
+        self._schedulers = list(schedulers)
+        self.optimizer = optimizer
+        self._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+    @opaque_method
+    def step(self) -> None:  # type: ignore[override]
+        for scheduler in self._schedulers:
+            scheduler.step()
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
+        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = dict(state_dict)
+        saved = state.pop("_schedulers")
+        self.__dict__.update(state)
+        for scheduler, s in zip(self._schedulers, saved):
+            scheduler.load_state_dict(s)

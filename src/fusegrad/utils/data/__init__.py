@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .dataloader import DataLoader, default_collate, default_convert, get_worker_info
 from .dataset import (
+    ChainDataset,
     ConcatDataset,
     Dataset,
     IterableDataset,
@@ -32,6 +33,7 @@ from .sampler import (
 
 __all__ = [
     "BatchSampler",
+    "ChainDataset",
     "ConcatDataset",
     "DataLoader",
     "Dataset",

@@ -34,7 +34,28 @@ class IterableDataset(Dataset[T_co]):
         raise NotImplementedError("Subclasses of IterableDataset should implement __iter__.")
 
     def __add__(self, other: Dataset) -> Any:
-        raise TypeError("IterableDataset does not support concatenation with +")
+        return ChainDataset([self, other])
+
+
+class ChainDataset(IterableDataset):
+    """The samples of several iterable datasets, one after the other (``a + b`` of two)."""
+
+    def __init__(self, datasets: Iterable[Dataset]) -> None:
+        self.datasets = list(datasets)
+
+    def __iter__(self) -> Iterator[Any]:
+        for d in self.datasets:
+            if not isinstance(d, IterableDataset):
+                raise TypeError("ChainDataset only supports IterableDataset")
+            yield from d
+
+    def __len__(self) -> int:
+        total = 0
+        for d in self.datasets:
+            if not isinstance(d, IterableDataset):
+                raise TypeError("ChainDataset only supports IterableDataset")
+            total += len(d)  # type: ignore[arg-type]
+        return total
 
 
 class TensorDataset(Dataset[tuple]):
