@@ -41,6 +41,10 @@ class _CudaNamespace:
 CUDA = Lib(_CudaNamespace(), FG.F, "fusegrad-cuda")
 
 # primitives without a CUDA kernel yet
+# what CUDA refuses by design for now, in the words of its NotImplementedError: torch.linalg,
+# torch.fft and view_as_complex on CUDA tensors, and arithmetic on complex CUDA tensors
+# (docs/complex.md, docs/cuda.md)
+CPU_ONLY = ("CUDA tensors are not supported yet", "CUDA kernels take no complex operands")
 KNOWN_GAPS: set[str] = {"cummax_index", "mode_index", "searchsorted", "histc"}
 
 
@@ -69,6 +73,7 @@ PASSES = 2 if os.environ.get("FUSEGRAD_CUDA_FULL") == "1" else 1
 @pytest.mark.parametrize("swap", range(PASSES))
 def test_op_table_on_cuda_matches_cpu(swap: int) -> None:
     gaps: dict[str, str] = {}
+    cpu_only: list[str] = []
     failures: list[str] = []
     ran = 0
     for k, (entry, sample) in enumerate(CASES):
@@ -80,6 +85,9 @@ def test_op_table_on_cuda_matches_cpu(swap: int) -> None:
         try:
             got_values, got_grads = _run(entry, CUDA, sample, dtype)
         except NotImplementedError as e:
+            if any(why in str(e) for why in CPU_ONLY):
+                cpu_only.append(entry.name)  # (documented: linalg, fft, complex arithmetic)
+                continue
             prim = str(e).split(" ", 1)[0]
             gaps[prim] = entry.name
             continue
@@ -104,4 +112,6 @@ def test_op_table_on_cuda_matches_cpu(swap: int) -> None:
                 failures.append(f"{entry.name} ({dtype}): gradient {i} differs")
     assert not failures, "\n".join(failures)
     assert set(gaps) <= KNOWN_GAPS, f"new CUDA gaps: {gaps}"
-    assert ran >= 0.9 * len(CASES) - 10, f"only {ran} of {len(CASES)} entries ran on CUDA"
+    assert ran >= 0.9 * (len(CASES) - len(cpu_only)) - 10, (
+        f"only {ran} of {len(CASES) - len(cpu_only)} entries ran on CUDA"
+    )

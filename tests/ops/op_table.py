@@ -4771,7 +4771,7 @@ add(
 )
 add(
     "linalg_cholesky",
-    lambda m, x: m.linalg.cholesky(x @ x.mT + m.eye(x.shape[-1], dtype=x.dtype)),
+    lambda m, x: m.linalg.cholesky(x @ x.mT + m.eye(x.shape[-1], dtype=x.dtype, device=x.device)),
     lambda x: np.linalg.cholesky(x @ np.swapaxes(x, -1, -2) + np.eye(x.shape[-1])),
     lambda rng: [S((uni(rng, (2, 3, 3)),))],
     **_LINALG,

@@ -69,7 +69,10 @@ def _norm(norm: str | None) -> str:
 
 def _floating(op: str, x: Tensor) -> Tensor:
     """``x`` in a dtype the transforms take: integers and bools promoted to the default float
-    dtype; half dtypes refused."""
+    dtype; half dtypes refused; CUDA tensors refused (no CUDA kernel yet, and CUDA kernels take
+    no complex operands: docs/complex.md)."""
+    if x.is_cuda:
+        raise NotImplementedError(f"{op}: CUDA tensors are not supported yet (got {describe(x)})")
     if x._dtype in _dt.HALF:
         raise FFTError(f"{op}: Unsupported dtype {x._dtype.name} (got {describe(x)})")
     if x._dtype.category < 2:

@@ -112,6 +112,8 @@ def _prim(name: str, *inputs: Tensor, **attrs: Any) -> Tensor:
 
 def _floating(op: str, A: Any) -> Tensor:
     A = to_tensor(A)
+    if A.is_cuda:  # (the kernels are numpy's; no CUDA kernel yet)
+        raise NotImplementedError(f"{op}: CUDA tensors are not supported yet (got {describe(A)})")
     if A._dtype.category < 2 or A._dtype in _dt.HALF:
         raise LinAlgDTypeError(
             f"{op}: Expected a floating point or complex tensor as input. Got {A._dtype.name}"
