@@ -4857,6 +4857,7 @@ def _expm_reference(A: np.ndarray) -> np.ndarray:
         total = total @ total
     return total
 
+
 import op_table_special  # noqa: E402,F401  (fusegrad.special's entries, added to OPS)
 
 OPS_BY_NAME = {e.name: e for e in OPS}
