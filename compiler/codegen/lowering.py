@@ -23,6 +23,7 @@ from functools import cache
 
 from fusegrad.ops import decompositions as _decompositions
 from fusegrad.ops.registry import REGISTRY, ScalarFunction
+from fusegrad.ops.special_functions import SCIPY_KERNELS
 
 EXPRESSIONS: dict[str, str] = {
     name: prim.lowering.expression for name, prim in REGISTRY.items() if prim.lowering is not None
@@ -105,6 +106,8 @@ EXTERNS = frozenset(
         "scatter_add",
         "matmul",
         "to_device",  # a host <-> device copy
+        # special functions computed by scipy.special (fusegrad.ops.special_functions)
+        *SCIPY_KERNELS,
     }
 )
 # the mathematical surface's primitives, computed by their eager kernels between fused loops:

@@ -265,7 +265,8 @@ _FUNCTIONAL_AT_TOP_LEVEL = frozenset(
 
 # subpackages loaded on first use (``fusegrad.nn``, ``fusegrad.fft``, ...)
 _SUBPACKAGES = frozenset(
-    "nn optim utils viz distributed amp backends accelerator fft linalg onnx".split()
+    "nn optim utils viz distributed amp backends accelerator fft linalg onnx special "
+    "distributions func".split()
 )
 
 
@@ -282,6 +283,8 @@ def __getattr__(name: str) -> Any:
     if name in ("save", "load", "serialization"):  # (it needs nn's Parameter: on first use)
         module = importlib.import_module(".serialization", __name__)
         return module if name == "serialization" else getattr(module, name)
+    if name == "vmap":  # torch.vmap is torch.func.vmap
+        return importlib.import_module(".func", __name__).vmap
     if name in _FUNCTIONAL_AT_TOP_LEVEL:  # torch.selu, torch.conv1d, ...: nn.functional's
         return getattr(importlib.import_module(".nn.functional", __name__), name)
     if name == "bfloat16":

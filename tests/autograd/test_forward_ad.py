@@ -16,6 +16,7 @@ import fusegrad
 import fusegrad.nn.functional as FF
 from fusegrad.autograd import forward_ad as fwAD
 from fusegrad.autograd.jvps import UNSUPPORTED
+from fusegrad.ops import registry
 from fusegrad.ops.registry import JVPS, REGISTRY
 
 
@@ -379,12 +380,12 @@ def test_every_differentiable_primitive_has_a_jvp_or_is_listed_unsupported() -> 
 
 
 def test_unsupported_primitive_raises_naming_it() -> None:
-    assert "trigamma" in UNSUPPORTED
-    x = _t([1.5, 2.5])
+    assert "attention" in UNSUPPORTED
+    q = _t(_rand(1, 2, 3))
     with fwAD.dual_level():
-        d = fwAD.make_dual(x, _t([1.0, 1.0]))
-        with pytest.raises(NotImplementedError, match="forward AD with trigamma"):
-            fusegrad.polygamma(1, d)
+        d = fwAD.make_dual(q, _t(_rand(1, 2, 3, seed=1)))
+        with pytest.raises(NotImplementedError, match="forward AD with attention"):
+            registry.apply(REGISTRY["attention"], (d, q, q), {"scale": 1.0, "causal": False})
 
 
 # ---- PyTorch's example programs, in both libraries ---------------------------------------------

@@ -4858,5 +4858,7 @@ def _expm_reference(A: np.ndarray) -> np.ndarray:
     return total
 
 
+import op_table_special  # noqa: E402,F401  (fusegrad.special's entries, added to OPS)
+
 OPS_BY_NAME = {e.name: e for e in OPS}
 assert len(OPS_BY_NAME) == len(OPS), "duplicate op table names"

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
-from fusegrad.errors import AutogradError
 
 mpmath = pytest.importorskip("mpmath")  # installed with torch (through sympy)
 mpmath.mp.prec = 120
@@ -85,15 +84,18 @@ def test_lgamma_is_the_c_library_function() -> None:
     np.testing.assert_array_less(np.abs(got - want), 3 * np.spacing(np.abs(want)))
 
 
-def test_digamma_is_differentiable_once() -> None:
-    """Its derivative, polygamma(1, x), has no derivative in fusegrad: a second derivative
-    raises an error that says so (PyTorch goes on with polygamma(2, x))."""
+def test_digamma_is_differentiable_to_any_order() -> None:
+    """Its derivatives are polygamma(1, x), polygamma(2, x), ... (as in PyTorch)."""
     x = fg.tensor([0.5, 2.0], dtype=fg.float64, requires_grad=True)
     (g,) = fg.autograd.grad(fg.digamma(x).sum(), x, create_graph=True)
     np.testing.assert_allclose(g.detach().numpy(), [math.pi**2 / 2, math.pi**2 / 6 - 1])
-    with pytest.raises(AutogradError, match="derivative for 'polygamma.1, x.'.*not implemented"):
-        fg.autograd.grad(g.sum(), x)
-    # lgamma is twice differentiable: its second derivative is that same polygamma(1, x)
+    (h,) = fg.autograd.grad(g.sum(), x, create_graph=True)
+    want = [float(mpmath.polygamma(2, v)) for v in (0.5, 2.0)]
+    np.testing.assert_allclose(h.detach().numpy(), want, rtol=1e-13)
+    (k,) = fg.autograd.grad(h.sum(), x)
+    want = [float(mpmath.polygamma(3, v)) for v in (0.5, 2.0)]
+    np.testing.assert_allclose(k.numpy(), want, rtol=1e-13)
+    # lgamma's second derivative is polygamma(1, x)
     (g,) = fg.autograd.grad(fg.lgamma(x).sum(), x, create_graph=True)
     (h,) = fg.autograd.grad(g.sum(), x)
     np.testing.assert_allclose(h.numpy(), fg.polygamma(1, x).detach().numpy())
@@ -108,7 +110,7 @@ def test_polygamma_orders() -> None:
     np.testing.assert_array_equal(y.numpy(), fg.polygamma(1, x).numpy())
     with pytest.raises(ValueError, match="does not support negative n"):
         fg.polygamma(-1, x)
-    with pytest.raises(NotImplementedError, match="n = 2"):
-        fg.polygamma(2, x)
+    want = [float(mpmath.polygamma(2, v)) for v in (0.5, 3.0)]
+    np.testing.assert_allclose(fg.polygamma(2, x).numpy(), want, rtol=1e-13)
     with pytest.raises(TypeError, match="must be int"):
         fg.polygamma(1.0, x)  # type: ignore[arg-type]

@@ -169,13 +169,101 @@ def _digamma(node, g, x):
     return (g * F.polygamma(1, x),)
 
 
-@vjp("trigamma")
-def _trigamma(node, g):
-    # polygamma(2, x) would need a primitive of its own, and so on up; PyTorch has them
-    raise AutogradError(
-        "the derivative for 'polygamma(1, x)' (polygamma(2, x)) is not implemented: digamma "
-        "and polygamma(1, x) are differentiable once in fusegrad"
-    )
+@vjp("trigamma", save="x")
+def _trigamma(node, g, x):
+    return (g * F.polygamma(2, x),)
+
+
+# ---- special functions (fusegrad.special; records in ops/special_functions.py) -------------
+# Each rule is PyTorch's formula (derivatives.yaml), so gradients agree to rounding.
+
+
+@vjp("polygamma", save="x")
+def _polygamma(node, g, x):
+    return (g * F.polygamma(node.attrs["n"] + 1, x),)
+
+
+@vjp("i0", save="x")
+def _i0(node, g, x):
+    return (g * F.special_ops.i1(x),)
+
+
+@vjp("i0e", save="x out")
+def _i0e(node, g, x, out):
+    return (g * (F.special_ops.i1e(x) - x.sign() * out),)
+
+
+def _tiny_to_eps(x):
+    """(|x| > eps, x with the others replaced by eps): i1 and i1e's derivatives divide by x,
+    and PyTorch gives them their limit 1/2 wherever |x| <= eps (nan included)."""
+    eps = float(np.finfo(x.dtype.np).eps)
+    not_tiny = x.abs() > eps
+    return not_tiny, F.where(not_tiny, x, eps)
+
+
+def _i1_slope(x, out):
+    """i1'(x) = i0(x) - i1(x) / x (also forward mode's)."""
+    not_tiny, safe = _tiny_to_eps(x)
+    return F.where(not_tiny, F.special_ops.i0(safe) - out / safe, 0.5)
+
+
+def _i1e_slope(x, out):
+    """i1e'(x) = i0e(x) - i1e(x) (sign(x) + 1 / x) (also forward mode's)."""
+    not_tiny, safe = _tiny_to_eps(x)
+    return F.where(not_tiny, F.special_ops.i0e(safe) - out * (safe.sign() + safe.reciprocal()), 0.5)
+
+
+@vjp("i1", save="x out")
+def _i1(node, g, x, out):
+    return (g * _i1_slope(x, out),)
+
+
+@vjp("i1e", save="x out")
+def _i1e(node, g, x, out):
+    return (g * _i1e_slope(x, out),)
+
+
+@vjp("erfcx", save="x out")
+def _erfcx(node, g, x, out):
+    return (g * (2.0 * x * out - 2.0 / math.sqrt(math.pi)),)
+
+
+@vjp("ndtri", save="out")
+def _ndtri(node, g, out):
+    return (g * (math.sqrt(2.0 * math.pi) * (out * out / 2.0).exp()),)
+
+
+@vjp("log_ndtr", save="x out")
+def _log_ndtr(node, g, x, out):
+    return (g * ((-(out + x * x / 2.0)).exp() / math.sqrt(2.0 * math.pi)),)
+
+
+def _not_differentiable_in(node, name: str, index: int) -> None:
+    if node.needs_input_grad[index]:
+        raise AutogradError(f"the derivative for '{name}' is not implemented.")
+
+
+@vjp("gammainc", save="a x")
+def _gammainc(node, g, a, x):
+    _not_differentiable_in(node, "igamma: input", 0)
+    return (None, g * (-x + (a - 1.0) * x.log() - a.lgamma()).exp())
+
+
+@vjp("gammaincc", save="a x")
+def _gammaincc(node, g, a, x):
+    _not_differentiable_in(node, "igammac: input", 0)
+    return (None, -(g * (-x + (a - 1.0) * x.log() - a.lgamma()).exp()))
+
+
+@vjp("zeta", save="x q")
+def _zeta(node, g, x, q):
+    _not_differentiable_in(node, "zeta", 0)
+    return (None, g * (-x) * F.special_ops.zeta(x + 1.0, q))
+
+
+@vjp("entr", save="x")
+def _entr(node, g, x):
+    return (g * (-(x.log() + 1.0)),)
 
 
 def _zero_grad(node, g):

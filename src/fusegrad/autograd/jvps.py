@@ -119,6 +119,40 @@ _unary("erfc", lambda x, out: (-(x * x)).exp() * (-2.0 / math.sqrt(math.pi)))
 _unary("lgamma", lambda x, out: x.digamma())
 _unary("erfinv", lambda x, out: (out * out).exp() * (math.sqrt(math.pi) / 2.0))
 _unary("digamma", lambda x, out: F.polygamma(1, x))
+_unary("trigamma", lambda x, out: F.polygamma(2, x))
+# special functions (fusegrad.special): the derivatives of derivatives.py's rules
+_unary("i0", lambda x, out: F.special_ops.i1(x))
+_unary("i0e", lambda x, out: F.special_ops.i1e(x) - x.sign() * out)
+_unary("i1", _derivatives._i1_slope)
+_unary("i1e", _derivatives._i1e_slope)
+_unary("erfcx", lambda x, out: 2.0 * x * out - 2.0 / math.sqrt(math.pi))
+_unary("ndtri", lambda x, out: math.sqrt(2.0 * math.pi) * (out * out / 2.0).exp())
+_unary("log_ndtr", lambda x, out: (-(out + x * x / 2.0)).exp() / math.sqrt(2.0 * math.pi))
+_unary("entr", lambda x, out: -(x.log() + 1.0))
+
+
+@jvp("polygamma")
+def _polygamma(p, t, out, attrs):
+    return t[0] * F.polygamma(attrs["n"] + 1, p[0])
+
+
+def _second_argument_only(name: str, message: str, derivative: Any) -> None:
+    """A binary primitive differentiable in its second input only (as in PyTorch)."""
+
+    @jvp(name)
+    def rule(p: tuple, t: tuple, out: Any, attrs: dict) -> Any:
+        if t[0] is not None:
+            raise NotImplementedError(f"the derivative for '{message}' is not implemented.")
+        return t[1] * derivative(*p)
+
+
+def _gammainc_derivative(a: Any, x: Any) -> Any:
+    return (-x + (a - 1.0) * x.log() - a.lgamma()).exp()
+
+
+_second_argument_only("gammainc", "igamma: input", _gammainc_derivative)
+_second_argument_only("gammaincc", "igammac: input", lambda a, x: -_gammainc_derivative(a, x))
+_second_argument_only("zeta", "zeta", lambda x, q: -x * F.special_ops.zeta(x + 1.0, q))
 
 
 @jvp("cos")
@@ -134,10 +168,6 @@ def _reciprocal(p, t, out, attrs):
 UNSUPPORTED["attention"] = (
     "scaled_dot_product_attention uses its composite (matmul, softmax) while a dual level is "
     "active, so forward AD never meets the fused kernel"
-)
-UNSUPPORTED["trigamma"] = (
-    "its derivative, polygamma(2, x), is not a fusegrad primitive (digamma and polygamma(1, x) "
-    "are differentiable once)"
 )
 
 

@@ -40,6 +40,7 @@ from . import _util, registry
 from . import decompositions as _decompositions  # noqa: F401  (fusegrad.linalg's primitives)
 from . import primitives as _primitives  # noqa: F401  (registers kernels)
 from . import spectral as _spectral  # noqa: F401  (the FFT primitives of fusegrad.fft)
+from . import special_functions as _special_functions  # noqa: F401  (fusegrad.special's)
 from ._util import cast, to_tensor
 from .complex import *  # noqa: F401,F403  (complex numbers: primitives and surface)
 from .complex import (
@@ -276,6 +277,7 @@ from .shape import (
     vstack,
 )
 from .sorting import argsort, cummax, cummin, kthvalue, median, mode, msort, sort, topk
+from .special_ops import i0, igamma, igammac  # (special's surface; rules: F.special_ops)
 from .spellings import adapt
 from .views import replay_view as _replay_view
 from .views import set_view_grad_fn as _set_view_grad_fn
@@ -480,7 +482,12 @@ def inplace(self: Tensor, op: str, fn: Any, *args: Any, **kwargs: Any) -> Tensor
     With autograd involved, ``self``'s history is rebased onto the op's node: the op runs on a
     snapshot that carries self's old history and data, so nodes that saved ``self`` before keep
     seeing a version mismatch (and error), while the new node computes with the old value.
-    A view hands the rebase to its base (``_inplace_on_view``)."""
+    A view hands the rebase to its base (``_inplace_on_view``); a tensor that holds its values
+    elsewhere (``fusegrad.func.vmap``'s batched tensors) does the op its own way."""
+    if type(self) is not Tensor and type(self) is not _ViewTensor:
+        hook = getattr(self, "_inplace_hook", None)
+        if hook is not None:
+            return hook(op, fn, args, kwargs)
     needs_graph = _grad_mode._state.enabled and (
         self.requires_grad
         # a view made under no_grad has no grad_fn, yet its base's history is at stake (the
@@ -722,6 +729,9 @@ _METHODS = [
     "log10",
     "rsqrt",
     "tan",
+    "i0",
+    "igamma",
+    "igammac",
     "relu",
     "clamp",
     "clip",
@@ -833,6 +843,9 @@ _INPLACE = {
     "clamp_": clamp,
     "clip_": clamp,
     "square_": square,
+    "i0_": i0,
+    "igamma_": igamma,
+    "igammac_": igammac,
     "lerp_": lerp,
     "masked_fill_": masked_fill,
     "addcmul_": _addcmul,
@@ -1105,6 +1118,9 @@ def _adapt_spellings() -> None:
         if not getattr(value, "__module__", "").startswith("fusegrad.ops"):
             continue
         g[name] = once(value, out=True)
+        if g[name] is not value:
+            # pickled by reference (RPC sends functions so): found here under its own name
+            g[name].__module__, g[name].__qualname__ = __name__, name
     for cls in (Tensor, _ViewTensor):
         for name, value in list(vars(cls).items()):
             if not name.startswith("_") and inspect.isfunction(value):

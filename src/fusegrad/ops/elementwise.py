@@ -187,8 +187,9 @@ def tan(input: Any) -> Tensor:
 
 
 def polygamma(n: int, input: Any) -> Tensor:
-    """The ``n``-th derivative of digamma: ``n = 0`` is ``digamma``, ``n = 1`` trigamma (a
-    primitive; not differentiable again); higher orders are not implemented."""
+    """The ``n``-th derivative of digamma: ``n = 0`` is ``digamma``, ``n = 1`` trigamma and
+    higher orders the ``polygamma`` primitive (``ops/special_functions.py``); each is
+    differentiable, its derivative being the next order."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"polygamma(): argument 'n' must be int, not {type(n).__name__}")
     if n < 0:
@@ -197,7 +198,8 @@ def polygamma(n: int, input: Any) -> Tensor:
         return digamma(input)
     if n == 1:
         return _float_unary("trigamma", input)
-    raise NotImplementedError(f"polygamma: order n = {n} is not implemented (n = 0 and 1 are)")
+    x = _floatify(input)
+    return apply(P["polygamma"], (x,), {"n": n})
 
 
 def floor(input: Any) -> Tensor:

@@ -1,0 +1,549 @@
+"""``vmap``: a function of one sample run on a whole batch at once, by a tracer.
+
+Where this sits: ``fusegrad.func``'s batching transform, on the eager core's one extension
+point (``autograd.tracer``).  ``vmap(f)(x)`` installs a ``BatchTracer`` on the thread and calls
+``f`` with ``BatchedTensor``s: tensors that look like one sample (their shape, dtype and
+``_data`` are one sample's, so every op surface function checks and promotes as usual) and hold
+the whole batch as a *physical* tensor ``_phys`` whose dim 0 is the batch.  Every primitive
+call then reaches the tracer (``ops.registry.apply``), which computes the batched result with
+the primitive's rule from the batching table (``autograd/batching.py``) on the physical
+tensors, under the tracer it replaced -- so ``vmap`` nests (the physical tensor of an inner
+level is a ``BatchedTensor`` of the outer one) and composes with ``fusegrad.compile``.
+
+Autograd is recorded on the physical tensors: a ``BatchedTensor``'s ``requires_grad`` and
+``grad_fn`` are its physical tensor's, and a ``backward``/``grad`` call under ``vmap`` whose
+outputs are batched is translated to the physical graph (``BatchTracer.backward``), where
+every sample's gradient is its own row.  ``grad`` of a batched function with respect to an
+unbatched input (``vmap(grad(loss), in_dims=(None, 0, 0))``) therefore lifts that input to a
+batched one first (``lift``), so that each sample gets its own gradient.  A ``grad`` call whose
+outputs are not batched but whose output gradients are (the vector-Jacobian products of
+``jacrev``) runs the derivative rules themselves on batched values, through the tracer.
+
+What ``vmap`` cannot see through: Python reading a batched tensor's values (``.item()``,
+``bool()``, ``.numpy()``: data-dependent control flow) raises; random draws raise unless
+``randomness`` is ``"same"`` (one draw for all samples) or ``"different"`` (one per sample).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import ops as F
+from ..autograd import api
+from ..autograd import forward_ad as _forward_ad
+from ..autograd import tracer as _tracer
+from ..autograd.batching import RULES, loop, spread
+from ..autograd.forward_state import state as _forward_state
+from ..autograd.tracer import Tracer, tracing
+from ..tensor import Tensor
+from ._pytree import tree_flatten, tree_unflatten
+
+_RANDOMNESS = ("error", "different", "same")
+
+
+class BatchedTensor(Tensor):
+    """One sample's view of a batch under ``vmap`` (see the module docstring): ``_phys`` is the
+    whole batch (dim 0), ``_level`` the ``BatchTracer`` it belongs to.  No slots of its own,
+    so a tensor made by a random draw can become one (``randomness="different"``)."""
+
+    __slots__ = ()
+
+    @property  # type: ignore[override]
+    def grad_fn(self) -> Any:
+        return self.__dict__["_phys"].grad_fn
+
+    @grad_fn.setter
+    def grad_fn(self, value: Any) -> None:
+        if value is not None:
+            raise RuntimeError("vmap: the history of a batched tensor lives on its batch")
+
+    @property
+    def requires_grad(self) -> bool:  # type: ignore[override]
+        return self.__dict__["_phys"].requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, value: bool) -> None:
+        self.requires_grad_(value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Tensor:
+        self.__dict__["_phys"].requires_grad_(requires_grad)
+        return self
+
+    @property
+    def is_leaf(self) -> bool:  # type: ignore[override]
+        return self.__dict__["_phys"].is_leaf
+
+    def detach(self) -> Tensor:
+        level = self.__dict__["_level"]
+        return level.wrap(self.__dict__["_phys"].detach())
+
+    def _inplace_hook(self, op: str, fn: Callable, args: tuple, kwargs: dict) -> Tensor:
+        """An in-place op: computed out of place, then written into the batch by ``copy_`` on
+        the physical tensor (which records it there like any in-place op)."""
+        level = self.__dict__["_level"]
+        result = fn(self, *args, **kwargs)
+        if result.dtype != self.dtype:
+            result = result.to(self.dtype)
+        phys = self.__dict__["_phys"]
+        with tracing(level.prev):
+            if _batched_at(result, level):
+                source = result.__dict__["_phys"]
+            else:
+                source = spread(result, level.size)
+            phys.copy_(source)
+        self._data = _sample(phys)
+        self._version_counter.bump()
+        return self
+
+    def __repr__(self) -> str:
+        level = self.__dict__["_level"]
+        return f"BatchedTensor(lvl={level.depth}, bdim=0, value=\n{self.__dict__['_phys']!r})"
+
+
+def _batched_at(t: Any, level: BatchTracer) -> bool:
+    return type(t) is BatchedTensor and t.__dict__["_level"] is level
+
+
+def _sample(phys: Tensor) -> np.ndarray:
+    """One sample's array of a physical tensor (its first; an empty one for an empty batch)."""
+    data = phys._data
+    if data.shape[0]:
+        return data[0]
+    return np.zeros(data.shape[1:], data.dtype)
+
+
+def _bottom_array(t: Any) -> np.ndarray:
+    while type(t) is BatchedTensor:
+        t = t.__dict__["_phys"]
+    return t._data
+
+
+class BatchTracer(Tracer):
+    """The tracer of one ``vmap`` call (a *level*): batch size, randomness, and the tracer it
+    replaced (``prev``), to which everything that is not batched at this level goes."""
+
+    def __init__(self, prev: Tracer | None, size: int, randomness: str) -> None:
+        self.prev = prev
+        self.size = size
+        self.randomness = randomness
+        self.depth = prev.depth + 1 if isinstance(prev, BatchTracer) else 1
+
+    def wrap(self, phys: Tensor) -> BatchedTensor:
+        """A ``BatchedTensor`` of this level over the physical tensor ``phys``."""
+        t = object.__new__(BatchedTensor)
+        t._data = _sample(phys)
+        t._dtype = phys._dtype
+        t._requires_grad = False
+        t._output_nr = 0
+        t._grad = None
+        t._version_counter = phys._version_counter
+        t._base = None
+        t._accumulator = None
+        t._hooks = None
+        t._post_acc_hooks = None
+        t._retains_grad = False
+        t._wrapped_number = False
+        t._inference = phys._inference
+        d = t.__dict__
+        d["_phys"] = phys
+        d["_level"] = self
+        return t
+
+    def levels(self) -> list[BatchTracer]:
+        """The ``vmap`` levels on this thread, outermost first."""
+        out: list[BatchTracer] = []
+        level: Any = self
+        while isinstance(level, BatchTracer):
+            out.append(level)
+            level = level.prev
+        return out[::-1]
+
+    # ---- primitives ------------------------------------------------------------------------
+    def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
+        for t in inputs:
+            if type(t) is BatchedTensor and t.__dict__["_level"] is self:
+                break
+        else:  # nothing batched at this level: the enclosing tracer's business
+            prev = self.prev
+            if prev is None:
+                return NotImplemented
+            with tracing(prev):
+                return prev.apply(prim, inputs, attrs)
+        operands = [
+            (t.__dict__["_phys"], True) if _batched_at(t, self) else (t, False) for t in inputs
+        ]
+        rule = RULES.get(prim.name, loop)
+        with tracing(self.prev):
+            phys = rule(prim, operands, attrs, self.size)
+        return self.wrap(phys)
+
+    def full(self, shape: tuple, value: Any, dtype: Any, device: Any) -> Any:
+        if self.prev is None:
+            return NotImplemented
+        return self.prev.full(shape, value, dtype, device)
+
+    # ---- autograd --------------------------------------------------------------------------
+    def backward(
+        self,
+        roots: Any,
+        grads: Any,
+        retain_graph: bool,
+        create_graph: bool,
+        inputs: Any,
+        accumulate: bool,
+    ) -> Any:
+        batched = [_batched_at(r, self) for r in roots]
+        if not any(batched):
+            # the outputs are one sample's (a graph made outside this vmap) and the output
+            # gradients may be batched: the rules run here, on batched values
+            if self.prev is None:
+                return NotImplemented
+            with tracing(self.prev):
+                return self.prev.backward(
+                    roots, grads, retain_graph, create_graph, inputs, accumulate
+                )
+        if not all(batched):
+            raise RuntimeError(
+                "vmap: backward through outputs of which some are batched and some are not "
+                "is not supported; compute them in separate calls"
+            )
+        with tracing(self.prev):
+            phys_roots = [r.__dict__["_phys"] for r in roots]
+            phys_grads = [
+                g.__dict__["_phys"] if _batched_at(g, self) else spread(g, self.size) for g in grads
+            ]
+            phys_inputs = None
+            if inputs is not None:
+                phys_inputs = [x.__dict__["_phys"] if _batched_at(x, self) else x for x in inputs]
+            if accumulate:
+                api.backward(phys_roots, phys_grads, retain_graph, create_graph, phys_inputs)
+                return None
+            results = api.grad(
+                phys_roots,
+                phys_inputs,
+                phys_grads,
+                retain_graph=retain_graph,
+                create_graph=create_graph,
+                allow_unused=True,
+            )
+        return [
+            None if g is None else (self.wrap(g) if _batched_at(x, self) else g)
+            for x, g in zip(inputs, results)
+        ]
+
+    # ---- what the batch cannot go through --------------------------------------------------
+    def host_read(self, tensor: Tensor, what: str, result: Any = None) -> None:
+        if type(tensor) is BatchedTensor:
+            raise RuntimeError(
+                f"vmap: It looks like you're reading a batched Tensor's values with {what} "
+                "(data-dependent control flow, or a conversion to Python or numpy). vmap "
+                "cannot run one sample's Python code per sample; rewrite it with tensor ops "
+                "(e.g. where() instead of if)"
+            )
+        if self.prev is not None:
+            self.prev.host_read(tensor, what, result)
+
+    def will_draw(self, generator: Any = None) -> None:
+        if self.randomness == "error":
+            raise RuntimeError(
+                "vmap: called random operation while in randomness error mode. Please either "
+                "use the 'same' or 'different' randomness flags on vmap or perform the "
+                "randomness operation out of vmap"
+            )
+        if self.prev is not None:
+            self.prev.will_draw(generator)
+
+    def created(self, tensor: Tensor, redo: Any) -> None:
+        if self.randomness == "different" and callable(redo) and type(tensor) is Tensor:
+            # one draw per sample: the first is the one made, the others drawn again
+            with tracing(self.prev):
+                draws = [tensor.detach()] + [redo() for _ in range(self.size - 1)]
+                phys = F.stack(draws)
+            tensor.__class__ = BatchedTensor
+            tensor.__dict__["_phys"] = phys
+            tensor.__dict__["_level"] = self
+            tensor._data = _sample(phys)
+            return
+        if self.prev is not None:
+            self.prev.created(tensor, redo)
+
+    def wrote(self, target: Tensor, result: Tensor) -> None:
+        if type(result) is BatchedTensor and not _batched_at(target, self):
+            raise RuntimeError(
+                "vmap: inplace arithmetic(self, *extra_args) is not possible because there "
+                "exists a Tensor `other` in extra_args that has more elements than `self`. This "
+                "happened due to `other` being vmapped over but `self` not being vmapped over in "
+                "a vmap. Please try to use out-of-place operators instead of inplace arithmetic."
+            )
+        if self.prev is not None:
+            self.prev.wrote(target, result)
+
+    def check(self, tensor: Tensor, fn: Any) -> None:
+        if type(tensor) is BatchedTensor:
+            fn(_bottom_array(tensor))  # every sample's values, not only the first's
+        if self.prev is not None:
+            self.prev.check(tensor, fn)
+
+    def side_effect(self, tensor: Tensor, what: str) -> None:
+        if self.prev is not None:
+            self.prev.side_effect(tensor, what)
+
+    def opaque(self, owner: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
+        if self.prev is None:
+            return NotImplemented
+        return self.prev.opaque(owner, fn, args, kwargs)
+
+
+def current_levels() -> list[BatchTracer]:
+    """The ``vmap`` levels active on this thread, outermost first."""
+    t = _tracer.current()
+    return t.levels() if isinstance(t, BatchTracer) else []
+
+
+def lift(x: Tensor, levels: list[BatchTracer]) -> Tensor:
+    """``x`` batched at every one of ``levels`` (outermost first): unbatched levels spread it
+    (a view), so that a gradient with respect to it is one per sample."""
+    if not levels:
+        return x
+    inner = levels[-1]
+    if _batched_at(x, inner):
+        phys = lift(x.__dict__["_phys"], levels[:-1])
+    else:
+        phys = lift(x, levels[:-1])
+        with tracing(inner.prev):
+            phys = spread(phys, inner.size)
+    return inner.wrap(phys)
+
+
+def _describe(func: Callable) -> str:
+    return getattr(func, "__name__", repr(func))
+
+
+def _flat_in_dims(func: Callable, in_dims: Any, args: tuple) -> tuple[list, list, Any]:
+    """The flat leaves of ``args`` with one in_dim each (``in_dims`` is a prefix of the
+    structure of ``args``: an int or None applies to a whole subtree)."""
+    name = _describe(func)
+    if not isinstance(in_dims, (int, tuple)) and in_dims is not None:
+        raise ValueError(
+            f"vmap({name}, in_dims={in_dims}, ...)(<inputs>): expected `in_dims` to be int or a "
+            f"(potentially nested) tuple matching the structure of inputs, got: {type(in_dims)}."
+        )
+    if isinstance(in_dims, tuple) and len(in_dims) != len(args):
+        raise ValueError(
+            f"vmap({name}, in_dims={in_dims}, ...)(<inputs>): in_dims is not compatible with "
+            f"the structure of `inputs`. in_dims has structure of length {len(in_dims)} but "
+            f"inputs has length {len(args)}."
+        )
+    leaves, spec = tree_flatten(args)
+    dims: list = []
+
+    def walk(value: Any, dim: Any) -> None:
+        if isinstance(dim, (tuple, list)) and isinstance(value, (tuple, list)):
+            if len(dim) != len(value):
+                raise ValueError(
+                    f"vmap({name}, in_dims={in_dims}, ...)(<inputs>): in_dims is not compatible "
+                    "with the structure of `inputs`."
+                )
+            for v, d in zip(value, dim):
+                walk(v, d)
+        elif isinstance(dim, dict) and isinstance(value, dict):
+            for k in value:
+                walk(value[k], dim[k])
+        elif isinstance(dim, (tuple, list, dict)):
+            raise ValueError(
+                f"vmap({name}, in_dims={in_dims}, ...)(<inputs>): in_dims is not compatible "
+                "with the structure of `inputs`."
+            )
+        else:
+            sub, _ = tree_flatten(value)
+            dims.extend([dim] * len(sub))
+
+    walk(args, in_dims if isinstance(in_dims, tuple) else (in_dims,) * len(args))
+    return leaves, dims, spec
+
+
+def _batch_size(func: Callable, in_dims: Any, leaves: list, dims: list) -> int:
+    name = _describe(func)
+    sizes = []
+    for x, d in zip(leaves, dims):
+        if d is None:
+            continue
+        if not isinstance(d, int) or isinstance(d, bool):
+            raise ValueError(
+                f"vmap({name}, in_dims={in_dims}, ...)(<inputs>): in_dims must be int or None, "
+                f"got {d!r}"
+            )
+        if not isinstance(x, Tensor):
+            raise ValueError(
+                f"vmap({name}, in_dims={in_dims}, ...)(<inputs>): Got in_dim={d} for an input "
+                f"but the input is of type {type(x)}. We cannot vmap over non-Tensor arguments, "
+                "please use None as the respective in_dim"
+            )
+        if not -x.ndim <= d < x.ndim:
+            raise ValueError(
+                f"vmap({name}, in_dims={in_dims}, ...)(<inputs>): Got in_dim={d} for some "
+                f"input, but that input is a Tensor of dimensionality {x.ndim} so expected "
+                f"in_dim to satisfy -{x.ndim} <= in_dim < {x.ndim}."
+            )
+        sizes.append(x.shape[d])
+    if not sizes:
+        raise ValueError(
+            f"vmap({name}, in_dims={in_dims}, ...)(<inputs>): at least one input must be a "
+            "Tensor with an in_dim that is not None (there is nothing to vmap over)"
+        )
+    if any(s != sizes[0] for s in sizes):
+        raise ValueError(
+            f"vmap({name}, in_dims={in_dims}, ...)(<inputs>): Expected all tensors to have the "
+            f"same size in the mapped dimension, got sizes {sizes} for the mapped dimension"
+        )
+    return sizes[0]
+
+
+def _call(
+    func: Callable, leaves: list, dims: list, spec: Any, kwargs: dict, size: int,
+    out_dims: Any, randomness: str,
+) -> Any:  # fmt: skip
+    level = BatchTracer(_tracer.current(), size, randomness)
+    batched = []
+    for x, d in zip(leaves, dims):
+        if d is None:
+            batched.append(x)
+            continue
+        phys = F.movedim(x, d, 0) if d % x.ndim else x
+        logical = level.wrap(phys)
+        _carry_tangent_in(level, phys, logical)
+        batched.append(logical)
+    with tracing(level):
+        out = func(*tree_unflatten(batched, spec), **kwargs)
+    out_leaves, out_spec = tree_flatten(out)
+    if isinstance(out_dims, int) or out_dims is None:
+        flat_out_dims = [out_dims] * len(out_leaves)
+    else:
+        flat_out_dims = _prefix_dims(func, out_dims, out)
+    results = []
+    for value, d in zip(out_leaves, flat_out_dims):
+        if not isinstance(value, Tensor):
+            raise ValueError(
+                f"vmap({_describe(func)}, ...): `{_describe(func)}` must only return Tensors, "
+                f"got type {type(value)}. Did you mean to set out_dims= to None for output?"
+            )
+        if d is None:
+            if _batched_at(value, level):
+                raise ValueError(
+                    f"vmap({_describe(func)}, ...): out_dims=None for an output that is "
+                    "batched: every sample has its own value there"
+                )
+            results.append(value)
+            continue
+        phys = value.__dict__["_phys"] if _batched_at(value, level) else spread(value, size)
+        _carry_tangent_out(level, value, phys)
+        if not -phys.ndim <= d < phys.ndim:
+            raise ValueError(
+                f"vmap({_describe(func)}, ...): out_dim={d} for an output of "
+                f"{phys.ndim - 1} dims: expected -{phys.ndim} <= out_dim < {phys.ndim}"
+            )
+        results.append(F.movedim(phys, 0, d) if d % phys.ndim else phys)
+    return tree_unflatten(results, out_spec)
+
+
+def _carry_tangent_in(level: BatchTracer, phys: Tensor, logical: Tensor) -> None:
+    """Under forward-mode AD, a batched input's tangent: its physical tensor's, batched."""
+    dual = _forward_state.level
+    if dual is not None:
+        tangent = _forward_ad._tangent(phys, dual)
+        if tangent is not None:
+            _forward_ad._set_tangent(logical, level.wrap(tangent), dual)
+
+
+def _carry_tangent_out(level: BatchTracer, value: Tensor, phys: Tensor) -> None:
+    """Under forward-mode AD, an output's physical tensor gets the output's tangent (whole
+    batch), which the ``BatchedTensor`` held."""
+    dual = _forward_state.level
+    if dual is not None:
+        tangent = _forward_ad._tangent(value, dual)
+        if tangent is not None:
+            if _batched_at(tangent, level):
+                tangent = tangent.__dict__["_phys"]
+            else:
+                tangent = spread(tangent, level.size)
+            _forward_ad._set_tangent(phys, tangent, dual)
+
+
+def _prefix_dims(func: Callable, out_dims: Any, out: Any) -> list:
+    dims: list = []
+
+    def walk(value: Any, dim: Any) -> None:
+        if isinstance(dim, (tuple, list)):
+            if not isinstance(value, (tuple, list)) or len(value) != len(dim):
+                raise ValueError(
+                    f"vmap({_describe(func)}, ..., out_dims={out_dims})(<inputs>): out_dims is "
+                    "not compatible with the structure of `outputs`."
+                )
+            for v, d in zip(value, dim):
+                walk(v, d)
+        else:
+            dims.extend([dim] * len(tree_flatten(value)[0]))
+
+    walk(out, out_dims)
+    return dims
+
+
+def vmap(
+    func: Callable,
+    in_dims: Any = 0,
+    out_dims: Any = 0,
+    randomness: str = "error",
+    *,
+    chunk_size: int | None = None,
+) -> Callable:
+    """``func`` of one sample, vectorised over a batch dim of its inputs (PyTorch's
+    ``torch.func.vmap``).
+
+    ``in_dims`` (an int, None, or a nested tuple matching the positional arguments) says which
+    dim of each input is the batch (None: not batched, the same for every sample); keyword
+    arguments are never batched.  ``out_dims`` says where the batch dim goes in each output.
+    ``randomness``: ``"error"`` (random ops raise), ``"same"`` or ``"different"`` (per sample).
+    ``chunk_size`` computes that many samples at a time (less memory; the same result)."""
+    if randomness not in _RANDOMNESS:
+        raise RuntimeError(
+            f"Only allowed values for randomness are 'error', 'different', or 'same'. Got "
+            f"{randomness}"
+        )
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size <= 0):
+        raise ValueError(f"vmap: chunk_size should be None or greater than 0. (got {chunk_size})")
+
+    @functools.wraps(func)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        leaves, dims, spec = _flat_in_dims(func, in_dims, args)
+        size = _batch_size(func, in_dims, leaves, dims)
+        if chunk_size is None or chunk_size >= size:
+            return _call(func, leaves, dims, spec, kwargs, size, out_dims, randomness)
+        parts = []
+        for start in range(0, size, chunk_size):
+            stop = min(start + chunk_size, size)
+            chunk = [
+                x if d is None else F.narrow(x, d, start, stop - start)
+                for x, d in zip(leaves, dims)
+            ]
+            parts.append(_call(func, chunk, dims, spec, kwargs, stop - start, out_dims, randomness))
+        flat_parts = [tree_flatten(p) for p in parts]
+        out_spec = flat_parts[0][1]
+        n = len(flat_parts[0][0])
+        if isinstance(out_dims, int) or out_dims is None:
+            flat_out_dims = [out_dims] * n
+        else:
+            flat_out_dims = _prefix_dims(func, out_dims, parts[0])
+        joined = []
+        for i in range(n):
+            d = flat_out_dims[i]
+            if d is None:
+                joined.append(flat_parts[0][0][i])
+            else:
+                joined.append(F.cat([fp[0][i] for fp in flat_parts], dim=d))
+        return tree_unflatten(joined, out_spec)
+
+    return wrapped

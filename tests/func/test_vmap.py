@@ -1,0 +1,248 @@
+"""``fusegrad.func.vmap``: against a loop over samples and against ``torch.func.vmap`` --
+in_dims/out_dims (ints, None, nested), nesting, chunk_size, randomness, the batching rules of
+the primitives (elementwise with broadcasting, reductions, movement, indexing, matmul) and the
+sample-by-sample fallback, in-place ops, autograd through and inside ``vmap``, and the errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+import fusegrad.nn.functional as Fn
+from fusegrad.func import vmap
+
+RNG = np.random.default_rng(7)
+
+
+def _t(*shape: int, requires_grad: bool = False) -> fg.Tensor:
+    return fg.tensor(RNG.standard_normal(shape), requires_grad=requires_grad)
+
+
+def _looped(fn, args: tuple, in_dims: tuple) -> np.ndarray:  # type: ignore[no-untyped-def]
+    size = next(a.shape[d] for a, d in zip(args, in_dims) if d is not None)
+    outs = []
+    for b in range(size):
+        sample = [a if d is None else a.select(d, b) for a, d in zip(args, in_dims)]
+        outs.append(fn(*sample).detach().numpy())
+    return np.stack(outs)
+
+
+# functions of one sample, with the inputs and in_dims to batch them over
+CASES = [
+    ("elementwise", lambda x, y: (x * y).exp() - y.sin(), ((4, 3), (4, 3)), (0, 0)),
+    ("broadcast_unbatched", lambda x, y: x + y, ((4, 3), (2, 3)), (0, None)),
+    ("broadcast_rank", lambda x, y: x * y, ((3,), (4, 2, 3)), (None, 0)),
+    ("in_dim_1", lambda x, y: x - y, ((3, 5), (5, 3)), (1, 0)),
+    ("negative_in_dim", lambda x: x.tanh(), ((3, 5),), (-1,)),
+    ("sum_dims", lambda x: (x.sum(0), x.sum(), x.sum((0, 1), keepdim=True)), ((4, 2, 3),), (0,)),
+    ("mean_var", lambda x: (x.mean(-1), x.var(0), x.std()), ((4, 3, 5),), (0,)),
+    (
+        "amax_argmax",
+        lambda x: (x.amax(1), x.argmax(), x.argmax(0, keepdim=True)),
+        ((4, 3, 5),),
+        (0,),
+    ),
+    ("softmax", lambda x: (x.softmax(-1), x.log_softmax(0), x.logsumexp(1)), ((4, 3, 5),), (0,)),
+    ("reshape_permute", lambda x: x.reshape(5, 3).t().flip(0), ((4, 3, 5),), (0,)),
+    ("expand_cat", lambda x, y: fg.cat([x.expand(2, 3), y], 0), ((4, 3), (2, 3)), (0, None)),
+    ("stack_unbind", lambda x: fg.stack(x.unbind(1), 0), ((4, 3, 2),), (0,)),
+    ("slicing", lambda x: x[1:, ::2] + x[0, ::2], ((4, 3, 5),), (0,)),
+    ("pad_diagonal", lambda x: Fn.pad(x, (1, 2)).diagonal(), ((4, 3, 3),), (0,)),
+    ("cumsum_sort", lambda x: (x.cumsum(1), x.sort(-1)[0], x.topk(2)[1]), ((4, 3, 5),), (0,)),
+    ("matmul_both", lambda a, b: a @ b, ((4, 3, 5), (4, 5, 2)), (0, 0)),
+    ("matmul_weight", lambda a, w: a @ w, ((4, 5), (5, 2)), (0, None)),
+    ("matmul_left", lambda w, b: w @ b, ((2, 3, 5), (4, 5)), (None, 0)),
+    ("matvec", lambda a, v: a @ v, ((4, 3, 5), (4, 5)), (0, 0)),
+    ("bmm_rank", lambda a, b: a @ b, ((4, 2, 3, 5), (5, 2)), (0, None)),
+    ("linear", lambda x, w, b: Fn.linear(x, w, b), ((4, 3), (2, 3), (2,)), (0, None, None)),
+    ("index_batched", lambda x, i: x[i], ((4, 5, 3), (4, 2)), (0, 0)),
+    ("index_unbatched", lambda x, i: x[:, i], ((4, 3, 5), (2,)), (0, None)),
+    ("index_data_unbatched", lambda x, i: x[i], ((5, 3), (4, 2)), (None, 0)),
+    ("gather", lambda x, i: x.gather(1, i), ((4, 3, 5), (4, 3, 2)), (0, 0)),
+    ("cross_entropy", lambda x, y: Fn.cross_entropy(x, y), ((4, 3, 5), (4, 3)), (0, 0)),
+    ("conv2d", lambda x, w: Fn.conv2d(x, w, padding=1), ((4, 1, 2, 5, 5), (3, 2, 3, 3)), (0, None)),
+    ("where_clamp", lambda x: fg.where(x > 0, x, x * 0.1).clamp(-0.5, 0.5), ((4, 6),), (0,)),
+    ("layer_norm", lambda x: Fn.layer_norm(x, (5,)), ((4, 3, 5),), (0,)),
+    ("special", lambda x: fg.special.i0e(x) + fg.special.ndtr(x), ((4, 3),), (0,)),
+]
+
+
+def _inputs(shapes: tuple, name: str) -> tuple:
+    out = []
+    for k, s in enumerate(shapes):
+        if name.startswith("index") and k == 1:
+            out.append(fg.tensor(RNG.integers(0, 3 if name == "index_unbatched" else 5, s)))
+        elif name == "gather" and k == 1:
+            out.append(fg.tensor(RNG.integers(0, 5, s)))
+        elif name == "cross_entropy" and k == 1:
+            out.append(fg.tensor(RNG.integers(0, 5, s)))
+        else:
+            out.append(_t(*s))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("name,fn,shapes,in_dims", CASES, ids=[c[0] for c in CASES])
+def test_vmap_equals_a_loop_over_samples(name, fn, shapes, in_dims) -> None:  # type: ignore[no-untyped-def]
+    args = _inputs(shapes, name)
+    got = vmap(fn, in_dims=in_dims)(*args)
+    got = got if isinstance(got, tuple) else (got,)
+    for k, out in enumerate(got):
+        single = (lambda *a, k=k: fn(*a)[k]) if len(got) > 1 else fn
+        want = _looped(single, args, in_dims)
+        assert tuple(out.shape) == want.shape
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-12, atol=1e-12, err_msg=str(k))
+
+
+@pytest.mark.parametrize("name,fn,shapes,in_dims", CASES[:12], ids=[c[0] for c in CASES[:12]])
+def test_vmap_matches_torch(name, fn, shapes, in_dims) -> None:  # type: ignore[no-untyped-def]
+    torch = pytest.importorskip("torch")
+    args = _inputs(shapes, name)
+    # the same function in torch: fusegrad's methods have torch's names
+    got = vmap(fn, in_dims=in_dims)(*args)
+    want = torch.func.vmap(_torch_version(fn), in_dims=in_dims)(
+        *[torch.tensor(a.numpy()) for a in args]
+    )
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def _torch_version(fn):  # type: ignore[no-untyped-def]
+    """``fn`` with ``fg`` replaced by torch in its globals (the lambdas above use fg.cat ...)."""
+    import types
+
+    import torch
+
+    glob = dict(fn.__globals__, fg=torch, Fn=torch.nn.functional)
+    return types.FunctionType(fn.__code__, glob, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def test_out_dims_nesting_and_structures() -> None:
+    x = _t(4, 3)
+    y = _t(3, 4)
+    out = vmap(lambda a, b: a[:, None] * b, in_dims=(0, 1), out_dims=1)(x, y)
+    assert tuple(out.shape) == (3, 4, 3)
+    want = np.stack([x.numpy()[i][:, None] * y.numpy()[:, i] for i in range(4)], 1)
+    np.testing.assert_allclose(out.numpy(), want)
+    # nested vmap: a pairwise function over two batches
+    a, b = _t(4, 3), _t(5, 3)
+    pair = vmap(vmap(lambda u, v: (u - v).pow(2).sum(), in_dims=(None, 0)), in_dims=(0, None))
+    d = pair(a, b)
+    want = ((a.numpy()[:, None] - b.numpy()[None]) ** 2).sum(-1)
+    np.testing.assert_allclose(d.numpy(), want, rtol=1e-12)
+    # dict and tuple inputs, tuple outputs with their own out_dims, unbatched outputs
+    tree = {"w": _t(4, 3), "b": _t(3)}
+    fn = vmap(
+        lambda p, k: (p["w"] * k + p["b"], p["b"]),
+        in_dims=({"w": 0, "b": None}, None),
+        out_dims=(0, None),
+    )
+    o1, o2 = fn(tree, 2.0)
+    np.testing.assert_allclose(o1.numpy(), tree["w"].numpy() * 2 + tree["b"].numpy())
+    assert o2 is tree["b"]
+    # an output that does not depend on the batch is broadcast along it
+    c = vmap(lambda u: fg.ones(2))(x)
+    assert tuple(c.shape) == (4, 2)
+
+
+def test_chunk_size_gives_the_same_result() -> None:
+    x, w = _t(10, 3), _t(3, 2)
+    fn = lambda u, v: (u @ v).sigmoid()  # noqa: E731
+    full = vmap(fn, in_dims=(0, None))(x, w)
+    for chunk in (1, 3, 4, 10, 20):
+        np.testing.assert_allclose(
+            vmap(fn, in_dims=(0, None), chunk_size=chunk)(x, w).numpy(), full.numpy()
+        )
+
+
+def test_randomness() -> None:
+    x = fg.zeros(5, 3)
+    with pytest.raises(RuntimeError, match="randomness error mode"):
+        vmap(lambda u: u + fg.randn(3))(x)
+    same = vmap(lambda u: u + fg.randn(3), randomness="same")(x)
+    assert np.allclose(same.numpy(), same.numpy()[0])
+    different = vmap(lambda u: u + fg.rand_like(u), randomness="different")(x)
+    assert not np.allclose(different.numpy(), different.numpy()[0])
+    assert ((different.numpy() >= 0) & (different.numpy() < 1)).all()
+    dropped = vmap(lambda u: Fn.dropout(u + 1, 0.5), randomness="different")(fg.zeros(50, 40))
+    rows = dropped.numpy()
+    assert set(np.unique(rows)) <= {0.0, 2.0} and not np.allclose(rows, rows[0])
+    with pytest.raises(RuntimeError, match="randomness"):
+        vmap(lambda u: u, randomness="sometimes")(x)
+
+
+def test_autograd_through_vmap() -> None:
+    """vmap inside ordinary autograd: the batched computation is recorded and differentiable
+    (twice), with respect to batched and unbatched inputs."""
+    x = _t(4, 3, requires_grad=True)
+    w = _t(3, requires_grad=True)
+    out = vmap(lambda u, v: (u * v).tanh().sum(), in_dims=(0, None))(x, w)
+    gx, gw = fg.autograd.grad(out.sum(), (x, w), create_graph=True)
+    torch = pytest.importorskip("torch")
+    tx = torch.tensor(x.detach().numpy(), requires_grad=True)
+    tw = torch.tensor(w.detach().numpy(), requires_grad=True)
+    tout = torch.func.vmap(lambda u, v: (u * v).tanh().sum(), in_dims=(0, None))(tx, tw)
+    tgx, tgw = torch.autograd.grad(tout.sum(), (tx, tw), create_graph=True)
+    np.testing.assert_allclose(gx.detach().numpy(), tgx.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(gw.detach().numpy(), tgw.detach().numpy(), rtol=1e-12)
+    (hw,) = fg.autograd.grad(gw.sum(), w)
+    (thw,) = torch.autograd.grad(tgw.sum(), tw)
+    np.testing.assert_allclose(hw.numpy(), thw.numpy(), rtol=1e-12)
+
+
+def test_in_place_ops_under_vmap() -> None:
+    x = _t(4, 3)
+
+    def fn(u: fg.Tensor) -> fg.Tensor:
+        v = u * 2
+        v.add_(1)
+        v[0] = 5.0
+        return v
+
+    got = vmap(fn)(x)
+    want = x.numpy() * 2 + 1
+    want[:, 0] = 5.0
+    np.testing.assert_allclose(got.numpy(), want)
+    y = fg.zeros(3)
+    with pytest.raises(RuntimeError, match="inplace arithmetic"):
+        vmap(lambda u: y.add_(u))(x)
+
+
+def test_errors() -> None:
+    x = _t(4, 3)
+    with pytest.raises(RuntimeError, match="data-dependent control flow"):
+        vmap(lambda u: u * 2 if u.sum() > 0 else u)(x)
+    with pytest.raises(RuntimeError, match="item"):
+        vmap(lambda u: u.sum().item())(x)
+    with pytest.raises(ValueError, match="same size in the mapped dimension"):
+        vmap(lambda u, v: u + v)(x, _t(5, 3))
+    with pytest.raises(ValueError, match="in_dim=2"):
+        vmap(lambda u: u, in_dims=2)(x)
+    with pytest.raises(ValueError, match="non-Tensor"):
+        vmap(lambda u, k: u * k, in_dims=(0, 0))(x, 3.0)
+    with pytest.raises(ValueError, match="in_dims is not compatible"):
+        vmap(lambda u, v: u + v, in_dims=(0,))(x, x)
+    with pytest.raises(ValueError, match="must only return Tensors"):
+        vmap(lambda u: 3)(x)
+    with pytest.raises(ValueError, match="chunk_size"):
+        vmap(lambda u: u, chunk_size=0)
+
+
+def test_fallback_loop_for_primitives_without_a_rule() -> None:
+    """``histc`` and ``searchsorted`` have no batching rule: computed sample by sample."""
+    from fusegrad.autograd.batching import RULES
+
+    assert "histc" not in RULES
+    x = fg.tensor(RNG.uniform(0, 1, (4, 20)))
+    got = vmap(lambda u: fg.histc(u, bins=5, min=0, max=1))(x)
+    want = np.stack([np.histogram(r, bins=5, range=(0, 1))[0] for r in x.numpy()])
+    np.testing.assert_allclose(got.numpy(), want)
+    edges = fg.tensor([0.25, 0.5, 0.75])
+    got = vmap(lambda u: fg.searchsorted(edges, u))(x)
+    np.testing.assert_array_equal(got.numpy(), np.searchsorted(edges.numpy(), x.numpy()))
+
+
+def test_top_level_vmap_is_func_vmap() -> None:
+    assert fg.vmap is vmap
