@@ -182,12 +182,13 @@ def _sigmoid(x):  # type: ignore[no-untyped-def]
 
 
 def _scipy_or_scalar(scipy_name: str, scalar):  # type: ignore[no-untyped-def]
-    """An eager kernel: ``scipy.special.<scipy_name>`` when scipy is importable (an optional
-    speed-up, never a dependency), else ``scalar`` applied element by element."""
+    """An eager kernel: ``scipy.special.<scipy_name>`` (vectorised; scipy is a dependency, but
+    imported only here, on the kernel's first call), else ``scalar`` applied element by element
+    if scipy cannot be imported."""
 
     def kernel(x):  # type: ignore[no-untyped-def]
         try:
-            from scipy import special  # optional (never a dependency), vectorised
+            from scipy import special  # (on first use: import fusegrad stays light)
 
             return getattr(special, scipy_name)(x).astype(x.dtype, copy=False)
         except ImportError:
