@@ -35,12 +35,14 @@ already gathered and checked by the binding (step 1).
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import numba
 import numpy as np
 
 from fusegrad.autograd import anomaly, grad_mode
@@ -54,7 +56,7 @@ from fusegrad.tensor import Tensor
 
 from . import events, logs
 from . import trace as _trace
-from .codegen import numba_cpu
+from .codegen import native_cpu, numba_cpu
 from .codegen.common import is_flat
 from .codegen.interpreter import InterpretedKernel
 from .events import counters, emit
@@ -123,20 +125,12 @@ class Variant:
             logs.log("output_code", f"generated code: {path}")
             for step, ck in zip(generated, compiled):
                 self.cuda_kernels[id(step)] = ck
-        elif generated:
-            summary = (
-                f"{len(generated)} fused kernel(s) of a backward graph with "
-                f"{len(graph.values)} IR values"
-            )
-            with _trace.phase("codegen"):
-                source, plans = numba_cpu.emit_module(generated, summary)
-            # compiles and disk hits are counted per function as numba needs them (diskcache)
-            with _trace.phase("module load"):
-                module, path, _ = numba_cpu.load_module(source)
-            self.source_path = path
-            logs.log("output_code", f"generated code: {path}")
-            for step, plan in zip(generated, plans):
-                self.kernel_fns[id(step)] = (plan, numba_cpu.kernel_function(module, plan))
+        # native segments (``codegen.native_cpu``): runs of steps that one numba call runs;
+        # step index of a segment's first step -> the segment
+        self.segments: dict[int, native_cpu.Segment] = {}
+        self.python_steps: dict[int, str] = {}  # step index -> why it is not in a segment
+        if program.device == "cpu" and (generated or program.native):
+            self._emit_cpu(program, generated)
         self.externs = {
             k: (REGISTRY[s.value.op].kernel, dict(s.value.attrs), has_sym(s.value.attrs))
             for k, s in enumerate(steps)
@@ -149,10 +143,73 @@ class Variant:
         if logs.enabled("fusion"):
             logs.log("fusion", self.describe(program))
 
+    def _emit_cpu(self, program: Program, generated: list[Kernel]) -> None:
+        """The generated module of a CPU variant: its kernels and, for a native program, the
+        functions of its segments (loaded, numba compiling each on its first call)."""
+        graph = program.graph
+        summary = (
+            f"{len(generated)} fused kernel(s) of a backward graph with "
+            f"{len(graph.values)} IR values"
+        )
+        with _trace.phase("codegen"):
+            source, plans = numba_cpu.emit_module(generated, summary)
+            segments: list[native_cpu.Segment] = []
+            if program.native:
+                by_kernel = {id(step): plan for step, plan in zip(generated, plans)}
+                reduced = {
+                    id(step): [substitute(shape, graph.hints) for shape in plan.reduced_shapes]
+                    for step, plan in zip(generated, plans)
+                }
+                schedule = self.schedule
+                segments, self.python_steps = native_cpu.plan_segments(
+                    schedule.steps,
+                    schedule.interpreted,
+                    by_kernel,
+                    reduced,
+                    {v for _, _, v in graph.effects},
+                    frozenset(_SPECIAL) | frozenset(_COLLECTIVE),
+                    # (with one thread at most -- numba's pool is fixed at import -- no kernel
+                    # ever runs its prange variant: large kernels join segments too)
+                    numba_cpu.PARALLEL_MIN_ELEMENTS
+                    if numba.config.NUMBA_NUM_THREADS > 1
+                    else math.inf,
+                )
+                source += native_cpu.emit_segments(segments)
+        if not generated and not segments:
+            return
+        # compiles and disk hits are counted per function as numba needs them (diskcache)
+        with _trace.phase("module load"):
+            module, path, _ = numba_cpu.load_module(source)
+        self.source_path = path
+        logs.log("output_code", f"generated code: {path}")
+        for step, plan in zip(generated, plans):
+            self.kernel_fns[id(step)] = (plan, numba_cpu.kernel_function(module, plan))
+        for seg in segments:
+            seg.fn = getattr(module, seg.name)
+            self.segments[seg.first] = seg
+
     def describe(self, program: Program) -> str:
-        """One line per step: kernels with the IR values fused into them, and externs."""
+        """One line per step: kernels with the IR values fused into them, and externs; for a
+        native program, where each segment begins and ends (one numba call each) and why a
+        step between them runs on its own."""
         lines = []
+        native = program.native
+        if native:
+            steps = len(self.schedule.steps)
+            inside = sum(s.last - s.first + 1 for s in self.segments.values())
+            lines.append(
+                f"native: {len(self.segments)} segment(s) run {inside} of {steps} steps "
+                f"({steps - inside} step(s) by Python)"
+            )
         for k, step in enumerate(self.schedule.steps):
+            seg = self.segments.get(k)
+            if seg is not None:
+                lines.append(
+                    f"native segment {seg.name}: steps {seg.first}-{seg.last}, one call "
+                    f"({len(seg.inputs)} input(s), {len(seg.outputs)} output(s))"
+                )
+            if native and k in self.python_steps:
+                lines.append(f"python step {k}: {self.python_steps[k]}")
             if isinstance(step, Kernel):
                 how = "interpreted" if k in self.schedule.interpreted else "generated"
                 fused = ", ".join(f"%{v.id} {v.op}" for v in step.values + step.reductions)
@@ -211,6 +268,7 @@ class Program:
         sizes_per_program: int = 16,
         unpacked: frozenset[int] | None = None,
         hot: bool = False,
+        native: bool = False,
     ) -> None:
         self.graph = graph
         # the saved tensors (walk order) whose versions are checked before a run: those the
@@ -231,6 +289,15 @@ class Program:
         # a program that runs many times (a whole training step): row kernels also replace
         # runs of interpreted kernels (a compile, then one call instead of one per kernel)
         self.hot = hot
+        # runs of steps as native segments (``codegen.native_cpu``): CPU programs of concrete
+        # sizes (recorded steps and modules), not the reference executor; every kernel is then
+        # generated code (a segment calls it), none interpreted
+        self.native = (
+            native
+            and device == "cpu"
+            and mode != "debug"
+            and not any(has_sym(v.shape) for v in graph.values)
+        )
         with _trace.phase("fusion"):
             self.fused = _schedule.steps(graph, mode)
         self._interpretable = (
@@ -239,7 +306,7 @@ class Program:
                 for k in self.fused
                 if isinstance(k, Kernel) and _schedule.interpretable(k)
             ]
-            if interpreter_max_elements > 0 and device == "cpu"
+            if interpreter_max_elements > 0 and device == "cpu" and not self.native
             else []
         )
         self._variants: dict[frozenset[int], Variant] = {}
@@ -406,6 +473,54 @@ class Program:
         variant.first_run = False
         return variant.compile_seconds
 
+    def _step(
+        self,
+        k: int,
+        step: Kernel | Extern,
+        env: dict,
+        inst: Instance,
+        w: Walk | None,
+        leaves: list,
+        inputs: Sequence[Tensor] | None,
+        dry: bool,
+    ) -> None:
+        """Run step ``k`` of ``inst``'s variant on ``env`` (its results go into ``env``)."""
+        variant = inst.variant
+        schedule = variant.schedule
+        if isinstance(step, Extern):
+            v = step.value
+            if v.op in _COLLECTIVE:
+                env[v] = _COLLECTIVE[v.op](v, env, dry)
+            elif v.op in _SPECIAL:
+                assert w is not None  # hooks: never on the tape path (``run_bound``)
+                env[v] = _SPECIAL[v.op](v, env, w, inputs)
+            else:
+                kernel, attrs, symbolic = variant.externs[k]
+                if symbolic:
+                    attrs = inst.attrs[k]
+                arrays = [env[i] for i in v.inputs]
+                if self.device == "cuda":
+                    env[v] = _cuda_extern(v, arrays, attrs)
+                else:
+                    result = kernel(*arrays, **attrs)
+                    if type(result) is not np.ndarray:
+                        result = np.asarray(result)
+                    if result.dtype != v.dtype.np:  # (the IR's dtype is eager's: debug mode)
+                        result = result.astype(v.dtype.np)
+                    env[v] = result
+        elif self.device == "cuda":
+            cuda_kernel = variant.cuda_kernels[id(step)]
+            _run_cuda_kernel(step, cuda_kernel, env, schedule.epilogue, leaves, inst)
+        elif k in schedule.interpreted:
+            space = inst.spaces[k]
+            env.update(variant.interpreted[id(step)](env, _numel(space), inst.shapes, space))
+        else:
+            plan, fn = variant.kernel_fns[id(step)]
+            pool = variant.pools.__dict__.setdefault("pool", {})
+            _run_kernel(
+                step, plan, fn, env, schedule.epilogue, leaves, variant.buffers, pool, inst, k
+            )
+
     def _run(
         self,
         inst: Instance,
@@ -425,46 +540,39 @@ class Program:
         dying = buffers.dying
         early = {} if dry else buffers.early
         fresh = buffers.fresh
-        cuda = self.device == "cuda"
         env: dict = dict(self._fixed)  # scalars and constants
         for v, is_root, index in self._inputs:
             env[v] = grad_roots[index]._data if is_root else saved_arrays[index]
         start = time.perf_counter() if variant.first_run else 0.0
-        for k, step in enumerate(schedule.steps):
-            if isinstance(step, Extern):
-                v = step.value
-                if v.op in _COLLECTIVE:
-                    env[v] = _COLLECTIVE[v.op](v, env, dry)
-                elif v.op in _SPECIAL:
-                    assert w is not None  # hooks: never on the tape path (``run_bound``)
-                    env[v] = _SPECIAL[v.op](v, env, w, inputs)
+        steps = schedule.steps
+        segments = variant.segments
+        k = 0
+        while k < len(steps):
+            seg = segments.get(k)
+            if seg is not None and not seg.compiled and not _compiles(seg, env, variant):
+                seg = None  # (numba cannot compile it: its steps run one by one, from now on)
+            if seg is not None:  # one native call for steps k .. seg.last
+                done: range = range(k, seg.last + 1)
+                try:
+                    results = seg.fn(*[env[v] for v in seg.inputs])
+                except Exception as e:  # noqa: BLE001 - e.g. an index out of range
+                    # a segment only computes new arrays: its steps run again one by one, and
+                    # the step at fault raises eager's error (state untouched: effects follow)
+                    for j in done:
+                        self._step(j, steps[j], env, inst, w, leaves, inputs, dry)
+                    logs.log("perf", f"native {seg.name} raised {e!r}; its steps ran one by one")
                 else:
-                    kernel, attrs, symbolic = variant.externs[k]
-                    if symbolic:
-                        attrs = inst.attrs[k]
-                    arrays = [env[i] for i in v.inputs]
-                    if cuda:
-                        env[v] = _cuda_extern(v, arrays, attrs)
-                    else:
-                        result = kernel(*arrays, **attrs)
-                        if type(result) is not np.ndarray:
-                            result = np.asarray(result)
-                        if result.dtype != v.dtype.np:  # (the IR's dtype is eager's: debug mode)
-                            result = result.astype(v.dtype.np)
-                        env[v] = result
-            elif cuda:
-                _run_cuda_kernel(step, variant.cuda_kernels[id(step)], env, epilogue, leaves, inst)
-            elif k in schedule.interpreted:
-                space = inst.spaces[k]
-                env.update(variant.interpreted[id(step)](env, _numel(space), inst.shapes, space))
+                    for v, a in zip(seg.outputs, results):
+                        env[v] = a
             else:
-                plan, fn = variant.kernel_fns[id(step)]
-                pool = variant.pools.__dict__.setdefault("pool", {})
-                _run_kernel(step, plan, fn, env, epilogue, leaves, buffers, pool, inst, k)
-            for dead in dying.get(k, ()):
-                env.pop(dead, None)
-            for slot, v in early.get(k, ()):  # (.grad written now, its array dropped)
-                _write_grad(leaves[slot], env.pop(v), v in fresh)
+                self._step(k, steps[k], env, inst, w, leaves, inputs, dry)
+                done = range(k, k + 1)
+            for j in done:
+                for dead in dying.get(j, ()):
+                    env.pop(dead, None)
+                for slot, v in early.get(j, ()):  # (.grad written now, its array dropped)
+                    _write_grad(leaves[slot], env.pop(v), v in fresh)
+            k = done.stop
         if dry:  # (``prepare``: the kernels ran once, nothing else happens)
             return None
         if variant.first_run:
@@ -496,6 +604,24 @@ class Program:
             else:
                 captured[slot] = g  # type: ignore[index]
         return captured
+
+
+def _compiles(seg: Any, env: dict, variant: Variant) -> bool:
+    """Compile native segment ``seg`` for the types of this call's arrays (its first call;
+    later processes load it from the disk cache).  Code numba cannot type or lower is a
+    limitation of the emitter, never the user's error: the segment is dropped, with the reason
+    on the ``perf`` log, and its steps run one by one (the same values)."""
+    types = tuple(numba.typeof(env[v]) for v in seg.inputs)
+    try:
+        seg.fn.compile(types)
+    except (numba.core.errors.NumbaError, NotImplementedError) as e:
+        variant.segments.pop(seg.first, None)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        logs.log("perf", f"native segment {seg.name} not compiled ({first}); steps run one by one")
+        variant.python_steps[seg.first] = f"{seg.name} could not be compiled ({first[:200]})"
+        return False
+    seg.compiled = True
+    return True
 
 
 def _write_grad(leaf: Tensor, array: Any, fresh: bool) -> None:

@@ -302,6 +302,7 @@ class Service:
             sizes_per_program=1 if recorded else config.sizes_per_program,
             unpacked=unpacked,
             hot=recorded,
+            native=recorded and config.native_programs,
         )
 
     def uncompiled(self, graph: Graph) -> Program:

@@ -45,6 +45,13 @@ class Config:
         # call after it is ready (``compiler.wait_for_compiles``).  False: the call that builds
         # the program waits for the JIT.  ``FUSEGRAD_BACKGROUND_COMPILE=0`` sets False.
         self.background_compile = os.environ.get("FUSEGRAD_BACKGROUND_COMPILE", "1") != "0"
+        # True: the programs of recorded steps and modules (concrete sizes, CPU) run their
+        # steps as native segments, one numba call per run of steps that native code can run
+        # instead of one Python dispatch per step (``codegen.native_cpu``).  Read when a
+        # program is built.  Off by default: numba compiles a segment cold in about 4x the
+        # time of the kernels alone (a minute for the GPT step; warm from the disk cache it
+        # loads in half a second).  ``FUSEGRAD_NATIVE=1`` sets True.
+        self.native_programs = os.environ.get("FUSEGRAD_NATIVE", "0") == "1"
 
     # the settings ``program_key`` holds, in its order
     PROGRAM_KEY = ("interpreter_max_elements", "row_fusion")

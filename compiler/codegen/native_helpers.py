@@ -1,0 +1,181 @@
+"""The numba functions a native program segment calls for the steps that are not fused kernels:
+reductions over any dims, a batched matrix product, row gathers and scatters
+(``codegen.native_cpu`` emits the calls; docs/ARCHITECTURE.md, "Native programs").
+
+Each works on arrays the emitter has already brought into a canonical layout (the reduced dims
+last and contiguous, the batch dims flattened, ...), so one function serves every rank.  They
+compute what the primitives' eager kernels compute (``ops/primitives.py``), with these choices:
+
+* an index out of range raises a bare ``IndexError``: the program then runs the segment's steps
+  again one by one, and eager's kernel raises its own error (``program._run``);
+
+* sums accumulate in float64 (integers in int64) and round once, as the fused kernels'
+  reductions do: the result may differ from numpy's pairwise float32 sum in the last bits,
+  within the compiled-vs-eager tolerances (docs/numerics.md);
+* ``amax`` propagates NaN as numpy's does (a NaN anywhere in a row is the row's maximum);
+* products are numpy's (``np.dot``: BLAS through scipy, in the operands' dtype).
+
+``cache=True``: compiled once per machine, then loaded from numba's cache.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+_JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
+
+
+@numba.njit(**_JIT)
+def sum_rows_f(x: np.ndarray, out: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+    """``out[i] = sum(x[i, :])`` for a 2-d C-contiguous float ``x``, accumulated in float64."""
+    rows, cols = x.shape
+    for i in range(rows):
+        acc = 0.0
+        for j in range(cols):
+            acc += x[i, j]
+        out[i] = acc
+    return out
+
+
+@numba.njit(**_JIT)
+def sum_rows_i(x: np.ndarray, out: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+    """``out[i] = sum(x[i, :])`` for a 2-d C-contiguous integer or bool ``x``, in int64."""
+    rows, cols = x.shape
+    for i in range(rows):
+        acc = 0
+        for j in range(cols):
+            acc += np.int64(x[i, j])
+        out[i] = acc
+    return out
+
+
+@numba.njit(**_JIT)
+def max_rows(x: np.ndarray, out: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+    """``out[i] = max(x[i, :])`` (NaN if the row holds one, as numpy's ``amax``)."""
+    rows, cols = x.shape
+    for i in range(rows):
+        m = x[i, 0]
+        for j in range(1, cols):
+            v = x[i, j]
+            if m == m and (v > m or v != v):
+                m = v
+        out[i] = m
+    return out
+
+
+@numba.njit(**_JIT)
+def take_rows(x: np.ndarray, index: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+    """``x[index]`` for a 2-d ``x`` and a 1-d integer ``index`` (negative values wrap)."""
+    rows = x.shape[0]
+    out = np.empty((index.shape[0], x.shape[1]), x.dtype)
+    for i in range(index.shape[0]):
+        k = index[i]
+        if k < 0:
+            k += rows
+        if k < 0 or k >= rows:
+            raise IndexError("index out of range")
+        out[i, :] = x[k, :]
+    return out
+
+
+@numba.njit(**_JIT)
+def add_rows_at(out: np.ndarray, index: np.ndarray, src: np.ndarray) -> np.ndarray:
+    """``out[index[i]] += src[i]`` for every i, in order (repeated indices accumulate)."""
+    rows = out.shape[0]
+    for i in range(index.shape[0]):  # pragma: no cover - numba
+        k = index[i]
+        if k < 0:
+            k += rows
+        if k < 0 or k >= rows:
+            raise IndexError("index out of range")
+        out[k, :] += src[i, :]
+    return out
+
+
+@numba.njit(**_JIT)
+def gather_last(x: np.ndarray, index: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+    """``out[i, j] = x[i, index[i, j]]`` for 2-d ``x`` and ``index`` (rows shared)."""
+    cols = x.shape[1]
+    out = np.empty(index.shape, x.dtype)
+    for i in range(index.shape[0]):
+        for j in range(index.shape[1]):
+            k = index[i, j]
+            if k < 0:
+                k += cols
+            if k < 0 or k >= cols:
+                raise IndexError("index out of range")
+            out[i, j] = x[i, k]
+    return out
+
+
+@numba.njit(**_JIT)
+def scatter_add_last(
+    x: np.ndarray, index: np.ndarray, src: np.ndarray
+) -> np.ndarray:  # pragma: no cover - numba
+    """A copy of 2-d ``x`` with ``out[i, index[i, j]] += src[i, j]``, in order."""
+    cols = x.shape[1]
+    out = x.copy()
+    for i in range(index.shape[0]):
+        for j in range(index.shape[1]):
+            k = index[i, j]
+            if k < 0:
+                k += cols
+            if k < 0 or k >= cols:
+                raise IndexError("index out of range")
+            out[i, k] += src[i, j]
+    return out
+
+
+# ---- movement and products, one small function each: a segment calls them instead of holding
+# numpy's implementations inline (its compile time is then that of a list of calls; each helper
+# is compiled once per argument type and kept in numba's disk cache)
+
+
+@numba.njit(**_JIT)
+def reshape(a: np.ndarray, shape: tuple) -> np.ndarray:  # pragma: no cover - numba
+    """``a`` with ``shape`` (a copy when ``a`` is not C-contiguous, as numpy's reshape)."""
+    return np.ascontiguousarray(a).reshape(shape)
+
+
+@numba.njit(**_JIT)
+def permute(a: np.ndarray, dims: tuple) -> np.ndarray:  # pragma: no cover - numba
+    return a.transpose(dims)
+
+
+@numba.njit(**_JIT)
+def broadcast(a: np.ndarray, shape: tuple) -> np.ndarray:  # pragma: no cover - numba
+    return np.broadcast_to(a, shape)
+
+
+@numba.njit(**_JIT)
+def matmul2(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+    """``a @ b`` of two matrices."""
+    return np.dot(np.ascontiguousarray(a), np.ascontiguousarray(b))
+
+
+@numba.njit(**_JIT)
+def matmul_rows(a: np.ndarray, b: np.ndarray, rows: int, shape: tuple) -> np.ndarray:
+    """``a @ b`` for a batch of rows ``a`` and one matrix ``b``: one product of all the rows
+    (``rows`` of them), reshaped to ``shape``."""
+    flat = np.ascontiguousarray(a).reshape((rows, a.shape[-1]))
+    return np.dot(flat, np.ascontiguousarray(b)).reshape(shape)
+
+
+@numba.njit(**_JIT)
+def matmul_batch(a: np.ndarray, b: np.ndarray, batch: int, shape: tuple) -> np.ndarray:
+    """``a @ b`` for operands of one batch shape (``batch`` matrices each), as ``shape``."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    a3 = np.ascontiguousarray(a).reshape((batch, m, k))
+    b3 = np.ascontiguousarray(b).reshape((batch, k, n))
+    out = np.empty((batch, m, n), a.dtype)
+    for i in range(batch):
+        out[i] = np.dot(a3[i], b3[i])
+    return out.reshape(shape)
+
+
+@numba.njit(**_JIT)
+def rows_of(a: np.ndarray, perm: tuple, rows: int, cols: int) -> np.ndarray:
+    """``a`` with its dims in the order ``perm``, C-contiguous, as a (rows, cols) matrix: the
+    canonical layout of the reductions, gathers and scatters above."""
+    return np.ascontiguousarray(a.transpose(perm)).reshape((rows, cols))

@@ -1,0 +1,226 @@
+"""Native programs (``config.native_programs``, ``codegen.native_cpu``): a recorded step's
+schedule runs as native segments, one numba call per run of steps native code can run.
+
+Differential tests against eager (whole steps with optimizers, a compiled module), the
+segments and the reasons for the steps Python runs in ``explain``'s description, a segment
+that raises (its steps run again one by one), and an index out of range fed to a replayed
+step: eager's error, with parameters, ``.grad`` and optimizer state as eager leaves them.
+(The GPT step's segments compile cold in a minute or more, too long for the suite:
+``FUSEGRAD_NATIVE=1 python -m benchmarks.steps`` checks its parameters against eager's.)"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+import fusegrad.nn.functional as F
+from fusegrad import compiler, nn
+
+
+@pytest.fixture(autouse=True)
+def native(fresh_compiler: None) -> Iterator[None]:
+    before = compiler.config.native_programs
+    compiler.config.native_programs = True
+    yield
+    compiler.config.native_programs = before
+
+
+class _Tiny(nn.Module):
+    """An embedding, a layer norm, one attention head (batched matmuls, a causal mask, a
+    softmax) and a linear head: the externs a segment spells (row lookups, permutes,
+    reshapes, 2-d and batched products, reductions, index_add_at, gather)."""
+
+    def __init__(self, vocab: int = 11, width: int = 8, block: int = 6) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.norm = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.head = nn.Linear(width, vocab)
+        self.register_buffer("mask", fg.tril(fg.ones(block, block)).bool())
+
+    def forward(self, x: fg.Tensor) -> fg.Tensor:
+        b, t = x.shape
+        h = self.norm(self.embed(x))
+        q, k, v = self.qkv(h).split(h.shape[-1], dim=-1)
+        att = (q @ k.transpose(-2, -1)) / h.shape[-1] ** 0.5
+        att = att.masked_fill(~self.mask[:t, :t], float("-inf")).softmax(-1)
+        return self.head(h + att @ v)
+
+
+def _data(steps: int, dtype: Any = fg.float64) -> list[tuple[fg.Tensor, fg.Tensor]]:
+    rng = np.random.default_rng(3)
+    return [
+        (fg.tensor(rng.integers(0, 11, (4, 6))), fg.tensor(rng.integers(0, 11, (4, 6))))
+        for _ in range(steps)
+    ]
+
+
+def _train(opt_name: str, compiled: bool, data: list) -> tuple[nn.Module, Any, Any, list[float]]:
+    fg.manual_seed(0)
+    model = _Tiny().to(fg.float64)
+    if opt_name == "sgd":
+        opt = fg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    else:
+        opt = fg.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, amsgrad=True)
+
+    def step(x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x).reshape(-1, 11), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = fg.compile(step) if compiled else step
+    return model, opt, fn, [fn(x, y).item() for x, y in data]
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_whole_step_matches_eager_in_native_segments(opt_name: str) -> None:
+    data = _data(6)
+    compiler.config.native_programs = False
+    want_model, _, _, want = _train(opt_name, False, data)
+    compiler.config.native_programs = True
+    got_model, _, fn, got = _train(opt_name, True, data)
+    assert compiler.counters.step_runs == len(data) - 2, compiler.counters
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    for (name, p), q in zip(got_model.named_parameters(), want_model.parameters()):
+        np.testing.assert_allclose(
+            p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-12, err_msg=name
+        )
+    # the program's description lists its segments and the steps Python runs, with why
+    text = str(compiler.explain(fn, *data[0]))
+    assert "native: " in text and "native segment segment_0" in text, text
+
+
+def test_python_code_splits_segments_and_says_why() -> None:
+    def train(compiled: bool) -> list[float]:
+        fg.manual_seed(0)
+        lin1, lin2 = nn.Linear(5, 7).double(), nn.Linear(7, 3).double()
+        opt = fg.optim.SGD([*lin1.parameters(), *lin2.parameters()], lr=0.1)
+
+        def step(x: fg.Tensor) -> fg.Tensor:
+            opt.zero_grad()
+            h = F.relu(lin1(x)).exp().cumsum(-1)  # (an extern with no native spelling)
+            loss = (lin2(h).tanh() ** 2).sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        fn = fg.compile(step) if compiled else step
+        rng = np.random.default_rng(0)
+        out = [fn(fg.tensor(rng.standard_normal((4, 5)))).item() for _ in range(4)]
+        if compiled:
+            text = str(compiler.explain(fn, fg.tensor(rng.standard_normal((4, 5)))))
+            assert "python step" in text and "cumsum: no native spelling" in text, text
+            assert "native segment" in text, text
+        return out
+
+    want = train(False)
+    got = train(True)
+    assert compiler.counters.step_runs >= 2, compiler.counters
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_an_index_out_of_range_raises_eagers_error_and_changes_what_eager_does() -> None:
+    data = _data(4)
+    compiler.config.native_programs = False
+    want_model, want_opt, eager_step, _ = _train("adamw", False, data)
+    compiler.config.native_programs = True
+    model, opt, fn, _ = _train("adamw", True, data)
+    assert compiler.counters.step_runs == 2, compiler.counters
+    bad = fg.tensor(np.full((4, 6), 11))  # one past the vocabulary
+    with pytest.raises(IndexError) as replayed:
+        fn(bad, data[0][1])
+    # raised by the replay's checks, before the program changes anything
+    assert any(entry.path.name == "step.py" for entry in replayed.traceback)
+    with pytest.raises(IndexError) as eager:
+        eager_step(bad, data[0][1])
+    assert type(replayed.value) is type(eager.value)
+    assert str(replayed.value) == str(eager.value)
+    # parameters and optimizer state untouched; .grad as eager's zero_grad() left it
+    for (n, p), q in zip(model.named_parameters(), want_model.parameters()):
+        np.testing.assert_allclose(
+            p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-12, err_msg=n
+        )
+        assert (p.grad is None) == (q.grad is None), n
+        if p.grad is not None:
+            np.testing.assert_allclose(
+                p.grad.numpy(), q.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=n
+            )
+    for (_p, s), (_q, t) in zip(opt.state.items(), want_opt.state.items()):
+        assert s.keys() == t.keys()
+        for k in s:
+            np.testing.assert_allclose(s[k].numpy(), t[k].numpy(), rtol=1e-9, atol=1e-12, err_msg=k)
+
+
+def _segments(fn: Any) -> list:
+    """The native segments of compiled step ``fn``'s programs."""
+    return [
+        seg
+        for entry in fn.entries.values()
+        for program in entry.programs.programs()
+        for variant in program._variants.values()
+        for seg in variant.segments.values()
+    ]
+
+
+def test_a_segment_that_raises_runs_its_steps_one_by_one(monkeypatch: Any, caplog: Any) -> None:
+    """A native segment only computes new arrays: when it raises, the program runs its steps
+    again one by one (where eager's kernel would raise eager's error), with the same values."""
+    data = _data(7)
+    compiler.config.native_programs = False
+    want_model, _, _, want = _train("sgd", False, data)
+    compiler.config.native_programs = True
+    fg.manual_seed(0)
+    calls = {"n": 0}
+
+    def broken(*args: Any) -> Any:
+        calls["n"] += 1
+        raise RuntimeError("a failing native call")
+
+    got_model, _, fn, got = _train("sgd", True, data[:4])
+    segments = _segments(fn)
+    assert segments
+    for seg in segments:
+        monkeypatch.setattr(seg, "fn", broken)
+    compiler.set_logs("perf")
+    try:
+        with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
+            got += [fn(x, y).item() for x, y in data[4:]]
+    finally:
+        compiler.set_logs(None)
+    assert calls["n"] == 3 * len(segments)
+    assert "raised RuntimeError('a failing native call')" in caplog.text, caplog.text
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    for p, q in zip(got_model.parameters(), want_model.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_compiled_module_matches_eager_in_native_segments() -> None:
+    """``compile(model)``: the recorded forward program (and the backward called outside it)
+    run as native segments, with eager's outputs and gradients."""
+    data = _data(4)
+
+    def run(compiled: bool) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        fg.manual_seed(0)
+        model = _Tiny().to(fg.float64)
+        fn = fg.compile(model) if compiled else model
+        outs, grads = [], []
+        for x, _ in data:
+            model.zero_grad()
+            out = fn(x)
+            (out.tanh() * out).sum().backward()
+            outs.append(out.detach().numpy())
+            grads.extend(p.grad.numpy().copy() for p in model.parameters())
+        return outs, grads
+
+    want = run(False)
+    got = run(True)
+    assert compiler.counters.step_runs >= 2, compiler.counters  # forward programs replayed
+    for g, w in zip(got[0] + got[1], want[0] + want[1]):
+        np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
