@@ -26,6 +26,7 @@ from .discrete import (
 )
 from .distribution import Distribution, ExponentialFamily
 from .kl import kl_divergence, register_kl
+from .matrix import LKJCholesky, Wishart
 from .multivariate import Beta, Dirichlet, LowRankMultivariateNormal, MultivariateNormal
 from .transformed import (
     HalfCauchy,
@@ -91,6 +92,7 @@ __all__ = [
     "IndependentTransform",
     "InverseGamma",
     "Kumaraswamy",
+    "LKJCholesky",
     "Laplace",
     "LogNormal",
     "LogisticNormal",
@@ -122,6 +124,7 @@ __all__ = [
     "Uniform",
     "VonMises",
     "Weibull",
+    "Wishart",
     "biject_to",
     "constraints",
     "identity_transform",
