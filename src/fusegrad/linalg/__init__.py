@@ -5,7 +5,9 @@ numpy's LAPACK bindings and a batched LU), one per output, with their derivative
 ``autograd/derivatives.py``; everything else here is a composite of those and of the op surface
 (``inv`` is a solve, ``lu_solve`` two triangular solves, norms are reductions, ``lstsq`` a
 pseudoinverse, ``householder_product`` a product of reflectors), so it differentiates through
-their rules to any order.
+their rules to any order.  ``ldl_factor``/``ldl_solve`` are the exception: PyTorch has no
+derivative for them, so they run LAPACK on the host arrays and their outputs carry a node that
+raises when differentiated.
 
 Arguments are checked before anything runs (square matrices, floating or complex dtypes, equal
 dtypes), and singular or non-positive-definite inputs raise ``LinAlgError`` with PyTorch's words

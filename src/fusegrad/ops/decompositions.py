@@ -452,7 +452,7 @@ def ldl_pivots_error(pivots: np.ndarray) -> str | None:
     if pivots.size == 0:
         return None
     flat = pivots.reshape(-1, n)
-    if (np.abs(flat).max() > n or (flat == 0).any()):
+    if np.abs(flat).max() > n or (flat == 0).any():
         return f"every pivot must lie in [-{n}, -1] or [1, {n}]"
     for row in flat:
         k = 0
