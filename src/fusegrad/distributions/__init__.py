@@ -12,18 +12,21 @@ from __future__ import annotations
 from . import constraints, transforms
 from .constraint_registry import biject_to, transform_to
 from .continuous import Cauchy, Chi2, Exponential, Gamma, Gumbel, Laplace, Normal, StudentT, Uniform
+from .continuous_extra import ContinuousBernoulli, FisherSnedecor, GeneralizedPareto, VonMises
 from .discrete import (
     Bernoulli,
     Binomial,
     Categorical,
     Geometric,
     Multinomial,
+    NegativeBinomial,
     OneHotCategorical,
     OneHotCategoricalStraightThrough,
     Poisson,
 )
 from .distribution import Distribution, ExponentialFamily
 from .kl import kl_divergence, register_kl
+from .matrix import LKJCholesky, Wishart
 from .multivariate import Beta, Dirichlet, LowRankMultivariateNormal, MultivariateNormal
 from .transformed import (
     HalfCauchy,
@@ -35,6 +38,7 @@ from .transformed import (
     RelaxedOneHotCategorical,
     TransformedDistribution,
 )
+from .transformed_families import InverseGamma, Kumaraswamy, LogisticNormal, Pareto, Weibull
 from .transforms import (
     AbsTransform,
     AffineTransform,
@@ -69,6 +73,7 @@ __all__ = [
     "Cauchy",
     "Chi2",
     "ComposeTransform",
+    "ContinuousBernoulli",
     "CorrCholeskyTransform",
     "CumulativeDistributionTransform",
     "Dirichlet",
@@ -76,23 +81,31 @@ __all__ = [
     "ExpTransform",
     "Exponential",
     "ExponentialFamily",
+    "FisherSnedecor",
     "Gamma",
+    "GeneralizedPareto",
     "Geometric",
     "Gumbel",
     "HalfCauchy",
     "HalfNormal",
     "Independent",
     "IndependentTransform",
+    "InverseGamma",
+    "Kumaraswamy",
+    "LKJCholesky",
     "Laplace",
     "LogNormal",
+    "LogisticNormal",
     "LowRankMultivariateNormal",
     "LowerCholeskyTransform",
     "MixtureSameFamily",
     "Multinomial",
     "MultivariateNormal",
+    "NegativeBinomial",
     "Normal",
     "OneHotCategorical",
     "OneHotCategoricalStraightThrough",
+    "Pareto",
     "Poisson",
     "PositiveDefiniteTransform",
     "PowerTransform",
@@ -109,6 +122,9 @@ __all__ = [
     "Transform",
     "TransformedDistribution",
     "Uniform",
+    "VonMises",
+    "Weibull",
+    "Wishart",
     "biject_to",
     "constraints",
     "identity_transform",

@@ -1,5 +1,5 @@
 """Discrete distributions: Bernoulli, Categorical, OneHotCategorical (and its straight-through
-variant), Binomial, Multinomial, Poisson, Geometric (PyTorch's formulas).
+variant), Binomial, Multinomial, Poisson, Geometric, NegativeBinomial (PyTorch's formulas).
 
 Where this sits: over ``Distribution`` and the op surface.  Parameterised by ``probs`` or by
 ``logits`` (the other is computed on first use); samples are not differentiable
@@ -22,7 +22,7 @@ from ..runtime import finfo as _finfo
 from ..size import Size
 from ..tensor import Tensor
 from . import constraints
-from .continuous import _shape
+from .continuous import Gamma, _shape
 from .distribution import Distribution, ExponentialFamily
 from .utils import _host, broadcast_all, draw, lazy_property, logits_to_probs, probs_to_logits
 
@@ -32,6 +32,7 @@ __all__ = [
     "Categorical",
     "Geometric",
     "Multinomial",
+    "NegativeBinomial",
     "OneHotCategorical",
     "OneHotCategoricalStraightThrough",
     "Poisson",
@@ -664,3 +665,91 @@ class Geometric(Distribution):
             NF.binary_cross_entropy_with_logits(self.logits, self.probs, reduction="none")
             / self.probs
         )
+
+
+class NegativeBinomial(Distribution):
+    """The number of successes before ``total_count`` failures in Bernoulli trials whose
+    success probability is ``probs`` (or ``logits``); ``total_count`` may be any non-negative
+    real.  Draws are Poisson draws of Gamma(total_count, exp(-logits)) rates."""
+
+    arg_constraints = {
+        "total_count": constraints.greater_than_eq(0),
+        "probs": constraints.half_open_interval(0.0, 1.0),
+        "logits": constraints.real,
+    }
+    support = constraints.nonnegative_integer
+
+    def __init__(
+        self,
+        total_count: Any,
+        probs: Any = None,
+        logits: Any = None,
+        validate_args: bool | None = None,
+    ) -> None:
+        _one_of(probs, logits)
+        if probs is not None:
+            self.total_count, self.probs = broadcast_all(total_count, probs)
+            self.total_count = self.total_count.to(self.probs.dtype)
+            self._param = self.probs
+        else:
+            self.total_count, self.logits = broadcast_all(total_count, logits)
+            self.total_count = self.total_count.to(self.logits.dtype)
+            self._param = self.logits
+        super().__init__(self._param.shape, validate_args=validate_args)
+
+    def expand(self, batch_shape: Any, _instance: Any = None) -> NegativeBinomial:
+        new = self._get_checked_instance(NegativeBinomial, _instance)
+        batch_shape = Size(tuple(batch_shape))
+        new.total_count = self.total_count.expand(batch_shape)
+        if "probs" in self.__dict__:
+            new.probs = self.probs.expand(batch_shape)
+            new._param = new.probs
+        if "logits" in self.__dict__:
+            new.logits = self.logits.expand(batch_shape)
+            new._param = new.logits
+        Distribution.__init__(new, batch_shape, validate_args=False)
+        new._validate_args = self._validate_args
+        return new
+
+    @property
+    def mean(self) -> Tensor:
+        return self.total_count * self.logits.exp()
+
+    @property
+    def mode(self) -> Tensor:
+        return ((self.total_count - 1) * self.logits.exp()).floor().clamp(min=0.0)
+
+    @property
+    def variance(self) -> Tensor:
+        return self.mean / (-self.logits).sigmoid()
+
+    @lazy_property
+    def logits(self) -> Tensor:
+        return probs_to_logits(self.probs, is_binary=True)
+
+    @lazy_property
+    def probs(self) -> Tensor:
+        return logits_to_probs(self.logits, is_binary=True)
+
+    @property
+    def param_shape(self) -> Size:
+        return self._param.shape
+
+    @lazy_property
+    def _gamma(self) -> Gamma:
+        return Gamma(self.total_count, (-self.logits).exp(), validate_args=False)
+
+    def sample(self, sample_shape: Any = ()) -> Tensor:
+        with _grad_mode.no_grad():
+            rate = self._gamma.sample(sample_shape)
+            return F.poisson(rate)
+
+    def log_prob(self, value: Tensor) -> Tensor:
+        if self._validate_args:
+            self._validate_sample(value)
+        r = self.total_count
+        log_unnormalized = r * NF.logsigmoid(-self.logits) + value * NF.logsigmoid(self.logits)
+        log_normalization = -F.lgamma(r + value) + F.lgamma(1.0 + value) + F.lgamma(r)
+        # (r + value == 0 only at r = 0, value = 0: probability 1)
+        log_normalization = log_normalization.masked_fill(r + value == 0.0, 0.0)
+        return log_unnormalized - log_normalization

@@ -19,6 +19,7 @@ from .. import ops as F
 from ..size import broadcast_shapes as _broadcast_shapes
 from ..tensor import Tensor
 from .continuous import Cauchy, Exponential, Gamma, Gumbel, Laplace, Normal, Uniform
+from .continuous_extra import ContinuousBernoulli
 from .discrete import Bernoulli, Binomial, Categorical, Geometric, OneHotCategorical, Poisson
 from .distribution import Distribution
 from .multivariate import (
@@ -31,6 +32,7 @@ from .multivariate import (
     _batch_mahalanobis,
 )
 from .transformed import HalfNormal, Independent, TransformedDistribution
+from .transformed_families import Pareto
 
 __all__ = ["kl_divergence", "register_kl"]
 
@@ -421,3 +423,120 @@ def _kl_uniform_normal(p: Any, q: Any) -> Tensor:
 @register_kl(Bernoulli, Poisson)
 def _kl_bernoulli_poisson(p: Any, q: Any) -> Tensor:
     return -p.entropy() - (p.probs * q.rate.log() - q.rate)
+
+
+# ---- the continuous Bernoulli and Pareto distributions ----------------------------------------
+
+
+@register_kl(ContinuousBernoulli, ContinuousBernoulli)
+def _kl_continuous_bernoulli_continuous_bernoulli(p: Any, q: Any) -> Tensor:
+    t1 = p.mean * (p.logits - q.logits)
+    t2 = p._cont_bern_log_norm() + (-p.probs).log1p()
+    t3 = -q._cont_bern_log_norm() - (-q.probs).log1p()
+    return t1 + t2 + t3
+
+
+@register_kl(Pareto, Pareto)
+def _kl_pareto_pareto(p: Any, q: Any) -> Tensor:
+    alpha_ratio = q.alpha / p.alpha
+    result = q.alpha * (p.scale / q.scale).log() - alpha_ratio.log() + alpha_ratio - 1
+    # (p puts mass below q's support)
+    return F.where(p.support.lower_bound < q.support.lower_bound, math.inf, result)
+
+
+def _cross_entropy_with_continuous_bernoulli(p: Any, q: Any) -> Tensor:
+    """-E_p[log q] for a continuous Bernoulli q and any p on [0, 1] with a mean."""
+    return -p.mean * q.logits - (-q.probs).log1p() - q._cont_bern_log_norm()
+
+
+@register_kl(Beta, ContinuousBernoulli)
+def _kl_beta_continuous_bernoulli(p: Any, q: Any) -> Tensor:
+    return -p.entropy() + _cross_entropy_with_continuous_bernoulli(p, q)
+
+
+@register_kl(Uniform, ContinuousBernoulli)
+def _kl_uniform_continuous_bernoulli(p: Any, q: Any) -> Tensor:
+    result = -p.entropy() + _cross_entropy_with_continuous_bernoulli(p, q)
+    outside = (p.high >= q.support.upper_bound) | (p.low <= q.support.lower_bound)
+    return F.where(outside, math.inf, result)
+
+
+@register_kl(ContinuousBernoulli, Exponential)
+def _kl_continuous_bernoulli_exponential(p: Any, q: Any) -> Tensor:
+    return -p.entropy() - q.rate.log() + q.rate * p.mean
+
+
+@register_kl(ContinuousBernoulli, Normal)
+def _kl_continuous_bernoulli_normal(p: Any, q: Any) -> Tensor:
+    t1 = -p.entropy()
+    t2 = 0.5 * (math.log(2.0 * math.pi) + (q.loc / q.scale).square()) + q.scale.log()
+    t3 = (p.variance + p.mean.square() - 2.0 * q.loc * p.mean) / (2.0 * q.scale.square())
+    return t1 + t2 + t3
+
+
+@register_kl(ContinuousBernoulli, Uniform)
+def _kl_continuous_bernoulli_uniform(p: Any, q: Any) -> Tensor:
+    result = -p.entropy() + (q.high - q.low).log()
+    # (PyTorch's test: q's interval not strictly wider than [0, 1] on either side)
+    outside = (q.low >= p.support.lower_bound) | (q.high <= p.support.upper_bound)
+    return F.where(outside, math.inf, result)
+
+
+@register_kl(Pareto, Exponential)
+def _kl_pareto_exponential(p: Any, q: Any) -> Tensor:
+    scale_rate = p.scale * q.rate
+    result = (
+        (p.alpha / scale_rate).log()
+        - p.alpha.reciprocal()
+        + p.alpha * scale_rate / (p.alpha - 1)
+        - 1
+    )
+    return F.where(p.alpha <= 1, math.inf, result)
+
+
+@register_kl(Pareto, Gamma)
+def _kl_pareto_gamma(p: Any, q: Any) -> Tensor:
+    common = p.scale.log() + p.alpha.reciprocal()
+    t1 = p.alpha.log() - common
+    t2 = F.lgamma(q.concentration) - q.concentration * q.rate.log()
+    t3 = (1 - q.concentration) * common
+    t4 = q.rate * p.alpha * p.scale / (p.alpha - 1)
+    return F.where(p.alpha <= 1, math.inf, t1 + t2 + t3 + t4 - 1)
+
+
+@register_kl(Pareto, Normal)
+def _kl_pareto_normal(p: Any, q: Any) -> Tensor:
+    two_var = 2 * q.scale.pow(2)
+    common = p.scale / (p.alpha - 1)
+    t1 = (math.sqrt(2 * math.pi) * q.scale * p.alpha / p.scale).log()
+    t2 = p.alpha.reciprocal()
+    t3 = p.alpha * common.pow(2) / (p.alpha - 2)
+    t4 = (p.alpha * common - q.loc).pow(2)
+    return F.where(p.alpha <= 2, math.inf, t1 - t2 + (t3 + t4) / two_var - 1)
+
+
+@register_kl(Uniform, Pareto)
+def _kl_uniform_pareto(p: Any, q: Any) -> Tensor:
+    width = p.high - p.low
+    t1 = (q.alpha * q.scale.pow(q.alpha) * width).log()
+    t2 = (_x_log_x(p.high) - _x_log_x(p.low) - width) / width
+    return F.where(p.low < q.support.lower_bound, math.inf, t2 * (q.alpha + 1) - t1)
+
+
+# pairs whose KL is infinite: p puts mass where q has none
+def _register_infinite(pairs: list, parameter: str) -> None:
+    def kl_infinite(p: Any, q: Any) -> Tensor:
+        return _infinite_like(getattr(p, parameter))
+
+    for type_p, type_q in pairs:
+        register_kl(type_p, type_q)(kl_infinite)
+
+
+_register_infinite([(Beta, Pareto)], "concentration1")
+_register_infinite([(ContinuousBernoulli, Pareto)], "probs")
+_register_infinite([(Exponential, ContinuousBernoulli), (Exponential, Pareto)], "rate")
+_register_infinite([(Gamma, ContinuousBernoulli), (Gamma, Pareto)], "concentration")
+_register_infinite(
+    [(cls, q) for cls in (Gumbel, Laplace, Normal) for q in (ContinuousBernoulli, Pareto)], "loc"
+)
+_register_infinite([(Pareto, Beta), (Pareto, ContinuousBernoulli), (Pareto, Uniform)], "scale")

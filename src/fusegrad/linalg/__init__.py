@@ -5,7 +5,9 @@ numpy's LAPACK bindings and a batched LU), one per output, with their derivative
 ``autograd/derivatives.py``; everything else here is a composite of those and of the op surface
 (``inv`` is a solve, ``lu_solve`` two triangular solves, norms are reductions, ``lstsq`` a
 pseudoinverse, ``householder_product`` a product of reflectors), so it differentiates through
-their rules to any order.
+their rules to any order.  ``ldl_factor``/``ldl_solve`` are the exception: PyTorch has no
+derivative for them, so they run LAPACK on the host arrays and their outputs carry a node that
+raises when differentiated.
 
 Arguments are checked before anything runs (square matrices, floating or complex dtypes, equal
 dtypes), and singular or non-positive-definite inputs raise ``LinAlgError`` with PyTorch's words
@@ -24,14 +26,19 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import ops as F
+from ..autograd.function import Function
 from ..autograd.node_names import name_node as _name_node
-from ..errors import DTypeError, ShapeError, describe
+from ..autograd.tracer import notify_host_read as _host_read
+from ..errors import AutogradError, DTypeError, ShapeError, describe
 from ..ops import REGISTRY, apply, to_tensor
 from ..ops._util import wrap_dim, wrap_dims
 from ..ops.decompositions import (
     LinAlgError,
     cholesky_info,
     hermitian_from_lower,
+    ldl_factor_arrays,
+    ldl_pivots_error,
+    ldl_solve_arrays,
     lu_with_info,
     singular_error,
 )
@@ -54,6 +61,9 @@ __all__ = [
     "householder_product",
     "inv",
     "inv_ex",
+    "ldl_factor",
+    "ldl_factor_ex",
+    "ldl_solve",
     "lstsq",
     "lu",
     "lu_factor",
@@ -87,6 +97,8 @@ _CholeskyEx = namedtuple("linalg_cholesky_ex", ["L", "info"])
 _LuFactor = namedtuple("linalg_lu_factor", ["LU", "pivots"])
 _LuFactorEx = namedtuple("linalg_lu_factor_ex", ["LU", "pivots", "info"])
 _Lu = namedtuple("linalg_lu", ["P", "L", "U"])
+_LdlFactor = namedtuple("linalg_ldl_factor", ["LD", "pivots"])
+_LdlFactorEx = namedtuple("linalg_ldl_factor_ex", ["LD", "pivots", "info"])
 _Slogdet = namedtuple("linalg_slogdet", ["sign", "logabsdet"])
 _Eigh = namedtuple("linalg_eigh", ["eigenvalues", "eigenvectors"])
 _Eig = namedtuple("linalg_eig", ["eigenvalues", "eigenvectors"])
@@ -399,6 +411,106 @@ def lu_solve(LU: Any, pivots: Any, B: Any, *, left: bool = True, adjoint: bool =
     # X U^H L^H P^T = B
     Y = solve_triangular(L.mH, B @ P, upper=True, left=False, unitriangular=True)
     return solve_triangular(U.mH, Y, upper=False, left=False)
+
+
+# ---- LDL^T --------------------------------------------------------------------------------------
+
+
+class _NoDerivative(Function):
+    """``value`` (computed on the host from ``inputs``) as an output of ``inputs`` whose
+    backward raises, as PyTorch's ``NotImplemented`` node does for ``aten_name``."""
+
+    @staticmethod
+    def forward(ctx: Any, aten_name: str, value: Tensor, *inputs: Tensor) -> Tensor:
+        ctx.aten_name = aten_name
+        return value
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple:
+        raise AutogradError(f"derivative for aten::{ctx.aten_name} is not implemented")
+
+
+def _ldl_factor(op: str, A: Any, hermitian: bool) -> tuple[Tensor, Tensor, np.ndarray]:
+    A = _matrix(op, A)
+    data = _host_read(A, op, A.detach()._data)
+    LD, pivots, info = ldl_factor_arrays(data, hermitian)
+    LD_tensor = _NoDerivative.apply("linalg_ldl_factor_ex", Tensor._make(LD), A)
+    return LD_tensor, Tensor._make(pivots), info
+
+
+def ldl_factor_ex(A: Any, *, hermitian: bool = False, check_errors: bool = False) -> Any:
+    """The compact LDL^T (Bunch-Kaufman) factorization of each symmetric (``hermitian``:
+    Hermitian) matrix, read from its lower triangle, as LAPACK's ?sytrf / ?hetrf returns it:
+    ``LD`` (L below the diagonal, the 1x1 and 2x2 blocks of D on and next to it), ``pivots``
+    (1-based, int32; a 2x2 block shows as two equal negative entries) and ``info`` (0, or the
+    1-based index of a zero block of D).  Not differentiable (as in PyTorch)."""
+    LD, pivots, info = _ldl_factor("torch.linalg.ldl_factor_ex", A, hermitian)
+    if check_errors:
+        _ldl_check("torch.linalg.ldl_factor_ex", info)
+    return _LdlFactorEx(LD, pivots, _info_tensor(info))
+
+
+def ldl_factor(A: Any, *, hermitian: bool = False) -> Any:
+    """``(LD, pivots)`` of ``ldl_factor_ex``; a singular D raises ``LinAlgError``."""
+    LD, pivots, info = _ldl_factor("torch.linalg.ldl_factor", A, hermitian)
+    _ldl_check("torch.linalg.ldl_factor", info)
+    return _LdlFactor(LD, pivots)
+
+
+def _ldl_check(op: str, info: np.ndarray) -> None:
+    # (PyTorch 2.13 fails here with an internal assert, "Unknown error code"; this says what
+    # LAPACK reported)
+    if info.any():
+        flat = info.reshape(-1)
+        index = int(np.flatnonzero(flat)[0])
+        i = int(flat[index]) - 1
+        prefix = f"{op}: " + (f"(Batch element {index}): " if info.ndim else "")
+        raise LinAlgError(
+            prefix + f"The factorization could not be completed because the input is singular: "
+            f"D[{i},{i}] is exactly zero. linalg.ldl_factor_ex returns the factorization with "
+            "info > 0 instead of raising"
+        )
+
+
+def ldl_solve(LD: Any, pivots: Any, B: Any, *, hermitian: bool = False) -> Tensor:
+    """The solution ``X`` of ``A X = B`` from ``A``'s ``ldl_factor`` (``LD``, ``pivots``; the
+    same ``hermitian``), by LAPACK's ?sytrs / ?hetrs; batch dims broadcast.  Not
+    differentiable (as in PyTorch)."""
+    op = "torch.linalg.ldl_solve"
+    LD = _matrix(op, LD)
+    B = _floating(op, B)
+    pivots = to_tensor(pivots)
+    if B.ndim < 2:
+        raise LinAlgArgumentError(
+            f"{op}: The input tensor B must have at least 2 dimensions. (got {describe(B)})"
+        )
+    if pivots._dtype.category != 1:
+        raise LinAlgDTypeError(f"{op}: Expected pivots to be integers. Got {pivots._dtype.name}")
+    if tuple(pivots.shape) != tuple(LD.shape[:-1]):
+        raise LinAlgArgumentError(
+            f"{op}: Expected LD.shape[:-1] and pivots.shape to be the same, but got pivots "
+            f"with shape {list(pivots.shape)} instead (LD: {describe(LD)})"
+        )
+    if B.shape[-2] != LD.shape[-1]:
+        raise LinAlgArgumentError(
+            f"Incompatible matrix sizes for {op}: each A matrix is {LD.shape[-1]} by "
+            f"{LD.shape[-1]} but each b matrix is {B.shape[-2]} by {B.shape[-1]}"
+        )
+    _same_dtype(op, LD, B)
+    LD_b, B_b = _broadcast_batches(LD, B)
+    pivot_data = np.broadcast_to(
+        _host_read(pivots, op, pivots._data), tuple(LD_b.shape[:-1])
+    ).astype(np.int32)
+    problem = ldl_pivots_error(pivot_data)
+    if problem is not None:
+        raise LinAlgArgumentError(f"{op}: invalid pivots: {problem}")
+    X = ldl_solve_arrays(
+        _host_read(LD, op, LD_b.detach()._data),
+        pivot_data,
+        _host_read(B, op, B_b.detach()._data),
+        hermitian,
+    )
+    return _NoDerivative.apply("linalg_ldl_solve", Tensor._make(X), LD, B)
 
 
 # ---- spectral decompositions --------------------------------------------------------------------

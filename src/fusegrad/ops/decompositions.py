@@ -400,6 +400,86 @@ def _pinv(A, atol, rtol, hermitian):  # type: ignore[no-untyped-def]
     return (V * inv[..., None, :].astype(V.dtype)) @ np.conj(np.swapaxes(U, -1, -2))
 
 
+# ---- LDL^T (Bunch-Kaufman) -------------------------------------------------------------------
+#
+# Not primitives: PyTorch defines no derivative for ``ldl_factor`` or ``ldl_solve``, so
+# ``fusegrad.linalg`` calls these on the host arrays and gives the results a node whose
+# backward raises, as PyTorch's does.
+
+
+def _ldl_routine(dtype: np.dtype, hermitian: bool, step: str) -> tuple:
+    """scipy's binding of LAPACK's ?sytrf / ?sytrs (``step`` "trf" or "trs"; ?hetrf / ?hetrs
+    for Hermitian complex matrices), and for "trf" its workspace query."""
+    from scipy.linalg import lapack  # (scipy: a dependency, imported on first use)
+
+    prefix = {"f": "s", "d": "d", "F": "c", "D": "z"}[np.dtype(dtype).char]
+    kind = "he" if hermitian and prefix in "cz" else "sy"
+    name = prefix + kind + step
+    return getattr(lapack, name), getattr(lapack, name + "_lwork", None)
+
+
+def ldl_factor_arrays(a: np.ndarray, hermitian: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(LD, pivots, info)`` of each matrix in ``a`` (its lower triangle is read) by LAPACK's
+    Bunch-Kaufman factorization with ``uplo = "L"``, as PyTorch's ``ldl_factor_ex``: ``LD``
+    holds L (unit diagonal implied) below the diagonal and the 1x1 and 2x2 blocks of D on and
+    next to it, zeros above; ``pivots`` are LAPACK's 1-based interchanges (int32, a 2x2 block
+    marked by two equal negative entries); ``info`` is 0, or the 1-based index of a zero
+    diagonal block of D (the factorization is complete but D is singular).  The optimal
+    (blocked) workspace is asked for, as PyTorch does, so results agree with its LAPACK to
+    rounding."""
+    n = a.shape[-1]
+    batch = a.shape[:-2]
+    LD = np.zeros(a.shape, a.dtype)
+    pivots = np.zeros(batch + (n,), np.int32)
+    info = np.zeros(batch, np.int32)
+    if n == 0:
+        return LD, pivots, info
+    factor, workspace = _ldl_routine(a.dtype, hermitian, "trf")
+    work, _ = workspace(n, lower=1)
+    lwork = max(1, int(np.real(work)))
+    for index in np.ndindex(*batch):
+        ld, ipiv, status = factor(a[index], lower=1, lwork=lwork)
+        LD[index] = np.tril(ld)  # (LAPACK leaves the upper triangle as it found it)
+        pivots[index] = ipiv
+        info[index] = status
+    return LD, pivots, info
+
+
+def ldl_pivots_error(pivots: np.ndarray) -> str | None:
+    """What is wrong with ``pivots`` for ?sytrs (a bad index would read outside the matrix),
+    or None: each entry's magnitude in 1..n, negative entries in equal pairs."""
+    n = pivots.shape[-1]
+    if pivots.size == 0:
+        return None
+    flat = pivots.reshape(-1, n)
+    if np.abs(flat).max() > n or (flat == 0).any():
+        return f"every pivot must lie in [-{n}, -1] or [1, {n}]"
+    for row in flat:
+        k = 0
+        while k < n:
+            if row[k] < 0:
+                if k + 1 >= n or row[k + 1] != row[k]:
+                    return "a negative pivot (a 2x2 block) must be repeated in the next entry"
+                k += 2
+            else:
+                k += 1
+    return None
+
+
+def ldl_solve_arrays(
+    LD: np.ndarray, pivots: np.ndarray, B: np.ndarray, hermitian: bool
+) -> np.ndarray:
+    """The solutions X of A X = B from ``ldl_factor_arrays``' ``LD`` and ``pivots`` (batch
+    dims already broadcast to B's), by LAPACK's ?sytrs / ?hetrs."""
+    X = np.zeros(B.shape, B.dtype)
+    if LD.shape[-1] == 0 or B.shape[-1] == 0:
+        return X
+    solve, _ = _ldl_routine(LD.dtype, hermitian, "trs")
+    for index in np.ndindex(*B.shape[:-2]):
+        X[index] = solve(LD[index], pivots[index].astype(np.int32), B[index], lower=1)[0]
+    return X
+
+
 # ---- matrix functions ------------------------------------------------------------------------
 
 # Pade approximants of degree 3, 5, 7, 9, 13 and the 1-norm bounds up to which each reaches

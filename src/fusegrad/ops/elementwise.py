@@ -276,8 +276,12 @@ def silu(input: Any) -> Tensor:
 def softplus(input: Any, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     x = _floatify(input)
     bx = mul(x, beta) if beta != 1 else x
-    # log(1 + exp(bx)) computed stably as max(bx, 0) + log1p(exp(-|bx|)); linear above threshold
-    soft = add(relu(bx), log1p(exp(neg(abs(bx)))))
+    # log(1 + exp(bx)) computed stably as m + log1p(exp(bx - 2 m)), m = max(bx, 0) (so that
+    # bx - 2 m = -|bx|); linear above threshold.  m takes bx's branch at 0, so the gradient
+    # there is 1 - 1/2 = sigmoid(0), as PyTorch's (relu and abs, whose gradients are 0 at 0,
+    # gave 0)
+    m = where(lt(bx, 0), _like(0, bx), bx)
+    soft = add(m, log1p(exp(sub(bx, mul(m, 2)))))
     if beta != 1:
         soft = div(soft, beta)
     return where(gt(bx, threshold), x, soft)
