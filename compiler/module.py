@@ -485,8 +485,9 @@ class AOTEntry:
                     owner="compiled module",
                     what="a compiled module's backward in the background (run uncompiled "
                     "meanwhile)",
-                    warmup=lambda: _warmup([np.array(a, copy=True) for a in arrays]),
+                    warmup=lambda: ([np.array(a, copy=True) for a in arrays], []),
                     uncompiled=lambda: service.uncompiled(graph),
+                    worker=True,
                 )
             notice = CompileNotice()
             program, _ = service.obtain(
@@ -505,10 +506,6 @@ class AOTEntry:
             grad_mode._state.enabled = prev
             if notice is not None:
                 notice.stop()
-
-
-def _warmup(scratch: list) -> Callable[[Program], Any]:
-    return lambda program: program.prepare(scratch, [])
 
 
 _ABSENT = object()

@@ -269,8 +269,23 @@ class Program:
         unpacked: frozenset[int] | None = None,
         hot: bool = False,
         native: bool = False,
+        row_fusion: bool | None = None,
     ) -> None:
         self.graph = graph
+        if row_fusion is None:
+            row_fusion = config.row_fusion
+        # what builds this program again from its graph (``workers``: in another process)
+        self.settings = {
+            "mode": mode,
+            "leaves_with_grad": leaves_with_grad,
+            "interpreter_max_elements": interpreter_max_elements,
+            "device": device,
+            "sizes_per_program": sizes_per_program,
+            "unpacked": unpacked,
+            "hot": hot,
+            "native": native,
+            "row_fusion": row_fusion,
+        }
         # the saved tensors (walk order) whose versions are checked before a run: those the
         # capture unpacked (None: every one)
         self.unpacked = unpacked
@@ -285,7 +300,7 @@ class Program:
         self.sizes_per_program = sizes_per_program
         # generated kernels waiting on each other's row sums run as row kernels (the CPU
         # emitter's; ``config.row_fusion``, part of the program key)
-        self.row_fusion = config.row_fusion and device == "cpu"
+        self.row_fusion = row_fusion and device == "cpu"
         # a program that runs many times (a whole training step): row kernels also replace
         # runs of interpreted kernels (a compile, then one call instead of one per kernel)
         self.hot = hot

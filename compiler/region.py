@@ -313,11 +313,10 @@ def _background(region: Region, w: Walk, call: BackwardCall) -> Background | Non
         return None
     grads, sizes = call.grads, w.sizes
 
-    def warmup() -> Any:
+    def warmup() -> tuple:
         saved = _saved_arrays(w, None)  # (checks the versions: may raise, as eager does)
         roots = [Tensor._make(np.array(g._data, copy=True)) for g in grads]
-        leaves = [scratch_leaf(t) for t in w.leaves]
-        return lambda program: program.prepare(saved, leaves, roots, sizes)
+        return saved, [scratch_leaf(t) for t in w.leaves], roots, sizes
 
     return Background(
         owner="compiled backward",

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import events
+from . import events, logs, workers
 from . import trace as _trace
 from .cache import LRU, KeyHistory, Programs, Slot
 from .events import emit
@@ -159,10 +159,12 @@ class Background:
     ``owner`` names the front end in log lines ("whole step", ...), ``what`` the program (the
     compile notice, the ``recompiles`` log).  ``warmup()`` is called on the caller's thread when
     a background compile starts: it takes what it needs of this call's arrays now (copies where
-    the user may write into them) and returns the function that runs the program once on them
-    on the compile thread, so that numba compiles or loads what it calls; if it raises (a saved
-    tensor was modified), no background compile starts and the call goes on in the
-    foreground.  ``uncompiled()``
+    the user may write into them) and returns the arguments of ``Program.prepare``, which runs
+    the program once on them on the compile thread, so that numba compiles or loads what it
+    calls; if it raises (a saved tensor was modified), no background compile starts and the
+    call goes on in the foreground.  ``worker``: numba compiles in a worker process first
+    (``workers``; large recorded programs, not a captured backward, whose compile is shorter
+    than a process start).  ``uncompiled()``
     gives what calls run meanwhile (a ``mode="debug"`` program: every value by its eager kernel),
     or is None when the caller has its own uncompiled path (compiled autograd: the eager engine).
     ``cold(program)``: whether a program already built still needs numba for this call (a new
@@ -173,10 +175,11 @@ class Background:
 
     owner: str
     what: str
-    warmup: Callable[[], Callable[[Program], Any]]
+    warmup: Callable[[], tuple]
     uncompiled: Callable[[], Any] | None = None
     cold: Callable[[Program], bool] | None = None
     build_first: bool = False
+    worker: bool = False
 
 
 # ---- recordings: whole steps and compiled modules ----------------------------------------------
@@ -369,14 +372,23 @@ class Service:
         """Start compiling ``slot``'s program on a thread of its own; False when its warm-up
         cannot be made (the call then goes on in the foreground)."""
         try:
-            warmup = background.warmup()
+            prepare_args = background.warmup()
         except Exception:  # noqa: BLE001 - (the foreground run raises it, as eager does)
             return False
         built = slot.program
+        launch = workers.Launch() if background.worker and config.compile_workers else None
 
         def work() -> Program:
-            program = built if built is not None else build()
-            warmup(program)
+            try:
+                program = built if built is not None else build()
+                if launch is not None:  # numba compiles in another process; this thread loads
+                    why = workers.compile_elsewhere(program, prepare_args, launch)
+                    if why is not None:
+                        logs.log("perf", f"compiled on a thread, not in a worker process: {why}")
+            finally:
+                if launch is not None:
+                    launch.done()
+            program.prepare(*prepare_args)
             return program
 
         uncompiled = background.uncompiled() if background.uncompiled is not None else None

@@ -52,6 +52,11 @@ class Config:
         # time of the kernels alone (a minute for the GPT step; warm from the disk cache it
         # loads in half a second).  ``FUSEGRAD_NATIVE=1`` sets True.
         self.native_programs = os.environ.get("FUSEGRAD_NATIVE", "0") == "1"
+        # a background compile of a whole step's or a compiled module's program runs numba in
+        # a worker process (``workers``): no GIL taken from the calls that run meanwhile, and
+        # the disk cache is filled even when the script exits first.  False: on the compile
+        # thread.  ``FUSEGRAD_COMPILE_WORKERS=0`` sets False.
+        self.compile_workers = os.environ.get("FUSEGRAD_COMPILE_WORKERS", "1") != "0"
 
     # the settings ``program_key`` holds, in its order
     PROGRAM_KEY = ("interpreter_max_elements", "row_fusion")

@@ -168,13 +168,12 @@ class Step:
         st = self.stats
         sources = self.sources
 
-        def warmup() -> Callable[[Program], Any]:
+        def warmup() -> tuple:
             scratch = [
                 a if kind == "ext" else np.array(a, copy=True)
                 for a, (kind, *_) in zip(arrays, sources)
             ]
-            stand_ins = [scratch_leaf(t) for t in leaves]
-            return lambda program: program.prepare(scratch, stand_ins)
+            return scratch, [scratch_leaf(t) for t in leaves]
 
         return Background(
             owner="whole step",
@@ -184,6 +183,7 @@ class Step:
             ),
             warmup=warmup,
             uncompiled=lambda: service.uncompiled(self.graph),
+            worker=True,
         )
 
     def build(self, grad_key: tuple, mode: str) -> Program:

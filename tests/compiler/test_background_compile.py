@@ -33,6 +33,8 @@ def background(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Background compile on; yields a gate: while it is closed, background compiles wait for
     it before compiling."""
     monkeypatch.setattr(config, "background_compile", True)
+    # (the compile thread's own logic; worker processes: tests/compiler/test_compile_workers.py)
+    monkeypatch.setattr(config, "compile_workers", False)
     gate = threading.Event()
     gate.set()
     prepare = Program.prepare

@@ -1,0 +1,136 @@
+"""Compiles in worker processes (docs/ARCHITECTURE.md, "The compilation service").
+
+A background compile of a whole step's or a compiled module's program (``service.obtain``)
+runs numba in a process of its own, not on a thread of the user's: numba's compiler is Python
+code that holds the GIL, so a compile thread slows every call that runs meanwhile, and it dies
+with the process.  The worker gets the program's graph, its build settings
+(``Program.settings``) and the scratch arrays of the warm-up run, builds the same program and
+runs it once (``Program.prepare``): numba compiles every kernel and segment it calls and writes
+them to the disk cache (``codegen.diskcache``).  The compile thread only waits for the worker
+(no GIL held), then builds the program in the user's process and runs the same warm-up, which
+loads everything from the disk cache.
+
+The worker runs in a session of its own: a script that exits before the compile is done
+leaves the worker running, and the next run of the script finds the cache filled.  (A script
+that exits while the compile thread still builds the program waits for the worker to start:
+``Launch``, at most ``LAUNCH_WAIT_S`` seconds.)  A worker
+that fails (a graph that does not pickle, an error in the worker) is no error: its reason goes
+to the ``perf`` log, and the thread compiles as before.
+
+``config.compile_workers`` (``FUSEGRAD_COMPILE_WORKERS=0`` sets False) turns workers off.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from . import logs
+from .codegen import diskcache
+from .program import Program
+
+# the worker's exit status when the payload could not be read (the parent's reason)
+_BAD_PAYLOAD = 3
+
+# how long the interpreter's exit waits for background compiles to start their workers
+LAUNCH_WAIT_S = 60.0
+
+_launches = 0  # background compiles whose worker has not started yet (``Launch``)
+_launches_changed = threading.Condition()
+
+
+class Launch:
+    """A background compile that is to start a worker (made on the caller's thread); ``done``
+    once the worker has started or will not.  The interpreter's exit waits for every one."""
+
+    def __init__(self) -> None:
+        global _launches
+        with _launches_changed:
+            _launches += 1
+        self.pending = True
+
+    def done(self) -> None:
+        global _launches
+        with _launches_changed:
+            if self.pending:
+                self.pending = False
+                _launches -= 1
+                _launches_changed.notify_all()
+
+
+@atexit.register
+def _wait_for_launches() -> None:
+    with _launches_changed:
+        _launches_changed.wait_for(lambda: _launches == 0, timeout=LAUNCH_WAIT_S)
+
+
+def compile_elsewhere(program: Program, prepare_args: tuple, launch: Launch) -> str | None:
+    """Build ``program`` again in a worker process and run ``Program.prepare(*prepare_args)``
+    there, filling the disk cache; wait for it (``launch.done()`` once it has started).  None
+    when it succeeded, else why not."""
+    try:
+        payload = pickle.dumps(
+            (program.graph, program.settings, prepare_args), protocol=pickle.HIGHEST_PROTOCOL
+        )
+    except Exception as e:  # noqa: BLE001 - e.g. a hook or custom Function in the graph
+        return f"the program does not pickle ({type(e).__name__}: {e})"
+    directory = diskcache.cache_dir()
+    if directory is None:
+        return "no disk cache (the worker's code could not reach this process)"
+    fd, path = tempfile.mkstemp(prefix="fusegrad_worker_", suffix=".pkl", dir=directory)
+    with os.fdopen(fd, "wb") as f:
+        f.write(payload)
+    env = dict(os.environ)
+    # the worker imports fusegrad (and the generated modules) as this process does
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
+    env["FUSEGRAD_CACHE_DIR"] = directory
+    start = time.perf_counter()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fusegrad.compiler.workers", path],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,  # (outlives this process: the cache gets filled)
+        )
+    except OSError as e:
+        os.unlink(path)
+        return f"no worker process ({e})"
+    launch.done()
+    logs.log("perf", f"compiling in worker process {proc.pid}")
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        lines = err.decode(errors="replace").strip().splitlines()
+        return f"the worker failed (exit {proc.returncode}): {lines[-1] if lines else ''}"
+    logs.log("perf", f"a worker compiled the program in {time.perf_counter() - start:.1f} s")
+    return None
+
+
+def _main(path: str) -> int:
+    """The worker: build the program in ``path``'s payload and run its warm-up."""
+    try:
+        with open(path, "rb") as f:
+            graph, settings, prepare_args = pickle.load(f)
+    except Exception as e:  # noqa: BLE001
+        print(f"fusegrad worker: cannot read {path}: {e}", file=sys.stderr)
+        return _BAD_PAYLOAD
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    program: Any = Program(graph, **settings)
+    program.prepare(*prepare_args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1]))

@@ -1,0 +1,155 @@
+"""Background compiles in worker processes (``compiler.workers``, ``config.compile_workers``):
+numba compiles a whole step's program in a process of its own and fills the disk cache; the
+user's process then loads the compiled code.  The worker outlives a script that exits first."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+from fusegrad import compiler, nn
+from fusegrad.compiler import workers
+from fusegrad.compiler.settings import config
+
+pytestmark = pytest.mark.usefixtures("fresh_compiler")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _train(compiled: bool, steps: int) -> tuple[list[float], list[np.ndarray]]:
+    fg.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)).double()
+    opt = fg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    fn = fg.compile(step) if compiled else step
+    rng = np.random.default_rng(0)
+    losses = []
+    for i in range(steps):
+        x = fg.tensor(rng.standard_normal((8, 6)))
+        y = fg.tensor(rng.integers(0, 3, 8))
+        losses.append(fn(x, y).item())
+        if compiled and i == 2:
+            assert compiler.wait_for_compiles(300)
+    return losses, [p.detach().numpy() for p in model.parameters()]
+
+
+def test_a_worker_process_compiles_the_step(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: Any
+) -> None:
+    monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "background_compile", True)
+    monkeypatch.setattr(config, "compile_workers", True)
+    want = _train(False, 6)
+    compiler.set_logs("perf")
+    try:
+        with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
+            got = _train(True, 6)
+    finally:
+        compiler.set_logs(None)
+    assert "a worker compiled the program" in caplog.text, caplog.text
+    assert compiler.counters.uncompiled_runs >= 1, compiler.counters
+    assert compiler.counters.step_runs >= 3, compiler.counters  # compiled after the wait
+    # the worker compiled; this process only loaded its code from the disk cache
+    assert compiler.counters.compiles == 0, compiler.counters
+    assert compiler.counters.disk_hits > 0, compiler.counters
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    for g, w in zip(got[1], want[1]):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+    assert not list(tmp_path.glob("fusegrad_worker_*"))  # (the payload was removed)
+
+
+def test_a_graph_that_does_not_pickle_compiles_on_the_thread(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: Any
+) -> None:
+    monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "background_compile", True)
+    monkeypatch.setattr(config, "compile_workers", True)
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError("cannot pickle this")
+
+    monkeypatch.setattr(workers.pickle, "dumps", refuse)
+    want = _train(False, 5)
+    compiler.set_logs("perf")
+    try:
+        with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
+            got = _train(True, 5)
+    finally:
+        compiler.set_logs(None)
+    assert "not in a worker process: the program does not pickle" in caplog.text, caplog.text
+    assert compiler.counters.step_runs >= 2, compiler.counters
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+
+
+_SCRIPT = """
+import fusegrad as fg, numpy as np
+from fusegrad import compiler, nn
+compiler.set_logs("perf")
+fg.manual_seed(0)
+compiler.config.interpreter_max_elements = 0  # (every kernel generated: numba compiles)
+model = nn.Sequential(nn.Linear(5, 9), nn.GELU(), nn.Linear(9, 2)).double()
+opt = fg.optim.Adam(model.parameters(), lr=0.01)
+
+@fg.compile
+def step(x):
+    opt.zero_grad()
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    return loss
+
+x = fg.tensor(np.linspace(-1, 1, 15).reshape(3, 5))
+for _ in range(3):
+    step(x)
+print("counters", compiler.counters.compiles, compiler.counters.disk_hits, flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="waits on /proc")
+def test_a_script_that_exits_first_leaves_the_cache_filled(tmp_path: Path) -> None:
+    env = dict(os.environ, FUSEGRAD_CACHE_DIR=str(tmp_path / "cache"))
+    env["FUSEGRAD_BACKGROUND_COMPILE"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(_SCRIPT))
+    first = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert first.returncode == 0, first.stderr
+    # it exited while its step compiled (every call ran uncompiled); the worker goes on
+    assert "counters 0 " in first.stdout, first.stdout
+    pids = [int(p) for p in _worker_pids(first.stderr)]
+    assert pids, first.stderr
+    deadline = time.monotonic() + 300
+    while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    env["FUSEGRAD_BACKGROUND_COMPILE"] = "0"
+    second = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert second.returncode == 0, second.stderr
+    # the next run compiles nothing: every kernel comes from the cache the worker filled
+    compiles, hits = (int(n) for n in second.stdout.split()[1:3])
+    assert compiles == 0 and hits > 0, second.stdout
+
+
+def _worker_pids(stderr: str) -> list[str]:
+    """The process ids of the workers the ``perf`` log announced."""
+    return [line.rsplit(" ", 1)[1] for line in stderr.splitlines() if "worker process " in line]
