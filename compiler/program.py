@@ -307,12 +307,10 @@ class Program:
         # runs of steps as native segments (``codegen.native_cpu``): CPU programs of concrete
         # sizes (recorded steps and modules), not the reference executor; every kernel is then
         # generated code (a segment calls it), none interpreted
-        self.native = (
-            native
-            and device == "cpu"
-            and mode != "debug"
-            and not any(has_sym(v.shape) for v in graph.values)
+        self.native_eligible = (
+            device == "cpu" and mode != "debug" and not any(has_sym(v.shape) for v in graph.values)
         )
+        self.native = native and self.native_eligible
         with _trace.phase("fusion"):
             self.fused = _schedule.steps(graph, mode)
         self._interpretable = (

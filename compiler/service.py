@@ -103,9 +103,14 @@ class BackgroundBuild:
     need it run uncompiled.  The thread may read arrays the uncompiled calls update meanwhile
     (parameters): the values it computes are thrown away, only the compiled code is kept."""
 
-    def __init__(self, work: Callable[[], Program], uncompiled: Any, what: str) -> None:
+    def __init__(
+        self, work: Callable[[Callable[[Program], None]], Program], uncompiled: Any, what: str
+    ) -> None:
         self.program: Program | None = None
         self.uncompiled = uncompiled
+        # a first program the calls may run while the job goes on (``work`` publishes it:
+        # a compiled program of steps, while its native segments compile)
+        self.first: Program | None = None
         self.error: BaseException | None = None
         self.seconds = 0.0
         self.done = threading.Event()
@@ -116,12 +121,17 @@ class BackgroundBuild:
         )
         thread.start()
 
-    def _work(self, work: Callable[[], Program], what: str) -> None:
+    def _work(self, work: Callable[[Callable[[Program], None]], Program], what: str) -> None:
         notice = CompileNotice()
         notice.start(what)
         start = time.perf_counter()
+
+        def publish(program: Program) -> None:
+            self.first = program
+            notice.stop()
+
         try:
-            self.program = work()
+            self.program = work(publish)
         except BaseException as e:  # (reported by the call that picks the program up)
             self.error = e
         finally:
@@ -130,6 +140,34 @@ class BackgroundBuild:
             self.done.set()
             with _jobs_lock:
                 _jobs.discard(self)
+
+
+def _compile(program: Program, prepare_args: tuple, launch: workers.Launch | None) -> None:
+    """Run ``program`` once on the warm-up's scratch arrays, so that numba compiles (or loads)
+    what it calls; with ``launch``, a worker process compiles it first and this thread loads
+    the worker's code from the disk cache."""
+    try:
+        if launch is not None:
+            why = workers.compile_elsewhere(program, prepare_args, launch)
+            if why is not None:
+                logs.log("perf", f"compiled on a thread, not in a worker process: {why}")
+    finally:
+        if launch is not None:
+            launch.done()
+    program.prepare(*prepare_args)
+
+
+def _upgrades(program: Program) -> bool:
+    """Whether a background compile goes on to the native segments of ``program``, a recorded
+    step's or module's program of steps (``config.native_programs`` None or True)."""
+    return (
+        config.native_programs is not False
+        and program.settings["hot"]
+        and not program.native
+        and program.device == "cpu"
+        and program.mode != "debug"
+        and program.native_eligible
+    )
 
 
 # the background compiles still running (``wait_for_compiles``)
@@ -305,7 +343,9 @@ class Service:
             sizes_per_program=1 if recorded else config.sizes_per_program,
             unpacked=unpacked,
             hot=recorded,
-            native=recorded and config.native_programs,
+            # native segments at once when asked for; by default a background compile goes on
+            # to them once the program of steps runs (``_upgrades``)
+            native=recorded and config.native_programs is True,
         )
 
     def uncompiled(self, graph: Graph) -> Program:
@@ -342,6 +382,8 @@ class Service:
         job = slot.job
         if job is not None:
             if not job.done.is_set():
+                if job.first is not None:  # (compiled; its native segments are compiling)
+                    return job.first, True
                 emit(events.UNCOMPILED_RUN)
                 return job.uncompiled, False
             self._promote(slot, background)
@@ -376,20 +418,24 @@ class Service:
         except Exception:  # noqa: BLE001 - (the foreground run raises it, as eager does)
             return False
         built = slot.program
-        launch = workers.Launch() if background.worker and config.compile_workers else None
+        in_worker = background.worker and config.compile_workers
+        launch = workers.Launch() if in_worker else None
 
-        def work() -> Program:
+        def work(publish: Callable[[Program], None]) -> Program:
+            program = built if built is not None else build()
+            _compile(program, prepare_args, launch)
+            if not _upgrades(program):
+                return program
+            # the program runs compiled from the next call on; its native segments compile
+            # meanwhile (a second worker) and take over when they are ready
+            publish(program)
             try:
-                program = built if built is not None else build()
-                if launch is not None:  # numba compiles in another process; this thread loads
-                    why = workers.compile_elsewhere(program, prepare_args, launch)
-                    if why is not None:
-                        logs.log("perf", f"compiled on a thread, not in a worker process: {why}")
-            finally:
-                if launch is not None:
-                    launch.done()
-            program.prepare(*prepare_args)
-            return program
+                native = Program(program.graph, **{**program.settings, "native": True})
+                _compile(native, prepare_args, workers.Launch() if in_worker else None)
+            except Exception as e:  # noqa: BLE001 - (the program of steps stays)
+                logs.log("perf", f"native segments not compiled ({type(e).__name__}: {e})")
+                return program
+            return native
 
         uncompiled = background.uncompiled() if background.uncompiled is not None else None
         slot.job = BackgroundBuild(work, uncompiled, background.what)

@@ -45,13 +45,17 @@ class Config:
         # call after it is ready (``compiler.wait_for_compiles``).  False: the call that builds
         # the program waits for the JIT.  ``FUSEGRAD_BACKGROUND_COMPILE=0`` sets False.
         self.background_compile = os.environ.get("FUSEGRAD_BACKGROUND_COMPILE", "1") != "0"
-        # True: the programs of recorded steps and modules (concrete sizes, CPU) run their
-        # steps as native segments, one numba call per run of steps that native code can run
-        # instead of one Python dispatch per step (``codegen.native_cpu``).  Read when a
-        # program is built.  Off by default: numba compiles a segment cold in about 4x the
-        # time of the kernels alone (a minute for the GPT step; warm from the disk cache it
-        # loads in half a second).  ``FUSEGRAD_NATIVE=1`` sets True.
-        self.native_programs = os.environ.get("FUSEGRAD_NATIVE", "0") == "1"
+        # native segments (``codegen.native_cpu``): the programs of recorded steps and modules
+        # (concrete sizes, CPU) run their steps as one numba call per run of steps that native
+        # code can run, instead of one Python dispatch per step.  None (the default): a
+        # background compile goes on to them once the program of steps runs compiled (numba
+        # takes about 4x as long over them: a minute for the GPT step, in a worker process)
+        # and they take over when ready; a foreground build makes the program of steps.  True:
+        # every such program is built with them (``FUSEGRAD_NATIVE=1``); False: never
+        # (``FUSEGRAD_NATIVE=0``).  Read when a program is built.
+        self.native_programs: bool | None = {"1": True, "0": False}.get(
+            os.environ.get("FUSEGRAD_NATIVE", "")
+        )
         # a background compile of a whole step's or a compiled module's program runs numba in
         # a worker process (``workers``): no GIL taken from the calls that run meanwhile, and
         # the disk cache is filled even when the script exits first.  False: on the compile

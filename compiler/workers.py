@@ -23,6 +23,7 @@ to the ``perf`` log, and the thread compiles as before.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import os
 import pickle
 import subprocess
@@ -33,6 +34,11 @@ import time
 from typing import Any
 
 from . import logs
+
+try:
+    import fcntl
+except ImportError:  # (not POSIX: no worker processes)
+    fcntl = None  # type: ignore[assignment]
 from .codegen import diskcache
 from .program import Program
 
@@ -84,6 +90,44 @@ def compile_elsewhere(program: Program, prepare_args: tuple, launch: Launch) -> 
     directory = diskcache.cache_dir()
     if directory is None:
         return "no disk cache (the worker's code could not reach this process)"
+    if fcntl is None:
+        return "no file locks on this system"
+    # one worker per program at a time, whichever process started it: its lock file is held
+    # for the worker's life (the worker inherits the descriptor)
+    lock_path = os.path.join(
+        directory, f"fusegrad_worker_{hashlib.sha1(_identity(program)).hexdigest()[:20]}.lock"
+    )
+    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # another process's worker compiles this program: wait for it
+        launch.done()
+        start = time.perf_counter()
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (blocks without the GIL)
+        os.close(lock)
+        logs.log(
+            "perf",
+            f"another process's worker compiled the program ({time.perf_counter() - start:.1f} s "
+            "waited)",
+        )
+        return None
+    try:
+        return _spawn(payload, directory, lock, launch)
+    finally:
+        os.close(lock)
+
+
+def _identity(program: Program) -> bytes:
+    """What names a program across processes: its generated source (hashed into the module's
+    file name), else its pickled graph and settings."""
+    source = program.source_path
+    if source:
+        return os.path.basename(source).encode()
+    return pickle.dumps((program.graph, program.settings), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _spawn(payload: bytes, directory: str, lock: int, launch: Launch) -> str | None:
+    """Start the worker on ``payload`` (it holds ``lock`` while it runs) and wait for it."""
     fd, path = tempfile.mkstemp(prefix="fusegrad_worker_", suffix=".pkl", dir=directory)
     with os.fdopen(fd, "wb") as f:
         f.write(payload)
@@ -100,6 +144,7 @@ def compile_elsewhere(program: Program, prepare_args: tuple, launch: Launch) -> 
             stderr=subprocess.PIPE,
             env=env,
             start_new_session=True,  # (outlives this process: the cache gets filled)
+            pass_fds=(lock,),
         )
     except OSError as e:
         os.unlink(path)

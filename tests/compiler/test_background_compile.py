@@ -35,6 +35,8 @@ def background(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(config, "background_compile", True)
     # (the compile thread's own logic; worker processes: tests/compiler/test_compile_workers.py)
     monkeypatch.setattr(config, "compile_workers", False)
+    # (no second stage to native segments: tests/compiler/test_native_programs.py)
+    monkeypatch.setattr(config, "native_programs", False)
     gate = threading.Event()
     gate.set()
     prepare = Program.prepare

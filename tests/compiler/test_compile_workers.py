@@ -4,11 +4,13 @@ user's process then loads the compiled code.  The worker outlives a script that 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,7 @@ def test_a_worker_process_compiles_the_step(
     monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(config, "background_compile", True)
     monkeypatch.setattr(config, "compile_workers", True)
+    monkeypatch.setattr(config, "native_programs", False)  # (one stage: the program of steps)
     want = _train(False, 6)
     compiler.set_logs("perf")
     try:
@@ -72,7 +75,7 @@ def test_a_worker_process_compiles_the_step(
     np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
     for g, w in zip(got[1], want[1]):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
-    assert not list(tmp_path.glob("fusegrad_worker_*"))  # (the payload was removed)
+    assert not list(tmp_path.glob("fusegrad_worker_*.pkl"))  # (the payload was removed)
 
 
 def test_a_graph_that_does_not_pickle_compiles_on_the_thread(
@@ -81,6 +84,7 @@ def test_a_graph_that_does_not_pickle_compiles_on_the_thread(
     monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(config, "background_compile", True)
     monkeypatch.setattr(config, "compile_workers", True)
+    monkeypatch.setattr(config, "native_programs", False)  # (one stage: the program of steps)
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise TypeError("cannot pickle this")
@@ -126,6 +130,7 @@ print("counters", compiler.counters.compiles, compiler.counters.disk_hits, flush
 def test_a_script_that_exits_first_leaves_the_cache_filled(tmp_path: Path) -> None:
     env = dict(os.environ, FUSEGRAD_CACHE_DIR=str(tmp_path / "cache"))
     env["FUSEGRAD_BACKGROUND_COMPILE"] = "1"
+    env["FUSEGRAD_NATIVE"] = "0"  # (one stage: the program of steps)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(_SCRIPT))
@@ -153,3 +158,32 @@ def test_a_script_that_exits_first_leaves_the_cache_filled(tmp_path: Path) -> No
 def _worker_pids(stderr: str) -> list[str]:
     """The process ids of the workers the ``perf`` log announced."""
     return [line.rsplit(" ", 1)[1] for line in stderr.splitlines() if "worker process " in line]
+
+
+def test_one_worker_per_program_across_processes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: Any
+) -> None:
+    """While another process's worker holds a program's lock, a compile of the same program
+    waits for it instead of starting a second worker, then loads (here: compiles) the code."""
+    fcntl = pytest.importorskip("fcntl")
+    monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "background_compile", True)
+    monkeypatch.setattr(config, "compile_workers", True)
+    monkeypatch.setattr(config, "native_programs", False)
+    monkeypatch.setattr(workers, "_identity", lambda program: b"the same program")
+    name = hashlib.sha1(b"the same program").hexdigest()[:20]
+    held = os.open(tmp_path / f"fusegrad_worker_{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(held, fcntl.LOCK_EX)  # (as the other process's worker would)
+    spawned: list = []
+    monkeypatch.setattr(workers, "_spawn", lambda *a: spawned.append(a))
+    want = _train(False, 6)
+    compiler.set_logs("perf")
+    try:
+        with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
+            threading.Timer(1.0, lambda: os.close(held)).start()  # the other worker is done
+            got = _train(True, 6)
+    finally:
+        compiler.set_logs(None)
+    assert not spawned
+    assert "another process's worker compiled the program" in caplog.text, caplog.text
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)

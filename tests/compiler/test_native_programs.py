@@ -11,6 +11,7 @@ step: eager's error, with parameters, ``.grad`` and optimizer state as eager lea
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 import fusegrad as fg
 import fusegrad.nn.functional as F
 from fusegrad import compiler, nn
+from fusegrad.compiler.program import Program
 
 
 @pytest.fixture(autouse=True)
@@ -224,3 +226,52 @@ def test_compiled_module_matches_eager_in_native_segments() -> None:
     assert compiler.counters.step_runs >= 2, compiler.counters  # forward programs replayed
     for g, w in zip(got[0] + got[1], want[0] + want[1]):
         np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
+
+
+def test_a_background_compile_goes_on_to_native_segments(monkeypatch: Any) -> None:
+    """``native_programs`` None (the default): a background compile makes the program of
+    steps, which the calls run compiled while the same compile goes on to the native segments;
+    those take over when ready.  A foreground build stays a program of steps."""
+    monkeypatch.setattr(compiler.config, "native_programs", None)
+    monkeypatch.setattr(compiler.config, "background_compile", True)
+    monkeypatch.setattr(compiler.config, "compile_workers", False)  # (a thread: quicker here)
+    data = _data(8)
+    first_ready = threading.Event()
+    release = threading.Event()
+    prepare = Program.prepare
+
+    def gated(self: Program, *args: Any, **kwargs: Any) -> float:
+        if self.native:  # the second stage waits until the test has seen the first run
+            first_ready.set()
+            assert release.wait(120)
+        return prepare(self, *args, **kwargs)
+
+    monkeypatch.setattr(Program, "prepare", gated)
+    compiler.config.native_programs = False
+    want_model, _, _, want = _train("sgd", False, data)
+    compiler.config.native_programs = None
+    fg.manual_seed(0)
+    model = _Tiny().to(fg.float64)
+    opt = fg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+
+    @fg.compile
+    def step(x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x).reshape(-1, 11), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        return loss
+
+    got = [step(*data[k]).item() for k in range(3)]  # warm-up, recording, uncompiled run
+    assert first_ready.wait(300)  # the program of steps is compiled; the segments wait
+    assert not _segments(step)
+    uncompiled = compiler.counters.uncompiled_runs
+    got += [step(*data[k]).item() for k in range(3, 5)]
+    assert compiler.counters.uncompiled_runs == uncompiled  # (ran compiled meanwhile)
+    release.set()
+    assert compiler.wait_for_compiles(300)
+    got += [step(*data[k]).item() for k in range(5, 8)]
+    assert _segments(step)  # the native program took over
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    for p, q in zip(model.parameters(), want_model.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-12)
