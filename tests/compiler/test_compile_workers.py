@@ -59,6 +59,7 @@ def test_a_worker_process_compiles_the_step(
     monkeypatch.setattr(config, "background_compile", True)
     monkeypatch.setattr(config, "compile_workers", True)
     monkeypatch.setattr(config, "native_programs", False)  # (one stage: the program of steps)
+    monkeypatch.setattr(config, "interpreter_max_elements", 0)  # (numba compiles every kernel)
     want = _train(False, 6)
     compiler.set_logs("perf")
     try:
@@ -69,9 +70,9 @@ def test_a_worker_process_compiles_the_step(
     assert "a worker compiled the program" in caplog.text, caplog.text
     assert compiler.counters.uncompiled_runs >= 1, compiler.counters
     assert compiler.counters.step_runs >= 3, compiler.counters  # compiled after the wait
-    # the worker compiled; this process only loaded its code from the disk cache
+    # the worker compiled; this process only loaded its code from the disk cache (or had it
+    # already: an earlier test of this process may have compiled the same kernels)
     assert compiler.counters.compiles == 0, compiler.counters
-    assert compiler.counters.disk_hits > 0, compiler.counters
     np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
     for g, w in zip(got[1], want[1]):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
