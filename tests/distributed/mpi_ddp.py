@@ -346,3 +346,38 @@ def test_a_compiled_whole_step_averages_the_buckets_in_its_program(optimizer: st
     text = str(fg.compiler.explain(compiled, half(x), half(y)))
     assert text.count("allreduce_start") >= len(ddp._buckets) > 1
     assert text.count("allreduce_wait") >= len(ddp._buckets)
+
+
+def test_sync_batch_norm_normalises_with_the_whole_batch() -> None:
+    """SyncBatchNorm on this rank's half of a batch: the output, the input's gradient, the
+    parameters' gradients (summed over the ranks) and the running statistics equal one
+    BatchNorm2d on the whole batch."""
+    rng = np.random.default_rng(7)
+    whole = rng.standard_normal((6, 3, 4, 2))
+    weights = rng.standard_normal((6, 3, 4, 2))  # the loss's weights, one per output element
+    mine = slice(3 * rank(), 3 * rank() + 3)
+
+    fg.manual_seed(0)
+    plain = nn.BatchNorm2d(3, dtype=fg.float64)
+    with fg.no_grad():
+        plain.weight.copy_(fg.tensor([0.5, 1.5, -2.0], dtype=fg.float64))
+        plain.bias.copy_(fg.tensor([0.1, 0.0, 0.3], dtype=fg.float64))
+    sync = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(plain))
+    assert type(sync) is nn.SyncBatchNorm
+
+    x_all = fg.tensor(whole, requires_grad=True)
+    want = plain(x_all)
+    (want * fg.tensor(weights)).sum().backward()
+
+    x = fg.tensor(whole[mine], requires_grad=True)
+    got = sync(x)
+    (got * fg.tensor(weights[mine])).sum().backward()
+
+    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy()[mine], **TIGHT)
+    np.testing.assert_allclose(x.grad.numpy(), x_all.grad.numpy()[mine], **TIGHT)
+    for p, q in zip(sync.parameters(), plain.parameters()):
+        total = p.grad.clone()
+        dist.all_reduce(total)  # (what DDP's averaging sums before it divides)
+        np.testing.assert_allclose(total.numpy(), q.grad.numpy(), **TIGHT)
+    np.testing.assert_allclose(sync.running_mean.numpy(), plain.running_mean.numpy(), **TIGHT)
+    np.testing.assert_allclose(sync.running_var.numpy(), plain.running_var.numpy(), **TIGHT)
