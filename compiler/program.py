@@ -305,8 +305,10 @@ class Program:
         # runs of interpreted kernels (a compile, then one call instead of one per kernel)
         self.hot = hot
         # runs of steps as native segments (``codegen.native_cpu``): CPU programs of concrete
-        # sizes (recorded steps and modules), not the reference executor; every kernel is then
-        # generated code (a segment calls it), none interpreted
+        # sizes (recorded steps and modules), not the reference executor.  Interpreted kernels
+        # stay interpreted, between segments: as generated code a small kernel (a long chain
+        # on a few thousand elements) ran up to 10x slower than the interpreter, and calling
+        # the interpreter from a segment made its compile twice as long for no gain
         self.native_eligible = (
             device == "cpu" and mode != "debug" and not any(has_sym(v.shape) for v in graph.values)
         )
@@ -319,7 +321,7 @@ class Program:
                 for k in self.fused
                 if isinstance(k, Kernel) and _schedule.interpretable(k)
             ]
-            if interpreter_max_elements > 0 and device == "cpu" and not self.native
+            if interpreter_max_elements > 0 and device == "cpu"
             else []
         )
         self._variants: dict[frozenset[int], Variant] = {}

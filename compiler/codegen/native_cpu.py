@@ -20,8 +20,9 @@ A segment is a maximal run of consecutive steps that native code can run:
   or equal batches), ``gather``/``scatter_add``/``index_add_at`` of the row-wise kinds;
 * in float32, float64, int64 and bool.
 
-Everything else (user hooks, opaque custom Functions, collectives, other externs, half
-dtypes) ends a segment and runs as before, one step at a time.  A segment of one step is not
+Everything else (kernels the precompiled interpreter runs, user hooks, opaque custom
+Functions, collectives, other externs, half dtypes) ends a segment and runs as before, one step
+at a time.  A segment of one step is not
 made (it would only add a call).  Shapes must be concrete (programs of recorded steps and
 modules): every shape, permutation and slice is a literal of the generated source.
 
@@ -412,7 +413,7 @@ def plan_segments(
 
 def _kernel_reason(step: Kernel, plan: Any, parallel_min: int) -> str:
     if plan is None:
-        return "an interpreted kernel"
+        return "an interpreted kernel (the precompiled interpreter runs it)"
     if step.accumulate:
         return "a kernel adding into an existing .grad (the leaf's buffer)"
     if plan.parallel_name is not None and _numel(step.shape) >= parallel_min:
