@@ -32,6 +32,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import ops as F
 from ..errors import AutogradError
+from ..ops.recurrent import rnn_sequence_grads
 from ..ops.registry import vjp
 from ..ops.spectral import dual_norm
 from .grad_mode import is_grad_enabled
@@ -571,6 +572,42 @@ def _attention(node, g, q, k, v, out, *mask):
     return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + (
         None,
     ) * len(mask)
+
+
+@vjp("rnn_sequence", save="w_hh h0 out state*")
+def _rnn_sequence(node, g, w_hh, h0, out, *state):
+    """The fused kernel's backpropagation through time (``rnn_sequence_backward``); where a
+    graph of the gradient is wanted (grad mode on: ``create_graph``), the same formulas in the
+    op surface (``ops.recurrent.rnn_sequence_grads``), which differentiate again."""
+    mode, reverse, bias = node.attrs["mode"], node.attrs["reverse"], node.attrs["bias"]
+    lstm = mode == "LSTM"
+    c0 = state[0] if lstm else None
+    if is_grad_enabled():
+        dx, dh0, dc0, dw_hh, db_hh = rnn_sequence_grads(mode, reverse, g, out, w_hh, h0, c0)
+    else:
+        steps, batch = out.shape[0], out.shape[1]
+        gates, hidden = w_hh.shape[0], w_hh.shape[1]
+        attrs = {"mode": mode, "reverse": reverse}
+        inputs = (g, out, w_hh, h0) + ((c0,) if lstm else ())
+        flat = F.apply(F.REGISTRY["rnn_sequence_backward"], inputs, attrs)
+        sizes = [steps * batch * gates, batch * hidden, batch * hidden if lstm else 0]
+        sizes += [gates * hidden, gates]
+        parts, start = [], 0
+        for size in sizes:
+            parts.append(flat.narrow(0, start, size))
+            start += size
+        dx = parts[0].reshape(steps, batch, gates)
+        dh0 = parts[1].reshape(batch, hidden)
+        dc0 = parts[2].reshape(batch, hidden) if lstm else None
+        dw_hh = parts[3].reshape(gates, hidden)
+        db_hh = parts[4]
+    need = node.needs_input_grad
+    grads = [dx if need[0] else None, dw_hh if need[1] else None, dh0 if need[2] else None]
+    if lstm:
+        grads.append(dc0 if need[3] else None)
+    if bias:
+        grads.append(db_hh if need[-1] else None)
+    return tuple(grads)
 
 
 @vjp("getitem", save="idx*")

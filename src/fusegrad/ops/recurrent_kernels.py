@@ -1,0 +1,360 @@
+"""Fused CPU kernels of one recurrent layer in one direction over a whole sequence (the
+``rnn_sequence`` and ``rnn_sequence_backward`` primitives of ``ops/primitives.py``), as
+PyTorch's fused LSTM / GRU / RNN kernels: the time loop runs in native code.
+
+The input projection ``x_gates = x @ W_ih^T + b_ih`` of every time step is computed before, by
+one ordinary matmul (``ops/recurrent.py``); the kernels take it, (T, N, G H), and run the
+recurrence.  Per step ``t`` (``reverse``: from the last step to the first) the forward computes
+``h @ W_hh^T`` with one BLAS call (numba's ``np.dot`` on the step's (N, H) state; faster than
+a loop), adds ``b_hh`` and ``x_gates[t]``, applies the gates and writes, per time step, the
+values the backward needs beside the output (the packed layout of ``rnn_sequence``):
+
+* ``RNN_TANH`` / ``RNN_RELU``: ``h`` (H columns; the activation's derivative comes from it);
+* ``LSTM``: ``h, c, i, f, g, o`` (6 H: the cell state and the activated gates);
+* ``GRU``: ``h, r, z, n, hn`` (5 H: the gates and ``hn = h W_hn^T + b_hn``, the term ``r``
+  multiplies).
+
+The backward (backpropagation through time) walks the steps in the other order with the
+gradients of the state (``dh``, and ``dc`` for the LSTM), adds the incoming gradient of every
+packed column (also of the gate columns, so that the kernel is the derivative of the whole
+packed output: the rule's op-surface form relies on it for double backward), and writes the
+gradient of ``x_gates`` per step; ``dh`` flows to the previous step through one BLAS call
+(``dgates @ W_hh``).  The weight gradient ``dW_hh = sum_t dgates_t^T h_{t-1}`` and ``db_hh``
+are one matmul and one sum over all steps afterwards (numpy, in ``rnn_backward``).
+
+Loops run over contiguous rows; float32 transcendental functions use the compiler's
+vectorisable helpers (numba has no SVML), float64 ones libm's.  The kernels are compiled on
+first use with ``cache=True``; this module (and numba with it) is imported by the primitives'
+kernels on their first call, never when fusegrad is imported.
+"""
+
+from __future__ import annotations
+
+import numba  # imported on first use only (by the recurrent primitives' kernels)
+import numpy as np
+from numba.extending import overload
+
+from fusegrad.compiler.codegen.fastmath import fast_sigmoid_f32, fast_tanh_f32
+
+# how many hidden-size columns a time step packs, per mode (see the module docstring)
+PACKED_WIDTH = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 6, "GRU": 5}
+GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
+
+
+def _tanh(x):  # type: ignore[no-untyped-def]
+    """tanh in the kernels: float32 through the compiler's vectorisable helper, float64 libm's."""
+    return np.tanh(x)
+
+
+@overload(_tanh)
+def _tanh_overload(x):  # type: ignore[no-untyped-def]
+    if x == numba.types.float32:
+        return lambda x: fast_tanh_f32(x)
+    return lambda x: np.tanh(x)
+
+
+def _sigmoid(x):  # type: ignore[no-untyped-def]
+    """1 / (1 + exp(-x)) without overflow, the formula of the ``sigmoid`` primitive."""
+    e = np.exp(-abs(x))
+    return (1.0 if x >= 0 else e) / (1.0 + e)
+
+
+@overload(_sigmoid)
+def _sigmoid_overload(x):  # type: ignore[no-untyped-def]
+    if x == numba.types.float32:
+        return lambda x: fast_sigmoid_f32(x)
+
+    def sigmoid64(x):  # type: ignore[no-untyped-def]
+        e = np.exp(-abs(x))
+        return (1.0 if x >= 0 else e) / (1.0 + e)
+
+    return sigmoid64
+
+
+# Loop structure: each step's elementwise work is a series of short loops over one row of H,
+# each reading some arrays and writing another (or the same one in a later loop).  One loop
+# doing everything (six stores, a dozen loads, two transcendentals) did not vectorise -- LLVM
+# gives up on the possible aliasing of a row read and written at other offsets -- and ran 5x
+# slower (measured: 124 vs 24 us per LSTM step of 20 x 200).
+
+_JIT = {"cache": True, "fastmath": {"contract"}, "error_model": "numpy"}
+
+
+@numba.njit(**_JIT)
+def _lstm_forward(x_gates, w_hh_t, b_hh, h0, c0, reverse, out):  # type: ignore[no-untyped-def]
+    steps, batch, gate_size = x_gates.shape
+    hidden = h0.shape[1]
+    h = h0.copy()
+    c = c0.copy()
+    pre = np.empty((batch, gate_size), x_gates.dtype)
+    for s in range(steps):
+        t = steps - 1 - s if reverse else s
+        np.dot(h, w_hh_t, pre)
+        for n in range(batch):
+            p, x, o, cn, hn = pre[n], x_gates[t, n], out[t, n], c[n], h[n]
+            for j in range(gate_size):
+                p[j] = x[j] + (p[j] + b_hh[j])
+            for j in range(hidden):
+                o[2 * hidden + j] = _sigmoid(p[j])  # i
+            for j in range(hidden):
+                o[3 * hidden + j] = _sigmoid(p[hidden + j])  # f
+            for j in range(hidden):
+                o[4 * hidden + j] = _tanh(p[2 * hidden + j])  # g
+            for j in range(hidden):
+                o[5 * hidden + j] = _sigmoid(p[3 * hidden + j])  # o
+            for j in range(hidden):
+                cn[j] = o[3 * hidden + j] * cn[j] + o[2 * hidden + j] * o[4 * hidden + j]
+            for j in range(hidden):
+                hn[j] = o[5 * hidden + j] * _tanh(cn[j])
+            for j in range(hidden):
+                o[j] = hn[j]
+                o[hidden + j] = cn[j]
+
+
+@numba.njit(**_JIT)
+def _gru_forward(x_gates, w_hh_t, b_hh, h0, reverse, out):  # type: ignore[no-untyped-def]
+    steps, batch, gate_size = x_gates.shape
+    hidden = h0.shape[1]
+    h = h0.copy()
+    pre = np.empty((batch, gate_size), x_gates.dtype)
+    for s in range(steps):
+        t = steps - 1 - s if reverse else s
+        np.dot(h, w_hh_t, pre)
+        for n in range(batch):
+            p, x, o, hn = pre[n], x_gates[t, n], out[t, n], h[n]
+            for j in range(gate_size):
+                p[j] = p[j] + b_hh[j]
+            for j in range(hidden):
+                o[hidden + j] = _sigmoid(x[j] + p[j])  # r
+            for j in range(hidden):
+                o[2 * hidden + j] = _sigmoid(x[hidden + j] + p[hidden + j])  # z
+            for j in range(hidden):
+                o[4 * hidden + j] = p[2 * hidden + j]  # hn = h W_hn^T + b_hn
+            for j in range(hidden):
+                p[j] = x[2 * hidden + j] + o[hidden + j] * p[2 * hidden + j]
+            for j in range(hidden):
+                o[3 * hidden + j] = _tanh(p[j])  # n
+            for j in range(hidden):
+                new = o[3 * hidden + j]
+                hn[j] = new + o[2 * hidden + j] * (hn[j] - new)  # (1 - z) n + z h
+            for j in range(hidden):
+                o[j] = hn[j]
+
+
+@numba.njit(**_JIT)
+def _rnn_forward(relu, x_gates, w_hh_t, b_hh, h0, reverse, out, zero):  # type: ignore[no-untyped-def]
+    steps, batch, _ = x_gates.shape
+    hidden = h0.shape[1]
+    h = h0.copy()
+    pre = np.empty((batch, hidden), x_gates.dtype)
+    for s in range(steps):
+        t = steps - 1 - s if reverse else s
+        np.dot(h, w_hh_t, pre)
+        for n in range(batch):
+            p, x, hn = pre[n], x_gates[t, n], h[n]
+            if relu:
+                for j in range(hidden):
+                    v = x[j] + (p[j] + b_hh[j])
+                    hn[j] = v if v > zero or v != v else zero  # (NaN stays NaN)
+            else:
+                for j in range(hidden):
+                    hn[j] = _tanh(x[j] + (p[j] + b_hh[j]))
+            o = out[t, n]
+            for j in range(hidden):
+                o[j] = hn[j]
+
+
+@numba.njit(**_JIT)
+def _lstm_backward(g, out, w_hh, c0, reverse, dx_gates, dh, dc, one):  # type: ignore[no-untyped-def]
+    """``dh``, ``dc``: zeros in, the gradients of h0 and c0 out."""
+    steps, batch, _ = out.shape
+    hidden = c0.shape[1]
+    tc = np.empty(hidden, out.dtype)
+    dhv = np.empty(hidden, out.dtype)
+    dcv = np.empty(hidden, out.dtype)
+    for s in range(steps):
+        t = s if reverse else steps - 1 - s
+        first = t == steps - 1 if reverse else t == 0
+        before = t + 1 if reverse else t - 1
+        for n in range(batch):
+            gt, o, dx, dhn, dcn = g[t, n], out[t, n], dx_gates[t, n], dh[n], dc[n]
+            c_prev = c0[n] if first else out[before, n, hidden : 2 * hidden]
+            for j in range(hidden):
+                tc[j] = _tanh(o[hidden + j])
+            for j in range(hidden):
+                dhv[j] = gt[j] + dhn[j]
+            for j in range(hidden):
+                go = o[5 * hidden + j]
+                dcv[j] = gt[hidden + j] + dcn[j] + dhv[j] * go * (one - tc[j] * tc[j])
+            for j in range(hidden):
+                gi = o[2 * hidden + j]
+                dx[j] = (dcv[j] * o[4 * hidden + j] + gt[2 * hidden + j]) * gi * (one - gi)
+            for j in range(hidden):
+                gf = o[3 * hidden + j]
+                dx[hidden + j] = (dcv[j] * c_prev[j] + gt[3 * hidden + j]) * gf * (one - gf)
+            for j in range(hidden):
+                gc = o[4 * hidden + j]
+                dx[2 * hidden + j] = (dcv[j] * o[2 * hidden + j] + gt[4 * hidden + j]) * (
+                    one - gc * gc
+                )
+            for j in range(hidden):
+                go = o[5 * hidden + j]
+                dx[3 * hidden + j] = (dhv[j] * tc[j] + gt[5 * hidden + j]) * go * (one - go)
+            for j in range(hidden):
+                dcn[j] = dcv[j] * o[3 * hidden + j]
+        # the state's gradient for the step before: through h W_hh^T (one BLAS call)
+        np.dot(dx_gates[t], w_hh, dh)
+
+
+@numba.njit(**_JIT)
+def _gru_backward(g, out, w_hh, h0, reverse, dx_gates, dh_gates, dh, one):  # type: ignore[no-untyped-def]
+    """``dh``: zeros in, the gradient of h0 out; ``dh_gates``: the gradient of
+    ``h W_hh^T + b_hh`` per step (``dx_gates``'s but for the n gate: ``dn r``)."""
+    steps, batch, _ = out.shape
+    hidden = h0.shape[1]
+    dhv = np.empty(hidden, out.dtype)
+    direct = np.empty((batch, hidden), out.dtype)  # z dh, straight to h_{t-1}
+    for s in range(steps):
+        t = s if reverse else steps - 1 - s
+        first = t == steps - 1 if reverse else t == 0
+        before = t + 1 if reverse else t - 1
+        for n in range(batch):
+            gt, o, dx, dhg, dhn = g[t, n], out[t, n], dx_gates[t, n], dh_gates[t, n], dh[n]
+            h_prev = h0[n] if first else out[before, n, :hidden]
+            for j in range(hidden):
+                dhv[j] = gt[j] + dhn[j]
+            for j in range(hidden):  # dn_pre = (dh (1 - z) + g_n) (1 - n^2)
+                z, new = o[2 * hidden + j], o[3 * hidden + j]
+                dx[2 * hidden + j] = (dhv[j] * (one - z) + gt[3 * hidden + j]) * (one - new * new)
+            for j in range(hidden):  # dz_pre
+                z, new = o[2 * hidden + j], o[3 * hidden + j]
+                dx[hidden + j] = (dhv[j] * (h_prev[j] - new) + gt[2 * hidden + j]) * z * (one - z)
+            for j in range(hidden):  # dr_pre
+                r = o[hidden + j]
+                dx[j] = (dx[2 * hidden + j] * o[4 * hidden + j] + gt[hidden + j]) * r * (one - r)
+            for j in range(hidden):
+                dhg[j] = dx[j]
+                dhg[hidden + j] = dx[hidden + j]
+            for j in range(hidden):  # d hn
+                dhg[2 * hidden + j] = dx[2 * hidden + j] * o[hidden + j] + gt[4 * hidden + j]
+            for j in range(hidden):
+                direct[n, j] = dhv[j] * o[2 * hidden + j]
+        np.dot(dh_gates[t], w_hh, dh)
+        dh += direct
+
+
+@numba.njit(**_JIT)
+def _rnn_backward(relu, g, out, w_hh, reverse, dx_gates, dh, one, zero):  # type: ignore[no-untyped-def]
+    steps, batch, hidden = out.shape
+    for s in range(steps):
+        t = s if reverse else steps - 1 - s
+        for n in range(batch):
+            gt, o, dx, dhn = g[t, n], out[t, n], dx_gates[t, n], dh[n]
+            if relu:
+                for j in range(hidden):
+                    dx[j] = gt[j] + dhn[j] if o[j] > zero else zero
+            else:
+                for j in range(hidden):
+                    dx[j] = (gt[j] + dhn[j]) * (one - o[j] * o[j])
+        np.dot(dx_gates[t], w_hh, dh)
+
+
+def _check(name: str, mode: str, arrays: dict[str, np.ndarray]) -> np.dtype:
+    """The arrays' common float dtype; a TypeError naming the op, shapes and dtypes otherwise."""
+    dtypes = {a.dtype for a in arrays.values()}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in (np.float32, np.float64):
+        got = ", ".join(f"{k} {tuple(a.shape)} {a.dtype}" for k, a in arrays.items())
+        raise TypeError(
+            f"{name} ({mode}): expected float32 or float64 arrays of one dtype, got {got}"
+        )
+    return next(iter(dtypes))
+
+
+def rnn_forward(
+    mode: str,
+    x_gates: np.ndarray,
+    w_hh: np.ndarray,
+    h0: np.ndarray,
+    c0: np.ndarray | None,
+    b_hh: np.ndarray | None,
+    reverse: bool,
+) -> np.ndarray:
+    """The packed (T, N, W H) values of one layer and direction (module docstring)."""
+    arrays = {"x_gates": x_gates, "w_hh": w_hh, "h0": h0}
+    if c0 is not None:
+        arrays["c0"] = c0
+    if b_hh is not None:
+        arrays["b_hh"] = b_hh
+    dtype = _check("rnn_sequence", mode, arrays)
+    steps, batch, _ = x_gates.shape
+    hidden = w_hh.shape[1]
+    x_gates, h0 = np.ascontiguousarray(x_gates), np.ascontiguousarray(h0)
+    c0 = None if c0 is None else np.ascontiguousarray(c0)
+    b_hh = np.zeros(w_hh.shape[0], dtype) if b_hh is None else np.ascontiguousarray(b_hh)
+    out = np.empty((steps, batch, PACKED_WIDTH[mode] * hidden), dtype)
+    w_hh_t = np.ascontiguousarray(w_hh.T)
+    reverse = bool(reverse)
+    if mode == "LSTM":
+        _lstm_forward(x_gates, w_hh_t, b_hh, h0, c0, reverse, out)
+    elif mode == "GRU":
+        _gru_forward(x_gates, w_hh_t, b_hh, h0, reverse, out)
+    else:
+        _rnn_forward(mode == "RNN_RELU", x_gates, w_hh_t, b_hh, h0, reverse, out, dtype.type(0))
+    return out
+
+
+def rnn_backward(
+    mode: str,
+    g: np.ndarray,
+    out: np.ndarray,
+    w_hh: np.ndarray,
+    h0: np.ndarray,
+    c0: np.ndarray | None,
+    reverse: bool,
+) -> np.ndarray:
+    """The gradients of ``rnn_sequence`` for the gradient ``g`` of its packed output, flat and
+    in this order: x_gates (T, N, G H), h0 (N, H), c0 (N, H; LSTM only), w_hh (G H, H),
+    b_hh (G H)."""
+    arrays = {"g": g, "out": out, "w_hh": w_hh, "h0": h0}
+    if c0 is not None:
+        arrays["c0"] = c0
+    dtype = _check("rnn_sequence_backward", mode, arrays)
+    steps, batch, _ = out.shape
+    hidden = w_hh.shape[1]
+    gate_size = w_hh.shape[0]
+    lstm = mode == "LSTM"
+    sizes = [steps * batch * gate_size, batch * hidden, batch * hidden if lstm else 0]
+    sizes += [gate_size * hidden, gate_size]
+    flat = np.empty(sum(sizes), dtype)
+    bounds = np.cumsum([0] + sizes)
+    dx_gates = flat[bounds[0] : bounds[1]].reshape(steps, batch, gate_size)
+    dh0 = flat[bounds[1] : bounds[2]].reshape(batch, hidden)
+    dc0 = flat[bounds[2] : bounds[3]].reshape(batch, hidden) if lstm else None
+    dw_hh = flat[bounds[3] : bounds[4]].reshape(gate_size, hidden)
+    db_hh = flat[bounds[4] : bounds[5]]
+    dh_gates = np.empty_like(dx_gates) if mode == "GRU" else dx_gates
+    g, out, h0 = np.ascontiguousarray(g), np.ascontiguousarray(out), np.ascontiguousarray(h0)
+    w_hh = np.ascontiguousarray(w_hh)
+    reverse = bool(reverse)
+    one, zero = dtype.type(1), dtype.type(0)
+    dh0[:] = 0
+    if dc0 is not None:
+        dc0[:] = 0
+        c0 = np.ascontiguousarray(c0)
+        _lstm_backward(g, out, w_hh, c0, reverse, dx_gates, dh0, dc0, one)
+    elif mode == "GRU":
+        _gru_backward(g, out, w_hh, h0, reverse, dx_gates, dh_gates, dh0, one)
+    else:
+        _rnn_backward(mode == "RNN_RELU", g, out, w_hh, reverse, dx_gates, dh0, one, zero)
+    # the states each step read: h0 at the first step of its direction, then the outputs
+    h_prev = np.empty((steps, batch, hidden), dtype)
+    if reverse:
+        h_prev[-1] = h0
+        h_prev[:-1] = out[1:, :, :hidden]
+    else:
+        h_prev[0] = h0
+        h_prev[1:] = out[:-1, :, :hidden]
+    rows = dh_gates.reshape(steps * batch, gate_size)
+    np.dot(rows.T, h_prev.reshape(steps * batch, hidden), dw_hh)
+    db_hh[:] = rows.sum(0)
+    return flat
