@@ -1,8 +1,8 @@
 """nn.LSTM / nn.GRU / nn.RNN on their fused kernels (``rnn_sequence``, ``ops/recurrent.py``):
 the same outputs and gradients as the per-step ops (``nn.rnn.fused_kernels(False)``) and as
 PyTorch, over layers, directions, ``batch_first``, unbatched input, dropout, given initial
-states and both float dtypes; gradcheck of the op in float64; double backward; which calls
-take which path."""
+states, ``proj_size`` and both float dtypes; gradcheck of the op in float64; double backward;
+which calls take which path."""
 
 from __future__ import annotations
 
@@ -69,15 +69,19 @@ CONFIGS = [
     pytest.param({"num_layers": 2, "bidirectional": True}, (6, 3), "h0", id="unbatched"),
     pytest.param({"num_layers": 2, "dropout": 0.4}, (6, 4, 3), "", id="dropout"),
     pytest.param({"bias": False}, (6, 4, 3), "", id="no_bias"),
+    pytest.param(
+        {"proj_size": 2, "num_layers": 2, "bidirectional": True}, (5, 2, 3), "h0", id="proj"
+    ),
 ]
 
 
 def _states(cls: str, kw: dict, shape: tuple, rng: np.random.Generator) -> Any:
     layers = kw.get("num_layers", 1) * (2 if kw.get("bidirectional") else 1)
     batch = () if len(shape) == 2 else (shape[0] if kw.get("batch_first") else shape[1],)
-    size = (layers,) + batch + (5,)
-    count = 2 if cls == "LSTM" else 1
-    return tuple(rng.standard_normal(size) for _ in range(count))
+    h0 = rng.standard_normal((layers,) + batch + (kw.get("proj_size") or 5,))
+    if cls != "LSTM":
+        return (h0,)
+    return (h0, rng.standard_normal((layers,) + batch + (5,)))
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -86,6 +90,8 @@ def _states(cls: str, kw: dict, shape: tuple, rng: np.random.Generator) -> Any:
 def test_fused_matches_per_step_ops(
     cls: str, kw: dict, shape: tuple, extra: str, dtype: str
 ) -> None:
+    if kw.get("proj_size") and cls != "LSTM":
+        pytest.skip("proj_size is the LSTM's")
     rng = np.random.default_rng(3)
     x = rng.standard_normal(shape)
     hx = _states(cls, kw, shape, rng) if extra == "h0" else None
@@ -105,6 +111,8 @@ def test_fused_matches_torch(cls: str, kw: dict, shape: tuple, extra: str) -> No
     torch = pytest.importorskip("torch")
     if kw.get("dropout"):
         pytest.skip("dropout draws differ between the libraries")
+    if kw.get("proj_size") and cls != "LSTM":
+        pytest.skip("proj_size is the LSTM's")
     rng = np.random.default_rng(5)
     x = rng.standard_normal(shape)
     hx = _states(cls, kw, shape, rng) if extra == "h0" else None
@@ -169,6 +177,22 @@ def test_gradcheck_of_the_fused_layer(mode: str, reverse: bool) -> None:
         assert gradgradcheck(fn, leaves)
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+def test_gradcheck_of_the_fused_layer_with_a_projection(reverse: bool) -> None:
+    """An LSTM layer with proj_size: h = (o tanh c) W_hr^T; every input's gradient, W_hr's
+    included, and second order."""
+    rng = np.random.default_rng(13)
+    shapes = [(4, 2, 3), (12, 3), (12, 2), (2, 2), (2, 3), (12,), (12,), (2, 3)]
+    ts = [fg.tensor(rng.uniform(-1, 1, s), requires_grad=True) for s in shapes]
+
+    def fn(x, w_ih, w_hh, h0, c0, b_ih, b_hh, w_hr):  # type: ignore[no-untyped-def]
+        out, h_n, c_n = rnn_layer("LSTM", x, w_ih, w_hh, b_ih, b_hh, h0, c0, reverse, w_hr)
+        return out, h_n, c_n
+
+    assert gradcheck(fn, ts)
+    assert gradgradcheck(fn, ts)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_gradcheck_of_every_packed_column(mode: str) -> None:
     """The primitive's packed output, the saved gates included, is differentiable as a whole
@@ -207,8 +231,8 @@ def test_double_backward_through_a_module(cls: str) -> None:
 
 
 def test_which_path_runs() -> None:
-    """CPU float tensors run the kernel; packed sequences, proj_size and the cells run the
-    per-step ops (no rnn_sequence)."""
+    """CPU float tensors run the kernel (proj_size too); packed sequences and the cells run
+    the per-step ops (no rnn_sequence)."""
     x = fg.randn(5, 2, 3)
 
     def primitives(call: Any) -> set[str]:
@@ -224,7 +248,7 @@ def test_which_path_runs() -> None:
     assert "rnn_sequence" in primitives(lambda: lstm(x))  # (switched back on after the block)
     packed = nn.utils.rnn.pack_padded_sequence(x, [5, 3])
     assert "rnn_sequence" not in primitives(lambda: lstm(packed))
-    assert "rnn_sequence" not in primitives(lambda: nn.LSTM(3, 4, proj_size=2)(x))
+    assert "rnn_sequence" in primitives(lambda: nn.LSTM(3, 4, proj_size=2)(x))
     assert "rnn_sequence" not in primitives(lambda: nn.LSTMCell(3, 4)(x[0]))
     gru = copy.deepcopy(nn.GRU(3, 4)).double()
     assert "rnn_sequence" in primitives(lambda: gru(x.double()))
@@ -238,4 +262,4 @@ def test_kernel_names_op_shapes_and_dtypes_on_mixed_dtypes() -> None:
     w_hh = np.zeros((8, 2), np.float64)
     h0 = np.zeros((1, 2), np.float32)
     with pytest.raises(TypeError, match=r"rnn_sequence \(LSTM\).*w_hh \(8, 2\) float64"):
-        kernel(x_gates, w_hh, h0, h0, mode="LSTM", reverse=False, bias=False)
+        kernel(x_gates, w_hh, h0, h0, mode="LSTM", reverse=False, bias=False, proj=False)

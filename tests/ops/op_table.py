@@ -3656,13 +3656,14 @@ add(
 _RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 
 
-def _rnn_fused_ref(x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode="LSTM", reverse=False):  # type: ignore[no-untyped-def]
-    """One layer and direction in numpy, PyTorch's gate order: (output, h_n[, c_n])."""
+def _rnn_fused_ref(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr=None, mode="LSTM", reverse=False):  # type: ignore[no-untyped-def]
+    """One layer and direction in numpy, PyTorch's gate order: (output, h_n[, c_n]); an LSTM's
+    projection ``w_hr`` maps ``o tanh(c)`` to h."""
 
     def sig(v: np.ndarray) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-v))
 
-    hidden = w_hh.shape[1]
+    hidden = w_hh.shape[0] // _RNN_GATES[mode]
     b_ih = 0.0 if b_ih is None else b_ih
     b_hh = 0.0 if b_hh is None else b_hh
     h, c = h0, c0
@@ -3676,6 +3677,8 @@ def _rnn_fused_ref(x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode="LSTM", reverse=False
             g, o = np.tanh(gates[:, 2 * hidden : 3 * hidden]), sig(gates[:, 3 * hidden :])
             c = f * c + i * g
             h = o * np.tanh(c)
+            if w_hr is not None:
+                h = h @ w_hr.T
         elif mode == "GRU":
             r = sig(xg[:, :hidden] + hg[:, :hidden])
             z = sig(xg[:, hidden : 2 * hidden] + hg[:, hidden : 2 * hidden])
@@ -3689,7 +3692,7 @@ def _rnn_fused_ref(x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode="LSTM", reverse=False
     return result + (c,) if mode == "LSTM" else result
 
 
-def _rnn_per_step(m, x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode, reverse):  # type: ignore[no-untyped-def]
+def _rnn_per_step(m, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse):  # type: ignore[no-untyped-def]
     """fusegrad's per-step ops (nn.rnn's step functions): forward AD and CUDA tensors."""
     from fusegrad.nn import rnn as _rnn
 
@@ -3698,7 +3701,7 @@ def _rnn_per_step(m, x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode, reverse):  # type:
     outs = [None] * x.shape[0]
     for t in range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0]):
         if mode == "LSTM":
-            h, c = _rnn._lstm_step(x_gates[t], h, c, w_hh, b_hh, None)
+            h, c = _rnn._lstm_step(x_gates[t], h, c, w_hh, b_hh, w_hr)
         elif mode == "GRU":
             h = _rnn._gru_step(x_gates[t], h, w_hh, b_hh)
         else:
@@ -3707,11 +3710,12 @@ def _rnn_per_step(m, x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode, reverse):  # type:
     return (m.stack(outs, 0), h) + ((c,) if mode == "LSTM" else ())
 
 
-def _rnn_fused(m, x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode="LSTM", reverse=False):  # type: ignore[no-untyped-def]
+def _rnn_fused(m, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr=None, mode="LSTM", reverse=False):  # type: ignore[no-untyped-def]
     if m.name == "torch":
         # one layer of PyTorch's fused op, the reverse direction as the forward one over the
         # flipped sequence
         params = [w_ih, w_hh] + ([b_ih, b_hh] if b_ih is not None else [])
+        params += [] if w_hr is None else [w_hr]  # (a projection: told by h0's size)
         seq = x.flip(0) if reverse else x
         vf = m._VF
         h0b = h0.unsqueeze(0)
@@ -3727,11 +3731,11 @@ def _rnn_fused(m, x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode="LSTM", reverse=False)
         return (out, h_n[0]) + ((c_n[0],) if mode == "LSTM" else ())
     if _fg_forward_state.level is not None or x.device.type != "cpu":
         # (nn.LSTM & co. run their per-step ops there: forward AD and CUDA never meet the kernel)
-        return _rnn_per_step(m, x, h0, c0, w_ih, w_hh, b_ih, b_hh, mode, reverse)
+        return _rnn_per_step(m, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse)
     from fusegrad.ops.recurrent import rnn_layer
 
     out, h_n, c_n = rnn_layer(
-        mode, x, w_ih, w_hh, b_ih, b_hh, h0, c0 if mode == "LSTM" else None, reverse
+        mode, x, w_ih, w_hh, b_ih, b_hh, h0, c0 if mode == "LSTM" else None, reverse, w_hr
     )
     return (out, h_n) + ((c_n,) if mode == "LSTM" else ())
 
@@ -3755,6 +3759,14 @@ def _rnn_fused_samples(rng: np.random.Generator) -> list[Sample]:
         uni(rng, s, -1, 1) for s in ((4, 1, 2), (1, 3), (1, 3), (12, 2), (12, 3))
     )
     cases.append(S((x, h0, c0, w_ih, w_hh, None, None), {"mode": "LSTM"}, name="lstm_no_bias"))
+    # proj_size 2 of hidden 3: h0 (N, 2), w_hh (12, 2), w_hr (2, 3)
+    proj = (
+        uni(rng, (4, 2, 2), -1, 1), uni(rng, (2, 2), -1, 1), uni(rng, (2, 3), -1, 1),
+        uni(rng, (12, 2), -1, 1), uni(rng, (12, 2), -1, 1), uni(rng, (12,), -1, 1),
+        uni(rng, (12,), -1, 1), uni(rng, (2, 3), -1, 1),
+    )  # fmt: skip
+    cases.append(S(proj, {"mode": "LSTM"}, name="lstm_proj"))
+    cases.append(S(proj, {"mode": "LSTM", "reverse": True}, name="lstm_proj_reverse"))
     cases.append(
         S(
             (x, h0, c0, w_ih, w_hh, uni(rng, (12,), -1, 1), uni(rng, (12,), -1, 1)),

@@ -579,35 +579,42 @@ def _rnn_sequence(node, g, w_hh, h0, out, *state):
     """The fused kernel's backpropagation through time (``rnn_sequence_backward``); where a
     graph of the gradient is wanted (grad mode on: ``create_graph``), the same formulas in the
     op surface (``ops.recurrent.rnn_sequence_grads``), which differentiate again."""
-    mode, reverse, bias = node.attrs["mode"], node.attrs["reverse"], node.attrs["bias"]
+    mode, reverse = node.attrs["mode"], node.attrs["reverse"]
+    bias, proj = node.attrs["bias"], node.attrs["proj"]
     lstm = mode == "LSTM"
     c0 = state[0] if lstm else None
+    w_hr = state[1] if proj else None
     if is_grad_enabled():
-        dx, dh0, dc0, dw_hh, db_hh = rnn_sequence_grads(mode, reverse, g, out, w_hh, h0, c0)
+        grads = rnn_sequence_grads(mode, reverse, g, out, w_hh, h0, c0, w_hr)
+        dx, dh0, dc0, dw_hh, dw_hr, db_hh = grads
     else:
         steps, batch = out.shape[0], out.shape[1]
-        gates, hidden = w_hh.shape[0], w_hh.shape[1]
-        attrs = {"mode": mode, "reverse": reverse}
-        inputs = (g, out, w_hh, h0) + ((c0,) if lstm else ())
+        gates, size = w_hh.shape[0], w_hh.shape[1]
+        hidden = c0.shape[1] if lstm else size
+        attrs = {"mode": mode, "reverse": reverse, "proj": proj}
+        inputs = (g, out, w_hh, h0) + ((c0,) if lstm else ()) + ((w_hr,) if proj else ())
         flat = F.apply(F.REGISTRY["rnn_sequence_backward"], inputs, attrs)
-        sizes = [steps * batch * gates, batch * hidden, batch * hidden if lstm else 0]
-        sizes += [gates * hidden, gates]
+        sizes = [steps * batch * gates, batch * size, batch * hidden if lstm else 0]
+        sizes += [gates * size, size * hidden if proj else 0, gates]
         parts, start = [], 0
-        for size in sizes:
-            parts.append(flat.narrow(0, start, size))
-            start += size
+        for length in sizes:
+            parts.append(flat.narrow(0, start, length))
+            start += length
         dx = parts[0].reshape(steps, batch, gates)
-        dh0 = parts[1].reshape(batch, hidden)
+        dh0 = parts[1].reshape(batch, size)
         dc0 = parts[2].reshape(batch, hidden) if lstm else None
-        dw_hh = parts[3].reshape(gates, hidden)
-        db_hh = parts[4]
+        dw_hh = parts[3].reshape(gates, size)
+        dw_hr = parts[4].reshape(size, hidden) if proj else None
+        db_hh = parts[5]
     need = node.needs_input_grad
-    grads = [dx if need[0] else None, dw_hh if need[1] else None, dh0 if need[2] else None]
+    result = [dx if need[0] else None, dw_hh if need[1] else None, dh0 if need[2] else None]
     if lstm:
-        grads.append(dc0 if need[3] else None)
+        result.append(dc0 if need[3] else None)
+    if proj:
+        result.append(dw_hr if need[4] else None)
     if bias:
-        grads.append(db_hh if need[-1] else None)
-    return tuple(grads)
+        result.append(db_hh if need[-1] else None)
+    return tuple(result)
 
 
 @vjp("getitem", save="idx*")

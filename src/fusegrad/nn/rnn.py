@@ -10,16 +10,17 @@ and 3 for GRU (gates r, z, n).  Every parameter starts as U(-1/sqrt(H), 1/sqrt(H
 How the layers run.  On the CPU, in float32 or float64, each layer and direction of ``RNN``,
 ``LSTM`` and ``GRU`` is one matmul (the input projection of every time step at once) and one
 ``rnn_sequence`` primitive: a numba kernel that runs the whole time loop natively (one BLAS call
-per step for ``h @ W_hh^T``) and saves the gates, with one backward kernel (backpropagation
-through time); see ``ops/recurrent.py``.  Its derivative rule is in the derivative table; under
-``create_graph`` the rule computes the same gradients in per-step ops, so double backward works.
-Compiled programs call both kernels as externs.  Dropout between layers stays an ordinary op.
-Everything else runs the recurrence as ordinary per-step ops (linear, sigmoid, tanh, slices,
-stack), which autograd and the compilers see as primitives: PackedSequence inputs (varying
-lengths), ``proj_size``, CUDA tensors, other dtypes, a forward-AD level, and the cells
-(``LSTMCell`` & co., one step each).  ``fused_kernels(False)`` switches the fused path off on
-this thread (for comparisons; the results agree to rounding).  On the per-step path a
-whole-step compile unrolls the time loop (the recording grows with the sequence length).
+per step for ``h @ W_hh^T``, one more for an LSTM's ``proj_size``) and saves the gates, with
+one backward kernel (backpropagation through time); see ``ops/recurrent.py``.  Its derivative
+rule is in the derivative table; under ``create_graph`` the rule computes the same gradients in
+per-step ops, so double backward works.  Compiled programs call both kernels as externs.
+Dropout between layers stays an ordinary op.  Everything else runs the recurrence as ordinary
+per-step ops (linear, sigmoid, tanh, slices, stack), which autograd and the compilers see as
+primitives: PackedSequence inputs (the kernel takes one length for the whole batch), CUDA
+tensors, other dtypes, a forward-AD level, and the cells (``LSTMCell`` & co., one step each).
+``fused_kernels(False)`` switches the fused path off on this thread (for comparisons; the
+results agree to rounding).  On the per-step path a whole-step compile unrolls the time loop
+(the recording grows with the sequence length).
 A PackedSequence input (``nn.utils.rnn``) gives a PackedSequence output: at each step only the
 sequences still running are computed, and each one's final state is its own last step's.
 """
@@ -447,7 +448,7 @@ class RNNBase(Module):
                     c_in = None if c0 is None else c0[index]
                     out, h, c = rnn_layer(
                         self.mode, layer_input, w_ih, w_hh, b_ih, b_hh, h0[index], c_in,
-                        direction == 1,
+                        direction == 1, w_hr,
                     )  # fmt: skip
                     outputs.append(out)
                     h_last.append(h)
@@ -486,9 +487,9 @@ class RNNBase(Module):
 
     def _fused_kernel_runs(self, input: Tensor, h0: Tensor, c0: Tensor | None) -> bool:
         """Whether the layers run as fused kernels (``rnn_sequence``): CPU tensors of one
-        dtype, float32 or float64, no ``proj_size``, no forward-AD level (whose tangents the
-        per-step ops carry), and ``fused_kernels`` not switched off on this thread."""
-        if not _kernels.enabled or self.proj_size or _forward_state.level is not None:
+        dtype, float32 or float64, no forward-AD level (whose tangents the per-step ops carry),
+        and ``fused_kernels`` not switched off on this thread."""
+        if not _kernels.enabled or _forward_state.level is not None:
             return False
         tensors = [input, h0] + ([] if c0 is None else [c0])
         tensors += [w for w in self._flat_weights if w is not None]

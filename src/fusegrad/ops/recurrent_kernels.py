@@ -81,34 +81,47 @@ _JIT = {"cache": True, "fastmath": {"contract"}, "error_model": "numpy"}
 
 
 @numba.njit(**_JIT)
-def _lstm_forward(x_gates, w_hh_t, b_hh, h0, c0, reverse, out):  # type: ignore[no-untyped-def]
+def _lstm_forward(x_gates, w_hh_t, b_hh, h0, c0, w_hr_t, proj, reverse, out):  # type: ignore[no-untyped-def]
+    """The LSTM's packed steps: h (P), c, i, f, g, o (H each); P = H without a projection,
+    else h = (o tanh c) W_hr^T (one more BLAS call per step)."""
     steps, batch, gate_size = x_gates.shape
-    hidden = h0.shape[1]
+    hidden = c0.shape[1]
+    size = h0.shape[1]
     h = h0.copy()
     c = c0.copy()
+    m = np.empty((batch, hidden), x_gates.dtype) if proj else h  # o tanh(c)
     pre = np.empty((batch, gate_size), x_gates.dtype)
+    gi, gf, gg, go = size + hidden, size + 2 * hidden, size + 3 * hidden, size + 4 * hidden
     for s in range(steps):
         t = steps - 1 - s if reverse else s
         np.dot(h, w_hh_t, pre)
         for n in range(batch):
-            p, x, o, cn, hn = pre[n], x_gates[t, n], out[t, n], c[n], h[n]
+            p, x, o, cn, mn = pre[n], x_gates[t, n], out[t, n], c[n], m[n]
             for j in range(gate_size):
                 p[j] = x[j] + (p[j] + b_hh[j])
             for j in range(hidden):
-                o[2 * hidden + j] = _sigmoid(p[j])  # i
+                o[gi + j] = _sigmoid(p[j])
             for j in range(hidden):
-                o[3 * hidden + j] = _sigmoid(p[hidden + j])  # f
+                o[gf + j] = _sigmoid(p[hidden + j])
             for j in range(hidden):
-                o[4 * hidden + j] = _tanh(p[2 * hidden + j])  # g
+                o[gg + j] = _tanh(p[2 * hidden + j])
             for j in range(hidden):
-                o[5 * hidden + j] = _sigmoid(p[3 * hidden + j])  # o
+                o[go + j] = _sigmoid(p[3 * hidden + j])
             for j in range(hidden):
-                cn[j] = o[3 * hidden + j] * cn[j] + o[2 * hidden + j] * o[4 * hidden + j]
+                cn[j] = o[gf + j] * cn[j] + o[gi + j] * o[gg + j]
             for j in range(hidden):
-                hn[j] = o[5 * hidden + j] * _tanh(cn[j])
+                mn[j] = o[go + j] * _tanh(cn[j])
             for j in range(hidden):
-                o[j] = hn[j]
-                o[hidden + j] = cn[j]
+                o[size + j] = cn[j]
+            if not proj:
+                for j in range(hidden):
+                    o[j] = mn[j]
+        if proj:
+            np.dot(m, w_hr_t, h)
+            for n in range(batch):
+                o, hn = out[t, n], h[n]
+                for j in range(size):
+                    o[j] = hn[j]
 
 
 @numba.njit(**_JIT)
@@ -165,43 +178,53 @@ def _rnn_forward(relu, x_gates, w_hh_t, b_hh, h0, reverse, out, zero):  # type: 
 
 
 @numba.njit(**_JIT)
-def _lstm_backward(g, out, w_hh, c0, reverse, dx_gates, dh, dc, one):  # type: ignore[no-untyped-def]
-    """``dh``, ``dc``: zeros in, the gradients of h0 and c0 out."""
+def _lstm_backward(g, out, w_hh, c0, w_hr, proj, reverse, dx_gates, dh, dc, dhs, ms, one):  # type: ignore[no-untyped-def]
+    """``dh``, ``dc``: zeros in, the gradients of h0 and c0 out.  With a projection, ``dhs``
+    and ``ms`` receive each step's gradient of h and its ``m = o tanh c`` (for ``dW_hr``)."""
     steps, batch, _ = out.shape
     hidden = c0.shape[1]
+    size = dh.shape[1]
+    gi, gf, gg, go = size + hidden, size + 2 * hidden, size + 3 * hidden, size + 4 * hidden
     tc = np.empty(hidden, out.dtype)
-    dhv = np.empty(hidden, out.dtype)
     dcv = np.empty(hidden, out.dtype)
+    dh_step = np.empty((batch, size), out.dtype)
+    dm = np.empty((batch, hidden), out.dtype) if proj else dh_step  # the gradient of o tanh c
     for s in range(steps):
         t = s if reverse else steps - 1 - s
         first = t == steps - 1 if reverse else t == 0
         before = t + 1 if reverse else t - 1
+        dht = dhs[t] if proj else dh_step
         for n in range(batch):
-            gt, o, dx, dhn, dcn = g[t, n], out[t, n], dx_gates[t, n], dh[n], dc[n]
-            c_prev = c0[n] if first else out[before, n, hidden : 2 * hidden]
+            gt, dhn, dn = g[t, n], dh[n], dht[n]
+            for j in range(size):
+                dn[j] = gt[j] + dhn[j]
+        if proj:
+            np.dot(dht, w_hr, dm)
+        for n in range(batch):
+            gt, o, dx, dmn, dcn = g[t, n], out[t, n], dx_gates[t, n], dm[n], dc[n]
+            c_prev = c0[n] if first else out[before, n, size : size + hidden]
             for j in range(hidden):
-                tc[j] = _tanh(o[hidden + j])
+                tc[j] = _tanh(o[size + j])
+            if proj:
+                mt = ms[t, n]
+                for j in range(hidden):
+                    mt[j] = o[go + j] * tc[j]
             for j in range(hidden):
-                dhv[j] = gt[j] + dhn[j]
+                dcv[j] = gt[size + j] + dcn[j] + dmn[j] * o[go + j] * (one - tc[j] * tc[j])
             for j in range(hidden):
-                go = o[5 * hidden + j]
-                dcv[j] = gt[hidden + j] + dcn[j] + dhv[j] * go * (one - tc[j] * tc[j])
+                i = o[gi + j]
+                dx[j] = (dcv[j] * o[gg + j] + gt[gi + j]) * i * (one - i)
             for j in range(hidden):
-                gi = o[2 * hidden + j]
-                dx[j] = (dcv[j] * o[4 * hidden + j] + gt[2 * hidden + j]) * gi * (one - gi)
+                f = o[gf + j]
+                dx[hidden + j] = (dcv[j] * c_prev[j] + gt[gf + j]) * f * (one - f)
             for j in range(hidden):
-                gf = o[3 * hidden + j]
-                dx[hidden + j] = (dcv[j] * c_prev[j] + gt[3 * hidden + j]) * gf * (one - gf)
+                gc = o[gg + j]
+                dx[2 * hidden + j] = (dcv[j] * o[gi + j] + gt[gg + j]) * (one - gc * gc)
             for j in range(hidden):
-                gc = o[4 * hidden + j]
-                dx[2 * hidden + j] = (dcv[j] * o[2 * hidden + j] + gt[4 * hidden + j]) * (
-                    one - gc * gc
-                )
+                og = o[go + j]
+                dx[3 * hidden + j] = (dmn[j] * tc[j] + gt[go + j]) * og * (one - og)
             for j in range(hidden):
-                go = o[5 * hidden + j]
-                dx[3 * hidden + j] = (dhv[j] * tc[j] + gt[5 * hidden + j]) * go * (one - go)
-            for j in range(hidden):
-                dcn[j] = dcv[j] * o[3 * hidden + j]
+                dcn[j] = dcv[j] * o[gf + j]
         # the state's gradient for the step before: through h W_hh^T (one BLAS call)
         np.dot(dx_gates[t], w_hh, dh)
 
@@ -278,11 +301,15 @@ def rnn_forward(
     c0: np.ndarray | None,
     b_hh: np.ndarray | None,
     reverse: bool,
+    w_hr: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The packed (T, N, W H) values of one layer and direction (module docstring)."""
+    """The packed values of one layer and direction (module docstring): (T, N, W H), or for
+    an LSTM with a projection ``w_hr`` (P, H), (T, N, P + 5 H)."""
     arrays = {"x_gates": x_gates, "w_hh": w_hh, "h0": h0}
     if c0 is not None:
         arrays["c0"] = c0
+    if w_hr is not None:
+        arrays["w_hr"] = w_hr
     if b_hh is not None:
         arrays["b_hh"] = b_hh
     dtype = _check("rnn_sequence", mode, arrays)
@@ -291,12 +318,16 @@ def rnn_forward(
     x_gates, h0 = np.ascontiguousarray(x_gates), np.ascontiguousarray(h0)
     c0 = None if c0 is None else np.ascontiguousarray(c0)
     b_hh = np.zeros(w_hh.shape[0], dtype) if b_hh is None else np.ascontiguousarray(b_hh)
-    out = np.empty((steps, batch, PACKED_WIDTH[mode] * hidden), dtype)
     w_hh_t = np.ascontiguousarray(w_hh.T)
     reverse = bool(reverse)
     if mode == "LSTM":
-        _lstm_forward(x_gates, w_hh_t, b_hh, h0, c0, reverse, out)
-    elif mode == "GRU":
+        out = np.empty((steps, batch, hidden + 5 * c0.shape[1]), dtype)
+        proj = w_hr is not None
+        w_hr_t = np.ascontiguousarray(w_hr.T) if proj else w_hh_t  # (unused without one)
+        _lstm_forward(x_gates, w_hh_t, b_hh, h0, c0, w_hr_t, proj, reverse, out)
+        return out
+    out = np.empty((steps, batch, PACKED_WIDTH[mode] * hidden), dtype)
+    if mode == "GRU":
         _gru_forward(x_gates, w_hh_t, b_hh, h0, reverse, out)
     else:
         _rnn_forward(mode == "RNN_RELU", x_gates, w_hh_t, b_hh, h0, reverse, out, dtype.type(0))
@@ -311,27 +342,32 @@ def rnn_backward(
     h0: np.ndarray,
     c0: np.ndarray | None,
     reverse: bool,
+    w_hr: np.ndarray | None = None,
 ) -> np.ndarray:
     """The gradients of ``rnn_sequence`` for the gradient ``g`` of its packed output, flat and
-    in this order: x_gates (T, N, G H), h0 (N, H), c0 (N, H; LSTM only), w_hh (G H, H),
-    b_hh (G H)."""
+    in this order: x_gates (T, N, G H), h0 (N, P), c0 (N, H; LSTM only), w_hh (G H, P),
+    w_hr (P, H; with a projection only), b_hh (G H).  P is H except for a projection."""
     arrays = {"g": g, "out": out, "w_hh": w_hh, "h0": h0}
     if c0 is not None:
         arrays["c0"] = c0
+    if w_hr is not None:
+        arrays["w_hr"] = w_hr
     dtype = _check("rnn_sequence_backward", mode, arrays)
     steps, batch, _ = out.shape
-    hidden = w_hh.shape[1]
-    gate_size = w_hh.shape[0]
+    gate_size, size = w_hh.shape
+    hidden = size if c0 is None else c0.shape[1]
     lstm = mode == "LSTM"
-    sizes = [steps * batch * gate_size, batch * hidden, batch * hidden if lstm else 0]
-    sizes += [gate_size * hidden, gate_size]
+    proj = w_hr is not None
+    sizes = [steps * batch * gate_size, batch * size, batch * hidden if lstm else 0]
+    sizes += [gate_size * size, size * hidden if proj else 0, gate_size]
     flat = np.empty(sum(sizes), dtype)
     bounds = np.cumsum([0] + sizes)
     dx_gates = flat[bounds[0] : bounds[1]].reshape(steps, batch, gate_size)
-    dh0 = flat[bounds[1] : bounds[2]].reshape(batch, hidden)
+    dh0 = flat[bounds[1] : bounds[2]].reshape(batch, size)
     dc0 = flat[bounds[2] : bounds[3]].reshape(batch, hidden) if lstm else None
-    dw_hh = flat[bounds[3] : bounds[4]].reshape(gate_size, hidden)
-    db_hh = flat[bounds[4] : bounds[5]]
+    dw_hh = flat[bounds[3] : bounds[4]].reshape(gate_size, size)
+    dw_hr = flat[bounds[4] : bounds[5]].reshape(size, hidden) if proj else None
+    db_hh = flat[bounds[5] : bounds[6]]
     dh_gates = np.empty_like(dx_gates) if mode == "GRU" else dx_gates
     g, out, h0 = np.ascontiguousarray(g), np.ascontiguousarray(out), np.ascontiguousarray(h0)
     w_hh = np.ascontiguousarray(w_hh)
@@ -341,20 +377,27 @@ def rnn_backward(
     if dc0 is not None:
         dc0[:] = 0
         c0 = np.ascontiguousarray(c0)
-        _lstm_backward(g, out, w_hh, c0, reverse, dx_gates, dh0, dc0, one)
+        # with a projection: each step's gradient of h and its o tanh(c), for dW_hr
+        dhs = np.empty((steps, batch, size) if proj else (1, 1, 1), dtype)
+        ms = np.empty((steps, batch, hidden) if proj else (1, 1, 1), dtype)
+        w_hr_c = np.ascontiguousarray(w_hr) if proj else w_hh
+        _lstm_backward(g, out, w_hh, c0, w_hr_c, proj, reverse, dx_gates, dh0, dc0, dhs, ms, one)
+        if dw_hr is not None:
+            rows = steps * batch
+            np.dot(dhs.reshape(rows, size).T, ms.reshape(rows, hidden), dw_hr)
     elif mode == "GRU":
         _gru_backward(g, out, w_hh, h0, reverse, dx_gates, dh_gates, dh0, one)
     else:
         _rnn_backward(mode == "RNN_RELU", g, out, w_hh, reverse, dx_gates, dh0, one, zero)
     # the states each step read: h0 at the first step of its direction, then the outputs
-    h_prev = np.empty((steps, batch, hidden), dtype)
+    h_prev = np.empty((steps, batch, size), dtype)
     if reverse:
         h_prev[-1] = h0
-        h_prev[:-1] = out[1:, :, :hidden]
+        h_prev[:-1] = out[1:, :, :size]
     else:
         h_prev[0] = h0
-        h_prev[1:] = out[:-1, :, :hidden]
+        h_prev[1:] = out[:-1, :, :size]
     rows = dh_gates.reshape(steps * batch, gate_size)
-    np.dot(rows.T, h_prev.reshape(steps * batch, hidden), dw_hh)
+    np.dot(rows.T, h_prev.reshape(steps * batch, size), dw_hh)
     db_hh[:] = rows.sum(0)
     return flat
