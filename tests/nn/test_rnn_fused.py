@@ -231,8 +231,8 @@ def test_double_backward_through_a_module(cls: str) -> None:
 
 
 def test_which_path_runs() -> None:
-    """CPU float tensors run the kernel (proj_size too); packed sequences and the cells run
-    the per-step ops (no rnn_sequence)."""
+    """CPU float tensors run the kernel (proj_size and packed sequences too); the cells and
+    CPU float16 run the per-step ops (no rnn_sequence)."""
     x = fg.randn(5, 2, 3)
 
     def primitives(call: Any) -> set[str]:
@@ -247,7 +247,9 @@ def test_which_path_runs() -> None:
         assert "rnn_sequence" not in primitives(lambda: lstm(x))
     assert "rnn_sequence" in primitives(lambda: lstm(x))  # (switched back on after the block)
     packed = nn.utils.rnn.pack_padded_sequence(x, [5, 3])
-    assert "rnn_sequence" not in primitives(lambda: lstm(packed))
+    assert "rnn_sequence" in primitives(lambda: lstm(packed))
+    half = copy.deepcopy(lstm).half()
+    assert "rnn_sequence" not in primitives(lambda: half(x.half()))
     assert "rnn_sequence" in primitives(lambda: nn.LSTM(3, 4, proj_size=2)(x))
     assert "rnn_sequence" not in primitives(lambda: nn.LSTMCell(3, 4)(x[0]))
     gru = copy.deepcopy(nn.GRU(3, 4)).double()
@@ -262,4 +264,96 @@ def test_kernel_names_op_shapes_and_dtypes_on_mixed_dtypes() -> None:
     w_hh = np.zeros((8, 2), np.float64)
     h0 = np.zeros((1, 2), np.float32)
     with pytest.raises(TypeError, match=r"rnn_sequence \(LSTM\).*w_hh \(8, 2\) float64"):
-        kernel(x_gates, w_hh, h0, h0, mode="LSTM", reverse=False, bias=False, proj=False)
+        kernel(
+            x_gates,
+            w_hh,
+            h0,
+            h0,
+            mode="LSTM",
+            reverse=False,
+            bias=False,
+            proj=False,
+            batch_sizes=None,
+        )
+
+
+def _packed_run(model: nn.Module, data: np.ndarray, lengths: list, hx: Any, fused: bool) -> list:
+    """Outputs and gradients (input, initial states, parameters) of a packed forward and
+    backward; the lengths unsorted, so that the states are permuted on the way in and out."""
+    from fusegrad.nn.utils import rnn as R
+
+    model.zero_grad()
+    x = fg.tensor(data, requires_grad=True)
+    h = None if hx is None else tuple(fg.tensor(a, requires_grad=True) for a in hx)
+    with fused_kernels(fused):
+        packed = R.pack_padded_sequence(x, lengths, enforce_sorted=False)
+        out, state = model(packed, None if h is None else (h if len(h) == 2 else h[0]))
+    padded, _ = R.pad_packed_sequence(out)
+    states = state if isinstance(state, tuple) else (state,)
+    weights = fg.tensor(np.linspace(-1, 1, padded.numel()).reshape(tuple(padded.shape)))
+    ((padded * weights).sum() + sum((s * s * s).sum() for s in states)).backward()
+    got = [padded.detach().numpy()] + [s.detach().numpy() for s in states] + [x.grad.numpy()]
+    got += [] if h is None else [a.grad.numpy() for a in h]
+    return got + [p.grad.numpy().copy() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("cls", MODES)
+@pytest.mark.parametrize("with_state", [False, True])
+def test_packed_sequences_run_fused_and_match_per_step_ops(cls: str, with_state: bool) -> None:
+    kw: dict = {"num_layers": 2, "bidirectional": True}
+    if cls == "LSTM" and with_state:
+        kw["proj_size"] = 2
+    model = _module(cls, "float64", **kw)
+    rng = np.random.default_rng(8)
+    data = rng.standard_normal((6, 4, 3))
+    lengths = [3, 6, 1, 4]
+    hx = _states(cls, kw, data.shape, rng) if with_state else None
+    fused = _packed_run(model, data, lengths, hx, True)
+    loop = _packed_run(model, data, lengths, hx, False)
+    for a, b in zip(fused, loop):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_packed_sequence_matches_torch() -> None:
+    torch = pytest.importorskip("torch")
+    from torch.nn.utils import rnn as TR
+
+    model = _module("LSTM", "float64", num_layers=2, bidirectional=True)
+    rng = np.random.default_rng(9)
+    data = rng.standard_normal((5, 3, 3))
+    lengths = [2, 5, 4]
+    got = _packed_run(model, data, lengths, None, True)
+    tmodel = torch.nn.LSTM(3, 5, num_layers=2, bidirectional=True).double()
+    tmodel.load_state_dict({k: torch.from_numpy(v.numpy()) for k, v in model.state_dict().items()})
+    x = torch.tensor(data, requires_grad=True)
+    out, (h, c) = tmodel(TR.pack_padded_sequence(x, lengths, enforce_sorted=False))
+    padded, _ = TR.pad_packed_sequence(out)
+    weights = torch.tensor(np.linspace(-1, 1, padded.numel()).reshape(tuple(padded.shape)))
+    ((padded * weights).sum() + (h**3).sum() + (c**3).sum()).backward()
+    want = [padded, h, c, x.grad] + [p.grad for p in tmodel.parameters()]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b.detach().numpy(), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_gradcheck_of_a_packed_layer(mode: str, reverse: bool) -> None:
+    """Packed rows (batch sizes 3, 3, 2, 1): every input's gradient and second order."""
+    rng = np.random.default_rng(14)
+    sizes = (3, 3, 2, 1)
+    gates = GATES[mode] * 2
+    shapes = [(sum(sizes), 2), (gates, 2), (gates, 2), (3, 2), (3, 2), (gates,), (gates,)]
+    ts = [fg.tensor(rng.uniform(-1, 1, s), requires_grad=True) for s in shapes]
+    if mode != "LSTM":
+        ts = ts[:4] + ts[5:]
+
+    def fn(*a: Any) -> tuple:
+        c0 = a[4] if mode == "LSTM" else None
+        b_ih, b_hh = a[-2], a[-1]
+        out, h_n, c_n = rnn_layer(
+            mode, a[0], a[1], a[2], b_ih, b_hh, a[3], c0, reverse, None, sizes
+        )
+        return (out, h_n) + (() if c_n is None else (c_n,))
+
+    assert gradcheck(fn, ts)
+    assert gradgradcheck(fn, ts)

@@ -14,13 +14,13 @@ per step for ``h @ W_hh^T``, one more for an LSTM's ``proj_size``) and saves the
 one backward kernel (backpropagation through time); see ``ops/recurrent.py``.  Its derivative
 rule is in the derivative table; under ``create_graph`` the rule computes the same gradients in
 per-step ops, so double backward works.  Compiled programs call both kernels as externs.
-Dropout between layers stays an ordinary op.  Everything else runs the recurrence as ordinary
-per-step ops (linear, sigmoid, tanh, slices, stack), which autograd and the compilers see as
-primitives: PackedSequence inputs (the kernel takes one length for the whole batch), CUDA
-tensors, other dtypes, a forward-AD level, and the cells (``LSTMCell`` & co., one step each).
-``fused_kernels(False)`` switches the fused path off on this thread (for comparisons; the
-results agree to rounding).  On the per-step path a whole-step compile unrolls the time loop
-(the recording grows with the sequence length).
+Dropout between layers stays an ordinary op.  A PackedSequence input runs the same kernels on
+its packed rows (step t computes the ``batch_sizes[t]`` sequences still running).  CUDA
+tensors, other dtypes, a forward-AD level and the cells (``LSTMCell`` & co., one step each) run
+the recurrence as ordinary per-step ops (linear, sigmoid, tanh, slices, stack), which autograd
+and the compilers see as primitives; ``fused_kernels(False)`` switches to that path on this
+thread (for comparisons; the results agree to rounding).  On the per-step path a whole-step
+compile unrolls the time loop (the recording grows with the sequence length).
 A PackedSequence input (``nn.utils.rnn``) gives a PackedSequence output: at each step only the
 sequences still running are computed, and each one's final state is its own last step's.
 """
@@ -430,7 +430,7 @@ class RNNBase(Module):
         if input.shape[0] == 0:
             raise ShapeError("Expected sequence length to be larger than 0 in RNN")
         directions = 2 if self.bidirectional else 1
-        fused = sizes is None and self._fused_kernel_runs(input, h0, c0)
+        fused = self._fused_kernel_runs(input, h0, c0)
         layer_input = input
         h_last: list[Tensor] = []
         c_last: list[Tensor] = []
@@ -448,7 +448,7 @@ class RNNBase(Module):
                     c_in = None if c0 is None else c0[index]
                     out, h, c = rnn_layer(
                         self.mode, layer_input, w_ih, w_hh, b_ih, b_hh, h0[index], c_in,
-                        direction == 1, w_hr,
+                        direction == 1, w_hr, sizes,
                     )  # fmt: skip
                     outputs.append(out)
                     h_last.append(h)

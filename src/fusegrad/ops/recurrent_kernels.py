@@ -3,14 +3,18 @@
 PyTorch's fused LSTM / GRU / RNN kernels: the time loop runs in native code.
 
 The input projection ``x_gates = x @ W_ih^T + b_ih`` of every time step is computed before, by
-one ordinary matmul (``ops/recurrent.py``); the kernels take it, (T, N, G H), and run the
-recurrence.  Per step ``t`` (``reverse``: from the last step to the first) the forward computes
-``h @ W_hh^T`` with one BLAS call (numba's ``np.dot`` on the step's (N, H) state; faster than
-a loop), adds ``b_hh`` and ``x_gates[t]``, applies the gates and writes, per time step, the
-values the backward needs beside the output (the packed layout of ``rnn_sequence``):
+one ordinary matmul (``ops/recurrent.py``); the kernels take it and run the recurrence.  They
+work on rows: a padded (T, N, G H) sequence is T steps of N rows, a PackedSequence's data has
+``batch_sizes[t]`` rows at step t (the sequences still running, longest first), and a row not
+running at a step keeps its state.  Per step ``t`` (``reverse``: from the last step to the
+first) the forward computes ``h @ W_hh^T`` with one BLAS call (numba's ``np.dot`` on the step's
+(rows, P) state; faster than a loop), adds ``b_hh`` and ``x_gates[t]``, applies the gates and
+writes, per row, the values the backward needs beside the output (the packed layout of
+``rnn_sequence``):
 
 * ``RNN_TANH`` / ``RNN_RELU``: ``h`` (H columns; the activation's derivative comes from it);
-* ``LSTM``: ``h, c, i, f, g, o`` (6 H: the cell state and the activated gates);
+* ``LSTM``: ``h, c, i, f, g, o`` (P + 5 H: the cell state and the activated gates; with a
+  projection ``h = (o tanh c) W_hr^T`` has P columns, one more BLAS call per step, else P = H);
 * ``GRU``: ``h, r, z, n, hn`` (5 H: the gates and ``hn = h W_hn^T + b_hn``, the term ``r``
   multiplies).
 
@@ -18,9 +22,10 @@ The backward (backpropagation through time) walks the steps in the other order w
 gradients of the state (``dh``, and ``dc`` for the LSTM), adds the incoming gradient of every
 packed column (also of the gate columns, so that the kernel is the derivative of the whole
 packed output: the rule's op-surface form relies on it for double backward), and writes the
-gradient of ``x_gates`` per step; ``dh`` flows to the previous step through one BLAS call
-(``dgates @ W_hh``).  The weight gradient ``dW_hh = sum_t dgates_t^T h_{t-1}`` and ``db_hh``
-are one matmul and one sum over all steps afterwards (numpy, in ``rnn_backward``).
+gradient of ``x_gates`` per row; ``dh`` flows to the previous step through one BLAS call
+(``dgates @ W_hh``).  The weight gradients ``dW_hh = sum_t dgates_t^T h_{t-1}`` (and an LSTM's
+``dW_hr``) and ``db_hh`` are one matmul and one sum over all rows afterwards (numpy, in
+``rnn_backward``).
 
 Loops run over contiguous rows; float32 transcendental functions use the compiler's
 vectorisable helpers (numba has no SVML), float64 ones libm's.  The kernels are compiled on
@@ -36,9 +41,8 @@ from numba.extending import overload
 
 from fusegrad.compiler.codegen.fastmath import fast_sigmoid_f32, fast_tanh_f32
 
-# how many hidden-size columns a time step packs, per mode (see the module docstring)
-PACKED_WIDTH = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 6, "GRU": 5}
-GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
+# how many hidden-size columns a row packs for a GRU or an RNN (see the module docstring)
+PACKED_WIDTH = {"RNN_TANH": 1, "RNN_RELU": 1, "GRU": 5}
 
 
 def _tanh(x):  # type: ignore[no-untyped-def]
@@ -81,11 +85,12 @@ _JIT = {"cache": True, "fastmath": {"contract"}, "error_model": "numpy"}
 
 
 @numba.njit(**_JIT)
-def _lstm_forward(x_gates, w_hh_t, b_hh, h0, c0, w_hr_t, proj, reverse, out):  # type: ignore[no-untyped-def]
+def _lstm_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, proj, reverse, out):  # type: ignore[no-untyped-def]
     """The LSTM's packed steps: h (P), c, i, f, g, o (H each); P = H without a projection,
     else h = (o tanh c) W_hr^T (one more BLAS call per step)."""
-    steps, batch, gate_size = x_gates.shape
-    hidden = c0.shape[1]
+    steps = sizes.shape[0]
+    batch, hidden = c0.shape
+    gate_size = x_gates.shape[1]
     size = h0.shape[1]
     h = h0.copy()
     c = c0.copy()
@@ -94,9 +99,11 @@ def _lstm_forward(x_gates, w_hh_t, b_hh, h0, c0, w_hr_t, proj, reverse, out):  #
     gi, gf, gg, go = size + hidden, size + 2 * hidden, size + 3 * hidden, size + 4 * hidden
     for s in range(steps):
         t = steps - 1 - s if reverse else s
-        np.dot(h, w_hh_t, pre)
-        for n in range(batch):
-            p, x, o, cn, mn = pre[n], x_gates[t, n], out[t, n], c[n], m[n]
+        rows, first_row = sizes[t], offsets[t]
+        np.dot(h[:rows], w_hh_t, pre[:rows])
+        for n in range(rows):
+            p, x, o = pre[n], x_gates[first_row + n], out[first_row + n]
+            cn, mn = c[n], m[n]
             for j in range(gate_size):
                 p[j] = x[j] + (p[j] + b_hh[j])
             for j in range(hidden):
@@ -117,24 +124,26 @@ def _lstm_forward(x_gates, w_hh_t, b_hh, h0, c0, w_hr_t, proj, reverse, out):  #
                 for j in range(hidden):
                     o[j] = mn[j]
         if proj:
-            np.dot(m, w_hr_t, h)
-            for n in range(batch):
-                o, hn = out[t, n], h[n]
+            np.dot(m[:rows], w_hr_t, h[:rows])
+            for n in range(rows):
+                o, hn = out[first_row + n], h[n]
                 for j in range(size):
                     o[j] = hn[j]
 
 
 @numba.njit(**_JIT)
-def _gru_forward(x_gates, w_hh_t, b_hh, h0, reverse, out):  # type: ignore[no-untyped-def]
-    steps, batch, gate_size = x_gates.shape
-    hidden = h0.shape[1]
+def _gru_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out):  # type: ignore[no-untyped-def]
+    steps = sizes.shape[0]
+    batch, hidden = h0.shape
+    gate_size = x_gates.shape[1]
     h = h0.copy()
     pre = np.empty((batch, gate_size), x_gates.dtype)
     for s in range(steps):
         t = steps - 1 - s if reverse else s
-        np.dot(h, w_hh_t, pre)
-        for n in range(batch):
-            p, x, o, hn = pre[n], x_gates[t, n], out[t, n], h[n]
+        rows, first_row = sizes[t], offsets[t]
+        np.dot(h[:rows], w_hh_t, pre[:rows])
+        for n in range(rows):
+            p, x, o, hn = pre[n], x_gates[first_row + n], out[first_row + n], h[n]
             for j in range(gate_size):
                 p[j] = p[j] + b_hh[j]
             for j in range(hidden):
@@ -155,16 +164,17 @@ def _gru_forward(x_gates, w_hh_t, b_hh, h0, reverse, out):  # type: ignore[no-un
 
 
 @numba.njit(**_JIT)
-def _rnn_forward(relu, x_gates, w_hh_t, b_hh, h0, reverse, out, zero):  # type: ignore[no-untyped-def]
-    steps, batch, _ = x_gates.shape
-    hidden = h0.shape[1]
+def _rnn_forward(relu, x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out, zero):  # type: ignore[no-untyped-def]
+    steps = sizes.shape[0]
+    batch, hidden = h0.shape
     h = h0.copy()
     pre = np.empty((batch, hidden), x_gates.dtype)
     for s in range(steps):
         t = steps - 1 - s if reverse else s
-        np.dot(h, w_hh_t, pre)
-        for n in range(batch):
-            p, x, hn = pre[n], x_gates[t, n], h[n]
+        rows, first_row = sizes[t], offsets[t]
+        np.dot(h[:rows], w_hh_t, pre[:rows])
+        for n in range(rows):
+            p, x, hn = pre[n], x_gates[first_row + n], h[n]
             if relu:
                 for j in range(hidden):
                     v = x[j] + (p[j] + b_hh[j])
@@ -172,17 +182,31 @@ def _rnn_forward(relu, x_gates, w_hh_t, b_hh, h0, reverse, out, zero):  # type: 
             else:
                 for j in range(hidden):
                     hn[j] = _tanh(x[j] + (p[j] + b_hh[j]))
-            o = out[t, n]
+            o = out[first_row + n]
             for j in range(hidden):
                 o[j] = hn[j]
 
 
 @numba.njit(**_JIT)
-def _lstm_backward(g, out, w_hh, c0, w_hr, proj, reverse, dx_gates, dh, dc, dhs, ms, one):  # type: ignore[no-untyped-def]
+def _previous_row(offsets, sizes, t, n, reverse):  # type: ignore[no-untyped-def]
+    """The row of the step that row ``n`` of step ``t`` continues (its state's step), or -1
+    where that step reads the initial state: the first step of its direction, or, backwards
+    over packed sequences, the last step of a sequence shorter than others."""
+    if reverse:
+        if t == sizes.shape[0] - 1 or n >= sizes[t + 1]:
+            return -1
+        return offsets[t + 1] + n
+    return -1 if t == 0 else offsets[t - 1] + n
+
+
+@numba.njit(**_JIT)
+def _lstm_backward(
+    g, out, offsets, sizes, w_hh, c0, w_hr, proj, reverse, dx_gates, dh, dc, dhs, ms, one
+):  # type: ignore[no-untyped-def]
     """``dh``, ``dc``: zeros in, the gradients of h0 and c0 out.  With a projection, ``dhs``
     and ``ms`` receive each step's gradient of h and its ``m = o tanh c`` (for ``dW_hr``)."""
-    steps, batch, _ = out.shape
-    hidden = c0.shape[1]
+    steps = sizes.shape[0]
+    batch, hidden = c0.shape
     size = dh.shape[1]
     gi, gf, gg, go = size + hidden, size + 2 * hidden, size + 3 * hidden, size + 4 * hidden
     tc = np.empty(hidden, out.dtype)
@@ -191,22 +215,23 @@ def _lstm_backward(g, out, w_hh, c0, w_hr, proj, reverse, dx_gates, dh, dc, dhs,
     dm = np.empty((batch, hidden), out.dtype) if proj else dh_step  # the gradient of o tanh c
     for s in range(steps):
         t = s if reverse else steps - 1 - s
-        first = t == steps - 1 if reverse else t == 0
-        before = t + 1 if reverse else t - 1
-        dht = dhs[t] if proj else dh_step
-        for n in range(batch):
-            gt, dhn, dn = g[t, n], dh[n], dht[n]
+        rows, first_row = sizes[t], offsets[t]
+        dht = dhs[first_row : first_row + rows] if proj else dh_step[:rows]
+        for n in range(rows):
+            gt, dhn, dn = g[first_row + n], dh[n], dht[n]
             for j in range(size):
                 dn[j] = gt[j] + dhn[j]
         if proj:
-            np.dot(dht, w_hr, dm)
-        for n in range(batch):
-            gt, o, dx, dmn, dcn = g[t, n], out[t, n], dx_gates[t, n], dm[n], dc[n]
-            c_prev = c0[n] if first else out[before, n, size : size + hidden]
+            np.dot(dht, w_hr, dm[:rows])
+        for n in range(rows):
+            row = first_row + n
+            gt, o, dx, dmn, dcn = g[row], out[row], dx_gates[row], dm[n], dc[n]
+            before = _previous_row(offsets, sizes, t, n, reverse)
+            c_prev = c0[n] if before < 0 else out[before, size : size + hidden]
             for j in range(hidden):
                 tc[j] = _tanh(o[size + j])
             if proj:
-                mt = ms[t, n]
+                mt = ms[row]
                 for j in range(hidden):
                     mt[j] = o[go + j] * tc[j]
             for j in range(hidden):
@@ -226,24 +251,25 @@ def _lstm_backward(g, out, w_hh, c0, w_hr, proj, reverse, dx_gates, dh, dc, dhs,
             for j in range(hidden):
                 dcn[j] = dcv[j] * o[gf + j]
         # the state's gradient for the step before: through h W_hh^T (one BLAS call)
-        np.dot(dx_gates[t], w_hh, dh)
+        np.dot(dx_gates[first_row : first_row + rows], w_hh, dh[:rows])
 
 
 @numba.njit(**_JIT)
-def _gru_backward(g, out, w_hh, h0, reverse, dx_gates, dh_gates, dh, one):  # type: ignore[no-untyped-def]
+def _gru_backward(g, out, offsets, sizes, w_hh, h0, reverse, dx_gates, dh_gates, dh, one):  # type: ignore[no-untyped-def]
     """``dh``: zeros in, the gradient of h0 out; ``dh_gates``: the gradient of
     ``h W_hh^T + b_hh`` per step (``dx_gates``'s but for the n gate: ``dn r``)."""
-    steps, batch, _ = out.shape
-    hidden = h0.shape[1]
+    steps = sizes.shape[0]
+    batch, hidden = h0.shape
     dhv = np.empty(hidden, out.dtype)
     direct = np.empty((batch, hidden), out.dtype)  # z dh, straight to h_{t-1}
     for s in range(steps):
         t = s if reverse else steps - 1 - s
-        first = t == steps - 1 if reverse else t == 0
-        before = t + 1 if reverse else t - 1
-        for n in range(batch):
-            gt, o, dx, dhg, dhn = g[t, n], out[t, n], dx_gates[t, n], dh_gates[t, n], dh[n]
-            h_prev = h0[n] if first else out[before, n, :hidden]
+        rows, first_row = sizes[t], offsets[t]
+        for n in range(rows):
+            row = first_row + n
+            gt, o, dx, dhg, dhn = g[row], out[row], dx_gates[row], dh_gates[row], dh[n]
+            before = _previous_row(offsets, sizes, t, n, reverse)
+            h_prev = h0[n] if before < 0 else out[before, :hidden]
             for j in range(hidden):
                 dhv[j] = gt[j] + dhn[j]
             for j in range(hidden):  # dn_pre = (dh (1 - z) + g_n) (1 - n^2)
@@ -262,24 +288,27 @@ def _gru_backward(g, out, w_hh, h0, reverse, dx_gates, dh_gates, dh, one):  # ty
                 dhg[2 * hidden + j] = dx[2 * hidden + j] * o[hidden + j] + gt[4 * hidden + j]
             for j in range(hidden):
                 direct[n, j] = dhv[j] * o[2 * hidden + j]
-        np.dot(dh_gates[t], w_hh, dh)
-        dh += direct
+        np.dot(dh_gates[first_row : first_row + rows], w_hh, dh[:rows])
+        dh[:rows] += direct[:rows]
 
 
 @numba.njit(**_JIT)
-def _rnn_backward(relu, g, out, w_hh, reverse, dx_gates, dh, one, zero):  # type: ignore[no-untyped-def]
-    steps, batch, hidden = out.shape
+def _rnn_backward(relu, g, out, offsets, sizes, w_hh, reverse, dx_gates, dh, one, zero):  # type: ignore[no-untyped-def]
+    steps = sizes.shape[0]
+    hidden = dh.shape[1]
     for s in range(steps):
         t = s if reverse else steps - 1 - s
-        for n in range(batch):
-            gt, o, dx, dhn = g[t, n], out[t, n], dx_gates[t, n], dh[n]
+        rows, first_row = sizes[t], offsets[t]
+        for n in range(rows):
+            row = first_row + n
+            gt, o, dx, dhn = g[row], out[row], dx_gates[row], dh[n]
             if relu:
                 for j in range(hidden):
                     dx[j] = gt[j] + dhn[j] if o[j] > zero else zero
             else:
                 for j in range(hidden):
                     dx[j] = (gt[j] + dhn[j]) * (one - o[j] * o[j])
-        np.dot(dx_gates[t], w_hh, dh)
+        np.dot(dx_gates[first_row : first_row + rows], w_hh, dh[:rows])
 
 
 def _check(name: str, mode: str, arrays: dict[str, np.ndarray]) -> np.dtype:
@@ -293,6 +322,19 @@ def _check(name: str, mode: str, arrays: dict[str, np.ndarray]) -> np.dtype:
     return next(iter(dtypes))
 
 
+def _steps(shape: tuple, batch: int, batch_sizes: tuple | None) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's first row and row count in the flat (rows, width) layout the kernels use:
+    a padded (T, N, ...) sequence is T steps of N rows; a packed one (``batch_sizes``) has
+    ``batch_sizes[t]`` rows at step t, the sequences still running (longest first)."""
+    if batch_sizes is None:
+        steps = shape[0]
+        return np.arange(steps, dtype=np.int64) * batch, np.full(steps, batch, np.int64)
+    sizes = np.asarray(batch_sizes, dtype=np.int64)
+    offsets = np.zeros(len(sizes), np.int64)
+    np.cumsum(sizes[:-1], out=offsets[1:])
+    return offsets, sizes
+
+
 def rnn_forward(
     mode: str,
     x_gates: np.ndarray,
@@ -302,9 +344,12 @@ def rnn_forward(
     b_hh: np.ndarray | None,
     reverse: bool,
     w_hr: np.ndarray | None = None,
+    batch_sizes: tuple | None = None,
 ) -> np.ndarray:
-    """The packed values of one layer and direction (module docstring): (T, N, W H), or for
-    an LSTM with a projection ``w_hr`` (P, H), (T, N, P + 5 H)."""
+    """The packed values of one layer and direction (module docstring): (T, N, W), or
+    (rows, W) for a packed sequence's (rows, G H) ``x_gates`` (``batch_sizes``); W is P + 5 H
+    for an LSTM (P: its projection ``w_hr`` (P, H)'s size, else H), 5 H for a GRU, H for an
+    RNN."""
     arrays = {"x_gates": x_gates, "w_hh": w_hh, "h0": h0}
     if c0 is not None:
         arrays["c0"] = c0
@@ -313,25 +358,28 @@ def rnn_forward(
     if b_hh is not None:
         arrays["b_hh"] = b_hh
     dtype = _check("rnn_sequence", mode, arrays)
-    steps, batch, _ = x_gates.shape
-    hidden = w_hh.shape[1]
-    x_gates, h0 = np.ascontiguousarray(x_gates), np.ascontiguousarray(h0)
-    c0 = None if c0 is None else np.ascontiguousarray(c0)
+    size = w_hh.shape[1]
+    offsets, sizes = _steps(x_gates.shape, h0.shape[0], batch_sizes)
+    flat = np.ascontiguousarray(x_gates).reshape(-1, x_gates.shape[-1])
+    h0 = np.ascontiguousarray(h0)
     b_hh = np.zeros(w_hh.shape[0], dtype) if b_hh is None else np.ascontiguousarray(b_hh)
     w_hh_t = np.ascontiguousarray(w_hh.T)
     reverse = bool(reverse)
     if mode == "LSTM":
-        out = np.empty((steps, batch, hidden + 5 * c0.shape[1]), dtype)
+        c0 = np.ascontiguousarray(c0)
+        out = np.empty((flat.shape[0], size + 5 * c0.shape[1]), dtype)
         proj = w_hr is not None
         w_hr_t = np.ascontiguousarray(w_hr.T) if proj else w_hh_t  # (unused without one)
-        _lstm_forward(x_gates, w_hh_t, b_hh, h0, c0, w_hr_t, proj, reverse, out)
-        return out
-    out = np.empty((steps, batch, PACKED_WIDTH[mode] * hidden), dtype)
-    if mode == "GRU":
-        _gru_forward(x_gates, w_hh_t, b_hh, h0, reverse, out)
+        _lstm_forward(flat, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, proj, reverse, out)
     else:
-        _rnn_forward(mode == "RNN_RELU", x_gates, w_hh_t, b_hh, h0, reverse, out, dtype.type(0))
-    return out
+        out = np.empty((flat.shape[0], PACKED_WIDTH[mode] * size), dtype)
+        if mode == "GRU":
+            _gru_forward(flat, offsets, sizes, w_hh_t, b_hh, h0, reverse, out)
+        else:
+            relu = mode == "RNN_RELU"
+            zero = dtype.type(0)
+            _rnn_forward(relu, flat, offsets, sizes, w_hh_t, b_hh, h0, reverse, out, zero)
+    return out.reshape(x_gates.shape[:-1] + (out.shape[1],))
 
 
 def rnn_backward(
@@ -343,9 +391,10 @@ def rnn_backward(
     c0: np.ndarray | None,
     reverse: bool,
     w_hr: np.ndarray | None = None,
+    batch_sizes: tuple | None = None,
 ) -> np.ndarray:
     """The gradients of ``rnn_sequence`` for the gradient ``g`` of its packed output, flat and
-    in this order: x_gates (T, N, G H), h0 (N, P), c0 (N, H; LSTM only), w_hh (G H, P),
+    in this order: x_gates (rows, G H), h0 (N, P), c0 (N, H; LSTM only), w_hh (G H, P),
     w_hr (P, H; with a projection only), b_hh (G H).  P is H except for a projection."""
     arrays = {"g": g, "out": out, "w_hh": w_hh, "h0": h0}
     if c0 is not None:
@@ -353,23 +402,27 @@ def rnn_backward(
     if w_hr is not None:
         arrays["w_hr"] = w_hr
     dtype = _check("rnn_sequence_backward", mode, arrays)
-    steps, batch, _ = out.shape
     gate_size, size = w_hh.shape
+    batch = h0.shape[0]
     hidden = size if c0 is None else c0.shape[1]
+    offsets, sizes = _steps(out.shape, batch, batch_sizes)
+    g = np.ascontiguousarray(g).reshape(-1, out.shape[-1])
+    out = np.ascontiguousarray(out).reshape(-1, out.shape[-1])
+    rows = out.shape[0]
     lstm = mode == "LSTM"
     proj = w_hr is not None
-    sizes = [steps * batch * gate_size, batch * size, batch * hidden if lstm else 0]
-    sizes += [gate_size * size, size * hidden if proj else 0, gate_size]
-    flat = np.empty(sum(sizes), dtype)
-    bounds = np.cumsum([0] + sizes)
-    dx_gates = flat[bounds[0] : bounds[1]].reshape(steps, batch, gate_size)
+    parts = [rows * gate_size, batch * size, batch * hidden if lstm else 0]
+    parts += [gate_size * size, size * hidden if proj else 0, gate_size]
+    flat = np.empty(sum(parts), dtype)
+    bounds = np.cumsum([0] + parts)
+    dx_gates = flat[bounds[0] : bounds[1]].reshape(rows, gate_size)
     dh0 = flat[bounds[1] : bounds[2]].reshape(batch, size)
     dc0 = flat[bounds[2] : bounds[3]].reshape(batch, hidden) if lstm else None
     dw_hh = flat[bounds[3] : bounds[4]].reshape(gate_size, size)
     dw_hr = flat[bounds[4] : bounds[5]].reshape(size, hidden) if proj else None
     db_hh = flat[bounds[5] : bounds[6]]
     dh_gates = np.empty_like(dx_gates) if mode == "GRU" else dx_gates
-    g, out, h0 = np.ascontiguousarray(g), np.ascontiguousarray(out), np.ascontiguousarray(h0)
+    h0 = np.ascontiguousarray(h0)
     w_hh = np.ascontiguousarray(w_hh)
     reverse = bool(reverse)
     one, zero = dtype.type(1), dtype.type(0)
@@ -378,26 +431,53 @@ def rnn_backward(
         dc0[:] = 0
         c0 = np.ascontiguousarray(c0)
         # with a projection: each step's gradient of h and its o tanh(c), for dW_hr
-        dhs = np.empty((steps, batch, size) if proj else (1, 1, 1), dtype)
-        ms = np.empty((steps, batch, hidden) if proj else (1, 1, 1), dtype)
+        dhs = np.empty((rows, size) if proj else (1, 1), dtype)
+        ms = np.empty((rows, hidden) if proj else (1, 1), dtype)
         w_hr_c = np.ascontiguousarray(w_hr) if proj else w_hh
-        _lstm_backward(g, out, w_hh, c0, w_hr_c, proj, reverse, dx_gates, dh0, dc0, dhs, ms, one)
+        _lstm_backward(
+            g, out, offsets, sizes, w_hh, c0, w_hr_c, proj, reverse, dx_gates, dh0, dc0,
+            dhs, ms, one,
+        )  # fmt: skip
         if dw_hr is not None:
-            rows = steps * batch
-            np.dot(dhs.reshape(rows, size).T, ms.reshape(rows, hidden), dw_hr)
+            np.dot(dhs.T, ms, dw_hr)
     elif mode == "GRU":
-        _gru_backward(g, out, w_hh, h0, reverse, dx_gates, dh_gates, dh0, one)
+        _gru_backward(g, out, offsets, sizes, w_hh, h0, reverse, dx_gates, dh_gates, dh0, one)
     else:
-        _rnn_backward(mode == "RNN_RELU", g, out, w_hh, reverse, dx_gates, dh0, one, zero)
-    # the states each step read: h0 at the first step of its direction, then the outputs
-    h_prev = np.empty((steps, batch, size), dtype)
-    if reverse:
-        h_prev[-1] = h0
-        h_prev[:-1] = out[1:, :, :size]
-    else:
-        h_prev[0] = h0
-        h_prev[1:] = out[:-1, :, :size]
-    rows = dh_gates.reshape(steps * batch, gate_size)
-    np.dot(rows.T, h_prev.reshape(steps * batch, size), dw_hh)
-    db_hh[:] = rows.sum(0)
+        relu = mode == "RNN_RELU"
+        _rnn_backward(relu, g, out, offsets, sizes, w_hh, reverse, dx_gates, dh0, one, zero)
+    np.dot(dh_gates.T, _previous_states(out[:, :size], h0, offsets, sizes, reverse), dw_hh)
+    db_hh[:] = dh_gates.sum(0)
     return flat
+
+
+def _previous_states(
+    outputs: np.ndarray, h0: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, reverse: bool
+) -> np.ndarray:
+    """(rows, P): the state each row's step read -- the same sequence's output at the step
+    before in its direction, or its initial state where there is none."""
+    steps = len(sizes)
+    batch = h0.shape[0]
+    if int(sizes.min(initial=batch)) == batch:  # padded: whole steps shift by one
+        shaped = outputs.reshape(steps, batch, -1)
+        before = np.empty_like(shaped)
+        if reverse:
+            before[-1] = h0
+            before[:-1] = shaped[1:]
+        else:
+            before[0] = h0
+            before[1:] = shaped[:-1]
+        return before.reshape(outputs.shape)
+    before = np.empty_like(outputs)
+    for t in range(steps):
+        start, rows = int(offsets[t]), int(sizes[t])
+        if reverse:
+            cont = int(sizes[t + 1]) if t + 1 < steps else 0  # rows that go on to step t + 1
+            nxt = int(offsets[t + 1]) if t + 1 < steps else 0
+            before[start : start + cont] = outputs[nxt : nxt + cont]
+            before[start + cont : start + rows] = h0[cont:rows]
+        elif t == 0:
+            before[:rows] = h0[:rows]
+        else:
+            prev = int(offsets[t - 1])
+            before[start : start + rows] = outputs[prev : prev + rows]
+    return before
