@@ -12,7 +12,7 @@ three are compared once, so a benchmark that computes something else fails loudl
 
 Run from the repository root::
 
-    python -m benchmarks.recurrent [--threads N] [--reps N] [--cells LSTM,GRU]
+    python -m benchmarks.recurrent [--threads N] [--reps N] [--cells LSTM,GRU,LSTM-packed]
 """
 
 from __future__ import annotations
@@ -31,10 +31,16 @@ LAYERS, HIDDEN, SEQ, BATCH = 2, 200, 35, 20
 
 
 def _workloads(cell: str, np: Any, fg: Any, torch: Any) -> tuple[dict, dict]:
-    """``({name: step}, {name: grads()})`` for one cell type."""
+    """``({name: step}, {name: grads()})`` for one cell type (``LSTM-packed``: an LSTM on a
+    PackedSequence of lengths 10 to 35, as a sequence classifier feeds it)."""
+    packed = cell.endswith("-packed")
+    cell = cell.removesuffix("-packed")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((SEQ, BATCH, HIDDEN)).astype(np.float32)
-    w = rng.standard_normal((SEQ, BATCH, HIDDEN)).astype(np.float32)
+    lengths = sorted(rng.integers(10, SEQ + 1, BATCH).tolist(), reverse=True)
+    lengths[0] = SEQ
+    rows = sum(lengths) if packed else SEQ * BATCH
+    w = rng.standard_normal((rows, HIDDEN)).astype(np.float32)
     fg.manual_seed(0)
     model = getattr(fg.nn, cell)(HIDDEN, HIDDEN, LAYERS)
     state = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
@@ -43,13 +49,18 @@ def _workloads(cell: str, np: Any, fg: Any, torch: Any) -> tuple[dict, dict]:
 
     def fusegrad_step(fused: bool) -> Any:
         xt, wt = fg.tensor(x), fg.tensor(w)
+        pack = fg.nn.utils.rnn.pack_padded_sequence
 
         def step() -> dict:
             for p in model.parameters():
                 p.grad = None
             with fg.nn.rnn.fused_kernels(fused):
                 start = common.clock()
-                loss = (model(xt)[0] * wt).sum()
+                if packed:
+                    out = model(pack(xt, lengths))[0].data
+                else:
+                    out = model(xt)[0].reshape(rows, HIDDEN)
+                loss = (out * wt).sum()
                 middle = common.clock()
                 loss.backward()
                 end = common.clock()
@@ -71,7 +82,11 @@ def _workloads(cell: str, np: Any, fg: Any, torch: Any) -> tuple[dict, dict]:
             for p in tmodel.parameters():
                 p.grad = None
             start = common.clock()
-            loss = (tmodel(tx)[0] * tw).sum()
+            if packed:
+                out = tmodel(torch.nn.utils.rnn.pack_padded_sequence(tx, lengths))[0].data
+            else:
+                out = tmodel(tx)[0].reshape(rows, HIDDEN)
+            loss = (out * tw).sum()
             middle = common.clock()
             loss.backward()
             end = common.clock()
@@ -101,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--cells", default="LSTM,GRU")
+    parser.add_argument("--cells", default="LSTM,GRU,LSTM-packed")
     parser.add_argument("--no-torch", action="store_true")
     args = parser.parse_args(argv)
     common.pin_threads(args.threads)
