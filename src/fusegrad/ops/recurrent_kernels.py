@@ -85,16 +85,17 @@ _JIT = {"cache": True, "fastmath": {"contract"}, "error_model": "numpy"}
 
 
 @numba.njit(**_JIT)
-def _lstm_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, proj, reverse, out):  # type: ignore[no-untyped-def]
-    """The LSTM's packed steps: h (P), c, i, f, g, o (H each); P = H without a projection,
-    else h = (o tanh c) W_hr^T (one more BLAS call per step)."""
+def _lstm_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse, out):  # type: ignore[no-untyped-def]
+    """The LSTM's packed steps: h (P), c, i, f, g, o (H each); P = H without a projection
+    (``w_hr_t`` None: numba compiles that case apart, its branches pruned), else
+    h = (o tanh c) W_hr^T (one more BLAS call per step)."""
     steps = sizes.shape[0]
     batch, hidden = c0.shape
     gate_size = x_gates.shape[1]
     size = h0.shape[1]
     h = h0.copy()
     c = c0.copy()
-    m = np.empty((batch, hidden), x_gates.dtype) if proj else h  # o tanh(c)
+    m = h if w_hr_t is None else np.empty((batch, hidden), x_gates.dtype)  # o tanh(c)
     pre = np.empty((batch, gate_size), x_gates.dtype)
     gi, gf, gg, go = size + hidden, size + 2 * hidden, size + 3 * hidden, size + 4 * hidden
     for s in range(steps):
@@ -120,10 +121,10 @@ def _lstm_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, proj, r
                 mn[j] = o[go + j] * _tanh(cn[j])
             for j in range(hidden):
                 o[size + j] = cn[j]
-            if not proj:
+            if w_hr_t is None:
                 for j in range(hidden):
                     o[j] = mn[j]
-        if proj:
+        if w_hr_t is not None:
             np.dot(m[:rows], w_hr_t, h[:rows])
             for n in range(rows):
                 o, hn = out[first_row + n], h[n]
@@ -200,11 +201,10 @@ def _previous_row(offsets, sizes, t, n, reverse):  # type: ignore[no-untyped-def
 
 
 @numba.njit(**_JIT)
-def _lstm_backward(
-    g, out, offsets, sizes, w_hh, c0, w_hr, proj, reverse, dx_gates, dh, dc, dhs, ms, one
-):  # type: ignore[no-untyped-def]
-    """``dh``, ``dc``: zeros in, the gradients of h0 and c0 out.  With a projection, ``dhs``
-    and ``ms`` receive each step's gradient of h and its ``m = o tanh c`` (for ``dW_hr``)."""
+def _lstm_backward(g, out, offsets, sizes, w_hh, c0, w_hr, reverse, dx_gates, dh, dc, dhs, ms, one):  # type: ignore[no-untyped-def]
+    """``dh``, ``dc``: zeros in, the gradients of h0 and c0 out.  With a projection (``w_hr``
+    not None), ``dhs`` and ``ms`` receive each row's gradient of h and its ``m = o tanh c``
+    (for ``dW_hr``)."""
     steps = sizes.shape[0]
     batch, hidden = c0.shape
     size = dh.shape[1]
@@ -212,16 +212,16 @@ def _lstm_backward(
     tc = np.empty(hidden, out.dtype)
     dcv = np.empty(hidden, out.dtype)
     dh_step = np.empty((batch, size), out.dtype)
-    dm = np.empty((batch, hidden), out.dtype) if proj else dh_step  # the gradient of o tanh c
+    dm = dh_step if w_hr is None else np.empty((batch, hidden), out.dtype)  # d(o tanh c)
     for s in range(steps):
         t = s if reverse else steps - 1 - s
         rows, first_row = sizes[t], offsets[t]
-        dht = dhs[first_row : first_row + rows] if proj else dh_step[:rows]
+        dht = dh_step[:rows] if w_hr is None else dhs[first_row : first_row + rows]
         for n in range(rows):
             gt, dhn, dn = g[first_row + n], dh[n], dht[n]
             for j in range(size):
                 dn[j] = gt[j] + dhn[j]
-        if proj:
+        if w_hr is not None:
             np.dot(dht, w_hr, dm[:rows])
         for n in range(rows):
             row = first_row + n
@@ -230,7 +230,7 @@ def _lstm_backward(
             c_prev = c0[n] if before < 0 else out[before, size : size + hidden]
             for j in range(hidden):
                 tc[j] = _tanh(o[size + j])
-            if proj:
+            if w_hr is not None:
                 mt = ms[row]
                 for j in range(hidden):
                     mt[j] = o[go + j] * tc[j]
@@ -368,9 +368,8 @@ def rnn_forward(
     if mode == "LSTM":
         c0 = np.ascontiguousarray(c0)
         out = np.empty((flat.shape[0], size + 5 * c0.shape[1]), dtype)
-        proj = w_hr is not None
-        w_hr_t = np.ascontiguousarray(w_hr.T) if proj else w_hh_t  # (unused without one)
-        _lstm_forward(flat, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, proj, reverse, out)
+        w_hr_t = None if w_hr is None else np.ascontiguousarray(w_hr.T)
+        _lstm_forward(flat, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse, out)
     else:
         out = np.empty((flat.shape[0], PACKED_WIDTH[mode] * size), dtype)
         if mode == "GRU":
@@ -433,10 +432,10 @@ def rnn_backward(
         # with a projection: each step's gradient of h and its o tanh(c), for dW_hr
         dhs = np.empty((rows, size) if proj else (1, 1), dtype)
         ms = np.empty((rows, hidden) if proj else (1, 1), dtype)
-        w_hr_c = np.ascontiguousarray(w_hr) if proj else w_hh
+        w_hr_c = np.ascontiguousarray(w_hr) if proj else None
         _lstm_backward(
-            g, out, offsets, sizes, w_hh, c0, w_hr_c, proj, reverse, dx_gates, dh0, dc0,
-            dhs, ms, one,
+            g, out, offsets, sizes, w_hh, c0, w_hr_c, reverse, dx_gates, dh0, dc0, dhs, ms,
+            one,
         )  # fmt: skip
         if dw_hr is not None:
             np.dot(dhs.T, ms, dw_hr)
