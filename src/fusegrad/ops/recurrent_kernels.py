@@ -92,7 +92,7 @@ def _lstm_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse
     steps = sizes.shape[0]
     batch, hidden = c0.shape
     gate_size = x_gates.shape[1]
-    size = h0.shape[1]
+    size = hidden if w_hr_t is None else h0.shape[1]  # (the same size: LLVM sees it)
     h = h0.copy()
     c = c0.copy()
     m = h if w_hr_t is None else np.empty((batch, hidden), x_gates.dtype)  # o tanh(c)
@@ -207,7 +207,7 @@ def _lstm_backward(g, out, offsets, sizes, w_hh, c0, w_hr, reverse, dx_gates, dh
     (for ``dW_hr``)."""
     steps = sizes.shape[0]
     batch, hidden = c0.shape
-    size = dh.shape[1]
+    size = hidden if w_hr is None else dh.shape[1]  # (the same size: LLVM sees it)
     gi, gf, gg, go = size + hidden, size + 2 * hidden, size + 3 * hidden, size + 4 * hidden
     tc = np.empty(hidden, out.dtype)
     dcv = np.empty(hidden, out.dtype)
