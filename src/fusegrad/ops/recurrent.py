@@ -52,19 +52,16 @@ def rnn_sequence(
     return apply(P["rnn_sequence"], (x_gates, w_hh, h0, *state), attrs)
 
 
-def _last_rows(batch_sizes: Sequence[int], reverse: bool) -> list[int]:
+def _last_rows(batch_sizes: Sequence[int], reverse: bool) -> np.ndarray:
     """The packed row of each sequence's final state: its last step's row (forwards), its
     first step's (backwards)."""
+    sizes = np.asarray(batch_sizes, np.int64)
+    sequences = np.arange(sizes[0], dtype=np.int64)
     if reverse:
-        return list(range(batch_sizes[0]))
-    offsets = [0]
-    for b in batch_sizes[:-1]:
-        offsets.append(offsets[-1] + b)
-    last = []
-    for n in range(batch_sizes[0]):
-        length = sum(1 for b in batch_sizes if b > n)
-        last.append(offsets[length - 1] + n)
-    return last
+        return sequences
+    offsets = np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)
+    lengths = (sizes[:, None] > sequences[None, :]).sum(0)
+    return offsets[lengths - 1] + sequences
 
 
 def rnn_layer(
@@ -96,8 +93,7 @@ def rnn_layer(
         x_gates = linear(x, w_ih, b_ih)
     packed = rnn_sequence(mode, x_gates, w_hh, h0, c0, b_hh, reverse, w_hr, batch_sizes)
     if batch_sizes is not None:
-        rows_n = np.asarray(_last_rows(list(batch_sizes), reverse), np.int64)
-        index = notify_created(Tensor._make(rows_n))
+        index = notify_created(Tensor._make(_last_rows(batch_sizes, reverse)))
         last = index_select(packed, 0, index)
         output = packed if mode in ("RNN_TANH", "RNN_RELU") else packed.narrow(1, 0, size)
     else:
