@@ -31,6 +31,10 @@ ALLOWED_LOCAL = {
     ("fusegrad.ops.primitives", "fusegrad.ops.attention_kernels"): (
         "the fused attention kernels (numba, and the compiler's fastmath exp), on first use"
     ),
+    ("fusegrad.ops.primitives", "fusegrad.ops.recurrent_kernels"): (
+        "the fused LSTM / GRU / RNN kernels (numba, and the compiler's fastmath helpers), on "
+        "first use"
+    ),
 }
 
 

@@ -87,6 +87,8 @@ EXTERNS = frozenset(
         "argsort",  # sort/topk/kthvalue/median's indices (their values are a gather)
         "attention",  # scaled_dot_product_attention's fused CPU kernel (numba)
         "attention_backward",  # its gradients (q, k, v stacked)
+        "rnn_sequence",  # nn.LSTM / GRU / RNN: one layer and direction's fused CPU kernel (numba)
+        "rnn_sequence_backward",  # its gradients (backpropagation through time), flat
         "cummax_index",  # cummax/cummin's indices (their values are a gather)
         "mode_index",  # mode's index (its value is a gather)
         "searchsorted",  # searchsorted/bucketize

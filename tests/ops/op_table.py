@@ -3651,6 +3651,145 @@ add(
 )
 
 
+# ---- recurrent layers: the fused kernel of one layer and direction (``rnn_sequence``) ----------
+
+_RNN_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+
+
+def _rnn_fused_ref(x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr=None, mode="LSTM", reverse=False):  # type: ignore[no-untyped-def]
+    """One layer and direction in numpy, PyTorch's gate order: (output, h_n[, c_n]); an LSTM's
+    projection ``w_hr`` maps ``o tanh(c)`` to h."""
+
+    def sig(v: np.ndarray) -> np.ndarray:
+        return 1.0 / (1.0 + np.exp(-v))
+
+    hidden = w_hh.shape[0] // _RNN_GATES[mode]
+    b_ih = 0.0 if b_ih is None else b_ih
+    b_hh = 0.0 if b_hh is None else b_hh
+    h, c = h0, c0
+    outs = [None] * x.shape[0]
+    for t in range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0]):
+        xg = x[t] @ w_ih.T + b_ih
+        hg = h @ w_hh.T + b_hh
+        if mode == "LSTM":
+            gates = xg + hg
+            i, f = sig(gates[:, :hidden]), sig(gates[:, hidden : 2 * hidden])
+            g, o = np.tanh(gates[:, 2 * hidden : 3 * hidden]), sig(gates[:, 3 * hidden :])
+            c = f * c + i * g
+            h = o * np.tanh(c)
+            if w_hr is not None:
+                h = h @ w_hr.T
+        elif mode == "GRU":
+            r = sig(xg[:, :hidden] + hg[:, :hidden])
+            z = sig(xg[:, hidden : 2 * hidden] + hg[:, hidden : 2 * hidden])
+            n = np.tanh(xg[:, 2 * hidden :] + r * hg[:, 2 * hidden :])
+            h = (1 - z) * n + z * h
+        else:
+            pre = xg + hg
+            h = np.tanh(pre) if mode == "RNN_TANH" else np.maximum(pre, 0.0)
+        outs[t] = h
+    result = (np.stack(outs), h)
+    return result + (c,) if mode == "LSTM" else result
+
+
+def _rnn_per_step(m, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse):  # type: ignore[no-untyped-def]
+    """fusegrad's per-step ops (nn.rnn's step functions): forward AD and CUDA tensors."""
+    from fusegrad.nn import rnn as _rnn
+
+    x_gates = m.F.linear(x, w_ih, b_ih).unbind(0)
+    h, c = h0, c0
+    outs = [None] * x.shape[0]
+    for t in range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0]):
+        if mode == "LSTM":
+            h, c = _rnn._lstm_step(x_gates[t], h, c, w_hh, b_hh, w_hr)
+        elif mode == "GRU":
+            h = _rnn._gru_step(x_gates[t], h, w_hh, b_hh)
+        else:
+            h = _rnn._rnn_step(mode, x_gates[t], h, w_hh, b_hh)
+        outs[t] = h
+    return (m.stack(outs, 0), h) + ((c,) if mode == "LSTM" else ())
+
+
+def _rnn_fused(m, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr=None, mode="LSTM", reverse=False):  # type: ignore[no-untyped-def]
+    if m.name == "torch":
+        # one layer of PyTorch's fused op, the reverse direction as the forward one over the
+        # flipped sequence
+        params = [w_ih, w_hh] + ([b_ih, b_hh] if b_ih is not None else [])
+        params += [] if w_hr is None else [w_hr]  # (a projection: told by h0's size)
+        seq = x.flip(0) if reverse else x
+        vf = m._VF
+        h0b = h0.unsqueeze(0)
+        if mode == "LSTM":
+            out, h_n, c_n = vf.lstm(
+                seq, (h0b, c0.unsqueeze(0)), params, b_ih is not None, 1, 0.0, False, False, False
+            )
+        else:
+            fn = {"GRU": vf.gru, "RNN_TANH": vf.rnn_tanh, "RNN_RELU": vf.rnn_relu}[mode]
+            out, h_n = fn(seq, h0b, params, b_ih is not None, 1, 0.0, False, False, False)
+            c_n = None
+        out = out.flip(0) if reverse else out
+        return (out, h_n[0]) + ((c_n[0],) if mode == "LSTM" else ())
+    if _fg_forward_state.level is not None or x.device.type != "cpu":
+        # (nn.LSTM & co. run their per-step ops there: forward AD and CUDA never meet the kernel)
+        return _rnn_per_step(m, x, h0, c0, w_ih, w_hh, b_ih, b_hh, w_hr, mode, reverse)
+    from fusegrad.ops.recurrent import rnn_layer
+
+    out, h_n, c_n = rnn_layer(
+        mode, x, w_ih, w_hh, b_ih, b_hh, h0, c0 if mode == "LSTM" else None, reverse, w_hr
+    )
+    return (out, h_n) + ((c_n,) if mode == "LSTM" else ())
+
+
+def _rnn_fused_samples(rng: np.random.Generator) -> list[Sample]:
+    """(x, h0, c0, w_ih, w_hh, b_ih, b_hh): T=3 steps, batch 2, input 3, hidden 2."""
+    cases = []
+    for mode in ("LSTM", "GRU", "RNN_TANH", "RNN_RELU"):
+        size = _RNN_GATES[mode] * 2
+        for reverse in (False, True):
+            args = (
+                uni(rng, (3, 2, 3), -1, 1), uni(rng, (2, 2), -1, 1), uni(rng, (2, 2), -1, 1),
+                uni(rng, (size, 3), -1, 1), uni(rng, (size, 2), -1, 1),
+                uni(rng, (size,), -1, 1), uni(rng, (size,), -1, 1),
+            )  # fmt: skip
+            if mode != "LSTM":
+                args = args[:2] + (None,) + args[3:]
+            name = mode.lower() + ("_reverse" if reverse else "")
+            cases.append(S(args, {"mode": mode, "reverse": reverse}, name=name))
+    x, h0, c0, w_ih, w_hh = (
+        uni(rng, s, -1, 1) for s in ((4, 1, 2), (1, 3), (1, 3), (12, 2), (12, 3))
+    )
+    cases.append(S((x, h0, c0, w_ih, w_hh, None, None), {"mode": "LSTM"}, name="lstm_no_bias"))
+    # proj_size 2 of hidden 3: h0 (N, 2), w_hh (12, 2), w_hr (2, 3)
+    proj = (
+        uni(rng, (4, 2, 2), -1, 1), uni(rng, (2, 2), -1, 1), uni(rng, (2, 3), -1, 1),
+        uni(rng, (12, 2), -1, 1), uni(rng, (12, 2), -1, 1), uni(rng, (12,), -1, 1),
+        uni(rng, (12,), -1, 1), uni(rng, (2, 3), -1, 1),
+    )  # fmt: skip
+    cases.append(S(proj, {"mode": "LSTM"}, name="lstm_proj"))
+    cases.append(S(proj, {"mode": "LSTM", "reverse": True}, name="lstm_proj_reverse"))
+    cases.append(
+        S(
+            (x, h0, c0, w_ih, w_hh, uni(rng, (12,), -1, 1), uni(rng, (12,), -1, 1)),
+            {"mode": "LSTM", "reverse": True},
+            name="noncontig",
+            noncontig=True,
+        )
+    )
+    return cases
+
+
+# nn.LSTM / GRU / RNN's fused CPU kernel (``ops/recurrent.py``), one layer and direction: every
+# gate's values and gradients through the kernels; its double backward is the rule's
+# op-surface form (``rnn_sequence_grads``)
+add(
+    "rnn_fused_kernel",
+    _rnn_fused,
+    _rnn_fused_ref,
+    _rnn_fused_samples,
+    f32_tol=(1e-4, 1e-5),
+)
+
+
 def _channel(v: Any, ndim: int) -> Any:
     return None if v is None else np.asarray(v).reshape([1, -1] + [1] * (ndim - 2))
 

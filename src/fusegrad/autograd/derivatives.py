@@ -32,6 +32,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import ops as F
 from ..errors import AutogradError
+from ..ops.recurrent import rnn_sequence_grads
 from ..ops.registry import vjp
 from ..ops.spectral import dual_norm
 from .grad_mode import is_grad_enabled
@@ -571,6 +572,51 @@ def _attention(node, g, q, k, v, out, *mask):
     return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + (
         None,
     ) * len(mask)
+
+
+@vjp("rnn_sequence", save="w_hh h0 out state*")
+def _rnn_sequence(node, g, w_hh, h0, out, *state):
+    """The fused kernel's backpropagation through time (``rnn_sequence_backward``); where a
+    graph of the gradient is wanted (grad mode on: ``create_graph``), the same formulas in the
+    op surface (``ops.recurrent.rnn_sequence_grads``), which differentiate again."""
+    mode, reverse = node.attrs["mode"], node.attrs["reverse"]
+    bias, proj, batch_sizes = node.attrs["bias"], node.attrs["proj"], node.attrs["batch_sizes"]
+    lstm = mode == "LSTM"
+    c0 = state[0] if lstm else None
+    w_hr = state[1] if proj else None
+    if is_grad_enabled():
+        grads = rnn_sequence_grads(mode, reverse, g, out, w_hh, h0, c0, w_hr, batch_sizes)
+        dx, dh0, dc0, dw_hh, dw_hr, db_hh = grads
+    else:
+        x_shape = node.input_shapes[0]
+        rows = x_shape[0] if batch_sizes is not None else x_shape[0] * x_shape[1]
+        batch = h0.shape[0]
+        gates, size = w_hh.shape[0], w_hh.shape[1]
+        hidden = c0.shape[1] if lstm else size
+        attrs = {"mode": mode, "reverse": reverse, "proj": proj, "batch_sizes": batch_sizes}
+        inputs = (g, out, w_hh, h0) + ((c0,) if lstm else ()) + ((w_hr,) if proj else ())
+        flat = F.apply(F.REGISTRY["rnn_sequence_backward"], inputs, attrs)
+        sizes = [rows * gates, batch * size, batch * hidden if lstm else 0]
+        sizes += [gates * size, size * hidden if proj else 0, gates]
+        parts, start = [], 0
+        for length in sizes:
+            parts.append(flat.narrow(0, start, length))
+            start += length
+        dx = parts[0].reshape(x_shape)
+        dh0 = parts[1].reshape(batch, size)
+        dc0 = parts[2].reshape(batch, hidden) if lstm else None
+        dw_hh = parts[3].reshape(gates, size)
+        dw_hr = parts[4].reshape(size, hidden) if proj else None
+        db_hh = parts[5]
+    need = node.needs_input_grad
+    result = [dx if need[0] else None, dw_hh if need[1] else None, dh0 if need[2] else None]
+    if lstm:
+        result.append(dc0 if need[3] else None)
+    if proj:
+        result.append(dw_hr if need[4] else None)
+    if bias:
+        result.append(db_hh if need[-1] else None)
+    return tuple(result)
 
 
 @vjp("getitem", save="idx*")

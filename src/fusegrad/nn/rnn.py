@@ -7,24 +7,39 @@ per layer ``k`` and direction (suffix ``""`` or ``"_reverse"``) ``weight_ih_l{k}
 ``proj_size``, ``weight_hr_l{k}`` (proj_size, H); G is 1 for RNN, 4 for LSTM (gates i, f, g, o)
 and 3 for GRU (gates r, z, n).  Every parameter starts as U(-1/sqrt(H), 1/sqrt(H)).
 
-The recurrence is ordinary ops (linear, sigmoid, tanh, slices, stack), so autograd, double
-backward and the compilers see primitives: the input projection of a whole layer is one matmul
-over all time steps, and each step adds one ``h @ weight_hh.T``.  A whole-step compile unrolls
-the time loop (the recording grows with the sequence length; a new length records again).
+How the layers run.  On the CPU, in float32 or float64, each layer and direction of ``RNN``,
+``LSTM`` and ``GRU`` is one matmul (the input projection of every time step at once) and one
+``rnn_sequence`` primitive: a numba kernel that runs the whole time loop natively (one BLAS call
+per step for ``h @ W_hh^T``, one more for an LSTM's ``proj_size``) and saves the gates, with
+one backward kernel (backpropagation through time); see ``ops/recurrent.py``.  Its derivative
+rule is in the derivative table; under ``create_graph`` the rule computes the same gradients in
+per-step ops, so double backward works.  Compiled programs call both kernels as externs.
+Dropout between layers stays an ordinary op.  A PackedSequence input runs the same kernels on
+its packed rows (step t computes the ``batch_sizes[t]`` sequences still running).  CUDA
+tensors, other dtypes, a forward-AD level and the cells (``LSTMCell`` & co., one step each) run
+the recurrence as ordinary per-step ops (linear, sigmoid, tanh, slices, stack), which autograd
+and the compilers see as primitives; ``fused_kernels(False)`` switches to that path on this
+thread (for comparisons; the results agree to rounding).  On the per-step path a whole-step
+compile unrolls the time loop (the recording grows with the sequence length).
 A PackedSequence input (``nn.utils.rnn``) gives a PackedSequence output: at each step only the
 sequences still running are computed, and each one's final state is its own last step's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
+import threading
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
+from ..autograd.forward_state import state as _forward_state
 from ..errors import ShapeError
 from ..ops.creation import empty, zeros
 from ..ops.indexing import index_select
+from ..ops.recurrent import rnn_layer
 from ..ops.shape import cat, stack
 from ..tensor import Tensor
 from . import functional as F
@@ -36,6 +51,29 @@ from .utils.rnn import PackedSequence
 __all__ = ["GRU", "GRUCell", "LSTM", "LSTMCell", "RNN", "RNNBase", "RNNCell", "RNNCellBase"]
 
 _GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
+
+
+class _FusedKernels(threading.local):
+    """Whether ``RNN`` / ``LSTM`` / ``GRU`` may run their fused kernels, per thread."""
+
+    def __init__(self) -> None:
+        self.enabled = True
+
+
+_kernels = _FusedKernels()
+
+
+@contextlib.contextmanager
+def fused_kernels(enabled: bool) -> Iterator[None]:
+    """Within the block, ``RNN`` / ``LSTM`` / ``GRU`` on this thread run their fused kernels
+    (``enabled=True``, the default) or the per-step ops (``False``: for comparisons and
+    benchmarks; the results are the same)."""
+    before = _kernels.enabled
+    _kernels.enabled = bool(enabled)
+    try:
+        yield
+    finally:
+        _kernels.enabled = before
 
 
 def _rnn_step(mode: str, x_gates: Tensor, h: Tensor, w_hh: Tensor, b_hh: Tensor | None) -> Tensor:
@@ -392,6 +430,7 @@ class RNNBase(Module):
         if input.shape[0] == 0:
             raise ShapeError("Expected sequence length to be larger than 0 in RNN")
         directions = 2 if self.bidirectional else 1
+        fused = self._fused_kernel_runs(input, h0, c0)
         layer_input = input
         h_last: list[Tensor] = []
         c_last: list[Tensor] = []
@@ -405,6 +444,17 @@ class RNNBase(Module):
                 b_ih = getattr(self, "bias_ih" + suffix, None)
                 b_hh = getattr(self, "bias_hh" + suffix, None)
                 w_hr = getattr(self, "weight_hr" + suffix, None)
+                if fused:  # one matmul and one native recurrence (ops/recurrent.py)
+                    c_in = None if c0 is None else c0[index]
+                    out, h, c = rnn_layer(
+                        self.mode, layer_input, w_ih, w_hh, b_ih, b_hh, h0[index], c_in,
+                        direction == 1, w_hr, sizes,
+                    )  # fmt: skip
+                    outputs.append(out)
+                    h_last.append(h)
+                    if c is not None:
+                        c_last.append(c)
+                    continue
                 # the input projection of every time step at once: one matmul per layer
                 projected = F.linear(layer_input, w_ih, b_ih)
                 x_gates = projected.unbind(0) if sizes is None else projected.split(sizes, 0)
@@ -434,6 +484,19 @@ class RNNBase(Module):
             if self.dropout > 0 and self.training and layer < self.num_layers - 1:
                 layer_input = F.dropout(layer_input, self.dropout, True)
         return layer_input, stack(h_last, 0), (stack(c_last, 0) if c_last else None)
+
+    def _fused_kernel_runs(self, input: Tensor, h0: Tensor, c0: Tensor | None) -> bool:
+        """Whether the layers run as fused kernels (``rnn_sequence``): CPU tensors of one
+        dtype, float32 or float64, no forward-AD level (whose tangents the per-step ops carry),
+        and ``fused_kernels`` not switched off on this thread."""
+        if not _kernels.enabled or _forward_state.level is not None:
+            return False
+        tensors = [input, h0] + ([] if c0 is None else [c0])
+        tensors += [w for w in self._flat_weights if w is not None]
+        dtype = input.dtype
+        if dtype.name not in ("float32", "float64"):
+            return False
+        return all(t.dtype == dtype and t.device.type == "cpu" for t in tensors)
 
     def _forward_packed(self, input: PackedSequence, hx: Any) -> tuple[Any, Tensor, Any]:
         data, batch_sizes, sorted_indices, unsorted_indices = input

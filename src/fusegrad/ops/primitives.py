@@ -720,6 +720,45 @@ def _attention_backward(g, q, k, v, out, *mask, scale, causal):  # type: ignore[
     return _attention_kernels()[1](g, q, k, v, out, mask[0] if mask else None, scale, causal)
 
 
+def _recurrent_kernels():  # type: ignore[no-untyped-def]
+    """The fused recurrent-layer kernels (forward, backward), imported on first use."""
+    from .recurrent_kernels import rnn_backward, rnn_forward  # numba: not at import
+
+    return rnn_forward, rnn_backward
+
+
+# One primitive per recurrent layer and direction over the whole sequence (not a composite of
+# per-step ops) for speed: the op loop ran about ten eager ops per time step, 7x-10x slower than
+# PyTorch's fused kernels (issue 27).  ``state`` holds c0 (LSTM only), then w_hr when ``proj``
+# (an LSTM's projection), then b_hh when ``bias``.
+@primitive("rnn_sequence", "opaque", "x_gates w_hh h0 state*")
+def _rnn_sequence(x_gates, w_hh, h0, *state, mode, reverse, bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
+    """The recurrence of one LSTM / GRU / RNN layer in one direction: ``x_gates`` (T, N, G H)
+    is the input projection ``x W_ih^T + b_ih`` of every step, ``w_hh`` (G H, P), ``h0``
+    (N, P), then c0 (N, H) for ``mode="LSTM"``, w_hr (P, H) when ``proj`` and b_hh (G H) when
+    ``bias``; P is H except for an LSTM's projection; ``reverse`` runs from the last step to the
+    first.  Returns (T, N, W): per step the output h, then what the backward needs (LSTM: c, i,
+    f, g, o, W = P + 5 H; GRU: r, z, n, hn, W = 5 H; RNN: nothing more, W = H).  With
+    ``batch_sizes`` (a PackedSequence's, longest sequence first) ``x_gates`` and the result are
+    the packed rows instead, (sum of batch_sizes, ...): step t has ``batch_sizes[t]`` rows.  One
+    numba kernel (``recurrent_kernels``)."""
+    c0 = state[0] if mode == "LSTM" else None
+    w_hr = state[1] if proj else None
+    b_hh = state[-1] if bias else None
+    return _recurrent_kernels()[0](mode, x_gates, w_hh, h0, c0, b_hh, reverse, w_hr, batch_sizes)
+
+
+@primitive("rnn_sequence_backward", "opaque", "g out w_hh h0 state*", differentiable=False)
+def _rnn_sequence_backward(g, out, w_hh, h0, *state, mode, reverse, proj, batch_sizes):  # type: ignore[no-untyped-def]
+    """The gradients of ``rnn_sequence`` for the gradient ``g`` of its packed output ``out``
+    (``state``: c0 for the LSTM, then w_hr when ``proj``), flat: x_gates, h0, c0 (LSTM), w_hh,
+    w_hr (``proj``), b_hh.  Not differentiable: the rule computes a differentiable composite
+    instead where a graph of the gradient is wanted (``create_graph``)."""
+    c0 = state[0] if mode == "LSTM" else None
+    w_hr = state[1] if proj else None
+    return _recurrent_kernels()[1](mode, g, out, w_hh, h0, c0, reverse, w_hr, batch_sizes)
+
+
 @primitive("cummax_index", "opaque", "x", differentiable=False)
 def _cummax_index(x, dim, largest):  # type: ignore[no-untyped-def]
     """Position of the running maximum (``largest=False``: minimum) along ``dim`` (cummax /
@@ -1069,7 +1108,8 @@ def _diagonal_shape(shape: tuple, offset: int, dim1: int, dim2: int) -> tuple:
 REAL_ONLY = frozenset(
     "sign floor ceil trunc round erf erfc erfinv lgamma digamma trigamma atan2 hypot logaddexp "
     "maximum minimum remainder floor_divide lt le gt ge amax amin argmax argmin argsort "
-    "cummax_index mode_index searchsorted histc attention attention_backward".split()
+    "cummax_index mode_index searchsorted histc attention attention_backward rnn_sequence "
+    "rnn_sequence_backward".split()
 )
 
 
@@ -1138,6 +1178,25 @@ def _set_metas() -> None:
             dtypes[1],
         ),
     )
+
+    def rnn_sequence_meta(shapes, dtypes, mode, reverse, bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
+        size = shapes[1][1]  # (P: H, or an LSTM's projection)
+        width = size + 5 * shapes[3][1] if mode == "LSTM" else (5 if mode == "GRU" else 1) * size
+        return tuple(shapes[0][:-1]) + (width,), dtypes[0]
+
+    def rnn_sequence_backward_meta(shapes, dtypes, mode, reverse, proj, batch_sizes):  # type: ignore[no-untyped-def]
+        (gates, size), batch = shapes[2], shapes[3][0]
+        rows = 1
+        for d in shapes[1][:-1]:
+            rows = rows * d
+        total = rows * gates + batch * size + gates * size + gates
+        if mode == "LSTM":
+            hidden = shapes[4][1]
+            total += batch * hidden + (size * hidden if proj else 0)
+        return (total,), dtypes[1]
+
+    set_meta("rnn_sequence", rnn_sequence_meta)
+    set_meta("rnn_sequence_backward", rnn_sequence_backward_meta)
     set_meta("cummax_index", lambda shapes, dtypes, dim, largest: (tuple(shapes[0]), _dt.int64))
 
     def mode_index_meta(shapes, dtypes, dim):  # type: ignore[no-untyped-def]
