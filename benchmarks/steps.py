@@ -157,6 +157,7 @@ def run(
     ``on_row`` gets each workload's row as soon as it is measured (the streamed table);
     ``progress`` is ``live.Progress``'s mode for the per-workload display on stderr."""
     fc = importlib.import_module("fusegrad.compiler")
+    Trial = importlib.import_module("fusegrad.compiler.service").Trial
     rows, checks, notes = [], {}, {}
     for index, name in enumerate(names, 1):
         bar = live.Progress(name, mode=progress, position=(index, len(names)))
@@ -191,13 +192,19 @@ def run(
         # step's first call makes the optimizer's state, the second records, the third is the
         # first replay, which builds and compiles the program on a thread (waited for, so that
         # compiled steps are measured)
+        # Then the calls that choose between a program of steps and its native segments,
+        # which a background compile makes both of (``service.Trial``: they run in turn, the
+        # faster stays), before anything is measured; eager takes as many steps.
+        settle = 2 * (Trial.RUNS + 1) + 1
         for key in ("fg_step", "fg_compiled", "fg_module"):
             t0 = common.clock()
             for _ in range(3):
                 impls[key].step()
             fc.wait_for_compiles()  # (compiled on a thread while the calls ran uncompiled)
             impls[key].first_calls_s = common.clock() - t0
-        for _ in range(3):
+            for _ in range(settle):
+                impls[key].step()
+        for _ in range(3 + settle):
             impls["fg_eager"].step()
         warmup, reps = QUICK_REPS if quick else REPS[name]
         before = (fc.counters.step_runs, dict(fc.counters.step_breaks))

@@ -136,11 +136,12 @@ class Slot:
     """One program's life under one key: ``program`` once built (and, in the background case,
     compiled), ``job`` while a ``BackgroundBuild`` runs."""
 
-    __slots__ = ("job", "program")
+    __slots__ = ("job", "program", "trial")
 
     def __init__(self) -> None:
         self.program: Program | None = None
         self.job: BackgroundBuild | None = None
+        self.trial: Any = None  # a ``service.Trial`` choosing between two programs
 
 
 class Programs:
@@ -157,7 +158,7 @@ class Programs:
     def ready(self, key: Any) -> Program | None:
         """The program under ``key`` when it is built and not being compiled, else None."""
         slot = self.slots.get(key)
-        if slot is None or slot.job is not None:
+        if slot is None or slot.job is not None or slot.trial is not None:
             return None
         return slot.program
 

@@ -305,14 +305,17 @@ class Program:
         # runs of interpreted kernels (a compile, then one call instead of one per kernel)
         self.hot = hot
         # runs of steps as native segments (``codegen.native_cpu``): CPU programs of concrete
-        # sizes (recorded steps and modules), not the reference executor.  Interpreted kernels
-        # stay interpreted, between segments: as generated code a small kernel (a long chain
-        # on a few thousand elements) ran up to 10x slower than the interpreter, and calling
-        # the interpreter from a segment made its compile twice as long for no gain
+        # sizes (recorded steps and modules), not the reference executor.  Every kernel is then
+        # generated code (a segment calls it): interpreted kernels between segments split the
+        # GPT step into 9 segments and took most of the gain (9.2 vs 6.7 ms), calling the
+        # interpreter from a segment doubled the compile.  Generated code can be slower than the
+        # interpreter (a 200-op chain on 1,000 elements: 10x), so a background compile keeps
+        # whichever program measures faster (``service.Trial``)
         self.native_eligible = (
             device == "cpu" and mode != "debug" and not any(has_sym(v.shape) for v in graph.values)
         )
         self.native = native and self.native_eligible
+        self.last_seconds: float | None = None  # the last ``run_step``'s wall time
         with _trace.phase("fusion"):
             self.fused = _schedule.steps(graph, mode)
         self._interpretable = (
@@ -321,7 +324,7 @@ class Program:
                 for k in self.fused
                 if isinstance(k, Kernel) and _schedule.interpretable(k)
             ]
-            if interpreter_max_elements > 0 and device == "cpu"
+            if interpreter_max_elements > 0 and device == "cpu" and not self.native
             else []
         )
         self._variants: dict[frozenset[int], Variant] = {}
@@ -458,10 +461,12 @@ class Program:
         inst = self.instance(self.graph.hints)
         prev_mode = grad_mode._state.enabled
         grad_mode._state.enabled = False
+        start = time.perf_counter()
         try:
             return self._run(inst, None, arrays, leaves, (), None, targets, outputs)  # type: ignore[return-value]
         finally:
             grad_mode._state.enabled = prev_mode
+            self.last_seconds = time.perf_counter() - start  # (``service.Trial``)
 
     def prepare(
         self,

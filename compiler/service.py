@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from . import events, logs, workers
 from . import trace as _trace
 from .cache import LRU, KeyHistory, Programs, Slot
@@ -168,6 +170,47 @@ def _upgrades(program: Program) -> bool:
         and program.mode != "debug"
         and program.native_eligible
     )
+
+
+class Trial:
+    """A program of steps and the same graph's native segments, both compiled: the next calls
+    run them in turn, ``RUNS`` measured runs each (after one unmeasured run, a first run's
+    loading), and the faster by median wall time stays in the slot (``perf`` log).  Generated
+    code is not always faster than what it replaces (the interpreter's small kernels), so the
+    choice is measured, not assumed."""
+
+    RUNS = 5
+
+    def __init__(self, slot: Slot, steps: Program, native: Program) -> None:
+        self.slot = slot
+        self.candidates = (steps, native)
+        self.times: tuple[list[float], list[float]] = ([], [])
+        self.runs = [0, 0]
+        self.last: int | None = None
+
+    def next(self) -> Program:
+        """The program this call runs (the previous call's time is read from its program)."""
+        last = self.last
+        if last is not None:
+            self.runs[last] += 1
+            seconds = self.candidates[last].last_seconds
+            if self.runs[last] > 1 and seconds is not None:
+                self.times[last].append(seconds)
+        if sum(self.runs) > 4 * self.RUNS:  # (a program that does not time its runs)
+            self.slot.program, self.slot.trial = self.candidates[0], None
+            return self.candidates[0]
+        if min(map(len, self.times)) >= self.RUNS:
+            steps, native = (float(np.median(t)) for t in self.times)
+            best = self.candidates[1 if native < steps else 0]
+            self.slot.program, self.slot.trial = best, None
+            logs.log(
+                "perf",
+                f"native segments {'kept' if native < steps else 'dropped'}: "
+                f"{native * 1e3:.3f} ms against {steps * 1e3:.3f} ms for the program of steps",
+            )
+            return best
+        self.last = 1 if last == 0 else 0 if last == 1 else 1
+        return self.candidates[self.last]
 
 
 # the background compiles still running (``wait_for_compiles``)
@@ -374,6 +417,8 @@ class Service:
         program; one whose compile failed builds it again here (and fails as a foreground build
         fails, or compiles what the thread did not)."""
         slot = table.slots.get(key)
+        if slot is not None and slot.trial is not None and slot.job is None:
+            return slot.trial.next(), True
         if slot is not None and slot.job is None and slot.program is not None:
             if background is None or background.cold is None or not background.cold(slot.program):
                 return slot.program, True
@@ -454,6 +499,10 @@ class Service:
             emit(events.BACKGROUND_DONE, owner=owner, seconds=job.seconds)
         if job.program is not None:
             slot.program = job.program
+            if job.first is not None and job.first is not job.program:
+                # the program of steps and its native segments: the faster one stays
+                slot.program = job.first
+                slot.trial = Trial(slot, job.first, job.program)
 
     # ---- the whole cache ------------------------------------------------------------------------
     def reset(self) -> None:

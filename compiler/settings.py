@@ -50,7 +50,8 @@ class Config:
         # code can run, instead of one Python dispatch per step.  None (the default): a
         # background compile goes on to them once the program of steps runs compiled (numba
         # takes about 4x as long over them: a minute for the GPT step, in a worker process)
-        # and they take over when ready; a foreground build makes the program of steps.  True:
+        # and when both are ready the faster of the two stays (``service.Trial``, measured over
+        # the next calls); a foreground build makes the program of steps.  True:
         # every such program is built with them (``FUSEGRAD_NATIVE=1``); False: never
         # (``FUSEGRAD_NATIVE=0``).  Read when a program is built.
         self.native_programs: bool | None = {"1": True, "0": False}.get(

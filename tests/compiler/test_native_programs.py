@@ -228,14 +228,14 @@ def test_compiled_module_matches_eager_in_native_segments() -> None:
         np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12)
 
 
-def test_a_background_compile_goes_on_to_native_segments(monkeypatch: Any) -> None:
+def test_a_background_compile_goes_on_to_native_segments(monkeypatch: Any, caplog: Any) -> None:
     """``native_programs`` None (the default): a background compile makes the program of
     steps, which the calls run compiled while the same compile goes on to the native segments;
     those take over when ready.  A foreground build stays a program of steps."""
     monkeypatch.setattr(compiler.config, "native_programs", None)
     monkeypatch.setattr(compiler.config, "background_compile", True)
     monkeypatch.setattr(compiler.config, "compile_workers", False)  # (a thread: quicker here)
-    data = _data(8)
+    data = _data(19)
     first_ready = threading.Event()
     release = threading.Event()
     prepare = Program.prepare
@@ -270,8 +270,37 @@ def test_a_background_compile_goes_on_to_native_segments(monkeypatch: Any) -> No
     assert compiler.counters.uncompiled_runs == uncompiled  # (ran compiled meanwhile)
     release.set()
     assert compiler.wait_for_compiles(300)
-    got += [step(*data[k]).item() for k in range(5, 8)]
-    assert _segments(step)  # the native program took over
+    compiler.set_logs("perf")
+    try:
+        with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
+            # the two programs run in turn, then the faster one stays
+            got += [step(*data[k]).item() for k in range(5, 19)]
+    finally:
+        compiler.set_logs(None)
+    assert "native segments kept" in caplog.text or "native segments dropped" in caplog.text
+    assert bool(_segments(step)) == ("native segments kept" in caplog.text)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     for p, q in zip(model.parameters(), want_model.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_a_trial_keeps_the_faster_program() -> None:
+    """``service.Trial``: the two programs run in turn, the first run of each unmeasured, and
+    the one with the smaller median time stays in the slot."""
+    from types import SimpleNamespace
+
+    from fusegrad.compiler.cache import Slot
+    from fusegrad.compiler.service import Trial
+
+    for native_time, kept in ((0.5, 1), (2.0, 0)):
+        steps, native = SimpleNamespace(last_seconds=None), SimpleNamespace(last_seconds=None)
+        slot = Slot()
+        slot.trial = Trial(slot, steps, native)  # type: ignore[arg-type]
+        order = []
+        while slot.trial is not None:
+            program = slot.trial.next()
+            order.append(program)
+            program.last_seconds = native_time if program is native else 1.0
+        assert slot.program is (steps, native)[kept]
+        assert order[:4] == [native, steps, native, steps]
+        assert len(order) == 2 * (Trial.RUNS + 1) + 1
