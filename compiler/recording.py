@@ -289,6 +289,9 @@ class Recorder(Tracer):
         self.leaf_of: dict[int, int] = {}
         self.grad_effects: dict[int, Value] = {}  # leaf slot -> its gradient's value
         self.grad_preset: dict[int, bool] = {}  # leaf slot -> .grad existed when first reached
+        # leaf slot -> the value its ``.grad`` tensor was bound to by the last backward (a later
+        # in-place write, e.g. ``clip_grad_norm_``, rebinds the tensor: ``final_grads``)
+        self.grad_bound: dict[int, Value] = {}
         self.writes: dict[int, list] = {}  # program input index -> [final value, bumps]
         self.prefix: list = []
         self.suffix: list = []
@@ -714,13 +717,45 @@ class Recorder(Tracer):
             grad = leaf._grad
             if grad is not None and grad._data.shape == value.shape:
                 self.bind(grad, value)
+                self.grad_bound[self.leaf_slot(leaf)] = value
         for leaf, value in preset_grads:
             grad = leaf._grad
             if grad is None or grad.requires_grad or grad._data.shape != value.shape:
                 continue  # (not read as the sum: a read of it stops the recording)
             source = ("grad", self.watch.tensors[id(leaf._data)], grad._data.shape, grad._dtype)
             before = self.new_input(grad, source)
-            self.bind(grad, self.graph.add("add", (before, value), {}, value.shape, value.dtype))
+            total = self.graph.add("add", (before, value), {}, value.shape, value.dtype)
+            self.bind(grad, total)
+            self.grad_bound[self.leaf_slot(leaf)] = total
+
+    def final_grads(self) -> dict[int, Value]:
+        """The ``.grad`` effects: per leaf slot, what its ``.grad`` holds at the end of the call
+        -- the backward's gradient, or what an in-place write after it made of it (gradient
+        clipping: ``p.grad.mul_(coef)``).  A ``.grad`` the call changed otherwise after its
+        backward (set to None, replaced, or one that existed before the call and was written
+        into) stops the recording: the program's effect could not say it."""
+        final = {}
+        for slot, value in self.grad_effects.items():
+            leaf = self.leaves[slot]
+            grad = leaf._grad
+            found = None if grad is None else self.values.get(id(grad._data))
+            bound = self.grad_bound.get(slot)
+            if found is not None and found[0] is bound:
+                final[slot] = value  # (unchanged since the backward)
+                continue
+            current = None
+            if found is not None and grad._version_counter.value == found[2]:
+                current = found[0]
+            if self.grad_preset[slot] or current is None or bound is None:
+                raise StepBreak(
+                    f"the .grad of {_describe(leaf)} is changed after backward() in a way a "
+                    "replay cannot repeat (set to None, replaced, or written outside the "
+                    "recorded ops, or one that existed before the call written into)"
+                )
+            if current.shape != value.shape or current.dtype is not value.dtype:
+                raise StepBreak(f"the .grad of {_describe(leaf)} changes shape or dtype")
+            final[slot] = current
+        return final
 
     def graft(
         self,
@@ -802,8 +837,9 @@ class Recorder(Tracer):
             if i not in returned_reads:
                 raise StepBreak(f"Python read a tensor's value ({what}) at {line}")
         graph = self.graph
-        for slot in sorted(self.grad_effects):
-            graph.effects.append(("grad", slot, self.grad_effects[slot]))
+        final_grads = self.final_grads()
+        for slot in sorted(final_grads):
+            graph.effects.append(("grad", slot, final_grads[slot]))
         bumps = {}
         for index, (value, count) in sorted(self.writes.items()):
             graph.effects.append(("write", index, value))

@@ -877,3 +877,70 @@ def test_zero_grad_without_set_to_none_stays_compiled(opt_name: str) -> None:
     for a, b in zip(got[1] + got[2], want[1] + want[2]):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-14)
     assert got[3] == want[3] == [True] * 5 + [False] * 3
+
+
+@pytest.mark.parametrize("clip", ["norm", "value"])
+def test_gradient_clipping_after_backward_is_the_grad_a_replay_leaves(clip: str) -> None:
+    """``clip_grad_norm_``/``clip_grad_value_`` write into ``.grad`` after ``backward()``: a
+    replay leaves the clipped ``.grad`` eager leaves (it used to write the unclipped one; the
+    update itself was right)."""
+
+    def run(compiled: bool) -> tuple[list, list]:
+        fg.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+        opt = fg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+        def step(x: fg.Tensor) -> fg.Tensor:
+            opt.zero_grad()
+            loss = (model(x) ** 2).sum()
+            loss.backward()
+            if clip == "norm":
+                nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            else:
+                nn.utils.clip_grad_value_(model.parameters(), 0.05)
+            opt.step()
+            return loss
+
+        fn = fg.compile(step) if compiled else step
+        rng = np.random.default_rng(0)
+        for _ in range(5):
+            fn(fg.tensor(rng.standard_normal((5, 4))))
+        return (
+            [p.grad.numpy().copy() for p in model.parameters()],
+            [p.detach().numpy().copy() for p in model.parameters()],
+        )
+
+    want = run(False)
+    got = run(True)
+    assert compiler.counters.step_runs == 3, compiler.counters
+    for g, w in zip(got[0] + got[1], want[0] + want[1]):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-15)
+
+
+def test_clipping_grads_kept_by_zero_grad_set_to_none_false() -> None:
+    """``zero_grad(set_to_none=False)`` keeps the ``.grad`` tensors (zeroed in place, then
+    accumulated into); clipping them after the backward: replays leave eager's ``.grad``."""
+
+    def run(compiled: bool) -> list:
+        fg.manual_seed(0)
+        lin = nn.Linear(3, 2).double()
+        opt = fg.optim.SGD(lin.parameters(), lr=0.1)
+
+        def step(x: fg.Tensor) -> fg.Tensor:
+            opt.zero_grad(set_to_none=False)
+            loss = lin(x).square().sum()
+            loss.backward()
+            nn.utils.clip_grad_norm_(lin.parameters(), 0.5)
+            opt.step()
+            return loss.detach()
+
+        fn = fg.compile(step) if compiled else step
+        for k in range(4):
+            fn(_x(batch=4).double()[:, :3] * (k + 1))
+        return [lin.weight.grad.numpy().copy(), lin.weight.detach().numpy().copy()]
+
+    want = run(False)
+    got = run(True)
+    assert compiler.counters.step_runs == 3, compiler.counters
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12)
