@@ -47,15 +47,17 @@ class Config:
         self.background_compile = os.environ.get("FUSEGRAD_BACKGROUND_COMPILE", "1") != "0"
         # native segments (``codegen.native_cpu``): the programs of recorded steps and modules
         # (concrete sizes, CPU) run their steps as one numba call per run of steps that native
-        # code can run, instead of one Python dispatch per step.  None (the default): a
-        # background compile goes on to them once the program of steps runs compiled (numba
-        # takes about 4x as long over them: a minute for the GPT step, in a worker process)
-        # and when both are ready the faster of the two stays (``service.Trial``, measured over
-        # the next calls); a foreground build makes the program of steps.  True:
-        # every such program is built with them (``FUSEGRAD_NATIVE=1``); False: never
-        # (``FUSEGRAD_NATIVE=0``).  Read when a program is built.
-        self.native_programs: bool | None = {"1": True, "0": False}.get(
-            os.environ.get("FUSEGRAD_NATIVE", "")
+        # code can run, instead of one Python dispatch per step.  False (the default): never.
+        # None (``FUSEGRAD_NATIVE=auto``): a background compile goes on to them once the
+        # program of steps runs compiled (numba takes about 4x as long over them: a minute for
+        # the GPT step, in a worker process), and when both are ready the faster of the two
+        # stays (``service.Trial``, measured over the next calls); a foreground build makes the
+        # program of steps.  Not the default: building the second program in this process
+        # slows the calls that run meanwhile (the demo's compiled steps took 2-10 ms instead of
+        # 0.7 ms for its last 28 epochs).  True (``FUSEGRAD_NATIVE=1``): every such program is
+        # built with them at once.  Read when a program is built.
+        self.native_programs: bool | None = {"1": True, "auto": None}.get(
+            os.environ.get("FUSEGRAD_NATIVE", ""), False
         )
         # a background compile of a whole step's or a compiled module's program runs numba in
         # a worker process (``workers``): no GIL taken from the calls that run meanwhile, and

@@ -160,7 +160,13 @@ def _spawn(payload: bytes, directory: str, lock: int, launch: Launch) -> str | N
 
 
 def _main(path: str) -> int:
-    """The worker: build the program in ``path``'s payload and run its warm-up."""
+    """The worker: build the program in ``path``'s payload and run its warm-up, at a lower
+    scheduling priority than the process that runs the calls meanwhile (on a small machine the
+    worker would otherwise take a core from them)."""
+    try:
+        os.nice(10)
+    except (AttributeError, OSError):  # (not POSIX, or not allowed: the same priority)
+        pass
     try:
         with open(path, "rb") as f:
             graph, settings, prepare_args = pickle.load(f)
