@@ -161,7 +161,8 @@ def _compile(program: Program, prepare_args: tuple, launch: workers.Launch | Non
 
 def _upgrades(program: Program) -> bool:
     """Whether a background compile goes on to the native segments of ``program``, a recorded
-    step's or module's program of steps (``config.native_programs`` None or True)."""
+    step's or module's program of steps (``config.native_programs`` None: True builds them at
+    once, False never)."""
     return (
         config.native_programs is not False
         and program.settings["hot"]
@@ -386,8 +387,8 @@ class Service:
             sizes_per_program=1 if recorded else config.sizes_per_program,
             unpacked=unpacked,
             hot=recorded,
-            # native segments at once when asked for; by default a background compile goes on
-            # to them once the program of steps runs (``_upgrades``)
+            # native segments at once when asked for (True); with None a background compile
+            # goes on to them once the program of steps runs (``_upgrades``)
             native=recorded and config.native_programs is True,
         )
 
@@ -472,7 +473,7 @@ class Service:
             if not _upgrades(program):
                 return program
             # the program runs compiled from the next call on; its native segments compile
-            # meanwhile (a second worker) and take over when they are ready
+            # meanwhile (a second worker), then a ``Trial`` keeps the faster of the two
             publish(program)
             try:
                 native = Program(program.graph, **{**program.settings, "native": True})
