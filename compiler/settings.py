@@ -52,9 +52,9 @@ class Config:
         # program of steps runs compiled (numba takes about 4x as long over them: a minute for
         # the GPT step, in a worker process), and when both are ready the faster of the two
         # stays (``service.Trial``, measured over the next calls); a foreground build makes the
-        # program of steps.  Not the default: building the second program in this process
-        # slows the calls that run meanwhile (the demo's compiled steps took 2-10 ms instead of
-        # 0.7 ms for its last 28 epochs).  True (``FUSEGRAD_NATIVE=1``): every such program is
+        # program of steps.  Not the default: the second stage slows the calls that run
+        # meanwhile (the demo's compiled steps took 2-10 ms instead of 0.7 ms for its last 28
+        # epochs; the cause is not known yet).  True (``FUSEGRAD_NATIVE=1``): every such program is
         # built with them at once.  Read when a program is built.
         self.native_programs: bool | None = {"1": True, "auto": None}.get(
             os.environ.get("FUSEGRAD_NATIVE", ""), False
