@@ -361,17 +361,7 @@ class Binomial(Distribution):
 
     def expand(self, batch_shape: Any, _instance: Any = None) -> Binomial:
         new = self._get_checked_instance(Binomial, _instance)
-        batch_shape = Size(tuple(batch_shape))
-        new.total_count = self.total_count.expand(batch_shape)
-        if "probs" in self.__dict__:
-            new.probs = self.probs.expand(batch_shape)
-            new._param = new.probs
-        if "logits" in self.__dict__:
-            new.logits = self.logits.expand(batch_shape)
-            new._param = new.logits
-        Distribution.__init__(new, batch_shape, validate_args=False)
-        new._validate_args = self._validate_args
-        return new
+        return _expand_counted(self, new, batch_shape)
 
     @constraints.dependent_property(is_discrete=True, event_dim=0)
     def support(self) -> Any:
@@ -699,17 +689,7 @@ class NegativeBinomial(Distribution):
 
     def expand(self, batch_shape: Any, _instance: Any = None) -> NegativeBinomial:
         new = self._get_checked_instance(NegativeBinomial, _instance)
-        batch_shape = Size(tuple(batch_shape))
-        new.total_count = self.total_count.expand(batch_shape)
-        if "probs" in self.__dict__:
-            new.probs = self.probs.expand(batch_shape)
-            new._param = new.probs
-        if "logits" in self.__dict__:
-            new.logits = self.logits.expand(batch_shape)
-            new._param = new.logits
-        Distribution.__init__(new, batch_shape, validate_args=False)
-        new._validate_args = self._validate_args
-        return new
+        return _expand_counted(self, new, batch_shape)
 
     @property
     def mean(self) -> Tensor:
@@ -753,3 +733,19 @@ class NegativeBinomial(Distribution):
         # (r + value == 0 only at r = 0, value = 0: probability 1)
         log_normalization = log_normalization.masked_fill(r + value == 0.0, 0.0)
         return log_unnormalized - log_normalization
+
+
+def _expand_counted(self: Any, new: Any, batch_shape: Any) -> Any:
+    """``self.expand(batch_shape)`` into ``new`` for a distribution of ``total_count`` and one
+    of ``probs``/``logits`` (Binomial, NegativeBinomial)."""
+    batch_shape = Size(tuple(batch_shape))
+    new.total_count = self.total_count.expand(batch_shape)
+    if "probs" in self.__dict__:
+        new.probs = self.probs.expand(batch_shape)
+        new._param = new.probs
+    if "logits" in self.__dict__:
+        new.logits = self.logits.expand(batch_shape)
+        new._param = new.logits
+    Distribution.__init__(new, batch_shape, validate_args=False)
+    new._validate_args = self._validate_args
+    return new
