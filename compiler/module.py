@@ -283,23 +283,19 @@ def _edges_below(starts: list, first_seq: int, stop: Any = ()) -> Iterator[tuple
                 stack.append(child)
 
 
-def _dependent_reason(roots: list, first_seq: int) -> str | None:
-    """Why one node for all outputs would be wrong: an output that requires grad is used to
-    compute another (a gradient with respect to the inner one, or through it, must flow inside
-    the module), or has hooks or retains its gradient (registered inside the forward, on the
-    real output), or None."""
+def _hooked_output_reason(roots: list) -> str | None:
+    """Why one node for all outputs would be wrong: an output has hooks or retains its
+    gradient (registered inside the forward, on the real output), or None.
+
+    Outputs computed from each other (``logits, loss``) share the node: the backward of the
+    real outputs adds what flows from the outer one into the inner one, so the parameters' and
+    arguments' gradients are eager's.  That flow stays inside, as under PyTorch's
+    ``torch.compile``: hooks put on the inner output's alias after the call see only what uses
+    outside send."""
     for k, r in enumerate(roots):
         node, nr = r.grad_fn, r._output_nr
         if r._retains_grad or (node._tensor_pre_hooks and nr in node._tensor_pre_hooks):
             return f"output {k} of the module has hooks or retains its gradient"
-    if len(roots) < 2:
-        return None
-    edges = {(id(r.grad_fn), r._output_nr): k for k, r in enumerate(roots)}
-    for k, r in enumerate(roots):
-        for child, nr in _edges_below([r.grad_fn], first_seq):
-            other = edges.get((id(child), nr))
-            if other is not None and other != k:
-                return f"output {other} of the module is used to compute output {k}"
     return None
 
 
@@ -767,7 +763,7 @@ class OptimizedModule(Module):
         inputs = _inputs_of(mod, args, kwargs)
         reason = (
             _outside_reason(roots, inputs, first_seq, tape)
-            or _dependent_reason(roots, first_seq)
+            or _hooked_output_reason(roots)
             or _reentrant_reason(roots, first_seq)
         )
         if reason is not None:

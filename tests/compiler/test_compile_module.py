@@ -467,3 +467,91 @@ def test_anomaly_mode_names_the_eager_node() -> None:
                 net(x).backward()
         messages.append(str(info.value))
     assert messages[0] == messages[1] and "MulBackward0" in messages[0]
+
+
+# ---- outputs computed from each other: nanoGPT's ``(logits, loss)`` ----------------------------
+
+
+class _LogitsAndLoss(nn.Module):
+    """A model returning ``(logits, loss)``, the loss computed from the logits (nanoGPT)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 8, dtype=fg.float64)
+        self.head = nn.Linear(8, 11, dtype=fg.float64)
+
+    def forward(self, idx: fg.Tensor, targets: fg.Tensor | None = None) -> tuple:
+        logits = self.head(self.emb(idx).tanh())
+        if targets is None:
+            return logits, None
+        loss = nn.functional.cross_entropy(logits.view(-1, 11), targets.view(-1))
+        return logits, loss
+
+
+@pytest.mark.parametrize("root", ["loss", "logits", "both"])
+def test_outputs_computed_from_each_other_replay_with_eagers_gradients(root: str) -> None:
+    fg.manual_seed(0)
+    eager = _LogitsAndLoss()
+    m = _LogitsAndLoss()
+    m.load_state_dict(eager.state_dict())
+    cm = fg.compile(m, fullgraph=True)  # (no reason to fall back: fullgraph does not raise)
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        idx = fg.tensor(rng.integers(0, 11, (2, 5)))
+        targets = fg.tensor(rng.integers(0, 11, (2, 5)))
+        weights = fg.tensor(rng.standard_normal((2, 5, 11)))
+        for net in (eager, cm):
+            net.zero_grad()
+            logits, loss = net(idx, targets)
+            if root == "loss":
+                loss.backward()
+            elif root == "logits":
+                (logits * weights).sum().backward()
+            else:
+                (loss + (logits * weights).sum()).backward()
+        _close(_grads(m), _grads(eager))
+    assert compiler.counters.step_captures == 1
+    assert compiler.counters.step_runs == 3
+    assert compiler.counters.fallbacks == {}
+    logits, loss = cm(idx, targets)
+    assert logits.grad_fn is loss.grad_fn  # one compiled backward for the call
+    # the other signature (no targets) is its own recording, with one output
+    logits, none = cm(idx)
+    assert none is None and logits.shape == (2, 5, 11)
+
+
+def test_outputs_computed_from_each_other_without_replay_use_one_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same model on the path that does not replay the forward (its recording refused):
+    the compiled backward of the real outputs, with eager's gradients."""
+    fg.manual_seed(0)
+    eager = _LogitsAndLoss()
+    m = _LogitsAndLoss()
+    m.load_state_dict(eager.state_dict())
+    cm = fg.compile(m)
+    rng = np.random.default_rng(4)
+    idx = fg.tensor(rng.integers(0, 11, (3, 4)))
+    targets = fg.tensor(rng.integers(0, 11, (3, 4)))
+    monkeypatch.setattr(compiler.config, "step_recordings", 0)  # (nothing recorded)
+    for net in (eager, cm):
+        logits, loss = net(idx, targets)
+        (loss * 2.0 + logits.square().mean()).backward()
+    _close(_grads(m), _grads(eager))
+    assert type(loss.grad_fn).__name__ == "CompiledModuleBackward"
+
+
+def test_gradient_into_an_inner_output_stays_inside_as_torch_compiles_does() -> None:
+    """What flows into the logits from the loss inside the module does not reach the logits'
+    own hooks: only what a use outside sends (PyTorch's torch.compile behaves the same; see
+    docs/compile.md)."""
+    fg.manual_seed(0)
+    cm = fg.compile(_LogitsAndLoss())
+    idx = fg.tensor(np.arange(6).reshape(2, 3))
+    logits, loss = cm(idx, idx)
+    logits.retain_grad()
+    loss.backward()
+    assert logits.grad is None
+    logits, loss = cm(idx, idx)
+    with pytest.raises(RuntimeError, match="appears to not have been used in the graph"):
+        fg.autograd.grad(loss, logits)
