@@ -52,7 +52,15 @@ class Report:
         for step, program in self.steps:
             lines.append(step.describe(program))
         for reason in self.breaks:
-            lines.append(f"whole step: not replayable ({reason}); backward() compiled on its own")
+            if reason.startswith("graph break"):
+                # (``breaks``: the parts are recorded on the next calls, each a whole step)
+                lines.append(
+                    f"whole step: {reason}; each compiled part is recorded on its next call"
+                )
+            else:
+                lines.append(
+                    f"whole step: not replayable ({reason}); backward() compiled on its own"
+                )
         for guard in self.guards:
             lines.append(f"guards: {guard}")
         lines.append(f"{len(self.captures)} graph(s) captured, {len(self.fallbacks)} fallback(s)")
