@@ -32,6 +32,8 @@ import types
 from collections.abc import Callable
 from typing import Any
 
+from fusegrad.tensor import Tensor
+
 # a local variable not bound yet when a part starts (its parameters' default)
 UNBOUND: Any = type("Unbound", (), {"__repr__": lambda self: "<unbound local>"})()
 
@@ -103,14 +105,10 @@ class Source:
                     return f"a yield or await at line {sub.lineno}"
         return None
 
-    def part(self, start: int, stop: int, index: int) -> Callable:
-        """The function running statements ``start:stop`` of the body: it takes the local
-        variables it reads or binds as keyword arguments (``__fusegrad_uses__``; ``UNBOUND``
-        where not bound yet) and returns a dict of those it binds, or, when it ends with the
-        body's ``return``, what that returns."""
-        body = self.node.body[start:stop]
-        returns = stop == len(self.node.body) and isinstance(body[-1], ast.Return)
-        stmts = [s for s in body if not isinstance(s, (ast.Global, ast.Nonlocal))]
+    def names_in(self, start: int, stop: int) -> tuple[set, set]:
+        """The local variables statements ``start:stop`` read (nested functions included) and
+        bind."""
+        stmts = self.node.body[start:stop]
         known = set(self.names)
         loads = {n.id for s in stmts for n in ast.walk(s) if isinstance(n, ast.Name)} & known
         stores = {
@@ -119,10 +117,21 @@ class Source:
             for n in _walk_own(s)
             if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)
         } & known
+        return loads, stores
+
+    def part(self, start: int, stop: int, index: int, later: set) -> Callable:
+        """The function running statements ``start:stop`` of the body: it takes the local
+        variables it reads or binds as keyword arguments (``__fusegrad_uses__``; ``UNBOUND``
+        where not bound yet) and returns a dict of those it binds that the statements after it
+        use (``later``), or, when it ends with the body's ``return``, what that returns."""
+        body = self.node.body[start:stop]
+        returns = stop == len(self.node.body) and isinstance(body[-1], ast.Return)
+        stmts = [s for s in body if not isinstance(s, (ast.Global, ast.Nonlocal))]
+        loads, stores = self.names_in(start, stop)
         tail: list[ast.stmt] = []
         if not returns:
             last = body[-1]
-            kept = sorted(stores)
+            kept = sorted(stores & later)
             out = ast.Dict(
                 keys=[ast.Constant(value=n) for n in kept],
                 values=[ast.Name(id=n, ctx=ast.Load()) for n in kept],
@@ -246,14 +255,13 @@ class Split:
         body = source.node.body
         self.line = body[at].lineno
         self.parts: list[tuple[tuple[int, int], bool, Callable]] = []
-        for start, stop, compile_it in (
-            (0, at, True),
-            (at, at + 1, False),
-            (at + 1, len(body), True),
-        ):
-            if start >= stop:
-                continue
-            part = source.part(start, stop, len(self.parts))
+        cuts = [(0, at, True), (at, at + 1, False), (at + 1, len(body), True)]
+        cuts = [c for c in cuts if c[0] < c[1]]
+        for n, (start, stop, compile_it) in enumerate(cuts):
+            later: set = set()
+            for a, b, _ in cuts[n + 1 :]:
+                later |= set().union(*source.names_in(a, b))
+            part = source.part(start, stop, len(self.parts), later)
             lines = (body[start].lineno, body[stop - 1].end_lineno or body[stop - 1].lineno)
             self.parts.append((lines, compile_it, compiled(part) if compile_it else part))
         plain = [getattr(p, "__wrapped__", p) for _, _, p in self.parts]
@@ -277,6 +285,8 @@ class Split:
             uses = {n: local[n] for n in self.uses[k]}
             if compiled:
                 out = part(**uses)
+                if not (k == last and self.returns):
+                    self.check_handed_on(k, out, uses)
             else:
                 with self.region():
                     out = part(**uses)
@@ -284,3 +294,21 @@ class Split:
                 return out
             local.update(out)
         return None
+
+    def check_handed_on(self, k: int, out: dict, uses: dict) -> None:
+        """A compiled part may hand on tensors (program outputs) and what it was handed; a
+        Python value it computed (``n = len(items)``, ``start = time.time()``) would be the
+        recording's on every replay, so the part runs as written from now on.  This call
+        computed it for real: a part's first call with a guard key is never a replay."""
+        for name, value in out.items():
+            if value is None or value is UNBOUND or isinstance(value, Tensor):
+                continue
+            if value is uses.get(name, UNBOUND):
+                continue
+            lines, _, part = self.parts[k]
+            self.parts[k] = (lines, False, getattr(part, "__wrapped__", part))
+            self.reason += (
+                f"; lines {lines[0]}-{lines[1]} run as written: they hand on the Python "
+                f"value {name!r} ({type(value).__name__})"
+            )
+            return

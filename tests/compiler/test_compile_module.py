@@ -514,7 +514,8 @@ def test_outputs_computed_from_each_other_replay_with_eagers_gradients(root: str
     assert compiler.counters.step_runs == 3
     assert compiler.counters.fallbacks == {}
     logits, loss = cm(idx, targets)
-    assert logits.grad_fn is loss.grad_fn  # one compiled backward for the call
+    # two nodes, as in eager's graph: the loss's has an edge to the logits'
+    assert any(node is logits.grad_fn for node, _ in loss.grad_fn._edges)
     # the other signature (no targets) is its own recording, with one output
     logits, none = cm(idx)
     assert none is None and logits.shape == (2, 5, 11)
@@ -541,17 +542,35 @@ def test_outputs_computed_from_each_other_without_replay_use_one_node(
     assert type(loss.grad_fn).__name__ == "CompiledModuleBackward"
 
 
-def test_gradient_into_an_inner_output_stays_inside_as_torch_compiles_does() -> None:
-    """What flows into the logits from the loss inside the module does not reach the logits'
-    own hooks: only what a use outside sends (PyTorch's torch.compile behaves the same; see
-    docs/compile.md)."""
+@pytest.mark.parametrize("replayed", [False, True])
+def test_what_the_loss_sends_into_the_logits_reaches_them_as_in_eager(replayed: bool) -> None:
+    """Hooks, ``retain_grad`` and ``autograd.grad`` on an output that another output is
+    computed from see the gradient eager gives them (PyTorch's torch.compile does not: its
+    logits get nothing from the loss)."""
     fg.manual_seed(0)
-    cm = fg.compile(_LogitsAndLoss())
+    eager = _LogitsAndLoss()
+    m = _LogitsAndLoss()
+    m.load_state_dict(eager.state_dict())
+    cm = fg.compile(m)
     idx = fg.tensor(np.arange(6).reshape(2, 3))
-    logits, loss = cm(idx, idx)
-    logits.retain_grad()
-    loss.backward()
-    assert logits.grad is None
-    logits, loss = cm(idx, idx)
-    with pytest.raises(RuntimeError, match="appears to not have been used in the graph"):
-        fg.autograd.grad(loss, logits)
+    if replayed:
+        for _ in range(2):  # (recorded, then replayed from here on)
+            cm(idx, idx)
+    weights = fg.tensor(np.random.default_rng(5).standard_normal((2, 3, 11)))
+    seen: dict = {"eager": [], "compiled": []}
+    for name, net in (("eager", eager), ("compiled", cm)):
+        net.zero_grad()
+        logits, loss = net(idx, idx)
+        logits.retain_grad()
+        logits.register_hook(lambda g, name=name: seen[name].append(g.numpy().copy()))
+        (loss + (logits * weights).sum()).backward()
+        seen[name].append(logits.grad.numpy().copy())
+        logits, loss = net(idx, idx)
+        (d_logits,) = fg.autograd.grad(loss, logits)
+        seen[name].append(d_logits.numpy().copy())
+        logits, loss = net(idx, idx)
+        both = fg.autograd.grad(loss * 3.0, [logits, *net.parameters()])
+        seen[name].extend(g.numpy().copy() for g in both)
+    _close(seen["compiled"], seen["eager"])
+    _close(_grads(m), _grads(eager))
+    assert compiler.counters.fallbacks == {}

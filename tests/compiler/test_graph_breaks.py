@@ -200,3 +200,24 @@ def test_explain_names_the_break_and_the_parts() -> None:
     report = str(compiler.explain(_accumulating_step(model, opt), x, y))
     assert "whole step: graph break at line" in report
     assert "TOTAL += loss.item()" in report and "split into lines" in report
+
+
+def test_a_python_value_computed_before_the_break_is_never_replayed_stale() -> None:
+    """A compiled part that hands on a Python value it computed (a counter, a clock) runs as
+    written from its first call on: a replay would hand on the recording's value."""
+    import itertools
+
+    ticks = itertools.count(1)
+
+    def fn(x: fg.Tensor) -> fg.Tensor:
+        y = x * 2.0
+        stamp = next(ticks)  # Python state no guard watches
+        if y.sum().item() > 1e9:
+            y = y * 0.0
+        return y * stamp
+
+    compiled = fg.compile(fn)
+    x = fg.ones(3, dtype=fg.float64)
+    got = [compiled(x).numpy()[0] for _ in range(5)]
+    assert got == [2.0 * k for k in range(1, 6)]
+    assert "hand on the Python value 'stamp'" in compiled.split_at.reason
