@@ -71,7 +71,7 @@ from .ir import Graph, Value, verify
 from .key import walk as _walk
 from .passes.buffers import VIEW_OPS
 from .program import Program
-from .recording import Recorder, StepBreak, Watch, why_recorded
+from .recording import Recorder, StepBreak, Watch, describe_change, why_recorded
 from .region import Region, compiled_autograd
 from .service import Background, CompileNotice, Programs, Recordings, service
 from .step import Step, record, run_as_written
@@ -885,17 +885,39 @@ class OptimizedModule(Module):
                     message="compiled module's forward replayed",
                 )
                 return out
-        first_seq = next(_graph_base._sequence)
-        rec = None
         if entry is None and entries.refusal() is None:
             entries.count()
-            rec, out, tape = record(
-                mod, watch, Region(self._fullgraph, self._compile_mode), args, kwargs
-            )
-        else:
-            with self._region():
-                tape = _tape.state.tape
-                out = mod(*args, **kwargs)
+            return self._recorded_call(watch, args, kwargs)
+        first_seq = next(_graph_base._sequence)
+        with self._region():
+            tape = _tape.state.tape
+            out = mod(*args, **kwargs)
+        return self._hand_out(None, watch, out, first_seq, tape, args, kwargs)
+
+    def _recorded_call(
+        self, watch: Watch, args: tuple, kwargs: dict, explaining: bool = False
+    ) -> Any:
+        """A call run eagerly while it is recorded; the recording (or why it cannot be
+        replayed) is filed under ``watch.key``."""
+        first_seq = next(_graph_base._sequence)
+        region = Region(self._fullgraph, self._compile_mode)
+        rec, out, tape = record(self._orig_mod, watch, region, args, kwargs, explaining)
+        return self._hand_out(rec, watch, out, first_seq, tape, args, kwargs)
+
+    def _hand_out(
+        self,
+        rec: Recorder | None,
+        watch: Watch,
+        out: Any,
+        first_seq: int,
+        tape: Any,
+        args: tuple,
+        kwargs: dict,
+    ) -> Any:
+        """The call's outputs, with the compiled backward node(s) where they can be exact (the
+        recording ``rec`` filed, if any)."""
+        mod = self._orig_mod
+        entries = self.__dict__["_aot"]
         roots = _roots(out, first_seq)
         if not roots:  # (no grad mode, or nothing requires grad): the forward alone
             if rec is not None:
@@ -939,6 +961,14 @@ class OptimizedModule(Module):
 
     def _region(self) -> Any:
         return compiled_autograd(self._fullgraph, self._compile_mode)
+
+    def _aot_why(self, key: tuple) -> str:
+        """In words, why a call with guard key ``key`` is recorded (``explain``)."""
+        entries = self.__dict__["_aot"]
+        if key in entries:
+            return "these guards were recorded before; recorded again (explain replaces it)"
+        last = entries.last_key()
+        return "first call of this module" if last is None else describe_change(last, key)
 
     def _name(self) -> str:
         return f"compile({type(self._orig_mod).__name__})"

@@ -574,3 +574,29 @@ def test_what_the_loss_sends_into_the_logits_reaches_them_as_in_eager(replayed: 
     _close(seen["compiled"], seen["eager"])
     _close(_grads(m), _grads(eager))
     assert compiler.counters.fallbacks == {}
+
+
+def test_explain_of_a_compiled_module_shows_its_forward_and_backward_programs() -> None:
+    _, m = _pair()
+    cm = fg.compile(m)
+    report = compiler.explain(cm, _x())
+    text = str(report)
+    assert "explain ran compile(_Net) once" in text
+    assert "program:" in text and "compile(model): its backward program" in text
+    assert len(report.captures) == 1 and not report.breaks
+    cm(_x()).sum().backward()  # the recording explain made is replayed
+    assert compiler.counters.step_runs == 1
+
+
+def test_explain_of_a_compiled_module_that_cannot_replay_says_why() -> None:
+    class Reads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 3, dtype=fg.float64)
+
+        def forward(self, x: fg.Tensor) -> fg.Tensor:
+            h = self.lin(x)
+            return h * 2.0 if h.sum().item() > 0 else h
+
+    report = compiler.explain(fg.compile(Reads()), _x())
+    assert len(report.breaks) == 1 and "item()" in report.breaks[0]
