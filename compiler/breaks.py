@@ -70,10 +70,16 @@ class Source:
             inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
         ):
             return "it is a generator or coroutine"
+        if "__class__" in code.co_freevars:
+            return "it calls super() without arguments (a part would have no __class__ cell)"
         try:
             lines, first = inspect.getsourcelines(func)
         except (OSError, TypeError):
             return "its source is not available"
+        if first != code.co_firstlineno or inspect.getsourcefile(func) != code.co_filename:
+            # (``inspect`` follows ``__wrapped__``: the source of another function than the
+            # one that runs, a decorator's wrapper)
+            return "its source is not the code that runs (a wrapper of another function)"
         try:
             tree = ast.parse(textwrap.dedent("".join(lines)))
         except SyntaxError:

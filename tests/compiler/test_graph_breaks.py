@@ -221,3 +221,49 @@ def test_a_python_value_computed_before_the_break_is_never_replayed_stale() -> N
     got = [compiled(x).numpy()[0] for _ in range(5)]
     assert got == [2.0 * k for k in range(1, 6)]
     assert "hand on the Python value 'stamp'" in compiled.split_at.reason
+
+
+def test_a_wrapper_and_zero_argument_super_are_not_cut() -> None:
+    import functools
+
+    def logged(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any) -> Any:
+            calls.append(1)
+            return fn(*args)
+
+        return wrapper
+
+    calls: list = []
+
+    @logged
+    def inner(x: fg.Tensor) -> fg.Tensor:
+        y = x * 2.0
+        if y.sum().item() > 0:
+            y = y + 1.0
+        return y
+
+    compiled = fg.compile(inner)  # (``inner`` is the wrapper: its source is not the code)
+    x = fg.ones(2, dtype=fg.float64)
+    for _ in range(3):
+        np.testing.assert_allclose(compiled(x).numpy(), [3.0, 3.0])
+    assert len(calls) == 3 and compiled.split_at is None
+    (reason,) = compiler.counters.step_breaks
+    assert "not split: its source is not the code that runs" in reason
+
+    class Base:
+        def scale(self) -> float:
+            return 3.0
+
+    class Child(Base):
+        @fg.compile
+        def run(self, x: fg.Tensor) -> fg.Tensor:
+            y = x * super().scale()
+            if y.sum().item() > 0:
+                y = y * 2.0
+            return y
+
+    c = Child()
+    for _ in range(3):
+        np.testing.assert_allclose(c.run(x).numpy(), [6.0, 6.0])
+    assert Child.run.split_at is None
