@@ -327,10 +327,11 @@ def rand(
     dt = _dtype_or_default(dtype)
     shape = shape_arg(size)
 
-    def draw() -> Tensor:
+    def draw(shape: tuple = shape) -> Tensor:  # (another shape: a step over sizes redraws)
         arr = _gen(generator).random(shape, dtype=np.float64).astype(dt.np)
         return _leaf(arr, requires_grad, dev)
 
+    draw.resizable = True  # type: ignore[attr-defined]
     return _created(draw(), draw)
 
 
@@ -345,9 +346,10 @@ def randn(
     dt = _dtype_or_default(dtype)
     shape = shape_arg(size)
 
-    def draw() -> Tensor:
+    def draw(shape: tuple = shape) -> Tensor:  # (another shape: a step over sizes redraws)
         return _leaf(_gen(generator).standard_normal(shape).astype(dt.np), requires_grad, dev)
 
+    draw.resizable = True  # type: ignore[attr-defined]
     return _created(draw(), draw)
 
 

@@ -497,10 +497,11 @@ def dropout(
         return mul(x, 0.0)
     shape, np_dtype = tuple(x.shape), x.dtype.np
 
-    def draw() -> Tensor:
+    def draw(shape: tuple = shape) -> Tensor:  # (another shape: a step over sizes redraws)
         keep = _gen(generator).random(shape) >= p
         return Tensor._make(_storage.placed_like((keep / (1.0 - p)).astype(np_dtype), x._data))
 
+    draw.resizable = True  # type: ignore[attr-defined]
     return mul(x, _created(draw(), draw))
 
 
@@ -520,10 +521,11 @@ def _feature_dropout(x: Tensor, p: float, training: bool, spatial: int, generato
         mask_shape = shape[:2] + (1,) * max(len(shape) - 2, 0)
     np_dtype = x.dtype.np
 
-    def draw() -> Tensor:
+    def draw(mask_shape: tuple = mask_shape) -> Tensor:  # (see ``dropout``)
         keep = _gen(generator).random(mask_shape) >= p
         return Tensor._make(_storage.placed_like((keep / (1.0 - p)).astype(np_dtype), x._data))
 
+    draw.resizable = True  # type: ignore[attr-defined]
     return mul(x, _created(draw(), draw))
 
 
