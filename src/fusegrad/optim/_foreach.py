@@ -24,11 +24,13 @@ per-parameter path, whose tensor ops the tracer sees.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..autograd.graph_base import graph_changed
 from ..autograd.tracer import state as _tracer_state
 from ..tensor import Tensor
 
@@ -86,21 +88,9 @@ def updated(
     return rest
 
 
-def _direct(t: Tensor, dtype: np.dtype) -> bool:
-    """Whether the kernel may read and write ``t``'s memory as ``dtype`` elements."""
-    data = t._data
-    return (
-        type(data) is np.ndarray
-        and data.dtype == dtype
-        and data.flags.c_contiguous
-        and data.flags.writeable
-        and not getattr(t, "is_sparse", False)
-    )
-
-
 def split(params: Sequence[Tensor]) -> tuple[dict[np.dtype, list[Tensor]], list[Tensor]]:
-    """The parameters with a gradient, as ``({dtype: params the kernel takes}, the others)``;
-    each list keeps the group's order."""
+    """The parameters with a gradient, as ``({dtype: params the kernel may take}, the others)``
+    (``launch`` checks the rest of what the kernel needs); each list keeps the group's order."""
     by_dtype: dict[np.dtype, list[Tensor]] = {}
     rest: list[Tensor] = []
     for p in params:
@@ -108,53 +98,134 @@ def split(params: Sequence[Tensor]) -> tuple[dict[np.dtype, list[Tensor]], list[
         if g is None:
             continue
         data = p._data
-        dtype = getattr(data, "dtype", None)
-        if dtype in _KERNEL_DTYPES and _direct(p, dtype) and _direct(g, dtype):
-            if g._data is not data and g._data.shape == data.shape:
-                by_dtype.setdefault(dtype, []).append(p)
-                continue
-        rest.append(p)
+        if type(data) is np.ndarray and data.dtype in _KERNEL_DTYPES and not g.is_sparse:
+            by_dtype.setdefault(data.dtype, []).append(p)
+        else:
+            rest.append(p)
     return by_dtype, rest
 
 
-def address(t: Tensor) -> int:
-    """The address of ``t``'s first element."""
-    return t._data.__array_interface__["data"][0]
+def address(array: np.ndarray) -> int:
+    """The address of ``array``'s first element."""
+    return array.__array_interface__["data"][0]
+
+
+def _usable(array: Any, dtype: np.dtype, shape: tuple) -> bool:
+    """Whether the kernel may read and write ``array`` as ``shape`` elements of ``dtype``."""
+    return (
+        type(array) is np.ndarray
+        and array.dtype == dtype
+        and array.shape == shape
+        and array.flags.c_contiguous
+        and array.flags.writeable
+    )
+
+
+class _Plan:
+    """The addresses of one kernel call's arrays, kept between steps: the arrays (as weak
+    references, so that a gradient set to None is freed) and their addresses.  Finding a
+    parameter, its state and (when not set to None between steps) its gradient to be the same
+    arrays as last time costs an identity check instead of the checks and the address look-up
+    of a new array."""
+
+    __slots__ = ("addresses", "refs")
+
+    def __init__(self, rows: int, columns: int) -> None:
+        self.addresses = np.zeros((rows, columns), dtype=np.int64)
+        self.refs: list[list[Any]] = [[None] * columns for _ in range(rows)]
+
+
+def _admit(plan: _Plan, i: int, row: list[np.ndarray], dtype: np.dtype, counted: bool) -> bool:
+    """Check the arrays of ``row`` the plan has not seen at row ``i`` (the parameter, its
+    gradient, its 0-d float32 step counter where ``counted``, its buffers: of the parameter's
+    shape and ``dtype``, C-contiguous, writable, the gradient not the parameter's memory) and
+    note their addresses; False when one does not pass."""
+    known, addresses = plan.refs[i], plan.addresses
+    shape = row[0].shape
+    for k, array in enumerate(row):
+        ref = known[k]
+        if ref is not None and ref() is array:
+            continue
+        if k == 2 and counted:
+            ok = _usable(array, _COUNT32, ())  # the step counter
+        else:
+            ok = _usable(array, dtype, shape)
+        if not ok:
+            known[k] = None
+            return False
+        known[k] = weakref.ref(array)
+        addresses[i, k] = address(array)
+    return addresses[i, 1] != addresses[i, 0]
 
 
 def launch(
+    optimizer: Any,
+    group: dict[str, Any],
     kernel: Callable[..., None],
     rows: list[list[Tensor]],
     scalars: list[Sequence[float]],
     dtype: np.dtype,
     *flags: Any,
-) -> None:
-    """Run ``kernel`` over ``rows`` (per parameter: the parameter, its gradient, its state
-    buffers, all of one size and ``dtype``) with per-parameter ``scalars`` (cast to ``dtype``,
-    as eager casts a Python number meeting the tensor), then bump the version of every tensor
-    written (each row but the gradient)."""
-    addresses = np.array([[address(t) for t in row] for row in rows], dtype=np.int64)
+    counted: bool = True,
+) -> list[Tensor]:
+    """Run ``kernel`` over ``rows`` (per parameter: the parameter, its gradient, then for the
+    optimizers that count steps (``counted``) its 0-d float32 ``step``, then its state buffers) with
+    per-parameter ``scalars`` (cast to ``dtype``, as eager casts a Python number meeting the
+    tensor), then bump the version of every tensor written (all but the gradient; the kernel
+    adds one to each step itself).  Returns the parameters of the rows the kernel cannot take
+    (left to the per-parameter update, before anything of theirs was written)."""
+    if not rows:
+        return []
+    plans = optimizer.__dict__.setdefault("_foreach_plans", {})
+    key = (id(group), dtype, kernel.__name__)
+    columns = len(rows[0])
+    plan = plans.get(key)
+    if plan is None or plan.addresses.shape != (len(rows), columns):
+        plan = plans[key] = _Plan(len(rows), columns)
+    left: list[Tensor] = []
+    taken = []
+    for i, row in enumerate(rows):
+        if _admit(plan, i, [t._data for t in row], dtype, counted):
+            taken.append(i)
+        else:
+            left.append(row[0])
+    if not taken:
+        return left
+    if len(taken) == len(rows):
+        addresses = plan.addresses
+        values = np.array(scalars, dtype=np.float64).astype(dtype)
+    else:
+        addresses = plan.addresses[taken]
+        values = np.array([scalars[i] for i in taken], dtype=np.float64).astype(dtype)
+        rows = [rows[i] for i in taken]
     sizes = np.array([row[0]._data.size for row in rows], dtype=np.int64)
-    values = np.array(scalars, dtype=np.float64).astype(dtype)
     kernel(addresses, sizes, values, *flags)
     for row in rows:
-        row[0]._version_counter.bump()
+        row[0]._version_counter.value += 1
         for t in row[2:]:
-            t._version_counter.bump()
+            t._version_counter.value += 1
+    graph_changed()
+    return left
 
 
-def fits(p: Tensor, buffers: Sequence[Tensor]) -> bool:
-    """Whether ``p``'s state ``buffers`` can be passed to the kernel alongside ``p``."""
-    dtype = p._data.dtype
-    return all(_direct(b, dtype) and b._data.shape == p._data.shape for b in buffers)
+_COUNT32 = np.dtype(np.float32)
+_EXACT = 2.0**24  # below it, float32 counts add one exactly
 
 
-def count_step(step: Tensor) -> float:
-    """``step.add_(1)`` (a state's 0-d step counter) and its new value as a Python float."""
+def next_count(step: Any) -> float | None:
+    """The value ``step.add_(1)`` will give a state's step counter (the kernel adds it), or
+    None where the kernel cannot count it (not a 0-d float32 array in host memory)."""
+    if not isinstance(step, Tensor):
+        return None
     data = step._data
-    np.add(data, 1, out=data)
-    step._version_counter.bump()
-    return float(data)
+    if type(data) is not np.ndarray or data.dtype != _COUNT32 or data.shape != ():
+        return None
+    if not data.flags.writeable:
+        return None
+    value = float(data) + 1.0
+    if value > _EXACT:
+        value = float(np.float32(data) + np.float32(1))
+    return value
 
 
 def kernels() -> Any:

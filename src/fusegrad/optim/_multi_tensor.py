@@ -51,6 +51,13 @@ def _array(addresses, i, k, n, like):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(inline="always", **_JIT)
+def _count(addresses, i):  # type: ignore[no-untyped-def]
+    """``step.add_(1)`` on parameter i's 0-d float32 step counter (column 2)."""
+    step = numba.carray(_pointer(addresses[i, 2], np.float32(0)), 1)
+    step[0] = step[0] + np.float32(1)
+
+
+@numba.njit(inline="always", **_JIT)
 def _maximum(a, b):  # type: ignore[no-untyped-def]
     """``maximum``'s element: NaN when either is NaN."""
     if a != a:
@@ -65,9 +72,9 @@ def _maximum(a, b):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(**_JIT)
-def sgd(addresses, sizes, scalars, first, maximize, weight_decay, momentum, nesterov):  # type: ignore[no-untyped-def]
+def sgd(addresses, sizes, scalars, maximize, weight_decay, momentum, nesterov):  # type: ignore[no-untyped-def]
     """SGD.  Arrays: p, grad[, momentum_buffer].  Scalars: weight_decay, momentum,
-    1 - dampening, -lr.  ``first[i]``: parameter i's buffer is new (it takes the gradient)."""
+    1 - dampening, -lr, and 1 where the parameter's buffer is new (it takes the gradient)."""
     for i in range(sizes.shape[0]):
         n = sizes[i]
         s = scalars[i]
@@ -76,7 +83,7 @@ def sgd(addresses, sizes, scalars, first, maximize, weight_decay, momentum, nest
         grad = _array(addresses, i, 1, n, wd)
         if momentum:
             buf = _array(addresses, i, 2, n, wd)
-            new = first[i]
+            new = s[4] != 0
         else:
             buf = p  # (unused)
             new = False
@@ -100,7 +107,7 @@ def sgd(addresses, sizes, scalars, first, maximize, weight_decay, momentum, nest
 
 @numba.njit(**_JIT)
 def adam(addresses, sizes, scalars, maximize, weight_decay, decoupled, amsgrad):  # type: ignore[no-untyped-def]
-    """Adam/AdamW.  Arrays: p, grad, exp_avg, exp_avg_sq[, max_exp_avg_sq].  Scalars:
+    """Adam/AdamW.  Arrays: p, grad, step, exp_avg, exp_avg_sq[, max_exp_avg_sq].  Scalars:
     weight_decay, 1 - beta1, beta2, 1 - beta2, eps, 1 - lr * weight_decay,
     sqrt(1 - beta2^t), -lr / (1 - beta1^t)."""
     for i in range(sizes.shape[0]):
@@ -118,9 +125,10 @@ def adam(addresses, sizes, scalars, maximize, weight_decay, decoupled, amsgrad):
         )
         p = _array(addresses, i, 0, n, wd)
         grad = _array(addresses, i, 1, n, wd)
-        m = _array(addresses, i, 2, n, wd)
-        v = _array(addresses, i, 3, n, wd)
-        vmax = _array(addresses, i, 4, n, wd) if amsgrad else v
+        m = _array(addresses, i, 3, n, wd)
+        v = _array(addresses, i, 4, n, wd)
+        vmax = _array(addresses, i, 5, n, wd) if amsgrad else v
+        _count(addresses, i)
         for j in range(n):
             g = -grad[j] if maximize else grad[j]
             x = p[j]
@@ -145,7 +153,7 @@ def adam(addresses, sizes, scalars, maximize, weight_decay, decoupled, amsgrad):
 
 @numba.njit(**_JIT)
 def rmsprop(addresses, sizes, scalars, maximize, weight_decay, centered, momentum):  # type: ignore[no-untyped-def]
-    """RMSprop.  Arrays: p, grad, square_avg[, momentum_buffer][, grad_avg].  Scalars:
+    """RMSprop.  Arrays: p, grad, step, square_avg[, momentum_buffer][, grad_avg].  Scalars:
     weight_decay, alpha, 1 - alpha, eps, momentum, -lr, -1 (centered's ``value=-1``), 1."""
     for i in range(sizes.shape[0]):
         n = sizes[i]
@@ -162,13 +170,14 @@ def rmsprop(addresses, sizes, scalars, maximize, weight_decay, centered, momentu
         )
         p = _array(addresses, i, 0, n, wd)
         grad = _array(addresses, i, 1, n, wd)
-        sq = _array(addresses, i, 2, n, wd)
-        k = 3
+        sq = _array(addresses, i, 3, n, wd)
+        k = 4
         buf = sq
         if momentum:
             buf = _array(addresses, i, k, n, wd)
             k += 1
         avg = _array(addresses, i, k, n, wd) if centered else sq
+        _count(addresses, i)
         for j in range(n):
             g = -grad[j] if maximize else grad[j]
             x = p[j]
@@ -196,15 +205,16 @@ def rmsprop(addresses, sizes, scalars, maximize, weight_decay, centered, momentu
 
 @numba.njit(**_JIT)
 def adagrad(addresses, sizes, scalars, maximize, weight_decay):  # type: ignore[no-untyped-def]
-    """Adagrad.  Arrays: p, grad, sum.  Scalars: weight_decay, eps, -lr / (1 + (t-1) lr_decay),
-    1 (``addcmul``'s value)."""
+    """Adagrad.  Arrays: p, grad, step, sum.  Scalars: weight_decay, eps,
+    -lr / (1 + (t-1) lr_decay), 1 (``addcmul``'s value)."""
     for i in range(sizes.shape[0]):
         n = sizes[i]
         s = scalars[i]
         wd, eps, neg_clr, one = s[0], s[1], s[2], s[3]
         p = _array(addresses, i, 0, n, wd)
         grad = _array(addresses, i, 1, n, wd)
-        acc = _array(addresses, i, 2, n, wd)
+        acc = _array(addresses, i, 3, n, wd)
+        _count(addresses, i)
         for j in range(n):
             g = -grad[j] if maximize else grad[j]
             x = p[j]
@@ -218,7 +228,7 @@ def adagrad(addresses, sizes, scalars, maximize, weight_decay):  # type: ignore[
 
 @numba.njit(**_JIT)
 def adadelta(addresses, sizes, scalars, maximize, weight_decay):  # type: ignore[no-untyped-def]
-    """Adadelta.  Arrays: p, grad, square_avg, acc_delta.  Scalars: weight_decay, rho,
+    """Adadelta.  Arrays: p, grad, step, square_avg, acc_delta.  Scalars: weight_decay, rho,
     1 - rho, eps, -lr."""
     for i in range(sizes.shape[0]):
         n = sizes[i]
@@ -226,8 +236,9 @@ def adadelta(addresses, sizes, scalars, maximize, weight_decay):  # type: ignore
         wd, rho, omr, eps, neg_lr = s[0], s[1], s[2], s[3], s[4]
         p = _array(addresses, i, 0, n, wd)
         grad = _array(addresses, i, 1, n, wd)
-        sq = _array(addresses, i, 2, n, wd)
-        acc = _array(addresses, i, 3, n, wd)
+        sq = _array(addresses, i, 3, n, wd)
+        acc = _array(addresses, i, 4, n, wd)
+        _count(addresses, i)
         for j in range(n):
             g = -grad[j] if maximize else grad[j]
             x = p[j]

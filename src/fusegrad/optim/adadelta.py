@@ -107,13 +107,15 @@ class Adadelta(Optimizer):
         for p in params:
             state = self._init_state(p)
             buffers = [state["square_avg"], state["acc_delta"]]
-            if not _foreach.fits(p, buffers):
+            count = _foreach.next_count(state["step"])
+            if count is None:
                 left.append(p)
                 continue
-            _foreach.count_step(state["step"])
-            rows.append([p, p.grad, *buffers])
+            rows.append([p, p.grad, state["step"], *buffers])
         if rows:
-            _foreach.launch(
+            left += _foreach.launch(
+                self,
+                group,
                 _foreach.kernels().adadelta,
                 rows,
                 [values] * len(rows),

@@ -108,10 +108,10 @@ class Adagrad(Optimizer):
         by_count: dict[float, tuple] = {}
         for p in params:
             state = self._init_state(p, group["initial_accumulator_value"])
-            if not _foreach.fits(p, [state["sum"]]):
+            count = _foreach.next_count(state["step"])
+            if count is None:
                 left.append(p)
                 continue
-            count = _foreach.count_step(state["step"])
             values = by_count.get(count)
             if values is None:
                 values = by_count[count] = (
@@ -120,10 +120,12 @@ class Adagrad(Optimizer):
                     _neg_clr(group, count),
                     1,  # ``addcmul``'s value
                 )
-            rows.append([p, p.grad, state["sum"]])
+            rows.append([p, p.grad, state["step"], state["sum"]])
             scalars.append(values)
         if rows:
-            _foreach.launch(
+            left += _foreach.launch(
+                self,
+                group,
                 _foreach.kernels().adagrad,
                 rows,
                 scalars,

@@ -127,10 +127,10 @@ class Adam(Optimizer):
             buffers = [state["exp_avg"], state["exp_avg_sq"]]
             if amsgrad:
                 buffers.append(state["max_exp_avg_sq"])
-            if not _foreach.fits(p, buffers):
+            count = _foreach.next_count(state["step"])
+            if count is None:
                 left.append(p)
                 continue
-            count = _foreach.count_step(state["step"])
             values = by_count.get(count)
             if values is None:
                 values = by_count[count] = (
@@ -143,10 +143,12 @@ class Adam(Optimizer):
                     _bc2_sqrt(group, count),
                     _neg_step_size(group, count),
                 )
-            rows.append([p, p.grad, *buffers])
+            rows.append([p, p.grad, state["step"], *buffers])
             scalars.append(values)
         if rows:
-            _foreach.launch(
+            left += _foreach.launch(
+                self,
+                group,
                 _foreach.kernels().adam,
                 rows,
                 scalars,

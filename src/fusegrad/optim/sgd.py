@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from ..autograd.grad_mode import no_grad
 from ..ops.creation import zeros_like
 from . import _foreach
@@ -110,40 +108,42 @@ class SGD(Optimizer):
 
     def _multi_tensor(self, group: dict[str, Any], dtype: Any, params: list) -> list:
         """The multi-tensor update of ``params`` (one dtype, each with a gradient); returns
-        those whose momentum buffer the kernel cannot take (left to ``_update``)."""
+        those the kernel cannot take (left to ``_update``)."""
         momentum = group["momentum"]
-        values = (group["weight_decay"], momentum, 1 - group["dampening"], -group["lr"])
-        rows, first, left = [], [], []
+        options = (group["weight_decay"], momentum, 1 - group["dampening"], -group["lr"])
+        rows, scalars, made = [], [], []
         for p in params:
             if momentum == 0:
                 rows.append([p, p.grad])
-                first.append(False)
+                scalars.append((*options, 0))
                 continue
             state = self.state[p]
             buf = state.get("momentum_buffer")
-            if buf is None:
-                # made here, filled by the kernel with the first step's gradient (a copy, as
-                # the per-parameter path's clone)
+            new = buf is None
+            if new:
+                # made here, filled by the kernel with this step's gradient (a copy, as the
+                # per-parameter path's clone)
                 state["momentum_buffer"] = buf = zeros_like(p)
-                first.append(True)
-            elif _foreach.fits(p, [buf]):
-                first.append(False)
-            else:
-                left.append(p)
-                continue
+                made.append(p)
             rows.append([p, p.grad, buf])
-        if rows:
-            _foreach.launch(
-                _foreach.kernels().sgd,
-                rows,
-                [values] * len(rows),
-                dtype,
-                np.array(first, dtype=np.bool_),
-                group["maximize"],
-                group["weight_decay"] != 0,
-                momentum != 0,
-                bool(group["nesterov"]),
-            )
+            scalars.append((*options, 1 if new else 0))
+        left = _foreach.launch(
+            self,
+            group,
+            _foreach.kernels().sgd,
+            rows,
+            scalars,
+            dtype,
+            group["maximize"],
+            group["weight_decay"] != 0,
+            momentum != 0,
+            bool(group["nesterov"]),
+            counted=False,
+        )
+        made_ids = {id(p) for p in made}
+        for p in left:
+            if id(p) in made_ids:
+                del self.state[p]["momentum_buffer"]  # the per-parameter path makes it
         return left
 
 
