@@ -37,11 +37,9 @@ from ..tensor import Tensor
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def wanted(group: dict[str, Any]) -> bool:
+def chosen(group: dict[str, Any]) -> bool:
     """Whether ``group``'s options ask for the multi-tensor update (PyTorch's choice between
-    ``fused``, ``foreach`` and the for-loop) and no tracer is watching."""
-    if _tracer_state.tracer is not None:
-        return False
+    ``fused``, ``foreach`` and the for-loop)."""
     fused = group.get("fused")
     if fused:
         return True
@@ -49,6 +47,25 @@ def wanted(group: dict[str, Any]) -> bool:
     if foreach is None:
         return fused is None
     return bool(foreach)
+
+
+def wanted(group: dict[str, Any]) -> bool:
+    """Whether ``group`` takes the multi-tensor update now: chosen by its options, and no
+    tracer needs to see the update's tensor ops (a tracer that declares
+    ``sees_updates = False`` -- a compiled-backward region, which records only ops that make
+    graph nodes -- lets the kernel run)."""
+    tracer = _tracer_state.tracer
+    if tracer is not None and getattr(tracer, "sees_updates", True):
+        return False
+    return chosen(group)
+
+
+def records_per_parameter(optimizer: Any) -> bool:
+    """``Optimizer.traceable`` of the optimizers with a multi-tensor update: a whole-step
+    compile records the update's tensor ops into the step's program only when no group takes
+    the multi-tensor path; otherwise ``step()`` is replayed as a call after the program, which
+    runs the kernel (one call per group and dtype, bit for bit eager's update)."""
+    return not any(chosen(group) for group in optimizer.param_groups)
 
 
 def check_fused(group: dict[str, Any], params: Sequence[Tensor]) -> None:

@@ -26,7 +26,9 @@ from .optimizer import Optimizer, OptimizerError, check_differentiable, check_op
 
 
 class Adadelta(Optimizer):
-    traceable = True  # (tensor ops only; every option through ``hyper``)
+    # a whole-step compile records the update (tensor ops only; tensor ops only; every option through ``hyper``) when every
+    # group takes the per-parameter path, else replays step() after the program
+    traceable = property(_foreach.records_per_parameter)
 
     def __init__(
         self,

@@ -27,7 +27,9 @@ from .optimizer import Optimizer, OptimizerError, check_differentiable, check_op
 
 
 class Adagrad(Optimizer):
-    traceable = True  # (tensor ops only; options and the decayed rate through ``hyper``)
+    # a whole-step compile records the update (tensor ops only; tensor ops only; options and the decayed rate through ``hyper``) when every
+    # group takes the per-parameter path, else replays step() after the program
+    traceable = property(_foreach.records_per_parameter)
 
     def __init__(
         self,

@@ -28,7 +28,9 @@ from .optimizer import Optimizer, check_options, hyper
 
 
 class Adam(Optimizer):
-    traceable = True  # (tensor ops only; lr and the bias corrections through ``hyper``)
+    # a whole-step compile records the update (tensor ops only; tensor ops only; lr and the bias corrections through ``hyper``) when every
+    # group takes the per-parameter path, else replays step() after the program
+    traceable = property(_foreach.records_per_parameter)
 
     def __init__(
         self,

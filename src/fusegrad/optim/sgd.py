@@ -22,7 +22,9 @@ from .optimizer import Optimizer, OptimizerError, hyper
 
 
 class SGD(Optimizer):
-    traceable = True  # (tensor ops only; the learning rate through ``hyper``)
+    # a whole-step compile records the update (tensor ops only; tensor ops only; the learning rate through ``hyper``) when every
+    # group takes the per-parameter path, else replays step() after the program
+    traceable = property(_foreach.records_per_parameter)
 
     def __init__(
         self,
