@@ -153,7 +153,7 @@ def test_ops_after_the_step_stop_the_recording_unless_per_parameter() -> None:
         model = _model(fg.float64)
         opt = fg.optim.SGD(model.parameters(), lr=0.1, foreach=foreach)
 
-        def step(x: fg.Tensor) -> fg.Tensor:
+        def step(x: fg.Tensor, model: nn.Module = model, opt: Any = opt) -> fg.Tensor:
             opt.zero_grad()
             model(x).square().sum().backward()
             opt.step()

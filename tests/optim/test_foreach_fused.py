@@ -78,7 +78,7 @@ def _snapshot(params: list, opt: Any) -> list[np.ndarray]:
     """The parameters and every state value, as arrays in a fixed order."""
     out = [p.detach().numpy().copy() for p in params]
     for p in params:
-        for key, value in sorted(opt.state.get(p, {}).items()):
+        for _, value in sorted(opt.state.get(p, {}).items()):
             out.append(np.asarray(value.numpy() if hasattr(value, "numpy") else value).copy())
     return out
 
@@ -147,7 +147,7 @@ def test_groups_mixed_dtypes_and_schedule(name: str, options: dict) -> None:
         params = first + second
         for p in params:
             p.grad = fusegrad.zeros_like(p)
-        for step in range(5):
+        for _ in range(5):
             opt.zero_grad(set_to_none=False)
             for p in params:
                 p.grad.add_(

@@ -245,8 +245,8 @@ def next_count(step: Any) -> float | None:
     return value
 
 
-def kernels() -> Any:
-    """The kernel module (numba loads with it, at the first multi-tensor update)."""
-    from . import _multi_tensor
+def kernel(name: str) -> Callable[..., None]:
+    """The multi-tensor kernel ``name`` (``sgd``, ``adam``, ...)."""
+    from ._multi_tensor import KERNELS  # numba: loaded by the first multi-tensor update
 
-    return _multi_tensor
+    return KERNELS[name]

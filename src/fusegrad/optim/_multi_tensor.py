@@ -254,3 +254,6 @@ def adadelta(addresses, sizes, scalars, maximize, weight_decay):  # type: ignore
             u = u + (delta * delta) * omr
             acc[j] = u
             p[j] = x + delta * neg_lr
+
+
+KERNELS = {"sgd": sgd, "adam": adam, "rmsprop": rmsprop, "adagrad": adagrad, "adadelta": adadelta}

@@ -26,8 +26,8 @@ from .optimizer import Optimizer, OptimizerError, check_differentiable, check_op
 
 
 class Adadelta(Optimizer):
-    # a whole-step compile records the update (tensor ops only; tensor ops only; every option through ``hyper``) when every
-    # group takes the per-parameter path, else replays step() after the program
+    # a whole-step compile records the update (tensor ops only; every option through ``hyper``)
+    # when every group takes the per-parameter path, else replays step() after the program
     traceable = property(_foreach.records_per_parameter)
 
     def __init__(
@@ -118,7 +118,7 @@ class Adadelta(Optimizer):
             left += _foreach.launch(
                 self,
                 group,
-                _foreach.kernels().adadelta,
+                _foreach.kernel("adadelta"),
                 rows,
                 [values] * len(rows),
                 dtype,

@@ -27,8 +27,9 @@ from .optimizer import Optimizer, OptimizerError, check_differentiable, check_op
 
 
 class Adagrad(Optimizer):
-    # a whole-step compile records the update (tensor ops only; tensor ops only; options and the decayed rate through ``hyper``) when every
-    # group takes the per-parameter path, else replays step() after the program
+    # a whole-step compile records the update (tensor ops only; options and the decayed rate
+    # through ``hyper``) when every group takes the per-parameter path, else replays step()
+    # after the program
     traceable = property(_foreach.records_per_parameter)
 
     def __init__(
@@ -128,7 +129,7 @@ class Adagrad(Optimizer):
             left += _foreach.launch(
                 self,
                 group,
-                _foreach.kernels().adagrad,
+                _foreach.kernel("adagrad"),
                 rows,
                 scalars,
                 dtype,

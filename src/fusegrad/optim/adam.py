@@ -28,8 +28,9 @@ from .optimizer import Optimizer, check_options, hyper
 
 
 class Adam(Optimizer):
-    # a whole-step compile records the update (tensor ops only; tensor ops only; lr and the bias corrections through ``hyper``) when every
-    # group takes the per-parameter path, else replays step() after the program
+    # a whole-step compile records the update (tensor ops only; lr and the bias corrections
+    # through ``hyper``) when every group takes the per-parameter path, else replays step()
+    # after the program
     traceable = property(_foreach.records_per_parameter)
 
     def __init__(
@@ -151,7 +152,7 @@ class Adam(Optimizer):
             left += _foreach.launch(
                 self,
                 group,
-                _foreach.kernels().adam,
+                _foreach.kernel("adam"),
                 rows,
                 scalars,
                 dtype,

@@ -29,8 +29,8 @@ from .optimizer import Optimizer, check_differentiable, check_options, missing_s
 
 
 class RMSprop(Optimizer):
-    # a whole-step compile records the update (tensor ops only; tensor ops only; every option through ``hyper``) when every
-    # group takes the per-parameter path, else replays step() after the program
+    # a whole-step compile records the update (tensor ops only; every option through ``hyper``)
+    # when every group takes the per-parameter path, else replays step() after the program
     traceable = property(_foreach.records_per_parameter)
 
     def __init__(
@@ -148,7 +148,7 @@ class RMSprop(Optimizer):
             left += _foreach.launch(
                 self,
                 group,
-                _foreach.kernels().rmsprop,
+                _foreach.kernel("rmsprop"),
                 rows,
                 [values] * len(rows),
                 dtype,

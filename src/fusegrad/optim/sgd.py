@@ -22,8 +22,8 @@ from .optimizer import Optimizer, OptimizerError, hyper
 
 
 class SGD(Optimizer):
-    # a whole-step compile records the update (tensor ops only; tensor ops only; the learning rate through ``hyper``) when every
-    # group takes the per-parameter path, else replays step() after the program
+    # a whole-step compile records the update (tensor ops only; the learning rate through ``hyper``)
+    # when every group takes the per-parameter path, else replays step() after the program
     traceable = property(_foreach.records_per_parameter)
 
     def __init__(
@@ -132,7 +132,7 @@ class SGD(Optimizer):
         left = _foreach.launch(
             self,
             group,
-            _foreach.kernels().sgd,
+            _foreach.kernel("sgd"),
             rows,
             scalars,
             dtype,
