@@ -28,6 +28,7 @@ CASES = [
     ("RMSprop", {"lr": 0.01, "centered": True, "momentum": 0.5}),
     ("Adagrad", {"lr": 0.1, "lr_decay": 0.01}),
     ("Adadelta", {"lr": 1.0, "weight_decay": 0.1}),
+    ("Adamax", {"lr": 0.01, "weight_decay": 0.1}),
 ]
 IDS = [f"{name}-{i}" for i, (name, _) in enumerate(CASES)]
 

@@ -42,6 +42,8 @@ CASES = [
     ),
     ("Adagrad", {"lr": 0.1, "eps": 1e-3, "maximize": True}),
     ("Adadelta", {}),
+    ("Adamax", {"lr": 0.01}),
+    ("Adamax", {"lr": 0.01, "betas": (0.7, 0.8), "weight_decay": 0.1, "maximize": True}),
     ("Adadelta", {"lr": 0.5, "rho": 0.6, "eps": 1e-4, "weight_decay": 0.1, "maximize": True}),
 ]
 IDS = [f"{name}-{i}" for i, (name, _) in enumerate(CASES)]
@@ -52,6 +54,7 @@ KERNEL = {
     "RMSprop": "rmsprop",
     "Adagrad": "adagrad",
     "Adadelta": "adadelta",
+    "Adamax": "adamax",
 }
 STEPS = 4
 
@@ -70,6 +73,10 @@ def _set_grads(params: list, rng: np.random.Generator, step: int, skip: int | No
     for i, p in enumerate(params):
         if i == skip:
             p.grad = None  # a parameter without a gradient this step
+        elif p.dim() == 2 and step % 2:  # a strided gradient (the per-parameter path takes it)
+            grad = rng.standard_normal(tuple(p.shape)[::-1]).astype(p.dtype.name)
+            p.grad = fusegrad.tensor(grad).t()
+            assert not p.grad.is_contiguous()
         else:
             p.grad = fusegrad.tensor(rng.standard_normal(tuple(p.shape)).astype(p.dtype.name))
 
@@ -192,6 +199,7 @@ def test_nan_inf_and_signed_zeros() -> None:
         ("SGD", {"lr": 0.1, "momentum": 0.9}),
         ("Adagrad", {}),
         ("Adadelta", {}),
+        ("Adamax", {}),
     ]:
         snaps = []
         for foreach in (True, False):

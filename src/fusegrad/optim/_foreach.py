@@ -17,9 +17,13 @@ Within a group the kernel takes the parameters it can update directly: dense flo
 numpy arrays, C-contiguous and writable, whose gradient and state buffers have the parameter's
 dtype and layout.  The others (CUDA tensors, half and complex dtypes, sparse gradients,
 strided or read-only memory) go through the per-parameter update, as PyTorch's foreach falls
-back to per-tensor work for them; the results are the same either way.  While a tracer is
-installed (a whole step being recorded, a compiled region) every parameter takes the
-per-parameter path, whose tensor ops the tracer sees.
+back to per-tensor work for them; the results are the same either way.
+
+Tracers: a whole-step recording never sees a multi-tensor ``step()`` run inside it -- such an
+optimizer is not ``traceable`` (``records_per_parameter``), so the recording replays its
+``step()`` as a call after the program, and the kernel runs there; a tracer that must see the
+update's tensor ops gets the per-parameter path (``wanted``); a compiled-backward region, which
+records only ops that make graph nodes, lets the kernel run.
 """
 
 from __future__ import annotations

@@ -256,4 +256,37 @@ def adadelta(addresses, sizes, scalars, maximize, weight_decay):  # type: ignore
             p[j] = x + delta * neg_lr
 
 
-KERNELS = {"sgd": sgd, "adam": adam, "rmsprop": rmsprop, "adagrad": adagrad, "adadelta": adadelta}
+@numba.njit(**_JIT)
+def adamax(addresses, sizes, scalars, maximize, weight_decay):  # type: ignore[no-untyped-def]
+    """Adamax.  Arrays: p, grad, step, exp_avg, exp_inf.  Scalars: weight_decay, 1 - beta1,
+    beta2, eps, -lr / (1 - beta1^t)."""
+    for i in range(sizes.shape[0]):
+        n = sizes[i]
+        s = scalars[i]
+        wd, omb1, b2, eps, neg_step = s[0], s[1], s[2], s[3], s[4]
+        p = _array(addresses, i, 0, n, wd)
+        grad = _array(addresses, i, 1, n, wd)
+        m = _array(addresses, i, 3, n, wd)
+        u = _array(addresses, i, 4, n, wd)
+        _count(addresses, i)
+        for j in range(n):
+            g = -grad[j] if maximize else grad[j]
+            x = p[j]
+            if weight_decay:
+                g = g + x * wd
+            mj = m[j]
+            mj = mj + omb1 * (g - mj)
+            m[j] = mj
+            uj = _maximum(u[j] * b2, abs(g) + eps)
+            u[j] = uj
+            p[j] = x + (mj / uj) * neg_step
+
+
+KERNELS = {
+    "sgd": sgd,
+    "adam": adam,
+    "adamax": adamax,
+    "rmsprop": rmsprop,
+    "adagrad": adagrad,
+    "adadelta": adadelta,
+}
