@@ -198,7 +198,10 @@ def launch(
     if not rows:
         return []
     plans = optimizer.__dict__.setdefault("_foreach_plans", {})
-    key = (id(group), dtype, kernel.__name__)
+    # by the group's position (a loaded state dict makes new group dicts; the plan then finds
+    # new arrays and looks their addresses up again)
+    position = next(k for k, g in enumerate(optimizer.param_groups) if g is group)
+    key = (position, dtype, kernel.__name__)
     columns = len(rows[0])
     plan = plans.get(key)
     if plan is None or plan.addresses.shape != (len(rows), columns):
