@@ -28,6 +28,7 @@ OPTIMIZERS = {
     "RMSprop": ("RMSprop", {"lr": 1e-3, "momentum": 0.5, "centered": True}),
     "Adagrad": ("Adagrad", {"lr": 1e-2}),
     "Adadelta": ("Adadelta", {}),
+    "Adamax": ("Adamax", {"lr": 2e-3}),
 }
 
 
