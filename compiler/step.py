@@ -59,6 +59,7 @@ from . import admission, events, passes
 from . import tape as _tape
 from . import trace as _trace
 from .admission import CompilationError
+from .breaks import Source, Split
 from .events import emit
 from .ir import Value, format_graph, verify
 from .key import grad_state
@@ -383,6 +384,7 @@ def record(
     the recorder, the call's result and the tape its forward was recorded on."""
     rec = Recorder(watch, region)
     rec.explaining = explaining
+    rec.code = getattr(getattr(fn, "__func__", fn), "__code__", None)
     _tape.state.enter()
     try:
         tape = _tape.state.tape
@@ -404,6 +406,10 @@ class CompiledFunction:
         # guard key -> Step | reason (str), and the recording policy (``service.Recordings``)
         self.entries = Recordings(self.name)
         self.warmed_up = False  # see ``_state_pending``
+        # the function cut at its first graph break (``breaks``): every later call runs the
+        # parts (each compiled part has its own recordings and guards; the Python of the part
+        # that reads the value runs as written, so nothing the cut keeps depends on the key)
+        self.split_at: Split | None = None
         self.__wrapped__ = fn
 
     def name(self) -> str:
@@ -420,6 +426,8 @@ class CompiledFunction:
         policy = admission.call_policy()
         if policy != admission.COMPILE:
             return run_as_written(policy, self.fn, args, kwargs, self.region)
+        if self.split_at is not None:
+            return self.split_at(args, kwargs)
         watch = Watch(self.fn, args, kwargs)
         entry = self.entries.get(watch.key)
         if type(entry) is Step:
@@ -448,6 +456,32 @@ class CompiledFunction:
             emit(events.RECORDING, f"whole step: recording #{number}: {self.why_record(watch.key)}")
         return self.record(watch, args, kwargs)
 
+    def split(self, rec: Recorder, reason: str) -> Split | str | None:
+        """The function cut at the statement whose Python read of a value broke the recording
+        (``breaks``); None for another break; why not, for a body that cannot be cut."""
+        if rec.break_site is None or not (
+            reason.startswith("Python read a tensor's value") or "not computed by the" in reason
+        ):
+            return None
+        source = Source.of(self.fn)
+        if isinstance(source, str):
+            return source
+        why = source.why_not()
+        if why is not None:
+            return why
+        at = source.statement_at(rec.break_site)
+        if at is None:
+            return None
+        region = self.region
+        return Split(
+            self.fn,
+            source,
+            at,
+            reason,
+            lambda part: CompiledFunction(part, False, self.mode, region),
+            region,
+        )
+
     def why_record(self, key: tuple) -> str:
         """In words, why a call with guard key ``key`` is recorded (``explain``, the log)."""
         if key in self.entries:
@@ -465,12 +499,20 @@ class CompiledFunction:
         try:
             step = Step(rec, *rec.finish(result))
         except StepBreak as e:
-            self.entries.remember(watch.key, str(e))
+            if self.fullgraph:
+                self.entries.remember(watch.key, str(e))
+                emit(events.STEP_BREAK, str(e), **detail)
+                raise CompilationError(f"fullgraph=True: {e}") from None
+            split = self.split(rec, str(e))
+            if type(split) is Split:
+                self.split_at = split
+                self.entries.remember(watch.key, message := split.describe())
+            else:
+                message = str(e) if split is None else f"{e} (not split: {split})"
+                self.entries.remember(watch.key, message)
             if _trace.enabled:
                 detail["why"] = why_recorded(self.name(), self.entries, watch.key)
-            emit(events.STEP_BREAK, str(e), **detail)
-            if self.fullgraph:
-                raise CompilationError(f"fullgraph=True: {e}") from None
+            emit(events.STEP_BREAK, message, **detail)
             return result
         if events.wanted(events.GRAPH):
             emit(events.GRAPH, "whole-step graph:\n" + format_graph(rec.graph))

@@ -92,6 +92,10 @@ class Tracer:
         """A creation function made ``tensor`` (``redo``: None for values fixed by the call's
         arguments, else a callable drawing a new one from its random generator)."""
 
+    def from_data(self, tensor: Tensor, data: Any) -> None:
+        """``tensor(data)`` or ``new_tensor(data)`` made ``tensor`` from Python data ``data``
+        (a recording may keep it as a constant where the data is written in the source)."""
+
     def will_draw(self, generator: Any = None) -> None:
         """A random draw is about to advance ``generator`` (a ``random.Generator``:
         ``random._gen``): a tracer that refuses it here leaves the generator as it was."""
@@ -149,6 +153,15 @@ def notify_created(tensor: Tensor, redo: Any = None) -> Tensor:
     tracer = state.tracer
     if tracer is not None:
         tracer.created(tensor, redo)
+    return tensor
+
+
+def notify_from_data(tensor: Tensor, data: Any) -> Tensor:
+    """Tell this thread's tracer, if any, that ``tensor`` was made from Python data; returns
+    it."""
+    tracer = state.tracer
+    if tracer is not None:
+        tracer.from_data(tensor, data)
     return tensor
 
 
