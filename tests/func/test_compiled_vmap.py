@@ -308,3 +308,45 @@ def test_convolution_under_vmap_of_grad_eager_and_compiled() -> None:
         _close(compiled(params, x, y), want, 1e-10)
     (reason,) = compiler.counters.step_breaks
     assert "ConvolutionBackward0 is not a primitive's node" in reason
+
+
+def test_requires_grad_inside_a_recording() -> None:
+    """``requires_grad_()`` on a tensor the call made (``x.detach()``, ``grad``'s inputs) is
+    recorded through; on an argument it still stops the recording (the caller sees the flag)."""
+    fg.manual_seed(5)
+    model = _mlp().double()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    loss = _loss_of(model)
+    x, y = _data(1, fg.float64)
+    one_sample = fg.compile(func.grad(loss))  # no vmap: grad's inputs are detached arguments
+    for _ in range(3):
+        got = one_sample(params, x[0], y[0])
+        _close(got, func.grad(loss)(params, x[0], y[0]), 1e-12)
+    _replayed(3)
+    assert not any(p.requires_grad for p in params.values())
+
+    compiler.reset()
+
+    def grad_of_square(w: fg.Tensor) -> fg.Tensor:
+        leaf = w.detach().requires_grad_()
+        return fg.autograd.grad((leaf * leaf).sum(), leaf)[0]
+
+    w = fg.tensor(RNG.standard_normal(3))
+    compiled = fg.compile(grad_of_square)
+    for _ in range(3):
+        np.testing.assert_allclose(compiled(w).numpy(), 2 * w.numpy())
+    _replayed(3)
+    assert not w.requires_grad
+
+    compiler.reset()
+
+    def marks_its_argument(w: fg.Tensor) -> fg.Tensor:
+        w.requires_grad_()
+        return fg.autograd.grad((w * w).sum(), w)[0]
+
+    w = fg.tensor(RNG.standard_normal(3))
+    marked = fg.compile(marks_its_argument)(w)
+    np.testing.assert_allclose(marked.numpy(), 2 * w.detach().numpy())
+    assert w.requires_grad
+    (reason,) = compiler.counters.step_breaks
+    assert reason.startswith("requires_grad_() at ")
