@@ -350,3 +350,43 @@ def test_requires_grad_inside_a_recording() -> None:
     assert w.requires_grad
     (reason,) = compiler.counters.step_breaks
     assert reason.startswith("requires_grad_() at ")
+
+
+def _sin_sum(x: fg.Tensor) -> fg.Tensor:
+    return (x.sin() * x.sum()).sum()
+
+
+NESTED = {
+    "jacrev": lambda: func.jacrev(fg.sin),
+    "jacrev_scalar": lambda: func.jacrev(_sin_sum),
+    "jacfwd": lambda: func.jacfwd(fg.sin),
+    "hessian": lambda: func.hessian(_sin_sum),
+    "jacfwd_of_grad": lambda: func.jacfwd(func.grad(_sin_sum)),
+    "jacrev_of_grad": lambda: func.jacrev(func.grad(_sin_sum)),
+    "jacrev_of_jacrev": lambda: func.jacrev(func.jacrev(fg.sin)),
+    "grad_of_grad": lambda: func.grad(lambda x: func.grad(_sin_sum)(x).sum()),
+    "jvp_of_grad": lambda: lambda x: func.jvp(func.grad(_sin_sum), (x,), (fg.ones_like(x),))[1],
+}
+
+
+@pytest.mark.parametrize("name", sorted(NESTED))
+def test_jacobians_inside_compiled_code_equal_eager(name: str) -> None:
+    """Jacobians, Hessians and nested transforms under ``compiled_autograd()`` and
+    ``fusegrad.compile``: the values a compiled program cannot carry (batched output gradients,
+    forward-AD tangents, graphs a later transform differentiates) run with the eager engine --
+    a recording stops with that reason -- and every result is eager's."""
+    x = fg.tensor(RNG.standard_normal(3))
+    transform = NESTED[name]()
+    want = transform(x).numpy()
+    with compiler.compiled_autograd():
+        np.testing.assert_allclose(transform(x).numpy(), want, rtol=1e-12)
+    compiler.reset()
+    compiled = fg.compile(transform)
+    for _ in range(3):
+        np.testing.assert_allclose(compiled(x).numpy(), want, rtol=1e-12)
+    c = compiler.counters
+    if name == "jacfwd":  # forward mode alone records and replays
+        _replayed(3)
+    else:
+        (reason,) = c.step_breaks
+        assert "under fusegrad.func" in reason and c.step_runs == 0

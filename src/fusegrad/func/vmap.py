@@ -281,6 +281,11 @@ class BatchTracer(Tracer):
         inputs: Any,
         accumulate: bool,
     ) -> Any:
+        if _tracer_below() is not None and any(type(g) is BatchedTensor for g in grads):
+            # batched output gradients (the vector-Jacobian products of ``jacrev``) would
+            # reach a compiled region or recording below as one sample's tensors
+            with without_tracer_below(roots[0], "a backward with batched output gradients"):
+                return self.backward(roots, grads, retain_graph, create_graph, inputs, accumulate)
         batched = [_batched_at(r, self) for r in roots]
         if not any(batched):
             # the outputs are one sample's (a graph made outside this vmap) and the output
@@ -386,6 +391,53 @@ class BatchTracer(Tracer):
         if self.prev is None:
             return NotImplemented
         return self.prev.opaque(owner, fn, args, kwargs)
+
+
+def _tracer_below() -> Tracer | None:
+    """The tracer below this thread's ``vmap`` levels (a compiled region or recording)."""
+    t = _tracer.current()
+    while isinstance(t, BatchTracer):
+        t = t.prev
+    return t
+
+
+class without_tracer_below:  # noqa: N801  (a context manager, used like a function)
+    """Run the block as without a compiled region or recording below the ``vmap`` levels: a
+    backward whose values a compiled program cannot carry (batched output gradients, forward-AD
+    tangents, a graph that a later transform differentiates with those) runs with the eager
+    engine, every op through the levels.  A recording stops first (``what``, the reason: what
+    the engine does besides the ops is not recorded).  The levels are this call's own objects:
+    the outermost one's ``prev`` is put back afterwards.  (A class, not a generator: the
+    recording names the user's line, not contextlib's.)"""
+
+    def __init__(self, tensor: Tensor, what: str) -> None:
+        self.tensor = tensor
+        self.what = what
+        self.bottom: BatchTracer | None = None
+        self.below: Tracer | None = None
+        self.hidden: Any = None
+
+    def __enter__(self) -> None:
+        below = _tracer.current()
+        while isinstance(below, BatchTracer):
+            self.bottom, below = below, below.prev
+        self.below = below
+        if below is None:
+            return
+        below.side_effect(self.tensor, f"{self.what} under fusegrad.func")
+        if self.bottom is None:
+            self.hidden = tracing(None)
+            self.hidden.__enter__()
+        else:
+            self.bottom.prev = None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.below is None:
+            return
+        if self.hidden is not None:
+            self.hidden.__exit__(*exc)
+        elif self.bottom is not None:
+            self.bottom.prev = self.below
 
 
 def current_levels() -> list[BatchTracer]:
