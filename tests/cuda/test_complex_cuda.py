@@ -278,3 +278,18 @@ def test_ops_without_complex_kernels_refuse() -> None:
         fg.linalg.inv(zc[:, :2])
     with pytest.raises(NotImplementedError, match="CUDA"):
         fg.fft.fft(zc)
+
+
+def test_compiled_autograd_runs_complex_cuda_backwards_eagerly() -> None:
+    """Compiled programs take no complex values: the backward runs eagerly on the device, with
+    the reason counted, and gives the CPU's gradient."""
+    from fusegrad import compiler
+
+    compiler.reset()
+    z = fg.tensor(Z, device="cuda", requires_grad=True)
+    with compiler.compiled_autograd():
+        (z.abs() ** 2 * z.real.exp()).sum().backward()
+    w = fg.tensor(Z, requires_grad=True)
+    (w.abs() ** 2 * w.real.exp()).sum().backward()
+    np.testing.assert_allclose(z.grad.cpu().numpy(), w.grad.numpy(), rtol=1e-13)
+    assert any("a complex value" in reason for reason in compiler.counters.fallbacks)
