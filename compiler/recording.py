@@ -611,7 +611,24 @@ class Recorder(Tracer):
                 self.stop(str(e))
 
     def side_effect(self, t: Tensor, what: str) -> None:
+        if what == "requires_grad_()" and self.made_inside(t):
+            # ``x.detach().requires_grad_()`` (the inputs of ``fusegrad.func.grad``): the flag
+            # of a tensor the call made is seen by nothing outside the call, and what the call
+            # does with it (a backward, the outputs) is recorded as usual
+            return
         self.stop(f"{what} at {_user_line()} inside the compiled function")
+
+    def made_inside(self, t: Tensor) -> bool:
+        """True when ``t`` is a tensor the recorded ops made, or a new alias of one or of an
+        input (``detach()``): not an argument, parameter, buffer or closure tensor the guard
+        watches, whose flags are seen after the call."""
+        arr = t._data
+        watched = self.watch.tensors.get(id(arr))
+        if watched is None:
+            return id(arr) in self.values
+        return not any(t is a for a in self.watch.args) and not any(
+            ref is t for kind, ref in self.watch.tensors.values() if kind == "ext"
+        )
 
     def opaque(self, owner: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
         if self.broken is not None:

@@ -64,6 +64,12 @@ class Tracer:
     """Base class of tracers: every method's default, NotImplemented, lets fusegrad do what it
     does without one."""
 
+    # True for a tracer that needs every primitive of a composite to record its own backward
+    # node: conv and the norm layers then do not run as one custom-Function node
+    # (``autograd.native``).  ``fusegrad.func.vmap`` sets it: its batching rules are per
+    # primitive, and a compiled recording around it then captures their rules like any other.
+    primitive_nodes = False
+
     def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
         """Primitive ``prim`` called on Tensors ``inputs`` with keyword ``attrs``: its result, or
         NotImplemented to let it run eagerly."""

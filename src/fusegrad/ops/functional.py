@@ -24,6 +24,7 @@ from ..autograd.forward_state import state as _forward_state
 from ..autograd.grad_mode import no_grad as _no_grad
 from ..autograd.node_names import name_node as _name_node
 from ..autograd.node_names import torch_node_name as _torch_node_name
+from ..autograd.tracer import current as _current_tracer
 from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_created as _created
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
@@ -1745,6 +1746,9 @@ def _records(*tensors: Tensor | None) -> bool:
     primitives).  conv2d and the norm layers then run as one node of ``native``, which saves
     only what PyTorch's native node saves (and only for the gradients that will be needed)."""
     if not _grad_mode.is_grad_enabled() or _forward_state.level is not None:
+        return False
+    tracer = _current_tracer()
+    if tracer is not None and tracer.primitive_nodes:  # (vmap: see ``Tracer.primitive_nodes``)
         return False
     return any(t is not None and t.requires_grad for t in tensors)
 
