@@ -1,5 +1,6 @@
-"""Automatic dynamic sizes for whole steps (``compile(fn)``): after the second distinct size,
-one recording serves every size.
+"""Automatic dynamic sizes for whole steps (``compile(fn)``) and compiled modules
+(``compile(model)``: the forward step and the backward graph, ``merge_entries``): after the
+second distinct size, one recording serves every size.
 
 A whole step is recorded with concrete sizes (``recording``).  When a function is recorded a
 second time for a guard key that differs from an earlier one only in the sizes of its tensor
@@ -127,7 +128,8 @@ class Dynamic:
     from (``places``: per symbol, its ``(argument, dim)`` pairs), and the masked key."""
 
     def __init__(self, step: Any, places: list[list[tuple[int, int]]], key: tuple) -> None:
-        self.step = step
+        self.step = step  # a ``step.Step``, or a compiled module's ``module.AOTEntry``
+        self.solver: Any = None  # (``merge``: the symbols' expressions, for a second graph)
         self.places = places
         self.dims = frozenset(p for group in places for p in group)
         self.key = masked(key, self.dims)
@@ -187,14 +189,7 @@ def merge(first: Any, second: Any, key_a: tuple, key_b: tuple, args: list = ()) 
             raise Mismatch("the recordings read different inputs")
     graph, mapping, draws = _merge_graphs(first.graph, second.graph, first.sources, solver)
     graph.hints = hints_a
-    verify(graph)
-    probe = Graph(
-        graph.values, graph.constants, graph.effects, tuple(h + _PROBE_OFFSET for h in hints_a)
-    )
-    try:
-        verify(probe)
-    except Exception as e:  # noqa: BLE001 - an expression that fits two sizes but not a third
-        raise Mismatch(f"the merged sizes do not hold at another size: {e}") from None
+    _check(graph, "merged sizes")
     step = copy.copy(first)
     step.graph = graph
     step.draw_shapes = draws
@@ -203,7 +198,48 @@ def merge(first: Any, second: Any, key_a: tuple, key_b: tuple, args: list = ()) 
     # evaluates their size attributes per call)
     step.checks = [(mapping[v], fn) for v, fn in first.checks]
     step.check_plan = sorted((mapping[v] for v in first.check_plan), key=lambda v: v.id)
-    return Dynamic(step, places, key_a)
+    dynamic = Dynamic(step, places, key_a)
+    dynamic.solver = solver
+    return dynamic
+
+
+def merge_entries(first: Any, second: Any, key_a: tuple, key_b: tuple, args: list) -> Dynamic:
+    """One compiled module's recording (``module.AOTEntry``) over symbols from two: the forward
+    steps merged as ``merge`` merges whole steps, the backward graphs with the same symbols;
+    raises ``Mismatch``."""
+    for name in ("saved_plan", "root_slots", "version_checks", "n_outputs", "levels", "n_inputs"):
+        if not _same(getattr(first, name), getattr(second, name)):
+            raise Mismatch(f"the recordings' {name} differ")
+    if len(first.input_sources) != len(second.input_sources) or any(
+        ka != kb or (ra is not rb and ra != rb)
+        for (ka, ra), (kb, rb) in zip(first.input_sources, second.input_sources)
+    ):
+        raise Mismatch("the recordings' backward edges differ")
+    dynamic = merge(first.step, second.step, key_a, key_b, args)
+    solver = dynamic.solver
+    ga, gb = first.backward_graph, second.backward_graph
+    inputs = len(ga.inputs_of("arg"))
+    back, _, _ = _merge_graphs(ga, gb, [("arg", None)] * inputs, solver)
+    back.hints = dynamic.step.graph.hints
+    _check(back, "merged backward")
+    entry = copy.copy(first)
+    entry.step = dynamic.step
+    entry.backward_graph = back
+    entry.backward_programs = type(first.backward_programs)()
+    entry.pruned = {}
+    dynamic.step = entry
+    return dynamic
+
+
+def _check(graph: Graph, what: str) -> None:
+    """``graph``'s invariants at its sizes, then at a made-up third size: an expression that
+    fits the two recorded sizes but breaks an op's shape rule elsewhere raises ``Mismatch``."""
+    verify(graph)
+    hints = tuple(h + _PROBE_OFFSET for h in graph.hints)
+    try:
+        verify(Graph(graph.values, graph.constants, graph.effects, hints))
+    except Exception as e:  # noqa: BLE001 - any broken invariant: not one program over sizes
+        raise Mismatch(f"the {what} do not hold at another size: {e}") from None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -326,4 +362,12 @@ def _uniform(a: np.ndarray) -> bool:
     return bool(np.all(a == first)) if first == first else bool(np.all(np.isnan(a)))
 
 
-__all__ = ["Dynamic", "Mismatch", "mark_dynamic", "mark_static", "masked", "merge"]
+__all__ = [
+    "Dynamic",
+    "Mismatch",
+    "mark_dynamic",
+    "mark_static",
+    "masked",
+    "merge",
+    "merge_entries",
+]

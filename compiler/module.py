@@ -66,6 +66,7 @@ from . import trace as _trace
 from .admission import CompilationError
 from .capture import Fallback
 from .capture import capture as _capture_graph
+from .dynamic import Mismatch, arg_shapes, masked, merge_entries
 from .events import emit
 from .ir import Graph, Value, verify
 from .key import walk as _walk
@@ -74,6 +75,7 @@ from .program import Program
 from .recording import Recorder, StepBreak, Watch, describe_change, why_recorded
 from .region import Region, compiled_autograd
 from .service import Background, CompileNotice, Programs, Recordings, service
+from .settings import config
 from .step import Step, record, run_as_written
 
 
@@ -570,9 +572,10 @@ class AOTEntry:
             self.pruned[present] = _prune(self.backward_graph, present)
         return self.pruned[present]
 
-    def backward(self, saved: list, grads: tuple) -> list | None:
+    def backward(self, saved: list, grads: tuple, sizes: tuple | None = None) -> list | None:
         """The inputs' gradients (None for an input no output with a gradient reaches), or
-        None when this pattern of absent output gradients cannot be pruned exactly."""
+        None when this pattern of absent output gradients cannot be pruned exactly.  ``sizes``:
+        the call's size vector (an entry over symbols, ``dynamic``)."""
         present = tuple(g is not None for g in grads)
         # (an absent gradient's input is never read: any array of its shape will do)
         arrays = [g._data if g is not None else np.empty(0) for g in grads] + saved
@@ -588,7 +591,7 @@ class AOTEntry:
                     owner="compiled module",
                     what="a compiled module's backward in the background (run uncompiled "
                     "meanwhile)",
-                    warmup=lambda: ([np.array(a, copy=True) for a in arrays], []),
+                    warmup=lambda: ([np.array(a, copy=True) for a in arrays], [], (), sizes),
                     uncompiled=lambda: service.uncompiled(graph),
                     worker=True,
                 )
@@ -604,7 +607,7 @@ class AOTEntry:
         prev = grad_mode._state.enabled
         grad_mode._state.enabled = False
         try:
-            return program.run_step(arrays, [], {}, self.n_inputs)  # type: ignore[no-any-return]
+            return program.run_step(arrays, [], {}, self.n_inputs, sizes)  # type: ignore[no-any-return]
         finally:
             grad_mode._state.enabled = prev
             if notice is not None:
@@ -704,7 +707,7 @@ class AOTBackward(_ModuleNode):
     The nodes of one call share what it saved (``state``: freed by a backward that does not
     retain the graph)."""
 
-    __slots__ = ("_checks", "_entry", "_inner", "_inputs", "_redo", "_slots", "_state")
+    __slots__ = ("_checks", "_entry", "_inner", "_inputs", "_redo", "_sizes", "_slots", "_state")
 
     def __init__(
         self,
@@ -715,12 +718,13 @@ class AOTBackward(_ModuleNode):
         redo: Callable,
         slots: list,
         inner: AOTBackward | None = None,
+        inner_meta: list = (),  # type: ignore[assignment]
+        sizes: tuple | None = None,
     ) -> None:
         n_inner = len(inner._slots) if inner is not None else 0
         edges = [t._edge() for t in inputs] + [(inner, k) for k in range(n_inner)]
-        meta = [(t._data.shape, t._dtype) for t in inputs]
-        if inner is not None:
-            meta += [entry.root_meta[k] for k in inner._slots]
+        # (the inner outputs' shapes and dtypes: what the edges to them carry)
+        meta = [(t._data.shape, t._dtype) for t in inputs] + list(inner_meta)
         super().__init__(tuple(edges), tuple(meta))
         self._entry = entry
         self._inputs = inputs
@@ -730,6 +734,7 @@ class AOTBackward(_ModuleNode):
         self._slots = slots
         self._inner = inner
         self._redo = redo
+        self._sizes = sizes  # the call's size vector (``dynamic``), or None
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
         entry = self._entry
@@ -768,7 +773,7 @@ class AOTBackward(_ModuleNode):
         if not grad_mode.is_grad_enabled() and mask is None:
             # (outputs without a gradient: the program for that pattern leaves out what flows
             # from them alone, as eager runs nothing there)
-            result = entry.backward(saved, tuple(full))
+            result = entry.backward(saved, tuple(full), self._sizes)
         if result is None:
             # create_graph (a differentiable backward), a backward that needs only some of the
             # module's inputs (eager runs only part of its graph), or absent gradients that
@@ -794,6 +799,8 @@ class OptimizedModule(Module):
         object.__setattr__(self, "_reasons_logged", set())
         # guard key -> AOTEntry | reason (str), and the recording policy
         object.__setattr__(self, "_aot", Recordings(lambda: f"compile({type(mod).__name__})"))
+        # recordings merged over sizes (``dynamic``), every size after the second replays one
+        object.__setattr__(self, "_dynamics", [])
 
     # -- the original's state, not a copy -------------------------------------------------------
     @property
@@ -876,8 +883,15 @@ class OptimizedModule(Module):
         watch = Watch(mod.forward, args, kwargs)
         entries = self.__dict__["_aot"]
         entry = entries.get(watch.key)
+        sizes = None
+        if entry is None:
+            for dyn in self.__dict__["_dynamics"]:
+                sizes = dyn.sizes(watch.args) if masked(watch.key, dyn.dims) == dyn.key else None
+                if sizes is not None:
+                    entry = dyn.step
+                    break
         if type(entry) is AOTEntry:
-            out = self._replay(entry, watch, args, kwargs)
+            out = self._replay(entry, watch, args, kwargs, sizes)
             if out is not NotImplemented:
                 emit(
                     events.STEP_REPLAYED,
@@ -962,6 +976,30 @@ class OptimizedModule(Module):
     def _region(self) -> Any:
         return compiled_autograd(self._fullgraph, self._compile_mode)
 
+    def _merge_sizes(self, entries: Recordings, watch: Watch, entry: AOTEntry) -> None:
+        """After a recording: merged with an earlier one whose key differs only in the
+        arguments' sizes, when both programs are one over sizes (``dynamic``); the outcome
+        goes to the ``recompiles`` log."""
+        dynamics = self.__dict__["_dynamics"]
+        if not config.dynamic_sizes or len(dynamics) >= 4:
+            return
+        key = watch.key
+        shapes = arg_shapes(key)
+        every = frozenset((a, d) for a, shape in enumerate(shapes) for d in range(len(shape)))
+        for other_key, other in entries.items():
+            if other_key == key or type(other) is not AOTEntry:
+                continue
+            if masked(other_key, every) != masked(key, every):
+                continue
+            try:
+                dyn = merge_entries(other, entry, other_key, key, watch.args)
+            except Mismatch as e:
+                emit(events.RECORDING, f"{self._name()}: sizes stay concrete ({e})")
+                return
+            dynamics.append(dyn)
+            emit(events.RECORDING, f"{self._name()}: sizes became symbolic ({dyn.describe()})")
+            return
+
     def _aot_why(self, key: tuple) -> str:
         """In words, why a call with guard key ``key`` is recorded (``explain``)."""
         entries = self.__dict__["_aot"]
@@ -997,13 +1035,16 @@ class OptimizedModule(Module):
             emit(events.STEP_BREAK, str(e), name=type(self._orig_mod).__name__, **detail)
             return
         entries.remember(watch.key, entry)
+        self._merge_sizes(entries, watch, entry)
         if _trace.enabled:
             detail["why"] = why_recorded(self._name(), entries, watch.key)
         emit(events.STEP_RECORDED, entry=entry, **detail)
 
-    def _replay(self, entry: AOTEntry, watch: Watch, args: tuple, kwargs: dict) -> Any:
+    def _replay(
+        self, entry: AOTEntry, watch: Watch, args: tuple, kwargs: dict, sizes: tuple | None = None
+    ) -> Any:
         """A call replayed: the forward program, then one ``AOTBackward`` node for its outputs
-        that require grad."""
+        that require grad (``sizes``: the call's size vector, for an entry over symbols)."""
         inputs = [watch.args[ref] if kind == "arg" else ref for kind, ref in entry.input_sources]
         # a differentiable backward re-runs the forward eagerly: with the random state the
         # replay drew its numbers from (the default generator's), so it draws them again
@@ -1033,15 +1074,21 @@ class OptimizedModule(Module):
             nodes = {}
             inner_node = None
             if outer:  # (outputs computed from other outputs: two nodes, as eager's graph)
-                inner_node = AOTBackward(entry, inputs, state, checks, redo, inner)
+                inner_node = AOTBackward(entry, inputs, state, checks, redo, inner, sizes=sizes)
                 nodes.update((k, (inner_node, nr)) for nr, k in enumerate(inner))
-            node = AOTBackward(entry, inputs, state, checks, redo, outer or inner, inner_node)
+            inner_meta = [
+                (outputs[entry.root_slots[k]]._data.shape, outputs[entry.root_slots[k]]._dtype)
+                for k in (inner if outer else [])
+            ]
+            node = AOTBackward(
+                entry, inputs, state, checks, redo, outer or inner, inner_node, inner_meta, sizes
+            )
             nodes.update((k, (node, nr)) for nr, k in enumerate(outer or inner))
             for pos, slot in enumerate(entry.root_slots):
                 t = outputs[slot]
                 t.grad_fn, t._output_nr = nodes[pos]
 
-        return entry.step.run(watch.args, self._compile_mode, finish)
+        return entry.step.run(watch.args, self._compile_mode, finish, sizes)
 
     def _redo(self, args: tuple, kwargs: dict, rng: dict | None) -> Callable:
         """A differentiable backward for ``create_graph=True``: the forward again, eagerly, on

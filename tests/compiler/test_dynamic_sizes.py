@@ -189,3 +189,45 @@ def test_config_dynamic_sizes_off_records_per_size(monkeypatch: pytest.MonkeyPat
     for n in (4, 4, 6, 9):
         compiled(fg.tensor(rng.standard_normal((n, 6))), fg.tensor(rng.integers(0, 3, n)))
     assert compiled.recordings == 3 and not compiled.dynamics
+
+
+class _Classifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 8, dtype=fg.float64)
+        self.drop = nn.Dropout(0.2)
+        self.head = nn.Linear(8, 11, dtype=fg.float64)
+
+    def forward(self, idx: fg.Tensor, targets: fg.Tensor) -> tuple:
+        logits = self.head(self.drop(self.emb(idx).tanh()))
+        return logits, nn.functional.cross_entropy(logits.view(-1, 11), targets.view(-1))
+
+
+def test_a_compiled_module_takes_two_recordings_over_batch_sizes(caplog: Any) -> None:
+    fg.manual_seed(0)
+    eager = _Classifier()
+    m = _Classifier()
+    m.load_state_dict(eager.state_dict())
+    cm = fg.compile(m)
+    rng = np.random.default_rng(5)
+    compiler.set_logs("recompiles")
+    try:
+        with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
+            for n in (4, 4, 6, 3, 5, 2, 7, 4, 9):
+                idx, targets = fg.tensor(rng.integers(0, 11, (n, 5))), fg.tensor(
+                    rng.integers(0, 11, (n, 5))
+                )
+                grads = []
+                for net in (eager, cm):
+                    net.zero_grad()
+                    fg.manual_seed(n)
+                    logits, loss = net(idx, targets)
+                    (loss + logits.square().mean()).backward()
+                    grads.append([p.grad.numpy().copy() for p in net.parameters()])
+                for g, w in zip(*grads):
+                    np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+    finally:
+        compiler.set_logs(None)
+    assert "compile(_Classifier): sizes became symbolic" in caplog.text
+    assert cm._aot.recordings == 2 and len(cm._dynamics) == 1
+    assert compiler.counters.step_runs == 7
