@@ -32,6 +32,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import ops as F
 from ..errors import AutogradError
+from ..ops.norms import norm_grads
 from ..ops.recurrent import rnn_sequence_grads
 from ..ops.registry import vjp
 from ..ops.spectral import dual_norm
@@ -572,6 +573,53 @@ def _attention(node, g, q, k, v, out, *mask):
     return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + (
         None,
     ) * len(mask)
+
+
+@vjp("norm", save="x stats params*")
+def _norm(node, g, x, stats, *params):
+    """The normalisation layers' fused kernel (``norm_backward``: the input's, weight's and
+    bias's gradients in one pass pair); where a graph of the gradient is wanted (grad mode on:
+    ``create_graph``), the same formulas in the op surface (``ops.norms.norm_grads``), which
+    recompute the statistics from the input and differentiate again."""
+    attrs = node.attrs
+    has_w, has_b = attrs["weight"], attrs["bias"]
+    need_in = node.needs_input_grad
+    weight = params[0] if has_w else None
+    need = (need_in[0], has_w and need_in[2], has_b and need_in[2 + has_w])
+    shapes = node.input_shapes
+    if is_grad_enabled():
+        gx, gw, gb = norm_grads(g, x, stats, weight, attrs, need)
+    else:
+        keys = ("layout", "groups", "dims", "eps", "training")
+        kernel_attrs = {k: attrs[k] for k in keys}
+        kernel_attrs["need"] = (bool(need[0]), bool(need[1]), bool(need[2]))
+        inputs = (g, x, stats) + (() if weight is None else (weight,))
+        flat = F.apply(F.REGISTRY["norm_backward"], inputs, kernel_attrs)
+        x_shape = shapes[0]
+        params = x_shape[1] if attrs["layout"] != "layer" else None
+        if params is None:
+            params = 1
+            for d in x_shape[len(x_shape) - attrs["dims"] :]:
+                params = params * d
+        gx = gw = gb = None
+        start = 0
+        if need[0]:
+            size = 1
+            for d in x_shape:
+                size = size * d
+            gx = flat.narrow(0, 0, size).reshape(x_shape)
+            start = size
+        if need[1]:
+            gw = flat.narrow(0, start, params)
+            start = start + params
+        if need[2]:
+            gb = flat.narrow(0, start, params)
+    result = [gx, None]
+    if has_w:
+        result.append(None if gw is None else gw.reshape(shapes[2]))
+    if has_b:
+        result.append(None if gb is None else gb.reshape(shapes[2 + has_w]))
+    return tuple(result)
 
 
 @vjp("rnn_sequence", save="w_hh h0 out state*")

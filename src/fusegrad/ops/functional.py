@@ -31,6 +31,7 @@ from ..size import broadcast_shapes as _broadcast_shapes
 from ..tensor import Tensor
 from . import convolution as _conv
 from . import elementwise as _ew
+from . import norms as _norms
 from ._util import P, apply, broadcast_shape, cast, to_tensor
 from .convolution import fold, unfold  # noqa: F401  (re-exported: F.fold, F.unfold)
 from .creation import _gen
@@ -58,6 +59,7 @@ from .indexing import embedding, one_hot  # (re-exported: F.embedding, F.one_hot
 from .linalg import einsum, linear
 from .reduction import log_softmax, mean, norm, softmax, sum
 from .shape import pad
+from .shape import stack as _stack
 
 __all__ = [
     "relu",
@@ -1099,6 +1101,9 @@ def layer_norm(
     dims = tuple(range(x.ndim - len(shape), x.ndim))
     w = None if weight is None else to_tensor(weight)
     b = None if bias is None else to_tensor(bias)
+    if _norms.fused_norm_runs(x, w, b) and all(p is None or p.shape == shape for p in (w, b)):
+        stats = _norms.norm_stats(x, "layer", None, len(shape))
+        return _norms.norm(x, stats, w, b, "layer", eps, True, None, len(shape))
     if _records(x, w, b):
         lead = tuple(range(x.ndim - len(shape)))
         return _native.LayerNorm.apply(x, w, b, eps, None, dims, None, lead, None, None, None)
@@ -1199,9 +1204,11 @@ def glu(input: Tensor, dim: int = -1) -> Tensor:
 
 
 # ---- batch, group and instance normalisation --------------------------------------------------
-# Composites like layer_norm: a mean and a centred sum of squares per channel (or group), so
-# they fuse and compile as ordinary reductions.  Running statistics are buffers updated in place
-# under no_grad, as PyTorch's are, so a whole-step compile replays the update.
+# On CPU float32/float64 tensors each runs the fused primitives of ``ops/norms.py`` (the
+# statistics, then the normalisation; one backward kernel), as layer_norm does; otherwise
+# composites like layer_norm's: a mean and a centred sum of squares per channel (or group).
+# Running statistics are buffers updated in place under no_grad, as PyTorch's are, so a
+# whole-step compile replays the update.
 
 
 class NormArgumentError(ShapeError):
@@ -1244,6 +1251,11 @@ def _with_running_stats(
     x: Tensor, running_mean: Tensor, running_var: Tensor, eps: float, weight: Any, bias: Any
 ) -> Tensor:
     """Normalisation by given statistics (eval mode)."""
+    w = None if weight is None else to_tensor(weight)
+    b = None if bias is None else to_tensor(bias)
+    if _norms.fused_norm_runs(x, w, b, running_mean, running_var):
+        stats = _stack([running_mean.reshape(-1), running_var.reshape(-1)])
+        return _norms.norm(x, stats, w, b, "batch", eps, False)
     shape = _channel_shape(x)
     scale = (running_var.reshape(shape) + eps).rsqrt()
     return _affine(sub(x, running_mean.reshape(shape)) * scale, weight, bias)
@@ -1297,8 +1309,36 @@ def batch_norm(
         raise NormArgumentError(
             f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}"
         )
+    w = None if weight is None else to_tensor(weight)
+    b = None if bias is None else to_tensor(bias)
+    if _norms.fused_norm_runs(x, w, b, rm, rv):
+        stats = _norms.norm_stats(x, "batch")
+        out = _norms.norm(x, stats, w, b, "batch", eps, True)
+        _update_from_stats(stats, rm, rv, momentum, count, None)
+        return out
     dims = (0,) + tuple(range(2, x.ndim))
     return _batch_norm_training(x, weight, bias, eps, dims, (rm, rv, momentum))
+
+
+def _update_from_stats(
+    stats: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    momentum: Any,
+    count: int,
+    samples: int | None,
+) -> None:
+    """Move the running statistics towards ``norm_stats``'s (2, K) (the unbiased variance);
+    ``samples``: K is per (sample, channel), averaged over the samples (instance norm)."""
+    if running_mean is None and running_var is None:
+        return
+    with _no_grad():
+        mean, var = stats[0], stats[1] * (count / (count - 1))
+        if samples is not None:
+            mean = mean.reshape(samples, -1).mean(0)
+            var = var.reshape(samples, -1).mean(0)
+        _update_running(running_mean, mean, momentum)
+        _update_running(running_var, var, momentum)
 
 
 def _batch_norm_training(
@@ -1340,6 +1380,13 @@ def instance_norm(
         raise NormArgumentError(
             f"Expected more than 1 spatial element when training, got input size {tuple(x.shape)}"
         )
+    w = None if weight is None else to_tensor(weight)
+    b = None if bias is None else to_tensor(bias)
+    if _norms.fused_norm_runs(x, w, b, rm, rv):
+        stats = _norms.norm_stats(x, "instance")
+        out = _norms.norm(x, stats, w, b, "instance", eps, True)
+        _update_from_stats(stats, rm, rv, momentum, count, x.shape[0])
+        return out
     # as PyTorch: batch_norm of the (1, N * C, *) input, the affine parameters repeated per
     # sample; the running statistics move towards the mean of the instances' statistics
     n = x.shape[0]
@@ -1381,6 +1428,9 @@ def group_norm(
             )
     w = None if weight is None else to_tensor(weight)
     b = None if bias is None else to_tensor(bias)
+    if _norms.fused_norm_runs(x, w, b):
+        stats = _norms.norm_stats(x, "group", num_groups)
+        return _norms.norm(x, stats, w, b, "group", eps, True, num_groups)
     shape = (1, -1) + (1,) * (x.ndim - 2)
     if _records(x, w, b):
         per_channel = (0,) + tuple(range(2, x.ndim))

@@ -1,0 +1,251 @@
+"""The normalisation layers' fused primitives and their op surface: batch, instance, group and
+layer norm each run as ``norm_stats`` (the statistics: a mean and a biased variance each),
+``norm`` (the normalisation and affine map by given statistics) and, in backward,
+``norm_backward`` (the input's, weight's and bias's gradients in one kernel).  The kernels are
+numba (``norm_kernels``, loaded on first use).
+
+Why primitives (docs/ARCHITECTURE.md, "Conventions": a primitive where speed needs one): as
+composites of means, differences, squares and products the layers ran about a dozen eager ops
+forward and twice that backward, each a pass over the input; the kernels read it twice forward
+and twice backward.  The statistics are a primitive of their own (not differentiable) so that
+batch and instance norm can move their running statistics towards them; ``norm`` takes them
+as an input, and its rule, knowing that in training they are the input's own statistics
+(``training``), includes their dependence on the input in the input's gradient.
+
+``norm_grads`` is the same backward written in the op surface: the rule uses it where a graph
+of the gradient is wanted (``create_graph``), recomputing the statistics from the input so that
+their dependence on it is differentiated again.
+
+Layouts (the ``layout`` attribute; no size is an attribute, so a compiled graph holds for
+other batch sizes): ``batch`` (per channel over the batch and spatial dims; also every call
+with given statistics: batch norm's and instance norm's running statistics in evaluation),
+``instance`` (per sample and channel), ``group`` (per sample and group of ``groups`` channels),
+``layer`` (per row, over the trailing ``dims`` dims; the weight and bias have those dims'
+shape).  ``fused_norm_runs`` says when the layers use these primitives: CPU tensors of float32
+or float64, one dtype, no forward-AD level; otherwise (CUDA tensors among them) they run their
+composites.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..autograd.forward_state import state as _forward_state
+from ..tensor import Tensor
+from ._util import P, apply
+from .registry import primitive, set_meta
+
+__all__ = ["fused_norm_kernels", "fused_norm_runs", "norm", "norm_grads", "norm_stats"]
+
+LAYOUTS = ("batch", "instance", "group", "layer")
+
+
+def _kernels():  # type: ignore[no-untyped-def]
+    from . import norm_kernels  # numba: not at import
+
+    return norm_kernels
+
+
+@primitive("norm_stats", "opaque", "x", differentiable=False)
+def _norm_stats(x, *, layout, groups, dims):  # type: ignore[no-untyped-def]
+    """(2, K): the mean and biased variance of each of the K statistics of ``x`` (see the
+    module docstring for the layouts).  Not differentiable: ``norm``'s rule accounts for the
+    statistics' dependence on the input."""
+    return _kernels().stats(x, layout, groups, dims)
+
+
+@primitive("norm", "opaque", "x stats params*")
+def _norm(x, stats, *params, layout, groups, dims, eps, weight, bias, training):  # type: ignore[no-untyped-def]
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` with ``stats`` (2, K) holding each
+    statistic's mean and variance; ``params`` are the weight (when ``weight``), then the bias
+    (when ``bias``).  ``training``: the statistics are ``x``'s own (the gradient includes their
+    dependence on ``x``)."""
+    w = params[0] if weight else None
+    b = params[-1] if bias else None
+    return _kernels().forward(x, stats, w, b, layout, groups, dims, eps)
+
+
+@primitive("norm_backward", "opaque", "g x stats params*", differentiable=False)
+def _norm_backward(g, x, stats, *params, layout, groups, dims, eps, training, need):  # type: ignore[no-untyped-def]
+    """The gradients of ``norm`` for its gradient ``g``, flat: the input's, the weight's and
+    the bias's, each where ``need`` says (``params``: the weight, when the call has one).  Not
+    differentiable: the rule computes ``norm_grads`` instead where a graph of the gradient is
+    wanted (``create_graph``)."""
+    w = params[0] if params else None
+    return _kernels().backward(g, x, stats, w, layout, groups, dims, eps, training, need)
+
+
+def _product(values: Any) -> Any:
+    total = 1
+    for v in values:
+        total = total * v
+    return total
+
+
+def _param_size(shape: tuple, layout: str, dims: int) -> Any:
+    return _product(shape[len(shape) - dims :]) if layout == "layer" else shape[1]
+
+
+def _stats_meta(shapes, dtypes, layout, groups, dims):  # type: ignore[no-untyped-def]
+    shape = shapes[0]
+    if layout == "layer":
+        count = _product(shape[: len(shape) - dims])
+    elif layout == "batch":
+        count = shape[1]
+    elif layout == "instance":
+        count = shape[0] * shape[1]
+    else:
+        count = shape[0] * groups
+    return (2, count), dtypes[0]
+
+
+def _backward_meta(shapes, dtypes, layout, groups, dims, eps, training, need):  # type: ignore[no-untyped-def]
+    shape = shapes[1]
+    params = _param_size(shape, layout, dims)
+    total = (_product(shape) if need[0] else 0) + (params if need[1] else 0)
+    return (total + (params if need[2] else 0),), dtypes[1]
+
+
+set_meta("norm_stats", _stats_meta)
+set_meta(
+    "norm",
+    lambda shapes, dtypes, layout, groups, dims, eps, weight, bias, training: (
+        tuple(shapes[0]),
+        dtypes[0],
+    ),
+)
+set_meta("norm_backward", _backward_meta)
+
+
+# ---- when the layers run the primitives ------------------------------------------------------
+
+
+class _Switch(threading.local):
+    def __init__(self) -> None:
+        self.enabled = True
+
+
+_switch = _Switch()
+
+
+@contextlib.contextmanager
+def fused_norm_kernels(enabled: bool) -> Iterator[None]:
+    """Within the block, batch / instance / group / layer norm on this thread run their fused
+    primitives (``enabled=True``, the default) or their composites (``False``: for comparisons
+    and benchmarks; the results agree to rounding)."""
+    before = _switch.enabled
+    _switch.enabled = bool(enabled)
+    try:
+        yield
+    finally:
+        _switch.enabled = before
+
+
+def fused_norm_runs(x: Tensor, *others: Tensor | None) -> bool:
+    """Whether a normalisation of ``x`` with ``others`` (weight, bias, running statistics;
+    None for absent ones) runs the fused primitives: CPU arrays of one dtype, float32 or
+    float64, a non-empty input, no forward-AD level (whose tangents the composites'
+    primitives carry), and ``fused_norm_kernels`` not switched off on this thread."""
+    if not _switch.enabled or _forward_state.level is not None:
+        return False
+    data = x._data
+    if type(data) is not np.ndarray or data.dtype not in (np.float32, np.float64) or not data.size:
+        return False
+    for t in others:
+        if t is not None and (type(t._data) is not np.ndarray or t._data.dtype != data.dtype):
+            return False
+    return True
+
+
+# ---- the op surface ------------------------------------------------------------------------------
+
+
+def norm_stats(x: Tensor, layout: str, groups: int | None = None, dims: int = 0) -> Tensor:
+    """The ``norm_stats`` primitive: (2, K), each statistic's mean and biased variance."""
+    return apply(P["norm_stats"], (x,), {"layout": layout, "groups": groups, "dims": dims})
+
+
+def norm(
+    x: Tensor,
+    stats: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    layout: str,
+    eps: float,
+    training: bool,
+    groups: int | None = None,
+    dims: int = 0,
+) -> Tensor:
+    """The ``norm`` primitive: ``x`` normalised by ``stats`` (from ``norm_stats`` when
+    ``training``, else given ones), then ``* weight + bias`` (either may be None)."""
+    params = tuple(p for p in (weight, bias) if p is not None)
+    attrs = {
+        "layout": layout,
+        "groups": groups,
+        "dims": dims,
+        "eps": float(eps),
+        "weight": weight is not None,
+        "bias": bias is not None,
+        "training": bool(training),
+    }
+    return apply(P["norm"], (x, stats, *params), attrs)
+
+
+def _reduced_view(x: Tensor, layout: str, groups: int | None, dims: int) -> tuple:
+    """``x`` seen so that each statistic is a reduction over ``reduce`` (kept dims)."""
+    if layout == "layer":
+        return x, tuple(range(x.ndim - dims, x.ndim))
+    if layout == "group":
+        return x.reshape(x.shape[0], groups, -1), (2,)
+    view = x.reshape(x.shape[0], x.shape[1], -1)
+    return view, ((0, 2) if layout == "batch" else (2,))
+
+
+def norm_grads(
+    g: Tensor,
+    x: Tensor,
+    stats: Tensor,
+    weight: Tensor | None,
+    attrs: dict,
+    need: tuple[bool, bool, bool],
+) -> tuple:
+    """``norm``'s gradients (input, weight, bias; None where ``need`` is False) in the op
+    surface, differentiable again: in training the statistics are recomputed from ``x``."""
+    layout, groups, dims = attrs["layout"], attrs["groups"], attrs["dims"]
+    eps, training = attrs["eps"], attrs["training"]
+    channel_shape = (1, -1) + (1,) * (x.ndim - 2)
+    xs, reduce = _reduced_view(x, layout, groups, dims)
+    if training:
+        mean = xs.mean(reduce, keepdim=True)
+        centred = xs - mean
+        rstd = ((centred * centred).mean(reduce, keepdim=True) + eps).rsqrt()
+    else:  # given statistics (batch layout): constants of the graph
+        mean = stats[0].reshape(1, -1, 1)
+        centred = xs - mean
+        rstd = (stats[1] + eps).rsqrt().reshape(1, -1, 1)
+    xhat = centred * rstd
+    param_dims = tuple(range(x.ndim - dims)) if layout == "layer" else (0, *range(2, x.ndim))
+    gx = gw = gb = None
+    if need[2]:
+        gb = g.sum(param_dims) if param_dims else g
+    if need[1]:
+        full = xhat.reshape(x.shape)
+        gw = (g * full).sum(param_dims) if param_dims else g * full
+        gw = gw.reshape(weight.shape) if weight is not None else gw
+    if need[0]:
+        gwt = g
+        if weight is not None:
+            gwt = g * (weight if layout == "layer" else weight.reshape(channel_shape))
+        gs, _ = _reduced_view(gwt, layout, groups, dims)
+        if training:
+            m1 = gs.mean(reduce, keepdim=True)
+            m2 = (gs * xhat).mean(reduce, keepdim=True)
+            gx = (rstd * (gs - m1 - xhat * m2)).reshape(x.shape)
+        else:
+            gx = (gs * rstd).reshape(x.shape)
+    return gx, gw, gb
