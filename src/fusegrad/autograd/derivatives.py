@@ -32,6 +32,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import ops as F
 from ..errors import AutogradError
+from ..ops.indexing import embedding_grad
 from ..ops.norms import norm_grads
 from ..ops.recurrent import rnn_sequence_grads
 from ..ops.registry import vjp
@@ -665,6 +666,18 @@ def _rnn_sequence(node, g, w_hh, h0, out, *state):
     if bias:
         result.append(db_hh if need[-1] else None)
     return tuple(result)
+
+
+@vjp("embedding", save="idx")
+def _embedding(node, g, idx):
+    """One scatter-add kernel (``embedding_backward``); under ``create_graph`` the same sum in
+    differentiable ops (``ops.indexing.embedding_grad``)."""
+    rows = node.input_shapes[0][0]
+    padding, by_freq = node.attrs["padding_idx"], node.attrs["scale_grad_by_freq"]
+    if is_grad_enabled():
+        return embedding_grad(g, idx, rows, padding, by_freq), None
+    attrs = {"num_weights": rows, "padding_idx": padding, "scale_grad_by_freq": by_freq}
+    return F.apply(F.REGISTRY["embedding_backward"], (g, idx), attrs), None
 
 
 @vjp("getitem", save="idx*")

@@ -169,6 +169,10 @@ UNSUPPORTED["attention"] = (
     "scaled_dot_product_attention uses its composite (matmul, softmax) while a dual level is "
     "active, so forward AD never meets the fused kernel"
 )
+UNSUPPORTED["embedding"] = (
+    "embedding indexes (getitem) while a dual level is active, so forward AD never meets the "
+    "fused kernel"
+)
 UNSUPPORTED["norm"] = (
     "batch / instance / group / layer norm use their composites while a dual level is active, "
     "so forward AD never meets the fused kernel"
