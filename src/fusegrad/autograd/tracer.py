@@ -64,6 +64,12 @@ class Tracer:
     """Base class of tracers: every method's default, NotImplemented, lets fusegrad do what it
     does without one."""
 
+    # True for a tracer that fuses primitives itself (``fusegrad.compiler``'s recordings and
+    # captures): while it is installed, the layers that eager mode runs as fused kernels of
+    # their own (the normalisations, embedding: ``ops/norms.py``) call their composites of
+    # primitives instead, which the compiler fuses with their neighbours
+    prefers_composites = False
+
     def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
         """Primitive ``prim`` called on Tensors ``inputs`` with keyword ``attrs``: its result, or
         NotImplemented to let it run eagerly."""
