@@ -91,6 +91,8 @@ EXTERNS = frozenset(
         "rnn_sequence_backward",  # its gradients (backpropagation through time), flat
         "embedding",  # F.embedding's lookup (numpy take)
         "embedding_backward",  # its scatter-add backward (fused CPU kernel, numba)
+        "resample",  # interpolate's nearest and linear modes (fused CPU kernel, numba)
+        "resample_backward",  # their input's gradient
         "norm_stats",  # batch / instance / group / layer norm: statistics (fused CPU kernel, numba)
         "norm",  # their normalisation and affine map by given statistics
         "norm_backward",  # their input's, weight's and bias's gradients, flat

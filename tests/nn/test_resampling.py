@@ -94,6 +94,10 @@ def _recorded(fn: Any) -> list[tuple[str, int]]:
     calls: list[tuple[str, int]] = []
 
     class Recorder(tracer.Tracer):
+        # as the compiler's tracers: the composites run (eager CPU calls run the fused
+        # ``resample`` kernel instead, tests/ops/test_interpolate_kernels.py)
+        prefers_composites = True
+
         def apply(self, prim: Any, inputs: Any, attrs: Any) -> Any:  # type: ignore[override]
             calls.append((prim.name, len(inputs)))
             return NotImplemented

@@ -4395,6 +4395,15 @@ add(
     interpolate_ref,
     _interpolate_samples,
 )
+# the nearest and linear modes' fused backward kernel (``resample_backward``) runs where no
+# graph of the gradient is wanted: a first-order entry reaches it
+add(
+    "interpolate_first_order",
+    lambda m, x, **k: m.F.interpolate(x, **k),
+    interpolate_ref,
+    _interpolate_samples,
+    twice=False,
+)
 
 
 def _pool_samples(rng: np.random.Generator) -> list[Sample]:

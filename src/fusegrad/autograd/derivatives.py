@@ -34,6 +34,7 @@ from .. import ops as F
 from ..errors import AutogradError
 from ..ops.indexing import embedding_grad
 from ..ops.norms import norm_grads
+from ..ops.resample import resample_grad, resample_input_grad
 from ..ops.recurrent import rnn_sequence_grads
 from ..ops.registry import vjp
 from ..ops.spectral import dual_norm
@@ -576,33 +577,43 @@ def _attention(node, g, q, k, v, out, *mask):
     ) * len(mask)
 
 
-@vjp("norm", save="x stats params*")
-def _norm(node, g, x, stats, *params):
+@vjp("norm", save={"x": "x weight", "stats": "x weight", "weight": "x"})
+def _norm(node, g, x, stats, weight):
     """The normalisation layers' fused kernel (``norm_backward``: the input's, weight's and
     bias's gradients in one pass pair); where a graph of the gradient is wanted (grad mode on:
     ``create_graph``), the same formulas in the op surface (``ops.norms.norm_grads``), which
-    recompute the statistics from the input and differentiate again."""
+    recompute the statistics from the input and differentiate again.  The input and the
+    statistics are saved for the input's and the weight's gradients, the weight for the
+    input's; the bias's needs neither."""
     attrs = node.attrs
-    has_w, has_b = attrs["weight"], attrs["bias"]
+    has_w = attrs["weight"]
     need_in = node.needs_input_grad
-    weight = params[0] if has_w else None
-    need = (need_in[0], has_w and need_in[2], has_b and need_in[2 + has_w])
+    need = (bool(need_in[0]), bool(has_w and need_in[2]), bool(attrs["bias"] and need_in[3]))
+    w = weight if has_w else None
     shapes = node.input_shapes
+    gx = gw = gb = None
     if is_grad_enabled():
-        gx, gw, gb = norm_grads(g, x, stats, weight, attrs, need)
+        gx, gw, gb = norm_grads(g, x, stats, w, attrs, need)
     else:
         keys = ("layout", "groups", "dims", "eps", "training")
         kernel_attrs = {k: attrs[k] for k in keys}
-        kernel_attrs["need"] = (bool(need[0]), bool(need[1]), bool(need[2]))
-        inputs = (g, x, stats) + (() if weight is None else (weight,))
-        flat = F.apply(F.REGISTRY["norm_backward"], inputs, kernel_attrs)
+        kernel_attrs["need"] = need
+        kernel_attrs["weight"] = bool(has_w and need[0])
+        empty = F.norms.placeholder(g)
+        operands = (
+            g,
+            x if x is not None else empty,
+            stats if stats is not None else empty,
+            w if (w is not None and need[0]) else empty,
+        )
+        flat = F.apply(F.REGISTRY["norm_backward"], operands, kernel_attrs)
         x_shape = shapes[0]
-        params = x_shape[1] if attrs["layout"] != "layer" else None
-        if params is None:
+        if attrs["layout"] == "layer":
             params = 1
             for d in x_shape[len(x_shape) - attrs["dims"] :]:
                 params = params * d
-        gx = gw = gb = None
+        else:
+            params = x_shape[1]
         start = 0
         if need[0]:
             size = 1
@@ -615,12 +626,23 @@ def _norm(node, g, x, stats, *params):
             start = start + params
         if need[2]:
             gb = flat.narrow(0, start, params)
-    result = [gx, None]
-    if has_w:
-        result.append(None if gw is None else gw.reshape(shapes[2]))
-    if has_b:
-        result.append(None if gb is None else gb.reshape(shapes[2 + has_w]))
-    return tuple(result)
+    return (
+        gx,
+        None,
+        None if gw is None else gw.reshape(shapes[2]),
+        None if gb is None else gb.reshape(shapes[3]),
+    )
+
+
+@vjp("resample")
+def _resample(node, g):
+    """interpolate's nearest and linear modes: one kernel that adds each output's gradient
+    into its sources (``resample_backward``); under ``create_graph`` the transposed per-dim
+    matrices in the op surface (``ops.resample.resample_grad``)."""
+    input_size = tuple(node.input_shapes[0][2:])
+    if is_grad_enabled():
+        return (resample_grad(g, node.attrs, input_size),)
+    return (resample_input_grad(g, node.attrs, input_size),)
 
 
 @vjp("rnn_sequence", save="w_hh h0 out state*")

@@ -173,6 +173,10 @@ UNSUPPORTED["embedding"] = (
     "embedding indexes (getitem) while a dual level is active, so forward AD never meets the "
     "fused kernel"
 )
+UNSUPPORTED["resample"] = (
+    "interpolate uses its composite while a dual level is active, so forward AD never meets "
+    "the fused kernel"
+)
 UNSUPPORTED["norm"] = (
     "batch / instance / group / layer norm use their composites while a dual level is active, "
     "so forward AD never meets the fused kernel"

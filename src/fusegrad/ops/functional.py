@@ -32,6 +32,7 @@ from ..tensor import Tensor
 from . import convolution as _conv
 from . import elementwise as _ew
 from . import norms as _norms
+from . import resample as _resample
 from ._util import P, apply, broadcast_shape, cast, to_tensor
 from .convolution import fold, unfold  # noqa: F401  (re-exported: F.fold, F.unfold)
 from .creation import _gen
@@ -1253,7 +1254,9 @@ def _with_running_stats(
     """Normalisation by given statistics (eval mode)."""
     w = None if weight is None else to_tensor(weight)
     b = None if bias is None else to_tensor(bias)
-    if _norms.fused_norm_runs(x, w, b, running_mean, running_var):
+    # (the fused kernel where no graph is recorded: its node would keep the input, which the
+    # composite's nodes do not need for the input's gradient)
+    if _norms.fused_norm_runs(x, w, b, running_mean, running_var) and not _records(x, w, b):
         stats = _stack([running_mean.reshape(-1), running_var.reshape(-1)])
         return _norms.norm(x, stats, w, b, "batch", eps, False)
     shape = _channel_shape(x)
@@ -1653,9 +1656,11 @@ def interpolate(
     or ``scale_factor`` times its size, by ``mode``: nearest, nearest-exact, linear, bilinear,
     trilinear (``align_corners``) or area (adaptive average pooling), as PyTorch computes them.
 
-    Linear weights are applied as a constant matrix per dim: a non-finite input value reaches
-    every output of its row through a zero weight (nan), where PyTorch's reaches only its
-    neighbours'."""
+    On CPU float32 / float64 tensors the nearest and linear modes run one fused kernel forward
+    and one backward (``ops/resample.py``): each output reads only its neighbours, as
+    PyTorch's.  Elsewhere (CUDA tensors, forward AD, inside compiled programs) linear weights
+    are applied as a constant matrix per dim: a non-finite input value then reaches every
+    output of its row through a zero weight (nan)."""
     x = to_tensor(input)
     rank = _LINEAR_RANK.get(mode)
     if align_corners is not None and rank is None:
@@ -1715,6 +1720,9 @@ def interpolate(
             f"interpolate: Input and output sizes should be greater than 0, but got input "
             f"{tuple(in_sizes)} output {tuple(out_sizes)}"
         )
+    if mode != "area" and _resample.fused_resample_runs(x):
+        kind = "linear" if rank is not None else mode
+        return _resample.resample(x, kind, tuple(out_sizes), tuple(scales), bool(align_corners))
     for k in range(spatial):
         dim, n, out = 2 + k, in_sizes[k], out_sizes[k]
         if mode == "area":

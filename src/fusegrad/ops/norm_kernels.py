@@ -420,7 +420,11 @@ def backward(
 ) -> np.ndarray:
     """The gradients of ``forward`` for its gradient ``g``, flat: the input's (when
     ``need[0]``), the weight's (``need[1]``), the bias's (``need[2]``), each in the layout's
-    parameter size (C, or D for ``layer``)."""
+    parameter size (C, or D for ``layer``).  Where only the bias's is wanted, ``x`` and
+    ``statistics`` are not read (they may be empty)."""
+    if not need[0] and not need[1]:
+        rows = _view(np.ascontiguousarray(g), layout, dims)
+        return rows.sum(0 if layout == "layer" else (0, 2), dtype=np.float64).astype(g.dtype)
     x = np.ascontiguousarray(x)
     g = np.ascontiguousarray(g, x.dtype)
     st = np.ascontiguousarray(statistics)

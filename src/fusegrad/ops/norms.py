@@ -66,24 +66,26 @@ def _norm_stats(x, *, layout, groups, dims):  # type: ignore[no-untyped-def]
     return _kernels().stats(x, layout, groups, dims)
 
 
-@primitive("norm", "opaque", "x stats params*")
-def _norm(x, stats, *params, layout, groups, dims, eps, weight, bias, training):  # type: ignore[no-untyped-def]
-    """``(x - mean) / sqrt(var + eps) * weight + bias`` with ``stats`` (2, K) holding each
-    statistic's mean and variance; ``params`` are the weight (when ``weight``), then the bias
-    (when ``bias``).  ``training``: the statistics are ``x``'s own (the gradient includes their
-    dependence on ``x``)."""
-    w = params[0] if weight else None
-    b = params[-1] if bias else None
+@primitive("norm", "opaque", "x stats weight bias")
+def _norm(x, stats, w, b, *, layout, groups, dims, eps, weight, bias, training):  # type: ignore[no-untyped-def]
+    """``(x - mean) / sqrt(var + eps) * w + b`` with ``stats`` (2, K) holding each statistic's
+    mean and variance; ``weight`` / ``bias`` False: the call has none, and ``w`` / ``b`` are
+    empty placeholders (so that the inputs are named, and the rule saves each tensor only for
+    the gradients that need it).  ``training``: the statistics are ``x``'s own (the gradient
+    includes their dependence on ``x``)."""
+    w = w if weight else None
+    b = b if bias else None
     return _kernels().forward(x, stats, w, b, layout, groups, dims, eps)
 
 
-@primitive("norm_backward", "opaque", "g x stats params*", differentiable=False)
-def _norm_backward(g, x, stats, *params, layout, groups, dims, eps, training, need):  # type: ignore[no-untyped-def]
+@primitive("norm_backward", "opaque", "g x stats weight", differentiable=False)
+def _norm_backward(g, x, stats, w, *, layout, groups, dims, eps, training, need, weight):  # type: ignore[no-untyped-def]
     """The gradients of ``norm`` for its gradient ``g``, flat: the input's, the weight's and
-    the bias's, each where ``need`` says (``params``: the weight, when the call has one).  Not
+    the bias's, each where ``need`` says (``weight`` False: ``w`` is a placeholder; ``x``
+    and ``stats`` may be placeholders where only the bias's gradient is wanted).  Not
     differentiable: the rule computes ``norm_grads`` instead where a graph of the gradient is
     wanted (``create_graph``)."""
-    w = params[0] if params else None
+    w = w if weight else None
     return _kernels().backward(g, x, stats, w, layout, groups, dims, eps, training, need)
 
 
@@ -111,11 +113,11 @@ def _stats_meta(shapes, dtypes, layout, groups, dims):  # type: ignore[no-untype
     return (2, count), dtypes[0]
 
 
-def _backward_meta(shapes, dtypes, layout, groups, dims, eps, training, need):  # type: ignore[no-untyped-def]
-    shape = shapes[1]
+def _backward_meta(shapes, dtypes, layout, groups, dims, eps, training, need, weight):  # type: ignore[no-untyped-def]
+    shape = shapes[0]
     params = _param_size(shape, layout, dims)
     total = (_product(shape) if need[0] else 0) + (params if need[1] else 0)
-    return (total + (params if need[2] else 0),), dtypes[1]
+    return (total + (params if need[2] else 0),), dtypes[0]
 
 
 set_meta("norm_stats", _stats_meta)
@@ -194,7 +196,6 @@ def norm(
 ) -> Tensor:
     """The ``norm`` primitive: ``x`` normalised by ``stats`` (from ``norm_stats`` when
     ``training``, else given ones), then ``* weight + bias`` (either may be None)."""
-    params = tuple(p for p in (weight, bias) if p is not None)
     attrs = {
         "layout": layout,
         "groups": groups,
@@ -204,7 +205,22 @@ def norm(
         "bias": bias is not None,
         "training": bool(training),
     }
-    return apply(P["norm"], (x, stats, *params), attrs)
+    w = placeholder(x) if weight is None else weight
+    b = placeholder(x) if bias is None else bias
+    return apply(P["norm"], (x, stats, w, b), attrs)
+
+
+_PLACEHOLDERS: dict = {}
+
+
+def placeholder(x: Tensor) -> Tensor:
+    """An empty tensor of ``x``'s dtype standing for an absent operand of the norm
+    primitives (one per dtype, never written)."""
+    dtype = x._data.dtype
+    t = _PLACEHOLDERS.get(dtype)
+    if t is None:
+        t = _PLACEHOLDERS[dtype] = Tensor._make(np.empty(0, dtype))
+    return t
 
 
 def _reduced_view(x: Tensor, layout: str, groups: int | None, dims: int) -> tuple:
