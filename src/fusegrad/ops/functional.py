@@ -1725,42 +1725,28 @@ def interpolate(
         return _resample.resample(x, kind, tuple(out_sizes), tuple(scales), bool(align_corners))
     for k in range(spatial):
         dim, n, out = 2 + k, in_sizes[k], out_sizes[k]
+        if mode != "area" and _resample.keeps_dim(
+            "linear" if rank is not None else mode, spatial, n, out
+        ):
+            continue  # (as PyTorch's kernels: the dim is copied as it is)
         if mode == "area":
             x = _adaptive_average(x, dim, out)
         elif rank is not None:
             x = _along(x, dim, _linear_matrix(n, out, scales[k], bool(align_corners)))
         else:
-            x = _nearest(x, dim, _nearest_source(n, out, scales[k], mode == "nearest-exact"))
+            source = _resample.nearest_source(n, out, scales[k], mode == "nearest-exact")
+            x = _nearest(x, dim, source)
     return x
 
 
 def _linear_matrix(n: int, out: int, scale: float | None, align_corners: bool) -> np.ndarray:
-    """(out, n): each output's two source weights (PyTorch's area_pixel_compute_source_index)."""
-    j = np.arange(out, dtype=np.float64)
-    if align_corners:
-        src = j * ((n - 1) / (out - 1) if out > 1 else 0.0)
-    else:
-        step = 1.0 / scale if scale is not None and scale > 0 else n / out
-        src = np.maximum(step * (j + 0.5) - 0.5, 0.0)
-    lo = np.minimum(np.floor(src).astype(np.int64), n - 1)
-    hi = np.minimum(lo + 1, n - 1)
-    frac = src - lo
+    """(out, n): each output's two source weights (``resample.linear_source``)."""
+    index, weight = _resample.linear_source(n, out, scale, align_corners)
     matrix = np.zeros((out, n))
     rows = np.arange(out)
-    matrix[rows, lo] += 1.0 - frac  # one element per row each time: no duplicate indices
-    matrix[rows, hi] += frac  # (hi == lo at the last input: the weights add up to 1)
+    matrix[rows, index[:, 0]] += weight[:, 0]  # one element per row each time: no duplicate
+    matrix[rows, index[:, 1]] += weight[:, 1]  # indices (at the last input both are the same)
     return matrix
-
-
-def _nearest_source(n: int, out: int, scale: float | None, exact: bool) -> np.ndarray:
-    """The input index each output copies, computed in float32 as PyTorch's kernels do (so that
-    a product landing just below an integer floors the same way)."""
-    if out == n:
-        return np.arange(n)
-    step = np.float32(1.0 / scale if scale is not None and scale > 0 else n / out)
-    j = np.arange(out, dtype=np.float32)
-    src = np.floor((j + np.float32(0.5)) * step if exact else j * step).astype(np.int64)
-    return np.minimum(src, n - 1)
 
 
 def _nearest(x: Tensor, dim: int, source: np.ndarray) -> Tensor:

@@ -34,8 +34,6 @@ __all__ = ["fused_resample_runs", "resample", "resample_grad"]
 def nearest_source(n: int, out: int, scale: float | None, exact: bool) -> np.ndarray:
     """The input index each output copies, computed in float32 as PyTorch's kernels do (so that
     a product landing just below an integer floors the same way)."""
-    if out == n:
-        return np.arange(n)
     step = np.float32(1.0 / scale if scale is not None and scale > 0 else n / out)
     j = np.arange(out, dtype=np.float32)
     src = np.floor((j + np.float32(0.5)) * step if exact else j * step).astype(np.int64)
@@ -57,11 +55,24 @@ def linear_source(n: int, out: int, scale: float | None, align_corners: bool) ->
     return np.stack([lo, hi], 1), np.stack([1.0 - frac, frac], 1)
 
 
+def keeps_dim(mode: str, rank: int, n: int, out: int) -> bool:
+    """Whether a spatial dim whose size does not change is copied as it is, whatever the scale
+    factor says: PyTorch's CPU kernels do so for every mode and rank but nearest over 1 or 3
+    spatial dims (which then read input ``floor(j / scale)``, as for any size)."""
+    return out == n and not (mode == "nearest" and rank in (1, 3))
+
+
 def _tables(in_sizes: tuple, mode: str, size: tuple, scales: tuple, align_corners: bool) -> list:
     """Per spatial dim: (index (out, 2), weight (out, 2), two corners)."""
     tables = []
+    rank = len(in_sizes)
     for n, out, scale in zip(in_sizes, size, scales):
-        if mode == "linear":
+        if keeps_dim(mode, rank, n, out):
+            index = np.stack([np.arange(n), np.arange(n)], 1)
+            weight = np.zeros((n, 2))
+            weight[:, 0] = 1.0
+            tables.append((index, weight, False))
+        elif mode == "linear":
             index, weight = linear_source(n, out, scale, align_corners)
             tables.append((index, weight, True))
         else:
