@@ -122,3 +122,32 @@ def test_compiled_backward_of_an_eager_forward_runs_the_kernels(dtype: str) -> N
     assert compiler.counters.captures == 1, compiler.counters
     assert compiler.counters.compiled_runs == 3, compiler.counters
     assert not compiler.counters.fallbacks, compiler.counters
+
+
+def test_compiled_backward_serves_other_batch_sizes() -> None:
+    """The kernels' sizes are not attributes: one capture of the backward (norm_backward,
+    embedding_backward, resample_backward as externs) serves every batch size.  (Batch sizes
+    chosen so that no size of the graph equals another by chance -- the statistics are
+    (2, 2 N) -- which the key tells apart.)"""
+    fg.manual_seed(3)
+    embed, norm = nn.Embedding(11, 5), nn.GroupNorm(2, 4)
+    up = nn.Upsample(scale_factor=2)
+    rng = np.random.default_rng(4)
+    for batch in (3, 7, 9):
+        tokens = fg.tensor(rng.integers(0, 11, (batch, 4)))
+        grads = []
+        for compiled in (False, True):
+            for p in (*embed.parameters(), *norm.parameters()):
+                p.grad = None
+            h = embed(tokens)  # (N, C=4, L=5)
+            out = up(norm(h)).tanh().sum()
+            if compiled:
+                with compiler.compiled_autograd():
+                    out.backward()
+            else:
+                out.backward()
+            grads.append([p.grad.numpy().copy() for p in (*embed.parameters(), *norm.parameters())])
+        for a, b in zip(*grads):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert compiler.counters.captures == 1, compiler.counters
+    assert compiler.counters.compiled_runs == 3, compiler.counters

@@ -136,8 +136,10 @@ def test_values_and_gradient_match_torch(shape: tuple, mode: str, kw: dict, dtyp
         results.append((out.detach().numpy(), xt.grad.numpy()))
     tol = 2e-6 if dtype == "float32" else 1e-12
     sizes, _ = _sizes_and_scales(shape, kw)
-    if mode == "nearest" and len(shape) in (3, 5) and any(
-        n == o and "scale_factor" in kw for n, o in zip(shape[2:], sizes)
+    if (
+        mode == "nearest"
+        and len(shape) in (3, 5)
+        and any(n == o and "scale_factor" in kw for n, o in zip(shape[2:], sizes))
     ):
         # PyTorch's backward copies a dim of unchanged size where its forward (nearest over 1
         # or 3 dims) read floor(j / scale): the gradient of what the forward computed is the

@@ -297,7 +297,7 @@ def test_errors_leave_state_unchanged() -> None:
         F.layer_norm(fg.randn(2, 5, 3), (5,))
 
 
-# ---- hypothesis over shapes ------------------------------------------------------------------------
+# ---- hypothesis over shapes ---------------------------------------------------------------------
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

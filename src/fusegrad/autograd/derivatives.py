@@ -34,9 +34,9 @@ from .. import ops as F
 from ..errors import AutogradError
 from ..ops.indexing import embedding_grad
 from ..ops.norms import norm_grads
-from ..ops.resample import resample_grad, resample_input_grad
 from ..ops.recurrent import rnn_sequence_grads
 from ..ops.registry import vjp
+from ..ops.resample import resample_grad, resample_input_grad
 from ..ops.spectral import dual_norm
 from .grad_mode import is_grad_enabled
 
@@ -599,13 +599,9 @@ def _norm(node, g, x, stats, weight):
         kernel_attrs = {k: attrs[k] for k in keys}
         kernel_attrs["need"] = need
         kernel_attrs["weight"] = bool(has_w and need[0])
-        empty = F.norms.placeholder(g)
-        operands = (
-            g,
-            x if x is not None else empty,
-            stats if stats is not None else empty,
-            w if (w is not None and need[0]) else empty,
-        )
+        operands = (g, x, stats) if need[0] or need[1] else (g,)
+        if has_w and need[0]:
+            operands += (w,)
         flat = F.apply(F.REGISTRY["norm_backward"], operands, kernel_attrs)
         x_shape = shapes[0]
         if attrs["layout"] == "layer":

@@ -66,8 +66,9 @@ class Tracer:
 
     # True for a tracer that fuses primitives itself (``fusegrad.compiler``'s recordings and
     # captures): while it is installed, the layers that eager mode runs as fused kernels of
-    # their own (the normalisations, embedding: ``ops/norms.py``) call their composites of
-    # primitives instead, which the compiler fuses with their neighbours
+    # their own but whose composites the compiler fuses faster with their neighbours
+    # (layer_norm, interpolate's linear modes: ``ops/norms.py``, ``ops/resample.py``) call
+    # their composites of primitives instead
     prefers_composites = False
 
     def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:

@@ -1102,7 +1102,9 @@ def layer_norm(
     dims = tuple(range(x.ndim - len(shape), x.ndim))
     w = None if weight is None else to_tensor(weight)
     b = None if bias is None else to_tensor(bias)
-    if _norms.fused_norm_runs(x, w, b) and all(p is None or p.shape == shape for p in (w, b)):
+    if _norms.fused_norm_runs(x, w, b, rows=True) and all(
+        p is None or p.shape == shape for p in (w, b)
+    ):
         stats = _norms.norm_stats(x, "layer", None, len(shape))
         return _norms.norm(x, stats, w, b, "layer", eps, True, None, len(shape))
     if _records(x, w, b):
@@ -1720,7 +1722,7 @@ def interpolate(
             f"interpolate: Input and output sizes should be greater than 0, but got input "
             f"{tuple(in_sizes)} output {tuple(out_sizes)}"
         )
-    if mode != "area" and _resample.fused_resample_runs(x):
+    if mode != "area" and _resample.fused_resample_runs(x, linear=rank is not None):
         kind = "linear" if rank is not None else mode
         return _resample.resample(x, kind, tuple(out_sizes), tuple(scales), bool(align_corners))
     for k in range(spatial):

@@ -22,14 +22,16 @@ with given statistics: batch norm's and instance norm's running statistics in ev
 ``instance`` (per sample and channel), ``group`` (per sample and group of ``groups`` channels),
 ``layer`` (per row, over the trailing ``dims`` dims; the weight and bias have those dims'
 shape).  ``fused_norm_runs`` says when the layers use these primitives: CPU tensors of float32
-or float64, one dtype, no forward-AD level, and no compiler recording or capturing the call;
-otherwise (CUDA tensors among them) they run their composites.
+or float64, one dtype, no forward-AD level; otherwise (CUDA tensors among them) they run their
+composites.
 
-Inside compiled programs (``compile(fn)``, ``compile(model)``, ``compiled_autograd()``) the
-layers stay composites: the compiler fuses their primitives with their neighbours
-(``Tracer.prefers_composites``), which measured faster than calling these kernels as externs
-(``benchmarks.compiled`` workload B, GELU then LayerNorm on 256x1024, one thread: the whole
-step 0.73 ms as composites, 1.08 ms with the kernels as externs).
+Inside compiled programs (``compile(fn)``, ``compile(model)``, ``compiled_autograd()``) batch,
+instance and group norm call these kernels as externs, and layer norm stays a composite,
+which the compiler fuses into row kernels with its neighbours (``Tracer.prefers_composites``).
+Measured at one thread (docs/codegen.md, "Layers with kernels of their own"): a conv net's
+compiled training step with two BatchNorm2d ran 50 ms with the kernels against 90 ms with the
+composites; ``benchmarks.compiled`` workload B (GELU then LayerNorm on 256x1024) ran its whole
+step in 0.66 ms as a composite against 1.08 ms with the kernels.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from ..autograd.forward_state import state as _forward_state
+from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import state as _tracer_state
 from ..tensor import Tensor
 from ._util import P, apply
@@ -78,14 +81,15 @@ def _norm(x, stats, w, b, *, layout, groups, dims, eps, weight, bias, training):
     return _kernels().forward(x, stats, w, b, layout, groups, dims, eps)
 
 
-@primitive("norm_backward", "opaque", "g x stats weight", differentiable=False)
-def _norm_backward(g, x, stats, w, *, layout, groups, dims, eps, training, need, weight):  # type: ignore[no-untyped-def]
+@primitive("norm_backward", "opaque", "g operands*", differentiable=False)
+def _norm_backward(g, *operands, layout, groups, dims, eps, training, need, weight):  # type: ignore[no-untyped-def]
     """The gradients of ``norm`` for its gradient ``g``, flat: the input's, the weight's and
-    the bias's, each where ``need`` says (``weight`` False: ``w`` is a placeholder; ``x``
-    and ``stats`` may be placeholders where only the bias's gradient is wanted).  Not
-    differentiable: the rule computes ``norm_grads`` instead where a graph of the gradient is
-    wanted (``create_graph``)."""
-    w = w if weight else None
+    the bias's, each where ``need`` says.  ``operands``: the input and the statistics where
+    the input's or the weight's gradient is wanted (none for the bias's alone), then the
+    weight when ``weight``.  Not differentiable: the rule computes ``norm_grads`` instead
+    where a graph of the gradient is wanted (``create_graph``)."""
+    x, stats = (operands[0], operands[1]) if need[0] or need[1] else (g, None)
+    w = operands[-1] if weight else None
     return _kernels().backward(g, x, stats, w, layout, groups, dims, eps, training, need)
 
 
@@ -155,17 +159,19 @@ def fused_norm_kernels(enabled: bool) -> Iterator[None]:
         _switch.enabled = before
 
 
-def fused_norm_runs(x: Tensor, *others: Tensor | None) -> bool:
+def fused_norm_runs(x: Tensor, *others: Tensor | None, rows: bool = False) -> bool:
     """Whether a normalisation of ``x`` with ``others`` (weight, bias, running statistics;
     None for absent ones) runs the fused primitives: CPU arrays of one dtype, float32 or
     float64, a non-empty input, no forward-AD level (whose tangents the composites'
-    primitives carry), no compiler tracer (which fuses the composites itself), and
-    ``fused_norm_kernels`` not switched off on this thread."""
+    primitives carry), and ``fused_norm_kernels`` not switched off on this thread.  ``rows``
+    (layer norm): not while a compiler records or captures the call, which fuses the
+    composite into row kernels with its neighbours (``Tracer.prefers_composites``)."""
     if not _switch.enabled or _forward_state.level is not None:
         return False
-    tracer = _tracer_state.tracer
-    if tracer is not None and tracer.prefers_composites:
-        return False
+    if rows:
+        tracer = _tracer_state.tracer
+        if tracer is not None and tracer.prefers_composites:
+            return False
     data = x._data
     if type(data) is not np.ndarray or data.dtype not in (np.float32, np.float64) or not data.size:
         return False
@@ -205,22 +211,15 @@ def norm(
         "bias": bias is not None,
         "training": bool(training),
     }
-    w = placeholder(x) if weight is None else weight
-    b = placeholder(x) if bias is None else bias
+    w = _placeholder(x) if weight is None else weight
+    b = _placeholder(x) if bias is None else bias
     return apply(P["norm"], (x, stats, w, b), attrs)
 
 
-_PLACEHOLDERS: dict = {}
-
-
-def placeholder(x: Tensor) -> Tensor:
-    """An empty tensor of ``x``'s dtype standing for an absent operand of the norm
-    primitives (one per dtype, never written)."""
-    dtype = x._data.dtype
-    t = _PLACEHOLDERS.get(dtype)
-    if t is None:
-        t = _PLACEHOLDERS[dtype] = Tensor._make(np.empty(0, dtype))
-    return t
+def _placeholder(x: Tensor) -> Tensor:
+    """An empty constant of ``x``'s dtype standing for an absent weight or bias of ``norm``
+    (whose inputs are named, so that its rule saves each tensor only where needed)."""
+    return _created(Tensor._make(np.empty(0, x._data.dtype)))
 
 
 def _reduced_view(x: Tensor, layout: str, groups: int | None, dims: int) -> tuple:

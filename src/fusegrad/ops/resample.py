@@ -12,12 +12,15 @@ Attributes: ``mode`` (``nearest``, ``nearest-exact`` or ``linear``: linear, bili
 trilinear by the input's rank), ``size`` (the output's spatial sizes), ``scales`` (per dim, the
 given scale factor or None: PyTorch's kernels use it instead of ``in / out`` when
 ``recompute_scale_factor`` is not set), ``align_corners``.  ``fused_resample_runs`` says when
-``interpolate`` uses them: CPU float32 / float64 tensors, no forward-AD level, no compiler
-tracer (compiled programs keep the composite, as they keep the normalisations' -- see
-``ops/norms.py``).
+``interpolate`` uses them: CPU float32 / float64 tensors, no forward-AD level; inside compiled
+programs the nearest modes call them as externs and the linear modes keep their composite.
 """
 
 from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -28,7 +31,7 @@ from ..tensor import Tensor
 from ._util import P, apply
 from .registry import primitive, set_meta
 
-__all__ = ["fused_resample_runs", "resample", "resample_grad"]
+__all__ = ["fused_resample_kernels", "fused_resample_runs", "resample", "resample_grad"]
 
 
 def nearest_source(n: int, out: int, scale: float | None, exact: bool) -> np.ndarray:
@@ -63,7 +66,7 @@ def keeps_dim(mode: str, rank: int, n: int, out: int) -> bool:
 
 
 def _tables(in_sizes: tuple, mode: str, size: tuple, scales: tuple, align_corners: bool) -> list:
-    """Per spatial dim: (index (out, 2), weight (out, 2), two corners)."""
+    """Per spatial dim: (index (out, 2), weight (out, 2), two corners, copies the dim)."""
     tables = []
     rank = len(in_sizes)
     for n, out, scale in zip(in_sizes, size, scales):
@@ -71,16 +74,16 @@ def _tables(in_sizes: tuple, mode: str, size: tuple, scales: tuple, align_corner
             index = np.stack([np.arange(n), np.arange(n)], 1)
             weight = np.zeros((n, 2))
             weight[:, 0] = 1.0
-            tables.append((index, weight, False))
+            tables.append((index, weight, False, True))
         elif mode == "linear":
             index, weight = linear_source(n, out, scale, align_corners)
-            tables.append((index, weight, True))
+            tables.append((index, weight, True, False))
         else:
             src = nearest_source(n, out, scale, mode == "nearest-exact")
             index = np.stack([src, src], 1)
             weight = np.zeros((out, 2))
             weight[:, 0] = 1.0
-            tables.append((index, weight, False))
+            tables.append((index, weight, False, False))
     return tables
 
 
@@ -124,13 +127,37 @@ set_meta(
 )
 
 
-def fused_resample_runs(x: Tensor) -> bool:
+class _Switch(threading.local):
+    def __init__(self) -> None:
+        self.enabled = True
+
+
+_switch = _Switch()
+
+
+@contextlib.contextmanager
+def fused_resample_kernels(enabled: bool) -> Iterator[None]:
+    """Within the block, ``interpolate`` on this thread runs its fused primitives
+    (``enabled=True``, the default) or its composites (``False``: for comparisons and
+    benchmarks; the results agree to rounding, non-finite inputs aside)."""
+    before = _switch.enabled
+    _switch.enabled = bool(enabled)
+    try:
+        yield
+    finally:
+        _switch.enabled = before
+
+
+def fused_resample_runs(x: Tensor, linear: bool) -> bool:
     """Whether ``interpolate`` runs the ``resample`` primitive on ``x``: a CPU float32 /
-    float64 array, no forward-AD level, no compiler tracer."""
-    if _forward_state.level is not None:
+    float64 array, no forward-AD level, ``fused_resample_kernels`` not switched off on this
+    thread, and for the ``linear`` modes no compiler recording
+    or capturing the call (``Tracer.prefers_composites``: compiled programs keep the
+    composite's matrix products, which measured no slower there)."""
+    if not _switch.enabled or _forward_state.level is not None:
         return False
     tracer = _tracer_state.tracer
-    if tracer is not None and tracer.prefers_composites:
+    if linear and tracer is not None and tracer.prefers_composites:
         return False
     data = x._data
     return type(data) is np.ndarray and data.dtype in (np.float32, np.float64)
@@ -163,7 +190,7 @@ def resample_grad(g: Tensor, attrs: dict, input_size: tuple) -> Tensor:
     ``g`` times the transposed (out, in) matrix of that dim's sources and weights."""
     tables = _tables(tuple(input_size), attrs["mode"], tuple(g.shape[2:]), attrs["scales"],
                      attrs["align_corners"])  # fmt: skip
-    for k, (index, weight, _) in enumerate(tables):
+    for k, (index, weight, _, _) in enumerate(tables):
         n = input_size[k]
         matrix = np.zeros((index.shape[0], n))
         rows = np.arange(index.shape[0])

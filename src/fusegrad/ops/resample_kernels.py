@@ -1,16 +1,18 @@
 """Fused CPU kernels of ``F.interpolate``'s nearest and linear modes (the ``resample`` and
 ``resample_backward`` primitives of ``ops/resample.py``), for 1 to 3 spatial dims.
 
-The input is seen as (P, D, H, W): P the batch and channel planes, missing spatial dims of
-size 1.  Each spatial dim has a table per output position: two source indices and their two
-weights (linear modes; PyTorch's ``area_pixel_compute_source_index``), or one source index
-with weight 1 (nearest modes, the second weight 0).  The forward computes each output as
-PyTorch's CPU kernel does, nested over the dims: ``l0 (w0 x[i0, j0] + w1 x[i0, j1]) + l1 (...)``
--- a non-finite input reaches only the outputs it is a neighbour of -- skipping the second
-corner of a dim whose table has one (nearest modes; a dim of size 1).  The backward adds each
-output's gradient, times the same weights, into its source elements (in output order, on one
-thread).  Compiled on first use with ``cache=True``; imported by the primitives' kernels on
-their first call, never when fusegrad is imported.
+Resampling is separable: each spatial dim has a table per output position of two source
+indices and their two weights (linear modes; PyTorch's ``area_pixel_compute_source_index``)
+or one source index (nearest modes), and the kernels resample one dim at a time, the last
+first.  Along a dim, the array is seen as (A, n, B) -- A the dims before, B the product of the
+dims after -- and ``out[a, j, b] = l0[j] in[a, i0[j], b] + l1[j] in[a, i1[j], b]``; B is
+contiguous, so every dim but the last runs as whole-row operations.  Nested this way the
+arithmetic is PyTorch's CPU kernel's (``h0 (w0 x00 + w1 x01) + h1 (w0 x10 + w1 x11)``), and a
+non-finite input reaches only the outputs it is a neighbour of.  The backward runs the
+adjoint of each pass in the reverse order: ``gin[a, i0[j], b] += l0[j] g[a, j, b]`` (and the
+same for ``i1``), in output order, on one thread.  A dim whose table copies it is skipped.
+Compiled on first use with ``cache=True``; imported by the primitives' kernels on their first
+call, never when fusegrad is imported.
 """
 
 from __future__ import annotations
@@ -22,97 +24,126 @@ _JIT = {"cache": True, "fastmath": {"contract"}, "error_model": "numpy"}
 
 
 @numba.njit(**_JIT)
-def _forward(x, di, dl, hi, hl, wi, wl, two_d, two_h, two_w, out):  # type: ignore[no-untyped-def]
-    """``di`` (Do, 2) source indices and ``dl`` (Do, 2) weights of dim D, likewise H and W;
-    ``two_*``: the dim's second corner counts."""
-    planes = x.shape[0]
-    od, oh, ow = out.shape[1], out.shape[2], out.shape[3]
-    for p in range(planes):
-        xp, yp = x[p], out[p]
-        for a in range(od):
-            for b in range(oh):
-                row = yp[a, b]
-                for c in range(ow):
-                    w0, w1 = wi[c, 0], wi[c, 1]
-                    lw0, lw1 = wl[c, 0], wl[c, 1]
-                    total = 0.0
-                    for s in range(2 if two_d else 1):
-                        plane = xp[di[a, s]]
-                        inner = 0.0
-                        for t in range(2 if two_h else 1):
-                            line = plane[hi[b, t]]
-                            if two_w:
-                                value = lw0 * line[w0] + lw1 * line[w1]
-                            else:
-                                value = line[w0]
-                            if two_h:
-                                inner += hl[b, t] * value
-                            else:
-                                inner = value
-                        if two_d:
-                            total += dl[a, s] * inner
-                        else:
-                            total = inner
-                    row[c] = total
+def _along(x, index, weight, two, out):  # type: ignore[no-untyped-def]
+    """``x`` (A, n, B) resampled along its middle dim into ``out`` (A, m, B)."""
+    outer, m, inner = out.shape
+    for a in range(outer):
+        for j in range(m):
+            i0, i1 = index[j, 0], index[j, 1]
+            l0, l1 = weight[j, 0], weight[j, 1]
+            src0, src1, dst = x[a, i0], x[a, i1], out[a, j]
+            if two:
+                for b in range(inner):
+                    dst[b] = l0 * src0[b] + l1 * src1[b]
+            else:
+                for b in range(inner):
+                    dst[b] = src0[b]
 
 
 @numba.njit(**_JIT)
-def _backward(g, di, dl, hi, hl, wi, wl, two_d, two_h, two_w, dx):  # type: ignore[no-untyped-def]
-    planes = g.shape[0]
-    od, oh, ow = g.shape[1], g.shape[2], g.shape[3]
-    for p in range(planes):
-        gp, xp = g[p], dx[p]
-        for a in range(od):
-            for s in range(2 if two_d else 1):
-                sd = dl[a, s] if two_d else 1.0
-                plane = xp[di[a, s]]
-                for b in range(oh):
-                    row = gp[a, b]
-                    for t in range(2 if two_h else 1):
-                        sh = sd * (hl[b, t] if two_h else 1.0)
-                        line = plane[hi[b, t]]
-                        for c in range(ow):
-                            v = row[c] * sh
-                            if two_w:
-                                line[wi[c, 0]] += v * wl[c, 0]
-                                line[wi[c, 1]] += v * wl[c, 1]
-                            else:
-                                line[wi[c, 0]] += v
+def _along_last(x, index, weight, two, out):  # type: ignore[no-untyped-def]
+    """``x`` (A, n) resampled along its last dim into ``out`` (A, m)."""
+    outer, m = out.shape
+    for a in range(outer):
+        src, dst = x[a], out[a]
+        if two:
+            for j in range(m):
+                dst[j] = weight[j, 0] * src[index[j, 0]] + weight[j, 1] * src[index[j, 1]]
+        else:
+            for j in range(m):
+                dst[j] = src[index[j, 0]]
 
 
-def _tables(tables: list, rank: int) -> tuple:
-    """The (index, weight, two) triples of D, H, W, the missing leading dims trivial."""
-    trivial = (np.zeros((1, 2), np.int64), np.array([[1.0, 0.0]]), False)
-    full = [trivial] * (3 - rank) + list(tables)
-    out: list = []
-    for index, weight, two in full:
-        out += [np.ascontiguousarray(index, np.int64), np.ascontiguousarray(weight), bool(two)]
-    return tuple(out)
+@numba.njit(**_JIT)
+def _adjoint(g, index, weight, two, out):  # type: ignore[no-untyped-def]
+    """The adjoint of ``_along``: ``g`` (A, m, B) added into ``out`` (A, n, B) (zeros)."""
+    outer, m, inner = g.shape
+    for a in range(outer):
+        for j in range(m):
+            i0, i1 = index[j, 0], index[j, 1]
+            l0, l1 = weight[j, 0], weight[j, 1]
+            src, dst0, dst1 = g[a, j], out[a, i0], out[a, i1]
+            if two:
+                for b in range(inner):
+                    dst0[b] += l0 * src[b]
+                for b in range(inner):
+                    dst1[b] += l1 * src[b]
+            else:
+                for b in range(inner):
+                    dst0[b] += src[b]
+
+
+@numba.njit(**_JIT)
+def _adjoint_last(g, index, weight, two, out):  # type: ignore[no-untyped-def]
+    """The adjoint of ``_along_last``."""
+    outer, m = g.shape
+    for a in range(outer):
+        src, dst = g[a], out[a]
+        if two:
+            for j in range(m):
+                dst[index[j, 0]] += weight[j, 0] * src[j]
+                dst[index[j, 1]] += weight[j, 1] * src[j]
+        else:
+            for j in range(m):
+                dst[index[j, 0]] += src[j]
+
+
+def _passes(shape: tuple, tables: list) -> list:
+    """(axis, table) of the dims that change, last dim first."""
+    passes = []
+    for k in range(len(tables) - 1, -1, -1):
+        index, weight, two, copies = tables[k]
+        if not copies:
+            passes.append((2 + k, (index, weight, two)))
+    return passes
+
+
+def _resample_axis(x: np.ndarray, axis: int, table: tuple, size: int) -> np.ndarray:
+    index, weight, two = table
+    shape = list(x.shape)
+    shape[axis] = size
+    out = np.empty(shape, x.dtype)
+    outer = int(np.prod(x.shape[:axis]))
+    w = weight.astype(x.dtype)
+    if axis == x.ndim - 1:
+        _along_last(x.reshape(outer, x.shape[axis]), index, w, two, out.reshape(outer, size))
+    else:
+        inner = int(np.prod(x.shape[axis + 1 :]))
+        _along(
+            x.reshape(outer, x.shape[axis], inner), index, w, two, out.reshape(outer, size, inner)
+        )
+    return out
+
+
+def _adjoint_axis(g: np.ndarray, axis: int, table: tuple, size: int) -> np.ndarray:
+    index, weight, two = table
+    shape = list(g.shape)
+    shape[axis] = size
+    out = np.zeros(shape, g.dtype)
+    outer = int(np.prod(g.shape[:axis]))
+    w = weight.astype(g.dtype)
+    if axis == g.ndim - 1:
+        _adjoint_last(g.reshape(outer, g.shape[axis]), index, w, two, out.reshape(outer, size))
+    else:
+        inner = int(np.prod(g.shape[axis + 1 :]))
+        _adjoint(
+            g.reshape(outer, g.shape[axis], inner), index, w, two, out.reshape(outer, size, inner)
+        )
+    return out
 
 
 def forward(x: np.ndarray, tables: list) -> np.ndarray:
-    """``x`` (N, C, *spatial) resampled by ``tables`` (one (index, weight, two) per spatial
-    dim); the result has the tables' lengths as its spatial sizes."""
-    rank = x.ndim - 2
-    sizes = tuple(t[0].shape[0] for t in tables)
-    out = np.empty(x.shape[:2] + sizes, x.dtype)
-    pad = (1,) * (3 - rank)
-    xv = np.ascontiguousarray(x).reshape((-1,) + pad + x.shape[2:])
-    ov = out.reshape((-1,) + pad + sizes)
-    di, dl, td, hi, hl, th, wi, wl, tw = _tables(tables, rank)
-    dl, hl, wl = (w.astype(x.dtype) for w in (dl, hl, wl))
-    _forward(xv, di, dl, hi, hl, wi, wl, td, th, tw, ov)
-    return out
+    """``x`` (N, C, *spatial) resampled by ``tables`` (per spatial dim: index (m, 2), weight
+    (m, 2), two corners, copies the dim)."""
+    out = np.ascontiguousarray(x)
+    for axis, table in _passes(x.shape, tables):
+        out = _resample_axis(out, axis, table, table[0].shape[0])
+    return out.copy() if out is x else out
 
 
 def backward(g: np.ndarray, input_shape: tuple, tables: list) -> np.ndarray:
     """The gradient (``input_shape``) of ``forward`` for its gradient ``g``."""
-    rank = g.ndim - 2
-    dx = np.zeros(input_shape, g.dtype)
-    pad = (1,) * (3 - rank)
-    gv = np.ascontiguousarray(g).reshape((-1,) + pad + g.shape[2:])
-    xv = dx.reshape((-1,) + pad + tuple(input_shape[2:]))
-    di, dl, td, hi, hl, th, wi, wl, tw = _tables(tables, rank)
-    dl, hl, wl = (w.astype(g.dtype) for w in (dl, hl, wl))
-    _backward(gv, di, dl, hi, hl, wi, wl, td, th, tw, xv)
-    return dx
+    grad = np.ascontiguousarray(g)
+    for axis, table in reversed(_passes(tuple(input_shape), tables)):
+        grad = _adjoint_axis(grad, axis, table, input_shape[axis])
+    return grad.copy() if grad is g else grad
