@@ -35,6 +35,7 @@ LAYERS = {
     "LayerNorm": ((32, 128, 768), lambda nn: nn.LayerNorm(768)),
     "GroupNorm": ((16, 64, 32, 32), lambda nn: nn.GroupNorm(8, 64)),
 }
+SMALL = {"BatchNorm2d": (4, 32, 5, 5), "LayerNorm": (2, 3, 768), "GroupNorm": (2, 64, 3, 3)}
 
 
 def _workloads(layer: str, np: Any, fg: Any, torch: Any, shape: tuple) -> tuple[dict, dict]:
@@ -149,9 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| layer | shape | implementation | forward | backward | total | total / torch |")
     print("|---|---|---|---:|---:|---:|---:|", flush=True)
     for layer in args.layers.split(","):
-        shape = LAYERS[layer][0]
-        if args.small:
-            shape = (4,) + shape[1:-1] + (min(shape[-1], 8),)
+        shape = SMALL[layer] if args.small else LAYERS[layer][0]
         steps, grads = _workloads(layer, np, fg, torch, shape)
         _check(np, layer, steps, grads)
         stats = common.measure_interleaved(steps, warmup=args.warmup, reps=args.reps)

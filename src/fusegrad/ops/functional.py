@@ -3,7 +3,9 @@ primitives (conv2d and pooling go through ``unfold``/im2col: an advanced-indexin
 matmul), so each is differentiable twice and visible to the compiler as ordinary primitives.
 While a graph is recorded, conv2d and the norm layers run inside one node each
 (``native.Convolution``, ``native.LayerNorm``, ...) that saves what PyTorch's native node saves
-rather than every primitive's operands.
+rather than every primitive's operands.  On CPU float32/float64 tensors the norm layers and
+``interpolate``'s nearest and linear modes run fused primitives of their own instead
+(``ops/norms.py``, ``ops/resample.py``), as ``embedding`` does (``ops/indexing.py``).
 """
 
 from __future__ import annotations
