@@ -64,8 +64,6 @@ class Region(Tracer):
     """The tracer of a thread inside ``compiled_autograd()`` / a ``compile``d function: records
     the primitive calls it runs on the thread's tape, and compiles ``backward``/``grad``."""
 
-    prefers_composites = True  # (the compiler fuses them: fusegrad.autograd.tracer)
-
     def __init__(self, fullgraph: bool, mode: str) -> None:
         self.fullgraph = fullgraph
         self.mode = mode

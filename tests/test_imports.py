@@ -31,6 +31,15 @@ ALLOWED_LOCAL = {
     ("fusegrad.ops.primitives", "fusegrad.ops.attention_kernels"): (
         "the fused attention kernels (numba, and the compiler's fastmath exp), on first use"
     ),
+    ("fusegrad.ops.norms", "fusegrad.ops.norm_kernels"): (
+        "the fused batch / instance / group / layer norm kernels (numba), on first use"
+    ),
+    ("fusegrad.ops.resample", "fusegrad.ops.resample_kernels"): (
+        "the fused interpolate kernels (numba), on first use"
+    ),
+    ("fusegrad.ops.indexing", "fusegrad.ops.embedding_kernels"): (
+        "the fused embedding backward kernel (numba), on first use"
+    ),
     ("fusegrad.ops.primitives", "fusegrad.ops.recurrent_kernels"): (
         "the fused LSTM / GRU / RNN kernels (numba, and the compiler's fastmath helpers), on "
         "first use"

@@ -39,6 +39,7 @@ from ..ops.registry import vjp
 from ..ops.resample import resample_grad, resample_input_grad
 from ..ops.spectral import dual_norm
 from .grad_mode import is_grad_enabled
+from .tracer import state as _tracer_state
 
 # ---- elementwise unary -------------------------------------------------------------------------
 
@@ -582,9 +583,11 @@ def _norm(node, g, x, stats, weight):
     """The normalisation layers' fused kernel (``norm_backward``: the input's, weight's and
     bias's gradients in one pass pair); where a graph of the gradient is wanted (grad mode on:
     ``create_graph``), the same formulas in the op surface (``ops.norms.norm_grads``), which
-    recompute the statistics from the input and differentiate again.  The input and the
-    statistics are saved for the input's and the weight's gradients, the weight for the
-    input's; the bias's needs neither."""
+    recompute the statistics from the input and differentiate again.  A compiler's capture of
+    a layer norm's backward takes that form too (``Tracer.prefers_composites``: it fuses the
+    composite into row kernels, and batches it for ``jacobian(vectorize=True)``).  The input
+    and the statistics are saved for the input's and the weight's gradients, the weight for
+    the input's; the bias's needs neither."""
     attrs = node.attrs
     has_w = attrs["weight"]
     need_in = node.needs_input_grad
@@ -592,7 +595,9 @@ def _norm(node, g, x, stats, weight):
     w = weight if has_w else None
     shapes = node.input_shapes
     gx = gw = gb = None
-    if is_grad_enabled():
+    tracer = _tracer_state.tracer
+    rows = attrs["layout"] == "layer" and tracer is not None and tracer.prefers_composites
+    if is_grad_enabled() or rows:
         gx, gw, gb = norm_grads(g, x, stats, w, attrs, need)
     else:
         keys = ("layout", "groups", "dims", "eps", "training")
@@ -634,9 +639,13 @@ def _norm(node, g, x, stats, weight):
 def _resample(node, g):
     """interpolate's nearest and linear modes: one kernel that adds each output's gradient
     into its sources (``resample_backward``); under ``create_graph`` the transposed per-dim
-    matrices in the op surface (``ops.resample.resample_grad``)."""
+    matrices in the op surface (``ops.resample.resample_grad``), which a compiler's capture of
+    the linear modes takes too (``Tracer.prefers_composites``: matrix products, which it
+    batches for ``jacobian(vectorize=True)``)."""
     input_size = tuple(node.input_shapes[0][2:])
-    if is_grad_enabled():
+    tracer = _tracer_state.tracer
+    linear = node.attrs["mode"] == "linear"
+    if is_grad_enabled() or (linear and tracer is not None and tracer.prefers_composites):
         return (resample_grad(g, node.attrs, input_size),)
     return (resample_input_grad(g, node.attrs, input_size),)
 

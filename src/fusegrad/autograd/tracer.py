@@ -64,11 +64,13 @@ class Tracer:
     """Base class of tracers: every method's default, NotImplemented, lets fusegrad do what it
     does without one."""
 
-    # True for a tracer that fuses primitives itself (``fusegrad.compiler``'s recordings and
-    # captures): while it is installed, the layers that eager mode runs as fused kernels of
-    # their own but whose composites the compiler fuses faster with their neighbours
-    # (layer_norm, interpolate's linear modes: ``ops/norms.py``, ``ops/resample.py``) call
-    # their composites of primitives instead
+    # True for a tracer that fuses primitives itself (``fusegrad.compiler``'s recordings of
+    # whole steps and modules, and its captures of backwards): while it is installed, the
+    # layers that eager mode runs as fused kernels of their own but whose composites the
+    # compiler fuses faster with their neighbours (layer_norm, interpolate's linear modes:
+    # ``ops/norms.py``, ``ops/resample.py``) call their composites of primitives instead.
+    # (Not compiled autograd's region, whose forwards run eagerly: a checkpoint's recomputation
+    # there must compute what the eager forward did.)
     prefers_composites = False
 
     def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:

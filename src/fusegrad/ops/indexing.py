@@ -17,6 +17,8 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .. import storage as _storage
+from ..autograd.forward_state import state as _forward_state
+from ..autograd.grad_mode import no_grad as _no_grad
 from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_created as _created
@@ -515,13 +517,11 @@ def embedding_grad(
 def _renorm_embedding_rows(weight: Tensor, idx: Tensor, max_norm: float, norm_type: float) -> None:
     """The rows of ``weight`` that ``idx`` looks up rescaled in place (without history) so that
     their ``norm_type``-norm is at most ``max_norm`` (PyTorch's embedding_renorm_)."""
-    from ..autograd.grad_mode import no_grad
-
     _read(idx, "embedding with max_norm")
     rows = np.unique(_storage.to_host(idx._data))
     positions = _created(Tensor._make(rows.astype(np.int64)))
     positions = positions if positions.device == weight.device else positions.to(weight.device)
-    with no_grad():
+    with _no_grad():
         picked = weight.index_select(0, positions)
         norms = picked.norm(norm_type, dim=1, keepdim=True)
         scale = where(norms > max_norm, max_norm / (norms + 1e-7), 1.0)
@@ -574,9 +574,7 @@ def _fused_embedding_runs(weight: Tensor, idx: Tensor) -> bool:
     level (whose tangents getitem's rule carries), in compiled programs too (as externs: a
     step with an Embedding(5000, 128) ran 0.8 ms against 6.1 ms with getitem and
     index_add_at); other calls (CUDA, half dtypes) index."""
-    from ..autograd.forward_state import state
-
-    if state.level is not None:
+    if _forward_state.level is not None:
         return False
     w, i = weight._data, idx._data
     return type(w) is np.ndarray and type(i) is np.ndarray and w.dtype in (np.float32, np.float64)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -56,9 +57,10 @@ LAYOUTS = ("batch", "instance", "group", "layer")
 
 
 def _kernels():  # type: ignore[no-untyped-def]
-    from . import norm_kernels  # numba: not at import
+    """The fused kernels (stats, forward, backward), imported on first use."""
+    from .norm_kernels import backward, forward, stats  # numba: not at import
 
-    return norm_kernels
+    return SimpleNamespace(stats=stats, forward=forward, backward=backward)
 
 
 @primitive("norm_stats", "opaque", "x", differentiable=False)

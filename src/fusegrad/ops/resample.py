@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -88,9 +89,10 @@ def _tables(in_sizes: tuple, mode: str, size: tuple, scales: tuple, align_corner
 
 
 def _kernels():  # type: ignore[no-untyped-def]
-    from . import resample_kernels  # numba: not at import
+    """The fused kernels (forward, backward), imported on first use."""
+    from .resample_kernels import backward, forward  # numba: not at import
 
-    return resample_kernels
+    return SimpleNamespace(forward=forward, backward=backward)
 
 
 @primitive("resample", "opaque", "x")
