@@ -62,7 +62,7 @@ from .indexing import embedding, one_hot  # (re-exported: F.embedding, F.one_hot
 from .linalg import einsum, linear
 from .reduction import log_softmax, mean, norm, softmax, sum
 from .shape import pad
-from .shape import stack as _stack
+from .shape import cat as _cat
 
 __all__ = [
     "relu",
@@ -1261,7 +1261,7 @@ def _with_running_stats(
     # (the fused kernel where no graph is recorded: its node would keep the input, which the
     # composite's nodes do not need for the input's gradient)
     if _norms.fused_norm_runs(x, w, b, running_mean, running_var) and not _records(x, w, b):
-        stats = _stack([running_mean.reshape(-1), running_var.reshape(-1)])
+        stats = _cat([running_mean.reshape(-1), running_var.reshape(-1)])
         return _norms.norm(x, stats, w, b, "batch", eps, False)
     shape = _channel_shape(x)
     scale = (running_var.reshape(shape) + eps).rsqrt()
@@ -1335,12 +1335,14 @@ def _update_from_stats(
     count: int,
     samples: int | None,
 ) -> None:
-    """Move the running statistics towards ``norm_stats``'s (2, K) (the unbiased variance);
-    ``samples``: K is per (sample, channel), averaged over the samples (instance norm)."""
+    """Move the running statistics towards ``norm_stats``'s (2 K,: means, then variances; the
+    unbiased variance); ``samples``: K is per (sample, channel), averaged over the samples
+    (instance norm)."""
     if running_mean is None and running_var is None:
         return
     with _no_grad():
-        mean, var = stats[0], stats[1] * (count / (count - 1))
+        pair = stats.reshape(2, -1)
+        mean, var = pair[0], pair[1] * (count / (count - 1))
         if samples is not None:
             mean = mean.reshape(samples, -1).mean(0)
             var = var.reshape(samples, -1).mean(0)
@@ -1662,9 +1664,9 @@ def interpolate(
 
     On CPU float32 / float64 tensors the nearest and linear modes run one fused kernel forward
     and one backward (``ops/resample.py``): each output reads only its neighbours, as
-    PyTorch's.  Elsewhere (CUDA tensors, forward AD, inside compiled programs) linear weights
-    are applied as a constant matrix per dim: a non-finite input value then reaches every
-    output of its row through a zero weight (nan)."""
+    PyTorch's.  Elsewhere (CUDA tensors, forward AD, the linear modes inside compiled
+    programs) linear weights are applied as a constant matrix per dim: a non-finite input value
+    then reaches every output of its row through a zero weight (nan)."""
     x = to_tensor(input)
     rank = _LINEAR_RANK.get(mode)
     if align_corners is not None and rank is None:
@@ -1740,7 +1742,7 @@ def interpolate(
         else:
             source = _resample.nearest_source(n, out, scales[k], mode == "nearest-exact")
             x = _nearest(x, dim, source)
-    return x
+    return x.clone() if x is input else x  # (a new tensor, also where every dim is copied)
 
 
 def _linear_matrix(n: int, out: int, scale: float | None, align_corners: bool) -> np.ndarray:

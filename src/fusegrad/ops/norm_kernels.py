@@ -11,7 +11,8 @@ Every layout is seen as one of two shapes (reshapes of the contiguous input, no 
 * the ``row`` layout (layer norm): the input as (R, D), D the product of the normalised dims;
   the statistics are per row, the weight and bias per element of a row.
 
-``stats`` writes each statistic's mean and biased variance, (2, K); ``forward`` normalises
+``stats`` writes each statistic's mean and biased variance, (2, K) (flat: (2 K,) for the
+primitives); ``forward`` normalises
 with them (``training``: the input's own statistics; else given ones, batch norm's running
 statistics) and applies the affine map as one scale and shift per (sample, channel)
 (``y = x a + b``, as PyTorch's CPU kernels do); ``backward`` computes the input's, weight's
@@ -360,17 +361,17 @@ def _groups(x: np.ndarray, layout: str, groups: int | None) -> tuple[int, bool]:
 
 
 def stats(x: np.ndarray, layout: str, groups: int | None, dims: int) -> np.ndarray:
-    """(2, K): the mean and biased variance of each statistic of ``x``."""
+    """(2 K,): the means of the statistics of ``x``, then their biased variances."""
     x = np.ascontiguousarray(x)
     v = _view(x, layout, dims)
     if layout == "layer":
         out = np.empty((2, v.shape[0]), x.dtype)
         _row_stats(v, out)
-        return out
+        return out.reshape(-1)
     count, per_sample = _groups(x, layout, groups)
     out = np.empty((2, count * x.shape[0] if per_sample else count), x.dtype)
     _channel_stats(v, count, per_sample, out)
-    return out
+    return out.reshape(-1)
 
 
 def _param(p: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
@@ -387,9 +388,10 @@ def forward(
     dims: int,
     eps: float,
 ) -> np.ndarray:
-    """The normalised ``x`` by ``statistics`` (2, K), then the affine map."""
+    """The normalised ``x`` by ``statistics`` (2 K,: means, then variances), then the affine
+    map."""
     x = np.ascontiguousarray(x)
-    st = np.ascontiguousarray(statistics)
+    st = np.ascontiguousarray(statistics).reshape(2, -1)
     w, b = _param(weight, x.dtype), _param(bias, x.dtype)
     out = np.empty(x.shape, x.dtype)
     v, o = _view(x, layout, dims), _view(out, layout, dims)
@@ -427,7 +429,7 @@ def backward(
         return rows.sum(0 if layout == "layer" else (0, 2), dtype=np.float64).astype(g.dtype)
     x = np.ascontiguousarray(x)
     g = np.ascontiguousarray(g, x.dtype)
-    st = np.ascontiguousarray(statistics)
+    st = np.ascontiguousarray(statistics).reshape(2, -1)
     params = math.prod(x.shape[x.ndim - dims :]) if layout == "layer" else x.shape[1]
     sizes = (x.size if need[0] else 0, params if need[1] else 0, params if need[2] else 0)
     flat = np.empty(sum(sizes), x.dtype)

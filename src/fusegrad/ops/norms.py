@@ -65,16 +65,18 @@ def _kernels():  # type: ignore[no-untyped-def]
 
 @primitive("norm_stats", "opaque", "x", differentiable=False)
 def _norm_stats(x, *, layout, groups, dims):  # type: ignore[no-untyped-def]
-    """(2, K): the mean and biased variance of each of the K statistics of ``x`` (see the
-    module docstring for the layouts).  Not differentiable: ``norm``'s rule accounts for the
+    """(2 K,): the means of the K statistics of ``x``, then their biased variances (see the
+    module docstring for the layouts).  Flat, so that no size of 2 enters a compiled
+    backward's key (which tells sizes equal to each other apart: a batch of 2 would need a
+    capture of its own).  Not differentiable: ``norm``'s rule accounts for the
     statistics' dependence on the input."""
     return _kernels().stats(x, layout, groups, dims)
 
 
 @primitive("norm", "opaque", "x stats weight bias")
 def _norm(x, stats, w, b, *, layout, groups, dims, eps, weight, bias, training):  # type: ignore[no-untyped-def]
-    """``(x - mean) / sqrt(var + eps) * w + b`` with ``stats`` (2, K) holding each statistic's
-    mean and variance; ``weight`` / ``bias`` False: the call has none, and ``w`` / ``b`` are
+    """``(x - mean) / sqrt(var + eps) * w + b`` with ``stats`` (2 K,) holding the statistics'
+    means, then their variances; ``weight`` / ``bias`` False: the call has none, and ``w`` / ``b`` are
     empty placeholders (so that the inputs are named, and the rule saves each tensor only for
     the gradients that need it).  ``training``: the statistics are ``x``'s own (the gradient
     includes their dependence on ``x``)."""
@@ -116,7 +118,7 @@ def _stats_meta(shapes, dtypes, layout, groups, dims):  # type: ignore[no-untype
         count = shape[0] * shape[1]
     else:
         count = shape[0] * groups
-    return (2, count), dtypes[0]
+    return (2 * count,), dtypes[0]
 
 
 def _backward_meta(shapes, dtypes, layout, groups, dims, eps, training, need, weight):  # type: ignore[no-untyped-def]
@@ -187,7 +189,8 @@ def fused_norm_runs(x: Tensor, *others: Tensor | None, rows: bool = False) -> bo
 
 
 def norm_stats(x: Tensor, layout: str, groups: int | None = None, dims: int = 0) -> Tensor:
-    """The ``norm_stats`` primitive: (2, K), each statistic's mean and biased variance."""
+    """The ``norm_stats`` primitive: (2 K,), the statistics' means, then their biased
+    variances."""
     return apply(P["norm_stats"], (x,), {"layout": layout, "groups": groups, "dims": dims})
 
 
@@ -253,9 +256,10 @@ def norm_grads(
         centred = xs - mean
         rstd = ((centred * centred).mean(reduce, keepdim=True) + eps).rsqrt()
     else:  # given statistics (batch layout): constants of the graph
-        mean = stats[0].reshape(1, -1, 1)
+        pair = stats.reshape(2, -1)
+        mean = pair[0].reshape(1, -1, 1)
         centred = xs - mean
-        rstd = (stats[1] + eps).rsqrt().reshape(1, -1, 1)
+        rstd = (pair[1] + eps).rsqrt().reshape(1, -1, 1)
     xhat = centred * rstd
     param_dims = tuple(range(x.ndim - dims)) if layout == "layer" else (0, *range(2, x.ndim))
     gx = gw = gb = None
