@@ -61,8 +61,8 @@ from .generated import ge as _ge
 from .indexing import embedding, one_hot  # (re-exported: F.embedding, F.one_hot)
 from .linalg import einsum, linear
 from .reduction import log_softmax, mean, norm, softmax, sum
-from .shape import pad
 from .shape import cat as _cat
+from .shape import pad
 
 __all__ = [
     "relu",
