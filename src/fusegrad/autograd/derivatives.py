@@ -578,8 +578,8 @@ def _attention(node, g, q, k, v, out, *mask):
     ) * len(mask)
 
 
-@vjp("norm", save={"x": "x weight", "stats": "x weight", "weight": "x"})
-def _norm(node, g, x, stats, weight):
+@vjp("norm", save={"x": "x weight", "mean": "x weight", "var": "x weight", "weight": "x"})
+def _norm(node, g, x, mean, var, weight):
     """The normalisation layers' fused kernel (``norm_backward``: the input's, weight's and
     bias's gradients in one pass pair); where a graph of the gradient is wanted (grad mode on:
     ``create_graph``), the same formulas in the op surface (``ops.norms.norm_grads``), which
@@ -591,20 +591,20 @@ def _norm(node, g, x, stats, weight):
     attrs = node.attrs
     has_w = attrs["weight"]
     need_in = node.needs_input_grad
-    need = (bool(need_in[0]), bool(has_w and need_in[2]), bool(attrs["bias"] and need_in[3]))
+    need = (bool(need_in[0]), bool(has_w and need_in[3]), bool(attrs["bias"] and need_in[4]))
     w = weight if has_w else None
     shapes = node.input_shapes
     gx = gw = gb = None
     tracer = _tracer_state.tracer
     rows = attrs["layout"] == "layer" and tracer is not None and tracer.prefers_composites
     if is_grad_enabled() or rows:
-        gx, gw, gb = norm_grads(g, x, stats, w, attrs, need)
+        gx, gw, gb = norm_grads(g, x, mean, var, w, attrs, need)
     else:
         keys = ("layout", "groups", "dims", "eps", "training")
         kernel_attrs = {k: attrs[k] for k in keys}
         kernel_attrs["need"] = need
         kernel_attrs["weight"] = bool(has_w and need[0])
-        operands = (g, x, stats) if need[0] or need[1] else (g,)
+        operands = (g, x, mean, var) if need[0] or need[1] else (g,)
         if has_w and need[0]:
             operands += (w,)
         flat = F.apply(F.REGISTRY["norm_backward"], operands, kernel_attrs)
@@ -630,8 +630,9 @@ def _norm(node, g, x, stats, weight):
     return (
         gx,
         None,
-        None if gw is None else gw.reshape(shapes[2]),
-        None if gb is None else gb.reshape(shapes[3]),
+        None,
+        None if gw is None else gw.reshape(shapes[3]),
+        None if gb is None else gb.reshape(shapes[4]),
     )
 
 

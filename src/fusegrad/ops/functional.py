@@ -61,7 +61,6 @@ from .generated import ge as _ge
 from .indexing import embedding, one_hot  # (re-exported: F.embedding, F.one_hot)
 from .linalg import einsum, linear
 from .reduction import log_softmax, mean, norm, softmax, sum
-from .shape import cat as _cat
 from .shape import pad
 
 __all__ = [
@@ -1107,8 +1106,8 @@ def layer_norm(
     if _norms.fused_norm_runs(x, w, b, rows=True) and all(
         p is None or p.shape == shape for p in (w, b)
     ):
-        stats = _norms.norm_stats(x, "layer", None, len(shape))
-        return _norms.norm(x, stats, w, b, "layer", eps, True, None, len(shape))
+        mean, var = _norms.norm_stats(x, "layer", None, len(shape))
+        return _norms.norm(x, mean, var, w, b, "layer", eps, True, None, len(shape))
     if _records(x, w, b):
         lead = tuple(range(x.ndim - len(shape)))
         return _native.LayerNorm.apply(x, w, b, eps, None, dims, None, lead, None, None, None)
@@ -1261,8 +1260,8 @@ def _with_running_stats(
     # (the fused kernel where no graph is recorded: its node would keep the input, which the
     # composite's nodes do not need for the input's gradient)
     if _norms.fused_norm_runs(x, w, b, running_mean, running_var) and not _records(x, w, b):
-        stats = _cat([running_mean.reshape(-1), running_var.reshape(-1)])
-        return _norms.norm(x, stats, w, b, "batch", eps, False)
+        rm, rv = running_mean.reshape(-1), running_var.reshape(-1)
+        return _norms.norm(x, rm, rv, w, b, "batch", eps, False)
     shape = _channel_shape(x)
     scale = (running_var.reshape(shape) + eps).rsqrt()
     return _affine(sub(x, running_mean.reshape(shape)) * scale, weight, bias)
@@ -1319,33 +1318,30 @@ def batch_norm(
     w = None if weight is None else to_tensor(weight)
     b = None if bias is None else to_tensor(bias)
     if _norms.fused_norm_runs(x, w, b, rm, rv):
-        stats = _norms.norm_stats(x, "batch")
-        out = _norms.norm(x, stats, w, b, "batch", eps, True)
-        _update_from_stats(stats, rm, rv, momentum, count, None)
+        mean, var = _norms.norm_stats(x, "batch")
+        out = _norms.norm(x, mean, var, w, b, "batch", eps, True)
+        _update_from_stats(mean, var, rm, rv, momentum, count)
         return out
     dims = (0,) + tuple(range(2, x.ndim))
     return _batch_norm_training(x, weight, bias, eps, dims, (rm, rv, momentum))
 
 
 def _update_from_stats(
-    stats: Tensor,
+    mean: Tensor,
+    var: Tensor,
     running_mean: Tensor | None,
     running_var: Tensor | None,
     momentum: Any,
     count: int,
-    samples: int | None,
 ) -> None:
-    """Move the running statistics towards ``norm_stats``'s (2 K,: means, then variances; the
-    unbiased variance); ``samples``: K is per (sample, channel), averaged over the samples
-    (instance norm)."""
+    """Move the running statistics towards ``norm_stats``'s mean and (unbiased) variance; an
+    instance norm's, (N, C), averaged over the samples."""
     if running_mean is None and running_var is None:
         return
     with _no_grad():
-        pair = stats.reshape(2, -1)
-        mean, var = pair[0], pair[1] * (count / (count - 1))
-        if samples is not None:
-            mean = mean.reshape(samples, -1).mean(0)
-            var = var.reshape(samples, -1).mean(0)
+        var = var * (count / (count - 1))
+        if mean.ndim == 2:  # (N, C): averaged over the samples
+            mean, var = mean.mean(0), var.mean(0)
         _update_running(running_mean, mean, momentum)
         _update_running(running_var, var, momentum)
 
@@ -1392,9 +1388,9 @@ def instance_norm(
     w = None if weight is None else to_tensor(weight)
     b = None if bias is None else to_tensor(bias)
     if _norms.fused_norm_runs(x, w, b, rm, rv):
-        stats = _norms.norm_stats(x, "instance")
-        out = _norms.norm(x, stats, w, b, "instance", eps, True)
-        _update_from_stats(stats, rm, rv, momentum, count, x.shape[0])
+        mean, var = _norms.norm_stats(x, "instance")
+        out = _norms.norm(x, mean, var, w, b, "instance", eps, True)
+        _update_from_stats(mean, var, rm, rv, momentum, count)
         return out
     # as PyTorch: batch_norm of the (1, N * C, *) input, the affine parameters repeated per
     # sample; the running statistics move towards the mean of the instances' statistics
@@ -1438,8 +1434,8 @@ def group_norm(
     w = None if weight is None else to_tensor(weight)
     b = None if bias is None else to_tensor(bias)
     if _norms.fused_norm_runs(x, w, b):
-        stats = _norms.norm_stats(x, "group", num_groups)
-        return _norms.norm(x, stats, w, b, "group", eps, True, num_groups)
+        mean, var = _norms.norm_stats(x, "group", num_groups)
+        return _norms.norm(x, mean, var, w, b, "group", eps, True, num_groups)
     shape = (1, -1) + (1,) * (x.ndim - 2)
     if _records(x, w, b):
         per_channel = (0,) + tuple(range(2, x.ndim))

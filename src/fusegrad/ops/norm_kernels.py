@@ -11,8 +11,8 @@ Every layout is seen as one of two shapes (reshapes of the contiguous input, no 
 * the ``row`` layout (layer norm): the input as (R, D), D the product of the normalised dims;
   the statistics are per row, the weight and bias per element of a row.
 
-``stats`` writes each statistic's mean and biased variance, (2, K) (flat: (2 K,) for the
-primitives); ``forward`` normalises
+``moment`` computes each statistic's mean, or its biased variance about a given mean (K,);
+``forward`` normalises
 with them (``training``: the input's own statistics; else given ones, batch norm's running
 statistics) and applies the affine map as one scale and shift per (sample, channel)
 (``y = x a + b``, as PyTorch's CPU kernels do); ``backward`` computes the input's, weight's
@@ -153,9 +153,9 @@ def _weighted_products(g, x, w, mean):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(**_JIT)
-def _channel_stats(x, groups, per_sample, out):  # type: ignore[no-untyped-def]
-    """Mean and biased variance per statistic into ``out`` (2, K): per (sample, group) when
-    ``per_sample`` (K = N groups), else per channel (K = C)."""
+def _channel_moment(x, groups, per_sample, mean, second, out):  # type: ignore[no-untyped-def]
+    """Per statistic into ``out`` (K,): the mean, or (``second``) the biased variance about
+    the given ``mean`` (K,)."""
     n_count, channels, spatial = x.shape
     if per_sample:
         per_group = channels // groups
@@ -163,21 +163,31 @@ def _channel_stats(x, groups, per_sample, out):  # type: ignore[no-untyped-def]
         for n in range(n_count):
             for k in range(groups):
                 block = x[n, k * per_group : (k + 1) * per_group].reshape(count)
-                mean = _sum(block, 0.0) / count
-                out[0, n * groups + k] = mean
-                out[1, n * groups + k] = _sum_squares(block, mean) / count
+                j = n * groups + k
+                if second:
+                    out[j] = _sum_squares(block, np.float64(mean[j])) / count
+                else:
+                    out[j] = _sum(block, 0.0) / count
     else:
         count = n_count * spatial
         for c in range(channels):
             total = 0.0
             for n in range(n_count):
-                total += _sum(x[n, c], 0.0)
-            mean = total / count
-            squares = 0.0
-            for n in range(n_count):
-                squares += _sum_squares(x[n, c], mean)
-            out[0, c] = mean
-            out[1, c] = squares / count
+                if second:
+                    total += _sum_squares(x[n, c], np.float64(mean[c]))
+                else:
+                    total += _sum(x[n, c], 0.0)
+            out[c] = total / count
+
+
+@numba.njit(**_JIT)
+def _row_moment(x, mean, second, out):  # type: ignore[no-untyped-def]
+    rows, width = x.shape
+    for r in range(rows):
+        if second:
+            out[r] = _sum_squares(x[r], np.float64(mean[r])) / width
+        else:
+            out[r] = _sum(x[r], 0.0) / width
 
 
 @numba.njit(inline="always", **_JIT)
@@ -281,15 +291,6 @@ def _channel_backward(  # type: ignore[no-untyped-def]
 
 
 @numba.njit(**_JIT)
-def _row_stats(x, out):  # type: ignore[no-untyped-def]
-    rows, width = x.shape
-    for r in range(rows):
-        mean = _sum(x[r], 0.0) / width
-        out[0, r] = mean
-        out[1, r] = _sum_squares(x[r], mean) / width
-
-
-@numba.njit(**_JIT)
 def _row_forward(x, stats, weight, bias, eps, out):  # type: ignore[no-untyped-def]
     """``weight`` and ``bias`` (D,): ones and zeros where the call has none."""
     rows, width = x.shape
@@ -360,18 +361,24 @@ def _groups(x: np.ndarray, layout: str, groups: int | None) -> tuple[int, bool]:
     return int(groups or 1), True
 
 
-def stats(x: np.ndarray, layout: str, groups: int | None, dims: int) -> np.ndarray:
-    """(2 K,): the means of the statistics of ``x``, then their biased variances."""
+def moment(
+    x: np.ndarray, mean: np.ndarray | None, layout: str, groups: int | None, dims: int
+) -> np.ndarray:
+    """(K,) flat: each statistic's mean of ``x``, or with ``mean`` given its biased variance
+    (about that mean)."""
     x = np.ascontiguousarray(x)
     v = _view(x, layout, dims)
+    second = mean is not None
     if layout == "layer":
-        out = np.empty((2, v.shape[0]), x.dtype)
-        _row_stats(v, out)
-        return out.reshape(-1)
+        out = np.empty(v.shape[0], x.dtype)
+        m = np.ascontiguousarray(mean).reshape(-1) if second else out
+        _row_moment(v, m, second, out)
+        return out
     count, per_sample = _groups(x, layout, groups)
-    out = np.empty((2, count * x.shape[0] if per_sample else count), x.dtype)
-    _channel_stats(v, count, per_sample, out)
-    return out.reshape(-1)
+    out = np.empty(count * x.shape[0] if per_sample else count, x.dtype)
+    m = np.ascontiguousarray(mean).reshape(-1) if second else out
+    _channel_moment(v, count, per_sample, m, second, out)
+    return out
 
 
 def _param(p: np.ndarray | None, dtype: np.dtype) -> np.ndarray:

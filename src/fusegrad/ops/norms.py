@@ -51,48 +51,60 @@ from ..tensor import Tensor
 from ._util import P, apply
 from .registry import primitive, set_meta
 
-__all__ = ["fused_norm_kernels", "fused_norm_runs", "norm", "norm_grads", "norm_stats"]
+__all__ = [
+    "fused_norm_kernels",
+    "fused_norm_runs",
+    "norm",
+    "norm_grads",
+    "norm_stats",
+]
 
 LAYOUTS = ("batch", "instance", "group", "layer")
 
 
 def _kernels():  # type: ignore[no-untyped-def]
-    """The fused kernels (stats, forward, backward), imported on first use."""
-    from .norm_kernels import backward, forward, stats  # numba: not at import
+    """The fused kernels (moment, forward, backward), imported on first use."""
+    from .norm_kernels import backward, forward, moment  # numba: not at import
 
-    return SimpleNamespace(stats=stats, forward=forward, backward=backward)
-
-
-@primitive("norm_stats", "opaque", "x", differentiable=False)
-def _norm_stats(x, *, layout, groups, dims):  # type: ignore[no-untyped-def]
-    """(2 K,): the means of the K statistics of ``x``, then their biased variances (see the
-    module docstring for the layouts).  Flat, so that no size of 2 enters a compiled
-    backward's key (which tells sizes equal to each other apart: a batch of 2 would need a
-    capture of its own).  Not differentiable: ``norm``'s rule accounts for the
-    statistics' dependence on the input."""
-    return _kernels().stats(x, layout, groups, dims)
+    return SimpleNamespace(moment=moment, forward=forward, backward=backward)
 
 
-@primitive("norm", "opaque", "x stats weight bias")
-def _norm(x, stats, w, b, *, layout, groups, dims, eps, weight, bias, training):  # type: ignore[no-untyped-def]
-    """``(x - mean) / sqrt(var + eps) * w + b`` with ``stats`` (2 K,) holding the statistics'
-    means, then their variances; ``weight`` / ``bias`` False: the call has none, and ``w`` / ``b`` are
-    empty placeholders (so that the inputs are named, and the rule saves each tensor only for
-    the gradients that need it).  ``training``: the statistics are ``x``'s own (the gradient
-    includes their dependence on ``x``)."""
+@primitive("norm_stats", "opaque", "x mean*", differentiable=False)
+def _norm_stats(x, *mean, layout, groups, dims):  # type: ignore[no-untyped-def]
+    """Each statistic of ``x`` (see the module docstring for the layouts), in the statistics'
+    shape (``_stat_shape``): its mean, or with ``mean`` given its biased variance about that
+    mean.  Two calls rather than one result of both, so that no size of 2 enters a compiled
+    program's key (which tells sizes equal to each other apart: a batch of 2 would need a
+    capture of its own).  Not differentiable: ``norm``'s rule accounts for the statistics'
+    dependence on the input."""
+    out = _kernels().moment(x, mean[0] if mean else None, layout, groups, dims)
+    return out.reshape(_stat_shape(x.shape, layout, groups, dims))
+
+
+@primitive("norm", "opaque", "x mean var weight bias")
+def _norm(x, mean, var, w, b, *, layout, groups, dims, eps, weight, bias, training):  # type: ignore[no-untyped-def]
+    """``(x - mean) / sqrt(var + eps) * w + b`` with each statistic's ``mean`` and ``var``
+    (in the statistics' shape: ``_stat_shape``); ``weight`` / ``bias`` False: the call has
+    none, and ``w`` / ``b`` are empty placeholders (so that the inputs are named, and the rule
+    saves each tensor only for the gradients that need it).  ``training``: the statistics are
+    ``x``'s own (the gradient includes their dependence on ``x``)."""
     w = w if weight else None
     b = b if bias else None
+    stats = np.stack([mean.reshape(-1), var.reshape(-1)])
     return _kernels().forward(x, stats, w, b, layout, groups, dims, eps)
 
 
 @primitive("norm_backward", "opaque", "g operands*", differentiable=False)
 def _norm_backward(g, *operands, layout, groups, dims, eps, training, need, weight):  # type: ignore[no-untyped-def]
     """The gradients of ``norm`` for its gradient ``g``, flat: the input's, the weight's and
-    the bias's, each where ``need`` says.  ``operands``: the input and the statistics where
-    the input's or the weight's gradient is wanted (none for the bias's alone), then the
-    weight when ``weight``.  Not differentiable: the rule computes ``norm_grads`` instead
-    where a graph of the gradient is wanted (``create_graph``)."""
-    x, stats = (operands[0], operands[1]) if need[0] or need[1] else (g, None)
+    the bias's, each where ``need`` says.  ``operands``: the input, the means and the
+    variances where the input's or the weight's gradient is wanted (none for the bias's
+    alone), then the weight when ``weight``.  Not differentiable: the rule computes
+    ``norm_grads`` instead where a graph of the gradient is wanted (``create_graph``)."""
+    if need[0] or need[1]:
+        x, stats = operands[0], np.stack([operands[1].reshape(-1), operands[2].reshape(-1)])
+    else:
+        x, stats = g, None
     w = operands[-1] if weight else None
     return _kernels().backward(g, x, stats, w, layout, groups, dims, eps, training, need)
 
@@ -109,16 +121,7 @@ def _param_size(shape: tuple, layout: str, dims: int) -> Any:
 
 
 def _stats_meta(shapes, dtypes, layout, groups, dims):  # type: ignore[no-untyped-def]
-    shape = shapes[0]
-    if layout == "layer":
-        count = _product(shape[: len(shape) - dims])
-    elif layout == "batch":
-        count = shape[1]
-    elif layout == "instance":
-        count = shape[0] * shape[1]
-    else:
-        count = shape[0] * groups
-    return (2 * count,), dtypes[0]
+    return _stat_shape(tuple(shapes[0]), layout, groups, dims), dtypes[0]
 
 
 def _backward_meta(shapes, dtypes, layout, groups, dims, eps, training, need, weight):  # type: ignore[no-untyped-def]
@@ -188,15 +191,30 @@ def fused_norm_runs(x: Tensor, *others: Tensor | None, rows: bool = False) -> bo
 # ---- the op surface ------------------------------------------------------------------------------
 
 
-def norm_stats(x: Tensor, layout: str, groups: int | None = None, dims: int = 0) -> Tensor:
-    """The ``norm_stats`` primitive: (2 K,), the statistics' means, then their biased
-    variances."""
-    return apply(P["norm_stats"], (x,), {"layout": layout, "groups": groups, "dims": dims})
+def _stat_shape(shape: tuple, layout: str, groups: int | None, dims: int) -> tuple:
+    """The statistics' shape: the leading dims (layer), (C,) (batch), (N, C) (instance),
+    (N, groups) (group) -- made of the input's sizes, so that a compiled program's key sees no
+    size of its own."""
+    if layout == "layer":
+        return shape[: len(shape) - dims]
+    if layout == "batch":
+        return shape[1:2]
+    if layout == "instance":
+        return shape[:2]
+    return (shape[0], groups)
+
+
+def norm_stats(x: Tensor, layout: str, groups: int | None = None, dims: int = 0) -> tuple:
+    """(mean, var): the ``norm_stats`` primitive twice, in the statistics' shape."""
+    attrs = {"layout": layout, "groups": groups, "dims": dims}
+    mean = apply(P["norm_stats"], (x,), attrs)
+    return mean, apply(P["norm_stats"], (x, mean), attrs)
 
 
 def norm(
     x: Tensor,
-    stats: Tensor,
+    mean: Tensor,
+    var: Tensor,
     weight: Tensor | None,
     bias: Tensor | None,
     layout: str,
@@ -205,8 +223,8 @@ def norm(
     groups: int | None = None,
     dims: int = 0,
 ) -> Tensor:
-    """The ``norm`` primitive: ``x`` normalised by ``stats`` (from ``norm_stats`` when
-    ``training``, else given ones), then ``* weight + bias`` (either may be None)."""
+    """The ``norm`` primitive: ``x`` normalised by ``mean`` and ``var`` (from ``norm_stats``
+    when ``training``, else given ones), then ``* weight + bias`` (either may be None)."""
     attrs = {
         "layout": layout,
         "groups": groups,
@@ -218,7 +236,7 @@ def norm(
     }
     w = _placeholder(x) if weight is None else weight
     b = _placeholder(x) if bias is None else bias
-    return apply(P["norm"], (x, stats, w, b), attrs)
+    return apply(P["norm"], (x, mean, var, w, b), attrs)
 
 
 def _placeholder(x: Tensor) -> Tensor:
@@ -240,7 +258,8 @@ def _reduced_view(x: Tensor, layout: str, groups: int | None, dims: int) -> tupl
 def norm_grads(
     g: Tensor,
     x: Tensor,
-    stats: Tensor,
+    mean: Tensor | None,
+    var: Tensor | None,
     weight: Tensor | None,
     attrs: dict,
     need: tuple[bool, bool, bool],
@@ -252,14 +271,11 @@ def norm_grads(
     channel_shape = (1, -1) + (1,) * (x.ndim - 2)
     xs, reduce = _reduced_view(x, layout, groups, dims)
     if training:
-        mean = xs.mean(reduce, keepdim=True)
-        centred = xs - mean
+        centred = xs - xs.mean(reduce, keepdim=True)
         rstd = ((centred * centred).mean(reduce, keepdim=True) + eps).rsqrt()
     else:  # given statistics (batch layout): constants of the graph
-        pair = stats.reshape(2, -1)
-        mean = pair[0].reshape(1, -1, 1)
-        centred = xs - mean
-        rstd = (pair[1] + eps).rsqrt().reshape(1, -1, 1)
+        centred = xs - mean.reshape(1, -1, 1)
+        rstd = (var + eps).rsqrt().reshape(1, -1, 1)
     xhat = centred * rstd
     param_dims = tuple(range(x.ndim - dims)) if layout == "layer" else (0, *range(2, x.ndim))
     gx = gw = gb = None
