@@ -1,13 +1,13 @@
 """The normalisation layers' fused primitives and their op surface: batch, instance, group and
-layer norm each run as ``norm_stats`` (the statistics: a mean and a biased variance each),
-``norm`` (the normalisation and affine map by given statistics) and, in backward,
+layer norm each run as ``norm_stats`` twice (the statistics' means, then their biased
+variances), ``norm`` (the normalisation and affine map by given statistics) and, in backward,
 ``norm_backward`` (the input's, weight's and bias's gradients in one kernel).  The kernels are
 numba (``norm_kernels``, loaded on first use).
 
 Why primitives (docs/ARCHITECTURE.md, "Conventions": a primitive where speed needs one): as
 composites of means, differences, squares and products the layers ran about a dozen eager ops
-forward and twice that backward, each a pass over the input; the kernels read it twice forward
-and twice backward.  The statistics are a primitive of their own (not differentiable) so that
+forward and twice that backward, each a pass over the input; the kernels read it three times
+forward (mean, variance, normalisation) and twice backward.  The statistics are a primitive of their own (not differentiable) so that
 batch and instance norm can move their running statistics towards them; ``norm`` takes them
 as an input, and its rule, knowing that in training they are the input's own statistics
 (``training``), includes their dependence on the input in the input's gradient.
