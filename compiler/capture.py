@@ -151,6 +151,8 @@ class Recorder(Tracer):
     the node whose rule runs (IR values keep it as their origin); ``user`` is set while a custom
     Function's backward runs (``Capture._trace_function``), whose tensors ``made`` holds."""
 
+    prefers_composites = True  # (the compiler fuses them: fusegrad.autograd.tracer)
+
     def __init__(self, graph: Graph, env: ShapeEnv | None) -> None:
         self.graph = graph
         self.env = env

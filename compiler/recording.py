@@ -314,6 +314,8 @@ class Recorder(Tracer):
     call cannot be replayed (None while it still can); once broken, it only stays out of the
     way: ``delegate`` (a compiled-backward region) handles every call."""
 
+    prefers_composites = True  # (the compiler fuses them: fusegrad.autograd.tracer)
+
     records_calls = True  # (``admission.call_policy``: a compiled call inside is part of this)
 
     def __init__(self, watch: Watch, delegate: Any) -> None:

@@ -34,6 +34,15 @@ ALLOWED_LOCAL = {
     ("fusegrad.optim._foreach", "fusegrad.optim._multi_tensor"): (
         "the multi-tensor optimizer kernels (numba), on the first foreach/fused update"
     ),
+    ("fusegrad.ops.norms", "fusegrad.ops.norm_kernels"): (
+        "the fused batch / instance / group / layer norm kernels (numba), on first use"
+    ),
+    ("fusegrad.ops.resample", "fusegrad.ops.resample_kernels"): (
+        "the fused interpolate kernels (numba), on first use"
+    ),
+    ("fusegrad.ops.indexing", "fusegrad.ops.embedding_kernels"): (
+        "the fused embedding backward kernel (numba), on first use"
+    ),
     ("fusegrad.ops.primitives", "fusegrad.ops.recurrent_kernels"): (
         "the fused LSTM / GRU / RNN kernels (numba, and the compiler's fastmath helpers), on "
         "first use"

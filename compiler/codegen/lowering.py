@@ -89,6 +89,13 @@ EXTERNS = frozenset(
         "attention_backward",  # its gradients (q, k, v stacked)
         "rnn_sequence",  # nn.LSTM / GRU / RNN: one layer and direction's fused CPU kernel (numba)
         "rnn_sequence_backward",  # its gradients (backpropagation through time), flat
+        "embedding",  # F.embedding's lookup (numpy take)
+        "embedding_backward",  # its scatter-add backward (fused CPU kernel, numba)
+        "resample",  # interpolate's nearest and linear modes (fused CPU kernel, numba)
+        "resample_backward",  # their input's gradient
+        "norm_stats",  # batch / instance / group / layer norm: statistics (fused CPU kernel, numba)
+        "norm",  # their normalisation and affine map by given statistics
+        "norm_backward",  # their input's, weight's and bias's gradients, flat
         "cummax_index",  # cummax/cummin's indices (their values are a gather)
         "mode_index",  # mode's index (its value is a gather)
         "searchsorted",  # searchsorted/bucketize

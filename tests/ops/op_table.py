@@ -2305,6 +2305,15 @@ def _embedding_ref(i: np.ndarray, w: np.ndarray, padding_idx: Any = None) -> np.
 
 
 add("embedding", lambda m, i, w, **k: m.F.embedding(i, w, **k), _embedding_ref, _embedding_samples)
+# the fused backward kernel (``embedding_backward``) runs where no graph of the gradient is
+# wanted: a first-order entry reaches it (the entry above differentiates its composite form)
+add(
+    "embedding_first_order",
+    lambda m, i, w, **k: m.F.embedding(i, w, **k),
+    _embedding_ref,
+    _embedding_samples,
+    twice=False,
+)
 
 # linear algebra --------------------------------------------------------------------------------
 
@@ -3508,6 +3517,16 @@ add(
     _layer_norm_samples,
     f32_tol=(1e-4, 1e-5),
 )
+# the norms' fused backward kernel (``norm_backward``) runs where no graph of the gradient is
+# wanted: first-order entries reach it (the entries above differentiate its composite form)
+add(
+    "layer_norm_first_order",
+    lambda m, x, s, *a: m.F.layer_norm(x, s, *a),
+    layer_norm_ref,
+    _layer_norm_samples,
+    f32_tol=(1e-4, 1e-5),
+    twice=False,
+)
 
 
 def sdpa_ref(
@@ -3935,6 +3954,31 @@ add(
     _group_norm_samples,
     f32_tol=(1e-4, 1e-5),
 )
+# (first-order entries: see layer_norm_first_order)
+add(
+    "batch_norm_first_order",
+    lambda m, x, rm, rv, *a, **k: m.F.batch_norm(x, rm, rv, *a, **k),
+    batch_norm_ref,
+    _batch_norm_samples,
+    f32_tol=(1e-4, 1e-5),
+    twice=False,
+)
+add(
+    "group_norm_first_order",
+    lambda m, x, g, *a, **k: m.F.group_norm(x, g, *a, **k),
+    group_norm_ref,
+    _group_norm_samples,
+    f32_tol=(1e-4, 1e-5),
+    twice=False,
+)
+add(
+    "instance_norm_first_order",
+    lambda m, x, *a, **k: m.F.instance_norm(x, *a, **k),
+    instance_norm_ref,
+    _instance_norm_samples,
+    f32_tol=(1e-4, 1e-5),
+    twice=False,
+)
 
 
 def _conv_samples(rng: np.random.Generator) -> list[Sample]:
@@ -4350,6 +4394,15 @@ add(
     lambda m, x, **k: m.F.interpolate(x, **k),
     interpolate_ref,
     _interpolate_samples,
+)
+# the nearest and linear modes' fused backward kernel (``resample_backward``) runs where no
+# graph of the gradient is wanted: a first-order entry reaches it
+add(
+    "interpolate_first_order",
+    lambda m, x, **k: m.F.interpolate(x, **k),
+    interpolate_ref,
+    _interpolate_samples,
+    twice=False,
 )
 
 

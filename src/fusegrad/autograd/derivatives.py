@@ -32,10 +32,14 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import ops as F
 from ..errors import AutogradError
+from ..ops.indexing import embedding_grad
+from ..ops.norms import norm_grads
 from ..ops.recurrent import rnn_sequence_grads
 from ..ops.registry import vjp
+from ..ops.resample import resample_grad, resample_input_grad
 from ..ops.spectral import dual_norm
 from .grad_mode import is_grad_enabled
+from .tracer import state as _tracer_state
 
 # ---- elementwise unary -------------------------------------------------------------------------
 
@@ -574,6 +578,79 @@ def _attention(node, g, q, k, v, out, *mask):
     ) * len(mask)
 
 
+@vjp("norm", save={"x": "x weight", "mean": "x weight", "var": "x weight", "weight": "x"})
+def _norm(node, g, x, mean, var, weight):
+    """The normalisation layers' fused kernel (``norm_backward``: the input's, weight's and
+    bias's gradients in one pass pair); where a graph of the gradient is wanted (grad mode on:
+    ``create_graph``), the same formulas in the op surface (``ops.norms.norm_grads``), which
+    recompute the statistics from the input and differentiate again.  A compiler's capture of
+    a layer norm's backward takes that form too (``Tracer.prefers_composites``: it fuses the
+    composite into row kernels, and batches it for ``jacobian(vectorize=True)``).  The input
+    and the statistics are saved for the input's and the weight's gradients, the weight for
+    the input's; the bias's needs neither."""
+    attrs = node.attrs
+    has_w = attrs["weight"]
+    need_in = node.needs_input_grad
+    need = (bool(need_in[0]), bool(has_w and need_in[3]), bool(attrs["bias"] and need_in[4]))
+    w = weight if has_w else None
+    shapes = node.input_shapes
+    gx = gw = gb = None
+    tracer = _tracer_state.tracer
+    rows = attrs["layout"] == "layer" and tracer is not None and tracer.prefers_composites
+    if is_grad_enabled() or rows:
+        gx, gw, gb = norm_grads(g, x, mean, var, w, attrs, need)
+    else:
+        keys = ("layout", "groups", "dims", "eps", "training")
+        kernel_attrs = {k: attrs[k] for k in keys}
+        kernel_attrs["need"] = need
+        kernel_attrs["weight"] = bool(has_w and need[0])
+        operands = (g, x, mean, var) if need[0] or need[1] else (g,)
+        if has_w and need[0]:
+            operands += (w,)
+        flat = F.apply(F.REGISTRY["norm_backward"], operands, kernel_attrs)
+        x_shape = shapes[0]
+        if attrs["layout"] == "layer":
+            params = 1
+            for d in x_shape[len(x_shape) - attrs["dims"] :]:
+                params = params * d
+        else:
+            params = x_shape[1]
+        start = 0
+        if need[0]:
+            size = 1
+            for d in x_shape:
+                size = size * d
+            gx = flat.narrow(0, 0, size).reshape(x_shape)
+            start = size
+        if need[1]:
+            gw = flat.narrow(0, start, params)
+            start = start + params
+        if need[2]:
+            gb = flat.narrow(0, start, params)
+    return (
+        gx,
+        None,
+        None,
+        None if gw is None else gw.reshape(shapes[3]),
+        None if gb is None else gb.reshape(shapes[4]),
+    )
+
+
+@vjp("resample")
+def _resample(node, g):
+    """interpolate's nearest and linear modes: one kernel that adds each output's gradient
+    into its sources (``resample_backward``); under ``create_graph`` the transposed per-dim
+    matrices in the op surface (``ops.resample.resample_grad``), which a compiler's capture of
+    the linear modes takes too (``Tracer.prefers_composites``: matrix products, which it
+    batches for ``jacobian(vectorize=True)``)."""
+    input_size = tuple(node.input_shapes[0][2:])
+    tracer = _tracer_state.tracer
+    linear = node.attrs["mode"] == "linear"
+    if is_grad_enabled() or (linear and tracer is not None and tracer.prefers_composites):
+        return (resample_grad(g, node.attrs, input_size),)
+    return (resample_input_grad(g, node.attrs, input_size),)
+
+
 @vjp("rnn_sequence", save="w_hh h0 out state*")
 def _rnn_sequence(node, g, w_hh, h0, out, *state):
     """The fused kernel's backpropagation through time (``rnn_sequence_backward``); where a
@@ -617,6 +694,18 @@ def _rnn_sequence(node, g, w_hh, h0, out, *state):
     if bias:
         result.append(db_hh if need[-1] else None)
     return tuple(result)
+
+
+@vjp("embedding", save="idx")
+def _embedding(node, g, idx):
+    """One scatter-add kernel (``embedding_backward``); under ``create_graph`` the same sum in
+    differentiable ops (``ops.indexing.embedding_grad``)."""
+    rows = node.input_shapes[0][0]
+    padding, by_freq = node.attrs["padding_idx"], node.attrs["scale_grad_by_freq"]
+    if is_grad_enabled():
+        return embedding_grad(g, idx, rows, padding, by_freq), None
+    attrs = {"num_weights": rows, "padding_idx": padding, "scale_grad_by_freq": by_freq}
+    return F.apply(F.REGISTRY["embedding_backward"], (g, idx), attrs), None
 
 
 @vjp("getitem", save="idx*")

@@ -169,6 +169,18 @@ UNSUPPORTED["attention"] = (
     "scaled_dot_product_attention uses its composite (matmul, softmax) while a dual level is "
     "active, so forward AD never meets the fused kernel"
 )
+UNSUPPORTED["embedding"] = (
+    "embedding indexes (getitem) while a dual level is active, so forward AD never meets the "
+    "fused kernel"
+)
+UNSUPPORTED["resample"] = (
+    "interpolate uses its composite while a dual level is active, so forward AD never meets "
+    "the fused kernel"
+)
+UNSUPPORTED["norm"] = (
+    "batch / instance / group / layer norm use their composites while a dual level is active, "
+    "so forward AD never meets the fused kernel"
+)
 UNSUPPORTED["rnn_sequence"] = (
     "nn.LSTM / GRU / RNN run their per-step ops while a dual level is active, so forward AD "
     "never meets the fused kernel"

@@ -18,7 +18,9 @@ The backwards are written with fusegrad ops on the saved values: they differenti
 dependence on it is seen), compiled autograd traces them like derivative rules and fuses them,
 and whole compiled steps take them in (``compiler/functions.py``).  Callers use the Functions
 only when a graph is recorded and no forward-mode AD level is active (whose tangents the
-composites' primitive rules give); otherwise they run the composite directly.
+composites' primitive rules give); otherwise they run the composite directly.  The norm
+layers use these Functions only where their fused primitives (``ops/norms.py``) do not run:
+CUDA tensors, dtypes other than float32/float64, and layer_norm inside compiled programs.
 
 This module sits above the op surface and ``autograd.function`` (which imports ``ops``), so
 ``ops.functional`` cannot import it: importing it hands it to ``functional.install_native``

@@ -70,6 +70,15 @@ class Tracer:
     # primitive, and a compiled recording around it then captures their rules like any other.
     primitive_nodes = False
 
+    # True for a tracer that fuses primitives itself (``fusegrad.compiler``'s recordings of
+    # whole steps and modules, and its captures of backwards): while it is installed, the
+    # layers that eager mode runs as fused kernels of their own but whose composites the
+    # compiler fuses faster with their neighbours (layer_norm, interpolate's linear modes:
+    # ``ops/norms.py``, ``ops/resample.py``) call their composites of primitives instead.
+    # (Not compiled autograd's region, whose forwards run eagerly: a checkpoint's recomputation
+    # there must compute what the eager forward did.)
+    prefers_composites = False
+
     def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
         """Primitive ``prim`` called on Tensors ``inputs`` with keyword ``attrs``: its result, or
         NotImplemented to let it run eagerly."""

@@ -752,10 +752,8 @@ class Embedding(Module):
         dtype: Any = None,
     ) -> None:
         super().__init__()
-        if max_norm is not None or scale_grad_by_freq or sparse:
-            raise NotImplementedError(
-                "Embedding: max_norm, scale_grad_by_freq and sparse are not supported"
-            )
+        if sparse:
+            raise NotImplementedError("Embedding: sparse=True (sparse gradients) is not supported")
         self.num_embeddings = num_embeddings
         self.embedding_dim = embedding_dim
         if padding_idx is not None:
@@ -792,12 +790,25 @@ class Embedding(Module):
                 self.weight[self.padding_idx].fill_(0)  # type: ignore[index]
 
     def forward(self, input: Tensor) -> Tensor:
-        return F.embedding(input, self.weight, self.padding_idx)
+        return F.embedding(
+            input,
+            self.weight,
+            self.padding_idx,
+            self.max_norm,
+            self.norm_type,
+            self.scale_grad_by_freq,
+        )
 
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}"
         if self.padding_idx is not None:
             s += f", padding_idx={self.padding_idx}"
+        if self.max_norm is not None:
+            s += f", max_norm={self.max_norm}"
+        if self.norm_type != 2:
+            s += f", norm_type={self.norm_type}"
+        if self.scale_grad_by_freq:
+            s += ", scale_grad_by_freq=True"
         return s
 
     @classmethod

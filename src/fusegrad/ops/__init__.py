@@ -38,7 +38,9 @@ from ..tensor import Tensor, _ViewTensor
 from ..tensor import view_rebase_error as _view_rebase_error
 from . import _util, registry
 from . import decompositions as _decompositions  # noqa: F401  (fusegrad.linalg's primitives)
+from . import norms as _norms  # noqa: F401  (the normalisation layers' fused primitives)
 from . import primitives as _primitives  # noqa: F401  (registers kernels)
+from . import resample as _resample  # noqa: F401  (interpolate's fused primitives)
 from . import special_functions as _special_functions  # noqa: F401  (fusegrad.special's)
 from . import spectral as _spectral  # noqa: F401  (the FFT primitives of fusegrad.fft)
 from ._util import cast, to_tensor

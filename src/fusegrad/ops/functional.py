@@ -3,7 +3,9 @@ primitives (conv2d and pooling go through ``unfold``/im2col: an advanced-indexin
 matmul), so each is differentiable twice and visible to the compiler as ordinary primitives.
 While a graph is recorded, conv2d and the norm layers run inside one node each
 (``native.Convolution``, ``native.LayerNorm``, ...) that saves what PyTorch's native node saves
-rather than every primitive's operands.
+rather than every primitive's operands.  On CPU float32/float64 tensors the norm layers and
+``interpolate``'s nearest and linear modes run fused primitives of their own instead
+(``ops/norms.py``, ``ops/resample.py``), as ``embedding`` does (``ops/indexing.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from ..size import broadcast_shapes as _broadcast_shapes
 from ..tensor import Tensor
 from . import convolution as _conv
 from . import elementwise as _ew
+from . import norms as _norms
+from . import resample as _resample
 from ._util import P, apply, broadcast_shape, cast, to_tensor
 from .convolution import fold, unfold  # noqa: F401  (re-exported: F.fold, F.unfold)
 from .creation import _gen
@@ -1102,6 +1106,11 @@ def layer_norm(
     dims = tuple(range(x.ndim - len(shape), x.ndim))
     w = None if weight is None else to_tensor(weight)
     b = None if bias is None else to_tensor(bias)
+    if _norms.fused_norm_runs(x, w, b, rows=True) and all(
+        p is None or p.shape == shape for p in (w, b)
+    ):
+        mean, var = _norms.norm_stats(x, "layer", None, len(shape))
+        return _norms.norm(x, mean, var, w, b, "layer", eps, True, None, len(shape))
     if _records(x, w, b):
         lead = tuple(range(x.ndim - len(shape)))
         return _native.LayerNorm.apply(x, w, b, eps, None, dims, None, lead, None, None, None)
@@ -1202,9 +1211,11 @@ def glu(input: Tensor, dim: int = -1) -> Tensor:
 
 
 # ---- batch, group and instance normalisation --------------------------------------------------
-# Composites like layer_norm: a mean and a centred sum of squares per channel (or group), so
-# they fuse and compile as ordinary reductions.  Running statistics are buffers updated in place
-# under no_grad, as PyTorch's are, so a whole-step compile replays the update.
+# On CPU float32/float64 tensors each runs the fused primitives of ``ops/norms.py`` (the
+# statistics, then the normalisation; one backward kernel), as layer_norm does; otherwise
+# composites like layer_norm's: a mean and a centred sum of squares per channel (or group).
+# Running statistics are buffers updated in place under no_grad, as PyTorch's are, so a
+# whole-step compile replays the update.
 
 
 class NormArgumentError(ShapeError):
@@ -1247,6 +1258,13 @@ def _with_running_stats(
     x: Tensor, running_mean: Tensor, running_var: Tensor, eps: float, weight: Any, bias: Any
 ) -> Tensor:
     """Normalisation by given statistics (eval mode)."""
+    w = None if weight is None else to_tensor(weight)
+    b = None if bias is None else to_tensor(bias)
+    # (the fused kernel where no graph is recorded: its node would keep the input, which the
+    # composite's nodes do not need for the input's gradient)
+    if _norms.fused_norm_runs(x, w, b, running_mean, running_var) and not _records(x, w, b):
+        rm, rv = running_mean.reshape(-1), running_var.reshape(-1)
+        return _norms.norm(x, rm, rv, w, b, "batch", eps, False)
     shape = _channel_shape(x)
     scale = (running_var.reshape(shape) + eps).rsqrt()
     return _affine(sub(x, running_mean.reshape(shape)) * scale, weight, bias)
@@ -1300,8 +1318,35 @@ def batch_norm(
         raise NormArgumentError(
             f"Expected more than 1 value per channel when training, got input size {tuple(x.shape)}"
         )
+    w = None if weight is None else to_tensor(weight)
+    b = None if bias is None else to_tensor(bias)
+    if _norms.fused_norm_runs(x, w, b, rm, rv):
+        mean, var = _norms.norm_stats(x, "batch")
+        out = _norms.norm(x, mean, var, w, b, "batch", eps, True)
+        _update_from_stats(mean, var, rm, rv, momentum, count)
+        return out
     dims = (0,) + tuple(range(2, x.ndim))
     return _batch_norm_training(x, weight, bias, eps, dims, (rm, rv, momentum))
+
+
+def _update_from_stats(
+    mean: Tensor,
+    var: Tensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    momentum: Any,
+    count: int,
+) -> None:
+    """Move the running statistics towards ``norm_stats``'s mean and (unbiased) variance; an
+    instance norm's, (N, C), averaged over the samples."""
+    if running_mean is None and running_var is None:
+        return
+    with _no_grad():
+        var = var * (count / (count - 1))
+        if mean.ndim == 2:  # (N, C): averaged over the samples
+            mean, var = mean.mean(0), var.mean(0)
+        _update_running(running_mean, mean, momentum)
+        _update_running(running_var, var, momentum)
 
 
 def _batch_norm_training(
@@ -1343,6 +1388,13 @@ def instance_norm(
         raise NormArgumentError(
             f"Expected more than 1 spatial element when training, got input size {tuple(x.shape)}"
         )
+    w = None if weight is None else to_tensor(weight)
+    b = None if bias is None else to_tensor(bias)
+    if _norms.fused_norm_runs(x, w, b, rm, rv):
+        mean, var = _norms.norm_stats(x, "instance")
+        out = _norms.norm(x, mean, var, w, b, "instance", eps, True)
+        _update_from_stats(mean, var, rm, rv, momentum, count)
+        return out
     # as PyTorch: batch_norm of the (1, N * C, *) input, the affine parameters repeated per
     # sample; the running statistics move towards the mean of the instances' statistics
     n = x.shape[0]
@@ -1384,6 +1436,9 @@ def group_norm(
             )
     w = None if weight is None else to_tensor(weight)
     b = None if bias is None else to_tensor(bias)
+    if _norms.fused_norm_runs(x, w, b):
+        mean, var = _norms.norm_stats(x, "group", num_groups)
+        return _norms.norm(x, mean, var, w, b, "group", eps, True, num_groups)
     shape = (1, -1) + (1,) * (x.ndim - 2)
     if _records(x, w, b):
         per_channel = (0,) + tuple(range(2, x.ndim))
@@ -1606,9 +1661,11 @@ def interpolate(
     or ``scale_factor`` times its size, by ``mode``: nearest, nearest-exact, linear, bilinear,
     trilinear (``align_corners``) or area (adaptive average pooling), as PyTorch computes them.
 
-    Linear weights are applied as a constant matrix per dim: a non-finite input value reaches
-    every output of its row through a zero weight (nan), where PyTorch's reaches only its
-    neighbours'."""
+    On CPU float32 / float64 tensors the nearest and linear modes run one fused kernel forward
+    and one backward (``ops/resample.py``): each output reads only its neighbours, as
+    PyTorch's.  Elsewhere (CUDA tensors, forward AD, the linear modes inside compiled
+    programs) linear weights are applied as a constant matrix per dim: a non-finite input value
+    then reaches every output of its row through a zero weight (nan)."""
     x = to_tensor(input)
     rank = _LINEAR_RANK.get(mode)
     if align_corners is not None and rank is None:
@@ -1668,44 +1725,33 @@ def interpolate(
             f"interpolate: Input and output sizes should be greater than 0, but got input "
             f"{tuple(in_sizes)} output {tuple(out_sizes)}"
         )
+    if mode != "area" and _resample.fused_resample_runs(x, linear=rank is not None):
+        kind = "linear" if rank is not None else mode
+        return _resample.resample(x, kind, tuple(out_sizes), tuple(scales), bool(align_corners))
     for k in range(spatial):
         dim, n, out = 2 + k, in_sizes[k], out_sizes[k]
+        if mode != "area" and _resample.keeps_dim(
+            "linear" if rank is not None else mode, spatial, n, out
+        ):
+            continue  # (as PyTorch's kernels: the dim is copied as it is)
         if mode == "area":
             x = _adaptive_average(x, dim, out)
         elif rank is not None:
             x = _along(x, dim, _linear_matrix(n, out, scales[k], bool(align_corners)))
         else:
-            x = _nearest(x, dim, _nearest_source(n, out, scales[k], mode == "nearest-exact"))
-    return x
+            source = _resample.nearest_source(n, out, scales[k], mode == "nearest-exact")
+            x = _nearest(x, dim, source)
+    return x.clone() if x is input else x  # (a new tensor, also where every dim is copied)
 
 
 def _linear_matrix(n: int, out: int, scale: float | None, align_corners: bool) -> np.ndarray:
-    """(out, n): each output's two source weights (PyTorch's area_pixel_compute_source_index)."""
-    j = np.arange(out, dtype=np.float64)
-    if align_corners:
-        src = j * ((n - 1) / (out - 1) if out > 1 else 0.0)
-    else:
-        step = 1.0 / scale if scale is not None and scale > 0 else n / out
-        src = np.maximum(step * (j + 0.5) - 0.5, 0.0)
-    lo = np.minimum(np.floor(src).astype(np.int64), n - 1)
-    hi = np.minimum(lo + 1, n - 1)
-    frac = src - lo
+    """(out, n): each output's two source weights (``resample.linear_source``)."""
+    index, weight = _resample.linear_source(n, out, scale, align_corners)
     matrix = np.zeros((out, n))
     rows = np.arange(out)
-    matrix[rows, lo] += 1.0 - frac  # one element per row each time: no duplicate indices
-    matrix[rows, hi] += frac  # (hi == lo at the last input: the weights add up to 1)
+    matrix[rows, index[:, 0]] += weight[:, 0]  # one element per row each time: no duplicate
+    matrix[rows, index[:, 1]] += weight[:, 1]  # indices (at the last input both are the same)
     return matrix
-
-
-def _nearest_source(n: int, out: int, scale: float | None, exact: bool) -> np.ndarray:
-    """The input index each output copies, computed in float32 as PyTorch's kernels do (so that
-    a product landing just below an integer floors the same way)."""
-    if out == n:
-        return np.arange(n)
-    step = np.float32(1.0 / scale if scale is not None and scale > 0 else n / out)
-    j = np.arange(out, dtype=np.float32)
-    src = np.floor((j + np.float32(0.5)) * step if exact else j * step).astype(np.int64)
-    return np.minimum(src, n - 1)
 
 
 def _nearest(x: Tensor, dim: int, source: np.ndarray) -> Tensor:

@@ -1,0 +1,460 @@
+"""Fused CPU kernels of the normalisation layers (the ``norm_stats``, ``norm`` and
+``norm_backward`` primitives of ``ops/norms.py``): batch, instance, group and layer norm, in
+float32 and float64, over any batch and spatial rank.
+
+Every layout is seen as one of two shapes (reshapes of the contiguous input, no copies):
+
+* ``channel`` layouts (batch, instance, group norm): the input as (N, C, S), S the product of
+  the spatial dims; the weight and bias are per channel.  The statistics are per channel over
+  N and S (batch norm), per (sample, channel) over S (instance norm), or per (sample, group)
+  over the group's channels and S (group norm);
+* the ``row`` layout (layer norm): the input as (R, D), D the product of the normalised dims;
+  the statistics are per row, the weight and bias per element of a row.
+
+``moment`` computes each statistic's mean, or its biased variance about a given mean (K,);
+``forward`` normalises
+with them (``training``: the input's own statistics; else given ones, batch norm's running
+statistics) and applies the affine map as one scale and shift per (sample, channel)
+(``y = x a + b``, as PyTorch's CPU kernels do); ``backward`` computes the input's, weight's
+and bias's gradients in two passes over the gradient and the input: the per-(sample,
+channel) sums of ``g`` and ``g (x - mean)``, from which the weight's and bias's gradients and
+three coefficients per (sample, channel) follow, then ``dx = g alpha + x beta + gamma``.  With
+the input's own statistics (training) the gradient includes their dependence on the input:
+``dx = rstd (g w - mean(g w) - xhat mean(g w xhat))`` over each statistic's elements.
+
+Sums accumulate in float64 in eight independent partial sums (so that the loop is not bound by
+one addition's latency; numba vectorises neither a reduction without reassociation nor one
+with it here), two-pass (the mean, then the centred squares) for the variance.  The kernels
+run on one thread.  They are compiled on first use with ``cache=True``; this module (and numba
+with it) is imported by the primitives' kernels on their first call, never when fusegrad is
+imported.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba  # this module is imported on first use only (by the norm primitives' kernels)
+import numpy as np
+
+_JIT = {"cache": True, "fastmath": {"contract"}, "error_model": "numpy"}
+
+
+@numba.njit(inline="always", **_JIT)
+def _sum(row, shift):  # type: ignore[no-untyped-def]
+    """sum(row - shift), in float64, in eight partial sums."""
+    n = row.shape[0]
+    full = n - n % 8
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    for s in range(0, full, 8):
+        a0 += np.float64(row[s]) - shift
+        a1 += np.float64(row[s + 1]) - shift
+        a2 += np.float64(row[s + 2]) - shift
+        a3 += np.float64(row[s + 3]) - shift
+        a4 += np.float64(row[s + 4]) - shift
+        a5 += np.float64(row[s + 5]) - shift
+        a6 += np.float64(row[s + 6]) - shift
+        a7 += np.float64(row[s + 7]) - shift
+    total = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    for s in range(full, n):
+        total += np.float64(row[s]) - shift
+    return total
+
+
+@numba.njit(inline="always", **_JIT)
+def _sum_squares(row, mean):  # type: ignore[no-untyped-def]
+    """sum((row - mean)^2), in float64, in eight partial sums."""
+    n = row.shape[0]
+    full = n - n % 8
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = 0.0
+    for s in range(0, full, 8):
+        d0 = np.float64(row[s]) - mean
+        d1 = np.float64(row[s + 1]) - mean
+        d2 = np.float64(row[s + 2]) - mean
+        d3 = np.float64(row[s + 3]) - mean
+        d4 = np.float64(row[s + 4]) - mean
+        d5 = np.float64(row[s + 5]) - mean
+        d6 = np.float64(row[s + 6]) - mean
+        d7 = np.float64(row[s + 7]) - mean
+        a0 += d0 * d0
+        a1 += d1 * d1
+        a2 += d2 * d2
+        a3 += d3 * d3
+        a4 += d4 * d4
+        a5 += d5 * d5
+        a6 += d6 * d6
+        a7 += d7 * d7
+    total = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))
+    for s in range(full, n):
+        d = np.float64(row[s]) - mean
+        total += d * d
+    return total
+
+
+@numba.njit(inline="always", **_JIT)
+def _sum_products(g, x, mean):  # type: ignore[no-untyped-def]
+    """(sum(g), sum(g (x - mean))), in float64, four partial sums each."""
+    n = g.shape[0]
+    full = n - n % 4
+    a0 = a1 = a2 = a3 = 0.0
+    b0 = b1 = b2 = b3 = 0.0
+    for s in range(0, full, 4):
+        g0 = np.float64(g[s])
+        g1 = np.float64(g[s + 1])
+        g2 = np.float64(g[s + 2])
+        g3 = np.float64(g[s + 3])
+        a0 += g0
+        a1 += g1
+        a2 += g2
+        a3 += g3
+        b0 += g0 * (np.float64(x[s]) - mean)
+        b1 += g1 * (np.float64(x[s + 1]) - mean)
+        b2 += g2 * (np.float64(x[s + 2]) - mean)
+        b3 += g3 * (np.float64(x[s + 3]) - mean)
+    sg = (a0 + a1) + (a2 + a3)
+    sgx = (b0 + b1) + (b2 + b3)
+    for s in range(full, n):
+        gs = np.float64(g[s])
+        sg += gs
+        sgx += gs * (np.float64(x[s]) - mean)
+    return sg, sgx
+
+
+@numba.njit(inline="always", **_JIT)
+def _weighted_products(g, x, w, mean):  # type: ignore[no-untyped-def]
+    """(sum(g w), sum(g w (x - mean))) over one row, in float64, four partial sums each."""
+    n = g.shape[0]
+    full = n - n % 4
+    a0 = a1 = a2 = a3 = 0.0
+    b0 = b1 = b2 = b3 = 0.0
+    for s in range(0, full, 4):
+        g0 = np.float64(g[s]) * np.float64(w[s])
+        g1 = np.float64(g[s + 1]) * np.float64(w[s + 1])
+        g2 = np.float64(g[s + 2]) * np.float64(w[s + 2])
+        g3 = np.float64(g[s + 3]) * np.float64(w[s + 3])
+        a0 += g0
+        a1 += g1
+        a2 += g2
+        a3 += g3
+        b0 += g0 * (np.float64(x[s]) - mean)
+        b1 += g1 * (np.float64(x[s + 1]) - mean)
+        b2 += g2 * (np.float64(x[s + 2]) - mean)
+        b3 += g3 * (np.float64(x[s + 3]) - mean)
+    sg = (a0 + a1) + (a2 + a3)
+    sgx = (b0 + b1) + (b2 + b3)
+    for s in range(full, n):
+        gs = np.float64(g[s]) * np.float64(w[s])
+        sg += gs
+        sgx += gs * (np.float64(x[s]) - mean)
+    return sg, sgx
+
+
+# ---- channel layouts: x (N, C, S) ----------------------------------------------------------------
+
+
+@numba.njit(**_JIT)
+def _channel_moment(x, groups, per_sample, mean, second, out):  # type: ignore[no-untyped-def]
+    """Per statistic into ``out`` (K,): the mean, or (``second``) the biased variance about
+    the given ``mean`` (K,)."""
+    n_count, channels, spatial = x.shape
+    if per_sample:
+        per_group = channels // groups
+        count = per_group * spatial
+        for n in range(n_count):
+            for k in range(groups):
+                block = x[n, k * per_group : (k + 1) * per_group].reshape(count)
+                j = n * groups + k
+                if second:
+                    out[j] = _sum_squares(block, np.float64(mean[j])) / count
+                else:
+                    out[j] = _sum(block, 0.0) / count
+    else:
+        count = n_count * spatial
+        for c in range(channels):
+            total = 0.0
+            for n in range(n_count):
+                if second:
+                    total += _sum_squares(x[n, c], np.float64(mean[c]))
+                else:
+                    total += _sum(x[n, c], 0.0)
+            out[c] = total / count
+
+
+@numba.njit(**_JIT)
+def _row_moment(x, mean, second, out):  # type: ignore[no-untyped-def]
+    rows, width = x.shape
+    for r in range(rows):
+        if second:
+            out[r] = _sum_squares(x[r], np.float64(mean[r])) / width
+        else:
+            out[r] = _sum(x[r], 0.0) / width
+
+
+@numba.njit(inline="always", **_JIT)
+def _stat_of(n, c, groups, per_group, per_sample):  # type: ignore[no-untyped-def]
+    """The statistic (sample, channel) belongs to."""
+    if per_sample:
+        return n * groups + c // per_group
+    return c
+
+
+@numba.njit(**_JIT)
+def _channel_forward(x, stats, weight, bias, has_w, has_b, groups, per_sample, eps, out):  # type: ignore[no-untyped-def]
+    n_count, channels, spatial = x.shape
+    per_group = channels // groups
+    for n in range(n_count):
+        for c in range(channels):
+            k = _stat_of(n, c, groups, per_group, per_sample)
+            mean = np.float64(stats[0, k])
+            scale = 1.0 / math.sqrt(np.float64(stats[1, k]) + eps)
+            if has_w:
+                scale *= np.float64(weight[c])
+            shift = -mean * scale
+            if has_b:
+                shift += np.float64(bias[c])
+            a = x.dtype.type(scale)
+            b = x.dtype.type(shift)
+            row, y = x[n, c], out[n, c]
+            for s in range(spatial):
+                y[s] = row[s] * a + b
+
+
+@numba.njit(**_JIT)
+def _channel_backward(  # type: ignore[no-untyped-def]
+    g, x, stats, weight, has_w, groups, per_sample, eps, training, need_x, dx, dw, db
+):
+    """The gradients of ``_channel_forward``: ``dx`` (N, C, S) when ``need_x``, ``dw`` and
+    ``db`` (C,) (empty arrays when not wanted)."""
+    n_count, channels, spatial = x.shape
+    per_group = channels // groups
+    stat_count = stats.shape[1]
+    sum_g = np.empty((n_count, channels))
+    sum_gx = np.empty((n_count, channels))  # sum of g (x - mean)
+    rstd = np.empty(stat_count)
+    for k in range(stat_count):
+        rstd[k] = 1.0 / math.sqrt(np.float64(stats[1, k]) + eps)
+    for n in range(n_count):
+        for c in range(channels):
+            k = _stat_of(n, c, groups, per_group, per_sample)
+            sg, sgx = _sum_products(g[n, c], x[n, c], np.float64(stats[0, k]))
+            sum_g[n, c] = sg
+            sum_gx[n, c] = sgx
+    if db.shape[0]:
+        for c in range(channels):
+            total = 0.0
+            for n in range(n_count):
+                total += sum_g[n, c]
+            db[c] = total
+    if dw.shape[0]:
+        for c in range(channels):
+            total = 0.0
+            for n in range(n_count):
+                total += sum_gx[n, c] * rstd[_stat_of(n, c, groups, per_group, per_sample)]
+            dw[c] = total
+    if not need_x:
+        return
+    # per statistic: the means of g w and of g w xhat over its elements (training only)
+    mean_gw = np.zeros(stat_count)
+    mean_gwx = np.zeros(stat_count)
+    if training:
+        count = (per_group * spatial) if per_sample else (n_count * spatial)
+        for n in range(n_count):
+            for c in range(channels):
+                k = _stat_of(n, c, groups, per_group, per_sample)
+                wc = np.float64(weight[c]) if has_w else 1.0
+                mean_gw[k] += wc * sum_g[n, c]
+                mean_gwx[k] += wc * sum_gx[n, c]
+        for k in range(stat_count):
+            mean_gw[k] /= count
+            mean_gwx[k] *= rstd[k] / count
+    for n in range(n_count):
+        for c in range(channels):
+            k = _stat_of(n, c, groups, per_group, per_sample)
+            r = rstd[k]
+            wc = np.float64(weight[c]) if has_w else 1.0
+            alpha = r * wc
+            beta = -r * r * mean_gwx[k]
+            gamma = -beta * np.float64(stats[0, k]) - r * mean_gw[k]
+            a = x.dtype.type(alpha)
+            b = x.dtype.type(beta)
+            c0 = x.dtype.type(gamma)
+            gr, xr, out = g[n, c], x[n, c], dx[n, c]
+            if training:
+                for s in range(spatial):
+                    out[s] = gr[s] * a + (xr[s] * b + c0)
+            else:
+                for s in range(spatial):
+                    out[s] = gr[s] * a
+
+
+# ---- the row layout: x (R, D) ------------------------------------------------------------------
+
+
+@numba.njit(**_JIT)
+def _row_forward(x, stats, weight, bias, eps, out):  # type: ignore[no-untyped-def]
+    """``weight`` and ``bias`` (D,): ones and zeros where the call has none."""
+    rows, width = x.shape
+    for r in range(rows):
+        mean = np.float64(stats[0, r])
+        scale = 1.0 / math.sqrt(np.float64(stats[1, r]) + eps)
+        a = x.dtype.type(scale)
+        b = x.dtype.type(-mean * scale)
+        row, y = x[r], out[r]
+        for d in range(width):
+            y[d] = (row[d] * a + b) * weight[d] + bias[d]
+
+
+@numba.njit(**_JIT)
+def _row_backward(g, x, stats, w, eps, need_x, dx, dw, db):  # type: ignore[no-untyped-def]
+    """``w`` (D,): ones where the call has no weight."""
+    rows, width = x.shape
+    want_w, want_b = dw.shape[0] > 0, db.shape[0] > 0
+    acc_w = np.zeros(width)
+    acc_b = np.zeros(width)
+    for r in range(rows):
+        mean = np.float64(stats[0, r])
+        rstd = 1.0 / math.sqrt(np.float64(stats[1, r]) + eps)
+        gr, xr = g[r], x[r]
+        if want_b:
+            for d in range(width):
+                acc_b[d] += gr[d]
+        if want_w:
+            for d in range(width):
+                acc_w[d] += np.float64(gr[d]) * ((np.float64(xr[d]) - mean) * rstd)
+        if need_x:
+            sgw, sgwx = _weighted_products(gr, xr, w, mean)
+            mean_gw = sgw / width
+            mean_gwx = sgwx * rstd / width
+            beta = -rstd * rstd * mean_gwx
+            gamma = -beta * mean - rstd * mean_gw
+            a = x.dtype.type(rstd)
+            b = x.dtype.type(beta)
+            c0 = x.dtype.type(gamma)
+            out = dx[r]
+            for d in range(width):
+                out[d] = (gr[d] * w[d]) * a + (xr[d] * b + c0)
+    if want_w:
+        for d in range(width):
+            dw[d] = acc_w[d]
+    if want_b:
+        for d in range(width):
+            db[d] = acc_b[d]
+
+
+# ---- entry points: arrays in their natural shapes ----------------------------------------------
+
+
+def _view(x: np.ndarray, layout: str, dims: int) -> np.ndarray:
+    """``x`` (contiguous) as (N, C, S) for the channel layouts, (R, D) for ``layer``."""
+    if layout == "layer":
+        width = math.prod(x.shape[x.ndim - dims :])
+        return x.reshape(-1, width) if width else x.reshape(x.size, 0)
+    return x.reshape(x.shape[0], x.shape[1], -1) if x.size else x.reshape(*x.shape[:2], 0)
+
+
+def _groups(x: np.ndarray, layout: str, groups: int | None) -> tuple[int, bool]:
+    """(groups, per_sample) of a channel layout."""
+    if layout == "batch":
+        return x.shape[1], False
+    if layout == "instance":
+        return x.shape[1], True
+    return int(groups or 1), True
+
+
+def moment(
+    x: np.ndarray, mean: np.ndarray | None, layout: str, groups: int | None, dims: int
+) -> np.ndarray:
+    """(K,) flat: each statistic's mean of ``x``, or with ``mean`` given its biased variance
+    (about that mean)."""
+    x = np.ascontiguousarray(x)
+    v = _view(x, layout, dims)
+    second = mean is not None
+    if layout == "layer":
+        out = np.empty(v.shape[0], x.dtype)
+        m = np.ascontiguousarray(mean).reshape(-1) if second else out
+        _row_moment(v, m, second, out)
+        return out
+    count, per_sample = _groups(x, layout, groups)
+    out = np.empty(count * x.shape[0] if per_sample else count, x.dtype)
+    m = np.ascontiguousarray(mean).reshape(-1) if second else out
+    _channel_moment(v, count, per_sample, m, second, out)
+    return out
+
+
+def _param(p: np.ndarray | None, dtype: np.dtype) -> np.ndarray:
+    return np.empty(0, dtype) if p is None else np.ascontiguousarray(p, dtype).reshape(-1)
+
+
+def forward(
+    x: np.ndarray,
+    statistics: np.ndarray,
+    weight: np.ndarray | None,
+    bias: np.ndarray | None,
+    layout: str,
+    groups: int | None,
+    dims: int,
+    eps: float,
+) -> np.ndarray:
+    """The normalised ``x`` by ``statistics`` (2 K,: means, then variances), then the affine
+    map."""
+    x = np.ascontiguousarray(x)
+    st = np.ascontiguousarray(statistics).reshape(2, -1)
+    w, b = _param(weight, x.dtype), _param(bias, x.dtype)
+    out = np.empty(x.shape, x.dtype)
+    v, o = _view(x, layout, dims), _view(out, layout, dims)
+    if layout == "layer":
+        width = v.shape[1]
+        w = w if weight is not None else np.ones(width, x.dtype)
+        b = b if bias is not None else np.zeros(width, x.dtype)
+        _row_forward(v, st, w, b, float(eps), o)
+    else:
+        count, per_sample = _groups(x, layout, groups)
+        _channel_forward(
+            v, st, w, b, weight is not None, bias is not None, count, per_sample, float(eps), o
+        )
+    return out
+
+
+def backward(
+    g: np.ndarray,
+    x: np.ndarray,
+    statistics: np.ndarray,
+    weight: np.ndarray | None,
+    layout: str,
+    groups: int | None,
+    dims: int,
+    eps: float,
+    training: bool,
+    need: tuple[bool, bool, bool],
+) -> np.ndarray:
+    """The gradients of ``forward`` for its gradient ``g``, flat: the input's (when
+    ``need[0]``), the weight's (``need[1]``), the bias's (``need[2]``), each in the layout's
+    parameter size (C, or D for ``layer``).  Where only the bias's is wanted, ``x`` and
+    ``statistics`` are not read (they may be empty)."""
+    if not need[0] and not need[1]:
+        rows = _view(np.ascontiguousarray(g), layout, dims)
+        return rows.sum(0 if layout == "layer" else (0, 2), dtype=np.float64).astype(g.dtype)
+    x = np.ascontiguousarray(x)
+    g = np.ascontiguousarray(g, x.dtype)
+    st = np.ascontiguousarray(statistics).reshape(2, -1)
+    params = math.prod(x.shape[x.ndim - dims :]) if layout == "layer" else x.shape[1]
+    sizes = (x.size if need[0] else 0, params if need[1] else 0, params if need[2] else 0)
+    flat = np.empty(sum(sizes), x.dtype)
+    dw = flat[sizes[0] : sizes[0] + sizes[1]]
+    db = flat[sizes[0] + sizes[1] :]
+    w = _param(weight, x.dtype)
+    vg, vx = _view(g, layout, dims), _view(x, layout, dims)
+    if need[0]:
+        vdx = _view(flat[: sizes[0]].reshape(x.shape), layout, dims)
+    else:
+        vdx = np.empty((0,) * vx.ndim, x.dtype)
+    if layout == "layer":
+        w = w if weight is not None else np.ones(vx.shape[1], x.dtype)
+        _row_backward(vg, vx, st, w, float(eps), need[0], vdx, dw, db)
+    else:
+        count, per_sample = _groups(x, layout, groups)
+        _channel_backward(
+            vg, vx, st, w, weight is not None, count, per_sample, float(eps), bool(training),
+            need[0], vdx, dw, db,
+        )  # fmt: skip
+    return flat

@@ -1,0 +1,299 @@
+"""The normalisation layers' fused primitives and their op surface: batch, instance, group and
+layer norm each run as ``norm_stats`` twice (the statistics' means, then their biased
+variances), ``norm`` (the normalisation and affine map by given statistics) and, in backward,
+``norm_backward`` (the input's, weight's and bias's gradients in one kernel).  The kernels are
+numba (``norm_kernels``, loaded on first use).
+
+Why primitives (docs/ARCHITECTURE.md, "Conventions": a primitive where speed needs one): as
+composites of means, differences, squares and products the layers ran about a dozen eager ops
+forward and twice that backward, each a pass over the input; the kernels read it three times
+forward (mean, variance, normalisation) and twice backward.  The statistics are a primitive of their own (not differentiable) so that
+batch and instance norm can move their running statistics towards them; ``norm`` takes them
+as an input, and its rule, knowing that in training they are the input's own statistics
+(``training``), includes their dependence on the input in the input's gradient.
+
+``norm_grads`` is the same backward written in the op surface: the rule uses it where a graph
+of the gradient is wanted (``create_graph``), recomputing the statistics from the input so that
+their dependence on it is differentiated again.
+
+Layouts (the ``layout`` attribute; no size is an attribute, so a compiled graph holds for
+other batch sizes): ``batch`` (per channel over the batch and spatial dims; also every call
+with given statistics: batch norm's and instance norm's running statistics in evaluation),
+``instance`` (per sample and channel), ``group`` (per sample and group of ``groups`` channels),
+``layer`` (per row, over the trailing ``dims`` dims; the weight and bias have those dims'
+shape).  ``fused_norm_runs`` says when the layers use these primitives: CPU tensors of float32
+or float64, one dtype, no forward-AD level; otherwise (CUDA tensors among them) they run their
+composites.
+
+Inside compiled programs (``compile(fn)``, ``compile(model)``, ``compiled_autograd()``) batch,
+instance and group norm call these kernels as externs, and layer norm stays a composite,
+which the compiler fuses into row kernels with its neighbours (``Tracer.prefers_composites``).
+Measured at one thread (docs/codegen.md, "Layers with kernels of their own"): a conv net's
+compiled training step with two BatchNorm2d ran 50 ms with the kernels against 90 ms with the
+composites; ``benchmarks.compiled`` workload B (GELU then LayerNorm on 256x1024) ran its whole
+step in 0.66 ms as a composite against 1.08 ms with the kernels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from ..autograd.forward_state import state as _forward_state
+from ..autograd.tracer import notify_created as _created
+from ..autograd.tracer import state as _tracer_state
+from ..tensor import Tensor
+from ._util import P, apply
+from .registry import primitive, set_meta
+
+__all__ = [
+    "fused_norm_kernels",
+    "fused_norm_runs",
+    "norm",
+    "norm_grads",
+    "norm_stats",
+]
+
+LAYOUTS = ("batch", "instance", "group", "layer")
+
+
+def _kernels():  # type: ignore[no-untyped-def]
+    """The fused kernels (moment, forward, backward), imported on first use."""
+    from .norm_kernels import backward, forward, moment  # numba: not at import
+
+    return SimpleNamespace(moment=moment, forward=forward, backward=backward)
+
+
+@primitive("norm_stats", "opaque", "x mean*", differentiable=False)
+def _norm_stats(x, *mean, layout, groups, dims):  # type: ignore[no-untyped-def]
+    """Each statistic of ``x`` (see the module docstring for the layouts), in the statistics'
+    shape (``_stat_shape``): its mean, or with ``mean`` given its biased variance about that
+    mean.  Two calls rather than one result of both, so that no size of 2 enters a compiled
+    program's key (which tells sizes equal to each other apart: a batch of 2 would need a
+    capture of its own).  Not differentiable: ``norm``'s rule accounts for the statistics'
+    dependence on the input."""
+    out = _kernels().moment(x, mean[0] if mean else None, layout, groups, dims)
+    return out.reshape(_stat_shape(x.shape, layout, groups, dims))
+
+
+@primitive("norm", "opaque", "x mean var weight bias")
+def _norm(x, mean, var, w, b, *, layout, groups, dims, eps, weight, bias, training):  # type: ignore[no-untyped-def]
+    """``(x - mean) / sqrt(var + eps) * w + b`` with each statistic's ``mean`` and ``var``
+    (in the statistics' shape: ``_stat_shape``); ``weight`` / ``bias`` False: the call has
+    none, and ``w`` / ``b`` are empty placeholders (so that the inputs are named, and the rule
+    saves each tensor only for the gradients that need it).  ``training``: the statistics are
+    ``x``'s own (the gradient includes their dependence on ``x``)."""
+    w = w if weight else None
+    b = b if bias else None
+    stats = np.stack([mean.reshape(-1), var.reshape(-1)])
+    return _kernels().forward(x, stats, w, b, layout, groups, dims, eps)
+
+
+@primitive("norm_backward", "opaque", "g operands*", differentiable=False)
+def _norm_backward(g, *operands, layout, groups, dims, eps, training, need, weight):  # type: ignore[no-untyped-def]
+    """The gradients of ``norm`` for its gradient ``g``, flat: the input's, the weight's and
+    the bias's, each where ``need`` says.  ``operands``: the input, the means and the
+    variances where the input's or the weight's gradient is wanted (none for the bias's
+    alone), then the weight when ``weight``.  Not differentiable: the rule computes
+    ``norm_grads`` instead where a graph of the gradient is wanted (``create_graph``)."""
+    if need[0] or need[1]:
+        x, stats = operands[0], np.stack([operands[1].reshape(-1), operands[2].reshape(-1)])
+    else:
+        x, stats = g, None
+    w = operands[-1] if weight else None
+    return _kernels().backward(g, x, stats, w, layout, groups, dims, eps, training, need)
+
+
+def _product(values: Any) -> Any:
+    total = 1
+    for v in values:
+        total = total * v
+    return total
+
+
+def _param_size(shape: tuple, layout: str, dims: int) -> Any:
+    return _product(shape[len(shape) - dims :]) if layout == "layer" else shape[1]
+
+
+def _stats_meta(shapes, dtypes, layout, groups, dims):  # type: ignore[no-untyped-def]
+    return _stat_shape(tuple(shapes[0]), layout, groups, dims), dtypes[0]
+
+
+def _backward_meta(shapes, dtypes, layout, groups, dims, eps, training, need, weight):  # type: ignore[no-untyped-def]
+    shape = shapes[0]
+    params = _param_size(shape, layout, dims)
+    total = (_product(shape) if need[0] else 0) + (params if need[1] else 0)
+    return (total + (params if need[2] else 0),), dtypes[0]
+
+
+set_meta("norm_stats", _stats_meta)
+set_meta(
+    "norm",
+    lambda shapes, dtypes, layout, groups, dims, eps, weight, bias, training: (
+        tuple(shapes[0]),
+        dtypes[0],
+    ),
+)
+set_meta("norm_backward", _backward_meta)
+
+
+# ---- when the layers run the primitives ------------------------------------------------------
+
+
+class _Switch(threading.local):
+    def __init__(self) -> None:
+        self.enabled = True
+
+
+_switch = _Switch()
+
+
+@contextlib.contextmanager
+def fused_norm_kernels(enabled: bool) -> Iterator[None]:
+    """Within the block, batch / instance / group / layer norm on this thread run their fused
+    primitives (``enabled=True``, the default) or their composites (``False``: for comparisons
+    and benchmarks; the results agree to rounding)."""
+    before = _switch.enabled
+    _switch.enabled = bool(enabled)
+    try:
+        yield
+    finally:
+        _switch.enabled = before
+
+
+def fused_norm_runs(x: Tensor, *others: Tensor | None, rows: bool = False) -> bool:
+    """Whether a normalisation of ``x`` with ``others`` (weight, bias, running statistics;
+    None for absent ones) runs the fused primitives: CPU arrays of one dtype, float32 or
+    float64, a non-empty input, no forward-AD level (whose tangents the composites'
+    primitives carry), and ``fused_norm_kernels`` not switched off on this thread.  ``rows``
+    (layer norm): not while a compiler records or captures the call, which fuses the
+    composite into row kernels with its neighbours (``Tracer.prefers_composites``)."""
+    if not _switch.enabled or _forward_state.level is not None:
+        return False
+    if rows:
+        tracer = _tracer_state.tracer
+        if tracer is not None and tracer.prefers_composites:
+            return False
+    data = x._data
+    if type(data) is not np.ndarray or data.dtype not in (np.float32, np.float64) or not data.size:
+        return False
+    for t in others:
+        if t is not None and (type(t._data) is not np.ndarray or t._data.dtype != data.dtype):
+            return False
+    return True
+
+
+# ---- the op surface ------------------------------------------------------------------------------
+
+
+def _stat_shape(shape: tuple, layout: str, groups: int | None, dims: int) -> tuple:
+    """The statistics' shape: the leading dims (layer), (C,) (batch), (N, C) (instance),
+    (N, groups) (group) -- made of the input's sizes, so that a compiled program's key sees no
+    size of its own."""
+    if layout == "layer":
+        return shape[: len(shape) - dims]
+    if layout == "batch":
+        return shape[1:2]
+    if layout == "instance":
+        return shape[:2]
+    return (shape[0], groups)
+
+
+def norm_stats(x: Tensor, layout: str, groups: int | None = None, dims: int = 0) -> tuple:
+    """(mean, var): the ``norm_stats`` primitive twice, in the statistics' shape."""
+    attrs = {"layout": layout, "groups": groups, "dims": dims}
+    mean = apply(P["norm_stats"], (x,), attrs)
+    return mean, apply(P["norm_stats"], (x, mean), attrs)
+
+
+def norm(
+    x: Tensor,
+    mean: Tensor,
+    var: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    layout: str,
+    eps: float,
+    training: bool,
+    groups: int | None = None,
+    dims: int = 0,
+) -> Tensor:
+    """The ``norm`` primitive: ``x`` normalised by ``mean`` and ``var`` (from ``norm_stats``
+    when ``training``, else given ones), then ``* weight + bias`` (either may be None)."""
+    attrs = {
+        "layout": layout,
+        "groups": groups,
+        "dims": dims,
+        "eps": float(eps),
+        "weight": weight is not None,
+        "bias": bias is not None,
+        "training": bool(training),
+    }
+    w = _placeholder(x) if weight is None else weight
+    b = _placeholder(x) if bias is None else bias
+    return apply(P["norm"], (x, mean, var, w, b), attrs)
+
+
+def _placeholder(x: Tensor) -> Tensor:
+    """An empty constant of ``x``'s dtype standing for an absent weight or bias of ``norm``
+    (whose inputs are named, so that its rule saves each tensor only where needed)."""
+    return _created(Tensor._make(np.empty(0, x._data.dtype)))
+
+
+def _reduced_view(x: Tensor, layout: str, groups: int | None, dims: int) -> tuple:
+    """``x`` seen so that each statistic is a reduction over ``reduce`` (kept dims)."""
+    if layout == "layer":
+        return x, tuple(range(x.ndim - dims, x.ndim))
+    if layout == "group":
+        return x.reshape(x.shape[0], groups, -1), (2,)
+    view = x.reshape(x.shape[0], x.shape[1], -1)
+    return view, ((0, 2) if layout == "batch" else (2,))
+
+
+def norm_grads(
+    g: Tensor,
+    x: Tensor,
+    mean: Tensor | None,
+    var: Tensor | None,
+    weight: Tensor | None,
+    attrs: dict,
+    need: tuple[bool, bool, bool],
+) -> tuple:
+    """``norm``'s gradients (input, weight, bias; None where ``need`` is False) in the op
+    surface, differentiable again: in training the statistics are recomputed from ``x``."""
+    layout, groups, dims = attrs["layout"], attrs["groups"], attrs["dims"]
+    eps, training = attrs["eps"], attrs["training"]
+    channel_shape = (1, -1) + (1,) * (x.ndim - 2)
+    xs, reduce = _reduced_view(x, layout, groups, dims)
+    if training:
+        centred = xs - xs.mean(reduce, keepdim=True)
+        rstd = ((centred * centred).mean(reduce, keepdim=True) + eps).rsqrt()
+    else:  # given statistics (batch layout): constants of the graph
+        centred = xs - mean.reshape(1, -1, 1)
+        rstd = (var + eps).rsqrt().reshape(1, -1, 1)
+    xhat = centred * rstd
+    param_dims = tuple(range(x.ndim - dims)) if layout == "layer" else (0, *range(2, x.ndim))
+    gx = gw = gb = None
+    if need[2]:
+        gb = g.sum(param_dims) if param_dims else g
+    if need[1]:
+        full = xhat.reshape(x.shape)
+        gw = (g * full).sum(param_dims) if param_dims else g * full
+        gw = gw.reshape(weight.shape) if weight is not None else gw
+    if need[0]:
+        gwt = g
+        if weight is not None:
+            gwt = g * (weight if layout == "layer" else weight.reshape(channel_shape))
+        gs, _ = _reduced_view(gwt, layout, groups, dims)
+        if training:
+            m1 = gs.mean(reduce, keepdim=True)
+            m2 = (gs * xhat).mean(reduce, keepdim=True)
+            gx = (rstd * (gs - m1 - xhat * m2)).reshape(x.shape)
+        else:
+            gx = (gs * rstd).reshape(x.shape)
+    return gx, gw, gb

@@ -1,0 +1,153 @@
+"""The normalisation, embedding and interpolate kernels (``ops/norms.py``, ``ops/resample.py``,
+``embedding``) with the compilers: eager calls run the fused kernels, compiled programs the
+composites (``Tracer.prefers_composites``), and the two agree -- a whole training step
+(``compile(step)``), a compiled module (``compile(model)``), and a backward compiled by
+``compiled_autograd()`` of a forward that ran eagerly (the rules' kernels then run as externs
+of the captured program).  Values and gradients, with the recordings and captures counted.
+(Compiles run in the foreground: tests/conftest.py sets FUSEGRAD_BACKGROUND_COMPILE=0.)"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+import fusegrad as fg
+from fusegrad import compiler, nn
+
+pytestmark = pytest.mark.usefixtures("fresh_compiler")
+
+
+class _Net(nn.Module):
+    """Every fused layer once: embedding, layer norm, batch norm (running statistics), group
+    norm, instance norm, bilinear upsampling."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 8, padding_idx=0)
+        self.ln = nn.LayerNorm(8)
+        self.bn = nn.BatchNorm2d(2, momentum=None)
+        self.gn = nn.GroupNorm(2, 4)
+        self.inorm = nn.InstanceNorm2d(4, affine=True, track_running_stats=True)
+        self.conv = nn.Conv2d(2, 4, 1)
+        self.up = nn.Upsample(scale_factor=2, mode="bilinear")
+        self.head = nn.Linear(4 * 8 * 8, 3)
+
+    def forward(self, tokens: fg.Tensor) -> fg.Tensor:
+        h = self.ln(self.embed(tokens))  # (N, 8, 8)
+        h = h.reshape(tokens.shape[0], 2, 4, 8).transpose(2, 3)  # (N, 2, 8, 4)
+        h = self.bn(h)
+        h = self.gn(self.conv(h))
+        h = self.inorm(h).tanh()
+        h = self.up(h)[:, :, ::2, ::1]  # (N, 4, 8, 8)
+        return self.head(h.reshape(tokens.shape[0], -1))
+
+
+def _batches(count: int) -> list:
+    rng = np.random.default_rng(3)
+    return [(rng.integers(0, 10, (4, 8)), rng.integers(0, 3, 4)) for _ in range(count)]
+
+
+def _make_step(model: nn.Module) -> Callable:
+    opt = fg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(tokens: fg.Tensor, target: fg.Tensor) -> fg.Tensor:
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(tokens), target)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return step
+
+
+def test_training_step_compiles_and_matches_eager() -> None:
+    fg.manual_seed(0)
+    eager = _Net().double()
+    comp = copy.deepcopy(eager)
+    losses = []
+    for step in (_make_step(eager), fg.compile(_make_step(comp))):
+        losses.append([step(fg.tensor(t), fg.tensor(y)).item() for t, y in _batches(5)])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-9, atol=1e-12)
+    for (name, p), q in zip(comp.named_parameters(), eager.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), 1e-8, 1e-10, name)
+    for (name, b), c in zip(comp.named_buffers(), eager.buffers()):
+        np.testing.assert_allclose(b.numpy(), c.numpy(), 1e-9, 1e-12, err_msg=name)
+    counters = compiler.counters
+    assert not counters.step_breaks, counters.step_breaks
+    assert counters.step_runs >= 3, counters  # replays of one recording
+
+
+def test_compiled_module_matches_eager() -> None:
+    fg.manual_seed(1)
+    eager = _Net().double()
+    comp = fg.compile(copy.deepcopy(eager))
+    for tokens, _ in _batches(3):
+        outs = []
+        for model in (eager, comp):
+            model.zero_grad()
+            out = model(fg.tensor(tokens))
+            (out * out).sum().backward()
+            outs.append([out.detach().numpy()] + [p.grad.numpy() for p in model.parameters()])
+        for a, b in zip(*outs):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_compiled_backward_of_an_eager_forward_runs_the_kernels(dtype: str) -> None:
+    """The forward runs eagerly (fused kernels); ``compiled_autograd()`` captures the rules,
+    whose backward kernels are externs of the program: eager's gradients, one capture."""
+    fg.manual_seed(2)
+    model = _Net().to(getattr(fg, dtype))
+    tokens = fg.tensor(_batches(1)[0][0])
+
+    def grads(compiled: bool) -> list:
+        model.zero_grad()
+        out = model(tokens)
+        loss = (out * out).sum()
+        if compiled:
+            with compiler.compiled_autograd():
+                loss.backward()
+        else:
+            loss.backward()
+        return [p.grad.numpy().copy() for p in model.parameters()]
+
+    want = grads(False)  # (training mode: the batch's statistics, whatever the running ones)
+    for _ in range(3):
+        got = grads(True)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-5 if dtype == "float32" else 1e-10, atol=1e-6)
+    assert compiler.counters.captures == 1, compiler.counters
+    assert compiler.counters.compiled_runs == 3, compiler.counters
+    assert not compiler.counters.fallbacks, compiler.counters
+
+
+def test_compiled_backward_serves_other_batch_sizes() -> None:
+    """The kernels' sizes are not attributes: one capture of the backward (norm_backward,
+    embedding_backward, resample_backward as externs) serves every batch size: the statistics
+    are shaped (N, groups), of the input's sizes.  (Batch sizes chosen so that none equals
+    another size of the graph -- 2 groups, 4 channels, 5, 10 -- which the key tells apart.)"""
+    fg.manual_seed(3)
+    embed, norm = nn.Embedding(11, 5), nn.GroupNorm(2, 4)
+    up = nn.Upsample(scale_factor=2)
+    rng = np.random.default_rng(4)
+    for batch in (3, 7, 9):
+        tokens = fg.tensor(rng.integers(0, 11, (batch, 4)))
+        grads = []
+        for compiled in (False, True):
+            for p in (*embed.parameters(), *norm.parameters()):
+                p.grad = None
+            h = embed(tokens)  # (N, C=4, L=5)
+            out = up(norm(h)).tanh().sum()
+            if compiled:
+                with compiler.compiled_autograd():
+                    out.backward()
+            else:
+                out.backward()
+            grads.append([p.grad.numpy().copy() for p in (*embed.parameters(), *norm.parameters())])
+        for a, b in zip(*grads):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert compiler.counters.captures == 1, compiler.counters
+    assert compiler.counters.compiled_runs == 3, compiler.counters
