@@ -344,6 +344,11 @@ class Recorder(Tracer):
         self.writes: dict[int, list] = {}  # program input index -> [final value, bumps]
         self.prefix: list = []
         self.suffix: list = []
+        # the memory (root arrays' ids) the suffix calls write: an optimizer's parameters and
+        # state; None once a call whose writes are unknown is in it.  Tensor ops after the
+        # suffix that read none of it are recorded (the program computes them before the
+        # calls run: the same values), anything else after it stops the recording
+        self.suffix_writes: set[int] | None = set()
         self.started = False  # a tensor op was recorded
         self.pending: list = []  # host reads not yet known to be harmless: (result, what, line)
         # the recorded function's code, and per host read the line of its own statement that
@@ -371,16 +376,17 @@ class Recorder(Tracer):
         if self.broken is None:
             self.broken = reason
 
-    def event(self) -> None:
+    def event(self, reading: bool = False) -> None:
         """A tensor op is about to be recorded: fine unless Python read values before it or the
-        optimizer already stepped."""
+        optimizer already stepped (``reading``: an op that only reads tensors, which may follow
+        an optimizer's step when it reads nothing the step writes: ``after_suffix``)."""
         if self.pending:
             _, what, line, _ = self.pending[0]
             self.break_site = self.read_sites[0]
             raise StepBreak(
                 f"Python read a tensor's value ({what}) at {line}, and tensor ops follow"
             )
-        if self.suffix:
+        if self.suffix and (self.suffix_writes is None or not reading):
             owner, fn = self.suffix[0][0], self.suffix[0][1]
             raise StepBreak(
                 f"a tensor op at {_user_line()} after {type(owner).__name__}.{fn.__name__}() "
@@ -454,7 +460,9 @@ class Recorder(Tracer):
     def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
         if self.broken is None:
             try:
-                self.event()
+                self.event(reading=True)
+                if self.suffix:
+                    self.after_suffix(inputs)
             except StepBreak as e:
                 self.stop(str(e))
         out = self.delegate.apply(prim, inputs, attrs)
@@ -502,7 +510,7 @@ class Recorder(Tracer):
         if self.broken is not None or (device is not None and str(device) != "cpu"):
             return NotImplemented
         try:
-            self.event()
+            self.event(reading=True)  # (a new tensor: reads nothing an optimizer writes)
         except StepBreak as e:
             self.stop(str(e))
             return NotImplemented
@@ -514,7 +522,7 @@ class Recorder(Tracer):
         if self.broken is not None:
             return
         try:
-            self.event()
+            self.event(reading=True)  # (a new tensor: reads nothing an optimizer writes)
             if type(t._data) is CudaArray:
                 raise StepBreak(_CUDA)
             if t._requires_grad:
@@ -570,7 +578,24 @@ class Recorder(Tracer):
         if self.broken is None and _literal_at_call(data):
             self.created(t, None)
 
+    def after_suffix(self, inputs: Sequence[Tensor]) -> None:
+        """An op after the suffix's calls: it must not read what they write (the program runs
+        before them)."""
+        writes = self.suffix_writes or set()
+        for t in inputs:
+            if type(t._data) is not CudaArray and id(self._root(t._data)) in writes:
+                owner, fn = self.suffix[0][0], self.suffix[0][1]
+                raise StepBreak(
+                    f"a tensor op at {_user_line()} after {type(owner).__name__}."
+                    f"{fn.__name__}() reads {_describe(t)}, which that call updates"
+                )
+
     def host_read(self, t: Tensor, what: str, result: Any = None) -> None:
+        if self.broken is None and self.suffix:
+            try:
+                self.after_suffix((t,))
+            except StepBreak as e:
+                self.stop(str(e))
         if self.broken is None:
             found = self.values.get(id(t._data))
             value = found[0] if found is not None and found[2] == t._version_counter.value else None
@@ -650,9 +675,28 @@ class Recorder(Tracer):
         # zero_grad touches only ``.grad``, which recorded ops never read (reading it stops the
         # recording): before any backward it is replayed before the program
         early = not self.started or (fn.__name__ == "zero_grad" and not self.backwards)
-        (self.prefix if early and not self.suffix else self.suffix).append(call)
+        if early and not self.suffix:
+            self.prefix.append(call)
+        else:
+            self.suffix.append(call)
+            self.note_writes(owner)
         with tracing(None):  # its own ops are not recorded: it is replayed as a call
             return fn(owner, *args, **kwargs)
+
+    def note_writes(self, owner: Any) -> None:
+        """What a call put in the suffix writes (``suffix_writes``)."""
+        if self.suffix_writes is None:
+            return
+        if not isinstance(owner, Optimizer):
+            self.suffix_writes = None
+            return
+        tensors = [p for group in owner.param_groups for p in group["params"]]
+        tensors += [
+            v for state in owner.state.values() for v in state.values() if isinstance(v, Tensor)
+        ]
+        for t in tensors:
+            if type(t._data) is not CudaArray:
+                self.suffix_writes.add(id(self._root(t._data)))
 
     def backward(
         self,

@@ -175,3 +175,36 @@ def test_ops_after_the_step_stop_the_recording_unless_per_parameter() -> None:
         assert reasons == (["after SGD.step()"] if breaks else []) or (
             breaks and len(reasons) == 1 and "after SGD.step()" in reasons[0]
         ), reasons
+
+
+def test_ops_after_the_step_that_read_nothing_it_updates_stay_in_the_recording() -> None:
+    """Metrics computed after ``step()`` from values made before it (the loss, predictions)
+    are recorded: the program computes them before the update runs, with the same values."""
+    compiler.reset()
+    model = _model(fg.float64)
+    opt = fg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    eager_model = _model(fg.float64)
+    eager_model.load_state_dict(model.state_dict())
+    eager_opt = fg.optim.SGD(eager_model.parameters(), lr=0.1, momentum=0.9)
+
+    def make(m: Any, o: Any) -> Any:
+        def step(x: fg.Tensor) -> tuple:
+            o.zero_grad()
+            out = m(x)
+            loss = out.square().mean()
+            loss.backward()
+            o.step()
+            return loss.detach() * 2.0, (out > 0).double().mean()  # after the update
+
+        return step
+
+    fn, eager = fg.compile(make(model, opt)), make(eager_model, eager_opt)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        x = fg.tensor(rng.standard_normal((4, 3)))
+        got, want = fn(x), eager(x)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-12)
+    for p, q in zip(model.parameters(), eager_model.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-12)
+    assert not compiler.counters.step_breaks and compiler.counters.step_runs == 3
