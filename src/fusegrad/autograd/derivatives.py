@@ -32,6 +32,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import ops as F
 from ..errors import AutogradError
+from ..ops.convolution import convolution_grads, max_pool_grad
 from ..ops.recurrent import rnn_sequence_grads
 from ..ops.registry import vjp
 from ..ops.spectral import dual_norm
@@ -572,6 +573,61 @@ def _attention(node, g, q, k, v, out, *mask):
     return (dq if need[0] else None, dk if need[1] else None, dv if need[2] else None) + (
         None,
     ) * len(mask)
+
+
+@vjp("convolution", save={"x": "w", "w": "x"})
+def _convolution(node, g, x, w):
+    """The kernels' gradients (``convolution_backward_input`` / ``_weight``: im2col and BLAS);
+    where a graph of the gradient is wanted (grad mode on: ``create_graph``), the same
+    products in the op surface (``ops.convolution.convolution_grads``), which differentiate
+    again.  The input is saved only for the weight's gradient, the weight only for the
+    input's."""
+    attrs = node.attrs
+    need = node.needs_input_grad
+    geometry = {
+        "stride": attrs["stride"],
+        "padding": attrs["padding"],
+        "dilation": attrs["dilation"],
+        "groups": attrs["groups"],
+        "transposed": attrs["transposed"],
+    }
+    x_shape, w_shape = node.input_shapes[0], node.input_shapes[1]
+    if is_grad_enabled():
+        gx, gw = convolution_grads(g, x, w, need[0], need[1], x_shape, w_shape, **geometry)
+    else:
+        gx = gw = None
+        if need[0]:
+            prim = F.REGISTRY["convolution_backward_input"]
+            gx = F.apply(prim, (g, w), {"sizes": tuple(x_shape[2:]), **geometry})
+        if need[1]:
+            prim = F.REGISTRY["convolution_backward_weight"]
+            gw = F.apply(prim, (g, x), {"kernel": tuple(w_shape[2:]), **geometry})
+    if len(need) == 2:
+        return gx, gw
+    gb = g.sum((0, *range(2, g.ndim))) if need[2] else None
+    return gx, gw, gb
+
+
+@vjp("pool", save="x")
+def _pool(node, g, x):
+    """Max pooling: ``g`` added where each window's maximum is (``max_pool_backward``, found
+    again from the saved input; a scatter-add to ``pool_index``'s positions in the op surface
+    where a graph of the gradient is wanted).  Average pooling: ``avg_pool_backward``, itself
+    differentiable."""
+    window = node.attrs["window"]
+    if node.attrs["mode"] == "avg":
+        sizes = tuple(node.input_shapes[0][2:])
+        return (F.apply(F.REGISTRY["avg_pool_backward"], (g,), {"window": window, "sizes": sizes}),)
+    if is_grad_enabled():
+        return (max_pool_grad(g, x, window),)
+    return (F.apply(F.REGISTRY["max_pool_backward"], (g, x), {"window": window}),)
+
+
+@vjp("avg_pool_backward")
+def _avg_pool_backward(node, g):
+    """Linear in its input, whose gradient is the transpose of the transpose: the pooling."""
+    window = node.attrs["window"]
+    return (F.apply(F.REGISTRY["pool"], (g,), {"mode": "avg", "window": window}),)
 
 
 @vjp("rnn_sequence", save="w_hh h0 out state*")

@@ -174,6 +174,18 @@ UNSUPPORTED["rnn_sequence"] = (
     "never meets the fused kernel"
 )
 
+UNSUPPORTED["convolution"] = (
+    "convolutions run their composite (im2col and a matmul) while a dual level is active, so "
+    "forward AD never meets the kernel"
+)
+UNSUPPORTED["pool"] = (
+    "pooling runs its composite (windows and a max or mean) while a dual level is active, so "
+    "forward AD never meets the kernel"
+)
+UNSUPPORTED["avg_pool_backward"] = (
+    "the average pooling kernel's backward: forward AD never meets the kernel (see pool)"
+)
+
 
 def _zero_tangent(p, t, out, attrs):
     """Piecewise-constant ops: a zero tangent (PyTorch gives zeros, not None)."""

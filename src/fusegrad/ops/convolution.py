@@ -38,7 +38,7 @@ from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import notify_host_read as _read
 from ..errors import ShapeError, describe
 from ..tensor import Tensor
-from ._util import to_tensor
+from ._util import P, apply, to_tensor
 from .creation import rand, zeros
 from .elementwise import relu, sign
 from .generated import abs, mul
@@ -65,6 +65,48 @@ def _records(*tensors: Tensor | None) -> bool:
     if not _grad_mode.is_grad_enabled() or _forward_state.level is not None:
         return False
     return builtins.any(t is not None and t.requires_grad for t in tensors)
+
+
+def kernel_ok(*tensors: Tensor | None) -> bool:
+    """Whether a call on ``tensors`` runs the convolution and pooling primitives (``convolution``,
+    ``pool``: one kernel each, ``ops/conv_kernels.py``) rather than the composites: CPU tensors
+    of one dtype, float32 or float64, and no forward-AD level (whose tangents come from the
+    composites' primitives).  CUDA tensors and other dtypes run the composites."""
+    if _forward_state.level is not None:
+        return False
+    first = tensors[0]
+    if first is None or first.dtype not in (_dt.float32, _dt.float64):
+        return False
+    for t in tensors:
+        if t is not None and (t.dtype is not first.dtype or t.device.type != "cpu"):
+            return False
+    return True
+
+
+def _check_windows(
+    op: str,
+    x: Tensor,
+    kernel: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    ceil_mode: bool = False,
+) -> tuple:
+    """The window counts of ``x`` (N, C, *spatial), or the error ``windows`` raises when there
+    is none."""
+    n = len(kernel)
+    sizes = tuple(x.shape[2:])
+    outs = tuple(
+        out_size(sizes[i], kernel[i], stride[i], padding[i], dilation[i], ceil_mode)
+        for i in range(n)
+    )
+    if builtins.any(o <= 0 for o in outs):
+        raise ShapeError(
+            f"{op}: input {describe(x)} is too small for kernel {tuple(kernel)} with padding "
+            f"{tuple(padding)}, stride {tuple(stride)}, dilation {tuple(dilation)} (output "
+            f"would be {'x'.join(map(str, outs))})"
+        )
+    return outs
 
 
 # ---- arguments -----------------------------------------------------------------------------
@@ -381,6 +423,17 @@ def convolution(
             f"of size {list(b.shape)} instead"
         )
     geometry = (s, p, d, groups, op)
+    if kernel_ok(x, w, b):
+        _check_windows(op, x, tuple(w.shape[2:]), s, p, d)
+        attrs = {
+            "stride": s,
+            "padding": p,
+            "dilation": d,
+            "groups": groups,
+            "transposed": False,
+            "output_padding": (0,) * n,
+        }
+        return apply(P["convolution"], (x, w) if b is None else (x, w, b), attrs)
     if _records(x, w, b):
         return _native.Convolution.apply(x, w, b, *geometry)
     return conv_columns(x, w, b, *geometry)
@@ -409,6 +462,58 @@ def conv_columns(
     if bias is not None:
         out = out + bias.reshape(1, out_c, *((1,) * n))
     return out
+
+
+def convolution_grads(
+    g: Tensor,
+    x: Tensor | None,
+    w: Tensor | None,
+    need_x: bool,
+    need_w: bool,
+    x_shape: tuple,
+    w_shape: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+    transposed: bool,
+) -> tuple[Tensor | None, Tensor | None]:
+    """The input's and the weight's gradients of the ``convolution`` primitive for the gradient
+    ``g`` of its output, in the op surface (im2col by strided slices, col2im by slice-adds,
+    matmuls): what its derivative rule computes where a graph of the gradient is wanted, so
+    that the gradients differentiate again.  ``x`` is needed for the weight's gradient only,
+    ``w`` for the input's."""
+    n = len(stride)
+    kernel = tuple(w_shape[2:])
+    batch = g.shape[0]
+    gx = gw = None
+    if not transposed:
+        out_c = w_shape[0]
+        g_mat = g.reshape(batch, groups, out_c // groups, math.prod(g.shape[2:]))
+        if need_x:
+            w_mat = w.reshape(groups, out_c // groups, -1)
+            gx = col2im(w_mat.mT @ g_mat, (batch, *x_shape[1:]), kernel, stride, padding, dilation)
+        if need_w:
+            win = windows(x, kernel, stride, padding, dilation, 0.0)
+            cols = win.reshape(batch, groups, -1, math.prod(g.shape[2:]))
+            gw = (g_mat @ cols.mT).sum(0).reshape(w_shape)
+        return gx, gw
+    # y = conv^T(x): x's gradient is the convolution of g (its first x-sized windows: an
+    # output_padding row at the end is read by no window), w's is x times g's columns
+    sizes = tuple(x_shape[2:])
+    crop = (slice(None), slice(None)) + tuple(slice(0, v) for v in sizes)
+    if need_x:
+        gx = conv_columns(g, w, None, stride, padding, dilation, groups, "conv_transpose")
+        if tuple(gx.shape[2:]) != sizes:
+            gx = gx[crop]
+    if need_w:
+        win = windows(g, kernel, stride, padding, dilation, 0.0)
+        if tuple(win.shape[2 + n :]) != sizes:
+            win = win[(slice(None),) * (2 + n) + crop[2:]]
+        cols = win.reshape(batch, groups, -1, math.prod(sizes))
+        x_mat = x.reshape(batch, groups, x_shape[1] // groups, math.prod(sizes))
+        gw = (x_mat @ cols.mT).sum(0).reshape(w_shape)
+    return gx, gw
 
 
 def conv_transpose(
@@ -488,6 +593,17 @@ def conv_transpose(
             f"{op}: input {describe(x)} with kernel {kernel}, stride {s}, padding {p} and "
             f"dilation {d} gives an empty output ({'x'.join(map(str, sizes))})"
         )
+    b = None if bias is None else to_tensor(bias)
+    if kernel_ok(x, w, b):
+        attrs = {
+            "stride": s,
+            "padding": p,
+            "dilation": d,
+            "groups": groups,
+            "transposed": True,
+            "output_padding": op_,
+        }
+        return apply(P["convolution"], (x, w) if b is None else (x, w, b), attrs)
     spread = x
     for i in range(n):
         spread = _dilate(spread, 2 + i, s[i])
@@ -559,6 +675,16 @@ def max_pool(
                 f"{op}: pad should be at most half of effective kernel size, but got "
                 f"pad={p[i]}, kernel_size={k[i]} and dilation={d[i]}"
             )
+    if kernel_ok(x):
+        _check_windows(op, x, k, s, p, d, ceil_mode)
+        window = ("fixed", k, s, p, d, bool(ceil_mode), False, None)
+        values = apply(P["pool"], (x,), {"mode": "max", "window": window})
+        _name_node(values, f"MaxPool{n}DWithIndicesBackward0")
+        indices = apply(P["pool_index"], (x,), {"window": window}) if return_indices else None
+        if unbatched:
+            values = values.squeeze(0)
+            indices = None if indices is None else indices.squeeze(0)
+        return (values, indices) if return_indices else values
     win = windows(x, k, s, p, d, _lowest(x.dtype), ceil_mode, op=op)
     outs = tuple(win.shape[2 + n :])
     flat = win.reshape(x.shape[0], x.shape[1], math.prod(k), *outs)
@@ -623,6 +749,20 @@ def avg_pool(
             )
     if divisor_override is not None and divisor_override == 0:
         raise ShapeError(f"{op}: divisor must be not zero")
+    if kernel_ok(x):
+        _check_windows(op, x, k, s, p, (1,) * n, ceil_mode)
+        window = (
+            "fixed",
+            k,
+            s,
+            p,
+            (1,) * n,
+            bool(ceil_mode),
+            bool(count_include_pad),
+            None if divisor_override is None else int(divisor_override),
+        )
+        out = apply(P["pool"], (x,), {"mode": "avg", "window": window})
+        return out.squeeze(0) if unbatched else out
     win = windows(x, k, s, p, (1,) * n, 0.0, ceil_mode, op=op)
     outs = tuple(win.shape[2 + n :])
     total = sum(win.reshape(x.shape[0], x.shape[1], math.prod(k), *outs), 2)
@@ -793,6 +933,8 @@ def adaptive_max_pool(
                 f"{op}(): Expected input to have non-zero size for non-batch dimensions, but "
                 f"input has sizes {list(to_tensor(input).shape)} with an empty dimension"
             )
+    if kernel_ok(x):
+        return adaptive_pool(to_tensor(input), n, sizes, "max", return_indices)
     positions = []
     for i in range(n):
         length, out = x.shape[2 + i], sizes[i]
@@ -809,6 +951,35 @@ def adaptive_max_pool(
         indices = None if indices is None else indices.squeeze(0)
     _name_node(best, f"AdaptiveMaxPool{n}DBackward0")
     return (best, indices) if return_indices else best
+
+
+def adaptive_pool(x: Tensor, n: int, sizes: tuple, mode: str, return_indices: bool) -> Any:
+    """Adaptive max or average pooling of ``x`` (N, C, *spatial) or (C, *spatial) to
+    ``sizes`` by the ``pool`` primitive (callers check ``kernel_ok`` and the arguments), with
+    max pooling's indices where asked."""
+    unbatched = x.ndim == n + 1
+    if unbatched:
+        x = x.unsqueeze(0)
+    window = ("adaptive", tuple(int(v) for v in sizes))
+    values = apply(P["pool"], (x,), {"mode": mode, "window": window})
+    if mode == "max":
+        _name_node(values, f"AdaptiveMaxPool{n}DBackward0")
+    indices = apply(P["pool_index"], (x,), {"window": window}) if return_indices else None
+    if unbatched:
+        values = values.squeeze(0)
+        indices = None if indices is None else indices.squeeze(0)
+    return (values, indices) if return_indices else values
+
+
+def max_pool_grad(g: Tensor, x: Tensor, window: tuple) -> Tensor:
+    """Max pooling's input gradient in the op surface: ``g`` scattered (added) to the position
+    of each window's maximum (``pool_index``), so that it differentiates again (the ``pool``
+    rule's ``create_graph`` form)."""
+    batch, channels = x.shape[0], x.shape[1]
+    index = apply(P["pool_index"], (x,), {"window": window})
+    flat = zeros(batch, channels, math.prod(x.shape[2:]), dtype=g.dtype, device=g.device)
+    total = flat.scatter_add(2, index.reshape(batch, channels, -1), g.reshape(batch, channels, -1))
+    return total.reshape(x.shape)
 
 
 def _fractional_starts(sample: np.ndarray, length: int, out: int, k: int) -> np.ndarray:

@@ -1,0 +1,453 @@
+"""CPU kernels of the convolution primitives (``convolution``, ``convolution_backward_input``,
+``convolution_backward_weight`` in ``ops/primitives.py``): numpy arrays in, numpy arrays out.
+
+Every kernel is im2col plus BLAS, over 1, 2 or 3 spatial dims and any groups:
+
+* im2col reads every kernel window of the zero-padded input as one strided view
+  (``as_strided``: (N, C, *kernel, *out), the kernel offsets stepping by ``dilation``, the
+  windows by ``stride``) and copies it once into a contiguous (N, groups, C / groups * taps,
+  out) block; a 1x1 kernel with unit stride and no padding is the input itself, no copy;
+* the forward is one (batched over samples, grouped) ``matmul`` of the (groups, O / groups,
+  C / groups * taps) weight with those columns, plus the bias;
+* the input's gradient is the columns' gradient ``W^T g`` (one matmul) put back where each
+  column was read (col2im): one strided slice-add per kernel offset into a zero-padded buffer,
+  whose padding is then cropped;
+* the weight's gradient is ``g`` times the columns, transposed (one matmul per sample and
+  group, summed over samples).
+
+The transposed convolution is the convolution's adjoint, so it runs the same three kernels
+with the roles swapped: its forward is ``backward_input``, its input's gradient is the
+forward (of ``g``), its weight's gradient is ``backward_weight`` with the input and ``g``
+exchanged.  Each kernel takes the output's spatial size explicitly, so a transposed
+convolution's ``output_padding`` (which can leave rows that no window reads) needs no case of
+its own.
+
+Why im2col and not direct loops: at the shapes of real conv nets (``python -m
+benchmarks.conv``) the time is in the products, and BLAS does them several times faster than a
+loop nest can (a 64-channel 3x3 layer is a (64, 576) by (576, L) product); direct numba loops
+only win where there are no products to speak of, a depthwise or single-channel kernel, and
+those layers are cheap either way.  The figures are in ``docs/conv.md``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+
+def _padded(x: np.ndarray, padding: tuple) -> np.ndarray:
+    """``x`` (N, C, *spatial) with ``padding[i]`` zeros on both sides of spatial dim i."""
+    if not any(padding):
+        return x
+    return np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
+
+
+def _window_view(
+    x: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple, outs: tuple
+) -> np.ndarray:
+    """Every kernel window of ``x`` (N, C, *spatial) as a strided view (N, C, *kernel, *outs)."""
+    n = len(kernel)
+    spatial = x.strides[2:]
+    shape = x.shape[:2] + tuple(kernel) + tuple(outs)
+    strides = (
+        x.strides[:2]
+        + tuple(spatial[i] * dilation[i] for i in range(n))
+        + tuple(spatial[i] * stride[i] for i in range(n))
+    )
+    return as_strided(x, shape, strides, writeable=False)
+
+
+def _columns(
+    x: np.ndarray,
+    kernel: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+    outs: tuple,
+) -> np.ndarray:
+    """im2col: (N, groups, C / groups * taps, prod(outs)), a view where no copy is needed."""
+    batch, channels = x.shape[0], x.shape[1]
+    length = math.prod(outs)
+    rows = channels // groups * math.prod(kernel)
+    unit = all(k == 1 for k in kernel) and all(s == 1 for s in stride) and not any(padding)
+    if unit and tuple(x.shape[2:]) == tuple(outs):
+        return np.ascontiguousarray(x).reshape(batch, groups, rows, length)
+    view = _window_view(_padded(x, padding), kernel, stride, dilation, outs)
+    return np.ascontiguousarray(view).reshape(batch, groups, rows, length)
+
+
+def _col2im(
+    cols: np.ndarray,
+    sizes: tuple,
+    kernel: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    outs: tuple,
+) -> np.ndarray:
+    """The transpose of im2col: ``cols`` (N, C, *kernel, *outs) summed into (N, C, *sizes),
+    each window's elements added where im2col read them (padding cropped).  One loop kernel
+    (``pool_kernels.col2im``): a slice-add per kernel offset in numpy took as long as the
+    matrix product before it (14.6 ms against 18 ms at 64 x 32 x 26 x 26, 3x3)."""
+    from . import pool_kernels  # numba: on first use only
+
+    n = len(kernel)
+    batch, channels = cols.shape[0], cols.shape[1]
+    full = [sizes[i] + 2 * padding[i] for i in range(n)]
+    # a window may reach past the padded input where a transposed convolution's
+    # output_padding adds rows at the end: grow the buffer to hold every write
+    full = [
+        max(full[i], (outs[i] - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1)
+        for i in range(n)
+    ]
+    lift = (1,) * (3 - n)
+    out = np.zeros((batch * channels, *lift, *full), cols.dtype)
+    flat = np.ascontiguousarray(cols).reshape(batch * channels, *lift, *kernel, *lift, *outs)
+    pool_kernels.col2im(
+        flat,
+        out,
+        np.array(lift + tuple(kernel), np.int64),
+        np.array(lift + tuple(stride), np.int64),
+        np.array(lift + tuple(dilation), np.int64),
+    )
+    out = out.reshape(batch, channels, *full)
+    if any(padding) or full != list(sizes):
+        lead = (slice(None), slice(None))
+        out = out[lead + tuple(slice(padding[i], padding[i] + sizes[i]) for i in range(n))]
+        out = np.ascontiguousarray(out)
+    return out
+
+
+def conv_forward(
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+    outs: tuple,
+) -> np.ndarray:
+    """Cross-correlation of ``x`` (N, C, *spatial) by ``w`` (O, C / groups, *kernel): (N, O,
+    *outs), plus ``bias`` (O,)."""
+    batch, out_c = x.shape[0], w.shape[0]
+    kernel = tuple(w.shape[2:])
+    cols = _columns(x, kernel, stride, padding, dilation, groups, outs)
+    wmat = w.reshape(groups, out_c // groups, -1)
+    out = np.matmul(wmat, cols).reshape(batch, out_c, *outs)
+    if bias is not None:
+        out += bias.reshape((1, out_c) + (1,) * len(outs))
+    return out
+
+
+def conv_backward_input(
+    g: np.ndarray,
+    w: np.ndarray,
+    sizes: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+) -> np.ndarray:
+    """The input's gradient of ``conv_forward`` for the gradient ``g`` (N, O, *outs) of its
+    output: (N, C, *sizes)."""
+    batch, out_c = g.shape[0], w.shape[0]
+    kernel, outs = tuple(w.shape[2:]), tuple(g.shape[2:])
+    channels = w.shape[1] * groups
+    gmat = np.ascontiguousarray(g).reshape(batch, groups, out_c // groups, -1)
+    wmat = w.reshape(groups, out_c // groups, -1)
+    cols = np.matmul(wmat.transpose(0, 2, 1), gmat)  # (N, groups, C / groups * taps, L)
+    cols = cols.reshape(batch, channels, *kernel, *outs)
+    return _col2im(cols, sizes, kernel, stride, padding, dilation, outs)
+
+
+def conv_backward_weight(
+    g: np.ndarray,
+    x: np.ndarray,
+    kernel: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+) -> np.ndarray:
+    """The weight's gradient of ``conv_forward`` for the gradient ``g`` (N, O, *outs) of its
+    output and its input ``x`` (N, C, *spatial): (O, C / groups, *kernel).  The columns are
+    laid out channel-major, (C * taps, N * L), so that each group's gradient is one product
+    over every sample at once (one product per sample, summed, took 5% longer and a
+    (N, O, C * taps) buffer; ``einsum`` twice as long)."""
+    batch, out_c, channels = g.shape[0], g.shape[1], x.shape[1]
+    outs = tuple(g.shape[2:])
+    n = len(kernel)
+    view = _window_view(_padded(x, padding), kernel, stride, dilation, outs)
+    # (N, C, *kernel, *outs) -> (C, *kernel, N, *outs)
+    order = (1, *range(2, 2 + n), 0, *range(2 + n, 2 + 2 * n))
+    cols = np.ascontiguousarray(view.transpose(order)).reshape(groups, -1, batch * math.prod(outs))
+    gmat = np.ascontiguousarray(np.moveaxis(g, 1, 0)).reshape(groups, out_c // groups, -1)
+    total = np.matmul(gmat, cols.transpose(0, 2, 1))
+    return total.reshape(out_c, channels // groups, *kernel)
+
+
+def out_sizes(sizes: tuple, kernel: tuple, stride: tuple, padding: tuple, dilation: tuple) -> tuple:
+    """A convolution's output sizes."""
+    return tuple(
+        (sizes[i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1
+        for i in range(len(kernel))
+    )
+
+
+def transpose_sizes(
+    sizes: tuple,
+    kernel: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    output_padding: tuple,
+) -> tuple:
+    """A transposed convolution's output sizes."""
+    return tuple(
+        (sizes[i] - 1) * stride[i]
+        - 2 * padding[i]
+        + dilation[i] * (kernel[i] - 1)
+        + output_padding[i]
+        + 1
+        for i in range(len(kernel))
+    )
+
+
+# ---- the primitives' kernels: one convolution primitive, transposed or not ------------------
+
+
+def convolution(
+    x: np.ndarray,
+    w: np.ndarray,
+    *bias: np.ndarray,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+    transposed: bool,
+    output_padding: tuple,
+) -> np.ndarray:
+    """The ``convolution`` primitive: (N, C, *spatial) by ``w``, (O, C / groups, *kernel) or,
+    ``transposed``, (C, O / groups, *kernel)."""
+    kernel = tuple(w.shape[2:])
+    sizes = tuple(x.shape[2:])
+    b = bias[0] if bias else None
+    if not transposed:
+        outs = out_sizes(sizes, kernel, stride, padding, dilation)
+        return conv_forward(x, w, b, stride, padding, dilation, groups, outs)
+    outs = transpose_sizes(sizes, kernel, stride, padding, dilation, output_padding)
+    out = conv_backward_input(x, w, outs, stride, padding, dilation, groups)
+    if b is not None:
+        out += b.reshape((1, -1) + (1,) * len(kernel))
+    return out
+
+
+def convolution_backward_input(
+    g: np.ndarray,
+    w: np.ndarray,
+    *,
+    sizes: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+    transposed: bool,
+) -> np.ndarray:
+    """The input's gradient of ``convolution`` (input spatial sizes ``sizes``)."""
+    if not transposed:
+        return conv_backward_input(g, w, sizes, stride, padding, dilation, groups)
+    return conv_forward(g, w, None, stride, padding, dilation, groups, sizes)
+
+
+def convolution_backward_weight(
+    g: np.ndarray,
+    x: np.ndarray,
+    *,
+    kernel: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+    transposed: bool,
+) -> np.ndarray:
+    """The weight's gradient of ``convolution`` (its kernel's sizes ``kernel``)."""
+    if not transposed:
+        return conv_backward_weight(g, x, kernel, stride, padding, dilation, groups)
+    # the transposed convolution y = conv^T(x): its weight meets x as a convolution's output
+    # gradient meets the convolution's input, here g
+    return conv_backward_weight(x, g, kernel, stride, padding, dilation, groups)
+
+
+# ---- pooling: window tables, and the pooling primitives' kernels ----------------------------
+# A pooling primitive's ``window`` attribute says which windows it reads:
+#   ("fixed", kernel, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override)
+#   ("adaptive", output_size)
+# (count_include_pad and divisor_override matter to average pooling only).
+
+
+def pool_out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """How many windows of kernel ``k``, stride ``s``, padding ``p`` and dilation ``d`` a dim
+    of ``size`` holds (PyTorch's rule: with ``ceil_mode`` the last window must start inside the
+    input or its left padding)."""
+    span = size + 2 * p - d * (k - 1) - 1
+    count = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (count - 1) * s >= size + p:
+        count -= 1
+    return count
+
+
+def pool_out_sizes(window: tuple, sizes: tuple) -> tuple:
+    """The output's spatial sizes of a pooling primitive over input sizes ``sizes``."""
+    if window[0] == "adaptive":
+        return tuple(window[1])
+    _, kernel, stride, padding, dilation, ceil_mode = window[:6]
+    return tuple(
+        pool_out_size(sizes[i], kernel[i], stride[i], padding[i], dilation[i], ceil_mode)
+        for i in range(len(kernel))
+    )
+
+
+def _tables(window: tuple, sizes: tuple) -> tuple[list, list, list]:
+    """Per spatial dim: the first and past-the-last input positions each output reads (int64
+    arrays, clipped to the input) and the step between them."""
+    los, his, steps = [], [], []
+    outs = pool_out_sizes(window, sizes)
+    for i, size in enumerate(sizes):
+        o = np.arange(outs[i], dtype=np.int64)
+        if window[0] == "adaptive":
+            lo = (o * size) // outs[i]
+            hi = -((-(o + 1) * size) // outs[i])
+            step = 1
+        else:
+            k, s, p, d = window[1][i], window[2][i], window[3][i], window[4][i]
+            start = o * s - p
+            # the first offset a with start + a d >= 0
+            lo = start + (-(np.minimum(start, 0)) + d - 1) // d * d
+            hi = np.minimum(start + (k - 1) * d + 1, size)
+            step = d
+        los.append(lo)
+        his.append(np.maximum(hi, lo))
+        steps.append(step)
+    return los, his, steps
+
+
+def _divisor(window: tuple, sizes: tuple, los: list, his: list) -> np.ndarray:
+    """Average pooling's divisor per output (O0, O1, O2): PyTorch's rule (the window inside
+    the padded input, or inside the input without ``count_include_pad``; a ``ceil_mode``
+    window hanging over the end counts only what it covers)."""
+    per_dim = []
+    if window[0] == "adaptive":
+        per_dim = [(his[i] - los[i]).astype(np.float64) for i in range(len(sizes))]
+    else:
+        _, kernel, stride, padding, _, _, include_pad, override = window
+        if override:
+            shape = tuple(len(lo) for lo in los)
+            return np.full((1,) * (3 - len(shape)) + shape, float(override))
+        for i, size in enumerate(sizes):
+            start = np.arange(len(los[i]), dtype=np.int64) * stride[i] - padding[i]
+            end = np.minimum(start + kernel[i], size + padding[i])
+            if include_pad:
+                per_dim.append((end - start).astype(np.float64))
+            else:
+                per_dim.append((np.minimum(end, size) - np.maximum(start, 0)).astype(np.float64))
+    divisor = per_dim[0]
+    for v in per_dim[1:]:
+        divisor = np.multiply.outer(divisor, v)
+    return divisor.reshape((1,) * (3 - len(sizes)) + divisor.shape)
+
+
+def _lift(tables: list, fill: int) -> list:
+    """Per-dim tables for the canonical three spatial dims (a unit dim reads position 0)."""
+    missing = 3 - len(tables)
+    if fill < 0:  # (the hi table of a unit dim)
+        return [np.ones(1, np.int64)] * missing + list(tables)
+    return [np.zeros(1, np.int64)] * missing + list(tables)
+
+
+def _planes(x: np.ndarray, n: int) -> np.ndarray:
+    """(N, C, *spatial) -> the canonical (N C, S0, S1, S2), contiguous."""
+    return np.ascontiguousarray(x).reshape(-1, *((1,) * (3 - n)), *x.shape[2:])
+
+
+def _max_positions(x: np.ndarray, window: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """Max pooling's values and flat positions (in each input plane), (N, C, *outs) each."""
+    from . import pool_kernels  # numba: on first use only
+
+    n = x.ndim - 2
+    sizes = tuple(x.shape[2:])
+    los, his, steps = _tables(window, sizes)
+    outs = tuple(len(lo) for lo in los)
+    planes = _planes(x, n)
+    lift = (1,) * (3 - n)
+    out = np.empty((planes.shape[0], *lift, *outs), x.dtype)
+    where = np.empty((planes.shape[0], *lift, *outs), np.int64)
+    lo, hi = _lift(los, 0), _lift(his, -1)
+    step = np.array([1] * (3 - n) + steps, np.int64)
+    pool_kernels.max_pool(planes, lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], step, out, where)
+    shape = x.shape[:2] + outs
+    return out.reshape(shape), where.reshape(shape)
+
+
+def pool(x: np.ndarray, *, mode: str, window: tuple) -> np.ndarray:
+    """The ``pool`` primitive: max or average over each window of (N, C, *spatial) ``x``."""
+    if mode == "max":
+        return _max_positions(x, window)[0]
+    from . import pool_kernels  # numba: on first use only
+
+    n = x.ndim - 2
+    sizes = tuple(x.shape[2:])
+    los, his, _ = _tables(window, sizes)
+    outs = tuple(len(lo) for lo in los)
+    planes = _planes(x, n)
+    lift = (1,) * (3 - n)
+    out = np.empty((planes.shape[0], *lift, *outs), x.dtype)
+    lo, hi = _lift(los, 0), _lift(his, -1)
+    divisor = _divisor(window, sizes, los, his)
+    pool_kernels.avg_pool(planes, lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], divisor, out)
+    return out.reshape(x.shape[:2] + outs)
+
+
+def pool_index(x: np.ndarray, *, window: tuple) -> np.ndarray:
+    """The ``pool_index`` primitive: the flat position of each window's maximum in its input
+    plane (PyTorch's pooling indices)."""
+    return _max_positions(x, window)[1]
+
+
+def max_pool_backward(g: np.ndarray, x: np.ndarray, *, window: tuple) -> np.ndarray:
+    """The ``max_pool_backward`` primitive: each output's gradient ``g`` added to the input
+    position of its maximum (found again from ``x``)."""
+    from . import pool_kernels  # numba: on first use only
+
+    where = _max_positions(x, window)[1]
+    planes = g.shape[0] * g.shape[1]
+    gx = np.zeros((planes, math.prod(x.shape[2:])), g.dtype)
+    lift = (1,) * (3 - (g.ndim - 2))
+    pool_kernels.max_pool_backward(
+        np.ascontiguousarray(g).reshape(planes, *lift, *g.shape[2:]),
+        where.reshape(planes, *lift, *g.shape[2:]),
+        gx,
+    )
+    return gx.reshape(x.shape)
+
+
+def avg_pool_backward(g: np.ndarray, *, window: tuple, sizes: tuple) -> np.ndarray:
+    """The ``avg_pool_backward`` primitive: average pooling's input gradient (input spatial
+    sizes ``sizes``): each output's gradient over its divisor, added to its window."""
+    from . import pool_kernels  # numba: on first use only
+
+    n = len(sizes)
+    los, his, _ = _tables(window, sizes)
+    planes = g.shape[0] * g.shape[1]
+    lift = (1,) * (3 - n)
+    gx = np.zeros((planes, *lift, *sizes), g.dtype)
+    lo, hi = _lift(los, 0), _lift(his, -1)
+    divisor = _divisor(window, sizes, los, his)
+    pool_kernels.avg_pool_backward(
+        np.ascontiguousarray(g).reshape(planes, *lift, *g.shape[2:]),
+        lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], divisor, gx,
+    )  # fmt: skip
+    return gx.reshape(g.shape[:2] + tuple(sizes))

@@ -1,0 +1,123 @@
+"""Loop kernels (numba, CPU) of the pooling primitives (``pool``, ``pool_index``,
+``max_pool_backward``, ``avg_pool_backward`` in ``ops/primitives.py``) and of the
+convolution's col2im (``conv_kernels``): the work that is not a matrix product.
+
+Every kernel works on a canonical layout, (planes, D, H, W): an (N, C, *spatial) array of 1, 2
+or 3 spatial dims is a view of it with unit leading spatial dims, and a plane is one (sample,
+channel).  A pooling window along one dim is given by two tables and a step: output ``o``
+reads the input positions ``lo[o], lo[o] + step, ... < hi[o]``, already clipped to the input
+(padding never holds a value: max pooling's padding is -inf and never wins, average pooling's
+is zero and only counts in the divisor).  The tables cover both kinds of window:
+
+* fixed windows (``max_pool*d`` / ``avg_pool*d``): output ``o`` starts at ``o * stride -
+  padding`` and steps by ``dilation`` over ``kernel`` positions;
+* adaptive windows (``adaptive_*_pool*d``): output ``o`` covers ``[floor(o * in / out),
+  ceil((o + 1) * in / out))``.
+
+Max pooling keeps PyTorch's CPU order: a value replaces the running maximum when it is larger
+or NaN (so a window holding NaN gives NaN, at the last NaN's position), and a window whose
+values are all -inf reports its first position.  The backward adds each output's gradient to
+the input position its maximum came from (recomputed from the input: nothing but the input is
+saved).  Average pooling accumulates in float64 and divides by a per-output divisor computed
+with the tables (``conv_kernels`` has no part in it).
+
+The kernels are compiled on first use with ``cache=True``; this module (and numba with it) is
+imported by the primitives' kernels on their first call, never when fusegrad is imported.
+"""
+
+from __future__ import annotations
+
+import numba  # imported on first use only (by the pooling and convolution primitives' kernels)
+import numpy as np
+
+
+@numba.njit(cache=True, nogil=True)
+def col2im(cols, out, kernel, stride, dilation):  # type: ignore[no-untyped-def]
+    """Add ``cols`` (planes, k0, k1, k2, o0, o1, o2) into ``out`` (planes, S0, S1, S2) where
+    im2col read each element: ``out[p, i s0 + a d0, j s1 + b d1, l s2 + c d2] += cols[p, a,
+    b, c, i, j, l]``.  ``cols`` is read in order."""
+    planes = cols.shape[0]
+    o0, o1, o2 = cols.shape[4], cols.shape[5], cols.shape[6]
+    s2 = stride[2]
+    for p in range(planes):
+        for a in range(kernel[0]):
+            for b in range(kernel[1]):
+                for c in range(kernel[2]):
+                    shift = c * dilation[2]
+                    for i in range(o0):
+                        z = i * stride[0] + a * dilation[0]
+                        for j in range(o1):
+                            y = j * stride[1] + b * dilation[1]
+                            if s2 == 1:  # (the common case: a loop that vectorises)
+                                for m in range(o2):
+                                    out[p, z, y, m + shift] += cols[p, a, b, c, i, j, m]
+                            else:
+                                for m in range(o2):
+                                    out[p, z, y, m * s2 + shift] += cols[p, a, b, c, i, j, m]
+
+
+@numba.njit(cache=True, nogil=True)
+def max_pool(x, lo0, hi0, lo1, hi1, lo2, hi2, step, out, where):  # type: ignore[no-untyped-def]
+    """The maximum of each window of ``x`` (planes, S0, S1, S2) into ``out`` (planes, O0, O1,
+    O2), and its flat position in the plane into ``where``."""
+    planes, s1, s2 = x.shape[0], x.shape[2], x.shape[3]
+    for p in range(planes):
+        for i in range(lo0.shape[0]):
+            for j in range(lo1.shape[0]):
+                for m in range(lo2.shape[0]):
+                    best = -np.inf
+                    at = (lo0[i] * s1 + lo1[j]) * s2 + lo2[m]
+                    for z in range(lo0[i], hi0[i], step[0]):
+                        for y in range(lo1[j], hi1[j], step[1]):
+                            for w in range(lo2[m], hi2[m], step[2]):
+                                v = x[p, z, y, w]
+                                if v > best or v != v:
+                                    best = v
+                                    at = (z * s1 + y) * s2 + w
+                    out[p, i, j, m] = best
+                    where[p, i, j, m] = at
+
+
+@numba.njit(cache=True, nogil=True)
+def max_pool_backward(g, where, gx):  # type: ignore[no-untyped-def]
+    """Add each output's gradient ``g`` (planes, O0, O1, O2) to the flat input position
+    ``where`` names, in ``gx`` (planes, S0 S1 S2)."""
+    planes = g.shape[0]
+    for p in range(planes):
+        for i in range(g.shape[1]):
+            for j in range(g.shape[2]):
+                for m in range(g.shape[3]):
+                    gx[p, where[p, i, j, m]] += g[p, i, j, m]
+
+
+@numba.njit(cache=True, nogil=True)
+def avg_pool(x, lo0, hi0, lo1, hi1, lo2, hi2, divisor, out):  # type: ignore[no-untyped-def]
+    """The sum of each window of ``x`` (planes, S0, S1, S2) (unit steps), over ``divisor``
+    (O0, O1, O2), into ``out`` (planes, O0, O1, O2); summed in float64."""
+    planes = x.shape[0]
+    for p in range(planes):
+        for i in range(lo0.shape[0]):
+            for j in range(lo1.shape[0]):
+                for m in range(lo2.shape[0]):
+                    total = 0.0
+                    for z in range(lo0[i], hi0[i]):
+                        for y in range(lo1[j], hi1[j]):
+                            for w in range(lo2[m], hi2[m]):
+                                total += x[p, z, y, w]
+                    out[p, i, j, m] = total / divisor[i, j, m]
+
+
+@numba.njit(cache=True, nogil=True)
+def avg_pool_backward(g, lo0, hi0, lo1, hi1, lo2, hi2, divisor, gx):  # type: ignore[no-untyped-def]
+    """The transpose of ``avg_pool``: each output's gradient over its divisor added to every
+    position of its window, in ``gx`` (planes, S0, S1, S2)."""
+    planes = g.shape[0]
+    for p in range(planes):
+        for i in range(lo0.shape[0]):
+            for j in range(lo1.shape[0]):
+                for m in range(lo2.shape[0]):
+                    share = g[p, i, j, m] / divisor[i, j, m]
+                    for z in range(lo0[i], hi0[i]):
+                        for y in range(lo1[j], hi1[j]):
+                            for w in range(lo2[m], hi2[m]):
+                                gx[p, z, y, w] += share
