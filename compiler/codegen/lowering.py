@@ -92,10 +92,11 @@ EXTERNS = frozenset(
         "convolution",  # conv / conv_transpose 1-3d: im2col + BLAS (fusegrad.ops.conv_kernels)
         "convolution_backward_input",  # its input's gradient (W^T g, then col2im)
         "convolution_backward_weight",  # its weight's gradient (g times the columns)
-        "pool",  # max / avg / adaptive pooling 1-3d: one loop kernel (numba)
-        "pool_index",  # max pooling's indices
-        "max_pool_backward",  # max pooling's input gradient (a scatter to the maxima)
-        "avg_pool_backward",  # average pooling's input gradient
+        "avg_pool",  # average pooling 1-3d, fixed or adaptive windows: a loop kernel (numba)
+        "avg_pool_backward",  # its input's gradient
+        "pool_index",  # max pooling's positions of the maxima (a loop kernel)
+        "pool_take",  # max pooling's values: the input at those positions
+        "pool_scatter",  # their transpose, max pooling's input gradient
         "cummax_index",  # cummax/cummin's indices (their values are a gather)
         "mode_index",  # mode's index (its value is a gather)
         "searchsorted",  # searchsorted/bucketize

@@ -5000,7 +5000,7 @@ def _expm_reference(A: np.ndarray) -> np.ndarray:
 # ---- the convolution and pooling kernels' first-order backward ------------------------------
 # The entries above are twice differentiable, so their gradients run the rules' op-surface
 # form (create_graph); these run the backward kernels (``convolution_backward_input`` /
-# ``_weight``, ``max_pool_backward``) that an ordinary backward uses.
+# ``_weight``) that an ordinary backward uses.
 add(
     "conv2d_kernels",
     lambda m, x, w, b=None, **k: m.F.conv2d(x, w, b, **k),
@@ -5017,14 +5017,6 @@ add(
     twice=False,
     f32_tol=(1e-4, 1e-5),
 )
-add(
-    "max_pool2d_kernels",
-    lambda m, x, k, **kw: m.F.max_pool2d(x, k, **kw),
-    max_pool2d_ref,
-    _pool_samples,
-    twice=False,
-)
-
 
 import op_table_special  # noqa: E402,F401  (fusegrad.special's entries, added to OPS)
 

@@ -32,7 +32,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import ops as F
 from ..errors import AutogradError
-from ..ops.convolution import convolution_grads, max_pool_grad
+from ..ops.convolution import convolution_grads
 from ..ops.recurrent import rnn_sequence_grads
 from ..ops.registry import vjp
 from ..ops.spectral import dual_norm
@@ -608,26 +608,30 @@ def _convolution(node, g, x, w):
     return gx, gw, gb
 
 
-@vjp("pool", save="x")
-def _pool(node, g, x):
-    """Max pooling: ``g`` added where each window's maximum is (``max_pool_backward``, found
-    again from the saved input; a scatter-add to ``pool_index``'s positions in the op surface
-    where a graph of the gradient is wanted).  Average pooling: ``avg_pool_backward``, itself
-    differentiable."""
-    window = node.attrs["window"]
-    if node.attrs["mode"] == "avg":
-        sizes = tuple(node.input_shapes[0][2:])
-        return (F.apply(F.REGISTRY["avg_pool_backward"], (g,), {"window": window, "sizes": sizes}),)
-    if is_grad_enabled():
-        return (max_pool_grad(g, x, window),)
-    return (F.apply(F.REGISTRY["max_pool_backward"], (g, x), {"window": window}),)
+@vjp("avg_pool")
+def _avg_pool(node, g):
+    """The transpose of the pooling (``avg_pool_backward``), itself differentiable."""
+    attrs = {"window": node.attrs["window"], "sizes": tuple(node.input_shapes[0][2:])}
+    return (F.apply(F.REGISTRY["avg_pool_backward"], (g,), attrs),)
 
 
 @vjp("avg_pool_backward")
 def _avg_pool_backward(node, g):
     """Linear in its input, whose gradient is the transpose of the transpose: the pooling."""
-    window = node.attrs["window"]
-    return (F.apply(F.REGISTRY["pool"], (g,), {"mode": "avg", "window": window}),)
+    return (F.apply(F.REGISTRY["avg_pool"], (g,), {"window": node.attrs["window"]}),)
+
+
+@vjp("pool_take", save="index")
+def _pool_take(node, g, index):
+    """Max pooling's values' gradient: ``g`` added at the maxima (``pool_scatter``)."""
+    attrs = {"sizes": tuple(node.input_shapes[0][2:])}
+    return F.apply(F.REGISTRY["pool_scatter"], (g, index), attrs), None
+
+
+@vjp("pool_scatter", save="index")
+def _pool_scatter(node, g, index):
+    """The transpose of the transpose: ``g`` read at the positions (``pool_take``)."""
+    return F.apply(F.REGISTRY["pool_take"], (g, index), {}), None
 
 
 @vjp("rnn_sequence", save="w_hh h0 out state*")

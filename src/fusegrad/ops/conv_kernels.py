@@ -373,29 +373,8 @@ def _planes(x: np.ndarray, n: int) -> np.ndarray:
     return np.ascontiguousarray(x).reshape(-1, *((1,) * (3 - n)), *x.shape[2:])
 
 
-def _max_positions(x: np.ndarray, window: tuple) -> tuple[np.ndarray, np.ndarray]:
-    """Max pooling's values and flat positions (in each input plane), (N, C, *outs) each."""
-    from . import pool_kernels  # numba: on first use only
-
-    n = x.ndim - 2
-    sizes = tuple(x.shape[2:])
-    los, his, steps = _tables(window, sizes)
-    outs = tuple(len(lo) for lo in los)
-    planes = _planes(x, n)
-    lift = (1,) * (3 - n)
-    out = np.empty((planes.shape[0], *lift, *outs), x.dtype)
-    where = np.empty((planes.shape[0], *lift, *outs), np.int64)
-    lo, hi = _lift(los, 0), _lift(his, -1)
-    step = np.array([1] * (3 - n) + steps, np.int64)
-    pool_kernels.max_pool(planes, lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], step, out, where)
-    shape = x.shape[:2] + outs
-    return out.reshape(shape), where.reshape(shape)
-
-
-def pool(x: np.ndarray, *, mode: str, window: tuple) -> np.ndarray:
-    """The ``pool`` primitive: max or average over each window of (N, C, *spatial) ``x``."""
-    if mode == "max":
-        return _max_positions(x, window)[0]
+def avg_pool(x: np.ndarray, *, window: tuple) -> np.ndarray:
+    """The ``avg_pool`` primitive: the average of each window of (N, C, *spatial) ``x``."""
     from . import pool_kernels  # numba: on first use only
 
     n = x.ndim - 2
@@ -414,24 +393,46 @@ def pool(x: np.ndarray, *, mode: str, window: tuple) -> np.ndarray:
 def pool_index(x: np.ndarray, *, window: tuple) -> np.ndarray:
     """The ``pool_index`` primitive: the flat position of each window's maximum in its input
     plane (PyTorch's pooling indices)."""
-    return _max_positions(x, window)[1]
-
-
-def max_pool_backward(g: np.ndarray, x: np.ndarray, *, window: tuple) -> np.ndarray:
-    """The ``max_pool_backward`` primitive: each output's gradient ``g`` added to the input
-    position of its maximum (found again from ``x``)."""
     from . import pool_kernels  # numba: on first use only
 
-    where = _max_positions(x, window)[1]
-    planes = g.shape[0] * g.shape[1]
-    gx = np.zeros((planes, math.prod(x.shape[2:])), g.dtype)
-    lift = (1,) * (3 - (g.ndim - 2))
-    pool_kernels.max_pool_backward(
-        np.ascontiguousarray(g).reshape(planes, *lift, *g.shape[2:]),
-        where.reshape(planes, *lift, *g.shape[2:]),
-        gx,
+    n = x.ndim - 2
+    los, his, steps = _tables(window, tuple(x.shape[2:]))
+    outs = tuple(len(lo) for lo in los)
+    planes = _planes(x, n)
+    where = np.empty((planes.shape[0], *((1,) * (3 - n)), *outs), np.int64)
+    lo, hi = _lift(los, 0), _lift(his, -1)
+    step = np.array([1] * (3 - n) + steps, np.int64)
+    pool_kernels.max_pool_index(planes, lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], step, where)
+    return where.reshape(x.shape[:2] + outs)
+
+
+def pool_take(x: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """The ``pool_take`` primitive: each plane of ``x`` at the flat positions ``index``."""
+    from . import pool_kernels  # numba: on first use only
+
+    planes = x.shape[0] * x.shape[1]
+    out = np.empty(index.shape, x.dtype)
+    pool_kernels.take(
+        np.ascontiguousarray(x).reshape(planes, -1),
+        np.ascontiguousarray(index).reshape(planes, -1),
+        out.reshape(planes, -1),
     )
-    return gx.reshape(x.shape)
+    return out
+
+
+def pool_scatter(g: np.ndarray, index: np.ndarray, *, sizes: tuple) -> np.ndarray:
+    """The ``pool_scatter`` primitive: zeros (N, C, *sizes) with ``g`` added at the flat
+    positions ``index`` of each plane."""
+    from . import pool_kernels  # numba: on first use only
+
+    planes = g.shape[0] * g.shape[1]
+    out = np.zeros(g.shape[:2] + tuple(sizes), g.dtype)
+    pool_kernels.scatter_add(
+        np.ascontiguousarray(g).reshape(planes, -1),
+        np.ascontiguousarray(index).reshape(planes, -1),
+        out.reshape(planes, -1),
+    )
+    return out
 
 
 def avg_pool_backward(g: np.ndarray, *, window: tuple, sizes: tuple) -> np.ndarray:

@@ -23,7 +23,10 @@ padding at most half the effective kernel for pooling), with PyTorch's words.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import math
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -67,12 +70,33 @@ def _records(*tensors: Tensor | None) -> bool:
     return builtins.any(t is not None and t.requires_grad for t in tensors)
 
 
+class _Kernels(threading.local):
+    enabled = True
+
+
+_kernels = _Kernels()
+
+
+@contextlib.contextmanager
+def window_kernels(enabled: bool) -> Iterator[None]:
+    """Within the block, convolution and pooling on this thread run their kernels
+    (``enabled=True``, the default) or the composites (``False``: the path before the kernels,
+    for comparisons and benchmarks; the results agree to rounding)."""
+    before = _kernels.enabled
+    _kernels.enabled = bool(enabled)
+    try:
+        yield
+    finally:
+        _kernels.enabled = before
+
+
 def kernel_ok(*tensors: Tensor | None) -> bool:
     """Whether a call on ``tensors`` runs the convolution and pooling primitives (``convolution``,
     ``pool``: one kernel each, ``ops/conv_kernels.py``) rather than the composites: CPU tensors
     of one dtype, float32 or float64, and no forward-AD level (whose tangents come from the
-    composites' primitives).  CUDA tensors and other dtypes run the composites."""
-    if _forward_state.level is not None:
+    composites' primitives).  CUDA tensors and other dtypes run the composites, as everything
+    does inside ``window_kernels(False)``."""
+    if _forward_state.level is not None or not _kernels.enabled:
         return False
     first = tensors[0]
     if first is None or first.dtype not in (_dt.float32, _dt.float64):
@@ -678,12 +702,10 @@ def max_pool(
     if kernel_ok(x):
         _check_windows(op, x, k, s, p, d, ceil_mode)
         window = ("fixed", k, s, p, d, bool(ceil_mode), False, None)
-        values = apply(P["pool"], (x,), {"mode": "max", "window": window})
+        values, indices = pool_max(x, window)
         _name_node(values, f"MaxPool{n}DWithIndicesBackward0")
-        indices = apply(P["pool_index"], (x,), {"window": window}) if return_indices else None
         if unbatched:
-            values = values.squeeze(0)
-            indices = None if indices is None else indices.squeeze(0)
+            values, indices = values.squeeze(0), indices.squeeze(0)
         return (values, indices) if return_indices else values
     win = windows(x, k, s, p, d, _lowest(x.dtype), ceil_mode, op=op)
     outs = tuple(win.shape[2 + n :])
@@ -761,7 +783,7 @@ def avg_pool(
             bool(count_include_pad),
             None if divisor_override is None else int(divisor_override),
         )
-        out = apply(P["pool"], (x,), {"mode": "avg", "window": window})
+        out = apply(P["avg_pool"], (x,), {"window": window})
         return out.squeeze(0) if unbatched else out
     win = windows(x, k, s, p, (1,) * n, 0.0, ceil_mode, op=op)
     outs = tuple(win.shape[2 + n :])
@@ -953,33 +975,32 @@ def adaptive_max_pool(
     return (best, indices) if return_indices else best
 
 
+def pool_max(x: Tensor, window: tuple) -> tuple[Tensor, Tensor]:
+    """Max pooling of (N, C, *spatial) ``x`` by the kernels: the positions of the maxima
+    (``pool_index``, no gradient) and the values there (``pool_take``, whose gradient adds
+    into those positions)."""
+    index = apply(P["pool_index"], (x,), {"window": window})
+    return apply(P["pool_take"], (x, index), {}), index
+
+
 def adaptive_pool(x: Tensor, n: int, sizes: tuple, mode: str, return_indices: bool) -> Any:
     """Adaptive max or average pooling of ``x`` (N, C, *spatial) or (C, *spatial) to
-    ``sizes`` by the ``pool`` primitive (callers check ``kernel_ok`` and the arguments), with
-    max pooling's indices where asked."""
+    ``sizes`` by the kernels (callers check ``kernel_ok`` and the arguments), with max
+    pooling's indices where asked."""
     unbatched = x.ndim == n + 1
     if unbatched:
         x = x.unsqueeze(0)
     window = ("adaptive", tuple(int(v) for v in sizes))
-    values = apply(P["pool"], (x,), {"mode": mode, "window": window})
+    indices = None
     if mode == "max":
+        values, indices = pool_max(x, window)
         _name_node(values, f"AdaptiveMaxPool{n}DBackward0")
-    indices = apply(P["pool_index"], (x,), {"window": window}) if return_indices else None
+    else:
+        values = apply(P["avg_pool"], (x,), {"window": window})
     if unbatched:
         values = values.squeeze(0)
         indices = None if indices is None else indices.squeeze(0)
     return (values, indices) if return_indices else values
-
-
-def max_pool_grad(g: Tensor, x: Tensor, window: tuple) -> Tensor:
-    """Max pooling's input gradient in the op surface: ``g`` scattered (added) to the position
-    of each window's maximum (``pool_index``), so that it differentiates again (the ``pool``
-    rule's ``create_graph`` form)."""
-    batch, channels = x.shape[0], x.shape[1]
-    index = apply(P["pool_index"], (x,), {"window": window})
-    flat = zeros(batch, channels, math.prod(x.shape[2:]), dtype=g.dtype, device=g.device)
-    total = flat.scatter_add(2, index.reshape(batch, channels, -1), g.reshape(batch, channels, -1))
-    return total.reshape(x.shape)
 
 
 def _fractional_starts(sample: np.ndarray, length: int, out: int, k: int) -> np.ndarray:

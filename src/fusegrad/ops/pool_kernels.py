@@ -1,25 +1,25 @@
-"""Loop kernels (numba, CPU) of the pooling primitives (``pool``, ``pool_index``,
-``max_pool_backward``, ``avg_pool_backward`` in ``ops/primitives.py``) and of the
+"""Loop kernels (numba, CPU) of the pooling primitives (``avg_pool``, ``avg_pool_backward``,
+``pool_index``, ``pool_take``, ``pool_scatter`` in ``ops/primitives.py``) and of the
 convolution's col2im (``conv_kernels``): the work that is not a matrix product.
 
-Every kernel works on a canonical layout, (planes, D, H, W): an (N, C, *spatial) array of 1, 2
-or 3 spatial dims is a view of it with unit leading spatial dims, and a plane is one (sample,
-channel).  A pooling window along one dim is given by two tables and a step: output ``o``
-reads the input positions ``lo[o], lo[o] + step, ... < hi[o]``, already clipped to the input
-(padding never holds a value: max pooling's padding is -inf and never wins, average pooling's
-is zero and only counts in the divisor).  The tables cover both kinds of window:
+Every window kernel works on a canonical layout, (planes, D, H, W): an (N, C, *spatial) array
+of 1, 2 or 3 spatial dims is a view of it with unit leading spatial dims, and a plane is one
+(sample, channel).  A pooling window along one dim is given by two tables and a step: output
+``o`` reads the input positions ``lo[o], lo[o] + step, ... < hi[o]``, already clipped to the
+input (padding never holds a value: max pooling's padding is -inf and never wins, average
+pooling's is zero and only counts in the divisor).  The tables cover both kinds of window:
 
 * fixed windows (``max_pool*d`` / ``avg_pool*d``): output ``o`` starts at ``o * stride -
   padding`` and steps by ``dilation`` over ``kernel`` positions;
 * adaptive windows (``adaptive_*_pool*d``): output ``o`` covers ``[floor(o * in / out),
   ceil((o + 1) * in / out))``.
 
-Max pooling keeps PyTorch's CPU order: a value replaces the running maximum when it is larger
-or NaN (so a window holding NaN gives NaN, at the last NaN's position), and a window whose
-values are all -inf reports its first position.  The backward adds each output's gradient to
-the input position its maximum came from (recomputed from the input: nothing but the input is
-saved).  Average pooling accumulates in float64 and divides by a per-output divisor computed
-with the tables (``conv_kernels`` has no part in it).
+Max pooling finds the position of each window's maximum in PyTorch's CPU order (a value
+replaces the running maximum when it is larger or NaN, so a window holding NaN gives its last
+NaN, and a window of -inf its first position); the values are then read at those positions
+(``take``) and the gradient added back to them (``scatter_add``), as PyTorch's saved indices
+do.  Average pooling accumulates in float64 and divides by a per-output divisor computed with
+the tables.
 
 The kernels are compiled on first use with ``cache=True``; this module (and numba with it) is
 imported by the primitives' kernels on their first call, never when fusegrad is imported.
@@ -28,7 +28,6 @@ imported by the primitives' kernels on their first call, never when fusegrad is 
 from __future__ import annotations
 
 import numba  # imported on first use only (by the pooling and convolution primitives' kernels)
-import numpy as np
 
 
 @numba.njit(cache=True, nogil=True)
@@ -57,37 +56,50 @@ def col2im(cols, out, kernel, stride, dilation):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
-def max_pool(x, lo0, hi0, lo1, hi1, lo2, hi2, step, out, where):  # type: ignore[no-untyped-def]
-    """The maximum of each window of ``x`` (planes, S0, S1, S2) into ``out`` (planes, O0, O1,
-    O2), and its flat position in the plane into ``where``."""
+def max_pool_index(x, lo0, hi0, lo1, hi1, lo2, hi2, step, where):  # type: ignore[no-untyped-def]
+    """The flat position (in its plane) of the maximum of each window of ``x`` (planes, S0,
+    S1, S2), into ``where`` (planes, O0, O1, O2)."""
     planes, s1, s2 = x.shape[0], x.shape[2], x.shape[3]
+    unit = step[0] == 1 and step[1] == 1 and step[2] == 1
     for p in range(planes):
         for i in range(lo0.shape[0]):
             for j in range(lo1.shape[0]):
                 for m in range(lo2.shape[0]):
-                    best = -np.inf
+                    best = x[p, lo0[i], lo1[j], lo2[m]]
                     at = (lo0[i] * s1 + lo1[j]) * s2 + lo2[m]
-                    for z in range(lo0[i], hi0[i], step[0]):
-                        for y in range(lo1[j], hi1[j], step[1]):
-                            for w in range(lo2[m], hi2[m], step[2]):
-                                v = x[p, z, y, w]
-                                if v > best or v != v:
-                                    best = v
-                                    at = (z * s1 + y) * s2 + w
-                    out[p, i, j, m] = best
+                    if unit:  # (the common case: loops with unit steps run faster)
+                        for z in range(lo0[i], hi0[i]):
+                            for y in range(lo1[j], hi1[j]):
+                                for w in range(lo2[m], hi2[m]):
+                                    v = x[p, z, y, w]
+                                    if v > best or v != v:
+                                        best = v
+                                        at = (z * s1 + y) * s2 + w
+                    else:
+                        for z in range(lo0[i], hi0[i], step[0]):
+                            for y in range(lo1[j], hi1[j], step[1]):
+                                for w in range(lo2[m], hi2[m], step[2]):
+                                    v = x[p, z, y, w]
+                                    if v > best or v != v:
+                                        best = v
+                                        at = (z * s1 + y) * s2 + w
                     where[p, i, j, m] = at
 
 
 @numba.njit(cache=True, nogil=True)
-def max_pool_backward(g, where, gx):  # type: ignore[no-untyped-def]
-    """Add each output's gradient ``g`` (planes, O0, O1, O2) to the flat input position
-    ``where`` names, in ``gx`` (planes, S0 S1 S2)."""
-    planes = g.shape[0]
-    for p in range(planes):
-        for i in range(g.shape[1]):
-            for j in range(g.shape[2]):
-                for m in range(g.shape[3]):
-                    gx[p, where[p, i, j, m]] += g[p, i, j, m]
+def take(x, index, out):  # type: ignore[no-untyped-def]
+    """``out[p, o] = x[p, index[p, o]]`` over planes ``p``."""
+    for p in range(index.shape[0]):
+        for o in range(index.shape[1]):
+            out[p, o] = x[p, index[p, o]]
+
+
+@numba.njit(cache=True, nogil=True)
+def scatter_add(g, index, out):  # type: ignore[no-untyped-def]
+    """``out[p, index[p, o]] += g[p, o]`` over planes ``p`` (the transpose of ``take``)."""
+    for p in range(index.shape[0]):
+        for o in range(index.shape[1]):
+            out[p, index[p, o]] += g[p, o]
 
 
 @numba.njit(cache=True, nogil=True)

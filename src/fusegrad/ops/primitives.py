@@ -822,24 +822,12 @@ def _convolution_backward_weight(g, x, kernel, stride, padding, dilation, groups
     )
 
 
-@primitive("pool", "opaque", "x")
-def _pool(x, mode, window):  # type: ignore[no-untyped-def]
-    """Max (``mode="max"``) or average pooling of ``x`` (N, C, *spatial) over ``window``:
-    ``("fixed", kernel, stride, padding, dilation, ceil_mode, count_include_pad,
-    divisor_override)`` or ``("adaptive", output_size)`` (``conv_kernels``)."""
-    return _conv_kernels().pool(x, mode=mode, window=window)
-
-
-@primitive("pool_index", "opaque", "x", differentiable=False)
-def _pool_index(x, window):  # type: ignore[no-untyped-def]
-    """The flat position of each max-pooling window's maximum in its input plane."""
-    return _conv_kernels().pool_index(x, window=window)
-
-
-@primitive("max_pool_backward", "opaque", "g x", differentiable=False)
-def _max_pool_backward(g, x, window):  # type: ignore[no-untyped-def]
-    """Max pooling's input gradient: ``g`` added where each window's maximum in ``x`` is."""
-    return _conv_kernels().max_pool_backward(g, x, window=window)
+@primitive("avg_pool", "opaque", "x")
+def _avg_pool(x, window):  # type: ignore[no-untyped-def]
+    """Average pooling of ``x`` (N, C, *spatial) over ``window``: ``("fixed", kernel, stride,
+    padding, dilation, ceil_mode, count_include_pad, divisor_override)`` or ``("adaptive",
+    output_size)`` (``conv_kernels``)."""
+    return _conv_kernels().avg_pool(x, window=window)
 
 
 @primitive("avg_pool_backward", "opaque", "g")
@@ -847,6 +835,30 @@ def _avg_pool_backward(g, window, sizes):  # type: ignore[no-untyped-def]
     """Average pooling's input gradient (input spatial sizes ``sizes``): linear in ``g``, so
     differentiable (its own gradient is an average pooling)."""
     return _conv_kernels().avg_pool_backward(g, window=window, sizes=sizes)
+
+
+# Max pooling is ``pool_take(x, pool_index(x))``: the positions of the maxima once, then the
+# values at them.  The backward scatters to the same positions (``pool_scatter``), as PyTorch's
+# saved indices do, instead of searching the windows again; take and scatter are each other's
+# transposes, so both are differentiable without a composite.
+@primitive("pool_index", "opaque", "x", differentiable=False)
+def _pool_index(x, window):  # type: ignore[no-untyped-def]
+    """The flat position of each max-pooling window's maximum in its input plane (PyTorch's
+    pooling indices), (N, C, *out) int64."""
+    return _conv_kernels().pool_index(x, window=window)
+
+
+@primitive("pool_take", "opaque", "x index")
+def _pool_take(x, index):  # type: ignore[no-untyped-def]
+    """``x`` (N, C, *spatial) at the flat positions ``index`` (N, C, *out) of each plane."""
+    return _conv_kernels().pool_take(x, index)
+
+
+@primitive("pool_scatter", "opaque", "g index")
+def _pool_scatter(g, index, sizes):  # type: ignore[no-untyped-def]
+    """The transpose of ``pool_take``: zeros (N, C, *sizes) with each element of ``g`` (N, C,
+    *out) added at its plane's flat position ``index``."""
+    return _conv_kernels().pool_scatter(g, index, sizes=sizes)
 
 
 @primitive("cummax_index", "opaque", "x", differentiable=False)
@@ -1199,8 +1211,8 @@ REAL_ONLY = frozenset(
     "sign floor ceil trunc round erf erfc erfinv lgamma digamma trigamma atan2 hypot logaddexp "
     "maximum minimum remainder floor_divide lt le gt ge amax amin argmax argmin argsort "
     "cummax_index mode_index searchsorted histc attention attention_backward rnn_sequence "
-    "rnn_sequence_backward convolution convolution_backward_input convolution_backward_weight pool "
-    "pool_index max_pool_backward avg_pool_backward".split()
+    "rnn_sequence_backward convolution convolution_backward_input convolution_backward_weight "
+    "avg_pool avg_pool_backward pool_index pool_take pool_scatter".split()
 )
 
 
@@ -1316,23 +1328,27 @@ def _set_metas() -> None:
             return (x[1], g[1] // groups) + tuple(kernel), dtypes[0]
         return (g[1], x[1] // groups) + tuple(kernel), dtypes[0]
 
-    def pool_meta(shapes, dtypes, mode, window):  # type: ignore[no-untyped-def]
+    def avg_pool_meta(shapes, dtypes, window):  # type: ignore[no-untyped-def]
         x = shapes[0]
         outs = _conv_kernels().pool_out_sizes(window, tuple(x[2:]))
         return tuple(x[:2]) + tuple(outs), dtypes[0]
 
-    def pool_index_meta(shapes, dtypes, window):  # type: ignore[no-untyped-def]
-        return pool_meta(shapes, dtypes, "max", window)[0], _dt.int64
-
     set_meta("convolution", convolution_meta)
     set_meta("convolution_backward_input", convolution_backward_input_meta)
     set_meta("convolution_backward_weight", convolution_backward_weight_meta)
-    set_meta("pool", pool_meta)
-    set_meta("pool_index", pool_index_meta)
-    set_meta("max_pool_backward", lambda shapes, dtypes, window: (tuple(shapes[1]), dtypes[0]))
+    set_meta("avg_pool", avg_pool_meta)
     set_meta(
         "avg_pool_backward",
         lambda shapes, dtypes, window, sizes: (tuple(shapes[0][:2]) + tuple(sizes), dtypes[0]),
+    )
+    set_meta(
+        "pool_index",
+        lambda shapes, dtypes, window: (avg_pool_meta(shapes, dtypes, window)[0], _dt.int64),
+    )
+    set_meta("pool_take", lambda shapes, dtypes: (tuple(shapes[1]), dtypes[0]))
+    set_meta(
+        "pool_scatter",
+        lambda shapes, dtypes, sizes: (tuple(shapes[0][:2]) + tuple(sizes), dtypes[0]),
     )
     set_meta("cummax_index", lambda shapes, dtypes, dim, largest: (tuple(shapes[0]), _dt.int64))
 
