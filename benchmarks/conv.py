@@ -12,11 +12,13 @@ Workloads (float32, batch 64, as the pytorch/examples programs train):
   layer);
 * ``dcgan-convT2``: ConvTranspose2d(512, 256, 4, 2, 1) on 512x4x4 (its second);
 * ``dcgan-conv1``: Conv2d(3, 64, 4, 2, 1) on 3x64x64 (the discriminator's first);
+* ``depthwise-3x3``: Conv2d(64, 64, 3, padding=1, groups=64) on 64x32x32 (a MobileNet block's
+  depthwise layer: the direct loops' shape class);
 * ``avgpool-3x3``: avg_pool2d(3, 2, 1) on 64x32x32.
 
 The loss is ``(output * w).sum()`` for a fixed random ``w``, so every output gets a gradient.
 Three implementations, interleaved (``common.measure_interleaved``): ``kernels`` (fusegrad's
-default: one primitive per layer, im2col + BLAS or a loop kernel, ``ops/conv_kernels.py``),
+default: one primitive per layer, im2col + BLAS or loop kernels, ``ops/conv_kernels.py``),
 ``composite`` (fusegrad inside ``ops.convolution.window_kernels(False)``: strided-slice
 windows, stacks and matmuls, the path before the kernels) and ``torch`` (PyTorch eager, when
 importable).  Every repetition clears ``.grad`` outside the timed region and times forward and
@@ -51,6 +53,7 @@ WORKLOADS = {
     "dcgan-convT1": (100, 1, 1),
     "dcgan-convT2": (512, 4, 4),
     "dcgan-conv1": (3, 64, 64),
+    "depthwise-3x3": (64, 32, 32),
     "avgpool-3x3": (64, 32, 32),
 }
 
@@ -80,9 +83,9 @@ def _layer(lib: Any, name: str) -> Any:
         return nn.ConvTranspose2d(512, 256, 4, 2, 1, bias=False)
     if name == "dcgan-conv1":
         return nn.Conv2d(3, 64, 4, 2, 1, bias=False)
-    if name == "avgpool-3x3":
-        return nn.AvgPool2d(3, 2, 1)
-    raise SystemExit(f"unknown workload {name!r} (known: {', '.join(WORKLOADS)})")
+    if name == "depthwise-3x3":
+        return nn.Conv2d(64, 64, 3, padding=1, groups=64)
+    return nn.AvgPool2d(3, 2, 1)  # avgpool-3x3
 
 
 def _workloads(name: str, np: Any, fg: Any, torch: Any) -> tuple[dict, dict]:
@@ -173,6 +176,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--no-torch", action="store_true")
     args = parser.parse_args(argv)
+    names = args.workloads.split(",")
+    unknown = [name for name in names if name not in WORKLOADS]
+    if unknown:
+        raise SystemExit(f"unknown workload {unknown[0]!r} (known: {', '.join(WORKLOADS)})")
     common.pin_threads(args.threads)
     import numpy as np
 
@@ -193,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print("| workload | implementation | forward | backward | total | total / torch |")
     print("|---|---|---:|---:|---:|---:|", flush=True)
-    for name in args.workloads.split(","):
+    for name in names:
         steps, grads = _workloads(name, np, fg, torch)
         _check(np, name, steps, grads)
         stats = common.measure_interleaved(steps, warmup=args.warmup, reps=args.reps)

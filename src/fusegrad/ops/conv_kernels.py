@@ -121,6 +121,39 @@ def _col2im(
     return out
 
 
+def _lift3(values: tuple, fill: int) -> np.ndarray:
+    """Per-dim values for the canonical three spatial dims (unit dims first)."""
+    return np.array((fill,) * (3 - len(values)) + tuple(values), np.int64)
+
+
+def _depthwise(w: np.ndarray) -> bool:
+    """Whether a convolution by ``w`` (O, C / groups, *kernel) has one input channel per
+    group: the direct loops' shape class (see ``pool_kernels``)."""
+    return w.shape[1] == 1 and w.shape[0] > 1
+
+
+def _as3(a: np.ndarray) -> np.ndarray:
+    """(N, C, *spatial) -> (N, C, S0, S1, S2) with unit leading spatial dims."""
+    return np.ascontiguousarray(a).reshape(a.shape[:2] + (1,) * (5 - a.ndim) + a.shape[2:])
+
+
+def _depthwise_forward(
+    x: np.ndarray, w: np.ndarray, stride: tuple, padding: tuple, dilation: tuple, outs: tuple
+) -> np.ndarray:
+    from . import pool_kernels  # numba: on first use only
+
+    batch, out_c = x.shape[0], w.shape[0]
+    out = np.zeros((batch, out_c) + (1,) * (3 - len(outs)) + tuple(outs), x.dtype)
+    pool_kernels.depthwise_forward(
+        _as3(_padded(x, padding)),
+        _as3(w.reshape(out_c, 1, *w.shape[2:]))[:, 0],
+        out,
+        _lift3(stride, 1),
+        _lift3(dilation, 1),
+    )
+    return out.reshape((batch, out_c) + tuple(outs))
+
+
 def conv_forward(
     x: np.ndarray,
     w: np.ndarray,
@@ -135,6 +168,11 @@ def conv_forward(
     *outs), plus ``bias`` (O,)."""
     batch, out_c = x.shape[0], w.shape[0]
     kernel = tuple(w.shape[2:])
+    if _depthwise(w):
+        out = _depthwise_forward(x, w, stride, padding, dilation, outs)
+        if bias is not None:
+            out += bias.reshape((1, out_c) + (1,) * len(outs))
+        return out
     cols = _columns(x, kernel, stride, padding, dilation, groups, outs)
     wmat = w.reshape(groups, out_c // groups, -1)
     out = np.matmul(wmat, cols).reshape(batch, out_c, *outs)
@@ -157,6 +195,25 @@ def conv_backward_input(
     batch, out_c = g.shape[0], w.shape[0]
     kernel, outs = tuple(w.shape[2:]), tuple(g.shape[2:])
     channels = w.shape[1] * groups
+    if _depthwise(w):
+        from . import pool_kernels  # numba: on first use only
+
+        n = len(kernel)
+        full = [
+            max(
+                sizes[i] + 2 * padding[i],
+                (outs[i] - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1,
+            )
+            for i in range(n)
+        ]
+        gxp = np.zeros((batch, channels) + (1,) * (3 - n) + tuple(full), g.dtype)
+        pool_kernels.depthwise_backward_input(
+            _as3(g), _as3(w)[:, 0], gxp, _lift3(stride, 1), _lift3(dilation, 1)
+        )
+        gxp = gxp.reshape((batch, channels) + tuple(full))
+        lead = (slice(None), slice(None))
+        crop = lead + tuple(slice(padding[i], padding[i] + sizes[i]) for i in range(n))
+        return np.ascontiguousarray(gxp[crop])
     gmat = np.ascontiguousarray(g).reshape(batch, groups, out_c // groups, -1)
     wmat = w.reshape(groups, out_c // groups, -1)
     cols = np.matmul(wmat.transpose(0, 2, 1), gmat)  # (N, groups, C / groups * taps, L)
@@ -181,6 +238,14 @@ def conv_backward_weight(
     batch, out_c, channels = g.shape[0], g.shape[1], x.shape[1]
     outs = tuple(g.shape[2:])
     n = len(kernel)
+    if channels == groups and out_c > 1:  # one input channel per group: the direct loops
+        from . import pool_kernels  # numba: on first use only
+
+        gw = np.empty((out_c, *((1,) * (3 - n)), *kernel), g.dtype)
+        pool_kernels.depthwise_backward_weight(
+            _as3(g), _as3(_padded(x, padding)), gw, _lift3(stride, 1), _lift3(dilation, 1)
+        )
+        return gw.reshape(out_c, 1, *kernel)
     view = _window_view(_padded(x, padding), kernel, stride, dilation, outs)
     # (N, C, *kernel, *outs) -> (C, *kernel, N, *outs)
     order = (1, *range(2, 2 + n), 0, *range(2 + n, 2 + 2 * n))
