@@ -189,6 +189,7 @@ UNSUPPORTED["pool_take"] = (
 )
 UNSUPPORTED["pool_scatter"] = "max pooling's kernel backward (see pool_take)"
 
+
 def _zero_tangent(p, t, out, attrs):
     """Piecewise-constant ops: a zero tangent (PyTorch gives zeros, not None)."""
     return F.zeros_like(out)

@@ -1,7 +1,8 @@
 """CPU kernels of the convolution primitives (``convolution``, ``convolution_backward_input``,
 ``convolution_backward_weight`` in ``ops/primitives.py``): numpy arrays in, numpy arrays out.
 
-Every kernel is im2col plus BLAS, over 1, 2 or 3 spatial dims and any groups:
+The kernels are im2col plus BLAS, over 1, 2 or 3 spatial dims and any groups (except one input
+channel per group: direct loops, below):
 
 * im2col reads every kernel window of the zero-padded input as one strided view
   (``as_strided``: (N, C, *kernel, *out), the kernel offsets stepping by ``dilation``, the
@@ -10,10 +11,10 @@ Every kernel is im2col plus BLAS, over 1, 2 or 3 spatial dims and any groups:
 * the forward is one (batched over samples, grouped) ``matmul`` of the (groups, O / groups,
   C / groups * taps) weight with those columns, plus the bias;
 * the input's gradient is the columns' gradient ``W^T g`` (one matmul) put back where each
-  column was read (col2im): one strided slice-add per kernel offset into a zero-padded buffer,
+  column was read (col2im, a numba loop: ``pool_kernels.col2im``) into a zero-padded buffer,
   whose padding is then cropped;
-* the weight's gradient is ``g`` times the columns, transposed (one matmul per sample and
-  group, summed over samples).
+* the weight's gradient is ``g`` times the columns, transposed: one product per group over
+  every sample at once.
 
 The transposed convolution is the convolution's adjoint, so it runs the same three kernels
 with the roles swapped: its forward is ``backward_input``, its input's gradient is the
@@ -22,19 +23,39 @@ exchanged.  Each kernel takes the output's spatial size explicitly, so a transpo
 convolution's ``output_padding`` (which can leave rows that no window reads) needs no case of
 its own.
 
-Why im2col and not direct loops: at the shapes of real conv nets (``python -m
-benchmarks.conv``) the time is in the products, and BLAS does them several times faster than a
-loop nest can (a 64-channel 3x3 layer is a (64, 576) by (576, L) product); direct numba loops
-only win where there are no products to speak of, a depthwise or single-channel kernel, and
-those layers are cheap either way.  The figures are in ``docs/conv.md``.
+Why im2col and not direct loops, per shape class (measured with ``python -m benchmarks.conv``
+and by timing each kernel alone, one thread; figures in ``benchmarks/README.md``):
+
+* channels > 1 per group (every ordinary convolution): the time is in the products, and BLAS
+  does them several times faster than a loop nest can (a 64-channel 3x3 layer is a (64, 288)
+  by (288, L) product per sample).  The forward multiplies per sample (one (C taps, N L)
+  product instead measured the same or slower and needs the output transposed after); the
+  weight's gradient is one product per group over the whole batch, with the columns laid out
+  channel-major (per-sample products then a sum took longer, ``einsum`` twice as long);
+* one input channel per group (depthwise, channel multipliers): im2col leaves a (1, taps) by
+  (taps, L) product per sample and group, thousands of BLAS calls with nothing in them (5x
+  PyTorch's time at 64 x 64 x 32 x 32, 3x3); direct numba loops do these
+  (``pool_kernels.depthwise_*``), on par with PyTorch at that shape.
+
+col2im is a numba loop too: one numpy slice-add per kernel offset took as long as the product
+before it.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
+
+
+def _loops() -> Any:
+    """The loop kernels (``pool_kernels``), imported on their first use: they bring numba,
+    which fusegrad never imports when it loads."""
+    import fusegrad.ops.pool_kernels as loops  # numba: on first use only
+
+    return loops
 
 
 def _padded(x: np.ndarray, padding: tuple) -> np.ndarray:
@@ -92,8 +113,7 @@ def _col2im(
     each window's elements added where im2col read them (padding cropped).  One loop kernel
     (``pool_kernels.col2im``): a slice-add per kernel offset in numpy took as long as the
     matrix product before it (14.6 ms against 18 ms at 64 x 32 x 26 x 26, 3x3)."""
-    from . import pool_kernels  # numba: on first use only
-
+    pool_kernels = _loops()
     n = len(kernel)
     batch, channels = cols.shape[0], cols.shape[1]
     full = [sizes[i] + 2 * padding[i] for i in range(n)]
@@ -126,10 +146,12 @@ def _lift3(values: tuple, fill: int) -> np.ndarray:
     return np.array((fill,) * (3 - len(values)) + tuple(values), np.int64)
 
 
-def _depthwise(w: np.ndarray) -> bool:
-    """Whether a convolution by ``w`` (O, C / groups, *kernel) has one input channel per
-    group: the direct loops' shape class (see ``pool_kernels``)."""
-    return w.shape[1] == 1 and w.shape[0] > 1
+def _depthwise(w: np.ndarray, groups: int) -> bool:
+    """Whether a convolution by ``w`` (O, C / groups, *kernel) has one input channel in each
+    of several groups: the direct loops' shape class (see ``pool_kernels``).  One group of
+    one channel (a first layer on grey images) is a (O, taps) by (taps, L) product per
+    sample, which BLAS does better."""
+    return w.shape[1] == 1 and groups > 1
 
 
 def _as3(a: np.ndarray) -> np.ndarray:
@@ -140,8 +162,7 @@ def _as3(a: np.ndarray) -> np.ndarray:
 def _depthwise_forward(
     x: np.ndarray, w: np.ndarray, stride: tuple, padding: tuple, dilation: tuple, outs: tuple
 ) -> np.ndarray:
-    from . import pool_kernels  # numba: on first use only
-
+    pool_kernels = _loops()
     batch, out_c = x.shape[0], w.shape[0]
     out = np.zeros((batch, out_c) + (1,) * (3 - len(outs)) + tuple(outs), x.dtype)
     pool_kernels.depthwise_forward(
@@ -168,7 +189,7 @@ def conv_forward(
     *outs), plus ``bias`` (O,)."""
     batch, out_c = x.shape[0], w.shape[0]
     kernel = tuple(w.shape[2:])
-    if _depthwise(w):
+    if _depthwise(w, groups):
         out = _depthwise_forward(x, w, stride, padding, dilation, outs)
         if bias is not None:
             out += bias.reshape((1, out_c) + (1,) * len(outs))
@@ -195,9 +216,8 @@ def conv_backward_input(
     batch, out_c = g.shape[0], w.shape[0]
     kernel, outs = tuple(w.shape[2:]), tuple(g.shape[2:])
     channels = w.shape[1] * groups
-    if _depthwise(w):
-        from . import pool_kernels  # numba: on first use only
-
+    if _depthwise(w, groups):
+        pool_kernels = _loops()
         n = len(kernel)
         full = [
             max(
@@ -238,9 +258,8 @@ def conv_backward_weight(
     batch, out_c, channels = g.shape[0], g.shape[1], x.shape[1]
     outs = tuple(g.shape[2:])
     n = len(kernel)
-    if channels == groups and out_c > 1:  # one input channel per group: the direct loops
-        from . import pool_kernels  # numba: on first use only
-
+    if channels == groups > 1:  # one input channel in each of several groups: direct loops
+        pool_kernels = _loops()
         gw = np.empty((out_c, *((1,) * (3 - n)), *kernel), g.dtype)
         pool_kernels.depthwise_backward_weight(
             _as3(g), _as3(_padded(x, padding)), gw, _lift3(stride, 1), _lift3(dilation, 1)
@@ -440,8 +459,7 @@ def _planes(x: np.ndarray, n: int) -> np.ndarray:
 
 def avg_pool(x: np.ndarray, *, window: tuple) -> np.ndarray:
     """The ``avg_pool`` primitive: the average of each window of (N, C, *spatial) ``x``."""
-    from . import pool_kernels  # numba: on first use only
-
+    pool_kernels = _loops()
     n = x.ndim - 2
     sizes = tuple(x.shape[2:])
     los, his, _ = _tables(window, sizes)
@@ -458,8 +476,7 @@ def avg_pool(x: np.ndarray, *, window: tuple) -> np.ndarray:
 def pool_index(x: np.ndarray, *, window: tuple) -> np.ndarray:
     """The ``pool_index`` primitive: the flat position of each window's maximum in its input
     plane (PyTorch's pooling indices)."""
-    from . import pool_kernels  # numba: on first use only
-
+    pool_kernels = _loops()
     n = x.ndim - 2
     los, his, steps = _tables(window, tuple(x.shape[2:]))
     outs = tuple(len(lo) for lo in los)
@@ -473,8 +490,7 @@ def pool_index(x: np.ndarray, *, window: tuple) -> np.ndarray:
 
 def pool_take(x: np.ndarray, index: np.ndarray) -> np.ndarray:
     """The ``pool_take`` primitive: each plane of ``x`` at the flat positions ``index``."""
-    from . import pool_kernels  # numba: on first use only
-
+    pool_kernels = _loops()
     planes = x.shape[0] * x.shape[1]
     out = np.empty(index.shape, x.dtype)
     pool_kernels.take(
@@ -488,8 +504,7 @@ def pool_take(x: np.ndarray, index: np.ndarray) -> np.ndarray:
 def pool_scatter(g: np.ndarray, index: np.ndarray, *, sizes: tuple) -> np.ndarray:
     """The ``pool_scatter`` primitive: zeros (N, C, *sizes) with ``g`` added at the flat
     positions ``index`` of each plane."""
-    from . import pool_kernels  # numba: on first use only
-
+    pool_kernels = _loops()
     planes = g.shape[0] * g.shape[1]
     out = np.zeros(g.shape[:2] + tuple(sizes), g.dtype)
     pool_kernels.scatter_add(
@@ -503,8 +518,7 @@ def pool_scatter(g: np.ndarray, index: np.ndarray, *, sizes: tuple) -> np.ndarra
 def avg_pool_backward(g: np.ndarray, *, window: tuple, sizes: tuple) -> np.ndarray:
     """The ``avg_pool_backward`` primitive: average pooling's input gradient (input spatial
     sizes ``sizes``): each output's gradient over its divisor, added to its window."""
-    from . import pool_kernels  # numba: on first use only
-
+    pool_kernels = _loops()
     n = len(sizes)
     los, his, _ = _tables(window, sizes)
     planes = g.shape[0] * g.shape[1]

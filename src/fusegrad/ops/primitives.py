@@ -21,6 +21,7 @@ from .._index_key import numpy_key  # (also the CUDA kernels': kept below both d
 from ..cuda.array import to_device
 from ..errors import ArgumentError, ComplexNotSupported, FusegradError
 from ..size import broadcast_shapes
+from . import conv_kernels  # (numpy only: its numba loops load on first use)
 from .registry import (
     REGISTRY,
     DataDependentShape,
@@ -759,13 +760,6 @@ def _rnn_sequence_backward(g, out, w_hh, h0, *state, mode, reverse, proj, batch_
     return _recurrent_kernels()[1](mode, g, out, w_hh, h0, c0, reverse, w_hr, batch_sizes)
 
 
-def _conv_kernels():  # type: ignore[no-untyped-def]
-    """The convolution and pooling kernels (``conv_kernels``), imported on first use."""
-    from . import conv_kernels
-
-    return conv_kernels
-
-
 # Convolution and pooling as single primitives with kernels of their own (not composites of
 # strided slices, stacks and matmuls) for speed: the composites ran the MNIST CNN at 3.1x
 # PyTorch eager and saved their im2col columns (issue 27).  The backward kernels are their own
@@ -777,7 +771,7 @@ def _convolution(x, w, *bias, stride, padding, dilation, groups, transposed, out
     """An n-d convolution (cross-correlation) of ``x`` (N, C, *spatial) by ``w`` (O, C /
     groups, *kernel), or its transpose (``transposed``: ``w`` is (C, O / groups, *kernel)),
     plus an optional bias (O,).  Zero padding; im2col and BLAS (``conv_kernels``)."""
-    return _conv_kernels().convolution(
+    return conv_kernels.convolution(
         x,
         w,
         *bias,
@@ -794,7 +788,7 @@ def _convolution(x, w, *bias, stride, padding, dilation, groups, transposed, out
 def _convolution_backward_input(g, w, sizes, stride, padding, dilation, groups, transposed):  # type: ignore[no-untyped-def]
     """The input's gradient of ``convolution`` (input spatial sizes ``sizes``) for the
     gradient ``g`` of its output."""
-    return _conv_kernels().convolution_backward_input(
+    return conv_kernels.convolution_backward_input(
         g,
         w,
         sizes=sizes,
@@ -810,7 +804,7 @@ def _convolution_backward_input(g, w, sizes, stride, padding, dilation, groups, 
 def _convolution_backward_weight(g, x, kernel, stride, padding, dilation, groups, transposed):  # type: ignore[no-untyped-def]
     """The weight's gradient of ``convolution`` (kernel sizes ``kernel``) for the gradient
     ``g`` of its output and its input ``x``."""
-    return _conv_kernels().convolution_backward_weight(
+    return conv_kernels.convolution_backward_weight(
         g,
         x,
         kernel=kernel,
@@ -827,14 +821,14 @@ def _avg_pool(x, window):  # type: ignore[no-untyped-def]
     """Average pooling of ``x`` (N, C, *spatial) over ``window``: ``("fixed", kernel, stride,
     padding, dilation, ceil_mode, count_include_pad, divisor_override)`` or ``("adaptive",
     output_size)`` (``conv_kernels``)."""
-    return _conv_kernels().avg_pool(x, window=window)
+    return conv_kernels.avg_pool(x, window=window)
 
 
 @primitive("avg_pool_backward", "opaque", "g")
 def _avg_pool_backward(g, window, sizes):  # type: ignore[no-untyped-def]
     """Average pooling's input gradient (input spatial sizes ``sizes``): linear in ``g``, so
     differentiable (its own gradient is an average pooling)."""
-    return _conv_kernels().avg_pool_backward(g, window=window, sizes=sizes)
+    return conv_kernels.avg_pool_backward(g, window=window, sizes=sizes)
 
 
 # Max pooling is ``pool_take(x, pool_index(x))``: the positions of the maxima once, then the
@@ -845,20 +839,20 @@ def _avg_pool_backward(g, window, sizes):  # type: ignore[no-untyped-def]
 def _pool_index(x, window):  # type: ignore[no-untyped-def]
     """The flat position of each max-pooling window's maximum in its input plane (PyTorch's
     pooling indices), (N, C, *out) int64."""
-    return _conv_kernels().pool_index(x, window=window)
+    return conv_kernels.pool_index(x, window=window)
 
 
 @primitive("pool_take", "opaque", "x index")
 def _pool_take(x, index):  # type: ignore[no-untyped-def]
     """``x`` (N, C, *spatial) at the flat positions ``index`` (N, C, *out) of each plane."""
-    return _conv_kernels().pool_take(x, index)
+    return conv_kernels.pool_take(x, index)
 
 
 @primitive("pool_scatter", "opaque", "g index")
 def _pool_scatter(g, index, sizes):  # type: ignore[no-untyped-def]
     """The transpose of ``pool_take``: zeros (N, C, *sizes) with each element of ``g`` (N, C,
     *out) added at its plane's flat position ``index``."""
-    return _conv_kernels().pool_scatter(g, index, sizes=sizes)
+    return conv_kernels.pool_scatter(g, index, sizes=sizes)
 
 
 @primitive("cummax_index", "opaque", "x", differentiable=False)
@@ -1304,13 +1298,14 @@ def _set_metas() -> None:
     def convolution_meta(
         shapes, dtypes, stride, padding, dilation, groups, transposed, output_padding
     ):  # type: ignore[no-untyped-def]
-        conv = _conv_kernels()
         x, w = shapes[0], shapes[1]
         kernel, sizes = tuple(w[2:]), tuple(x[2:])
         if transposed:
-            outs = conv.transpose_sizes(sizes, kernel, stride, padding, dilation, output_padding)
+            outs = conv_kernels.transpose_sizes(
+                sizes, kernel, stride, padding, dilation, output_padding
+            )
             return (x[0], w[1] * groups) + tuple(outs), dtypes[0]
-        outs = conv.out_sizes(sizes, kernel, stride, padding, dilation)
+        outs = conv_kernels.out_sizes(sizes, kernel, stride, padding, dilation)
         return (x[0], w[0]) + tuple(outs), dtypes[0]
 
     def convolution_backward_input_meta(
@@ -1330,7 +1325,7 @@ def _set_metas() -> None:
 
     def avg_pool_meta(shapes, dtypes, window):  # type: ignore[no-untyped-def]
         x = shapes[0]
-        outs = _conv_kernels().pool_out_sizes(window, tuple(x[2:]))
+        outs = conv_kernels.pool_out_sizes(window, tuple(x[2:]))
         return tuple(x[:2]) + tuple(outs), dtypes[0]
 
     set_meta("convolution", convolution_meta)
