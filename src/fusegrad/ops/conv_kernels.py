@@ -13,8 +13,8 @@ channel per group: direct loops, below):
 * the input's gradient is the columns' gradient ``W^T g`` (one matmul) put back where each
   column was read (col2im, a numba loop: ``pool_kernels.col2im``) into a zero-padded buffer,
   whose padding is then cropped;
-* the weight's gradient is ``g`` times the columns, transposed: one product per group over
-  every sample at once.
+* the weight's gradient is ``g`` times the columns, transposed: one product per sample and
+  group, summed over the samples.
 
 The transposed convolution is the convolution's adjoint, so it runs the same three kernels
 with the roles swapped: its forward is ``backward_input``, its input's gradient is the
@@ -28,10 +28,9 @@ and by timing each kernel alone, one thread; figures in ``benchmarks/README.md``
 
 * channels > 1 per group (every ordinary convolution): the time is in the products, and BLAS
   does them several times faster than a loop nest can (a 64-channel 3x3 layer is a (64, 288)
-  by (288, L) product per sample).  The forward multiplies per sample (one (C taps, N L)
-  product instead measured the same or slower and needs the output transposed after); the
-  weight's gradient is one product per group over the whole batch, with the columns laid out
-  channel-major (per-sample products then a sum took longer, ``einsum`` twice as long);
+  by (288, L) product per sample).  The forward and the weight's gradient multiply per
+  sample: one (C taps, N L) product over a channel-major copy of the columns measured the
+  same at 64 channels and slower with few channels (the copy), ``einsum`` twice as long;
 * one input channel per group (depthwise, channel multipliers): im2col leaves a (1, taps) by
   (taps, L) product per sample and group, thousands of BLAS calls with nothing in them (5x
   PyTorch's time at 64 x 64 x 32 x 32, 3x3); direct numba loops do these
@@ -251,10 +250,10 @@ def conv_backward_weight(
     groups: int,
 ) -> np.ndarray:
     """The weight's gradient of ``conv_forward`` for the gradient ``g`` (N, O, *outs) of its
-    output and its input ``x`` (N, C, *spatial): (O, C / groups, *kernel).  The columns are
-    laid out channel-major, (C * taps, N * L), so that each group's gradient is one product
-    over every sample at once (one product per sample, summed, took 5% longer and a
-    (N, O, C * taps) buffer; ``einsum`` twice as long)."""
+    output and its input ``x`` (N, C, *spatial): (O, C / groups, *kernel).  One product per
+    sample and group, summed over the samples: as fast as one product per group over a
+    channel-major copy of the columns at 64 channels (which costs a transposing copy), and 4x
+    faster where the columns are few (one input channel: 9 rows)."""
     batch, out_c, channels = g.shape[0], g.shape[1], x.shape[1]
     outs = tuple(g.shape[2:])
     n = len(kernel)
@@ -265,12 +264,9 @@ def conv_backward_weight(
             _as3(g), _as3(_padded(x, padding)), gw, _lift3(stride, 1), _lift3(dilation, 1)
         )
         return gw.reshape(out_c, 1, *kernel)
-    view = _window_view(_padded(x, padding), kernel, stride, dilation, outs)
-    # (N, C, *kernel, *outs) -> (C, *kernel, N, *outs)
-    order = (1, *range(2, 2 + n), 0, *range(2 + n, 2 + 2 * n))
-    cols = np.ascontiguousarray(view.transpose(order)).reshape(groups, -1, batch * math.prod(outs))
-    gmat = np.ascontiguousarray(np.moveaxis(g, 1, 0)).reshape(groups, out_c // groups, -1)
-    total = np.matmul(gmat, cols.transpose(0, 2, 1))
+    cols = _columns(x, kernel, stride, padding, dilation, groups, outs)
+    gmat = np.ascontiguousarray(g).reshape(batch, groups, out_c // groups, -1)
+    total = np.matmul(gmat, cols.transpose(0, 1, 3, 2)).sum(0)
     return total.reshape(out_c, channels // groups, *kernel)
 
 
