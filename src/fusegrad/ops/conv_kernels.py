@@ -33,8 +33,9 @@ and by timing each kernel alone, one thread; figures in ``benchmarks/README.md``
   same at 64 channels and slower with few channels (the copy), ``einsum`` twice as long;
 * one input channel per group (depthwise, channel multipliers): im2col leaves a (1, taps) by
   (taps, L) product per sample and group, thousands of BLAS calls with nothing in them (5x
-  PyTorch's time at 64 x 64 x 32 x 32, 3x3); direct numba loops do these
-  (``pool_kernels.depthwise_*``), on par with PyTorch at that shape.
+  PyTorch's time for the forward at 64 x 64 x 32 x 32, 3x3); direct numba loops do these
+  (``pool_kernels.depthwise_*``): forward + backward 3x PyTorch's vectorised kernel there,
+  against 8x through im2col (``benchmarks.conv``'s ``depthwise-3x3``).
 
 col2im is a numba loop too: one numpy slice-add per kernel offset took as long as the product
 before it.
