@@ -14,7 +14,7 @@ Where each primitive's CUDA code comes from:
   copying movement ops and ``cumsum``: ``fusegrad.cuda.movement``; advanced indexing:
   ``fusegrad.cuda.advanced``; the elementwise externs (``round``, ``remainder``,
   ``floor_divide``, bitwise ops): ``fusegrad.cuda.arith``; ``argsort`` (sort, topk, ...):
-  ``fusegrad.cuda.sorting``.
+  ``fusegrad.cuda.sorting``; the pooling primitives: ``fusegrad.cuda.pooling``.
 
 What is not implemented on CUDA yet raises ``NotImplementedError`` naming the primitive, shapes
 and dtypes — never a silent trip through host memory.
@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .._index_key import numpy_key
-from . import advanced, arith, generated, movement, reduce, sorting
+from . import advanced, arith, generated, movement, pooling, reduce, sorting
 from .array import CudaArray, contiguous, copy_into, probe_view, to_device
 from .matmul import matmul
 
@@ -198,5 +198,11 @@ _SPECIAL: dict[str, Callable[[Any, list, dict], Any]] = {
     "flip": _flip,
     "matmul": _matmul,
     "argsort": lambda prim, arrays, attrs: sorting.argsort(arrays[0], **attrs),
+    # the pooling primitives (``cuda/pooling.py``)
+    "avg_pool": lambda prim, arrays, attrs: pooling.avg_pool(arrays[0], **attrs),
+    "avg_pool_backward": lambda prim, arrays, attrs: pooling.avg_pool_backward(arrays[0], **attrs),
+    "pool_index": lambda prim, arrays, attrs: pooling.pool_index(arrays[0], **attrs),
+    "pool_take": lambda prim, arrays, attrs: pooling.pool_take(*arrays),
+    "pool_scatter": lambda prim, arrays, attrs: pooling.pool_scatter(*arrays, **attrs),
     **{n: _reduce(n) for n in ("amax", "amin", "prod", "argmax", "argmin", "all", "any")},
 }

@@ -49,6 +49,8 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from .._pool_windows import window_divisor, window_tables
+
 
 def _loops() -> Any:
     """The loop kernels (``pool_kernels``), imported on their first use: they bring numba,
@@ -387,82 +389,7 @@ def convolution_backward_weight(
     return conv_backward_weight(x, g, kernel, stride, padding, dilation, groups)
 
 
-# ---- pooling: window tables, and the pooling primitives' kernels ----------------------------
-# A pooling primitive's ``window`` attribute says which windows it reads:
-#   ("fixed", kernel, stride, padding, dilation, ceil_mode, count_include_pad, divisor_override)
-#   ("adaptive", output_size)
-# (count_include_pad and divisor_override matter to average pooling only).
-
-
-def pool_out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
-    """How many windows of kernel ``k``, stride ``s``, padding ``p`` and dilation ``d`` a dim
-    of ``size`` holds (PyTorch's rule: with ``ceil_mode`` the last window must start inside the
-    input or its left padding)."""
-    span = size + 2 * p - d * (k - 1) - 1
-    count = (-(-span // s) if ceil_mode else span // s) + 1
-    if ceil_mode and (count - 1) * s >= size + p:
-        count -= 1
-    return count
-
-
-def pool_out_sizes(window: tuple, sizes: tuple) -> tuple:
-    """The output's spatial sizes of a pooling primitive over input sizes ``sizes``."""
-    if window[0] == "adaptive":
-        return tuple(window[1])
-    _, kernel, stride, padding, dilation, ceil_mode = window[:6]
-    return tuple(
-        pool_out_size(sizes[i], kernel[i], stride[i], padding[i], dilation[i], ceil_mode)
-        for i in range(len(kernel))
-    )
-
-
-def _tables(window: tuple, sizes: tuple) -> tuple[list, list, list]:
-    """Per spatial dim: the first and past-the-last input positions each output reads (int64
-    arrays, clipped to the input) and the step between them."""
-    los, his, steps = [], [], []
-    outs = pool_out_sizes(window, sizes)
-    for i, size in enumerate(sizes):
-        o = np.arange(outs[i], dtype=np.int64)
-        if window[0] == "adaptive":
-            lo = (o * size) // outs[i]
-            hi = -((-(o + 1) * size) // outs[i])
-            step = 1
-        else:
-            k, s, p, d = window[1][i], window[2][i], window[3][i], window[4][i]
-            start = o * s - p
-            # the first offset a with start + a d >= 0
-            lo = start + (-(np.minimum(start, 0)) + d - 1) // d * d
-            hi = np.minimum(start + (k - 1) * d + 1, size)
-            step = d
-        los.append(lo)
-        his.append(np.maximum(hi, lo))
-        steps.append(step)
-    return los, his, steps
-
-
-def _divisor(window: tuple, sizes: tuple, los: list, his: list) -> np.ndarray:
-    """Average pooling's divisor per output (O0, O1, O2): PyTorch's rule (the window inside
-    the padded input, or inside the input without ``count_include_pad``; a ``ceil_mode``
-    window hanging over the end counts only what it covers)."""
-    per_dim = []
-    if window[0] == "adaptive":
-        per_dim = [(his[i] - los[i]).astype(np.float64) for i in range(len(sizes))]
-    else:
-        _, kernel, stride, padding, _, _, include_pad, override = window
-        if override:
-            shape = tuple(len(lo) for lo in los)
-            return np.full((1,) * (3 - len(shape)) + shape, float(override))
-        for i, size in enumerate(sizes):
-            start = np.arange(len(los[i]), dtype=np.int64) * stride[i] - padding[i]
-            end = np.minimum(start + kernel[i], size + padding[i])
-            if include_pad:
-                per_dim.append((end - start).astype(np.float64))
-            else:
-                per_dim.append((np.minimum(end, size) - np.maximum(start, 0)).astype(np.float64))
-    divisor = per_dim[0]
-    for v in per_dim[1:]:
-        divisor = np.multiply.outer(divisor, v)
-    return divisor.reshape((1,) * (3 - len(sizes)) + divisor.shape)
+# ---- pooling: the primitives' kernels over the window tables of ``_pool_windows`` ----------
 
 
 def _lift(tables: list, fill: int) -> list:
@@ -483,13 +410,13 @@ def avg_pool(x: np.ndarray, *, window: tuple) -> np.ndarray:
     pool_kernels = _loops()
     n = x.ndim - 2
     sizes = tuple(x.shape[2:])
-    los, his, _ = _tables(window, sizes)
+    los, his, _ = window_tables(window, sizes)
     outs = tuple(len(lo) for lo in los)
     planes = _planes(x, n)
     lift = (1,) * (3 - n)
     out = np.empty((planes.shape[0], *lift, *outs), x.dtype)
     lo, hi = _lift(los, 0), _lift(his, -1)
-    divisor = _divisor(window, sizes, los, his)
+    divisor = window_divisor(window, sizes, los, his)
     pool_kernels.avg_pool(planes, lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], divisor, out)
     return out.reshape(x.shape[:2] + outs)
 
@@ -499,7 +426,7 @@ def pool_index(x: np.ndarray, *, window: tuple) -> np.ndarray:
     plane (PyTorch's pooling indices)."""
     pool_kernels = _loops()
     n = x.ndim - 2
-    los, his, steps = _tables(window, tuple(x.shape[2:]))
+    los, his, steps = window_tables(window, tuple(x.shape[2:]))
     outs = tuple(len(lo) for lo in los)
     planes = _planes(x, n)
     where = np.empty((planes.shape[0], *((1,) * (3 - n)), *outs), np.int64)
@@ -541,12 +468,12 @@ def avg_pool_backward(g: np.ndarray, *, window: tuple, sizes: tuple) -> np.ndarr
     sizes ``sizes``): each output's gradient over its divisor, added to its window."""
     pool_kernels = _loops()
     n = len(sizes)
-    los, his, _ = _tables(window, sizes)
+    los, his, _ = window_tables(window, sizes)
     planes = g.shape[0] * g.shape[1]
     lift = (1,) * (3 - n)
     gx = np.zeros((planes, *lift, *sizes), g.dtype)
     lo, hi = _lift(los, 0), _lift(his, -1)
-    divisor = _divisor(window, sizes, los, his)
+    divisor = window_divisor(window, sizes, los, his)
     pool_kernels.avg_pool_backward(
         np.ascontiguousarray(g).reshape(planes, *lift, *g.shape[2:]),
         lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], divisor, gx,

@@ -90,19 +90,22 @@ def window_kernels(enabled: bool) -> Iterator[None]:
         _kernels.enabled = before
 
 
-def kernel_ok(*tensors: Tensor | None) -> bool:
+def kernel_ok(*tensors: Tensor | None, cuda: bool = False) -> bool:
     """Whether a call on ``tensors`` runs the convolution and pooling primitives (``convolution``,
     ``pool``: one kernel each, ``ops/conv_kernels.py``) rather than the composites: CPU tensors
     of one dtype, float32 or float64, and no forward-AD level (whose tangents come from the
-    composites' primitives).  CUDA tensors and other dtypes run the composites, as everything
-    does inside ``window_kernels(False)``."""
+    composites' primitives).  Other dtypes run the composites, as everything does inside
+    ``window_kernels(False)``; CUDA tensors too, except where the caller has CUDA kernels
+    (``cuda``: pooling, ``cuda/pooling.py``)."""
     if _forward_state.level is not None or not _kernels.enabled:
         return False
     first = tensors[0]
     if first is None or first.dtype not in (_dt.float32, _dt.float64):
         return False
     for t in tensors:
-        if t is not None and (t.dtype is not first.dtype or t.device.type != "cpu"):
+        if t is not None and t.dtype is not first.dtype:
+            return False
+        if t is not None and t.device.type != "cpu" and not (cuda and t.device.type == "cuda"):
             return False
     return True
 
@@ -699,7 +702,7 @@ def max_pool(
                 f"{op}: pad should be at most half of effective kernel size, but got "
                 f"pad={p[i]}, kernel_size={k[i]} and dilation={d[i]}"
             )
-    if kernel_ok(x):
+    if kernel_ok(x, cuda=True):
         _check_windows(op, x, k, s, p, d, ceil_mode)
         window = ("fixed", k, s, p, d, bool(ceil_mode), False, None)
         values, indices = pool_max(x, window)
@@ -771,7 +774,7 @@ def avg_pool(
             )
     if divisor_override is not None and divisor_override == 0:
         raise ShapeError(f"{op}: divisor must be not zero")
-    if kernel_ok(x):
+    if kernel_ok(x, cuda=True):
         _check_windows(op, x, k, s, p, (1,) * n, ceil_mode)
         window = (
             "fixed",
@@ -955,7 +958,7 @@ def adaptive_max_pool(
                 f"{op}(): Expected input to have non-zero size for non-batch dimensions, but "
                 f"input has sizes {list(to_tensor(input).shape)} with an empty dimension"
             )
-    if kernel_ok(x):
+    if kernel_ok(x, cuda=True):
         return adaptive_pool(to_tensor(input), n, sizes, "max", return_indices)
     positions = []
     for i in range(n):

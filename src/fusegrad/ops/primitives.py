@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .._index_key import numpy_key  # (also the CUDA kernels': kept below both devices)
+from .._pool_windows import pool_out_sizes
 from ..cuda.array import to_device
 from ..errors import ArgumentError, ComplexNotSupported, FusegradError
 from ..size import broadcast_shapes
@@ -1325,7 +1326,7 @@ def _set_metas() -> None:
 
     def avg_pool_meta(shapes, dtypes, window):  # type: ignore[no-untyped-def]
         x = shapes[0]
-        outs = conv_kernels.pool_out_sizes(window, tuple(x[2:]))
+        outs = pool_out_sizes(window, tuple(x[2:]))
         return tuple(x[:2]) + tuple(outs), dtypes[0]
 
     set_meta("convolution", convolution_meta)
