@@ -14,7 +14,8 @@ Where each primitive's CUDA code comes from:
   copying movement ops and ``cumsum``: ``fusegrad.cuda.movement``; advanced indexing:
   ``fusegrad.cuda.advanced``; the elementwise externs (``round``, ``remainder``,
   ``floor_divide``, bitwise ops): ``fusegrad.cuda.arith``; ``argsort`` (sort, topk, ...):
-  ``fusegrad.cuda.sorting``; the pooling primitives: ``fusegrad.cuda.pooling``.
+  ``fusegrad.cuda.sorting``; the convolution and pooling primitives: ``fusegrad.cuda.convolution``
+  and ``fusegrad.cuda.pooling``.
 
 What is not implemented on CUDA yet raises ``NotImplementedError`` naming the primitive, shapes
 and dtypes — never a silent trip through host memory.
@@ -29,7 +30,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .._index_key import numpy_key
-from . import advanced, arith, generated, movement, pooling, reduce, sorting
+from . import advanced, arith, convolution, generated, movement, pooling, reduce, sorting
 from .array import CudaArray, contiguous, copy_into, probe_view, to_device
 from .matmul import matmul
 
@@ -198,7 +199,14 @@ _SPECIAL: dict[str, Callable[[Any, list, dict], Any]] = {
     "flip": _flip,
     "matmul": _matmul,
     "argsort": lambda prim, arrays, attrs: sorting.argsort(arrays[0], **attrs),
-    # the pooling primitives (``cuda/pooling.py``)
+    # the convolution and pooling primitives (``cuda/convolution.py``, ``cuda/pooling.py``)
+    "convolution": lambda prim, arrays, attrs: convolution.convolution(*arrays, **attrs),
+    "convolution_backward_input": lambda prim, arrays, attrs: (
+        convolution.convolution_backward_input(*arrays, **attrs)
+    ),
+    "convolution_backward_weight": lambda prim, arrays, attrs: (
+        convolution.convolution_backward_weight(*arrays, **attrs)
+    ),
     "avg_pool": lambda prim, arrays, attrs: pooling.avg_pool(arrays[0], **attrs),
     "avg_pool_backward": lambda prim, arrays, attrs: pooling.avg_pool_backward(arrays[0], **attrs),
     "pool_index": lambda prim, arrays, attrs: pooling.pool_index(arrays[0], **attrs),

@@ -91,19 +91,19 @@ def window_kernels(enabled: bool) -> Iterator[None]:
 
 
 def kernel_ok(*tensors: Tensor | None, cuda: bool = False) -> bool:
-    """Whether a call on ``tensors`` runs the convolution and pooling primitives (``convolution``,
-    ``pool``: one kernel each, ``ops/conv_kernels.py``) rather than the composites: CPU tensors
-    of one dtype, float32 or float64, and no forward-AD level (whose tangents come from the
-    composites' primitives).  Other dtypes run the composites, as everything does inside
-    ``window_kernels(False)``; CUDA tensors too, except where the caller has CUDA kernels
-    (``cuda``: pooling, ``cuda/pooling.py``)."""
+    """Whether a call on ``tensors`` runs the convolution and pooling primitives (kernels of
+    their own, ``ops/conv_kernels.py``) rather than the composites: tensors of one dtype and
+    device, float32 or float64, and no forward-AD level (whose tangents come from the
+    composites' primitives), on the CPU or, where the caller says it has CUDA kernels
+    (``cuda``: ``cuda/convolution.py``, ``cuda/pooling.py``), on CUDA.  Other dtypes run the
+    composites, as everything does inside ``window_kernels(False)``."""
     if _forward_state.level is not None or not _kernels.enabled:
         return False
     first = tensors[0]
     if first is None or first.dtype not in (_dt.float32, _dt.float64):
         return False
     for t in tensors:
-        if t is not None and t.dtype is not first.dtype:
+        if t is not None and (t.dtype is not first.dtype or t.device != first.device):
             return False
         if t is not None and t.device.type != "cpu" and not (cuda and t.device.type == "cuda"):
             return False
@@ -450,7 +450,7 @@ def convolution(
             f"of size {list(b.shape)} instead"
         )
     geometry = (s, p, d, groups, op)
-    if kernel_ok(x, w, b):
+    if kernel_ok(x, w, b, cuda=True):
         _check_windows(op, x, tuple(w.shape[2:]), s, p, d)
         attrs = {
             "stride": s,
@@ -621,7 +621,7 @@ def conv_transpose(
             f"dilation {d} gives an empty output ({'x'.join(map(str, sizes))})"
         )
     b = None if bias is None else to_tensor(bias)
-    if kernel_ok(x, w, b):
+    if kernel_ok(x, w, b, cuda=True):
         attrs = {
             "stride": s,
             "padding": p,
