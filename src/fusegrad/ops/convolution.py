@@ -1,6 +1,14 @@
-"""Convolution, pooling, fold/unfold and unpooling over 1, 2 or 3 spatial dims, as composites.
+"""Convolution, pooling, fold/unfold and unpooling over 1, 2 or 3 spatial dims.
 
-Everything here reads its input through ``_windows``: every kernel window of an (N, C, *spatial)
+Convolutions (transposed too), max, average and adaptive pooling of float32 / float64 tensors
+run as primitives with kernels of their own (``convolution``, ``avg_pool``, ``pool_index`` +
+``pool_take``, ...: ``ops/conv_kernels.py`` on the CPU, ``cuda/convolution.py`` and
+``cuda/pooling.py`` on CUDA; ``kernel_ok`` says when).  Everything else, and those ops for
+other dtypes, under a forward-AD level or inside ``window_kernels(False)``, runs the
+composites below; the convolution's rule also uses them for a differentiable gradient
+(``convolution_grads``).
+
+The composites read its input through ``_windows``: every kernel window of an (N, C, *spatial)
 input as (N, C, *kernel, *out), made of one strided basic slice per kernel offset and dim,
 stacked.  The gradient of a basic slice writes ``g`` into zeros by slice assignment, so the
 backward of im2col (col2im) is a few slice-adds, never a scatter with duplicate indices.  On
@@ -90,13 +98,12 @@ def window_kernels(enabled: bool) -> Iterator[None]:
         _kernels.enabled = before
 
 
-def kernel_ok(*tensors: Tensor | None, cuda: bool = False) -> bool:
+def kernel_ok(*tensors: Tensor | None) -> bool:
     """Whether a call on ``tensors`` runs the convolution and pooling primitives (kernels of
     their own, ``ops/conv_kernels.py``) rather than the composites: tensors of one dtype and
-    device, float32 or float64, and no forward-AD level (whose tangents come from the
-    composites' primitives), on the CPU or, where the caller says it has CUDA kernels
-    (``cuda``: ``cuda/convolution.py``, ``cuda/pooling.py``), on CUDA.  Other dtypes run the
-    composites, as everything does inside ``window_kernels(False)``."""
+    device (the CPU, or CUDA: ``cuda/convolution.py``, ``cuda/pooling.py``), float32 or
+    float64, and no forward-AD level (whose tangents come from the composites' primitives).
+    Other dtypes run the composites, as everything does inside ``window_kernels(False)``."""
     if _forward_state.level is not None or not _kernels.enabled:
         return False
     first = tensors[0]
@@ -105,7 +112,7 @@ def kernel_ok(*tensors: Tensor | None, cuda: bool = False) -> bool:
     for t in tensors:
         if t is not None and (t.dtype is not first.dtype or t.device != first.device):
             return False
-        if t is not None and t.device.type != "cpu" and not (cuda and t.device.type == "cuda"):
+        if t is not None and t.device.type not in ("cpu", "cuda"):
             return False
     return True
 
@@ -450,7 +457,7 @@ def convolution(
             f"of size {list(b.shape)} instead"
         )
     geometry = (s, p, d, groups, op)
-    if kernel_ok(x, w, b, cuda=True):
+    if kernel_ok(x, w, b):
         _check_windows(op, x, tuple(w.shape[2:]), s, p, d)
         attrs = {
             "stride": s,
@@ -621,7 +628,7 @@ def conv_transpose(
             f"dilation {d} gives an empty output ({'x'.join(map(str, sizes))})"
         )
     b = None if bias is None else to_tensor(bias)
-    if kernel_ok(x, w, b, cuda=True):
+    if kernel_ok(x, w, b):
         attrs = {
             "stride": s,
             "padding": p,
@@ -702,7 +709,7 @@ def max_pool(
                 f"{op}: pad should be at most half of effective kernel size, but got "
                 f"pad={p[i]}, kernel_size={k[i]} and dilation={d[i]}"
             )
-    if kernel_ok(x, cuda=True):
+    if kernel_ok(x):
         _check_windows(op, x, k, s, p, d, ceil_mode)
         window = ("fixed", k, s, p, d, bool(ceil_mode), False, None)
         values, indices = pool_max(x, window)
@@ -774,7 +781,7 @@ def avg_pool(
             )
     if divisor_override is not None and divisor_override == 0:
         raise ShapeError(f"{op}: divisor must be not zero")
-    if kernel_ok(x, cuda=True):
+    if kernel_ok(x):
         _check_windows(op, x, k, s, p, (1,) * n, ceil_mode)
         window = (
             "fixed",
@@ -958,7 +965,7 @@ def adaptive_max_pool(
                 f"{op}(): Expected input to have non-zero size for non-batch dimensions, but "
                 f"input has sizes {list(to_tensor(input).shape)} with an empty dimension"
             )
-    if kernel_ok(x, cuda=True):
+    if kernel_ok(x):
         return adaptive_pool(to_tensor(input), n, sizes, "max", return_indices)
     positions = []
     for i in range(n):

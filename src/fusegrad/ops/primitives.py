@@ -765,8 +765,9 @@ def _rnn_sequence_backward(g, out, w_hh, h0, *state, mode, reverse, proj, batch_
 # strided slices, stacks and matmuls) for speed: the composites ran the MNIST CNN at 3.1x
 # PyTorch eager and saved their im2col columns (issue 27).  The backward kernels are their own
 # primitives, not differentiable: the rules use the op-surface composites (``ops/convolution.py``)
-# where a graph of the gradient is wanted (``create_graph``).  CPU, float32 and float64 only: the
-# op surface runs the composites otherwise.
+# where a graph of the gradient is wanted (``create_graph``).  float32 and float64 only (the op
+# surface runs the composites otherwise); CUDA tensors run ``cuda/convolution.py`` and
+# ``cuda/pooling.py``.
 @primitive("convolution", "opaque", "x w bias*")
 def _convolution(x, w, *bias, stride, padding, dilation, groups, transposed, output_padding):  # type: ignore[no-untyped-def]
     """An n-d convolution (cross-correlation) of ``x`` (N, C, *spatial) by ``w`` (O, C /
