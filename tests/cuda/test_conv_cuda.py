@@ -77,3 +77,29 @@ def test_double_backward_on_the_device() -> None:
         (gg,) = fg.autograd.grad((gx * gx).sum() + (gw * gw).sum(), xt)
         results.append(gg.cpu().numpy())
     np.testing.assert_allclose(results[1], results[0], rtol=1e-11, atol=1e-12)
+
+
+def test_compiled_backward_on_the_device() -> None:
+    """compiled_autograd() on CUDA: the convolution and pooling kernels as externs of the
+    compiled backward give the eager CPU gradients, compiled once, without a fallback."""
+    from fusegrad import compiler
+
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((2, 2, 6, 6)), rng.standard_normal((3, 2, 3, 3))
+    results = []
+    compiler.reset()
+    for device, compiled in (("cpu", False), ("cuda", True)):
+        xt = fg.tensor(x, device=device, requires_grad=True)
+        wt = fg.tensor(w, device=device, requires_grad=True)
+        out = F.avg_pool2d(F.max_pool2d(F.relu(F.conv2d(xt, wt, padding=1)), 2), 2, 1)
+        loss = (out * out).sum()
+        if compiled:
+            with compiler.compiled_autograd():
+                loss.backward()
+        else:
+            loss.backward()
+        results.append((xt.grad.cpu().numpy(), wt.grad.cpu().numpy()))
+    for a, b in zip(results[1], results[0]):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    assert compiler.counters.compiled_runs == 1 and not compiler.counters.fallbacks
+    compiler.reset()
