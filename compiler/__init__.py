@@ -31,6 +31,7 @@ from typing import Any
 from fusegrad.nn.module import Module
 
 from .admission import CompilationError
+from .dynamic import mark_dynamic, mark_static
 from .events import counters
 from .events import debug as _debug
 from .explain import Report, explain
@@ -56,6 +57,8 @@ __all__ = [
     "Report",
     "config",
     "cached_programs",
+    "mark_dynamic",
+    "mark_static",
 ]
 
 

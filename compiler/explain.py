@@ -15,6 +15,7 @@ from typing import Any
 from . import events
 from .events import debug, emit
 from .key import grad_state
+from .module import OptimizedModule
 from .recording import Watch
 from .region import compiled_autograd
 from .step import CompiledFunction
@@ -52,7 +53,15 @@ class Report:
         for step, program in self.steps:
             lines.append(step.describe(program))
         for reason in self.breaks:
-            lines.append(f"whole step: not replayable ({reason}); backward() compiled on its own")
+            if reason.startswith("graph break"):
+                # (``breaks``: the parts are recorded on the next calls, each a whole step)
+                lines.append(
+                    f"whole step: {reason}; each compiled part is recorded on its next call"
+                )
+            else:
+                lines.append(
+                    f"whole step: not replayable ({reason}); backward() compiled on its own"
+                )
         for guard in self.guards:
             lines.append(f"guards: {guard}")
         lines.append(f"{len(self.captures)} graph(s) captured, {len(self.fallbacks)} fallback(s)")
@@ -97,6 +106,8 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> Report:
     compiling its backward.  When ``fn`` is a ``fusegrad.compile``d function its recording for
     these arguments is replaced by this one (so the next call replays it); anything else is
     left out of every cache."""
+    if isinstance(fn, OptimizedModule):
+        return _explain_module(fn, args, kwargs)
     target = fn if isinstance(fn, CompiledFunction) else None
     if target is None:
         target = CompiledFunction(fn, False, "default", lambda: compiled_autograd())
@@ -114,5 +125,31 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> Report:
     elif entry is not None:
         grad_key = tuple(grad_state(leaf) for leaf in entry.leaves)
         seen.append(("step", entry, entry.program(grad_key, target.mode)))
+    seen.append(("guards", watch.describe_guards()))
+    return Report(seen)
+
+
+def _explain_module(cm: OptimizedModule, args: tuple, kwargs: dict) -> Report:
+    """``explain`` of a compiled module: one call, recorded as ``compile(model)`` records it
+    (replacing its recording for these guards), reported as its forward program and its
+    backward program, or why it cannot be replayed."""
+    mod = cm._orig_mod
+    seen: list = [("ran", f"compile({type(mod).__name__})")]
+    prev_report, debug.report = debug.report, seen
+    try:
+        watch = Watch(mod.forward, args, kwargs)
+        emit(events.RECORDING, cm._aot_why(watch.key))
+        cm._recorded_call(watch, args, kwargs, explaining=True)
+        entry = cm._aot.get(watch.key)
+        if isinstance(entry, str):
+            seen.append(("break", entry))
+        elif entry is not None:
+            grad_key = tuple(grad_state(leaf) for leaf in entry.step.leaves)
+            seen.append(("step", entry.step, entry.step.program(grad_key, entry.mode)))
+            if entry.root_slots:
+                program = entry.build_backward(entry.backward_graph)
+                seen.append(("capture", "compile(model): its backward program", program))
+    finally:
+        debug.report = prev_report
     seen.append(("guards", watch.describe_guards()))
     return Report(seen)

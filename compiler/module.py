@@ -66,14 +66,16 @@ from . import trace as _trace
 from .admission import CompilationError
 from .capture import Fallback
 from .capture import capture as _capture_graph
+from .dynamic import Mismatch, arg_shapes, masked, merge_entries
 from .events import emit
 from .ir import Graph, Value, verify
 from .key import walk as _walk
 from .passes.buffers import VIEW_OPS
 from .program import Program
-from .recording import Recorder, StepBreak, Watch, why_recorded
+from .recording import Recorder, StepBreak, Watch, describe_change, why_recorded
 from .region import Region, compiled_autograd
 from .service import Background, CompileNotice, Programs, Recordings, service
+from .settings import config
 from .step import Step, record, run_as_written
 
 
@@ -93,17 +95,31 @@ class _ModuleNode(Node):
 
 class CompiledModuleBackward(_ModuleNode):
     """The backward of one call of a compiled module: ``autograd.grad`` of the call's real
-    outputs with respect to its parameters and tensor arguments, inside a compiled region."""
+    outputs with respect to its parameters and tensor arguments, inside a compiled region.
 
-    __slots__ = ("_fullgraph", "_inputs", "_mode", "_outputs")
+    Outputs computed from other outputs (``logits, loss``) get a node of their own whose
+    edges go on to the inner outputs' node (``inner``), as eager's graph does (see
+    ``_two_levels``)."""
 
-    def __init__(self, outputs: list, inputs: list, fullgraph: bool, mode: str) -> None:
-        super().__init__(
-            tuple(t._edge() for t in inputs), tuple((t._data.shape, t._dtype) for t in inputs)
-        )
+    __slots__ = ("_fullgraph", "_inner", "_inner_outputs", "_inputs", "_mode", "_outputs")
+
+    def __init__(
+        self,
+        outputs: list,
+        inputs: list,
+        fullgraph: bool,
+        mode: str,
+        inner: _ModuleNode | None = None,
+        inner_outputs: list = (),  # type: ignore[assignment]
+    ) -> None:
+        edges = [t._edge() for t in inputs] + [(inner, k) for k in range(len(inner_outputs))]
+        meta = [(t._data.shape, t._dtype) for t in [*inputs, *inner_outputs]]
+        super().__init__(tuple(edges), tuple(meta))
         self._outputs: list | None = outputs
         self._count = len(outputs)
         self._inputs: list | None = inputs
+        self._inner = inner
+        self._inner_outputs = list(inner_outputs)
         self._fullgraph = fullgraph
         self._mode = mode
 
@@ -113,19 +129,26 @@ class CompiledModuleBackward(_ModuleNode):
         roots = [o for o, g in zip(self._outputs, grads) if g is not None]
         root_grads = [g for g in grads if g is not None]
         create = grad_mode.is_grad_enabled()  # the engine enables it for create_graph
+        n_inner = len(self._inner_outputs)
+        if n_inner and _observed(self._inner):
+            return _cut_backward(roots, root_grads, self._inputs, self._inner_outputs, self, create)
         # only the inputs the running backward needs (eager runs no other node of the module)
         mask = _needed_edges(self)
+        if mask is not None:
+            mask = mask[: len(self._inputs)]
         inputs = self._inputs if mask is None else [t for t, m in zip(self._inputs, mask) if m]
         # the inputs' own hooks run once, when the engine delivers these gradients to them:
         # not also inside (``autograd.grad`` would run them on what it captures)
         stashed = _stash_hooks(inputs)
+        # (the inner outputs' node may still run a backward through the same graph)
+        keep = retain or create or (n_inner > 0 and _runs_later(self._inner, n_inner))
         try:
             with compiled_autograd(self._fullgraph, self._mode):
                 result = _grad(
                     roots,
                     inputs,
                     root_grads,
-                    retain_graph=retain or create,
+                    retain_graph=keep,
                     create_graph=create,
                     allow_unused=True,
                 )
@@ -136,7 +159,59 @@ class CompiledModuleBackward(_ModuleNode):
             result = tuple(next(it) if m else None for m in mask)
         # (the references stay: the module's own graph frees its saved tensors and raises
         # eager's error where a second backward needs them, and only there)
-        return tuple(result)
+        return (*result, *(None,) * n_inner)
+
+
+def _observed(inner: Node) -> bool:
+    """Whether the running backward looks at what reaches the inner outputs' node ``inner``:
+    hooks or ``retain_grad`` on those outputs, node hooks, or ``autograd.grad`` /
+    ``backward(inputs=...)`` with respect to one of them.  Then what the outer outputs send
+    into them must reach them (``_cut_backward``); else it may flow on inside."""
+    if inner._tensor_pre_hooks or inner._retain_grad_hooks or inner._pre_hooks:
+        return True
+    if inner._post_hooks:
+        return True
+    task = _engine._current.task
+    return task is not None and any(node is inner for node, _ in task.capture)
+
+
+def _runs_later(inner: Node, own_edges: int) -> bool:
+    """Whether the running backward also sends gradients into ``inner`` from outside the
+    module: some were delivered already, or more are to come than the outer node's own
+    edges to it."""
+    task = _engine._current.task
+    return task is None or inner in task.buffers or task.deps.get(inner, 0) > own_edges
+
+
+def _cut_backward(
+    roots: list, root_grads: list, inputs: list, inner: list, node: Node, create: bool
+) -> tuple:
+    """The outer outputs' backward stopped at the inner outputs: gradients for ``inputs`` by
+    the paths that avoid the inner outputs, and what reaches each inner output (delivered
+    along the node's edges to the inner node, which adds what uses outside send and runs the
+    rest).  Eagerly, through the real graph (kept: the inner node still runs through it)."""
+    mask = _needed_edges(node)
+    n = len(inputs)
+    wanted = inputs if mask is None else [t for t, m in zip(inputs, mask[:n]) if m]
+    stashed = _stash_hooks(wanted)
+    try:
+        result = _engine.run_backward(
+            roots,
+            root_grads,
+            True,
+            create,
+            inputs=[*wanted, *inner],
+            accumulate=False,
+            cut=inner,
+        )
+    finally:
+        _restore_hooks(stashed)
+    assert result is not None
+    own, to_inner = result[: len(wanted)], result[len(wanted) :]
+    if mask is not None:
+        it = iter(own)
+        own = [next(it) if m else None for m in mask[:n]]
+    return (*own, *to_inner)
 
 
 def _needed_edges(node: Node) -> list | None:
@@ -283,23 +358,42 @@ def _edges_below(starts: list, first_seq: int, stop: Any = ()) -> Iterator[tuple
                 stack.append(child)
 
 
-def _dependent_reason(roots: list, first_seq: int) -> str | None:
-    """Why one node for all outputs would be wrong: an output that requires grad is used to
-    compute another (a gradient with respect to the inner one, or through it, must flow inside
-    the module), or has hooks or retains its gradient (registered inside the forward, on the
-    real output), or None."""
+def _two_levels(roots: list, first_seq: int) -> tuple[list, list] | str:
+    """``(outer, inner)``: the positions of the outputs computed from other outputs, and of the
+    rest (``outer`` empty: the outputs are independent); or why the outputs' dependencies are
+    deeper than two levels (an output computed from one that is computed from a third).
+
+    The outer outputs' node has edges to the inner outputs' node, as in eager's graph, so that
+    hooks, ``retain_grad`` and ``autograd.grad`` on an inner output see what the outer ones
+    send into it.  When nothing looks there, the outer node's backward runs on through the inner
+    outputs (one program for ``logits, loss = model(x, y); loss.backward()``)."""
+    if len(roots) < 2:
+        return [], list(range(len(roots)))
+    where = {(id(r.grad_fn), r._output_nr): k for k, r in enumerate(roots)}
+    reaches: list[set] = [set() for _ in roots]
+    for k, r in enumerate(roots):
+        for child, nr in _edges_below([r.grad_fn], first_seq):
+            other = where.get((id(child), nr))
+            if other is not None and other != k:
+                reaches[k].add(other)
+    outer = [k for k, found in enumerate(reaches) if found]
+    reached = set().union(*reaches)
+    for k in outer:
+        if k in reached:
+            return (
+                f"output {k} of the module is computed from another output and used to "
+                "compute a third (more than two levels)"
+            )
+    return outer, [k for k in range(len(roots)) if k not in outer]
+
+
+def _hooked_output_reason(roots: list) -> str | None:
+    """Why the module's backward node would be wrong: an output has hooks or retains its
+    gradient (registered inside the forward, on the real output), or None."""
     for k, r in enumerate(roots):
         node, nr = r.grad_fn, r._output_nr
         if r._retains_grad or (node._tensor_pre_hooks and nr in node._tensor_pre_hooks):
             return f"output {k} of the module has hooks or retains its gradient"
-    if len(roots) < 2:
-        return None
-    edges = {(id(r.grad_fn), r._output_nr): k for k, r in enumerate(roots)}
-    for k, r in enumerate(roots):
-        for child, nr in _edges_below([r.grad_fn], first_seq):
-            other = edges.get((id(child), nr))
-            if other is not None and other != k:
-                return f"output {other} of the module is used to compute output {k}"
     return None
 
 
@@ -340,9 +434,20 @@ class AOTEntry:
     ``stats`` compares the bytes saved with eager's saved tensors."""
 
     def __init__(
-        self, rec: Recorder, out: Any, roots: list, inputs: list, watch: Watch, mode: str
+        self,
+        rec: Recorder,
+        out: Any,
+        roots: list,
+        inputs: list,
+        watch: Watch,
+        mode: str,
+        levels: tuple = ([], []),
     ) -> None:
         self.mode = mode
+        # (outer, inner): positions of the roots computed from other roots, and of the rest
+        # (``_two_levels``; no outer ones: one node for all)
+        self.levels = levels
+        self.root_meta = [(r._data.shape, r._dtype) for r in roots]
         bg = Graph()  # no output needs a gradient (inference): the forward program alone
         w = None
         if roots:
@@ -467,9 +572,10 @@ class AOTEntry:
             self.pruned[present] = _prune(self.backward_graph, present)
         return self.pruned[present]
 
-    def backward(self, saved: list, grads: tuple) -> list | None:
+    def backward(self, saved: list, grads: tuple, sizes: tuple | None = None) -> list | None:
         """The inputs' gradients (None for an input no output with a gradient reaches), or
-        None when this pattern of absent output gradients cannot be pruned exactly."""
+        None when this pattern of absent output gradients cannot be pruned exactly.  ``sizes``:
+        the call's size vector (an entry over symbols, ``dynamic``)."""
         present = tuple(g is not None for g in grads)
         # (an absent gradient's input is never read: any array of its shape will do)
         arrays = [g._data if g is not None else np.empty(0) for g in grads] + saved
@@ -485,7 +591,7 @@ class AOTEntry:
                     owner="compiled module",
                     what="a compiled module's backward in the background (run uncompiled "
                     "meanwhile)",
-                    warmup=lambda: ([np.array(a, copy=True) for a in arrays], []),
+                    warmup=lambda: ([np.array(a, copy=True) for a in arrays], [], (), sizes),
                     uncompiled=lambda: service.uncompiled(graph),
                     worker=True,
                 )
@@ -501,7 +607,7 @@ class AOTEntry:
         prev = grad_mode._state.enabled
         grad_mode._state.enabled = False
         try:
-            return program.run_step(arrays, [], {}, self.n_inputs)  # type: ignore[no-any-return]
+            return program.run_step(arrays, [], {}, self.n_inputs, sizes)  # type: ignore[no-any-return]
         finally:
             grad_mode._state.enabled = prev
             if notice is not None:
@@ -593,32 +699,58 @@ class AOTBackward(_ModuleNode):
     """The backward of one replayed call of a compiled module: ``AOTEntry.backward`` on what
     that call's forward program saved, with eager's checks (saved outputs and inputs not
     modified in place since) and its errors.  A backward that must itself be differentiable
-    (``create_graph=True``) re-runs the module's forward eagerly from the same inputs."""
+    (``create_graph=True``) re-runs the module's forward eagerly from the same inputs.
 
-    __slots__ = ("_checks", "_entry", "_inputs", "_redo", "_saved")
+    ``slots``: the outputs (positions among the entry's roots) this node is the ``grad_fn``
+    of -- all of them, or, for outputs computed from other outputs, the outer ones (with
+    edges on to ``inner``, the node of the inner ones: ``_two_levels``) or the inner ones.
+    The nodes of one call share what it saved (``state``: freed by a backward that does not
+    retain the graph)."""
+
+    __slots__ = ("_checks", "_entry", "_inner", "_inputs", "_redo", "_sizes", "_slots", "_state")
 
     def __init__(
-        self, entry: AOTEntry, inputs: list, saved: list, checks: list, redo: Callable
+        self,
+        entry: AOTEntry,
+        inputs: list,
+        state: list,
+        checks: list,
+        redo: Callable,
+        slots: list,
+        inner: AOTBackward | None = None,
+        inner_meta: list = (),  # type: ignore[assignment]
+        sizes: tuple | None = None,
     ) -> None:
-        super().__init__(
-            tuple(t._edge() for t in inputs), tuple((t._data.shape, t._dtype) for t in inputs)
-        )
+        n_inner = len(inner._slots) if inner is not None else 0
+        edges = [t._edge() for t in inputs] + [(inner, k) for k in range(n_inner)]
+        # (the inner outputs' shapes and dtypes: what the edges to them carry)
+        meta = [(t._data.shape, t._dtype) for t in inputs] + list(inner_meta)
+        super().__init__(tuple(edges), tuple(meta))
         self._entry = entry
         self._inputs = inputs
-        self._saved: list | None = saved
+        self._state = state  # [saved values, or None once freed]
         self._checks = checks
-        self._count = len(entry.root_slots)
+        self._count = len(slots)
+        self._slots = slots
+        self._inner = inner
         self._redo = redo
+        self._sizes = sizes  # the call's size vector (``dynamic``), or None
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
-        saved = self._saved
+        entry = self._entry
+        full: list = [None] * len(entry.root_slots)  # the gradients of every output
+        for k, g in zip(self._slots, grads):
+            full[k] = g
+        inner = self._inner
+        n_inner = len(inner._slots) if inner is not None else 0
+        saved = self._state[0]
         if saved is None:
             # freed by a backward through the whole module: a later one may still run the
             # parts that read nothing saved (a view's backward), as eager's nodes can
-            present = tuple(g is not None for g in grads)
-            if grad_mode.is_grad_enabled() or self._entry.reads_saved(present):
+            present = tuple(g is not None for g in full)
+            if grad_mode.is_grad_enabled() or entry.reads_saved(present):
                 raise AutogradError(_freed_message)
-            saved = [None] * len(self._entry.saved_plan)
+            saved = [None] * len(entry.saved_plan)
         for t, version, what in self._checks:
             if t._version_counter.value != version:
                 raise AutogradError(
@@ -627,23 +759,33 @@ class AOTBackward(_ModuleNode):
                     f"is at version {t._version_counter.value}; expected version {version} "
                     "instead (needed by CompiledModuleBackward)."
                 )
+        if inner is not None and _observed(inner):
+            # what reaches the inner outputs is looked at: the outer ones' backward stops
+            # there (the forward again, eagerly), and the inner node runs the rest
+            mask = _needed_edges(self)
+            return tuple(self._redo(tuple(full), mask and mask[: len(self._inputs)], inner._slots))
         mask = _needed_edges(self)
+        if mask is not None:
+            mask = mask[: len(self._inputs)]
+            if all(mask):
+                mask = None
         result = None
         if not grad_mode.is_grad_enabled() and mask is None:
             # (outputs without a gradient: the program for that pattern leaves out what flows
             # from them alone, as eager runs nothing there)
-            result = self._entry.backward(saved, tuple(grads))
+            result = entry.backward(saved, tuple(full), self._sizes)
         if result is None:
             # create_graph (a differentiable backward), a backward that needs only some of the
             # module's inputs (eager runs only part of its graph), or absent gradients that
             # cannot be pruned exactly: the forward again, eagerly
-            result = self._redo(grads, mask)
-        partial = mask is not None or any(g is None for g in grads)
-        if not retain and not partial and self._entry.saved_plan:
+            result = self._redo(tuple(full), mask)
+        partial = mask is not None or any(g is None for g in full)
+        later = inner is not None and _runs_later(inner, n_inner)
+        if not retain and not later and entry.saved_plan and (not partial or inner is not None):
             # (a backward that reached only some outputs leaves the rest usable, as eager's
-            # frees only the nodes it ran)
-            self._saved = None
-        return tuple(result)
+            # frees only the nodes it ran; one from the outer outputs ran through all of them)
+            self._state[0] = None
+        return (*result, *(None,) * n_inner)
 
 
 class OptimizedModule(Module):
@@ -657,6 +799,8 @@ class OptimizedModule(Module):
         object.__setattr__(self, "_reasons_logged", set())
         # guard key -> AOTEntry | reason (str), and the recording policy
         object.__setattr__(self, "_aot", Recordings(lambda: f"compile({type(mod).__name__})"))
+        # recordings merged over sizes (``dynamic``), every size after the second replays one
+        object.__setattr__(self, "_dynamics", [])
 
     # -- the original's state, not a copy -------------------------------------------------------
     @property
@@ -739,8 +883,15 @@ class OptimizedModule(Module):
         watch = Watch(mod.forward, args, kwargs)
         entries = self.__dict__["_aot"]
         entry = entries.get(watch.key)
+        sizes = None
+        if entry is None:
+            for dyn in self.__dict__["_dynamics"]:
+                sizes = dyn.sizes(watch.args) if masked(watch.key, dyn.dims) == dyn.key else None
+                if sizes is not None:
+                    entry = dyn.step
+                    break
         if type(entry) is AOTEntry:
-            out = self._replay(entry, watch, args, kwargs)
+            out = self._replay(entry, watch, args, kwargs, sizes)
             if out is not NotImplemented:
                 emit(
                     events.STEP_REPLAYED,
@@ -748,26 +899,50 @@ class OptimizedModule(Module):
                     message="compiled module's forward replayed",
                 )
                 return out
-        first_seq = next(_graph_base._sequence)
-        rec = None
         if entry is None and entries.refusal() is None:
             entries.count()
-            rec, out, tape = record(
-                mod, watch, Region(self._fullgraph, self._compile_mode), args, kwargs
-            )
-        else:
-            with self._region():
-                tape = _tape.state.tape
-                out = mod(*args, **kwargs)
+            return self._recorded_call(watch, args, kwargs)
+        first_seq = next(_graph_base._sequence)
+        with self._region():
+            tape = _tape.state.tape
+            out = mod(*args, **kwargs)
+        return self._hand_out(None, watch, out, first_seq, tape, args, kwargs)
+
+    def _recorded_call(
+        self, watch: Watch, args: tuple, kwargs: dict, explaining: bool = False
+    ) -> Any:
+        """A call run eagerly while it is recorded; the recording (or why it cannot be
+        replayed) is filed under ``watch.key``."""
+        first_seq = next(_graph_base._sequence)
+        region = Region(self._fullgraph, self._compile_mode)
+        rec, out, tape = record(self._orig_mod, watch, region, args, kwargs, explaining)
+        return self._hand_out(rec, watch, out, first_seq, tape, args, kwargs)
+
+    def _hand_out(
+        self,
+        rec: Recorder | None,
+        watch: Watch,
+        out: Any,
+        first_seq: int,
+        tape: Any,
+        args: tuple,
+        kwargs: dict,
+    ) -> Any:
+        """The call's outputs, with the compiled backward node(s) where they can be exact (the
+        recording ``rec`` filed, if any)."""
+        mod = self._orig_mod
+        entries = self.__dict__["_aot"]
         roots = _roots(out, first_seq)
         if not roots:  # (no grad mode, or nothing requires grad): the forward alone
             if rec is not None:
                 self._remember(entries, watch, rec, out, [], [])
             return out
         inputs = _inputs_of(mod, args, kwargs)
+        levels = _two_levels(roots, first_seq)
         reason = (
             _outside_reason(roots, inputs, first_seq, tape)
-            or _dependent_reason(roots, first_seq)
+            or _hooked_output_reason(roots)
+            or (levels if isinstance(levels, str) else None)
             or _reentrant_reason(roots, first_seq)
         )
         if reason is not None:
@@ -775,20 +950,76 @@ class OptimizedModule(Module):
                 entries.remember(watch.key, reason)
             self._note_eager_backward(reason)
             return out
+        assert not isinstance(levels, str)
         if rec is not None:
-            self._remember(entries, watch, rec, out, roots, inputs)
-        return _alias_outputs(
-            out, roots, CompiledModuleBackward(roots, inputs, self._fullgraph, self._compile_mode)
+            self._remember(entries, watch, rec, out, roots, inputs, levels)
+        outer, inner = levels
+        places: dict = {}
+        full, mode = self._fullgraph, self._compile_mode
+        inner_node = None
+        if outer:  # (outputs computed from other outputs: two nodes, as eager's graph)
+            inner_roots = [roots[k] for k in inner]
+            inner_node = CompiledModuleBackward(inner_roots, inputs, full, mode)
+            places.update((k, (inner_node, nr)) for nr, k in enumerate(inner))
+        mine = outer or inner
+        node = CompiledModuleBackward(
+            [roots[k] for k in mine],
+            inputs,
+            full,
+            mode,
+            inner_node,
+            [roots[k] for k in inner] if outer else [],
         )
+        places.update((k, (node, nr)) for nr, k in enumerate(mine))
+        return _alias_outputs(out, roots, places)
 
     def _region(self) -> Any:
         return compiled_autograd(self._fullgraph, self._compile_mode)
+
+    def _merge_sizes(self, entries: Recordings, watch: Watch, entry: AOTEntry) -> None:
+        """After a recording: merged with an earlier one whose key differs only in the
+        arguments' sizes, when both programs are one over sizes (``dynamic``); the outcome
+        goes to the ``recompiles`` log."""
+        dynamics = self.__dict__["_dynamics"]
+        if not config.dynamic_sizes or len(dynamics) >= 4:
+            return
+        key = watch.key
+        shapes = arg_shapes(key)
+        every = frozenset((a, d) for a, shape in enumerate(shapes) for d in range(len(shape)))
+        for other_key, other in entries.items():
+            if other_key == key or type(other) is not AOTEntry:
+                continue
+            if masked(other_key, every) != masked(key, every):
+                continue
+            try:
+                dyn = merge_entries(other, entry, other_key, key, watch.args)
+            except Mismatch as e:
+                emit(events.RECORDING, f"{self._name()}: sizes stay concrete ({e})")
+                return
+            dynamics.append(dyn)
+            emit(events.RECORDING, f"{self._name()}: sizes became symbolic ({dyn.describe()})")
+            return
+
+    def _aot_why(self, key: tuple) -> str:
+        """In words, why a call with guard key ``key`` is recorded (``explain``)."""
+        entries = self.__dict__["_aot"]
+        if key in entries:
+            return "these guards were recorded before; recorded again (explain replaces it)"
+        last = entries.last_key()
+        return "first call of this module" if last is None else describe_change(last, key)
 
     def _name(self) -> str:
         return f"compile({type(self._orig_mod).__name__})"
 
     def _remember(
-        self, entries: Recordings, watch: Watch, rec: Recorder, out: Any, roots: list, inputs: list
+        self,
+        entries: Recordings,
+        watch: Watch,
+        rec: Recorder,
+        out: Any,
+        roots: list,
+        inputs: list,
+        levels: tuple = ([], []),
     ) -> None:
         """File the recording of this call (or why it cannot be replayed)."""
         started = _trace.clock() if _trace.enabled else 0.0
@@ -796,7 +1027,7 @@ class OptimizedModule(Module):
         try:
             if rec.backwards:
                 raise StepBreak("the forward calls backward()")
-            entry = AOTEntry(rec, out, roots, inputs, watch, self._compile_mode)
+            entry = AOTEntry(rec, out, roots, inputs, watch, self._compile_mode, levels)
         except StepBreak as e:
             entries.remember(watch.key, str(e))
             if _trace.enabled:
@@ -804,13 +1035,16 @@ class OptimizedModule(Module):
             emit(events.STEP_BREAK, str(e), name=type(self._orig_mod).__name__, **detail)
             return
         entries.remember(watch.key, entry)
+        self._merge_sizes(entries, watch, entry)
         if _trace.enabled:
             detail["why"] = why_recorded(self._name(), entries, watch.key)
         emit(events.STEP_RECORDED, entry=entry, **detail)
 
-    def _replay(self, entry: AOTEntry, watch: Watch, args: tuple, kwargs: dict) -> Any:
+    def _replay(
+        self, entry: AOTEntry, watch: Watch, args: tuple, kwargs: dict, sizes: tuple | None = None
+    ) -> Any:
         """A call replayed: the forward program, then one ``AOTBackward`` node for its outputs
-        that require grad."""
+        that require grad (``sizes``: the call's size vector, for an entry over symbols)."""
         inputs = [watch.args[ref] if kind == "arg" else ref for kind, ref in entry.input_sources]
         # a differentiable backward re-runs the forward eagerly: with the random state the
         # replay drew its numbers from (the default generator's), so it draws them again
@@ -834,13 +1068,27 @@ class OptimizedModule(Module):
                 else:
                     t = outputs[k]
                     checks.append((t, t._version_counter.value, f"output {k} of the module"))
-            node = AOTBackward(entry, inputs, saved, checks, self._redo(args, kwargs, rng))
-            for nr, k in enumerate(entry.root_slots):
-                t = outputs[k]
-                t.grad_fn = node
-                t._output_nr = nr
+            redo = self._redo(args, kwargs, rng)
+            state = [saved]
+            outer, inner = entry.levels
+            nodes = {}
+            inner_node = None
+            if outer:  # (outputs computed from other outputs: two nodes, as eager's graph)
+                inner_node = AOTBackward(entry, inputs, state, checks, redo, inner, sizes=sizes)
+                nodes.update((k, (inner_node, nr)) for nr, k in enumerate(inner))
+            inner_meta = [
+                (outputs[entry.root_slots[k]]._data.shape, outputs[entry.root_slots[k]]._dtype)
+                for k in (inner if outer else [])
+            ]
+            node = AOTBackward(
+                entry, inputs, state, checks, redo, outer or inner, inner_node, inner_meta, sizes
+            )
+            nodes.update((k, (node, nr)) for nr, k in enumerate(outer or inner))
+            for pos, slot in enumerate(entry.root_slots):
+                t = outputs[slot]
+                t.grad_fn, t._output_nr = nodes[pos]
 
-        return entry.step.run(watch.args, self._compile_mode, finish)
+        return entry.step.run(watch.args, self._compile_mode, finish, sizes)
 
     def _redo(self, args: tuple, kwargs: dict, rng: dict | None) -> Callable:
         """A differentiable backward for ``create_graph=True``: the forward again, eagerly, on
@@ -848,7 +1096,7 @@ class OptimizedModule(Module):
         started from (``rng``), then ``autograd.grad`` through it."""
         mod = self._orig_mod
 
-        def redo(grads: tuple, mask: list | None) -> list:
+        def redo(grads: tuple, mask: list | None, cut: list | None = None) -> list:
             if rng is not None:
                 now = _random.get_rng_state()
                 _random.set_rng_state(rng)
@@ -864,6 +1112,23 @@ class OptimizedModule(Module):
             if mask is not None:
                 inputs = [t for t, m in zip(inputs, mask) if m]
             pairs = [(r, g) for r, g in zip(roots, grads) if g is not None]
+            if cut is not None:  # (``AOTBackward``: the outer outputs' backward, stopped)
+                inner = [roots[k] for k in cut]
+                found = _engine.run_backward(
+                    [r for r, _ in pairs],
+                    [g for _, g in pairs],
+                    True,
+                    grad_mode.is_grad_enabled(),
+                    inputs=[*inputs, *inner],
+                    accumulate=False,
+                    cut=inner,
+                )
+                assert found is not None
+                own = found[: len(inputs)]
+                if mask is not None:
+                    it = iter(own)
+                    own = [next(it) if m else None for m in mask]
+                return [*own, *found[len(inputs) :]]
             result = _grad(
                 [r for r, _ in pairs],
                 inputs,
@@ -887,10 +1152,10 @@ class OptimizedModule(Module):
             emit(events.EAGER_BACKWARD, reason, name=type(self._orig_mod).__name__)
 
 
-def _alias_outputs(out: Any, roots: list, node: Node) -> Any:
-    """``out`` with each output in ``roots`` replaced by an alias whose ``grad_fn`` is
-    ``node`` (one alias per output, however often it is returned): same data, same version
-    counter."""
+def _alias_outputs(out: Any, roots: list, places: dict) -> Any:
+    """``out`` with each output in ``roots`` replaced by an alias whose ``grad_fn`` and output
+    number are ``places[k]`` for the k-th root (one alias per output, however often it is
+    returned): same data, same version counter."""
     index = {id(r): k for k, r in enumerate(roots)}
     made: dict[int, Tensor] = {}
 
@@ -902,8 +1167,7 @@ def _alias_outputs(out: Any, roots: list, node: Node) -> Any:
         if a is None:
             a = made[k] = Tensor._make(t._data)
             a._version_counter = t._version_counter
-            a.grad_fn = node
-            a._output_nr = k
+            a.grad_fn, a._output_nr = places[k]
         return a
 
     return _map_tensors(out, alias)

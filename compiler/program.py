@@ -454,11 +454,15 @@ class Program:
             for n in release:
                 n.release()
 
-    def run_step(self, arrays: list, leaves: list, targets: dict, outputs: int) -> list:
+    def run_step(
+        self, arrays: list, leaves: list, targets: dict, outputs: int, sizes: tuple | None = None
+    ) -> list:
         """Run a whole-step program (``step``): ``arrays`` are its ``arg`` inputs, ``leaves``
         the tensors its ``grad`` effects go to, ``targets`` the tensors (and version bumps) its
-        ``write`` effects copy into, by input index; returns its ``outputs`` output tensors."""
-        inst = self.instance(self.graph.hints)
+        ``write`` effects copy into, by input index; returns its ``outputs`` output tensors.
+        ``sizes``: the call's size vector (a step over symbols, ``dynamic``; default: the
+        recording's)."""
+        inst = self.instance(self.graph.hints if sizes is None else sizes)
         prev_mode = grad_mode._state.enabled
         grad_mode._state.enabled = False
         start = time.perf_counter()

@@ -25,6 +25,7 @@ output structure the front end replays (``step.Step``).  See docs/ARCHITECTURE.m
 
 from __future__ import annotations
 
+import ast
 import linecache
 import os
 import sys
@@ -87,6 +88,52 @@ class StepBreak(Exception):
 _PACKAGES = tuple(
     os.path.dirname(os.path.abspath(f)) + os.sep for f in (fusegrad.__file__, __file__)
 )
+
+
+def line_in(code: types.CodeType | None) -> int | None:
+    """The line the innermost running frame of ``code`` is at (None: no such frame): where a
+    compiled function's own statement is, however deep the call that broke its recording."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None and code is not None:
+        if frame.f_code is code:
+            return frame.f_lineno
+        frame = frame.f_back
+    return None
+
+
+def _literal_at_call(data: Any) -> bool:
+    """Whether the call running in the innermost frame outside fusegrad passes ``data`` as its
+    first argument written out as a literal (numbers, and lists or tuples of them), read from
+    the source positions of the running instruction."""
+    frame: types.FrameType | None = sys._getframe(1)
+    while frame is not None:
+        name = os.path.abspath(frame.f_code.co_filename)
+        if not name.startswith(_PACKAGES) and not name.startswith("<frozen"):
+            break
+        frame = frame.f_back
+    if frame is None or frame.f_lasti < 0:
+        return False
+    positions = list(frame.f_code.co_positions())
+    if frame.f_lasti // 2 >= len(positions):
+        return False
+    first, last, start, stop = positions[frame.f_lasti // 2]
+    if first is None or last is None or start is None or stop is None:
+        return False
+    lines = [
+        linecache.getline(frame.f_code.co_filename, n).encode() for n in range(first, last + 1)
+    ]
+    if not all(lines):
+        return False
+    lines[-1] = lines[-1][:stop]
+    lines[0] = lines[0][start:]
+    try:
+        call = ast.parse(b"".join(lines).decode(), mode="eval").body
+        if not isinstance(call, ast.Call) or not call.args:
+            return False
+        written = ast.literal_eval(call.args[0])
+        return bool(np.array_equal(np.asarray(written), np.asarray(data)))
+    except (SyntaxError, ValueError, TypeError, UnicodeDecodeError, MemoryError, RecursionError):
+        return False
 
 
 def _user_line() -> str:
@@ -297,6 +344,11 @@ class Recorder(Tracer):
         self.suffix: list = []
         self.started = False  # a tensor op was recorded
         self.pending: list = []  # host reads not yet known to be harmless: (result, what, line)
+        # the recorded function's code, and per host read the line of its own statement that
+        # made it (``line_in``): where a graph break splits the function (``breaks``)
+        self.code: types.CodeType | None = None
+        self.read_sites: list[int | None] = []
+        self.break_site: int | None = None  # the site of the read that broke the recording
         self.backwards = 0
         # the DistributedDataParallel wrappers whose hooks the program does the work of
         self.ddps: set[int] = set()
@@ -322,6 +374,7 @@ class Recorder(Tracer):
         optimizer already stepped."""
         if self.pending:
             _, what, line, _ = self.pending[0]
+            self.break_site = self.read_sites[0]
             raise StepBreak(
                 f"Python read a tensor's value ({what}) at {line}, and tensor ops follow"
             )
@@ -375,6 +428,8 @@ class Recorder(Tracer):
             return value
         source = self.watch.tensors.get(id(arr))
         if source is None:
+            if self.broken is None:
+                self.break_site = line_in(self.code)
             raise StepBreak(
                 f"{_describe(t)} used at {_user_line()} was not computed by the function and is "
                 "not an argument, a parameter or buffer of a watched module, or a tensor in its "
@@ -506,11 +561,19 @@ class Recorder(Tracer):
             known = self.runtime_keys[key] = self.new_input(t, ("cast", index, t._dtype.np))
         return known
 
+    def from_data(self, t: Tensor, data: Any) -> None:
+        """A tensor made from Python data: a constant when the data is written out in the
+        source of the call that made it (``x.new_tensor([0.5, 0.1])``: the same on every call),
+        else left unknown (a break where it is used: the data may be computed)."""
+        if self.broken is None and _literal_at_call(data):
+            self.created(t, None)
+
     def host_read(self, t: Tensor, what: str, result: Any = None) -> None:
         if self.broken is None:
             found = self.values.get(id(t._data))
             value = found[0] if found is not None and found[2] == t._version_counter.value else None
             self.pending.append((result, what, _user_line(), value))
+            self.read_sites.append(line_in(self.code))
 
     def wrote(self, target: Tensor, result: Tensor) -> None:
         if self.broken is not None:
@@ -548,7 +611,24 @@ class Recorder(Tracer):
                 self.stop(str(e))
 
     def side_effect(self, t: Tensor, what: str) -> None:
+        if what == "requires_grad_()" and self.made_inside(t):
+            # ``x.detach().requires_grad_()`` (the inputs of ``fusegrad.func.grad``): the flag
+            # of a tensor the call made is seen by nothing outside the call, and what the call
+            # does with it (a backward, the outputs) is recorded as usual
+            return
         self.stop(f"{what} at {_user_line()} inside the compiled function")
+
+    def made_inside(self, t: Tensor) -> bool:
+        """True when ``t`` is a tensor the recorded ops made, or a new alias of one or of an
+        input (``detach()``): not an argument, parameter, buffer or closure tensor the guard
+        watches, whose flags are seen after the call."""
+        arr = t._data
+        watched = self.watch.tensors.get(id(arr))
+        if watched is None:
+            return id(arr) in self.values
+        return not any(t is a for a in self.watch.args) and not any(
+            ref is t for kind, ref in self.watch.tensors.values() if kind == "ext"
+        )
 
     def opaque(self, owner: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
         if self.broken is not None:
@@ -835,6 +915,7 @@ class Recorder(Tracer):
         spec = self.output_spec(result, reads, returned_reads, outputs)
         for i, (_, what, line, _) in enumerate(self.pending):
             if i not in returned_reads:
+                self.break_site = self.read_sites[i]
                 raise StepBreak(f"Python read a tensor's value ({what}) at {line}")
         graph = self.graph
         final_grads = self.final_grads()

@@ -64,6 +64,10 @@ class Region(Tracer):
     """The tracer of a thread inside ``compiled_autograd()`` / a ``compile``d function: records
     the primitive calls it runs on the thread's tape, and compiles ``backward``/``grad``."""
 
+    # an optimizer's update under no_grad makes no nodes, so nothing of it is on the tape: its
+    # multi-tensor kernel may run instead of the tensor ops (``fusegrad.optim._foreach``)
+    sees_updates = False
+
     def __init__(self, fullgraph: bool, mode: str) -> None:
         self.fullgraph = fullgraph
         self.mode = mode

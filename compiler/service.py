@@ -315,6 +315,9 @@ class Recordings:
     def values(self) -> list:
         return list(self.entries.values())
 
+    def items(self) -> list:
+        return list(self.entries.items())
+
     def __len__(self) -> int:
         return len(self.entries)
 

@@ -36,6 +36,11 @@ class Config:
         # (one per guard key: sizes, modes, Python values); past this many keys a function
         # is no longer recorded, only its backward compiled (one logged reason)
         self.step_recordings = 8
+        # a whole step recorded for a second guard key that differs only in its arguments'
+        # sizes is merged with the first into one recording over symbolic sizes, which every
+        # later size replays (``dynamic``: PyTorch's automatic dynamic); False: one recording
+        # per size
+        self.dynamic_sizes = True
         # generated CPU kernels that wait on each other's row sums (layer norm, softmax, their
         # backwards) run as one row kernel, row by row (``passes.rows``); False: separately
         self.row_fusion = True

@@ -59,6 +59,8 @@ from . import admission, events, passes
 from . import tape as _tape
 from . import trace as _trace
 from .admission import CompilationError
+from .breaks import Source, Split
+from .dynamic import Dynamic, Mismatch, arg_shapes, marked, masked, merge
 from .events import emit
 from .ir import Value, format_graph, verify
 from .key import grad_state
@@ -66,6 +68,8 @@ from .program import Program, scratch_leaf
 from .recording import Recorder, StepBreak, Watch, describe_change, why_recorded
 from .region import Region
 from .service import Background, CompileNotice, Programs, Recordings, service
+from .settings import config
+from .symbolic import substitute
 
 
 class _FreedNode(Node):
@@ -125,6 +129,9 @@ class Step:
         }
         self.n_outputs = n_outputs
         self.ddps = frozenset(rec.ddps)
+        # per random draw whose shape is an expression over sizes (a step over symbols,
+        # ``dynamic``): that shape, evaluated per call
+        self.draw_shapes: dict[int, tuple] = {}
         # its programs by the leaves' ``.grad`` state (``service.obtain``)
         self.programs = Programs()
         self.write_slots = tuple(bumps)
@@ -142,7 +149,12 @@ class Step:
         self.check_plan = sorted(needed, key=lambda v: v.id)
 
     def program(
-        self, grad_key: tuple, mode: str, arrays: list | None = None, leaves: list | None = None
+        self,
+        grad_key: tuple,
+        mode: str,
+        arrays: list | None = None,
+        leaves: list | None = None,
+        sizes: tuple | None = None,
     ) -> Program:
         """The program for the leaves' ``.grad`` state ``grad_key``, from the service (built on
         first use).  Given the call's input ``arrays`` and ``leaves``, a program numba has not
@@ -155,13 +167,13 @@ class Step:
             return ready
         background = None
         if arrays is not None and leaves is not None and mode != "debug":
-            background = self.background(arrays, leaves)
+            background = self.background(arrays, leaves, sizes)
         program, _ = service.obtain(
             self.programs, grad_key, lambda: self.build(grad_key, mode), background
         )
         return program  # type: ignore[no-any-return]
 
-    def background(self, arrays: list, leaves: list) -> Background:
+    def background(self, arrays: list, leaves: list, sizes: tuple | None = None) -> Background:
         """How this step's program compiles in the background: its thread reads copies of the
         arguments and random draws (the user may write into them) and the parameters
         themselves (only ever read), with stand-ins for the leaves."""
@@ -173,7 +185,7 @@ class Step:
                 a if kind == "ext" else np.array(a, copy=True)
                 for a, (kind, *_) in zip(arrays, sources)
             ]
-            return scratch, [scratch_leaf(t) for t in leaves]
+            return scratch, [scratch_leaf(t) for t in leaves], (), sizes
 
         return Background(
             owner="whole step",
@@ -197,10 +209,17 @@ class Step:
                 recorded=True,
             )
 
-    def run(self, args: list[Tensor], mode: str, finish: Callable | None = None) -> Any:
+    def run(
+        self,
+        args: list[Tensor],
+        mode: str,
+        finish: Callable | None = None,
+        sizes: tuple | None = None,
+    ) -> Any:
         """Replay on this call's tensor arguments; ``finish(outputs, arrays)``, when given, sees
         the program's output tensors (which it may replace) and input arrays before the result
-        is rebuilt from them (``module``)."""
+        is rebuilt from them (``module``).  ``sizes``: the call's size vector, for a step over
+        symbols (``dynamic``)."""
         for owner, fn, a, kw in self.prefix:
             fn(owner, *a, **kw)
         leaves = [args[ref] if kind == "arg" else ref for kind, ref in self.leaf_sources]
@@ -216,16 +235,22 @@ class Step:
                 f"a whole step ({st['forward ops']} forward and {st['backward ops']} backward ops)"
             )
         try:
-            return self._run(args, leaves, grad_key, mode, finish)
+            return self._run(args, leaves, grad_key, mode, finish, sizes)
         finally:
             if notice is not None:
                 notice.stop()
 
     def _run(
-        self, args: list[Tensor], leaves: list, grad_key: tuple, mode: str, finish: Any
+        self,
+        args: list[Tensor],
+        leaves: list,
+        grad_key: tuple,
+        mode: str,
+        finish: Any,
+        sizes: tuple | None = None,
     ) -> Any:
         arrays = []
-        for source in self.sources:
+        for index, source in enumerate(self.sources):
             kind = source[0]
             if kind == "arg":
                 arrays.append(args[source[1]]._data)
@@ -241,16 +266,18 @@ class Step:
                 arrays.append(
                     np.zeros(shape, dtype.np) if grad is None else np.array(grad._data, copy=True)
                 )
+            elif sizes is not None and index in self.draw_shapes:
+                arrays.append(source[1](substitute(self.draw_shapes[index], sizes))._data)
             else:
                 arrays.append(source[1]()._data)
-        program = self.program(grad_key, mode, arrays, leaves)
+        program = self.program(grad_key, mode, arrays, leaves, sizes)
         if self.checks:
-            self.run_checks(arrays)
+            self.run_checks(arrays, sizes)
         targets = {}
         for index in self.write_slots:
             kind, ref = self.sources[index]
             targets[index] = (args[ref] if kind == "arg" else ref, self.bumps[index])
-        outputs = program.run_step(arrays, leaves, targets, self.n_outputs)
+        outputs = program.run_step(arrays, leaves, targets, self.n_outputs, sizes)
         for k in self.fresh_outputs:
             a = outputs[k]._data
             if any(np.may_share_memory(a, b) for b in arrays) or any(
@@ -296,7 +323,7 @@ class Step:
                 lines.append(f"  generated code: {program.source_path}")
         return "\n".join(lines)
 
-    def run_checks(self, arrays: list) -> None:
+    def run_checks(self, arrays: list, sizes: tuple | None = None) -> None:
         env: dict[Value, Any] = {}
         graph = self.graph
         for v in self.check_plan:
@@ -308,7 +335,8 @@ class Step:
                 env[v] = graph.constants[v.attr("index")]
             else:
                 kernel = _registry.REGISTRY[v.op].kernel
-                env[v] = np.asarray(kernel(*[env[i] for i in v.inputs], **dict(v.attrs)))
+                attrs = dict(v.attrs) if sizes is None else dict(substitute(v.attrs, sizes))
+                env[v] = np.asarray(kernel(*[env[i] for i in v.inputs], **attrs))
         for v, fn in self.checks:
             fn(env[v])
 
@@ -383,6 +411,7 @@ def record(
     the recorder, the call's result and the tape its forward was recorded on."""
     rec = Recorder(watch, region)
     rec.explaining = explaining
+    rec.code = getattr(getattr(fn, "__func__", fn), "__code__", None)
     _tape.state.enter()
     try:
         tape = _tape.state.tape
@@ -404,6 +433,12 @@ class CompiledFunction:
         # guard key -> Step | reason (str), and the recording policy (``service.Recordings``)
         self.entries = Recordings(self.name)
         self.warmed_up = False  # see ``_state_pending``
+        # the function cut at its first graph break (``breaks``): every later call runs the
+        # parts (each compiled part has its own recordings and guards; the Python of the part
+        # that reads the value runs as written, so nothing the cut keeps depends on the key)
+        self.split_at: Split | None = None
+        # recordings merged over sizes (``dynamic``): every size after the second replays one
+        self.dynamics: list[Dynamic] = []
         self.__wrapped__ = fn
 
     def name(self) -> str:
@@ -420,6 +455,8 @@ class CompiledFunction:
         policy = admission.call_policy()
         if policy != admission.COMPILE:
             return run_as_written(policy, self.fn, args, kwargs, self.region)
+        if self.split_at is not None:
+            return self.split_at(args, kwargs)
         watch = Watch(self.fn, args, kwargs)
         entry = self.entries.get(watch.key)
         if type(entry) is Step:
@@ -428,6 +465,14 @@ class CompiledFunction:
                 emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
                 return out
             entry = "a leaf has hooks"
+        if entry is None and self.dynamics:
+            for dyn in self.dynamics:
+                sizes = dyn.sizes(watch.args) if masked(watch.key, dyn.dims) == dyn.key else None
+                if sizes is not None:
+                    out = dyn.step.run(watch.args, self.mode, sizes=sizes)
+                    if out is not NotImplemented:
+                        emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
+                        return out
         if entry is None:
             entry = self.entries.refusal()
         if entry is not None:  # fell back for this key: compiled backward only
@@ -448,6 +493,64 @@ class CompiledFunction:
             emit(events.RECORDING, f"whole step: recording #{number}: {self.why_record(watch.key)}")
         return self.record(watch, args, kwargs)
 
+    def split(self, rec: Recorder, reason: str) -> Split | str | None:
+        """The function cut at the statement whose Python read of a value broke the recording
+        (``breaks``); None for another break; why not, for a body that cannot be cut."""
+        if rec.break_site is None or not (
+            reason.startswith("Python read a tensor's value") or "not computed by the" in reason
+        ):
+            return None
+        source = Source.of(self.fn)
+        if isinstance(source, str):
+            return source
+        why = source.why_not()
+        if why is not None:
+            return why
+        at = source.statement_at(rec.break_site)
+        if at is None:
+            return None
+        region = self.region
+        return Split(
+            self.fn,
+            source,
+            at,
+            reason,
+            lambda part: CompiledFunction(part, False, self.mode, region),
+            region,
+        )
+
+    def merge_sizes(self, key: tuple, step: Step, args: list) -> None:
+        """After a recording: merged with an earlier one whose key differs only in the
+        arguments' sizes, when they are one program over sizes (``dynamic``); the outcome goes
+        to the ``recompiles`` log (``CompilationError`` when a dim that changed is marked
+        dynamic, ``mark_dynamic``)."""
+        if not config.dynamic_sizes or len(self.dynamics) >= 4:
+            return
+        every = frozenset(
+            (a, d) for a, shape in enumerate(arg_shapes(key)) for d in range(len(shape))
+        )
+        for other_key, other in self.entries.items():
+            if other_key == key or type(other) is not Step:
+                continue
+            if masked(other_key, every) != masked(key, every):
+                continue
+            try:
+                dyn = merge(other, step, other_key, key, args)
+            except Mismatch as e:
+                shapes = zip(arg_shapes(other_key), arg_shapes(key), args)
+                for a, (sa, sb, t) in enumerate(shapes):
+                    changed = {d for d, (x, y) in enumerate(zip(sa, sb)) if x != y}
+                    if changed & marked(t, "dynamic"):
+                        raise CompilationError(
+                            f"{self.name()}: argument {a} dims {sorted(changed)} are marked "
+                            f"dynamic, but the step cannot be one program over them: {e}"
+                        ) from None
+                emit(events.RECORDING, f"whole step: sizes stay concrete ({e})")
+                return
+            self.dynamics.append(dyn)
+            emit(events.RECORDING, f"whole step: sizes became symbolic ({dyn.describe()})")
+            return
+
     def why_record(self, key: tuple) -> str:
         """In words, why a call with guard key ``key`` is recorded (``explain``, the log)."""
         if key in self.entries:
@@ -465,17 +568,26 @@ class CompiledFunction:
         try:
             step = Step(rec, *rec.finish(result))
         except StepBreak as e:
-            self.entries.remember(watch.key, str(e))
+            if self.fullgraph:
+                self.entries.remember(watch.key, str(e))
+                emit(events.STEP_BREAK, str(e), **detail)
+                raise CompilationError(f"fullgraph=True: {e}") from None
+            split = self.split(rec, str(e))
+            if type(split) is Split:
+                self.split_at = split
+                self.entries.remember(watch.key, message := split.describe())
+            else:
+                message = str(e) if split is None else f"{e} (not split: {split})"
+                self.entries.remember(watch.key, message)
             if _trace.enabled:
                 detail["why"] = why_recorded(self.name(), self.entries, watch.key)
-            emit(events.STEP_BREAK, str(e), **detail)
-            if self.fullgraph:
-                raise CompilationError(f"fullgraph=True: {e}") from None
+            emit(events.STEP_BREAK, message, **detail)
             return result
         if events.wanted(events.GRAPH):
             emit(events.GRAPH, "whole-step graph:\n" + format_graph(rec.graph))
         verify(rec.graph)
         self.entries.remember(watch.key, step)
+        self.merge_sizes(watch.key, step, watch.args)
         if _trace.enabled:
             detail["why"] = why_recorded(self.name(), self.entries, watch.key)
         emit(events.STEP_RECORDED, entry=step, **detail)

@@ -18,6 +18,12 @@ that fails (a graph that does not pickle, an error in the worker) is no error: i
 to the ``perf`` log, and the thread compiles as before.
 
 ``config.compile_workers`` (``FUSEGRAD_COMPILE_WORKERS=0`` sets False) turns workers off.
+
+At most ``slots()`` workers compile at once on the machine, whichever processes started them
+(one less than the cores, at least one; ``FUSEGRAD_COMPILE_SLOTS`` sets the number): a
+worker starts at once and waits for a slot (a lock file in the cache directory, held for its
+life) before it builds anything, so a script that compiles many programs leaves a queue of
+waiting workers rather than one numba compile per program fighting for the cores.
 """
 
 from __future__ import annotations
@@ -159,14 +165,50 @@ def _spawn(payload: bytes, directory: str, lock: int, launch: Launch) -> str | N
     return None
 
 
+def slots() -> int:
+    """How many workers may compile at once on this machine."""
+    wanted = os.environ.get("FUSEGRAD_COMPILE_SLOTS", "")
+    if wanted.isdigit() and int(wanted) > 0:
+        return int(wanted)
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+def try_slot(directory: str, count: int) -> int | None:
+    """A free slot's lock file, locked (its descriptor), or None when all ``count`` are
+    taken."""
+    for k in range(count):
+        fd = os.open(
+            os.path.join(directory, f"fusegrad_worker_slot_{k}.lock"), os.O_RDWR | os.O_CREAT, 0o600
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        return fd
+    return None
+
+
+def take_slot(directory: str, count: int, poll_s: float = 0.2) -> int:
+    """A slot, waiting for one to free up."""
+    while True:
+        fd = try_slot(directory, count)
+        if fd is not None:
+            return fd
+        time.sleep(poll_s)
+
+
 def _main(path: str) -> int:
-    """The worker: build the program in ``path``'s payload and run its warm-up, at a lower
-    scheduling priority than the process that runs the calls meanwhile (on a small machine the
-    worker would otherwise take a core from them)."""
+    """The worker: wait for a slot (``slots``), then build the program in ``path``'s payload
+    and run its warm-up, at a lower scheduling priority than the process that runs the calls
+    meanwhile (on a small machine the worker would otherwise take a core from them)."""
     try:
         os.nice(10)
     except (AttributeError, OSError):  # (not POSIX, or not allowed: the same priority)
         pass
+    slot = None
+    if fcntl is not None:
+        slot = take_slot(os.path.dirname(os.path.abspath(path)), slots())
     try:
         with open(path, "rb") as f:
             graph, settings, prepare_args = pickle.load(f)
@@ -180,6 +222,8 @@ def _main(path: str) -> int:
             pass
     program: Any = Program(graph, **settings)
     program.prepare(*prepare_args)
+    if slot is not None:
+        os.close(slot)
     return 0
 
 

@@ -24,6 +24,7 @@ def test_quick_mode_runs_and_prints_every_implementation() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "batch 4" in proc.stdout
     assert "| fusegrad, vmap(grad)" in proc.stdout
+    assert "| fusegrad, compile(vmap(grad))" in proc.stdout
     assert "| fusegrad, loop over samples" in proc.stdout
     if importlib.util.find_spec("torch") is not None:
         assert "| torch.func, vmap(grad)" in proc.stdout

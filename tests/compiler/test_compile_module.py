@@ -467,3 +467,136 @@ def test_anomaly_mode_names_the_eager_node() -> None:
                 net(x).backward()
         messages.append(str(info.value))
     assert messages[0] == messages[1] and "MulBackward0" in messages[0]
+
+
+# ---- outputs computed from each other: nanoGPT's ``(logits, loss)`` ----------------------------
+
+
+class _LogitsAndLoss(nn.Module):
+    """A model returning ``(logits, loss)``, the loss computed from the logits (nanoGPT)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, 8, dtype=fg.float64)
+        self.head = nn.Linear(8, 11, dtype=fg.float64)
+
+    def forward(self, idx: fg.Tensor, targets: fg.Tensor | None = None) -> tuple:
+        logits = self.head(self.emb(idx).tanh())
+        if targets is None:
+            return logits, None
+        loss = nn.functional.cross_entropy(logits.view(-1, 11), targets.view(-1))
+        return logits, loss
+
+
+@pytest.mark.parametrize("root", ["loss", "logits", "both"])
+def test_outputs_computed_from_each_other_replay_with_eagers_gradients(root: str) -> None:
+    fg.manual_seed(0)
+    eager = _LogitsAndLoss()
+    m = _LogitsAndLoss()
+    m.load_state_dict(eager.state_dict())
+    cm = fg.compile(m, fullgraph=True)  # (no reason to fall back: fullgraph does not raise)
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        idx = fg.tensor(rng.integers(0, 11, (2, 5)))
+        targets = fg.tensor(rng.integers(0, 11, (2, 5)))
+        weights = fg.tensor(rng.standard_normal((2, 5, 11)))
+        for net in (eager, cm):
+            net.zero_grad()
+            logits, loss = net(idx, targets)
+            if root == "loss":
+                loss.backward()
+            elif root == "logits":
+                (logits * weights).sum().backward()
+            else:
+                (loss + (logits * weights).sum()).backward()
+        _close(_grads(m), _grads(eager))
+    assert compiler.counters.step_captures == 1
+    assert compiler.counters.step_runs == 3
+    assert compiler.counters.fallbacks == {}
+    logits, loss = cm(idx, targets)
+    # two nodes, as in eager's graph: the loss's has an edge to the logits'
+    assert any(node is logits.grad_fn for node, _ in loss.grad_fn._edges)
+    # the other signature (no targets) is its own recording, with one output
+    logits, none = cm(idx)
+    assert none is None and logits.shape == (2, 5, 11)
+
+
+def test_outputs_computed_from_each_other_without_replay_use_one_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same model on the path that does not replay the forward (its recording refused):
+    the compiled backward of the real outputs, with eager's gradients."""
+    fg.manual_seed(0)
+    eager = _LogitsAndLoss()
+    m = _LogitsAndLoss()
+    m.load_state_dict(eager.state_dict())
+    cm = fg.compile(m)
+    rng = np.random.default_rng(4)
+    idx = fg.tensor(rng.integers(0, 11, (3, 4)))
+    targets = fg.tensor(rng.integers(0, 11, (3, 4)))
+    monkeypatch.setattr(compiler.config, "step_recordings", 0)  # (nothing recorded)
+    for net in (eager, cm):
+        logits, loss = net(idx, targets)
+        (loss * 2.0 + logits.square().mean()).backward()
+    _close(_grads(m), _grads(eager))
+    assert type(loss.grad_fn).__name__ == "CompiledModuleBackward"
+
+
+@pytest.mark.parametrize("replayed", [False, True])
+def test_what_the_loss_sends_into_the_logits_reaches_them_as_in_eager(replayed: bool) -> None:
+    """Hooks, ``retain_grad`` and ``autograd.grad`` on an output that another output is
+    computed from see the gradient eager gives them (PyTorch's torch.compile does not: its
+    logits get nothing from the loss)."""
+    fg.manual_seed(0)
+    eager = _LogitsAndLoss()
+    m = _LogitsAndLoss()
+    m.load_state_dict(eager.state_dict())
+    cm = fg.compile(m)
+    idx = fg.tensor(np.arange(6).reshape(2, 3))
+    if replayed:
+        for _ in range(2):  # (recorded, then replayed from here on)
+            cm(idx, idx)
+    weights = fg.tensor(np.random.default_rng(5).standard_normal((2, 3, 11)))
+    seen: dict = {"eager": [], "compiled": []}
+    for name, net in (("eager", eager), ("compiled", cm)):
+        net.zero_grad()
+        logits, loss = net(idx, idx)
+        logits.retain_grad()
+        logits.register_hook(lambda g, name=name: seen[name].append(g.numpy().copy()))
+        (loss + (logits * weights).sum()).backward()
+        seen[name].append(logits.grad.numpy().copy())
+        logits, loss = net(idx, idx)
+        (d_logits,) = fg.autograd.grad(loss, logits)
+        seen[name].append(d_logits.numpy().copy())
+        logits, loss = net(idx, idx)
+        both = fg.autograd.grad(loss * 3.0, [logits, *net.parameters()])
+        seen[name].extend(g.numpy().copy() for g in both)
+    _close(seen["compiled"], seen["eager"])
+    _close(_grads(m), _grads(eager))
+    assert compiler.counters.fallbacks == {}
+
+
+def test_explain_of_a_compiled_module_shows_its_forward_and_backward_programs() -> None:
+    _, m = _pair()
+    cm = fg.compile(m)
+    report = compiler.explain(cm, _x())
+    text = str(report)
+    assert "explain ran compile(_Net) once" in text
+    assert "program:" in text and "compile(model): its backward program" in text
+    assert len(report.captures) == 1 and not report.breaks
+    cm(_x()).sum().backward()  # the recording explain made is replayed
+    assert compiler.counters.step_runs == 1
+
+
+def test_explain_of_a_compiled_module_that_cannot_replay_says_why() -> None:
+    class Reads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 3, dtype=fg.float64)
+
+        def forward(self, x: fg.Tensor) -> fg.Tensor:
+            h = self.lin(x)
+            return h * 2.0 if h.sum().item() > 0 else h
+
+    report = compiler.explain(fg.compile(Reads()), _x())
+    assert len(report.breaks) == 1 and "item()" in report.breaks[0]

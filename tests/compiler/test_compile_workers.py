@@ -188,3 +188,37 @@ def test_one_worker_per_program_across_processes(
     assert not spawned
     assert "another process's worker compiled the program" in caplog.text, caplog.text
     np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+
+
+def test_workers_wait_for_a_compile_slot_across_processes(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """At most ``slots()`` workers compile at once on the machine: a slot held by one process
+    is not free for another until it is released."""
+    pytest.importorskip("fcntl")
+    monkeypatch.setenv("FUSEGRAD_COMPILE_SLOTS", "2")
+    assert workers.slots() == 2
+    monkeypatch.setenv("FUSEGRAD_COMPILE_SLOTS", "")
+    assert workers.slots() == max(1, (os.cpu_count() or 2) - 1)
+    first = workers.try_slot(str(tmp_path), 2)
+    second = workers.try_slot(str(tmp_path), 2)
+    assert first is not None and second is not None
+    probe = (
+        "import sys; from fusegrad.compiler import workers; "
+        "print(workers.try_slot(sys.argv[1], 2) is not None)"
+    )
+
+    def other_process_gets_one() -> bool:
+        out = subprocess.run(
+            [sys.executable, "-c", probe, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return out.stdout.strip() == "True"
+
+    assert not other_process_gets_one()
+    os.close(first)
+    assert other_process_gets_one()
+    os.close(second)

@@ -173,5 +173,8 @@ def test_packed_sequence_step_equals_eager_with_a_logged_fall_back() -> None:
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12)
     for p, q in zip(comp.parameters(), eager.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-8, atol=1e-10)
+    # the lengths' tensor breaks the recording; the function is split at the forward's
+    # statement (``compiler.breaks``), and the backward after it, whose loss comes from there,
+    # is split off too
     for reason in compiler.counters.step_breaks:
-        assert "int64 tensor" in reason, reason
+        assert "int64 tensor" in reason or reason.startswith("graph break at line"), reason

@@ -22,7 +22,8 @@ from dot_text import parse  # noqa: E402  (tests/dot_text.py)
 def _train_step() -> tuple:
     fg.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
-    opt = optim.SGD(model.parameters(), lr=0.1)
+    # the per-parameter update, recorded into the program (its part of the picture)
+    opt = optim.SGD(model.parameters(), lr=0.1, foreach=False)
 
     def step(x, y):  # type: ignore[no-untyped-def]
         opt.zero_grad()

@@ -108,3 +108,51 @@ def test_elementwise_extern_kernels(name: str) -> None:
         for rank in (1, 2):
             k = arith._kernel(name, (dtype,) * count, dtype, rank, 1 if name == "round" else 0)
             compiles(k, (arr(dtype, rank, "C"), *[arr(dtype, rank)] * count, nt.int64))
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test_complex_kernels(dtype: str) -> None:
+    """Every complex kernel (``fusegrad.cuda.complex``) with complex, float, integer and bool
+    operands, the casts both ways, and copy/fill of complex arrays."""
+    from fusegrad.cuda import complex as cx
+
+    c = np.dtype(dtype)
+    real = np.empty(0, c).real.dtype
+    results = {"abs": real, "isnan": np.dtype(bool), "isinf": np.dtype(bool)}
+    for name in cx._UNARY:
+        out = results.get(name, c)
+        compiles(cx._kernel(name, (c,), out, 2), (arr(out, 2), arr(c, 2), nt.int64))
+    for name in cx._BINARY:
+        out = np.dtype(bool) if name in ("eq", "ne") else c
+        for other in (c, real, np.dtype("int64"), np.dtype("bool")):
+            for pair in ((c, other), (other, c)):
+                compiles(
+                    cx._kernel(name, pair, out, 1),
+                    (arr(out, 1), arr(pair[0], 1), arr(pair[1], 1), nt.int64),
+                )
+    for src in [*DTYPES, np.dtype("complex64"), np.dtype("complex128")]:
+        compiles(cx._kernel("cast", (src,), c, 1), (arr(c, 1), arr(src, 1), nt.int64))
+        compiles(kernels._copy_kernel(1, src, c), (arr(c, 1), arr(src, 1), nt.int64))
+        if src.kind != "c":
+            compiles(cx._kernel("cast", (c,), src, 1), (arr(src, 1), arr(c, 1), nt.int64))
+            compiles(kernels._copy_kernel(1, c, src), (arr(src, 1), arr(c, 1), nt.int64))
+    compiles(
+        cx._kernel("complex", (real, real), c, 1),
+        (arr(c, 1), arr(real, 1), arr(real, 1), nt.int64),
+    )
+    bool_ = np.dtype("bool")
+    compiles(
+        cx._kernel("where", (bool_, c, real), c, 2),
+        (arr(c, 2), arr(bool_, 2), arr(c, 2), arr(real, 2), nt.int64),
+    )
+    compiles(kernels._fill_kernel(1, c), (arr(c, 1), numba.from_dtype(c), nt.int64))
+    # element moves of complex values: advanced indexing, gather
+    one, idx = arr(c, 1, "C"), arr(np.dtype("int64"), 1, "C")
+    ks = advanced._kernels()
+    compiles(ks["gather"], (one, idx, one, nt.int64))
+    compiles(ks["scatter"], (one, idx, idx, one, nt.int64))
+    compiles(ks["segments"], (one, idx, idx, idx, one, nt.int64))
+    compiles(
+        movement._gather_kernel(2, 1),
+        (arr(c, 2), arr(np.dtype("int64"), 2), arr(c, 2, "C"), nt.int64, nt.int64),
+    )

@@ -248,11 +248,14 @@ class _Task:
 
     __slots__ = (
         "accumulate",
+        "buffers",
         "callbacks",
         "capture",
         "captured",
         "checkpoint_valid",
         "create_graph",
+        "cut",
+        "deps",
         "executor",
         "id",
         "inputs",
@@ -269,8 +272,16 @@ class _Task:
         needed: set | None,
         capture: dict,
         executor: Executor,
+        deps: dict | None = None,
+        cut: frozenset = frozenset(),
     ) -> None:
         self.executor = executor
+        # the dependency counts of the nodes this task reaches (``_discover``), counted down
+        # as gradients are delivered, and the gradients delivered to nodes not run yet
+        self.deps = deps if deps is not None else {}
+        self.buffers: dict = {}
+        # captured edges whose gradient stops there: it does not flow on into the node
+        self.cut = cut
         self.retain_graph = retain_graph
         self.create_graph = create_graph
         self.accumulate = accumulate
@@ -394,10 +405,14 @@ def run_backward(
     inputs: Sequence[Tensor] | None = None,
     accumulate: bool = True,
     executor: Executor = EAGER,
+    cut: Sequence[Tensor] = (),
 ) -> list | None:
     """Execute the graph.  Returns captured gradients for ``inputs`` when not accumulating.
-    ``executor`` performs the steps (``Executor``; by default eagerly)."""
-    args = (roots, grad_roots, retain_graph, create_graph, inputs, accumulate, executor)
+    ``executor`` performs the steps (``Executor``; by default eagerly).  ``cut``: inputs whose
+    gradient is captured and flows no further (the graph above them is left alone: what a
+    compiled module's output computed from another output sends into it, ``compiler.module``)."""
+    cut_edges = frozenset(t._edge() for t in cut)
+    args = (roots, grad_roots, retain_graph, create_graph, inputs, accumulate, executor, cut_edges)
     return nested(_execute, *args)
 
 
@@ -449,6 +464,7 @@ def _execute(
     inputs: Sequence[Tensor] | None,
     accumulate: bool,
     executor: Executor,
+    cut: frozenset = frozenset(),
 ) -> list | None:
     """The engine loop proper (see the module docstring)."""
     root_edges = [r._edge() for r in roots]
@@ -461,9 +477,11 @@ def _execute(
         for i, t in enumerate(inputs):
             capture.setdefault(t._edge(), []).append(i)
         needed = _needed(deps, {node for node, _ in capture if node is not None})
-    task = _Task(retain_graph, create_graph, accumulate, inputs, needed, capture, executor)
+    task = _Task(
+        retain_graph, create_graph, accumulate, inputs, needed, capture, executor, deps, cut
+    )
 
-    buffers: dict = {}  # node -> list of summed incoming gradients, one per output
+    buffers: dict = task.buffers  # node -> list of summed incoming gradients, one per output
     for (node, nr), g in zip(root_edges, grad_roots):
         if node is not None:
             buf = buffers.setdefault(node, [None] * node.num_outputs)
@@ -597,6 +615,8 @@ def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
             if not task.accumulate:
                 for p in positions:
                     task.captured[p] = g
+                if (node, nr) in task.cut:
+                    grads[nr] = None  # (stops here)
             elif g is not None and not isinstance(node, AccumulateGrad) and nr not in retained:
                 # a non-leaf listed in backward(inputs=...) accumulates into its .grad
                 executor.accumulate_grad(

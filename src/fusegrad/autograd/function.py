@@ -42,6 +42,14 @@ from .forward_state import state as _forward_state
 from .node import Node, SavedTensor, _freed_message
 
 
+def _edge_meta(t: Tensor) -> tuple:
+    """(shape, dtype) of the gradients that flow into ``t``'s edge: its own, or for a tensor
+    whose history lives on another tensor (``fusegrad.func.vmap``'s batched tensors keep it on
+    the whole batch, ``_phys``) that tensor's."""
+    phys = t.__dict__.get("_phys")
+    return ((t if phys is None else phys)._data.shape, t._dtype)
+
+
 class FunctionCtx(Node):
     """The ``ctx`` of a custom Function and, once forward returns, its backward node."""
 
@@ -63,9 +71,7 @@ class FunctionCtx(Node):
 
     def __init__(self, cls: type, args: tuple) -> None:
         edges = tuple(a._edge() if isinstance(a, Tensor) else (None, 0) for a in args)
-        meta = tuple(
-            (a._data.shape, a._dtype) if isinstance(a, Tensor) else ((), None) for a in args
-        )
+        meta = tuple(_edge_meta(a) if isinstance(a, Tensor) else ((), None) for a in args)
         super().__init__(edges, meta)
         self._cls = cls
         self._to_save: tuple = ()

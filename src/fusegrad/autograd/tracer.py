@@ -64,6 +64,12 @@ class Tracer:
     """Base class of tracers: every method's default, NotImplemented, lets fusegrad do what it
     does without one."""
 
+    # True for a tracer that needs every primitive of a composite to record its own backward
+    # node: conv and the norm layers then do not run as one custom-Function node
+    # (``autograd.native``).  ``fusegrad.func.vmap`` sets it: its batching rules are per
+    # primitive, and a compiled recording around it then captures their rules like any other.
+    primitive_nodes = False
+
     def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
         """Primitive ``prim`` called on Tensors ``inputs`` with keyword ``attrs``: its result, or
         NotImplemented to let it run eagerly."""
@@ -91,6 +97,10 @@ class Tracer:
     def created(self, tensor: Tensor, redo: Any) -> None:
         """A creation function made ``tensor`` (``redo``: None for values fixed by the call's
         arguments, else a callable drawing a new one from its random generator)."""
+
+    def from_data(self, tensor: Tensor, data: Any) -> None:
+        """``tensor(data)`` or ``new_tensor(data)`` made ``tensor`` from Python data ``data``
+        (a recording may keep it as a constant where the data is written in the source)."""
 
     def will_draw(self, generator: Any = None) -> None:
         """A random draw is about to advance ``generator`` (a ``random.Generator``:
@@ -149,6 +159,15 @@ def notify_created(tensor: Tensor, redo: Any = None) -> Tensor:
     tracer = state.tracer
     if tracer is not None:
         tracer.created(tensor, redo)
+    return tensor
+
+
+def notify_from_data(tensor: Tensor, data: Any) -> Tensor:
+    """Tell this thread's tracer, if any, that ``tensor`` was made from Python data; returns
+    it."""
+    tracer = state.tracer
+    if tracer is not None:
+        tracer.from_data(tensor, data)
     return tensor
 
 

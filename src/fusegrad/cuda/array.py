@@ -141,7 +141,9 @@ class CudaArray:
         """A C-contiguous host copy."""
         if self.size == 0:
             return np.empty(self.shape, self.dtype)
-        src = self if self.c_contiguous else contiguous(self)
+        # (a view whose dtype is not its buffer's, the parts of complex numbers: copied first)
+        same = np.dtype(self.buffer.dtype) == self.dtype
+        src = self if self.c_contiguous and same else contiguous(self, force=True)
         flat = src.buffer
         start = src.offset // self.itemsize
         if _simulator():
@@ -207,6 +209,9 @@ def _device_view(a: CudaArray) -> Any:
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray  # (numba-cuda)
 
         host = a.buffer._ary
+        if host.dtype != a.dtype:  # memory seen as another dtype (complex parts as reals)
+            view = np.ndarray(a.shape, a.dtype, host, a.offset if a.size else 0, a.strides)
+            return FakeCUDAArray(view)
         view = np.lib.stride_tricks.as_strided(
             host[a.offset // a.itemsize :] if a.size else host, a.shape, a.strides
         )

@@ -37,9 +37,14 @@ def _multiprocessors() -> int:
 
 
 def _convert(src_dtype: np.dtype, dst_dtype: np.dtype, expr: str) -> str:
-    """numpy's unsafe cast of ``expr`` (of ``src_dtype``) to ``dst_dtype`` in numba source."""
+    """numpy's unsafe cast of ``expr`` (of ``src_dtype``) to ``dst_dtype`` in numba source;
+    complex to real keeps the real part, real to complex gets a zero imaginary part."""
     if dst_dtype == np.bool_:
         return expr if src_dtype == np.bool_ else f"({expr} != 0)"
+    if src_dtype.kind == "c" and dst_dtype.kind != "c":
+        expr = f"({expr}).real"
+    elif dst_dtype.kind == "c" and src_dtype.kind != "c":
+        expr = f"complex(np.float64({expr}), 0.0)"
     return f"np.{dst_dtype.name}({expr})"
 
 
@@ -105,13 +110,14 @@ def _math() -> Any:
     return math
 
 
-def build(source: str, name: str, label: str) -> Any:
+def build(source: str, name: str, label: str, **names: Any) -> Any:
     """Execute ``source`` (kernel definitions written for numba-cuda) and return its function
-    ``name`` as a CUDA kernel (jitted here unless the source decorates it).  Compilation to
-    machine code happens at the first launch, so this needs no GPU (the PTX tests use it)."""
+    ``name`` as a CUDA kernel (jitted here unless the source decorates it); ``names`` are more
+    globals of the source (``cmath``).  Compilation to machine code happens at the first launch,
+    so this needs no GPU (the PTX tests use it)."""
     from numba import cuda  # numba-cuda: loaded on the first kernel build
 
-    scope: dict[str, Any] = {"cuda": cuda, "np": np, "math": _math()}
+    scope: dict[str, Any] = {"cuda": cuda, "np": np, "math": _math(), **names}
     exec(compile(source, f"<fusegrad.cuda {label}>", "exec"), scope)
     fn = scope[name]
     return fn if hasattr(fn, "py_func") else cuda.jit(fn)

@@ -14,8 +14,9 @@ Where each primitive's CUDA code comes from:
   copying movement ops and ``cumsum``: ``fusegrad.cuda.movement``; advanced indexing:
   ``fusegrad.cuda.advanced``; the elementwise externs (``round``, ``remainder``,
   ``floor_divide``, bitwise ops): ``fusegrad.cuda.arith``; ``argsort`` (sort, topk, ...):
-  ``fusegrad.cuda.sorting``; the convolution and pooling primitives: ``fusegrad.cuda.convolution``
-  and ``fusegrad.cuda.pooling``.
+  ``fusegrad.cuda.sorting``; complex operands or results (the generated kernels compute in real
+  arithmetic): ``fusegrad.cuda.complex``; the convolution and pooling primitives:
+  ``fusegrad.cuda.convolution`` and ``fusegrad.cuda.pooling``.
 
 What is not implemented on CUDA yet raises ``NotImplementedError`` naming the primitive, shapes
 and dtypes — never a silent trip through host memory.
@@ -31,6 +32,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .._index_key import numpy_key
 from . import advanced, arith, convolution, generated, movement, pooling, reduce, sorting
+from . import complex as complex_kernels
 from .array import CudaArray, contiguous, copy_into, probe_view, to_device
 from .matmul import matmul
 
@@ -82,12 +84,10 @@ def run(prim: Any, arrays: list, attrs: dict) -> Any:
     if name in _INDEX_AT_1 and type(arrays[1]) is not CudaArray:
         arrays = [arrays[0], to_device(np.asarray(arrays[1])), *arrays[2:]]
     arrays = _on_device(prim, arrays)
-    if name not in _GEOMETRY_ONLY and any(a.dtype.kind == "c" for a in arrays):
-        # the CUDA kernels (generated and hand-written) compute in real arithmetic: a complex
-        # operand would be cast and lose its imaginary part (docs/complex.md)
-        raise NotImplementedError(
-            _unsupported(prim, arrays, attrs) + " (CUDA kernels take no complex operands)"
-        )
+    if name not in _GEOMETRY_ONLY and (
+        name in _COMPLEX_VIEWS or complex_kernels.involves_complex(name, arrays, attrs)
+    ):
+        return _complex(prim, arrays, attrs)
     special = _SPECIAL.get(name)
     if special is not None:
         result = special(prim, arrays, attrs)
@@ -105,6 +105,46 @@ def run(prim: Any, arrays: list, attrs: dict) -> Any:
     raise NotImplementedError(_unsupported(prim, arrays, attrs))
 
 
+def _complex(prim: Any, arrays: list, attrs: dict) -> Any:
+    """A primitive with complex operands or a complex result (``fusegrad.cuda.complex``): the
+    generated kernels compute in real arithmetic and would lose the imaginary parts, so only
+    what has a complex kernel, a view, or moves bytes runs; the rest refuses."""
+    name = prim.name
+    view = _COMPLEX_VIEWS.get(name)
+    if view is not None:
+        return view(arrays[0])
+    if name in ("sum", "sum_to"):
+        return complex_kernels.complex_sum(
+            lambda n, pairs, a: generated.run(prim, [pairs], a), arrays[0], attrs, name
+        )
+    if name in complex_kernels.SUPPORTED:
+        _, dtype = prim.meta(
+            tuple(a.shape for a in arrays),
+            tuple(_dt.from_numpy_dtype(a.dtype) for a in arrays),
+            **attrs,
+        )
+        return complex_kernels.run(prim, arrays, attrs, dtype.np)
+    if name in _MOVES_BYTES:
+        special = _SPECIAL.get(name)
+        result = special(prim, arrays, attrs) if special is not None else NotImplemented
+        if result is not NotImplemented:
+            return result
+    raise NotImplementedError(
+        _unsupported(prim, arrays, attrs)
+        + " (complex values on CUDA: elementwise arithmetic, abs, conj, exp/log/sqrt and the"
+        " trigonometric functions, real/imag, casts, where, sums and movement; docs/complex.md)"
+    )
+
+
+# complex values seen as their parts, and back: views
+_COMPLEX_VIEWS: dict[str, Callable[[CudaArray], CudaArray]] = {
+    "real": lambda a: complex_kernels.part(a, imaginary=False),
+    "imag": lambda a: complex_kernels.part(a, imaginary=True),
+    "view_as_real": complex_kernels.as_real,
+    "view_as_complex": complex_kernels.as_complex,
+}
+# primitives whose CUDA kernels only move elements (any dtype, complex included)
+_MOVES_BYTES = frozenset({"flip", "cat", "pad", "index_put", "getitem", "gather"})
 # primitives that only compute geometry (views): any dtype, complex included
 _GEOMETRY_ONLY = frozenset({"reshape", "permute", "broadcast_to", "diagonal", "getitem"})
 # primitives with trailing index operands: how many leading operands are data

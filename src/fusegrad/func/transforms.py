@@ -11,6 +11,11 @@ batched at every level (``vmap.lift``) so that each sample gets its own gradient
 a gradient is kept (``create_graph``) only when something outside can differentiate it:
 grad mode is on and an input required grad, or another transform encloses this one.
 
+Inside compiled code (``compiled_autograd()``, ``fusegrad.compile``) a transform's backward
+is compiled like any other, except where a compiled program cannot carry its values -- under
+forward-mode AD, or a graph kept for an enclosing transform -- where the eager engine runs it
+(``_uncompiled``; batched output gradients likewise, in ``vmap``).
+
 Jacobians: ``jacrev`` is ``vmap`` of the vector-Jacobian product over the rows of an identity
 (one batched backward), ``jacfwd`` ``vmap`` of ``jvp`` over its columns; ``hessian`` is
 ``jacfwd(jacrev(f))``.
@@ -30,7 +35,7 @@ from ..autograd import forward_ad as _fwAD
 from ..autograd import grad_mode as _grad_mode
 from ..tensor import Tensor
 from ._pytree import tree_flatten, tree_unflatten
-from .vmap import current_levels, lift, vmap
+from .vmap import current_levels, lift, vmap, without_tracer_below
 
 
 class _Depth(threading.local):
@@ -66,6 +71,19 @@ def _fresh(x: Any) -> Any:
     if x.requires_grad:
         return F.clone(x)
     return x.detach().requires_grad_(True)
+
+
+def _uncompiled(root: Tensor, keep: bool) -> Any:
+    """Where a transform's backward runs: a compiled region or recording (``fusegrad.compile``)
+    takes it, unless its values are beyond a compiled program -- under forward-mode AD (the
+    tangents flow through the rules), or a graph kept for an enclosing transform (which
+    differentiates it with batched or dual values) -- where the eager engine runs it
+    (``vmap.without_tracer_below``)."""
+    if _fwAD._state.level is not None:
+        return without_tracer_below(root, "a backward under forward-mode AD")
+    if keep and _depth.value > 1:
+        return without_tracer_below(root, "a backward an enclosing transform differentiates")
+    return contextlib.nullcontext()
 
 
 def _keep_graph(originals: list) -> bool:
@@ -161,7 +179,8 @@ def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> C
                     "jacrev APIs instead?"
                 )
             if out.requires_grad:
-                grads = _api.grad(out, flat_inputs, create_graph=keep, allow_unused=True)
+                with _uncompiled(out, keep):
+                    grads = _api.grad(out, flat_inputs, create_graph=keep, allow_unused=True)
             else:
                 grads = (None,) * len(flat_inputs)
             grads = _zeros_for_none(grads, flat_inputs)
@@ -240,14 +259,15 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
             graph = create_graph
         if differentiable:
             with _transform(), _grad_mode.enable_grad():
-                grads = _api.grad(
-                    [o for o, _ in differentiable],
-                    fresh,
-                    [c for _, c in differentiable],
-                    retain_graph=retain_graph,
-                    create_graph=graph and _grad_mode.is_grad_enabled(),
-                    allow_unused=True,
-                )
+                with _uncompiled(differentiable[0][0], graph):
+                    grads = _api.grad(
+                        [o for o, _ in differentiable],
+                        fresh,
+                        [c for _, c in differentiable],
+                        retain_graph=retain_graph,
+                        create_graph=graph and _grad_mode.is_grad_enabled(),
+                        allow_unused=True,
+                    )
         else:
             grads = (None,) * len(fresh)
         grads = _zeros_for_none(grads, fresh)

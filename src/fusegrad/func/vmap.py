@@ -19,6 +19,14 @@ batched one first (``lift``), so that each sample gets its own gradient.  A ``gr
 outputs are not batched but whose output gradients are (the vector-Jacobian products of
 ``jacrev``) runs the derivative rules themselves on batched values, through the tracer.
 
+A custom ``autograd.Function`` called on batched tensors runs its forward at the level (its
+ops are batched like any others) and gets one node on the physical tensors,
+``_LevelFunction``, which runs its ``backward`` at the same level on the batched gradients
+(PyTorch's ``generate_vmap_rule``).  Conv and the norm layers, which run as such Functions
+outside ``vmap``, record their primitives one by one under it (``Tracer.primitive_nodes``), so
+a compiled recording around ``vmap`` (``fusegrad.compile(vmap(grad(f)))``) captures their
+rules like any primitive's.
+
 What ``vmap`` cannot see through: Python reading a batched tensor's values (``.item()``,
 ``bool()``, ``.numpy()``: data-dependent control flow) raises; random draws raise unless
 ``randomness`` is ``"same"`` (one draw for all samples) or ``"different"`` (one per sample).
@@ -38,6 +46,8 @@ from ..autograd import forward_ad as _forward_ad
 from ..autograd import tracer as _tracer
 from ..autograd.batching import RULES, loop, spread
 from ..autograd.forward_state import state as _forward_state
+from ..autograd.function import FunctionCtx
+from ..autograd.graph_base import Node
 from ..autograd.tracer import Tracer, tracing
 from ..tensor import Tensor
 from ._pytree import tree_flatten, tree_unflatten
@@ -58,8 +68,32 @@ class BatchedTensor(Tensor):
 
     @grad_fn.setter
     def grad_fn(self, value: Any) -> None:
-        if value is not None:
+        # only a custom ``autograd.Function`` sets the history of its outputs (primitives record
+        # theirs on the physical tensors): the batch gets a node that runs the Function's
+        # backward at this level (``_LevelFunction``)
+        if value is None:
+            return
+        if not isinstance(value, FunctionCtx):
             raise RuntimeError("vmap: the history of a batched tensor lives on its batch")
+        level = self.__dict__["_level"]
+        node = value.__dict__.get("_vmap_node")
+        if node is None:
+            node = value.__dict__["_vmap_node"] = _LevelFunction(value, level)
+        self.__dict__["_phys"].grad_fn = node
+
+    @property  # type: ignore[override]
+    def _output_nr(self) -> int:
+        return self.__dict__["_phys"]._output_nr
+
+    @_output_nr.setter
+    def _output_nr(self, value: int) -> None:
+        phys = self.__dict__.get("_phys")
+        if phys is not None:  # (``wrap`` sets it before the batch is there: the batch's own)
+            phys._output_nr = value
+
+    def _edge(self) -> tuple:
+        """The batch's edge: gradients flow to the physical tensor's history."""
+        return self.__dict__["_phys"]._edge()
 
     @property
     def requires_grad(self) -> bool:  # type: ignore[override]
@@ -104,6 +138,55 @@ class BatchedTensor(Tensor):
         return f"BatchedTensor(lvl={level.depth}, bdim=0, value=\n{self.__dict__['_phys']!r})"
 
 
+class _LevelFunction(Node):
+    """The backward node, on the physical tensors, of a custom ``autograd.Function`` called on
+    batched tensors (PyTorch's ``generate_vmap_rule``): its edges are the physical inputs'
+    (``BatchedTensor._edge``), and it runs the Function's own node ``ctx`` -- its ``backward``,
+    written for one sample -- on the batched gradients, at the ``vmap`` level the forward ran
+    at, so that every op of the backward is batched by the same rules as the forward's."""
+
+    __slots__ = ("ctx", "level")
+
+    def __init__(self, ctx: FunctionCtx, level: BatchTracer) -> None:
+        # the ctx's edges and input shapes are the physical inputs' already (``_edge``, and
+        # ``autograd.function`` takes a batched tensor's shape from its batch)
+        super().__init__(ctx._edges, ctx._input_meta)
+        self._seq = ctx._seq
+        self.ctx = ctx
+        self.level = level
+
+    def name(self) -> str:
+        return self.ctx.name()
+
+    @property
+    def num_outputs(self) -> int:
+        return self.ctx.num_outputs
+
+    _runs_without_grads = True
+
+    def apply(self, grads: tuple, retain: bool) -> tuple:
+        level = self.level
+        logical = tuple(None if g is None else level.wrap(g) for g in grads)
+        with tracing(level):
+            results = self.ctx.apply(logical, retain)
+        out = []
+        with tracing(level.prev):
+            for r, (shape, _) in zip(results, self._input_meta):
+                if r is None:
+                    out.append(None)
+                elif _batched_at(r, level):
+                    out.append(r.__dict__["_phys"])
+                elif tuple(r.shape) != tuple(shape):
+                    # one gradient for every sample of a batched input
+                    out.append(spread(r, level.size))
+                else:  # an unbatched input's gradient, already one for all samples
+                    out.append(r)
+        return tuple(out)
+
+    def release(self) -> None:
+        self.ctx.release()
+
+
 def _batched_at(t: Any, level: BatchTracer) -> bool:
     return type(t) is BatchedTensor and t.__dict__["_level"] is level
 
@@ -125,6 +208,8 @@ def _bottom_array(t: Any) -> np.ndarray:
 class BatchTracer(Tracer):
     """The tracer of one ``vmap`` call (a *level*): batch size, randomness, and the tracer it
     replaced (``prev``), to which everything that is not batched at this level goes."""
+
+    primitive_nodes = True  # (conv and the norm layers as their primitives: batched one by one)
 
     def __init__(self, prev: Tracer | None, size: int, randomness: str) -> None:
         self.prev = prev
@@ -196,6 +281,11 @@ class BatchTracer(Tracer):
         inputs: Any,
         accumulate: bool,
     ) -> Any:
+        if _tracer_below() is not None and any(type(g) is BatchedTensor for g in grads):
+            # batched output gradients (the vector-Jacobian products of ``jacrev``) would
+            # reach a compiled region or recording below as one sample's tensors
+            with without_tracer_below(roots[0], "a backward with batched output gradients"):
+                return self.backward(roots, grads, retain_graph, create_graph, inputs, accumulate)
         batched = [_batched_at(r, self) for r in roots]
         if not any(batched):
             # the outputs are one sample's (a graph made outside this vmap) and the output
@@ -260,8 +350,11 @@ class BatchTracer(Tracer):
     def created(self, tensor: Tensor, redo: Any) -> None:
         if self.randomness == "different" and callable(redo) and type(tensor) is Tensor:
             # one draw per sample: the first is the one made, the others drawn again
+            if self.prev is not None:  # (a recording replays the first draw too)
+                self.prev.created(tensor, redo)
             with tracing(self.prev):
-                draws = [tensor.detach()] + [redo() for _ in range(self.size - 1)]
+                draws = [tensor.detach()]
+                draws += [_tracer.notify_created(redo(), redo) for _ in range(self.size - 1)]
                 phys = F.stack(draws)
             tensor.__class__ = BatchedTensor
             tensor.__dict__["_phys"] = phys
@@ -283,8 +376,10 @@ class BatchTracer(Tracer):
             self.prev.wrote(target, result)
 
     def check(self, tensor: Tensor, fn: Any) -> None:
-        if type(tensor) is BatchedTensor:
+        if _batched_at(tensor, self):
             fn(_bottom_array(tensor))  # every sample's values, not only the first's
+            # the enclosing tracer sees the whole batch (a recording checks it on every call)
+            tensor = tensor.__dict__["_phys"]
         if self.prev is not None:
             self.prev.check(tensor, fn)
 
@@ -296,6 +391,53 @@ class BatchTracer(Tracer):
         if self.prev is None:
             return NotImplemented
         return self.prev.opaque(owner, fn, args, kwargs)
+
+
+def _tracer_below() -> Tracer | None:
+    """The tracer below this thread's ``vmap`` levels (a compiled region or recording)."""
+    t = _tracer.current()
+    while isinstance(t, BatchTracer):
+        t = t.prev
+    return t
+
+
+class without_tracer_below:  # noqa: N801  (a context manager, used like a function)
+    """Run the block as without a compiled region or recording below the ``vmap`` levels: a
+    backward whose values a compiled program cannot carry (batched output gradients, forward-AD
+    tangents, a graph that a later transform differentiates with those) runs with the eager
+    engine, every op through the levels.  A recording stops first (``what``, the reason: what
+    the engine does besides the ops is not recorded).  The levels are this call's own objects:
+    the outermost one's ``prev`` is put back afterwards.  (A class, not a generator: the
+    recording names the user's line, not contextlib's.)"""
+
+    def __init__(self, tensor: Tensor, what: str) -> None:
+        self.tensor = tensor
+        self.what = what
+        self.bottom: BatchTracer | None = None
+        self.below: Tracer | None = None
+        self.hidden: Any = None
+
+    def __enter__(self) -> None:
+        below = _tracer.current()
+        while isinstance(below, BatchTracer):
+            self.bottom, below = below, below.prev
+        self.below = below
+        if below is None:
+            return
+        below.side_effect(self.tensor, f"{self.what} under fusegrad.func")
+        if self.bottom is None:
+            self.hidden = tracing(None)
+            self.hidden.__enter__()
+        else:
+            self.bottom.prev = None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.below is None:
+            return
+        if self.hidden is not None:
+            self.hidden.__exit__(*exc)
+        elif self.bottom is not None:
+            self.bottom.prev = self.below
 
 
 def current_levels() -> list[BatchTracer]:

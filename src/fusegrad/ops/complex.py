@@ -196,8 +196,6 @@ def _float_pair(op: str, a: Tensor, b: Tensor) -> None:
 def complex(real: Any, imag: Any) -> Tensor:  # noqa: A001  (torch.complex)
     """``real + i imag`` (broadcast) from two tensors of one floating dtype."""
     re, im = to_tensor(real), to_tensor(imag)
-    if re.is_cuda or im.is_cuda:  # (CUDA kernels make no complex results: docs/complex.md)
-        raise NotImplementedError(f"complex: CUDA tensors are not supported yet ({describe(re)})")
     _float_pair("complex", re, im)
     broadcast_shape("complex", re, im)
     return apply(P["complex"], (re, im), {})
@@ -252,10 +250,6 @@ def view_as_real(input: Any) -> Tensor:
 def view_as_complex(input: Any) -> Tensor:
     """A float tensor with a last dim of 2 and stride 1 there, seen as complex (a view)."""
     x = to_tensor(input)
-    if x.is_cuda:  # (CUDA kernels take no complex operands: docs/complex.md)
-        raise NotImplementedError(
-            f"view_as_complex: CUDA tensors are not supported yet ({describe(x)})"
-        )
     if x._dtype not in (_dt.float32, _dt.float64):
         raise ComplexDTypeError(
             "view_as_complex is only supported for float and double tensors, but got a tensor "
@@ -286,6 +280,8 @@ def view_as_complex(input: Any) -> Tensor:
 def _offset(x: Tensor) -> int:
     """Bytes from the start of ``x``'s root base (its storage) to its first element."""
     root = x._base if x._base is not None else x
+    if x.is_cuda:  # (a CudaArray's offset is its bytes into the storage's buffer)
+        return x._data.offset - root._data.offset
     pointer = x._data.__array_interface__["data"][0]
     return pointer - root._data.__array_interface__["data"][0]
 

@@ -15,6 +15,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import storage as _storage
 from ..autograd.tracer import notify_created as _created
+from ..autograd.tracer import notify_from_data as _from_data
 from ..autograd.tracer import notify_host_read as _read
 from ..autograd.tracer import state as _tracer_state
 from ..cuda.array import CudaArray, to_device
@@ -68,7 +69,10 @@ def tensor(
     data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False
 ) -> Tensor:
     dev = as_device(device)
-    return _leaf(_to_array(data, dtype), requires_grad, dev)
+    t = _leaf(_to_array(data, dtype), requires_grad, dev)
+    if _tracer_state.tracer is not None and not isinstance(data, (Tensor, np.ndarray)):
+        _from_data(t, data)
+    return t
 
 
 def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
@@ -323,10 +327,11 @@ def rand(
     dt = _dtype_or_default(dtype)
     shape = shape_arg(size)
 
-    def draw() -> Tensor:
+    def draw(shape: tuple = shape) -> Tensor:  # (another shape: a step over sizes redraws)
         arr = _gen(generator).random(shape, dtype=np.float64).astype(dt.np)
         return _leaf(arr, requires_grad, dev)
 
+    draw.resizable = True  # type: ignore[attr-defined]
     return _created(draw(), draw)
 
 
@@ -341,9 +346,10 @@ def randn(
     dt = _dtype_or_default(dtype)
     shape = shape_arg(size)
 
-    def draw() -> Tensor:
+    def draw(shape: tuple = shape) -> Tensor:  # (another shape: a step over sizes redraws)
         return _leaf(_gen(generator).standard_normal(shape).astype(dt.np), requires_grad, dev)
 
+    draw.resizable = True  # type: ignore[attr-defined]
     return _created(draw(), draw)
 
 

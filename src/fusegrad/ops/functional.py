@@ -24,6 +24,7 @@ from ..autograd.forward_state import state as _forward_state
 from ..autograd.grad_mode import no_grad as _no_grad
 from ..autograd.node_names import name_node as _name_node
 from ..autograd.node_names import torch_node_name as _torch_node_name
+from ..autograd.tracer import current as _current_tracer
 from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_created as _created
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
@@ -497,10 +498,11 @@ def dropout(
         return mul(x, 0.0)
     shape, np_dtype = tuple(x.shape), x.dtype.np
 
-    def draw() -> Tensor:
+    def draw(shape: tuple = shape) -> Tensor:  # (another shape: a step over sizes redraws)
         keep = _gen(generator).random(shape) >= p
         return Tensor._make(_storage.placed_like((keep / (1.0 - p)).astype(np_dtype), x._data))
 
+    draw.resizable = True  # type: ignore[attr-defined]
     return mul(x, _created(draw(), draw))
 
 
@@ -520,10 +522,11 @@ def _feature_dropout(x: Tensor, p: float, training: bool, spatial: int, generato
         mask_shape = shape[:2] + (1,) * max(len(shape) - 2, 0)
     np_dtype = x.dtype.np
 
-    def draw() -> Tensor:
+    def draw(mask_shape: tuple = mask_shape) -> Tensor:  # (see ``dropout``)
         keep = _gen(generator).random(mask_shape) >= p
         return Tensor._make(_storage.placed_like((keep / (1.0 - p)).astype(np_dtype), x._data))
 
+    draw.resizable = True  # type: ignore[attr-defined]
     return mul(x, _created(draw(), draw))
 
 
@@ -1757,6 +1760,9 @@ def _records(*tensors: Tensor | None) -> bool:
     primitives).  conv2d and the norm layers then run as one node of ``native``, which saves
     only what PyTorch's native node saves (and only for the gradients that will be needed)."""
     if not _grad_mode.is_grad_enabled() or _forward_state.level is not None:
+        return False
+    tracer = _current_tracer()
+    if tracer is not None and tracer.primitive_nodes:  # (vmap: see ``Tracer.primitive_nodes``)
         return False
     return any(t is not None and t.requires_grad for t in tensors)
 

@@ -21,12 +21,16 @@ from typing import Any
 from .. import dtypes as _dt
 from ..autograd.grad_mode import no_grad
 from ..ops.creation import full_like, zeros
+from . import _foreach
 from .adam import _option, _scalar
 from .optimizer import Optimizer, OptimizerError, check_differentiable, check_options, missing_state
 
 
 class Adagrad(Optimizer):
-    traceable = True  # (tensor ops only; options and the decayed rate through ``hyper``)
+    # a whole-step compile records the update (tensor ops only; options and the decayed rate
+    # through ``hyper``) when every group takes the per-parameter path, else replays step()
+    # after the program
+    traceable = property(_foreach.records_per_parameter)
 
     def __init__(
         self,
@@ -62,8 +66,7 @@ class Adagrad(Optimizer):
             "fused": fused,
         }
         super().__init__(params, defaults)
-        if fused and foreach:
-            raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+        _foreach.check_options(foreach, fused)
         # PyTorch makes the state here, filled with the constructor's value (not a group's)
         for group in self.param_groups:
             for p in group["params"]:
@@ -85,19 +88,55 @@ class Adagrad(Optimizer):
         """One update of every parameter that has a gradient; returns the closure's loss."""
         loss = self._evaluate_closure(closure)
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = -p.grad if group["maximize"] else p.grad
-                state = self._init_state(p, group["initial_accumulator_value"])
-                step_t, state_sum = state["step"], state["sum"]
-                step_t.add_(1)
-                if group["weight_decay"] != 0:
-                    g = g.add(p, alpha=_option(_weight_decay, group))
-                state_sum.addcmul_(g, g, value=1)
-                std = state_sum.sqrt().add_(_option(_eps, group))
-                p.addcdiv_(g, std, value=_scalar(_neg_clr, group, step_t))
+            for p in _foreach.updated(self, group, self._multi_tensor):
+                self._update(group, p)
         return loss
+
+    def _update(self, group: dict[str, Any], p: Any) -> None:
+        """The per-parameter update of ``p`` (the for-loop path; what a tracer records)."""
+        g = -p.grad if group["maximize"] else p.grad
+        state = self._init_state(p, group["initial_accumulator_value"])
+        step_t, state_sum = state["step"], state["sum"]
+        step_t.add_(1)
+        if group["weight_decay"] != 0:
+            g = g.add(p, alpha=_option(_weight_decay, group))
+        state_sum.addcmul_(g, g, value=1)
+        std = state_sum.sqrt().add_(_option(_eps, group))
+        p.addcdiv_(g, std, value=_scalar(_neg_clr, group, step_t))
+
+    def _multi_tensor(self, group: dict[str, Any], dtype: Any, params: list) -> list:
+        """The multi-tensor update of ``params`` (one dtype, each with a gradient); returns
+        those whose state the kernel cannot take (left to ``_update``)."""
+        rows, scalars, left = [], [], []
+        by_count: dict[float, tuple] = {}
+        for p in params:
+            state = self._init_state(p, group["initial_accumulator_value"])
+            count = _foreach.next_count(state["step"])
+            if count is None:
+                left.append(p)
+                continue
+            values = by_count.get(count)
+            if values is None:
+                values = by_count[count] = (
+                    _weight_decay(group),
+                    _eps(group),
+                    _neg_clr(group, count),
+                    1,  # ``addcmul``'s value
+                )
+            rows.append([p, p.grad, state["step"], state["sum"]])
+            scalars.append(values)
+        if rows:
+            left += _foreach.launch(
+                self,
+                group,
+                _foreach.kernel("adagrad"),
+                rows,
+                scalars,
+                dtype,
+                group["maximize"],
+                group["weight_decay"] != 0,
+            )
+        return left
 
 
 # the options a recorded step reads on every call (``hyper``): a schedule may change them

@@ -23,11 +23,15 @@ from ..autograd.grad_mode import no_grad
 from ..ops.creation import zeros, zeros_like
 from ..ops.generated import maximum
 from ..storage import to_host
+from . import _foreach
 from .optimizer import Optimizer, check_options, hyper
 
 
 class Adam(Optimizer):
-    traceable = True  # (tensor ops only; lr and the bias corrections through ``hyper``)
+    # a whole-step compile records the update (tensor ops only; lr and the bias corrections
+    # through ``hyper``) when every group takes the per-parameter path, else replays step()
+    # after the program
+    traceable = property(_foreach.records_per_parameter)
 
     def __init__(
         self,
@@ -64,6 +68,7 @@ class Adam(Optimizer):
             "decoupled_weight_decay": decoupled_weight_decay,
         }
         super().__init__(params, defaults)
+        _foreach.check_options(foreach, fused)
 
     def _init_state(self, p: Any, amsgrad: bool) -> dict[str, Any]:
         state = self.state[p]
@@ -83,38 +88,80 @@ class Adam(Optimizer):
         """One update of every parameter that has a gradient; returns the closure's loss."""
         loss = self._evaluate_closure(closure)
         for group in self.param_groups:
-            weight_decay = group["weight_decay"]
-            amsgrad = group["amsgrad"]
-            maximize = group["maximize"]
-            decoupled = group.get("decoupled_weight_decay", False)
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = -p.grad if maximize else p.grad
-                state = self._init_state(p, amsgrad)
-                step_t = state["step"]
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                step_t.add_(1)
-                if weight_decay != 0:
-                    if decoupled:
-                        p.mul_(_scalar(_decay, group, step_t))
-                    else:
-                        g = g.add(p, alpha=_option(_weight_decay, group))
-                exp_avg.lerp_(g, _option(_one_minus_beta1, group))
-                exp_avg_sq.mul_(_option(_beta2, group)).addcmul_(
-                    g, g, value=_option(_one_minus_beta2, group)
-                )
-                if amsgrad:
-                    max_sq = state["max_exp_avg_sq"]
-                    max_sq.copy_(maximum(max_sq, exp_avg_sq))
-                    second = max_sq
-                else:
-                    second = exp_avg_sq
-                denom = (second.sqrt() / _scalar(_bc2_sqrt, group, step_t)).add_(
-                    _option(_eps, group)
-                )
-                p.addcdiv_(exp_avg, denom, value=_scalar(_neg_step_size, group, step_t))
+            for p in _foreach.updated(self, group, self._multi_tensor):
+                self._update(group, p)
         return loss
+
+    def _update(self, group: dict[str, Any], p: Any) -> None:
+        """The per-parameter update of ``p`` (the for-loop path; what a tracer records)."""
+        weight_decay = group["weight_decay"]
+        amsgrad = group["amsgrad"]
+        g = -p.grad if group["maximize"] else p.grad
+        state = self._init_state(p, amsgrad)
+        step_t = state["step"]
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        step_t.add_(1)
+        if weight_decay != 0:
+            if group.get("decoupled_weight_decay", False):
+                p.mul_(_scalar(_decay, group, step_t))
+            else:
+                g = g.add(p, alpha=_option(_weight_decay, group))
+        exp_avg.lerp_(g, _option(_one_minus_beta1, group))
+        exp_avg_sq.mul_(_option(_beta2, group)).addcmul_(
+            g, g, value=_option(_one_minus_beta2, group)
+        )
+        if amsgrad:
+            max_sq = state["max_exp_avg_sq"]
+            max_sq.copy_(maximum(max_sq, exp_avg_sq))
+            second = max_sq
+        else:
+            second = exp_avg_sq
+        denom = (second.sqrt() / _scalar(_bc2_sqrt, group, step_t)).add_(_option(_eps, group))
+        p.addcdiv_(exp_avg, denom, value=_scalar(_neg_step_size, group, step_t))
+
+    def _multi_tensor(self, group: dict[str, Any], dtype: Any, params: list) -> list:
+        """The multi-tensor update of ``params`` (one dtype, each with a gradient); returns
+        those whose state the kernel cannot take (left to ``_update``)."""
+        amsgrad = group["amsgrad"]
+        rows, scalars, left = [], [], []
+        by_count: dict[float, tuple] = {}
+        for p in params:
+            state = self._init_state(p, amsgrad)
+            buffers = [state["exp_avg"], state["exp_avg_sq"]]
+            if amsgrad:
+                buffers.append(state["max_exp_avg_sq"])
+            count = _foreach.next_count(state["step"])
+            if count is None:
+                left.append(p)
+                continue
+            values = by_count.get(count)
+            if values is None:
+                values = by_count[count] = (
+                    _weight_decay(group),
+                    _one_minus_beta1(group),
+                    _beta2(group),
+                    _one_minus_beta2(group),
+                    _eps(group),
+                    _decay(group, count),
+                    _bc2_sqrt(group, count),
+                    _neg_step_size(group, count),
+                )
+            rows.append([p, p.grad, state["step"], *buffers])
+            scalars.append(values)
+        if rows:
+            left += _foreach.launch(
+                self,
+                group,
+                _foreach.kernel("adam"),
+                rows,
+                scalars,
+                dtype,
+                group["maximize"],
+                group["weight_decay"] != 0,
+                bool(group.get("decoupled_weight_decay", False)),
+                bool(amsgrad),
+            )
+        return left
 
 
 def _count(step_t: Any) -> float:

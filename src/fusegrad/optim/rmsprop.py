@@ -23,12 +23,15 @@ from typing import Any
 from .. import dtypes as _dt
 from ..autograd.grad_mode import no_grad
 from ..ops.creation import zeros, zeros_like
+from . import _foreach
 from .adam import _option
 from .optimizer import Optimizer, check_differentiable, check_options, missing_state
 
 
 class RMSprop(Optimizer):
-    traceable = True  # (tensor ops only; every option through ``hyper``)
+    # a whole-step compile records the update (tensor ops only; every option through ``hyper``)
+    # when every group takes the per-parameter path, else replays step() after the program
+    traceable = property(_foreach.records_per_parameter)
 
     def __init__(
         self,
@@ -89,32 +92,72 @@ class RMSprop(Optimizer):
         """One update of every parameter that has a gradient; returns the closure's loss."""
         loss = self._evaluate_closure(closure)
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = -p.grad if group["maximize"] else p.grad
-                state = self._init_state(p, group)
-                state["step"].add_(1)
-                if group["weight_decay"] != 0:
-                    g = g.add(p, alpha=_option(_weight_decay, group))
-                square_avg = state["square_avg"]
-                square_avg.mul_(_option(_alpha, group)).addcmul_(
-                    g, g, value=_option(_one_minus_alpha, group)
-                )
-                if group["centered"]:
-                    grad_avg = state["grad_avg"]
-                    grad_avg.lerp_(g, _option(_one_minus_alpha, group))
-                    root = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
-                else:
-                    root = square_avg.sqrt()
-                root = root.add_(_option(_eps, group))
-                if group["momentum"] > 0:
-                    buf = state["momentum_buffer"]
-                    buf.mul_(_option(_momentum, group)).addcdiv_(g, root)
-                    p.add_(buf, alpha=_option(_neg_lr, group))
-                else:
-                    p.addcdiv_(g, root, value=_option(_neg_lr, group))
+            for p in _foreach.updated(self, group, self._multi_tensor):
+                self._update(group, p)
         return loss
+
+    def _update(self, group: dict[str, Any], p: Any) -> None:
+        """The per-parameter update of ``p`` (the for-loop path; what a tracer records)."""
+        g = -p.grad if group["maximize"] else p.grad
+        state = self._init_state(p, group)
+        state["step"].add_(1)
+        if group["weight_decay"] != 0:
+            g = g.add(p, alpha=_option(_weight_decay, group))
+        square_avg = state["square_avg"]
+        square_avg.mul_(_option(_alpha, group)).addcmul_(
+            g, g, value=_option(_one_minus_alpha, group)
+        )
+        if group["centered"]:
+            grad_avg = state["grad_avg"]
+            grad_avg.lerp_(g, _option(_one_minus_alpha, group))
+            root = square_avg.addcmul(grad_avg, grad_avg, value=-1).sqrt_()
+        else:
+            root = square_avg.sqrt()
+        root = root.add_(_option(_eps, group))
+        if group["momentum"] > 0:
+            buf = state["momentum_buffer"]
+            buf.mul_(_option(_momentum, group)).addcdiv_(g, root)
+            p.add_(buf, alpha=_option(_neg_lr, group))
+        else:
+            p.addcdiv_(g, root, value=_option(_neg_lr, group))
+
+    def _multi_tensor(self, group: dict[str, Any], dtype: Any, params: list) -> list:
+        """The multi-tensor update of ``params`` (one dtype, each with a gradient); returns
+        those whose state the kernel cannot take (left to ``_update``)."""
+        keys = self._state_keys(group)[1:]  # square_avg[, momentum_buffer][, grad_avg]
+        values = (
+            _weight_decay(group),
+            _alpha(group),
+            _one_minus_alpha(group),
+            _eps(group),
+            _momentum(group),
+            _neg_lr(group),
+            -1,  # centered: ``addcmul(..., value=-1)``
+            1,  # momentum: ``addcdiv``'s value
+        )
+        rows, left = [], []
+        for p in params:
+            state = self._init_state(p, group)
+            buffers = [state[k] for k in keys]
+            count = _foreach.next_count(state["step"])
+            if count is None:
+                left.append(p)
+                continue
+            rows.append([p, p.grad, state["step"], *buffers])
+        if rows:
+            left += _foreach.launch(
+                self,
+                group,
+                _foreach.kernel("rmsprop"),
+                rows,
+                [values] * len(rows),
+                dtype,
+                group["maximize"],
+                group["weight_decay"] != 0,
+                bool(group["centered"]),
+                group["momentum"] > 0,
+            )
+        return left
 
 
 # the options a recorded step reads on every call (``hyper``): a schedule may change them
