@@ -47,6 +47,9 @@ ALLOWED_LOCAL = {
         "the fused LSTM / GRU / RNN kernels (numba, and the compiler's fastmath helpers), on "
         "first use"
     ),
+    ("fusegrad.ops.conv_kernels", "fusegrad.ops.pool_kernels"): (
+        "the convolution and pooling loop kernels (numba), on first use"
+    ),
 }
 
 

@@ -96,6 +96,14 @@ EXTERNS = frozenset(
         "norm_stats",  # batch / instance / group / layer norm: statistics (fused CPU kernel, numba)
         "norm",  # their normalisation and affine map by given statistics
         "norm_backward",  # their input's, weight's and bias's gradients, flat
+        "convolution",  # conv / conv_transpose 1-3d: im2col + BLAS (fusegrad.ops.conv_kernels)
+        "convolution_backward_input",  # its input's gradient (W^T g, then col2im)
+        "convolution_backward_weight",  # its weight's gradient (g times the columns)
+        "avg_pool",  # average pooling 1-3d, fixed or adaptive windows: a loop kernel (numba)
+        "avg_pool_backward",  # its input's gradient
+        "pool_index",  # max pooling's positions of the maxima (a loop kernel)
+        "pool_take",  # max pooling's values: the input at those positions
+        "pool_scatter",  # their transpose, max pooling's input gradient
         "cummax_index",  # cummax/cummin's indices (their values are a gather)
         "mode_index",  # mode's index (its value is a gather)
         "searchsorted",  # searchsorted/bucketize

@@ -109,12 +109,14 @@ class _Recorder(tracer.Tracer):
     ],
 )
 def test_windows_gradients_are_slice_adds_not_scatters(fn: Any) -> None:
-    """The windows of convolution and pooling are strided basic slices; their gradient writes
-    each slice into zeros (``index_add_at`` with no index operands): no scatter that numpy can
-    only run with ``np.add.at`` (one element at a time), and no advanced-index gather."""
+    """The windows of the composites of convolution and pooling (what float16, CUDA and
+    forward AD run; float32 and float64 run the kernels) are strided basic slices; their
+    gradient writes each slice into zeros (``index_add_at`` with no index operands): no
+    scatter that numpy can only run with ``np.add.at`` (one element at a time), and no
+    advanced-index gather."""
     rng = np.random.default_rng(1)
-    x = fg.tensor(rng.standard_normal((2, 3, 6, 5)), requires_grad=True)
-    w = fg.tensor(rng.standard_normal((4, 3, 3, 3)), requires_grad=True)
+    x = fg.tensor(rng.standard_normal((2, 3, 6, 5)), dtype=fg.float16, requires_grad=True)
+    w = fg.tensor(rng.standard_normal((4, 3, 3, 3)), dtype=fg.float16, requires_grad=True)
     rec = _Recorder()
     with tracer.tracing(rec):
         out = fn(x, w)

@@ -5050,6 +5050,27 @@ def _expm_reference(A: np.ndarray) -> np.ndarray:
     return total
 
 
+# ---- the convolution and pooling kernels' first-order backward ------------------------------
+# The entries above are twice differentiable, so their gradients run the rules' op-surface
+# form (create_graph); these run the backward kernels (``convolution_backward_input`` /
+# ``_weight``) that an ordinary backward uses.
+add(
+    "conv2d_kernels",
+    lambda m, x, w, b=None, **k: m.F.conv2d(x, w, b, **k),
+    conv2d_ref,
+    _conv_samples,
+    twice=False,
+    f32_tol=(1e-4, 1e-5),
+)
+add(
+    "conv_transpose2d_kernels",
+    lambda m, x, w, b=None, **k: m.F.conv_transpose2d(x, w, b, **k),
+    conv_transpose2d_ref,
+    _conv_transpose_samples,
+    twice=False,
+    f32_tol=(1e-4, 1e-5),
+)
+
 import op_table_special  # noqa: E402,F401  (fusegrad.special's entries, added to OPS)
 
 OPS_BY_NAME = {e.name: e for e in OPS}

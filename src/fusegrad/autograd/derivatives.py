@@ -32,6 +32,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import ops as F
 from ..errors import AutogradError
+from ..ops.convolution import convolution_grads
 from ..ops.indexing import embedding_grad
 from ..ops.norms import norm_grads
 from ..ops.recurrent import rnn_sequence_grads
@@ -649,6 +650,63 @@ def _resample(node, g):
     if is_grad_enabled() or (linear and tracer is not None and tracer.prefers_composites):
         return (resample_grad(g, node.attrs, input_size),)
     return (resample_input_grad(g, node.attrs, input_size),)
+@vjp("convolution", save={"x": "w", "w": "x"})
+def _convolution(node, g, x, w):
+    """The kernels' gradients (``convolution_backward_input`` / ``_weight``: im2col and BLAS);
+    where a graph of the gradient is wanted (grad mode on: ``create_graph``), the same
+    products in the op surface (``ops.convolution.convolution_grads``), which differentiate
+    again.  The input is saved only for the weight's gradient, the weight only for the
+    input's."""
+    attrs = node.attrs
+    need = node.needs_input_grad
+    geometry = {
+        "stride": attrs["stride"],
+        "padding": attrs["padding"],
+        "dilation": attrs["dilation"],
+        "groups": attrs["groups"],
+        "transposed": attrs["transposed"],
+    }
+    x_shape, w_shape = node.input_shapes[0], node.input_shapes[1]
+    if is_grad_enabled():
+        gx, gw = convolution_grads(g, x, w, need[0], need[1], x_shape, w_shape, **geometry)
+    else:
+        gx = gw = None
+        if need[0]:
+            prim = F.REGISTRY["convolution_backward_input"]
+            gx = F.apply(prim, (g, w), {"sizes": tuple(x_shape[2:]), **geometry})
+        if need[1]:
+            prim = F.REGISTRY["convolution_backward_weight"]
+            gw = F.apply(prim, (g, x), {"kernel": tuple(w_shape[2:]), **geometry})
+    if len(need) == 2:
+        return gx, gw
+    gb = g.sum((0, *range(2, g.ndim))) if need[2] else None
+    return gx, gw, gb
+
+
+@vjp("avg_pool")
+def _avg_pool(node, g):
+    """The transpose of the pooling (``avg_pool_backward``), itself differentiable."""
+    attrs = {"window": node.attrs["window"], "sizes": tuple(node.input_shapes[0][2:])}
+    return (F.apply(F.REGISTRY["avg_pool_backward"], (g,), attrs),)
+
+
+@vjp("avg_pool_backward")
+def _avg_pool_backward(node, g):
+    """Linear in its input, whose gradient is the transpose of the transpose: the pooling."""
+    return (F.apply(F.REGISTRY["avg_pool"], (g,), {"window": node.attrs["window"]}),)
+
+
+@vjp("pool_take", save="index")
+def _pool_take(node, g, index):
+    """Max pooling's values' gradient: ``g`` added at the maxima (``pool_scatter``)."""
+    attrs = {"sizes": tuple(node.input_shapes[0][2:])}
+    return F.apply(F.REGISTRY["pool_scatter"], (g, index), attrs), None
+
+
+@vjp("pool_scatter", save="index")
+def _pool_scatter(node, g, index):
+    """The transpose of the transpose: ``g`` read at the positions (``pool_take``)."""
+    return F.apply(F.REGISTRY["pool_take"], (g, index), {}), None
 
 
 @vjp("rnn_sequence", save="w_hh h0 out state*")

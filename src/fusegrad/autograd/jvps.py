@@ -186,6 +186,21 @@ UNSUPPORTED["rnn_sequence"] = (
     "never meets the fused kernel"
 )
 
+UNSUPPORTED["convolution"] = (
+    "convolutions run their composite (im2col and a matmul) while a dual level is active, so "
+    "forward AD never meets the kernel"
+)
+UNSUPPORTED["avg_pool"] = (
+    "pooling runs its composite (windows and a mean) while a dual level is active, so forward "
+    "AD never meets the kernel"
+)
+UNSUPPORTED["avg_pool_backward"] = "the average pooling kernel's backward (see avg_pool)"
+UNSUPPORTED["pool_take"] = (
+    "max pooling runs its composite (windows and a max) while a dual level is active, so "
+    "forward AD never meets the kernel"
+)
+UNSUPPORTED["pool_scatter"] = "max pooling's kernel backward (see pool_take)"
+
 
 def _zero_tangent(p, t, out, attrs):
     """Piecewise-constant ops: a zero tangent (PyTorch gives zeros, not None)."""

@@ -15,7 +15,8 @@ Where each primitive's CUDA code comes from:
   ``fusegrad.cuda.advanced``; the elementwise externs (``round``, ``remainder``,
   ``floor_divide``, bitwise ops): ``fusegrad.cuda.arith``; ``argsort`` (sort, topk, ...):
   ``fusegrad.cuda.sorting``; complex operands or results (the generated kernels compute in real
-  arithmetic): ``fusegrad.cuda.complex``.
+  arithmetic): ``fusegrad.cuda.complex``; the convolution and pooling primitives:
+  ``fusegrad.cuda.convolution`` and ``fusegrad.cuda.pooling``.
 
 What is not implemented on CUDA yet raises ``NotImplementedError`` naming the primitive, shapes
 and dtypes — never a silent trip through host memory.
@@ -30,7 +31,7 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .._index_key import numpy_key
-from . import advanced, arith, generated, movement, reduce, sorting
+from . import advanced, arith, convolution, generated, movement, pooling, reduce, sorting
 from . import complex as complex_kernels
 from .array import CudaArray, contiguous, copy_into, probe_view, to_device
 from .matmul import matmul
@@ -238,5 +239,18 @@ _SPECIAL: dict[str, Callable[[Any, list, dict], Any]] = {
     "flip": _flip,
     "matmul": _matmul,
     "argsort": lambda prim, arrays, attrs: sorting.argsort(arrays[0], **attrs),
+    # the convolution and pooling primitives (``cuda/convolution.py``, ``cuda/pooling.py``)
+    "convolution": lambda prim, arrays, attrs: convolution.convolution(*arrays, **attrs),
+    "convolution_backward_input": lambda prim, arrays, attrs: (
+        convolution.convolution_backward_input(*arrays, **attrs)
+    ),
+    "convolution_backward_weight": lambda prim, arrays, attrs: (
+        convolution.convolution_backward_weight(*arrays, **attrs)
+    ),
+    "avg_pool": lambda prim, arrays, attrs: pooling.avg_pool(arrays[0], **attrs),
+    "avg_pool_backward": lambda prim, arrays, attrs: pooling.avg_pool_backward(arrays[0], **attrs),
+    "pool_index": lambda prim, arrays, attrs: pooling.pool_index(arrays[0], **attrs),
+    "pool_take": lambda prim, arrays, attrs: pooling.pool_take(*arrays),
+    "pool_scatter": lambda prim, arrays, attrs: pooling.pool_scatter(*arrays, **attrs),
     **{n: _reduce(n) for n in ("amax", "amin", "prod", "argmax", "argmin", "all", "any")},
 }

@@ -1,6 +1,14 @@
-"""Convolution, pooling, fold/unfold and unpooling over 1, 2 or 3 spatial dims, as composites.
+"""Convolution, pooling, fold/unfold and unpooling over 1, 2 or 3 spatial dims.
 
-Everything here reads its input through ``_windows``: every kernel window of an (N, C, *spatial)
+Convolutions (transposed too), max, average and adaptive pooling of float32 / float64 tensors
+run as primitives with kernels of their own (``convolution``, ``avg_pool``, ``pool_index`` +
+``pool_take``, ...: ``ops/conv_kernels.py`` on the CPU, ``cuda/convolution.py`` and
+``cuda/pooling.py`` on CUDA; ``kernel_ok`` says when).  Everything else, and those ops for
+other dtypes, under a forward-AD level or inside ``window_kernels(False)``, runs the
+composites below; the convolution's rule also uses them for a differentiable gradient
+(``convolution_grads``).
+
+The composites read its input through ``_windows``: every kernel window of an (N, C, *spatial)
 input as (N, C, *kernel, *out), made of one strided basic slice per kernel offset and dim,
 stacked.  The gradient of a basic slice writes ``g`` into zeros by slice assignment, so the
 backward of im2col (col2im) is a few slice-adds, never a scatter with duplicate indices.  On
@@ -23,7 +31,10 @@ padding at most half the effective kernel for pooling), with PyTorch's words.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import math
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -38,7 +49,7 @@ from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import notify_host_read as _read
 from ..errors import ShapeError, describe
 from ..tensor import Tensor
-from ._util import to_tensor
+from ._util import P, apply, to_tensor
 from .creation import rand, zeros
 from .elementwise import relu, sign
 from .generated import abs, mul
@@ -65,6 +76,71 @@ def _records(*tensors: Tensor | None) -> bool:
     if not _grad_mode.is_grad_enabled() or _forward_state.level is not None:
         return False
     return builtins.any(t is not None and t.requires_grad for t in tensors)
+
+
+class _Kernels(threading.local):
+    enabled = True
+
+
+_kernels = _Kernels()
+
+
+@contextlib.contextmanager
+def window_kernels(enabled: bool) -> Iterator[None]:
+    """Within the block, convolution and pooling on this thread run their kernels
+    (``enabled=True``, the default) or the composites (``False``: the path before the kernels,
+    for comparisons and benchmarks; the results agree to rounding)."""
+    before = _kernels.enabled
+    _kernels.enabled = bool(enabled)
+    try:
+        yield
+    finally:
+        _kernels.enabled = before
+
+
+def kernel_ok(*tensors: Tensor | None) -> bool:
+    """Whether a call on ``tensors`` runs the convolution and pooling primitives (kernels of
+    their own, ``ops/conv_kernels.py``) rather than the composites: tensors of one dtype and
+    device (the CPU, or CUDA: ``cuda/convolution.py``, ``cuda/pooling.py``), float32 or
+    float64, and no forward-AD level (whose tangents come from the composites' primitives).
+    Other dtypes run the composites, as everything does inside ``window_kernels(False)``."""
+    if _forward_state.level is not None or not _kernels.enabled:
+        return False
+    first = tensors[0]
+    if first is None or first.dtype not in (_dt.float32, _dt.float64):
+        return False
+    for t in tensors:
+        if t is not None and (t.dtype is not first.dtype or t.device != first.device):
+            return False
+        if t is not None and t.device.type not in ("cpu", "cuda"):
+            return False
+    return True
+
+
+def _check_windows(
+    op: str,
+    x: Tensor,
+    kernel: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    ceil_mode: bool = False,
+) -> tuple:
+    """The window counts of ``x`` (N, C, *spatial), or the error ``windows`` raises when there
+    is none."""
+    n = len(kernel)
+    sizes = tuple(x.shape[2:])
+    outs = tuple(
+        out_size(sizes[i], kernel[i], stride[i], padding[i], dilation[i], ceil_mode)
+        for i in range(n)
+    )
+    if builtins.any(o <= 0 for o in outs):
+        raise ShapeError(
+            f"{op}: input {describe(x)} is too small for kernel {tuple(kernel)} with padding "
+            f"{tuple(padding)}, stride {tuple(stride)}, dilation {tuple(dilation)} (output "
+            f"would be {'x'.join(map(str, outs))})"
+        )
+    return outs
 
 
 # ---- arguments -----------------------------------------------------------------------------
@@ -381,6 +457,17 @@ def convolution(
             f"of size {list(b.shape)} instead"
         )
     geometry = (s, p, d, groups, op)
+    if kernel_ok(x, w, b):
+        _check_windows(op, x, tuple(w.shape[2:]), s, p, d)
+        attrs = {
+            "stride": s,
+            "padding": p,
+            "dilation": d,
+            "groups": groups,
+            "transposed": False,
+            "output_padding": (0,) * n,
+        }
+        return apply(P["convolution"], (x, w) if b is None else (x, w, b), attrs)
     if _records(x, w, b):
         return _native.Convolution.apply(x, w, b, *geometry)
     return conv_columns(x, w, b, *geometry)
@@ -409,6 +496,58 @@ def conv_columns(
     if bias is not None:
         out = out + bias.reshape(1, out_c, *((1,) * n))
     return out
+
+
+def convolution_grads(
+    g: Tensor,
+    x: Tensor | None,
+    w: Tensor | None,
+    need_x: bool,
+    need_w: bool,
+    x_shape: tuple,
+    w_shape: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+    transposed: bool,
+) -> tuple[Tensor | None, Tensor | None]:
+    """The input's and the weight's gradients of the ``convolution`` primitive for the gradient
+    ``g`` of its output, in the op surface (im2col by strided slices, col2im by slice-adds,
+    matmuls): what its derivative rule computes where a graph of the gradient is wanted, so
+    that the gradients differentiate again.  ``x`` is needed for the weight's gradient only,
+    ``w`` for the input's."""
+    n = len(stride)
+    kernel = tuple(w_shape[2:])
+    batch = g.shape[0]
+    gx = gw = None
+    if not transposed:
+        out_c = w_shape[0]
+        g_mat = g.reshape(batch, groups, out_c // groups, math.prod(g.shape[2:]))
+        if need_x:
+            w_mat = w.reshape(groups, out_c // groups, -1)
+            gx = col2im(w_mat.mT @ g_mat, (batch, *x_shape[1:]), kernel, stride, padding, dilation)
+        if need_w:
+            win = windows(x, kernel, stride, padding, dilation, 0.0)
+            cols = win.reshape(batch, groups, -1, math.prod(g.shape[2:]))
+            gw = (g_mat @ cols.mT).sum(0).reshape(w_shape)
+        return gx, gw
+    # y = conv^T(x): x's gradient is the convolution of g (its first x-sized windows: an
+    # output_padding row at the end is read by no window), w's is x times g's columns
+    sizes = tuple(x_shape[2:])
+    crop = (slice(None), slice(None)) + tuple(slice(0, v) for v in sizes)
+    if need_x:
+        gx = conv_columns(g, w, None, stride, padding, dilation, groups, "conv_transpose")
+        if tuple(gx.shape[2:]) != sizes:
+            gx = gx[crop]
+    if need_w:
+        win = windows(g, kernel, stride, padding, dilation, 0.0)
+        if tuple(win.shape[2 + n :]) != sizes:
+            win = win[(slice(None),) * (2 + n) + crop[2:]]
+        cols = win.reshape(batch, groups, -1, math.prod(sizes))
+        x_mat = x.reshape(batch, groups, x_shape[1] // groups, math.prod(sizes))
+        gw = (x_mat @ cols.mT).sum(0).reshape(w_shape)
+    return gx, gw
 
 
 def conv_transpose(
@@ -488,6 +627,17 @@ def conv_transpose(
             f"{op}: input {describe(x)} with kernel {kernel}, stride {s}, padding {p} and "
             f"dilation {d} gives an empty output ({'x'.join(map(str, sizes))})"
         )
+    b = None if bias is None else to_tensor(bias)
+    if kernel_ok(x, w, b):
+        attrs = {
+            "stride": s,
+            "padding": p,
+            "dilation": d,
+            "groups": groups,
+            "transposed": True,
+            "output_padding": op_,
+        }
+        return apply(P["convolution"], (x, w) if b is None else (x, w, b), attrs)
     spread = x
     for i in range(n):
         spread = _dilate(spread, 2 + i, s[i])
@@ -559,6 +709,14 @@ def max_pool(
                 f"{op}: pad should be at most half of effective kernel size, but got "
                 f"pad={p[i]}, kernel_size={k[i]} and dilation={d[i]}"
             )
+    if kernel_ok(x):
+        _check_windows(op, x, k, s, p, d, ceil_mode)
+        window = ("fixed", k, s, p, d, bool(ceil_mode), False, None)
+        values, indices = pool_max(x, window)
+        _name_node(values, f"MaxPool{n}DWithIndicesBackward0")
+        if unbatched:
+            values, indices = values.squeeze(0), indices.squeeze(0)
+        return (values, indices) if return_indices else values
     win = windows(x, k, s, p, d, _lowest(x.dtype), ceil_mode, op=op)
     outs = tuple(win.shape[2 + n :])
     flat = win.reshape(x.shape[0], x.shape[1], math.prod(k), *outs)
@@ -623,6 +781,20 @@ def avg_pool(
             )
     if divisor_override is not None and divisor_override == 0:
         raise ShapeError(f"{op}: divisor must be not zero")
+    if kernel_ok(x):
+        _check_windows(op, x, k, s, p, (1,) * n, ceil_mode)
+        window = (
+            "fixed",
+            k,
+            s,
+            p,
+            (1,) * n,
+            bool(ceil_mode),
+            bool(count_include_pad),
+            None if divisor_override is None else int(divisor_override),
+        )
+        out = apply(P["avg_pool"], (x,), {"window": window})
+        return out.squeeze(0) if unbatched else out
     win = windows(x, k, s, p, (1,) * n, 0.0, ceil_mode, op=op)
     outs = tuple(win.shape[2 + n :])
     total = sum(win.reshape(x.shape[0], x.shape[1], math.prod(k), *outs), 2)
@@ -793,6 +965,8 @@ def adaptive_max_pool(
                 f"{op}(): Expected input to have non-zero size for non-batch dimensions, but "
                 f"input has sizes {list(to_tensor(input).shape)} with an empty dimension"
             )
+    if kernel_ok(x):
+        return adaptive_pool(to_tensor(input), n, sizes, "max", return_indices)
     positions = []
     for i in range(n):
         length, out = x.shape[2 + i], sizes[i]
@@ -809,6 +983,34 @@ def adaptive_max_pool(
         indices = None if indices is None else indices.squeeze(0)
     _name_node(best, f"AdaptiveMaxPool{n}DBackward0")
     return (best, indices) if return_indices else best
+
+
+def pool_max(x: Tensor, window: tuple) -> tuple[Tensor, Tensor]:
+    """Max pooling of (N, C, *spatial) ``x`` by the kernels: the positions of the maxima
+    (``pool_index``, no gradient) and the values there (``pool_take``, whose gradient adds
+    into those positions)."""
+    index = apply(P["pool_index"], (x,), {"window": window})
+    return apply(P["pool_take"], (x, index), {}), index
+
+
+def adaptive_pool(x: Tensor, n: int, sizes: tuple, mode: str, return_indices: bool) -> Any:
+    """Adaptive max or average pooling of ``x`` (N, C, *spatial) or (C, *spatial) to
+    ``sizes`` by the kernels (callers check ``kernel_ok`` and the arguments), with max
+    pooling's indices where asked."""
+    unbatched = x.ndim == n + 1
+    if unbatched:
+        x = x.unsqueeze(0)
+    window = ("adaptive", tuple(int(v) for v in sizes))
+    indices = None
+    if mode == "max":
+        values, indices = pool_max(x, window)
+        _name_node(values, f"AdaptiveMaxPool{n}DBackward0")
+    else:
+        values = apply(P["avg_pool"], (x,), {"window": window})
+    if unbatched:
+        values = values.squeeze(0)
+        indices = None if indices is None else indices.squeeze(0)
+    return (values, indices) if return_indices else values
 
 
 def _fractional_starts(sample: np.ndarray, length: int, out: int, k: int) -> np.ndarray:

@@ -1518,6 +1518,8 @@ def adaptive_max_pool2d(input: Tensor, output_size: Any, return_indices: bool = 
     if return_indices:
         return _conv.adaptive_max_pool(x, 2, output_size, True, "adaptive_max_pool2d")
     oh, ow = _adaptive_sizes("adaptive_max_pool2d", x, output_size, 2)
+    if _conv.kernel_ok(x) and x.numel():
+        return _conv.adaptive_pool(x, 2, (oh, ow), "max", False)
     return _adaptive_max(_adaptive_max(x, x.ndim - 2, oh), x.ndim - 1, ow)
 
 
@@ -1532,6 +1534,8 @@ def adaptive_max_pool1d(input: Tensor, output_size: Any, return_indices: bool = 
     if return_indices:
         values, indices = _conv.adaptive_max_pool(x, 1, (size,), True, "adaptive_max_pool1d")
         return _name_node(values, "SqueezeBackward1"), indices
+    if _conv.kernel_ok(x) and x.numel():
+        return _name_node(_conv.adaptive_pool(x, 1, (size,), "max", False), "SqueezeBackward1")
     return _name_node(_adaptive_max(x, x.ndim - 1, size), "SqueezeBackward1")
 
 
@@ -1547,6 +1551,8 @@ def adaptive_max_pool3d(input: Tensor, output_size: Any, return_indices: bool = 
     if return_indices:
         return _conv.adaptive_max_pool(x, 3, output_size, True, "adaptive_max_pool3d")
     sizes = _adaptive_sizes("adaptive_max_pool3d", x, output_size, 3)
+    if _conv.kernel_ok(x) and x.numel():
+        return _conv.adaptive_pool(x, 3, sizes, "max", False)
     for k, size in enumerate(sizes):
         x = _adaptive_max(x, x.ndim - 3 + k, size)
     return x
@@ -1601,6 +1607,10 @@ def adaptive_avg_pool2d(input: Tensor, output_size: Any) -> Tensor:
                 "adaptive_avg_pool2d(): Expected input to have non-zero size for non-batch "
                 f"dimensions, but input has sizes {list(x.shape)} with dimension {d} being empty"
             )
+    if _conv.kernel_ok(x):
+        spatial = x.shape[x.ndim - 2 :]
+        outs = tuple(int(n if v is None else v) for v, n in zip(sizes, spatial))
+        return _conv.adaptive_pool(x, 2, outs, "avg", False)
     for k, size in enumerate(sizes):
         dim = x.ndim - 2 + k
         x = _adaptive_average(x, dim, x.shape[dim] if size is None else int(size))
@@ -1620,6 +1630,8 @@ def adaptive_avg_pool1d(input: Tensor, output_size: Any) -> Tensor:
             "adaptive_avg_pool1d() argument 'output_size' should contain one int "
             f"(got {len(sizes)})"
         )
+    if _conv.kernel_ok(x) and x.shape[-1]:
+        return _conv.adaptive_pool(x, 1, (int(sizes[0]),), "avg", False)
     return _adaptive_average(x, x.ndim - 1, int(sizes[0]))
 
 
@@ -1638,6 +1650,8 @@ def adaptive_avg_pool3d(input: Tensor, output_size: Any) -> Tensor:
                 f"dimensions, but input has sizes {list(x.shape)} with dimension {d} being empty"
             )
     sizes = _adaptive_sizes("adaptive_avg_pool3d", x, output_size, 3)
+    if _conv.kernel_ok(x):
+        return _conv.adaptive_pool(x, 3, sizes, "avg", False)
     for k, size in enumerate(sizes):
         x = _adaptive_average(x, x.ndim - 3 + k, size)
     return x

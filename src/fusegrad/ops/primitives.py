@@ -18,9 +18,11 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .._index_key import numpy_key  # (also the CUDA kernels': kept below both devices)
+from .._pool_windows import pool_out_sizes
 from ..cuda.array import to_device
 from ..errors import ArgumentError, ComplexNotSupported, FusegradError
 from ..size import broadcast_shapes
+from . import conv_kernels  # (numpy only: its numba loops load on first use)
 from .registry import (
     REGISTRY,
     DataDependentShape,
@@ -759,6 +761,102 @@ def _rnn_sequence_backward(g, out, w_hh, h0, *state, mode, reverse, proj, batch_
     return _recurrent_kernels()[1](mode, g, out, w_hh, h0, c0, reverse, w_hr, batch_sizes)
 
 
+# Convolution and pooling as single primitives with kernels of their own (not composites of
+# strided slices, stacks and matmuls) for speed: the composites ran the MNIST CNN at 3.1x
+# PyTorch eager and saved their im2col columns (issue 27).  The backward kernels are their own
+# primitives, not differentiable: the rules use the op-surface composites (``ops/convolution.py``)
+# where a graph of the gradient is wanted (``create_graph``).  float32 and float64 only (the op
+# surface runs the composites otherwise); CUDA tensors run ``cuda/convolution.py`` and
+# ``cuda/pooling.py``.
+@primitive("convolution", "opaque", "x w bias*")
+def _convolution(x, w, *bias, stride, padding, dilation, groups, transposed, output_padding):  # type: ignore[no-untyped-def]
+    """An n-d convolution (cross-correlation) of ``x`` (N, C, *spatial) by ``w`` (O, C /
+    groups, *kernel), or its transpose (``transposed``: ``w`` is (C, O / groups, *kernel)),
+    plus an optional bias (O,).  Zero padding; im2col and BLAS (``conv_kernels``)."""
+    return conv_kernels.convolution(
+        x,
+        w,
+        *bias,
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+        groups=groups,
+        transposed=transposed,
+        output_padding=output_padding,
+    )
+
+
+@primitive("convolution_backward_input", "opaque", "g w", differentiable=False)
+def _convolution_backward_input(g, w, sizes, stride, padding, dilation, groups, transposed):  # type: ignore[no-untyped-def]
+    """The input's gradient of ``convolution`` (input spatial sizes ``sizes``) for the
+    gradient ``g`` of its output."""
+    return conv_kernels.convolution_backward_input(
+        g,
+        w,
+        sizes=sizes,
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+        groups=groups,
+        transposed=transposed,
+    )
+
+
+@primitive("convolution_backward_weight", "opaque", "g x", differentiable=False)
+def _convolution_backward_weight(g, x, kernel, stride, padding, dilation, groups, transposed):  # type: ignore[no-untyped-def]
+    """The weight's gradient of ``convolution`` (kernel sizes ``kernel``) for the gradient
+    ``g`` of its output and its input ``x``."""
+    return conv_kernels.convolution_backward_weight(
+        g,
+        x,
+        kernel=kernel,
+        stride=stride,
+        padding=padding,
+        dilation=dilation,
+        groups=groups,
+        transposed=transposed,
+    )
+
+
+@primitive("avg_pool", "opaque", "x")
+def _avg_pool(x, window):  # type: ignore[no-untyped-def]
+    """Average pooling of ``x`` (N, C, *spatial) over ``window``: ``("fixed", kernel, stride,
+    padding, dilation, ceil_mode, count_include_pad, divisor_override)`` or ``("adaptive",
+    output_size)`` (``conv_kernels``)."""
+    return conv_kernels.avg_pool(x, window=window)
+
+
+@primitive("avg_pool_backward", "opaque", "g")
+def _avg_pool_backward(g, window, sizes):  # type: ignore[no-untyped-def]
+    """Average pooling's input gradient (input spatial sizes ``sizes``): linear in ``g``, so
+    differentiable (its own gradient is an average pooling)."""
+    return conv_kernels.avg_pool_backward(g, window=window, sizes=sizes)
+
+
+# Max pooling is ``pool_take(x, pool_index(x))``: the positions of the maxima once, then the
+# values at them.  The backward scatters to the same positions (``pool_scatter``), as PyTorch's
+# saved indices do, instead of searching the windows again; take and scatter are each other's
+# transposes, so both are differentiable without a composite.
+@primitive("pool_index", "opaque", "x", differentiable=False)
+def _pool_index(x, window):  # type: ignore[no-untyped-def]
+    """The flat position of each max-pooling window's maximum in its input plane (PyTorch's
+    pooling indices), (N, C, *out) int64."""
+    return conv_kernels.pool_index(x, window=window)
+
+
+@primitive("pool_take", "opaque", "x index")
+def _pool_take(x, index):  # type: ignore[no-untyped-def]
+    """``x`` (N, C, *spatial) at the flat positions ``index`` (N, C, *out) of each plane."""
+    return conv_kernels.pool_take(x, index)
+
+
+@primitive("pool_scatter", "opaque", "g index")
+def _pool_scatter(g, index, sizes):  # type: ignore[no-untyped-def]
+    """The transpose of ``pool_take``: zeros (N, C, *sizes) with each element of ``g`` (N, C,
+    *out) added at its plane's flat position ``index``."""
+    return conv_kernels.pool_scatter(g, index, sizes=sizes)
+
+
 @primitive("cummax_index", "opaque", "x", differentiable=False)
 def _cummax_index(x, dim, largest):  # type: ignore[no-untyped-def]
     """Position of the running maximum (``largest=False``: minimum) along ``dim`` (cummax /
@@ -1109,7 +1207,8 @@ REAL_ONLY = frozenset(
     "sign floor ceil trunc round erf erfc erfinv lgamma digamma trigamma atan2 hypot logaddexp "
     "maximum minimum remainder floor_divide lt le gt ge amax amin argmax argmin argsort "
     "cummax_index mode_index searchsorted histc attention attention_backward rnn_sequence "
-    "rnn_sequence_backward".split()
+    "rnn_sequence_backward convolution convolution_backward_input convolution_backward_weight "
+    "avg_pool avg_pool_backward pool_index pool_take pool_scatter".split()
 )
 
 
@@ -1197,6 +1296,57 @@ def _set_metas() -> None:
 
     set_meta("rnn_sequence", rnn_sequence_meta)
     set_meta("rnn_sequence_backward", rnn_sequence_backward_meta)
+
+    def convolution_meta(
+        shapes, dtypes, stride, padding, dilation, groups, transposed, output_padding
+    ):  # type: ignore[no-untyped-def]
+        x, w = shapes[0], shapes[1]
+        kernel, sizes = tuple(w[2:]), tuple(x[2:])
+        if transposed:
+            outs = conv_kernels.transpose_sizes(
+                sizes, kernel, stride, padding, dilation, output_padding
+            )
+            return (x[0], w[1] * groups) + tuple(outs), dtypes[0]
+        outs = conv_kernels.out_sizes(sizes, kernel, stride, padding, dilation)
+        return (x[0], w[0]) + tuple(outs), dtypes[0]
+
+    def convolution_backward_input_meta(
+        shapes, dtypes, sizes, stride, padding, dilation, groups, transposed
+    ):  # type: ignore[no-untyped-def]
+        g, w = shapes
+        channels = w[0] if transposed else w[1] * groups
+        return (g[0], channels) + tuple(sizes), dtypes[0]
+
+    def convolution_backward_weight_meta(
+        shapes, dtypes, kernel, stride, padding, dilation, groups, transposed
+    ):  # type: ignore[no-untyped-def]
+        g, x = shapes
+        if transposed:  # (C, O / groups, *kernel): x has C channels, g has O
+            return (x[1], g[1] // groups) + tuple(kernel), dtypes[0]
+        return (g[1], x[1] // groups) + tuple(kernel), dtypes[0]
+
+    def avg_pool_meta(shapes, dtypes, window):  # type: ignore[no-untyped-def]
+        x = shapes[0]
+        outs = pool_out_sizes(window, tuple(x[2:]))
+        return tuple(x[:2]) + tuple(outs), dtypes[0]
+
+    set_meta("convolution", convolution_meta)
+    set_meta("convolution_backward_input", convolution_backward_input_meta)
+    set_meta("convolution_backward_weight", convolution_backward_weight_meta)
+    set_meta("avg_pool", avg_pool_meta)
+    set_meta(
+        "avg_pool_backward",
+        lambda shapes, dtypes, window, sizes: (tuple(shapes[0][:2]) + tuple(sizes), dtypes[0]),
+    )
+    set_meta(
+        "pool_index",
+        lambda shapes, dtypes, window: (avg_pool_meta(shapes, dtypes, window)[0], _dt.int64),
+    )
+    set_meta("pool_take", lambda shapes, dtypes: (tuple(shapes[1]), dtypes[0]))
+    set_meta(
+        "pool_scatter",
+        lambda shapes, dtypes, sizes: (tuple(shapes[0][:2]) + tuple(sizes), dtypes[0]),
+    )
     set_meta("cummax_index", lambda shapes, dtypes, dim, largest: (tuple(shapes[0]), _dt.int64))
 
     def mode_index_meta(shapes, dtypes, dim):  # type: ignore[no-untyped-def]

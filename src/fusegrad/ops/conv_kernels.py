@@ -1,0 +1,481 @@
+"""CPU kernels of the convolution primitives (``convolution``, ``convolution_backward_input``,
+``convolution_backward_weight`` in ``ops/primitives.py``): numpy arrays in, numpy arrays out.
+
+The kernels are im2col plus BLAS, over 1, 2 or 3 spatial dims and any groups (except one input
+channel per group: direct loops, below):
+
+* im2col reads every kernel window of the zero-padded input as one strided view
+  (``as_strided``: (N, C, *kernel, *out), the kernel offsets stepping by ``dilation``, the
+  windows by ``stride``) and copies it once into a contiguous (N, groups, C / groups * taps,
+  out) block; a 1x1 kernel with unit stride and no padding is the input itself, no copy;
+* the forward is one (batched over samples, grouped) ``matmul`` of the (groups, O / groups,
+  C / groups * taps) weight with those columns, plus the bias;
+* the input's gradient is the columns' gradient ``W^T g`` (one matmul) put back where each
+  column was read (col2im, a numba loop: ``pool_kernels.col2im``) into a zero-padded buffer,
+  whose padding is then cropped;
+* the weight's gradient is ``g`` times the columns, transposed: one product per sample and
+  group, summed over the samples.
+
+The transposed convolution is the convolution's adjoint, so it runs the same three kernels
+with the roles swapped: its forward is ``backward_input``, its input's gradient is the
+forward (of ``g``), its weight's gradient is ``backward_weight`` with the input and ``g``
+exchanged.  Each kernel takes the output's spatial size explicitly, so a transposed
+convolution's ``output_padding`` (which can leave rows that no window reads) needs no case of
+its own.
+
+Why im2col and not direct loops, per shape class (measured with ``python -m benchmarks.conv``
+and by timing each kernel alone, one thread; figures in ``benchmarks/README.md``):
+
+* channels > 1 per group (every ordinary convolution): the time is in the products, and BLAS
+  does them several times faster than a loop nest can (a 64-channel 3x3 layer is a (64, 288)
+  by (288, L) product per sample).  The forward and the weight's gradient multiply per
+  sample: one (C taps, N L) product over a channel-major copy of the columns measured the
+  same at 64 channels and slower with few channels (the copy), ``einsum`` twice as long;
+* one input channel per group (depthwise, channel multipliers): im2col leaves a (1, taps) by
+  (taps, L) product per sample and group, thousands of BLAS calls with nothing in them (5x
+  PyTorch's time for the forward at 64 x 64 x 32 x 32, 3x3); direct numba loops do these
+  (``pool_kernels.depthwise_*``): forward + backward 3x PyTorch's vectorised kernel there,
+  against 8x through im2col (``benchmarks.conv``'s ``depthwise-3x3``).
+
+col2im is a numba loop too: one numpy slice-add per kernel offset took as long as the product
+before it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .._pool_windows import window_divisor, window_tables
+
+
+def _loops() -> Any:
+    """The loop kernels (``pool_kernels``), imported on their first use: they bring numba,
+    which fusegrad never imports when it loads."""
+    import fusegrad.ops.pool_kernels as loops  # numba: on first use only
+
+    return loops
+
+
+# below this many outputs per sample, the input's gradient multiplies once over the batch
+_FEW_OUTPUTS = 64
+
+
+def _padded(x: np.ndarray, padding: tuple) -> np.ndarray:
+    """``x`` (N, C, *spatial) with ``padding[i]`` zeros on both sides of spatial dim i."""
+    if not any(padding):
+        return x
+    return np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
+
+
+def _window_view(
+    x: np.ndarray, kernel: tuple, stride: tuple, dilation: tuple, outs: tuple
+) -> np.ndarray:
+    """Every kernel window of ``x`` (N, C, *spatial) as a strided view (N, C, *kernel, *outs)."""
+    n = len(kernel)
+    spatial = x.strides[2:]
+    shape = x.shape[:2] + tuple(kernel) + tuple(outs)
+    strides = (
+        x.strides[:2]
+        + tuple(spatial[i] * dilation[i] for i in range(n))
+        + tuple(spatial[i] * stride[i] for i in range(n))
+    )
+    return as_strided(x, shape, strides, writeable=False)
+
+
+def _columns(
+    x: np.ndarray,
+    kernel: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+    outs: tuple,
+) -> np.ndarray:
+    """im2col: (N, groups, C / groups * taps, prod(outs)), a view where no copy is needed."""
+    batch, channels = x.shape[0], x.shape[1]
+    length = math.prod(outs)
+    rows = channels // groups * math.prod(kernel)
+    unit = all(k == 1 for k in kernel) and all(s == 1 for s in stride) and not any(padding)
+    if unit and tuple(x.shape[2:]) == tuple(outs):
+        return np.ascontiguousarray(x).reshape(batch, groups, rows, length)
+    view = _window_view(_padded(x, padding), kernel, stride, dilation, outs)
+    return np.ascontiguousarray(view).reshape(batch, groups, rows, length)
+
+
+def _col2im(
+    cols: np.ndarray,
+    sizes: tuple,
+    kernel: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    outs: tuple,
+) -> np.ndarray:
+    """The transpose of im2col: ``cols`` (N, C, *kernel, *outs) summed into (N, C, *sizes),
+    each window's elements added where im2col read them (padding cropped).  One loop kernel
+    (``pool_kernels.col2im``): a slice-add per kernel offset in numpy took as long as the
+    matrix product before it (14.6 ms against 18 ms at 64 x 32 x 26 x 26, 3x3)."""
+    pool_kernels = _loops()
+    n = len(kernel)
+    batch, channels = cols.shape[0], cols.shape[1]
+    full = [sizes[i] + 2 * padding[i] for i in range(n)]
+    # a window may reach past the padded input where a transposed convolution's
+    # output_padding adds rows at the end: grow the buffer to hold every write
+    full = [
+        max(full[i], (outs[i] - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1)
+        for i in range(n)
+    ]
+    lift = (1,) * (3 - n)
+    out = np.zeros((batch * channels, *lift, *full), cols.dtype)
+    flat = np.ascontiguousarray(cols).reshape(batch * channels, *lift, *kernel, *lift, *outs)
+    pool_kernels.col2im(
+        flat,
+        out,
+        np.array(lift + tuple(kernel), np.int64),
+        np.array(lift + tuple(stride), np.int64),
+        np.array(lift + tuple(dilation), np.int64),
+    )
+    out = out.reshape(batch, channels, *full)
+    if any(padding) or full != list(sizes):
+        lead = (slice(None), slice(None))
+        out = out[lead + tuple(slice(padding[i], padding[i] + sizes[i]) for i in range(n))]
+        out = np.ascontiguousarray(out)
+    return out
+
+
+def _lift3(values: tuple, fill: int) -> np.ndarray:
+    """Per-dim values for the canonical three spatial dims (unit dims first)."""
+    return np.array((fill,) * (3 - len(values)) + tuple(values), np.int64)
+
+
+def _depthwise(w: np.ndarray, groups: int) -> bool:
+    """Whether a convolution by ``w`` (O, C / groups, *kernel) has one input channel in each
+    of several groups: the direct loops' shape class (see ``pool_kernels``).  One group of
+    one channel (a first layer on grey images) is a (O, taps) by (taps, L) product per
+    sample, which BLAS does better."""
+    return w.shape[1] == 1 and groups > 1
+
+
+def _as3(a: np.ndarray) -> np.ndarray:
+    """(N, C, *spatial) -> (N, C, S0, S1, S2) with unit leading spatial dims."""
+    return np.ascontiguousarray(a).reshape(a.shape[:2] + (1,) * (5 - a.ndim) + a.shape[2:])
+
+
+def _depthwise_forward(
+    x: np.ndarray, w: np.ndarray, stride: tuple, padding: tuple, dilation: tuple, outs: tuple
+) -> np.ndarray:
+    pool_kernels = _loops()
+    batch, out_c = x.shape[0], w.shape[0]
+    out = np.zeros((batch, out_c) + (1,) * (3 - len(outs)) + tuple(outs), x.dtype)
+    pool_kernels.depthwise_forward(
+        _as3(_padded(x, padding)),
+        _as3(w.reshape(out_c, 1, *w.shape[2:]))[:, 0],
+        out,
+        _lift3(stride, 1),
+        _lift3(dilation, 1),
+    )
+    return out.reshape((batch, out_c) + tuple(outs))
+
+
+def conv_forward(
+    x: np.ndarray,
+    w: np.ndarray,
+    bias: np.ndarray | None,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+    outs: tuple,
+) -> np.ndarray:
+    """Cross-correlation of ``x`` (N, C, *spatial) by ``w`` (O, C / groups, *kernel): (N, O,
+    *outs), plus ``bias`` (O,)."""
+    batch, out_c = x.shape[0], w.shape[0]
+    kernel = tuple(w.shape[2:])
+    if _depthwise(w, groups):
+        out = _depthwise_forward(x, w, stride, padding, dilation, outs)
+        if bias is not None:
+            out += bias.reshape((1, out_c) + (1,) * len(outs))
+        return out
+    cols = _columns(x, kernel, stride, padding, dilation, groups, outs)
+    wmat = w.reshape(groups, out_c // groups, -1)
+    out = np.matmul(wmat, cols).reshape(batch, out_c, *outs)
+    if bias is not None:
+        out += bias.reshape((1, out_c) + (1,) * len(outs))
+    return out
+
+
+def conv_backward_input(
+    g: np.ndarray,
+    w: np.ndarray,
+    sizes: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+) -> np.ndarray:
+    """The input's gradient of ``conv_forward`` for the gradient ``g`` (N, O, *outs) of its
+    output: (N, C, *sizes)."""
+    batch, out_c = g.shape[0], w.shape[0]
+    kernel, outs = tuple(w.shape[2:]), tuple(g.shape[2:])
+    channels = w.shape[1] * groups
+    if _depthwise(w, groups):
+        pool_kernels = _loops()
+        n = len(kernel)
+        full = [
+            max(
+                sizes[i] + 2 * padding[i],
+                (outs[i] - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1,
+            )
+            for i in range(n)
+        ]
+        gxp = np.zeros((batch, channels) + (1,) * (3 - n) + tuple(full), g.dtype)
+        pool_kernels.depthwise_backward_input(
+            _as3(g), _as3(w)[:, 0], gxp, _lift3(stride, 1), _lift3(dilation, 1)
+        )
+        gxp = gxp.reshape((batch, channels) + tuple(full))
+        lead = (slice(None), slice(None))
+        crop = lead + tuple(slice(padding[i], padding[i] + sizes[i]) for i in range(n))
+        return np.ascontiguousarray(gxp[crop])
+    wmat = w.reshape(groups, out_c // groups, -1)
+    length = math.prod(outs)
+    if length >= _FEW_OUTPUTS:
+        gmat = np.ascontiguousarray(g).reshape(batch, groups, out_c // groups, -1)
+        cols = np.matmul(wmat.transpose(0, 2, 1), gmat)  # (N, groups, C / groups * taps, L)
+    else:
+        # few outputs per sample (a transposed convolution's forward from a 1x1 or 4x4
+        # input): one product per group over the batch, not a matrix-vector product per sample
+        gmat = np.ascontiguousarray(np.moveaxis(g, 1, 0)).reshape(groups, out_c // groups, -1)
+        cols = np.matmul(wmat.transpose(0, 2, 1), gmat)  # (groups, C / groups * taps, N L)
+        cols = np.moveaxis(cols.reshape(groups, -1, batch, length), 2, 0)
+    cols = np.ascontiguousarray(cols).reshape(batch, channels, *kernel, *outs)
+    return _col2im(cols, sizes, kernel, stride, padding, dilation, outs)
+
+
+def conv_backward_weight(
+    g: np.ndarray,
+    x: np.ndarray,
+    kernel: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+) -> np.ndarray:
+    """The weight's gradient of ``conv_forward`` for the gradient ``g`` (N, O, *outs) of its
+    output and its input ``x`` (N, C, *spatial): (O, C / groups, *kernel).  One product per
+    sample and group, summed over the samples, where a sample has at least as many outputs as
+    columns (as fast as one product over the batch at 64 channels, 4x faster with one input
+    channel: 9 columns); one product per group over the batch otherwise."""
+    batch, out_c, channels = g.shape[0], g.shape[1], x.shape[1]
+    outs = tuple(g.shape[2:])
+    n = len(kernel)
+    if channels == groups > 1:  # one input channel in each of several groups: direct loops
+        pool_kernels = _loops()
+        gw = np.empty((out_c, *((1,) * (3 - n)), *kernel), g.dtype)
+        pool_kernels.depthwise_backward_weight(
+            _as3(g), _as3(_padded(x, padding)), gw, _lift3(stride, 1), _lift3(dilation, 1)
+        )
+        return gw.reshape(out_c, 1, *kernel)
+    rows, length = channels // groups * math.prod(kernel), math.prod(outs)
+    if rows <= length:
+        cols = _columns(x, kernel, stride, padding, dilation, groups, outs)
+        gmat = np.ascontiguousarray(g).reshape(batch, groups, out_c // groups, -1)
+        total = np.matmul(gmat, cols.transpose(0, 1, 3, 2)).sum(0)
+        return total.reshape(out_c, channels // groups, *kernel)
+    # more columns than outputs per sample (a transposed convolution's weight, read through
+    # its few input pixels): the per-sample products would be outer products summed over a
+    # (N, O, rows) buffer (210 MB for DCGAN's first layer), so one product per group over every
+    # sample at once, the columns copied channel-major, (C taps, N L)
+    view = _window_view(_padded(x, padding), kernel, stride, dilation, outs)
+    order = (1, *range(2, 2 + n), 0, *range(2 + n, 2 + 2 * n))  # -> (C, *kernel, N, *outs)
+    cols = np.ascontiguousarray(view.transpose(order)).reshape(groups, rows, batch * length)
+    gmat = np.ascontiguousarray(np.moveaxis(g, 1, 0)).reshape(groups, out_c // groups, -1)
+    total = np.matmul(gmat, cols.transpose(0, 2, 1))
+    return total.reshape(out_c, channels // groups, *kernel)
+
+
+def out_sizes(sizes: tuple, kernel: tuple, stride: tuple, padding: tuple, dilation: tuple) -> tuple:
+    """A convolution's output sizes."""
+    return tuple(
+        (sizes[i] + 2 * padding[i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1
+        for i in range(len(kernel))
+    )
+
+
+def transpose_sizes(
+    sizes: tuple,
+    kernel: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    output_padding: tuple,
+) -> tuple:
+    """A transposed convolution's output sizes."""
+    return tuple(
+        (sizes[i] - 1) * stride[i]
+        - 2 * padding[i]
+        + dilation[i] * (kernel[i] - 1)
+        + output_padding[i]
+        + 1
+        for i in range(len(kernel))
+    )
+
+
+# ---- the primitives' kernels: one convolution primitive, transposed or not ------------------
+
+
+def convolution(
+    x: np.ndarray,
+    w: np.ndarray,
+    *bias: np.ndarray,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+    transposed: bool,
+    output_padding: tuple,
+) -> np.ndarray:
+    """The ``convolution`` primitive: (N, C, *spatial) by ``w``, (O, C / groups, *kernel) or,
+    ``transposed``, (C, O / groups, *kernel)."""
+    kernel = tuple(w.shape[2:])
+    sizes = tuple(x.shape[2:])
+    b = bias[0] if bias else None
+    if not transposed:
+        outs = out_sizes(sizes, kernel, stride, padding, dilation)
+        return conv_forward(x, w, b, stride, padding, dilation, groups, outs)
+    outs = transpose_sizes(sizes, kernel, stride, padding, dilation, output_padding)
+    out = conv_backward_input(x, w, outs, stride, padding, dilation, groups)
+    if b is not None:
+        out += b.reshape((1, -1) + (1,) * len(kernel))
+    return out
+
+
+def convolution_backward_input(
+    g: np.ndarray,
+    w: np.ndarray,
+    *,
+    sizes: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+    transposed: bool,
+) -> np.ndarray:
+    """The input's gradient of ``convolution`` (input spatial sizes ``sizes``)."""
+    if not transposed:
+        return conv_backward_input(g, w, sizes, stride, padding, dilation, groups)
+    return conv_forward(g, w, None, stride, padding, dilation, groups, sizes)
+
+
+def convolution_backward_weight(
+    g: np.ndarray,
+    x: np.ndarray,
+    *,
+    kernel: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    groups: int,
+    transposed: bool,
+) -> np.ndarray:
+    """The weight's gradient of ``convolution`` (its kernel's sizes ``kernel``)."""
+    if not transposed:
+        return conv_backward_weight(g, x, kernel, stride, padding, dilation, groups)
+    # the transposed convolution y = conv^T(x): its weight meets x as a convolution's output
+    # gradient meets the convolution's input, here g
+    return conv_backward_weight(x, g, kernel, stride, padding, dilation, groups)
+
+
+# ---- pooling: the primitives' kernels over the window tables of ``_pool_windows`` ----------
+
+
+def _lift(tables: list, fill: int) -> list:
+    """Per-dim tables for the canonical three spatial dims (a unit dim reads position 0)."""
+    missing = 3 - len(tables)
+    if fill < 0:  # (the hi table of a unit dim)
+        return [np.ones(1, np.int64)] * missing + list(tables)
+    return [np.zeros(1, np.int64)] * missing + list(tables)
+
+
+def _planes(x: np.ndarray, n: int) -> np.ndarray:
+    """(N, C, *spatial) -> the canonical (N C, S0, S1, S2), contiguous."""
+    return np.ascontiguousarray(x).reshape(-1, *((1,) * (3 - n)), *x.shape[2:])
+
+
+def avg_pool(x: np.ndarray, *, window: tuple) -> np.ndarray:
+    """The ``avg_pool`` primitive: the average of each window of (N, C, *spatial) ``x``."""
+    pool_kernels = _loops()
+    n = x.ndim - 2
+    sizes = tuple(x.shape[2:])
+    los, his, _ = window_tables(window, sizes)
+    outs = tuple(len(lo) for lo in los)
+    planes = _planes(x, n)
+    lift = (1,) * (3 - n)
+    out = np.empty((planes.shape[0], *lift, *outs), x.dtype)
+    lo, hi = _lift(los, 0), _lift(his, -1)
+    divisor = window_divisor(window, sizes, los, his)
+    pool_kernels.avg_pool(planes, lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], divisor, out)
+    return out.reshape(x.shape[:2] + outs)
+
+
+def pool_index(x: np.ndarray, *, window: tuple) -> np.ndarray:
+    """The ``pool_index`` primitive: the flat position of each window's maximum in its input
+    plane (PyTorch's pooling indices)."""
+    pool_kernels = _loops()
+    n = x.ndim - 2
+    los, his, steps = window_tables(window, tuple(x.shape[2:]))
+    outs = tuple(len(lo) for lo in los)
+    planes = _planes(x, n)
+    where = np.empty((planes.shape[0], *((1,) * (3 - n)), *outs), np.int64)
+    lo, hi = _lift(los, 0), _lift(his, -1)
+    step = np.array([1] * (3 - n) + steps, np.int64)
+    pool_kernels.max_pool_index(planes, lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], step, where)
+    return where.reshape(x.shape[:2] + outs)
+
+
+def pool_take(x: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """The ``pool_take`` primitive: each plane of ``x`` at the flat positions ``index``."""
+    pool_kernels = _loops()
+    planes = x.shape[0] * x.shape[1]
+    out = np.empty(index.shape, x.dtype)
+    pool_kernels.take(
+        np.ascontiguousarray(x).reshape(planes, -1),
+        np.ascontiguousarray(index).reshape(planes, -1),
+        out.reshape(planes, -1),
+    )
+    return out
+
+
+def pool_scatter(g: np.ndarray, index: np.ndarray, *, sizes: tuple) -> np.ndarray:
+    """The ``pool_scatter`` primitive: zeros (N, C, *sizes) with ``g`` added at the flat
+    positions ``index`` of each plane."""
+    pool_kernels = _loops()
+    planes = g.shape[0] * g.shape[1]
+    out = np.zeros(g.shape[:2] + tuple(sizes), g.dtype)
+    pool_kernels.scatter_add(
+        np.ascontiguousarray(g).reshape(planes, -1),
+        np.ascontiguousarray(index).reshape(planes, -1),
+        out.reshape(planes, -1),
+    )
+    return out
+
+
+def avg_pool_backward(g: np.ndarray, *, window: tuple, sizes: tuple) -> np.ndarray:
+    """The ``avg_pool_backward`` primitive: average pooling's input gradient (input spatial
+    sizes ``sizes``): each output's gradient over its divisor, added to its window."""
+    pool_kernels = _loops()
+    n = len(sizes)
+    los, his, _ = window_tables(window, sizes)
+    planes = g.shape[0] * g.shape[1]
+    lift = (1,) * (3 - n)
+    gx = np.zeros((planes, *lift, *sizes), g.dtype)
+    lo, hi = _lift(los, 0), _lift(his, -1)
+    divisor = window_divisor(window, sizes, los, his)
+    pool_kernels.avg_pool_backward(
+        np.ascontiguousarray(g).reshape(planes, *lift, *g.shape[2:]),
+        lo[0], hi[0], lo[1], hi[1], lo[2], hi[2], divisor, gx,
+    )  # fmt: skip
+    return gx.reshape(g.shape[:2] + tuple(sizes))

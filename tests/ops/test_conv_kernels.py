@@ -1,0 +1,340 @@
+"""The convolution primitive's kernels (``ops/conv_kernels.py``: im2col + BLAS, col2im) through
+``F.conv1d/2d/3d`` and ``F.conv_transpose1d/2d/3d``: values and gradients against PyTorch
+(skipped without it) and against the composites (what a forward-AD level runs: strided-slice
+windows and matmuls), over every option (stride, padding ints / 'same' / 'valid', dilation,
+groups, output_padding, padding modes, unbatched inputs, float32 and float64), with hypothesis
+over the shapes; gradcheck and gradgradcheck (the rule's create_graph composite) in float64;
+errors as the composites raise them."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fusegrad as fg
+import fusegrad.nn.functional as F
+from fusegrad import nn
+from fusegrad.autograd import forward_ad as fwAD
+from fusegrad.autograd import tracer
+from fusegrad.autograd.gradcheck import gradcheck, gradgradcheck
+
+try:
+    import torch as _torch
+except ImportError:  # pragma: no cover - torch is optional
+    _torch = None
+
+needs_torch = pytest.mark.skipif(_torch is None, reason="PyTorch not installed")
+
+_SETTINGS = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+)
+_TOL = {"float64": (1e-9, 1e-11), "float32": (2e-4, 2e-5)}
+
+
+class _Recorder(tracer.Tracer):
+    """Names the primitives a call reaches (and lets them run)."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def apply(self, prim: Any, inputs: Any, attrs: Any) -> Any:  # type: ignore[override]
+        self.names.add(prim.name)
+        return NotImplemented
+
+
+def _run(fn: Any, arrays: list, dtype: str, composite: bool = False) -> tuple[np.ndarray, list]:
+    """``fn(*tensors)``'s value and the gradients of ``sum(out * weights)`` for each input, in
+    fusegrad; ``composite``: inside a forward-AD level, where the composites run."""
+    leaves = [fg.tensor(a.astype(dtype), requires_grad=True) for a in arrays]
+    rec = _Recorder()
+    if composite:
+        with fwAD.dual_level():
+            out = fn(*leaves)
+    else:
+        with tracer.tracing(rec):
+            out = fn(*leaves)
+    if not composite:
+        assert "convolution" in rec.names, rec.names  # the kernel ran, not the composite
+    else:
+        assert "convolution" not in rec.names
+    weights = np.random.default_rng(9).standard_normal(out.shape).astype(dtype)
+    (out * fg.tensor(weights)).sum().backward()
+    return out.detach().numpy(), [t.grad.numpy() for t in leaves]
+
+
+def _run_torch(fn: Any, arrays: list, dtype: str, shape: tuple) -> tuple[np.ndarray, list]:
+    leaves = [_torch.tensor(a.astype(dtype), requires_grad=True) for a in arrays]
+    out = fn(*leaves)
+    assert tuple(out.shape) == tuple(shape)
+    weights = np.random.default_rng(9).standard_normal(out.shape).astype(dtype)
+    (out * _torch.tensor(weights)).sum().backward()
+    return out.detach().numpy(), [t.grad.numpy() for t in leaves]
+
+
+def _close(got: tuple, want: tuple, dtype: str) -> None:
+    rtol, atol = _TOL[dtype]
+    np.testing.assert_allclose(got[0], want[0], rtol=rtol, atol=atol)
+    for a, b in zip(got[1], want[1]):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol * 10)
+
+
+# ---- cases: (n, transposed, input shape, weight shape, bias?, keyword arguments) -------------
+
+_CASES = [
+    (1, False, (2, 4, 9), (6, 2, 3), True, {"stride": 2, "padding": 1, "groups": 2}),
+    (1, False, (3, 7), (2, 3, 2), False, {"dilation": 3}),  # unbatched
+    (1, False, (2, 3, 8), (4, 3, 4), True, {"padding": "same", "dilation": 1}),  # uneven 'same'
+    (2, False, (2, 3, 9, 8), (5, 3, 3, 2), True, {"stride": (2, 1), "padding": (1, 2)}),
+    (2, False, (2, 4, 7, 7), (4, 1, 3, 3), True, {"groups": 4, "padding": "same"}),  # depthwise
+    (2, False, (1, 6, 8, 9), (6, 3, 2, 3), True, {"dilation": (2, 1), "groups": 2}),
+    (2, False, (2, 3, 5, 5), (4, 3, 1, 1), True, {}),  # pointwise: columns are a view
+    (2, False, (3, 6, 6), (2, 3, 3, 3), False, {"padding": "valid"}),  # unbatched
+    (3, False, (2, 2, 5, 6, 4), (4, 2, 2, 3, 2), True, {"stride": (1, 2, 1), "padding": 1}),
+    (3, False, (1, 4, 5, 5, 5), (2, 2, 3, 3, 3), False, {"groups": 2, "dilation": 2}),
+    (1, True, (2, 4, 5), (4, 3, 3), True, {"stride": 2, "padding": 1, "output_padding": 1}),
+    (1, True, (4, 6), (4, 2, 2), False, {"groups": 2, "dilation": 2}),  # unbatched
+    (2, True, (2, 6, 4, 5), (6, 2, 3, 3), True, {"stride": 2, "groups": 3, "output_padding": 1}),
+    (2, True, (1, 3, 5, 4), (3, 4, 2, 3), True, {"stride": (1, 3), "padding": (1, 0)}),
+    # output_padding not below stride but below dilation: rows no window of x reaches
+    (2, True, (1, 2, 3, 3), (2, 3, 2, 2), True, {"dilation": 3, "output_padding": 2}),
+    (3, True, (2, 2, 3, 4, 3), (2, 3, 2, 2, 3), True, {"stride": 2, "padding": (0, 1, 1)}),
+]
+
+
+def _fns(n: int, transposed: bool, kwargs: dict) -> tuple[Any, Any]:
+    name = f"conv_transpose{n}d" if transposed else f"conv{n}d"
+    fg_fn = getattr(F, name)
+    torch_fn = getattr(_torch.nn.functional, name) if _torch is not None else None
+    return (
+        lambda x, w, b=None: fg_fn(x, w, b, **kwargs),
+        (lambda x, w, b=None: torch_fn(x, w, b, **kwargs)) if torch_fn else None,
+    )
+
+
+def _arrays(case: tuple, seed: int = 0) -> list:
+    n, transposed, xs, ws, bias, kwargs = case
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(xs), rng.standard_normal(ws)]
+    if bias:
+        groups = kwargs.get("groups", 1)
+        arrays.append(rng.standard_normal(ws[1] * groups if transposed else ws[0]))
+    return arrays
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("case", _CASES, ids=lambda c: f"{c[0]}d{'T' if c[1] else ''}{c[2]}")
+def test_matches_torch(case: tuple, dtype: str) -> None:
+    fg_fn, torch_fn = _fns(case[0], case[1], case[5])
+    arrays = _arrays(case)
+    got = _run(fg_fn, arrays, dtype)
+    _close(got, _run_torch(torch_fn, arrays, dtype, got[0].shape), dtype)
+
+
+@pytest.mark.parametrize("case", _CASES, ids=lambda c: f"{c[0]}d{'T' if c[1] else ''}{c[2]}")
+def test_matches_the_composite(case: tuple) -> None:
+    """The kernels against the composites (strided-slice windows, matmuls) in float64."""
+    fg_fn, _ = _fns(case[0], case[1], case[5])
+    arrays = _arrays(case, seed=1)
+    _close(_run(fg_fn, arrays, "float64"), _run(fg_fn, arrays, "float64", True), "float64")
+
+
+@pytest.mark.parametrize("case", _CASES[::2], ids=lambda c: f"{c[0]}d{'T' if c[1] else ''}")
+def test_gradcheck_and_gradgradcheck(case: tuple) -> None:
+    """First order through the backward kernels, second order through the rule's composite."""
+    fg_fn, _ = _fns(case[0], case[1], case[5])
+    leaves = [fg.tensor(a * 0.5, requires_grad=True) for a in _arrays(case, seed=2)]
+    assert gradcheck(fg_fn, leaves)
+    assert gradgradcheck(fg_fn, leaves)
+
+
+def test_the_backward_kernels_run_and_save_no_columns() -> None:
+    """An ordinary backward runs the two backward kernels (no composite primitive), and the
+    node keeps only the input and the weight, no im2col columns."""
+    rng = np.random.default_rng(3)
+    x = fg.tensor(rng.standard_normal((2, 3, 6, 6)), requires_grad=True)
+    w = fg.tensor(rng.standard_normal((4, 3, 3, 3)), requires_grad=True)
+    out = F.conv2d(x, w, padding=1)
+    rec = _Recorder()
+    with tracer.tracing(rec):
+        out.sum().backward()
+    assert {"convolution_backward_input", "convolution_backward_weight"} <= rec.names
+    assert not rec.names & {"getitem", "index_add_at", "stack", "matmul"}, rec.names
+    out = F.conv2d(x, w, padding=1)
+    saved = sorted(tuple(t.shape) for t in out.grad_fn.saved_values())
+    assert saved == [(2, 3, 6, 6), (4, 3, 3, 3)], saved
+    x.requires_grad_(False)
+    out = F.conv2d(x, w, padding=1)  # the weight's gradient alone needs only the input
+    assert [tuple(t.shape) for t in out.grad_fn.saved_values()] == [(2, 3, 6, 6)]
+
+
+def test_only_what_a_gradient_needs_is_computed() -> None:
+    """The weight alone requiring grad: no input gradient kernel; the input alone: no weight
+    gradient kernel."""
+    rng = np.random.default_rng(4)
+    for want_x, kernel in (
+        (True, "convolution_backward_input"),
+        (False, "convolution_backward_weight"),
+    ):
+        x = fg.tensor(rng.standard_normal((1, 2, 5, 5)), requires_grad=want_x)
+        w = fg.tensor(rng.standard_normal((3, 2, 3, 3)), requires_grad=not want_x)
+        out = F.conv2d(x, w)
+        rec = _Recorder()
+        with tracer.tracing(rec):
+            out.sum().backward()
+        other = {"convolution_backward_input", "convolution_backward_weight"} - {kernel}
+        assert kernel in rec.names and not rec.names & other, rec.names
+
+
+# ---- hypothesis over shapes, strides, padding, dilation and groups --------------------------
+
+
+@st.composite
+def _conv_case(draw: Any) -> tuple:
+    n = draw(st.integers(1, 3))
+    transposed = draw(st.booleans())
+    groups = draw(st.integers(1, 3))
+    cin = groups * draw(st.integers(1, 2))
+    cout = groups * draw(st.integers(1, 2))
+    kernel = tuple(draw(st.integers(1, 3)) for _ in range(n))
+    stride = tuple(draw(st.integers(1, 3)) for _ in range(n))
+    dilation = tuple(draw(st.integers(1, 2)) for _ in range(n))
+    padding = tuple(draw(st.integers(0, 2)) for _ in range(n))
+    spans = [dilation[i] * (kernel[i] - 1) + 1 for i in range(n)]
+    if transposed:
+        sizes = tuple(draw(st.integers(1, 4)) for _ in range(n))
+        # the output must not be empty: (in - 1) s - 2 p + span + op >= 1
+        padding = tuple(
+            min(padding[i], ((sizes[i] - 1) * stride[i] + spans[i] - 1) // 2) for i in range(n)
+        )
+        output_padding = tuple(
+            draw(st.integers(0, max(stride[i], dilation[i]) - 1)) for i in range(n)
+        )
+        kwargs = {
+            "stride": stride,
+            "padding": padding,
+            "dilation": dilation,
+            "groups": groups,
+            "output_padding": output_padding,
+        }
+        ws = (cin, cout // groups, *kernel)
+    else:
+        sizes = tuple(
+            draw(st.integers(max(1, spans[i] - 2 * padding[i]), spans[i] + 4)) for i in range(n)
+        )
+        kwargs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+        ws = (cout, cin // groups, *kernel)
+    batch = draw(st.integers(1, 2))
+    return (n, transposed, (batch, cin, *sizes), ws, draw(st.booleans()), kwargs)
+
+
+@needs_torch
+@_SETTINGS
+@given(case=_conv_case())
+def test_hypothesis_matches_torch(case: tuple) -> None:
+    fg_fn, torch_fn = _fns(case[0], case[1], case[5])
+    arrays = _arrays(case, seed=5)
+    got = _run(fg_fn, arrays, "float64")
+    _close(got, _run_torch(torch_fn, arrays, "float64", got[0].shape), "float64")
+
+
+@_SETTINGS
+@given(case=_conv_case())
+def test_hypothesis_matches_the_composite(case: tuple) -> None:
+    fg_fn, _ = _fns(case[0], case[1], case[5])
+    arrays = _arrays(case, seed=6)
+    _close(_run(fg_fn, arrays, "float64"), _run(fg_fn, arrays, "float64", True), "float64")
+
+
+# ---- modules: padding modes, and the layers as a whole ---------------------------------------
+
+
+@needs_torch
+@pytest.mark.parametrize("mode", ["zeros", "reflect", "replicate", "circular"])
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_padding_modes_of_the_modules(mode: str, n: int) -> None:
+    cls = {1: "Conv1d", 2: "Conv2d", 3: "Conv3d"}[n]
+    fg.manual_seed(0)
+    layer = getattr(nn, cls)(2, 4, 3, stride=2, padding=1, padding_mode=mode, groups=2).double()
+    ref = getattr(_torch.nn, cls)(2, 4, 3, stride=2, padding=1, padding_mode=mode, groups=2)
+    ref = ref.double()
+    with _torch.no_grad():
+        ref.weight.copy_(_torch.tensor(layer.weight.detach().numpy()))
+        ref.bias.copy_(_torch.tensor(layer.bias.detach().numpy()))
+    x = np.random.default_rng(7).standard_normal((2, 2) + (5,) * n)
+    xf, xt = fg.tensor(x, requires_grad=True), _torch.tensor(x, requires_grad=True)
+    yf, yt = layer(xf), ref(xt)
+    np.testing.assert_allclose(yf.detach().numpy(), yt.detach().numpy(), rtol=1e-9, atol=1e-11)
+    yf.sum().backward()
+    yt.sum().backward()
+    np.testing.assert_allclose(xf.grad.numpy(), xt.grad.numpy(), rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(
+        layer.weight.grad.numpy(), ref.weight.grad.numpy(), rtol=1e-9, atol=1e-11
+    )
+
+
+def test_in_place_ops_on_the_output_and_no_grad() -> None:
+    """The output is a tensor of its own (an in-place op on it is fine); without grad mode the
+    kernel runs and records nothing."""
+    rng = np.random.default_rng(8)
+    x = fg.tensor(rng.standard_normal((1, 2, 4, 4)), requires_grad=True)
+    w = fg.tensor(rng.standard_normal((3, 2, 3, 3)), requires_grad=True)
+    out = F.conv2d(x, w)
+    want = out.detach().numpy() + 1.0
+    out.add_(1.0)
+    np.testing.assert_allclose(out.detach().numpy(), want)
+    out.sum().backward()
+    assert x.grad is not None
+    with fg.no_grad():
+        y = F.conv2d(x, w)
+    assert y.grad_fn is None and not y.requires_grad
+
+
+def test_mixed_dtypes_and_half_run_the_composite() -> None:
+    """float16 runs the composite (the kernels are float32 / float64); a float32 input with a
+    float64 weight is refused as before."""
+    rng = np.random.default_rng(9)
+    x = fg.tensor(rng.standard_normal((1, 2, 4, 4)), dtype=fg.float16)
+    w = fg.tensor(rng.standard_normal((3, 2, 3, 3)), dtype=fg.float16)
+    rec = _Recorder()
+    with tracer.tracing(rec):
+        out = F.conv2d(x, w)
+    assert out.dtype == fg.float16 and "convolution" not in rec.names
+
+
+# ---- errors: the same words on the kernel path as on the composite ----------------------------
+
+_BAD = [
+    (lambda x, w: F.conv2d(x, w), (1, 2, 2, 2), (3, 2, 3, 3), "too small"),
+    (lambda x, w: F.conv2d(x, w), (1, 3, 5, 5), (3, 2, 3, 3), "expected 2 input channels"),
+    (lambda x, w: F.conv2d(x, w, groups=2), (1, 4, 5, 5), (3, 2, 3, 3), "groups=2"),
+    (lambda x, w: F.conv2d(x, w), (5, 5), (3, 2, 3, 3), "Expected 3D (unbatched) or 4D"),
+    (lambda x, w: F.conv2d(x, w), (1, 2, 5, 5), (3, 2, 3), "weight must be 4-D"),
+    (lambda x, w: F.conv2d(x, w, stride=2, padding="same"), (1, 2, 5, 5), (3, 2, 3, 3), "same"),
+    (lambda x, w: F.conv1d(x, w, padding=-1), (1, 2, 5), (3, 2, 3), "negative padding"),
+    (
+        lambda x, w: F.conv_transpose2d(x, w, stride=2, output_padding=2),
+        (1, 2, 3, 3),
+        (2, 3, 3, 3),
+        "output padding must be smaller",
+    ),
+    (lambda x, w: F.conv_transpose2d(x, w), (1, 3, 3, 3), (2, 3, 3, 3), "to have 2 channels"),
+    (lambda x, w: F.conv3d(x, w, stride=(1, 2)), (1, 1, 4, 4, 4), (1, 1, 2, 2, 2), "stride"),
+]
+
+
+@pytest.mark.parametrize("fn, xs, ws, words", _BAD)
+@pytest.mark.parametrize("dtype", ["float64", "float16"])
+def test_errors_name_the_problem(fn: Any, xs: tuple, ws: tuple, words: str, dtype: str) -> None:
+    """float64 reaches the kernels, float16 the composite: the same error either way, and the
+    inputs unchanged."""
+    x = fg.ones(*xs, dtype=getattr(fg, dtype), requires_grad=True)
+    w = fg.ones(*ws, dtype=getattr(fg, dtype), requires_grad=True)
+    with pytest.raises(RuntimeError, match=re.escape(words)):
+        fn(x, w)
+    assert x.grad is None and w.grad is None
