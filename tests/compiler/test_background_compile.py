@@ -99,9 +99,11 @@ def test_uncompiled_then_compiled_calls_match_eager(kind: str, background: Any) 
     assert counters.step_runs == 8 and counters.uncompiled_runs == 4, counters
     assert not counters.step_breaks
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    # (eager's layer norm is a fused kernel, the program's the composite: they sum in another
+    # order, so small parameters differ by about 1e-11 after ten AdamW steps)
     for (name, p), q in zip(got_model.named_parameters(), want_model.parameters()):
         np.testing.assert_allclose(
-            p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-12, err_msg=name
+            p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-10, err_msg=name
         )
 
 

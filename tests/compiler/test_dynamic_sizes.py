@@ -214,8 +214,9 @@ def test_a_compiled_module_takes_two_recordings_over_batch_sizes(caplog: Any) ->
     try:
         with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
             for n in (4, 4, 6, 3, 5, 2, 7, 4, 9):
-                idx, targets = fg.tensor(rng.integers(0, 11, (n, 5))), fg.tensor(
-                    rng.integers(0, 11, (n, 5))
+                idx, targets = (
+                    fg.tensor(rng.integers(0, 11, (n, 5))),
+                    fg.tensor(rng.integers(0, 11, (n, 5))),
                 )
                 grads = []
                 for net in (eager, cm):

@@ -290,8 +290,8 @@ def test_randomness_different_is_replayed_with_new_draws() -> None:
 
 
 def test_convolution_under_vmap_of_grad_eager_and_compiled() -> None:
-    """conv2d runs as a custom-Function node: under ``vmap`` its backward runs at the level
-    (the loop's per-sample gradients); compiled, the recording falls back with that reason."""
+    """conv2d (one ``convolution`` primitive with its backward kernels) under ``vmap`` gives
+    the loop's per-sample gradients, and compiled it replays as one program."""
     fg.manual_seed(4)
     model = nn.Sequential(
         nn.Conv2d(2, 3, 3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 4 * 4, 3)
@@ -306,8 +306,8 @@ def test_convolution_under_vmap_of_grad_eager_and_compiled() -> None:
     compiled = fg.compile(per_sample)
     for _ in range(2):
         _close(compiled(params, x, y), want, 1e-10)
-    (reason,) = compiler.counters.step_breaks
-    assert "ConvolutionBackward0 is not a primitive's node" in reason
+    assert not compiler.counters.step_breaks
+    assert compiler.counters.step_runs >= 1
 
 
 def test_requires_grad_inside_a_recording() -> None:

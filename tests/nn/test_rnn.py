@@ -154,6 +154,7 @@ def test_rnns_match_torch(cls: str, kwargs: dict, batched: bool, with_state: boo
 
 
 def test_torch_state_dict_round_trip_and_init_bounds() -> None:
+    fg.manual_seed(0)  # (the spread check below is statistical: ten values per small weight)
     module = nn.LSTM(3, 5, num_layers=2, bidirectional=True, proj_size=2)
     bound = 1 / np.sqrt(5)
     for name, p in module.named_parameters():

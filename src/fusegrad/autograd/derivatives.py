@@ -650,6 +650,8 @@ def _resample(node, g):
     if is_grad_enabled() or (linear and tracer is not None and tracer.prefers_composites):
         return (resample_grad(g, node.attrs, input_size),)
     return (resample_input_grad(g, node.attrs, input_size),)
+
+
 @vjp("convolution", save={"x": "w", "w": "x"})
 def _convolution(node, g, x, w):
     """The kernels' gradients (``convolution_backward_input`` / ``_weight``: im2col and BLAS);

@@ -7,10 +7,11 @@ numba (``norm_kernels``, loaded on first use).
 Why primitives (docs/ARCHITECTURE.md, "Conventions": a primitive where speed needs one): as
 composites of means, differences, squares and products the layers ran about a dozen eager ops
 forward and twice that backward, each a pass over the input; the kernels read it three times
-forward (mean, variance, normalisation) and twice backward.  The statistics are a primitive of their own (not differentiable) so that
-batch and instance norm can move their running statistics towards them; ``norm`` takes them
-as an input, and its rule, knowing that in training they are the input's own statistics
-(``training``), includes their dependence on the input in the input's gradient.
+forward (mean, variance, normalisation) and twice backward.  The statistics are a primitive
+of their own (not differentiable) so that batch and instance norm can move their running
+statistics towards them; ``norm`` takes them as an input, and its rule, knowing that in
+training they are the input's own statistics (``training``), includes their dependence on the
+input in the input's gradient.
 
 ``norm_grads`` is the same backward written in the op surface: the rule uses it where a graph
 of the gradient is wanted (``create_graph``), recomputing the statistics from the input so that
@@ -268,6 +269,11 @@ def norm_grads(
     surface, differentiable again: in training the statistics are recomputed from ``x``."""
     layout, groups, dims = attrs["layout"], attrs["groups"], attrs["dims"]
     eps, training = attrs["eps"], attrs["training"]
+    if not (need[0] or need[1]):
+        # the bias's alone: a sum of ``g`` (the input was not saved for it)
+        ndim = g.ndim
+        param_dims = tuple(range(ndim - dims)) if layout == "layer" else (0, *range(2, ndim))
+        return None, None, (g.sum(param_dims) if param_dims else g) if need[2] else None
     channel_shape = (1, -1) + (1,) * (x.ndim - 2)
     xs, reduce = _reduced_view(x, layout, groups, dims)
     if training:
