@@ -569,7 +569,9 @@ def run(
                     impl.first_calls_s = common.clock() - t0
                     impls["torch_compile"] = impl
         # the compiled variants' first calls (optimizer state, recording, compiling), until
-        # compiled code runs; eager takes as many steps, so all have seen the same batches
+        # compiled code runs; eager takes as many steps, so all have seen the same batches.
+        # (The checks count the breaks from here on: those of the recordings too.)
+        breaks_before = dict(fc.counters.step_breaks)
         for key in ("fg_step", "fg_module"):
             t0 = common.clock()
             for _ in range(3):
@@ -579,7 +581,7 @@ def run(
         for _ in range(3):
             impls["fg_eager"].step()
         warmup, reps = QUICK_REPS if quick else REPS
-        before = (fc.counters.step_runs, dict(fc.counters.step_breaks))
+        before = (fc.counters.step_runs, breaks_before)
         bar.stage(f"measuring {len(impls)} implementations, {warmup}+{reps} steps each")
         stats = common.measure_interleaved(
             {k: i.step for k, i in impls.items()}, warmup=warmup, reps=reps, on_step=bar.update

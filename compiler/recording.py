@@ -349,6 +349,12 @@ class Recorder(Tracer):
         # suffix that read none of it are recorded (the program computes them before the
         # calls run: the same values), anything else after it stops the recording
         self.suffix_writes: set[int] | None = set()
+        # optimizers whose ``step()`` is recorded into the program although it runs as a call
+        # by default (their multi-tensor update: ``optim/_foreach.py``), because tensor ops
+        # after it read what it updates; and the one whose update such an op read (``step``
+        # records again with it inline)
+        self.inline_steps: set[int] = set()
+        self.read_update_of: Any = None
         self.started = False  # a tensor op was recorded
         self.pending: list = []  # host reads not yet known to be harmless: (result, what, line)
         # the recorded function's code, and per host read the line of its own statement that
@@ -585,6 +591,7 @@ class Recorder(Tracer):
         for t in inputs:
             if type(t._data) is not CudaArray and id(self._root(t._data)) in writes:
                 owner, fn = self.suffix[0][0], self.suffix[0][1]
+                self.read_update_of = owner
                 raise StepBreak(
                     f"a tensor op at {_user_line()} after {type(owner).__name__}."
                     f"{fn.__name__}() reads {_describe(t)}, which that call updates"
@@ -665,7 +672,7 @@ class Recorder(Tracer):
             return NotImplemented
         if (
             fn.__name__ == "step"
-            and getattr(owner, "traceable", False)
+            and (getattr(owner, "traceable", False) or id(owner) in self.inline_steps)
             and not args
             and not kwargs
             and not self.suffix

@@ -406,11 +406,14 @@ def record(
     args: tuple,
     kwargs: dict,
     explaining: bool = False,
+    inline: set | None = None,
 ) -> tuple[Recorder, Any, Any]:
     """Run ``fn`` once, eagerly, while a ``Recorder`` records it (its results are eager's);
-    the recorder, the call's result and the tape its forward was recorded on."""
+    the recorder, the call's result and the tape its forward was recorded on.  ``inline``:
+    ids of optimizers whose ``step()`` is recorded into the program."""
     rec = Recorder(watch, region)
     rec.explaining = explaining
+    rec.inline_steps = inline or set()
     rec.code = getattr(getattr(fn, "__func__", fn), "__code__", None)
     _tape.state.enter()
     try:
@@ -439,6 +442,9 @@ class CompiledFunction:
         self.split_at: Split | None = None
         # recordings merged over sizes (``dynamic``): every size after the second replays one
         self.dynamics: list[Dynamic] = []
+        # ids of optimizers whose ``step()`` is recorded into the program (``Recorder``'s
+        # ``inline_steps``): ops after it read what it updates (a GAN's second model)
+        self.inline_steps: set[int] = set()
         self.__wrapped__ = fn
 
     def name(self) -> str:
@@ -563,11 +569,25 @@ class CompiledFunction:
     def record(self, watch: Watch, args: tuple, kwargs: dict, explaining: bool = False) -> Any:
         started = _trace.clock() if _trace.enabled else 0.0
         region = Region(self.fullgraph, self.mode)
-        rec, result, _ = record(self.fn, watch, region, args, kwargs, explaining)
+        rec, result, _ = record(
+            self.fn, watch, region, args, kwargs, explaining, inline=self.inline_steps
+        )
         detail = {"what": "step", "owner": self, "watch": watch, "started": started, "why": ""}
         try:
             step = Step(rec, *rec.finish(result))
         except StepBreak as e:
+            owner = rec.read_update_of
+            if owner is not None and id(owner) not in self.inline_steps and not explaining:
+                # an op after an optimizer's step() (run as a call after the program) read
+                # what it updates: the next call records it again with that update in the
+                # program (its per-parameter ops: bit for bit the multi-tensor kernel's)
+                self.inline_steps.add(id(owner))
+                emit(
+                    events.RECORDING,
+                    f"whole step: {type(owner).__name__}.step() goes into the program from the "
+                    f"next recording ({e})",
+                )
+                return result
             if self.fullgraph:
                 self.entries.remember(watch.key, str(e))
                 emit(events.STEP_BREAK, str(e), **detail)
