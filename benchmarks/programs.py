@@ -48,7 +48,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common, live, models, plot, steps  # noqa: E402
+from benchmarks import common, live, models, steps  # noqa: E402
 
 IMPLS = ("fg_eager", "fg_module", "fg_step", "torch", "torch_compile")
 WORKLOADS = ("LSTM-LM", "DCGAN", "Transformer", "VAE", "MNIST-CNN", "GPT")
@@ -556,18 +556,14 @@ def run(
                 k: {n: torch.from_numpy(v.numpy().copy()) for n, v in s.items()}
                 for k, s in states.items()
             }
-            impls["torch"] = _impl(torch, spec, tstates, data, quick)
-            if torch_compile:
-                impl = _impl(torch, spec, tstates, data, quick, wrap_model=torch.compile)
-                t0 = common.clock()
-                try:
-                    impl.step()
-                    impl.step()
-                except Exception as e:  # noqa: BLE001 - a failing torch.compile is skipped
-                    wl_notes["torch_compile"] = f"failed: {type(e).__name__}: {e}"[:300]
-                else:
-                    impl.first_calls_s = common.clock() - t0
-                    impls["torch_compile"] = impl
+            steps.add_torch(
+                impls,
+                lambda wrap, spec=spec, states=tstates, data=data: _impl(
+                    torch, spec, states, data, quick, wrap_model=wrap
+                ),
+                torch.compile if torch_compile else None,
+                wl_notes,
+            )
         # the compiled variants' first calls (optimizer state, recording, compiling), until
         # compiled code runs; eager takes as many steps, so all have seen the same batches.
         # (The checks count the breaks from here on: those of the recordings too.)
@@ -582,28 +578,9 @@ def run(
             impls["fg_eager"].step()
         warmup, reps = QUICK_REPS if quick else REPS
         before = (fc.counters.step_runs, breaks_before)
-        bar.stage(f"measuring {len(impls)} implementations, {warmup}+{reps} steps each")
-        stats = common.measure_interleaved(
-            {k: i.step for k, i in impls.items()}, warmup=warmup, reps=reps, on_step=bar.update
+        medians, checks[name] = steps.measure(
+            np, fc, impls, IMPLS, ("fg_module", "fg_step"), warmup, reps, bar, before
         )
-        medians = {k: stats[k]["step"].median * 1e3 if k in stats else None for k in IMPLS}
-        want = impls["fg_eager"].params()
-        worst = {}
-        for key in ("fg_module", "fg_step"):
-            got = impls[key].params()
-            worst[key] = max(
-                float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-12)
-                for a, b in zip(got, want)
-            )
-        checks[name] = {
-            "max_rel_param_difference": worst,
-            "step_runs": fc.counters.step_runs - before[0],
-            "step_breaks": {
-                k: v - before[1].get(k, 0)
-                for k, v in fc.counters.step_breaks.items()
-                if v != before[1].get(k, 0)
-            },
-        }
         row: dict[str, Any] = {
             "workload": name,
             "unit": "ms",
@@ -694,34 +671,15 @@ PLOT_PANELS = [
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.programs", description=__doc__)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, 1+2 steps: a smoke test")
-    parser.add_argument("--no-torch", action="store_true")
-    parser.add_argument("--no-torch-compile", action="store_true")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--json", type=Path, default=common.RESULTS_DIR / "programs.json")
-    parser.add_argument("--plot", type=Path, default=None, metavar="PNG")
-    parser.add_argument("--progress", choices=("auto", "plain", "off"), default="auto")
+    steps.add_arguments(parser, WORKLOADS, "programs.json", "tiny sizes, 1+2 steps: a smoke test")
     args = parser.parse_args(argv)
-    if args.plot is not None and (missing := plot.matplotlib_missing()) is not None:
-        parser.error(missing)
-    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
-    if not names or any(n not in WORKLOADS for n in names):
-        parser.error(f"--workloads: choose from {','.join(WORKLOADS)}, got {args.workloads!r}")
+    names = steps.workload_names(parser, args, WORKLOADS)
     threads = common.pin_threads(args.threads)
     import numpy as np
 
     import fusegrad as fg
 
-    torch = None
-    if not args.no_torch:
-        try:
-            import torch  # (optional comparison)
-
-            common.pin_torch_threads(torch, args.threads)
-        except ImportError:
-            torch = None
-    torch_compile = not args.no_torch_compile and torch is not None
+    torch, torch_compile = steps.peers(args)
     environment = common.environment(threads=args.threads)
     quick_note = " (QUICK: smoke test, not a measurement)" if args.quick else ""
     live.emit(f"# training steps shaped like real programs{quick_note}")
@@ -772,10 +730,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "table": render(result),
         "environment": environment,
     }
-    path = common.write_json(args.json, payload)
-    live.emit(f"\nJSON written to {path} (compare two runs: python -m benchmarks.compare A B)")
-    if args.plot is not None:
-        live.emit(f"plot written to {plot.plot_payload(payload, args.plot)}")
+    steps.write_results(args, payload)
     return 0
 
 

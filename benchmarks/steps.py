@@ -176,18 +176,14 @@ def run(
         wl_notes: dict[str, str] = {}
         if torch is not None:
             tstate = {k: torch.from_numpy(v.numpy().copy()) for k, v in state.items()}
-            impls["torch"] = _impl(torch, name, tstate, data)
-            if torch_compile:
-                impl = _impl(torch, name, tstate, data, wrap_model=torch.compile)
-                t0 = common.clock()
-                try:
-                    impl.step()
-                    impl.step()
-                except Exception as e:  # noqa: BLE001 - a failing torch.compile is skipped
-                    wl_notes["torch_compile"] = f"failed: {type(e).__name__}: {e}"[:300]
-                else:
-                    impl.first_calls_s = common.clock() - t0
-                    impls["torch_compile"] = impl
+            add_torch(
+                impls,
+                lambda wrap, name=name, state=tstate, data=data: _impl(
+                    torch, name, state, data, wrap_model=wrap
+                ),
+                torch.compile if torch_compile else None,
+                wl_notes,
+            )
         # three calls each (fusegrad's parameters are compared after the same steps): a whole
         # step's first call makes the optimizer's state, the second records, the third is the
         # first replay, which builds and compiles the program on a thread (waited for, so that
@@ -208,31 +204,17 @@ def run(
             impls["fg_eager"].step()
         warmup, reps = QUICK_REPS if quick else REPS[name]
         before = (fc.counters.step_runs, dict(fc.counters.step_breaks))
-        bar.stage(f"measuring {len(impls)} implementations, {warmup}+{reps} steps each")
-        stats = common.measure_interleaved(
-            {k: i.step for k, i in impls.items()},
-            warmup=warmup,
-            reps=reps,
-            on_step=bar.update,
+        medians, checks[name] = measure(
+            np,
+            fc,
+            impls,
+            STEP_IMPLS,
+            ("fg_compiled", "fg_module", "fg_step"),
+            warmup,
+            reps,
+            bar,
+            before,
         )
-        medians = {k: stats[k]["step"].median * 1e3 if k in stats else None for k in STEP_IMPLS}
-        want = impls["fg_eager"].params()
-        worst = {}
-        for key in ("fg_compiled", "fg_module", "fg_step"):
-            got = impls[key].params()
-            worst[key] = max(
-                float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-12)
-                for a, b in zip(got, want)
-            )
-        checks[name] = {
-            "max_rel_param_difference": worst,
-            "step_runs": fc.counters.step_runs - before[0],
-            "step_breaks": {
-                k: v - before[1].get(k, 0)
-                for k, v in fc.counters.step_breaks.items()
-                if v != before[1].get(k, 0)
-            },
-        }
         rows.append(
             {
                 "workload": name,
@@ -254,6 +236,67 @@ def run(
             on_row(rows[-1])
         bar.close()
     return {"rows": rows, "checks": checks, "notes": notes}
+
+
+def add_torch(
+    impls: dict, make: Callable[[Any], StepImpl], compile_fn: Any, notes: dict[str, str]
+) -> None:
+    """PyTorch's implementations: eager (``make(None)``) and, with ``compile_fn``
+    (``torch.compile``), the compiled one, whose first two calls are timed (a failure is noted
+    and the column skipped)."""
+    impls["torch"] = make(None)
+    if compile_fn is None:
+        return
+    impl = make(compile_fn)
+    t0 = common.clock()
+    try:
+        impl.step()
+        impl.step()
+    except Exception as e:  # noqa: BLE001 - a failing torch.compile is skipped
+        notes["torch_compile"] = f"failed: {type(e).__name__}: {e}"[:300]
+    else:
+        impl.first_calls_s = common.clock() - t0
+        impls["torch_compile"] = impl
+
+
+def measure(
+    np: Any,
+    fc: Any,
+    impls: dict,
+    columns: Sequence[str],
+    compiled: Sequence[str],
+    warmup: int,
+    reps: int,
+    bar: Any,
+    before: tuple,
+) -> tuple[dict[str, float | None], dict[str, Any]]:
+    """The implementations interleaved: the median step in ms per column (None: not run),
+    and the checks -- each ``compiled`` variant's parameters against fusegrad eager's (max
+    relative difference), the whole-step replays and breaks since ``before`` (``(step_runs,
+    step_breaks)`` of ``fc.counters``)."""
+    bar.stage(f"measuring {len(impls)} implementations, {warmup}+{reps} steps each")
+    stats = common.measure_interleaved(
+        {k: i.step for k, i in impls.items()}, warmup=warmup, reps=reps, on_step=bar.update
+    )
+    medians = {k: stats[k]["step"].median * 1e3 if k in stats else None for k in columns}
+    want = impls["fg_eager"].params()
+    worst = {}
+    for key in compiled:
+        got = impls[key].params()
+        worst[key] = max(
+            float(np.max(np.abs(a - b))) / max(float(np.max(np.abs(b))), 1e-12)
+            for a, b in zip(got, want)
+        )
+    check = {
+        "max_rel_param_difference": worst,
+        "step_runs": fc.counters.step_runs - before[0],
+        "step_breaks": {
+            k: v - before[1].get(k, 0)
+            for k, v in fc.counters.step_breaks.items()
+            if v != before[1].get(k, 0)
+        },
+    }
+    return medians, check
 
 
 def saved_bytes(module: Any) -> dict[str, int] | None:
@@ -415,24 +458,22 @@ def render_compile_times(result: dict[str, Any]) -> str:
     return common.markdown_table(headers, rows, ["l"] + ["r", "l", "r"] * 2)
 
 
-PLOT_PANELS = [
-    {
-        "title": "whole training step: fg whole step time / peer's step time",
-        "numerator": "fg_step",
-        "peers": [k for k in STEP_IMPLS if k != "fg_step"],
-        "metrics": None,
-    }
-]
+def write_results(args: Any, payload: dict[str, Any]) -> None:
+    """The JSON (``--json``) and the picture (``--plot``), each announced."""
+    path = common.write_json(args.json, payload)
+    live.emit(f"\nJSON written to {path} (compare two runs: python -m benchmarks.compare A B)")
+    if args.plot is not None:
+        live.emit(f"plot written to {plot.plot_payload(payload, args.plot)}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.steps", description=__doc__)
+def add_arguments(parser: Any, workloads: Sequence[str], json_name: str, quick: str) -> None:
+    """The options ``benchmarks.steps`` and ``benchmarks.programs`` share."""
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--quick", action="store_true", help="2+2 repetitions: a smoke test")
+    parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--no-torch-compile", action="store_true")
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--json", type=Path, default=common.RESULTS_DIR / "steps.json")
+    parser.add_argument("--workloads", default=",".join(workloads))
+    parser.add_argument("--json", type=Path, default=common.RESULTS_DIR / json_name)
     parser.add_argument(
         "--plot",
         type=Path,
@@ -448,6 +489,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="progress on stderr: a tqdm bar when tqdm is installed and stderr is a terminal, "
         "plain lines otherwise (auto); always plain lines; none",
     )
+
+
+def workload_names(parser: Any, args: Any, workloads: Sequence[str]) -> list[str]:
+    """``--workloads`` checked (and ``--plot``'s matplotlib)."""
+    if args.plot is not None and (missing := plot.matplotlib_missing()) is not None:
+        parser.error(missing)
+    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
+    if not names or any(n not in workloads for n in names):
+        parser.error(f"--workloads: choose from {','.join(workloads)}, got {args.workloads!r}")
+    return names
+
+
+def peers(args: Any) -> tuple[Any, bool]:
+    """PyTorch (None without it or with ``--no-torch``), its threads pinned, and whether
+    torch.compile runs."""
+    torch = None
+    if not args.no_torch:
+        try:
+            import torch  # (optional comparison)
+
+            common.pin_torch_threads(torch, args.threads)
+        except ImportError:
+            torch = None
+    return torch, not args.no_torch_compile and torch is not None
+
+
+PLOT_PANELS = [
+    {
+        "title": "whole training step: fg whole step time / peer's step time",
+        "numerator": "fg_step",
+        "peers": [k for k in STEP_IMPLS if k != "fg_step"],
+        "metrics": None,
+    }
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.steps", description=__doc__)
+    add_arguments(parser, WORKLOADS, "steps.json", "2+2 repetitions: a smoke test")
     parser.add_argument(
         "--compile-time",
         action="store_true",
@@ -455,11 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--compile-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.plot is not None and (missing := plot.matplotlib_missing()) is not None:
-        parser.error(missing)
-    names = [n.strip() for n in args.workloads.split(",") if n.strip()]
-    if not names or any(n not in WORKLOADS for n in names):
-        parser.error(f"--workloads: choose from {','.join(WORKLOADS)}, got {args.workloads!r}")
+    names = workload_names(parser, args, WORKLOADS)
     threads = common.pin_threads(args.threads)
     if args.compile_child:
         import json
@@ -470,15 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import fusegrad as fg
 
-    torch = None
-    if not args.no_torch:
-        try:
-            import torch  # (optional comparison)
-
-            common.pin_torch_threads(torch, args.threads)
-        except ImportError:
-            torch = None
-    torch_compile = not args.no_torch_compile and torch is not None
+    torch, torch_compile = peers(args)
     environment = common.environment(threads=args.threads)
     quick_note = " (QUICK: smoke test, not a measurement)" if args.quick else ""
     live.emit(f"# whole training steps{quick_note}")
@@ -549,10 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "table": render(result),
         "environment": environment,
     }
-    path = common.write_json(args.json, payload)
-    live.emit(f"\nJSON written to {path} (compare two runs: python -m benchmarks.compare A B)")
-    if args.plot is not None:
-        live.emit(f"plot written to {plot.plot_payload(payload, args.plot)}")
+    write_results(args, payload)
     return 0
 
 
