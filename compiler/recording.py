@@ -681,7 +681,9 @@ class Recorder(Tracer):
         call = (owner, fn, args, dict(kwargs))
         # zero_grad touches only ``.grad``, which recorded ops never read (reading it stops the
         # recording): before any backward it is replayed before the program
-        early = not self.started or (fn.__name__ == "zero_grad" and not self.backwards)
+        early = not self.started or (
+            fn.__name__ == "zero_grad" and (not self.backwards or self.grads_untouched(owner))
+        )
         if early and not self.suffix:
             self.prefix.append(call)
         else:
@@ -689,6 +691,23 @@ class Recorder(Tracer):
             self.note_writes(owner)
         with tracing(None):  # its own ops are not recorded: it is replayed as a call
             return fn(owner, *args, **kwargs)
+
+    def grads_untouched(self, owner: Any) -> bool:
+        """Whether no recorded backward has reached the parameters of ``owner`` (an optimizer
+        or a module) so far: its ``zero_grad()`` then replays before the program, where it
+        clears the same ``.grad``s (a GAN's second optimizer, cleared between the two
+        updates)."""
+        if isinstance(owner, Optimizer):
+            params = [p for group in owner.param_groups for p in group["params"]]
+        elif isinstance(owner, Module):
+            params = list(owner.parameters())
+        else:
+            return False
+        for p in params:
+            slot = self.leaf_of.get(id(p))
+            if slot is not None and slot in self.grad_effects:
+                return False
+        return True
 
     def note_writes(self, owner: Any) -> None:
         """What a call put in the suffix writes (``suffix_writes``)."""

@@ -208,3 +208,51 @@ def test_ops_after_the_step_that_read_nothing_it_updates_stay_in_the_recording()
     for p, q in zip(model.parameters(), eager_model.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-12)
     assert not compiler.counters.step_breaks and compiler.counters.step_runs == 3
+
+
+@pytest.mark.parametrize("foreach", [None, False])
+def test_a_gan_step_with_two_optimizers_replays_with_eagers_updates(foreach: Any) -> None:
+    """A discriminator update, then the generator's: the second optimizer's ``zero_grad()``
+    sits mid-function (no recorded backward reached its parameters: it replays before the
+    program), and the first optimizer's update is read by the generator's loss (it goes into
+    the program)."""
+
+    def make() -> tuple:
+        fg.manual_seed(0)
+        gen = nn.Sequential(nn.Linear(2, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+        disc = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1), nn.Sigmoid()).double()
+        opt_d = fg.optim.Adam(disc.parameters(), lr=0.01, betas=(0.5, 0.999), foreach=foreach)
+        opt_g = fg.optim.Adam(gen.parameters(), lr=0.01, betas=(0.5, 0.999), foreach=foreach)
+        bce = nn.BCELoss()
+
+        def step(real: fg.Tensor, noise: fg.Tensor, ones: fg.Tensor, zeros: fg.Tensor) -> Any:
+            opt_d.zero_grad()
+            err_real = bce(disc(real).view(-1), ones)
+            err_real.backward()
+            fake = gen(noise)
+            err_fake = bce(disc(fake.detach()).view(-1), zeros)
+            err_fake.backward()
+            opt_d.step()
+            opt_g.zero_grad()
+            err_g = bce(disc(fake).view(-1), ones)
+            err_g.backward()
+            opt_g.step()
+            return (err_real + err_fake).detach() + err_g.detach()
+
+        return step, [gen, disc]
+
+    step, nets = make()
+    eager, eager_nets = make()
+    fn = fg.compile(step)
+    rng = np.random.default_rng(0)
+    ones, zeros = fg.ones(5, dtype=fg.float64), fg.zeros(5, dtype=fg.float64)
+    for _ in range(6):
+        real = fg.tensor(rng.standard_normal((5, 3)))
+        noise = fg.tensor(rng.standard_normal((5, 2)))
+        got, want = fn(real, noise, ones, zeros), eager(real, noise, ones, zeros)
+        np.testing.assert_allclose(float(got), float(want), rtol=1e-12)
+    for net, eager_net in zip(nets, eager_nets):
+        for p, q in zip(net.parameters(), eager_net.parameters()):
+            np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-10)
+    assert not compiler.counters.step_breaks
+    assert compiler.counters.step_runs == (3 if foreach is None else 4)  # (one re-recording)
