@@ -464,3 +464,31 @@ def write_json(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     return target
+
+
+def optional_torch(skip: bool, threads: int) -> Any:
+    """PyTorch for an optional comparison, its threads pinned; None with ``skip`` or without
+    it installed."""
+    if skip:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    pin_torch_threads(torch, threads)
+    return torch
+
+
+def check_gradients(np: Any, label: str, steps: dict, grads: dict, reference: str) -> None:
+    """Run each implementation's step once and compare its gradients (``grads[impl]()``: name
+    -> array) with those of ``reference``; exits with the difference named."""
+    results = {}
+    for impl in steps:
+        steps[impl]()
+        results[impl] = grads[impl]()
+    want = results[reference]
+    for impl, got in results.items():
+        for key, value in want.items():
+            scale = max(1.0, float(np.abs(value).max()))
+            if not np.allclose(got[key], value, rtol=1e-3, atol=1e-4 * scale):
+                raise SystemExit(f"{label}: {impl}'s gradient of {key} differs from {reference}'s")

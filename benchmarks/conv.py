@@ -154,20 +154,6 @@ def _workloads(name: str, np: Any, fg: Any, torch: Any) -> tuple[dict, dict]:
     return steps, grads
 
 
-def _check(np: Any, name: str, steps: dict, grads: dict) -> None:
-    """Run each implementation once and compare its gradients with the composite's."""
-    results = {}
-    for impl in steps:
-        steps[impl]()
-        results[impl] = grads[impl]()
-    want = results["composite"]
-    for impl, got in results.items():
-        for key, value in want.items():
-            scale = max(1.0, float(np.abs(value).max()))
-            if not np.allclose(got[key], value, rtol=1e-3, atol=1e-4 * scale):
-                raise SystemExit(f"{name}: {impl}'s gradient of {key} differs from composite's")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -185,14 +171,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import fusegrad as fg
 
-    torch = None
-    if not args.no_torch:
-        try:
-            import torch
-        except ImportError:
-            torch = None
-        else:
-            common.pin_torch_threads(torch, args.threads)
+    torch = common.optional_torch(args.no_torch, args.threads)
     print(
         f"# convolution and pooling, eager: batch {BATCH}, float32, {args.threads} thread(s); "
         f"medians of {args.reps} in ms",
@@ -202,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---:|---:|---:|---:|", flush=True)
     for name in names:
         steps, grads = _workloads(name, np, fg, torch)
-        _check(np, name, steps, grads)
+        common.check_gradients(np, name, steps, grads, "composite")
         stats = common.measure_interleaved(steps, warmup=args.warmup, reps=args.reps)
         base = stats["torch"]["total"].median if "torch" in stats else None
         for impl, phases in stats.items():

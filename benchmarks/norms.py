@@ -106,20 +106,6 @@ def _workloads(layer: str, np: Any, fg: Any, torch: Any, shape: tuple) -> tuple[
     return steps, grads
 
 
-def _check(np: Any, layer: str, steps: dict, grads: dict) -> None:
-    """Run each implementation once and compare its gradients with the composite's."""
-    results = {}
-    for name in steps:
-        steps[name]()
-        results[name] = grads[name]()
-    want = results["composite"]
-    for name, got in results.items():
-        for key, value in want.items():
-            scale = max(1.0, float(np.abs(value).max()))
-            if not np.allclose(got[key], value, rtol=1e-3, atol=1e-4 * scale):
-                raise SystemExit(f"{layer}: {name}'s gradient of {key} differs from composite's")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -134,14 +120,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import fusegrad as fg
 
-    torch = None
-    if not args.no_torch:
-        try:
-            import torch
-        except ImportError:
-            torch = None
-        else:
-            common.pin_torch_threads(torch, args.threads)
+    torch = common.optional_torch(args.no_torch, args.threads)
     print(
         f"# normalisation layers, eager forward + backward, float32, {args.threads} thread(s); "
         f"medians of {args.reps} in ms",
@@ -152,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     for layer in args.layers.split(","):
         shape = SMALL[layer] if args.small else LAYERS[layer][0]
         steps, grads = _workloads(layer, np, fg, torch, shape)
-        _check(np, layer, steps, grads)
+        common.check_gradients(np, layer, steps, grads, "composite")
         stats = common.measure_interleaved(steps, warmup=args.warmup, reps=args.reps)
         base = stats["torch"]["total"].median if "torch" in stats else None
         for name, phases in stats.items():

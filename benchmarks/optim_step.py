@@ -67,14 +67,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import fusegrad
 
-    torch = None
-    if not args.no_torch:
-        try:
-            import torch
-        except ImportError:
-            torch = None
-        else:
-            common.pin_torch_threads(torch, args.threads)
+    torch = common.optional_torch(args.no_torch, args.threads)
     kind = "gpt"
     impls = {"fg loop": (fusegrad, False), "fg foreach": (fusegrad, True)}
     if torch is not None:

@@ -97,20 +97,6 @@ def _workloads(cell: str, np: Any, fg: Any, torch: Any) -> tuple[dict, dict]:
     return steps, grads
 
 
-def _check(np: Any, cell: str, steps: dict, grads: dict) -> None:
-    """Run each implementation once and compare its gradients with the per-step path's."""
-    results = {}
-    for name in steps:
-        steps[name]()
-        results[name] = grads[name]()
-    want = results["per-step"]
-    for name, got in results.items():
-        for key, value in want.items():
-            scale = max(1.0, float(np.abs(value).max()))
-            if not np.allclose(got[key], value, rtol=1e-3, atol=1e-4 * scale):
-                raise SystemExit(f"{cell}: {name}'s gradient of {key} differs from per-step's")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -124,14 +110,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import fusegrad as fg
 
-    torch = None
-    if not args.no_torch:
-        try:
-            import torch
-        except ImportError:
-            torch = None
-        else:
-            common.pin_torch_threads(torch, args.threads)
+    torch = common.optional_torch(args.no_torch, args.threads)
     print(
         f"# recurrent layers, eager: {LAYERS} layers of {HIDDEN}, sequence {SEQ}, batch "
         f"{BATCH}, float32, {args.threads} thread(s); medians of {args.reps} in ms",
@@ -141,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---:|---:|---:|---:|", flush=True)
     for cell in args.cells.split(","):
         steps, grads = _workloads(cell, np, fg, torch)
-        _check(np, cell, steps, grads)
+        common.check_gradients(np, cell, steps, grads, "per-step")
         stats = common.measure_interleaved(steps, warmup=args.warmup, reps=args.reps)
         base = stats["torch"]["total"].median if "torch" in stats else None
         for name, phases in stats.items():

@@ -87,8 +87,7 @@ class Source:
         node = tree.body[0] if tree.body else None
         if not isinstance(node, ast.FunctionDef) or node.name != func.__name__:
             return "its source is not a plain def (a lambda or a decorated expression)"
-        ast.increment_lineno(tree, first - 1)
-        node.decorator_list = []
+        ast.increment_lineno(tree, first - 1)  # (the parts are new defs: no decorators)
         cells = dict(zip(code.co_freevars, func.__closure__ or ()))
         names = tuple(dict.fromkeys(code.co_varnames + code.co_cellvars))
         return cls(node, code.co_filename, func.__globals__, cells, names)
