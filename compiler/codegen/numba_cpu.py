@@ -236,18 +236,25 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
         lines.append(f"{indent}for {inner} in {loop}({n_inner}):")
         lines += [f"{indent}    {line}" for line in body("")]
     else:
+        # a row shorter than one block (a conv's 26 columns) never touches its partial sums:
+        # resetting and combining them per row would cost more than the row itself, and
+        # skipping them changes nothing (they hold zeros; 0 + tail is the tail exactly)
+        whole_block = f"{n_inner} >= {REDUCTION_LANES}"
         for k in lanes:
             if row_red[k]:  # a fresh set of partial sums per row
                 lines += [
-                    f"{indent}for lane in range({REDUCTION_LANES}):",
-                    f"{indent}    lanes{k}[lane] = 0.0",
+                    f"{indent}if {whole_block}:",
+                    f"{indent}    for lane in range({REDUCTION_LANES}):",
+                    f"{indent}        lanes{k}[lane] = 0.0",
                 ]
             if row_red[k] or rank == 1:
                 lines.append(f"{indent}tail{k} = 0.0")
         lines += _blocked_loop(indent, inner, n_inner, body)
         for k in lanes:
             if row_red[k]:
-                lines += _combine_lanes(k, indent)
+                lines.append(f"{indent}if {whole_block}:")
+                lines += _combine_lanes(k, indent + "    ")
+                lines += [f"{indent}else:", f"{indent}    total{k} = tail{k}"]
                 lines.append(f"{indent}red{k}[{reduced_index(reds[k])}] += total{k}")
     for k in lanes:
         if full_red[k]:
