@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -565,13 +566,40 @@ def module_imports() -> str:
 
 
 def emit_module(kernels: list[Kernel], summary: str) -> tuple[str, list[KernelPlan]]:
+    """The module of ``kernels`` and their plans.  A kernel whose code is another's up to the
+    numbering of its values (each layer of a model repeats its kernels) calls that one's
+    function: numba compiles each distinct function once (about a third of a Transformer
+    step's kernels were repeats, each costing about half a second of cold compile)."""
     parts = [HEADER.format(version=CODEGEN_VERSION, summary=summary, imports=module_imports())]
     plans = []
+    first: dict[str, KernelPlan] = {}  # canonical code -> the plan of the kernel emitting it
     for k, kernel in enumerate(kernels):
-        src, plan = emit_kernel(kernel, f"kernel_{k}")
+        name = f"kernel_{k}"
+        src, plan = emit_kernel(kernel, name)
+        key = _canonical(src, name)
+        same = first.get(key)
+        if same is not None:
+            plans.append(
+                dataclasses.replace(plan, name=same.name, parallel_name=same.parallel_name)
+            )
+            continue
+        first[key] = plan
         parts.append("\n" + src + "\n")
         plans.append(plan)
     return "\n".join(parts), plans
+
+
+_VALUE_NAME = re.compile(r"\bv(\d+)\b")
+_COMMENT = re.compile(r"  # .*$", re.MULTILINE)
+
+
+def _canonical(src: str, name: str) -> str:
+    """``src`` (the functions of kernel ``name``) without its name, its comments and its value
+    numbers: value names renumbered in order of first appearance.  Two kernels with the same
+    canonical code compute the same function of their arguments."""
+    text = _COMMENT.sub("", src).replace(name, "KERNEL")
+    numbers: dict[str, int] = {}
+    return _VALUE_NAME.sub(lambda m: f"v{numbers.setdefault(m.group(1), len(numbers))}", text)
 
 
 _loaded: dict[str, ModuleType] = {}
