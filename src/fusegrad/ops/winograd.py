@@ -113,7 +113,12 @@ def tiles(xp, out, th, tw):  # type: ignore[no-untyped-def]
                     for tx in range(tw):
                         x0 = 4 * tx
                         r0, r1, r2, r3, r4, r5 = _row(
-                            t[i, x0], t[i, x0 + 1], t[i, x0 + 2], t[i, x0 + 3], t[i, x0 + 4], t[i, x0 + 5]
+                            t[i, x0],
+                            t[i, x0 + 1],
+                            t[i, x0 + 2],
+                            t[i, x0 + 3],
+                            t[i, x0 + 4],
+                            t[i, x0 + 5],
                         )
                         col = col0 + tx
                         out[k, c, col], out[k + 1, c, col], out[k + 2, c, col] = r0, r1, r2
@@ -160,7 +165,12 @@ def untile(m, y, th, tw):  # type: ignore[no-untyped-def]
                     x0 = 4 * tx
                     for i in range(rows):
                         r0, r1, r2, r3 = _out_row(
-                            p[i, 0, col], p[i, 1, col], p[i, 2, col], p[i, 3, col], p[i, 4, col], p[i, 5, col]
+                            p[i, 0, col],
+                            p[i, 1, col],
+                            p[i, 2, col],
+                            p[i, 3, col],
+                            p[i, 4, col],
+                            p[i, 5, col],
                         )
                         if x0 + 3 < width:
                             y[n, o, y0 + i, x0] = r0
