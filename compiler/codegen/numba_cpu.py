@@ -138,6 +138,10 @@ class KernelPlan:
     parallel_name: str | None = None
     # per output: computed once per row (a row kernel's per-row value, last dim 1)
     row_outputs: tuple[bool, ...] = ()
+    # the loops over groups of the kernel's dims (``collapse_groups``): its sizes, inputs,
+    # outputs and reduction buffers are reshaped to ``common.collapsed`` shapes; None: one loop
+    # per dim
+    groups: tuple[tuple[int, ...], ...] | None = None
 
 
 def _decorator(parallel: bool) -> str:
@@ -165,12 +169,59 @@ def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
     return "\n".join(lines + ["", ""] + parallel_lines), plan
 
 
+def _masks(kernel: Kernel) -> tuple[dict, dict]:
+    """Per kernel input: which loop dims it is broadcast along (or padded over); per reduction:
+    which loop dims it sums over.  At the kernel's full rank."""
+    space = kernel.shape
+    loop_space = space if space else (1,)
+    broadcast = {}
+    for v in kernel.inputs:
+        b = broadcast_dims(v, loop_space)
+        pad = len(loop_space) - len(v.shape)
+        broadcast[v] = tuple(d < pad or b[d] for d in range(len(loop_space)))
+    reduced = {}
+    for r in kernel.reductions:
+        target = reduction_target(r, space)
+        reduced[r] = tuple(target[d] == 1 and space[d] != 1 for d in range(len(space)))
+    return broadcast, reduced
+
+
+def collapse_groups(kernel: Kernel) -> tuple[tuple[int, ...], ...] | None:
+    """The loop dims of a (non-flat) kernel merged into fewer loops: adjacent dims that every
+    input reads alike (broadcast along both or neither) and every reduction treats alike (sums
+    over both or neither) are one loop over their product, as their C-ordered elements are
+    (the runner reshapes the arrays: ``common.collapsed``).  A conv's bias gradient over (N,
+    C, H, W) sums H and W as one loop of H W elements, not H rows of W; None when nothing
+    merges."""
+    space = kernel.shape
+    if len(space) < 2:
+        return None
+    broadcast, reduced = _masks(kernel)
+    keys = [
+        (tuple(m[d] for m in broadcast.values()), tuple(m[d] for m in reduced.values()))
+        for d in range(len(space))
+    ]
+    groups: list[list[int]] = [[0]]
+    for d in range(1, len(space)):
+        if keys[d] == keys[d - 1]:
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    if len(groups) == len(space):
+        return None
+    return tuple(tuple(g) for g in groups)
+
+
 def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelPlan]:
     space = kernel.shape
     members = kernel.members()
     flat = is_flat(kernel)
-    rank = 1 if flat else max(len(space), 1)
-    loop_space = space if space else (1,)  # (read only by the non-flat indexing)
+    groups = None if flat else collapse_groups(kernel)
+    broadcast, reduced_masks = _masks(kernel)
+    if groups is not None:  # (the masks per group: alike for every dim of a group)
+        broadcast = {v: tuple(m[g[0]] for g in groups) for v, m in broadcast.items()}
+        reduced_masks = {r: tuple(m[g[0]] for g in groups) for r, m in reduced_masks.items()}
+    rank = 1 if flat else (len(groups) if groups is not None else max(len(space), 1))
     idx = [f"i{d}" for d in range(rank)]
     inner = idx[-1]
     full_out = [v for v in kernel.outputs if v not in kernel.reductions]
@@ -181,14 +232,12 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
         target = reduction_target(r, space)
         full = all(t == 1 for t in target)
         full_red.append(full)
+        # (at full rank: reshaped by ``common.collapsed`` at run time)
         red_shapes.append((1,) * rank if flat else target)
     # reductions whose sum runs along the innermost loop: every full one, and those reduced along
     # the innermost dim (row sums); they accumulate into REDUCTION_LANES partial sums (module
     # docstring), the others (innermost dim kept) add into their buffer element directly
-    row_red = [
-        not full_red[k] and rank >= 2 and reduction_target(r, space)[-1] == 1 and space[-1] != 1
-        for k, r in enumerate(reds)
-    ]
+    row_red = [not full_red[k] and rank >= 2 and reduced_masks[r][-1] for k, r in enumerate(reds)]
     lanes = [k for k in range(len(reds)) if full_red[k] or row_red[k]]
     spelling = SPELLING
     lines = _header(name, parallel, rank, kernel, full_out, reds, lanes, full_red, REDUCTION_LANES)
@@ -196,17 +245,16 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
     def read_input(k: int, v: Value) -> str:  # inputs arrive reshaped to the loop's rank
         if flat:
             return f"in{k}[{'i0' if v.shape == space else '0'}]"
-        b = broadcast_dims(v, loop_space)
-        pad = len(loop_space) - len(v.shape)
-        sub = ", ".join("0" if (d < pad or b[d]) else idx[d] for d in range(rank))
+        mask = broadcast[v]
+        sub = ", ".join("0" if mask[d] else idx[d] for d in range(rank))
         return f"in{k}[{sub}]"
 
     read = reader(members, kernel.inputs, read_input)
 
     def reduced_index(r: Value) -> str:
         """The element of ``red{k}`` the current iteration adds into (reduced dims at 0)."""
-        target = reduction_target(r, space)
-        return ", ".join("0" if target[d] == 1 and space[d] != 1 else idx[d] for d in range(rank))
+        mask = reduced_masks[r]
+        return ", ".join("0" if mask[d] else idx[d] for d in range(rank))
 
     def body(summand: str) -> list[str]:
         """The loop body: one line per IR value (and per output write and summand); a
@@ -271,6 +319,7 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
         tuple(reds),
         tuple(red_shapes),
         tuple(full_red),
+        groups=groups,
     )
     return lines, plan
 
