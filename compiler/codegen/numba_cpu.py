@@ -688,9 +688,18 @@ def load_module(source: str) -> tuple[ModuleType, str, bool]:
 _parallel_lock = threading.Lock()
 
 
+# background compiles running in this process (``service.BackgroundBuild``: a compile thread,
+# perhaps waiting on a worker process); while one runs, kernels run their serial loops
+background_compiles = 0
+
+
 def use_parallel(n: int) -> bool:
-    """Whether a kernel over ``n`` elements should run its ``prange`` variant."""
-    if n < PARALLEL_MIN_ELEMENTS:
+    """Whether a kernel over ``n`` elements should run its ``prange`` variant: large enough, more
+    than one thread, and no background compile running.  A compile (numba in a worker process,
+    or on a thread) takes a core for seconds to minutes; a parallel loop with one thread per
+    core then waits at its end for the thread the scheduler left without a core, every call
+    (time slices of milliseconds, against loops of microseconds)."""
+    if n < PARALLEL_MIN_ELEMENTS or background_compiles:
         return False
     return bool(numba.get_num_threads() > 1)
 
