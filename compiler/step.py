@@ -609,7 +609,7 @@ class CompiledFunction:
                     f"next recording ({e})",
                 )
                 return result
-            if str(e) == HISTORY_NEEDED and not explaining:
+            if str(e) == HISTORY_NEEDED:
                 # its outputs are differentiated outside it: from the next call on, the
                 # function compiled as a module (forward and backward programs)
                 self.entries.remember(

@@ -379,6 +379,11 @@ def test_outputs_differentiated_outside_compile_the_function_as_a_module() -> No
             np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-12, atol=1e-14)
     assert not compiler.counters.step_breaks
     assert compiler.counters.step_runs >= 6  # the forward replayed from the third call on
+    text = str(compiler.explain(g, _x(seed=9)))
+    assert "compiled as a module" in text and "not replayable" not in text
+    before = compiler.counters.step_runs
+    g(_x(seed=10)).backward()  # (explain kept the module form for these guards)
+    assert compiler.counters.step_runs == before + 1
 
 
 def test_inplace_write_into_a_view_falls_back() -> None:
