@@ -161,6 +161,8 @@ class Dynamic:
         self.places = places
         self.dims = frozenset(p for group in places for p in group)
         self.key = masked(key, self.dims)
+        # the guard keys of the two recordings merged (``merge``): it serves them too
+        self.merged_keys: frozenset = frozenset()
         # slices over symbols (``x[:n]``, a causal mask's ``mask[:T, :T]``): numpy clamps a
         # slice that runs past the end, so their shapes hold only while they do not (checked
         # per call: a call past the end is recorded on its own)
@@ -391,6 +393,7 @@ def merge(first: Any, second: Any, key_a: tuple, key_b: tuple, args: list = ()) 
             stack.extend(v.inputs)
     step.check_plan = sorted(needed, key=lambda v: v.id)
     dynamic = Dynamic(step, places, key_a)
+    dynamic.merged_keys = frozenset((key_a, key_b))
     dynamic.solver = solver
     dynamic.merged = merged
     dynamic.recorded = first.graph

@@ -887,6 +887,15 @@ class OptimizedModule(Module):
         entries = self.__dict__["_aot"]
         entry = entries.get(watch.key)
         sizes = None
+        dynamics = self.__dict__["_dynamics"]
+        if type(entry) is AOTEntry and any(watch.key in d.merged_keys for d in dynamics):
+            # a recording merged into one over sizes replays that one: one program to build
+            for dyn in dynamics:
+                if watch.key in dyn.merged_keys:
+                    sizes = dyn.sizes(watch.args)
+                    if sizes is not None:
+                        entry = dyn.step
+                        break
         if entry is None:
             unserved = ""  # why a recording over sizes whose key matches does not serve it
             for dyn in self.__dict__["_dynamics"]:

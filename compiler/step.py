@@ -473,14 +473,12 @@ class CompiledFunction:
             return self.split_at(args, kwargs)
         watch = Watch(self.fn, args, kwargs)
         entry = self.entries.get(watch.key)
-        if type(entry) is Step:
-            out = entry.run(watch.args, self.mode)
-            if out is not NotImplemented:
-                emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
-                return out
-            entry = "a leaf has hooks"
         unserved = ""  # why a recording over sizes whose key matches does not serve the call
-        if entry is None and self.dynamics:
+        if self.dynamics and (
+            entry is None
+            or (type(entry) is Step and any(watch.key in d.merged_keys for d in self.dynamics))
+        ):
+            # (a recording merged into one over sizes replays that one: one program to build)
             for dyn in self.dynamics:
                 if masked(watch.key, dyn.dims) != dyn.key:
                     continue
@@ -492,6 +490,12 @@ class CompiledFunction:
                 if out is not NotImplemented:
                     emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
                     return out
+        if type(entry) is Step:
+            out = entry.run(watch.args, self.mode)
+            if out is not NotImplemented:
+                emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
+                return out
+            entry = "a leaf has hooks"
         if entry is None:
             entry = self.entries.refusal()
         if entry is not None:  # fell back for this key: compiled backward only

@@ -64,6 +64,8 @@ def test_twenty_steps_over_eight_batch_sizes_take_two_recordings(caplog: Any) ->
     _same_params(model, eager_model)
     assert compiled.recordings == 2 and compiler.counters.step_captures == 2
     assert compiler.counters.step_runs == len(sizes) - 3  # (state, then the two recordings)
+    # the sizes recorded replay the merged program too: one program built for every size
+    assert compiler.counters.builds == 1
     assert "sizes became symbolic (s0 = argument 0 dim 0 = argument 1 dim 0)" in caplog.text
     # the value checks still run at every size: a class index out of range raises eager's error
     with pytest.raises(IndexError, match="out of bounds|out of range"):
@@ -288,6 +290,7 @@ def test_a_gpt_over_eight_sequence_lengths_and_batch_sizes_takes_two_recordings(
         compiler.set_logs(None)
     _same_params(model, eager_model, rtol=1e-8)
     assert compiled.recordings == 2 and len(compiled.dynamics) == 1
+    assert compiler.counters.builds == 1  # (the recorded shapes (3, 5), (4, 8) replay it too)
     assert "s1 = argument 0 dim 1 = argument 1 dim 1" in caplog.text
     graph = compiled.dynamics[0].step.graph
     assert "cumsum" in {v.op for v in graph.values}  # the positions, made at the call's length
@@ -307,7 +310,10 @@ def test_a_compiled_gpt_module_over_sequence_lengths_takes_two_recordings() -> N
     net.load_state_dict(eager.state_dict())
     cm = fg.compile(net)
     rng = np.random.default_rng(7)
-    for b, t in [(2, 4), (3, 7), (2, 9), (4, 5), (3, 12), (2, 16), (5, 6), (2, 10)]:
+    built = 0
+    for k, (b, t) in enumerate([(2, 4), (3, 7), (2, 9), (4, 5), (3, 12), (2, 16), (5, 6), (2, 10)]):
+        if k == 2:  # (each recorded call ran its own backward program)
+            built = compiler.counters.builds
         x, y = fg.tensor(rng.integers(0, 17, (b, t))), fg.tensor(rng.integers(0, 17, (b, t)))
         losses = []
         for m in (eager, cm):
@@ -318,6 +324,11 @@ def test_a_compiled_gpt_module_over_sequence_lengths_takes_two_recordings() -> N
         assert losses[1] == pytest.approx(losses[0], rel=1e-10)
         _same_grads(net, eager)
     assert cm._aot.recordings == 2 and len(cm._dynamics) == 1
+    # the recorded sizes replay the merged programs too: one forward and one backward program
+    x = fg.tensor(rng.integers(0, 17, (2, 4)))
+    cm.zero_grad()
+    models.loss(fg, cm, x, x).backward()
+    assert compiler.counters.builds - built == 2
 
 
 class _CausalAttention(nn.Module):
