@@ -333,7 +333,10 @@ def why_concrete(failed: list[tuple[tuple, Mismatch]]) -> str:
     reasons = [str(e) for _, e in failed]
     if len(set(reasons)) == 1:
         return reasons[0]
-    return "; ".join(f"with recording {k + 1} tried: {r}" for k, r in enumerate(reasons))
+    return "; ".join(
+        f"with the recording of arguments {[list(x) for x in arg_shapes(key)]}: {e}"
+        for key, e in failed
+    )
 
 
 def merge(first: Any, second: Any, key_a: tuple, key_b: tuple, args: list = ()) -> Dynamic:  # type: ignore[assignment]
