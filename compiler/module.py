@@ -131,7 +131,9 @@ class CompiledModuleBackward(_ModuleNode):
         create = grad_mode.is_grad_enabled()  # the engine enables it for create_graph
         n_inner = len(self._inner_outputs)
         if n_inner and _observed(self._inner):
-            return _cut_backward(roots, root_grads, self._inputs, self._inner_outputs, self, create)
+            return _cut_backward(
+                roots, root_grads, self._inputs, self._inner_outputs, self, create, retain
+            )
         # only the inputs the running backward needs (eager runs no other node of the module)
         mask = _needed_edges(self)
         if mask is not None:
@@ -184,12 +186,20 @@ def _runs_later(inner: Node, own_edges: int) -> bool:
 
 
 def _cut_backward(
-    roots: list, root_grads: list, inputs: list, inner: list, node: Node, create: bool
+    roots: list,
+    root_grads: list,
+    inputs: list,
+    inner: list,
+    node: Node,
+    create: bool,
+    retain: bool = True,
 ) -> tuple:
     """The outer outputs' backward stopped at the inner outputs: gradients for ``inputs`` by
     the paths that avoid the inner outputs, and what reaches each inner output (delivered
     along the node's edges to the inner node, which adds what uses outside send and runs the
-    rest).  Eagerly, through the real graph (kept: the inner node still runs through it)."""
+    rest).  Eagerly, through the real graph: the nodes it runs are freed as eager frees them
+    (without ``retain``) unless the inner node's backward still runs through one of them."""
+    keep = retain or create or _shares_nodes(roots, inner)
     mask = _needed_edges(node)
     n = len(inputs)
     wanted = inputs if mask is None else [t for t, m in zip(inputs, mask[:n]) if m]
@@ -198,7 +208,7 @@ def _cut_backward(
         result = _engine.run_backward(
             roots,
             root_grads,
-            True,
+            keep,
             create,
             inputs=[*wanted, *inner],
             accumulate=False,
@@ -212,6 +222,34 @@ def _cut_backward(
         it = iter(own)
         own = [next(it) if m else None for m in mask[:n]]
     return (*own, *to_inner)
+
+
+def _shares_nodes(roots: list, inner: list) -> bool:
+    """Whether a backward from ``roots`` stopped at the ``inner`` outputs may run a node that
+    the inner outputs' own backward runs too (a path from the outer outputs to an input that
+    passes below the inner outputs without going through them): those must stay unfreed."""
+    below: set[int] = set()
+    stack = [t.grad_fn for t in inner if t.grad_fn is not None]
+    while stack:
+        n = stack.pop()
+        if id(n) in below:
+            continue
+        below.add(id(n))
+        stack.extend(child for child, _ in n._edges if child is not None)
+    stops = {(id(t.grad_fn), t._output_nr) for t in inner if t.grad_fn is not None}
+    seen: set[int] = set()
+    stack = [r.grad_fn for r in roots if r.grad_fn is not None]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if id(n) in below and type(n) is not AccumulateGrad:  # (a leaf's holds nothing)
+            return True
+        for child, nr in n._edges:
+            if child is not None and (id(child), nr) not in stops:
+                stack.append(child)
+    return False
 
 
 def _needed_edges(node: Node) -> list | None:

@@ -607,6 +607,8 @@ def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
                 executor.accumulate_grad(t, grads[nr], task.create_graph)
                 retained.add(nr)
     # capture for grad() / backward(inputs=...)
+    # a cut leaves the graph below it alone: a node there that gets no gradient is not freed
+    keep = task.retain_graph or bool(task.cut) and all(g is None for g in grads)
     if task.capture:
         for nr, g in enumerate(grads):
             positions = task.capture.get((node, nr))
@@ -617,6 +619,7 @@ def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
                     task.captured[p] = g
                 if (node, nr) in task.cut:
                     grads[nr] = None  # (stops here)
+                    keep = True
             elif g is not None and not isinstance(node, AccumulateGrad) and nr not in retained:
                 # a non-leaf listed in backward(inputs=...) accumulates into its .grad
                 executor.accumulate_grad(
@@ -649,10 +652,10 @@ def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
                     executor.post_acc_grad_hook(hook, node, k, var)
     elif not node._runs_without_grads and all(g is None for g in grads):
         results = (None,) * len(node._edges)
-        if not task.retain_graph and hasattr(node, "release"):
+        if not keep and hasattr(node, "release"):
             node.release()
     else:
-        results = executor.apply_node(node, grads, task.retain_graph)
+        results = executor.apply_node(node, grads, keep)
     # 6. node post-hooks (may replace the gradients for the inputs)
     if node._post_hooks:
         for k, hook in enumerate(list(node._post_hooks.values())):
