@@ -775,7 +775,17 @@ class AOTBackward(_ModuleNode):
     The nodes of one call share what it saved (``state``: freed by a backward that does not
     retain the graph)."""
 
-    __slots__ = ("_checks", "_entry", "_inner", "_inputs", "_redo", "_sizes", "_slots", "_state")
+    __slots__ = (
+        "_checks",
+        "_entry",
+        "_inner",
+        "_inputs",
+        "_redo",
+        "_sizes",
+        "_slots",
+        "_state",
+        "_ran_cut",
+    )
 
     def __init__(
         self,
@@ -803,6 +813,10 @@ class AOTBackward(_ModuleNode):
         self._inner = inner
         self._redo = redo
         self._sizes = sizes  # the call's size vector (``dynamic``), or None
+        # a backward stopped at the inner outputs ran this node without retaining the graph:
+        # eager's nodes between the outer and the inner outputs are freed then (the inner
+        # node, which shares ``state``, still runs)
+        self._ran_cut = False
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
         entry = self._entry
@@ -812,6 +826,8 @@ class AOTBackward(_ModuleNode):
         inner = self._inner
         n_inner = len(inner._slots) if inner is not None else 0
         saved = self._state[0]
+        if self._ran_cut:
+            raise AutogradError(_freed_message)
         if saved is None:
             # freed by a backward through the whole module: a later one may still run the
             # parts that read nothing saved (a view's backward), as eager's nodes can
@@ -831,7 +847,12 @@ class AOTBackward(_ModuleNode):
             # what reaches the inner outputs is looked at: the outer ones' backward stops
             # there (the forward again, eagerly), and the inner node runs the rest
             mask = _needed_edges(self)
-            return tuple(self._redo(tuple(full), mask and mask[: len(self._inputs)], inner._slots))
+            result = tuple(
+                self._redo(tuple(full), mask and mask[: len(self._inputs)], inner._slots)
+            )
+            if not retain and not grad_mode.is_grad_enabled() and entry.saved_plan:
+                self._ran_cut = True
+            return result
         mask = _needed_edges(self)
         if mask is not None:
             mask = mask[: len(self._inputs)]
