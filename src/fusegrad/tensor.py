@@ -42,6 +42,7 @@ from .size import Size
 from .storage import to_host
 
 _DTYPE_OF = {d.np: d for d in _dt.ALL}
+_grad_state = _grad_mode._state  # (``_make`` reads it per tensor; the object is never replaced)
 # PyTorch's words, for numpy() and np.asarray() on a tensor that requires grad
 _NUMPY_REQUIRES_GRAD = (
     "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
@@ -50,12 +51,12 @@ _NUMPY_REQUIRES_GRAD = (
 
 class _VersionCounter:
     """The version shared by a tensor, its views and detach() aliases: every in-place change
-    bumps ``value``, and a saved tensor whose version moved refuses to be used."""
+    bumps ``value``, and a saved tensor whose version moved refuses to be used.
 
-    __slots__ = ("value",)
+    Every tensor gets one, and most are never bumped: ``value`` starts as this class's 0 (no
+    ``__init__`` to run, no slot to fill), and a bump stores the instance's own."""
 
-    def __init__(self) -> None:
-        self.value = 0
+    value = 0
 
     def bump(self) -> None:
         """An in-place change was made."""
@@ -150,9 +151,8 @@ class Tensor:
         # _init inlined: this runs once per op result, the hottest allocation in eager mode
         t = object.__new__(cls)
         t._data = arr
-        t._dtype = (
-            _DTYPE_OF[arr.dtype] if arr.dtype in _DTYPE_OF else _dt.from_numpy_dtype(arr.dtype)
-        )
+        dt = _DTYPE_OF.get(arr.dtype)
+        t._dtype = _dt.from_numpy_dtype(arr.dtype) if dt is None else dt
         t._requires_grad = False
         t.grad_fn = None
         t._output_nr = 0
@@ -164,7 +164,7 @@ class Tensor:
         t._post_acc_hooks = None
         t._retains_grad = False
         t._wrapped_number = False
-        t._inference = _grad_mode._state.inference
+        t._inference = _grad_state.inference
         return t
 
     # -- metadata ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
+from ..autograd.forward_state import state as _forward_state
 from ..autograd.node_names import name_node as _name_node
 from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_host_read as _read
@@ -55,6 +56,7 @@ from .generated import (  # generated from the records; used by the composites b
     sqrt,
     tanh,
 )
+from .registry import run as _run
 
 _CLAMP_SENTINEL = object()
 
@@ -117,11 +119,16 @@ def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor:
     )
 
 
+_NEG = P["neg"]
+
+
 def neg(input: Any) -> Tensor:
     x = to_tensor(input)
     if x._dtype is _dt.bool_:
         raise DTypeError("neg: negation, the `-` operator, on a bool tensor is not supported")
-    return apply(P["neg"], (x,), {})
+    if _forward_state.level is None and _tracer_state.tracer is None:
+        return _run(_NEG, (x,), {})  # (``apply``'s decision in line: ``-g`` in many rules)
+    return apply(_NEG, (x,), {})
 
 
 @_torch_node_name("PowBackward0")

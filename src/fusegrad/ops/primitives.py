@@ -179,8 +179,20 @@ def sigmoid_scalar(x: float) -> float:
 def _sigmoid(x):  # type: ignore[no-untyped-def]
     if x.dtype.kind == "c":  # complex: the formula itself (it has poles, no stable form)
         return 1 / (1 + np.exp(-x))
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
+    e = np.abs(x)
+    if e.ndim:  # (0-d: numpy computes on scalars, which take no ``out=``)
+        np.negative(e, out=e)
+    else:
+        e = -e
+    e = np.exp(e)  # exp(-|x|)
+    d = e + 1
+    # 1 / (1 + e) where x >= 0, else e / (1 + e): the same operations on the same values as
+    # ``np.where(x >= 0, 1 / (1 + e), e / (1 + e))``, with (1 + e) computed once and the
+    # quotient e / (1 + e) written over e (fewer numpy calls and temporaries: this kernel
+    # ran ten numpy calls for one small op)
+    r = 1 / d
+    q = np.divide(e, d, out=e) if e.ndim else e / d
+    return np.where(x >= 0, r, q).astype(x.dtype, copy=False)
 
 
 def _scipy_or_scalar(scipy_name: str, scalar):  # type: ignore[no-untyped-def]
