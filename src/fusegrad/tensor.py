@@ -42,6 +42,10 @@ from .size import Size
 from .storage import to_host
 
 _DTYPE_OF = {d.np: d for d in _dt.ALL}
+# The same by the numpy dtype's identity: arrays made by numpy carry these very dtype objects,
+# and a numpy dtype's hash is computed anew on every call (``_make`` runs once per op result).
+# Two live objects never share an id, and these dtypes live as long as the table.
+_DTYPE_BY_ID = {id(d.np): d for d in _dt.ALL}
 _grad_state = _grad_mode._state  # (``_make`` reads it per tensor; the object is never replaced)
 # PyTorch's words, for numpy() and np.asarray() on a tensor that requires grad
 _NUMPY_REQUIRES_GRAD = (
@@ -146,18 +150,22 @@ class Tensor:
         self._inference = _grad_mode._state.inference
 
     @classmethod
-    def _make(cls, arr: np.ndarray) -> Tensor:
-        """Wrap an array without copying or checking (internal)."""
+    def _make(cls, arr: np.ndarray, counter: _VersionCounter | None = None) -> Tensor:
+        """Wrap an array without copying or checking (internal); ``counter``: the version
+        counter to share (a fresh one otherwise)."""
         # _init inlined: this runs once per op result, the hottest allocation in eager mode
         t = object.__new__(cls)
         t._data = arr
-        dt = _DTYPE_OF.get(arr.dtype)
-        t._dtype = _dt.from_numpy_dtype(arr.dtype) if dt is None else dt
+        npd = arr.dtype
+        dt = _DTYPE_BY_ID.get(id(npd))
+        if dt is None:
+            dt = _DTYPE_OF.get(npd) or _dt.from_numpy_dtype(npd)
+        t._dtype = dt
         t._requires_grad = False
         t.grad_fn = None
         t._output_nr = 0
         t._grad = None
-        t._version_counter = _VersionCounter()
+        t._version_counter = _VersionCounter() if counter is None else counter
         t._base = None
         t._accumulator = None
         t._hooks = None

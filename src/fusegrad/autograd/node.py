@@ -188,6 +188,26 @@ class SavedTensor:
             self._output_nr = t._output_nr
             self._producer = t.grad_fn
 
+    @classmethod
+    def of_input(cls, t: Tensor) -> SavedTensor:
+        """``SavedTensor(t)``, built without the constructor's call in the common case (no
+        saved-tensor hooks anywhere, not an inference tensor: the fields ``__init__`` sets
+        then).  ``OpNode`` saves most inputs through it."""
+        if _hooks_in_use or t._inference:
+            return cls(t)
+        s = _new_saved(cls)
+        counter = t._version_counter
+        s._counter = counter
+        s._version = counter.value
+        s._is_output = False
+        s._unpack_hook = None
+        s._tensor = t
+        s._data = None
+        s._rg = False
+        s._output_nr = t._output_nr
+        s._producer = t.grad_fn
+        return s
+
     def _pack(self, t: Tensor, output_nr: int, hooks: tuple[Callable, Callable]) -> None:
         """Keep ``pack_hook(t)`` and the graph position of ``t`` instead of ``t``."""
         pack_hook, unpack_hook = hooks
@@ -279,8 +299,7 @@ class SavedTensor:
             )
         if not self._is_output:
             return self._tensor  # type: ignore[return-value]
-        out = _make(self._data)
-        out._version_counter = self._counter
+        out = _make(self._data, self._counter)
         if self._rg:
             out.grad_fn = node
             out._output_nr = self._output_nr
@@ -308,6 +327,9 @@ class SavedTensor:
             out._output_nr = self._output_nr
         return out
 
+
+_new_saved = object.__new__
+_saved_input = SavedTensor.of_input
 
 _freed_message = (
     "Trying to backward through the graph a second time (or directly access saved tensors "
@@ -413,9 +435,9 @@ class OpNode(Node):
             if where == "out":
                 saved.append(SavedTensor(outputs[position], True, position, self))
             elif where == "input":
-                saved.append(SavedTensor(inputs[position]))
+                saved.append(_saved_input(inputs[position]))
             else:  # "name*": every input from here on
-                saved.extend([SavedTensor(t) for t in inputs[position:]])
+                saved.extend([_saved_input(t) for t in inputs[position:]])
         self._saved: list | tuple | None = saved
         self._unsaved: tuple | None = unsaved
         self._raw_shared = False  # a SavedTensor was handed out (``_raw_saved_<name>``)
