@@ -47,6 +47,7 @@ _DTYPE_OF = {d.np: d for d in _dt.ALL}
 # Two live objects never share an id, and these dtypes live as long as the table.
 _DTYPE_BY_ID = {id(d.np): d for d in _dt.ALL}
 _grad_state = _grad_mode._state  # (``_make`` reads it per tensor; the object is never replaced)
+_inference_threads = _grad_mode.inference_threads
 # PyTorch's words, for numpy() and np.asarray() on a tensor that requires grad
 _NUMPY_REQUIRES_GRAD = (
     "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
@@ -172,7 +173,7 @@ class Tensor:
         t._post_acc_hooks = None
         t._retains_grad = False
         t._wrapped_number = False
-        t._inference = _grad_state.inference
+        t._inference = _grad_state.inference if _inference_threads else False  # (grad_mode)
         return t
 
     # -- metadata ---------------------------------------------------------------------------

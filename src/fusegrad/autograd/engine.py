@@ -498,6 +498,7 @@ def _execute(
     grad_mode._state.enabled = create_graph
     parent_task, _current.task = _current.task, task
     anomaly_state = anomaly._state
+    anomaly_threads = anomaly.anomaly_threads  # (empty: anomaly mode is off on every thread)
     parent_node = anomaly_state.current_node
     node = None
     # the common node -- a primitive's, without hooks, run by the eager executor, outside
@@ -510,7 +511,7 @@ def _execute(
         while ready:
             node = pop(ready)[2]
             grads = buffers.pop(node, None) or [None] * node.num_outputs
-            if anomaly_state.enabled:
+            if anomaly_threads and anomaly_state.enabled:
                 # nodes created by this rule (create_graph) record it as their parent
                 anomaly_state.current_node = node
                 results = _run_node(node, grads, task)
@@ -524,7 +525,7 @@ def _execute(
                 and node._post_hooks is None
                 and grads[0] is not None
             ):
-                results = node.apply(tuple(grads), retain_graph)
+                results = node.run_rule(grads[0], retain_graph)
                 if type(results) is not tuple or len(results) != len(node._edges):
                     results = check_results(node, results)
             else:

@@ -482,6 +482,10 @@ class OpNode(Node):
             graph_changed()
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
+        return self.run_rule(grads[0], retain)
+
+    def run_rule(self, g: Any, retain: bool) -> tuple:
+        """``apply`` given the one incoming gradient (the engine's common path calls this)."""
         rule = self._rule
         if rule.save_index:
             saved = self._saved
@@ -489,17 +493,17 @@ class OpNode(Node):
                 raise AutogradError(_freed_message)
             # (one and two saved tensors, the common cases, without building a list)
             if self._unsaved is None and len(saved) == 1:
-                result = rule.fn(self, grads[0], saved[0].unpack(self))
+                result = rule.fn(self, g, saved[0].unpack(self))
             elif self._unsaved is None and len(saved) == 2:
-                result = rule.fn(self, grads[0], saved[0].unpack(self), saved[1].unpack(self))
+                result = rule.fn(self, g, saved[0].unpack(self), saved[1].unpack(self))
             else:
                 values = [s.unpack(self) for s in saved]
                 if self._unsaved is not None:
                     values = self.rule_arguments(values)
-                result = rule.fn(self, grads[0], *values)
+                result = rule.fn(self, g, *values)
         else:
-            result = rule.fn(self, grads[0])
-        if not retain:
+            result = rule.fn(self, g)
+        if not retain and self._saved:
             self.release()
         return result
 

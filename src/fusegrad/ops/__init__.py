@@ -31,6 +31,7 @@ from ..autograd.forward_state import state as _forward_state
 from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import state as _tracer_state
+from ..autograd.tracer import tracer_threads as _tracer_threads
 from ..device import as_device
 from ..errors import AutogradError, DTypeError, ShapeError, describe
 from ..tensor import DEFAULT as _DEFAULT_VIEW
@@ -1069,7 +1070,7 @@ def _fast_forward(fn: Any, prim: Any) -> Any:
             if not ((kind is float or kind is int) and self._dtype.category == 2):
                 return full(self, other)
             operands = (self, _scalar_tensor(other, self._dtype))
-        if _forward_state.level is None and _tracer_state.tracer is None:
+        if _forward_state.level is None and (not _tracer_threads or _tracer_state.tracer is None):
             return _run(prim, operands, {})
         return apply(prim, operands, {})
 
@@ -1085,7 +1086,7 @@ def _fast_reverse(fn: Any, prim: Any) -> Any:
         if not ((kind is float or kind is int) and self._dtype.category == 2):
             return full(self, other)
         operands = (_scalar_tensor(other, self._dtype), self)
-        if _forward_state.level is None and _tracer_state.tracer is None:
+        if _forward_state.level is None and (not _tracer_threads or _tracer_state.tracer is None):
             return _run(prim, operands, {})
         return apply(prim, operands, {})
 
@@ -1102,7 +1103,7 @@ def _fast_rsub(full: Any) -> Any:
             (kind is float or kind is int)
             and self._dtype.category == 2
             and _forward_state.level is None
-            and _tracer_state.tracer is None
+            and (not _tracer_threads or _tracer_state.tracer is None)
         ):
             out = _run(prim, (_scalar_tensor(other, self._dtype), self), {})
             node = out.grad_fn

@@ -26,6 +26,7 @@ from typing import Any
 from .. import dtypes as _dt
 from ..autograd.forward_state import state as _forward_state
 from ..autograd.tracer import state as _tracer_state
+from ..autograd.tracer import tracer_threads as _tracer_threads
 from ..tensor import Tensor
 from ._util import P, apply, as_operand, broadcast_shape, cast, operand, scalar_tensor, to_tensor
 from .registry import REGISTRY, Primitive, run
@@ -116,7 +117,9 @@ def surface_function(prim: Primitive) -> Callable[..., Tensor]:
 
         def op(input: Any) -> Tensor:
             if isinstance(input, Tensor) and input._dtype.category >= min_category:
-                if _forward_state.level is None and _tracer_state.tracer is None:
+                if _forward_state.level is None and (
+                    not _tracer_threads or _tracer_state.tracer is None
+                ):
                     return run(prim, (input,), {})
                 return apply(prim, (input,), {})
             return promote(name, input)
@@ -134,7 +137,9 @@ def surface_function(prim: Primitive) -> Callable[..., Tensor]:
                 a, b = input._data, other._data
                 if a.shape != b.shape and a.ndim and b.ndim:  # (0-d always broadcasts)
                     broadcast_shape(name, input, other)
-                if _forward_state.level is None and _tracer_state.tracer is None:
+                if _forward_state.level is None and (
+                    not _tracer_threads or _tracer_state.tracer is None
+                ):
                     return run(prim, (input, other), {})
                 return apply(prim, (input, other), {})
             return promote(name, input, other)

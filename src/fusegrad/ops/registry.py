@@ -32,10 +32,12 @@ import numpy as np
 
 from ..autograd import grad_mode
 from ..autograd.anomaly import _state as _anomaly_state
+from ..autograd.anomaly import anomaly_threads as _anomaly_threads
 from ..autograd.anomaly import record_forward_trace as _record_forward_trace
 from ..autograd.forward_state import state as _forward_state
 from ..autograd.node import OpNode as _OpNode
 from ..autograd.tracer import state as _tracer_state
+from ..autograd.tracer import tracer_threads as _tracer_threads
 from ..cuda.array import CudaArray
 from ..cuda.ops import run as _device_run  # a call with a CUDA input: the device runs it
 from ..errors import AutogradError
@@ -287,7 +289,7 @@ def apply(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
     level = _forward_state.level
     if level is not None:
         return level.apply(prim, inputs, attrs, JVPS, _apply_primal)
-    tracer = _tracer_state.tracer
+    tracer = _tracer_state.tracer if _tracer_threads else None
     if tracer is not None:
         result = tracer.apply(prim, inputs, attrs)
         if result is not NotImplemented:
@@ -349,6 +351,6 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
             raise AutogradError(f"{prim.name}: no derivative rule is registered")
         node = _OpNode(prim, rule, attrs, inputs, (out,))
         out.grad_fn = node
-        if _anomaly_state.enabled:
+        if _anomaly_threads and _anomaly_state.enabled:
             _record_forward_trace(node)
     return out
