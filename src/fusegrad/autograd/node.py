@@ -208,6 +208,25 @@ class SavedTensor:
         s._producer = t.grad_fn
         return s
 
+    @classmethod
+    def of_output(cls, t: Tensor, output_nr: int, node: Node) -> SavedTensor:
+        """``SavedTensor(t, True, output_nr, node)`` (an output of ``node``), built without the
+        constructor's call in the common case, as ``of_input``."""
+        if _hooks_in_use or t._inference:
+            return cls(t, True, output_nr, node)
+        s = _new_saved(cls)
+        counter = t._version_counter
+        s._counter = counter
+        s._version = counter.value
+        s._is_output = True
+        s._unpack_hook = None
+        s._tensor = None
+        s._data = t._data
+        s._rg = True  # outputs of a recorded node always require grad
+        s._output_nr = output_nr
+        s._producer = None  # the saving node itself (passed to unpack)
+        return s
+
     def _pack(self, t: Tensor, output_nr: int, hooks: tuple[Callable, Callable]) -> None:
         """Keep ``pack_hook(t)`` and the graph position of ``t`` instead of ``t``."""
         pack_hook, unpack_hook = hooks
@@ -330,6 +349,7 @@ class SavedTensor:
 
 _new_saved = object.__new__
 _saved_input = SavedTensor.of_input
+_saved_output = SavedTensor.of_output
 
 _freed_message = (
     "Trying to backward through the graph a second time (or directly access saved tensors "
@@ -433,7 +453,7 @@ class OpNode(Node):
                     unsaved = (*unsaved, k) if unsaved else (k,)
                     continue
             if where == "out":
-                saved.append(SavedTensor(outputs[position], True, position, self))
+                saved.append(_saved_output(outputs[position], position, self))
             elif where == "input":
                 saved.append(_saved_input(inputs[position]))
             else:  # "name*": every input from here on

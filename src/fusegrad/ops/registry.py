@@ -322,12 +322,16 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
             data = _device_run(prim, [a0, a1], attrs)
         else:
             data = prim.kernel(a0, a1, **attrs) if attrs else prim.kernel(a0, a1)
+            if type(data) is not np.ndarray and type(data) is not CudaArray:  # (to_device)
+                data = np.asarray(data)
     elif n == 1:
         a0 = inputs[0]._data
         if type(a0) is CudaArray:
             data = _device_run(prim, [a0], attrs)
         else:
             data = prim.kernel(a0, **attrs) if attrs else prim.kernel(a0)
+            if type(data) is not np.ndarray and type(data) is not CudaArray:
+                data = np.asarray(data)
     else:
         arrays = [t._data for t in inputs]
         for a in arrays:
@@ -336,9 +340,8 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
                 break
         else:
             data = prim.kernel(*arrays, **attrs)
-    kind = type(data)
-    if kind is not np.ndarray and kind is not CudaArray:  # (to_device makes one)
-        data = np.asarray(data)
+            if type(data) is not np.ndarray and type(data) is not CudaArray:
+                data = np.asarray(data)
     out = _make(data)
     if prim.differentiable and _grad_state.enabled:
         for t in inputs:
