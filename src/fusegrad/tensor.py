@@ -42,6 +42,12 @@ from .size import Size
 from .storage import to_host
 
 _DTYPE_OF = {d.np: d for d in _dt.ALL}
+# The same by the numpy dtype's identity: arrays made by numpy carry these very dtype objects,
+# and a numpy dtype's hash is computed anew on every call (``_make`` runs once per op result).
+# Two live objects never share an id, and these dtypes live as long as the table.
+_DTYPE_BY_ID = {id(d.np): d for d in _dt.ALL}
+_grad_state = _grad_mode._state  # (``_make`` reads it per tensor; the object is never replaced)
+_inference_threads = _grad_mode.inference_threads
 # PyTorch's words, for numpy() and np.asarray() on a tensor that requires grad
 _NUMPY_REQUIRES_GRAD = (
     "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
@@ -50,12 +56,12 @@ _NUMPY_REQUIRES_GRAD = (
 
 class _VersionCounter:
     """The version shared by a tensor, its views and detach() aliases: every in-place change
-    bumps ``value``, and a saved tensor whose version moved refuses to be used."""
+    bumps ``value``, and a saved tensor whose version moved refuses to be used.
 
-    __slots__ = ("value",)
+    Every tensor gets one, and most are never bumped: ``value`` starts as this class's 0 (no
+    ``__init__`` to run, no slot to fill), and a bump stores the instance's own."""
 
-    def __init__(self) -> None:
-        self.value = 0
+    value = 0
 
     def bump(self) -> None:
         """An in-place change was made."""
@@ -145,26 +151,29 @@ class Tensor:
         self._inference = _grad_mode._state.inference
 
     @classmethod
-    def _make(cls, arr: np.ndarray) -> Tensor:
-        """Wrap an array without copying or checking (internal)."""
+    def _make(cls, arr: np.ndarray, counter: _VersionCounter | None = None) -> Tensor:
+        """Wrap an array without copying or checking (internal); ``counter``: the version
+        counter to share (a fresh one otherwise)."""
         # _init inlined: this runs once per op result, the hottest allocation in eager mode
         t = object.__new__(cls)
         t._data = arr
-        t._dtype = (
-            _DTYPE_OF[arr.dtype] if arr.dtype in _DTYPE_OF else _dt.from_numpy_dtype(arr.dtype)
-        )
+        npd = arr.dtype
+        dt = _DTYPE_BY_ID.get(id(npd))
+        if dt is None:
+            dt = _DTYPE_OF.get(npd) or _dt.from_numpy_dtype(npd)
+        t._dtype = dt
         t._requires_grad = False
         t.grad_fn = None
         t._output_nr = 0
         t._grad = None
-        t._version_counter = _VersionCounter()
+        t._version_counter = _VersionCounter() if counter is None else counter
         t._base = None
         t._accumulator = None
         t._hooks = None
         t._post_acc_hooks = None
         t._retains_grad = False
         t._wrapped_number = False
-        t._inference = _grad_mode._state.inference
+        t._inference = _grad_state.inference if _inference_threads else False  # (grad_mode)
         return t
 
     # -- metadata ---------------------------------------------------------------------------

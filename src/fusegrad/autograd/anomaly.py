@@ -24,12 +24,30 @@ import traceback
 import warnings
 from typing import Any
 
+# One entry per thread with anomaly mode on (list append and pop are atomic): while it is
+# empty, the op machinery and the engine know anomaly mode is off everywhere without reading
+# this thread's state (a thread-local read per op and per node).
+anomaly_threads: list = []
+
 
 class _State(threading.local):
     def __init__(self) -> None:
-        self.enabled = False
+        self._enabled = False
         self.check_nan = True
         self.current_node: Any = None  # the node whose rule the engine is running (anomaly on)
+
+    @property
+    def enabled(self) -> bool:
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        if bool(value) != bool(self._enabled):
+            if value:
+                anomaly_threads.append(None)
+            else:
+                anomaly_threads.pop()
+        self._enabled = value
 
 
 _state = _State()

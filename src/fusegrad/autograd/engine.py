@@ -65,6 +65,7 @@ _make = Tensor._make
 # eager tensors, views included (views are ``_ViewTensor``, a Tensor subclass with a lazy
 # grad_fn); other subclasses (the compiler's symbolic values) take the op-surface paths
 _EAGER = (Tensor, _ViewTensor)
+_ONE_OUTPUT = (OpNode, AccumulateGrad)  # node types whose ``num_outputs`` is 1
 
 
 def _sum_to_compatible(gshape: tuple, shape: tuple) -> bool:
@@ -497,18 +498,36 @@ def _execute(
     grad_mode._state.enabled = create_graph
     parent_task, _current.task = _current.task, task
     anomaly_state = anomaly._state
+    anomaly_threads = anomaly.anomaly_threads  # (empty: anomaly mode is off on every thread)
     parent_node = anomaly_state.current_node
     node = None
+    # the common node -- a primitive's, without hooks, run by the eager executor, outside
+    # grad()/backward(inputs=...) -- is run here, as ``_run_node`` would run it (its first
+    # branch), without its frames; ``task.capture`` is fixed for the call
+    plain_nodes = executor is EAGER and not task.capture
+    pop, push = heapq.heappop, heapq.heappush
     executor.begin_capture(task)
     try:
         while ready:
-            node = heapq.heappop(ready)[2]
+            node = pop(ready)[2]
             grads = buffers.pop(node, None) or [None] * node.num_outputs
-            if anomaly_state.enabled:
+            if anomaly_threads and anomaly_state.enabled:
                 # nodes created by this rule (create_graph) record it as their parent
                 anomaly_state.current_node = node
                 results = _run_node(node, grads, task)
                 _check_nan(node, results)
+            elif (
+                plain_nodes
+                and type(node) is OpNode
+                and node._tensor_pre_hooks is None
+                and node._retain_grad_hooks is None
+                and node._pre_hooks is None
+                and node._post_hooks is None
+                and grads[0] is not None
+            ):
+                results = node.run_rule(grads[0], retain_graph)
+                if type(results) is not tuple or len(results) != len(node._edges):
+                    results = check_results(node, results)
             else:
                 results = _run_node(node, grads, task)
             for i, (nxt, nr) in enumerate(node._edges):
@@ -525,7 +544,10 @@ def _execute(
                             g = validate_gradient(node, i, g, shape, dtype)
                     buf = buffers.get(nxt)
                     if buf is None:
-                        buf = buffers[nxt] = [None] * nxt.num_outputs
+                        # (OpNode and AccumulateGrad have one output: no property call)
+                        buf = buffers[nxt] = (
+                            [None] if type(nxt) in _ONE_OUTPUT else [None] * nxt.num_outputs
+                        )
                     prev = buf[nr]
                     if prev is None:
                         buf[nr] = g
@@ -544,9 +566,10 @@ def _execute(
                         buf[nr] = _make(np.asarray(np.add(prev._data, g._data)))
                     else:
                         buf[nr] = prev + g
-                deps[nxt] -= 1
-                if deps[nxt] == 0:
-                    heapq.heappush(ready, (-nxt._seq, next(tie), nxt))
+                left = deps[nxt] - 1
+                deps[nxt] = left
+                if left == 0:
+                    push(ready, (-nxt._seq, next(tie), nxt))
         node = None  # a callback's failure is not the last node's (anomaly mode)
         callbacks = task.callbacks
         while callbacks:  # queue_callback: in order; a callback may queue more

@@ -18,10 +18,32 @@ from typing import Any, TypeVar
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# One entry per thread whose inference mode is on (list append and pop are atomic): while it is
+# empty, which is almost always, no thread is in inference mode, and ``Tensor._make`` marks a
+# new tensor as a normal one without reading this thread's state (a thread-local read costs
+# as much as the rest of a small tensor's creation).  A thread that ends inside inference mode
+# leaves its entry: the reads then happen, which is only slower.
+inference_threads: list = []
+
+
 class _State(threading.local):
     def __init__(self) -> None:
         self.enabled = True
-        self.inference = False
+        self._inference = False
+
+    @property
+    def inference(self) -> bool:
+        return self._inference
+
+    @inference.setter
+    def inference(self, value: bool) -> None:
+        value = bool(value)
+        if value != self._inference:
+            if value:
+                inference_threads.append(None)
+            else:
+                inference_threads.pop()
+        self._inference = value
 
 
 _state = _State()

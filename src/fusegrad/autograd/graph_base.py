@@ -92,12 +92,12 @@ class Node:
         "__weakref__",
         "_edges",
         "_input_meta",
+        "_metadata",
         "_post_hooks",
         "_pre_hooks",
         "_retain_grad_hooks",
         "_seq",
         "_tensor_pre_hooks",
-        "metadata",
     )
 
     def __init__(self, edges: tuple, input_meta: tuple) -> None:
@@ -108,7 +108,7 @@ class Node:
         self._post_hooks: dict | None = None
         self._tensor_pre_hooks: dict | None = None  # output_nr -> {id: fn}
         self._retain_grad_hooks: dict | None = None  # output_nr -> weakref to Tensor
-        self.metadata: dict = {}
+        self._metadata: dict | None = None  # made on first use (few nodes ever need one)
 
     # -- public, torch-like -------------------------------------------------------------
     def name(self) -> str:
@@ -117,6 +117,18 @@ class Node:
     @property
     def next_functions(self) -> tuple:
         return self._edges
+
+    @property
+    def metadata(self) -> dict:
+        """A dict for whatever the user (or anomaly mode) keeps with this node."""
+        metadata = self._metadata
+        if metadata is None:
+            metadata = self._metadata = {}
+        return metadata
+
+    @metadata.setter
+    def metadata(self, value: dict) -> None:
+        self._metadata = value
 
     def register_prehook(self, fn: Callable) -> _Handle:
         """``fn(grad_outputs) -> tuple | None`` runs before the node (a tuple replaces the

@@ -20,6 +20,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ..errors import AutogradError
 from ..tensor import Tensor
 from . import anomaly, grad_mode
@@ -47,6 +49,23 @@ __all__ = [
 ]
 
 _make = Tensor._make  # (bound once: unpack runs per saved tensor per backward)
+
+# Tensor types whose backward edge is ``Tensor._edge`` itself: ``OpNode`` computes it inline for
+# them (a method call per input is a noticeable part of a small op).  A type that overrides
+# ``_edge`` (vmap's batched tensors) is asked.  Filled as types are met (``_edge_is_plain``).
+_PLAIN_EDGE: set = set()
+_NO_EDGE = (None, 0)
+# ``needs_input_grad`` of one and two inputs: shared tuples (indexed by the flags)
+_NEEDS_ONE = ((False,), (True,))
+_NEEDS = (((False, False), (False, True)), ((True, False), (True, True)))
+
+
+def _edge_of(t: Tensor) -> tuple:
+    """``t._edge()``, remembering in ``_PLAIN_EDGE`` a type that does not override it."""
+    cls = type(t)
+    if cls._edge is Tensor._edge:
+        _PLAIN_EDGE.add(cls)
+    return t._edge()
 
 
 class _SavedHooksState(threading.local):
@@ -169,6 +188,45 @@ class SavedTensor:
             self._output_nr = t._output_nr
             self._producer = t.grad_fn
 
+    @classmethod
+    def of_input(cls, t: Tensor) -> SavedTensor:
+        """``SavedTensor(t)``, built without the constructor's call in the common case (no
+        saved-tensor hooks anywhere, not an inference tensor: the fields ``__init__`` sets
+        then).  ``OpNode`` saves most inputs through it."""
+        if _hooks_in_use or t._inference:
+            return cls(t)
+        s = _new_saved(cls)
+        counter = t._version_counter
+        s._counter = counter
+        s._version = counter.value
+        s._is_output = False
+        s._unpack_hook = None
+        s._tensor = t
+        s._data = None
+        s._rg = False
+        s._output_nr = t._output_nr
+        s._producer = t.grad_fn
+        return s
+
+    @classmethod
+    def of_output(cls, t: Tensor, output_nr: int, node: Node) -> SavedTensor:
+        """``SavedTensor(t, True, output_nr, node)`` (an output of ``node``), built without the
+        constructor's call in the common case, as ``of_input``."""
+        if _hooks_in_use or t._inference:
+            return cls(t, True, output_nr, node)
+        s = _new_saved(cls)
+        counter = t._version_counter
+        s._counter = counter
+        s._version = counter.value
+        s._is_output = True
+        s._unpack_hook = None
+        s._tensor = None
+        s._data = t._data
+        s._rg = True  # outputs of a recorded node always require grad
+        s._output_nr = output_nr
+        s._producer = None  # the saving node itself (passed to unpack)
+        return s
+
     def _pack(self, t: Tensor, output_nr: int, hooks: tuple[Callable, Callable]) -> None:
         """Keep ``pack_hook(t)`` and the graph position of ``t`` instead of ``t``."""
         pack_hook, unpack_hook = hooks
@@ -260,8 +318,7 @@ class SavedTensor:
             )
         if not self._is_output:
             return self._tensor  # type: ignore[return-value]
-        out = _make(self._data)
-        out._version_counter = self._counter
+        out = _make(self._data, self._counter)
         if self._rg:
             out.grad_fn = node
             out._output_nr = self._output_nr
@@ -290,6 +347,10 @@ class SavedTensor:
         return out
 
 
+_new_saved = object.__new__
+_saved_input = SavedTensor.of_input
+_saved_output = SavedTensor.of_output
+
 _freed_message = (
     "Trying to backward through the graph a second time (or directly access saved tensors "
     "after they have already been freed). Saved intermediate values of the graph are freed "
@@ -314,46 +375,90 @@ class OpNode(Node):
     )
 
     def __init__(self, prim: Any, rule: Any, attrs: dict, inputs: tuple, outputs: tuple) -> None:
-        # Hot path (one per recorded op): plain loops, Node.__init__ inlined.
-        edges = []
-        meta = []
-        needs = []
-        for t in inputs:
-            edge = t._edge()
-            edges.append(edge)
-            meta.append((t._data.shape, t._dtype))
-            needs.append(edge[0] is not None)
-        self._edges = tuple(edges)
+        # Hot path (one per recorded op): Node.__init__ and ``Tensor._edge`` inlined (for
+        # tensor types that do not override ``_edge``), one and two inputs without building
+        # lists, no generator expressions (each costs more than the rest of a small node).
+        if len(inputs) == 2:
+            t0, t1 = inputs
+            if type(t0) in _PLAIN_EDGE:
+                node = t0.grad_fn
+                if node is not None:
+                    edge0 = (node, t0._output_nr)
+                else:
+                    edge0 = (accumulator_for(t0), 0) if t0._requires_grad else _NO_EDGE
+            else:
+                edge0 = _edge_of(t0)
+            if type(t1) in _PLAIN_EDGE:
+                node = t1.grad_fn
+                if node is not None:
+                    edge1 = (node, t1._output_nr)
+                else:
+                    edge1 = (accumulator_for(t1), 0) if t1._requires_grad else _NO_EDGE
+            else:
+                edge1 = _edge_of(t1)
+            self._edges = (edge0, edge1)
+            a0, a1 = t0._data, t1._data
+            meta0 = (a0.shape, t0._dtype)
+            # (one shared entry when two numpy arrays agree, as they mostly do: fewer objects
+            # that the graph keeps alive and the garbage collector walks.  Only numpy shapes
+            # are compared: a capture's symbolic sizes must not be asked)
+            if (
+                t1._dtype is meta0[1]
+                and type(a0) is np.ndarray
+                and type(a1) is np.ndarray
+                and a1.shape == meta0[0]
+            ):
+                self._input_meta = (meta0, meta0)
+            else:
+                self._input_meta = (meta0, (a1.shape, t1._dtype))
+            needs: tuple = _NEEDS[edge0[0] is not None][edge1[0] is not None]
+        elif len(inputs) == 1:
+            t0 = inputs[0]
+            if type(t0) in _PLAIN_EDGE:
+                node = t0.grad_fn
+                if node is not None:
+                    edge0 = (node, t0._output_nr)
+                else:
+                    edge0 = (accumulator_for(t0), 0) if t0._requires_grad else _NO_EDGE
+            else:
+                edge0 = _edge_of(t0)
+            self._edges = (edge0,)
+            self._input_meta = ((t0._data.shape, t0._dtype),)
+            needs = _NEEDS_ONE[edge0[0] is not None]
+        else:
+            edges = tuple([_edge_of(t) for t in inputs])
+            self._edges = edges
+            self._input_meta = tuple([(t._data.shape, t._dtype) for t in inputs])
+            needs = tuple([e[0] is not None for e in edges])
         self._seq = next(_sequence)
-        self._input_meta = tuple(meta)
         self._pre_hooks = None
         self._post_hooks = None
         self._tensor_pre_hooks = None
         self._retain_grad_hooks = None
-        self.metadata = {}
+        self._metadata = None
         self._prim = prim
         self._name = None  # PyTorch's name, set by a composite ending in this node
         self._rule = rule
         self.attrs = attrs
-        self.needs_input_grad = tuple(needs)
-        saved = []
+        self.needs_input_grad = needs
+        steps = rule.save_steps
+        saved: list | tuple = [] if steps else ()  # (nothing to save: no list kept alive)
         unsaved = None  # positions in rule.save of values no input that requires grad needs
-        if rule.save_index:
-            variadic_at = len(prim.inputs) - 1 if prim.variadic else -2
-            save_for = rule.save_for
-            for k, index in enumerate(rule.save_index):
-                if save_for:
-                    wanted_by = save_for[k]
-                    if wanted_by is not None and not any(needs[i] for i in wanted_by):
-                        unsaved = (*unsaved, k) if unsaved else (k,)
-                        continue
-                if index < 0:  # an output of the node
-                    saved.append(SavedTensor(outputs[-1 - index], True, -1 - index, self))
-                elif index == variadic_at:  # "name*": every input from here on
-                    saved.extend(SavedTensor(t) for t in inputs[index:])
-                else:
-                    saved.append(SavedTensor(inputs[index]))
-        self._saved: list | None = saved
+        for k, where, position, wanted_by in steps:
+            if wanted_by is not None:
+                for i in wanted_by:
+                    if needs[i]:
+                        break
+                else:  # no input that requires grad needs it
+                    unsaved = (*unsaved, k) if unsaved else (k,)
+                    continue
+            if where == "out":
+                saved.append(_saved_output(outputs[position], position, self))
+            elif where == "input":
+                saved.append(_saved_input(inputs[position]))
+            else:  # "name*": every input from here on
+                saved.extend([_saved_input(t) for t in inputs[position:]])
+        self._saved: list | tuple | None = saved
         self._unsaved: tuple | None = unsaved
         self._raw_shared = False  # a SavedTensor was handed out (``_raw_saved_<name>``)
 
@@ -397,18 +502,28 @@ class OpNode(Node):
             graph_changed()
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
+        return self.run_rule(grads[0], retain)
+
+    def run_rule(self, g: Any, retain: bool) -> tuple:
+        """``apply`` given the one incoming gradient (the engine's common path calls this)."""
         rule = self._rule
         if rule.save_index:
             saved = self._saved
             if saved is None:
                 raise AutogradError(_freed_message)
-            values = [s.unpack(self) for s in saved]
-            if self._unsaved is not None:
-                values = self.rule_arguments(values)
-            result = rule.fn(self, grads[0], *values)
+            # (one and two saved tensors, the common cases, without building a list)
+            if self._unsaved is None and len(saved) == 1:
+                result = rule.fn(self, g, saved[0].unpack(self))
+            elif self._unsaved is None and len(saved) == 2:
+                result = rule.fn(self, g, saved[0].unpack(self), saved[1].unpack(self))
+            else:
+                values = [s.unpack(self) for s in saved]
+                if self._unsaved is not None:
+                    values = self.rule_arguments(values)
+                result = rule.fn(self, g, *values)
         else:
-            result = rule.fn(self, grads[0])
-        if not retain:
+            result = rule.fn(self, g)
+        if not retain and self._saved:
             self.release()
         return result
 

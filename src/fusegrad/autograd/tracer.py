@@ -214,9 +214,29 @@ def opaque_method(fn: Any) -> Any:
     return method
 
 
+# One entry per thread that has a tracer installed (list append and pop are atomic): while it
+# is empty -- plain eager execution, almost always -- op dispatch knows that no tracer wants
+# the call without reading this thread's state, a thread-local read that costs as much as a
+# small op's other checks together (``registry.apply`` and the op surface's fast paths).
+tracer_threads: list = []
+
+
 class _State(threading.local):
     def __init__(self) -> None:
-        self.tracer: Tracer | None = None
+        self._tracer: Tracer | None = None
+
+    @property
+    def tracer(self) -> Tracer | None:
+        return self._tracer
+
+    @tracer.setter
+    def tracer(self, tracer: Tracer | None) -> None:
+        if (tracer is None) != (self._tracer is None):
+            if tracer is None:
+                tracer_threads.pop()
+            else:
+                tracer_threads.append(None)
+        self._tracer = tracer
 
 
 state = _State()

@@ -31,6 +31,7 @@ from ..autograd.forward_state import state as _forward_state
 from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import state as _tracer_state
+from ..autograd.tracer import tracer_threads as _tracer_threads
 from ..device import as_device
 from ..errors import AutogradError, DTypeError, ShapeError, describe
 from ..tensor import DEFAULT as _DEFAULT_VIEW
@@ -44,6 +45,7 @@ from . import resample as _resample  # noqa: F401  (interpolate's fused primitiv
 from . import special_functions as _special_functions  # noqa: F401  (fusegrad.special's)
 from . import spectral as _spectral  # noqa: F401  (the FFT primitives of fusegrad.fft)
 from ._util import cast, to_tensor
+from ._util import scalar_tensor as _scalar_tensor
 from .complex import *  # noqa: F401,F403  (complex numbers: primitives and surface)
 from .complex import (
     angle,
@@ -221,6 +223,7 @@ from .reduction import (
     var_mean,
 )
 from .registry import REGISTRY, RULES, apply
+from .registry import run as _run
 from .sampling import multinomial, normal, poisson
 from .search import (
     argwhere,
@@ -980,7 +983,12 @@ def _install_methods() -> None:
         setattr(Tensor, f"__{name}__", _forward(fn))
         setattr(Tensor, f"__r{name}__", _reverse(fn))
         setattr(Tensor, f"__i{name}__", _inplace_method(f"__i{name}__", fn))
-    Tensor.__rsub__ = _forward(rsub)  # (number - tensor: PyTorch's RsubBackward1)
+    # the arithmetic operators of every model and derivative rule: their common calls in line
+    for name, prim in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("truediv", "div")):
+        setattr(Tensor, f"__{name}__", _fast_forward(binary[name], REGISTRY[prim]))
+        if name != "sub":
+            setattr(Tensor, f"__r{name}__", _fast_reverse(binary[name], REGISTRY[prim]))
+    Tensor.__rsub__ = _fast_rsub(_forward(rsub))  # (number - tensor: PyTorch's RsubBackward1)
     for name, fn in {"eq": eq, "ne": ne, "lt": lt, "le": le, "gt": gt, "ge": ge}.items():
         setattr(Tensor, f"__{name}__", _forward(fn))
     Tensor.__neg__ = neg
@@ -1025,6 +1033,86 @@ def _reverse(fn: Any) -> Any:
             return NotImplemented
         return fn(other, self)
 
+    return op
+
+
+# ``_fast_forward``, ``_fast_reverse`` and ``_fast_rsub``: ``+ - * /`` with a tensor on the left
+# (or, reversed, a number on the left), in the cases that the op's promotion passes through
+# unchanged: two tensors of one dtype (floating for ``/``, not bool for ``-``), or a floating
+# tensor and a Python int or float (a wrapped number of the tensor's dtype).  They run the
+# primitive as ``registry.apply`` would -- ``registry.run`` when no forward-AD level and no
+# tracer wants the call -- without the frames of the operator, the op-surface function and its
+# promotion helpers (each op of a small model pays for them).  Anything else takes the full path,
+# which decides exactly as before.
+
+
+def _fast_forward(fn: Any, prim: Any) -> Any:
+    full = _forward(fn)
+    name = prim.name
+    min_category = 2 if name == "div" else 0  # int / int is a float division
+    no_bool = name == "sub"  # bool - bool raises (in ``sub``)
+
+    def op(self: Tensor, other: Any) -> Any:
+        if isinstance(other, Tensor):
+            dt = self._dtype
+            if (
+                other._dtype is not dt
+                or dt.category < min_category
+                or (no_bool and dt is _dt.bool_)
+            ):
+                return full(self, other)
+            a, b = self._data, other._data
+            if a.shape != b.shape and a.ndim and b.ndim:  # (a 0-d operand always broadcasts)
+                _util.broadcast_shape(name, self, other)
+            operands = (self, other)
+        else:
+            kind = type(other)
+            if not ((kind is float or kind is int) and self._dtype.category == 2):
+                return full(self, other)
+            operands = (self, _scalar_tensor(other, self._dtype))
+        if _forward_state.level is None and (not _tracer_threads or _tracer_state.tracer is None):
+            return _run(prim, operands, {})
+        return apply(prim, operands, {})
+
+    op.__name__ = op.__qualname__ = full.__name__
+    return op
+
+
+def _fast_reverse(fn: Any, prim: Any) -> Any:
+    full = _reverse(fn)
+
+    def op(self: Tensor, other: Any) -> Any:
+        kind = type(other)
+        if not ((kind is float or kind is int) and self._dtype.category == 2):
+            return full(self, other)
+        operands = (_scalar_tensor(other, self._dtype), self)
+        if _forward_state.level is None and (not _tracer_threads or _tracer_state.tracer is None):
+            return _run(prim, operands, {})
+        return apply(prim, operands, {})
+
+    op.__name__ = op.__qualname__ = full.__name__
+    return op
+
+
+def _fast_rsub(full: Any) -> Any:
+    prim = REGISTRY["sub"]
+
+    def op(self: Tensor, other: Any) -> Any:
+        kind = type(other)
+        if (
+            (kind is float or kind is int)
+            and self._dtype.category == 2
+            and _forward_state.level is None
+            and (not _tracer_threads or _tracer_state.tracer is None)
+        ):
+            out = _run(prim, (_scalar_tensor(other, self._dtype), self), {})
+            node = out.grad_fn
+            if node is not None:  # (made by this call: what ``rsub``'s naming checks)
+                node._name = "RsubBackward1"
+            return out
+        return full(self, other)
+
+    op.__name__ = op.__qualname__ = full.__name__
     return op
 
 

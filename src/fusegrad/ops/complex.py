@@ -152,11 +152,19 @@ def conj_physical(input: Any) -> Tensor:
 
 
 @_torch_node_name("ConjBackward0")
+def _conj_complex(input: Any) -> Tensor:
+    return conj_physical(input)
+
+
 def conj(input: Any) -> Tensor:
     """The complex conjugate; a real tensor itself.  PyTorch returns a lazy view with its
     conjugate bit set; fusegrad computes the values (``conj_physical``), so ``is_conj()`` is
     False and writing into the result does not change ``input``."""
-    return conj_physical(input)
+    if isinstance(input, Tensor) and input._dtype.category != 3:
+        # a real tensor (every derivative rule conjugates its operands): itself, without the
+        # naming wrapper, which renames only nodes this call makes (none here)
+        return input
+    return _conj_complex(input)
 
 
 def resolve_conj(input: Any) -> Tensor:

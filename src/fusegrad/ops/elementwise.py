@@ -18,10 +18,12 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
+from ..autograd.forward_state import state as _forward_state
 from ..autograd.node_names import name_node as _name_node
 from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_host_read as _read
 from ..autograd.tracer import state as _tracer_state
+from ..autograd.tracer import tracer_threads as _tracer_threads
 from ..errors import ArgumentError, DTypeError, describe
 from ..tensor import Tensor
 from ._util import P, apply, as_operand, broadcast_shape, cast, is_number, operand, to_tensor
@@ -55,6 +57,7 @@ from .generated import (  # generated from the records; used by the composites b
     sqrt,
     tanh,
 )
+from .registry import run as _run
 
 _CLAMP_SENTINEL = object()
 
@@ -117,11 +120,16 @@ def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor:
     )
 
 
+_NEG = P["neg"]
+
+
 def neg(input: Any) -> Tensor:
     x = to_tensor(input)
     if x._dtype is _dt.bool_:
         raise DTypeError("neg: negation, the `-` operator, on a bool tensor is not supported")
-    return apply(P["neg"], (x,), {})
+    if _forward_state.level is None and (not _tracer_threads or _tracer_state.tracer is None):
+        return _run(_NEG, (x,), {})  # (``apply``'s decision in line: ``-g`` in many rules)
+    return apply(_NEG, (x,), {})
 
 
 @_torch_node_name("PowBackward0")

@@ -24,9 +24,12 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import dtypes as _dt
+from ..autograd.forward_state import state as _forward_state
+from ..autograd.tracer import state as _tracer_state
+from ..autograd.tracer import tracer_threads as _tracer_threads
 from ..tensor import Tensor
 from ._util import P, apply, as_operand, broadcast_shape, cast, operand, scalar_tensor, to_tensor
-from .registry import REGISTRY, Primitive
+from .registry import REGISTRY, Primitive, run
 
 
 def _fast_binary(name: str, a: Any, b: Any) -> Tensor | None:
@@ -91,7 +94,14 @@ _PROMOTE: dict[tuple[str, int], Callable[..., Tensor]] = {
 
 
 def surface_function(prim: Primitive) -> Callable[..., Tensor]:
-    """The op-surface function of ``prim`` (a record with ``surface`` set)."""
+    """The op-surface function of ``prim`` (a record with ``surface`` set).
+
+    Each function first tries the commonest call in line -- a float tensor for a "float"
+    unary, any tensor for a "same" unary, two tensors of one dtype for a binary ("float": a
+    floating one) -- which the promotion helper would pass through unchanged, and runs the
+    primitive without the helper's frames (``registry.run`` directly when no forward-AD level
+    and no tracer wants the call, as ``registry.apply`` would decide).  Everything else goes
+    through the helper."""
     name = prim.name
     promote = _PROMOTE.get((prim.surface or "", len(prim.inputs)))
     if promote is None:
@@ -102,15 +112,36 @@ def surface_function(prim: Primitive) -> Callable[..., Tensor]:
     how = "integers and bools promoted to the default float dtype"
     if prim.surface == "same":
         how = "in the operands' promoted dtype"
+    min_category = 2 if prim.surface == "float" else 0
     if len(prim.inputs) == 1:
 
         def op(input: Any) -> Tensor:
+            if isinstance(input, Tensor) and input._dtype.category >= min_category:
+                if _forward_state.level is None and (
+                    not _tracer_threads or _tracer_state.tracer is None
+                ):
+                    return run(prim, (input,), {})
+                return apply(prim, (input,), {})
             return promote(name, input)
 
         op.__doc__ = f"``{name}`` of ``input``, elementwise ({how})."
     else:
 
         def op(input: Any, other: Any) -> Tensor:  # type: ignore[misc]
+            if (
+                isinstance(input, Tensor)
+                and isinstance(other, Tensor)
+                and input._dtype is other._dtype
+                and input._dtype.category >= min_category
+            ):
+                a, b = input._data, other._data
+                if a.shape != b.shape and a.ndim and b.ndim:  # (0-d always broadcasts)
+                    broadcast_shape(name, input, other)
+                if _forward_state.level is None and (
+                    not _tracer_threads or _tracer_state.tracer is None
+                ):
+                    return run(prim, (input, other), {})
+                return apply(prim, (input, other), {})
             return promote(name, input, other)
 
         op.__doc__ = f"``{name}`` of ``input`` and ``other``, broadcast, elementwise ({how})."

@@ -32,10 +32,12 @@ import numpy as np
 
 from ..autograd import grad_mode
 from ..autograd.anomaly import _state as _anomaly_state
+from ..autograd.anomaly import anomaly_threads as _anomaly_threads
 from ..autograd.anomaly import record_forward_trace as _record_forward_trace
 from ..autograd.forward_state import state as _forward_state
 from ..autograd.node import OpNode as _OpNode
 from ..autograd.tracer import state as _tracer_state
+from ..autograd.tracer import tracer_threads as _tracer_threads
 from ..cuda.array import CudaArray
 from ..cuda.ops import run as _device_run  # a call with a CUDA input: the device runs it
 from ..errors import AutogradError
@@ -134,6 +136,27 @@ class Rule:
     save: tuple[str, ...]
     save_index: tuple[int, ...]
     save_for: tuple[tuple[int, ...] | None, ...] = ()
+    # how ``OpNode`` saves, decided once from the above: one ``(k, where, position,
+    # wanted_by)`` per saved name ``k``, ``where`` being "out" (output ``position``), "inputs"
+    # (a variadic name: inputs from ``position`` on) or "input" (input ``position``), and
+    # ``wanted_by`` the entry of ``save_for`` (None: always saved)
+    save_steps: tuple[tuple[int, str, int, tuple[int, ...] | None], ...] = field(
+        init=False, compare=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        inputs = REGISTRY[self.prim].inputs
+        variadic_at = len(inputs) - 1 if inputs and inputs[-1].endswith("*") else -2
+        steps = []
+        for k, position in enumerate(self.save_index):
+            wanted_by = self.save_for[k] if self.save_for else None
+            if position < 0:
+                steps.append((k, "out", -1 - position, wanted_by))
+            elif position == variadic_at:
+                steps.append((k, "inputs", position, wanted_by))
+            else:
+                steps.append((k, "input", position, wanted_by))
+        object.__setattr__(self, "save_steps", tuple(steps))  # (frozen: set once, here)
 
 
 RULES: dict[str, Rule] = {}
@@ -255,6 +278,7 @@ def jvp(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 # ``run`` wraps every result: bound once, a module global instead of two attribute lookups
 _make = Tensor._make
+_grad_state = grad_mode._state  # (the thread-local object itself is never replaced)
 
 
 def apply(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
@@ -265,7 +289,7 @@ def apply(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
     level = _forward_state.level
     if level is not None:
         return level.apply(prim, inputs, attrs, JVPS, _apply_primal)
-    tracer = _tracer_state.tracer
+    tracer = _tracer_state.tracer if _tracer_threads else None
     if tracer is not None:
         result = tracer.apply(prim, inputs, attrs)
         if result is not NotImplemented:
@@ -288,18 +312,38 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
     is on and an input requires grad.
 
     This is the hot path of eager execution: keep it free of per-call imports and checks that
-    the op surface has already done."""
-    arrays = [t._data for t in inputs]
-    for a in arrays:
-        if type(a) is CudaArray:  # a CUDA tensor: the device runs it
-            data = _device_run(prim, arrays, attrs)
-            break
+    the op surface has already done.  One and two inputs (nearly every call) are spelled out:
+    a list comprehension and a ``**{}`` cost as much as the rest of the dispatch."""
+    n = len(inputs)
+    if n == 2:
+        a0 = inputs[0]._data
+        a1 = inputs[1]._data
+        if type(a0) is CudaArray or type(a1) is CudaArray:  # a CUDA tensor: the device runs it
+            data = _device_run(prim, [a0, a1], attrs)
+        else:
+            data = prim.kernel(a0, a1, **attrs) if attrs else prim.kernel(a0, a1)
+            if type(data) is not np.ndarray and type(data) is not CudaArray:  # (to_device)
+                data = np.asarray(data)
+    elif n == 1:
+        a0 = inputs[0]._data
+        if type(a0) is CudaArray:
+            data = _device_run(prim, [a0], attrs)
+        else:
+            data = prim.kernel(a0, **attrs) if attrs else prim.kernel(a0)
+            if type(data) is not np.ndarray and type(data) is not CudaArray:
+                data = np.asarray(data)
     else:
-        data = prim.kernel(*arrays, **attrs)
-        if type(data) is not np.ndarray and type(data) is not CudaArray:  # (to_device makes one)
-            data = np.asarray(data)
+        arrays = [t._data for t in inputs]
+        for a in arrays:
+            if type(a) is CudaArray:
+                data = _device_run(prim, arrays, attrs)
+                break
+        else:
+            data = prim.kernel(*arrays, **attrs)
+            if type(data) is not np.ndarray and type(data) is not CudaArray:
+                data = np.asarray(data)
     out = _make(data)
-    if prim.differentiable and grad_mode._state.enabled:
+    if prim.differentiable and _grad_state.enabled:
         for t in inputs:
             if t._requires_grad or t.grad_fn is not None:
                 break
@@ -310,6 +354,6 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
             raise AutogradError(f"{prim.name}: no derivative rule is registered")
         node = _OpNode(prim, rule, attrs, inputs, (out,))
         out.grad_fn = node
-        if _anomaly_state.enabled:
+        if _anomaly_threads and _anomaly_state.enabled:
             _record_forward_trace(node)
     return out
