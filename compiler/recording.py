@@ -37,6 +37,7 @@ import numpy as np
 
 import fusegrad
 from fusegrad.autograd import grad_mode
+from fusegrad.autograd.graph_base import epoch as _epoch
 from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.cuda.array import CudaArray
 from fusegrad.nn.module import Module
@@ -151,6 +152,29 @@ def _user_line() -> str:
 # ---- the guard ---------------------------------------------------------------------------------
 
 
+class _Missing:
+    """What a guard notes for a global name that is not there, or an empty closure cell."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING = _Missing()
+
+
+def group_options(group: dict) -> tuple:
+    """An optimizer parameter group's part of the key: its options by value except the
+    numeric hyperparameters (runtime inputs of a recorded update, ``optim.hyper``; schedulers
+    change them every step), of which only "is it zero" shapes the update."""
+    return tuple(
+        (k, v != 0 if k in _ZERO_OR_NOT else v)
+        for k, v in group.items()
+        if k not in _RUNTIME_OPTIONS and isinstance(v, (*_SCALARS, tuple))
+    )
+
+
 class Watch:
     """What a recording depends on besides the arguments' tensors, and the key that tells two
     calls apart: grad mode; per argument, a tensor's shape, dtype, device and ``requires_grad``,
@@ -161,15 +185,28 @@ class Watch:
     and named globals (tensors by identity, scalars by value).
 
     ``tensors`` maps ``id(array)`` to where the array comes from on a replay: ``("arg", k)``,
-    the k-th tensor argument, or ``("ext", tensor)``, a watched tensor."""
+    the k-th tensor argument, or ``("ext", tensor)``, a watched tensor.
+
+    The walk also notes what it read from objects that may change without the guard epoch
+    moving (``graph_base.epoch``: tensors and modules move it), so that ``guard.FastGuard``
+    can check a later call in one pass: ``epoch`` (the stamp before the walk), ``cells``
+    (closure cells and their contents), ``names`` (globals dicts, the names a code reads and
+    what they held, ``MISSING`` for absent), ``codes`` (functions and their code objects),
+    ``containers`` (small lists, tuples and dicts whose items were keyed, and larger ones
+    whose size kept them out) and ``optimizers``."""
 
     def __init__(self, fn: Callable, args: tuple, kwargs: dict) -> None:
+        self.epoch = _epoch.value  # (before anything is read)
         self.key_parts: list = [grad_mode._state.enabled, grad_mode._state.inference]
         self.args: list[Tensor] = []
         self.tensors: dict[int, tuple] = {}
         self.optimizers: list[Optimizer] = []
         self.seen: set[int] = set()
         self.depth = 0
+        self.cells: list = []  # (cell, its contents)
+        self.names: list = []  # (globals dict, name, what it held)
+        self.codes: list = []  # (function, its __code__)
+        self.containers: list = []  # (container, its items or None: more than CONTAINER_ITEMS)
         self.key_parts.append(self.describe(args))
         self.key_parts.append(self.describe(tuple(sorted(kwargs.items()))))
         func = getattr(fn, "__func__", fn)
@@ -188,11 +225,17 @@ class Watch:
                 content = cell.cell_contents
             except ValueError:  # an empty cell
                 content = None
+                self.cells.append((cell, MISSING))
+            else:
+                self.cells.append((cell, content))
             parts.append(("cell", self.root(content)))
         code = getattr(func, "__code__", None)
         glob = getattr(func, "__globals__", None)
+        self.codes.append((func, code))
         if code is not None and glob is not None:
             for name in code.co_names:
+                value = glob.get(name, MISSING) if type(glob) is dict else MISSING
+                self.names.append((glob, name, value))
                 if name in glob:
                     part = self.root(glob[name])
                     if part is not None:
@@ -249,13 +292,7 @@ class Watch:
             parts: list = []
             for group in obj.param_groups:
                 parts.append(id(group))  # (a recorded update reads this dict on every call)
-                parts.append(
-                    tuple(
-                        (k, v != 0 if k in _ZERO_OR_NOT else v)
-                        for k, v in group.items()
-                        if k not in _RUNTIME_OPTIONS and isinstance(v, (*_SCALARS, tuple))
-                    )
-                )
+                parts.append(group_options(group))
                 for p in group["params"]:
                     parts.append(self.root(p))
                     state = obj.state.get(p)
@@ -282,10 +319,18 @@ class Watch:
             self.depth += 1
             try:
                 if self.depth <= CONTAINER_DEPTH:
+                    self.containers.append(
+                        (
+                            obj,
+                            (tuple(obj), tuple(obj.values())) if type(obj) is dict else tuple(obj),
+                        )
+                    )
                     items = obj.items() if isinstance(obj, dict) else enumerate(obj)
                     return (type(obj), id(obj), tuple((k, self.root(v)) for k, v in items))
             finally:
                 self.depth -= 1
+        elif isinstance(obj, (list, tuple, dict)):
+            self.containers.append((obj, None))  # (its size keeps its items out of the key)
         return ("id", id(obj))
 
     def module(self, m: Module) -> tuple:

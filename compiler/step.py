@@ -62,6 +62,7 @@ from .admission import CompilationError
 from .breaks import Source, Split
 from .dynamic import Dynamic, Mismatch, arg_shapes, marked, masked, merge
 from .events import emit
+from .guard import FastGuard
 from .ir import Value, format_graph, verify
 from .key import grad_state
 from .program import Program, scratch_leaf
@@ -70,6 +71,10 @@ from .region import Region
 from .service import Background, CompileNotice, Programs, Recordings, service
 from .settings import config
 from .symbolic import substitute
+
+# fast guards kept per compiled function (the keys replayed latest: a last batch of another
+# size, train and eval steps)
+GUARDS = 4
 
 
 class _FreedNode(Node):
@@ -445,6 +450,8 @@ class CompiledFunction:
         # ids of optimizers whose ``step()`` is recorded into the program (``Recorder``'s
         # ``inline_steps``): ops after it read what it updates (a GAN's second model)
         self.inline_steps: set[int] = set()
+        # fast guards of the latest replayed keys (``guard.FastGuard``), latest first
+        self.guards: list[FastGuard] = []
         self.__wrapped__ = fn
 
     def name(self) -> str:
@@ -463,10 +470,25 @@ class CompiledFunction:
             return run_as_written(policy, self.fn, args, kwargs, self.region)
         if self.split_at is not None:
             return self.split_at(args, kwargs)
-        watch = Watch(self.fn, args, kwargs)
-        entry = self.entries.get(watch.key)
+        # the fast guards first (``guard``: one pass over stamps and identities), then the
+        # full walk, which makes a fast guard for the entry it finds
+        entry: Any = None
+        tensors = None
+        generation = self.entries.generation
+        for fast in self.guards:
+            if fast.generation == generation:
+                tensors = fast.check(args, kwargs)
+                if tensors is not None:
+                    entry = fast.entry
+                    break
+        if entry is None:
+            watch = Watch(self.fn, args, kwargs)
+            entry = self.entries.get(watch.key)
+            tensors = watch.args
+            if type(entry) is Step:
+                self.keep_guard(watch, args, kwargs, entry)
         if type(entry) is Step:
-            out = entry.run(watch.args, self.mode)
+            out = entry.run(tensors, self.mode)
             if out is not NotImplemented:
                 emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
                 return out
@@ -498,6 +520,16 @@ class CompiledFunction:
         if len(self.entries) and events.wanted(events.RECORDING):
             emit(events.RECORDING, f"whole step: recording #{number}: {self.why_record(watch.key)}")
         return self.record(watch, args, kwargs)
+
+    def keep_guard(self, watch: Watch, args: tuple, kwargs: dict, entry: Step) -> None:
+        """Keep a fast guard for ``entry``, found by ``watch``'s key (the latest first; at most
+        ``GUARDS``; those of an older table generation are dropped)."""
+        if not FastGuard.supported(watch):
+            return
+        generation = self.entries.generation
+        fast = FastGuard(watch, args, kwargs, entry, generation)
+        kept = [g for g in self.guards if g.generation == generation and g.entry is not entry]
+        self.guards = [fast, *kept[: GUARDS - 1]]
 
     def split(self, rec: Recorder, reason: str) -> Split | str | None:
         """The function cut at the statement whose Python read of a value broke the recording

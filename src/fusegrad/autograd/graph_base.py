@@ -66,6 +66,35 @@ def graph_changed() -> None:
     changes.value = next(_change_ids)
 
 
+class _Epoch:
+    """A stamp that moves whenever something a compiled function's guard reads of a tensor or a
+    module may have changed: a tensor's array, dtype or ``requires_grad`` flag replaced
+    (``.data =``, ``resize_``, ``squeeze_``-like view ops, ``requires_grad_``, ``detach_``,
+    lazy materialisation), a module's attribute set or deleted, ``train()``/``eval()``, its
+    parameters, buffers or submodules added, replaced or removed.  In-place writes to values
+    (version bumps) do not move it: a guard does not read values.
+
+    The compiler's whole-step guard (``fusegrad.compiler``) reads ``value`` before it walks
+    the modules and tensors a function reaches, and skips that walk on later calls while the
+    value is unchanged.  Like ``changes``, each change stores a fresh number after it is made,
+    so the value never returns to one a reader has seen."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+epoch = _Epoch()
+_epoch_ids = itertools.count(1)
+
+
+def guards_changed() -> None:
+    """Note a change that may alter what a guard reads (see ``_Epoch``); call it after the
+    change."""
+    epoch.value = next(_epoch_ids)
+
+
 _hook_ids = itertools.count()
 
 

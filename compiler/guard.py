@@ -1,0 +1,300 @@
+"""The fast guard of a replayed call: what a full guard walk (``recording.Watch``) read, checked
+again in one pass over flat lists of objects and integer stamps.
+
+A ``Watch`` walks everything a compiled function reaches on every call (its arguments, closure
+and globals, the modules, optimizers, functions and containers among them; about 150 objects
+for a GPT training step) and builds a key that is hashed and looked up.  Most of what it reads
+cannot have changed since the previous call, and the eager core says so cheaply: the guard
+epoch (``fusegrad.autograd.graph_base.epoch``) moves on every change to what the walk reads of
+a tensor (its array, dtype, ``requires_grad``) or of a module (attributes, ``training``,
+parameters, buffers, submodules).  What moves no stamp is checked here directly, by identity:
+
+* grad and inference mode, and the arguments: tensors by shape, dtype, array type and
+  ``requires_grad``, Python scalars by type and value, containers item by item, any other
+  object by identity (what the walk read of it is in the lists below);
+* the closure cells and the globals the function's code names (and those of the functions it
+  reaches), each holding the same object, or still absent; each function its code object;
+* small containers reached from there: the same items (a larger one: still too large);
+* each optimizer: the same parameter groups, each group's options part of the key (compared
+  by value, as the walk keys them), its parameters, and per parameter the same state dict
+  holding the same entries.
+
+``FastGuard.check`` returns the call's tensor arguments when every check holds and the epoch
+has not moved -- then the full walk would build the key this guard was made from, so the
+entry it was made for is the one the key finds -- and None otherwise, when the caller walks
+as before (and makes a new ``FastGuard`` if that walk finds a replayable entry).  A fast
+guard is never more lenient than the walk: any difference it cannot rule out sends the call
+to the walk.  See docs/ARCHITECTURE.md, "Whole-step compile".
+"""
+
+from __future__ import annotations
+
+import itertools
+from operator import attrgetter, is_, ne
+from typing import Any
+
+from fusegrad.autograd import grad_mode
+from fusegrad.autograd.graph_base import epoch as _epoch
+from fusegrad.tensor import Tensor
+
+from . import recording as _recording
+from .recording import _SCALARS, MISSING, Watch, group_options
+
+_contents = attrgetter("cell_contents")
+_code = attrgetter("__code__")
+_chain = itertools.chain.from_iterable
+_ZEROS = itertools.repeat(0)  # (endless: ``map`` stops at the shorter input)
+
+
+class _Other:
+    """Stands for an argument that is neither a tensor, a Python scalar nor a container in a
+    fast guard's argument key; the object itself is compared by identity."""
+
+    __slots__ = ()
+
+
+_OTHER = _Other()
+_NO_KEYWORDS = (tuple, ())  # (``describe_arguments`` of no keyword arguments)
+
+
+def describe_arguments(obj: Any, tensors: list, others: list) -> Any:
+    """The arguments' part of the key as ``Watch.describe`` makes it, without walking the
+    objects that are not tensors, scalars or containers (``others`` gets them, in order;
+    ``tensors`` gets the tensor arguments, in order)."""
+    if isinstance(obj, Tensor):
+        arr = obj._data
+        tensors.append(obj)
+        return (
+            "T",
+            arr.shape,
+            obj._dtype,
+            type(arr),
+            obj._requires_grad or obj.grad_fn is not None,
+        )
+    if isinstance(obj, _SCALARS):
+        return (type(obj), obj)
+    if isinstance(obj, (tuple, list)):
+        return (type(obj), tuple([describe_arguments(o, tensors, others) for o in obj]))
+    if isinstance(obj, dict):
+        return (dict, tuple([(k, describe_arguments(v, tensors, others)) for k, v in obj.items()]))
+    others.append(obj)
+    return _OTHER
+
+
+class FastGuard:
+    """A guard key's checks in one pass (see the module docstring), made from the ``Watch`` of
+    a call whose key found ``entry`` in a table at ``generation`` (the table's count of
+    changes: any change to the table retires its fast guards)."""
+
+    __slots__ = (
+        "arguments",
+        "cells",
+        "contents",
+        "entry",
+        "epoch",
+        "functions",
+        "function_codes",
+        "generation",
+        "grad_mode",
+        "large",
+        "lengths",
+        "name_dicts",
+        "name_keys",
+        "name_values",
+        "optimizers",
+        "other_arguments",
+        "sequences",
+        "sequence_items",
+        "mappings",
+        "mapping_keys",
+        "mapping_values",
+    )
+
+    def __init__(
+        self, watch: Watch, args: tuple, kwargs: dict, entry: Any, generation: int
+    ) -> None:
+        self.entry = entry
+        self.generation = generation
+        self.epoch = watch.epoch
+        self.grad_mode = (watch.key_parts[0], watch.key_parts[1])
+        tensors: list = []
+        others: list = []
+        self.arguments = (
+            describe_arguments(args, tensors, others),
+            describe_arguments(tuple(sorted(kwargs.items())), tensors, others),
+        )
+        self.other_arguments = tuple(others)
+        self.cells = tuple(cell for cell, _ in watch.cells)
+        self.contents = tuple(content for _, content in watch.cells)
+        self.functions = tuple(f for f, _ in watch.codes)
+        self.function_codes = tuple(c for _, c in watch.codes)
+        self.name_dicts = tuple(g for g, _, _ in watch.names)
+        self.name_keys = tuple(n for _, n, _ in watch.names)
+        self.name_values = tuple(v for _, _, v in watch.names)
+        sequences, items, mappings, keys, values, large = [], [], [], [], [], []
+        lengths: list = []
+        for obj, snapshot in watch.containers:
+            if snapshot is None:
+                large.append(obj)
+            elif type(obj) is dict:
+                mappings.append(obj)
+                keys.extend(snapshot[0])
+                values.extend(snapshot[1])
+            else:
+                sequences.append(obj)
+                items.extend(snapshot)
+                lengths.append(len(snapshot))
+        self.sequences = tuple(sequences)
+        self.sequence_items = tuple(items)
+        self.mappings = tuple(mappings)
+        self.mapping_keys = tuple(keys)
+        self.mapping_values = tuple(values)
+        lengths.extend(len(snapshot[0]) for obj, snapshot in watch.containers if type(obj) is dict)
+        self.lengths = tuple(lengths)
+        self.large = tuple(large)
+        self.optimizers = tuple(_OptimizerCheck(opt) for opt in watch.optimizers)
+
+    @staticmethod
+    def supported(watch: Watch) -> bool:
+        """Whether a fast guard can stand for ``watch`` (its functions' globals are dicts,
+        and every container it keyed is a plain list, tuple or dict)."""
+        if any(type(g) is not dict for g, _, _ in watch.names):
+            return False
+        return all(
+            type(obj) in (list, tuple, dict) for obj, snapshot in watch.containers if snapshot
+        )
+
+    def check(self, args: tuple, kwargs: dict) -> list | None:
+        """The call's tensor arguments when the full guard would find this guard's entry;
+        None when that is not certain."""
+        if _epoch.value != self.epoch:
+            return None
+        state = grad_mode._state
+        if (state.enabled, state.inference) != self.grad_mode:
+            return None
+        try:
+            return self._check(args, kwargs)
+        except Exception:  # noqa: BLE001 - whatever a check raises, the full walk decides
+            return None
+
+    def _check(self, args: tuple, kwargs: dict) -> list | None:
+        tensors: list = []
+        others: list = []
+        described = (
+            describe_arguments(args, tensors, others),
+            describe_arguments(tuple(sorted(kwargs.items())), tensors, others)
+            if kwargs
+            else _NO_KEYWORDS,
+        )
+        if described != self.arguments or len(others) != len(self.other_arguments):
+            return None
+        if others and not all(map(is_, others, self.other_arguments)):
+            return None
+        if self.cells and not all(map(is_, map(_contents, self.cells), self.contents)):
+            return None
+        if not all(map(is_, map(_code, self.functions), self.function_codes)):
+            return None
+        got = map(dict.get, self.name_dicts, self.name_keys, itertools.repeat(MISSING))
+        if not all(map(is_, got, self.name_values)):
+            return None
+        if self.lengths and tuple(map(len, (*self.sequences, *self.mappings))) != self.lengths:
+            return None
+        if self.sequences and not all(map(is_, _chain(self.sequences), self.sequence_items)):
+            return None
+        if self.mappings:
+            if not all(map(is_, _chain(self.mappings), self.mapping_keys)):
+                return None
+            if not all(map(is_, _chain(map(dict.values, self.mappings)), self.mapping_values)):
+                return None
+        limit = _recording.CONTAINER_ITEMS
+        for obj in self.large:
+            if len(obj) <= limit:
+                return None
+        for opt in self.optimizers:
+            if not opt.check():
+                return None
+        return tensors
+
+
+class _OptimizerCheck:
+    """What the walk read of one optimizer (``Watch.root``): its parameter groups (each by
+    identity and its options part of the key), their parameters by identity, and per
+    parameter its state dict and the entries in it by identity (an entry that is a Python
+    number replaced by an equal one fails the check: the walk then decides)."""
+
+    __slots__ = (
+        "groups",
+        "lengths",
+        "options",
+        "optimizer",
+        "param_lists",
+        "params",
+        "state_keys",
+        "state_lengths",
+        "state_values",
+        "states",
+    )
+
+    def __init__(self, opt: Any) -> None:
+        self.optimizer = opt
+        self.groups = tuple(opt.param_groups)
+        self.options = tuple(_GroupOptions(g) for g in self.groups)
+        self.param_lists = tuple(g["params"] for g in self.groups)
+        self.params = tuple(p for g in self.groups for p in g["params"])
+        self.lengths = tuple(len(ps) for ps in self.param_lists)
+        get = opt.state.get
+        self.states = tuple(get(p) for p in self.params)
+        live = [s for s in self.states if s]
+        self.state_lengths = tuple(map(len, live))
+        self.state_keys = tuple(_chain(live))
+        self.state_values = tuple(_chain(map(dict.values, live)))
+
+    def check(self) -> bool:
+        opt = self.optimizer
+        groups = opt.param_groups
+        if len(groups) != len(self.groups) or not all(map(is_, groups, self.groups)):
+            return False
+        for group, options in zip(groups, self.options):
+            if not options.check(group):
+                return False
+        lists = [g["params"] for g in groups]
+        if not all(map(is_, lists, self.param_lists)):
+            return False
+        if tuple(map(len, lists)) != self.lengths:
+            return False
+        if not all(map(is_, _chain(lists), self.params)):
+            return False
+        states = list(map(opt.state.get, self.params))
+        if not all(map(is_, states, self.states)):
+            return False
+        live = [s for s in states if s]
+        if tuple(map(len, live)) != self.state_lengths:
+            return False
+        if tuple(_chain(live)) != self.state_keys:  # (names: compared by value)
+            return False
+        return all(map(is_, _chain(map(dict.values, live)), self.state_values))
+
+
+class _GroupOptions:
+    """A parameter group's options part of the key (``recording.group_options``), checked
+    without rebuilding it: the same option names, each value of the same type, the keyed ones
+    equal (those keyed by "is it zero" only in that)."""
+
+    __slots__ = ("keyed", "keyed_values", "keys", "types", "zero", "zero_values")
+
+    def __init__(self, group: dict) -> None:
+        part = dict(group_options(group))
+        self.keys = tuple(group)
+        self.types = tuple(map(type, group.values()))
+        self.zero = tuple(k for k in part if k in _recording._ZERO_OR_NOT)
+        self.zero_values = tuple(part[k] for k in self.zero)
+        self.keyed = tuple(k for k in part if k not in _recording._ZERO_OR_NOT)
+        self.keyed_values = tuple(part[k] for k in self.keyed)
+
+    def check(self, group: dict) -> bool:
+        if tuple(group) != self.keys or tuple(map(type, group.values())) != self.types:
+            return False
+        if tuple(map(group.__getitem__, self.keyed)) != self.keyed_values:
+            return False
+        zero = self.zero
+        return not zero or tuple(map(ne, map(group.__getitem__, zero), _ZEROS)) == self.zero_values
