@@ -9,9 +9,9 @@ epoch (``fusegrad.autograd.graph_base.epoch``) moves on every change to what the
 a tensor (its array, dtype, ``requires_grad``) or of a module (attributes, ``training``,
 parameters, buffers, submodules).  What moves no stamp is checked here directly, by identity:
 
-* grad and inference mode, and the arguments: tensors by shape, dtype, array type and
-  ``requires_grad``, Python scalars by type and value, containers item by item, any other
-  object by identity (what the walk read of it is in the lists below);
+* grad and inference mode, the autocast state, and the arguments: tensors by shape, dtype,
+  array type and ``requires_grad``, Python scalars by type and value, containers item by item,
+  any other object by identity (what the walk read of it is in the lists below);
 * the closure cells and the globals the function's code names (and those of the functions it
   reaches), each holding the same object, or still absent; each function its code object;
 * small containers reached from there: the same items (a larger one: still too large);
@@ -38,7 +38,7 @@ from fusegrad.autograd.graph_base import epoch as _epoch
 from fusegrad.tensor import Tensor
 
 from . import recording as _recording
-from .recording import _SCALARS, MISSING, Watch, group_options
+from .recording import _SCALARS, MISSING, Watch, autocast_state, group_options
 
 _contents = attrgetter("cell_contents")
 _code = attrgetter("__code__")
@@ -83,11 +83,13 @@ def describe_arguments(obj: Any, tensors: list, others: list) -> Any:
 
 class FastGuard:
     """A guard key's checks in one pass (see the module docstring), made from the ``Watch`` of
-    a call whose key found ``entry`` in a table at ``generation`` (the table's count of
-    changes: any change to the table retires its fast guards)."""
+    a call whose key found ``entry`` (with ``sizes``: a step over symbols, replayed with that
+    size vector) in tables at ``generation`` (their changes that could give the key another
+    entry: the caller retires the guard when it moves)."""
 
     __slots__ = (
         "arguments",
+        "autocast",
         "cells",
         "contents",
         "entry",
@@ -105,18 +107,27 @@ class FastGuard:
         "other_arguments",
         "sequences",
         "sequence_items",
+        "sizes",
         "mappings",
         "mapping_keys",
         "mapping_values",
     )
 
     def __init__(
-        self, watch: Watch, args: tuple, kwargs: dict, entry: Any, generation: int
+        self,
+        watch: Watch,
+        args: tuple,
+        kwargs: dict,
+        entry: Any,
+        generation: Any,
+        sizes: tuple | None = None,
     ) -> None:
         self.entry = entry
         self.generation = generation
+        self.sizes = sizes  # (a step over symbols: the size vector of these arguments' shapes)
         self.epoch = watch.epoch
         self.grad_mode = (watch.key_parts[0], watch.key_parts[1])
+        self.autocast = watch.key_parts[-1][1]
         tensors: list = []
         others: list = []
         self.arguments = (
@@ -171,6 +182,8 @@ class FastGuard:
             return None
         state = grad_mode._state
         if (state.enabled, state.inference) != self.grad_mode:
+            return None
+        if autocast_state() != self.autocast:
             return None
         try:
             return self._check(args, kwargs)

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 import fusegrad
+from fusegrad import amp as _amp
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd.graph_base import epoch as _epoch
 from fusegrad.autograd.tracer import Tracer, tracing
@@ -164,6 +165,14 @@ class _Missing:
 MISSING = _Missing()
 
 
+def autocast_state() -> tuple:
+    """The thread's autocast state (``fusegrad.amp``): per device type, enabled and dtype."""
+    state = _amp._state
+    if not state.enabled and not state.dtype:
+        return ()
+    return (tuple(sorted(state.enabled.items())), tuple(sorted(state.dtype.items())))
+
+
 def group_options(group: dict) -> tuple:
     """An optimizer parameter group's part of the key: its options by value except the
     numeric hyperparameters (runtime inputs of a recorded update, ``optim.hyper``; schedulers
@@ -215,6 +224,8 @@ class Watch:
             self.key_parts.append(("self", self.root(owner)))
         self.seen.add(id(func))
         self.key_parts.extend(self.function(func))
+        # autocast casts nothing (``fusegrad.amp``), but Python may read its state
+        self.key_parts.append(("autocast", autocast_state()))
         self.key = tuple(self.key_parts)
 
     def function(self, func: Any) -> list:
@@ -232,6 +243,8 @@ class Watch:
         code = getattr(func, "__code__", None)
         glob = getattr(func, "__globals__", None)
         self.codes.append((func, code))
+        if code is not None:
+            parts.append(("code", code))  # (``f.__code__ = ...`` changes what a call does)
         if code is not None and glob is not None:
             for name in code.co_names:
                 value = glob.get(name, MISSING) if type(glob) is dict else MISSING
@@ -245,7 +258,7 @@ class Watch:
     def describe_guards(self) -> str:
         """What the key holds, in words (``explain``)."""
         parts = self.key_parts
-        names = [p[0] for p in parts[4:]]
+        names = [p[0] for p in parts[4:-1]] + ["autocast state"]
         return (
             f"grad mode {parts[0]}, inference mode {parts[1]}; {len(self.args)} tensor "
             "argument(s) by shape, dtype, device and requires_grad, other arguments by value "
@@ -1152,7 +1165,12 @@ def describe_change(old: tuple, new: tuple) -> str:
     """In words: the first difference between two guard keys (``Watch.key``)."""
     for i, (a, b) in enumerate(zip(old, new)):
         if a != b:
-            where = _KEY_PARTS[i] if i < len(_KEY_PARTS) else f"{a[0]!r} (closure/global/self)"
+            if i < len(_KEY_PARTS):
+                where = _KEY_PARTS[i]
+            elif a[0] == "autocast" and i == len(old) - 1:
+                where = "the autocast state"
+            else:
+                where = f"{a[0]!r} (closure/global/self)"
             return f"{where} changed: {_first_difference(a, b)}"
     return "the watched objects changed (modules, optimizers, globals)"
 

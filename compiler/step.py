@@ -474,12 +474,12 @@ class CompiledFunction:
         # full walk, which makes a fast guard for the entry it finds
         entry: Any = None
         tensors = None
-        generation = self.entries.generation
+        sizes = None
         for fast in self.guards:
-            if fast.generation == generation:
+            if fast.generation == self.generation(fast.sizes is not None):
                 tensors = fast.check(args, kwargs)
                 if tensors is not None:
-                    entry = fast.entry
+                    entry, sizes = fast.entry, fast.sizes
                     break
         if entry is None:
             watch = Watch(self.fn, args, kwargs)
@@ -488,7 +488,7 @@ class CompiledFunction:
             if type(entry) is Step:
                 self.keep_guard(watch, args, kwargs, entry)
         if type(entry) is Step:
-            out = entry.run(tensors, self.mode)
+            out = entry.run(tensors, self.mode, sizes=sizes)
             if out is not NotImplemented:
                 emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
                 return out
@@ -497,6 +497,7 @@ class CompiledFunction:
             for dyn in self.dynamics:
                 sizes = dyn.sizes(watch.args) if masked(watch.key, dyn.dims) == dyn.key else None
                 if sizes is not None:
+                    self.keep_guard(watch, args, kwargs, dyn.step, sizes)
                     out = dyn.step.run(watch.args, self.mode, sizes=sizes)
                     if out is not NotImplemented:
                         emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
@@ -521,14 +522,29 @@ class CompiledFunction:
             emit(events.RECORDING, f"whole step: recording #{number}: {self.why_record(watch.key)}")
         return self.record(watch, args, kwargs)
 
-    def keep_guard(self, watch: Watch, args: tuple, kwargs: dict, entry: Step) -> None:
-        """Keep a fast guard for ``entry``, found by ``watch``'s key (the latest first; at most
-        ``GUARDS``; those of an older table generation are dropped)."""
+    def generation(self, dynamic: bool) -> Any:
+        """What a fast guard's entry depends on in the tables: for a recording found by its
+        key, that no entry was replaced or dropped since; for a step over symbols (found for
+        sizes no key has), also that no key was recorded and no step merged since."""
+        if dynamic:
+            return (self.entries.generation, self.entries.insertions, len(self.dynamics))
+        return self.entries.generation
+
+    def keep_guard(
+        self, watch: Watch, args: tuple, kwargs: dict, entry: Step, sizes: tuple | None = None
+    ) -> None:
+        """Keep a fast guard for ``entry``, which ``watch``'s key found (with ``sizes``: a step
+        over symbols, for these sizes); the latest first, at most ``GUARDS``, none that an
+        older table stands behind."""
         if not FastGuard.supported(watch):
             return
-        generation = self.entries.generation
-        fast = FastGuard(watch, args, kwargs, entry, generation)
-        kept = [g for g in self.guards if g.generation == generation and g.entry is not entry]
+        fast = FastGuard(watch, args, kwargs, entry, self.generation(sizes is not None), sizes)
+        kept = [
+            g
+            for g in self.guards
+            if g.generation == self.generation(g.sizes is not None)
+            and (g.entry is not entry or g.sizes != sizes)
+        ]
         self.guards = [fast, *kept[: GUARDS - 1]]
 
     def split(self, rec: Recorder, reason: str) -> Split | str | None:
