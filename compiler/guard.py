@@ -290,14 +290,27 @@ class _OptimizerCheck:
 
 class _GroupOptions:
     """A parameter group's options part of the key (``recording.group_options``), checked
-    without rebuilding it: the same option names, each value of the same type, the keyed ones
-    equal (those keyed by "is it zero" only in that)."""
+    without rebuilding it: the same option names, and every option but the runtime ones
+    (``recording._RUNTIME_OPTIONS``: not keyed) the same object -- or, when one was assigned
+    again, of the same type and equal where keyed (those keyed by "is it zero" only in
+    that)."""
 
-    __slots__ = ("keyed", "keyed_values", "keys", "types", "zero", "zero_values")
+    __slots__ = (
+        "keyed",
+        "keyed_values",
+        "keys",
+        "static",
+        "static_values",
+        "types",
+        "zero",
+        "zero_values",
+    )
 
     def __init__(self, group: dict) -> None:
         part = dict(group_options(group))
         self.keys = tuple(group)
+        self.static = tuple(k for k in group if k not in _recording._RUNTIME_OPTIONS)
+        self.static_values = tuple(map(group.__getitem__, self.static))
         self.types = tuple(map(type, group.values()))
         self.zero = tuple(k for k in part if k in _recording._ZERO_OR_NOT)
         self.zero_values = tuple(part[k] for k in self.zero)
@@ -305,7 +318,11 @@ class _GroupOptions:
         self.keyed_values = tuple(part[k] for k in self.keyed)
 
     def check(self, group: dict) -> bool:
-        if tuple(group) != self.keys or tuple(map(type, group.values())) != self.types:
+        if tuple(group) != self.keys:
+            return False
+        if all(map(is_, map(group.__getitem__, self.static), self.static_values)):
+            return True
+        if tuple(map(type, group.values())) != self.types:
             return False
         if tuple(map(group.__getitem__, self.keyed)) != self.keyed_values:
             return False
