@@ -94,6 +94,7 @@ class FastGuard:
         "contents",
         "entry",
         "epoch",
+        "function",
         "functions",
         "function_codes",
         "generation",
@@ -125,6 +126,7 @@ class FastGuard:
         self.entry = entry
         self.generation = generation
         self.sizes = sizes  # (a step over symbols: the size vector of these arguments' shapes)
+        self.function = watch.callee
         self.epoch = watch.epoch
         self.grad_mode = (watch.key_parts[0], watch.key_parts[1])
         self.autocast = watch.key_parts[-1][1]
@@ -175,10 +177,10 @@ class FastGuard:
             type(obj) in (list, tuple, dict) for obj, snapshot in watch.containers if snapshot
         )
 
-    def check(self, args: tuple, kwargs: dict) -> list | None:
-        """The call's tensor arguments when the full guard would find this guard's entry;
-        None when that is not certain."""
-        if _epoch.value != self.epoch:
+    def check(self, fn: Any, args: tuple, kwargs: dict) -> list | None:
+        """The tensor arguments of the call ``fn(*args, **kwargs)`` when the full guard would
+        find this guard's entry; None when that is not certain."""
+        if _epoch.value != self.epoch or getattr(fn, "__func__", fn) is not self.function:
             return None
         state = grad_mode._state
         if (state.enabled, state.inference) != self.grad_mode:
@@ -227,6 +229,67 @@ class FastGuard:
             if not opt.check():
                 return None
         return tensors
+
+
+class Guards:
+    """The fast guards of one compiled function or module (``step``, ``module``): those of the
+    ``LIMIT`` keys replayed latest (a last batch of another size, train and eval calls), latest
+    first.  A guard stands while the tables it was made from (the front end's ``Recordings``
+    and its steps over symbols, ``dynamics``) have not changed in a way that could give its
+    key another entry."""
+
+    LIMIT = 4
+
+    __slots__ = ("kept",)
+
+    def __init__(self) -> None:
+        self.kept: list[FastGuard] = []
+
+    def __len__(self) -> int:
+        return len(self.kept)
+
+    @staticmethod
+    def generation(entries: Any, dynamics: list, dynamic: bool) -> Any:
+        """For an entry found by its key: no entry replaced or dropped since; for a step over
+        symbols (found for sizes no key has): also no key recorded and no step merged since."""
+        if dynamic:
+            return (entries.generation, entries.insertions, len(dynamics))
+        return entries.generation
+
+    def find(
+        self, fn: Any, args: tuple, kwargs: dict, entries: Any, dynamics: list
+    ) -> tuple[FastGuard, list] | None:
+        """The guard that passes for this call, and the call's tensor arguments."""
+        for fast in self.kept:
+            if fast.generation == self.generation(entries, dynamics, fast.sizes is not None):
+                tensors = fast.check(fn, args, kwargs)
+                if tensors is not None:
+                    return fast, tensors
+        return None
+
+    def keep(
+        self,
+        watch: Watch,
+        args: tuple,
+        kwargs: dict,
+        entry: Any,
+        entries: Any,
+        dynamics: list,
+        sizes: tuple | None = None,
+    ) -> None:
+        """Keep a guard for ``entry``, which ``watch``'s key found (with ``sizes``: a step
+        over symbols, for these sizes)."""
+        if not FastGuard.supported(watch):
+            return
+        generation = self.generation(entries, dynamics, sizes is not None)
+        fast = FastGuard(watch, args, kwargs, entry, generation, sizes)
+        kept = [
+            g
+            for g in self.kept
+            if g.generation == self.generation(entries, dynamics, g.sizes is not None)
+            and (g.entry is not entry or g.sizes != sizes)
+        ]
+        self.kept = [fast, *kept[: self.LIMIT - 1]]
 
 
 class _OptimizerCheck:

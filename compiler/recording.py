@@ -218,7 +218,7 @@ class Watch:
         self.containers: list = []  # (container, its items or None: more than CONTAINER_ITEMS)
         self.key_parts.append(self.describe(args))
         self.key_parts.append(self.describe(tuple(sorted(kwargs.items()))))
-        func = getattr(fn, "__func__", fn)
+        func = self.callee = getattr(fn, "__func__", fn)
         owner = getattr(fn, "__self__", None)
         if owner is not None:
             self.key_parts.append(("self", self.root(owner)))

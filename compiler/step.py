@@ -62,7 +62,7 @@ from .admission import CompilationError
 from .breaks import Source, Split
 from .dynamic import Dynamic, Mismatch, arg_shapes, marked, masked, merge
 from .events import emit
-from .guard import FastGuard
+from .guard import Guards
 from .ir import Value, format_graph, verify
 from .key import grad_state
 from .program import Program, scratch_leaf
@@ -71,10 +71,6 @@ from .region import Region
 from .service import Background, CompileNotice, Programs, Recordings, service
 from .settings import config
 from .symbolic import substitute
-
-# fast guards kept per compiled function (the keys replayed latest: a last batch of another
-# size, train and eval steps)
-GUARDS = 4
 
 
 class _FreedNode(Node):
@@ -450,8 +446,8 @@ class CompiledFunction:
         # ids of optimizers whose ``step()`` is recorded into the program (``Recorder``'s
         # ``inline_steps``): ops after it read what it updates (a GAN's second model)
         self.inline_steps: set[int] = set()
-        # fast guards of the latest replayed keys (``guard.FastGuard``), latest first
-        self.guards: list[FastGuard] = []
+        # fast guards of the latest replayed keys (``guard.FastGuard``)
+        self.guards = Guards()
         self.__wrapped__ = fn
 
     def name(self) -> str:
@@ -473,20 +469,17 @@ class CompiledFunction:
         # the fast guards first (``guard``: one pass over stamps and identities), then the
         # full walk, which makes a fast guard for the entry it finds
         entry: Any = None
-        tensors = None
         sizes = None
-        for fast in self.guards:
-            if fast.generation == self.generation(fast.sizes is not None):
-                tensors = fast.check(args, kwargs)
-                if tensors is not None:
-                    entry, sizes = fast.entry, fast.sizes
-                    break
-        if entry is None:
+        found = self.guards.find(self.fn, args, kwargs, self.entries, self.dynamics)
+        if found is not None:
+            fast, tensors = found
+            entry, sizes = fast.entry, fast.sizes
+        else:
             watch = Watch(self.fn, args, kwargs)
             entry = self.entries.get(watch.key)
             tensors = watch.args
             if type(entry) is Step:
-                self.keep_guard(watch, args, kwargs, entry)
+                self.guards.keep(watch, args, kwargs, entry, self.entries, self.dynamics)
         if type(entry) is Step:
             out = entry.run(tensors, self.mode, sizes=sizes)
             if out is not NotImplemented:
@@ -497,7 +490,9 @@ class CompiledFunction:
             for dyn in self.dynamics:
                 sizes = dyn.sizes(watch.args) if masked(watch.key, dyn.dims) == dyn.key else None
                 if sizes is not None:
-                    self.keep_guard(watch, args, kwargs, dyn.step, sizes)
+                    self.guards.keep(
+                        watch, args, kwargs, dyn.step, self.entries, self.dynamics, sizes
+                    )
                     out = dyn.step.run(watch.args, self.mode, sizes=sizes)
                     if out is not NotImplemented:
                         emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
@@ -521,31 +516,6 @@ class CompiledFunction:
         if len(self.entries) and events.wanted(events.RECORDING):
             emit(events.RECORDING, f"whole step: recording #{number}: {self.why_record(watch.key)}")
         return self.record(watch, args, kwargs)
-
-    def generation(self, dynamic: bool) -> Any:
-        """What a fast guard's entry depends on in the tables: for a recording found by its
-        key, that no entry was replaced or dropped since; for a step over symbols (found for
-        sizes no key has), also that no key was recorded and no step merged since."""
-        if dynamic:
-            return (self.entries.generation, self.entries.insertions, len(self.dynamics))
-        return self.entries.generation
-
-    def keep_guard(
-        self, watch: Watch, args: tuple, kwargs: dict, entry: Step, sizes: tuple | None = None
-    ) -> None:
-        """Keep a fast guard for ``entry``, which ``watch``'s key found (with ``sizes``: a step
-        over symbols, for these sizes); the latest first, at most ``GUARDS``, none that an
-        older table stands behind."""
-        if not FastGuard.supported(watch):
-            return
-        fast = FastGuard(watch, args, kwargs, entry, self.generation(sizes is not None), sizes)
-        kept = [
-            g
-            for g in self.guards
-            if g.generation == self.generation(g.sizes is not None)
-            and (g.entry is not entry or g.sizes != sizes)
-        ]
-        self.guards = [fast, *kept[: GUARDS - 1]]
 
     def split(self, rec: Recorder, reason: str) -> Split | str | None:
         """The function cut at the statement whose Python read of a value broke the recording

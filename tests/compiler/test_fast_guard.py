@@ -430,3 +430,76 @@ def test_the_epoch_moves_on_what_guards_read_and_not_on_values() -> None:
     stays.append(did(lambda: m.weight.requires_grad_(False)))  # (no change)
     stays.append(did(lambda: fg.zeros(3) + 1))
     assert not any(stays)
+
+
+# ---- compiled modules (``compile(model)``) ----------------------------------------------------
+
+
+@pytest.fixture
+def module_walks(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """How many full guard walks compiled modules made (``[count]``)."""
+    from fusegrad.compiler import module as module_module
+
+    count = [0]
+
+    class CountingWatch(recording.Watch):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            count[0] += 1
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(module_module, "Watch", CountingWatch)
+    yield count
+
+
+def _doubled_forward(self: Net, x: fg.Tensor) -> fg.Tensor:
+    return Net.forward(self, x) * 2.0
+
+
+def _module_call(eager: Net, compiled: Any, x: fg.Tensor) -> None:
+    want = eager(x)
+    got = compiled(x.detach().clone())
+    np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12)
+    want.sum().backward()
+    got.sum().backward()
+    inner = compiled._orig_mod
+    for (name, p), q in zip(inner.named_parameters(), eager.parameters()):
+        assert (p.grad is None) == (q.grad is None), name
+        if p.grad is not None:
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-12, err_msg=name)
+        p.grad = q.grad = None
+
+
+def _new_parameter_of(m: Net) -> None:
+    m.head.weight = nn.Parameter(fg.tensor(np.linspace(-1, 1, 8).reshape(2, 4)))
+
+
+MODULE_CHANGES: dict[str, Callable[[Net], None]] = {
+    "train/eval": lambda m: m.eval(),
+    "a parameter replaced": _new_parameter_of,
+    "requires_grad flipped": lambda m: m.head.bias.requires_grad_(False),
+    "a Python number": lambda m: setattr(m, "scale", 0.5),
+    "forward replaced on the instance": lambda m: setattr(
+        m, "forward", _doubled_forward.__get__(m)
+    ),
+    "forward replaced on the class": lambda m: setattr(type(m), "forward", _doubled_forward),
+}
+
+
+@pytest.mark.parametrize("change", list(MODULE_CHANGES), ids=list(MODULE_CHANGES))
+def test_a_compiled_module_sees_every_change(change: str, module_walks: list[int]) -> None:
+    class Own(Net):  # (a class of its own: a case may replace its forward)
+        pass
+
+    fg.manual_seed(0)
+    eager = Own()
+    compiled = fg.compile(copy.deepcopy(eager))
+    for i in range(3):  # recorded, replayed after a walk, then through the fast guard
+        _module_call(eager, compiled, _x(i))
+    before = module_walks[0]
+    _module_call(eager, compiled, _x(3))
+    assert module_walks[0] == before, "an unchanged call walked"
+    MODULE_CHANGES[change](eager)
+    MODULE_CHANGES[change](compiled._orig_mod)
+    for i in range(4, 7):
+        _module_call(eager, compiled, _x(i))
+    assert module_walks[0] > before, "the change was not seen"
