@@ -24,7 +24,7 @@ has not moved -- then the full walk would build the key this guard was made from
 entry it was made for is the one the key finds -- and None otherwise, when the caller walks
 as before (and makes a new ``FastGuard`` if that walk finds a replayable entry).  A fast
 guard is never more lenient than the walk: any difference it cannot rule out sends the call
-to the walk.  See docs/ARCHITECTURE.md, "Whole-step compile".
+to the walk.  See docs/ARCHITECTURE.md, "Whole steps: `compile(fn)`".
 """
 
 from __future__ import annotations
