@@ -169,12 +169,15 @@ class FastGuard:
 
     @staticmethod
     def supported(watch: Watch) -> bool:
-        """Whether a fast guard can stand for ``watch`` (its functions' globals are dicts,
-        and every container it keyed is a plain list, tuple or dict)."""
+        """Whether a fast guard can stand for ``watch``: its functions' globals are dicts, and
+        every dict whose items it keyed is a plain one (a subclass's items are not what the
+        snapshot holds)."""
         if any(type(g) is not dict for g, _, _ in watch.names):
             return False
         return all(
-            type(obj) in (list, tuple, dict) for obj, snapshot in watch.containers if snapshot
+            type(obj) is dict or not isinstance(obj, dict)
+            for obj, snapshot in watch.containers
+            if snapshot is not None
         )
 
     def check(self, fn: Any, args: tuple, kwargs: dict) -> list | None:

@@ -348,6 +348,11 @@ class Watch:
 
     def module(self, m: Module) -> tuple:
         self.seen.add(id(m))
+        for v in m.__dict__.values():
+            if isinstance(v, list):
+                # (written in place, a list's items change no stamp: the fast guard checks
+                # them; a longer one is out of the key while it stays long)
+                self.containers.append((v, tuple(v) if len(v) <= CONTAINER_ITEMS else None))
         attrs = tuple(
             (k, v if isinstance(v, _SCALARS) else tuple(v))
             for k, v in m.__dict__.items()

@@ -48,9 +48,10 @@ class Net(nn.Module):
         self.act: nn.Module = nn.Tanh()
         self.register_buffer("offset", fg.full((1, 2), 0.25, dtype=fg.float64))
         self.scale = 1.0
+        self.gains = [1.0, 1.0]  # (a list attribute: in the key item by item)
 
     def forward(self, x: fg.Tensor) -> fg.Tensor:
-        h = self.act(self.head(self.body(x))) * self.scale + self.offset
+        h = self.act(self.head(self.body(x))) * self.scale * self.gains[0] + self.offset
         return h * 0.5 if self.training else h
 
 
@@ -175,6 +176,10 @@ def _private_dict(w: World) -> None:
     w.model._modules["act"] = nn.Sigmoid()
 
 
+def _module_list_item(w: World) -> None:
+    w.model.gains[0] = 0.25
+
+
 def _buffer_registered_over(w: World) -> None:
     w.model.register_buffer("offset", fg.full((1, 2), -0.5, dtype=fg.float64))
 
@@ -242,6 +247,7 @@ CHANGES: dict[str, Callable[[World], None]] = {
     "a submodule replaced": _submodule,
     "a Sequential item assigned": _sequential_item,
     "a module's _modules written": _private_dict,
+    "a module's list attribute written in place": _module_list_item,
     "a buffer registered again": _buffer_registered_over,
     "a global number": _global_number,
     "a global function rebound": _global_function,
