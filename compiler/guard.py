@@ -6,8 +6,9 @@ and globals, the modules, optimizers, functions and containers among them; about
 for a GPT training step) and builds a key that is hashed and looked up.  Most of what it reads
 cannot have changed since the previous call, and the eager core says so cheaply: the guard
 epoch (``fusegrad.autograd.graph_base.epoch``) moves on every change to what the walk reads of
-a tensor (its array, dtype, ``requires_grad``) or of a module (attributes, ``training``,
-parameters, buffers, submodules).  What moves no stamp is checked here directly, by identity:
+a module (attributes, ``training``, parameters, buffers, submodules) and of a tensor a guard
+watches (its array, dtype, ``requires_grad``: a guard registers the tensors its walk read).
+What moves no stamp is checked here directly, by identity:
 
 * grad and inference mode, the autocast state, and the arguments: tensors by shape, dtype,
   array type and ``requires_grad``, Python scalars by type and value, containers item by item,
@@ -123,6 +124,9 @@ class FastGuard:
         generation: Any,
         sizes: tuple | None = None,
     ) -> None:
+        # changes to the tensors the walk read move the epoch from now on (none can have
+        # happened since the walk: no user code ran in between)
+        _epoch.watch(watch.read_tensors)
         self.entry = entry
         self.generation = generation
         self.sizes = sizes  # (a step over symbols: the size vector of these arguments' shapes)

@@ -197,8 +197,9 @@ class Watch:
     the k-th tensor argument, or ``("ext", tensor)``, a watched tensor.
 
     The walk also notes what it read from objects that may change without the guard epoch
-    moving (``graph_base.epoch``: tensors and modules move it), so that ``guard.FastGuard``
-    can check a later call in one pass: ``epoch`` (the stamp before the walk), ``cells``
+    moving (``graph_base.epoch``: modules move it, and the tensors in ``read_tensors`` once a
+    guard watches them), so that ``guard.FastGuard`` can check a later call in one pass:
+    ``epoch`` (the stamp before the walk), ``cells``
     (closure cells and their contents), ``names`` (globals dicts, the names a code reads and
     what they held, ``MISSING`` for absent), ``codes`` (functions and their code objects),
     ``containers`` (small lists, tuples and dicts whose items were keyed, and larger ones
@@ -216,6 +217,7 @@ class Watch:
         self.names: list = []  # (globals dict, name, what it held)
         self.codes: list = []  # (function, its __code__)
         self.containers: list = []  # (container, its items or None: more than CONTAINER_ITEMS)
+        self.read_tensors: list[Tensor] = []  # every tensor read outside the arguments
         self.key_parts.append(self.describe(args))
         self.key_parts.append(self.describe(tuple(sorted(kwargs.items()))))
         func = self.callee = getattr(fn, "__func__", fn)
@@ -288,6 +290,7 @@ class Watch:
         if isinstance(obj, Tensor):
             arr = obj._data
             self.tensors.setdefault(id(arr), ("ext", obj))
+            self.read_tensors.append(obj)
             return ("T", id(obj), arr.shape, obj._dtype, type(arr), obj._requires_grad)
         if isinstance(obj, _SCALARS):
             return (type(obj), obj)

@@ -412,7 +412,7 @@ def test_a_closure_cell_and_a_function_code_are_watched(walks: list[int]) -> Non
 
 
 def test_the_epoch_moves_on_what_guards_read_and_not_on_values() -> None:
-    from fusegrad.autograd.graph_base import epoch
+    from fusegrad.autograd.graph_base import epoch, guards_changed
 
     m = nn.Linear(2, 2)
     moved = []
@@ -422,6 +422,12 @@ def test_the_epoch_moves_on_what_guards_read_and_not_on_values() -> None:
         action()
         return epoch.value != start
 
+    # ids of tensors earlier tests' guards read may be reused by the new tensors below (which
+    # then move the stamp, harmlessly): start from none, as a full set does (moving the stamp)
+    epoch.watched.clear()
+    guards_changed()
+    t = fg.zeros(2, 3)
+    epoch.watch([m.weight, t])  # (as a guard whose walk read them does)
     moved.append(did(lambda: m.eval()))
     moved.append(did(lambda: setattr(m, "extra", 3)))
     moved.append(did(lambda: delattr(m, "extra")))
@@ -429,13 +435,56 @@ def test_the_epoch_moves_on_what_guards_read_and_not_on_values() -> None:
     moved.append(did(lambda: setattr(m.weight, "data", fg.zeros(2, 2))))
     moved.append(did(lambda: m._parameters.pop("bias")))
     moved.append(did(lambda: m.register_buffer("b", fg.zeros(1))))
+    moved.append(did(lambda: t.resize_(6)))
+    moved.append(did(lambda: t.unsqueeze_(0)))
     assert all(moved)
     stays = []
     with fg.no_grad():
         stays.append(did(lambda: m.weight.add_(1.0)))
     stays.append(did(lambda: m.weight.requires_grad_(False)))  # (no change)
     stays.append(did(lambda: fg.zeros(3) + 1))
+    stays.append(did(lambda: fg.zeros(3).requires_grad_(True)))  # (a tensor no guard read)
+    stays.append(did(lambda: fg.zeros(3).unsqueeze_(0)))
     assert not any(stays)
+
+
+class _Scale(fg.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
+        return x * 3.0
+
+    @staticmethod
+    def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+        return g * 3.0
+
+
+def test_tensors_made_on_every_call_keep_the_fast_path(walks: list[int]) -> None:
+    # a custom Function's output and func.grad's input are new tensors made to require grad on
+    # every call: no guard reads them, so the stamp stands
+    fg.manual_seed(0)
+    w = fg.randn(3, dtype=fg.float64, requires_grad=True)
+
+    def fn(x: fg.Tensor) -> fg.Tensor:
+        loss = (_Scale.apply(x * w) ** 2).sum()
+        loss.backward()
+        gx = fg.func.grad(lambda v: (v * v).sum())(x)
+        return loss.detach() + gx.sum()
+
+    g = fg.compile(fn)
+    x = fg.tensor(np.arange(3.0))
+    for _ in range(3):
+        got = g(x)
+    grad = w.grad.numpy().copy()
+    w.grad = None
+    want = fn(x)
+    np.testing.assert_allclose(got.numpy(), want.numpy())
+    np.testing.assert_allclose(grad / 3, w.grad.numpy())  # (three compiled calls accumulated)
+    assert compiler.counters.step_runs == 2
+    before = walks[0]
+    for _ in range(3):
+        g(x)
+    assert walks[0] == before
+    assert compiler.counters.step_runs == 5
 
 
 # ---- compiled modules (``compile(model)``) ----------------------------------------------------
