@@ -166,17 +166,22 @@ class FastGuard:
         self.mappings = tuple(mappings)
         self.mapping_keys = tuple(keys)
         self.mapping_values = tuple(values)
-        lengths.extend(len(snapshot[0]) for obj, snapshot in watch.containers if type(obj) is dict)
+        lengths.extend(
+            len(snapshot[0])
+            for obj, snapshot in watch.containers
+            if type(obj) is dict and snapshot is not None
+        )
         self.lengths = tuple(lengths)
         self.large = tuple(large)
         self.optimizers = tuple(_OptimizerCheck(opt) for opt in watch.optimizers)
 
     @staticmethod
     def supported(watch: Watch) -> bool:
-        """Whether a fast guard can stand for ``watch``: its functions' globals are dicts, and
-        every dict whose items it keyed is a plain one (a subclass's items are not what the
-        snapshot holds)."""
-        if any(type(g) is not dict for g, _, _ in watch.names):
+        """Whether a fast guard can stand for ``watch``: every module it read keeps its
+        parameters, buffers and submodules where changes move the epoch, its functions'
+        globals are dicts, and every dict whose items it keyed is a plain one (a subclass's
+        items are not what the snapshot holds)."""
+        if watch.unstamped or any(type(g) is not dict for g, _, _ in watch.names):
             return False
         return all(
             type(obj) is dict or not isinstance(obj, dict)

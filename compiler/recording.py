@@ -41,7 +41,7 @@ from fusegrad.autograd import grad_mode
 from fusegrad.autograd.graph_base import epoch as _epoch
 from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.cuda.array import CudaArray
-from fusegrad.nn.module import Module
+from fusegrad.nn.module import ENTRY_DICTS, Entries, Module
 from fusegrad.ops import registry as _registry
 from fusegrad.optim.optimizer import Optimizer
 from fusegrad.tensor import Tensor
@@ -218,6 +218,7 @@ class Watch:
         self.codes: list = []  # (function, its __code__)
         self.containers: list = []  # (container, its items or None: more than CONTAINER_ITEMS)
         self.read_tensors: list[Tensor] = []  # every tensor read outside the arguments
+        self.unstamped = False  # a module's parameters, buffers or submodules move no epoch
         self.key_parts.append(self.describe(args))
         self.key_parts.append(self.describe(tuple(sorted(kwargs.items()))))
         func = self.callee = getattr(fn, "__func__", fn)
@@ -260,7 +261,7 @@ class Watch:
     def describe_guards(self) -> str:
         """What the key holds, in words (``explain``)."""
         parts = self.key_parts
-        names = [p[0] for p in parts[4:-1]] + ["autocast state"]
+        names = [p[0] for p in parts[4:-1] if p[0] != "code"] + ["autocast state"]
         return (
             f"grad mode {parts[0]}, inference mode {parts[1]}; {len(self.args)} tensor "
             "argument(s) by shape, dtype, device and requires_grad, other arguments by value "
@@ -351,6 +352,9 @@ class Watch:
 
     def module(self, m: Module) -> tuple:
         self.seen.add(id(m))
+        d = m.__dict__
+        if not all(type(d.get(name)) is Entries for name in ENTRY_DICTS):
+            self.unstamped = True  # (a subclass's own ``__setstate__`` left plain dicts)
         for v in m.__dict__.values():
             if isinstance(v, list):
                 # (written in place, a list's items change no stamp: the fast guard checks
@@ -1177,6 +1181,8 @@ def describe_change(old: tuple, new: tuple) -> str:
                 where = _KEY_PARTS[i]
             elif a[0] == "autocast" and i == len(old) - 1:
                 where = "the autocast state"
+            elif a[0] == "code":
+                where = "the compiled function's code"
             else:
                 where = f"{a[0]!r} (closure/global/self)"
             return f"{where} changed: {_first_difference(a, b)}"

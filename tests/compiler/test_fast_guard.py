@@ -74,6 +74,7 @@ class World:
             "GAIN": 1.0,
             "SCALES": [1.0, 2.0],
             "BIG": [0.5] * 70,
+            "TABLE": {k: 0.5 for k in range(70)},
             "OPTIONS": {"shift": 0.0},
             "EXTRA": fg.tensor(np.full(2, 0.1)),
             "post": _identity,
@@ -85,7 +86,7 @@ class World:
             "def step(x, k=1.0):\n"
             "    opt.zero_grad()\n"
             "    out = post(model(x)) * GAIN * SCALES[0] * k + EXTRA + OPTIONS['shift']\n"
-            "    loss = (out * len(BIG)).sum()\n"
+            "    loss = (out * len(BIG) * len(TABLE)).sum()\n"
             "    loss.backward()\n"
             "    opt.step()\n"
             "    return loss.detach()\n"
@@ -212,6 +213,11 @@ def _large_list_shrinks(w: World) -> None:
     del w.globals["BIG"][60:]
 
 
+def _large_dict_shrinks(w: World) -> None:
+    for k in range(60, 70):
+        del w.globals["TABLE"][k]
+
+
 def _momentum_off(w: World) -> None:
     w.opt.param_groups[0]["momentum"] = 0.0
 
@@ -256,6 +262,7 @@ CHANGES: dict[str, Callable[[World], None]] = {
     "a list item": _list_item,
     "a dict item": _dict_item,
     "a large list shrinks": _large_list_shrinks,
+    "a large dict shrinks": _large_dict_shrinks,
     "momentum set to zero": _momentum_off,
     "nesterov turned on": _nesterov,
     "optimizer state replaced": _state_replaced,
@@ -558,3 +565,20 @@ def test_a_compiled_module_sees_every_change(change: str, module_walks: list[int
     for i in range(4, 7):
         _module_call(eager, compiled, _x(i))
     assert module_walks[0] > before, "the change was not seen"
+
+
+def test_a_module_loaded_from_a_file_moves_the_epoch(tmp_path: Any, walks: list[int]) -> None:
+    # a module pickles its parameters, buffers and submodules as plain ordered dicts; loaded
+    # (or copied), they move the epoch again
+    fg.manual_seed(0)
+    fg.save(Net(), tmp_path / "net.pt")
+    eager_model = fg.load(tmp_path / "net.pt", weights_only=False)
+    eager = World(eager_model, False)
+    comp = World(fg.load(tmp_path / "net.pt", weights_only=False), True)
+    _settle(eager, comp, walks)
+    for w in (eager, comp):
+        w.model._modules["act"] = nn.Sigmoid()
+    before = walks[0]
+    for i in range(4, 7):
+        _call(eager, comp, _x(i))
+    assert walks[0] > before

@@ -83,7 +83,7 @@ def _addindent(text: str, spaces: int) -> str:
     return lines[0] + "\n" + "\n".join(" " * spaces + line for line in lines[1:])
 
 
-class _Entries(OrderedDict):
+class Entries(OrderedDict):
     """A module's ``_parameters``, ``_buffers`` and ``_modules``: an ``OrderedDict`` whose
     every change moves the guard epoch (``autograd.graph_base.epoch``), whoever makes it
     (registration, ``Sequential``'s item assignment, ``load_state_dict(assign=True)``, user
@@ -130,10 +130,18 @@ class _Entries(OrderedDict):
         super().move_to_end(key, last)
         guards_changed()
 
-    def __ior__(self, other: Any) -> _Entries:
+    def __ior__(self, other: Any) -> Entries:
         super().__ior__(other)
         guards_changed()
         return self
+
+    def __reduce__(self) -> Any:
+        # pickled as the plain ``OrderedDict`` it stands for (files stay loadable with
+        # ``weights_only=True``); ``Module.__setstate__`` makes it an ``Entries`` again
+        return (OrderedDict, (), None, None, iter(self.items()))
+
+
+ENTRY_DICTS = ("_parameters", "_buffers", "_modules")
 
 
 class Module:
@@ -148,12 +156,22 @@ class Module:
     def __init__(self) -> None:
         # object.__setattr__ bypasses our __setattr__, which needs these dicts to exist
         object.__setattr__(self, "training", True)
-        object.__setattr__(self, "_parameters", _Entries())
-        object.__setattr__(self, "_buffers", _Entries())
+        object.__setattr__(self, "_parameters", Entries())
+        object.__setattr__(self, "_buffers", Entries())
         object.__setattr__(self, "_non_persistent_buffers_set", set())
-        object.__setattr__(self, "_modules", _Entries())
+        object.__setattr__(self, "_modules", Entries())
         object.__setattr__(self, "_forward_hooks", OrderedDict())
         object.__setattr__(self, "_forward_pre_hooks", OrderedDict())
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickling and ``copy``: the state as it was, with the parameters, buffers and
+        submodules in ``Entries`` again (pickled as plain ``OrderedDict``s)."""
+        self.__dict__.update(state)
+        for name in ENTRY_DICTS:
+            entries = state.get(name)
+            if entries is not None and type(entries) is not Entries:
+                object.__setattr__(self, name, Entries(entries))
+        guards_changed()
 
     # -- forward -------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
