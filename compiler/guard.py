@@ -31,7 +31,7 @@ to the walk.  See docs/ARCHITECTURE.md, "Whole steps: `compile(fn)`".
 from __future__ import annotations
 
 import itertools
-from operator import attrgetter, is_, ne
+from operator import attrgetter, getitem, is_, ne
 from typing import Any
 
 from fusegrad.autograd import grad_mode
@@ -308,18 +308,26 @@ class _OptimizerCheck:
     """What the walk read of one optimizer (``Watch.root``): its parameter groups (each by
     identity and its options part of the key), their parameters by identity, and per
     parameter its state dict and the entries in it by identity (an entry that is a Python
-    number replaced by an equal one fails the check: the walk then decides)."""
+    number replaced by an equal one fails the check: the walk then decides).
+
+    Below the groups, every identity is one *probe* -- a container, a key (an index for a
+    list) and the object found there -- checked in one pass, in an order where a probe only
+    reads a container an earlier probe (or the groups' check) found unchanged; the sizes of
+    those containers, the state dicts found for the parameters and the order of their
+    entries are checked after."""
 
     __slots__ = (
         "groups",
-        "lengths",
+        "live",
         "options",
         "optimizer",
-        "param_lists",
         "params",
+        "probe_containers",
+        "probe_expected",
+        "probe_keys",
+        "sized",
+        "sizes",
         "state_keys",
-        "state_lengths",
-        "state_values",
         "states",
     )
 
@@ -327,15 +335,31 @@ class _OptimizerCheck:
         self.optimizer = opt
         self.groups = tuple(opt.param_groups)
         self.options = tuple(_GroupOptions(g) for g in self.groups)
-        self.param_lists = tuple(g["params"] for g in self.groups)
-        self.params = tuple(p for g in self.groups for p in g["params"])
-        self.lengths = tuple(len(ps) for ps in self.param_lists)
+        param_lists = [g["params"] for g in self.groups]
+        self.params = tuple(_chain(param_lists))
         get = opt.state.get
         self.states = tuple(get(p) for p in self.params)
-        live = [s for s in self.states if s]
-        self.state_lengths = tuple(map(len, live))
-        self.state_keys = tuple(_chain(live))
-        self.state_values = tuple(_chain(map(dict.values, live)))
+        self.live = tuple(s for s in self.states if s)
+        containers: list = []
+        keys: list = []
+        expected: list = []
+        for group, params in zip(self.groups, param_lists):
+            containers.append(group)
+            keys.append("params")
+            expected.append(params)
+            containers.extend(itertools.repeat(params, len(params)))
+            keys.extend(range(len(params)))
+            expected.extend(params)
+        for state in self.live:
+            containers.extend(itertools.repeat(state, len(state)))
+            keys.extend(state)
+            expected.extend(state.values())
+        self.probe_containers = tuple(containers)
+        self.probe_keys = tuple(keys)
+        self.probe_expected = tuple(expected)
+        self.sized = (*param_lists, *self.live)
+        self.sizes = tuple(map(len, self.sized))
+        self.state_keys = tuple(_chain(self.live))
 
     def check(self) -> bool:
         opt = self.optimizer
@@ -345,22 +369,14 @@ class _OptimizerCheck:
         for group, options in zip(groups, self.options):
             if not options.check(group):
                 return False
-        lists = [g["params"] for g in groups]
-        if not all(map(is_, lists, self.param_lists)):
+        found = map(getitem, self.probe_containers, self.probe_keys)
+        if not all(map(is_, found, self.probe_expected)):
             return False
-        if tuple(map(len, lists)) != self.lengths:
+        if tuple(map(len, self.sized)) != self.sizes:
             return False
-        if not all(map(is_, _chain(lists), self.params)):
+        if not all(map(is_, map(opt.state.get, self.params), self.states)):
             return False
-        states = list(map(opt.state.get, self.params))
-        if not all(map(is_, states, self.states)):
-            return False
-        live = [s for s in states if s]
-        if tuple(map(len, live)) != self.state_lengths:
-            return False
-        if tuple(_chain(live)) != self.state_keys:  # (names: compared by value)
-            return False
-        return all(map(is_, _chain(map(dict.values, live)), self.state_values))
+        return tuple(_chain(self.live)) == self.state_keys  # (names: compared by value)
 
 
 class _GroupOptions:

@@ -17,10 +17,20 @@ import pytest
 
 import fusegrad as fg
 from fusegrad import compiler, nn
+from fusegrad.autograd.graph_base import epoch, guards_changed
 from fusegrad.compiler import recording
 from fusegrad.compiler import step as step_module
 
-pytestmark = pytest.mark.usefixtures("fresh_compiler")
+pytestmark = pytest.mark.usefixtures("fresh_compiler", "no_watched_tensors")
+
+
+@pytest.fixture
+def no_watched_tensors() -> None:
+    """No tensor ids from earlier tests' guards: a new tensor that reuses one moves the epoch
+    (harmless, but it would let a case below pass without the check it is about).  Emptying
+    the set moves the epoch, as a full set does."""
+    epoch.watched.clear()
+    guards_changed()
 
 
 @pytest.fixture
@@ -75,7 +85,7 @@ class World:
             "SCALES": [1.0, 2.0],
             "BIG": [0.5] * 70,
             "TABLE": {k: 0.5 for k in range(70)},
-            "OPTIONS": {"shift": 0.0},
+            "OPTIONS": {"shift": 0.0, "unused": 1.0},
             "EXTRA": fg.tensor(np.full(2, 0.1)),
             "post": _identity,
             "fg": fg,
@@ -94,6 +104,18 @@ class World:
         exec(compile(source, f"<world {id(self)}>", "exec"), self.globals)  # noqa: S102
         self.fn = self.globals["step"]
         self.step = fg.compile(self.fn) if compiled else self.fn
+        # what the changes below put in place, made now: a change makes no new tensor (whose
+        # id could be one a guard read, gone since)
+        self.spare_parameter = nn.Parameter(fg.tensor(np.linspace(-1, 1, 8).reshape(2, 4)))
+        self.spare_weight = fg.tensor(np.linspace(-1, 1, 8).reshape(2, 4))
+        self.spare_bias = model.head.bias.detach().float()
+        self.spare_zeros = fg.zeros_like(model.head.weight)
+        self.spare_zeros2 = fg.zeros_like(model.head.weight)
+        self.spare_extra = fg.tensor(np.full(2, -0.3))
+        self.spare_extra_data = fg.tensor(np.full((1, 2), -0.3))
+        self.spare_offset = fg.full((1, 2), -0.5, dtype=fg.float64)
+        self.spare_sigmoids = (nn.Sigmoid(), nn.Sigmoid(), nn.Sigmoid())
+        self.spare_empty = nn.Parameter(fg.zeros(2, dtype=fg.float64))
 
 
 def _worlds() -> tuple[World, World]:
@@ -133,15 +155,15 @@ def _settle(eager: World, comp: World, walks: list[int]) -> None:
 
 
 def _new_parameter(w: World) -> None:
-    w.model.head.weight = nn.Parameter(fg.tensor(np.linspace(-1, 1, 8).reshape(2, 4)))
+    w.model.head.weight = w.spare_parameter
 
 
 def _same_shape_data(w: World) -> None:
-    w.model.head.weight.data = fg.tensor(np.linspace(-1, 1, 8).reshape(2, 4))
+    w.model.head.weight.data = w.spare_weight
 
 
 def _float32_bias(w: World) -> None:
-    w.model.head.bias.data = w.model.head.bias.detach().float()
+    w.model.head.bias.data = w.spare_bias
 
 
 def _frozen(w: World) -> None:
@@ -166,15 +188,15 @@ def _module_number(w: World) -> None:
 
 
 def _submodule(w: World) -> None:
-    w.model.act = nn.Sigmoid()
+    w.model.act = w.spare_sigmoids[0]
 
 
 def _sequential_item(w: World) -> None:
-    w.model.body[1] = nn.Sigmoid()
+    w.model.body[1] = w.spare_sigmoids[1]
 
 
 def _private_dict(w: World) -> None:
-    w.model._modules["act"] = nn.Sigmoid()
+    w.model._modules["act"] = w.spare_sigmoids[2]
 
 
 def _module_list_item(w: World) -> None:
@@ -182,7 +204,7 @@ def _module_list_item(w: World) -> None:
 
 
 def _buffer_registered_over(w: World) -> None:
-    w.model.register_buffer("offset", fg.full((1, 2), -0.5, dtype=fg.float64))
+    w.model.register_buffer("offset", w.spare_offset)
 
 
 def _global_number(w: World) -> None:
@@ -194,11 +216,11 @@ def _global_function(w: World) -> None:
 
 
 def _global_tensor(w: World) -> None:
-    w.globals["EXTRA"] = fg.tensor(np.full(2, -0.3))
+    w.globals["EXTRA"] = w.spare_extra
 
 
 def _global_tensor_data(w: World) -> None:
-    w.globals["EXTRA"].data = fg.tensor(np.full((1, 2), -0.3))
+    w.globals["EXTRA"].data = w.spare_extra_data
 
 
 def _list_item(w: World) -> None:
@@ -207,6 +229,11 @@ def _list_item(w: World) -> None:
 
 def _dict_item(w: World) -> None:
     w.globals["OPTIONS"]["shift"] = 1.5
+
+
+def _dict_key_renamed(w: World) -> None:
+    options = w.globals["OPTIONS"]
+    options["renamed"] = options.pop("unused")  # (the same value, another name: a new key)
 
 
 def _large_list_shrinks(w: World) -> None:
@@ -228,7 +255,20 @@ def _nesterov(w: World) -> None:
 
 def _state_replaced(w: World) -> None:
     p = w.model.head.weight
-    w.opt.state[p]["momentum_buffer"] = fg.zeros_like(p)
+    w.opt.state[p]["momentum_buffer"] = w.spare_zeros
+
+
+def _state_dict_replaced(w: World) -> None:
+    p = w.model.head.weight
+    w.opt.state[p] = {"momentum_buffer": w.spare_zeros2}
+
+
+def _state_entry_added(w: World) -> None:
+    w.opt.state[w.model.head.weight]["note"] = 1.5  # (SGD ignores it; the key holds it)
+
+
+def _parameter_appended(w: World) -> None:
+    w.opt.param_groups[0]["params"].append(w.spare_empty)
 
 
 def _parameter_dropped(w: World) -> None:
@@ -261,12 +301,16 @@ CHANGES: dict[str, Callable[[World], None]] = {
     "a global tensor's data replaced": _global_tensor_data,
     "a list item": _list_item,
     "a dict item": _dict_item,
+    "a dict key renamed": _dict_key_renamed,
     "a large list shrinks": _large_list_shrinks,
     "a large dict shrinks": _large_dict_shrinks,
     "momentum set to zero": _momentum_off,
     "nesterov turned on": _nesterov,
     "optimizer state replaced": _state_replaced,
+    "a parameter's optimizer state dict replaced": _state_dict_replaced,
+    "an optimizer state entry added": _state_entry_added,
     "a parameter left out of the optimizer": _parameter_dropped,
+    "a parameter appended to a group (no grad: not updated)": _parameter_appended,
     "a parameter group added": _group_added,
 }
 
@@ -408,19 +452,18 @@ def test_a_closure_cell_and_a_function_code_are_watched(walks: list[int]) -> Non
     before = walks[0]
     g(x)
     assert walks[0] == before
-    factor = 3.0  # the closure cell's contents: a new key, recorded
-    np.testing.assert_allclose(g(x).numpy(), fn(x).numpy())
-    assert walks[0] == before + 1
-    helper.__code__ = _square.__code__  # the same function object, new code: recorded
-    for _ in range(3):  # (then replayed after a walk, then through the fast guard)
+    factor = 3.0  # the closure cell's contents: a new key
+    for _ in range(3):  # (recorded, replayed after a walk, then through the fast guard)
         np.testing.assert_allclose(g(x).numpy(), fn(x).numpy())
-    assert walks[0] == before + 3
+    assert walks[0] == before + 2
+    helper.__code__ = _square.__code__  # the same function object, new code: a new key
+    for _ in range(3):
+        np.testing.assert_allclose(g(x).numpy(), fn(x).numpy())
+    assert walks[0] == before + 4
     assert compiler.counters.step_captures == 3
 
 
 def test_the_epoch_moves_on_what_guards_read_and_not_on_values() -> None:
-    from fusegrad.autograd.graph_base import epoch, guards_changed
-
     m = nn.Linear(2, 2)
     moved = []
 
@@ -429,10 +472,6 @@ def test_the_epoch_moves_on_what_guards_read_and_not_on_values() -> None:
         action()
         return epoch.value != start
 
-    # ids of tensors earlier tests' guards read may be reused by the new tensors below (which
-    # then move the stamp, harmlessly): start from none, as a full set does (moving the stamp)
-    epoch.watched.clear()
-    guards_changed()
     t = fg.zeros(2, 3)
     epoch.watch([m.weight, t])  # (as a guard whose walk read them does)
     moved.append(did(lambda: m.eval()))
