@@ -246,6 +246,14 @@ def _describe_shape(old: tuple, new: tuple) -> str | None:
     return None
 
 
+def _attributes(attrs: Any) -> Any:
+    """A node entry's attributes for a message: a dict where they are (name, value) pairs."""
+    try:
+        return dict(attrs)
+    except (TypeError, ValueError):
+        return attrs
+
+
 def describe_difference(i: int, old: Any, new: Any) -> str:
     """The difference between entry ``i`` of two keys, in words."""
     if not (isinstance(old, tuple) and isinstance(new, tuple)) or old[:1] != new[:1]:
@@ -269,8 +277,12 @@ def describe_difference(i: int, old: Any, new: Any) -> str:
     if kind in ("input", "remat"):
         return "the inputs of grad() changed" if kind == "input" else "rematerialisation changed"
     name = f"{kind} node"
+    if kind == "unrun":  # (past the inputs of a grad()-like walk: ``key.KeyBuilder``)
+        return f"a node that does not run changed ({old[1]} -> {new[1]})"
+    if len(old) < 6 or len(new) < 6:  # (entries of other shapes: checkpoints, functions)
+        return f"{name} changed"
     if old[1] != new[1]:
-        return f"{name}: attributes {dict(old[1])} -> {dict(new[1])}"
+        return f"{name}: attributes {_attributes(old[1])} -> {_attributes(new[1])}"
     if old[2] != new[2]:
         return f"{name}: its inputs come from other nodes"
     if old[3] != new[3]:

@@ -18,7 +18,7 @@ from .key import grad_state
 from .module import OptimizedModule
 from .recording import Watch
 from .region import compiled_autograd
-from .step import CompiledFunction
+from .step import AsModule, CompiledFunction
 from .viz import report_dot
 
 
@@ -40,6 +40,8 @@ class Report:
         self.guards = [rest[0] for kind, *rest in events if kind == "guards"]
         self.recompiles = [rest[0] for kind, *rest in events if kind == "recompile"]
         self.ran = next((rest[0] for kind, *rest in events if kind == "ran"), None)
+        # why the function runs compiled as a module (``step.AsModule``)
+        self.as_module = [rest[0] for kind, *rest in events if kind == "module"]
 
     def __str__(self) -> str:
         lines = []
@@ -62,6 +64,11 @@ class Report:
                 lines.append(
                     f"whole step: not replayable ({reason}); backward() compiled on its own"
                 )
+        for reason in self.as_module:
+            lines.append(
+                f"whole step: {reason} (its forward replayed as a program, the backward outside "
+                "it a second program: explain(fusegrad.compile(model)) shows such programs)"
+            )
         for guard in self.guards:
             lines.append(f"guards: {guard}")
         lines.append(f"{len(self.captures)} graph(s) captured, {len(self.fallbacks)} fallback(s)")
@@ -120,7 +127,9 @@ def explain(fn: Callable, *args: Any, **kwargs: Any) -> Report:
     finally:
         debug.report = prev_report
     entry = target.entries.get(watch.key)
-    if isinstance(entry, str):
+    if type(entry) is AsModule:
+        seen.append(("module", entry))
+    elif isinstance(entry, str):
         seen.append(("break", entry))
     elif entry is not None:
         grad_key = tuple(grad_state(leaf) for leaf in entry.leaves)

@@ -282,7 +282,7 @@ class KeyBuilder:
             self.unrun = self.out.unrun = frozenset(
                 n
                 for n in order
-                if (type(n) in (OpNode, FunctionCtx) or type(n) in INLINED)
+                if type(n) is not AccumulateGrad
                 and (
                     n not in needed
                     or (n in targets and not any(c in needed for c, _ in n._edges if c is not None))
@@ -350,6 +350,10 @@ class KeyBuilder:
                     append((INLINED[kind].key(n), *common))
             elif kind is AccumulateGrad:
                 append(self.leaf_entry(n))
+            elif n in unrun:
+                # past the inputs of a grad()-like walk (a compiled module called on another
+                # compiled module's output): never run, only its place in the order is keyed
+                append(("unrun", n.name(), len(n._edges)))
             else:
                 self.stop(
                     f"{n.name()} is not a primitive's node (custom Function or other node type)"

@@ -262,10 +262,37 @@ def _roots(out: Any, first_seq: int) -> list:
     return roots
 
 
-def _inputs_of(mod: Module, args: tuple, kwargs: dict) -> list:
+class FunctionModule(Module):
+    """A function compiled as a module (``compile(fn)`` of a function whose outputs a backward
+    outside it differentiates: ``step.CompiledFunction``): its forward is the function, and the
+    backward node's edges go to the leaves its graph reaches (the parameters of the modules it
+    reads from its globals and closure, watched like a whole step's) and its tensor
+    arguments."""
+
+    def __init__(self, fn: Callable) -> None:
+        super().__init__()
+        object.__setattr__(self, "fn", fn)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def _inputs_of(
+    mod: Module, args: tuple, kwargs: dict, roots: list | None = None, first_seq: int = 0
+) -> list:
     """What the module's backward node has edges to: its parameters that require grad, then
-    the tensor arguments that do."""
-    inputs = [p for p in mod.parameters() if p.requires_grad]
+    the tensor arguments that do.  A ``FunctionModule``'s parameters are the leaves the graph
+    of ``roots`` (the call's outputs; nodes numbered from ``first_seq`` on were made by the
+    call) reaches, in the order a walk from the outputs meets them."""
+    if isinstance(mod, FunctionModule):
+        inputs = []
+        seen = set()
+        for child, _ in _edges_below([r.grad_fn for r in roots or ()], first_seq):
+            if type(child) is AccumulateGrad and id(child.variable) not in seen:
+                seen.add(id(child.variable))
+                inputs.append(child.variable)
+    else:
+        inputs = [p for p in mod.parameters() if p.requires_grad]
     seen = {id(p) for p in inputs}
     for t in _tensors((args, kwargs)):
         if t.requires_grad and id(t) not in seen:
@@ -886,7 +913,8 @@ class OptimizedModule(Module):
         entries = self.__dict__["_aot"]
         dynamics = self.__dict__["_dynamics"]
         guards = self.__dict__["_guards"]
-        forward = mod.forward
+        # (a function compiled as a module: the function's guard, as ``compile(fn)`` keys it)
+        forward = mod.fn if isinstance(mod, FunctionModule) else mod.forward
         # the fast guards first (``guard``: one pass over stamps and identities), then the
         # full walk, which makes a fast guard for the entry it finds
         found = guards.find(forward, args, kwargs, entries, dynamics)
@@ -958,7 +986,7 @@ class OptimizedModule(Module):
             if rec is not None:
                 self._remember(entries, watch, rec, out, [], [])
             return out
-        inputs = _inputs_of(mod, args, kwargs)
+        inputs = _inputs_of(mod, args, kwargs, roots, first_seq)
         levels = _two_levels(roots, first_seq)
         reason = (
             _outside_reason(roots, inputs, first_seq, tape)
@@ -1135,7 +1163,7 @@ class OptimizedModule(Module):
                 if rng is not None:
                     _random.set_rng_state(now)
             roots = _roots(out, first_seq)
-            inputs = _inputs_of(mod, args, kwargs)
+            inputs = _inputs_of(mod, args, kwargs, roots, first_seq)
             if mask is not None:
                 inputs = [t for t, m in zip(inputs, mask) if m]
             pairs = [(r, g) for r, g in zip(roots, grads) if g is not None]

@@ -57,7 +57,7 @@ from fusegrad.tensor import Tensor
 from . import events, logs
 from . import trace as _trace
 from .codegen import native_cpu, numba_cpu
-from .codegen.common import is_flat
+from .codegen.common import collapsed, is_flat
 from .codegen.interpreter import InterpretedKernel
 from .events import counters, emit
 from .functions import learn_gradient
@@ -972,7 +972,16 @@ def _run_kernel(
         assert buf is not None
         outs.append(buf)
     reds = [np.zeros(shape, dtype=np.float64) for shape in inst.reduced[k]]
-    fn(*sizes, *args, *outs, *reds)
+    groups = plan.groups
+    if groups is None:
+        fn(*sizes, *args, *outs, *reds)
+    else:  # (the kernel loops over groups of dims: every array at the grouped shape)
+        fn(
+            *collapsed(sizes, groups),
+            *[a.reshape(collapsed(a.shape, groups)) for a in args],
+            *[o.reshape(collapsed(o.shape, groups)) for o in outs],
+            *[r.reshape(collapsed(r.shape, groups)) for r in reds],
+        )
     for v, o in zip(plan.outputs, outs):
         env[v] = o.reshape(shapes[v])
     for v, buf in late_adds:

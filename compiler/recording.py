@@ -184,6 +184,14 @@ def group_options(group: dict) -> tuple:
     )
 
 
+# why a function that returns a tensor a backward outside it differentiates is no whole step
+# (``step.CompiledFunction`` compiles it as a module instead: ``module.FunctionModule``)
+HISTORY_NEEDED = (
+    "the function returns a tensor that needs its autograd history (a backward outside the "
+    "function differentiates it)"
+)
+
+
 class Watch:
     """What a recording depends on besides the arguments' tensors, and the key that tells two
     calls apart: grad mode; per argument, a tensor's shape, dtype, device and ``requires_grad``,
@@ -1088,10 +1096,7 @@ class Recorder(Tracer):
             if id(arr) not in self.values:
                 raise StepBreak(f"the function returns {_describe(obj)}, of unknown origin")
             if obj.requires_grad and not self.backwards and not self.history:
-                raise StepBreak(
-                    "the function returns a tensor that needs its autograd history (backward "
-                    "outside the function: compile the module, fusegrad.compile(model), for that)"
-                )
+                raise StepBreak(HISTORY_NEEDED)
             freed = None
             if obj.requires_grad and not self.history:
                 # after backward(): eager's tensor keeps a graph whose saved values are freed

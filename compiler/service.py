@@ -38,6 +38,7 @@ import numpy as np
 from . import events, logs, workers
 from . import trace as _trace
 from .cache import LRU, KeyHistory, Programs, Slot
+from .codegen import numba_cpu
 from .events import emit
 from .ir import Graph
 from .program import Program
@@ -118,6 +119,7 @@ class BackgroundBuild:
         self.done = threading.Event()
         with _jobs_lock:
             _jobs.add(self)
+            numba_cpu.background_compiles += 1  # (serial kernels meanwhile: ``use_parallel``)
         thread = threading.Thread(
             target=self._work, args=(work, what), name="fusegrad-compile", daemon=True
         )
@@ -139,6 +141,8 @@ class BackgroundBuild:
         finally:
             self.seconds = time.perf_counter() - start
             notice.stop()
+            with _jobs_lock:
+                numba_cpu.background_compiles -= 1
             self.done.set()
             with _jobs_lock:
                 _jobs.discard(self)

@@ -66,7 +66,7 @@ from .guard import Guards
 from .ir import Value, format_graph, verify
 from .key import grad_state
 from .program import Program, scratch_leaf
-from .recording import Recorder, StepBreak, Watch, describe_change, why_recorded
+from .recording import HISTORY_NEEDED, Recorder, StepBreak, Watch, describe_change, why_recorded
 from .region import Region
 from .service import Background, CompileNotice, Programs, Recordings, service
 from .settings import config
@@ -426,6 +426,12 @@ def record(
     return rec, result, tape
 
 
+class AsModule(str):
+    """A guard key's entry (its reason, in words) whose calls run the function compiled as a
+    module (``CompiledFunction.module_form``): it returns tensors that a backward outside it
+    differentiates."""
+
+
 class CompiledFunction:
     """``fusegrad.compile(fn)``: see the module docstring."""
 
@@ -443,6 +449,9 @@ class CompiledFunction:
         self.split_at: Split | None = None
         # recordings merged over sizes (``dynamic``): every size after the second replays one
         self.dynamics: list[Dynamic] = []
+        # the function compiled as a module (``module.FunctionModule``), for the keys whose
+        # outputs a backward outside it differentiates (``AsModule`` entries)
+        self._module_form: Any = None
         # ids of optimizers whose ``step()`` is recorded into the program (``Recorder``'s
         # ``inline_steps``): ops after it read what it updates (a GAN's second model)
         self.inline_steps: set[int] = set()
@@ -478,7 +487,7 @@ class CompiledFunction:
             watch = Watch(self.fn, args, kwargs)
             entry = self.entries.get(watch.key)
             tensors = watch.args
-            if type(entry) is Step:
+            if type(entry) is Step or type(entry) is AsModule:
                 self.guards.keep(watch, args, kwargs, entry, self.entries, self.dynamics)
         if type(entry) is Step:
             out = entry.run(tensors, self.mode, sizes=sizes)
@@ -497,6 +506,8 @@ class CompiledFunction:
                     if out is not NotImplemented:
                         emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
                         return out
+        if type(entry) is AsModule:
+            return self.module_form()(*args, **kwargs)
         if entry is None:
             entry = self.entries.refusal()
         if entry is not None:  # fell back for this key: compiled backward only
@@ -516,6 +527,16 @@ class CompiledFunction:
         if len(self.entries) and events.wanted(events.RECORDING):
             emit(events.RECORDING, f"whole step: recording #{number}: {self.why_record(watch.key)}")
         return self.record(watch, args, kwargs)
+
+    def module_form(self) -> Any:
+        """The function compiled as a module: its forward recorded and replayed as a program,
+        its outputs' backward a second program, as ``compile(model)`` (PyTorch's AOTAutograd
+        for a graph whose outputs are differentiated outside it)."""
+        if self._module_form is None:
+            from .module import FunctionModule, OptimizedModule  # (module imports this one)
+
+            self._module_form = OptimizedModule(FunctionModule(self.fn), self.fullgraph, self.mode)
+        return self._module_form
 
     def split(self, rec: Recorder, reason: str) -> Split | str | None:
         """The function cut at the statement whose Python read of a value broke the recording
@@ -605,6 +626,14 @@ class CompiledFunction:
                     f"whole step: {type(owner).__name__}.step() goes into the program from the "
                     f"next recording ({e})",
                 )
+                return result
+            if str(e) == HISTORY_NEEDED:
+                # its outputs are differentiated outside it: from the next call on, the
+                # function compiled as a module (forward and backward programs)
+                self.entries.remember(
+                    watch.key, AsModule(f"{e}: compiled as a module from the next call on")
+                )
+                emit(events.RECORDING, f"whole step: {e}; compiled as a module from the next call")
                 return result
             if self.fullgraph:
                 self.entries.remember(watch.key, str(e))

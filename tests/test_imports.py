@@ -50,6 +50,9 @@ ALLOWED_LOCAL = {
     ("fusegrad.ops.conv_kernels", "fusegrad.ops.pool_kernels"): (
         "the convolution and pooling loop kernels (numba), on first use"
     ),
+    ("fusegrad.ops.conv_kernels", "fusegrad.ops.winograd"): (
+        "the Winograd convolution's transforms (numba), on first use"
+    ),
 }
 
 

@@ -26,6 +26,7 @@ structurally.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -69,6 +70,14 @@ def broadcast_dims(v: Value, space: tuple) -> tuple[bool, ...]:
     """Per dim of ``space``: is ``v`` (aligned to the right) broadcast along it?"""
     shape = padded(v.shape, len(space))
     return tuple(s == 1 and t != 1 for s, t in zip(shape, space))
+
+
+def collapsed(shape: Sequence[int], groups: tuple | None) -> tuple[int, ...]:
+    """``shape`` (at a kernel's full rank) with each group of dims (a generated CPU kernel's
+    ``KernelPlan.groups``) multiplied into one."""
+    if groups is None:
+        return tuple(shape)
+    return tuple(math.prod(shape[d] for d in g) for g in groups)
 
 
 def is_single(shape: tuple) -> bool:

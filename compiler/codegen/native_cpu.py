@@ -40,6 +40,7 @@ from typing import Any
 from ..ir import Value
 from ..passes.fuse import Extern, Kernel
 from ..symbolic import has_sym
+from .common import collapsed
 
 # the dtypes native code handles (numba's names)
 _DTYPES = {
@@ -137,7 +138,20 @@ class _Emitter:
             shape = tuple(int(d) for d in shape)
             lines.append(f"{r} = np.zeros({shape!r}, np.float64)")
             reds.append((v, r))
-        call_args = [*map(str, sizes), *args, *(o for _, o in outs), *(r for _, r in reds)]
+        arrays = [*args, *(o for _, o in outs), *(r for _, r in reds)]
+        if plan.groups is not None and not plan.flat:
+            # (the kernel loops over groups of dims: every array at the grouped shape)
+            shapes = [
+                *[(1,) * (len(sizes) - len(_shape(v))) + _shape(v) for v in plan.inputs],
+                *[row if per_row else full for per_row in rows],
+                *[tuple(int(d) for d in shape) for shape in self.reduced[id(step)]],
+            ]
+            arrays = [
+                f"reshape({a}, {collapsed(shape, plan.groups)!r})"
+                for a, shape in zip(arrays, shapes)
+            ]
+            sizes = collapsed(sizes, plan.groups)
+        call_args = [*map(str, sizes), *arrays]
         lines.append(f"{plan.name}({', '.join(call_args)})")
         for v, o in outs:
             lines.append(f"v{v.id} = reshape({o}, {_shape(v)!r})  # %{v.id} {v.op}")

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -137,6 +138,10 @@ class KernelPlan:
     parallel_name: str | None = None
     # per output: computed once per row (a row kernel's per-row value, last dim 1)
     row_outputs: tuple[bool, ...] = ()
+    # the loops over groups of the kernel's dims (``collapse_groups``): its sizes, inputs,
+    # outputs and reduction buffers are reshaped to ``common.collapsed`` shapes; None: one loop
+    # per dim
+    groups: tuple[tuple[int, ...], ...] | None = None
 
 
 def _decorator(parallel: bool) -> str:
@@ -164,12 +169,59 @@ def emit_kernel(kernel: Kernel, name: str) -> tuple[str, KernelPlan]:
     return "\n".join(lines + ["", ""] + parallel_lines), plan
 
 
+def _masks(kernel: Kernel) -> tuple[dict, dict]:
+    """Per kernel input: which loop dims it is broadcast along (or padded over); per reduction:
+    which loop dims it sums over.  At the kernel's full rank."""
+    space = kernel.shape
+    loop_space = space if space else (1,)
+    broadcast = {}
+    for v in kernel.inputs:
+        b = broadcast_dims(v, loop_space)
+        pad = len(loop_space) - len(v.shape)
+        broadcast[v] = tuple(d < pad or b[d] for d in range(len(loop_space)))
+    reduced = {}
+    for r in kernel.reductions:
+        target = reduction_target(r, space)
+        reduced[r] = tuple(target[d] == 1 and space[d] != 1 for d in range(len(space)))
+    return broadcast, reduced
+
+
+def collapse_groups(kernel: Kernel) -> tuple[tuple[int, ...], ...] | None:
+    """The loop dims of a (non-flat) kernel merged into fewer loops: adjacent dims that every
+    input reads alike (broadcast along both or neither) and every reduction treats alike (sums
+    over both or neither) are one loop over their product, as their C-ordered elements are
+    (the runner reshapes the arrays: ``common.collapsed``).  A conv's bias gradient over (N,
+    C, H, W) sums H and W as one loop of H W elements, not H rows of W; None when nothing
+    merges."""
+    space = kernel.shape
+    if len(space) < 2:
+        return None
+    broadcast, reduced = _masks(kernel)
+    keys = [
+        (tuple(m[d] for m in broadcast.values()), tuple(m[d] for m in reduced.values()))
+        for d in range(len(space))
+    ]
+    groups: list[list[int]] = [[0]]
+    for d in range(1, len(space)):
+        if keys[d] == keys[d - 1]:
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    if len(groups) == len(space):
+        return None
+    return tuple(tuple(g) for g in groups)
+
+
 def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelPlan]:
     space = kernel.shape
     members = kernel.members()
     flat = is_flat(kernel)
-    rank = 1 if flat else max(len(space), 1)
-    loop_space = space if space else (1,)  # (read only by the non-flat indexing)
+    groups = None if flat else collapse_groups(kernel)
+    broadcast, reduced_masks = _masks(kernel)
+    if groups is not None:  # (the masks per group: alike for every dim of a group)
+        broadcast = {v: tuple(m[g[0]] for g in groups) for v, m in broadcast.items()}
+        reduced_masks = {r: tuple(m[g[0]] for g in groups) for r, m in reduced_masks.items()}
+    rank = 1 if flat else (len(groups) if groups is not None else max(len(space), 1))
     idx = [f"i{d}" for d in range(rank)]
     inner = idx[-1]
     full_out = [v for v in kernel.outputs if v not in kernel.reductions]
@@ -180,14 +232,12 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
         target = reduction_target(r, space)
         full = all(t == 1 for t in target)
         full_red.append(full)
+        # (at full rank: reshaped by ``common.collapsed`` at run time)
         red_shapes.append((1,) * rank if flat else target)
     # reductions whose sum runs along the innermost loop: every full one, and those reduced along
     # the innermost dim (row sums); they accumulate into REDUCTION_LANES partial sums (module
     # docstring), the others (innermost dim kept) add into their buffer element directly
-    row_red = [
-        not full_red[k] and rank >= 2 and reduction_target(r, space)[-1] == 1 and space[-1] != 1
-        for k, r in enumerate(reds)
-    ]
+    row_red = [not full_red[k] and rank >= 2 and reduced_masks[r][-1] for k, r in enumerate(reds)]
     lanes = [k for k in range(len(reds)) if full_red[k] or row_red[k]]
     spelling = SPELLING
     lines = _header(name, parallel, rank, kernel, full_out, reds, lanes, full_red, REDUCTION_LANES)
@@ -195,17 +245,16 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
     def read_input(k: int, v: Value) -> str:  # inputs arrive reshaped to the loop's rank
         if flat:
             return f"in{k}[{'i0' if v.shape == space else '0'}]"
-        b = broadcast_dims(v, loop_space)
-        pad = len(loop_space) - len(v.shape)
-        sub = ", ".join("0" if (d < pad or b[d]) else idx[d] for d in range(rank))
+        mask = broadcast[v]
+        sub = ", ".join("0" if mask[d] else idx[d] for d in range(rank))
         return f"in{k}[{sub}]"
 
     read = reader(members, kernel.inputs, read_input)
 
     def reduced_index(r: Value) -> str:
         """The element of ``red{k}`` the current iteration adds into (reduced dims at 0)."""
-        target = reduction_target(r, space)
-        return ", ".join("0" if target[d] == 1 and space[d] != 1 else idx[d] for d in range(rank))
+        mask = reduced_masks[r]
+        return ", ".join("0" if mask[d] else idx[d] for d in range(rank))
 
     def body(summand: str) -> list[str]:
         """The loop body: one line per IR value (and per output write and summand); a
@@ -236,18 +285,25 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
         lines.append(f"{indent}for {inner} in {loop}({n_inner}):")
         lines += [f"{indent}    {line}" for line in body("")]
     else:
+        # a row shorter than one block (a conv's 26 columns) never touches its partial sums:
+        # resetting and combining them per row would cost more than the row itself, and
+        # skipping them changes nothing (they hold zeros; 0 + tail is the tail exactly)
+        whole_block = f"{n_inner} >= {REDUCTION_LANES}"
         for k in lanes:
             if row_red[k]:  # a fresh set of partial sums per row
                 lines += [
-                    f"{indent}for lane in range({REDUCTION_LANES}):",
-                    f"{indent}    lanes{k}[lane] = 0.0",
+                    f"{indent}if {whole_block}:",
+                    f"{indent}    for lane in range({REDUCTION_LANES}):",
+                    f"{indent}        lanes{k}[lane] = 0.0",
                 ]
             if row_red[k] or rank == 1:
                 lines.append(f"{indent}tail{k} = 0.0")
         lines += _blocked_loop(indent, inner, n_inner, body)
         for k in lanes:
             if row_red[k]:
-                lines += _combine_lanes(k, indent)
+                lines.append(f"{indent}if {whole_block}:")
+                lines += _combine_lanes(k, indent + "    ")
+                lines += [f"{indent}else:", f"{indent}    total{k} = tail{k}"]
                 lines.append(f"{indent}red{k}[{reduced_index(reds[k])}] += total{k}")
     for k in lanes:
         if full_red[k]:
@@ -263,6 +319,7 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
         tuple(reds),
         tuple(red_shapes),
         tuple(full_red),
+        groups=groups,
     )
     return lines, plan
 
@@ -558,13 +615,40 @@ def module_imports() -> str:
 
 
 def emit_module(kernels: list[Kernel], summary: str) -> tuple[str, list[KernelPlan]]:
+    """The module of ``kernels`` and their plans.  A kernel whose code is another's up to the
+    numbering of its values (each layer of a model repeats its kernels) calls that one's
+    function: numba compiles each distinct function once (about a third of a Transformer
+    step's kernels were repeats, each costing about half a second of cold compile)."""
     parts = [HEADER.format(version=CODEGEN_VERSION, summary=summary, imports=module_imports())]
     plans = []
+    first: dict[str, KernelPlan] = {}  # canonical code -> the plan of the kernel emitting it
     for k, kernel in enumerate(kernels):
-        src, plan = emit_kernel(kernel, f"kernel_{k}")
+        name = f"kernel_{k}"
+        src, plan = emit_kernel(kernel, name)
+        key = _canonical(src, name)
+        same = first.get(key)
+        if same is not None:
+            plans.append(
+                dataclasses.replace(plan, name=same.name, parallel_name=same.parallel_name)
+            )
+            continue
+        first[key] = plan
         parts.append("\n" + src + "\n")
         plans.append(plan)
     return "\n".join(parts), plans
+
+
+_VALUE_NAME = re.compile(r"\bv(\d+)\b")
+_COMMENT = re.compile(r"  # .*$", re.MULTILINE)
+
+
+def _canonical(src: str, name: str) -> str:
+    """``src`` (the functions of kernel ``name``) without its name, its comments and its value
+    numbers: value names renumbered in order of first appearance.  Two kernels with the same
+    canonical code compute the same function of their arguments."""
+    text = _COMMENT.sub("", src).replace(name, "KERNEL")
+    numbers: dict[str, int] = {}
+    return _VALUE_NAME.sub(lambda m: f"v{numbers.setdefault(m.group(1), len(numbers))}", text)
 
 
 _loaded: dict[str, ModuleType] = {}
@@ -604,9 +688,18 @@ def load_module(source: str) -> tuple[ModuleType, str, bool]:
 _parallel_lock = threading.Lock()
 
 
+# background compiles running in this process (``service.BackgroundBuild``: a compile thread,
+# perhaps waiting on a worker process); while one runs, kernels run their serial loops
+background_compiles = 0
+
+
 def use_parallel(n: int) -> bool:
-    """Whether a kernel over ``n`` elements should run its ``prange`` variant."""
-    if n < PARALLEL_MIN_ELEMENTS:
+    """Whether a kernel over ``n`` elements should run its ``prange`` variant: large enough, more
+    than one thread, and no background compile running.  A compile (numba in a worker process,
+    or on a thread) takes a core for seconds to minutes; a parallel loop with one thread per
+    core then waits at its end for the thread the scheduler left without a core, every call
+    (time slices of milliseconds, against loops of microseconds)."""
+    if n < PARALLEL_MIN_ELEMENTS or background_compiles:
         return False
     return bool(numba.get_num_threads() > 1)
 

@@ -107,6 +107,30 @@ def test_more_node_names() -> None:
     assert a.tanh().grad_fn.name() == "TanhBackward0"
 
 
+@pytest.mark.parametrize("lead", [(5,), (3, 4)])
+def test_a_batch_times_a_matrix_folds_into_one_product(lead: tuple) -> None:
+    """(..., m, k) @ (k, n) runs as one (... m, k) @ (k, n) product and a view, as PyTorch folds
+    it (``UnsafeViewBackward0`` over ``MmBackward0``): the matrix's gradient is one product over
+    every row, equal to the sum of the per-batch products."""
+    rng = np.random.default_rng(1)
+    x = fg.tensor(rng.standard_normal((*lead, 6, 4)), requires_grad=True)
+    w = fg.tensor(rng.standard_normal((4, 3)), requires_grad=True)
+    y = x @ w
+    assert y.shape == (*lead, 6, 3)
+    assert y.grad_fn.name() == "UnsafeViewBackward0"
+    assert y.grad_fn.next_functions[0][0].name() == "MmBackward0"
+    g = rng.standard_normal(y.shape)
+    y.backward(fg.tensor(g))
+    xs, gs = x.detach().numpy(), g
+    np.testing.assert_allclose(y.detach().numpy(), xs @ w.detach().numpy(), rtol=1e-12)
+    want_w = sum(a.T @ b for a, b in zip(xs.reshape(-1, 6, 4), gs.reshape(-1, 6, 3)))
+    np.testing.assert_allclose(w.grad.numpy(), want_w, rtol=1e-10)
+    np.testing.assert_allclose(x.grad.numpy(), gs @ w.detach().numpy().T, rtol=1e-10)
+    # a batch that does not fold without a copy, and needs no gradient, keeps the batched product
+    t = fg.tensor(rng.standard_normal((6, 5, 4))).transpose(0, 1)
+    np.testing.assert_allclose((t @ w.detach()).numpy(), t.numpy() @ w.detach().numpy())
+
+
 def test_detach_shares_storage_and_version_counter() -> None:
     a = _leaf(3)
     d = a.detach()

@@ -293,3 +293,33 @@ def test_compiled_autograd_with_hooks_compiles_at_once(background: Any) -> None:
         (w * w).sum().backward()
     assert compiler.counters.background_compiles == 0 and compiler.counters.compiled_runs == 1
     np.testing.assert_allclose(seen[0], [2.0, 4.0, 6.0])
+
+
+def test_kernels_run_their_serial_loops_while_a_background_compile_runs(background: Any) -> None:
+    """A compile takes a core: parallel loops (one thread per core) would wait for the thread
+    left without one.  While a background compile runs, ``use_parallel`` says no; after it,
+    large kernels go parallel again (with more than one thread)."""
+    from fusegrad.compiler.codegen import numba_cpu
+
+    big = numba_cpu.PARALLEL_MIN_ELEMENTS
+    background.clear()
+    model = fg.nn.Linear(5, 3).double()
+    opt = fg.optim.SGD(model.parameters(), lr=0.1)
+
+    @fg.compile
+    def step(x: fg.Tensor) -> fg.Tensor:
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    x = fg.randn(4, 5, dtype=fg.float64)
+    for _ in range(3):
+        step(x)
+    assert numba_cpu.background_compiles == 1
+    assert not numba_cpu.use_parallel(big)
+    background.set()
+    assert compiler.wait_for_compiles(60)
+    assert numba_cpu.background_compiles == 0
+    assert numba_cpu.use_parallel(big) == (numba_cpu.numba.get_num_threads() > 1)

@@ -150,3 +150,29 @@ def test_block_loops_vectorise(shape: tuple, other: tuple) -> None:
     ir = function.inspect_llvm(function.signatures[0])
     widths = [int(w) for w in VECTOR_FADD.findall(ir)]
     assert widths and max(widths) >= 2, "the partial sums are not added with vector instructions"
+
+
+def test_dims_read_alike_loop_as_one_and_sum_in_the_documented_order() -> None:
+    """A conv-style channel sum over (N, C, H, W) (``x * w`` with ``w`` of shape (1, C, 1, 1)):
+    H and W are read alike by every input and summed alike, so the kernel loops over (N, C,
+    H W) (``collapse_groups``), and each channel's gradient is the documented order over its
+    rows of H W elements, added over N; equal to eager within tolerance (native segments:
+    ``test_native_programs``)."""
+    n, c, h, w_ = 3, 4, 13, 11  # (H W = 143: one whole block and a tail per row)
+    x = _data((n, c, h, w_), fg.float64)
+    w = np.ones((1, c, 1, 1))
+    got_x, got = _backward([x, w], compiled=True)
+    (program,) = compiler.cached_programs()
+    (kernel,) = [k for k in program.kernels if k.reductions]
+    _, (plan,) = numba_cpu.emit_module([kernel], "collapse")
+    assert plan.groups == ((0,), (1,), (2, 3))
+    want = np.zeros((1, c, 1, 1))
+    for j in range(c):
+        total = 0.0
+        for i in range(n):
+            total += _documented_sum(x[i, j].reshape(-1))
+        want[0, j, 0, 0] = total
+    assert got.tobytes() == want.tobytes()
+    np.testing.assert_array_equal(got_x, np.ones_like(x))
+    _, eager = _backward([x, w], compiled=False)
+    np.testing.assert_allclose(got, eager, rtol=1e-12)

@@ -315,6 +315,29 @@ def test_replayed_forward_and_its_backward_program_give_eagers_gradients() -> No
     assert stats["saved bytes"] <= stats["eager saved bytes"]
 
 
+def test_a_compiled_module_on_another_compiled_modules_output() -> None:
+    """A GAN's discriminator on the generator's output, both compiled: each replays its own
+    forward and backward programs (the discriminator's backward stops at its input, the
+    generator's node), with eager's gradients for both; also on a detached output."""
+    fg.manual_seed(0)
+    gen = nn.Sequential(
+        nn.Linear(4, 8, dtype=fg.float64), nn.Tanh(), nn.Linear(8, 6, dtype=fg.float64)
+    )
+    disc = nn.Sequential(
+        nn.Linear(6, 5, dtype=fg.float64), nn.LeakyReLU(0.2), nn.Linear(5, 1, dtype=fg.float64)
+    )
+    gen2, disc2 = copy.deepcopy(gen), copy.deepcopy(disc)
+    cgen, cdisc = fg.compile(gen2), fg.compile(disc2)
+    for step in range(4):
+        z = _x(3, seed=step)
+        for g, d in ((gen, disc), (cgen, cdisc)):
+            fake = g(z)
+            (d(fake).sum() + d(fake.detach()).pow(2).sum()).backward()
+        _close(_grads(gen2) + _grads(disc2), _grads(gen) + _grads(disc))
+    assert not compiler.counters.fallbacks and not compiler.counters.step_breaks
+    assert compiler.counters.step_runs >= 6  # both forwards replayed from the second call
+
+
 def test_replayed_forward_with_dropout_draws_eagers_numbers() -> None:
     from benchmarks import models  # (the repository root is on the path: above)
 

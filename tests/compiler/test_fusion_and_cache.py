@@ -15,6 +15,7 @@ import fusegrad as fg
 import fusegrad.nn as nn
 import fusegrad.nn.functional as F
 from fusegrad import compiler
+from fusegrad.compiler.codegen import numba_cpu
 from fusegrad.compiler.codegen.lowering import EXPRESSIONS, EXTERNS, FUSED_REDUCTIONS
 from fusegrad.compiler.symbolic import substitute
 from fusegrad.ops.registry import REGISTRY
@@ -79,6 +80,43 @@ def test_mlp_backward_is_matmul_externs_plus_one_kernel_per_hidden_layer() -> No
     for k in hidden:
         assert [v.op for v in k.values] == ["where"]
         assert [r.op for r in k.reductions] == ["sum_to"]
+
+
+def test_repeated_layers_share_one_generated_function() -> None:
+    """Kernels that differ only in their values' numbering (one per repeated layer) are one
+    function in the module, compiled once; each layer still gets eager's gradients."""
+    fg.manual_seed(0)
+    layers = [nn.Linear(16, 16, dtype=fg.float64) for _ in range(3)]
+    model = nn.Sequential(nn.Linear(32, 16, dtype=fg.float64), nn.ReLU())
+    for layer in layers:
+        model.append(layer)
+        model.append(nn.ReLU())
+    x = fg.randn(8, 32, dtype=fg.float64)
+
+    def grads(compiled: bool) -> list:
+        model.zero_grad()
+        if compiled:
+            with compiler.compiled_autograd(fullgraph=True):
+                model(x).sum().backward()
+        else:
+            model(x).sum().backward()
+        return [p.grad.numpy().copy() for p in model.parameters()]
+
+    want = grads(False)
+    got = grads(True)
+    (program,) = compiler.cached_programs()
+    hidden = [k for k in program.kernels if substitute(k.shape, program.graph.hints) == (8, 16)]
+    assert len(hidden) == 4  # ReLU backward + bias gradient per layer
+    source, plans = numba_cpu.emit_module(program.kernels, "repeated layers")
+    names = {plan.name for plan, k in zip(plans, program.kernels) if k in hidden}
+    assert len(names) < len(hidden)  # (the last layer reads the loss's broadcast gradient)
+    assert source.count("\ndef kernel_") < sum(
+        1 + (plan.parallel_name is not None) for plan in plans
+    )
+    ran = open(program.source_path).read()  # what the program runs (its own summary line)
+    assert ran.split('"""', 2)[2] == source.split('"""', 2)[2]
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_generated_module_is_readable_and_names_ir_values() -> None:

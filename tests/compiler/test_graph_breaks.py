@@ -267,3 +267,46 @@ def test_a_wrapper_and_zero_argument_super_are_not_cut() -> None:
     for _ in range(3):
         np.testing.assert_allclose(c.run(x).numpy(), [6.0, 6.0])
     assert Child.run.split_at is None
+
+
+def _checked_step(model: nn.Module, opt: Any, flagged: list) -> Any:
+    def step(x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        if loss.item() > 1e6:  # the break: a Python decision on the loss's value
+            flagged.append(loss.item())
+        loss.backward()
+        opt.step()
+        return loss
+
+    return step
+
+
+def test_a_break_between_the_forward_and_its_backward_compiles_the_forward_as_a_module() -> None:
+    """``if loss.item() > ...`` between the loss and ``loss.backward()``: the part before the
+    break hands on a loss that the part after differentiates, so it runs compiled as a module
+    (its forward replayed as a program, its backward a second program that the backward after
+    the break runs), as PyTorch's AOTAutograd compiles the graph before such a break.  Losses
+    and parameters are eager's."""
+    losses, models = [], []
+    for compiled in (False, True):
+        model = _model()
+        opt = fg.optim.Adam(model.parameters(), lr=0.01)
+        flagged: list = []
+        step = _checked_step(model, opt, flagged)
+        fn = fg.compile(step) if compiled else step
+        losses.append([float(fn(x, y)) for x, y in _batches(6)])
+        models.append(model)
+        assert not flagged
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-12)
+    _same_params(models[1], models[0])
+    compiled_split = fn.split_at
+    assert compiled_split is not None and compiled_split.parts[0][1] is True
+    first = compiled_split.parts[0][2]
+    assert first._module_form is not None  # the forward part: compiled as a module
+    (entry,) = [e for e in first._module_form._aot.values() if type(e).__name__ == "AOTEntry"]
+    assert entry.backward_graph is not None
+    # call 1 makes Adam's state, call 2 breaks, call 3 records the forward part (it hands on
+    # the loss) and breaks the rest at the backward, call 4 records the forward part as a
+    # module and the optimizer's part; calls 5 and 6 replay both
+    assert compiler.counters.step_runs == 4

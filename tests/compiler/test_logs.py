@@ -122,3 +122,20 @@ def test_an_unknown_channel_in_the_environment_warns_and_is_ignored(
 def test_set_logs_in_code_still_raises_on_an_unknown_channel() -> None:
     with pytest.raises(ValueError, match="unknown log channels.*choose from"):
         compiler.set_logs("graph,nonsense")
+
+
+def test_key_differences_are_described_for_every_kind_of_entry() -> None:
+    """``cache.describe_difference`` (the ``recompiles`` log's words) never raises on entries
+    that are not primitive nodes: a node past grad()'s inputs, a short entry, attributes that
+    are no (name, value) pairs."""
+    from fusegrad.compiler.cache import describe_difference
+
+    unrun = describe_difference(3, ("unrun", "A", 1), ("unrun", "B", 1))
+    assert "does not run" in unrun and "A" in unrun and "B" in unrun
+    assert describe_difference(0, ("checkpoint", 1), ("checkpoint", 2)) == "checkpoint node changed"
+    odd = describe_difference(0, ("f", "xyz", 0, 0, 0, 0), ("f", "xz", 0, 0, 0, 0))
+    assert "xyz" in odd and "xz" in odd
+    pairs = describe_difference(
+        0, ("add", (("a", 1),), 0, 0, 0, 0), ("add", (("a", 2),), 0, 0, 0, 0)
+    )
+    assert "{'a': 1} -> {'a': 2}" in pairs

@@ -21,6 +21,7 @@ import pytest
 import fusegrad as fg
 import fusegrad.nn.functional as F
 from fusegrad import compiler, nn
+from fusegrad.compiler.codegen import numba_cpu
 from fusegrad.compiler.program import Program
 
 
@@ -304,3 +305,50 @@ def test_a_trial_keeps_the_faster_program() -> None:
         assert slot.program is (steps, native)[kept]
         assert order[:4] == [native, steps, native, steps]
         assert len(order) == 2 * (Trial.RUNS + 1) + 1
+
+
+def test_a_kernel_over_grouped_dims_runs_in_a_native_segment(monkeypatch: Any) -> None:
+    """A channel scale and shift over (N, C, H, W): the backward's channel sums loop over (N,
+    C, H W) (``numba_cpu.collapse_groups``); inside a native segment the arrays are reshaped
+    to the grouped shapes as the program of steps does, with eager's values."""
+    rng = np.random.default_rng(5)
+    batches = [fg.tensor(rng.standard_normal((3, 4, 7, 9))) for _ in range(4)]
+
+    def train(compiled: bool) -> tuple:
+        fg.manual_seed(0)
+        scale = fg.tensor(rng_params[0].copy(), requires_grad=True)
+        shift = fg.tensor(rng_params[1].copy(), requires_grad=True)
+        opt = fg.optim.SGD([scale, shift], lr=0.1)
+
+        def step(x: fg.Tensor) -> fg.Tensor:
+            opt.zero_grad()
+            loss = ((x * scale + shift).tanh() ** 2).mean()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        fn = fg.compile(step) if compiled else step
+        losses = [float(fn(x)) for x in batches]
+        return losses, scale.detach().numpy(), shift.detach().numpy(), fn
+
+    rng_params = [rng.standard_normal((1, 4, 1, 1)), rng.standard_normal((1, 4, 1, 1))]
+    ran: set = set()
+    run_step = Program.run_step
+
+    def noted(self: Program, *args: Any, **kwargs: Any) -> Any:
+        ran.add(self)
+        return run_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Program, "run_step", noted)
+    want = train(False)
+    got = train(True)
+    assert compiler.counters.step_runs == len(batches) - 1, compiler.counters  # (1st: recorded)
+    for a, b in zip(got[:3], want[:3]):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    text = str(compiler.explain(got[3], batches[0]))
+    assert "native segment segment_0" in text, text
+    assert any(
+        numba_cpu.emit_kernel(k, "k")[1].groups == ((0,), (1,), (2, 3))
+        for p in ran
+        for k in p.kernels
+    )

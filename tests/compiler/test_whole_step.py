@@ -362,14 +362,28 @@ def test_fullgraph_raises_the_reason() -> None:
         g(_x())
 
 
-def test_outputs_that_need_history_fall_back() -> None:
-    _, comp = _pair()
-    g = fg.compile(lambda x: comp(x).sum())
-    loss = g(_x())
-    loss.backward()  # the graph is there: compiled-backward mode
-    assert comp.fc.weight.grad is not None
-    (reason,) = compiler.counters.step_breaks
-    assert "autograd history" in reason
+def test_outputs_differentiated_outside_compile_the_function_as_a_module() -> None:
+    """A function whose output a backward outside it differentiates (a loss function) is no
+    whole step: from its second call it runs compiled as a module (``FunctionModule``: its
+    forward replayed, the backward a second program), with eager's gradients for the
+    parameters of the module it reads from its closure."""
+    eager, comp = _pair()
+    g = fg.compile(lambda x: (comp(x) ** 2).sum())
+    for i in range(4):
+        for m, fn in ((eager, lambda x: (eager(x) ** 2).sum()), (comp, g)):
+            m.zero_grad()
+            loss = fn(_x(seed=i))
+            loss.backward()
+        np.testing.assert_allclose(float(g(_x(seed=i))), float((eager(_x(seed=i)) ** 2).sum()))
+        for p, q in zip(comp.parameters(), eager.parameters()):
+            np.testing.assert_allclose(p.grad.numpy(), q.grad.numpy(), rtol=1e-12, atol=1e-14)
+    assert not compiler.counters.step_breaks
+    assert compiler.counters.step_runs >= 6  # the forward replayed from the third call on
+    text = str(compiler.explain(g, _x(seed=9)))
+    assert "compiled as a module" in text and "not replayable" not in text
+    before = compiler.counters.step_runs
+    g(_x(seed=10)).backward()  # (explain kept the module form for these guards)
+    assert compiler.counters.step_runs == before + 1
 
 
 def test_inplace_write_into_a_view_falls_back() -> None:

@@ -54,7 +54,16 @@ def matmul(input: Any, other: Any) -> Tensor:
         raise ShapeError(
             f"matmul: batch dimensions of {tuple(a.shape)} and {tuple(b.shape)} cannot broadcast"
         ) from None
-    out = apply(P["matmul"], (a2, b2), {})
+    if a2.ndim >= 3 and b2.ndim == 2 and _should_fold(a2, b2):
+        # (..., m, k) @ (k, n) as one (... m, k) @ (k, n) product, as PyTorch folds it: one
+        # BLAS call instead of one per batch element, and a weight gradient that is one
+        # product too, not a batch of products summed (a linear layer on a sequence)
+        lead = tuple(a2.shape[:-1])
+        flat = apply(P["matmul"], (a2.reshape(-1, a2.shape[-1]), b2), {})
+        out = flat.reshape(*lead, b2.shape[-1])
+        _name_node(out, "UnsafeViewBackward0")
+    else:
+        out = apply(P["matmul"], (a2, b2), {})
     if a.ndim == 1:
         out = out.squeeze(-2)
     if b.ndim == 1:
@@ -70,6 +79,18 @@ def matmul(input: Any, other: Any) -> Tensor:
             name = "SqueezeBackward4" if b.ndim == 2 else "UnsafeViewBackward0"
         _name_node(out, name)
     return out
+
+
+def _should_fold(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` (..., m, k) @ ``b`` (k, n) runs as one 2-D product: when a gradient is
+    wanted (the folded backward is one product per operand), or when ``a``'s leading dims fold
+    into its rows without a copy (PyTorch's ``should_fold``)."""
+    if a.requires_grad or b.requires_grad:
+        return True
+    if a.numel() == 0:
+        return True
+    strides, shape = a.stride(), a.shape
+    return all(strides[d] == strides[d + 1] * shape[d + 1] for d in range(a.ndim - 2))
 
 
 @_torch_node_name("MmBackward0")
