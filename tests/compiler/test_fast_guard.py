@@ -621,3 +621,37 @@ def test_a_module_loaded_from_a_file_moves_the_epoch(tmp_path: Any, walks: list[
     for i in range(4, 7):
         _call(eager, comp, _x(i))
     assert walks[0] > before
+
+
+def test_a_function_compiled_as_a_module_keeps_a_fast_guard(
+    walks: list[int], module_walks: list[int]
+) -> None:
+    # its outputs are differentiated outside it: the key is filed "as a module", and the
+    # module form's forward is replayed; both guards stand on unchanged calls, and a change
+    # to a global it reads is seen by both
+    fg.manual_seed(0)
+    w = fg.randn(3, dtype=fg.float64, requires_grad=True)
+    scale = [2.0]
+
+    def fn(x: fg.Tensor) -> fg.Tensor:
+        return (x * w * scale[0]).tanh().sum()
+
+    g = fg.compile(fn)
+    x = fg.tensor(np.arange(3.0) / 3)
+
+    def call() -> None:
+        got, want = g(x), fn(x)
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12)
+        (grad_got,) = fg.autograd.grad(got, [w])
+        (grad_want,) = fg.autograd.grad(want, [w])
+        np.testing.assert_allclose(grad_got.numpy(), grad_want.numpy(), rtol=1e-12)
+
+    for _ in range(4):
+        call()
+    before, module_before = walks[0], module_walks[0]
+    call()
+    assert (walks[0], module_walks[0]) == (before, module_before)
+    scale[0] = 3.0  # (a closure list's item)
+    for _ in range(3):
+        call()
+    assert walks[0] > before and module_walks[0] > module_before
