@@ -262,11 +262,12 @@ class Guards:
 
     @staticmethod
     def generation(entries: Any, dynamics: list, dynamic: bool) -> Any:
-        """For an entry found by its key: no entry replaced or dropped since; for a step over
-        symbols (found for sizes no key has): also no key recorded and no step merged since."""
+        """For an entry found by its key: no entry replaced or dropped and no step over
+        symbols merged since (a key merged into one replays it); for a step over symbols
+        (found for sizes no key has, or serving a merged key): also no key recorded since."""
         if dynamic:
             return (entries.generation, entries.insertions, len(dynamics))
-        return entries.generation
+        return (entries.generation, len(dynamics))
 
     def find(
         self, fn: Any, args: tuple, kwargs: dict, entries: Any, dynamics: list

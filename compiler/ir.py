@@ -126,6 +126,10 @@ class Graph:
     constants: list[np.ndarray] = field(default_factory=list)
     effects: list[tuple[str, Any, Value]] = field(default_factory=list)  # (slot: int or tuple)
     hints: tuple[int, ...] = ()  # the size vector at capture: symbol k stood for hints[k]
+    # constant index -> how a creation function made it from numbers and sizes alone
+    # (``Tracer.created_as``: ``arange``, ``tril``/``triu`` masks, ``eye``), so that ``dynamic`` can
+    # make it again at other sizes; None where two recipes made the same array
+    recipes: dict[int, tuple | None] = field(default_factory=dict, repr=False)
     _interned: dict = field(default_factory=dict, repr=False)
 
     def add(

@@ -66,7 +66,7 @@ from . import trace as _trace
 from .admission import CompilationError
 from .capture import Fallback
 from .capture import capture as _capture_graph
-from .dynamic import Mismatch, arg_shapes, masked, merge_entries
+from .dynamic import masked, merge_entries, merge_with_earlier, why_concrete
 from .events import emit
 from .guard import Guards
 from .ir import Graph, Value, verify
@@ -508,7 +508,10 @@ class AOTEntry:
             if f.op == "scalar":
                 value = back.scalar(f.attr("value"), f.dtype)
             elif f.op == "constant":
-                value = back.constant(rec.graph.constants[f.attr("index")])
+                index = f.attr("index")
+                value = back.constant(rec.graph.constants[index])
+                if index in rec.graph.recipes:  # (``dynamic`` makes it again at other sizes)
+                    back.recipes[value.attr("index")] = rec.graph.recipes[index]
             elif f.kind in _RECOMPUTE_KINDS and _from_inputs(f):
                 value = back.add(f.op, tuple(bring(i) for i in f.inputs), f.attrs, f.shape, f.dtype)
             else:
@@ -931,12 +934,30 @@ class OptimizedModule(Module):
         watch = Watch(forward, args, kwargs)
         entry = entries.get(watch.key)
         sizes = None
+        dynamics = self.__dict__["_dynamics"]
+        if type(entry) is AOTEntry and any(watch.key in d.merged_keys for d in dynamics):
+            # a recording merged into one over sizes replays that one: one program to build
+            for dyn in dynamics:
+                if watch.key in dyn.merged_keys:
+                    sizes = dyn.sizes(watch.args)
+                    if sizes is not None:
+                        entry = dyn.step
+                        break
         if entry is None:
+            unserved = ""  # why a recording over sizes whose key matches does not serve it
             for dyn in dynamics:
                 sizes = dyn.sizes(watch.args) if masked(watch.key, dyn.dims) == dyn.key else None
                 if sizes is not None:
                     entry = dyn.step
                     break
+                if masked(watch.key, dyn.dims) == dyn.key and not unserved:
+                    unserved = dyn.why_not(watch.args)
+            if entry is None and unserved and events.wanted(events.RECORDING):
+                emit(
+                    events.RECORDING,
+                    f"{self._name()}: the recording over symbolic sizes does not serve this "
+                    f"call: {unserved}",
+                )
         if type(entry) is AOTEntry and found is None:
             guards.keep(watch, args, kwargs, entry, entries, dynamics, sizes)
         if type(entry) is AOTEntry:
@@ -1032,22 +1053,18 @@ class OptimizedModule(Module):
         dynamics = self.__dict__["_dynamics"]
         if not config.dynamic_sizes or len(dynamics) >= 4:
             return
-        key = watch.key
-        shapes = arg_shapes(key)
-        every = frozenset((a, d) for a, shape in enumerate(shapes) for d in range(len(shape)))
-        for other_key, other in entries.items():
-            if other_key == key or type(other) is not AOTEntry:
-                continue
-            if masked(other_key, every) != masked(key, every):
-                continue
-            try:
-                dyn = merge_entries(other, entry, other_key, key, watch.args)
-            except Mismatch as e:
-                emit(events.RECORDING, f"{self._name()}: sizes stay concrete ({e})")
-                return
-            dynamics.append(dyn)
-            emit(events.RECORDING, f"{self._name()}: sizes became symbolic ({dyn.describe()})")
+        dyn, failed = merge_with_earlier(
+            entries.items(), watch.key, entry, watch.args, merge_entries
+        )
+        if dyn is None:
+            if failed:
+                emit(
+                    events.RECORDING,
+                    f"{self._name()}: sizes stay concrete ({why_concrete(failed)})",
+                )
             return
+        dynamics.append(dyn)
+        emit(events.RECORDING, f"{self._name()}: sizes became symbolic ({dyn.describe()})")
 
     def _aot_why(self, key: tuple) -> str:
         """In words, why a call with guard key ``key`` is recorded (``explain``)."""

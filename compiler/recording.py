@@ -641,6 +641,16 @@ class Recorder(Tracer):
             else:
                 self.new_input(t, ("draw", redo))
 
+    def created_as(self, t: Tensor, recipe: tuple) -> None:
+        """A constant with its recipe (``Tracer.created_as``), kept beside the graph's constants for
+        ``dynamic`` to make it again at other sizes; the recording itself holds the array."""
+        self.created(t, None)
+        found = self.values.get(id(t._data)) if self.broken is None else None
+        if found is not None and found[0].op == "constant":
+            index = found[0].attr("index")
+            recipes = self.graph.recipes
+            recipes[index] = recipe if recipes.get(index, recipe) == recipe else None
+
     def cast(self, t: Tensor, value: Value) -> Value:
         """``value`` cast to ``t``'s dtype: a runtime scalar (``optim.hyper``) becomes a runtime
         input of that dtype, cast as the op surface casts it (one kernel fewer, and a kernel

@@ -390,16 +390,18 @@ class Service:
     ) -> Program:
         """The program of ``graph`` (after the passes) under the configuration: the one place a
         ``Program`` is built.  ``recorded``: a whole step's or module's program, of the sizes it
-        was recorded with, that runs many times (one size vector; row kernels also replace runs
-        of interpreted kernels, ``Program.hot``); otherwise a captured backward of symbolic sizes
-        (``config.sizes_per_program`` size vectors kept prepared)."""
+        was recorded with, that runs many times (one size vector, or those of a recording over
+        symbolic sizes; row kernels also replace runs of interpreted kernels, ``Program.hot``);
+        otherwise a captured backward of symbolic sizes (``config.sizes_per_program`` size
+        vectors kept prepared)."""
         return Program(
             graph,
             mode=mode,
             leaves_with_grad=leaves_with_grad,
             interpreter_max_elements=config.interpreter_max_elements,
             device=device,
-            sizes_per_program=1 if recorded else config.sizes_per_program,
+            # (a recording merged over sizes, ``dynamic``, runs at many: its hints say so)
+            sizes_per_program=1 if recorded and not graph.hints else config.sizes_per_program,
             unpacked=unpacked,
             hot=recorded,
             # native segments at once when asked for (True); with None a background compile

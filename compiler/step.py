@@ -60,7 +60,15 @@ from . import tape as _tape
 from . import trace as _trace
 from .admission import CompilationError
 from .breaks import Source, Split
-from .dynamic import Dynamic, Mismatch, arg_shapes, marked, masked, merge
+from .dynamic import (
+    Dynamic,
+    arg_shapes,
+    marked,
+    masked,
+    merge,
+    merge_with_earlier,
+    why_concrete,
+)
 from .events import emit
 from .guard import Guards
 from .ir import Value, format_graph, verify
@@ -479,6 +487,7 @@ class CompiledFunction:
         # full walk, which makes a fast guard for the entry it finds
         entry: Any = None
         sizes = None
+        unserved = ""  # why a recording over sizes whose key matches does not serve the call
         found = self.guards.find(self.fn, args, kwargs, self.entries, self.dynamics)
         if found is not None:
             fast, tensors = found
@@ -487,6 +496,26 @@ class CompiledFunction:
             watch = Watch(self.fn, args, kwargs)
             entry = self.entries.get(watch.key)
             tensors = watch.args
+            if self.dynamics and (
+                entry is None
+                or (type(entry) is Step and any(watch.key in d.merged_keys for d in self.dynamics))
+            ):
+                # (a recording merged into one over sizes replays that one: one program to
+                # build)
+                for dyn in self.dynamics:
+                    if masked(watch.key, dyn.dims) != dyn.key:
+                        continue
+                    dyn_sizes = dyn.sizes(watch.args)
+                    if dyn_sizes is None:
+                        unserved = unserved or dyn.why_not(watch.args)
+                        continue
+                    self.guards.keep(
+                        watch, args, kwargs, dyn.step, self.entries, self.dynamics, dyn_sizes
+                    )
+                    out = dyn.step.run(watch.args, self.mode, sizes=dyn_sizes)
+                    if out is not NotImplemented:
+                        emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
+                        return out
             if type(entry) is Step or type(entry) is AsModule:
                 self.guards.keep(watch, args, kwargs, entry, self.entries, self.dynamics)
         if type(entry) is Step:
@@ -495,17 +524,6 @@ class CompiledFunction:
                 emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
                 return out
             entry = "a leaf has hooks"
-        if entry is None and self.dynamics:
-            for dyn in self.dynamics:
-                sizes = dyn.sizes(watch.args) if masked(watch.key, dyn.dims) == dyn.key else None
-                if sizes is not None:
-                    self.guards.keep(
-                        watch, args, kwargs, dyn.step, self.entries, self.dynamics, sizes
-                    )
-                    out = dyn.step.run(watch.args, self.mode, sizes=sizes)
-                    if out is not NotImplemented:
-                        emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
-                        return out
         if type(entry) is AsModule:
             return self.module_form()(*args, **kwargs)
         if entry is None:
@@ -525,7 +543,10 @@ class CompiledFunction:
                 return self.fn(*args, **kwargs)
         number = self.entries.count()
         if len(self.entries) and events.wanted(events.RECORDING):
-            emit(events.RECORDING, f"whole step: recording #{number}: {self.why_record(watch.key)}")
+            why = self.why_record(watch.key)
+            if unserved:
+                why += f"; the recording over symbolic sizes does not serve it: {unserved}"
+            emit(events.RECORDING, f"whole step: recording #{number}: {why}")
         return self.record(watch, args, kwargs)
 
     def module_form(self) -> Any:
@@ -571,17 +592,9 @@ class CompiledFunction:
         dynamic, ``mark_dynamic``)."""
         if not config.dynamic_sizes or len(self.dynamics) >= 4:
             return
-        every = frozenset(
-            (a, d) for a, shape in enumerate(arg_shapes(key)) for d in range(len(shape))
-        )
-        for other_key, other in self.entries.items():
-            if other_key == key or type(other) is not Step:
-                continue
-            if masked(other_key, every) != masked(key, every):
-                continue
-            try:
-                dyn = merge(other, step, other_key, key, args)
-            except Mismatch as e:
+        dyn, failed = merge_with_earlier(self.entries.items(), key, step, args, merge)
+        if dyn is None:
+            for other_key, e in failed:
                 shapes = zip(arg_shapes(other_key), arg_shapes(key), args)
                 for a, (sa, sb, t) in enumerate(shapes):
                     changed = {d for d, (x, y) in enumerate(zip(sa, sb)) if x != y}
@@ -590,11 +603,11 @@ class CompiledFunction:
                             f"{self.name()}: argument {a} dims {sorted(changed)} are marked "
                             f"dynamic, but the step cannot be one program over them: {e}"
                         ) from None
-                emit(events.RECORDING, f"whole step: sizes stay concrete ({e})")
-                return
-            self.dynamics.append(dyn)
-            emit(events.RECORDING, f"whole step: sizes became symbolic ({dyn.describe()})")
+            if failed:
+                emit(events.RECORDING, f"whole step: sizes stay concrete ({why_concrete(failed)})")
             return
+        self.dynamics.append(dyn)
+        emit(events.RECORDING, f"whole step: sizes became symbolic ({dyn.describe()})")
 
     def why_record(self, key: tuple) -> str:
         """In words, why a call with guard key ``key`` is recorded (``explain``, the log)."""

@@ -107,6 +107,15 @@ class Tracer:
         """A creation function made ``tensor`` (``redo``: None for values fixed by the call's
         arguments, else a callable drawing a new one from its random generator)."""
 
+    def created_as(self, tensor: Tensor, recipe: tuple) -> None:
+        """A creation function made ``tensor`` from numbers alone (its sizes among them), as
+        ``recipe`` says: ``("arange", start, end, step)`` (``arange``), or ``("band", rows,
+        cols, offset, relation)`` for the matrix whose element ``(i, j)`` is ``j - i <relation>
+        offset`` (``relation``: ``"le"``, ``"ge"`` or ``"eq"``: ``tril``'s and ``triu``'s masks,
+        ``eye``), in ``tensor``'s dtype.  A tracer may record how to make it again at other
+        sizes; by default it is any other constant (``created(tensor, None)``)."""
+        self.created(tensor, None)
+
     def from_data(self, tensor: Tensor, data: Any) -> None:
         """``tensor(data)`` or ``new_tensor(data)`` made ``tensor`` from Python data ``data``
         (a recording may keep it as a constant where the data is written in the source)."""
@@ -168,6 +177,15 @@ def notify_created(tensor: Tensor, redo: Any = None) -> Tensor:
     tracer = state.tracer
     if tracer is not None:
         tracer.created(tensor, redo)
+    return tensor
+
+
+def notify_created_as(tensor: Tensor, recipe: tuple) -> Tensor:
+    """Tell this thread's tracer, if any, that a creation function made ``tensor`` as ``recipe``
+    says (``Tracer.created_as``); returns it."""
+    tracer = state.tracer
+    if tracer is not None:
+        tracer.created_as(tensor, recipe)
     return tensor
 
 

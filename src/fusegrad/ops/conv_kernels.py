@@ -69,7 +69,7 @@ def _loops() -> Any:
 
 def _winograd() -> Any:
     """The Winograd kernels (numba: imported on their first use)."""
-    import fusegrad.ops.winograd as winograd
+    import fusegrad.ops.winograd as winograd  # numba: on first use only
 
     return winograd
 

@@ -15,6 +15,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import storage as _storage
 from ..autograd.tracer import notify_created as _created
+from ..autograd.tracer import notify_created_as as _created_as
 from ..autograd.tracer import notify_from_data as _from_data
 from ..autograd.tracer import notify_host_read as _read
 from ..autograd.tracer import state as _tracer_state
@@ -280,7 +281,19 @@ def arange(
         dt = _dt.as_dtype(dtype)
     n = int(np.ceil((float(end) - float(start)) / float(step)))
     arr = (np.arange(max(n, 0), dtype=np.float64) * step + start).astype(dt.np)
-    return _created(_leaf(arr, requires_grad, dev))
+    t = _leaf(arr, requires_grad, dev)
+    if not requires_grad and all(_plain_number(v) for v in (start, end, step)):
+        # a recording may make it again at other sizes (``Tracer.created_as``)
+        return _created_as(t, ("arange", _number(start), _number(end), _number(step)))
+    return _created(t)
+
+
+def _plain_number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
+def _number(v: Any) -> int | float:
+    return v.item() if isinstance(v, np.generic) else v
 
 
 def linspace(
@@ -312,7 +325,11 @@ def eye(
     requires_grad: bool = False,
 ) -> Tensor:
     dev = as_device(device)
-    return _created(_leaf(np.eye(n, m, dtype=_dtype_or_default(dtype).np), requires_grad, dev))
+    t = _leaf(np.eye(n, m, dtype=_dtype_or_default(dtype).np), requires_grad, dev)
+    if not requires_grad and _plain_number(n) and (m is None or _plain_number(m)):
+        # ones where j - i == 0 (``Tracer.created_as``: a recording may make it at other sizes)
+        return _created_as(t, ("band", int(n), int(n if m is None else m), 0, "eq"))
+    return _created(t)
 
 
 # ---- random (generators: ``fusegrad.random``) ---------------------------------------------------

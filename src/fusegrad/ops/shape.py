@@ -23,6 +23,7 @@ from ..autograd.node_names import name_node as _name_node
 from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_created as _created
+from ..autograd.tracer import notify_created_as as _created_as
 from ..autograd.tracer import notify_host_read as _read
 from ..cuda.array import CudaArray
 from ..errors import DTypeError, ShapeError, describe
@@ -661,7 +662,10 @@ def _tri_mask(x: Tensor, diagonal_: int, lower: bool) -> Tensor:
         )
     r, c = x._data.shape[-2:]
     m = np.tri(r, c, diagonal_, dtype=bool)
-    mask = _created(Tensor._make(m if lower else ~np.tri(r, c, diagonal_ - 1, dtype=bool)))
+    mask = Tensor._make(m if lower else ~np.tri(r, c, diagonal_ - 1, dtype=bool))
+    # (i, j) is kept where j - i <= diagonal (tril) or j - i >= diagonal (triu): a recording
+    # may make the mask again at other sizes (``Tracer.created_as``)
+    mask = _created_as(mask, ("band", int(r), int(c), int(diagonal_), "le" if lower else "ge"))
     return mask.to(x.device)
 
 
