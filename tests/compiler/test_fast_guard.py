@@ -400,6 +400,8 @@ def test_guards_of_the_latest_keys_are_kept(walks: list[int]) -> None:
     for batch in (6, 7):  # two more keys (a last batch of another size)
         _call(eager, comp, _x(batch, batch=batch))
         _call(eager, comp, _x(batch, batch=batch))
+    for batch in (5, 6, 7):  # (a merge over sizes retired the first key's guard: walked again)
+        _call(eager, comp, _x(batch, batch=batch))
     before = walks[0]
     for i in range(6):
         _call(eager, comp, _x(i, batch=(5, 6, 7)[i % 3]))
