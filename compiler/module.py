@@ -68,6 +68,7 @@ from .capture import Fallback
 from .capture import capture as _capture_graph
 from .dynamic import masked, merge_entries, merge_with_earlier, why_concrete
 from .events import emit
+from .guard import Guards
 from .ir import Graph, Value, verify
 from .key import walk as _walk
 from .passes.buffers import VIEW_OPS
@@ -890,6 +891,8 @@ class OptimizedModule(Module):
         object.__setattr__(self, "_aot", Recordings(lambda: f"compile({type(mod).__name__})"))
         # recordings merged over sizes (``dynamic``), every size after the second replays one
         object.__setattr__(self, "_dynamics", [])
+        # fast guards of the latest replayed keys (``guard.FastGuard``)
+        object.__setattr__(self, "_guards", Guards())
 
     # -- the original's state, not a copy -------------------------------------------------------
     @property
@@ -969,8 +972,25 @@ class OptimizedModule(Module):
         policy = admission.call_policy()
         if policy != admission.COMPILE:
             return run_as_written(policy, mod, args, kwargs, self._region)
-        watch = Watch(mod.fn if isinstance(mod, FunctionModule) else mod.forward, args, kwargs)
         entries = self.__dict__["_aot"]
+        dynamics = self.__dict__["_dynamics"]
+        guards = self.__dict__["_guards"]
+        # (a function compiled as a module: the function's guard, as ``compile(fn)`` keys it)
+        forward = mod.fn if isinstance(mod, FunctionModule) else mod.forward
+        # the fast guards first (``guard``: one pass over stamps and identities), then the
+        # full walk, which makes a fast guard for the entry it finds
+        found = guards.find(forward, args, kwargs, entries, dynamics)
+        if found is not None:
+            fast, tensors = found
+            out = self._replay(fast.entry, tensors, args, kwargs, fast.sizes)
+            if out is not NotImplemented:
+                emit(
+                    events.STEP_REPLAYED,
+                    what="module",
+                    message="compiled module's forward replayed",
+                )
+                return out
+        watch = Watch(forward, args, kwargs)
         entry = entries.get(watch.key)
         sizes = None
         dynamics = self.__dict__["_dynamics"]
@@ -984,7 +1004,7 @@ class OptimizedModule(Module):
                         break
         if entry is None:
             unserved = ""  # why a recording over sizes whose key matches does not serve it
-            for dyn in self.__dict__["_dynamics"]:
+            for dyn in dynamics:
                 sizes = dyn.sizes(watch.args) if masked(watch.key, dyn.dims) == dyn.key else None
                 if sizes is not None:
                     entry = dyn.step
@@ -997,8 +1017,10 @@ class OptimizedModule(Module):
                     f"{self._name()}: the recording over symbolic sizes does not serve this "
                     f"call: {unserved}",
                 )
+        if type(entry) is AOTEntry and found is None:
+            guards.keep(watch, args, kwargs, entry, entries, dynamics, sizes)
         if type(entry) is AOTEntry:
-            out = self._replay(entry, watch, args, kwargs, sizes)
+            out = self._replay(entry, watch.args, args, kwargs, sizes)
             if out is not NotImplemented:
                 emit(
                     events.STEP_REPLAYED,
@@ -1144,11 +1166,17 @@ class OptimizedModule(Module):
         emit(events.STEP_RECORDED, entry=entry, **detail)
 
     def _replay(
-        self, entry: AOTEntry, watch: Watch, args: tuple, kwargs: dict, sizes: tuple | None = None
+        self,
+        entry: AOTEntry,
+        tensors: list,
+        args: tuple,
+        kwargs: dict,
+        sizes: tuple | None = None,
     ) -> Any:
-        """A call replayed: the forward program, then one ``AOTBackward`` node for its outputs
-        that require grad (``sizes``: the call's size vector, for an entry over symbols)."""
-        inputs = [watch.args[ref] if kind == "arg" else ref for kind, ref in entry.input_sources]
+        """A call replayed on its tensor arguments ``tensors``: the forward program, then one
+        ``AOTBackward`` node for its outputs that require grad (``sizes``: the call's size
+        vector, for an entry over symbols)."""
+        inputs = [tensors[ref] if kind == "arg" else ref for kind, ref in entry.input_sources]
         # a differentiable backward re-runs the forward eagerly: with the random state the
         # replay drew its numbers from (the default generator's), so it draws them again
         rng = _random.get_rng_state() if entry.has_draws else None
@@ -1166,7 +1194,7 @@ class OptimizedModule(Module):
                     source, ref = entry.step.sources[k]
                     if source in ("draw", "scalar", "cast", "grad"):
                         continue
-                    t = watch.args[ref] if source == "arg" else ref
+                    t = tensors[ref] if source == "arg" else ref
                     checks.append((t, t._version_counter.value, "an input of the module"))
                 else:
                     t = outputs[k]
@@ -1191,7 +1219,7 @@ class OptimizedModule(Module):
                 t = outputs[slot]
                 t.grad_fn, t._output_nr = nodes[pos]
 
-        return entry.step.run(watch.args, self._compile_mode, finish, sizes)
+        return entry.step.run(tensors, self._compile_mode, finish, sizes)
 
     def _redo(self, args: tuple, kwargs: dict, rng: dict | None) -> Callable:
         """A differentiable backward for ``create_graph=True``: the forward again, eagerly, on

@@ -36,10 +36,12 @@ from typing import Any
 import numpy as np
 
 import fusegrad
+from fusegrad import amp as _amp
 from fusegrad.autograd import grad_mode
+from fusegrad.autograd.graph_base import epoch as _epoch
 from fusegrad.autograd.tracer import Tracer, tracing
 from fusegrad.cuda.array import CudaArray
-from fusegrad.nn.module import Module
+from fusegrad.nn.module import ENTRY_DICTS, Entries, Module
 from fusegrad.ops import registry as _registry
 from fusegrad.optim.optimizer import Optimizer
 from fusegrad.tensor import Tensor
@@ -151,6 +153,37 @@ def _user_line() -> str:
 # ---- the guard ---------------------------------------------------------------------------------
 
 
+class _Missing:
+    """What a guard notes for a global name that is not there, or an empty closure cell."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING = _Missing()
+
+
+def autocast_state() -> tuple:
+    """The thread's autocast state (``fusegrad.amp``): per device type, enabled and dtype."""
+    state = _amp._state
+    if not state.enabled and not state.dtype:
+        return ()
+    return (tuple(sorted(state.enabled.items())), tuple(sorted(state.dtype.items())))
+
+
+def group_options(group: dict) -> tuple:
+    """An optimizer parameter group's part of the key: its options by value except the
+    numeric hyperparameters (runtime inputs of a recorded update, ``optim.hyper``; schedulers
+    change them every step), of which only "is it zero" shapes the update."""
+    return tuple(
+        (k, v != 0 if k in _ZERO_OR_NOT else v)
+        for k, v in group.items()
+        if k not in _RUNTIME_OPTIONS and isinstance(v, (*_SCALARS, tuple))
+    )
+
+
 # why a function that returns a tensor a backward outside it differentiates is no whole step
 # (``step.CompiledFunction`` compiles it as a module instead: ``module.FunctionModule``)
 HISTORY_NEEDED = (
@@ -169,23 +202,41 @@ class Watch:
     and named globals (tensors by identity, scalars by value).
 
     ``tensors`` maps ``id(array)`` to where the array comes from on a replay: ``("arg", k)``,
-    the k-th tensor argument, or ``("ext", tensor)``, a watched tensor."""
+    the k-th tensor argument, or ``("ext", tensor)``, a watched tensor.
+
+    The walk also notes what it read from objects that may change without the guard epoch
+    moving (``graph_base.epoch``: modules move it, and the tensors in ``read_tensors`` once a
+    guard watches them), so that ``guard.FastGuard`` can check a later call in one pass:
+    ``epoch`` (the stamp before the walk), ``cells``
+    (closure cells and their contents), ``names`` (globals dicts, the names a code reads and
+    what they held, ``MISSING`` for absent), ``codes`` (functions and their code objects),
+    ``containers`` (small lists, tuples and dicts whose items were keyed, and larger ones
+    whose size kept them out) and ``optimizers``."""
 
     def __init__(self, fn: Callable, args: tuple, kwargs: dict) -> None:
+        self.epoch = _epoch.value  # (before anything is read)
         self.key_parts: list = [grad_mode._state.enabled, grad_mode._state.inference]
         self.args: list[Tensor] = []
         self.tensors: dict[int, tuple] = {}
         self.optimizers: list[Optimizer] = []
         self.seen: set[int] = set()
         self.depth = 0
+        self.cells: list = []  # (cell, its contents)
+        self.names: list = []  # (globals dict, name, what it held)
+        self.codes: list = []  # (function, its __code__)
+        self.containers: list = []  # (container, its items or None: more than CONTAINER_ITEMS)
+        self.read_tensors: list[Tensor] = []  # every tensor read outside the arguments
+        self.unstamped = False  # a module's parameters, buffers or submodules move no epoch
         self.key_parts.append(self.describe(args))
         self.key_parts.append(self.describe(tuple(sorted(kwargs.items()))))
-        func = getattr(fn, "__func__", fn)
+        func = self.callee = getattr(fn, "__func__", fn)
         owner = getattr(fn, "__self__", None)
         if owner is not None:
             self.key_parts.append(("self", self.root(owner)))
         self.seen.add(id(func))
         self.key_parts.extend(self.function(func))
+        # autocast casts nothing (``fusegrad.amp``), but Python may read its state
+        self.key_parts.append(("autocast", autocast_state()))
         self.key = tuple(self.key_parts)
 
     def function(self, func: Any) -> list:
@@ -196,11 +247,19 @@ class Watch:
                 content = cell.cell_contents
             except ValueError:  # an empty cell
                 content = None
+                self.cells.append((cell, MISSING))
+            else:
+                self.cells.append((cell, content))
             parts.append(("cell", self.root(content)))
         code = getattr(func, "__code__", None)
         glob = getattr(func, "__globals__", None)
+        self.codes.append((func, code))
+        if code is not None:
+            parts.append(("code", code))  # (``f.__code__ = ...`` changes what a call does)
         if code is not None and glob is not None:
             for name in code.co_names:
+                value = glob.get(name, MISSING) if type(glob) is dict else MISSING
+                self.names.append((glob, name, value))
                 if name in glob:
                     part = self.root(glob[name])
                     if part is not None:
@@ -210,7 +269,7 @@ class Watch:
     def describe_guards(self) -> str:
         """What the key holds, in words (``explain``)."""
         parts = self.key_parts
-        names = [p[0] for p in parts[4:]]
+        names = [p[0] for p in parts[4:-1] if p[0] != "code"] + ["autocast state"]
         return (
             f"grad mode {parts[0]}, inference mode {parts[1]}; {len(self.args)} tensor "
             "argument(s) by shape, dtype, device and requires_grad, other arguments by value "
@@ -240,6 +299,7 @@ class Watch:
         if isinstance(obj, Tensor):
             arr = obj._data
             self.tensors.setdefault(id(arr), ("ext", obj))
+            self.read_tensors.append(obj)
             return ("T", id(obj), arr.shape, obj._dtype, type(arr), obj._requires_grad)
         if isinstance(obj, _SCALARS):
             return (type(obj), obj)
@@ -257,13 +317,7 @@ class Watch:
             parts: list = []
             for group in obj.param_groups:
                 parts.append(id(group))  # (a recorded update reads this dict on every call)
-                parts.append(
-                    tuple(
-                        (k, v != 0 if k in _ZERO_OR_NOT else v)
-                        for k, v in group.items()
-                        if k not in _RUNTIME_OPTIONS and isinstance(v, (*_SCALARS, tuple))
-                    )
-                )
+                parts.append(group_options(group))
                 for p in group["params"]:
                     parts.append(self.root(p))
                     state = obj.state.get(p)
@@ -290,14 +344,30 @@ class Watch:
             self.depth += 1
             try:
                 if self.depth <= CONTAINER_DEPTH:
+                    self.containers.append(
+                        (
+                            obj,
+                            (tuple(obj), tuple(obj.values())) if type(obj) is dict else tuple(obj),
+                        )
+                    )
                     items = obj.items() if isinstance(obj, dict) else enumerate(obj)
                     return (type(obj), id(obj), tuple((k, self.root(v)) for k, v in items))
             finally:
                 self.depth -= 1
+        elif isinstance(obj, (list, tuple, dict)):
+            self.containers.append((obj, None))  # (its size keeps its items out of the key)
         return ("id", id(obj))
 
     def module(self, m: Module) -> tuple:
         self.seen.add(id(m))
+        d = m.__dict__
+        if not all(type(d.get(name)) is Entries for name in ENTRY_DICTS):
+            self.unstamped = True  # (a subclass's own ``__setstate__`` left plain dicts)
+        for v in m.__dict__.values():
+            if isinstance(v, list):
+                # (written in place, a list's items change no stamp: the fast guard checks
+                # them; a longer one is out of the key while it stays long)
+                self.containers.append((v, tuple(v) if len(v) <= CONTAINER_ITEMS else None))
         attrs = tuple(
             (k, v if isinstance(v, _SCALARS) else tuple(v))
             for k, v in m.__dict__.items()
@@ -1122,7 +1192,14 @@ def describe_change(old: tuple, new: tuple) -> str:
     """In words: the first difference between two guard keys (``Watch.key``)."""
     for i, (a, b) in enumerate(zip(old, new)):
         if a != b:
-            where = _KEY_PARTS[i] if i < len(_KEY_PARTS) else f"{a[0]!r} (closure/global/self)"
+            if i < len(_KEY_PARTS):
+                where = _KEY_PARTS[i]
+            elif a[0] == "autocast" and i == len(old) - 1:
+                where = "the autocast state"
+            elif a[0] == "code":
+                where = "the compiled function's code"
+            else:
+                where = f"{a[0]!r} (closure/global/self)"
             return f"{where} changed: {_first_difference(a, b)}"
     return "the watched objects changed (modules, optimizers, globals)"
 

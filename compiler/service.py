@@ -279,13 +279,17 @@ class Recordings:
     recorded (``GIVEN_UP``, with one logged reason) and every new key runs with compiled
     backward only.  The oldest entries go first when the table is full."""
 
-    __slots__ = ("entries", "given_up", "name", "recordings")
+    __slots__ = ("entries", "generation", "given_up", "insertions", "name", "recordings")
 
     def __init__(self, name: Callable[[], str]) -> None:
         self.name = name  # (in words, for the reason: called only when one is given)
         self.entries: dict[tuple, Any] = {}
         self.recordings = 0
         self.given_up: str | None = None
+        # counts the entries replaced or dropped: a fast guard (``guard.FastGuard``) made for
+        # an entry stands only while this is what it was then
+        self.generation = 0
+        self.insertions = 0  # every entry remembered (a new key may take a call from another)
 
     def get(self, key: tuple) -> Any:
         return self.entries.get(key)
@@ -309,8 +313,12 @@ class Recordings:
         return self.recordings
 
     def remember(self, key: tuple, entry: Any) -> None:
+        self.insertions += 1
+        if key in self.entries:
+            self.generation += 1
         while len(self.entries) >= max(config.step_recordings, 1):
             self.entries.pop(next(iter(self.entries)))
+            self.generation += 1
         self.entries[key] = entry
 
     def last_key(self) -> tuple | None:

@@ -70,6 +70,7 @@ from .dynamic import (
     why_concrete,
 )
 from .events import emit
+from .guard import Guards
 from .ir import Value, format_graph, verify
 from .key import grad_state
 from .program import Program, scratch_leaf
@@ -462,6 +463,8 @@ class CompiledFunction:
         # ids of optimizers whose ``step()`` is recorded into the program (``Recorder``'s
         # ``inline_steps``): ops after it read what it updates (a GAN's second model)
         self.inline_steps: set[int] = set()
+        # fast guards of the latest replayed keys (``guard.FastGuard``)
+        self.guards = Guards()
         self.__wrapped__ = fn
 
     def name(self) -> str:
@@ -480,27 +483,43 @@ class CompiledFunction:
             return run_as_written(policy, self.fn, args, kwargs, self.region)
         if self.split_at is not None:
             return self.split_at(args, kwargs)
-        watch = Watch(self.fn, args, kwargs)
-        entry = self.entries.get(watch.key)
+        # the fast guards first (``guard``: one pass over stamps and identities), then the
+        # full walk, which makes a fast guard for the entry it finds
+        entry: Any = None
+        sizes = None
         unserved = ""  # why a recording over sizes whose key matches does not serve the call
-        if self.dynamics and (
-            entry is None
-            or (type(entry) is Step and any(watch.key in d.merged_keys for d in self.dynamics))
-        ):
-            # (a recording merged into one over sizes replays that one: one program to build)
-            for dyn in self.dynamics:
-                if masked(watch.key, dyn.dims) != dyn.key:
-                    continue
-                sizes = dyn.sizes(watch.args)
-                if sizes is None:
-                    unserved = unserved or dyn.why_not(watch.args)
-                    continue
-                out = dyn.step.run(watch.args, self.mode, sizes=sizes)
-                if out is not NotImplemented:
-                    emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
-                    return out
+        found = self.guards.find(self.fn, args, kwargs, self.entries, self.dynamics)
+        if found is not None:
+            fast, tensors = found
+            entry, sizes = fast.entry, fast.sizes
+        else:
+            watch = Watch(self.fn, args, kwargs)
+            entry = self.entries.get(watch.key)
+            tensors = watch.args
+            if self.dynamics and (
+                entry is None
+                or (type(entry) is Step and any(watch.key in d.merged_keys for d in self.dynamics))
+            ):
+                # (a recording merged into one over sizes replays that one: one program to
+                # build)
+                for dyn in self.dynamics:
+                    if masked(watch.key, dyn.dims) != dyn.key:
+                        continue
+                    dyn_sizes = dyn.sizes(watch.args)
+                    if dyn_sizes is None:
+                        unserved = unserved or dyn.why_not(watch.args)
+                        continue
+                    self.guards.keep(
+                        watch, args, kwargs, dyn.step, self.entries, self.dynamics, dyn_sizes
+                    )
+                    out = dyn.step.run(watch.args, self.mode, sizes=dyn_sizes)
+                    if out is not NotImplemented:
+                        emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
+                        return out
+            if type(entry) is Step or type(entry) is AsModule:
+                self.guards.keep(watch, args, kwargs, entry, self.entries, self.dynamics)
         if type(entry) is Step:
-            out = entry.run(watch.args, self.mode)
+            out = entry.run(tensors, self.mode, sizes=sizes)
             if out is not NotImplemented:
                 emit(events.STEP_REPLAYED, what="step", message="whole step replayed")
                 return out

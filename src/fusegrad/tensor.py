@@ -31,7 +31,12 @@ import numpy as np
 from . import dtypes as _dt
 from ._format import format_tensor
 from .autograd import grad_mode as _grad_mode
-from .autograd.graph_base import accumulator_for, add_hook, graph_changed
+from .autograd.graph_base import (
+    accumulator_for,
+    add_hook,
+    graph_changed,
+    tensor_guards_changed,
+)
 from .autograd.tracer import notify_host_read as _read
 from .autograd.tracer import notify_side_effect as _side_effect
 from .autograd.tracer import state as _tracer_state
@@ -292,7 +297,9 @@ class Tensor:
             )
         if _tracer_state.tracer is not None and self._requires_grad != bool(requires_grad):
             _side_effect(self, "requires_grad_()")
-        self._requires_grad = bool(requires_grad)
+        if self._requires_grad != bool(requires_grad):
+            self._requires_grad = bool(requires_grad)
+            tensor_guards_changed(self)
         return self
 
     def is_inference(self) -> bool:
@@ -424,7 +431,9 @@ class Tensor:
         if self._base is not None and self._base.requires_grad:
             raise AutogradError("Can't detach views in-place. Use detach() instead.")
         self.grad_fn = None
-        self._requires_grad = False
+        if self._requires_grad:
+            self._requires_grad = False
+            tensor_guards_changed(self)
         return self
 
     @property
@@ -444,6 +453,7 @@ class Tensor:
             raise TypeError(f"data must be a Tensor, got {type(value).__name__}")
         self._data = value._data
         self._dtype = value._dtype
+        tensor_guards_changed(self)
         if self._base is not None:
             # the storage is no longer the base's: stop being a view (PyTorch keeps the view
             # link, and a later in-place op would then rewrite the base's history for a change

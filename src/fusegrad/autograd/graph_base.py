@@ -66,6 +66,58 @@ def graph_changed() -> None:
     changes.value = next(_change_ids)
 
 
+class _Epoch:
+    """A stamp that moves whenever something a compiled function's guard reads of a tensor or a
+    module may have changed: a tensor's array, dtype or ``requires_grad`` flag replaced
+    (``.data =``, ``resize_``, ``squeeze_``-like view ops, ``requires_grad_``, ``detach_``,
+    lazy materialisation), a module's attribute set or deleted, ``train()``/``eval()``, its
+    parameters, buffers or submodules added, replaced or removed.  In-place writes to values
+    (version bumps) do not move it: a guard does not read values.
+
+    The compiler's whole-step guard (``fusegrad.compiler``) reads ``value`` before it walks
+    the modules and tensors a function reaches, and skips that walk on later calls while the
+    value is unchanged.  Like ``changes``, each change stores a fresh number after it is made,
+    so the value never returns to one a reader has seen.
+
+    A tensor change moves it only for the tensors a guard read (``watched``: their ids, added
+    by the compiler when it keeps a guard), so that making new tensors require grad (a custom
+    Function's outputs, ``func.grad``'s inputs) on every call leaves the guards standing.  An
+    id stays in ``watched`` after its tensor is gone (a new tensor with that id only moves the
+    stamp more often); past ``WATCHED`` ids the set is emptied and the stamp moved, which
+    retires every guard made before."""
+
+    __slots__ = ("value", "watched")
+
+    WATCHED = 1 << 16
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.watched: set[int] = set()
+
+    def watch(self, tensors: Any) -> None:
+        """Note ``tensors`` as read by a guard: their changes move the stamp from now on."""
+        if len(self.watched) > self.WATCHED:
+            self.watched.clear()
+            guards_changed()
+        self.watched.update(map(id, tensors))
+
+
+epoch = _Epoch()
+_epoch_ids = itertools.count(1)
+
+
+def guards_changed() -> None:
+    """Note a change that may alter what a guard reads (see ``_Epoch``); call it after the
+    change."""
+    epoch.value = next(_epoch_ids)
+
+
+def tensor_guards_changed(t: Any) -> None:
+    """Note that ``t``'s array, dtype or ``requires_grad`` was replaced (see ``_Epoch``)."""
+    if id(t) in epoch.watched:
+        epoch.value = next(_epoch_ids)
+
+
 _hook_ids = itertools.count()
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes as _dt
+from ..autograd.graph_base import tensor_guards_changed
 from ..cuda.array import to_device
 from ..device import as_device
 from ..errors import ShapeError
@@ -69,6 +70,7 @@ class _Uninitialized:
         self._data = to_device(arr) if place.type == "cuda" else arr  # type: ignore[attr-defined]
         self._dtype = target  # type: ignore[attr-defined]
         self.__class__ = self.cls_to_become  # type: ignore[assignment]
+        tensor_guards_changed(self)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import dtypes as _dt
 from ..autograd.grad_mode import no_grad
+from ..autograd.graph_base import guards_changed
 from ..autograd.tracer import opaque_method
 from ..device import as_device
 from ..errors import FusegradError
@@ -82,6 +83,67 @@ def _addindent(text: str, spaces: int) -> str:
     return lines[0] + "\n" + "\n".join(" " * spaces + line for line in lines[1:])
 
 
+class Entries(OrderedDict):
+    """A module's ``_parameters``, ``_buffers`` and ``_modules``: an ``OrderedDict`` whose
+    every change moves the guard epoch (``autograd.graph_base.epoch``), whoever makes it
+    (registration, ``Sequential``'s item assignment, ``load_state_dict(assign=True)``, user
+    code writing the dict): a compiled function's guard trusts a module's contents while the
+    epoch stands still.  Reads are the ``OrderedDict``'s own."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        guards_changed()
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(key)
+        guards_changed()
+
+    def pop(self, *args: Any) -> Any:
+        try:
+            return super().pop(*args)
+        finally:
+            guards_changed()
+
+    def popitem(self, last: bool = True) -> Any:
+        try:
+            return super().popitem(last)
+        finally:
+            guards_changed()
+
+    def clear(self) -> None:
+        super().clear()
+        guards_changed()
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        try:
+            return super().setdefault(key, default)
+        finally:
+            guards_changed()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        guards_changed()
+
+    def move_to_end(self, key: Any, last: bool = True) -> None:
+        super().move_to_end(key, last)
+        guards_changed()
+
+    def __ior__(self, other: Any) -> Entries:
+        super().__ior__(other)
+        guards_changed()
+        return self
+
+    def __reduce__(self) -> Any:
+        # pickled as the plain ``OrderedDict`` it stands for (files stay loadable with
+        # ``weights_only=True``); ``Module.__setstate__`` makes it an ``Entries`` again
+        return (OrderedDict, (), None, None, iter(self.items()))
+
+
+ENTRY_DICTS = ("_parameters", "_buffers", "_modules")
+
+
 class Module:
     """Base class for all neural network modules; subclasses define ``forward``.
 
@@ -94,12 +156,22 @@ class Module:
     def __init__(self) -> None:
         # object.__setattr__ bypasses our __setattr__, which needs these dicts to exist
         object.__setattr__(self, "training", True)
-        object.__setattr__(self, "_parameters", OrderedDict())
-        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_parameters", Entries())
+        object.__setattr__(self, "_buffers", Entries())
         object.__setattr__(self, "_non_persistent_buffers_set", set())
-        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_modules", Entries())
         object.__setattr__(self, "_forward_hooks", OrderedDict())
         object.__setattr__(self, "_forward_pre_hooks", OrderedDict())
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickling and ``copy``: the state as it was, with the parameters, buffers and
+        submodules in ``Entries`` again (pickled as plain ``OrderedDict``s)."""
+        self.__dict__.update(state)
+        for name in ENTRY_DICTS:
+            entries = state.get(name)
+            if entries is not None and type(entries) is not Entries:
+                object.__setattr__(self, name, Entries(entries))
+        guards_changed()
 
     # -- forward -------------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -192,6 +264,12 @@ class Module:
     register_module = add_module
 
     def __setattr__(self, name: str, value: Any) -> None:
+        try:
+            self._assign_attribute(name, value)
+        finally:
+            guards_changed()  # (what a compiled function's guard reads may have changed)
+
+    def _assign_attribute(self, name: str, value: Any) -> None:
         def remove_from(*dicts: dict) -> None:
             for d in dicts:
                 d.pop(name, None)
@@ -263,6 +341,7 @@ class Module:
                 self._non_persistent_buffers_set.discard(name)
                 return
         object.__delattr__(self, name)
+        guards_changed()
 
     def __dir__(self) -> list[str]:
         keys = list(super().__dir__())
@@ -375,6 +454,7 @@ class Module:
             raise ValueError("training mode is expected to be boolean")  # noqa: TRY004 (as PyTorch)
         for mod in self.modules():
             object.__setattr__(mod, "training", mode)
+        guards_changed()
         return self
 
     def eval(self) -> Module:

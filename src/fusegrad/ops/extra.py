@@ -30,6 +30,7 @@ from .. import layouts as _layouts
 from .. import return_types
 from .. import storage as _storage
 from ..autograd import grad_mode as _grad_mode
+from ..autograd.graph_base import tensor_guards_changed
 from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import notify_host_read as _read
 from ..cuda.array import CudaArray
@@ -783,6 +784,7 @@ def _resize(self: Tensor, *sizes: Any) -> Tensor:
     new[:keep] = old[:keep]
     arr = new.reshape(shape)
     self._data = arr if self.device.type == "cpu" else _leaf(arr, False, self.device)._data
+    tensor_guards_changed(self)
     self._bump()
     return self
 
@@ -902,6 +904,7 @@ def _view_inplace(name: str, view_fn: Any) -> Any:
             )
         out = view_fn(self, *args)
         self._data = out._data
+        tensor_guards_changed(self)
         if out.grad_fn is not None and _grad_mode.is_grad_enabled():
             self._set_history(out.grad_fn, out._output_nr)
         self._bump()
