@@ -103,7 +103,10 @@ class _Counting(tracer.Tracer):
 
 
 def test_tracer_marks_follow_installs_and_threads() -> None:
-    assert tracer.tracer_threads == []
+    # (relative to what the run installed around the test: FUSEGRAD_TEST_COMPILED=1 runs it
+    # inside compiled_autograd(), whose tape keeps this thread marked)
+    base = list(tracer.tracer_threads)
+    assert len(base) <= 1
     outer, inner = _Counting(), _Counting()
     x = fg.tensor([1.0, 2.0], requires_grad=True)
     with tracer.tracing(outer):
@@ -115,7 +118,7 @@ def test_tracer_marks_follow_installs_and_threads() -> None:
         with tracer.tracing(None):
             assert tracer.tracer_threads == []
             x + x
-    assert tracer.tracer_threads == []
+    assert tracer.tracer_threads == base
     assert outer.calls == 1 and inner.calls == 2
 
     other = _Counting()
@@ -127,10 +130,10 @@ def test_tracer_marks_follow_installs_and_threads() -> None:
 
     worker, _, release = _in_thread_while(hold)
     try:
-        assert len(tracer.tracer_threads) == 1
+        assert len(tracer.tracer_threads) == 1 + len(base)
         x * x  # this thread has no tracer: nothing reaches the other thread's
         assert other.calls == 0
     finally:
         release.set()
         worker.join()
-    assert tracer.tracer_threads == []
+    assert tracer.tracer_threads == base

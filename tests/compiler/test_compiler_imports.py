@@ -30,6 +30,10 @@ ALLOWED_LOCAL = {
     ("fusegrad.compiler.program", "fusegrad"): (
         "fusegrad.distributed (MPI): loaded by the first DDP collective a program runs"
     ),
+    ("fusegrad.compiler.step", "fusegrad.compiler.module"): (
+        "a function compiled as a module (CompiledFunction.module_form), made at its first "
+        "need: module sits above step (compile(model) records through step.record)"
+    ),
     ("fusegrad.compiler.trace", "fusegrad.compiler.viz"): (
         "pictures for the trace report, on first use: viz sits above the passes, which report "
         "to the trace"
