@@ -142,8 +142,12 @@ def arg_shapes(key: tuple) -> list[tuple]:
         if isinstance(desc, tuple) and desc and desc[0] == "T" and len(desc) == 5:
             found.append(desc[1])
         elif isinstance(desc, tuple) and len(desc) == 2 and isinstance(desc[1], tuple):
-            for x in desc[1]:
-                walk(x)
+            if desc[0] is dict:  # (key, value) pairs, in the order ``Watch.args`` has them
+                for _, value in desc[1]:
+                    walk(value)
+            else:
+                for x in desc[1]:
+                    walk(x)
 
     walk(key[2])
     walk(key[3])

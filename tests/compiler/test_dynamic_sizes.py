@@ -498,3 +498,22 @@ def test_values_that_differ_per_size_keep_recordings_per_size(caplog: Any) -> No
                 assert why in caplog.text
     finally:
         compiler.set_logs(None)
+
+
+def test_argument_shapes_follow_the_watchs_order_through_dicts_and_lists() -> None:
+    """``arg_shapes(key)`` lists the tensor arguments in ``Watch.args``'s order, dict values
+    and list items included (the sizes of a step over symbols are read from ``Watch.args`` by
+    these positions: a dict of parameters before the batch once made a vmap(grad) step read
+    the parameters' sizes)."""
+    from fusegrad.compiler.dynamic import arg_shapes
+    from fusegrad.compiler.recording import Watch
+
+    params = {"w": fg.zeros(7, 5), "b": fg.zeros(7)}
+    args = (params, [fg.zeros(4, 5), 3.0], fg.zeros(4))
+
+    def fn(p: dict, xs: list, y: fg.Tensor) -> None:
+        return None
+
+    watch = Watch(fn, args, {})
+    assert arg_shapes(watch.key) == [tuple(t.shape) for t in watch.args]
+    assert [tuple(t.shape) for t in watch.args] == [(7, 5), (7,), (4, 5), (4,)]
