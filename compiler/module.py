@@ -225,32 +225,31 @@ def _cut_backward(
     return (*own, *to_inner)
 
 
-def _shares_nodes(roots: list, inner: list) -> bool:
-    """Whether a backward from ``roots`` stopped at the ``inner`` outputs may run a node that
-    the inner outputs' own backward runs too (a path from the outer outputs to an input that
-    passes below the inner outputs without going through them): those must stay unfreed."""
-    below: set[int] = set()
-    stack = [t.grad_fn for t in inner if t.grad_fn is not None]
-    while stack:
-        n = stack.pop()
-        if id(n) in below:
-            continue
-        below.add(id(n))
-        stack.extend(child for child, _ in n._edges if child is not None)
-    stops = {(id(t.grad_fn), t._output_nr) for t in inner if t.grad_fn is not None}
+def _nodes_below(starts: list, stops: frozenset = frozenset()) -> Iterator[Node]:
+    """Every node reachable from ``starts`` (each once), not following the edges in ``stops``
+    (``(id(node), output_nr)`` pairs)."""
     seen: set[int] = set()
-    stack = [r.grad_fn for r in roots if r.grad_fn is not None]
+    stack = [n for n in starts if n is not None]
     while stack:
         n = stack.pop()
         if id(n) in seen:
             continue
         seen.add(id(n))
-        if id(n) in below and type(n) is not AccumulateGrad:  # (a leaf's holds nothing)
-            return True
-        for child, nr in n._edges:
-            if child is not None and (id(child), nr) not in stops:
-                stack.append(child)
-    return False
+        yield n
+        stack.extend(c for c, nr in n._edges if c is not None and (id(c), nr) not in stops)
+
+
+def _shares_nodes(roots: list, inner: list) -> bool:
+    """Whether a backward from ``roots`` stopped at the ``inner`` outputs may run a node that
+    the inner outputs' own backward runs too (a path from the outer outputs to an input that
+    passes below the inner outputs without going through them): those must stay unfreed (a
+    leaf's accumulator holds nothing to free)."""
+    below = {id(n) for n in _nodes_below([t.grad_fn for t in inner])}
+    stops = frozenset((id(t.grad_fn), t._output_nr) for t in inner if t.grad_fn is not None)
+    return any(
+        id(n) in below and type(n) is not AccumulateGrad
+        for n in _nodes_below([r.grad_fn for r in roots], stops)
+    )
 
 
 def _needed_edges(node: Node) -> list | None:

@@ -121,8 +121,9 @@ def test_compiled_program_takes_over_without_waiting(background: Any) -> None:
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-12)
 
 
-def test_wait_for_compiles_times_out_while_the_jit_runs(background: Any) -> None:
-    background.clear()
+def _gated_linear_step() -> tuple:
+    """A compiled SGD step of a linear layer, called until its background compile starts (and
+    waits at the closed gate); the step and its argument."""
     model = fg.nn.Linear(5, 3).double()
     opt = fg.optim.SGD(model.parameters(), lr=0.1)
 
@@ -137,6 +138,12 @@ def test_wait_for_compiles_times_out_while_the_jit_runs(background: Any) -> None
     x = fg.randn(4, 5, dtype=fg.float64)
     for _ in range(3):
         step(x)
+    return step, x
+
+
+def test_wait_for_compiles_times_out_while_the_jit_runs(background: Any) -> None:
+    background.clear()
+    step, x = _gated_linear_step()
     assert compiler.counters.background_compiles == 1
     assert not compiler.wait_for_compiles(0.05)  # the thread waits at the gate
     background.set()
@@ -303,20 +310,7 @@ def test_kernels_run_their_serial_loops_while_a_background_compile_runs(backgrou
 
     big = numba_cpu.PARALLEL_MIN_ELEMENTS
     background.clear()
-    model = fg.nn.Linear(5, 3).double()
-    opt = fg.optim.SGD(model.parameters(), lr=0.1)
-
-    @fg.compile
-    def step(x: fg.Tensor) -> fg.Tensor:
-        opt.zero_grad()
-        loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-        return loss
-
-    x = fg.randn(4, 5, dtype=fg.float64)
-    for _ in range(3):
-        step(x)
+    step, x = _gated_linear_step()
     assert numba_cpu.background_compiles == 1
     assert not numba_cpu.use_parallel(big)
     background.set()
