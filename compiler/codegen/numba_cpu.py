@@ -186,7 +186,9 @@ def _masks(kernel: Kernel) -> tuple[dict, dict]:
     return broadcast, reduced
 
 
-def collapse_groups(kernel: Kernel) -> tuple[tuple[int, ...], ...] | None:
+def collapse_groups(
+    kernel: Kernel, masks: tuple[dict, dict] | None = None
+) -> tuple[tuple[int, ...], ...] | None:
     """The loop dims of a (non-flat) kernel merged into fewer loops: adjacent dims that every
     input reads alike (broadcast along both or neither) and every reduction treats alike (sums
     over both or neither) are one loop over their product, as their C-ordered elements are
@@ -196,7 +198,7 @@ def collapse_groups(kernel: Kernel) -> tuple[tuple[int, ...], ...] | None:
     space = kernel.shape
     if len(space) < 2:
         return None
-    broadcast, reduced = _masks(kernel)
+    broadcast, reduced = _masks(kernel) if masks is None else masks
     keys = [
         (tuple(m[d] for m in broadcast.values()), tuple(m[d] for m in reduced.values()))
         for d in range(len(space))
@@ -216,8 +218,8 @@ def _emit(kernel: Kernel, name: str, parallel: bool) -> tuple[list[str], KernelP
     space = kernel.shape
     members = kernel.members()
     flat = is_flat(kernel)
-    groups = None if flat else collapse_groups(kernel)
     broadcast, reduced_masks = _masks(kernel)
+    groups = None if flat else collapse_groups(kernel, (broadcast, reduced_masks))
     if groups is not None:  # (the masks per group: alike for every dim of a group)
         broadcast = {v: tuple(m[g[0]] for g in groups) for v, m in broadcast.items()}
         reduced_masks = {r: tuple(m[g[0]] for g in groups) for r, m in reduced_masks.items()}
