@@ -194,7 +194,7 @@ def collapse_groups(
     over both or neither) are one loop over their product, as their C-ordered elements are
     (the runner reshapes the arrays: ``common.collapsed``).  A conv's bias gradient over (N,
     C, H, W) sums H and W as one loop of H W elements, not H rows of W; None when nothing
-    merges."""
+    merges.  ``masks``: ``_masks(kernel)``, when the caller has it already."""
     space = kernel.shape
     if len(space) < 2:
         return None
