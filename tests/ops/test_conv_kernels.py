@@ -22,6 +22,7 @@ from fusegrad import nn
 from fusegrad.autograd import forward_ad as fwAD
 from fusegrad.autograd import tracer
 from fusegrad.autograd.gradcheck import gradcheck, gradgradcheck
+from fusegrad.ops import conv_kernels
 
 try:
     import torch as _torch
@@ -249,6 +250,58 @@ def test_hypothesis_matches_the_composite(case: tuple) -> None:
     fg_fn, _ = _fns(case[0], case[1], case[5])
     arrays = _arrays(case, seed=6)
     _close(_run(fg_fn, arrays, "float64"), _run(fg_fn, arrays, "float64", True), "float64")
+
+
+_LAYOUTS = {"per-sample": 1, "batch-in-columns": 10**9}
+_ROW_KERNELS = {"loops": 0, "numpy": 10**9}
+
+
+def _forced(layout: str, rows: str) -> dict:
+    """``conv_kernels``' shape-class thresholds that force one column layout and one kind of
+    im2col / col2im kernel (``_by_sample``, ``_SHORT_ROWS``)."""
+    return {
+        "_FEW_OUTPUTS": _LAYOUTS[layout],
+        "_SHORT_ROWS": _ROW_KERNELS[rows],
+        "_SHORT_ROWS_ADD": _ROW_KERNELS[rows],
+    }
+
+
+@pytest.mark.parametrize("rows", list(_ROW_KERNELS))
+@pytest.mark.parametrize("layout", list(_LAYOUTS))
+@pytest.mark.parametrize("case", _CASES, ids=lambda c: f"{c[0]}d{'T' if c[1] else ''}{c[2]}")
+def test_each_column_layout_and_kernel_matches_the_composite(
+    case: tuple, layout: str, rows: str, monkeypatch: Any
+) -> None:
+    """The columns are (N, C taps, L) per sample from ``_FEW_OUTPUTS`` outputs per sample on,
+    and (C taps, N L) below; im2col and col2im are loop kernels or numpy copies and slice-adds
+    by the length of an output row.  Each combination, forced, gives the composites' values
+    and gradients."""
+    for name, value in _forced(layout, rows).items():
+        monkeypatch.setattr(conv_kernels, name, value)
+    fg_fn, _ = _fns(case[0], case[1], case[5])
+    arrays = _arrays(case, seed=7)
+    _close(_run(fg_fn, arrays, "float64"), _run(fg_fn, arrays, "float64", True), "float64")
+
+
+@_SETTINGS
+@given(
+    case=_conv_case(),
+    layout=st.sampled_from(list(_LAYOUTS)),
+    rows=st.sampled_from(list(_ROW_KERNELS)),
+)
+def test_hypothesis_column_layouts_match_the_composite(case: tuple, layout: str, rows: str) -> None:
+    fg_fn, _ = _fns(case[0], case[1], case[5])
+    arrays = _arrays(case, seed=8)
+    forced = _forced(layout, rows)
+    saved = {name: getattr(conv_kernels, name) for name in forced}
+    for name, value in forced.items():
+        setattr(conv_kernels, name, value)
+    try:
+        got = _run(fg_fn, arrays, "float64")
+    finally:
+        for name, value in saved.items():
+            setattr(conv_kernels, name, value)
+    _close(got, _run(fg_fn, arrays, "float64", True), "float64")
 
 
 # ---- modules: padding modes, and the layers as a whole ---------------------------------------

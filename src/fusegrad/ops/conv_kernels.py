@@ -2,19 +2,23 @@
 ``convolution_backward_weight`` in ``ops/primitives.py``): numpy arrays in, numpy arrays out.
 
 The kernels are im2col plus BLAS, over 1, 2 or 3 spatial dims and any groups (except one input
-channel per group: direct loops, below):
+channel per group: direct loops, below).  The columns take one of two layouts, by the number
+of outputs per sample L (``_by_sample``):
 
-* im2col reads every kernel window of the zero-padded input as one strided view
-  (``as_strided``: (N, C, *kernel, *out), the kernel offsets stepping by ``dilation``, the
-  windows by ``stride``) and copies it once into a contiguous (N, groups, C / groups * taps,
-  out) block; a 1x1 kernel with unit stride and no padding is the input itself, no copy;
-* the forward is one (batched over samples, grouped) ``matmul`` of the (groups, O / groups,
-  C / groups * taps) weight with those columns, plus the bias;
-* the input's gradient is the columns' gradient ``W^T g`` (one matmul) put back where each
-  column was read (col2im, a numba loop: ``pool_kernels.col2im``) into a zero-padded buffer,
-  whose padding is then cropped;
-* the weight's gradient is ``g`` times the columns, transposed: one product per sample and
-  group, summed over the samples.
+* per sample, (N, C taps, L), from 256 outputs on: the forward is one (batched over samples,
+  grouped) ``matmul`` of the (groups, O / groups, C / groups * taps) weight with them, and
+  the weight's gradient one product per sample, summed; a 1x1 kernel with unit stride and no
+  padding is the input itself, no copy;
+* the batch in the columns, (C taps, N L), below: one product over the whole batch, as the
+  per-sample products are too thin for BLAS there (DCGAN's 4x4 and 8x8 layers: (64, 512) by
+  (512, 16) per sample); ``g`` and the output are copied to and from channel-major, which is
+  small at these sizes.
+
+im2col and col2im are numba loops (``pool_kernels.im2col`` / ``col2im``) that read and write
+either layout and skip the padding instead of copying a padded input; where an output row is
+short (a few outputs along the last dim) their per-row cost is too high, so numpy copies a
+strided window view instead and adds back one slice per kernel tap (``_SHORT_ROWS``).  The
+input's gradient is the columns' gradient ``W^T g`` (one matmul) put back by col2im.
 
 The transposed convolution is the convolution's adjoint, so it runs the same three kernels
 with the roles swapped: its forward is ``backward_input``, its input's gradient is the
@@ -28,9 +32,10 @@ and by timing each kernel alone, one thread; figures in ``benchmarks/README.md``
 
 * channels > 1 per group (every ordinary convolution): the time is in the products, and BLAS
   does them several times faster than a loop nest can (a 64-channel 3x3 layer is a (64, 288)
-  by (288, L) product per sample).  The forward and the weight's gradient multiply per
-  sample: one (C taps, N L) product over a channel-major copy of the columns measured the
-  same at 64 channels and slower with few channels (the copy), ``einsum`` twice as long;
+  by (288, L) product per sample).  With the loop kernels, the copies around the products
+  take a fraction of them: on DCGAN's 32 -> 64 layer (16 x 32 x 16 x 16, 4x4, stride 2) the
+  columns take 0.28 ms against the product's 0.7 (numpy's strided copy took 0.41), and col2im
+  0.24 ms (the earlier loop over a 7-dim array, indexed with negative-index checks, 0.72);
 * one input channel per group (depthwise, channel multipliers): im2col leaves a (1, taps) by
   (taps, L) product per sample and group, thousands of BLAS calls with nothing in them (5x
   PyTorch's time for the forward at 64 x 64 x 32 x 32, 3x3); direct numba loops do these
@@ -44,8 +49,8 @@ too (of g padded by 2, with the rotated, transposed filters), but there it measu
 (24.8 against 22.4 ms on that layer: the padded gradient's partial tiles and the transform of
 its 64 channels eat the saving), so both gradients stay im2col.
 
-col2im is a numba loop too: one numpy slice-add per kernel offset took as long as the product
-before it.
+col2im's slice-add per kernel tap in numpy took as long as the product before it on the MNIST
+network's second layer (14.6 against 18 ms), hence the loop kernel wherever rows are long.
 """
 
 from __future__ import annotations
@@ -103,8 +108,16 @@ def _winograd_fits(
     return batch * (-(-outs[0] // 4)) * (-(-outs[1] // 4)) >= 64
 
 
-# below this many outputs per sample, the input's gradient multiplies once over the batch
-_FEW_OUTPUTS = 64
+# below this many outputs per sample, the columns hold the whole batch (one product over it)
+_FEW_OUTPUTS = 256
+# below this many outputs along the last spatial dim, numpy copies the columns (its loops
+# reorder and merge dims); from it on, the loop kernel (``pool_kernels.im2col``), whose cost
+# per row of outputs is too high for rows of 1 to 4 (13 ns a row: 11x numpy's time on DCGAN's
+# last layer, 1x1 outputs; even at 4 and 8, 1.2x and 1.8x faster at 16)
+_SHORT_ROWS = 8
+# col2im's loop kernel (``pool_kernels.col2im``) is 3-4x faster than numpy's slice-adds from
+# rows of 2 on; at 1 (a window over the whole input: DCGAN's first transposed layer) 3x slower
+_SHORT_ROWS_ADD = 2
 
 
 def _padded(x: np.ndarray, padding: tuple) -> np.ndarray:
@@ -129,65 +142,111 @@ def _window_view(
     return as_strided(x, shape, strides, writeable=False)
 
 
+def _geometry(
+    shape: tuple, kernel: tuple, outs: tuple, stride: tuple, padding: tuple, dilation: tuple
+) -> np.ndarray:
+    """The (4, 6) table the column kernels read (``pool_kernels.im2col``): per canonical
+    spatial dim (unit dims first) ``(size, kernel, out, stride, padding, dilation)``, then
+    ``(N, C)`` of the input ``shape``."""
+    table = np.zeros((4, 6), np.int64)
+    lead = 3 - len(kernel)
+    table[:lead] = (1, 1, 1, 1, 0, 1)
+    for d in range(len(kernel)):
+        table[lead + d] = (shape[2 + d], kernel[d], outs[d], stride[d], padding[d], dilation[d])
+    table[3, :2] = shape[:2]
+    return table
+
+
+def _by_sample(outs: tuple) -> bool:
+    """The columns' layout: (N, C taps, L), one product per sample, where a sample has at
+    least ``_FEW_OUTPUTS`` outputs; (C taps, N L), one product over the whole batch, where it
+    has fewer (DCGAN's 4x4 and 8x8 layers: the per-sample products are too thin for BLAS,
+    and the copies of ``g`` and the output to and from channel-major are small)."""
+    return math.prod(outs) >= _FEW_OUTPUTS
+
+
 def _columns(
     x: np.ndarray,
     kernel: tuple,
     stride: tuple,
     padding: tuple,
     dilation: tuple,
-    groups: int,
     outs: tuple,
+    by_sample: bool,
 ) -> np.ndarray:
-    """im2col: (N, groups, C / groups * taps, prod(outs)), a view where no copy is needed."""
+    """im2col of ``x`` (N, C, *spatial): (N, C taps, L) if ``by_sample``, else (C taps, N L);
+    the input itself where a 1x1 kernel with unit stride and no padding needs no copy."""
     batch, channels = x.shape[0], x.shape[1]
-    length = math.prod(outs)
-    rows = channels // groups * math.prod(kernel)
+    length, rows = math.prod(outs), channels * math.prod(kernel)
     unit = all(k == 1 for k in kernel) and all(s == 1 for s in stride) and not any(padding)
-    if unit and tuple(x.shape[2:]) == tuple(outs):
-        return np.ascontiguousarray(x).reshape(batch, groups, rows, length)
-    view = _window_view(_padded(x, padding), kernel, stride, dilation, outs)
-    return np.ascontiguousarray(view).reshape(batch, groups, rows, length)
+    if by_sample and unit and tuple(x.shape[2:]) == tuple(outs):
+        return np.ascontiguousarray(x).reshape(batch, rows, length)
+    if outs[-1] < _SHORT_ROWS:
+        # a strided view of the padded input, copied by numpy in the columns' order
+        n = len(kernel)
+        view = _window_view(_padded(x, padding), kernel, stride, dilation, outs)
+        if not by_sample:  # (N, C, *kernel, *outs) -> (C, *kernel, N, *outs)
+            view = view.transpose(1, *range(2, 2 + n), 0, *range(2 + n, 2 + 2 * n))
+        cols = np.ascontiguousarray(view)
+    else:
+        cols = np.empty(batch * rows * length, x.dtype)
+        geometry = _geometry(x.shape, kernel, outs, stride, padding, dilation)
+        _loops().im2col(np.ascontiguousarray(x).reshape(-1), cols, geometry, by_sample)
+    return cols.reshape((batch, rows, length) if by_sample else (rows, batch * length))
 
 
 def _col2im(
     cols: np.ndarray,
-    sizes: tuple,
+    shape: tuple,
     kernel: tuple,
     stride: tuple,
     padding: tuple,
     dilation: tuple,
     outs: tuple,
+    by_sample: bool,
 ) -> np.ndarray:
-    """The transpose of im2col: ``cols`` (N, C, *kernel, *outs) summed into (N, C, *sizes),
-    each window's elements added where im2col read them (padding cropped).  One loop kernel
-    (``pool_kernels.col2im``): a slice-add per kernel offset in numpy took as long as the
-    matrix product before it (14.6 ms against 18 ms at 64 x 32 x 26 x 26, 3x3)."""
-    pool_kernels = _loops()
-    n = len(kernel)
-    batch, channels = cols.shape[0], cols.shape[1]
-    full = [sizes[i] + 2 * padding[i] for i in range(n)]
-    # a window may reach past the padded input where a transposed convolution's
-    # output_padding adds rows at the end: grow the buffer to hold every write
+    """The transpose of ``_columns``: the columns (either layout) summed into an input of
+    ``shape`` (N, C, *sizes), each element added where im2col read it; the elements that read
+    padding are dropped.  One loop kernel (``pool_kernels.col2im``): a slice-add per kernel
+    offset in numpy took as long as the matrix product before it."""
+    if outs[-1] >= _SHORT_ROWS_ADD:
+        out = np.zeros(shape, cols.dtype)
+        geometry = _geometry(shape, kernel, outs, stride, padding, dilation)
+        flat = np.ascontiguousarray(cols).reshape(-1)
+        _loops().col2im(flat, out.reshape(-1), geometry, by_sample)
+        return out
+    # short rows: one strided slice-add per kernel tap into the padded input, then the crop
+    n, batch, channels = len(kernel), shape[0], shape[1]
+    if by_sample:
+        cols = cols.reshape(batch, channels, *kernel, *outs)
+    else:  # (C, *kernel, N, *outs) -> (N, C, *kernel, *outs)
+        cols = cols.reshape(channels, *kernel, batch, *outs)
+        cols = cols.transpose(1 + n, 0, *range(1, 1 + n), *range(2 + n, 2 + 2 * n))
     full = [
-        max(full[i], (outs[i] - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1)
+        max(
+            shape[2 + i] + 2 * padding[i],
+            (outs[i] - 1) * stride[i] + dilation[i] * (kernel[i] - 1) + 1,
+        )
         for i in range(n)
     ]
-    lift = (1,) * (3 - n)
-    out = np.zeros((batch * channels, *lift, *full), cols.dtype)
-    flat = np.ascontiguousarray(cols).reshape(batch * channels, *lift, *kernel, *lift, *outs)
-    pool_kernels.col2im(
-        flat,
-        out,
-        np.array(lift + tuple(kernel), np.int64),
-        np.array(lift + tuple(stride), np.int64),
-        np.array(lift + tuple(dilation), np.int64),
-    )
-    out = out.reshape(batch, channels, *full)
-    if any(padding) or full != list(sizes):
-        lead = (slice(None), slice(None))
-        out = out[lead + tuple(slice(padding[i], padding[i] + sizes[i]) for i in range(n))]
-        out = np.ascontiguousarray(out)
-    return out
+    out = np.zeros((batch, channels, *full), cols.dtype)
+    for tap in np.ndindex(*kernel):
+        window = tuple(
+            slice(
+                tap[i] * dilation[i],
+                tap[i] * dilation[i] + (outs[i] - 1) * stride[i] + 1,
+                stride[i],
+            )
+            for i in range(n)
+        )
+        out[(slice(None), slice(None)) + window] += cols[(slice(None), slice(None)) + tap]
+    crop = tuple(slice(padding[i], padding[i] + shape[2 + i]) for i in range(n))
+    return np.ascontiguousarray(out[(slice(None), slice(None)) + crop])
+
+
+def _channels_first(a: np.ndarray, groups: int) -> np.ndarray:
+    """(N, O, *outs) -> (groups, O / groups, N L), a copy."""
+    return np.ascontiguousarray(np.moveaxis(a, 1, 0)).reshape(groups, a.shape[1] // groups, -1)
 
 
 def _lift3(values: tuple, fill: int) -> np.ndarray:
@@ -248,9 +307,16 @@ def conv_forward(
         if bias is not None:
             out += bias.reshape((1, out_c) + (1,) * len(outs))
         return out
-    cols = _columns(x, kernel, stride, padding, dilation, groups, outs)
+    by_sample = _by_sample(outs)
+    cols = _columns(x, kernel, stride, padding, dilation, outs, by_sample)
     wmat = w.reshape(groups, out_c // groups, -1)
-    out = np.matmul(wmat, cols).reshape(batch, out_c, *outs)
+    if by_sample:
+        out = np.matmul(wmat, cols.reshape(batch, groups, -1, cols.shape[-1]))
+        out = out.reshape(batch, out_c, *outs)
+    else:  # (groups, O / groups, N L) -> (N, O, *outs)
+        out = np.matmul(wmat, cols.reshape(groups, -1, cols.shape[-1]))
+        out = np.ascontiguousarray(np.moveaxis(out.reshape(out_c, batch, -1), 0, 1))
+        out = out.reshape(batch, out_c, *outs)
     if bias is not None:
         out += bias.reshape((1, out_c) + (1,) * len(outs))
     return out
@@ -288,19 +354,15 @@ def conv_backward_input(
         lead = (slice(None), slice(None))
         crop = lead + tuple(slice(padding[i], padding[i] + sizes[i]) for i in range(n))
         return np.ascontiguousarray(gxp[crop])
-    wmat = w.reshape(groups, out_c // groups, -1)
-    length = math.prod(outs)
-    if length >= _FEW_OUTPUTS:
+    wmat = w.reshape(groups, out_c // groups, -1).transpose(0, 2, 1)
+    by_sample = _by_sample(outs)
+    if by_sample:
         gmat = np.ascontiguousarray(g).reshape(batch, groups, out_c // groups, -1)
-        cols = np.matmul(wmat.transpose(0, 2, 1), gmat)  # (N, groups, C / groups * taps, L)
+        cols = np.matmul(wmat, gmat)  # (N, groups, C / groups * taps, L)
     else:
-        # few outputs per sample (a transposed convolution's forward from a 1x1 or 4x4
-        # input): one product per group over the batch, not a matrix-vector product per sample
-        gmat = np.ascontiguousarray(np.moveaxis(g, 1, 0)).reshape(groups, out_c // groups, -1)
-        cols = np.matmul(wmat.transpose(0, 2, 1), gmat)  # (groups, C / groups * taps, N L)
-        cols = np.moveaxis(cols.reshape(groups, -1, batch, length), 2, 0)
-    cols = np.ascontiguousarray(cols).reshape(batch, channels, *kernel, *outs)
-    return _col2im(cols, sizes, kernel, stride, padding, dilation, outs)
+        cols = np.matmul(wmat, _channels_first(g, groups))  # (groups, C / groups * taps, N L)
+    shape = (batch, channels, *sizes)
+    return _col2im(cols, shape, kernel, stride, padding, dilation, outs, by_sample)
 
 
 def conv_backward_weight(
@@ -327,21 +389,15 @@ def conv_backward_weight(
             _as3(g), _as3(_padded(x, padding)), gw, _lift3(stride, 1), _lift3(dilation, 1)
         )
         return gw.reshape(out_c, 1, *kernel)
-    rows, length = channels // groups * math.prod(kernel), math.prod(outs)
-    if rows <= length:
-        cols = _columns(x, kernel, stride, padding, dilation, groups, outs)
+    by_sample = _by_sample(outs)
+    cols = _columns(x, kernel, stride, padding, dilation, outs, by_sample)
+    if by_sample:
         gmat = np.ascontiguousarray(g).reshape(batch, groups, out_c // groups, -1)
+        cols = cols.reshape(batch, groups, -1, cols.shape[-1])
         total = np.matmul(gmat, cols.transpose(0, 1, 3, 2)).sum(0)
-        return total.reshape(out_c, channels // groups, *kernel)
-    # more columns than outputs per sample (a transposed convolution's weight, read through
-    # its few input pixels): the per-sample products would be outer products summed over a
-    # (N, O, rows) buffer (210 MB for DCGAN's first layer), so one product per group over every
-    # sample at once, the columns copied channel-major, (C taps, N L)
-    view = _window_view(_padded(x, padding), kernel, stride, dilation, outs)
-    order = (1, *range(2, 2 + n), 0, *range(2 + n, 2 + 2 * n))  # -> (C, *kernel, N, *outs)
-    cols = np.ascontiguousarray(view.transpose(order)).reshape(groups, rows, batch * length)
-    gmat = np.ascontiguousarray(np.moveaxis(g, 1, 0)).reshape(groups, out_c // groups, -1)
-    total = np.matmul(gmat, cols.transpose(0, 2, 1))
+    else:
+        cols = cols.reshape(groups, -1, cols.shape[-1])
+        total = np.matmul(_channels_first(g, groups), cols.transpose(0, 2, 1))
     return total.reshape(out_c, channels // groups, *kernel)
 
 
