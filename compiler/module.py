@@ -777,6 +777,7 @@ class AOTBackward(_ModuleNode):
 
     __slots__ = (
         "_checks",
+        "_deferred",
         "_entry",
         "_inner",
         "_inputs",
@@ -786,6 +787,9 @@ class AOTBackward(_ModuleNode):
         "_state",
         "_ran_cut",
     )
+    # (an inner node runs even when nothing from outside reaches it: it may hold the outer
+    # outputs' gradients, deferred to it, ``_defer``)
+    _runs_without_grads = True
 
     def __init__(
         self,
@@ -817,12 +821,22 @@ class AOTBackward(_ModuleNode):
         # eager's nodes between the outer and the inner outputs are freed then (the inner
         # node, which shares ``state``, still runs)
         self._ran_cut = False
+        # the outer outputs' gradients, deferred to this inner node by the outer one in the
+        # running backward (``_defer``): (that backward's task, every output's gradient)
+        self._deferred: tuple | None = None
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
         entry = self._entry
         full: list = [None] * len(entry.root_slots)  # the gradients of every output
         for k, g in zip(self._slots, grads):
             full[k] = g
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None and deferred[0] is _engine._current.task:
+            for k, g in enumerate(deferred[1]):
+                if g is not None:
+                    full[k] = g
+        if all(g is None for g in full):
+            return (None,) * len(self._edges)
         inner = self._inner
         n_inner = len(inner._slots) if inner is not None else 0
         saved = self._state[0]
@@ -858,6 +872,8 @@ class AOTBackward(_ModuleNode):
             mask = mask[: len(self._inputs)]
             if all(mask):
                 mask = None
+        if inner is not None and mask is None and self._defer(full, n_inner):
+            return (None,) * len(self._edges)
         result = None
         if not grad_mode.is_grad_enabled() and mask is None:
             # (outputs without a gradient: the program for that pattern leaves out what flows
@@ -875,6 +891,23 @@ class AOTBackward(_ModuleNode):
             # frees only the nodes it ran; one from the outer outputs ran through all of them)
             self._state[0] = None
         return (*result, *(None,) * n_inner)
+
+    def _defer(self, full: list, n_inner: int) -> bool:
+        """Hand the outer outputs' gradients ``full`` on to the inner outputs' node, when the
+        running backward reaches that node from outside the module too (a VAE's KL term on
+        ``mu`` and ``logvar`` beside the reconstruction computed from them): it then runs one
+        backward program for every output.  Run here, the outer outputs' program would go on
+        through the inner outputs to the inputs, and the inner node's would run that part
+        again for its own gradients.  Not for a differentiable backward (``create_graph``,
+        which re-runs the forward eagerly)."""
+        task = _engine._current.task
+        inner = self._inner
+        if task is None or grad_mode.is_grad_enabled() or inner is None:
+            return False
+        if not (inner in task.buffers or task.deps.get(inner, 0) > n_inner):
+            return False
+        inner._deferred = (task, full)
+        return True
 
 
 class OptimizedModule(Module):

@@ -544,6 +544,68 @@ def test_outputs_computed_from_each_other_replay_with_eagers_gradients(root: str
     assert none is None and logits.shape == (2, 5, 11)
 
 
+class _Vae(nn.Module):
+    """pytorch/examples' VAE in small: ``(recon, mu, logvar)``, the reconstruction computed
+    from ``mu`` and ``logvar``, which the loss's KL term uses too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Linear(6, 5, dtype=fg.float64)
+        self.mu = nn.Linear(5, 2, dtype=fg.float64)
+        self.logvar = nn.Linear(5, 2, dtype=fg.float64)
+        self.dec = nn.Linear(2, 6, dtype=fg.float64)
+
+    def forward(self, x: fg.Tensor, eps: fg.Tensor) -> tuple:
+        h = self.enc(x).relu()
+        mu, logvar = self.mu(h), self.logvar(h)
+        z = mu + eps * (0.5 * logvar).exp()
+        return self.dec(z).sigmoid(), mu, logvar
+
+
+class _NoGrad(fg.autograd.Function):
+    """The identity, whose backward sends no gradient (None)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: fg.Tensor) -> Any:
+        return None
+
+
+@pytest.mark.parametrize("kl", ["kl", "none-from-outside"])
+def test_inner_outputs_used_outside_run_one_backward_program(kl: str) -> None:
+    """A VAE's loss uses ``mu`` and ``logvar`` (its KL term) beside the reconstruction computed
+    from them: the outer output's node hands its gradient on to the inner outputs' node, which
+    runs one backward program for all three (the encoder's backward once, not once per node),
+    with eager's gradients.  ``none-from-outside``: the path from the loss into ``mu`` sends no
+    gradient (a Function returning None); the inner node still runs what was handed to it."""
+    fg.manual_seed(0)
+    eager = _Vae()
+    m = _Vae()
+    m.load_state_dict(eager.state_dict())
+    cm = fg.compile(m, fullgraph=True)
+    rng = np.random.default_rng(6)
+    for step in range(4):
+        x = fg.tensor(rng.uniform(0.0, 1.0, (3, 6)))
+        eps = fg.tensor(rng.standard_normal((3, 2)))
+        for net in (eager, cm):
+            net.zero_grad()
+            recon, mu, logvar = net(x, eps)
+            loss = nn.functional.binary_cross_entropy(recon, x, reduction="sum")
+            if kl == "kl":
+                loss = loss - 0.5 * (1 + logvar - mu.pow(2) - logvar.exp()).sum()
+            else:
+                loss = loss + _NoGrad.apply(mu).sum()
+            before = compiler.counters.compiled_runs
+            loss.backward()
+        _close(_grads(m), _grads(eager))
+        if step > 0:  # (replayed: one backward program per backward)
+            assert compiler.counters.compiled_runs - before == 1
+    assert compiler.counters.step_captures == 1 and compiler.counters.fallbacks == {}
+
+
 def test_outputs_computed_from_each_other_without_replay_use_one_node(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
