@@ -1199,7 +1199,7 @@ def _render(p: Program, config: Config, verdict: str) -> str:
         add('    print("gradcheck passed")')
         return "\n".join(lines) + "\n"
     scales = ", scales=" + repr(config.scales) if config.scales != (1.0,) else ""
-    add(f"    eager = attempt(scales={config.scales[-1:]!r})")
+    add(f"    eager = attempt(scales={config.scales!r})")
     if config.module:
         add("    FORWARD = fg.compile(Net())")
         add(f"    compiled = attempt(scales={config.scales!r})")
@@ -1452,9 +1452,13 @@ def check(program: Program) -> Report:
     if isinstance(eager, Exception):
         report.eager_error = f"{type(eager).__name__}: {eager}"
     for config in program.configs():
-        scale = config.scales[-1]
-        if scale not in references:
-            references[scale] = _reference(program, module, scale)
+        for scale in config.scales:
+            if scale not in references:
+                references[scale] = _reference(program, module, scale)
+            # a configuration runs its scales in turn and stops at the first that raises
+            # (the cached one: a program that raises at scale 1 but not at 0.75)
+            if isinstance(references[scale][0], Exception):
+                break
         finding = _run_config(program, module, config, *references[scale], report)
         if finding is not None:
             report.findings.append(finding)

@@ -232,3 +232,14 @@ def test_term_scales_observes_the_largest_gradient_flowing_into_each_grad() -> N
     assert scales["x.grad"] >= 0.5e30  # g * (big + x), before the two terms cancel
     assert scales["y.grad"] == 3.0  # the terms into y only, not x's
     assert float(x.grad.numpy()) == 0.0  # observing leaves eager's values alone
+
+
+def test_a_configuration_over_two_scales_is_compared_with_eager_over_the_same_scales() -> None:
+    """Seed 20637 raises at the first scale of the leaf data (an in-place clamp of a saved
+    output: eager's backward raises) and at the second in the forward (a boolean mask keeps
+    other sizes).  The cached configurations run the scales in turn and stop at the first
+    error; eager, the reference, does the same: no finding, in the checker or its script."""
+    program = fuzzgen.generate(20637)
+    report = fuzzgen.check(program)
+    assert report.ok, [f.verdict for f in report.findings]
+    assert "eager = attempt(scales=(1.0, 0.75))" in program.source(fuzzgen.CACHED, "")
