@@ -280,3 +280,33 @@ def test_gradient_accumulated_into_grad_is_not_read_back_by_later_steps(
     got = _leaf_grads(program, "default", interpreter)
     for g, e in zip(got, expected):
         np.testing.assert_array_equal(g, e)
+
+
+# ---- infinities in a layer norm's weight ---------------------------------------------------------
+# seed 20485: eager's fused layer-norm backward computes dx = g w rstd + x beta + gamma (per-row
+# beta and gamma, as PyTorch's CPU kernel); the backward a compiled program captures was the
+# composite rstd (g w - mean(g w) - xhat mean(g w xhat)), equal in exact arithmetic but not where
+# the weight holds -inf: eager (and PyTorch) give NaN everywhere, the composite +inf at two places.
+
+
+@pytest.mark.parametrize("mode", ["default", "debug"])
+@pytest.mark.parametrize("dtype", [fg.float32, fg.float64])
+def test_layer_norm_backward_with_an_infinite_weight_has_eagers_nan_and_inf(
+    mode: str, dtype: fg.dtype
+) -> None:
+    def program() -> list[fg.Tensor]:
+        x = fg.tensor([0.1416, 1.6086, 1.6852, -2.8691, 0.6566], dtype=dtype, requires_grad=True)
+        w = fg.tensor([-0.2604, -0.146, 1e-30, -INF, 0.0762], dtype=dtype, requires_grad=True)
+        b = fg.tensor([-1.253, -0.5951, -1.4786, -0.4013, NAN], dtype=dtype, requires_grad=True)
+        y = fg.nn.functional.layer_norm(x.square().log1p(), (5,), w, b)
+        (y * fg.tensor([0.3, -1.2, 0.5, 0.7, -0.4], dtype=dtype)).sum().backward()
+        return [x, w, b]
+
+    expected = _leaf_grads(program, None)
+    assert np.isnan(expected[0]).all()  # (PyTorch's too)
+    got = _leaf_grads(program, mode)
+    for g, e in zip(got, expected):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(e))
+        np.testing.assert_array_equal(np.isinf(g), np.isinf(e))
+        finite = np.isfinite(e)
+        np.testing.assert_allclose(g[finite], e[finite], rtol=1e-5)

@@ -277,7 +277,8 @@ def norm_grads(
     channel_shape = (1, -1) + (1,) * (x.ndim - 2)
     xs, reduce = _reduced_view(x, layout, groups, dims)
     if training:
-        centred = xs - xs.mean(reduce, keepdim=True)
+        mu = xs.mean(reduce, keepdim=True)
+        centred = xs - mu
         rstd = ((centred * centred).mean(reduce, keepdim=True) + eps).rsqrt()
     else:  # given statistics (batch layout): constants of the graph
         centred = xs - mean.reshape(1, -1, 1)
@@ -297,9 +298,14 @@ def norm_grads(
             gwt = g * (weight if layout == "layer" else weight.reshape(channel_shape))
         gs, _ = _reduced_view(gwt, layout, groups, dims)
         if training:
+            # rstd (gs - mean(gs) - xhat mean(gs xhat)), in the kernels' form (``norm_kernels``:
+            # dx = gs rstd + x beta + gamma, per-statistic beta and gamma), so that infinities
+            # in the weight or the gradient give the kernels' NaN and inf (and PyTorch's)
             m1 = gs.mean(reduce, keepdim=True)
-            m2 = (gs * xhat).mean(reduce, keepdim=True)
-            gx = (rstd * (gs - m1 - xhat * m2)).reshape(x.shape)
+            m2 = (gs * centred).mean(reduce, keepdim=True) * rstd
+            beta = -(rstd * rstd * m2)
+            gamma = -(beta * mu) - rstd * m1
+            gx = (gs * rstd + (xs * beta + gamma)).reshape(x.shape)
         else:
             gx = (gs * rstd).reshape(x.shape)
     return gx, gw, gb
