@@ -26,8 +26,9 @@ compares eager with one compiled configuration.  The checker executes exactly th
 ``compiler.compiled_autograd()``: in default mode; in default mode twice more, the second time
 with every float leaf scaled by ``NEW_SCALE`` (a program-cache hit that must compute on the new
 arrays, compared with eager on the scaled data); in ``mode="debug"`` (the reference executor);
-and for every fourth seed with ``config.interpreter_max_elements = 0`` (every kernel as
-generated code).  Each configuration starts from empty in-memory program caches (compiled
+for every fourth seed with ``config.interpreter_max_elements = 0`` (every kernel as
+generated code); and, for another fourth, as a whole step built with native segments
+(``config.native_programs = True``).  Each configuration starts from empty in-memory program caches (compiled
 modules stay on disk): its result depends on nothing run before it, so the repro script, which
 runs that configuration alone, reproduces it.  Every
 gradient the program produces (leaf ``.grad``, ``retain_grad`` values, ``autograd.grad``
@@ -165,6 +166,9 @@ class Config:
     # forward() as the forward of a ``fusegrad.compile``d module (``FORWARD``), the backward
     # outside it: recorded on the first scale's call, replayed (ahead of time) on the next
     module: bool = False
+    # the whole step's program built with native segments (``config.native_programs``): one
+    # numba function per run of steps instead of a Python call per step
+    native: bool = False
 
     def region(self) -> Callable[[], Any]:
         return lambda: compiler.compiled_autograd(mode=self.mode)
@@ -173,15 +177,19 @@ class Config:
     def settings(self) -> Iterator[None]:
         previous = compiler.config.interpreter_max_elements
         background = compiler.config.background_compile
+        native = compiler.config.native_programs
         if self.interpreter_max_elements is not None:
             compiler.config.interpreter_max_elements = self.interpreter_max_elements
         # compiled code must run on the calls compared (no uncompiled run while it compiles)
         compiler.config.background_compile = False
+        if self.native:
+            compiler.config.native_programs = True
         try:
             yield
         finally:
             compiler.config.interpreter_max_elements = previous
             compiler.config.background_compile = background
+            compiler.config.native_programs = native
 
 
 DEFAULT = Config("default")
@@ -193,7 +201,9 @@ GRADCHECK = Config("gradcheck")  # gradcheck on the compiled path (smooth progra
 # whole-step compile: recorded at scale 1, replayed on the scaled data
 WHOLE = Config("whole step", scales=(1.0, NEW_SCALE), whole=True)
 MODULE = Config("compile(module)", scales=(1.0, NEW_SCALE), module=True)
-CONFIGS = {c.name: c for c in (DEFAULT, CACHED, DEBUG, GENERATED, GRADCHECK, WHOLE, MODULE)}
+# the whole step as native segments (every fourth seed: numba compiles them for longer)
+NATIVE = Config("native whole step", scales=(1.0, NEW_SCALE), whole=True, native=True)
+CONFIGS = {c.name: c for c in (DEFAULT, CACHED, DEBUG, GENERATED, GRADCHECK, WHOLE, MODULE, NATIVE)}
 
 
 @dataclass(frozen=True)
@@ -214,11 +224,14 @@ class Program:
     forward_in_region: bool  # whether the forward runs inside the compiled region
     gradcheck: bool  # smooth float64 program: also checked against finite differences
     generated_code: bool  # also run with every kernel as generated code
+    native: bool = False  # also run the whole step as native segments
 
     def configs(self) -> list[Config]:
         configs = [DEFAULT, CACHED, DEBUG, WHOLE, MODULE]
         if self.generated_code:
             configs.append(GENERATED)
+        if self.native:
+            configs.append(NATIVE)
         return configs
 
     def source(self, config: Config = DEFAULT, verdict: str = "") -> str:
@@ -971,6 +984,7 @@ class _Builder:
             forward_in_region=self._chance(0.6),
             gradcheck=self.gradcheck,
             generated_code=self.seed % 4 == 3,
+            native=self.seed % 4 == 1,
         )
 
     def _cotangent(self, shape: tuple[int, ...]) -> np.ndarray:
@@ -1209,6 +1223,8 @@ def _render(p: Program, config: Config, verdict: str) -> str:
         add("    sys.exit(1 if problems else 0)")
         return "\n".join(lines) + "\n"
     if config.whole:
+        if config.native:
+            add("    compiler.config.native_programs = True  # (native segments)")
         add(f"    compiled = attempt(step=fg.compile(whole){scales})")
         add("    problems = differences(eager, compiled)")
         add("    print(compiler.counters)")

@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 import fusegrad as fg
+from fusegrad import compiler
 from fusegrad.autograd.tracer import tracing
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -51,9 +52,12 @@ def test_compiled_backward_matches_eager_on_generated_programs(seeds: range) -> 
     programs: dict[int, fuzzgen.Program] = {}
     compiled_runs = gradchecked = step_runs = 0
     for seed in seeds:
-        # every eighth program also with every kernel as generated code (the campaign: every
-        # fourth): that configuration compiles a module per program, the costliest part
-        program = replace(fuzzgen.generate(seed, MAX_OPS), generated_code=seed % 8 == 3)
+        # every eighth program also with every kernel as generated code, every sixteenth also
+        # as native segments (the campaign: every fourth each): those configurations compile
+        # a module per program, the costliest part
+        program = replace(
+            fuzzgen.generate(seed, MAX_OPS), generated_code=seed % 8 == 3, native=seed % 16 == 5
+        )
         report = fuzzgen.check(program)
         programs[seed] = program
         findings += report.findings
@@ -243,3 +247,17 @@ def test_a_configuration_over_two_scales_is_compared_with_eager_over_the_same_sc
     report = fuzzgen.check(program)
     assert report.ok, [f.verdict for f in report.findings]
     assert "eager = attempt(scales=(1.0, 0.75))" in program.source(fuzzgen.CACHED, "")
+
+
+def test_every_fourth_program_also_runs_as_native_segments() -> None:
+    """Seeds 1 mod 4 add the whole step built with native segments (``native_programs``), and
+    the repro script of that configuration sets it."""
+    assert fuzzgen.NATIVE in fuzzgen.generate(5).configs()
+    assert fuzzgen.NATIVE not in fuzzgen.generate(6).configs()
+    program = fuzzgen.generate(5)
+    assert "compiler.config.native_programs = True" in program.source(fuzzgen.NATIVE, "")
+    assert "native_programs" not in program.source(fuzzgen.WHOLE, "")
+    before = compiler.config.native_programs
+    report = fuzzgen.check(program)
+    assert report.ok, [f.verdict for f in report.findings]
+    assert compiler.config.native_programs == before  # (restored after the configuration)
