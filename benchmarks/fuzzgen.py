@@ -28,9 +28,9 @@ with every float leaf scaled by ``NEW_SCALE`` (a program-cache hit that must com
 arrays, compared with eager on the scaled data); in ``mode="debug"`` (the reference executor);
 for every fourth seed with ``config.interpreter_max_elements = 0`` (every kernel as
 generated code); and, for another fourth, as a whole step built with native segments
-(``config.native_programs = True``).  Each configuration starts from empty in-memory program caches (compiled
-modules stay on disk): its result depends on nothing run before it, so the repro script, which
-runs that configuration alone, reproduces it.  Every
+(``config.native_programs = True``).  Each configuration starts from empty in-memory program
+caches (compiled modules stay on disk): its result depends on nothing run before it, so the
+repro script, which runs that configuration alone, reproduces it.  Every
 gradient the program produces (leaf ``.grad``, ``retain_grad`` values, ``autograd.grad``
 results, whether a preset ``.grad`` kept its identity, the root gradients after backward) is
 compared.  A configuration that raises where eager does not is a *crash*; an exception eager
