@@ -618,7 +618,7 @@ class AOTEntry:
         cannot say: not prunable)."""
         graph = self.backward_graph if all(present) else _prune(self.backward_graph, present)
         if graph is None:
-            return True
+            return _reads_saved_loosely(self.backward_graph, present)
         stack, live = [v for _, _, v in graph.effects], set()
         while stack:  # (what the effects need: the values a program would compute)
             v = stack.pop()
@@ -739,6 +739,35 @@ def _prune(graph: Graph, present: tuple) -> Graph | None:
         if mapping[v] is not _ABSENT:
             out.effects.append((kind, slot, mapping[v]))
     return out
+
+
+def _reads_saved_loosely(graph: Graph, present: tuple) -> bool:
+    """Whether a backward in which only the ``present`` root gradients exist may read a saved
+    value, for a pattern ``_prune`` cannot make exact: what flows only from absent roots is
+    left out, and every value that depends on no root (a ``ceil``'s zeros: ``_prune`` cannot
+    place those on a path) is kept.  False means no part the backward runs needs what was
+    saved, as eager's nodes there save nothing (a ``ceil`` output's second backward)."""
+    n = len(present)
+    roots = graph.inputs_of("arg")[:n]
+    absent = {v for v, p in zip(roots, present) if not p}
+    flowing = {v for v, p in zip(roots, present) if p}
+    only_absent = set(absent)
+    for v in graph.values:
+        if v in absent:
+            continue
+        if any(i in flowing for i in v.inputs):
+            flowing.add(v)
+        elif any(i in only_absent for i in v.inputs):
+            only_absent.add(v)
+    stack = [v for _, _, v in graph.effects if v not in only_absent]
+    live: set = set()
+    while stack:
+        v = stack.pop()
+        if v in live or v in only_absent:
+            continue
+        live.add(v)
+        stack.extend(v.inputs)
+    return any(v.op == "input" and v.attr("index") >= n for v in live)
 
 
 def _from_inputs(f: Value) -> bool:

@@ -723,3 +723,37 @@ def test_a_grad_through_an_inner_output_frees_what_it_ran_as_eager_does(replayed
         results.append([g.numpy() for g in (*gs, *kept, scale.grad, m.fc.weight.grad)])
     for got, want in zip(results[1], results[0]):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+class _CeilAndLog(nn.Module):
+    """Two independent outputs: ``ceil`` (its backward saves nothing, its gradient is zeros)
+    and ``log(silu(y))`` (its backward reads saved values)."""
+
+    def forward(self, x: fg.Tensor, y: fg.Tensor) -> tuple:
+        return x.ceil(), nn.functional.silu(y).log()
+
+
+@pytest.mark.parametrize("replayed", [False, True], ids=["recorded", "replayed"])
+def test_a_second_backward_through_an_output_whose_nodes_save_nothing_runs_as_eager(
+    replayed: bool,
+) -> None:
+    """Fuzz seed 30007: after a backward through both outputs (the saved values freed), a
+    second one from the ``ceil`` output alone runs in eager (its node saved nothing) and must
+    run compiled too (it raised "backward through the graph a second time": the backward for
+    that output alone could not be pruned exactly, because ceil's zeros depend on no gradient);
+    one from the ``log`` output raises eager's error in both."""
+    results = []
+    for compiled in (False, True):
+        net = fg.compile(_CeilAndLog()) if compiled else _CeilAndLog()
+        x = fg.tensor([-0.25, 1.5], dtype=fg.float64, requires_grad=True)
+        y = fg.tensor([0.5, 2.0], dtype=fg.float64, requires_grad=True)
+        for _ in range(2 if replayed else 0):  # (recorded, then replayed from here on)
+            net(x, y)
+        c, lg = net(x, y)
+        ((c * 0.3).sum() + (lg * 0.7).sum()).backward()
+        (c * 0.5).sum().backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second"):
+            (lg * 0.5).sum().backward()
+        results.append([x.grad.numpy().copy(), y.grad.numpy().copy()])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_array_equal(got, want)
