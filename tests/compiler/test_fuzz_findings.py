@@ -310,3 +310,39 @@ def test_layer_norm_backward_with_an_infinite_weight_has_eagers_nan_and_inf(
         np.testing.assert_array_equal(np.isinf(g), np.isinf(e))
         finite = np.isfinite(e)
         np.testing.assert_allclose(g[finite], e[finite], rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [fg.float32, fg.float64])
+def test_layer_norm_backward_with_an_infinite_weight_in_a_whole_step(dtype: fg.dtype) -> None:
+    """The same in a compiled whole step, whose recording runs layer norm as the traced
+    ``NativeLayerNormBackward0`` Function (``autograd/native.py``): its backward is written in
+    the kernels' form too (fuzz seed 20485's whole-step and compile(module) findings)."""
+    leaves = [
+        fg.tensor([0.1416, 1.6086, 1.6852, -2.8691, 0.6566], dtype=dtype, requires_grad=True),
+        fg.tensor([-0.2604, -0.146, 1e-30, -INF, 0.0762], dtype=dtype, requires_grad=True),
+        fg.tensor([-1.253, -0.5951, -1.4786, -0.4013, NAN], dtype=dtype, requires_grad=True),
+    ]
+    cot = fg.tensor([0.3, -1.2, 0.5, 0.7, -0.4], dtype=dtype)
+
+    def step(x: fg.Tensor, w: fg.Tensor, b: fg.Tensor) -> fg.Tensor:
+        y = fg.nn.functional.layer_norm(x.square().log1p(), (5,), w, b)
+        loss = (y * cot).sum()
+        loss.backward()
+        return loss
+
+    def clear() -> None:
+        for t in leaves:
+            t.grad = None
+
+    step(*leaves)
+    expected = [t.grad.numpy().copy() for t in leaves]
+    compiled = fg.compile(step)
+    for _ in range(3):  # (recorded, then replayed)
+        clear()
+        compiled(*leaves)
+    assert compiler.counters.step_runs >= 1
+    for t, e in zip(leaves, expected):
+        g = t.grad.numpy()
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(e))
+        np.testing.assert_array_equal(np.isinf(g), np.isinf(e))
+        np.testing.assert_allclose(g[np.isfinite(e)], e[np.isfinite(e)], rtol=1e-5)

@@ -236,9 +236,14 @@ class _Normalization(Function):
                 if weight is not None:
                     g = g * (weight if param_shape is None else weight.reshape(param_shape))
                 gs = _channels_view(g, groups)
+                # rstd (gs - mean(gs) - normed mean(gs normed)) in the fused kernels' form
+                # (``ops/norm_kernels``: gs rstd + x beta + gamma, per statistic), so that
+                # infinities give their NaN and inf (fuzz seed 20485)
                 gs_mean = gs.sum(dims, keepdim=True) * per_count
-                proj = (gs * normed).sum(dims, keepdim=True) * per_count
-                gx = rstd * (gs - gs_mean - normed * proj)
+                proj = (gs * centred).sum(dims, keepdim=True) * per_count * rstd
+                beta = -(rstd * rstd * proj)
+                gamma = -(beta * mean) - rstd * gs_mean
+                gx = gs * rstd + (xs * beta + gamma)
                 if groups is not None:
                     gx = gx.reshape(g.shape)
         return gx, gw, gb, None, None, None, None, None, None, None, None
