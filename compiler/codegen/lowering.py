@@ -91,6 +91,10 @@ EXTERNS = frozenset(
         "rnn_sequence_backward",  # its gradients (backpropagation through time), flat
         "embedding",  # F.embedding's lookup (numpy take)
         "embedding_backward",  # its scatter-add backward (fused CPU kernel, numba)
+        "log_softmax",  # log_softmax / cross_entropy's first half (numpy)
+        "log_softmax_backward",  # its gradient
+        "nll_loss",  # nll_loss / cross_entropy's second half (numpy)
+        "nll_loss_backward",  # its input's gradient, a scatter of the targets' weights
         "resample",  # interpolate's nearest and linear modes (fused CPU kernel, numba)
         "resample_backward",  # their input's gradient
         "norm_stats",  # batch / instance / group / layer norm: statistics (fused CPU kernel, numba)

@@ -2967,6 +2967,15 @@ def _nll_samples(rng: np.random.Generator) -> list[Sample]:
 
 
 add("nll_loss", lambda m, x, t, **k: m.F.nll_loss(x, t, **k), nll_ref, _nll_samples)
+# the fused backward kernel (``nll_loss_backward``) runs where no graph of the gradient is
+# wanted: a first-order entry reaches it (the entry above differentiates its op-surface form)
+add(
+    "nll_loss_first_order",
+    lambda m, x, t, **k: m.F.nll_loss(x, t, **k),
+    nll_ref,
+    _nll_samples,
+    twice=False,
+)
 
 
 def _pair_loss_samples(gen_a: Gen = uni, gen_b: Gen = uni) -> Callable:

@@ -768,6 +768,56 @@ def _embedding(node, g, idx):
     return F.apply(F.REGISTRY["embedding_backward"], (g, idx), attrs), None
 
 
+@vjp("log_softmax", save="out")
+def _log_softmax(node, g, out):
+    """``g - exp(out) sum(g)`` along the dim: one kernel (``log_softmax_backward``); in the
+    op surface where a graph of the gradient is wanted (``create_graph``: ``out`` carries the
+    forward's history) or a compiler captures the backward (it fuses the row sum and the
+    elementwise work with their neighbours)."""
+    dim = node.attrs["dim"]
+    tracer = _tracer_state.tracer
+    if is_grad_enabled() or (tracer is not None and tracer.prefers_composites):
+        return (g - out.exp() * g.sum(dim, keepdim=True),)
+    return (F.apply(F.REGISTRY["log_softmax_backward"], (g, out), {"dim": dim}),)
+
+
+@vjp("nll_loss", save="target weight")
+def _nll_loss(node, g, target, weight):
+    """``-weight[t] g`` (over the sum of the weights for ``mean``) at each target's class:
+    one kernel (``nll_loss_backward``), or its scatter in the op surface where a graph of the
+    gradient is wanted (``create_graph``) or a compiler captures the backward.  The target
+    and the weight get none (PyTorch's does not differentiate the weight; ``F.nll_loss`` runs
+    the composite when it requires grad)."""
+    attrs = node.attrs
+    shape = node.input_shapes[0]
+    classes = shape[0] if len(shape) == 1 else shape[1]
+    ignore, reduction = attrs["ignore_index"], attrs["reduction"]
+    tracer = _tracer_state.tracer
+    if not is_grad_enabled() and not (tracer is not None and tracer.prefers_composites):
+        kernel_attrs = {"ignore_index": ignore, "reduction": reduction, "classes": classes}
+        return (
+            F.apply(F.REGISTRY["nll_loss_backward"], (g, target, weight), kernel_attrs),
+            None,
+            None,
+        )
+    unbatched = len(shape) == 1
+    if unbatched:  # (C,) with a 0-d target: as a batch of one
+        target = target.unsqueeze(0)
+        g = g.unsqueeze(0) if reduction == "none" else g
+    ignored = F.eq(target, ignore)
+    safe = F.where(ignored, 0, target)
+    w = F.where(ignored, 0.0, weight[safe])
+    coef = -(w * g)
+    if reduction == "mean":
+        coef = coef / w.sum()
+    coef = F.where(ignored, 0.0, coef)
+    zeros = F.zeros((target.shape[0], classes, *target.shape[1:]), dtype=g.dtype, device=g.device)
+    # (a scatter-add: one index per row, so the sum is the scatter, and a compiler's batching
+    # of the backward for ``jacobian(vectorize=True)`` has a rule for it)
+    gx = F.scatter_spec(zeros, 1, safe.unsqueeze(1), coef.unsqueeze(1), add=True)
+    return (gx.squeeze(0) if unbatched else gx), None, None
+
+
 @vjp("getitem", save="idx*")
 def _getitem(node, g, *idx):
     shape = node.input_shapes[0]

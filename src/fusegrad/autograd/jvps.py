@@ -165,6 +165,19 @@ def _reciprocal(p, t, out, attrs):
     return -(t[0] * (out * out))
 
 
+@jvp("log_softmax")
+def _log_softmax(p, t, out, attrs):
+    # (cross_entropy runs its composite while a dual level is active; a direct call is exact)
+    dim = attrs["dim"]
+    return t[0] - (out.exp() * t[0]).sum(dim, keepdim=True)
+
+
+@jvp("nll_loss")
+def _nll_loss(p, t, out, attrs):
+    # linear in the input; the target and the weight carry no tangent
+    return _apply(REGISTRY["nll_loss"], (t[0], p[1], p[2]), attrs)
+
+
 UNSUPPORTED["attention"] = (
     "scaled_dot_product_attention uses its composite (matmul, softmax) while a dual level is "
     "active, so forward AD never meets the fused kernel"

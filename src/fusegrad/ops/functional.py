@@ -32,6 +32,7 @@ from ..autograd.tracer import notify_created as _created
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..size import broadcast_shapes as _broadcast_shapes
 from ..tensor import Tensor
+from . import classification as _classification
 from . import convolution as _conv
 from . import elementwise as _ew
 from . import norms as _norms
@@ -168,6 +169,9 @@ def nll_loss(
     tgt = to_tensor(target)
     if tgt._dtype.category != 1:
         raise DTypeError(f"nll_loss: expected an integer class-index target, got {describe(tgt)}")
+    fused = _fused_nll_loss(logp, tgt, weight, ignore_index, reduction)
+    if fused is not None:
+        return fused
     if logp.ndim == 1:
         logp, tgt = logp.unsqueeze(0), tgt.unsqueeze(0)
         squeeze = True
@@ -198,12 +202,38 @@ def nll_loss(
     else:
         w = _created(Tensor._make(_storage.full_like(safe._data, 1, logp.dtype.np)))
     w = where(ignored, 0.0, w)
-    loss = neg(picked) * w
+    # (an ignored target adds 0 whatever the input holds there, as PyTorch's kernel)
+    loss = where(ignored, 0.0, neg(picked) * w)
     if squeeze and reduction == "none":
         loss = loss.squeeze(0)
     if reduction == "mean":
         return _weighted_mean(sum(loss), sum(w))
     return _reduce(loss, reduction, "nll_loss")
+
+
+def _fused_nll_loss(
+    logp: Tensor, tgt: Tensor, weight: Any, ignore_index: int, reduction: str
+) -> Tensor | None:
+    """``nll_loss`` as its fused primitive (``ops/classification``), or None where the
+    composite runs (``fused_classification_runs``, a weight that requires grad or is not a
+    (C,) vector, shapes the composite's checks refuse)."""
+    if logp.ndim == 0 or reduction not in ("mean", "sum", "none"):
+        return None
+    classes = logp.shape[0] if logp.ndim == 1 else logp.shape[1]
+    expected = () if logp.ndim == 1 else logp.shape[:1] + logp.shape[2:]
+    w = None if weight is None else to_tensor(weight)
+    if not classes or tuple(tgt.shape) != tuple(expected):
+        return None
+    if w is not None and (w.requires_grad or tuple(w.shape) != (classes,)):
+        return None
+    if not _classification.fused_classification_runs(logp, tgt, w):
+        return None
+    if w is None:
+        w = _created(Tensor._make(np.ones(classes, logp.dtype.np)))
+    elif w.dtype != logp.dtype:
+        w = cast(w, logp.dtype)
+    attrs = {"ignore_index": int(ignore_index), "reduction": reduction}
+    return apply(P["nll_loss"], (logp, tgt, w), attrs)
 
 
 def _weighted_mean(total: Tensor, denom: Tensor) -> Tensor:

@@ -7,6 +7,7 @@ logsumexp, softmax, log_softmax and max/min with ``dim`` are composites.
 
 from __future__ import annotations
 
+import builtins as _builtins
 import math
 from collections import namedtuple
 from typing import Any
@@ -17,6 +18,7 @@ from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_created as _created
 from ..errors import DTypeError, ShapeError, describe
 from ..tensor import Tensor
+from . import classification as _classification
 from ._util import P, apply, cast, to_tensor, wrap_dim, wrap_dims
 from .elementwise import add, div, isfinite, sub, where
 from .generated import abs, eq, exp, log, logaddexp, maximum, minimum, mul, ne, sqrt
@@ -116,7 +118,8 @@ def prod(input: Any, dim: int | None = None, keepdim: bool = False, *, dtype: An
 
 
 def _check_nonempty(op: str, x: Tensor, dims: tuple | None) -> None:
-    if x.numel() == 0 and (dims is None or any(x._data.shape[d] == 0 for d in dims)):
+    # (``builtins.any``: this module's ``any`` is the reduction)
+    if x.numel() == 0 and (dims is None or _builtins.any(x._data.shape[d] == 0 for d in dims)):
         raise ShapeError(
             f"{op}(): Expected reduction dim to be specified for input.numel() == 0 (or the "
             f"reduced dim has size 0); input {describe(x)}"
@@ -278,7 +281,14 @@ def log_softmax(input: Any, dim: int, dtype: Any = None) -> Tensor:
     if x.ndim == 0:
         return sub(x, x)
     d = wrap_dim("log_softmax", dim, x.ndim)
-    return sub(x, logsumexp(x, d, keepdim=True))
+    if not x.shape[d]:
+        return sub(x, logsumexp(x, d, keepdim=True))
+    if _classification.fused_classification_runs(x):
+        return apply(P["log_softmax"], (x,), {"dim": d})
+    # PyTorch's kernel's form (the fused primitive's): x - max - log(sum(exp(x - max))), the
+    # max a constant shift, so that a slice holding inf (or only -inf) is NaN throughout
+    shifted = sub(x, amax(x, (d,), keepdim=True).detach())
+    return sub(shifted, log(sum(exp(shifted), (d,), keepdim=True)))
 
 
 @_torch_node_name("CumprodBackward0")
