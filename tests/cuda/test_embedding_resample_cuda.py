@@ -3,7 +3,8 @@
 (``padding_idx``, ``scale_grad_by_freq``, repeated indices, int32 and int64 indices) and
 nearest, nearest-exact, linear, bilinear and trilinear resampling forward and backward give
 the CPU kernels' values and gradients, float32 and float64; the kernels ran on the device, not
-the composites; double backward (the rules' composites) on the device."""
+the composites; double backward (the rules' composites) on the device; a compiled backward on
+the device calls them (and the norms') as externs."""
 
 from __future__ import annotations
 
@@ -144,3 +145,38 @@ def test_interpolate_double_backward_on_the_device() -> None:
         (gg,) = fg.autograd.grad((gx * gx).sum(), xt)
         results.append(gg.cpu().numpy())
     np.testing.assert_allclose(results[1], results[0], rtol=1e-11, atol=1e-12)
+
+
+def test_compiled_backward_runs_the_kernels_as_externs() -> None:
+    """A compiled backward on the device (``compiled_autograd``) calls the norm, resample and
+    embedding backward kernels as externs and gives eager CUDA's gradients."""
+    from fusegrad import compiler
+
+    rng = np.random.default_rng(8)
+    arrays = [rng.standard_normal(s) for s in ((2, 3, 2, 2), (3,), (3,), (6, 4))]
+    idx = fg.tensor(np.array([[1, 2], [2, 5]]), device="cuda")
+
+    def run(compiled: bool) -> list:
+        leaves = [fg.tensor(a, device="cuda", requires_grad=True) for a in arrays]
+        x, w, b, table = leaves
+        y = F.group_norm(F.batch_norm(x, None, None, w, b, training=True), 3, w, b)
+        y = F.interpolate(y, scale_factor=2, mode="nearest")
+        e = F.layer_norm(F.embedding(idx, table), (4,))
+        loss = (y * y).sum() + (e * e * e).sum()
+        if compiled:
+            with compiler.compiled_autograd():
+                loss.backward()
+        else:
+            loss.backward()
+        return [t.grad.cpu().numpy() for t in leaves]
+
+    want = run(False)
+    compiler.reset()
+    got = run(True)
+    assert compiler.counters.captures == 1 and compiler.counters.compiled_runs == 1
+    assert not compiler.counters.fallbacks
+    (program,) = compiler.cached_programs()
+    externs = {str(v.op) for v in program.externs}
+    assert {"norm_backward", "resample_backward", "embedding_backward"} <= externs, externs
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
