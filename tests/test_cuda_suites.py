@@ -64,6 +64,7 @@ def test_cuda_kernels_in_the_simulator(capsys: pytest.CaptureFixture[str]) -> No
         "test_conv_cuda.py",
         "test_norms_cuda.py",
         "test_embedding_resample_cuda.py",
+        "test_recurrent_cuda.py",
     )
 
 

@@ -1,9 +1,9 @@
 """The CUDA kernels of the layers with fused primitives (``cuda/norms.py``,
-``cuda/embedding.py``, ``cuda/resample.py``) compile to PTX for compute capability 9.0 with the
-argument types they are launched with (numba-cuda's type inference, which the simulator never
-runs; shared-memory block trees, float64 accumulation of float32 inputs, integer and float
-atomic adds included).  Runs in the PTX process (``FUSEGRAD_CUDA_PTX=1``, no simulator,
-no GPU needed)."""
+``cuda/embedding.py``, ``cuda/resample.py``, ``cuda/recurrent.py``) compile to PTX for compute
+capability 9.0 with the argument types they are launched with (numba-cuda's type inference,
+which the simulator never runs; shared-memory block trees, float64 accumulation of float32
+inputs, integer and float atomic adds included).  Runs in the PTX process
+(``FUSEGRAD_CUDA_PTX=1``, no simulator, no GPU needed)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 from numba import cuda  # noqa: E402
 from numba import types as nt  # noqa: E402
 
-from fusegrad.cuda import embedding, norms, resample  # noqa: E402
+from fusegrad.cuda import embedding, norms, recurrent, resample  # noqa: E402
 
 B, I64, F64 = nt.boolean, nt.int64, nt.float64
 
@@ -73,3 +73,22 @@ def test_resample_kernels_compile(dtype: str) -> None:
     x3, index, weight = _arr(dtype, 3), _arr("int64", 2), _arr(dtype, 2)
     _compiles(resample._kernel("along"), (x3, index, weight, B, x3, I64))
     _compiles(resample._kernel("adjoint"), (x3, index, weight, B, x3, I64))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_recurrent_kernels_compile(dtype: str) -> None:
+    a, v = _arr(dtype, 2), _arr(dtype, 1)
+    scalar = numba.from_dtype(np.dtype(dtype))
+    _compiles(recurrent._kernel("lstm_step"), (a, a, I64, v, a, a, a, a, I64, B, I64))
+    _compiles(recurrent._kernel("gru_step"), (a, a, I64, v, a, a, I64))
+    _compiles(recurrent._kernel("rnn_step"), (a, a, I64, v, B, scalar, a, a, I64))
+    _compiles(recurrent._kernel("copy_rows"), (a, I64, a, I64, I64))
+    _compiles(recurrent._kernel("add_rows"), (a, a, a, I64))
+    _compiles(recurrent._kernel("state_grad"), (a, I64, a, a, I64))
+    _compiles(
+        recurrent._kernel("lstm_back"),
+        (a, a, I64, I64, I64, a, a, a, I64, B, a, a, scalar, I64),
+    )
+    _compiles(recurrent._kernel("gru_back"), (a, a, I64, I64, I64, a, a, a, a, a, scalar, I64))
+    _compiles(recurrent._kernel("rnn_back"), (a, a, I64, B, a, a, scalar, scalar, I64))
+    _compiles(recurrent._kernel("column_sum"), (a, v, I64))

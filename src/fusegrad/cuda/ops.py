@@ -18,7 +18,7 @@ Where each primitive's CUDA code comes from:
   arithmetic): ``fusegrad.cuda.complex``; the convolution and pooling primitives:
   ``fusegrad.cuda.convolution`` and ``fusegrad.cuda.pooling``; the normalisation layers'
   primitives: ``fusegrad.cuda.norms``; the embedding's: ``fusegrad.cuda.embedding``;
-  interpolate's: ``fusegrad.cuda.resample``.
+  interpolate's: ``fusegrad.cuda.resample``; the recurrent layers': ``fusegrad.cuda.recurrent``.
 
 What is not implemented on CUDA yet raises ``NotImplementedError`` naming the primitive, shapes
 and dtypes — never a silent trip through host memory.
@@ -42,6 +42,7 @@ from . import (
     movement,
     norms,
     pooling,
+    recurrent,
     reduce,
     resample,
     sorting,
@@ -278,5 +279,10 @@ _SPECIAL: dict[str, Callable[[Any, list, dict], Any]] = {
     # interpolate's nearest and linear modes (``cuda/resample.py``)
     "resample": lambda prim, arrays, attrs: resample.resample(arrays[0], **attrs),
     "resample_backward": lambda prim, arrays, attrs: resample.resample_backward(arrays[0], **attrs),
+    # the recurrent layers over a whole sequence (``cuda/recurrent.py``)
+    "rnn_sequence": lambda prim, arrays, attrs: recurrent.rnn_sequence(*arrays, **attrs),
+    "rnn_sequence_backward": lambda prim, arrays, attrs: recurrent.rnn_sequence_backward(
+        *arrays, **attrs
+    ),
     **{n: _reduce(n) for n in ("amax", "amin", "prod", "argmax", "argmin", "all", "any")},
 }
