@@ -3,7 +3,7 @@
 the affine parameters, in training and in evaluation (running statistics), float32 and float64,
 give the CPU kernels' values, gradients and running statistics; the kernels ran on the device,
 not the composites; the gradients for each subset of inputs; double backward (the rule's
-composite) on the device."""
+composite) on the device; hypothesis over layouts and shapes."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from typing import Any
 import modes
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import fusegrad as fg
 import fusegrad.nn.functional as F
@@ -156,3 +158,37 @@ def test_double_backward_on_the_device() -> None:
         (gg,) = fg.autograd.grad((gx * gx).sum() + (gw * gw).sum(), xt)
         results.append(gg.cpu().numpy())
     np.testing.assert_allclose(results[1], results[0], rtol=1e-10, atol=1e-12)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kind=st.sampled_from(["layer", "batch", "instance", "group"]),
+    batch=st.integers(1, 3),
+    channels=st.sampled_from([1, 2, 4]),
+    spatial=st.lists(st.integers(1, 3), min_size=0, max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_shapes_property(kind: str, batch: int, channels: int, spatial: list, seed: int) -> None:
+    shape = (batch, channels, *spatial)
+    per_stat = int(np.prod(spatial)) * (batch if kind == "batch" else 1)
+    if kind in ("batch", "instance") and per_stat <= 1:
+        return  # (PyTorch refuses one value per statistic in training)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape)
+    params = shape[1:] if kind == "layer" else (channels,)
+    w, b = rng.standard_normal(params), rng.standard_normal(params)
+    results = []
+    for device in ("cpu", "cuda"):
+        ts = [fg.tensor(v, device=device, requires_grad=True) for v in (x, w, b)]
+        if kind == "layer":
+            out = F.layer_norm(ts[0], params, ts[1], ts[2])
+        elif kind == "batch":
+            out = F.batch_norm(ts[0], None, None, ts[1], ts[2], training=True)
+        elif kind == "instance":
+            out = F.instance_norm(ts[0], weight=ts[1], bias=ts[2])
+        else:
+            out = F.group_norm(ts[0], 2 if channels % 2 == 0 else 1, ts[1], ts[2])
+        (out * out * out).sum().backward()
+        results.append([out.detach().cpu().numpy()] + [t.grad.cpu().numpy() for t in ts])
+    for a, b_ in zip(*results):
+        np.testing.assert_allclose(a, b_, rtol=1e-10, atol=1e-11)
