@@ -3,7 +3,8 @@
 layers), nn.GRU and nn.RNN (tanh, relu), padded and packed sequences, given initial states,
 float64 and float32, give the CPU kernels' outputs, final states and gradients (input, initial
 states, every weight and bias); the kernels ran on the device, not the per-step ops; double
-backward (the rule's composite) on the device."""
+backward (the rule's composite) on the device; a compiled backward on the device calls them as
+externs."""
 
 from __future__ import annotations
 
@@ -104,3 +105,34 @@ def test_double_backward_on_the_device() -> None:
         (gg,) = fg.autograd.grad((gx * gx).sum(), xt)
         results.append(gg.cpu().numpy())
     np.testing.assert_allclose(results[1], results[0], rtol=1e-10, atol=1e-12)
+
+
+def test_compiled_backward_runs_the_kernel_as_an_extern() -> None:
+    """A compiled backward on the device (``compiled_autograd``) calls
+    ``rnn_sequence_backward`` as an extern and gives eager CUDA's gradients."""
+    from fusegrad import compiler
+
+    x = np.random.default_rng(4).standard_normal((3, 2, 2))
+
+    def run(compiled: bool) -> list:
+        fg.manual_seed(2)
+        layer = nn.LSTM(2, 3).to(dtype=fg.float64).to("cuda")
+        xt = fg.tensor(x, device="cuda", requires_grad=True)
+        out, (h, c) = layer(xt)
+        loss = (out * out).sum() + (c * h).sum()
+        if compiled:
+            with compiler.compiled_autograd():
+                loss.backward()
+        else:
+            loss.backward()
+        return [t.grad.cpu().numpy() for t in (xt, *layer.parameters())]
+
+    want = run(False)
+    compiler.reset()
+    got = run(True)
+    assert compiler.counters.captures == 1 and compiler.counters.compiled_runs == 1
+    assert not compiler.counters.fallbacks
+    (program,) = compiler.cached_programs()
+    assert "rnn_sequence_backward" in {str(v.op) for v in program.externs}
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
