@@ -62,10 +62,18 @@ def test_cuda_kernels_in_the_simulator(capsys: pytest.CaptureFixture[str]) -> No
         "test_nan_semantics_cuda.py",
         "test_pooling_cuda.py",
         "test_conv_cuda.py",
+        "test_norms_cuda.py",
+        "test_embedding_resample_cuda.py",
+        "test_recurrent_cuda.py",
     )
 
 
 def test_cuda_kernels_compile_to_ptx(capsys: pytest.CaptureFixture[str]) -> None:
     _check(
-        "cuda-ptx", capsys, "test_cuda_ptx.py", "test_backend_ptx.py", "test_conv_pooling_ptx.py"
+        "cuda-ptx",
+        capsys,
+        "test_cuda_ptx.py",
+        "test_backend_ptx.py",
+        "test_conv_pooling_ptx.py",
+        "test_layer_kernels_ptx.py",
     )

@@ -16,7 +16,9 @@ Where each primitive's CUDA code comes from:
   ``floor_divide``, bitwise ops): ``fusegrad.cuda.arith``; ``argsort`` (sort, topk, ...):
   ``fusegrad.cuda.sorting``; complex operands or results (the generated kernels compute in real
   arithmetic): ``fusegrad.cuda.complex``; the convolution and pooling primitives:
-  ``fusegrad.cuda.convolution`` and ``fusegrad.cuda.pooling``.
+  ``fusegrad.cuda.convolution`` and ``fusegrad.cuda.pooling``; the normalisation layers'
+  primitives: ``fusegrad.cuda.norms``; the embedding's: ``fusegrad.cuda.embedding``;
+  interpolate's: ``fusegrad.cuda.resample``; the recurrent layers': ``fusegrad.cuda.recurrent``.
 
 What is not implemented on CUDA yet raises ``NotImplementedError`` naming the primitive, shapes
 and dtypes — never a silent trip through host memory.
@@ -31,7 +33,20 @@ import numpy as np
 
 from .. import dtypes as _dt
 from .._index_key import numpy_key
-from . import advanced, arith, convolution, generated, movement, pooling, reduce, sorting
+from . import (
+    advanced,
+    arith,
+    convolution,
+    embedding,
+    generated,
+    movement,
+    norms,
+    pooling,
+    recurrent,
+    reduce,
+    resample,
+    sorting,
+)
 from . import complex as complex_kernels
 from .array import CudaArray, contiguous, copy_into, probe_view, to_device
 from .matmul import matmul
@@ -252,5 +267,22 @@ _SPECIAL: dict[str, Callable[[Any, list, dict], Any]] = {
     "pool_index": lambda prim, arrays, attrs: pooling.pool_index(arrays[0], **attrs),
     "pool_take": lambda prim, arrays, attrs: pooling.pool_take(*arrays),
     "pool_scatter": lambda prim, arrays, attrs: pooling.pool_scatter(*arrays, **attrs),
+    # the normalisation layers' primitives (``cuda/norms.py``)
+    "norm_stats": lambda prim, arrays, attrs: norms.norm_stats(*arrays, **attrs),
+    "norm": lambda prim, arrays, attrs: norms.norm(*arrays, **attrs),
+    "norm_backward": lambda prim, arrays, attrs: norms.norm_backward(*arrays, **attrs),
+    # the embedding's lookup and scatter-add backward (``cuda/embedding.py``)
+    "embedding": lambda prim, arrays, attrs: embedding.embedding(*arrays),
+    "embedding_backward": lambda prim, arrays, attrs: embedding.embedding_backward(
+        *arrays, **attrs
+    ),
+    # interpolate's nearest and linear modes (``cuda/resample.py``)
+    "resample": lambda prim, arrays, attrs: resample.resample(arrays[0], **attrs),
+    "resample_backward": lambda prim, arrays, attrs: resample.resample_backward(arrays[0], **attrs),
+    # the recurrent layers over a whole sequence (``cuda/recurrent.py``)
+    "rnn_sequence": lambda prim, arrays, attrs: recurrent.rnn_sequence(*arrays, **attrs),
+    "rnn_sequence_backward": lambda prim, arrays, attrs: recurrent.rnn_sequence_backward(
+        *arrays, **attrs
+    ),
     **{n: _reduce(n) for n in ("amax", "amin", "prod", "argmax", "argmin", "all", "any")},
 }

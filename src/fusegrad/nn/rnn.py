@@ -486,9 +486,10 @@ class RNNBase(Module):
         return layer_input, stack(h_last, 0), (stack(c_last, 0) if c_last else None)
 
     def _fused_kernel_runs(self, input: Tensor, h0: Tensor, c0: Tensor | None) -> bool:
-        """Whether the layers run as fused kernels (``rnn_sequence``): CPU tensors of one
-        dtype, float32 or float64, no forward-AD level (whose tangents the per-step ops carry),
-        and ``fused_kernels`` not switched off on this thread."""
+        """Whether the layers run as fused kernels (``rnn_sequence``): tensors of one dtype
+        and device (the CPU, or CUDA: ``cuda/recurrent.py``), float32 or float64, no forward-AD
+        level (whose tangents the per-step ops carry), and ``fused_kernels`` not switched off
+        on this thread."""
         if not _kernels.enabled or _forward_state.level is not None:
             return False
         tensors = [input, h0] + ([] if c0 is None else [c0])
@@ -496,7 +497,10 @@ class RNNBase(Module):
         dtype = input.dtype
         if dtype.name not in ("float32", "float64"):
             return False
-        return all(t.dtype == dtype and t.device.type == "cpu" for t in tensors)
+        device = input.device
+        if device.type not in ("cpu", "cuda"):
+            return False
+        return all(t.dtype == dtype and t.device == device for t in tensors)
 
     def _forward_packed(self, input: PackedSequence, hx: Any) -> tuple[Any, Tensor, Any]:
         data, batch_sizes, sorted_indices, unsorted_indices = input

@@ -23,6 +23,7 @@ from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import notify_host_read as _read
+from ..cuda.array import CudaArray
 from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
 from ..size import broadcast_shapes
 from ..tensor import Tensor
@@ -570,14 +571,18 @@ def embedding(
 
 
 def _fused_embedding_runs(weight: Tensor, idx: Tensor) -> bool:
-    """The ``embedding`` primitive runs on CPU arrays of float32 / float64 with no forward-AD
-    level (whose tangents getitem's rule carries), in compiled programs too (as externs: a
-    step with an Embedding(5000, 128) ran 0.8 ms against 6.1 ms with getitem and
-    index_add_at); other calls (CUDA, half dtypes) index."""
+    """The ``embedding`` primitive runs on float32 / float64 weights with no forward-AD level
+    (whose tangents getitem's rule carries), the indices on the weight's device (the CPU, or
+    CUDA: ``cuda/embedding.py``), in compiled programs too (as externs: a step with an
+    Embedding(5000, 128) ran 0.8 ms against 6.1 ms with getitem and index_add_at); other calls
+    (half dtypes, host indices of a CUDA weight) index."""
     if _forward_state.level is not None:
         return False
     w, i = weight._data, idx._data
-    return type(w) is np.ndarray and type(i) is np.ndarray and w.dtype in (np.float32, np.float64)
+    kind = type(w)
+    if kind is not np.ndarray and kind is not CudaArray:
+        return False
+    return type(i) is kind and w.dtype in (np.float32, np.float64)
 
 
 def _scaled_by_frequency(out: Tensor, idx: Tensor, rows: int) -> Tensor:

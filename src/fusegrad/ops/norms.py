@@ -22,9 +22,9 @@ other batch sizes): ``batch`` (per channel over the batch and spatial dims; also
 with given statistics: batch norm's and instance norm's running statistics in evaluation),
 ``instance`` (per sample and channel), ``group`` (per sample and group of ``groups`` channels),
 ``layer`` (per row, over the trailing ``dims`` dims; the weight and bias have those dims'
-shape).  ``fused_norm_runs`` says when the layers use these primitives: CPU tensors of float32
-or float64, one dtype, no forward-AD level; otherwise (CUDA tensors among them) they run their
-composites.
+shape).  ``fused_norm_runs`` says when the layers use these primitives: tensors of float32
+or float64, one dtype and device, no forward-AD level; otherwise they run their composites.
+CUDA tensors run the device kernels of ``cuda/norms.py``.
 
 Inside compiled programs (``compile(fn)``, ``compile(model)``, ``compiled_autograd()``) batch,
 instance and group norm call these kernels as externs, and layer norm stays a composite,
@@ -45,9 +45,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import storage as _storage
 from ..autograd.forward_state import state as _forward_state
 from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import state as _tracer_state
+from ..cuda.array import CudaArray
 from ..tensor import Tensor
 from ._util import P, apply
 from .registry import primitive, set_meta
@@ -169,11 +171,12 @@ def fused_norm_kernels(enabled: bool) -> Iterator[None]:
 
 def fused_norm_runs(x: Tensor, *others: Tensor | None, rows: bool = False) -> bool:
     """Whether a normalisation of ``x`` with ``others`` (weight, bias, running statistics;
-    None for absent ones) runs the fused primitives: CPU arrays of one dtype, float32 or
-    float64, a non-empty input, no forward-AD level (whose tangents the composites'
-    primitives carry), and ``fused_norm_kernels`` not switched off on this thread.  ``rows``
-    (layer norm): not while a compiler records or captures the call, which fuses the
-    composite into row kernels with its neighbours (``Tracer.prefers_composites``)."""
+    None for absent ones) runs the fused primitives: arrays of one dtype and device (the CPU,
+    or CUDA: ``cuda/norms.py``), float32 or float64, a non-empty input, no forward-AD level
+    (whose tangents the composites' primitives carry), and ``fused_norm_kernels`` not
+    switched off on this thread.  ``rows`` (layer norm): not while a compiler records or
+    captures the call, which fuses the composite into row kernels with its neighbours
+    (``Tracer.prefers_composites``)."""
     if not _switch.enabled or _forward_state.level is not None:
         return False
     if rows:
@@ -181,10 +184,13 @@ def fused_norm_runs(x: Tensor, *others: Tensor | None, rows: bool = False) -> bo
         if tracer is not None and tracer.prefers_composites:
             return False
     data = x._data
-    if type(data) is not np.ndarray or data.dtype not in (np.float32, np.float64) or not data.size:
+    kind = type(data)
+    if kind is not np.ndarray and kind is not CudaArray:
+        return False
+    if data.dtype not in (np.float32, np.float64) or not data.size:
         return False
     for t in others:
-        if t is not None and (type(t._data) is not np.ndarray or t._data.dtype != data.dtype):
+        if t is not None and (type(t._data) is not kind or t._data.dtype != data.dtype):
             return False
     return True
 
@@ -243,7 +249,9 @@ def norm(
 def _placeholder(x: Tensor) -> Tensor:
     """An empty constant of ``x``'s dtype standing for an absent weight or bias of ``norm``
     (whose inputs are named, so that its rule saves each tensor only where needed)."""
-    return _created(Tensor._make(np.empty(0, x._data.dtype)))
+    return _created(
+        Tensor._make(_storage.full((0,), 0, x._data.dtype, not _storage.is_host(x._data)))
+    )
 
 
 def _reduced_view(x: Tensor, layout: str, groups: int | None, dims: int) -> tuple:

@@ -12,7 +12,8 @@ Attributes: ``mode`` (``nearest``, ``nearest-exact`` or ``linear``: linear, bili
 trilinear by the input's rank), ``size`` (the output's spatial sizes), ``scales`` (per dim, the
 given scale factor or None: PyTorch's kernels use it instead of ``in / out`` when
 ``recompute_scale_factor`` is not set), ``align_corners``.  ``fused_resample_runs`` says when
-``interpolate`` uses them: CPU float32 / float64 tensors, no forward-AD level; inside compiled
+``interpolate`` uses them: float32 / float64 tensors on the CPU or on CUDA (whose kernels are
+``cuda/resample.py``), no forward-AD level; inside compiled
 programs the nearest modes call them as externs and the linear modes keep their composite.
 """
 
@@ -25,67 +26,25 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from .._resample_tables import keeps_dim, linear_source, nearest_source
+from .._resample_tables import tables as _tables
 from ..autograd.forward_state import state as _forward_state
 from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import state as _tracer_state
+from ..cuda.array import CudaArray
 from ..tensor import Tensor
 from ._util import P, apply
 from .registry import primitive, set_meta
 
-__all__ = ["fused_resample_kernels", "fused_resample_runs", "resample", "resample_grad"]
-
-
-def nearest_source(n: int, out: int, scale: float | None, exact: bool) -> np.ndarray:
-    """The input index each output copies, computed in float32 as PyTorch's kernels do (so that
-    a product landing just below an integer floors the same way)."""
-    step = np.float32(1.0 / scale if scale is not None and scale > 0 else n / out)
-    j = np.arange(out, dtype=np.float32)
-    src = np.floor((j + np.float32(0.5)) * step if exact else j * step).astype(np.int64)
-    return np.minimum(src, n - 1)
-
-
-def linear_source(n: int, out: int, scale: float | None, align_corners: bool) -> tuple:
-    """(index (out, 2), weight (out, 2)): each output's two sources and weights (PyTorch's
-    area_pixel_compute_source_index; at the last input both indices are the same)."""
-    j = np.arange(out, dtype=np.float64)
-    if align_corners:
-        src = j * ((n - 1) / (out - 1) if out > 1 else 0.0)
-    else:
-        step = 1.0 / scale if scale is not None and scale > 0 else n / out
-        src = np.maximum(step * (j + 0.5) - 0.5, 0.0)
-    lo = np.minimum(np.floor(src).astype(np.int64), n - 1)
-    hi = np.minimum(lo + 1, n - 1)
-    frac = src - lo
-    return np.stack([lo, hi], 1), np.stack([1.0 - frac, frac], 1)
-
-
-def keeps_dim(mode: str, rank: int, n: int, out: int) -> bool:
-    """Whether a spatial dim whose size does not change is copied as it is, whatever the scale
-    factor says: PyTorch's CPU kernels do so for every mode and rank but nearest over 1 or 3
-    spatial dims (which then read input ``floor(j / scale)``, as for any size)."""
-    return out == n and not (mode == "nearest" and rank in (1, 3))
-
-
-def _tables(in_sizes: tuple, mode: str, size: tuple, scales: tuple, align_corners: bool) -> list:
-    """Per spatial dim: (index (out, 2), weight (out, 2), two corners, copies the dim)."""
-    tables = []
-    rank = len(in_sizes)
-    for n, out, scale in zip(in_sizes, size, scales):
-        if keeps_dim(mode, rank, n, out):
-            index = np.stack([np.arange(n), np.arange(n)], 1)
-            weight = np.zeros((n, 2))
-            weight[:, 0] = 1.0
-            tables.append((index, weight, False, True))
-        elif mode == "linear":
-            index, weight = linear_source(n, out, scale, align_corners)
-            tables.append((index, weight, True, False))
-        else:
-            src = nearest_source(n, out, scale, mode == "nearest-exact")
-            index = np.stack([src, src], 1)
-            weight = np.zeros((out, 2))
-            weight[:, 0] = 1.0
-            tables.append((index, weight, False, False))
-    return tables
+__all__ = [
+    "fused_resample_kernels",
+    "fused_resample_runs",
+    "keeps_dim",
+    "linear_source",
+    "nearest_source",
+    "resample",
+    "resample_grad",
+]
 
 
 def _kernels():  # type: ignore[no-untyped-def]
@@ -151,18 +110,19 @@ def fused_resample_kernels(enabled: bool) -> Iterator[None]:
 
 
 def fused_resample_runs(x: Tensor, linear: bool) -> bool:
-    """Whether ``interpolate`` runs the ``resample`` primitive on ``x``: a CPU float32 /
-    float64 array, no forward-AD level, ``fused_resample_kernels`` not switched off on this
-    thread, and for the ``linear`` modes no compiler recording
-    or capturing the call (``Tracer.prefers_composites``: compiled programs keep the
-    composite's matrix products, which measured no slower there)."""
+    """Whether ``interpolate`` runs the ``resample`` primitive on ``x``: a float32 / float64
+    array on the CPU or on CUDA (``cuda/resample.py``), no forward-AD level,
+    ``fused_resample_kernels`` not switched off on this thread, and for the ``linear`` modes no
+    compiler recording or capturing the call (``Tracer.prefers_composites``: compiled programs
+    keep the composite's matrix products, which measured no slower there)."""
     if not _switch.enabled or _forward_state.level is not None:
         return False
     tracer = _tracer_state.tracer
     if linear and tracer is not None and tracer.prefers_composites:
         return False
     data = x._data
-    return type(data) is np.ndarray and data.dtype in (np.float32, np.float64)
+    kind = type(data)
+    return (kind is np.ndarray or kind is CudaArray) and data.dtype in (np.float32, np.float64)
 
 
 def resample(x: Tensor, mode: str, size: tuple, scales: tuple, align_corners: bool) -> Tensor:
