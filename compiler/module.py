@@ -894,7 +894,9 @@ class AOTBackward(_ModuleNode):
                 self._redo(tuple(full), mask and mask[: len(self._inputs)], inner._slots)
             )
             if not retain and not grad_mode.is_grad_enabled() and entry.saved_plan:
-                self._ran_cut = True
+                # (eager frees the nodes it ran: a later backward through them raises only
+                # where they saved something; fuzz seed 40280: flip, cumsum, neg save nothing)
+                self._ran_cut = getattr(self._redo, "cut_saves", True)
             return result
         mask = _needed_edges(self)
         if mask is not None:
@@ -1306,6 +1308,13 @@ class OptimizedModule(Module):
             pairs = [(r, g) for r, g in zip(roots, grads) if g is not None]
             if cut is not None:  # (``AOTBackward``: the outer outputs' backward, stopped)
                 inner = [roots[k] for k in cut]
+                # whether eager's nodes between the outer and the inner outputs save anything:
+                # a backward without retain_graph frees only those (``AOTBackward._ran_cut``)
+                stops = frozenset((id(t.grad_fn), t._output_nr) for t in inner)
+                outer = [r.grad_fn for r, _ in pairs]
+                redo.cut_saves = any(  # type: ignore[attr-defined]
+                    getattr(n, "_saved", None) for n in _nodes_below(outer, stops)
+                )
                 found = _engine.run_backward(
                     [r for r, _ in pairs],
                     [g for _, g in pairs],

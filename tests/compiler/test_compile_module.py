@@ -757,3 +757,35 @@ def test_a_second_backward_through_an_output_whose_nodes_save_nothing_runs_as_ea
         results.append([x.grad.numpy().copy(), y.grad.numpy().copy()])
     for got, want in zip(results[1], results[0]):
         np.testing.assert_array_equal(got, want)
+
+
+class _FlipHead(nn.Module):
+    """Returns ``(h, out)``, ``out`` computed from ``h`` by ops that save nothing (fuzz seed
+    40280: neg, cumsum, flip)."""
+
+    def forward(self, x: fg.Tensor) -> tuple:
+        h = -nn.functional.softplus(x.T)
+        return h.cumsum(0).flip(0), h
+
+
+@pytest.mark.parametrize("replayed", [False, True], ids=["recorded", "replayed"])
+def test_a_cut_through_nodes_that_save_nothing_leaves_a_second_backward_running(
+    replayed: bool,
+) -> None:
+    """``autograd.grad(out, [out, h])`` stops the outer output's backward at the inner output
+    and frees the nodes it ran; eager's there (neg's, cumsum's, flip's) saved nothing, so a
+    later ``out.backward()`` runs in eager and must run compiled too (it raised "backward
+    through the graph a second time")."""
+    results = []
+    for compiled in (False, True):
+        m = _FlipHead()
+        net = fg.compile(m) if compiled else m
+        x = fg.tensor([[0.4], [0.9], [-3.1]], dtype=fg.float64, requires_grad=True)
+        for _ in range(2 if replayed else 0):  # (recorded, then replayed from here on)
+            net(x)
+        out, h = net(x)
+        gs = fg.autograd.grad(out, [out, h], grad_outputs=fg.ones_like(out))
+        (out * 0.5).sum().backward()
+        results.append([g.numpy().copy() for g in gs] + [x.grad.numpy().copy()])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
