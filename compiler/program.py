@@ -230,7 +230,7 @@ class Instance:
     """A program prepared for one size vector: its variant and the concrete shapes of its
     values, iteration spaces and extern attributes."""
 
-    __slots__ = ("attrs", "reduced", "sizes", "spaces", "shapes", "variant")
+    __slots__ = ("attrs", "numels", "reduced", "sizes", "spaces", "shapes", "variant")
 
     def __init__(self, program: Program, sizes: tuple) -> None:
         self.sizes = sizes
@@ -244,6 +244,7 @@ class Instance:
         self.spaces = {
             k: substitute(s.shape, sizes) for k, s in enumerate(steps) if isinstance(s, Kernel)
         }
+        self.numels = {k: _numel(space) for k, space in self.spaces.items()}
         self.attrs = {
             k: substitute(attrs, sizes)
             for k, (_, attrs, symbolic) in self.variant.externs.items()
@@ -536,8 +537,9 @@ class Program:
             cuda_kernel = variant.cuda_kernels[id(step)]
             _run_cuda_kernel(step, cuda_kernel, env, schedule.epilogue, leaves, inst)
         elif k in schedule.interpreted:
-            space = inst.spaces[k]
-            env.update(variant.interpreted[id(step)](env, _numel(space), inst.shapes, space))
+            env.update(
+                variant.interpreted[id(step)](env, inst.numels[k], inst.shapes, inst.spaces[k])
+            )
         else:
             plan, fn = variant.kernel_fns[id(step)]
             pool = variant.pools.__dict__.setdefault("pool", {})
@@ -591,11 +593,12 @@ class Program:
             else:
                 self._step(k, steps[k], env, inst, w, leaves, inputs, dry)
                 done = range(k, k + 1)
-            for j in done:
-                for dead in dying.get(j, ()):
-                    env.pop(dead, None)
-                for slot, v in early.get(j, ()):  # (.grad written now, its array dropped)
-                    _write_grad(leaves[slot], env.pop(v), v in fresh)
+            if dying or early:
+                for j in done:
+                    for dead in dying.get(j, ()):
+                        env.pop(dead, None)
+                    for slot, v in early.get(j, ()):  # (.grad written now, its array dropped)
+                        _write_grad(leaves[slot], env.pop(v), v in fresh)
             k = done.stop
         if dry:  # (``prepare``: the kernels ran once, nothing else happens)
             return None

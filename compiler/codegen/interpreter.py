@@ -445,8 +445,8 @@ class InterpretedKernel:
         self._run_ops(n, self.code, regs, scalars, self.reduce_regs, reduce_out)
         out = {}
         for v, reduction, row, dtype in self.outputs:
-            if reduction >= 0:
-                out[v] = np.full(shapes[v], reduce_out[reduction], dtype=dtype)
+            if reduction >= 0:  # (one element: the cast ``np.full`` would make, without it)
+                out[v] = reduce_out[reduction : reduction + 1].astype(dtype).reshape(shapes[v])
             else:
                 out[v] = regs[row, :n].astype(dtype).reshape(shapes[v])
         for v, (row, axes) in self.partial.items():
