@@ -316,7 +316,7 @@ class Program:
             device == "cpu" and mode != "debug" and not any(has_sym(v.shape) for v in graph.values)
         )
         self.native = native and self.native_eligible
-        self.last_seconds: float | None = None  # the last ``run_step``'s wall time
+        self.last_seconds: float | None = None  # the last ``run_step``/``run_bound``'s wall time
         with _trace.phase("fusion"):
             self.fused = _schedule.steps(graph, mode)
         self._interpretable = (
@@ -425,10 +425,12 @@ class Program:
         # as in the eager engine, the backward (and any user hook in it) runs without recording
         prev_mode = grad_mode._state.enabled
         grad_mode._state.enabled = False
+        start = time.perf_counter()
         try:
             captured = self._run(inst, w, saved_arrays, w.leaves, grad_roots, inputs)
         finally:
             grad_mode._state.enabled = prev_mode
+            self.last_seconds = time.perf_counter() - start  # (``service.Trial``)
         if not retain_graph:
             release(w)
         return captured
@@ -447,10 +449,12 @@ class Program:
         inst = self.instance(sizes)
         prev_mode = grad_mode._state.enabled
         grad_mode._state.enabled = False
+        start = time.perf_counter()
         try:
             self._run(inst, None, saved_arrays, leaves, grad_roots, None)
         finally:
             grad_mode._state.enabled = prev_mode
+            self.last_seconds = time.perf_counter() - start  # (``service.Trial``)
         if not retain_graph:
             for n in release:
                 n.release()
