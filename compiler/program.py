@@ -136,6 +136,15 @@ class Variant:
             for k, s in enumerate(steps)
             if isinstance(s, Extern) and s.value.op in REGISTRY
         }
+        # the CPU externs ``Program._run`` calls without ``_step``'s dispatch (a primitive's
+        # eager kernel on concrete attributes): step -> (kernel, attributes, inputs, value, dtype)
+        self.plain_externs = {
+            k: (kernel, attrs, steps[k].value.inputs, steps[k].value, steps[k].value.dtype.np)
+            for k, (kernel, attrs, symbolic) in self.externs.items()
+            if not symbolic
+            and steps[k].value.op not in _COLLECTIVE
+            and steps[k].value.op not in _SPECIAL
+        }
         self.first_run = True
         self.compile_seconds = 0.0
         # per thread: two threads running this variant at once must not share buffers
@@ -576,8 +585,25 @@ class Program:
         start = time.perf_counter() if variant.first_run else 0.0
         steps = schedule.steps
         segments = variant.segments
+        plain = variant.plain_externs if self.device == "cpu" else {}
         k = 0
         while k < len(steps):
+            fast = plain.get(k)
+            if fast is not None and k not in segments:  # (what ``_step`` does for it)
+                kernel, attrs, values, v, dtype = fast
+                result = kernel(*[env[i] for i in values], **attrs)
+                if type(result) is not np.ndarray:
+                    result = np.asarray(result)
+                if result.dtype != dtype:  # (the IR's dtype is eager's: debug mode)
+                    result = result.astype(dtype)
+                env[v] = result
+                if dying or early:
+                    for dead in dying.get(k, ()):
+                        env.pop(dead, None)
+                    for slot, value in early.get(k, ()):
+                        _write_grad(leaves[slot], env.pop(value), value in fresh)
+                k += 1
+                continue
             seg = segments.get(k)
             if seg is not None and not seg.compiled and not _compiles(seg, env, variant):
                 seg = None  # (numba cannot compile it: its steps run one by one, from now on)
