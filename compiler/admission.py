@@ -30,6 +30,7 @@ from typing import Any
 from fusegrad.autograd import anomaly as _anomaly
 from fusegrad.autograd.forward_state import state as _forward_state
 from fusegrad.autograd.tracer import state as _tracer_state
+from fusegrad.autograd.tracer import tracer_threads as _tracer_threads
 
 from . import ddp as _ddp
 from .key import replay_reason
@@ -49,7 +50,7 @@ COMPILE = "compile"  # replay a recording of this call, or record one
 
 def call_policy() -> str:
     """How a call of a compiled function or module runs now (see the module docstring)."""
-    current = _tracer_state.tracer
+    current = _tracer_state.tracer if _tracer_threads else None  # (see ``tracer_threads``)
     if current is not None:
         # (``recording.Recorder``, the tracer of a call being recorded, says so)
         return INLINE if getattr(current, "records_calls", False) else REGION

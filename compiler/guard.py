@@ -377,7 +377,8 @@ class _OptimizerCheck:
             return False
         if not all(map(is_, map(opt.state.get, self.params), self.states)):
             return False
-        return tuple(_chain(self.live)) == self.state_keys  # (names: compared by value)
+        # (names: compared by value; none to compare where no parameter has state yet)
+        return not self.live or tuple(_chain(self.live)) == self.state_keys
 
 
 class _GroupOptions:

@@ -136,6 +136,15 @@ class Variant:
             for k, s in enumerate(steps)
             if isinstance(s, Extern) and s.value.op in REGISTRY
         }
+        # the CPU externs ``Program._run`` calls without ``_step``'s dispatch (a primitive's
+        # eager kernel on concrete attributes): step -> (kernel, attributes, inputs, value, dtype)
+        self.plain_externs = {
+            k: (kernel, attrs, steps[k].value.inputs, steps[k].value, steps[k].value.dtype.np)
+            for k, (kernel, attrs, symbolic) in self.externs.items()
+            if not symbolic
+            and steps[k].value.op not in _COLLECTIVE
+            and steps[k].value.op not in _SPECIAL
+        }
         self.first_run = True
         self.compile_seconds = 0.0
         # per thread: two threads running this variant at once must not share buffers
@@ -230,7 +239,7 @@ class Instance:
     """A program prepared for one size vector: its variant and the concrete shapes of its
     values, iteration spaces and extern attributes."""
 
-    __slots__ = ("attrs", "reduced", "sizes", "spaces", "shapes", "variant")
+    __slots__ = ("attrs", "numels", "reduced", "sizes", "spaces", "shapes", "variant")
 
     def __init__(self, program: Program, sizes: tuple) -> None:
         self.sizes = sizes
@@ -244,6 +253,7 @@ class Instance:
         self.spaces = {
             k: substitute(s.shape, sizes) for k, s in enumerate(steps) if isinstance(s, Kernel)
         }
+        self.numels = {k: _numel(space) for k, space in self.spaces.items()}
         self.attrs = {
             k: substitute(attrs, sizes)
             for k, (_, attrs, symbolic) in self.variant.externs.items()
@@ -315,7 +325,7 @@ class Program:
             device == "cpu" and mode != "debug" and not any(has_sym(v.shape) for v in graph.values)
         )
         self.native = native and self.native_eligible
-        self.last_seconds: float | None = None  # the last ``run_step``'s wall time
+        self.last_seconds: float | None = None  # the last ``run_step``/``run_bound``'s wall time
         with _trace.phase("fusion"):
             self.fused = _schedule.steps(graph, mode)
         self._interpretable = (
@@ -424,10 +434,12 @@ class Program:
         # as in the eager engine, the backward (and any user hook in it) runs without recording
         prev_mode = grad_mode._state.enabled
         grad_mode._state.enabled = False
+        start = time.perf_counter()
         try:
             captured = self._run(inst, w, saved_arrays, w.leaves, grad_roots, inputs)
         finally:
             grad_mode._state.enabled = prev_mode
+            self.last_seconds = time.perf_counter() - start  # (``service.Trial``)
         if not retain_graph:
             release(w)
         return captured
@@ -446,10 +458,12 @@ class Program:
         inst = self.instance(sizes)
         prev_mode = grad_mode._state.enabled
         grad_mode._state.enabled = False
+        start = time.perf_counter()
         try:
             self._run(inst, None, saved_arrays, leaves, grad_roots, None)
         finally:
             grad_mode._state.enabled = prev_mode
+            self.last_seconds = time.perf_counter() - start  # (``service.Trial``)
         if not retain_graph:
             for n in release:
                 n.release()
@@ -536,8 +550,9 @@ class Program:
             cuda_kernel = variant.cuda_kernels[id(step)]
             _run_cuda_kernel(step, cuda_kernel, env, schedule.epilogue, leaves, inst)
         elif k in schedule.interpreted:
-            space = inst.spaces[k]
-            env.update(variant.interpreted[id(step)](env, _numel(space), inst.shapes, space))
+            env.update(
+                variant.interpreted[id(step)](env, inst.numels[k], inst.shapes, inst.spaces[k])
+            )
         else:
             plan, fn = variant.kernel_fns[id(step)]
             pool = variant.pools.__dict__.setdefault("pool", {})
@@ -570,8 +585,25 @@ class Program:
         start = time.perf_counter() if variant.first_run else 0.0
         steps = schedule.steps
         segments = variant.segments
+        plain = variant.plain_externs if self.device == "cpu" else {}
         k = 0
         while k < len(steps):
+            fast = plain.get(k)
+            if fast is not None and k not in segments:  # (what ``_step`` does for it)
+                kernel, attrs, values, v, dtype = fast
+                result = kernel(*[env[i] for i in values], **attrs)
+                if type(result) is not np.ndarray:
+                    result = np.asarray(result)
+                if result.dtype != dtype:  # (the IR's dtype is eager's: debug mode)
+                    result = result.astype(dtype)
+                env[v] = result
+                if dying or early:
+                    for dead in dying.get(k, ()):
+                        env.pop(dead, None)
+                    for slot, value in early.get(k, ()):
+                        _write_grad(leaves[slot], env.pop(value), value in fresh)
+                k += 1
+                continue
             seg = segments.get(k)
             if seg is not None and not seg.compiled and not _compiles(seg, env, variant):
                 seg = None  # (numba cannot compile it: its steps run one by one, from now on)
@@ -591,11 +623,12 @@ class Program:
             else:
                 self._step(k, steps[k], env, inst, w, leaves, inputs, dry)
                 done = range(k, k + 1)
-            for j in done:
-                for dead in dying.get(j, ()):
-                    env.pop(dead, None)
-                for slot, v in early.get(j, ()):  # (.grad written now, its array dropped)
-                    _write_grad(leaves[slot], env.pop(v), v in fresh)
+            if dying or early:
+                for j in done:
+                    for dead in dying.get(j, ()):
+                        env.pop(dead, None)
+                    for slot, v in early.get(j, ()):  # (.grad written now, its array dropped)
+                        _write_grad(leaves[slot], env.pop(v), v in fresh)
             k = done.stop
         if dry:  # (``prepare``: the kernels ran once, nothing else happens)
             return None

@@ -170,8 +170,11 @@ def _run_from_tape(region: Region, fast: tuple, grads: Sequence[Tensor], retain:
         return False
     table, pkey, sizes = filed
     program = table.ready(pkey)
-    if program is None:  # (compiling, or evicted: the walk path)
-        return False
+    if program is None:
+        slot = table.slots.get(pkey)
+        if slot is None or slot.job is not None or slot.trial is None:
+            return False  # (compiling, or evicted: the walk path)
+        program = slot.trial.next()  # (two compiled programs measured in turn)
     emit(events.TAPE_HIT)
     program.run_bound(sizes, arrays, leaves, release, grads, retain)
     return True
@@ -258,7 +261,7 @@ def _program_for(
     if slot is not None and slot.program is not None:
         emit(events.PROGRAM_HIT)
         device = slot.program.device
-        if slot.job is None and not _cold(slot.program, w):
+        if slot.job is None and slot.trial is None and not _cold(slot.program, w):
             return slot.program, True, (table, pkey)
     else:
         device = _device(w, call)

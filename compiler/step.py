@@ -73,6 +73,7 @@ from .events import emit
 from .guard import Guards
 from .ir import Value, format_graph, verify
 from .key import grad_state
+from .passes.fuse import Kernel
 from .program import Program, scratch_leaf
 from .recording import HISTORY_NEEDED, Recorder, StepBreak, Watch, describe_change, why_recorded
 from .region import Region
@@ -145,6 +146,7 @@ class Step:
         self.programs = Programs()
         self.write_slots = tuple(bumps)
         self.fresh_outputs = sorted(set(_fresh_outputs(spec)))
+        self._unshared: dict = {}  # variant -> ``unshared_outputs``
         # eager's validations (index ranges, class targets), run on every call before the
         # program changes anything: the values they check, computed with the eager kernels
         self.checks = rec.checks
@@ -232,22 +234,22 @@ class Step:
         for owner, fn, a, kw in self.prefix:
             fn(owner, *a, **kw)
         leaves = [args[ref] if kind == "arg" else ref for kind, ref in self.leaf_sources]
-        grad_key = tuple(grad_state(leaf) for leaf in leaves)
+        grad_key = tuple([grad_state(leaf) for leaf in leaves])
         for leaf in leaves:
             if leaf._hooks or leaf._post_acc_hooks and not self._ddp_hooks(leaf):
                 return NotImplemented
-        notice = None
-        if grad_key not in self.programs:  # built, then JIT-compiled by its first run
-            notice = CompileNotice()
-            st = self.stats
-            notice.start(
-                f"a whole step ({st['forward ops']} forward and {st['backward ops']} backward ops)"
-            )
+        ready = self.programs.ready(grad_key)
+        if ready is not None:
+            return self._run(args, leaves, grad_key, mode, finish, sizes, ready)
+        notice = CompileNotice()  # built, then JIT-compiled by its first run
+        st = self.stats
+        notice.start(
+            f"a whole step ({st['forward ops']} forward and {st['backward ops']} backward ops)"
+        )
         try:
             return self._run(args, leaves, grad_key, mode, finish, sizes)
         finally:
-            if notice is not None:
-                notice.stop()
+            notice.stop()
 
     def _run(
         self,
@@ -257,7 +259,10 @@ class Step:
         mode: str,
         finish: Any,
         sizes: tuple | None = None,
+        ready: Program | None = None,
     ) -> Any:
+        """``run`` after its checks; ``ready``: the program for ``grad_key``, when it was ready
+        then (else it is obtained once the input arrays are gathered)."""
         arrays = []
         for index, source in enumerate(self.sources):
             kind = source[0]
@@ -279,7 +284,7 @@ class Step:
                 arrays.append(source[1](substitute(self.draw_shapes[index], sizes))._data)
             else:
                 arrays.append(source[1]()._data)
-        program = self.program(grad_key, mode, arrays, leaves, sizes)
+        program = ready or self.program(grad_key, mode, arrays, leaves, sizes)
         if self.checks:
             self.run_checks(arrays, sizes)
         targets = {}
@@ -287,17 +292,38 @@ class Step:
             kind, ref = self.sources[index]
             targets[index] = (args[ref] if kind == "arg" else ref, self.bumps[index])
         outputs = program.run_step(arrays, leaves, targets, self.n_outputs, sizes)
-        for k in self.fresh_outputs:
-            a = outputs[k]._data
-            if any(np.may_share_memory(a, b) for b in arrays) or any(
-                np.may_share_memory(a, c) for c in program._fixed.values()
-            ):
-                outputs[k] = Tensor._make(a.copy())
+        if self.fresh_outputs:
+            for k in self.unshared_outputs(program, sizes):
+                a = outputs[k]._data
+                if any(np.may_share_memory(a, b) for b in arrays) or any(
+                    np.may_share_memory(a, c) for c in program._fixed.values()
+                ):
+                    outputs[k] = Tensor._make(a.copy())
         if finish is not None:
             finish(outputs, arrays)
         for owner, fn, a, kw in self.suffix:
             fn(owner, *a, **kw)
         return _rebuild(self.spec, args, outputs)
+
+    def unshared_outputs(self, program: Program, sizes: tuple | None) -> tuple[int, ...]:
+        """The output slots that eager returned in new memory (``fresh_outputs``) whose array
+        from ``program`` (its variant for ``sizes``) may share memory with an input or a
+        constant: all but those a kernel step allocated and hands out once
+        (``BufferPlan.fresh``), which nothing else can hold.  Kept per variant."""
+        variant = program.instance(program.graph.hints if sizes is None else sizes).variant
+        found = self._unshared.get(variant)
+        if found is None:
+            made = {
+                v for step in variant.schedule.steps if type(step) is Kernel for v in step.outputs
+            }
+            fresh = variant.buffers.fresh
+            owned = {
+                slot
+                for kind, slot, v in program.graph.effects
+                if kind == "capture" and v in made and v in fresh
+            }
+            found = self._unshared[variant] = tuple(k for k in self.fresh_outputs if k not in owned)
+        return found
 
     def describe(self, program: Program | None = None) -> str:
         """The recording in words (``explain``)."""

@@ -398,13 +398,15 @@ class InterpretedKernel:
         self._run_ops = getattr(machine(self.core), f"run_ops_{self.float_dtype.name}")
         self._local = threading.local()
 
-    def _registers(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """This thread's register matrix for ``n`` elements and the flat view of its input
-        rows (kept from call to call while ``n`` stays the same)."""
+    def _registers(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This thread's register matrix for ``n`` elements, the flat view of its input rows
+        and its full reductions' float64 sums (``run_ops`` writes every one of them; the
+        outputs are copies), kept from call to call while ``n`` stays the same."""
         cached = getattr(self._local, "regs", None)
         if cached is None or cached[0].shape[1] != max(n, 1):
             regs = np.empty((self.n_regs, max(n, 1)), dtype=self.float_dtype.np)
-            cached = (regs, regs[: self.n_full].reshape(-1))
+            sums = np.zeros(len(self.reduce_regs), dtype=np.float64)
+            cached = (regs, regs[: self.n_full].reshape(-1), sums)
             self._local.regs = cached
         return cached
 
@@ -424,7 +426,7 @@ class InterpretedKernel:
             n = int(np.prod(space)) if space else 1
         if shapes is None:
             shapes = {v: v.shape for v in self.kernel.outputs}
-        regs, input_rows = self._registers(n)
+        regs, input_rows, reduce_out = self._registers(n)
         if self.full_inputs and n:
             np.concatenate(
                 [env[v] for v in self.full_inputs], axis=None, out=input_rows, casting="unsafe"
@@ -441,12 +443,11 @@ class InterpretedKernel:
                 out=scalars[: len(self.scalar_inputs)],
                 casting="unsafe",
             )
-        reduce_out = np.zeros(len(self.reduce_regs), dtype=np.float64)
         self._run_ops(n, self.code, regs, scalars, self.reduce_regs, reduce_out)
         out = {}
         for v, reduction, row, dtype in self.outputs:
-            if reduction >= 0:
-                out[v] = np.full(shapes[v], reduce_out[reduction], dtype=dtype)
+            if reduction >= 0:  # (one element: the cast ``np.full`` would make, without it)
+                out[v] = reduce_out[reduction : reduction + 1].astype(dtype).reshape(shapes[v])
             else:
                 out[v] = regs[row, :n].astype(dtype).reshape(shapes[v])
         for v, (row, axes) in self.partial.items():

@@ -317,3 +317,77 @@ def test_kernels_run_their_serial_loops_while_a_background_compile_runs(backgrou
     assert compiler.wait_for_compiles(60)
     assert numba_cpu.background_compiles == 0
     assert numba_cpu.use_parallel(big) == (numba_cpu.numba.get_num_threads() > 1)
+
+
+def _larger_kernels_backward(rng: Any, w: fg.Tensor, b: fg.Tensor) -> tuple:
+    """A backward whose elementwise kernels run over 64 x 128 = 8,192 elements (interpreted by
+    default, above ``service.GENERATED_ABOVE``): its gradients, and eager's from numpy."""
+    x = fg.tensor(rng.standard_normal((64, 32)))
+    w.grad = b.grad = None
+    h = x @ w + b
+    (h.tanh() * h.sigmoid()).square().sum().backward()
+    hn = x.numpy() @ w.detach().numpy() + b.detach().numpy()
+    t, s = np.tanh(hn), 1 / (1 + np.exp(-hn))
+    dh = 2 * t * s * ((1 - t**2) * s + t * s * (1 - s))
+    return (w.grad.numpy().copy(), b.grad.numpy().copy()), (x.numpy().T @ dh, dh.sum(0))
+
+
+def test_compiled_autograd_tries_generated_code_for_its_larger_kernels(
+    background: Any, caplog: Any
+) -> None:
+    """A captured backward interpreting kernels over ``GENERATED_ABOVE`` elements: after its
+    program compiled in the background, the same graph with those kernels as generated code
+    compiles too; the next calls run the two in turn (``service.Trial``, on the tape path) and
+    the faster stays.  Every call has eager's gradients."""
+    import logging
+
+    from fusegrad.compiler import service as _service
+
+    rng = np.random.default_rng(11)
+    w = fg.tensor(rng.standard_normal((32, 128)) / 6, requires_grad=True)
+    b = fg.tensor(rng.standard_normal(128) / 6, requires_grad=True)
+    results = []
+    compiler.set_logs("perf")
+    try:
+        with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
+            with compiler.compiled_autograd():
+                for i in range(2 * (_service.Trial.RUNS + 1) + 3):
+                    if i == 1:
+                        assert compiler.wait_for_compiles(120)
+                    results.append(_larger_kernels_backward(rng, w, b))
+    finally:
+        compiler.set_logs(None)
+    kept = "generated code for the larger kernels kept:" in caplog.text
+    assert kept or "generated code for the larger kernels dropped:" in caplog.text
+    (program,) = compiler.cached_programs()  # (the one the trial kept)
+    want_limit = _service.GENERATED_ABOVE if kept else compiler.config.interpreter_max_elements
+    assert program.interpreter_max_elements == want_limit
+    assert compiler.counters.background_compiles == 1 and not compiler.counters.fallbacks
+    assert compiler.counters.tape_hits >= 2 * _service.Trial.RUNS
+    for got, want in results:
+        for g, e in zip(got, want):
+            np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)
+
+
+def test_small_kernels_get_no_second_candidate(background: Any, caplog: Any) -> None:
+    """A backward whose kernels are all small stays with the interpreter: no trial."""
+    import logging
+
+    rng = np.random.default_rng(12)
+    w = fg.tensor(rng.standard_normal((6, 4)), requires_grad=True)
+    compiler.set_logs("perf")
+    try:
+        with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
+            with compiler.compiled_autograd():
+                for i in range(4):
+                    if i == 1:
+                        assert compiler.wait_for_compiles(60)
+                    x = fg.tensor(rng.standard_normal((3, 6)))
+                    (x @ w).tanh().square().sum().backward()
+    finally:
+        compiler.set_logs(None)
+    assert "larger kernels" not in caplog.text
+    programs = compiler.cached_programs()
+    assert programs and all(
+        p.interpreter_max_elements == compiler.config.interpreter_max_elements for p in programs
+    )

@@ -132,6 +132,23 @@ class no_grad(_NoParamMode):
     def _enter_state(self) -> None:
         _state.enabled = False
 
+    def __call__(self, fn: F) -> F:
+        if inspect.isgeneratorfunction(fn):
+            return super().__call__(fn)
+
+        # what ``_Mode``'s decorator does, without an instance per call: the optimizers'
+        # ``step()`` runs under it, once per replayed whole step
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            prev = (_state.enabled, _state.inference)
+            _state.enabled = False
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _state.enabled, _state.inference = prev
+
+        return wrapper  # type: ignore[return-value]
+
 
 class enable_grad(_NoParamMode):
     """Turns grad mode back on inside ``no_grad`` (not inside ``inference_mode``' tensors)."""

@@ -36,6 +36,7 @@ import numpy as np
 
 from ..autograd.graph_base import graph_changed
 from ..autograd.tracer import state as _tracer_state
+from ..autograd.tracer import tracer_threads as _tracer_threads
 from ..tensor import Tensor
 
 _KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -58,7 +59,7 @@ def wanted(group: dict[str, Any]) -> bool:
     tracer needs to see the update's tensor ops (a tracer that declares
     ``sees_updates = False`` -- a compiled-backward region, which records only ops that make
     graph nodes -- lets the kernel run)."""
-    tracer = _tracer_state.tracer
+    tracer = _tracer_state.tracer if _tracer_threads else None  # (see ``tracer_threads``)
     if tracer is not None and getattr(tracer, "sees_updates", True):
         return False
     return chosen(group)
@@ -102,7 +103,8 @@ def updated(
     params = group["params"]
     if not wanted(group):
         return [p for p in params if p.grad is not None]
-    check_fused(group, [p for p in params if p.grad is not None])
+    if group.get("fused"):
+        check_fused(group, [p for p in params if p.grad is not None])
     by_dtype, rest = split(params)
     for dtype, chosen in by_dtype.items():
         rest.extend(multi_tensor(group, dtype, chosen))
@@ -127,8 +129,9 @@ def split(params: Sequence[Tensor]) -> tuple[dict[np.dtype, list[Tensor]], list[
 
 
 def address(array: np.ndarray) -> int:
-    """The address of ``array``'s first element."""
-    return array.__array_interface__["data"][0]
+    """The address of the first element of ``array``, a C-contiguous float32 or float64 array
+    (``_usable``; its flat view has it: one compiled signature per dtype)."""
+    return _native["address"](array.ravel())  # type: ignore[no-any-return]
 
 
 def _usable(array: Any, dtype: np.dtype, shape: tuple) -> bool:
@@ -147,13 +150,15 @@ class _Plan:
     references, so that a gradient set to None is freed) and their addresses.  Finding a
     parameter, its state and (when not set to None between steps) its gradient to be the same
     arrays as last time costs an identity check instead of the checks and the address look-up
-    of a new array."""
+    of a new array.  The per-row element counts are kept too (noted with each new parameter
+    array)."""
 
-    __slots__ = ("addresses", "refs")
+    __slots__ = ("addresses", "refs", "sizes")
 
     def __init__(self, rows: int, columns: int) -> None:
         self.addresses = np.zeros((rows, columns), dtype=np.int64)
         self.refs: list[list[Any]] = [[None] * columns for _ in range(rows)]
+        self.sizes = np.zeros(rows, dtype=np.int64)
 
 
 def _admit(plan: _Plan, i: int, row: list[np.ndarray], dtype: np.dtype, counted: bool) -> bool:
@@ -176,6 +181,8 @@ def _admit(plan: _Plan, i: int, row: list[np.ndarray], dtype: np.dtype, counted:
             return False
         known[k] = weakref.ref(array)
         addresses[i, k] = address(array)
+        if k == 0:
+            plan.sizes[i] = array.size
     return addresses[i, 1] != addresses[i, 0]
 
 
@@ -200,7 +207,11 @@ def launch(
     plans = optimizer.__dict__.setdefault("_foreach_plans", {})
     # by the group's position (a loaded state dict makes new group dicts; the plan then finds
     # new arrays and looks their addresses up again)
-    position = next(k for k, g in enumerate(optimizer.param_groups) if g is group)
+    for position, g in enumerate(optimizer.param_groups):  # noqa: B007 - (found below)
+        if g is group:
+            break
+    else:
+        raise ValueError(f"{type(optimizer).__name__}: the parameter group is not one of its own")
     key = (position, dtype, kernel.__name__)
     columns = len(rows[0])
     plan = plans.get(key)
@@ -216,13 +227,12 @@ def launch(
     if not taken:
         return left
     if len(taken) == len(rows):
-        addresses = plan.addresses
+        addresses, sizes = plan.addresses, plan.sizes
         values = np.array(scalars, dtype=np.float64).astype(dtype)
     else:
-        addresses = plan.addresses[taken]
+        addresses, sizes = plan.addresses[taken], plan.sizes[taken]
         values = np.array([scalars[i] for i in taken], dtype=np.float64).astype(dtype)
         rows = [rows[i] for i in taken]
-    sizes = np.array([row[0]._data.size for row in rows], dtype=np.int64)
     kernel(addresses, sizes, values, *flags)
     for row in rows:
         row[0]._version_counter.value += 1
@@ -252,8 +262,15 @@ def next_count(step: Any) -> float | None:
     return value
 
 
+# the kernels and ``address`` (``_multi_tensor``), filled by the first ``kernel`` call
+_native: dict[str, Callable[..., Any]] = {}
+
+
 def kernel(name: str) -> Callable[..., None]:
     """The multi-tensor kernel ``name`` (``sgd``, ``adam``, ...)."""
-    from ._multi_tensor import KERNELS  # numba: loaded by the first multi-tensor update
+    if not _native:
+        from ._multi_tensor import KERNELS, address  # numba: loaded by the first update
 
-    return KERNELS[name]
+        _native.update(KERNELS)
+        _native["address"] = address
+    return _native[name]
