@@ -192,3 +192,15 @@ def test_shapes_property(kind: str, batch: int, channels: int, spatial: list, se
         results.append([out.detach().cpu().numpy()] + [t.grad.cpu().numpy() for t in ts])
     for a, b_ in zip(*results):
         np.testing.assert_allclose(a, b_, rtol=1e-10, atol=1e-11)
+
+
+def test_gradcheck_on_the_device() -> None:
+    """``gradcheck`` on CUDA tensors (the inputs perturbed through a host copy, the output
+    gradients made on the device): layer norm in float64, small (the simulator is slow)."""
+    from fusegrad.autograd.gradcheck import gradcheck
+
+    rng = np.random.default_rng(3)
+    x = fg.tensor(rng.standard_normal((2, 3)), device="cuda", requires_grad=True)
+    w = fg.tensor(rng.standard_normal(3), device="cuda", requires_grad=True)
+    assert gradcheck(lambda x, w: F.layer_norm(x, (3,), w), (x, w))
+    assert x.device.type == "cuda" and x.grad is None  # (restored in place, nothing written)

@@ -7,7 +7,7 @@ It also checks that backward is deterministic (reentrant) and that a zero output
 zero input gradients.  ``fast_mode`` compares random projections ``v^T J u`` instead of whole
 Jacobians.  ``gradgradcheck`` runs gradcheck on the function that computes first gradients with
 ``create_graph=True``.  Inputs are perturbed in place (any memory layout; restored afterwards,
-also when the function raises).
+also when the function raises); a CUDA input through a host copy written back before each call.
 
 Complex inputs and outputs are checked in real coordinates, as PyTorch's gradcheck checks
 them: each complex element is a pair (real part, imaginary part), perturbed one part at a time,
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import storage as _storage
 from ..errors import AutogradError
 from ..tensor import Tensor
 from .api import grad
@@ -55,17 +56,18 @@ def _outputs(fn: Callable, inputs: tuple) -> tuple:
 def _real_coordinates(arr: Any) -> np.ndarray:
     """An array as float64 numbers in real coordinates, flattened: a complex element gives two
     (its real part, then its imaginary part)."""
-    arr = np.asarray(arr)
+    arr = np.asarray(_storage.to_host(arr))
     if arr.dtype.kind == "c":
         return np.stack([arr.real, arr.imag], -1).astype(np.float64).reshape(-1)
     return np.array(arr, dtype=np.float64, copy=True).reshape(-1)
 
 
-def _from_real_coordinates(v: np.ndarray, like: Tensor) -> np.ndarray:
-    """A vector of real coordinates as an array of ``like``'s shape and dtype."""
+def _from_real_coordinates(v: np.ndarray, like: Tensor) -> Any:
+    """A vector of real coordinates as an array of ``like``'s shape and dtype, on its
+    device."""
     if like.dtype.is_complex:
         v = v[0::2] + 1j * v[1::2]
-    return v.reshape(like._data.shape).astype(like.dtype.np)
+    return _storage.placed_like(v.reshape(like._data.shape).astype(like.dtype.np), like._data)
 
 
 def _real_size(t: Tensor) -> int:
@@ -87,20 +89,28 @@ def _numerical(
     The input's array is perturbed in place (any layout, element by element in C order, the
     order of a flattened gradient; a complex element's real part, then its imaginary part) and
     restored afterwards, also when ``fn`` raises."""
-    data = inputs[i]._data
-    if not data.flags.writeable:
+    device = inputs[i]._data
+    # a CUDA input is perturbed in a host copy, written back to the device before each call
+    on_device = not _storage.is_host(device)
+    data = _storage.to_host(device).copy() if on_device else device
+    if not on_device and not data.flags.writeable:
         raise GradcheckError(
             f"gradcheck: input {i} is a read-only (e.g. expanded) array whose elements share "
             "memory; pass a contiguous copy"
         )
     saved = data.copy()
 
+    def evaluate() -> list[np.ndarray]:
+        if on_device:
+            _storage.copyto(device, _storage.placed_like(data, device))
+        return _eval(fn, inputs)
+
     def central(perturb: Callable[[float], None]) -> list[np.ndarray]:
         perturb(eps)
-        plus = _eval(fn, inputs)
+        plus = evaluate()
         data[...] = saved
         perturb(-eps)
-        minus = _eval(fn, inputs)
+        minus = evaluate()
         data[...] = saved
         return [((p - m) / (2 * eps)).reshape(-1) for p, m in zip(plus, minus)]
 
@@ -127,6 +137,8 @@ def _numerical(
                     cols[k].append(d)
     finally:
         data[...] = saved
+        if on_device:
+            _storage.copyto(device, _storage.placed_like(saved, device))
     if not cols:  # empty input: one empty Jacobian per output
         return [np.zeros((o.size, 0)) for o in _eval(fn, inputs)]
     return [np.stack(c, axis=1) for c in cols]
@@ -293,7 +305,7 @@ def _check_zero_grad(outputs: tuple, inputs: tuple, diff: list[int], raise_excep
     """A zero gradient for an output must give zero (or no) gradients for every input."""
     for k, out in enumerate(outputs):
         for col, g in enumerate(_vjp(outputs, inputs, diff, k, np.zeros(_real_size(out)))):
-            if g is not None and np.any(g._data != 0):
+            if g is not None and np.any(_storage.to_host(g._data) != 0):
                 return _fail(
                     f"gradcheck: a zero gradient for output {k} gave a nonzero gradient for "
                     f"input {diff[col]}",
@@ -328,7 +340,8 @@ def gradgradcheck(
             values = rng.standard_normal(o._data.shape)
             if o.dtype.is_complex:
                 values = values + 1j * rng.standard_normal(o._data.shape)
-            g = Tensor._make(np.array(values, dtype=o.dtype.np))  # (writable, also when 0-d)
+            # (writable, also when 0-d; on the output's device)
+            g = Tensor._make(_storage.placed_like(np.array(values, dtype=o.dtype.np), o._data))
             g.requires_grad_(True)
             grad_outputs.append(g)
     grad_outputs = tuple(grad_outputs)
