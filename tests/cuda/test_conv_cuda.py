@@ -6,11 +6,10 @@ on the device too."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import modes
 import numpy as np
 import pytest
+from primitive_names import PrimitiveNames as _Recorder
 
 import fusegrad as fg
 import fusegrad.nn.functional as F
@@ -29,15 +28,6 @@ _CASES = [
     (F.conv_transpose2d, (1, 2, 3, 3), (2, 3, 2, 2), {"dilation": 3, "output_padding": 2}),
     (F.conv_transpose3d, (1, 2, 2, 3, 2), (2, 2, 2, 2, 2), {"stride": 2}),
 ]
-
-
-class _Recorder(tracer.Tracer):
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def apply(self, prim: Any, inputs: Any, attrs: Any) -> Any:  # type: ignore[override]
-        self.names.add(prim.name)
-        return NotImplemented
 
 
 def _run(case: tuple, device: str) -> tuple:

@@ -13,21 +13,13 @@ from typing import Any
 import modes
 import numpy as np
 import pytest
+from primitive_names import PrimitiveNames as _Recorder
 
 import fusegrad as fg
 import fusegrad.nn.functional as F
 from fusegrad.autograd import tracer
 
 modes.require_device()
-
-
-class _Recorder(tracer.Tracer):
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def apply(self, prim: Any, inputs: Any, attrs: Any) -> Any:  # type: ignore[override]
-        self.names.add(prim.name)
-        return NotImplemented
 
 
 def _tol(dtype: str) -> dict:

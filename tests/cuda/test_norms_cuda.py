@@ -7,13 +7,12 @@ composite) on the device; hypothesis over layouts and shapes."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import modes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from primitive_names import PrimitiveNames as _Recorder
 
 import fusegrad as fg
 import fusegrad.nn.functional as F
@@ -58,15 +57,6 @@ _CASES = [
     (_layer1, (5, 7), (7,), False),
 ]
 _NORMS = {"norm_stats", "norm", "norm_backward"}
-
-
-class _Recorder(tracer.Tracer):
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def apply(self, prim: Any, inputs: Any, attrs: Any) -> Any:  # type: ignore[override]
-        self.names.add(prim.name)
-        return NotImplemented
 
 
 def _run(case: tuple, dtype: str, device: str, affine: bool, wants: tuple) -> tuple:

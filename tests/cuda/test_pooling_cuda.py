@@ -11,6 +11,7 @@ from typing import Any
 import modes
 import numpy as np
 import pytest
+from primitive_names import PrimitiveNames as _Recorder
 
 import fusegrad as fg
 import fusegrad.nn.functional as F
@@ -34,15 +35,6 @@ _CASES = [
     (lambda t: F.adaptive_avg_pool1d(t, 3), (2, 7)),
     (lambda t: F.adaptive_avg_pool3d(t, (2, 3, 2)), (1, 1, 3, 5, 4)),
 ]
-
-
-class _Recorder(tracer.Tracer):
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def apply(self, prim: Any, inputs: Any, attrs: Any) -> Any:  # type: ignore[override]
-        self.names.add(prim.name)
-        return NotImplemented
 
 
 def _run(fn: Any, x: np.ndarray, device: str) -> tuple:

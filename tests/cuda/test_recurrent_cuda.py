@@ -8,11 +8,10 @@ externs."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import modes
 import numpy as np
 import pytest
+from primitive_names import PrimitiveNames as _Recorder
 
 import fusegrad as fg
 from fusegrad import nn
@@ -20,15 +19,6 @@ from fusegrad.autograd import tracer
 from fusegrad.nn.utils.rnn import pack_padded_sequence
 
 modes.require_device()
-
-
-class _Recorder(tracer.Tracer):
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def apply(self, prim: Any, inputs: Any, attrs: Any) -> Any:  # type: ignore[override]
-        self.names.add(prim.name)
-        return NotImplemented
 
 
 # (layer, keyword arguments, packed)

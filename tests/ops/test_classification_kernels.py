@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from primitive_names import PrimitiveNames as _Recorder
 
 import fusegrad as fg
 import fusegrad.nn.functional as F
@@ -26,17 +27,6 @@ except ImportError:  # pragma: no cover - torch is optional
 
 needs_torch = pytest.mark.skipif(_torch is None, reason="PyTorch not installed")
 _TOL = {"float64": (1e-10, 1e-12), "float32": (2e-5, 2e-6)}
-
-
-class _Recorder(tracer.Tracer):
-    """Names the primitives a call reaches (and lets them run)."""
-
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def apply(self, prim: Any, inputs: Any, attrs: Any) -> Any:  # type: ignore[override]
-        self.names.add(prim.name)
-        return NotImplemented
 
 
 # (input shape, target shape or None for log_softmax alone, keyword arguments)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from primitive_names import PrimitiveNames as _Recorder
 
 import fusegrad as fg
 import fusegrad.nn.functional as F
@@ -35,17 +36,6 @@ _SETTINGS = settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 _TOL = {"float64": (1e-9, 1e-11), "float32": (2e-4, 2e-5)}
-
-
-class _Recorder(tracer.Tracer):
-    """Names the primitives a call reaches (and lets them run)."""
-
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def apply(self, prim: Any, inputs: Any, attrs: Any) -> Any:  # type: ignore[override]
-        self.names.add(prim.name)
-        return NotImplemented
 
 
 def _run(fn: Any, arrays: list, dtype: str, composite: bool = False) -> tuple[np.ndarray, list]:

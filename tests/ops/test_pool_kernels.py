@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from primitive_names import PrimitiveNames as _Recorder
 
 import fusegrad as fg
 import fusegrad.nn.functional as F
@@ -32,15 +33,6 @@ _SETTINGS = settings(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 _TOL = {"float64": (1e-10, 1e-12), "float32": (1e-5, 1e-6)}
-
-
-class _Recorder(tracer.Tracer):
-    def __init__(self) -> None:
-        self.names: set[str] = set()
-
-    def apply(self, prim: Any, inputs: Any, attrs: Any) -> Any:  # type: ignore[override]
-        self.names.add(prim.name)
-        return NotImplemented
 
 
 def _first(out: Any) -> Any:

@@ -100,6 +100,21 @@ def _valid(count, step, shift, size):  # type: ignore[no-untyped-def]
     return lo, hi
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _sizes(geometry):  # type: ignore[no-untyped-def]
+    """The input sizes, kernel sizes and output sizes of the three spatial dims of a column
+    kernel's ``geometry`` (``conv_kernels._geometry``)."""
+    g = geometry
+    return g[0, 0], g[1, 0], g[2, 0], g[0, 1], g[1, 1], g[2, 1], g[0, 2], g[1, 2], g[2, 2]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _steps(geometry):  # type: ignore[no-untyped-def]
+    """The strides, paddings and dilations of the three spatial dims (``_sizes``)."""
+    g = geometry
+    return g[0, 3], g[1, 3], g[2, 3], g[0, 4], g[1, 4], g[2, 4], g[0, 5], g[1, 5], g[2, 5]
+
+
 @numba.njit(cache=True, nogil=True)
 def im2col(x, cols, geometry, by_sample):  # type: ignore[no-untyped-def]
     """im2col of ``x`` (N, C, S0, S1, S2), flat, into ``cols``, flat: the element of channel
@@ -110,12 +125,8 @@ def im2col(x, cols, geometry, by_sample):  # type: ignore[no-untyped-def]
     otherwise (one (C taps, N L) matrix for a product over the whole batch).  ``geometry``
     (4, 6) holds per spatial dim ``(size, kernel, out, stride, padding, dilation)``, then
     ``(N, C)``: ``conv_kernels._geometry``."""
-    sz0, sz1, sz2 = geometry[0, 0], geometry[1, 0], geometry[2, 0]
-    k0, k1, k2 = geometry[0, 1], geometry[1, 1], geometry[2, 1]
-    o0, o1, o2 = geometry[0, 2], geometry[1, 2], geometry[2, 2]
-    st0, st1, st2 = geometry[0, 3], geometry[1, 3], geometry[2, 3]
-    p0, p1, p2 = geometry[0, 4], geometry[1, 4], geometry[2, 4]
-    d0, d1, d2 = geometry[0, 5], geometry[1, 5], geometry[2, 5]
+    sz0, sz1, sz2, k0, k1, k2, o0, o1, o2 = _sizes(geometry)
+    st0, st1, st2, p0, p1, p2, d0, d1, d2 = _steps(geometry)
     batch, channels = geometry[3, 0], geometry[3, 1]
     plane, length = sz0 * sz1 * sz2, o0 * o1 * o2
     taps, ust2 = k0 * k1 * k2, U(st2)
@@ -164,12 +175,8 @@ def col2im(cols, out, geometry, by_sample):  # type: ignore[no-untyped-def]
     """The transpose of ``im2col`` (same flat layouts and ``geometry``): ``cols`` added into
     ``out`` (N, C, S0, S1, S2), flat, where ``im2col`` read each element; the elements that
     read padding are dropped, so ``out`` is the input's size and needs no crop."""
-    sz0, sz1, sz2 = geometry[0, 0], geometry[1, 0], geometry[2, 0]
-    k0, k1, k2 = geometry[0, 1], geometry[1, 1], geometry[2, 1]
-    o0, o1, o2 = geometry[0, 2], geometry[1, 2], geometry[2, 2]
-    st0, st1, st2 = geometry[0, 3], geometry[1, 3], geometry[2, 3]
-    p0, p1, p2 = geometry[0, 4], geometry[1, 4], geometry[2, 4]
-    d0, d1, d2 = geometry[0, 5], geometry[1, 5], geometry[2, 5]
+    sz0, sz1, sz2, k0, k1, k2, o0, o1, o2 = _sizes(geometry)
+    st0, st1, st2, p0, p1, p2, d0, d1, d2 = _steps(geometry)
     batch, channels = geometry[3, 0], geometry[3, 1]
     plane, length = sz0 * sz1 * sz2, o0 * o1 * o2
     taps, ust2 = k0 * k1 * k2, U(st2)
