@@ -224,7 +224,9 @@ def test_forward_ad_of_the_primitives_equals_the_composites() -> None:
         d = fwAD.make_dual(x, t)
         out = apply(REGISTRY["log_softmax"], (d,), {"dim": 1})
         loss = apply(
-            REGISTRY["nll_loss"], (out, target, w), {"ignore_index": -100, "reduction": "mean"}
+            REGISTRY["nll_loss"],
+            (out, target, w),
+            {"ignore_index": -100, "reduction": "mean", "weighted": True},
         )
         want = F.cross_entropy(d, target, weight=w)
         got_t, want_t = fwAD.unpack_dual(loss).tangent, fwAD.unpack_dual(want).tangent

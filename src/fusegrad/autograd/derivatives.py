@@ -794,28 +794,35 @@ def _nll_loss(node, g, target, weight):
     ignore, reduction = attrs["ignore_index"], attrs["reduction"]
     tracer = _tracer_state.tracer
     if not is_grad_enabled() and not (tracer is not None and tracer.prefers_composites):
-        kernel_attrs = {"ignore_index": ignore, "reduction": reduction, "classes": classes}
+        kernel_attrs = {
+            "ignore_index": ignore,
+            "reduction": reduction,
+            "weighted": attrs["weighted"],
+            "classes": classes,
+        }
         return (
             F.apply(F.REGISTRY["nll_loss_backward"], (g, target, weight), kernel_attrs),
             None,
             None,
         )
-    unbatched = len(shape) == 1
-    if unbatched:  # (C,) with a 0-d target: as a batch of one
-        target = target.unsqueeze(0)
-        g = g.unsqueeze(0) if reduction == "none" else g
     ignored = F.eq(target, ignore)
     safe = F.where(ignored, 0, target)
-    w = F.where(ignored, 0.0, weight[safe])
+    if attrs["weighted"]:
+        w = F.where(ignored, 0.0, weight[safe])
+    else:  # (no index into the placeholder ones: a capture keeps symbolic sizes then)
+        w = F.ne(target, ignore).to(g.dtype)
     coef = -(w * g)
     if reduction == "mean":
         coef = coef / w.sum()
     coef = F.where(ignored, 0.0, coef)
-    zeros = F.zeros((target.shape[0], classes, *target.shape[1:]), dtype=g.dtype, device=g.device)
-    # (a scatter-add: one index per row, so the sum is the scatter, and a compiler's batching
-    # of the backward for ``jacobian(vectorize=True)`` has a rule for it)
+    # (the input's shape from the node, as gather's rule takes it: a capture keeps its sizes
+    # symbolic; a scatter-add, one index per row, so that a compiler's batching of the
+    # backward for ``jacobian(vectorize=True)`` has a rule for it)
+    zeros = F.zeros(shape, dtype=g.dtype, device=g.device)
+    if len(shape) == 1:  # (C,) with a 0-d target
+        return F.scatter_spec(zeros, 0, safe.reshape(1), coef.reshape(1), add=True), None, None
     gx = F.scatter_spec(zeros, 1, safe.unsqueeze(1), coef.unsqueeze(1), add=True)
-    return (gx.squeeze(0) if unbatched else gx), None, None
+    return gx, None, None
 
 
 @vjp("getitem", save="idx*")

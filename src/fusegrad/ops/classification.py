@@ -17,7 +17,9 @@ float32 / float64 arrays of one dtype, an empty input or class dim, a forward-AD
 composites carry the tangents), a weight that requires grad (the composite differentiates
 it), and calls a compiler records or captures (``Tracer.prefers_composites``: the composite
 fuses into row kernels with its neighbours).  The rules compute their gradients in the op
-surface where a graph of the gradient is wanted (``create_graph``).
+surface where a graph of the gradient is wanted (``create_graph``); a compiler's capture takes
+that form too, and there ``nll_loss`` without class weights indexes nothing (its sizes stay
+symbolic), while class weights, indexed by the targets, make the capture concrete-sized.
 """
 
 from __future__ import annotations
@@ -80,14 +82,20 @@ def _weights(weight: np.ndarray, safe: np.ndarray, ignored: Any, dtype: Any) -> 
 
 
 @primitive("nll_loss", "opaque", "x target weight")
-def _nll_loss(x, target, weight, *, ignore_index, reduction):  # type: ignore[no-untyped-def]
+def _nll_loss(x, target, weight, *, ignore_index, reduction, weighted):  # type: ignore[no-untyped-def]
     """``-weight[t] * x[n, t, ...]`` for each target ``t`` of ``target`` (N, ...) along the
     class dim 1 of ``x`` (N, C, ...); 0 where ``t == ignore_index``; ``reduction`` ``none``,
     ``sum``, or ``mean`` (divided by the sum of the targets' weights).  An unbatched ``x``
-    (C,) takes a 0-d ``target``."""
+    (C,) takes a 0-d ``target``.  ``weighted`` False: ``weight`` is ones (no class weights;
+    the rule then indexes nothing)."""
     if x.ndim == 1:
         out = _nll_loss(
-            x[None], target[None], weight, ignore_index=ignore_index, reduction=reduction
+            x[None],
+            target[None],
+            weight,
+            ignore_index=ignore_index,
+            reduction=reduction,
+            weighted=weighted,
         )
         return out[0] if reduction == "none" else out
     ignored, safe = _targets(target, ignore_index, x.shape[1])
@@ -105,7 +113,7 @@ def _nll_loss(x, target, weight, *, ignore_index, reduction):  # type: ignore[no
 
 
 @primitive("nll_loss_backward", "opaque", "g target weight", differentiable=False)
-def _nll_loss_backward(g, target, weight, *, ignore_index, reduction, classes):  # type: ignore[no-untyped-def]
+def _nll_loss_backward(g, target, weight, *, ignore_index, reduction, weighted, classes):  # type: ignore[no-untyped-def]
     """``nll_loss``'s input gradient for its gradient ``g``: ``-weight[t] * g`` (over the sum
     of the weights for ``mean``) at each target's class, zeros elsewhere and for ignored
     targets; (N, ``classes``, ...), or (``classes``,) for a 0-d ``target``."""
@@ -117,6 +125,7 @@ def _nll_loss_backward(g, target, weight, *, ignore_index, reduction, classes): 
             weight,
             ignore_index=ignore_index,
             reduction=reduction,
+            weighted=weighted,
             classes=classes,
         )
         return out[0]
@@ -141,14 +150,14 @@ set_meta("log_softmax", lambda shapes, dtypes, dim: (tuple(shapes[0]), dtypes[0]
 set_meta("log_softmax_backward", lambda shapes, dtypes, dim: (tuple(shapes[0]), dtypes[0]))
 set_meta(
     "nll_loss",
-    lambda shapes, dtypes, ignore_index, reduction: (
+    lambda shapes, dtypes, ignore_index, reduction, weighted: (
         tuple(shapes[1]) if reduction == "none" else (),
         dtypes[0],
     ),
 )
 set_meta(
     "nll_loss_backward",
-    lambda shapes, dtypes, ignore_index, reduction, classes: (
+    lambda shapes, dtypes, ignore_index, reduction, weighted, classes: (
         (shapes[1][0], classes, *shapes[1][1:]) if len(shapes[1]) else (classes,),
         dtypes[0],
     ),

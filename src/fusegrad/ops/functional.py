@@ -228,11 +228,11 @@ def _fused_nll_loss(
         return None
     if not _classification.fused_classification_runs(logp, tgt, w):
         return None
+    attrs = {"ignore_index": int(ignore_index), "reduction": reduction, "weighted": w is not None}
     if w is None:
         w = _created(Tensor._make(np.ones(classes, logp.dtype.np)))
     elif w.dtype != logp.dtype:
         w = cast(w, logp.dtype)
-    attrs = {"ignore_index": int(ignore_index), "reduction": reduction}
     return apply(P["nll_loss"], (logp, tgt, w), attrs)
 
 
