@@ -44,62 +44,6 @@ def _valid(count, step, shift, size):  # type: ignore[no-untyped-def]
     return lo, hi
 
 
-@numba.njit(cache=True, nogil=True)
-def _valid(count, step, shift, size):  # type: ignore[no-untyped-def]
-    """The range [lo, hi) of outputs ``o < count`` whose input position ``o * step + shift``
-    lies inside ``[0, size)``."""
-    lo = 0
-    while lo < count and lo * step + shift < 0:
-        lo += 1
-    hi = count
-    while hi > lo and (hi - 1) * step + shift >= size:
-        hi -= 1
-    return lo, hi
-
-
-@numba.njit(cache=True, nogil=True)
-def _copy_row(src, dst, count, step):  # type: ignore[no-untyped-def]
-    """``dst[m] = src[m * step]`` for ``m < count``.  The rows are slices indexed from 0 by the
-    loop's own counter, so numba adds no negative-index wrap-around (which kept these loops
-    from vectorising: 4x slower at 8-element rows)."""
-    if step == 1:
-        for m in range(count):
-            dst[m] = src[m]
-    elif step == 2:
-        for m in range(count):
-            dst[m] = src[2 * m]
-    else:
-        for m in range(count):
-            dst[m] = src[m * step]
-
-
-@numba.njit(cache=True, nogil=True)
-def _add_row(src, dst, count, step):  # type: ignore[no-untyped-def]
-    """``dst[m * step] += src[m]`` for ``m < count`` (as ``_copy_row``)."""
-    if step == 1:
-        for m in range(count):
-            dst[m] += src[m]
-    elif step == 2:
-        for m in range(count):
-            dst[2 * m] += src[m]
-    else:
-        for m in range(count):
-            dst[m * step] += src[m]
-
-
-@numba.njit(cache=True, nogil=True)
-def _valid(count, step, shift, size):  # type: ignore[no-untyped-def]
-    """The range [lo, hi) of outputs ``o < count`` whose input position ``o * step + shift``
-    lies inside ``[0, size)``."""
-    lo = 0
-    while lo < count and lo * step + shift < 0:
-        lo += 1
-    hi = count
-    while hi > lo and (hi - 1) * step + shift >= size:
-        hi -= 1
-    return lo, hi
-
-
 @numba.njit(cache=True, nogil=True, inline="always")
 def _sizes(geometry):  # type: ignore[no-untyped-def]
     """The input sizes, kernel sizes and output sizes of the three spatial dims of a column
