@@ -10,10 +10,10 @@ left for optional or heavy dependencies loaded on first use (numba, numba-cuda, 
 ``fusegrad.compiler``), and ``nn``/``optim``/``utils``/``viz``/``distributed``/``compiler`` load
 on first use through ``__getattr__`` below.  ``tests/test_imports.py`` checks all of it.
 
-1. basics: ``errors``, ``dtypes``, ``size``, ``_format``, ``_index_key``; ``device`` (it asks
-   numba-cuda whether there is a GPU); ``random`` (generators); ``fusegrad.cuda`` (CUDA
-   storage, ``CudaArray``, and the eager CUDA kernels: ``cuda.ops`` runs a primitive on device
-   arrays); ``storage`` (device-generic array helpers).
+1. basics: ``errors``, ``dtypes``, ``size``, ``_format``, ``_index_key``, ``_blas`` (OpenBLAS's
+   kernel set); ``device`` (it asks numba-cuda whether there is a GPU); ``random``
+   (generators); ``fusegrad.cuda`` (CUDA storage, ``CudaArray``, and the eager CUDA kernels:
+   ``cuda.ops`` runs a primitive on device arrays); ``storage`` (device-generic array helpers).
 2. autograd state: ``autograd.grad_mode``, ``autograd.tracer``, ``autograd.anomaly``.
 3. ``autograd.graph_base``: ``Node``, ``AccumulateGrad``, hook handles (what ``Tensor`` needs).
 4. ``tensor``: ``Tensor``.
@@ -46,6 +46,7 @@ from typing import Any
 # ``autograd`` first: its __init__ is the top of the autograd layers (see the docstring); ``ops``
 # (the op surface, which installs the Tensor methods that run ops) is loaded by it already
 from . import (
+    _blas,
     autograd,
     ops,
     sparse,  # noqa: E402  (COO tensors; installs Tensor.to_sparse and friends)
@@ -298,3 +299,7 @@ def __getattr__(name: str) -> Any:
     if name == "compiler":
         return importlib.import_module(".compiler", __name__)
     raise AttributeError(f"module 'fusegrad' has no attribute {name!r}")
+
+
+# OpenBLAS's kernel set, chosen again where its own choice is slow on this CPU (``_blas``)
+_blas.tune()
