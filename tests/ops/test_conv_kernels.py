@@ -242,15 +242,21 @@ def test_hypothesis_matches_the_composite(case: tuple) -> None:
     _close(_run(fg_fn, arrays, "float64"), _run(fg_fn, arrays, "float64", True), "float64")
 
 
-_LAYOUTS = {"per-sample": 1, "batch-in-columns": 10**9}
+# (_FEW_OUTPUTS, _LAST_MIN_CHANNELS) per layout
+_LAYOUTS = {
+    "per-sample": (1, 10**9),
+    "batch-in-columns": (10**9, 10**9),
+    "channels-last": (10**9, 1),  # one group only: grouped cases run batch-in-columns
+}
 _ROW_KERNELS = {"loops": 0, "numpy": 10**9}
 
 
 def _forced(layout: str, rows: str) -> dict:
     """``conv_kernels``' shape-class thresholds that force one column layout and one kind of
-    im2col / col2im kernel (``_by_sample``, ``_SHORT_ROWS``)."""
+    im2col / col2im kernel (``_by_sample``, ``_channels_last``, ``_SHORT_ROWS``)."""
     return {
-        "_FEW_OUTPUTS": _LAYOUTS[layout],
+        "_FEW_OUTPUTS": _LAYOUTS[layout][0],
+        "_LAST_MIN_CHANNELS": _LAYOUTS[layout][1],
         "_SHORT_ROWS": _ROW_KERNELS[rows],
         "_SHORT_ROWS_ADD": _ROW_KERNELS[rows],
     }
@@ -263,9 +269,9 @@ def test_each_column_layout_and_kernel_matches_the_composite(
     case: tuple, layout: str, rows: str, monkeypatch: Any
 ) -> None:
     """The columns are (N, C taps, L) per sample from ``_FEW_OUTPUTS`` outputs per sample on,
-    and (C taps, N L) below; im2col and col2im are loop kernels or numpy copies and slice-adds
-    by the length of an output row.  Each combination, forced, gives the composites' values
-    and gradients."""
+    and (C taps, N L) below, or (N L, taps C) there from ``_LAST_MIN_CHANNELS`` channels on;
+    im2col and col2im are loop kernels or numpy copies and slice-adds by the length of an
+    output row.  Each combination, forced, gives the composites' values and gradients."""
     for name, value in _forced(layout, rows).items():
         monkeypatch.setattr(conv_kernels, name, value)
     fg_fn, _ = _fns(case[0], case[1], case[5])

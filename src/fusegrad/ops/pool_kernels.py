@@ -157,6 +157,71 @@ def col2im(cols, out, geometry, by_sample):  # type: ignore[no-untyped-def]
                                             out[dst + m * ust2] += cols[src + m]
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _source(geometry, n, i, j, m, a, b, e):  # type: ignore[no-untyped-def]
+    """The flat position, in a channels-last input (N, S0, S1, S2, C) counted in whole
+    channel vectors, that output ``(n, i, j, m)`` reads at kernel tap ``(a, b, e)``; -1 where
+    that position is in the padding."""
+    sz0, sz1, sz2, _, _, _, _, _, _ = _sizes(geometry)
+    st0, st1, st2, p0, p1, p2, d0, d1, d2 = _steps(geometry)
+    z = i * st0 + a * d0 - p0
+    y = j * st1 + b * d1 - p1
+    w = m * st2 + e * d2 - p2
+    if 0 <= z < sz0 and 0 <= y < sz1 and 0 <= w < sz2:
+        return ((n * sz0 + z) * sz1 + y) * sz2 + w
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def im2col_last(x, cols, geometry):  # type: ignore[no-untyped-def]
+    """Channels-last im2col: ``x`` (N, S0, S1, S2, C), flat, into ``cols`` (N, o0, o1, o2,
+    k0, k1, k2, C), flat: a row per output position holding, per kernel tap, the C channels
+    of the input position it reads (zeros in the padding).  Every copy is C contiguous
+    elements, where the channel-major columns copy strided rows as short as the output's
+    (``im2col``).  Same ``geometry`` as ``im2col``."""
+    _, _, _, k0, k1, k2, o0, o1, o2 = _sizes(geometry)
+    batch, channels = geometry[3, 0], U(geometry[3, 1])
+    row = U(0)
+    for n in range(batch):
+        for i in range(o0):
+            for j in range(o1):
+                for m in range(o2):
+                    for a in range(k0):
+                        for b in range(k1):
+                            for e in range(k2):
+                                at = _source(geometry, n, i, j, m, a, b, e)
+                                if at >= 0:
+                                    src = U(at) * channels
+                                    for c in range(channels):
+                                        cols[row + c] = x[src + c]
+                                else:
+                                    for c in range(channels):
+                                        cols[row + c] = 0
+                                row += channels
+
+
+@numba.njit(cache=True, nogil=True)
+def col2im_last(cols, out, geometry):  # type: ignore[no-untyped-def]
+    """The transpose of ``im2col_last``: ``cols`` added into ``out`` (N, S0, S1, S2, C),
+    flat, where ``im2col_last`` read each element; padding positions are dropped."""
+    _, _, _, k0, k1, k2, o0, o1, o2 = _sizes(geometry)
+    batch, channels = geometry[3, 0], U(geometry[3, 1])
+    row = U(0)
+    for n in range(batch):
+        for i in range(o0):
+            for j in range(o1):
+                for m in range(o2):
+                    for a in range(k0):
+                        for b in range(k1):
+                            for e in range(k2):
+                                at = _source(geometry, n, i, j, m, a, b, e)
+                                if at >= 0:
+                                    dst = U(at) * channels
+                                    for c in range(channels):
+                                        out[dst + c] += cols[row + c]
+                                row += channels
+
+
 @numba.njit(cache=True, nogil=True)
 def max_pool_index(x, lo0, hi0, lo1, hi1, lo2, hi2, step, where):  # type: ignore[no-untyped-def]
     """The flat position (in its plane) of the maximum of each window of ``x`` (planes, S0,
