@@ -177,22 +177,23 @@ def _upgrades(program: Program) -> bool:
     )
 
 
-# a captured backward's program that interprets a kernel over more than this many elements
+# a program that interprets a kernel over more than this many elements
 # (``config.interpreter_max_elements`` allows up to 65,536) gets a second candidate from its
 # background compile: the same graph with generated code for those kernels.  Measured on the
 # GPT step's backward (kernels of 16,384 to 49,152 elements): 4.5 ms interpreted, 2.8 ms
-# generated; a 200-op chain on 1,000 elements stays interpreted (10x faster there)
+# generated; a 200-op chain on 1,000 elements stays interpreted (10x faster there).  Whole
+# steps too (one thread, ms per step, interpreted -> generated): DCGAN 41.8 -> 35.8, the
+# Transformer 21.7 -> 18.1, GPT 6.6 -> 6.0
 GENERATED_ABOVE = 4096
 
 
 def _generates_more(program: Program, sizes: tuple | None) -> bool:
     """Whether a background compile goes on to ``program``'s graph with generated code for
-    its kernels over ``GENERATED_ABOVE`` elements: a captured backward's program (a recorded
-    step's or module's goes to native segments instead, ``_upgrades``) on the CPU whose
+    its kernels over ``GENERATED_ABOVE`` elements: a CPU program (a recorded step's or
+    module's goes to native segments instead where those are enabled, ``_upgrades``) whose
     variant for ``sizes`` interprets such a kernel."""
     if (
-        program.settings["hot"]
-        or program.device != "cpu"
+        program.device != "cpu"
         or program.mode == "debug"
         or program.interpreter_max_elements <= GENERATED_ABOVE
     ):
