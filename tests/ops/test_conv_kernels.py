@@ -242,11 +242,12 @@ def test_hypothesis_matches_the_composite(case: tuple) -> None:
     _close(_run(fg_fn, arrays, "float64"), _run(fg_fn, arrays, "float64", True), "float64")
 
 
-# (_FEW_OUTPUTS, _LAST_MIN_CHANNELS) per layout
+# (_FEW_OUTPUTS, _LAST_MIN_CHANNELS, _CHUNK_BYTES) per layout
 _LAYOUTS = {
-    "per-sample": (1, 10**9),
-    "batch-in-columns": (10**9, 10**9),
-    "channels-last": (10**9, 1),  # one group only: grouped cases run batch-in-columns
+    "per-sample": (1, 10**9, 1),  # one sample at a time
+    "per-sample-whole-batch": (1, 10**9, 10**12),
+    "batch-in-columns": (10**9, 10**9, 1),
+    "channels-last": (10**9, 1, 1),  # one group only: grouped cases run batch-in-columns
 }
 _ROW_KERNELS = {"loops": 0, "numpy": 10**9}
 
@@ -257,6 +258,7 @@ def _forced(layout: str, rows: str) -> dict:
     return {
         "_FEW_OUTPUTS": _LAYOUTS[layout][0],
         "_LAST_MIN_CHANNELS": _LAYOUTS[layout][1],
+        "_CHUNK_BYTES": _LAYOUTS[layout][2],
         "_SHORT_ROWS": _ROW_KERNELS[rows],
         "_SHORT_ROWS_ADD": _ROW_KERNELS[rows],
     }
@@ -268,10 +270,11 @@ def _forced(layout: str, rows: str) -> dict:
 def test_each_column_layout_and_kernel_matches_the_composite(
     case: tuple, layout: str, rows: str, monkeypatch: Any
 ) -> None:
-    """The columns are (N, C taps, L) per sample from ``_FEW_OUTPUTS`` outputs per sample on,
-    and (C taps, N L) below, or (N L, taps C) there from ``_LAST_MIN_CHANNELS`` channels on;
-    im2col and col2im are loop kernels or numpy copies and slice-adds by the length of an
-    output row.  Each combination, forced, gives the composites' values and gradients."""
+    """The columns are (N, C taps, L) per sample from ``_FEW_OUTPUTS`` outputs per sample on
+    (made ``_CHUNK_BYTES`` at a time), and (C taps, N L) below, or (N L, taps C) there from
+    ``_LAST_MIN_CHANNELS`` channels on; im2col and col2im are loop kernels or numpy copies and
+    slice-adds by the length of an output row.  Each combination, forced, gives the
+    composites' values and gradients."""
     for name, value in _forced(layout, rows).items():
         monkeypatch.setattr(conv_kernels, name, value)
     fg_fn, _ = _fns(case[0], case[1], case[5])
@@ -298,6 +301,26 @@ def test_hypothesis_column_layouts_match_the_composite(case: tuple, layout: str,
         for name, value in saved.items():
             setattr(conv_kernels, name, value)
     _close(got, _run(fg_fn, arrays, "float64", True), "float64")
+
+
+@pytest.mark.parametrize("case", _CASES, ids=lambda c: f"{c[0]}d{'T' if c[1] else ''}{c[2]}")
+def test_an_empty_batch_gives_empty_outputs_and_zero_weight_gradients(case: tuple) -> None:
+    """A batch of no samples (PyTorch's behaviour): an empty output of the right shape, an
+    empty input gradient and a weight (and bias) gradient of zeros."""
+    n, transposed, xs, ws, bias, kwargs = case
+    if len(xs) == n + 1:
+        return  # unbatched: no batch dim to empty
+    fg_fn, _ = _fns(n, transposed, kwargs)
+    arrays = _arrays(case)
+    full = fg_fn(*[fg.tensor(a) for a in arrays])
+    arrays[0] = arrays[0][:0]
+    leaves = [fg.tensor(a, requires_grad=True) for a in arrays]
+    out = fg_fn(*leaves)
+    assert tuple(out.shape) == (0,) + tuple(full.shape[1:])
+    (out * 2).sum().backward()
+    assert tuple(leaves[0].grad.shape) == tuple(arrays[0].shape)
+    for leaf, a in zip(leaves[1:], arrays[1:]):
+        np.testing.assert_array_equal(leaf.grad.numpy(), np.zeros_like(a))
 
 
 # ---- modules: padding modes, and the layers as a whole ---------------------------------------
