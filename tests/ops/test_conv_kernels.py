@@ -422,17 +422,23 @@ _WINOGRAD_CASES = [
 ]
 
 
+@pytest.mark.parametrize("per_chunk", [1, 3, 10**6])
 @pytest.mark.parametrize("case", _WINOGRAD_CASES, ids=str)
-def test_winograd_forward_and_input_gradient_equal_the_im2col_kernels(case: tuple) -> None:
+def test_winograd_forward_and_input_gradient_equal_the_im2col_kernels(
+    case: tuple, per_chunk: int, monkeypatch: Any
+) -> None:
     """In float64 the Winograd forward is exact to rounding: equal to im2col's product (the
     shape rule picks Winograd for these shapes, im2col when forced off); the input's gradient
-    (im2col either way) is unchanged."""
+    (im2col either way) is unchanged.  The samples go ``per_chunk`` at a time (the last chunk
+    shorter where they do not divide the batch)."""
     from fusegrad.ops import conv_kernels as ck
 
     n, c, o, h, w_, p = case
     rng = np.random.default_rng(sum(case))
     x, w = rng.standard_normal((n, c, h, w_)), rng.standard_normal((o, c, 3, 3))
     outs = (h + 2 * p - 2, w_ + 2 * p - 2)
+    tiles = -(-outs[0] // 4) * -(-outs[1] // 4)
+    monkeypatch.setattr(ck, "_CHUNK_BYTES", per_chunk * 36 * (c + o) * tiles * 8)
     g = rng.standard_normal((n, o, *outs))
     assert ck._winograd_fits(c, o, n, (3, 3), (1, 1), (1, 1), 1, outs, x.dtype)
     got = ck.conv_forward(x, w, None, (1, 1), (p, p), (1, 1), 1, outs)

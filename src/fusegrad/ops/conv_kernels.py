@@ -368,7 +368,7 @@ def conv_forward(
             out += bias.reshape((1, out_c) + (1,) * len(outs))
         return out
     if _winograd_fits(x.shape[1], out_c, batch, kernel, stride, dilation, groups, outs, x.dtype):
-        out = _winograd().correlate(x, _winograd().filters(w), padding)
+        out = _winograd().correlate(x, _winograd().filters(w), padding, _CHUNK_BYTES)
         if bias is not None:
             out += bias.reshape((1, out_c) + (1,) * len(outs))
         return out

@@ -187,18 +187,34 @@ def untile(m, y, th, tw):  # type: ignore[no-untyped-def]
                     col += 1
 
 
-def correlate(x: np.ndarray, u: np.ndarray, padding: tuple) -> np.ndarray:
+def correlate(x: np.ndarray, u: np.ndarray, padding: tuple, chunk_bytes: int) -> np.ndarray:
     """The 3x3 correlation of ``x`` (N, C, H, W), zero-padded by ``padding`` (py, px), with
-    the transformed filters ``u`` (36, O, C): (N, O, H + 2 py - 2, W + 2 px - 2)."""
-    batch, _, height, width = x.shape
+    the transformed filters ``u`` (36, O, C): (N, O, H + 2 py - 2, W + 2 px - 2).
+
+    The samples go a few at a time, about ``chunk_bytes`` of transformed tiles and products
+    each, through buffers made once: the whole batch's (33 MB on the MNIST network's second
+    layer) left the caches between the transforms and the products, and its fresh pages
+    cost as much as the work (one thread: 22.2 ms whole, 10.3 in chunks of 2 to 4 samples)."""
+    batch, channels, height, width = x.shape
+    out_c = u.shape[1]
     out_h, out_w = height + 2 * padding[0] - 2, width + 2 * padding[1] - 2
     th, tw = -(-out_h // 4), -(-out_w // 4)
-    # the padded input, grown at the bottom and right so that every tile is whole
-    xp = np.zeros((batch, x.shape[1], 4 * th + 2, 4 * tw + 2), x.dtype)
-    xp[:, :, padding[0] : padding[0] + height, padding[1] : padding[1] + width] = x
-    v = np.empty((36, x.shape[1], batch * th * tw), x.dtype)
-    tiles(xp, v, th, tw)
-    m = np.matmul(u, v)  # (36, O, tiles)
-    y = np.empty((batch, u.shape[1], out_h, out_w), x.dtype)
-    untile(m, y, th, tw)
+    per_sample = 36 * (channels + out_c) * th * tw * x.itemsize
+    step = max(1, min(batch, chunk_bytes // per_sample))
+    y = np.empty((batch, out_c, out_h, out_w), x.dtype)
+    # the padded samples, grown at the bottom and right so that every tile is whole (the
+    # border stays zero: each chunk writes the same interior)
+    xp = np.zeros((step, channels, 4 * th + 2, 4 * tw + 2), x.dtype)
+    v = np.empty((36, channels, step * th * tw), x.dtype)
+    m = np.empty((36, out_c, step * th * tw), x.dtype)
+    inner = (slice(padding[0], padding[0] + height), slice(padding[1], padding[1] + width))
+    for lo in range(0, batch, step):
+        n = min(step, batch - lo)
+        if n < step:  # the last, shorter chunk: buffers of its size
+            v = np.empty((36, channels, n * th * tw), x.dtype)
+            m = np.empty((36, out_c, n * th * tw), x.dtype)
+        xp[(slice(0, n), slice(None)) + inner] = x[lo : lo + n]
+        tiles(xp[:n], v, th, tw)
+        np.matmul(u, v, out=m)  # (36, O, tiles)
+        untile(m, y[lo : lo + n], th, tw)
     return y
