@@ -533,11 +533,20 @@ def dropout(
     shape, np_dtype = tuple(x.shape), x.dtype.np
 
     def draw(shape: tuple = shape) -> Tensor:  # (another shape: a step over sizes redraws)
-        keep = _gen(generator).random(shape) >= p
-        return Tensor._make(_storage.placed_like((keep / (1.0 - p)).astype(np_dtype), x._data))
+        keep = _scaled_keep(_gen(generator).random(shape) >= p, p, np_dtype)
+        return Tensor._make(_storage.placed_like(keep, x._data))
 
     draw.resizable = True  # type: ignore[attr-defined]
     return mul(x, _created(draw(), draw))
+
+
+def _scaled_keep(keep: np.ndarray, p: float, np_dtype: Any) -> np.ndarray:
+    """Dropout's mask ``keep / (1 - p)`` in ``np_dtype``.  float32 and float64 multiply by the
+    scale rounded to their own type, one pass and the same values to the bit (the quotient of
+    1 by ``1 - p`` in float64, then rounded); other dtypes divide in float64 and convert."""
+    if np_dtype == np.float32 or np_dtype == np.float64:
+        return keep * np_dtype.type(1.0 / (1.0 - p))
+    return (keep / (1.0 - p)).astype(np_dtype)
 
 
 def _feature_dropout(x: Tensor, p: float, training: bool, spatial: int, generator: Any) -> Tensor:
@@ -557,8 +566,8 @@ def _feature_dropout(x: Tensor, p: float, training: bool, spatial: int, generato
     np_dtype = x.dtype.np
 
     def draw(mask_shape: tuple = mask_shape) -> Tensor:  # (see ``dropout``)
-        keep = _gen(generator).random(mask_shape) >= p
-        return Tensor._make(_storage.placed_like((keep / (1.0 - p)).astype(np_dtype), x._data))
+        keep = _scaled_keep(_gen(generator).random(mask_shape) >= p, p, np_dtype)
+        return Tensor._make(_storage.placed_like(keep, x._data))
 
     draw.resizable = True  # type: ignore[attr-defined]
     return mul(x, _created(draw(), draw))
