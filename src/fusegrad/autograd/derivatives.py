@@ -882,6 +882,11 @@ def _scatter(node, g, index):
 def _matmul(node, g, a, b):
     need = node.needs_input_grad
     ga = g @ b.mH if need[0] else None
+    if need[1] and len(node.input_shapes[1]) == 2 and len(node.input_shapes[0]) > 2:
+        # a matrix applied over a batch (a linear layer on (B, T, C)): its gradient is one
+        # product over all B T rows, as PyTorch's addmm on the flattened input computes it,
+        # not B products summed afterwards
+        return (ga, a.flatten(0, -2).mH @ g.flatten(0, -2))
     gb = a.mH @ g if need[1] else None
     return (ga, gb)
 

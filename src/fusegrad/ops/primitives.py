@@ -1122,6 +1122,12 @@ def _matmul(a, b):  # type: ignore[no-untyped-def]
         # loops over the batch; einsum's broadcast product is the same single multiply, 4x
         # faster
         return np.einsum("...i,...j->...ij", a[..., 0], b[..., 0, :])
+    if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous and a.size:
+        # one matrix over a batch (a linear layer on (B, T, C)): one product of all B T rows;
+        # numpy's stacked matmul makes one BLAS call per batch entry (one thread: 6.7 against
+        # 5.3 ms on the LSTM-LM's decoder, (35, 20, 200) by (200, 2000))
+        rows = a.reshape(-1, a.shape[-1]) @ b
+        return rows.reshape(*a.shape[:-1], b.shape[-1])
     if b.ndim > 2 and not any(b.strides[:-2]) and a.ndim >= 2 and b.size:
         # ``b`` is one matrix broadcast over the batch (an expanded weight under vmap): one
         # matrix product of all rows of ``a`` instead of one per batch entry
