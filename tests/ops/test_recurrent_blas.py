@@ -1,11 +1,14 @@
 """The recurrent kernels' per-step products (``ops/recurrent_kernels.py``): the kernels call
 numpy's own BLAS through its CBLAS interface where numpy exports one (``BLAS``), else numba's
 ``np.dot``.  Both paths give the same forward values and gradients, within float rounding, for
-every mode, both float dtypes, both directions, an LSTM's projection and packed sequences; the
-product helper itself against numpy's matmul over shapes (hypothesis), the empty ones included.
+every mode, both float dtypes, both directions, an LSTM's projection and packed sequences; so
+does the CBLAS interface with 32-bit integers (tried on scipy's OpenBLAS); the product helper
+itself against numpy's matmul over shapes (hypothesis), the empty ones included.
 """
 
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 import pytest
@@ -31,6 +34,21 @@ def test_numpys_openblas_is_called_through_its_ilp64_cblas() -> None:
     ):
         pytest.skip(f"numpy's BLAS is {blas.get('name')!r}, not a 64-bit-integer OpenBLAS")
     assert isinstance(rk.BLAS, np.int64)
+
+
+def _scipy_blas_lp64() -> object:
+    """The kernels' ``blas`` argument for scipy's BLAS's CBLAS with 32-bit integers (scipy's
+    wheels ship an OpenBLAS with them), registered for this test process; skips where scipy's
+    BLAS exports none, or where the kernels already use a 32-bit CBLAS (registering another
+    under the same names would change which library they call)."""
+    if isinstance(rk.BLAS, np.int32):
+        pytest.skip("the kernels already call a CBLAS with 32-bit integers (covered above)")
+    cython_blas = pytest.importorskip("scipy.linalg.cython_blas")
+    blas = rk._bind_cblas(ctypes.CDLL(cython_blas.__file__), widths=(32,))
+    if blas is None:
+        pytest.skip("scipy's BLAS exports no CBLAS with 32-bit integers")
+    assert isinstance(blas, np.int32)
+    return blas
 
 
 def _layer(mode: str, dtype: type, proj: bool, packed: bool, rng: np.random.Generator) -> dict:
@@ -95,6 +113,24 @@ def test_cblas_and_numba_dot_agree(
     np.testing.assert_allclose(grads, grads_dot, **TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize(("mode", "proj", "packed"), [("LSTM", True, True), ("GRU", False, False)])
+def test_a_cblas_with_32_bit_integers_agrees(
+    mode: str, proj: bool, packed: bool, dtype: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernels' other CBLAS interface (32-bit integers, as a CBLAS other than numpy's
+    OpenBLAS has), here scipy's: the same values and gradients as numba's ``np.dot``."""
+    blas = _scipy_blas_lp64()
+    rng = np.random.default_rng(4)
+    arrays = _layer(mode, dtype, proj, packed, rng)
+    monkeypatch.setattr(rk, "BLAS", blas)
+    out, grads = _forward_backward(mode, True, arrays, rng)
+    monkeypatch.setattr(rk, "BLAS", None)
+    out_dot, grads_dot = _forward_backward(mode, True, arrays, rng)
+    np.testing.assert_allclose(out, out_dot, **TOLERANCE[dtype])
+    np.testing.assert_allclose(grads, grads_dot, **TOLERANCE[dtype])
+
+
 @numba.njit(cache=False)
 def _product(a, b, out, blas):  # type: ignore[no-untyped-def]
     rk._gemm(a, b, out, blas)
@@ -123,7 +159,10 @@ def test_gemm_matches_matmul(m: int, k: int, n: int, double: bool, seed: int) ->
     a = rng.standard_normal((m, k)).astype(dtype)
     b = rng.standard_normal((k, n)).astype(dtype)
     expected = a @ b
-    for blas in [None] if rk.BLAS is None else [rk.BLAS, None]:
+    choices = [None] if rk.BLAS is None else [rk.BLAS, None]
+    if isinstance(rk.BLAS, np.int64):
+        choices.append(_scipy_blas_lp64())
+    for blas in choices:
         out = np.full((m, n), np.nan, dtype)
         _product(a, b, out, blas)
         np.testing.assert_allclose(out, expected, **TOLERANCE[dtype])

@@ -87,12 +87,12 @@ def _sigmoid_overload(x):  # type: ignore[no-untyped-def]
 # numpy's OpenBLAS ran 1.5x faster (35 such products: 2.5 ms against 3.7 ms, one thread, on this
 # project's Zen 4 machine; ``benchmarks/recurrent.py`` times the layers).  So the kernels call
 # numpy's ``cblas_sgemm`` / ``cblas_dgemm`` by name: ``_bind_cblas`` finds them behind numpy's
-# extension module and registers their addresses with LLVM under names of our own, and ``_gemm``
-# emits the call.  Which interface was found -- 64-bit integers (numpy's ILP64 OpenBLAS), 32-bit
-# ones (another CBLAS) or none (then ``np.dot``) -- reaches the kernels as the type of their
-# ``blas`` argument (``BLAS``: an int64, an int32 or None), so that each choice compiles, and is
-# cached on disk, as its own signature and a cached kernel never names a symbol this process
-# did not register.
+# extension module (``_numpy_blas``) and registers their addresses with LLVM under names of our
+# own, and ``_gemm`` emits the call.  Which interface was found -- 64-bit integers (numpy's
+# ILP64 OpenBLAS), 32-bit ones (another CBLAS) or none (then ``np.dot``) -- reaches the kernels
+# as the type of their ``blas`` argument (``BLAS``: an int64, an int32 or None), so that each
+# choice compiles, and is cached on disk, as its own signature and a cached kernel never names
+# a symbol this process did not register.
 
 _CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS = 101, 111
 _CBLAS_NAMES = {  # our symbol's integer width -> numpy's BLAS's names for it, in order of search
@@ -101,22 +101,31 @@ _CBLAS_NAMES = {  # our symbol's integer width -> numpy's BLAS's names for it, i
 }
 
 
-def _bind_cblas() -> np.int64 | np.int32 | None:
-    """Register numpy's BLAS's ``cblas_sgemm`` and ``cblas_dgemm`` as ``fusegrad_rnn_cblas_
-    {s,d}gemm{64,32}`` and return the kernels' ``blas`` argument: ``np.int64(0)`` for a CBLAS
-    with 64-bit integers, ``np.int32(0)`` for 32-bit ones, None where numpy's BLAS exports
-    neither pair (the kernels then use numba's ``np.dot``)."""
+def _numpy_blas() -> ctypes.CDLL | None:
+    """numpy's extension module as a ctypes library: already loaded, so the same one, and its
+    symbol lookup searches what it links (numpy's BLAS); None where it cannot be opened."""
     try:
         from numpy._core import _multiarray_umath as numpy_core  # numpy 2
     except ImportError:  # pragma: no cover - numpy 1
         from numpy.core import _multiarray_umath as numpy_core  # type: ignore[no-redef]
     try:
-        # already loaded: the same library; its symbol lookup searches what it links (the BLAS)
-        lib = ctypes.CDLL(numpy_core.__file__)
+        return ctypes.CDLL(numpy_core.__file__)
     except OSError:  # pragma: no cover - a platform without dlopen of extension modules
         return None
-    for width, patterns in _CBLAS_NAMES.items():
-        for pattern in patterns:
+
+
+def _bind_cblas(
+    lib: ctypes.CDLL | None, widths: tuple[int, ...] = (64, 32)
+) -> np.int64 | np.int32 | None:
+    """Register ``lib``'s ``cblas_sgemm`` and ``cblas_dgemm`` (the first pair found of
+    ``_CBLAS_NAMES``, integer ``widths`` in that order) as ``fusegrad_rnn_cblas_{s,d}gemm
+    {64,32}`` and return the kernels' ``blas`` argument: ``np.int64(0)`` for a CBLAS with
+    64-bit integers, ``np.int32(0)`` for 32-bit ones, None where ``lib`` exports neither pair
+    (the kernels then use numba's ``np.dot``)."""
+    if lib is None:
+        return None
+    for width in widths:
+        for pattern in _CBLAS_NAMES[width]:
             functions = [getattr(lib, pattern.format(kind), None) for kind in "sd"]
             if all(f is not None for f in functions):
                 for kind, function in zip("sd", functions):
@@ -126,7 +135,7 @@ def _bind_cblas() -> np.int64 | np.int32 | None:
     return None
 
 
-BLAS = _bind_cblas()
+BLAS = _bind_cblas(_numpy_blas())
 
 
 def _cblas_gemm(kind: str, width: int) -> numba.types.ExternalFunction:
