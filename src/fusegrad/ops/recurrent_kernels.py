@@ -7,8 +7,8 @@ one ordinary matmul (``ops/recurrent.py``); the kernels take it and run the recu
 work on rows: a padded (T, N, G H) sequence is T steps of N rows, a PackedSequence's data has
 ``batch_sizes[t]`` rows at step t (the sequences still running, longest first), and a row not
 running at a step keeps its state.  Per step ``t`` (``reverse``: from the last step to the
-first) the forward computes ``h @ W_hh^T`` with one BLAS call (numba's ``np.dot`` on the step's
-(rows, P) state; faster than a loop), adds ``b_hh`` and ``x_gates[t]``, applies the gates and
+first) the forward computes ``h @ W_hh^T`` with one BLAS call (numpy's own BLAS, called by
+name: ``_gemm`` below), adds ``b_hh`` and ``x_gates[t]``, applies the gates and
 writes, per row, the values the backward needs beside the output (the packed layout of
 ``rnn_sequence``):
 
@@ -35,9 +35,13 @@ kernels on their first call, never when fusegrad is imported.
 
 from __future__ import annotations
 
+import ctypes
+
+import llvmlite.binding
 import numba  # imported on first use only (by the recurrent primitives' kernels)
 import numpy as np
-from numba.extending import overload
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
 
 from fusegrad.compiler.codegen.fastmath import fast_sigmoid_f32, fast_tanh_f32
 
@@ -75,6 +79,130 @@ def _sigmoid_overload(x):  # type: ignore[no-untyped-def]
     return sigmoid64
 
 
+# ---- the per-step products: numpy's own BLAS, called from the kernels --------------------
+#
+# numba's ``np.dot`` calls scipy's BLAS (``scipy.linalg.cython_blas``): in the wheels a second
+# OpenBLAS, older than numpy's and left on its own kernel choice.  The recurrences' products are
+# small (one step's rows, 20 x 200 by 800 in pytorch/examples' word language model) and there
+# numpy's OpenBLAS ran 1.5x faster (35 such products: 2.5 ms against 3.7 ms, one thread, on this
+# project's Zen 4 machine; ``benchmarks/recurrent.py`` times the layers).  So the kernels call
+# numpy's ``cblas_sgemm`` / ``cblas_dgemm`` by name: ``_bind_cblas`` finds them behind numpy's
+# extension module (``_numpy_blas``) and registers their addresses with LLVM under names of our
+# own, and ``_gemm`` emits the call.  Which interface was found -- 64-bit integers (numpy's
+# ILP64 OpenBLAS), 32-bit ones (another CBLAS) or none (then ``np.dot``) -- reaches the kernels
+# as the type of their ``blas`` argument (``BLAS``: an int64, an int32 or None), so that each
+# choice compiles, and is cached on disk, as its own signature and a cached kernel never names
+# a symbol this process did not register.
+
+_CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS = 101, 111
+_CBLAS_NAMES = {  # our symbol's integer width -> numpy's BLAS's names for it, in order of search
+    64: ("scipy_cblas_{}gemm64_", "cblas_{}gemm64_", "cblas_{}gemm_64"),
+    32: ("scipy_cblas_{}gemm", "cblas_{}gemm"),
+}
+
+
+def _numpy_blas() -> ctypes.CDLL | None:
+    """numpy's extension module as a ctypes library: already loaded, so the same one, and its
+    symbol lookup searches what it links (numpy's BLAS); None where it cannot be opened."""
+    try:
+        from numpy._core import _multiarray_umath as numpy_core  # numpy 2
+    except ImportError:  # pragma: no cover - numpy 1
+        from numpy.core import _multiarray_umath as numpy_core  # type: ignore[no-redef]
+    try:
+        return ctypes.CDLL(numpy_core.__file__)
+    except OSError:  # pragma: no cover - a platform without dlopen of extension modules
+        return None
+
+
+def _bind_cblas(
+    lib: ctypes.CDLL | None, widths: tuple[int, ...] = (64, 32)
+) -> np.int64 | np.int32 | None:
+    """Register ``lib``'s ``cblas_sgemm`` and ``cblas_dgemm`` (the first pair found of
+    ``_CBLAS_NAMES``, integer ``widths`` in that order) as ``fusegrad_rnn_cblas_{s,d}gemm
+    {64,32}`` and return the kernels' ``blas`` argument: ``np.int64(0)`` for a CBLAS with
+    64-bit integers, ``np.int32(0)`` for 32-bit ones, None where ``lib`` exports neither pair
+    (the kernels then use numba's ``np.dot``)."""
+    if lib is None:
+        return None
+    for width in widths:
+        for pattern in _CBLAS_NAMES[width]:
+            functions = [getattr(lib, pattern.format(kind), None) for kind in "sd"]
+            if all(f is not None for f in functions):
+                for kind, function in zip("sd", functions):
+                    address = ctypes.cast(function, ctypes.c_void_p).value
+                    llvmlite.binding.add_symbol(f"fusegrad_rnn_cblas_{kind}gemm{width}", address)
+                return np.int64(0) if width == 64 else np.int32(0)
+    return None
+
+
+BLAS = _bind_cblas(_numpy_blas())
+
+
+def _cblas_gemm(kind: str, width: int) -> numba.types.ExternalFunction:
+    """``cblas_?gemm(order, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)``."""
+    t = numba.types
+    integer = t.int64 if width == 64 else t.int32
+    real = t.float32 if kind == "s" else t.float64
+    pointer = t.voidptr
+    signature = t.void(
+        t.int32, t.int32, t.int32, integer, integer, integer, real, pointer, integer, pointer,
+        integer, real, pointer, integer,
+    )  # fmt: skip
+    return t.ExternalFunction(f"fusegrad_rnn_cblas_{kind}gemm{width}", signature)
+
+
+_CBLAS = {(kind, width): _cblas_gemm(kind, width) for kind in "sd" for width in (64, 32)}
+
+
+@intrinsic
+def _address(typingctx, array):  # type: ignore[no-untyped-def]
+    """An array's data as a ``void *`` (what the CBLAS functions take)."""
+
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.bitcast(data, cgutils.voidptr_t)
+
+    return numba.types.voidptr(array), codegen
+
+
+def _gemm(a, b, out, blas):  # type: ignore[no-untyped-def]
+    """``out = a @ b`` for 2-D arrays of one float dtype (``np.dot(a, b, out)``)."""
+    np.dot(a, b, out)
+
+
+@overload(_gemm)
+def _gemm_overload(a, b, out, blas):  # type: ignore[no-untyped-def]
+    t = numba.types
+    arrays = (a, b, out)
+    width = {t.int64: 64, t.int32: 32}.get(blas)
+    if width is None or any(x.layout != "C" or x.ndim != 2 for x in arrays):
+        return lambda a, b, out, blas: np.dot(a, b, out)  # (a non-contiguous view: numba's)
+    kind = "s" if a.dtype == t.float32 else "d"
+    gemm = _CBLAS[kind, width]
+    integer = np.int64 if width == 64 else np.int32
+    real = np.float32 if kind == "s" else np.float64
+
+    def cblas(a, b, out, blas):  # type: ignore[no-untyped-def]
+        rows, inner = a.shape
+        columns = b.shape[1]
+        if a.shape[1] != b.shape[0] or out.shape[0] != rows or out.shape[1] != columns:
+            raise ValueError("rnn kernels: mismatched shapes of a product")
+        if rows == 0 or columns == 0:
+            return
+        if inner == 0:
+            out[:] = 0
+            return
+        # C-contiguous rows: each leading dimension is the row's length
+        gemm(
+            _CBLAS_ROW_MAJOR, _CBLAS_NO_TRANS, _CBLAS_NO_TRANS,
+            integer(rows), integer(columns), integer(inner), real(1.0),
+            _address(a), integer(inner), _address(b), integer(columns), real(0.0),
+            _address(out), integer(columns),
+        )  # fmt: skip
+
+    return cblas
+
+
 # Loop structure: each step's elementwise work is a series of short loops over one row of H,
 # each reading some arrays and writing another (or the same one in a later loop).  One loop
 # doing everything (six stores, a dozen loads, two transcendentals) did not vectorise -- LLVM
@@ -85,7 +213,7 @@ _JIT = {"cache": True, "fastmath": {"contract"}, "error_model": "numpy"}
 
 
 @numba.njit(**_JIT)
-def _lstm_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse, out):  # type: ignore[no-untyped-def]
+def _lstm_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse, out, blas):  # type: ignore[no-untyped-def]
     """The LSTM's packed steps: h (P), c, i, f, g, o (H each); P = H without a projection
     (``w_hr_t`` None: numba compiles that case apart, its branches pruned), else
     h = (o tanh c) W_hr^T (one more BLAS call per step)."""
@@ -101,7 +229,7 @@ def _lstm_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse
     for s in range(steps):
         t = steps - 1 - s if reverse else s
         rows, first_row = sizes[t], offsets[t]
-        np.dot(h[:rows], w_hh_t, pre[:rows])
+        _gemm(h[:rows], w_hh_t, pre[:rows], blas)
         for n in range(rows):
             p, x, o = pre[n], x_gates[first_row + n], out[first_row + n]
             cn, mn = c[n], m[n]
@@ -125,7 +253,7 @@ def _lstm_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse
                 for j in range(hidden):
                     o[j] = mn[j]
         if w_hr_t is not None:
-            np.dot(m[:rows], w_hr_t, h[:rows])
+            _gemm(m[:rows], w_hr_t, h[:rows], blas)
             for n in range(rows):
                 o, hn = out[first_row + n], h[n]
                 for j in range(size):
@@ -133,7 +261,7 @@ def _lstm_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse
 
 
 @numba.njit(**_JIT)
-def _gru_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out):  # type: ignore[no-untyped-def]
+def _gru_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out, blas):  # type: ignore[no-untyped-def]
     steps = sizes.shape[0]
     batch, hidden = h0.shape
     gate_size = x_gates.shape[1]
@@ -142,7 +270,7 @@ def _gru_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out):  # ty
     for s in range(steps):
         t = steps - 1 - s if reverse else s
         rows, first_row = sizes[t], offsets[t]
-        np.dot(h[:rows], w_hh_t, pre[:rows])
+        _gemm(h[:rows], w_hh_t, pre[:rows], blas)
         for n in range(rows):
             p, x, o, hn = pre[n], x_gates[first_row + n], out[first_row + n], h[n]
             for j in range(gate_size):
@@ -165,7 +293,7 @@ def _gru_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out):  # ty
 
 
 @numba.njit(**_JIT)
-def _rnn_forward(relu, x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out, zero):  # type: ignore[no-untyped-def]
+def _rnn_forward(relu, x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out, zero, blas):  # type: ignore[no-untyped-def]
     steps = sizes.shape[0]
     batch, hidden = h0.shape
     h = h0.copy()
@@ -173,7 +301,7 @@ def _rnn_forward(relu, x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out, 
     for s in range(steps):
         t = steps - 1 - s if reverse else s
         rows, first_row = sizes[t], offsets[t]
-        np.dot(h[:rows], w_hh_t, pre[:rows])
+        _gemm(h[:rows], w_hh_t, pre[:rows], blas)
         for n in range(rows):
             p, x, hn = pre[n], x_gates[first_row + n], h[n]
             if relu:
@@ -201,7 +329,9 @@ def _previous_row(offsets, sizes, t, n, reverse):  # type: ignore[no-untyped-def
 
 
 @numba.njit(**_JIT)
-def _lstm_backward(g, out, offsets, sizes, w_hh, c0, w_hr, reverse, dx_gates, dh, dc, dhs, ms, one):  # type: ignore[no-untyped-def]
+def _lstm_backward(
+    g, out, offsets, sizes, w_hh, c0, w_hr, reverse, dx_gates, dh, dc, dhs, ms, one, blas
+):  # type: ignore[no-untyped-def]
     """``dh``, ``dc``: zeros in, the gradients of h0 and c0 out.  With a projection (``w_hr``
     not None), ``dhs`` and ``ms`` receive each row's gradient of h and its ``m = o tanh c``
     (for ``dW_hr``)."""
@@ -222,7 +352,7 @@ def _lstm_backward(g, out, offsets, sizes, w_hh, c0, w_hr, reverse, dx_gates, dh
             for j in range(size):
                 dn[j] = gt[j] + dhn[j]
         if w_hr is not None:
-            np.dot(dht, w_hr, dm[:rows])
+            _gemm(dht, w_hr, dm[:rows], blas)
         for n in range(rows):
             row = first_row + n
             gt, o, dx, dmn, dcn = g[row], out[row], dx_gates[row], dm[n], dc[n]
@@ -251,11 +381,11 @@ def _lstm_backward(g, out, offsets, sizes, w_hh, c0, w_hr, reverse, dx_gates, dh
             for j in range(hidden):
                 dcn[j] = dcv[j] * o[gf + j]
         # the state's gradient for the step before: through h W_hh^T (one BLAS call)
-        np.dot(dx_gates[first_row : first_row + rows], w_hh, dh[:rows])
+        _gemm(dx_gates[first_row : first_row + rows], w_hh, dh[:rows], blas)
 
 
 @numba.njit(**_JIT)
-def _gru_backward(g, out, offsets, sizes, w_hh, h0, reverse, dx_gates, dh_gates, dh, one):  # type: ignore[no-untyped-def]
+def _gru_backward(g, out, offsets, sizes, w_hh, h0, reverse, dx_gates, dh_gates, dh, one, blas):  # type: ignore[no-untyped-def]
     """``dh``: zeros in, the gradient of h0 out; ``dh_gates``: the gradient of
     ``h W_hh^T + b_hh`` per step (``dx_gates``'s but for the n gate: ``dn r``)."""
     steps = sizes.shape[0]
@@ -288,12 +418,12 @@ def _gru_backward(g, out, offsets, sizes, w_hh, h0, reverse, dx_gates, dh_gates,
                 dhg[2 * hidden + j] = dx[2 * hidden + j] * o[hidden + j] + gt[4 * hidden + j]
             for j in range(hidden):
                 direct[n, j] = dhv[j] * o[2 * hidden + j]
-        np.dot(dh_gates[first_row : first_row + rows], w_hh, dh[:rows])
+        _gemm(dh_gates[first_row : first_row + rows], w_hh, dh[:rows], blas)
         dh[:rows] += direct[:rows]
 
 
 @numba.njit(**_JIT)
-def _rnn_backward(relu, g, out, offsets, sizes, w_hh, reverse, dx_gates, dh, one, zero):  # type: ignore[no-untyped-def]
+def _rnn_backward(relu, g, out, offsets, sizes, w_hh, reverse, dx_gates, dh, one, zero, blas):  # type: ignore[no-untyped-def]
     steps = sizes.shape[0]
     hidden = dh.shape[1]
     for s in range(steps):
@@ -308,7 +438,7 @@ def _rnn_backward(relu, g, out, offsets, sizes, w_hh, reverse, dx_gates, dh, one
             else:
                 for j in range(hidden):
                     dx[j] = (gt[j] + dhn[j]) * (one - o[j] * o[j])
-        np.dot(dx_gates[first_row : first_row + rows], w_hh, dh[:rows])
+        _gemm(dx_gates[first_row : first_row + rows], w_hh, dh[:rows], blas)
 
 
 def _check(name: str, mode: str, arrays: dict[str, np.ndarray]) -> np.dtype:
@@ -369,15 +499,15 @@ def rnn_forward(
         c0 = np.ascontiguousarray(c0)
         out = np.empty((flat.shape[0], size + 5 * c0.shape[1]), dtype)
         w_hr_t = None if w_hr is None else np.ascontiguousarray(w_hr.T)
-        _lstm_forward(flat, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse, out)
+        _lstm_forward(flat, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse, out, BLAS)
     else:
         out = np.empty((flat.shape[0], PACKED_WIDTH[mode] * size), dtype)
         if mode == "GRU":
-            _gru_forward(flat, offsets, sizes, w_hh_t, b_hh, h0, reverse, out)
+            _gru_forward(flat, offsets, sizes, w_hh_t, b_hh, h0, reverse, out, BLAS)
         else:
             relu = mode == "RNN_RELU"
             zero = dtype.type(0)
-            _rnn_forward(relu, flat, offsets, sizes, w_hh_t, b_hh, h0, reverse, out, zero)
+            _rnn_forward(relu, flat, offsets, sizes, w_hh_t, b_hh, h0, reverse, out, zero, BLAS)
     return out.reshape(x_gates.shape[:-1] + (out.shape[1],))
 
 
@@ -435,15 +565,15 @@ def rnn_backward(
         w_hr_c = np.ascontiguousarray(w_hr) if proj else None
         _lstm_backward(
             g, out, offsets, sizes, w_hh, c0, w_hr_c, reverse, dx_gates, dh0, dc0, dhs, ms,
-            one,
+            one, BLAS,
         )  # fmt: skip
         if dw_hr is not None:
             np.dot(dhs.T, ms, dw_hr)
     elif mode == "GRU":
-        _gru_backward(g, out, offsets, sizes, w_hh, h0, reverse, dx_gates, dh_gates, dh0, one)
+        _gru_backward(g, out, offsets, sizes, w_hh, h0, reverse, dx_gates, dh_gates, dh0, one, BLAS)
     else:
         relu = mode == "RNN_RELU"
-        _rnn_backward(relu, g, out, offsets, sizes, w_hh, reverse, dx_gates, dh0, one, zero)
+        _rnn_backward(relu, g, out, offsets, sizes, w_hh, reverse, dx_gates, dh0, one, zero, BLAS)
     np.dot(dh_gates.T, _previous_states(out[:, :size], h0, offsets, sizes, reverse), dw_hh)
     db_hh[:] = dh_gates.sum(0)
     return flat
