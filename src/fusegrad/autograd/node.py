@@ -29,11 +29,13 @@ from .forward_state import state as _forward_state
 from .graph_base import (  # (Node, AccumulateGrad & co. are re-exported: this was their home)
     AccumulateGrad,
     Node,
+    _change_ids,
     _sequence,
     accumulator_for,
     add_hook,
     graph_changed,
 )
+from .graph_base import changes as _changes
 from .node_names import primitive_node_name
 
 __all__ = [
@@ -411,7 +413,10 @@ class OpNode(Node):
                 self._input_meta = (meta0, meta0)
             else:
                 self._input_meta = (meta0, (a1.shape, t1._dtype))
-            needs: tuple = _NEEDS[edge0[0] is not None][edge1[0] is not None]
+            wants0 = edge0[0] is not None
+            wants1 = edge1[0] is not None
+            needs: tuple = _NEEDS[wants0][wants1]
+            plan, plans = 2 * wants0 + wants1, 4  # (index and length of ``rule.save_plans``)
         elif len(inputs) == 1:
             t0 = inputs[0]
             if type(t0) in _PLAIN_EDGE:
@@ -424,12 +429,15 @@ class OpNode(Node):
                 edge0 = _edge_of(t0)
             self._edges = (edge0,)
             self._input_meta = ((t0._data.shape, t0._dtype),)
-            needs = _NEEDS_ONE[edge0[0] is not None]
+            wants0 = edge0[0] is not None
+            needs = _NEEDS_ONE[wants0]
+            plan, plans = int(wants0), 2
         else:
             edges = tuple([_edge_of(t) for t in inputs])
             self._edges = edges
             self._input_meta = tuple([(t._data.shape, t._dtype) for t in inputs])
             needs = tuple([e[0] is not None for e in edges])
+            plan, plans = -1, -1
         self._seq = next(_sequence)
         self._pre_hooks = None
         self._post_hooks = None
@@ -441,25 +449,57 @@ class OpNode(Node):
         self._rule = rule
         self.attrs = attrs
         self.needs_input_grad = needs
-        steps = rule.save_steps
-        saved: list | tuple = [] if steps else ()  # (nothing to save: no list kept alive)
-        unsaved = None  # positions in rule.save of values no input that requires grad needs
-        for k, where, position, wanted_by in steps:
-            if wanted_by is not None:
-                for i in wanted_by:
-                    if needs[i]:
-                        break
-                else:  # no input that requires grad needs it
-                    unsaved = (*unsaved, k) if unsaved else (k,)
-                    continue
-            if where == "out":
-                saved.append(_saved_output(outputs[position], position, self))
-            elif where == "input":
-                saved.append(_saved_input(inputs[position]))
-            else:  # "name*": every input from here on
-                saved.extend([_saved_input(t) for t in inputs[position:]])
-        self._saved: list | tuple | None = saved
-        self._unsaved: tuple | None = unsaved
+        if not rule.save_steps:
+            self._saved = ()  # (nothing to save: no list kept alive)
+            self._unsaved = None
+        elif len(rule.save_plans) == plans:  # (a call with as many inputs as declared)
+            # the saves decided per rule and inputs requiring grad (``Rule.save_plans``); the
+            # common saves without hooks built in line, as ``SavedTensor.of_input`` /
+            # ``of_output`` would build them (a call each is a noticeable part of a node)
+            steps, self._unsaved = rule.save_plans[plan]
+            saved: list = []
+            for where, position in steps:
+                if where == "input":
+                    t = inputs[position]
+                    if _hooks_in_use or t._inference:
+                        saved.append(SavedTensor(t))
+                        continue
+                    s = _new_saved(SavedTensor)
+                    counter = t._version_counter
+                    s._counter = counter
+                    s._version = counter.value
+                    s._is_output = False
+                    s._unpack_hook = None
+                    s._tensor = t
+                    s._data = None
+                    s._rg = False
+                    s._output_nr = t._output_nr
+                    s._producer = t.grad_fn
+                    saved.append(s)
+                elif where == "out":
+                    saved.append(_saved_output(outputs[position], position, self))
+                else:  # (variadic primitives have no plans)
+                    raise AssertionError(f"{prim.name}: a plan saves {where!r}")
+            self._saved = saved
+        else:
+            saved = []
+            unsaved = None  # positions in rule.save of values no input that requires grad needs
+            for k, where, position, wanted_by in rule.save_steps:
+                if wanted_by is not None:
+                    for i in wanted_by:
+                        if needs[i]:
+                            break
+                    else:  # no input that requires grad needs it
+                        unsaved = (*unsaved, k) if unsaved else (k,)
+                        continue
+                if where == "out":
+                    saved.append(_saved_output(outputs[position], position, self))
+                elif where == "input":
+                    saved.append(_saved_input(inputs[position]))
+                else:  # "name*": every input from here on
+                    saved.extend([_saved_input(t) for t in inputs[position:]])
+            self._saved = saved
+            self._unsaved = unsaved
         self._raw_shared = False  # a SavedTensor was handed out (``_raw_saved_<name>``)
 
     def name(self) -> str:
@@ -511,16 +551,28 @@ class OpNode(Node):
             saved = self._saved
             if saved is None:
                 raise AutogradError(_freed_message)
-            # (one and two saved tensors, the common cases, without building a list)
-            if self._unsaved is None and len(saved) == 1:
+            # (one and two saved tensors, the common cases, without building a list; one of
+            # two values saved is ``x * y`` where only one of them requires grad)
+            unsaved = self._unsaved
+            if unsaved is None and len(saved) == 1:
                 result = rule.fn(self, g, saved[0].unpack(self))
-            elif self._unsaved is None and len(saved) == 2:
+            elif unsaved is None and len(saved) == 2:
                 result = rule.fn(self, g, saved[0].unpack(self), saved[1].unpack(self))
+            elif len(saved) == 1 and len(rule.save_index) == 2:  # (unsaved: (0,) or (1,))
+                if unsaved[0] == 0:  # type: ignore[index]
+                    result = rule.fn(self, g, None, saved[0].unpack(self))
+                else:
+                    result = rule.fn(self, g, saved[0].unpack(self), None)
             else:
                 values = [s.unpack(self) for s in saved]
-                if self._unsaved is not None:
+                if unsaved is not None:
                     values = self.rule_arguments(values)
                 result = rule.fn(self, g, *values)
+            if not retain and saved and not self._raw_shared:
+                # ``release`` in line: nothing but this list holds the saved tensors
+                self._saved = None
+                _changes.value = next(_change_ids)  # (``graph_changed``)
+                return result
         else:
             result = rule.fn(self, g)
         if not retain and self._saved:

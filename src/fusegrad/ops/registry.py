@@ -24,6 +24,7 @@ contract
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -143,6 +144,14 @@ class Rule:
     save_steps: tuple[tuple[int, str, int, tuple[int, ...] | None], ...] = field(
         init=False, compare=False, repr=False
     )
+    # ``save_steps`` resolved for each combination of inputs requiring grad, for a primitive of
+    # one or two inputs (not variadic; empty otherwise): entry ``sum(2**(n-1-i) for each input
+    # i that requires grad)`` is ``(((where, position), ...), unsaved)``, the values to save in
+    # order and the positions in ``save`` of those left out (None: none), as ``OpNode`` would
+    # work them out from ``save_steps`` per call
+    save_plans: tuple[tuple[tuple[tuple[str, int], ...], tuple[int, ...] | None], ...] = field(
+        init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         inputs = REGISTRY[self.prim].inputs
@@ -156,7 +165,19 @@ class Rule:
                 steps.append((k, "inputs", position, wanted_by))
             else:
                 steps.append((k, "input", position, wanted_by))
+        plans = []
+        if variadic_at == -2 and len(inputs) in (1, 2):
+            for flags in itertools.product((False, True), repeat=len(inputs)):
+                plan: list = []
+                unsaved: tuple[int, ...] | None = None
+                for k, where, position, wanted_by in steps:
+                    if wanted_by is not None and not any(flags[i] for i in wanted_by):
+                        unsaved = (*unsaved, k) if unsaved else (k,)
+                    else:
+                        plan.append((where, position))
+                plans.append((tuple(plan), unsaved))
         object.__setattr__(self, "save_steps", tuple(steps))  # (frozen: set once, here)
+        object.__setattr__(self, "save_plans", tuple(plans))
 
 
 RULES: dict[str, Rule] = {}
