@@ -62,6 +62,21 @@ _NEEDS_ONE = ((False,), (True,))
 _NEEDS = (((False, False), (False, True)), ((True, False), (True, True)))
 
 
+# ``_input_meta`` of one and two inputs with numpy arrays of one shape and dtype, shared by every
+# node that has it (immutable tuples): (shape, dtype) -> ``(meta, (meta,), (meta, meta))``.
+# Bounded: emptied when it grows past ``_SHARED_META_SIZE`` entries (shapes that keep changing).
+_SHARED_META: dict = {}
+_SHARED_META_SIZE = 4096
+
+
+def _share_meta(shape: tuple, dtype: Any) -> tuple:
+    if len(_SHARED_META) >= _SHARED_META_SIZE:
+        _SHARED_META.clear()
+    meta = (shape, dtype)
+    shared = _SHARED_META[meta] = (meta, (meta,), (meta, meta))
+    return shared
+
+
 def _edge_of(t: Tensor) -> tuple:
     """``t._edge()``, remembering in ``_PLAIN_EDGE`` a type that does not override it."""
     cls = type(t)
@@ -194,7 +209,8 @@ class SavedTensor:
     def of_input(cls, t: Tensor) -> SavedTensor:
         """``SavedTensor(t)``, built without the constructor's call in the common case (no
         saved-tensor hooks anywhere, not an inference tensor: the fields ``__init__`` sets
-        then).  ``OpNode`` saves most inputs through it."""
+        then).  ``OpNode`` sets the same fields in line where a saving plan applies (keep the
+        two in step) and calls this otherwise."""
         if _hooks_in_use or t._inference:
             return cls(t)
         s = _new_saved(cls)
@@ -400,19 +416,21 @@ class OpNode(Node):
                 edge1 = _edge_of(t1)
             self._edges = (edge0, edge1)
             a0, a1 = t0._data, t1._data
-            meta0 = (a0.shape, t0._dtype)
-            # (one shared entry when two numpy arrays agree, as they mostly do: fewer objects
-            # that the graph keeps alive and the garbage collector walks.  Only numpy shapes
-            # are compared: a capture's symbolic sizes must not be asked)
-            if (
-                t1._dtype is meta0[1]
-                and type(a0) is np.ndarray
-                and type(a1) is np.ndarray
-                and a1.shape == meta0[0]
-            ):
-                self._input_meta = (meta0, meta0)
+            # (one shared entry when two numpy arrays agree, as they mostly do, and one object
+            # for all nodes that see that shape and dtype: fewer objects that the graph keeps
+            # alive and the garbage collector walks.  Only numpy shapes are compared and
+            # cached: a capture's symbolic sizes must not be asked)
+            if type(a0) is np.ndarray:
+                shared = _SHARED_META.get((a0.shape, t0._dtype))
+                if shared is None:
+                    shared = _share_meta(a0.shape, t0._dtype)
+                meta0 = shared[0]
+                if t1._dtype is meta0[1] and type(a1) is np.ndarray and a1.shape == meta0[0]:
+                    self._input_meta = shared[2]
+                else:
+                    self._input_meta = (meta0, (a1.shape, t1._dtype))
             else:
-                self._input_meta = (meta0, (a1.shape, t1._dtype))
+                self._input_meta = ((a0.shape, t0._dtype), (a1.shape, t1._dtype))
             wants0 = edge0[0] is not None
             wants1 = edge1[0] is not None
             needs: tuple = _NEEDS[wants0][wants1]
@@ -428,7 +446,14 @@ class OpNode(Node):
             else:
                 edge0 = _edge_of(t0)
             self._edges = (edge0,)
-            self._input_meta = ((t0._data.shape, t0._dtype),)
+            a0 = t0._data
+            if type(a0) is np.ndarray:
+                shared = _SHARED_META.get((a0.shape, t0._dtype))
+                if shared is None:
+                    shared = _share_meta(a0.shape, t0._dtype)
+                self._input_meta = shared[1]
+            else:
+                self._input_meta = ((a0.shape, t0._dtype),)
             wants0 = edge0[0] is not None
             needs = _NEEDS_ONE[wants0]
             plan, plans = int(wants0), 2
@@ -477,7 +502,22 @@ class OpNode(Node):
                     s._producer = t.grad_fn
                     saved.append(s)
                 elif where == "out":
-                    saved.append(_saved_output(outputs[position], position, self))
+                    t = outputs[position]
+                    if _hooks_in_use or t._inference:
+                        saved.append(SavedTensor(t, True, position, self))
+                        continue
+                    s = _new_saved(SavedTensor)
+                    counter = t._version_counter
+                    s._counter = counter
+                    s._version = counter.value
+                    s._is_output = True
+                    s._unpack_hook = None
+                    s._tensor = None
+                    s._data = t._data
+                    s._rg = True  # outputs of a recorded node always require grad
+                    s._output_nr = position
+                    s._producer = None  # the saving node itself (passed to unpack)
+                    saved.append(s)
                 else:  # (variadic primitives have no plans)
                     raise AssertionError(f"{prim.name}: a plan saves {where!r}")
             self._saved = saved

@@ -24,6 +24,8 @@ from ..errors import ArgumentError, ComplexNotSupported, FusegradError
 from ..size import broadcast_shapes
 from . import conv_kernels  # (numpy only: its numba loops load on first use)
 from .registry import (
+    ERROR_STATE,
+    QUIET,
     REGISTRY,
     DataDependentShape,
     Lowering,
@@ -38,12 +40,7 @@ from .registry import (
 # (0.1 us); numpy versions without it fall back to ``np.errstate``.  A caller that runs many
 # kernels in a row (the backward engine) switches once around them (``quiet_errors``), and each
 # kernel then sees the state already set and skips the switch.
-try:
-    from numpy._core._ufunc_config import _extobj_contextvar, _make_extobj
-
-    _QUIET = _make_extobj(all="ignore")
-except ImportError:  # pragma: no cover - numpy < 2
-    _extobj_contextvar = None
+_extobj_contextvar, _QUIET = ERROR_STATE, QUIET  # (the registry's: ``run`` switches it too)
 
 
 def quiet_errors() -> tuple | None:
@@ -147,7 +144,8 @@ def _elementwise(
     arity = len(inputs.split())
     lean = isinstance(kernel, np.ufunc) and kernel.nin == arity and arity <= 2
     wrapped = _quiet(kernel, arity if lean else None)
-    primitive(name, "elementwise", inputs, lowering=lowering, **record)(wrapped)
+    ufunc = kernel if lean else None
+    primitive(name, "elementwise", inputs, lowering=lowering, ufunc=ufunc, **record)(wrapped)
 
 
 def _libm(name: str, python=None, numpy: bool = False) -> ScalarFunction:  # type: ignore[no-untyped-def]
@@ -1368,7 +1366,9 @@ def _complex_refused(name: str, kernel):  # type: ignore[no-untyped-def]
 def _refuse_complex() -> None:
     for name in REAL_ONLY:
         prim = REGISTRY[name]
-        REGISTRY[name] = dataclasses.replace(prim, kernel=_complex_refused(name, prim.kernel))
+        REGISTRY[name] = dataclasses.replace(
+            prim, kernel=_complex_refused(name, prim.kernel), ufunc=None
+        )
 
 
 def _set_metas() -> None:
