@@ -592,17 +592,28 @@ class OpNode(Node):
             if saved is None:
                 raise AutogradError(_freed_message)
             # (one and two saved tensors, the common cases, without building a list; one of
-            # two values saved is ``x * y`` where only one of them requires grad)
+            # two values saved is ``x * y`` where only one of them requires grad.  A saved input
+            # whose tensor is still held -- not freed, not packed by hooks -- and whose version
+            # has not moved is that tensor: ``unpack``'s first answer, without its call)
             unsaved = self._unsaved
-            if unsaved is None and len(saved) == 1:
-                result = rule.fn(self, g, saved[0].unpack(self))
-            elif unsaved is None and len(saved) == 2:
-                result = rule.fn(self, g, saved[0].unpack(self), saved[1].unpack(self))
-            elif len(saved) == 1 and len(rule.save_index) == 2:  # (unsaved: (0,) or (1,))
-                if unsaved[0] == 0:  # type: ignore[index]
-                    result = rule.fn(self, g, None, saved[0].unpack(self))
+            n_saved = len(saved)
+            if 0 < n_saved <= 2 and (unsaved is None or len(rule.save_index) == 2):
+                s0 = saved[0]
+                v0 = s0._tensor
+                if v0 is None or s0._counter.value != s0._version:
+                    v0 = s0.unpack(self)
+                if n_saved == 2:
+                    s1 = saved[1]
+                    v1 = s1._tensor
+                    if v1 is None or s1._counter.value != s1._version:
+                        v1 = s1.unpack(self)
+                    result = rule.fn(self, g, v0, v1)
+                elif unsaved is None:
+                    result = rule.fn(self, g, v0)
+                elif unsaved[0] == 0:  # (two names, one saved: unsaved is (0,) or (1,))
+                    result = rule.fn(self, g, None, v0)
                 else:
-                    result = rule.fn(self, g, saved[0].unpack(self), None)
+                    result = rule.fn(self, g, v0, None)
             else:
                 values = [s.unpack(self) for s in saved]
                 if unsaved is not None:
