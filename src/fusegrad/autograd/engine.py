@@ -163,16 +163,16 @@ def _discover(root_nodes: list[Node]) -> dict:
     """Dependency counts over every edge among the nodes reachable from the roots."""
     deps: dict = {node: 0 for node in root_nodes}
     stack = list(root_nodes)
+    get, push = deps.get, stack.append
     while stack:
-        node = stack.pop()
-        for nxt, _ in node._edges:
-            if nxt is None:
-                continue
-            if nxt in deps:
-                deps[nxt] += 1
-            else:
-                deps[nxt] = 1
-                stack.append(nxt)
+        for nxt, _ in stack.pop()._edges:
+            if nxt is not None:
+                count = get(nxt)
+                if count is None:
+                    deps[nxt] = 1
+                    push(nxt)
+                else:
+                    deps[nxt] = count + 1
     return deps
 
 
