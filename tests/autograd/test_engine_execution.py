@@ -134,6 +134,22 @@ def test_backward_ignores_floating_point_errors_and_user_code_sees_its_state() -
     assert x.grad.numpy()[0] == -np.inf and np.isinf(big.grad.numpy()[0])
 
 
+def test_an_error_state_a_hook_sets_lasts_after_backward() -> None:
+    """``np.seterr`` in a hook changes the caller's state, as it would outside backward, while
+    the kernels that run after it still ignore floating-point errors."""
+    x = fg.tensor([0.0, 2.0], requires_grad=True)
+    z = x.log()
+    y = x * 1.0  # (made after z: its node, and so its hook, runs before z's)
+    y.register_hook(lambda g: np.seterr(divide="raise") and None)
+    before = np.geterr()
+    try:
+        (z + y).sum().backward()  # log's gradient divides by 0 after the hook ran
+        assert np.geterr()["divide"] == "raise"
+        assert x.grad.numpy()[0] == np.inf
+    finally:
+        np.seterr(**before)
+
+
 def test_a_failing_backward_gives_back_the_callers_error_state() -> None:
     x = _leaf(3)
     y = x.exp()

@@ -55,7 +55,7 @@ import numpy as np
 
 from .. import storage as _storage
 from ..errors import AutogradError
-from ..ops.primitives import as_caller, quiet_errors, restore_errors
+from ..ops.primitives import as_caller, quiet_again, quiet_errors, restore_errors
 from ..ops.shape import sum_to
 from ..tensor import Tensor, _ViewTensor
 from . import anomaly, grad_mode, tracer
@@ -624,14 +624,15 @@ def _check_nan(node: Node, results: tuple | None) -> None:
 
 def _run_node_as_caller(node: Node, grads: list, task: _Task, quiet: Any) -> tuple | None:
     """``_run_node`` with numpy's error state put back to the caller's while it runs (``quiet``:
-    what ``quiet_errors`` returned, None when the engine did not switch)."""
+    what ``quiet_errors`` returned, None when the engine did not switch); a state the node's
+    user code sets is the caller's from then on."""
     if quiet is None:
         return _run_node(node, grads, task)
-    caller = as_caller(quiet)
+    as_caller(quiet)
     try:
         return _run_node(node, grads, task)
     finally:
-        restore_errors(caller)
+        quiet_again(quiet)
 
 
 def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:

@@ -43,31 +43,39 @@ from .registry import (
 _extobj_contextvar, _QUIET = ERROR_STATE, QUIET  # (the registry's: ``run`` switches it too)
 
 
-def quiet_errors() -> tuple | None:
+def quiet_errors() -> list | None:
     """Set numpy's error state to "ignore everything" for the kernels that follow.  Returns what
-    ``restore_errors`` takes to put the caller's state back, and ``as_caller`` to run user code
-    meanwhile: None where there is nothing to switch (the state was already quiet, or numpy has
-    no context variable and each kernel keeps its own ``np.errstate``)."""
+    ``restore_errors`` takes to put the caller's state back, and ``as_caller`` / ``quiet_again``
+    to run user code in between (a one-item list holding the caller's state): None where there
+    is nothing to switch (the state was already quiet, or numpy has no context variable and
+    each kernel keeps its own ``np.errstate``)."""
     if _extobj_contextvar is None:  # pragma: no cover
         return None
     caller = _extobj_contextvar.get()
     if caller is _QUIET:
         return None
-    return (_extobj_contextvar.set(_QUIET), caller)
+    _extobj_contextvar.set(_QUIET)
+    return [caller]
 
 
-def restore_errors(quiet: tuple | None) -> None:
-    """Undo ``quiet_errors`` (switches are undone in the reverse order of their making)."""
+def restore_errors(quiet: list | None) -> None:
+    """Undo ``quiet_errors``: the caller's state again (as user code last left it)."""
     if quiet is not None:
-        _extobj_contextvar.reset(quiet[0])  # type: ignore[union-attr]
+        _extobj_contextvar.set(quiet[0])  # type: ignore[union-attr]
 
 
-def as_caller(quiet: tuple | None) -> tuple | None:
-    """Inside ``quiet_errors``: the caller's error state again, until ``restore_errors`` of
-    what this returns (for user code that runs in between: it sees its own state)."""
-    if quiet is None:
-        return None
-    return (_extobj_contextvar.set(quiet[1]), quiet[1])  # type: ignore[union-attr]
+def as_caller(quiet: list | None) -> None:
+    """Inside ``quiet_errors``: the caller's state again, for user code, until ``quiet_again``."""
+    if quiet is not None:
+        _extobj_contextvar.set(quiet[0])  # type: ignore[union-attr]
+
+
+def quiet_again(quiet: list | None) -> None:
+    """After ``as_caller``: quiet again, keeping the state user code set meanwhile (an
+    ``np.seterr`` in a hook lasts after ``backward()``, as it would without the switch)."""
+    if quiet is not None:
+        quiet[0] = _extobj_contextvar.get()  # type: ignore[union-attr]
+        _extobj_contextvar.set(_QUIET)  # type: ignore[union-attr]
 
 
 def _quiet(fn, arity: int | None = None):  # type: ignore[no-untyped-def]
