@@ -71,6 +71,105 @@ def test_leaf_used_many_times_accumulates_once_per_backward() -> None:
     np.testing.assert_allclose(x.grad.numpy(), np.full(2, 6.0))
 
 
+def test_fan_in_sums_leave_the_gradients_they_add_alone() -> None:
+    """The engine adds later gradients into the first sum it made, in place: never into a
+    gradient a rule returned (``add`` hands one tensor to both inputs) or a hook saw."""
+    x = _leaf(3)
+    y = _leaf(3, seed=1)
+    t = x.exp()
+    kept: list = []
+    consumers = [t + y, t * 2.0, t * 3.0, t * y, t]
+    for c in consumers[:-1]:
+        c.register_hook(lambda g: kept.append((g, g.numpy().copy())))
+    total = consumers[0]
+    for c in consumers[1:]:
+        total = total + c
+    total.sum().backward()
+    assert len(kept) == 4
+    for g, values in kept:
+        np.testing.assert_array_equal(g.numpy(), values)
+    xv, yv = x.detach().numpy(), y.detach().numpy()
+    np.testing.assert_allclose(x.grad.numpy(), np.exp(xv) * (1 + 2 + 3 + yv + 1), rtol=1e-12)
+    np.testing.assert_allclose(y.grad.numpy(), 1 + np.exp(xv), rtol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (2, 3)], ids=str)
+def test_fan_in_into_views_and_leaves_matches_torch(shape: tuple) -> None:
+    """Sums that reach a view's node and a leaf many times, against PyTorch."""
+    torch = pytest.importorskip("torch")
+    data = np.random.default_rng(3).standard_normal((2, *shape))
+
+    def run(lib, x):
+        first, second = x[0], x[1]
+        out = first * 2.0 + first * first + second.exp() + second + x.sum(0) * second
+        for _ in range(4):
+            out = out + first * second
+        return out.sum()
+
+    x = fg.tensor(data, requires_grad=True)
+    xt = torch.tensor(data, requires_grad=True)
+    run(fg, x).backward()
+    run(torch, xt).backward()
+    np.testing.assert_allclose(x.grad.numpy(), xt.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+# ---- numpy's floating-point error state ---------------------------------------------------
+
+
+def test_backward_ignores_floating_point_errors_and_user_code_sees_its_state() -> None:
+    """Kernels run with numpy's floating-point errors ignored (IEEE results, as in PyTorch)
+    even where the caller asked numpy to raise -- the fan-in sums too (here 3e38 + 3e38
+    overflows float32) -- while hooks see the caller's state, which backward leaves as it was."""
+    x = fg.tensor([0.0, 1.0], requires_grad=True)
+    big = fg.tensor([3e38], dtype=fg.float32, requires_grad=True)
+    seen: list = []
+    y = x.log()  # -inf at 0: its gradient divides by 0
+    y.register_hook(lambda g: seen.append(np.geterr()["divide"]))
+    big.register_hook(lambda g: seen.append(np.geterr()["over"]))
+    with np.errstate(all="raise"):
+        loss = (y * y).sum() + (big * 3e38 + big * 3e38).sum().double()
+        loss.backward()
+        assert np.geterr()["divide"] == "raise"
+    assert seen == ["raise", "raise"]
+    assert x.grad.numpy()[0] == -np.inf and np.isinf(big.grad.numpy()[0])
+
+
+def test_an_error_state_a_hook_sets_lasts_after_backward() -> None:
+    """``np.seterr`` in a hook changes the caller's state, as it would outside backward, while
+    the kernels that run after it still ignore floating-point errors."""
+    x = fg.tensor([0.0, 2.0], requires_grad=True)
+    z = x.log()
+    y = x * 1.0  # (made after z: its node, and so its hook, runs before z's)
+    y.register_hook(lambda g: np.seterr(divide="raise") and None)
+    before = np.geterr()
+    try:
+        (z + y).sum().backward()  # log's gradient divides by 0 after the hook ran
+        assert np.geterr()["divide"] == "raise"
+        assert x.grad.numpy()[0] == np.inf
+    finally:
+        np.seterr(**before)
+
+
+def test_a_failing_backward_gives_back_the_callers_error_state() -> None:
+    x = _leaf(3)
+    y = x.exp()
+
+    def fail(grads: tuple) -> None:
+        raise ValueError("hook failed")
+
+    y.grad_fn.register_prehook(fail)
+    with np.errstate(all="raise"):
+        with pytest.raises(ValueError, match="hook failed"):
+            (y * 2.0).sum().backward()
+        assert np.geterr() == {
+            "divide": "raise",
+            "over": "raise",
+            "under": "raise",
+            "invalid": "raise",
+        }
+    assert np.geterr()["under"] == "ignore"
+
+
 # ---- execution order -----------------------------------------------------------------------
 
 

@@ -287,3 +287,58 @@ def test_repr(name: str, fn: Callable, expected: str | None) -> None:
 def test_repr_matches_torch(name: str, fn: Callable, expected: str | None) -> None:
     pytest.importorskip("torch")
     assert repr(fn(FG)) == _torch_style(repr(fn(torch_lib())))
+
+
+# ---- Python numbers as operands -------------------------------------------------------------
+
+SCALARS = [1.0, 0.5, 3, -2.5, 0.0, -0.0, math.inf, -math.inf, math.nan, 1e300, 2**40]
+SCALAR_OPS: list[tuple[str, Callable[[Any, Any], Any]]] = [
+    ("x+s", lambda x, s: x + s),
+    ("s+x", lambda x, s: s + x),
+    ("x-s", lambda x, s: x - s),
+    ("s-x", lambda x, s: s - x),
+    ("x*s", lambda x, s: x * s),
+    ("s*x", lambda x, s: s * x),
+    ("x/s", lambda x, s: x / s),
+    ("s/x", lambda x, s: s / x),
+]
+
+
+# (1e300 as a float32 operand: numpy's cast of the number warns; the result is inf either way)
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")
+@pytest.mark.parametrize("name,op", SCALAR_OPS, ids=[n for n, _ in SCALAR_OPS])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_number_operands_with_and_without_grad_mode(name: str, op: Callable, dtype: str) -> None:
+    """With grad mode off the operators share one wrapped-number tensor per value and dtype
+    between calls: every value (signed zeros, inf, NaN, ints) gives numpy's result, bit for
+    bit, the same as with grad mode on, call after call, and never writes into that tensor."""
+    data = np.array([-0.0, 0.0, 1.5, -3.0, np.inf, np.nan], dtype=dtype)
+    x = fusegrad.tensor(data)
+    for s in SCALARS:
+        with np.errstate(all="ignore"):
+            want = np.asarray(op(data, np.asarray(s, dtype=dtype)))
+        with_grad = op(x, s).numpy()
+        for _ in range(2):
+            with fusegrad.no_grad():
+                got = op(x, s).numpy()
+            assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), (name, s)
+        assert with_grad.tobytes() == want.tobytes(), (name, s)
+        assert x.numpy().tobytes() == data.tobytes()
+
+
+def test_a_saved_number_operand_is_its_own_tensor() -> None:
+    """Under grad mode a node keeps the wrapped number it saved (``x * 0.5`` saves 0.5 for x's
+    gradient): each call wraps the number anew, never the tensor that calls without grad mode
+    share, as PyTorch makes one per call."""
+    x = fusegrad.ones(3, requires_grad=True)
+    first, second = x * 0.5, 0.5 * x
+    with fusegrad.no_grad():
+        x * 0.5
+    saved = [first.grad_fn._saved_other, second.grad_fn._saved_self]
+    with fusegrad.no_grad():
+        x * 0.5
+        0.5 * x
+    assert saved[0] is not saved[1]
+    assert all(s._wrapped_number and s.numpy().flags.writeable for s in saved)
+    (first.sum() + second.sum()).backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.full(3, 1.0, dtype=np.float32))

@@ -424,7 +424,7 @@ def _keepdim_shape(shape: tuple, dim: tuple | None) -> tuple:
 def _sum(node, g):
     shape = node.input_shapes[0]
     dim, keepdim = node.attrs["dim"], node.attrs["keepdim"]
-    if not keepdim:
+    if not keepdim and dim is not None:  # (a full sum's 0-d gradient broadcasts as it is)
         g = g.reshape(_keepdim_shape(shape, dim))
     return (g.broadcast_to(shape),)
 

@@ -55,6 +55,7 @@ import numpy as np
 
 from .. import storage as _storage
 from ..errors import AutogradError
+from ..ops.primitives import as_caller, quiet_again, quiet_errors, restore_errors
 from ..ops.shape import sum_to
 from ..tensor import Tensor, _ViewTensor
 from . import anomaly, grad_mode, tracer
@@ -162,16 +163,16 @@ def _discover(root_nodes: list[Node]) -> dict:
     """Dependency counts over every edge among the nodes reachable from the roots."""
     deps: dict = {node: 0 for node in root_nodes}
     stack = list(root_nodes)
+    get, push = deps.get, stack.append
     while stack:
-        node = stack.pop()
-        for nxt, _ in node._edges:
-            if nxt is None:
-                continue
-            if nxt in deps:
-                deps[nxt] += 1
-            else:
-                deps[nxt] = 1
-                stack.append(nxt)
+        for nxt, _ in stack.pop()._edges:
+            if nxt is not None:
+                count = get(nxt)
+                if count is None:
+                    deps[nxt] = 1
+                    push(nxt)
+                else:
+                    deps[nxt] = count + 1
     return deps
 
 
@@ -506,15 +507,25 @@ def _execute(
     # branch), without its frames; ``task.capture`` is fixed for the call
     plain_nodes = executor is EAGER and not task.capture
     pop, push = heapq.heappop, heapq.heappush
+    # The rules of plain nodes and the fan-in sums run fusegrad's kernels only, which ignore
+    # numpy's floating-point errors: switched once here, so that each kernel finds the quiet
+    # state set and skips its own switch.  Everything that may run user code (hooks, custom
+    # Functions, ``.grad`` writes and their hooks, callbacks) sees the caller's state again.
+    quiet = quiet_errors() if plain_nodes else None
     executor.begin_capture(task)
     try:
         while ready:
             node = pop(ready)[2]
-            grads = buffers.pop(node, None) or [None] * node.num_outputs
+            grads = buffers.pop(node, None)
+            if grads is None:
+                grads = [None] * node.num_outputs
+            elif type(grads[0]) is np.ndarray or len(grads) > 1:
+                # a fan-in sum is kept as the bare array the loop adds into (below): a tensor now
+                grads = [_make(g) if type(g) is np.ndarray else g for g in grads]
             if anomaly_threads and anomaly_state.enabled:
                 # nodes created by this rule (create_graph) record it as their parent
                 anomaly_state.current_node = node
-                results = _run_node(node, grads, task)
+                results = _run_node_as_caller(node, grads, task, quiet)
                 _check_nan(node, results)
             elif (
                 plain_nodes
@@ -529,7 +540,7 @@ def _execute(
                 if type(results) is not tuple or len(results) != len(node._edges):
                     results = check_results(node, results)
             else:
-                results = _run_node(node, grads, task)
+                results = _run_node_as_caller(node, grads, task, quiet)
             for i, (nxt, nr) in enumerate(node._edges):
                 if nxt is None or (needed is not None and nxt not in needed):
                     continue
@@ -553,32 +564,46 @@ def _execute(
                         buf[nr] = g
                     elif (
                         not create_graph
-                        and type(prev) in _EAGER
                         and type(g) in _EAGER
                         and type(g._data) is np.ndarray
                         and _forward_state.level is None
                     ):
                         # fan-in of plain tensors outside create_graph: add the arrays directly
-                        # (both already have the input's shape and dtype).  Symbolic values
-                        # (compiler capture) are subclasses and take the op-surface add below,
-                        # as do dual tensors (forward AD: their tangents add too).
-                        # (np.asarray: numpy returns a scalar, not a 0-d array, for 0-d sums)
-                        buf[nr] = _make(np.asarray(np.add(prev._data, g._data)))
+                        # (both already have the input's shape and dtype).  The first sum is a
+                        # new array that only this buffer holds, so later gradients add into
+                        # it in place; it stays a bare array until its node runs (above).
+                        # Symbolic values (compiler capture) are subclasses and take the
+                        # op-surface add below, as do dual tensors (forward AD: their tangents
+                        # add too).
+                        if type(prev) is np.ndarray:
+                            np.add(prev, g._data, out=prev)
+                        elif type(prev) in _EAGER and type(prev._data) is np.ndarray:
+                            # (np.asarray: numpy returns a scalar, not a 0-d array, for 0-d sums)
+                            buf[nr] = np.asarray(np.add(prev._data, g._data))
+                        else:
+                            buf[nr] = prev + g
                     else:
+                        if type(prev) is np.ndarray:
+                            prev = _make(prev)
                         buf[nr] = prev + g
                 left = deps[nxt] - 1
                 deps[nxt] = left
                 if left == 0:
                     push(ready, (-nxt._seq, next(tie), nxt))
         node = None  # a callback's failure is not the last node's (anomaly mode)
+        restore_errors(quiet)
+        quiet = None
         callbacks = task.callbacks
         while callbacks:  # queue_callback: in order; a callback may queue more
             callbacks.pop(0)()
     except Exception:
+        restore_errors(quiet)
+        quiet = None
         if node is not None and anomaly_state.enabled:
             anomaly.warn_error_detected_in(node)  # PyTorch's warning; the error goes on as it is
         raise
     finally:
+        restore_errors(quiet)  # (a BaseException: KeyboardInterrupt, ...)
         grad_mode._state.enabled = prev_mode
         _current.task = parent_task
         anomaly_state.current_node = parent_node
@@ -595,6 +620,19 @@ def _check_nan(node: Node, results: tuple | None) -> None:
             raise AutogradError(
                 f"Function '{node.name()}' returned nan values in its {i}th output."
             )
+
+
+def _run_node_as_caller(node: Node, grads: list, task: _Task, quiet: Any) -> tuple | None:
+    """``_run_node`` with numpy's error state put back to the caller's while it runs (``quiet``:
+    what ``quiet_errors`` returned, None when the engine did not switch); a state the node's
+    user code sets is the caller's from then on."""
+    if quiet is None:
+        return _run_node(node, grads, task)
+    as_caller(quiet)
+    try:
+        return _run_node(node, grads, task)
+    finally:
+        quiet_again(quiet)
 
 
 def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:

@@ -29,11 +29,13 @@ from .forward_state import state as _forward_state
 from .graph_base import (  # (Node, AccumulateGrad & co. are re-exported: this was their home)
     AccumulateGrad,
     Node,
+    _change_ids,
     _sequence,
     accumulator_for,
     add_hook,
     graph_changed,
 )
+from .graph_base import changes as _changes
 from .node_names import primitive_node_name
 
 __all__ = [
@@ -58,6 +60,21 @@ _NO_EDGE = (None, 0)
 # ``needs_input_grad`` of one and two inputs: shared tuples (indexed by the flags)
 _NEEDS_ONE = ((False,), (True,))
 _NEEDS = (((False, False), (False, True)), ((True, False), (True, True)))
+
+
+# ``_input_meta`` of one and two inputs with numpy arrays of one shape and dtype, shared by every
+# node that has it (immutable tuples): (shape, dtype) -> ``(meta, (meta,), (meta, meta))``.
+# Bounded: emptied when it grows past ``_SHARED_META_SIZE`` entries (shapes that keep changing).
+_SHARED_META: dict = {}
+_SHARED_META_SIZE = 4096
+
+
+def _share_meta(shape: tuple, dtype: Any) -> tuple:
+    if len(_SHARED_META) >= _SHARED_META_SIZE:
+        _SHARED_META.clear()
+    meta = (shape, dtype)
+    shared = _SHARED_META[meta] = (meta, (meta,), (meta, meta))
+    return shared
 
 
 def _edge_of(t: Tensor) -> tuple:
@@ -192,7 +209,8 @@ class SavedTensor:
     def of_input(cls, t: Tensor) -> SavedTensor:
         """``SavedTensor(t)``, built without the constructor's call in the common case (no
         saved-tensor hooks anywhere, not an inference tensor: the fields ``__init__`` sets
-        then).  ``OpNode`` saves most inputs through it."""
+        then).  ``OpNode`` sets the same fields in line where a saving plan applies (keep the
+        two in step) and calls this otherwise."""
         if _hooks_in_use or t._inference:
             return cls(t)
         s = _new_saved(cls)
@@ -398,20 +416,25 @@ class OpNode(Node):
                 edge1 = _edge_of(t1)
             self._edges = (edge0, edge1)
             a0, a1 = t0._data, t1._data
-            meta0 = (a0.shape, t0._dtype)
-            # (one shared entry when two numpy arrays agree, as they mostly do: fewer objects
-            # that the graph keeps alive and the garbage collector walks.  Only numpy shapes
-            # are compared: a capture's symbolic sizes must not be asked)
-            if (
-                t1._dtype is meta0[1]
-                and type(a0) is np.ndarray
-                and type(a1) is np.ndarray
-                and a1.shape == meta0[0]
-            ):
-                self._input_meta = (meta0, meta0)
+            # (one shared entry when two numpy arrays agree, as they mostly do, and one object
+            # for all nodes that see that shape and dtype: fewer objects that the graph keeps
+            # alive and the garbage collector walks.  Only numpy shapes are compared and
+            # cached: a capture's symbolic sizes must not be asked)
+            if type(a0) is np.ndarray:
+                shared = _SHARED_META.get((a0.shape, t0._dtype))
+                if shared is None:
+                    shared = _share_meta(a0.shape, t0._dtype)
+                meta0 = shared[0]
+                if t1._dtype is meta0[1] and type(a1) is np.ndarray and a1.shape == meta0[0]:
+                    self._input_meta = shared[2]
+                else:
+                    self._input_meta = (meta0, (a1.shape, t1._dtype))
             else:
-                self._input_meta = (meta0, (a1.shape, t1._dtype))
-            needs: tuple = _NEEDS[edge0[0] is not None][edge1[0] is not None]
+                self._input_meta = ((a0.shape, t0._dtype), (a1.shape, t1._dtype))
+            wants0 = edge0[0] is not None
+            wants1 = edge1[0] is not None
+            needs: tuple = _NEEDS[wants0][wants1]
+            plan, plans = 2 * wants0 + wants1, 4  # (index and length of ``rule.save_plans``)
         elif len(inputs) == 1:
             t0 = inputs[0]
             if type(t0) in _PLAIN_EDGE:
@@ -423,13 +446,23 @@ class OpNode(Node):
             else:
                 edge0 = _edge_of(t0)
             self._edges = (edge0,)
-            self._input_meta = ((t0._data.shape, t0._dtype),)
-            needs = _NEEDS_ONE[edge0[0] is not None]
+            a0 = t0._data
+            if type(a0) is np.ndarray:
+                shared = _SHARED_META.get((a0.shape, t0._dtype))
+                if shared is None:
+                    shared = _share_meta(a0.shape, t0._dtype)
+                self._input_meta = shared[1]
+            else:
+                self._input_meta = ((a0.shape, t0._dtype),)
+            wants0 = edge0[0] is not None
+            needs = _NEEDS_ONE[wants0]
+            plan, plans = int(wants0), 2
         else:
             edges = tuple([_edge_of(t) for t in inputs])
             self._edges = edges
             self._input_meta = tuple([(t._data.shape, t._dtype) for t in inputs])
             needs = tuple([e[0] is not None for e in edges])
+            plan, plans = -1, -1
         self._seq = next(_sequence)
         self._pre_hooks = None
         self._post_hooks = None
@@ -441,25 +474,72 @@ class OpNode(Node):
         self._rule = rule
         self.attrs = attrs
         self.needs_input_grad = needs
-        steps = rule.save_steps
-        saved: list | tuple = [] if steps else ()  # (nothing to save: no list kept alive)
-        unsaved = None  # positions in rule.save of values no input that requires grad needs
-        for k, where, position, wanted_by in steps:
-            if wanted_by is not None:
-                for i in wanted_by:
-                    if needs[i]:
-                        break
-                else:  # no input that requires grad needs it
-                    unsaved = (*unsaved, k) if unsaved else (k,)
-                    continue
-            if where == "out":
-                saved.append(_saved_output(outputs[position], position, self))
-            elif where == "input":
-                saved.append(_saved_input(inputs[position]))
-            else:  # "name*": every input from here on
-                saved.extend([_saved_input(t) for t in inputs[position:]])
-        self._saved: list | tuple | None = saved
-        self._unsaved: tuple | None = unsaved
+        if not rule.save_steps:
+            self._saved = ()  # (nothing to save: no list kept alive)
+            self._unsaved = None
+        elif len(rule.save_plans) == plans:  # (a call with as many inputs as declared)
+            # the saves decided per rule and inputs requiring grad (``Rule.save_plans``); the
+            # common saves without hooks built in line, as ``SavedTensor.of_input`` /
+            # ``of_output`` would build them (a call each is a noticeable part of a node)
+            steps, self._unsaved = rule.save_plans[plan]
+            saved: list = []
+            for where, position in steps:
+                if where == "input":
+                    t = inputs[position]
+                    if _hooks_in_use or t._inference:
+                        saved.append(SavedTensor(t))
+                        continue
+                    s = _new_saved(SavedTensor)
+                    counter = t._version_counter
+                    s._counter = counter
+                    s._version = counter.value
+                    s._is_output = False
+                    s._unpack_hook = None
+                    s._tensor = t
+                    s._data = None
+                    s._rg = False
+                    s._output_nr = t._output_nr
+                    s._producer = t.grad_fn
+                    saved.append(s)
+                elif where == "out":
+                    t = outputs[position]
+                    if _hooks_in_use or t._inference:
+                        saved.append(SavedTensor(t, True, position, self))
+                        continue
+                    s = _new_saved(SavedTensor)
+                    counter = t._version_counter
+                    s._counter = counter
+                    s._version = counter.value
+                    s._is_output = True
+                    s._unpack_hook = None
+                    s._tensor = None
+                    s._data = t._data
+                    s._rg = True  # outputs of a recorded node always require grad
+                    s._output_nr = position
+                    s._producer = None  # the saving node itself (passed to unpack)
+                    saved.append(s)
+                else:  # (variadic primitives have no plans)
+                    raise AssertionError(f"{prim.name}: a plan saves {where!r}")
+            self._saved = saved
+        else:
+            saved = []
+            unsaved = None  # positions in rule.save of values no input that requires grad needs
+            for k, where, position, wanted_by in rule.save_steps:
+                if wanted_by is not None:
+                    for i in wanted_by:
+                        if needs[i]:
+                            break
+                    else:  # no input that requires grad needs it
+                        unsaved = (*unsaved, k) if unsaved else (k,)
+                        continue
+                if where == "out":
+                    saved.append(_saved_output(outputs[position], position, self))
+                elif where == "input":
+                    saved.append(_saved_input(inputs[position]))
+                else:  # "name*": every input from here on
+                    saved.extend([_saved_input(t) for t in inputs[position:]])
+            self._saved = saved
+            self._unsaved = unsaved
         self._raw_shared = False  # a SavedTensor was handed out (``_raw_saved_<name>``)
 
     def name(self) -> str:
@@ -511,16 +591,39 @@ class OpNode(Node):
             saved = self._saved
             if saved is None:
                 raise AutogradError(_freed_message)
-            # (one and two saved tensors, the common cases, without building a list)
-            if self._unsaved is None and len(saved) == 1:
-                result = rule.fn(self, g, saved[0].unpack(self))
-            elif self._unsaved is None and len(saved) == 2:
-                result = rule.fn(self, g, saved[0].unpack(self), saved[1].unpack(self))
+            # (one and two saved tensors, the common cases, without building a list; one of
+            # two values saved is ``x * y`` where only one of them requires grad.  A saved input
+            # whose tensor is still held -- not freed, not packed by hooks -- and whose version
+            # has not moved is that tensor: ``unpack``'s first answer, without its call)
+            unsaved = self._unsaved
+            n_saved = len(saved)
+            if 0 < n_saved <= 2 and (unsaved is None or len(rule.save_index) == 2):
+                s0 = saved[0]
+                v0 = s0._tensor
+                if v0 is None or s0._counter.value != s0._version:
+                    v0 = s0.unpack(self)
+                if n_saved == 2:
+                    s1 = saved[1]
+                    v1 = s1._tensor
+                    if v1 is None or s1._counter.value != s1._version:
+                        v1 = s1.unpack(self)
+                    result = rule.fn(self, g, v0, v1)
+                elif unsaved is None:
+                    result = rule.fn(self, g, v0)
+                elif unsaved[0] == 0:  # (two names, one saved: unsaved is (0,) or (1,))
+                    result = rule.fn(self, g, None, v0)
+                else:
+                    result = rule.fn(self, g, v0, None)
             else:
                 values = [s.unpack(self) for s in saved]
-                if self._unsaved is not None:
+                if unsaved is not None:
                     values = self.rule_arguments(values)
                 result = rule.fn(self, g, *values)
+            if not retain and saved and not self._raw_shared:
+                # ``release`` in line: nothing but this list holds the saved tensors
+                self._saved = None
+                _changes.value = next(_change_ids)  # (``graph_changed``)
+                return result
         else:
             result = rule.fn(self, g)
         if not retain and self._saved:

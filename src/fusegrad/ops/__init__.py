@@ -1046,6 +1046,29 @@ def _reverse(fn: Any) -> Any:
 # which decides exactly as before.
 
 
+_grad_state = _grad_mode._state  # (the thread-local object itself is never replaced)
+
+# The wrapped numbers of the fast paths below while grad mode is off (every derivative rule's
+# ``1.0 - out``, an optimizer's ``p * 0.9``): no node is recorded, so nothing keeps them, and one
+# read-only tensor per (value, dtype) serves every such call.  NaN (never equal to itself) and
+# zeros (0.0 and -0.0 are equal keys) are made anew each time; the table is emptied past 256.
+_NO_GRAD_SCALARS: dict = {}
+
+
+def _no_grad_scalar(value: Any, dtype: _dt.dtype) -> Tensor:
+    if value != value or value == 0:
+        return _scalar_tensor(value, dtype)
+    key = (value, dtype)
+    t = _NO_GRAD_SCALARS.get(key)
+    if t is None:
+        if len(_NO_GRAD_SCALARS) >= 256:
+            _NO_GRAD_SCALARS.clear()
+        t = _scalar_tensor(value, dtype)
+        t._data.flags.writeable = False
+        _NO_GRAD_SCALARS[key] = t
+    return t
+
+
 def _fast_forward(fn: Any, prim: Any) -> Any:
     full = _forward(fn)
     name = prim.name
@@ -1069,6 +1092,12 @@ def _fast_forward(fn: Any, prim: Any) -> Any:
             kind = type(other)
             if not ((kind is float or kind is int) and self._dtype.category == 2):
                 return full(self, other)
+            if _forward_state.level is None and (
+                not _tracer_threads or _tracer_state.tracer is None
+            ):
+                if _grad_state.enabled:
+                    return _run(prim, (self, _scalar_tensor(other, self._dtype)), {})
+                return _run(prim, (self, _no_grad_scalar(other, self._dtype)), {})
             operands = (self, _scalar_tensor(other, self._dtype))
         if _forward_state.level is None and (not _tracer_threads or _tracer_state.tracer is None):
             return _run(prim, operands, {})
@@ -1085,10 +1114,11 @@ def _fast_reverse(fn: Any, prim: Any) -> Any:
         kind = type(other)
         if not ((kind is float or kind is int) and self._dtype.category == 2):
             return full(self, other)
-        operands = (_scalar_tensor(other, self._dtype), self)
         if _forward_state.level is None and (not _tracer_threads or _tracer_state.tracer is None):
-            return _run(prim, operands, {})
-        return apply(prim, operands, {})
+            if _grad_state.enabled:
+                return _run(prim, (_scalar_tensor(other, self._dtype), self), {})
+            return _run(prim, (_no_grad_scalar(other, self._dtype), self), {})
+        return apply(prim, (_scalar_tensor(other, self._dtype), self), {})
 
     op.__name__ = op.__qualname__ = full.__name__
     return op
@@ -1105,7 +1135,10 @@ def _fast_rsub(full: Any) -> Any:
             and _forward_state.level is None
             and (not _tracer_threads or _tracer_state.tracer is None)
         ):
-            out = _run(prim, (_scalar_tensor(other, self._dtype), self), {})
+            if _grad_state.enabled:
+                out = _run(prim, (_scalar_tensor(other, self._dtype), self), {})
+            else:
+                out = _run(prim, (_no_grad_scalar(other, self._dtype), self), {})
             node = out.grad_fn
             if node is not None:  # (made by this call: what ``rsub``'s naming checks)
                 node._name = "RsubBackward1"

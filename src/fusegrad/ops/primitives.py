@@ -24,6 +24,8 @@ from ..errors import ArgumentError, ComplexNotSupported, FusegradError
 from ..size import broadcast_shapes
 from . import conv_kernels  # (numpy only: its numba loops load on first use)
 from .registry import (
+    ERROR_STATE,
+    QUIET,
     REGISTRY,
     DataDependentShape,
     Lowering,
@@ -35,17 +37,51 @@ from .registry import (
 # IEEE edge cases (log(0) = -inf, 0/0 = nan, overflow to inf) are results, not warnings, as in
 # PyTorch.  ``np.errstate`` costs about 0.8 us per call, as much as the arithmetic on small
 # tensors, so kernels switch numpy's error state through the context variable behind it
-# (0.2 us); numpy versions without it fall back to ``np.errstate``.
-try:
-    from numpy._core._ufunc_config import _extobj_contextvar, _make_extobj
-
-    _QUIET = _make_extobj(all="ignore")
-except ImportError:  # pragma: no cover - numpy < 2
-    _extobj_contextvar = None
+# (0.1 us); numpy versions without it fall back to ``np.errstate``.  A caller that runs many
+# kernels in a row (the backward engine) switches once around them (``quiet_errors``), and each
+# kernel then sees the state already set and skips the switch.
+_extobj_contextvar, _QUIET = ERROR_STATE, QUIET  # (the registry's: ``run`` switches it too)
 
 
-def _quiet(fn):  # type: ignore[no-untyped-def]
-    """``fn`` with numpy's floating-point errors ignored."""
+def quiet_errors() -> list | None:
+    """Set numpy's error state to "ignore everything" for the kernels that follow.  Returns what
+    ``restore_errors`` takes to put the caller's state back, and ``as_caller`` / ``quiet_again``
+    to run user code in between (a one-item list holding the caller's state): None where there
+    is nothing to switch (the state was already quiet, or numpy has no context variable and
+    each kernel keeps its own ``np.errstate``)."""
+    if _extobj_contextvar is None:  # pragma: no cover
+        return None
+    caller = _extobj_contextvar.get()
+    if caller is _QUIET:
+        return None
+    _extobj_contextvar.set(_QUIET)
+    return [caller]
+
+
+def restore_errors(quiet: list | None) -> None:
+    """Undo ``quiet_errors``: the caller's state again (as user code last left it)."""
+    if quiet is not None:
+        _extobj_contextvar.set(quiet[0])  # type: ignore[union-attr]
+
+
+def as_caller(quiet: list | None) -> None:
+    """Inside ``quiet_errors``: the caller's state again, for user code, until ``quiet_again``."""
+    if quiet is not None:
+        _extobj_contextvar.set(quiet[0])  # type: ignore[union-attr]
+
+
+def quiet_again(quiet: list | None) -> None:
+    """After ``as_caller``: quiet again, keeping the state user code set meanwhile (an
+    ``np.seterr`` in a hook lasts after ``backward()``, as it would without the switch)."""
+    if quiet is not None:
+        quiet[0] = _extobj_contextvar.get()  # type: ignore[union-attr]
+        _extobj_contextvar.set(_QUIET)  # type: ignore[union-attr]
+
+
+def _quiet(fn, arity: int | None = None):  # type: ignore[no-untyped-def]
+    """``fn`` with numpy's floating-point errors ignored.  ``arity`` (1 or 2): ``fn`` is only
+    ever called with that many positional arguments (a ufunc kernel), so the wrapper takes them
+    by name, without packing ``*args``/``**kwargs`` (a tenth of a microsecond per call)."""
     if _extobj_contextvar is None:  # pragma: no cover
 
         def call(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -55,14 +91,38 @@ def _quiet(fn):  # type: ignore[no-untyped-def]
     else:
         get, set_, reset = _extobj_contextvar.get, _extobj_contextvar.set, _extobj_contextvar.reset
 
-        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
-            if get() is _QUIET:
-                return fn(*args, **kwargs)
-            token = set_(_QUIET)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                reset(token)
+        if arity == 1:
+
+            def call(x):  # type: ignore[no-untyped-def]
+                if get() is _QUIET:
+                    return fn(x)
+                token = set_(_QUIET)
+                try:
+                    return fn(x)
+                finally:
+                    reset(token)
+
+        elif arity == 2:
+
+            def call(a, b):  # type: ignore[no-untyped-def]
+                if get() is _QUIET:
+                    return fn(a, b)
+                token = set_(_QUIET)
+                try:
+                    return fn(a, b)
+                finally:
+                    reset(token)
+
+        else:
+
+            def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+                if get() is _QUIET:
+                    return fn(*args, **kwargs)
+                token = set_(_QUIET)
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    reset(token)
 
     call.__name__ = getattr(fn, "__name__", "kernel")
     call.__doc__ = getattr(fn, "__doc__", None)
@@ -88,7 +148,12 @@ def _elementwise(
     (run with numpy's floating-point errors ignored) and whose compiled form is ``expression``
     (None: computed by its kernel between fused loops)."""
     lowering = None if expression is None else Lowering(expression, functions)
-    primitive(name, "elementwise", inputs, lowering=lowering, **record)(_quiet(kernel))
+    # a ufunc taking exactly the primitive's inputs (no attributes): the lean wrapper
+    arity = len(inputs.split())
+    lean = isinstance(kernel, np.ufunc) and kernel.nin == arity and arity <= 2
+    wrapped = _quiet(kernel, arity if lean else None)
+    ufunc = kernel if lean else None
+    primitive(name, "elementwise", inputs, lowering=lowering, ufunc=ufunc, **record)(wrapped)
 
 
 def _libm(name: str, python=None, numpy: bool = False) -> ScalarFunction:  # type: ignore[no-untyped-def]
@@ -188,13 +253,27 @@ def _sigmoid(x):  # type: ignore[no-untyped-def]
     # with the numerator n = max(e, x >= 0), which is 1 where x >= 0 (there e <= 1) and e
     # elsewhere (e >= 0; a NaN e stays itself), so every value is the same division of the
     # same operands as in ``np.where(x >= 0, 1 / (1 + e), e / (1 + e))``, bit for bit, in
-    # seven numpy calls on three arrays instead of ten on seven (a small op's largest cost)
+    # seven numpy calls on three arrays instead of ten on seven (a small op's largest cost), the
+    # constants as 0-d arrays of x's dtype (numpy converts a Python number per call, about as
+    # long as the arithmetic on a thousand items)
+    constants = _SIGMOID_CONSTANTS.get(x.dtype.char)
+    zero, one = constants if constants is not None else (0, 1)
     e = np.abs(x)
     np.negative(e, out=e)
-    e = np.exp(e)
-    d = e + 1
-    n = np.maximum(e, x >= 0, out=e)
-    return np.divide(n, d, out=n).astype(x.dtype, copy=False)
+    np.exp(e, out=e)
+    d = np.add(e, one)
+    n = np.maximum(e, np.greater_equal(x, zero), out=e)
+    out = np.divide(n, d, out=n)
+    return out if out.dtype == x.dtype else out.astype(x.dtype)
+
+
+# (0-d zero and one per float dtype; read-only, they are shared)
+_SIGMOID_CONSTANTS = {}
+for _dtype in (np.float16, np.float32, np.float64):
+    _pair = (np.zeros((), _dtype), np.ones((), _dtype))
+    for _c in _pair:
+        _c.flags.writeable = False
+    _SIGMOID_CONSTANTS[np.dtype(_dtype).char] = _pair
 
 
 def _scipy_or_scalar(scipy_name: str, scalar):  # type: ignore[no-untyped-def]
@@ -1301,7 +1380,9 @@ def _complex_refused(name: str, kernel):  # type: ignore[no-untyped-def]
 def _refuse_complex() -> None:
     for name in REAL_ONLY:
         prim = REGISTRY[name]
-        REGISTRY[name] = dataclasses.replace(prim, kernel=_complex_refused(name, prim.kernel))
+        REGISTRY[name] = dataclasses.replace(
+            prim, kernel=_complex_refused(name, prim.kernel), ufunc=None
+        )
 
 
 def _set_metas() -> None:

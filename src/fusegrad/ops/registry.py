@@ -24,6 +24,7 @@ contract
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,9 +116,29 @@ class Primitive:
     # as opposed to dims, flags and dtypes: a capture may treat them as symbols, so that a graph
     # holds for other sizes (``fusegrad.compiler.symbolic``); set with ``set_meta``
     size_attrs: tuple[str, ...] = field(default=(), compare=False)
+    # the bare numpy ufunc of a kernel that is only that ufunc on the inputs, with numpy's
+    # floating-point errors ignored (``ops.primitives``): ``run`` calls it itself, one call
+    # fewer per op (``kernel`` stays what everything else calls)
+    ufunc: Any = field(default=None, compare=False)
 
 
 REGISTRY: dict[str, Primitive] = {}
+
+# numpy's error state (a context variable since numpy 2): kernels ignore floating-point errors
+# (IEEE results, as in PyTorch) by setting it to ``QUIET`` around their arithmetic.  None where
+# numpy has no such variable (each kernel then keeps its own ``np.errstate``).
+try:
+    from numpy._core._ufunc_config import _extobj_contextvar as ERROR_STATE
+    from numpy._core._ufunc_config import _make_extobj
+
+    QUIET: Any = _make_extobj(all="ignore")
+    _error_state, _set_error_state, _reset_error_state = (
+        ERROR_STATE.get,
+        ERROR_STATE.set,
+        ERROR_STATE.reset,
+    )
+except ImportError:  # pragma: no cover - numpy < 2
+    ERROR_STATE = QUIET = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +164,14 @@ class Rule:
     save_steps: tuple[tuple[int, str, int, tuple[int, ...] | None], ...] = field(
         init=False, compare=False, repr=False
     )
+    # ``save_steps`` resolved for each combination of inputs requiring grad, for a primitive of
+    # one or two inputs (not variadic; empty otherwise): entry ``sum(2**(n-1-i) for each input
+    # i that requires grad)`` is ``(((where, position), ...), unsaved)``, the values to save in
+    # order and the positions in ``save`` of those left out (None: none), as ``OpNode`` would
+    # work them out from ``save_steps`` per call
+    save_plans: tuple[tuple[tuple[tuple[str, int], ...], tuple[int, ...] | None], ...] = field(
+        init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         inputs = REGISTRY[self.prim].inputs
@@ -156,7 +185,19 @@ class Rule:
                 steps.append((k, "inputs", position, wanted_by))
             else:
                 steps.append((k, "input", position, wanted_by))
+        plans = []
+        if variadic_at == -2 and len(inputs) in (1, 2):
+            for flags in itertools.product((False, True), repeat=len(inputs)):
+                plan: list = []
+                unsaved: tuple[int, ...] | None = None
+                for k, where, position, wanted_by in steps:
+                    if wanted_by is not None and not any(flags[i] for i in wanted_by):
+                        unsaved = (*unsaved, k) if unsaved else (k,)
+                    else:
+                        plan.append((where, position))
+                plans.append((tuple(plan), unsaved))
         object.__setattr__(self, "save_steps", tuple(steps))  # (frozen: set once, here)
+        object.__setattr__(self, "save_plans", tuple(plans))
 
 
 RULES: dict[str, Rule] = {}
@@ -179,6 +220,7 @@ def primitive(
     method: bool = False,
     inplace: bool = False,
     aliases: tuple[str, ...] = (),
+    ufunc: Any = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register ``kernel`` as the eager implementation of primitive ``name``, with the rest of
     its record (see ``Primitive``)."""
@@ -206,6 +248,7 @@ def primitive(
             method=method,
             inplace=inplace,
             aliases=tuple(aliases),
+            ufunc=ufunc if ERROR_STATE is not None else None,
         )
         return kernel
 
@@ -321,7 +364,17 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
         if type(a0) is CudaArray or type(a1) is CudaArray:  # a CUDA tensor: the device runs it
             data = _device_run(prim, [a0, a1], attrs)
         else:
-            data = prim.kernel(a0, a1, **attrs) if attrs else prim.kernel(a0, a1)
+            ufunc = prim.ufunc
+            if ufunc is None or attrs:
+                data = prim.kernel(a0, a1, **attrs) if attrs else prim.kernel(a0, a1)
+            elif _error_state() is QUIET:  # (the backward engine set it for all its kernels)
+                data = ufunc(a0, a1)
+            else:  # the kernel's wrapper, in line
+                token = _set_error_state(QUIET)
+                try:
+                    data = ufunc(a0, a1)
+                finally:
+                    _reset_error_state(token)
             if type(data) is not np.ndarray and type(data) is not CudaArray:  # (to_device)
                 data = np.asarray(data)
     elif n == 1:
@@ -329,7 +382,17 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
         if type(a0) is CudaArray:
             data = _device_run(prim, [a0], attrs)
         else:
-            data = prim.kernel(a0, **attrs) if attrs else prim.kernel(a0)
+            ufunc = prim.ufunc
+            if ufunc is None or attrs:
+                data = prim.kernel(a0, **attrs) if attrs else prim.kernel(a0)
+            elif _error_state() is QUIET:
+                data = ufunc(a0)
+            else:
+                token = _set_error_state(QUIET)
+                try:
+                    data = ufunc(a0)
+                finally:
+                    _reset_error_state(token)
             if type(data) is not np.ndarray and type(data) is not CudaArray:
                 data = np.asarray(data)
     else:

@@ -38,6 +38,10 @@ def adapt(fn: Any, out: bool) -> Any:
     add_out = out and "out" not in params
     if not aliases and not add_out:
         return fn
+    if not aliases:
+        lean = _with_out(fn, params)
+        if lean is not None:
+            return lean
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -55,6 +59,53 @@ def adapt(fn: Any, out: bool) -> Any:
         return write_out(fn.__name__, result, target)
 
     return call
+
+
+_KINDS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _with_out(fn: Any, params: dict) -> Any:
+    """``fn`` taking ``out=`` too, as a function with ``fn``'s own parameters and a keyword-only
+    ``out`` (written out and compiled here), so that a call without ``out=`` is one plain call
+    of ``fn``: no packing of ``*args``/``**kwargs`` (a tenth of a microsecond per call, on every
+    ``x.exp()`` and every ``.conj()`` of the derivative rules).  None where ``fn``'s parameters
+    cannot be spelled so (``*args``, ``**kwargs``) or ``fn`` wraps another function (its
+    signature is the wrapped one's; the generic wrapper passes the call on as it is)."""
+    if hasattr(fn, "__wrapped__") or not params:
+        return None
+    kinds = [p.kind for p in params.values()]
+    if any(k not in (*_KINDS, inspect.Parameter.KEYWORD_ONLY) for k in kinds):
+        return None
+    if any(not name.isidentifier() or name.startswith("_fg_") for name in params):
+        return None
+    namespace: dict = {"_fg_fn": fn, "_fg_write_out": write_out, "_fg_name": fn.__name__}
+    signature, arguments = [], []
+    last_positional_only = max(
+        (i for i, k in enumerate(kinds) if k is inspect.Parameter.POSITIONAL_ONLY), default=-1
+    )
+    for i, (name, p) in enumerate(params.items()):
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in signature:
+            signature.append("*")
+        if p.default is p.empty:
+            signature.append(name)
+        else:
+            namespace[f"_fg_default{i}"] = p.default
+            signature.append(f"{name}=_fg_default{i}")
+        arguments.append(name if p.kind in _KINDS else f"{name}={name}")
+        if i == last_positional_only:
+            signature.append("/")
+    if "*" not in signature:
+        signature.append("*")
+    signature.append("out=None")
+    call = f"_fg_fn({', '.join(arguments)})"
+    source = (
+        f"def _fg_call({', '.join(signature)}):\n"
+        f"    if out is None:\n"
+        f"        return {call}\n"
+        f"    return _fg_write_out(_fg_name, {call}, out)\n"
+    )
+    exec(compile(source, f"<fusegrad.ops.spellings: {fn.__name__} with out=>", "exec"), namespace)
+    return functools.wraps(fn)(namespace["_fg_call"])
 
 
 def write_out(op: str, result: Any, target: Any) -> Any:
