@@ -45,7 +45,6 @@ from typing import Any
 import numba
 import numpy as np
 
-from fusegrad import _blas
 from fusegrad.autograd import anomaly, grad_mode
 from fusegrad.autograd import engine as _engine
 from fusegrad.autograd.function import FunctionCtx
@@ -672,7 +671,6 @@ def _compiles(seg: Any, env: dict, variant: Variant) -> bool:
     types = tuple(numba.typeof(env[v]) for v in seg.inputs)
     try:
         seg.fn.compile(types)
-        _blas.tune()  # numba's np.dot loaded scipy's OpenBLAS: its kernel set too
     except (numba.core.errors.NumbaError, NotImplementedError) as e:
         variant.segments.pop(seg.first, None)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -57,6 +57,12 @@ def test_preferred_kernels(text: str, current: str, setting: str, expected: str 
     assert _blas.preferred_kernels(_blas.cpu_description(text), current, setting) == expected
 
 
+def test_auto_switches_only_numpys_own_openblas() -> None:
+    cpu = _blas.cpu_description(ZEN4)
+    assert _blas.preferred_kernels(cpu, "SkylakeX", "auto", numpys=False) is None
+    assert _blas.preferred_kernels(cpu, "SkylakeX", "Haswell", numpys=False) == "Haswell"
+
+
 _PROBE = textwrap.dedent(
     """\
     import json, numpy as np
@@ -126,4 +132,6 @@ def test_keep_leaves_openblas_own_choice() -> None:
     assert kept.keys() == native.keys()
     cpu = _blas.cpu_description(_blas._cpuinfo())
     for path, kept_set in kept.items():
-        assert native[path] == (_blas.preferred_kernels(cpu, kept_set, "auto") or kept_set)
+        numpys = os.sep + "numpy.libs" + os.sep in path
+        want = _blas.preferred_kernels(cpu, kept_set, "auto", numpys) or kept_set
+        assert native[path] == want

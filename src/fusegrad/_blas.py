@@ -1,8 +1,11 @@
 """OpenBLAS's kernel set, chosen again where its own choice is slow for this CPU.
 
 Where this sits: below everything; ``fusegrad/__init__.py`` calls ``tune()`` once numpy is
-loaded, and the native runtime calls it again once numba has loaded scipy's BLAS (a second
-OpenBLAS instance, which numba's ``np.dot`` calls).
+loaded.  Only numpy's own OpenBLAS (the wheel's copy, under ``numpy.libs``) is switched by the
+default rule: scipy's copy (an older OpenBLAS, which numba's ``np.dot`` calls) measured no
+faster with the Haswell set, and slower on the LSTM-LM's per-step product (35 products of 20 x
+200 by 800: 3.7 ms with its Skylake-X set, 4.8 with Haswell).  The recurrent kernels call
+numpy's copy by name (``ops/recurrent_kernels.py``).
 
 Why: numpy's and scipy's wheels ship OpenBLAS built for every x86 CPU (``DYNAMIC_ARCH``); it
 picks its kernel set when it loads.  On AMD Zen 4 (family 0x19 with AVX-512) it picks the
@@ -53,13 +56,19 @@ def cpu_description(text: str) -> dict[str, Any]:
     return info
 
 
-def preferred_kernels(cpu: dict[str, Any], current: str, setting: str) -> str | None:
+def preferred_kernels(
+    cpu: dict[str, Any], current: str, setting: str, numpys: bool = True
+) -> str | None:
     """The kernel set to switch to, or None to keep ``current``.  ``setting`` is
-    ``FUSEGRAD_BLAS_KERNELS``: ``auto``, ``keep`` or a core name."""
+    ``FUSEGRAD_BLAS_KERNELS``: ``auto``, ``keep`` or a core name (which applies to every
+    OpenBLAS loaded); ``numpys``: whether the library is numpy's own copy (the only one the
+    ``auto`` rule switches)."""
     if setting == "keep" or not current:
         return None
     if setting != "auto":
         return None if setting.lower() == current.lower() else setting
+    if not numpys:
+        return None
     zen4 = cpu["vendor"] == "AuthenticAMD" and cpu["family"] == 0x19 and "avx512f" in cpu["flags"]
     if zen4 and current.lower() in _WIDE_SETS:
         return "Haswell"
@@ -154,6 +163,7 @@ def tune() -> dict[str, str]:
             continue
         lib, corename = opened
         current = corename().decode(errors="replace")
-        target = preferred_kernels(cpu, current, setting)
+        numpys = os.sep + "numpy.libs" + os.sep in path
+        target = preferred_kernels(cpu, current, setting, numpys)
         _seen[path] = _switch(lib, corename, target) if target else current
     return dict(_seen)
