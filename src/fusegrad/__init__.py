@@ -11,9 +11,10 @@ left for optional or heavy dependencies loaded on first use (numba, numba-cuda, 
 on first use through ``__getattr__`` below.  ``tests/test_imports.py`` checks all of it.
 
 1. basics: ``errors``, ``dtypes``, ``size``, ``_format``, ``_index_key``, ``_blas`` (OpenBLAS's
-   kernel set); ``device`` (it asks numba-cuda whether there is a GPU); ``random``
-   (generators); ``fusegrad.cuda`` (CUDA storage, ``CudaArray``, and the eager CUDA kernels:
-   ``cuda.ops`` runs a primitive on device arrays); ``storage`` (device-generic array helpers).
+   kernel set), ``_malloc`` (glibc's thresholds); ``device`` (it asks numba-cuda whether there
+   is a GPU); ``random`` (generators); ``fusegrad.cuda`` (CUDA storage, ``CudaArray``, and the
+   eager CUDA kernels: ``cuda.ops`` runs a primitive on device arrays); ``storage``
+   (device-generic array helpers).
 2. autograd state: ``autograd.grad_mode``, ``autograd.tracer``, ``autograd.anomaly``.
 3. ``autograd.graph_base``: ``Node``, ``AccumulateGrad``, hook handles (what ``Tensor`` needs).
 4. ``tensor``: ``Tensor``.
@@ -47,6 +48,7 @@ from typing import Any
 # (the op surface, which installs the Tensor methods that run ops) is loaded by it already
 from . import (
     _blas,
+    _malloc,
     autograd,
     ops,
     sparse,  # noqa: E402  (COO tensors; installs Tensor.to_sparse and friends)
@@ -303,3 +305,5 @@ def __getattr__(name: str) -> Any:
 
 # OpenBLAS's kernel set, chosen again where its own choice is slow on this CPU (``_blas``)
 _blas.tune()
+# glibc's thresholds raised, so that a step's arrays reuse freed memory (``_malloc``)
+_malloc.tune()
