@@ -10,6 +10,13 @@ them to the disk cache (``codegen.diskcache``).  The compile thread only waits f
 (no GIL held), then builds the program in the user's process and runs the same warm-up, which
 loads everything from the disk cache.
 
+A worker that succeeded leaves a marker file beside the cache (``_done_marker``: named by the
+program, numba's version and Python's); a later background compile of the same program, in
+this process or another, skips the worker and loads the code on its thread at once.  Measured
+on the demo (``python -m fusegrad``, warm cache): a worker's start took about 18 epochs of
+its 40, during which the calls ran uncompiled at 4-5 ms against eager's 1.1; loading on the
+thread took 3 epochs.
+
 The worker runs in a session of its own: a script that exits before the compile is done
 leaves the worker running, and the next run of the script finds the cache filled.  (A script
 that exits while the compile thread still builds the program waits for the worker to start:
@@ -98,6 +105,12 @@ def compile_elsewhere(program: Program, prepare_args: tuple, launch: Launch) -> 
         return "no disk cache (the worker's code could not reach this process)"
     if fcntl is None:
         return "no file locks on this system"
+    done = _done_marker(directory, program)
+    if os.path.exists(done):
+        # a worker compiled this program before (this process or an earlier one): its code is
+        # on disk, and loading it here takes a fraction of a worker's start
+        logs.log("perf", "the disk cache holds the program's code: loaded without a worker")
+        return None
     # one worker per program at a time, whichever process started it: its lock file is held
     # for the worker's life (the worker inherits the descriptor)
     lock_path = os.path.join(
@@ -121,6 +134,15 @@ def compile_elsewhere(program: Program, prepare_args: tuple, launch: Launch) -> 
         return _spawn(payload, directory, lock, launch)
     finally:
         os.close(lock)
+
+
+def _done_marker(directory: str, program: Program) -> str:
+    """The file that says a worker compiled ``program`` into the disk cache of ``directory``
+    (named by the program and the numba and Python that compiled it)."""
+    import numba  # (loaded already: the program was built)
+
+    key = _identity(program) + f"|{numba.__version__}|{sys.version}".encode()
+    return os.path.join(directory, f"fusegrad_compiled_{hashlib.sha1(key).hexdigest()[:20]}.done")
 
 
 def _identity(program: Program) -> bytes:
@@ -222,6 +244,11 @@ def _main(path: str) -> int:
             pass
     program: Any = Program(graph, **settings)
     program.prepare(*prepare_args)
+    try:  # (written by the worker: the process that started it may have exited already)
+        with open(_done_marker(os.path.dirname(os.path.abspath(path)), program), "w"):
+            pass
+    except OSError:  # (no marker: the next background compile starts a worker again)
+        pass
     if slot is not None:
         os.close(slot)
     return 0

@@ -79,6 +79,38 @@ def test_a_worker_process_compiles_the_step(
     assert not list(tmp_path.glob("fusegrad_worker_*.pkl"))  # (the payload was removed)
 
 
+def test_a_program_a_worker_compiled_before_loads_without_a_worker(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: Any
+) -> None:
+    """The worker leaves a marker beside the disk cache; the next background compile of the
+    same program (here after ``compiler.reset``, as in a new process) loads the code on its
+    thread instead of starting a worker, with the same results."""
+    monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "background_compile", True)
+    monkeypatch.setattr(config, "compile_workers", True)
+    monkeypatch.setattr(config, "native_programs", False)
+    want = _train(False, 6)
+    compiler.set_logs("perf")
+    try:
+        with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
+            _train(True, 6)
+            assert "a worker compiled the program" in caplog.text, caplog.text
+            assert list(tmp_path.glob("fusegrad_compiled_*.done"))
+            caplog.clear()
+            compiler.reset()
+            spawned: list = []
+            monkeypatch.setattr(workers, "_spawn", lambda *a: spawned.append(a))
+            got = _train(True, 6)
+    finally:
+        compiler.set_logs(None)
+    assert not spawned
+    assert "loaded without a worker" in caplog.text, caplog.text
+    assert compiler.counters.step_runs >= 3, compiler.counters
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    for g, w in zip(got[1], want[1]):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+
+
 def test_a_graph_that_does_not_pickle_compiles_on_the_thread(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: Any
 ) -> None:
