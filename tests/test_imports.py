@@ -31,6 +31,9 @@ ALLOWED_LOCAL = {
     ("fusegrad.ops.primitives", "fusegrad.ops.attention_kernels"): (
         "the fused attention kernels (numba, and the compiler's fastmath exp), on first use"
     ),
+    ("fusegrad.ops.primitives", "fusegrad.ops.erf_kernels"): (
+        "the float32 erf loop (numba, and the compiler's fastmath erf), on first use"
+    ),
     ("fusegrad.optim._foreach", "fusegrad.optim._multi_tensor"): (
         "the multi-tensor optimizer kernels (numba), on the first foreach/fused update"
     ),
