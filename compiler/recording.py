@@ -92,6 +92,15 @@ _PACKAGES = tuple(
 )
 
 
+def _inside(filename: str) -> bool:
+    """Whether code from ``filename`` is not the user's: fusegrad's packages, code fusegrad
+    generated (``<fusegrad...>``: the ``out=`` wrappers of ``ops.spellings``), or importlib's
+    frozen modules."""
+    if filename.startswith(("<frozen", "<fusegrad")):
+        return True
+    return os.path.abspath(filename).startswith(_PACKAGES)
+
+
 def line_in(code: types.CodeType | None) -> int | None:
     """The line the innermost running frame of ``code`` is at (None: no such frame): where a
     compiled function's own statement is, however deep the call that broke its recording."""
@@ -108,10 +117,7 @@ def _literal_at_call(data: Any) -> bool:
     first argument written out as a literal (numbers, and lists or tuples of them), read from
     the source positions of the running instruction."""
     frame: types.FrameType | None = sys._getframe(1)
-    while frame is not None:
-        name = os.path.abspath(frame.f_code.co_filename)
-        if not name.startswith(_PACKAGES) and not name.startswith("<frozen"):
-            break
+    while frame is not None and _inside(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None or frame.f_lasti < 0:
         return False
@@ -142,8 +148,8 @@ def _user_line() -> str:
     """``file:line`` of the innermost frame outside fusegrad (where the user's code is)."""
     frame: types.FrameType | None = sys._getframe(1)
     while frame is not None:
-        name = os.path.abspath(frame.f_code.co_filename)
-        if not name.startswith(_PACKAGES) and not name.startswith("<frozen"):
+        if not _inside(frame.f_code.co_filename):
+            name = os.path.abspath(frame.f_code.co_filename)
             line = linecache.getline(name, frame.f_lineno).strip()
             return f"{frame.f_code.co_filename}:{frame.f_lineno}" + (f" ({line})" if line else "")
         frame = frame.f_back

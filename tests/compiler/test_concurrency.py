@@ -259,8 +259,9 @@ def test_lockstep_captures_at_every_step(monkeypatch: pytest.MonkeyPatch) -> Non
         stop.set()
         background.join(10)
     assert not failures, failures
-    # the captures really met at their steps (dozens of primitive calls and engine steps each)
-    assert min(meetings) >= 20, meetings
+    # the captures really met at their steps (a score or so of primitive calls and engine steps
+    # each: 19 since a full sum's gradient broadcasts without a reshape, 20 before)
+    assert min(meetings) >= 15, meetings
     assert seen  # the post-accumulate-grad hooks of graph_a's leaves ran
 
 
