@@ -96,7 +96,7 @@ __all__ = [
     "use_parallel",
 ]
 
-CODEGEN_VERSION = 2
+CODEGEN_VERSION = 3
 FASTMATH = ("contract",)
 # partial sums of a reduction along the innermost loop (module docstring, "Reductions"): enough
 # to amortise LLVM's per-block alias checks, few enough to add up cheaply per row
@@ -435,6 +435,12 @@ class _RowKernel:
             lines.append(
                 f"    rb{v.id} = np.empty({self.n_inner}, dtype={dtype})  # %{v.id}, one row"
             )
+        for k in self.split_sums():
+            term = self.reds[k].inputs[0]
+            lines.append(
+                f"    rs{k} = np.empty({self.n_inner}, dtype=np.{term.dtype.name})"
+                f"  # the terms of %{self.reds[k].id}, one row"
+            )
         for d in range(rank - 1):
             lines.append("    " * (d + 1) + f"for {self.idx[d]} in range(n{d}):")
         for phase in range(max(self.phases.values()) + 1):
@@ -444,6 +450,16 @@ class _RowKernel:
                 lines += _combine_lanes(k, "    ", self.n_lanes)
                 lines.append(f"    red{k}[{', '.join('0' for _ in range(rank))}] = total{k}")
         return lines
+
+    def split_sums(self) -> list[int]:
+        """The row sums ``split_row_sums`` adds from a row buffer: those of every phase whose
+        lane sums are all row sums."""
+        chosen = []
+        for phase in set(self.phases.values()):
+            ks = [k for k in self.lanes if self.phases[self.reds[k]] == phase]
+            if ks and all(self.row_red[k] for k in ks):
+                chosen += ks
+        return sorted(chosen)
 
     def phase_lines(self, phase: int) -> list[str]:
         """One phase of a row: its per-row values, then its loop over the row's elements."""
@@ -472,6 +488,8 @@ class _RowKernel:
             lines.append(f"{indent}for {inner} in range({n_inner}):")
             lines += [f"{indent}    {line}" for line in body("")]
             return lines
+        if all(self.row_red[k] for k in phase_lanes):
+            return lines + self.split_row_sums(indent, loop_values, loop_reds, phase_lanes)
         for k in phase_lanes:
             if self.row_red[k]:
                 lines += [
@@ -490,6 +508,41 @@ class _RowKernel:
                 lines.append(f"{indent}v{r.id} = np.{r.dtype.name}(total{k})  # %{r.id}, this row")
         return lines
 
+    def split_row_sums(
+        self, indent: str, loop_values: list, loop_reds: list, row_lanes: list
+    ) -> list[str]:
+        """A phase whose lane sums are all row sums, as two loops over the row: the first
+        computes the phase's values (outputs, row buffers, column sums) and stores each row
+        sum's terms in a row buffer (``rs{k}``), a plain elementwise loop that vectorises; the
+        second adds each buffer in lanes (``_blocked_loop``), the same order of additions as
+        one blocked loop doing both (so the same bits).  In one loop the lanes' loads and
+        stores, which LLVM cannot prove apart from the outputs', kept the values from
+        vectorising (a layer norm's forward over (8, 32, 64): 37 against 21 us)."""
+        inner, n_inner, n_lanes = self.inner, self.n_inner, self.n_lanes
+        lines = [f"{indent}for {inner} in range({n_inner}):"]
+        lines += [
+            f"{indent}    {line}"
+            for line in self.body("rs{k}[" + inner + "]", loop_values, loop_reds)
+        ]
+        for k in row_lanes:
+            r = self.reds[k]
+            lines += [
+                f"{indent}for lane in range({n_lanes}):",
+                f"{indent}    lanes{k}[lane] = 0.0",
+                f"{indent}tail{k} = 0.0",
+            ]
+            lines += _blocked_loop(
+                indent,
+                inner,
+                n_inner,
+                lambda summand, k=k: [f"{summand.format(k=k)} += rs{k}[{inner}]"],
+                n_lanes,
+            )
+            lines += _combine_lanes(k, indent, n_lanes)
+            lines.append(f"{indent}red{k}[{self.reduced_index(r)}] += total{k}")
+            lines.append(f"{indent}v{r.id} = np.{r.dtype.name}(total{k})  # %{r.id}, this row")
+        return lines
+
     def body(self, summand: str, loop_values: list, loop_reds: list) -> list[str]:
         """The statements for one element of the row in a phase's loop."""
         body_lines: list[str] = []
@@ -500,7 +553,8 @@ class _RowKernel:
             r = self.reds[k]
             term = self.read(r.inputs[0])
             if k in self.lanes:
-                body_lines.append(f"{summand.format(k=k)} += {term}  # %{r.id} = {r.op}")
+                op = "=" if summand.startswith("rs") else "+="  # (a row sum's term, stored)
+                body_lines.append(f"{summand.format(k=k)} {op} {term}  # %{r.id} = {r.op}")
             else:
                 body_lines.append(f"red{k}[{self.reduced_index(r)}] += {term}  # %{r.id} = {r.op}")
         return body_lines
