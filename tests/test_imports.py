@@ -31,6 +31,9 @@ ALLOWED_LOCAL = {
     ("fusegrad.ops.primitives", "fusegrad.ops.attention_kernels"): (
         "the fused attention kernels (numba, and the compiler's fastmath exp), on first use"
     ),
+    ("fusegrad.ops.primitives", "fusegrad.ops.reduce_kernels"): (
+        "the short-row amax / amin loops (numba), on first use"
+    ),
     ("fusegrad.ops.primitives", "fusegrad.ops.erf_kernels"): (
         "the float32 erf loop (numba, and the compiler's fastmath erf), on first use"
     ),

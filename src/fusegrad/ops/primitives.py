@@ -770,13 +770,38 @@ def _sum_to(x, shape):  # type: ignore[no-untyped-def]
     return out.reshape(shape)
 
 
+def _short_rows(x, dim) -> bool:  # type: ignore[no-untyped-def]
+    """Whether ``amax``/``amin`` of ``x`` over ``dim`` is a reduction of many short float rows
+    along the last axis (``reduce_kernels``: numpy takes each such row on its own)."""
+    if type(x) is not np.ndarray or x.ndim == 0 or x.dtype.kind != "f" or x.dtype.itemsize < 4:
+        return False
+    if type(dim) is tuple:
+        if len(dim) != 1:
+            return False
+        dim = dim[0]
+    if dim is None or dim % x.ndim != x.ndim - 1 or not x.flags.c_contiguous:
+        return False
+    n = x.shape[-1]
+    return 0 < n < 256 and x.size >= 1024
+
+
+def _row_extreme(x, largest, keepdim):  # type: ignore[no-untyped-def]
+    from fusegrad.ops.reduce_kernels import last_axis_extreme  # (numba, on first use)
+
+    return last_axis_extreme(x, largest, keepdim)
+
+
 @primitive("amax", "reduce", "x", method=True)
 def _amax(x, dim, keepdim):  # type: ignore[no-untyped-def]
+    if _short_rows(x, dim):
+        return _row_extreme(x, True, keepdim)
     return np.amax(x, axis=dim, keepdims=keepdim)
 
 
 @primitive("amin", "reduce", "x", method=True)
 def _amin(x, dim, keepdim):  # type: ignore[no-untyped-def]
+    if _short_rows(x, dim):
+        return _row_extreme(x, False, keepdim)
     return np.amin(x, axis=dim, keepdims=keepdim)
 
 
