@@ -533,11 +533,25 @@ def dropout(
     shape, np_dtype = tuple(x.shape), x.dtype.np
 
     def draw(shape: tuple = shape) -> Tensor:  # (another shape: a step over sizes redraws)
-        keep = _scaled_keep(_gen(generator).random(shape) >= p, p, np_dtype)
+        keep = _scaled_keep(_keep_draw(_gen(generator), shape, p), p, np_dtype)
         return Tensor._make(_storage.placed_like(keep, x._data))
 
     draw.resizable = True  # type: ignore[attr-defined]
     return mul(x, _created(draw(), draw))
+
+
+def _keep_draw(rng: np.random.Generator, shape: tuple, p: float) -> np.ndarray:
+    """Dropout's keep-or-drop draws: True with probability ``1 - p``, each element from 32
+    random bits (two per 64-bit output of the generator: half the draws of ``rng.random``, and
+    no conversion to float; 73 against 37 us for 32,768 elements).  An element is kept when its
+    bits, read as a fraction of 2**32, are at least ``p``: ``ceil(p * 2**32)`` is the smallest
+    such integer (exact: a scaling by a power of two), so p = 0 keeps all and p = 1 none."""
+    n = math.prod(shape)
+    bits = rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+    threshold = math.ceil(p * 2.0**32)
+    if threshold >= 2**32:
+        return np.zeros(shape, dtype=bool)
+    return (bits >= np.uint32(threshold)).reshape(shape)
 
 
 def _scaled_keep(keep: np.ndarray, p: float, np_dtype: Any) -> np.ndarray:
@@ -566,7 +580,7 @@ def _feature_dropout(x: Tensor, p: float, training: bool, spatial: int, generato
     np_dtype = x.dtype.np
 
     def draw(mask_shape: tuple = mask_shape) -> Tensor:  # (see ``dropout``)
-        keep = _scaled_keep(_gen(generator).random(mask_shape) >= p, p, np_dtype)
+        keep = _scaled_keep(_keep_draw(_gen(generator), mask_shape, p), p, np_dtype)
         return Tensor._make(_storage.placed_like(keep, x._data))
 
     draw.resizable = True  # type: ignore[attr-defined]
