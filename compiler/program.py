@@ -239,7 +239,7 @@ class Instance:
     """A program prepared for one size vector: its variant and the concrete shapes of its
     values, iteration spaces and extern attributes."""
 
-    __slots__ = ("attrs", "numels", "reduced", "sizes", "spaces", "shapes", "variant")
+    __slots__ = ("attrs", "calls", "numels", "reduced", "sizes", "spaces", "shapes", "variant")
 
     def __init__(self, program: Program, sizes: tuple) -> None:
         self.sizes = sizes
@@ -265,6 +265,7 @@ class Instance:
             for k, s in enumerate(steps)
             if (fns := self.variant.kernel_fns.get(id(s))) is not None
         }
+        self.calls: dict[int, _KernelCall] = {}  # by step, made on the kernel's first call
 
 
 class Program:
@@ -950,6 +951,53 @@ def scratch_leaf(leaf: Tensor) -> Tensor:
     return t
 
 
+class _KernelCall:
+    """How one instance calls one generated kernel, worked out on its first call: the sizes
+    passed, the shape each input is passed at (None: as it is), and for each output and
+    reduction the shapes it is made at, passed at and handed on at.  Everything here follows
+    from the instance's concrete shapes, so later calls only look arrays up and reshape."""
+
+    __slots__ = ("inputs", "outputs", "reds", "sizes")
+
+    def __init__(self, kernel: Kernel, plan: Any, inst: Instance, k: int) -> None:
+        shapes = inst.shapes
+        space = inst.spaces[k]
+        groups = plan.groups
+
+        def passed(shape: tuple) -> tuple:  # (the grouped kernels take collapsed shapes)
+            return collapsed(shape, groups) if groups is not None else shape
+
+        inputs: list = []
+        if plan.flat:
+            n = _numel(space)
+            sizes: tuple[int, ...] = (n,)
+            for v in plan.inputs:
+                target = (n,) if _numel(shapes[v]) == n else (1,)
+                inputs.append((v, None if target == tuple(shapes[v]) else target))
+            full_shape: tuple = sizes
+        else:
+            sizes = tuple(space) if space else (1,)
+            rank = len(sizes)
+            for v in plan.inputs:
+                shape = tuple(shapes[v])
+                padded = (1,) * (rank - len(shape)) + shape if len(shape) < rank else shape
+                target = passed(padded)
+                inputs.append((v, None if target == shape else target))
+            full_shape = space or (1,)
+        self.sizes = collapsed(sizes, groups) if groups is not None else sizes
+        self.inputs = inputs
+        row_shape = tuple(full_shape[:-1]) + (1,)
+        rows = plan.row_outputs or (False,) * len(plan.outputs)
+        self.outputs = []
+        for v, acc, per_row in zip(plan.outputs, plan.accumulate, rows):
+            made = row_shape if per_row else tuple(full_shape)
+            self.outputs.append((v, acc, made, passed(made), tuple(shapes[v])))
+        self.reds = [
+            (v, tuple(shape), passed(tuple(shape)), tuple(shapes[v]))
+            for v, shape in zip(plan.reductions, inst.reduced[k])
+        ]
+
+
 def _run_kernel(
     kernel: Kernel,
     plan: Any,
@@ -962,65 +1010,53 @@ def _run_kernel(
     inst: Instance,
     k: int,
 ) -> None:
+    call = inst.calls.get(k)
+    if call is None:
+        call = inst.calls[k] = _KernelCall(kernel, plan, inst, k)
     pooled = buffers.pooled
     recyclable = buffers.fresh
-    shapes = inst.shapes
-    space = inst.spaces[k]
-    if plan.flat:
-        n = _numel(space)
-        sizes: tuple[int, ...] = (n,)
-        args = []
-        for v in plan.inputs:
-            a = env[v]
-            args.append(a.reshape(-1) if a.size == n else a.reshape(1))
-    else:
-        sizes = tuple(space) if space else (1,)
-        rank = len(sizes)
-        args = []
-        for v in plan.inputs:
-            a = env[v]
-            args.append(a.reshape((1,) * (rank - a.ndim) + a.shape) if a.ndim < rank else a)
-    full_shape = sizes if plan.flat else (space or (1,))
-    row_shape = full_shape[:-1] + (1,)
-    rows = plan.row_outputs or (False,) * len(plan.outputs)
+    args = []
+    for v, target in call.inputs:
+        a = env[v]
+        args.append(a if target is None else a.reshape(target))
     outs = []
     late_adds = []
-    for v, acc, per_row in zip(plan.outputs, plan.accumulate, rows):
-        out_shape = row_shape if per_row else full_shape
-        buf = _epilogue_buffer(leaves[epilogue[v]], v, shapes[v], out_shape) if acc else None
-        if acc and buf is None:
-            # cannot write through: accumulate into zeros, add into .grad afterwards
-            buf = np.zeros(out_shape, dtype=v.dtype.np)
-            late_adds.append((v, buf))
-        if not acc:
+    for v, acc, made, _given, final in call.outputs:
+        if acc:
+            buf = _epilogue_buffer(leaves[epilogue[v]], v, final, made)
+            if buf is None:
+                # cannot write through: accumulate into zeros, add into .grad afterwards
+                buf = np.zeros(made, dtype=v.dtype.np)
+                late_adds.append((v, buf))
+        else:
             buf = pool.get(v) if v in pooled or v in recyclable else None
             # a buffer that became a .grad last time is reused once nothing else holds it
             # (the user set .grad to None): references are the pool's, ``buf`` and the call's
             if buf is not None and v in recyclable and sys.getrefcount(buf) > 3:
                 buf = None
-            if buf is None or buf.shape != out_shape:
-                buf = np.empty(out_shape, dtype=v.dtype.np)
+            if buf is None or buf.shape != made:
+                buf = np.empty(made, dtype=v.dtype.np)
                 if v in pooled or v in recyclable:
                     pool[v] = buf
-        assert buf is not None
         outs.append(buf)
-    reds = [np.zeros(shape, dtype=np.float64) for shape in inst.reduced[k]]
-    groups = plan.groups
-    if groups is None:
-        fn(*sizes, *args, *outs, *reds)
+    reds = [np.zeros(made, dtype=np.float64) for _, made, _, _ in call.reds]
+    if plan.groups is None:
+        fn(*call.sizes, *args, *outs, *reds)
     else:  # (the kernel loops over groups of dims: every array at the grouped shape)
         fn(
-            *collapsed(sizes, groups),
-            *[a.reshape(collapsed(a.shape, groups)) for a in args],
-            *[o.reshape(collapsed(o.shape, groups)) for o in outs],
-            *[r.reshape(collapsed(r.shape, groups)) for r in reds],
+            *call.sizes,
+            *args,
+            *[o.reshape(given) for o, (_, _, _, given, _) in zip(outs, call.outputs)],
+            *[r.reshape(given) for r, (_, _, given, _) in zip(reds, call.reds)],
         )
-    for v, o in zip(plan.outputs, outs):
-        env[v] = o.reshape(shapes[v])
+    for o, (v, _, _, _, final) in zip(outs, call.outputs):
+        env[v] = o.reshape(final)
     for v, buf in late_adds:
-        _engine.accumulate_grad(leaves[epilogue[v]], Tensor._make(buf.reshape(shapes[v])), False)
-    for v, r in zip(plan.reductions, reds):
-        env[v] = r.astype(v.dtype.np).reshape(shapes[v])
+        _engine.accumulate_grad(
+            leaves[epilogue[v]], Tensor._make(buf.reshape(inst.shapes[v])), False
+        )
+    for r, (v, _, _, final) in zip(reds, call.reds):
+        env[v] = r.astype(v.dtype.np).reshape(final)
 
 
 def _cuda_extern(v: Value, arrays: list, attrs: dict) -> Any:
