@@ -754,6 +754,8 @@ def _where_by_bits(cond, a, b):  # type: ignore[no-untyped-def]
 @primitive("sum", "reduce", "x", method=True)
 @_quiet_kernel
 def _sum(x, dim, keepdim):  # type: ignore[no-untyped-def]
+    if _short_rows(x, dim):
+        return _row_reduce(x, "sum", keepdim)
     dt = np.int64 if x.dtype.kind in "biu" else x.dtype
     return np.sum(x, axis=dim, keepdims=keepdim, dtype=dt)
 
@@ -771,9 +773,10 @@ def _sum_to(x, shape):  # type: ignore[no-untyped-def]
 
 
 def _short_rows(x, dim) -> bool:  # type: ignore[no-untyped-def]
-    """Whether ``amax``/``amin`` of ``x`` over ``dim`` is a reduction of many short float rows
-    along the last axis (``reduce_kernels``: numpy takes each such row on its own)."""
-    if type(x) is not np.ndarray or x.ndim == 0 or x.dtype.kind != "f" or x.dtype.itemsize < 4:
+    """Whether ``sum``/``amax``/``amin`` of ``x`` over ``dim`` reduces many short float32 or
+    float64 rows along the last axis (``reduce_kernels``: numpy takes each such row on its
+    own)."""
+    if type(x) is not np.ndarray or x.ndim == 0 or x.dtype.kind != "f" or x.itemsize not in (4, 8):
         return False
     if type(dim) is tuple:
         if len(dim) != 1:
@@ -785,23 +788,26 @@ def _short_rows(x, dim) -> bool:  # type: ignore[no-untyped-def]
     return 0 < n < 256 and x.size >= 1024
 
 
-def _row_extreme(x, largest, keepdim):  # type: ignore[no-untyped-def]
-    from fusegrad.ops.reduce_kernels import last_axis_extreme  # (numba, on first use)
+def _row_reduce(x, kind, keepdim):  # type: ignore[no-untyped-def]
+    """``x``'s short rows summed, or their maximum or minimum (``reduce_kernels``)."""
+    from fusegrad.ops.reduce_kernels import last_axis_extreme, last_axis_sum  # (numba)
 
-    return last_axis_extreme(x, largest, keepdim)
+    if kind == "sum":
+        return last_axis_sum(x, keepdim)
+    return last_axis_extreme(x, kind == "max", keepdim)
 
 
 @primitive("amax", "reduce", "x", method=True)
 def _amax(x, dim, keepdim):  # type: ignore[no-untyped-def]
     if _short_rows(x, dim):
-        return _row_extreme(x, True, keepdim)
+        return _row_reduce(x, "max", keepdim)
     return np.amax(x, axis=dim, keepdims=keepdim)
 
 
 @primitive("amin", "reduce", "x", method=True)
 def _amin(x, dim, keepdim):  # type: ignore[no-untyped-def]
     if _short_rows(x, dim):
-        return _row_extreme(x, False, keepdim)
+        return _row_reduce(x, "min", keepdim)
     return np.amin(x, axis=dim, keepdims=keepdim)
 
 

@@ -1,8 +1,10 @@
-"""The short-row ``amax``/``amin`` kernel (``ops/reduce_kernels.py``): many float rows of under
-256 elements reduced along the last axis by a numba loop instead of numpy's row-at-a-time
-reduction.  Its values and NaNs are numpy's; shapes, dims and layouts the kernel does
-not take still go to numpy, and the gradient is amax's.  Of a +0 and a -0 in one row, which
-is the extreme is numpy's choice only by chance (numpy's depends on its vector width)."""
+"""The short-row ``sum``/``amax``/``amin`` kernels (``ops/reduce_kernels.py``): many float rows
+of under 256 elements reduced along the last axis by a numba loop instead of numpy's
+row-at-a-time reduction.  Sums are numpy's pairwise sums to the bit (every row length, both
+dtypes, magnitudes far apart so the order shows); extremes' values and NaNs are numpy's;
+shapes, dims and layouts the kernel does not take still go to numpy, and the gradient is
+amax's.  Of a +0 and a -0 in one row, which is the extreme is numpy's choice only by chance
+(numpy's depends on its vector width)."""
 
 from __future__ import annotations
 
@@ -42,6 +44,26 @@ def test_values_are_numpys(lead: list, last: int, dtype: Any, keepdim: bool, see
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sums_are_numpys_to_the_bit(dtype: Any) -> None:
+    rng = np.random.default_rng(4)
+    for n in [*range(1, 256), 300]:
+        rows = max(8, 1024 // n + 1)
+        scale = rng.choice(np.array([1e-4, 1.0, 1e5]), size=(rows, n))
+        x = (rng.standard_normal((rows, n)) * scale).astype(dtype)
+        got = fg.sum(fg.tensor(x), dim=-1).numpy()
+        want = np.sum(x, axis=-1)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want, err_msg=f"row length {n}")
+    x = np.full((64, 20), -0.0, dtype)
+    x[0, 3] = np.nan
+    x[1, 4] = np.inf
+    got = fg.sum(fg.tensor(x), dim=1, keepdim=True).numpy()
+    want = np.sum(x, axis=1, keepdims=True)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
 def test_the_kernel_takes_many_short_rows_only() -> None:
     x = np.zeros((64, 32), np.float32)
     assert primitives._short_rows(x, -1) and primitives._short_rows(x, (1,))
@@ -52,6 +74,8 @@ def test_the_kernel_takes_many_short_rows_only() -> None:
     assert not primitives._short_rows(np.zeros((4, 32), np.float32), -1)  # (few elements)
     assert not primitives._short_rows(np.zeros((64, 32), np.int32), -1)
     assert not primitives._short_rows(np.zeros((64, 0), np.float32), -1)
+    assert not primitives._short_rows(np.zeros((64, 32), np.float16), -1)
+    assert not primitives._short_rows(np.zeros((64, 32), np.longdouble), -1)
 
 
 @pytest.mark.parametrize("dim", [-1, 0, (0, 1)])
