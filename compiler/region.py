@@ -59,6 +59,11 @@ from .service import Background, CompileNotice, service
 from .settings import config
 from .tape import Binding, Unbindable, leaf_key, tape_key
 
+# bound once: ``Region.apply`` runs for every op in a compiled region
+_tape_state = _tape.state
+_run = _registry.run
+_record = _tape.record
+
 
 class Region(Tracer):
     """The tracer of a thread inside ``compiled_autograd()`` / a ``compile``d function: records
@@ -73,15 +78,15 @@ class Region(Tracer):
         self.mode = mode
 
     def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
-        tape = _tape.state.tape
+        tape = _tape_state.tape
         if tape is not None and not tape.nodes:
             tape.stamp = _tape.changes.value  # before the tape's first node is made
-        out = _registry.run(prim, inputs, attrs)
+        out = _run(prim, inputs, attrs)
         node = out.grad_fn
         if type(node) is OpNode:  # a node made by this call: record its structure
-            tape = _tape.state.tape
+            tape = _tape_state.tape  # (the same one, unless the op ran a backward)
             if tape is not None and tape.open:
-                _tape.record(tape, node, inputs, out)
+                _record(tape, node, inputs, out)
         return out
 
     def backward(

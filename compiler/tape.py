@@ -153,18 +153,21 @@ state = _State()
 def record(tape: Tape, node: OpNode, inputs: tuple, out: Tensor) -> None:
     """Append ``node`` (created by a primitive call on ``inputs``, result ``out``) to
     ``tape``.  Runs for every op inside a compiled region, so it is kept lean: one loop over the
-    edges, one tuple and one dict lookup."""
+    edges, one tuple and one dict lookup, names bound once."""
     codes = []
+    index_of = tape.index_of
     for child, nr in node._edges:
         if child is None:
             codes.append(-1)
-        elif type(child) is OpNode:
-            index = tape.index_of.get(id(child), -1)
+            continue
+        kind = type(child)
+        if kind is OpNode:
+            index = index_of.get(id(child), -1)
             if index < 0 or nr >= 1024 or tape.nodes[index]() is not child:
                 tape.open = False
                 return
             codes.append(index << 10 | nr)
-        elif type(child) is AccumulateGrad:
+        elif kind is AccumulateGrad:
             codes.append(-2 - tape.leaf_number(child))
         else:
             tape.open = False
@@ -173,13 +176,14 @@ def record(tape: Tape, node: OpNode, inputs: tuple, out: Tensor) -> None:
         tape.open = False
         return
     data = out._data
-    if type(data) is not np.ndarray:  # CUDA graphs take the walk (it keys the device)
+    if type(data) is not _ndarray:  # CUDA graphs take the walk (it keys the device)
         tape.open = False
         return
     attrs = node.attrs
+    name = node._prim.name
     entry = (
         tape.state,
-        node._prim.name,
+        name,
         tuple(attrs.items()) if attrs else None,
         tuple(codes),
         node._input_meta,
@@ -195,16 +199,21 @@ def record(tape: Tape, node: OpNode, inputs: tuple, out: Tensor) -> None:
         if len(_trie) >= MAX_TRIE:
             _trie.clear()
         state_id = _trie[entry] = next(_states)
-    index = len(tape.nodes)
+    nodes = tape.nodes
+    index = len(nodes)
     if index >= MAX_TAPE:
         tape.open = False
         return
     tape.state = state_id
-    tape.nodes.append(weakref.ref(node))
+    nodes.append(_weak(node))
     tape.states.append(state_id)
-    tape.index_of[id(node)] = index
-    if node._prim.name in REMATERIALISE and codes[0] <= -2:
+    index_of[id(node)] = index
+    if name in REMATERIALISE and codes[0] <= -2:
         tape.versions[index] = inputs[0]._version_counter.value
+
+
+_ndarray = np.ndarray
+_weak = weakref.ref
 
 
 def tape_key(
