@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import random
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -477,3 +478,16 @@ def test_exception_classes_are_torchs(case: str) -> None:
         torch = _torch()
         with pytest.raises(cls):
             call(torch, torch.nn.functional)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_python_float_beyond_the_dtype_range_is_inf_without_a_warning(dtype: str) -> None:
+    """``x * 1e300`` on a float32 tensor is inf in PyTorch, with no warning; numpy's cast of
+    the scalar warned "overflow encountered in cast"."""
+    x = fg.ones(3, dtype=getattr(fg, dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = [(x * 1e300).numpy(), (x + -1e300).numpy(), x.mul(1e300).numpy()]
+        small = (x * 2.5).numpy()
+    assert np.isposinf(got[0]).all() and np.isneginf(got[1]).all() and np.isposinf(got[2]).all()
+    np.testing.assert_array_equal(small, np.full(3, 2.5, dtype=dtype))

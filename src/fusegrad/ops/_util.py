@@ -26,9 +26,21 @@ def is_tensor(x: object) -> bool:
     return isinstance(x, Tensor)
 
 
+# the largest finite value of the float dtypes numpy warns about when a Python float
+# overflows them on conversion
+_NARROW_MAX = {np.dtype(np.float32): 3.4028234663852886e38, np.dtype(np.float16): 65504.0}
+
+
 def scalar_tensor(value: Any, dtype: _dt.dtype) -> Tensor:
-    """A Python number as a 0-d "wrapped number" tensor (weak in type promotion)."""
-    t = Tensor._make(np.array(value, dtype=dtype.np))
+    """A Python number as a 0-d "wrapped number" tensor (weak in type promotion).  A float
+    beyond the dtype's range becomes +-inf without a warning, as PyTorch's ``x * 1e300``."""
+    np_dtype = dtype.np
+    limit = _NARROW_MAX.get(np_dtype)
+    if limit is not None and type(value) is float and abs(value) > limit:
+        with np.errstate(over="ignore"):
+            t = Tensor._make(np.array(value, dtype=np_dtype))
+    else:
+        t = Tensor._make(np.array(value, dtype=np_dtype))
     t._wrapped_number = True
     return t
 
