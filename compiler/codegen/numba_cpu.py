@@ -27,8 +27,10 @@ of every block adding into partial sum ``lane`` (float64 scratch from
 ``cpu_helpers._partial_sums``), which is elementwise across lanes and vectorises; the elements
 past the last whole block go into one more partial sum, ``tail`` (a scalar loop); at the end
 (of the row, for row sums) the partial sums are added pairwise in a fixed order, then the tail.
-The order depends on the sizes only, never on the machine, its vector width or the thread
-count, so results are deterministic; it differs from numpy's pairwise summation in rounding
+(A row kernel's phase whose partial sums are all row sums stores the terms in a row buffer in
+one loop and adds them in lanes in a second: ``_RowKernel.split_row_sums``.)  The order depends
+on the sizes only, never on the machine, its vector width or the thread count, so results are
+deterministic; it differs from numpy's pairwise summation in rounding
 only (docs/numerics.md).  The cost is compile time: the loop body appears twice (blocks and
 tail).
 
