@@ -27,8 +27,9 @@ of every block adding into partial sum ``lane`` (float64 scratch from
 ``cpu_helpers._partial_sums``), which is elementwise across lanes and vectorises; the elements
 past the last whole block go into one more partial sum, ``tail`` (a scalar loop); at the end
 (of the row, for row sums) the partial sums are added pairwise in a fixed order, then the tail.
-(A row kernel's phase whose partial sums are all row sums stores the terms in a row buffer in
-one loop and adds them in lanes in a second: ``_RowKernel.split_row_sums``.)  The order depends
+(A row kernel's phase whose partial sums are all row sums, over rows of 64 to 127 elements,
+stores the terms in a row buffer in one loop and adds them in lanes in a second:
+``_RowKernel.split_row_sums``.)  The order depends
 on the sizes only, never on the machine, its vector width or the thread count, so results are
 deterministic; it differs from numpy's pairwise summation in rounding
 only (docs/numerics.md).  The cost is compile time: the loop body appears twice (blocks and
@@ -105,6 +106,12 @@ FASTMATH = ("contract",)
 REDUCTION_LANES = 128
 # a row kernel's lanes when its rows are known to be shorter than REDUCTION_LANES
 SHORT_ROW_LANES = 16
+# a row kernel whose rows are known to be at least this long (and shorter than
+# REDUCTION_LANES) adds its row sums from a row buffer, in a loop of their own
+# (``_RowKernel.split_row_sums``).  Measured on a compiled layer norm's forward and backward,
+# one thread (us per step, split / one loop): rows of 64 55 / 63, 96 62 / 75, 127 56 / 61; but
+# rows of 24 94 / 84, 32 71 / 65, 48 85 / 77, and with 128 lanes 128 53 / 53, 256 51 / 49
+SPLIT_ROWS_FROM = 64
 
 # purely elementwise kernels over at least this many elements run their ``prange`` variant (when
 # numba has more than one thread): below it, waking the thread pool costs more than it saves
@@ -371,6 +378,9 @@ class _RowKernel:
         self.n_lanes = (
             SHORT_ROW_LANES if type(last) is int and last < REDUCTION_LANES else REDUCTION_LANES
         )
+        # rows of this many elements (known, short-row lanes) sum from a row buffer in a second
+        # loop (``split_row_sums``): measured faster there, slower for shorter and longer rows
+        self.split = type(last) is int and SPLIT_ROWS_FROM <= last < REDUCTION_LANES
         self.full_out = [v for v in kernel.outputs if v not in self.reduction_set]
         self.out_index = {v: k for k, v in enumerate(self.full_out)}
         phases = self.phases
@@ -456,7 +466,9 @@ class _RowKernel:
     def split_sums(self) -> list[int]:
         """The row sums ``split_row_sums`` adds from a row buffer: those of every phase whose
         lane sums are all row sums."""
-        chosen = []
+        chosen: list[int] = []
+        if not self.split:
+            return chosen
         for phase in set(self.phases.values()):
             ks = [k for k in self.lanes if self.phases[self.reds[k]] == phase]
             if ks and all(self.row_red[k] for k in ks):
@@ -490,7 +502,7 @@ class _RowKernel:
             lines.append(f"{indent}for {inner} in range({n_inner}):")
             lines += [f"{indent}    {line}" for line in body("")]
             return lines
-        if all(self.row_red[k] for k in phase_lanes):
+        if self.split and all(self.row_red[k] for k in phase_lanes):
             return lines + self.split_row_sums(indent, loop_values, loop_reds, phase_lanes)
         for k in phase_lanes:
             if self.row_red[k]:
@@ -519,7 +531,8 @@ class _RowKernel:
         second adds each buffer in lanes (``_blocked_loop``), the same order of additions as
         one blocked loop doing both (so the same bits).  In one loop the lanes' loads and
         stores, which LLVM cannot prove apart from the outputs', kept the values from
-        vectorising (a layer norm's forward over (8, 32, 64): 37 against 21 us)."""
+        vectorising (a layer norm's forward over (8, 32, 64): 37 against 21 us).  Only for
+        rows of ``SPLIT_ROWS_FROM`` elements or more with short-row lanes (``self.split``)."""
         inner, n_inner, n_lanes = self.inner, self.n_inner, self.n_lanes
         lines = [f"{indent}for {inner} in range({n_inner}):"]
         lines += [

@@ -178,6 +178,25 @@ def test_whole_step_layer_norm_is_one_row_kernel() -> None:
     assert len(program.kernels) == 1 and program.kernels[0].phases
 
 
+def test_row_sums_from_a_row_buffer_are_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows of 64 to 127 elements add their row sums from a row buffer in a loop of their own
+    (``numba_cpu.SPLIT_ROWS_FROM``): the same additions in the same order as one loop."""
+    from fusegrad.compiler.codegen import numba_cpu
+
+    grads = []
+    for split_from in (numba_cpu.SPLIT_ROWS_FROM, 10**9):
+        monkeypatch.setattr(numba_cpu, "SPLIT_ROWS_FROM", split_from)
+        compiler.reset()
+        data = _data((3, 5, 100), np.float32, seed=7)
+        program = _whole_step_matches_eager(data)
+        with open(program.source_path) as fh:
+            source = fh.read()
+        assert ("rs0 = np.empty" in source) == (split_from <= 100)
+        grads.append([t.grad.numpy().copy() for t in data[:3]])
+    for split, one_loop in zip(*grads):
+        np.testing.assert_array_equal(split, one_loop)
+
+
 @settings(max_examples=6, deadline=None)
 @given(
     rows=st.integers(1, 5),
