@@ -56,6 +56,7 @@ _make = Tensor._make  # (bound once: unpack runs per saved tensor per backward)
 # them (a method call per input is a noticeable part of a small op).  A type that overrides
 # ``_edge`` (vmap's batched tensors) is asked.  Filled as types are met (``_edge_is_plain``).
 _PLAIN_EDGE: set = set()
+_ndarray = np.ndarray  # (a module global: ``np.ndarray`` is two lookups per use)
 _NO_EDGE = (None, 0)
 # ``needs_input_grad`` of one and two inputs: shared tuples (indexed by the flags)
 _NEEDS_ONE = ((False,), (True,))
@@ -398,7 +399,7 @@ class OpNode(Node):
         # lists, no generator expressions (each costs more than the rest of a small node).
         if len(inputs) == 2:
             t0, t1 = inputs
-            if type(t0) in _PLAIN_EDGE:
+            if type(t0) is Tensor or type(t0) in _PLAIN_EDGE:
                 node = t0.grad_fn
                 if node is not None:
                     edge0 = (node, t0._output_nr)
@@ -406,7 +407,7 @@ class OpNode(Node):
                     edge0 = (accumulator_for(t0), 0) if t0._requires_grad else _NO_EDGE
             else:
                 edge0 = _edge_of(t0)
-            if type(t1) in _PLAIN_EDGE:
+            if type(t1) is Tensor or type(t1) in _PLAIN_EDGE:
                 node = t1.grad_fn
                 if node is not None:
                     edge1 = (node, t1._output_nr)
@@ -420,12 +421,12 @@ class OpNode(Node):
             # for all nodes that see that shape and dtype: fewer objects that the graph keeps
             # alive and the garbage collector walks.  Only numpy shapes are compared and
             # cached: a capture's symbolic sizes must not be asked)
-            if type(a0) is np.ndarray:
+            if type(a0) is _ndarray:
                 shared = _SHARED_META.get((a0.shape, t0._dtype))
                 if shared is None:
                     shared = _share_meta(a0.shape, t0._dtype)
                 meta0 = shared[0]
-                if t1._dtype is meta0[1] and type(a1) is np.ndarray and a1.shape == meta0[0]:
+                if t1._dtype is meta0[1] and type(a1) is _ndarray and a1.shape == meta0[0]:
                     self._input_meta = shared[2]
                 else:
                     self._input_meta = (meta0, (a1.shape, t1._dtype))
@@ -437,7 +438,7 @@ class OpNode(Node):
             plan, plans = 2 * wants0 + wants1, 4  # (index and length of ``rule.save_plans``)
         elif len(inputs) == 1:
             t0 = inputs[0]
-            if type(t0) in _PLAIN_EDGE:
+            if type(t0) is Tensor or type(t0) in _PLAIN_EDGE:
                 node = t0.grad_fn
                 if node is not None:
                     edge0 = (node, t0._output_nr)
@@ -447,7 +448,7 @@ class OpNode(Node):
                 edge0 = _edge_of(t0)
             self._edges = (edge0,)
             a0 = t0._data
-            if type(a0) is np.ndarray:
+            if type(a0) is _ndarray:
                 shared = _SHARED_META.get((a0.shape, t0._dtype))
                 if shared is None:
                     shared = _share_meta(a0.shape, t0._dtype)

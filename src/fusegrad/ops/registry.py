@@ -322,6 +322,7 @@ def jvp(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 # ``run`` wraps every result: bound once, a module global instead of two attribute lookups
 _make = Tensor._make
 _grad_state = grad_mode._state  # (the thread-local object itself is never replaced)
+_ndarray = np.ndarray
 
 
 def apply(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
@@ -375,7 +376,7 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
                     data = ufunc(a0, a1)
                 finally:
                     _reset_error_state(token)
-            if type(data) is not np.ndarray and type(data) is not CudaArray:  # (to_device)
+            if type(data) is not _ndarray and type(data) is not CudaArray:  # (to_device)
                 data = np.asarray(data)
     elif n == 1:
         a0 = inputs[0]._data
@@ -393,7 +394,7 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
                     data = ufunc(a0)
                 finally:
                     _reset_error_state(token)
-            if type(data) is not np.ndarray and type(data) is not CudaArray:
+            if type(data) is not _ndarray and type(data) is not CudaArray:
                 data = np.asarray(data)
     else:
         arrays = [t._data for t in inputs]
@@ -403,7 +404,7 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
                 break
         else:
             data = prim.kernel(*arrays, **attrs)
-            if type(data) is not np.ndarray and type(data) is not CudaArray:
+            if type(data) is not _ndarray and type(data) is not CudaArray:
                 data = np.asarray(data)
     out = _make(data)
     if prim.differentiable and _grad_state.enabled:
