@@ -1060,6 +1060,7 @@ def _reverse(fn: Any) -> Any:
 
 
 _grad_state = _grad_mode._state  # (the thread-local object itself is never replaced)
+_grad_off_threads = _grad_mode.grad_off_threads  # (empty: grad mode is on in every thread)
 _ndarray = np.ndarray
 
 # The wrapped numbers of the fast paths below while grad mode is off (every derivative rule's
@@ -1122,7 +1123,7 @@ def _fast_forward(fn: Any, prim: Any) -> Any:
             if _forward_state.level is None and (
                 not _tracer_threads or _tracer_state.tracer is None
             ):
-                if _grad_state.enabled:
+                if not _grad_off_threads or _grad_state._enabled:
                     return _run(prim, (self, _scalar_tensor(other, self._dtype)), {})
                 return _run(prim, (self, _no_grad_scalar(other, self._dtype)), {})
             operands = (self, _scalar_tensor(other, self._dtype))
@@ -1142,7 +1143,7 @@ def _fast_reverse(fn: Any, prim: Any) -> Any:
         if not ((kind is float or kind is int) and self._dtype.category == 2):
             return full(self, other)
         if _forward_state.level is None and (not _tracer_threads or _tracer_state.tracer is None):
-            if _grad_state.enabled:
+            if not _grad_off_threads or _grad_state._enabled:
                 return _run(prim, (_scalar_tensor(other, self._dtype), self), {})
             return _run(prim, (_no_grad_scalar(other, self._dtype), self), {})
         return apply(prim, (_scalar_tensor(other, self._dtype), self), {})
@@ -1162,7 +1163,7 @@ def _fast_rsub(full: Any) -> Any:
             and _forward_state.level is None
             and (not _tracer_threads or _tracer_state.tracer is None)
         ):
-            if _grad_state.enabled:
+            if not _grad_off_threads or _grad_state._enabled:
                 out = _run(prim, (_scalar_tensor(other, self._dtype), self), {})
             else:
                 out = _run(prim, (_no_grad_scalar(other, self._dtype), self), {})

@@ -322,6 +322,7 @@ def jvp(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 # ``run`` wraps every result: bound once, a module global instead of two attribute lookups
 _make = Tensor._make
 _grad_state = grad_mode._state  # (the thread-local object itself is never replaced)
+_grad_off_threads = grad_mode.grad_off_threads  # (empty: grad mode is on in every thread)
 _ndarray = np.ndarray
 
 
@@ -407,7 +408,7 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
             if type(data) is not _ndarray and type(data) is not CudaArray:
                 data = np.asarray(data)
     out = _make(data)
-    if prim.differentiable and _grad_state.enabled:
+    if prim.differentiable and (not _grad_off_threads or _grad_state._enabled):
         for t in inputs:
             if t._requires_grad or t.grad_fn is not None:
                 break
