@@ -457,7 +457,7 @@ class OpNode(Node):
                 self._input_meta = ((a0.shape, t0._dtype),)
             wants0 = edge0[0] is not None
             needs = _NEEDS_ONE[wants0]
-            plan, plans = int(wants0), 2
+            plan, plans = wants0, 2  # (a bool indexes as 0 or 1)
         else:
             edges = tuple([_edge_of(t) for t in inputs])
             self._edges = edges
