@@ -1,6 +1,7 @@
 """Grad modes: no_grad, enable_grad, set_grad_enabled, inference_mode (thread-local).
 
-``registry.apply`` reads ``_state.enabled`` to decide whether an op records a backward node; the
+``registry.run`` reads ``_state.enabled`` (``grad_off_threads`` first: while no thread has grad
+mode off, it need not read this thread's) to decide whether an op records a backward node; the
 engine switches it to ``create_graph`` while it runs.  Every mode works as a context manager and
 as a decorator (``@no_grad()`` and bare ``@no_grad``); ``set_grad_enabled(False)`` also works as
 a plain call, as in PyTorch.  The state is a ``threading.local``: a thread starts with grad mode
