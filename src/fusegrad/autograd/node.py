@@ -751,7 +751,9 @@ class OpNode(Node):
                         result = rule.fn(self, g, v0, None)
                     if not retain:
                         if self._saved_list is _COMPACT:  # (``release`` in line)
-                            self._clear_compact()
+                            self._s0 = self._p0 = None  # (``_clear_compact`` in line)
+                            if len(steps) == 2:
+                                self._s1 = self._p1 = None
                             self._saved_list = None
                             _changes.value = next(_change_ids)  # (``graph_changed``)
                         else:  # (the rule read ``_saved``: the node has SavedTensors now)
