@@ -161,7 +161,6 @@ from .functional import (
 )
 from .generated import *  # noqa: F401,F403  (surface functions generated from the records)
 from .generated import (
-    _run_broadcast,
     abs,
     eq,
     floor_divide,

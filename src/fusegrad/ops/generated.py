@@ -163,7 +163,11 @@ def surface_function(prim: Primitive) -> Callable[..., Tensor]:
                     not _tracer_threads or _tracer_state.tracer is None
                 ):
                     if type(a) is _ndarray and type(b) is _ndarray:
-                        return _run_broadcast(prim, input, other)
+                        try:  # (``_run_broadcast`` in line: the derivative rules' products)
+                            return run(prim, (input, other), {})
+                        except ValueError:
+                            broadcast_shape(name, input, other)
+                            raise
                     if a.shape != b.shape and a.ndim and b.ndim:  # (0-d always broadcasts)
                         broadcast_shape(name, input, other)
                     return run(prim, (input, other), {})
