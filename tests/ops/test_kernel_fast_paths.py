@@ -1,7 +1,8 @@
 """The eager kernels' fast paths give exactly what their plain numpy formulas give.
 
 ``where`` selects on the items' bits for large C-contiguous numeric arrays, and ``sigmoid``
-computes its stable formula with fewer numpy calls; both must match the plain formula bit for
+computes its formula (PyTorch's 1 / (1 + exp(-x)) for float32 and float64, the stable one for
+float16) in place, with fewer numpy calls; both must match the plain formula bit for
 bit (values, NaN payloads, signed zeros), in dtype, shape, strides and ownership, and leave
 their inputs alone.  The references are numpy's own ``np.where`` and the formula the kernel
 documents, computed here."""
@@ -82,8 +83,11 @@ def test_where_kernel_on_other_layouts_is_np_where() -> None:
 
 
 def _sigmoid_formula(x: np.ndarray) -> np.ndarray:
-    """The kernel's documented formula, spelled as plainly as possible."""
+    """The kernel's documented formula, spelled as plainly as possible: PyTorch's for float32 and
+    float64, the stable one for float16."""
     with np.errstate(all="ignore"):
+        if x.dtype in (np.float32, np.float64):
+            return np.asarray(1 / (1 + np.exp(-x)), x.dtype)
         e = np.exp(-np.abs(x))
         return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 

@@ -56,6 +56,7 @@ _make = Tensor._make  # (bound once: unpack runs per saved tensor per backward)
 # them (a method call per input is a noticeable part of a small op).  A type that overrides
 # ``_edge`` (vmap's batched tensors) is asked.  Filled as types are met (``_edge_is_plain``).
 _PLAIN_EDGE: set = set()
+_ndarray = np.ndarray  # (a module global: ``np.ndarray`` is two lookups per use)
 _NO_EDGE = (None, 0)
 # ``needs_input_grad`` of one and two inputs: shared tuples (indexed by the flags)
 _NEEDS_ONE = ((False,), (True,))
@@ -378,16 +379,44 @@ _freed_message = (
 )
 
 
+# ``OpNode._saved_list`` while the node keeps its saved values in its own slots (see ``OpNode``)
+_COMPACT = object()
+
+
 class OpNode(Node):
-    """The node of one primitive call: applies the primitive's rule from the derivative table."""
+    """The node of one primitive call: applies the primitive's rule from the derivative table.
+
+    Saved values (``_saved``: a list of ``SavedTensor``, None once freed) are usually kept in
+    the node's own slots instead: where a saving plan applies (one or two inputs, at most two
+    values) and no saved-tensor hooks are active, the node stores for value ``i`` what a
+    ``SavedTensor`` would -- ``_s{i}`` the tensor (an input) or its array (an output),
+    ``_c{i}`` / ``_v{i}`` the version counter and the version when saved, ``_p{i}`` / ``_o{i}``
+    an input's producer and output number then -- and ``_steps`` the plan (``Rule.save_plans``)
+    that says which value is which.  Two objects fewer per saved value (the ``SavedTensor`` and
+    the list) is a quarter of a small op's forward: their allocation, and the garbage
+    collections that every 700 surviving objects cost.  ``_saved_list`` is ``_COMPACT`` then;
+    ``run_rule`` unpacks such values itself, and reading ``_saved`` (introspection, the
+    compiler, forward AD, a version error) builds the ``SavedTensor`` objects once, from then
+    on the node's saved values (``_materialize``)."""
 
     __slots__ = (
+        "_c0",
+        "_c1",
         "_name",
+        "_o0",
+        "_o1",
+        "_p0",
+        "_p1",
         "_prim",
         "_raw_shared",
         "_rule",
-        "_saved",
+        "_s0",
+        "_s1",
+        "_saved_list",
+        "_steps",
         "_unsaved",
+        "_v0",
+        "_v1",
         "attrs",
         "needs_input_grad",
     )
@@ -398,7 +427,7 @@ class OpNode(Node):
         # lists, no generator expressions (each costs more than the rest of a small node).
         if len(inputs) == 2:
             t0, t1 = inputs
-            if type(t0) in _PLAIN_EDGE:
+            if type(t0) is Tensor or type(t0) in _PLAIN_EDGE:
                 node = t0.grad_fn
                 if node is not None:
                     edge0 = (node, t0._output_nr)
@@ -406,7 +435,7 @@ class OpNode(Node):
                     edge0 = (accumulator_for(t0), 0) if t0._requires_grad else _NO_EDGE
             else:
                 edge0 = _edge_of(t0)
-            if type(t1) in _PLAIN_EDGE:
+            if type(t1) is Tensor or type(t1) in _PLAIN_EDGE:
                 node = t1.grad_fn
                 if node is not None:
                     edge1 = (node, t1._output_nr)
@@ -420,12 +449,12 @@ class OpNode(Node):
             # for all nodes that see that shape and dtype: fewer objects that the graph keeps
             # alive and the garbage collector walks.  Only numpy shapes are compared and
             # cached: a capture's symbolic sizes must not be asked)
-            if type(a0) is np.ndarray:
+            if type(a0) is _ndarray:
                 shared = _SHARED_META.get((a0.shape, t0._dtype))
                 if shared is None:
                     shared = _share_meta(a0.shape, t0._dtype)
                 meta0 = shared[0]
-                if t1._dtype is meta0[1] and type(a1) is np.ndarray and a1.shape == meta0[0]:
+                if t1._dtype is meta0[1] and type(a1) is _ndarray and a1.shape == meta0[0]:
                     self._input_meta = shared[2]
                 else:
                     self._input_meta = (meta0, (a1.shape, t1._dtype))
@@ -437,7 +466,7 @@ class OpNode(Node):
             plan, plans = 2 * wants0 + wants1, 4  # (index and length of ``rule.save_plans``)
         elif len(inputs) == 1:
             t0 = inputs[0]
-            if type(t0) in _PLAIN_EDGE:
+            if type(t0) is Tensor or type(t0) in _PLAIN_EDGE:
                 node = t0.grad_fn
                 if node is not None:
                     edge0 = (node, t0._output_nr)
@@ -447,7 +476,7 @@ class OpNode(Node):
                 edge0 = _edge_of(t0)
             self._edges = (edge0,)
             a0 = t0._data
-            if type(a0) is np.ndarray:
+            if type(a0) is _ndarray:
                 shared = _SHARED_META.get((a0.shape, t0._dtype))
                 if shared is None:
                     shared = _share_meta(a0.shape, t0._dtype)
@@ -456,7 +485,7 @@ class OpNode(Node):
                 self._input_meta = ((a0.shape, t0._dtype),)
             wants0 = edge0[0] is not None
             needs = _NEEDS_ONE[wants0]
-            plan, plans = int(wants0), 2
+            plan, plans = wants0, 2  # (a bool indexes as 0 or 1)
         else:
             edges = tuple([_edge_of(t) for t in inputs])
             self._edges = edges
@@ -475,13 +504,59 @@ class OpNode(Node):
         self.attrs = attrs
         self.needs_input_grad = needs
         if not rule.save_steps:
-            self._saved = ()  # (nothing to save: no list kept alive)
+            self._saved_list = ()  # (nothing to save: no list kept alive)
             self._unsaved = None
         elif len(rule.save_plans) == plans:  # (a call with as many inputs as declared)
-            # the saves decided per rule and inputs requiring grad (``Rule.save_plans``); the
-            # common saves without hooks built in line, as ``SavedTensor.of_input`` /
-            # ``of_output`` would build them (a call each is a noticeable part of a node)
+            # the saves decided per rule and inputs requiring grad (``Rule.save_plans``)
             steps, self._unsaved = rule.save_plans[plan]
+            if 0 < len(steps) <= 2 and not _hooks_in_use:
+                # kept in the node's slots (see the class docstring); an inference tensor
+                # goes to ``SavedTensor``, which refuses it
+                where, position = steps[0]
+                if where == "input":
+                    t = inputs[position]
+                    if t._inference:
+                        SavedTensor(t)
+                    counter = t._version_counter
+                    self._s0 = t
+                    self._c0 = counter
+                    self._v0 = counter.value
+                    self._p0 = t.grad_fn  # (remembered now: an in-place op later rebases it)
+                    self._o0 = t._output_nr
+                else:
+                    t = outputs[position]
+                    if t._inference:
+                        SavedTensor(t, True, position, self)
+                    counter = t._version_counter
+                    self._s0 = t._data  # (an output keeps its array only: no cycle)
+                    self._c0 = counter
+                    self._v0 = counter.value
+                if len(steps) == 2:
+                    where, position = steps[1]
+                    if where == "input":
+                        t = inputs[position]
+                        if t._inference:
+                            SavedTensor(t)
+                        counter = t._version_counter
+                        self._s1 = t
+                        self._c1 = counter
+                        self._v1 = counter.value
+                        self._p1 = t.grad_fn
+                        self._o1 = t._output_nr
+                    else:
+                        t = outputs[position]
+                        if t._inference:
+                            SavedTensor(t, True, position, self)
+                        counter = t._version_counter
+                        self._s1 = t._data
+                        self._c1 = counter
+                        self._v1 = counter.value
+                self._steps = steps
+                self._saved_list = _COMPACT
+                self._raw_shared = False
+                return
+            # with hooks (or more values): ``SavedTensor`` objects, the common ones built in
+            # line as ``SavedTensor.of_input`` / ``of_output`` would build them
             saved: list = []
             for where, position in steps:
                 if where == "input":
@@ -520,7 +595,7 @@ class OpNode(Node):
                     saved.append(s)
                 else:  # (variadic primitives have no plans)
                     raise AssertionError(f"{prim.name}: a plan saves {where!r}")
-            self._saved = saved
+            self._saved_list = saved
         else:
             saved = []
             unsaved = None  # positions in rule.save of values no input that requires grad needs
@@ -538,7 +613,7 @@ class OpNode(Node):
                     saved.append(_saved_input(inputs[position]))
                 else:  # "name*": every input from here on
                     saved.extend([_saved_input(t) for t in inputs[position:]])
-            self._saved = saved
+            self._saved_list = saved
             self._unsaved = unsaved
         self._raw_shared = False  # a SavedTensor was handed out (``_raw_saved_<name>``)
 
@@ -553,6 +628,55 @@ class OpNode(Node):
     @property
     def input_dtypes(self) -> tuple:
         return tuple(m[1] for m in self._input_meta)
+
+    @property
+    def _saved(self) -> list | tuple | None:
+        """The saved values as ``SavedTensor`` objects (None once freed); built from the node's
+        slots on first use where it keeps them there (see the class docstring)."""
+        saved = self._saved_list
+        if saved is _COMPACT:
+            saved = self._materialize()
+        return saved
+
+    @_saved.setter
+    def _saved(self, value: list | tuple | None) -> None:
+        if self._saved_list is _COMPACT:
+            self._clear_compact()
+        self._saved_list = value
+
+    def _materialize(self) -> list:
+        """Turn the values kept in the node's slots into ``SavedTensor`` objects, which from now
+        on are the node's saved values (as ``OpNode.__init__`` would have built them)."""
+        saved = []
+        for i, (where, position) in enumerate(self._steps):
+            s = _new_saved(SavedTensor)
+            s._counter, s._version = (self._c0, self._v0) if i == 0 else (self._c1, self._v1)
+            s._unpack_hook = None
+            value = self._s0 if i == 0 else self._s1
+            if where == "input":
+                s._is_output = False
+                s._tensor = value
+                s._data = None
+                s._rg = False
+                s._output_nr, s._producer = (self._o0, self._p0) if i == 0 else (self._o1, self._p1)
+            else:
+                s._is_output = True
+                s._tensor = None
+                s._data = value
+                s._rg = True  # outputs of a recorded node always require grad
+                s._output_nr = position
+                s._producer = None  # the saving node itself (passed to unpack)
+            saved.append(s)
+        self._clear_compact()
+        self._saved_list = saved
+        return saved
+
+    def _clear_compact(self) -> None:
+        """Drop the tensors, arrays and producers the node's slots keep (freed, or moved into
+        ``SavedTensor`` objects)."""
+        self._s0 = self._p0 = None
+        if len(self._steps) == 2:
+            self._s1 = self._p1 = None
 
     def saved_values(self) -> tuple:
         if self._saved is None:
@@ -571,14 +695,18 @@ class OpNode(Node):
 
     def release(self) -> None:
         """Free saved tensors (after a backward without retain_graph)."""
-        saved = self._saved
-        if saved:
+        saved = self._saved_list
+        if saved is _COMPACT:
+            self._clear_compact()
+            self._saved_list = None
+            graph_changed()
+        elif saved:
             if self._raw_shared:
                 # each one too: a ``_raw_saved_<name>`` the user holds must not keep the memory
                 # (and must say it was freed); otherwise nothing but this list holds them
                 for s in saved:
                     s.release()
-            self._saved = None
+            self._saved_list = None
             graph_changed()
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
@@ -588,7 +716,50 @@ class OpNode(Node):
         """``apply`` given the one incoming gradient (the engine's common path calls this)."""
         rule = self._rule
         if rule.save_index:
-            saved = self._saved
+            saved = self._saved_list
+            if saved is _COMPACT:
+                # values in the node's slots: an input is its tensor, an output is rebuilt as
+                # ``SavedTensor.unpack`` rebuilds it.  A version that moved (the error) and
+                # forward AD (tangents of saved outputs) take ``unpack``'s own path
+                steps = self._steps
+                unsaved = self._unsaved
+                if (
+                    self._c0.value == self._v0
+                    and (len(steps) == 1 or self._c1.value == self._v1)
+                    and (unsaved is None or len(rule.save_index) == 2)
+                    and _forward_state.level is None
+                ):
+                    where, position = steps[0]
+                    v0 = self._s0
+                    if where != "input":
+                        v0 = _make(v0, self._c0)
+                        v0.grad_fn = self
+                        v0._output_nr = position
+                    if len(steps) == 2:
+                        where, position = steps[1]
+                        v1 = self._s1
+                        if where != "input":
+                            v1 = _make(v1, self._c1)
+                            v1.grad_fn = self
+                            v1._output_nr = position
+                        result = rule.fn(self, g, v0, v1)
+                    elif unsaved is None:
+                        result = rule.fn(self, g, v0)
+                    elif unsaved[0] == 0:  # (two names, one saved: unsaved is (0,) or (1,))
+                        result = rule.fn(self, g, None, v0)
+                    else:
+                        result = rule.fn(self, g, v0, None)
+                    if not retain:
+                        if self._saved_list is _COMPACT:  # (``release`` in line)
+                            self._s0 = self._p0 = None  # (``_clear_compact`` in line)
+                            if len(steps) == 2:
+                                self._s1 = self._p1 = None
+                            self._saved_list = None
+                            _changes.value = next(_change_ids)  # (``graph_changed``)
+                        else:  # (the rule read ``_saved``: the node has SavedTensors now)
+                            self.release()
+                    return result
+                saved = self._materialize()
             if saved is None:
                 raise AutogradError(_freed_message)
             # (one and two saved tensors, the common cases, without building a list; one of
@@ -619,14 +790,14 @@ class OpNode(Node):
                 if unsaved is not None:
                     values = self.rule_arguments(values)
                 result = rule.fn(self, g, *values)
-            if not retain and saved and not self._raw_shared:
+            if not retain and saved and not self._raw_shared and self._saved_list is saved:
                 # ``release`` in line: nothing but this list holds the saved tensors
-                self._saved = None
+                self._saved_list = None
                 _changes.value = next(_change_ids)  # (``graph_changed``)
                 return result
         else:
             result = rule.fn(self, g)
-        if not retain and self._saved:
+        if not retain and self._saved_list:
             self.release()
         return result
 

@@ -160,7 +160,19 @@ from .functional import (
     unfold,
 )
 from .generated import *  # noqa: F401,F403  (surface functions generated from the records)
-from .generated import abs, eq, floor_divide, ge, gt, le, lt, mul, ne, pow, remainder
+from .generated import (
+    abs,
+    eq,
+    floor_divide,
+    ge,
+    gt,
+    le,
+    lt,
+    mul,
+    ne,
+    pow,
+    remainder,
+)
 from .indexing import (
     embedding,
     gather,
@@ -1047,6 +1059,8 @@ def _reverse(fn: Any) -> Any:
 
 
 _grad_state = _grad_mode._state  # (the thread-local object itself is never replaced)
+_grad_off_threads = _grad_mode.grad_off_threads  # (empty: grad mode is on in every thread)
+_ndarray = np.ndarray
 
 # The wrapped numbers of the fast paths below while grad mode is off (every derivative rule's
 # ``1.0 - out``, an optimizer's ``p * 0.9``): no node is recorded, so nothing keeps them, and one
@@ -1085,9 +1099,22 @@ def _fast_forward(fn: Any, prim: Any) -> Any:
             ):
                 return full(self, other)
             a, b = self._data, other._data
+            operands = (self, other)
+            if (
+                type(a) is _ndarray
+                and type(b) is _ndarray
+                and _forward_state.level is None
+                and (not _tracer_threads or _tracer_state.tracer is None)
+            ):
+                # numpy's ufunc says whether the shapes broadcast (``generated._run_broadcast``,
+                # in line here)
+                try:
+                    return _run(prim, operands, {})
+                except ValueError:
+                    _util.broadcast_shape(name, self, other)  # (raises if that was the cause)
+                    raise
             if a.shape != b.shape and a.ndim and b.ndim:  # (a 0-d operand always broadcasts)
                 _util.broadcast_shape(name, self, other)
-            operands = (self, other)
         else:
             kind = type(other)
             if not ((kind is float or kind is int) and self._dtype.category == 2):
@@ -1095,7 +1122,7 @@ def _fast_forward(fn: Any, prim: Any) -> Any:
             if _forward_state.level is None and (
                 not _tracer_threads or _tracer_state.tracer is None
             ):
-                if _grad_state.enabled:
+                if not _grad_off_threads or _grad_state._enabled:
                     return _run(prim, (self, _scalar_tensor(other, self._dtype)), {})
                 return _run(prim, (self, _no_grad_scalar(other, self._dtype)), {})
             operands = (self, _scalar_tensor(other, self._dtype))
@@ -1115,7 +1142,7 @@ def _fast_reverse(fn: Any, prim: Any) -> Any:
         if not ((kind is float or kind is int) and self._dtype.category == 2):
             return full(self, other)
         if _forward_state.level is None and (not _tracer_threads or _tracer_state.tracer is None):
-            if _grad_state.enabled:
+            if not _grad_off_threads or _grad_state._enabled:
                 return _run(prim, (_scalar_tensor(other, self._dtype), self), {})
             return _run(prim, (_no_grad_scalar(other, self._dtype), self), {})
         return apply(prim, (_scalar_tensor(other, self._dtype), self), {})
@@ -1135,7 +1162,7 @@ def _fast_rsub(full: Any) -> Any:
             and _forward_state.level is None
             and (not _tracer_threads or _tracer_state.tracer is None)
         ):
-            if _grad_state.enabled:
+            if not _grad_off_threads or _grad_state._enabled:
                 out = _run(prim, (_scalar_tensor(other, self._dtype), self), {})
             else:
                 out = _run(prim, (_no_grad_scalar(other, self._dtype), self), {})

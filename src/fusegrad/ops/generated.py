@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from .. import dtypes as _dt
 from ..autograd.forward_state import state as _forward_state
 from ..autograd.tracer import state as _tracer_state
@@ -30,6 +32,8 @@ from ..autograd.tracer import tracer_threads as _tracer_threads
 from ..tensor import Tensor
 from ._util import P, apply, as_operand, broadcast_shape, cast, operand, scalar_tensor, to_tensor
 from .registry import REGISTRY, Primitive, run
+
+_ndarray = np.ndarray
 
 
 def _fast_binary(name: str, a: Any, b: Any) -> Tensor | None:
@@ -42,7 +46,15 @@ def _fast_binary(name: str, a: Any, b: Any) -> Tensor | None:
         if isinstance(b, Tensor):
             if b._dtype is not dt:
                 return None
-            if a._data.shape != b._data.shape:
+            x, y = a._data, b._data
+            if (
+                type(x) is _ndarray
+                and type(y) is _ndarray
+                and _forward_state.level is None
+                and (not _tracer_threads or _tracer_state.tracer is None)
+            ):
+                return _run_broadcast(P[name], a, b)
+            if x.shape != y.shape:
                 broadcast_shape(name, a, b)
             return apply(P[name], (a, b), {})
         if (tb is float or tb is int) and dt.category == 2:
@@ -52,6 +64,18 @@ def _fast_binary(name: str, a: Any, b: Any) -> Tensor | None:
         if (ta is float or ta is int) and b._dtype.category == 2:
             return apply(P[name], (scalar_tensor(a, b._dtype), b), {})
     return None
+
+
+def _run_broadcast(prim: Primitive, a: Tensor, b: Tensor) -> Tensor:
+    """``run(prim, (a, b), {})`` for numpy arrays whose shapes were not checked: numpy's ufunc
+    says whether they broadcast (its rules are PyTorch's), and where they do not, the error is
+    ``broadcast_shape``'s.  Reading two shapes to check them first costs a fifth of a small op
+    (both are new tuples)."""
+    try:
+        return run(prim, (a, b), {})
+    except ValueError:
+        broadcast_shape(prim.name, a, b)  # (raises if that was the cause)
+        raise
 
 
 def _binary(name: str, a: Any, b: Any, dtype: _dt.dtype | None = None) -> Tensor:
@@ -135,12 +159,20 @@ def surface_function(prim: Primitive) -> Callable[..., Tensor]:
                 and input._dtype.category >= min_category
             ):
                 a, b = input._data, other._data
-                if a.shape != b.shape and a.ndim and b.ndim:  # (0-d always broadcasts)
-                    broadcast_shape(name, input, other)
                 if _forward_state.level is None and (
                     not _tracer_threads or _tracer_state.tracer is None
                 ):
+                    if type(a) is _ndarray and type(b) is _ndarray:
+                        try:  # (``_run_broadcast`` in line: the derivative rules' products)
+                            return run(prim, (input, other), {})
+                        except ValueError:
+                            broadcast_shape(name, input, other)
+                            raise
+                    if a.shape != b.shape and a.ndim and b.ndim:  # (0-d always broadcasts)
+                        broadcast_shape(name, input, other)
                     return run(prim, (input, other), {})
+                if a.shape != b.shape and a.ndim and b.ndim:
+                    broadcast_shape(name, input, other)
                 return apply(prim, (input, other), {})
             return promote(name, input, other)
 

@@ -322,6 +322,8 @@ def jvp(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 # ``run`` wraps every result: bound once, a module global instead of two attribute lookups
 _make = Tensor._make
 _grad_state = grad_mode._state  # (the thread-local object itself is never replaced)
+_grad_off_threads = grad_mode.grad_off_threads  # (empty: grad mode is on in every thread)
+_ndarray = np.ndarray
 
 
 def apply(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
@@ -375,7 +377,7 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
                     data = ufunc(a0, a1)
                 finally:
                     _reset_error_state(token)
-            if type(data) is not np.ndarray and type(data) is not CudaArray:  # (to_device)
+            if type(data) is not _ndarray and type(data) is not CudaArray:  # (to_device)
                 data = np.asarray(data)
     elif n == 1:
         a0 = inputs[0]._data
@@ -393,7 +395,7 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
                     data = ufunc(a0)
                 finally:
                     _reset_error_state(token)
-            if type(data) is not np.ndarray and type(data) is not CudaArray:
+            if type(data) is not _ndarray and type(data) is not CudaArray:
                 data = np.asarray(data)
     else:
         arrays = [t._data for t in inputs]
@@ -403,10 +405,10 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
                 break
         else:
             data = prim.kernel(*arrays, **attrs)
-            if type(data) is not np.ndarray and type(data) is not CudaArray:
+            if type(data) is not _ndarray and type(data) is not CudaArray:
                 data = np.asarray(data)
     out = _make(data)
-    if prim.differentiable and _grad_state.enabled:
+    if prim.differentiable and (not _grad_off_threads or _grad_state._enabled):
         for t in inputs:
             if t._requires_grad or t.grad_fn is not None:
                 break
