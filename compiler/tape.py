@@ -306,9 +306,9 @@ class Binding:
         if tape.stamp == changes.value:
             # no hook registered, nothing released, no version bumped anywhere since the tape's
             # first node was made: its nodes are as they were recorded
-            arrays = [
-                s._data if s._tensor is None else s._tensor._data for n in nodes for s in n._saved
-            ]
+            arrays = []
+            for n in nodes:
+                arrays += n.saved_arrays()
         else:
             checked = self._checked_arrays(nodes)
             if checked is None:

@@ -678,6 +678,22 @@ class OpNode(Node):
         if len(self._steps) == 2:
             self._s1 = self._p1 = None
 
+    def saved_arrays(self) -> list | None:
+        """The arrays of the saved values, in order (None once freed), without building
+        ``SavedTensor`` objects for values kept in the node's slots: what the compiler's tape
+        binds a replayed backward to (``compiler.tape.Binding.bind``).  No version check and no
+        unpack hook: the caller has checked that nothing changed since the values were saved."""
+        saved = self._saved_list
+        if saved is _COMPACT:
+            steps = self._steps
+            a0 = self._s0._data if steps[0][0] == "input" else self._s0
+            if len(steps) == 1:
+                return [a0]
+            return [a0, self._s1._data if steps[1][0] == "input" else self._s1]
+        if saved is None:
+            return None
+        return [s._data if s._tensor is None else s._tensor._data for s in saved]
+
     def saved_values(self) -> tuple:
         if self._saved is None:
             raise AutogradError(_freed_message)
