@@ -255,22 +255,31 @@ def _row_forward(x, stats, weight, bias, eps, out):  # type: ignore[no-untyped-d
 
 @numba.njit(**_JIT)
 def _row_backward(g, x, stats, w, eps, need_x, dx, dw, db):  # type: ignore[no-untyped-def]
-    """``w`` (D,): ones where the call has no weight."""
+    """``w`` (D,): ones where the call has no weight.  One pass over the rows per gradient
+    (the tests of what is wanted outside the loops, so that LLVM vectorises each: with them
+    inside one loop over the rows it vectorised none, 3.5 -> 2.3 ms on 4096 x 768); each
+    element's sums in the rows' order, as before."""
     rows, width = x.shape
     want_w, want_b = dw.shape[0] > 0, db.shape[0] > 0
     acc_w = np.zeros(width)
     acc_b = np.zeros(width)
-    for r in range(rows):
-        mean = np.float64(stats[0, r])
-        rstd = 1.0 / math.sqrt(np.float64(stats[1, r]) + eps)
-        gr, xr = g[r], x[r]
-        if want_b:
+    if want_b:
+        for r in range(rows):
+            gr = g[r]
             for d in range(width):
                 acc_b[d] += gr[d]
-        if want_w:
+    if want_w:
+        for r in range(rows):
+            mean = np.float64(stats[0, r])
+            rstd = 1.0 / math.sqrt(np.float64(stats[1, r]) + eps)
+            gr, xr = g[r], x[r]
             for d in range(width):
                 acc_w[d] += np.float64(gr[d]) * ((np.float64(xr[d]) - mean) * rstd)
-        if need_x:
+    if need_x:
+        for r in range(rows):
+            mean = np.float64(stats[0, r])
+            rstd = 1.0 / math.sqrt(np.float64(stats[1, r]) + eps)
+            gr, xr = g[r], x[r]
             sgw, sgwx = _weighted_products(gr, xr, w, mean)
             mean_gw = sgw / width
             mean_gwx = sgwx * rstd / width
