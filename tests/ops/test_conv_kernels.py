@@ -480,3 +480,68 @@ def test_winograd_float32_matches_torch_within_its_rounding(case: tuple) -> None
         want = want.detach().numpy()
         scale = float(np.abs(want).max())
         np.testing.assert_allclose(got.detach().numpy(), want, rtol=0, atol=2e-5 * scale)
+
+
+# ---- the channels-last column kernels against numpy's windows ------------------------------
+
+
+@st.composite
+def _column_geometry(draw: Any) -> tuple:
+    n = draw(st.integers(1, 3))
+    kernel = tuple(draw(st.integers(1, 4)) for _ in range(n))
+    stride = tuple(draw(st.integers(1, 3)) for _ in range(n))
+    dilation = tuple(draw(st.integers(1, 2)) for _ in range(n))
+    padding = tuple(draw(st.integers(0, 2)) for _ in range(n))
+    spans = [dilation[i] * (kernel[i] - 1) + 1 for i in range(n)]
+    sizes = tuple(
+        draw(st.integers(max(1, spans[i] - 2 * padding[i]), spans[i] + 5)) for i in range(n)
+    )
+    shape = (draw(st.integers(1, 2)), draw(st.integers(1, 5)), *sizes)
+    return shape, kernel, stride, padding, dilation
+
+
+@_SETTINGS
+@given(geometry=_column_geometry())
+def test_channels_last_columns_match_numpy_windows(geometry: tuple) -> None:
+    """``pool_kernels.im2col_last`` (a row per output position: per kernel tap the C channels
+    it reads, zeros in the padding; one copy per run of in-bounds taps along the last dim)
+    equals numpy's strided windows of the zero-padded input, and ``col2im_last`` is its
+    adjoint: <im2col(x), c> = <x, col2im(c)>, and col2im of ones counts each position's
+    readers."""
+    shape, kernel, stride, padding, dilation = geometry
+    n = len(kernel)
+    outs = conv_kernels.out_sizes(shape[2:], kernel, stride, padding, dilation)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape)
+    got = conv_kernels._columns_last(x, kernel, stride, padding, dilation, outs)
+    view = conv_kernels._window_view(
+        conv_kernels._padded(x, padding), kernel, stride, dilation, outs
+    )  # (N, C, *kernel, *outs) -> (N, *outs, *kernel, C)
+    order = (0, *range(2 + n, 2 + 2 * n), *range(2, 2 + n), 1)
+    want = np.ascontiguousarray(view.transpose(order)).reshape(got.shape)
+    np.testing.assert_array_equal(got, want)
+
+    loops = conv_kernels._loops()
+    geometry_table = conv_kernels._geometry(shape, kernel, outs, stride, padding, dilation)
+    last_shape = (shape[0], *shape[2:], shape[1])
+    cols = rng.standard_normal(got.shape)
+    back = np.zeros(last_shape)
+    loops.col2im_last(cols.reshape(-1), back.reshape(-1), geometry_table)
+    x_last = np.ascontiguousarray(np.moveaxis(x, 1, -1))
+    np.testing.assert_allclose(np.sum(got * cols), np.sum(x_last * back), rtol=1e-12)
+    counts = np.zeros(last_shape)
+    loops.col2im_last(np.ones(got.size), counts.reshape(-1), geometry_table)
+    # per position of the padded input, how many outputs read it
+    readers = np.zeros(shape[:2] + tuple(s + 2 * p for s, p in zip(shape[2:], padding)))
+    for tap in np.ndindex(*kernel):
+        index = (slice(None), slice(None)) + tuple(
+            slice(
+                tap[i] * dilation[i],
+                tap[i] * dilation[i] + (outs[i] - 1) * stride[i] + 1,
+                stride[i],
+            )
+            for i in range(n)
+        )
+        readers[index] += 1
+    crop = (slice(None), slice(None)) + tuple(slice(p, p + s) for s, p in zip(shape[2:], padding))
+    np.testing.assert_array_equal(counts, np.moveaxis(readers[crop], 1, -1))

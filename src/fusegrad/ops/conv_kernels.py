@@ -59,6 +59,7 @@ network's second layer (14.6 against 18 ms), hence the loop kernel wherever rows
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -163,7 +164,7 @@ def _columns_last(
     length, width = math.prod(outs), channels * math.prod(kernel)
     cols = np.empty(batch * length * width, x.dtype)
     geometry = _geometry(x.shape, kernel, outs, stride, padding, dilation)
-    _loops().im2col_last(np.ascontiguousarray(np.moveaxis(x, 1, -1)).reshape(-1), cols, geometry)
+    _loops().im2col_last(_moved(x, 1, -1).reshape(-1), cols, geometry)
     return cols.reshape(batch * length, width)
 
 
@@ -176,14 +177,21 @@ def _rows_last(a: np.ndarray) -> np.ndarray:
 
 def _weight_last(w: np.ndarray) -> np.ndarray:
     """(O, C, *kernel) -> (O, taps C): the weight in the channels-last columns' order."""
-    return np.ascontiguousarray(np.moveaxis(w, 1, -1)).reshape(w.shape[0], -1)
+    return _moved(w, 1, -1).reshape(w.shape[0], -1)
 
 
 def _padded(x: np.ndarray, padding: tuple) -> np.ndarray:
     """``x`` (N, C, *spatial) with ``padding[i]`` zeros on both sides of spatial dim i."""
     if not any(padding):
         return x
-    return np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
+    # (zeros and one slice assignment: ``np.pad`` took ~10 us a call in its argument handling)
+    sizes = tuple(x.shape[2 + i] + 2 * p for i, p in enumerate(padding))
+    out = np.zeros(x.shape[:2] + sizes, x.dtype)
+    out[
+        (slice(None), slice(None))
+        + tuple(slice(p, p + x.shape[2 + i]) for i, p in enumerate(padding))
+    ] = x
+    return out
 
 
 def _window_view(
@@ -206,14 +214,36 @@ def _geometry(
 ) -> np.ndarray:
     """The (4, 6) table the column kernels read (``pool_kernels.im2col``): per canonical
     spatial dim (unit dims first) ``(size, kernel, out, stride, padding, dilation)``, then
-    ``(N, C)`` of the input ``shape``."""
+    ``(N, C)`` of the input ``shape``.  Read-only, and kept per geometry (``_geometry_table``):
+    a training step asks for the same few tables every time, and making one took as long as
+    a small layer's im2col."""
+    return _geometry_table(
+        tuple(shape), tuple(kernel), tuple(outs), tuple(stride), tuple(padding), tuple(dilation)
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def _geometry_table(
+    shape: tuple, kernel: tuple, outs: tuple, stride: tuple, padding: tuple, dilation: tuple
+) -> np.ndarray:
     table = np.zeros((4, 6), np.int64)
     lead = 3 - len(kernel)
     table[:lead] = (1, 1, 1, 1, 0, 1)
     for d in range(len(kernel)):
         table[lead + d] = (shape[2 + d], kernel[d], outs[d], stride[d], padding[d], dilation[d])
     table[3, :2] = shape[:2]
+    table.flags.writeable = False
     return table
+
+
+def _moved(a: np.ndarray, source: int, destination: int) -> np.ndarray:
+    """``np.moveaxis(a, source, destination)`` as a C-contiguous array (a copy unless it
+    already is one): the permutation built directly, as ``np.moveaxis``'s argument checks
+    cost a few microseconds a call (several per small layer)."""
+    ndim = a.ndim
+    order = [d for d in range(ndim) if d != source % ndim]
+    order.insert(destination % ndim, source % ndim)
+    return np.ascontiguousarray(a.transpose(order))
 
 
 def _by_sample(outs: tuple) -> bool:
@@ -311,7 +341,7 @@ def _col2im(
 
 def _channels_first(a: np.ndarray, groups: int) -> np.ndarray:
     """(N, O, *outs) -> (groups, O / groups, N L), a copy."""
-    return np.ascontiguousarray(np.moveaxis(a, 1, 0)).reshape(groups, a.shape[1] // groups, -1)
+    return _moved(a, 1, 0).reshape(groups, a.shape[1] // groups, -1)
 
 
 def _lift3(values: tuple, fill: int) -> np.ndarray:
@@ -391,7 +421,7 @@ def conv_forward(
     else:  # (groups, O / groups, N L) -> (N, O, *outs)
         cols = _columns(x, kernel, stride, padding, dilation, outs, by_sample)
         out = np.matmul(wmat, cols.reshape(groups, -1, cols.shape[-1]))
-        out = np.ascontiguousarray(np.moveaxis(out.reshape(out_c, batch, -1), 0, 1))
+        out = _moved(out.reshape(out_c, batch, -1), 0, 1)
         out = out.reshape(batch, out_c, *outs)
     if bias is not None:
         out += bias.reshape((1, out_c) + (1,) * len(outs))
@@ -436,7 +466,7 @@ def conv_backward_input(
         last = np.zeros((batch, *sizes, channels), g.dtype)
         geometry = _geometry((batch, channels, *sizes), kernel, outs, stride, padding, dilation)
         _loops().col2im_last(cols.reshape(-1), last.reshape(-1), geometry)
-        return np.ascontiguousarray(np.moveaxis(last, -1, 1))
+        return _moved(last, -1, 1)
     wmat = w.reshape(groups, out_c // groups, -1).transpose(0, 2, 1)
     shape = (batch, channels, *sizes)
     if by_sample:  # a few samples at a time (``_CHUNK_BYTES``)
@@ -481,7 +511,7 @@ def conv_backward_weight(
     if _channels_last(by_sample, channels, groups):
         cols = _columns_last(x, kernel, stride, padding, dilation, outs)
         total = _rows_last(g).T @ cols  # (O, taps C)
-        return np.ascontiguousarray(np.moveaxis(total.reshape(out_c, *kernel, channels), -1, 1))
+        return _moved(total.reshape(out_c, *kernel, channels), -1, 1)
     if by_sample:  # a few samples at a time (``_CHUNK_BYTES``), summed
         gmat = np.ascontiguousarray(g).reshape(batch, groups, out_c // groups, math.prod(outs))
         length, width = gmat.shape[-1], channels // groups * math.prod(kernel)

@@ -65,11 +65,17 @@ __all__ = [
 LAYOUTS = ("batch", "instance", "group", "layer")
 
 
-def _kernels():  # type: ignore[no-untyped-def]
-    """The fused kernels (moment, forward, backward), imported on first use."""
-    from .norm_kernels import backward, forward, moment  # numba: not at import
+_loaded: list[SimpleNamespace] = []  # the kernels once imported (``_kernels``)
 
-    return SimpleNamespace(moment=moment, forward=forward, backward=backward)
+
+def _kernels():  # type: ignore[no-untyped-def]
+    """The fused kernels (moment, forward, backward), imported on first use (then kept: the
+    import statement and the namespace cost a microsecond or two a call)."""
+    if not _loaded:
+        from .norm_kernels import backward, forward, moment  # numba: not at import
+
+        _loaded.append(SimpleNamespace(moment=moment, forward=forward, backward=backward))
+    return _loaded[0]
 
 
 @primitive("norm_stats", "opaque", "x mean*", differentiable=False)

@@ -158,18 +158,25 @@ def col2im(cols, out, geometry, by_sample):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def _source(geometry, n, i, j, m, a, b, e):  # type: ignore[no-untyped-def]
-    """The flat position, in a channels-last input (N, S0, S1, S2, C) counted in whole
-    channel vectors, that output ``(n, i, j, m)`` reads at kernel tap ``(a, b, e)``; -1 where
-    that position is in the padding."""
-    sz0, sz1, sz2, _, _, _, _, _, _ = _sizes(geometry)
-    st0, st1, st2, p0, p1, p2, d0, d1, d2 = _steps(geometry)
-    z = i * st0 + a * d0 - p0
-    y = j * st1 + b * d1 - p1
-    w = m * st2 + e * d2 - p2
-    if 0 <= z < sz0 and 0 <= y < sz1 and 0 <= w < sz2:
-        return ((n * sz0 + z) * sz1 + y) * sz2 + w
-    return -1
+def _tap_run(geometry, m):  # type: ignore[no-untyped-def]
+    """For output position ``m`` along the last spatial dim: ``(w0, lo, hi)``, its first
+    tap's input position ``w0`` and the taps ``[lo, hi)`` along that dim whose positions
+    ``w0 + e d2`` lie inside the input (the others read padding)."""
+    sz2, k2, st2, p2, d2 = (
+        geometry[2, 0],
+        geometry[2, 1],
+        geometry[2, 3],
+        geometry[2, 4],
+        geometry[2, 5],
+    )
+    w0 = m * st2 - p2
+    lo = 0
+    while lo < k2 and w0 + lo * d2 < 0:
+        lo += 1
+    hi = k2
+    while hi > lo and w0 + (hi - 1) * d2 >= sz2:
+        hi -= 1
+    return w0, lo, hi
 
 
 @numba.njit(cache=True, nogil=True)
@@ -178,48 +185,78 @@ def im2col_last(x, cols, geometry):  # type: ignore[no-untyped-def]
     k0, k1, k2, C), flat: a row per output position holding, per kernel tap, the C channels
     of the input position it reads (zeros in the padding).  Every copy is C contiguous
     elements, where the channel-major columns copy strided rows as short as the output's
-    (``im2col``).  Same ``geometry`` as ``im2col``."""
-    _, _, _, k0, k1, k2, o0, o1, o2 = _sizes(geometry)
+    (``im2col``); undilated along the last dim, the taps along it read adjacent input
+    positions, so one copy of up to k2 C elements serves them (DCGAN's 4x4 layers: 4x fewer
+    copies; 32 channels at 16x16, one thread: 0.126 -> 0.047 ms).  Same ``geometry`` as
+    ``im2col``."""
+    sz0, sz1, sz2, k0, k1, k2, o0, o1, o2 = _sizes(geometry)
+    st0, st1, _, p0, p1, _, d0, d1, d2 = _steps(geometry)
     batch, channels = geometry[3, 0], U(geometry[3, 1])
-    row = U(0)
+    span, row = U(k2) * channels, U(0)
     for n in range(batch):
         for i in range(o0):
             for j in range(o1):
                 for m in range(o2):
+                    w0, lo, hi = _tap_run(geometry, m)
+                    head, tail = U(lo) * channels, U(hi) * channels
                     for a in range(k0):
+                        z = i * st0 + a * d0 - p0
                         for b in range(k1):
-                            for e in range(k2):
-                                at = _source(geometry, n, i, j, m, a, b, e)
-                                if at >= 0:
-                                    src = U(at) * channels
-                                    for c in range(channels):
-                                        cols[row + c] = x[src + c]
+                            y = j * st1 + b * d1 - p1
+                            if 0 <= z < sz0 and 0 <= y < sz1 and lo < hi:
+                                # unsigned positions: no negative-index wrap-around checks
+                                src = U(((n * sz0 + z) * sz1 + y) * sz2 + w0 + lo * d2) * channels
+                                for q in range(head):
+                                    cols[row + q] = 0
+                                dst = row + head
+                                if d2 == 1:
+                                    for q in range(tail - head):
+                                        cols[dst + q] = x[src + q]
                                 else:
-                                    for c in range(channels):
-                                        cols[row + c] = 0
-                                row += channels
+                                    step = U(d2) * channels
+                                    for e in range(U(hi - lo)):
+                                        for c in range(channels):
+                                            cols[dst + e * channels + c] = x[src + e * step + c]
+                                for q in range(tail, span):
+                                    cols[row + q] = 0
+                            else:
+                                for q in range(span):
+                                    cols[row + q] = 0
+                            row += span
 
 
 @numba.njit(cache=True, nogil=True)
 def col2im_last(cols, out, geometry):  # type: ignore[no-untyped-def]
     """The transpose of ``im2col_last``: ``cols`` added into ``out`` (N, S0, S1, S2, C),
-    flat, where ``im2col_last`` read each element; padding positions are dropped."""
-    _, _, _, k0, k1, k2, o0, o1, o2 = _sizes(geometry)
+    flat, where ``im2col_last`` read each element; padding positions are dropped.  Each
+    element's additions come in the order of the rows (as one copy per tap would add
+    them): the result does not depend on the runs."""
+    sz0, sz1, sz2, k0, k1, k2, o0, o1, o2 = _sizes(geometry)
+    st0, st1, _, p0, p1, _, d0, d1, d2 = _steps(geometry)
     batch, channels = geometry[3, 0], U(geometry[3, 1])
-    row = U(0)
+    span, row = U(k2) * channels, U(0)
     for n in range(batch):
         for i in range(o0):
             for j in range(o1):
                 for m in range(o2):
+                    w0, lo, hi = _tap_run(geometry, m)
+                    head, tail = U(lo) * channels, U(hi) * channels
                     for a in range(k0):
+                        z = i * st0 + a * d0 - p0
                         for b in range(k1):
-                            for e in range(k2):
-                                at = _source(geometry, n, i, j, m, a, b, e)
-                                if at >= 0:
-                                    dst = U(at) * channels
-                                    for c in range(channels):
-                                        out[dst + c] += cols[row + c]
-                                row += channels
+                            y = j * st1 + b * d1 - p1
+                            if 0 <= z < sz0 and 0 <= y < sz1 and lo < hi:
+                                dst = U(((n * sz0 + z) * sz1 + y) * sz2 + w0 + lo * d2) * channels
+                                src = row + head
+                                if d2 == 1:
+                                    for q in range(tail - head):
+                                        out[dst + q] += cols[src + q]
+                                else:
+                                    step = U(d2) * channels
+                                    for e in range(U(hi - lo)):
+                                        for c in range(channels):
+                                            out[dst + e * step + c] += cols[src + e * channels + c]
+                            row += span
 
 
 @numba.njit(cache=True, nogil=True)
