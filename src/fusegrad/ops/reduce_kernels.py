@@ -19,30 +19,31 @@ import numba  # imported on first use only (by the amax/amin primitives' kernels
 import numpy as np
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
-def _rows_max(x, out):  # type: ignore[no-untyped-def]
-    rows, n = x.shape
-    for r in range(rows):
-        m = x[r, 0]
-        nan = m != m
-        for i in range(1, n):
-            v = x[r, i]
-            nan |= v != v
-            m = v if v >= m else m  # (of equal values the last: +0 or -0 as it comes)
-        out[r] = np.nan if nan else m
+def _extreme_rows(largest):  # type: ignore[no-untyped-def]
+    """The row maximum (``largest``) or minimum loop; ``largest`` is a constant of the
+    compiled loop (numba keys its disk cache by closure values too)."""
+
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def rows_extreme(x, out):  # type: ignore[no-untyped-def]
+        rows, n = x.shape
+        for r in range(rows):
+            m = x[r, 0]
+            nan = m != m
+            for i in range(1, n):
+                v = x[r, i]
+                nan |= v != v
+                # of equal values the last: +0 or -0 as it comes
+                if largest:
+                    m = v if v >= m else m
+                else:
+                    m = v if v <= m else m
+            out[r] = np.nan if nan else m
+
+    return rows_extreme
 
 
-@numba.njit(cache=True, nogil=True, error_model="numpy")
-def _rows_min(x, out):  # type: ignore[no-untyped-def]
-    rows, n = x.shape
-    for r in range(rows):
-        m = x[r, 0]
-        nan = m != m
-        for i in range(1, n):
-            v = x[r, i]
-            nan |= v != v
-            m = v if v <= m else m
-        out[r] = np.nan if nan else m
+_rows_max = _extreme_rows(True)
+_rows_min = _extreme_rows(False)
 
 
 def _pairwise_sums(zero):  # type: ignore[no-untyped-def]
