@@ -210,6 +210,19 @@ class Variant:
                 f"native: {len(self.segments)} segment(s) run {inside} of {steps} steps "
                 f"({steps - inside} step(s) by Python)"
             )
+        observed = [
+            (inst.sizes, inst.copies)
+            for inst in list(program._instances.values())
+            if inst.variant is self and inst.copies is not None
+        ]
+        if not observed and program.device == "cpu":
+            lines.append("copies: measured on the program's first run (it has not run yet)")
+        for sizes, copies in observed:
+            at = f" at sizes {list(sizes)}" if sizes else ""
+            if not copies:
+                lines.append(f"copies{at}: none (measured on its first run)")
+            for k in sorted(copies):
+                lines.append(f"copy{at}, step {k}: {copies[k]}")
         for k, step in enumerate(self.schedule.steps):
             seg = self.segments.get(k)
             if seg is not None:
@@ -239,7 +252,18 @@ class Instance:
     """A program prepared for one size vector: its variant and the concrete shapes of its
     values, iteration spaces and extern attributes."""
 
-    __slots__ = ("attrs", "calls", "numels", "reduced", "sizes", "spaces", "shapes", "variant")
+    __slots__ = (
+        "attrs",
+        "calls",
+        "copies",
+        "numels",
+        "observing",
+        "reduced",
+        "sizes",
+        "spaces",
+        "shapes",
+        "variant",
+    )
 
     def __init__(self, program: Program, sizes: tuple) -> None:
         self.sizes = sizes
@@ -266,6 +290,9 @@ class Instance:
             if (fns := self.variant.kernel_fns.get(id(s))) is not None
         }
         self.calls: dict[int, _KernelCall] = {}  # by step, made on the kernel's first call
+        # the copies its first run on the CPU made, by step (``note_copies``); None until then
+        self.copies: dict[int, str] | None = None
+        self.observing: dict[int, str] | None = None  # (filled during that run)
 
 
 class Program:
@@ -542,6 +569,9 @@ class Program:
                     env[v] = _cuda_extern(v, arrays, attrs)
                 else:
                     result = kernel(*arrays, **attrs)
+                    observing = inst.observing
+                    if observing is not None:
+                        note_copies(observing, k, v, arrays, result)
                     if type(result) is not np.ndarray:
                         result = np.asarray(result)
                     if result.dtype != v.dtype.np:  # (the IR's dtype is eager's: debug mode)
@@ -587,12 +617,18 @@ class Program:
         steps = schedule.steps
         segments = variant.segments
         plain = variant.plain_externs if self.device == "cpu" else {}
+        observing = inst.observing = {} if inst.copies is None and self.device == "cpu" else None
         k = 0
         while k < len(steps):
             fast = plain.get(k)
             if fast is not None and k not in segments:  # (what ``_step`` does for it)
                 kernel, attrs, values, v, dtype = fast
-                result = kernel(*[env[i] for i in values], **attrs)
+                if observing is None:
+                    result = kernel(*[env[i] for i in values], **attrs)
+                else:
+                    arrays = [env[i] for i in values]
+                    result = kernel(*arrays, **attrs)
+                    note_copies(observing, k, v, arrays, result)
                 if type(result) is not np.ndarray:
                     result = np.asarray(result)
                 if result.dtype != dtype:  # (the IR's dtype is eager's: debug mode)
@@ -631,6 +667,12 @@ class Program:
                     for slot, v in early.get(j, ()):  # (.grad written now, its array dropped)
                         _write_grad(leaves[slot], env.pop(v), v in fresh)
             k = done.stop
+        if observing is not None:
+            inst.copies, inst.observing = observing, None
+            if logs.enabled("perf"):
+                at = f" at sizes {list(inst.sizes)}" if inst.sizes else ""
+                found = "; ".join(f"step {j}: {what}" for j, what in sorted(observing.items()))
+                logs.log("perf", f"copies{at}: {found or 'none'}")
         if dry:  # (``prepare``: the kernels ran once, nothing else happens)
             return None
         if variant.first_run:
@@ -951,6 +993,59 @@ def scratch_leaf(leaf: Tensor) -> Tensor:
     return t
 
 
+# externs whose result is a view of their first input when numpy can make one
+_VIEWS = frozenset({"reshape", "permute", "broadcast_to", "getitem", "diagonal"})
+_BLAS_PRODUCTS = frozenset({"matmul"})
+
+
+def _layout(a: np.ndarray) -> str:
+    return f"{list(a.shape)} {a.dtype} strides {list(a.strides)}"
+
+
+def _blas_layout(a: np.ndarray) -> bool:
+    """Whether numpy's matmul hands matrix ``a`` (its last two dims) to BLAS as it is: one of
+    the two strides one element, the other a whole row or column apart (numpy's
+    ``is_blasable2d``); a dim of one element is laid out either way."""
+    if a.ndim < 2:
+        return True
+    rows, cols = a.shape[-2:]
+    s0, s1 = a.strides[-2:]
+    item = a.itemsize
+    if rows <= 1 or cols <= 1:
+        return True
+    return (s1 == item and s0 >= cols * item and s0 % item == 0) or (
+        s0 == item and s1 >= rows * item and s1 % item == 0
+    )
+
+
+def note_copies(found: dict, k: int, v: Value, arrays: list, result: Any) -> None:
+    """Note in ``found`` (step -> what) a copy extern step ``k`` made of its input: a view op
+    (reshape, permute, broadcast, basic index) whose result does not share memory with its
+    input, or a matrix product with an operand in no BLAS layout (numpy then copies it or runs
+    its own loop).  A program's first run at each size vector does this (``Instance.copies``;
+    ``Variant.describe`` reports them)."""
+    if type(result) is not np.ndarray or not result.size or not arrays:
+        return
+    first = arrays[0]
+    if v.op in _VIEWS:
+        if type(first) is np.ndarray and not np.may_share_memory(result, first):
+            found[k] = (
+                f"{v.op} %{v.id} copies {result.nbytes:,} bytes: its input %{v.inputs[0].id} is "
+                f"{_layout(first)}, and numpy cannot view it as {list(result.shape)}"
+            )
+    elif v.op in _BLAS_PRODUCTS:
+        odd = [
+            f"%{i.id} {_layout(a)}"
+            for i, a in zip(v.inputs, arrays)
+            if type(a) is np.ndarray and a.size and not _blas_layout(a)
+        ]
+        if odd:
+            found[k] = (
+                f"{v.op} %{v.id}: {', '.join(odd)} in no BLAS layout (numpy copies it or "
+                "multiplies in its own loop)"
+            )
+
+
 class _KernelCall:
     """How one instance calls one generated kernel, worked out on its first call: the sizes
     passed, the shape each input is passed at (None: as it is), and for each output and
@@ -1019,6 +1114,19 @@ def _run_kernel(
     for v, target in call.inputs:
         a = env[v]
         args.append(a if target is None else a.reshape(target))
+    observing = inst.observing
+    if observing is not None:
+        copied = [
+            f"%{v.id} {_layout(env[v])}"
+            for (v, target), a in zip(call.inputs, args)
+            if target is not None and a.size and not np.may_share_memory(a, env[v])
+        ]
+        if copied:
+            observing[k] = (
+                f"kernel over {list(inst.spaces[k])} reads a copy of {', '.join(copied)} (the "
+                "loop takes its inputs reshaped to the kernel's rank, and a reshape of these "
+                "strides copies)"
+            )
     outs = []
     late_adds = []
     for v, acc, made, _given, final in call.outputs:
