@@ -483,11 +483,17 @@ def _execute(
         retain_graph, create_graph, accumulate, inputs, needed, capture, executor, deps, cut
     )
 
-    buffers: dict = task.buffers  # node -> list of summed incoming gradients, one per output
+    # node -> the summed incoming gradients: for a node of one output (``_ONE_OUTPUT``: nearly
+    # all) the gradient itself, otherwise a list of one per output (None where none came)
+    buffers: dict = task.buffers
     for (node, nr), g in zip(root_edges, grad_roots):
         if node is not None:
-            buf = buffers.setdefault(node, [None] * node.num_outputs)
-            buf[nr] = g if buf[nr] is None else buf[nr] + g
+            if type(node) in _ONE_OUTPUT:
+                prev = buffers.get(node)
+                buffers[node] = g if prev is None else prev + g
+            else:
+                buf = buffers.setdefault(node, [None] * node.num_outputs)
+                buf[nr] = g if buf[nr] is None else buf[nr] + g
 
     tie = itertools.count()  # FIFO among equal sequence numbers (AccumulateGrad)
     ready: list = []
@@ -507,6 +513,10 @@ def _execute(
     # branch), without its frames; ``task.capture`` is fixed for the call
     plain_nodes = executor is EAGER and not task.capture
     pop, push = heapq.heappop, heapq.heappush
+    # An OpNode that a node makes ready runs next without a trip through the heap when no ready
+    # node was created after it (the heap's order exactly: an OpNode's sequence number is its
+    # own, so there are no ties to break); any other node made ready goes on the heap
+    direct = None
     # The rules of plain nodes and the fan-in sums run fusegrad's kernels only, which ignore
     # numpy's floating-point errors: switched once here, so that each kernel finds the quiet
     # state set and skips its own switch.  Everything that may run user code (hooks, custom
@@ -514,33 +524,52 @@ def _execute(
     quiet = quiet_errors() if plain_nodes else None
     executor.begin_capture(task)
     try:
-        while ready:
-            node = pop(ready)[2]
-            grads = buffers.pop(node, None)
-            if grads is None:
-                grads = [None] * node.num_outputs
-            elif type(grads[0]) is np.ndarray or len(grads) > 1:
-                # a fan-in sum is kept as the bare array the loop adds into (below): a tensor now
-                grads = [_make(g) if type(g) is np.ndarray else g for g in grads]
-            if anomaly_threads and anomaly_state.enabled:
-                # nodes created by this rule (create_graph) record it as their parent
-                anomaly_state.current_node = node
-                results = _run_node_as_caller(node, grads, task, quiet)
-                _check_nan(node, results)
-            elif (
-                plain_nodes
-                and type(node) is OpNode
-                and node._tensor_pre_hooks is None
-                and node._retain_grad_hooks is None
-                and node._pre_hooks is None
-                and node._post_hooks is None
-                and grads[0] is not None
-            ):
-                results = node.run_rule(grads[0], retain_graph)
-                if type(results) is not tuple or len(results) != len(node._edges):
-                    results = check_results(node, results)
+        while True:
+            if direct is not None:
+                node = direct
+                direct = None
+                if ready and ready[0][0] < -node._seq:
+                    push(ready, (-node._seq, next(tie), node))
+                    node = pop(ready)[2]
+            elif ready:
+                node = pop(ready)[2]
             else:
-                results = _run_node_as_caller(node, grads, task, quiet)
+                break
+            if type(node) in _ONE_OUTPUT:
+                g0 = buffers.pop(node, None)
+                if type(g0) is np.ndarray:
+                    # a fan-in sum is kept as the bare array the loop adds into (below)
+                    g0 = _make(g0)
+                if (
+                    plain_nodes
+                    and type(node) is OpNode
+                    and g0 is not None
+                    and node._tensor_pre_hooks is None
+                    and node._retain_grad_hooks is None
+                    and node._pre_hooks is None
+                    and node._post_hooks is None
+                    and not (anomaly_threads and anomaly_state.enabled)
+                ):
+                    results = node.run_rule(g0, retain_graph)
+                    if type(results) is not tuple or len(results) != len(node._edges):
+                        results = check_results(node, results)
+                    grads = None
+                else:
+                    grads = [g0]
+            else:
+                grads = buffers.pop(node, None)
+                if grads is None:
+                    grads = [None] * node.num_outputs
+                else:
+                    grads = [_make(g) if type(g) is np.ndarray else g for g in grads]
+            if grads is not None:
+                if anomaly_threads and anomaly_state.enabled:
+                    # nodes created by this rule (create_graph) record it as their parent
+                    anomaly_state.current_node = node
+                    results = _run_node_as_caller(node, grads, task, quiet)
+                    _check_nan(node, results)
+                else:
+                    results = _run_node_as_caller(node, grads, task, quiet)
             for i, (nxt, nr) in enumerate(node._edges):
                 if nxt is None or (needed is not None and nxt not in needed):
                     continue
@@ -553,43 +582,22 @@ def _execute(
                         shape, dtype = node._input_meta[i]
                         if g._data.shape != shape or g._dtype is not dtype:
                             g = validate_gradient(node, i, g, shape, dtype)
-                    buf = buffers.get(nxt)
-                    if buf is None:
-                        # (OpNode and AccumulateGrad have one output: no property call)
-                        buf = buffers[nxt] = (
-                            [None] if type(nxt) in _ONE_OUTPUT else [None] * nxt.num_outputs
-                        )
-                    prev = buf[nr]
-                    if prev is None:
-                        buf[nr] = g
-                    elif (
-                        not create_graph
-                        and type(g) in _EAGER
-                        and type(g._data) is np.ndarray
-                        and _forward_state.level is None
-                    ):
-                        # fan-in of plain tensors outside create_graph: add the arrays directly
-                        # (both already have the input's shape and dtype).  The first sum is a
-                        # new array that only this buffer holds, so later gradients add into
-                        # it in place; it stays a bare array until its node runs (above).
-                        # Symbolic values (compiler capture) are subclasses and take the
-                        # op-surface add below, as do dual tensors (forward AD: their tangents
-                        # add too).
-                        if type(prev) is np.ndarray:
-                            np.add(prev, g._data, out=prev)
-                        elif type(prev) in _EAGER and type(prev._data) is np.ndarray:
-                            # (np.asarray: numpy returns a scalar, not a 0-d array, for 0-d sums)
-                            buf[nr] = np.asarray(np.add(prev._data, g._data))
-                        else:
-                            buf[nr] = prev + g
+                    if type(nxt) in _ONE_OUTPUT:
+                        prev = buffers.get(nxt)
+                        buffers[nxt] = g if prev is None else _fan_in(prev, g, create_graph)
                     else:
-                        if type(prev) is np.ndarray:
-                            prev = _make(prev)
-                        buf[nr] = prev + g
+                        buf = buffers.get(nxt)
+                        if buf is None:
+                            buf = buffers[nxt] = [None] * nxt.num_outputs
+                        prev = buf[nr]
+                        buf[nr] = g if prev is None else _fan_in(prev, g, create_graph)
                 left = deps[nxt] - 1
                 deps[nxt] = left
                 if left == 0:
-                    push(ready, (-nxt._seq, next(tie), nxt))
+                    if direct is None and type(nxt) is OpNode:
+                        direct = nxt
+                    else:
+                        push(ready, (-nxt._seq, next(tie), nxt))
         node = None  # a callback's failure is not the last node's (anomaly mode)
         restore_errors(quiet)
         quiet = None
@@ -609,6 +617,33 @@ def _execute(
         anomaly_state.current_node = parent_node
         executor.end_capture(task)
     return None if accumulate else task.captured
+
+
+def _fan_in(prev: Any, g: Tensor, create_graph: bool) -> Any:
+    """The sum of a node's buffered gradient ``prev`` and one more, ``g``, for one of its outputs
+    (both already of the input's shape and dtype).
+
+    Plain tensors outside create_graph add their arrays directly: the first sum is a new array
+    that only the buffer holds, so later gradients add into it in place, and it stays a bare
+    array until its node runs (``_execute`` wraps it then).  Symbolic values (the compiler's
+    capture) are subclasses and take the op-surface add, as do dual tensors (forward AD: their
+    tangents add too) and everything under create_graph (the sum is differentiable)."""
+    if (
+        not create_graph
+        and type(g) in _EAGER
+        and type(g._data) is np.ndarray
+        and _forward_state.level is None
+    ):
+        if type(prev) is np.ndarray:
+            np.add(prev, g._data, out=prev)
+            return prev
+        if type(prev) in _EAGER and type(prev._data) is np.ndarray:
+            # (np.asarray: numpy returns a scalar, not a 0-d array, for 0-d sums)
+            return np.asarray(np.add(prev._data, g._data))
+        return prev + g
+    if type(prev) is np.ndarray:
+        prev = _make(prev)
+    return prev + g
 
 
 def _check_nan(node: Node, results: tuple | None) -> None:
