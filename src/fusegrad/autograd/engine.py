@@ -516,7 +516,7 @@ def _execute(
     # An OpNode that a node makes ready runs next without a trip through the heap when no ready
     # node was created after it (the heap's order exactly: an OpNode's sequence number is its
     # own, so there are no ties to break); any other node made ready goes on the heap
-    direct = None
+    direct = direct_g = None
     # The rules of plain nodes and the fan-in sums run fusegrad's kernels only, which ignore
     # numpy's floating-point errors: switched once here, so that each kernel finds the quiet
     # state set and skips its own switch.  Everything that may run user code (hooks, custom
@@ -528,15 +528,22 @@ def _execute(
             if direct is not None:
                 node = direct
                 direct = None
-                if ready and ready[0][0] < -node._seq:
+                if not ready or ready[0][0] > -node._seq:
+                    g0, direct_g = direct_g, None
+                else:
+                    # a ready node created later runs first: this one waits on the heap
+                    if direct_g is not None:
+                        buffers[node] = direct_g
+                        direct_g = None
                     push(ready, (-node._seq, next(tie), node))
                     node = pop(ready)[2]
+                    g0 = buffers.pop(node, None) if type(node) in _ONE_OUTPUT else None
             elif ready:
                 node = pop(ready)[2]
+                g0 = buffers.pop(node, None) if type(node) in _ONE_OUTPUT else None
             else:
                 break
             if type(node) in _ONE_OUTPUT:
-                g0 = buffers.pop(node, None)
                 if type(g0) is np.ndarray:
                     # a fan-in sum is kept as the bare array the loop adds into (below)
                     g0 = _make(g0)
@@ -582,22 +589,28 @@ def _execute(
                         shape, dtype = node._input_meta[i]
                         if g._data.shape != shape or g._dtype is not dtype:
                             g = validate_gradient(node, i, g, shape, dtype)
-                    if type(nxt) in _ONE_OUTPUT:
-                        prev = buffers.get(nxt)
-                        buffers[nxt] = g if prev is None else _fan_in(prev, g, create_graph)
-                    else:
-                        buf = buffers.get(nxt)
-                        if buf is None:
-                            buf = buffers[nxt] = [None] * nxt.num_outputs
-                        prev = buf[nr]
-                        buf[nr] = g if prev is None else _fan_in(prev, g, create_graph)
                 left = deps[nxt] - 1
                 deps[nxt] = left
-                if left == 0:
-                    if direct is None and type(nxt) is OpNode:
+                if type(nxt) in _ONE_OUTPUT:
+                    if left == 0 and direct is None and type(nxt) is OpNode:
+                        # it runs next (above): its gradient goes to it, not through ``buffers``
+                        prev = buffers.pop(nxt, None)
+                        if prev is not None:
+                            g = prev if g is None else _fan_in(prev, g, create_graph)
+                        direct_g = g
                         direct = nxt
-                    else:
-                        push(ready, (-nxt._seq, next(tie), nxt))
+                        continue
+                    if g is not None:
+                        prev = buffers.get(nxt)
+                        buffers[nxt] = g if prev is None else _fan_in(prev, g, create_graph)
+                elif g is not None:
+                    buf = buffers.get(nxt)
+                    if buf is None:
+                        buf = buffers[nxt] = [None] * nxt.num_outputs
+                    prev = buf[nr]
+                    buf[nr] = g if prev is None else _fan_in(prev, g, create_graph)
+                if left == 0:
+                    push(ready, (-nxt._seq, next(tie), nxt))
         node = None  # a callback's failure is not the last node's (anomaly mode)
         restore_errors(quiet)
         quiet = None
