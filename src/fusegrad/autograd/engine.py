@@ -12,7 +12,11 @@ One iterative loop (no recursion over graph depth):
    pre-hooks, the rule (under no_grad unless ``create_graph``) or, for a leaf, the ``.grad``
    write, post-accumulate-grad hooks, node post-hooks;
 4. per outgoing edge: undo broadcasting with ``sum_to`` (the engine owns this, docs/ARCHITECTURE.md,
-   contract 2), cast to the input's dtype, and sum fan-in into the next node's buffer.
+   contract 2), cast to the input's dtype, and sum fan-in into the next node's buffer.  A node
+   of one output (nearly all) buffers its gradient as it is, not in a list; an OpNode that this
+   edge makes ready runs next without a trip through the heap, its gradient handed over
+   directly, unless a ready node created after it is waiting (the heap's order exactly: an
+   OpNode's sequence number is its own, so no ties need breaking).
 
 Reentrant calls (``backward()``/``grad()`` inside a node's backward, e.g. a custom Function or
 reentrant checkpointing) nest Python frames; past ``MAX_REENTRANT_DEPTH`` nested calls on one
