@@ -12,7 +12,11 @@ One iterative loop (no recursion over graph depth):
    pre-hooks, the rule (under no_grad unless ``create_graph``) or, for a leaf, the ``.grad``
    write, post-accumulate-grad hooks, node post-hooks;
 4. per outgoing edge: undo broadcasting with ``sum_to`` (the engine owns this, docs/ARCHITECTURE.md,
-   contract 2), cast to the input's dtype, and sum fan-in into the next node's buffer.
+   contract 2), cast to the input's dtype, and sum fan-in into the next node's buffer.  A node
+   of one output (nearly all) buffers its gradient as it is, not in a list; an OpNode that this
+   edge makes ready runs next without a trip through the heap, its gradient handed over
+   directly, unless a ready node created after it is waiting (the heap's order exactly: an
+   OpNode's sequence number is its own, so no ties need breaking).
 
 Reentrant calls (``backward()``/``grad()`` inside a node's backward, e.g. a custom Function or
 reentrant checkpointing) nest Python frames; past ``MAX_REENTRANT_DEPTH`` nested calls on one
@@ -483,11 +487,17 @@ def _execute(
         retain_graph, create_graph, accumulate, inputs, needed, capture, executor, deps, cut
     )
 
-    buffers: dict = task.buffers  # node -> list of summed incoming gradients, one per output
+    # node -> the summed incoming gradients: for a node of one output (``_ONE_OUTPUT``: nearly
+    # all) the gradient itself, otherwise a list of one per output (None where none came)
+    buffers: dict = task.buffers
     for (node, nr), g in zip(root_edges, grad_roots):
         if node is not None:
-            buf = buffers.setdefault(node, [None] * node.num_outputs)
-            buf[nr] = g if buf[nr] is None else buf[nr] + g
+            if type(node) in _ONE_OUTPUT:
+                prev = buffers.get(node)
+                buffers[node] = g if prev is None else prev + g
+            else:
+                buf = buffers.setdefault(node, [None] * node.num_outputs)
+                buf[nr] = g if buf[nr] is None else buf[nr] + g
 
     tie = itertools.count()  # FIFO among equal sequence numbers (AccumulateGrad)
     ready: list = []
@@ -507,6 +517,10 @@ def _execute(
     # branch), without its frames; ``task.capture`` is fixed for the call
     plain_nodes = executor is EAGER and not task.capture
     pop, push = heapq.heappop, heapq.heappush
+    # An OpNode that a node makes ready runs next without a trip through the heap when no ready
+    # node was created after it (the heap's order exactly: an OpNode's sequence number is its
+    # own, so there are no ties to break); any other node made ready goes on the heap
+    direct = direct_g = None
     # The rules of plain nodes and the fan-in sums run fusegrad's kernels only, which ignore
     # numpy's floating-point errors: switched once here, so that each kernel finds the quiet
     # state set and skips its own switch.  Everything that may run user code (hooks, custom
@@ -514,33 +528,59 @@ def _execute(
     quiet = quiet_errors() if plain_nodes else None
     executor.begin_capture(task)
     try:
-        while ready:
-            node = pop(ready)[2]
-            grads = buffers.pop(node, None)
-            if grads is None:
-                grads = [None] * node.num_outputs
-            elif type(grads[0]) is np.ndarray or len(grads) > 1:
-                # a fan-in sum is kept as the bare array the loop adds into (below): a tensor now
-                grads = [_make(g) if type(g) is np.ndarray else g for g in grads]
-            if anomaly_threads and anomaly_state.enabled:
-                # nodes created by this rule (create_graph) record it as their parent
-                anomaly_state.current_node = node
-                results = _run_node_as_caller(node, grads, task, quiet)
-                _check_nan(node, results)
-            elif (
-                plain_nodes
-                and type(node) is OpNode
-                and node._tensor_pre_hooks is None
-                and node._retain_grad_hooks is None
-                and node._pre_hooks is None
-                and node._post_hooks is None
-                and grads[0] is not None
-            ):
-                results = node.run_rule(grads[0], retain_graph)
-                if type(results) is not tuple or len(results) != len(node._edges):
-                    results = check_results(node, results)
+        while True:
+            if direct is not None:
+                node = direct
+                direct = None
+                if not ready or ready[0][0] > -node._seq:
+                    g0, direct_g = direct_g, None
+                else:
+                    # a ready node created later runs first: this one waits on the heap
+                    if direct_g is not None:
+                        buffers[node] = direct_g
+                        direct_g = None
+                    push(ready, (-node._seq, next(tie), node))
+                    node = pop(ready)[2]
+                    g0 = buffers.pop(node, None) if type(node) in _ONE_OUTPUT else None
+            elif ready:
+                node = pop(ready)[2]
+                g0 = buffers.pop(node, None) if type(node) in _ONE_OUTPUT else None
             else:
-                results = _run_node_as_caller(node, grads, task, quiet)
+                break
+            if type(node) in _ONE_OUTPUT:
+                if type(g0) is np.ndarray:
+                    # a fan-in sum is kept as the bare array the loop adds into (below)
+                    g0 = _make(g0)
+                if (
+                    plain_nodes
+                    and type(node) is OpNode
+                    and g0 is not None
+                    and node._tensor_pre_hooks is None
+                    and node._retain_grad_hooks is None
+                    and node._pre_hooks is None
+                    and node._post_hooks is None
+                    and not (anomaly_threads and anomaly_state.enabled)
+                ):
+                    results = node.run_rule(g0, retain_graph)
+                    if type(results) is not tuple or len(results) != len(node._edges):
+                        results = check_results(node, results)
+                    grads = None
+                else:
+                    grads = [g0]
+            else:
+                grads = buffers.pop(node, None)
+                if grads is None:
+                    grads = [None] * node.num_outputs
+                else:
+                    grads = [_make(g) if type(g) is np.ndarray else g for g in grads]
+            if grads is not None:
+                if anomaly_threads and anomaly_state.enabled:
+                    # nodes created by this rule (create_graph) record it as their parent
+                    anomaly_state.current_node = node
+                    results = _run_node_as_caller(node, grads, task, quiet)
+                    _check_nan(node, results)
+                else:
+                    results = _run_node_as_caller(node, grads, task, quiet)
             for i, (nxt, nr) in enumerate(node._edges):
                 if nxt is None or (needed is not None and nxt not in needed):
                     continue
@@ -553,41 +593,26 @@ def _execute(
                         shape, dtype = node._input_meta[i]
                         if g._data.shape != shape or g._dtype is not dtype:
                             g = validate_gradient(node, i, g, shape, dtype)
-                    buf = buffers.get(nxt)
-                    if buf is None:
-                        # (OpNode and AccumulateGrad have one output: no property call)
-                        buf = buffers[nxt] = (
-                            [None] if type(nxt) in _ONE_OUTPUT else [None] * nxt.num_outputs
-                        )
-                    prev = buf[nr]
-                    if prev is None:
-                        buf[nr] = g
-                    elif (
-                        not create_graph
-                        and type(g) in _EAGER
-                        and type(g._data) is np.ndarray
-                        and _forward_state.level is None
-                    ):
-                        # fan-in of plain tensors outside create_graph: add the arrays directly
-                        # (both already have the input's shape and dtype).  The first sum is a
-                        # new array that only this buffer holds, so later gradients add into
-                        # it in place; it stays a bare array until its node runs (above).
-                        # Symbolic values (compiler capture) are subclasses and take the
-                        # op-surface add below, as do dual tensors (forward AD: their tangents
-                        # add too).
-                        if type(prev) is np.ndarray:
-                            np.add(prev, g._data, out=prev)
-                        elif type(prev) in _EAGER and type(prev._data) is np.ndarray:
-                            # (np.asarray: numpy returns a scalar, not a 0-d array, for 0-d sums)
-                            buf[nr] = np.asarray(np.add(prev._data, g._data))
-                        else:
-                            buf[nr] = prev + g
-                    else:
-                        if type(prev) is np.ndarray:
-                            prev = _make(prev)
-                        buf[nr] = prev + g
                 left = deps[nxt] - 1
                 deps[nxt] = left
+                if type(nxt) in _ONE_OUTPUT:
+                    if left == 0 and direct is None and type(nxt) is OpNode:
+                        # it runs next (above): its gradient goes to it, not through ``buffers``
+                        prev = buffers.pop(nxt, None)
+                        if prev is not None:
+                            g = prev if g is None else _fan_in(prev, g, create_graph)
+                        direct_g = g
+                        direct = nxt
+                        continue
+                    if g is not None:
+                        prev = buffers.get(nxt)
+                        buffers[nxt] = g if prev is None else _fan_in(prev, g, create_graph)
+                elif g is not None:
+                    buf = buffers.get(nxt)
+                    if buf is None:
+                        buf = buffers[nxt] = [None] * nxt.num_outputs
+                    prev = buf[nr]
+                    buf[nr] = g if prev is None else _fan_in(prev, g, create_graph)
                 if left == 0:
                     push(ready, (-nxt._seq, next(tie), nxt))
         node = None  # a callback's failure is not the last node's (anomaly mode)
@@ -609,6 +634,33 @@ def _execute(
         anomaly_state.current_node = parent_node
         executor.end_capture(task)
     return None if accumulate else task.captured
+
+
+def _fan_in(prev: Any, g: Tensor, create_graph: bool) -> Any:
+    """The sum of a node's buffered gradient ``prev`` and one more, ``g``, for one of its outputs
+    (both already of the input's shape and dtype).
+
+    Plain tensors outside create_graph add their arrays directly: the first sum is a new array
+    that only the buffer holds, so later gradients add into it in place, and it stays a bare
+    array until its node runs (``_execute`` wraps it then).  Symbolic values (the compiler's
+    capture) are subclasses and take the op-surface add, as do dual tensors (forward AD: their
+    tangents add too) and everything under create_graph (the sum is differentiable)."""
+    if (
+        not create_graph
+        and type(g) in _EAGER
+        and type(g._data) is np.ndarray
+        and _forward_state.level is None
+    ):
+        if type(prev) is np.ndarray:
+            np.add(prev, g._data, out=prev)
+            return prev
+        if type(prev) in _EAGER and type(prev._data) is np.ndarray:
+            # (np.asarray: numpy returns a scalar, not a 0-d array, for 0-d sums)
+            return np.asarray(np.add(prev._data, g._data))
+        return prev + g
+    if type(prev) is np.ndarray:
+        prev = _make(prev)
+    return prev + g
 
 
 def _check_nan(node: Node, results: tuple | None) -> None:
