@@ -354,6 +354,11 @@ class Program:
         )
         self.native = native and self.native_eligible
         self.last_seconds: float | None = None  # the last ``run_step``/``run_bound``'s wall time
+        # while ``time_externs`` (a ``service.Trial`` between interpreted and generated larger
+        # kernels): the seconds of the last run spent in its extern steps, which both candidates
+        # run alike (a convolution's products: most of a step that is mostly convolutions)
+        self.time_externs = False
+        self.extern_seconds = 0.0
         with _trace.phase("fusion"):
             self.fused = _schedule.steps(graph, mode)
         self._interpretable = (
@@ -618,17 +623,23 @@ class Program:
         segments = variant.segments
         plain = variant.plain_externs if self.device == "cpu" else {}
         observing = inst.observing = {} if inst.copies is None and self.device == "cpu" else None
+        timing = self.time_externs
+        extern_seconds = 0.0
         k = 0
         while k < len(steps):
             fast = plain.get(k)
             if fast is not None and k not in segments:  # (what ``_step`` does for it)
                 kernel, attrs, values, v, dtype = fast
+                if timing:
+                    began = time.perf_counter()
                 if observing is None:
                     result = kernel(*[env[i] for i in values], **attrs)
                 else:
                     arrays = [env[i] for i in values]
                     result = kernel(*arrays, **attrs)
                     note_copies(observing, k, v, arrays, result)
+                if timing:
+                    extern_seconds += time.perf_counter() - began
                 if type(result) is not np.ndarray:
                     result = np.asarray(result)
                 if result.dtype != dtype:  # (the IR's dtype is eager's: debug mode)
@@ -657,6 +668,11 @@ class Program:
                 else:
                     for v, a in zip(seg.outputs, results):
                         env[v] = a
+            elif timing and type(steps[k]) is Extern:
+                began = time.perf_counter()
+                self._step(k, steps[k], env, inst, w, leaves, inputs, dry)
+                extern_seconds += time.perf_counter() - began
+                done = range(k, k + 1)
             else:
                 self._step(k, steps[k], env, inst, w, leaves, inputs, dry)
                 done = range(k, k + 1)
@@ -673,6 +689,7 @@ class Program:
                 at = f" at sizes {list(inst.sizes)}" if inst.sizes else ""
                 found = "; ".join(f"step {j}: {what}" for j, what in sorted(observing.items()))
                 logs.log("perf", f"copies{at}: {found or 'none'}")
+        self.extern_seconds = extern_seconds
         if dry:  # (``prepare``: the kernels ran once, nothing else happens)
             return None
         if variant.first_run:

@@ -410,6 +410,7 @@ def test_a_whole_step_tries_generated_code_for_its_larger_kernels(
         compiler.set_logs(None)
     kept = "generated code for the larger kernels kept:" in caplog.text
     assert kept or "generated code for the larger kernels dropped:" in caplog.text
+    assert "ms for interpreting them (outside the extern steps)" in caplog.text
     assert compiler.counters.background_compiles == 1 and not compiler.counters.step_breaks
     for g, e in zip(got, want):
         np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)
@@ -437,3 +438,55 @@ def test_small_kernels_get_no_second_candidate(background: Any, caplog: Any) -> 
     assert programs and all(
         p.interpreter_max_elements == compiler.config.interpreter_max_elements for p in programs
     )
+
+
+def test_a_trial_of_generated_kernels_compares_the_time_outside_externs() -> None:
+    """``service.Trial(kernels_only=True)``: the candidates time their extern steps
+    (``Program.time_externs``) and the trial compares the rest of their wall time, so a
+    candidate whose externs happened to run slower still wins on faster kernels; the timing
+    is switched off when the trial ends."""
+    from types import SimpleNamespace
+
+    from fusegrad.compiler.cache import Slot
+    from fusegrad.compiler.service import Trial
+
+    # (wall seconds, extern seconds) per run: the generated candidate's kernels take 0.2 s
+    # against the interpreted one's 0.5 s, its externs 1.0 s against 0.5 s
+    cases = {"interpreted": (1.0, 0.5), "generated": (1.2, 1.0)}
+    for kernels_only, kept in ((True, "generated"), (False, "interpreted")):
+        first = SimpleNamespace(name="interpreted", last_seconds=None, extern_seconds=0.0)
+        second = SimpleNamespace(name="generated", last_seconds=None, extern_seconds=0.0)
+        slot = Slot()
+        slot.trial = Trial(slot, first, second, kernels_only=kernels_only)  # type: ignore[arg-type]
+        assert first.time_externs is second.time_externs is kernels_only
+        while slot.trial is not None:
+            program = slot.trial.next()
+            program.last_seconds, program.extern_seconds = cases[program.name]
+        assert slot.program.name == kept
+        assert first.time_externs is second.time_externs is False
+
+
+def test_a_program_times_its_extern_steps_when_asked() -> None:
+    """``Program.time_externs``: a run records the seconds its extern steps took
+    (``extern_seconds``: a matrix product's here), part of its wall time; off, nothing is
+    timed and the run's values are the same."""
+    rng = np.random.default_rng(21)
+    w = fg.tensor(rng.standard_normal((48, 40)), requires_grad=True)
+    xs = [fg.tensor(rng.standard_normal((30, 48))) for _ in range(4)]
+    grads = []
+    with compiler.compiled_autograd():
+        for k, x in enumerate(xs):
+            if k == 2:
+                (program,) = compiler.cached_programs()
+                assert not program.time_externs and program.extern_seconds == 0.0
+                program.time_externs = True
+            w.grad = None
+            (x @ w).tanh().square().sum().backward()
+            grads.append(w.grad.numpy().copy())
+    assert program.time_externs
+    assert 0.0 < program.extern_seconds < program.last_seconds
+    for x, g in zip(xs, grads):
+        xa = x.numpy()
+        h = xa @ w.detach().numpy()
+        want = xa.T @ (2 * np.tanh(h) * (1 - np.tanh(h) ** 2))
+        np.testing.assert_allclose(g, want, rtol=1e-10, atol=1e-12)
