@@ -491,3 +491,17 @@ def test_a_python_float_beyond_the_dtype_range_is_inf_without_a_warning(dtype: s
         small = (x * 2.5).numpy()
     assert np.isposinf(got[0]).all() and np.isneginf(got[1]).all() and np.isposinf(got[2]).all()
     np.testing.assert_array_equal(small, np.full(3, 2.5, dtype=dtype))
+
+
+def test_binary_cross_entropy_values_at_the_ends_are_pytorchs() -> None:
+    """PyTorch's loss is (t - 1) max(log1p(-p), -100) - t max(log p, -100): log1p keeps a tiny
+    p's loss (1e-30, not -0), and both logs stop at -100 where p is 0 or 1."""
+    p = np.array([0.0, 1.0, 0.5, 1e-30, 1 - 1e-7, 0.3], np.float32)
+    t = np.array([0.0, 1.0, 1.0, 0.0, 1.0, 0.2], np.float32)
+    with np.errstate(divide="ignore"):
+        want = (t - 1) * np.maximum(np.log1p(-p), -100) - t * np.maximum(np.log(p), -100)
+    got = F.binary_cross_entropy(fg.tensor(p), fg.tensor(t), reduction="none").numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    ends = F.binary_cross_entropy(fg.tensor([0.0, 1.0]), fg.tensor([1.0, 0.0]), reduction="none")
+    np.testing.assert_array_equal(ends.numpy(), [100.0, 100.0])

@@ -58,7 +58,7 @@ from .elementwise import (
     where,
 )
 from .elementwise import rsqrt as _rsqrt
-from .generated import abs, eq, exp, log, log1p, minimum, mul, sigmoid, sqrt, tanh
+from .generated import abs, eq, exp, log, log1p, maximum, minimum, mul, sigmoid, sqrt, tanh
 from .generated import ge as _ge
 from .indexing import embedding, one_hot  # (re-exported: F.embedding, F.one_hot)
 from .linalg import einsum, linear
@@ -481,9 +481,14 @@ def binary_cross_entropy(
             f"binary_cross_entropy: target {describe(t)} must have the same size as input "
             f"{describe(p)}"
         )
-    # PyTorch clamps the logs at -100 so that p in {0, 1} gives a finite loss
-    log_p = clamp(log(p), min=-100.0)
-    log_1mp = clamp(log(sub(1.0, p)), min=-100.0)
+    # PyTorch clamps the logs at -100 so that p in {0, 1} gives a finite loss: a maximum with
+    # -100, one op where clamp's gradient rule for NaN takes five (the values and gradients
+    # are clamp's: below the bound none, NaN stays NaN without one; a tie at exactly -100,
+    # which no float32 or float64 probability reaches, would split the gradient)
+    log_p = log(p)
+    bound = _ew._like(-100.0, log_p)
+    log_p = maximum(log_p, bound)
+    log_1mp = maximum(log1p(neg(p)), bound)  # (as PyTorch: exact for a tiny p)
     loss = neg(t * log_p + sub(1.0, t) * log_1mp)
     if weight is not None:
         loss = loss * weight
