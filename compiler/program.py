@@ -1071,7 +1071,7 @@ class _KernelCall:
 
     __slots__ = ("inputs", "outputs", "reds", "sizes")
 
-    def __init__(self, kernel: Kernel, plan: Any, inst: Instance, k: int) -> None:
+    def __init__(self, plan: Any, inst: Instance, k: int) -> None:
         shapes = inst.shapes
         space = inst.spaces[k]
         groups = plan.groups
@@ -1124,7 +1124,7 @@ def _run_kernel(
 ) -> None:
     call = inst.calls.get(k)
     if call is None:
-        call = inst.calls[k] = _KernelCall(kernel, plan, inst, k)
+        call = inst.calls[k] = _KernelCall(plan, inst, k)
     pooled = buffers.pooled
     recyclable = buffers.fresh
     args = []

@@ -447,7 +447,8 @@ class _RowKernel:
             lines.append(
                 f"    rb{v.id} = np.empty({self.n_inner}, dtype={dtype})  # %{v.id}, one row"
             )
-        for k in self.split_sums():
+        self.split_set = set(self.split_sums())
+        for k in sorted(self.split_set):
             term = self.reds[k].inputs[0]
             lines.append(
                 f"    rs{k} = np.empty({self.n_inner}, dtype=np.{term.dtype.name})"
@@ -502,7 +503,7 @@ class _RowKernel:
             lines.append(f"{indent}for {inner} in range({n_inner}):")
             lines += [f"{indent}    {line}" for line in body("")]
             return lines
-        if self.split and all(self.row_red[k] for k in phase_lanes):
+        if phase_lanes[0] in self.split_set:  # (``split_sums`` chose the phase's sums)
             return lines + self.split_row_sums(indent, loop_values, loop_reds, phase_lanes)
         for k in phase_lanes:
             if self.row_red[k]:
