@@ -151,3 +151,36 @@ def test_clip_grad_norm_in_a_compiled_step_is_replayed() -> None:
     assert not compiler.counters.step_breaks
     assert compiler.counters.step_runs >= 3
     compiler.reset()
+
+
+@pytest.mark.parametrize("dtype", [fg.float32, fg.float64])
+def test_the_total_2_norm_on_arrays_is_the_tensor_ops_bit_for_bit(
+    dtype: fg.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``clip_grad._total_2_norm`` (the arrays' dot products and roots) gives the tensor ops'
+    total norm and clipped gradients bit for bit, over contiguous, transposed and 0-d
+    gradients; the tensor ops run where it declines (mixed dtypes, an empty gradient)."""
+    from fusegrad.nn.utils import clip_grad
+
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(s) * 3 for s in [(40, 30), (30,), (), (7, 5, 3)]]
+
+    def run(on_arrays: bool) -> tuple:
+        with pytest.MonkeyPatch.context() as mp:
+            if not on_arrays:
+                mp.setattr(clip_grad, "_total_2_norm", lambda ts: None)
+            ps = [fg.tensor(a, dtype=dtype, requires_grad=True) for a in arrays]
+            for p, a in zip(ps, arrays):
+                if a.ndim == 2:  # (a transposed view: not contiguous)
+                    p.grad = fg.tensor(np.ascontiguousarray(a.T), dtype=dtype).T
+                else:
+                    p.grad = fg.tensor(a, dtype=dtype)
+            total = nn.utils.clip_grad_norm_(ps, 0.5)
+            return total.numpy().copy(), [p.grad.numpy().copy() for p in ps]
+
+    (want_total, want), (got_total, got) = run(False), run(True)
+    assert got_total.dtype == want_total.dtype and got_total.tobytes() == want_total.tobytes()
+    for g, w in zip(got, want):
+        assert g.tobytes() == w.tobytes()
+    assert clip_grad._total_2_norm([fg.ones(2), fg.ones(2, dtype=fg.float64)]) is None
+    assert clip_grad._total_2_norm([fg.ones(2), fg.ones(0)]) is None

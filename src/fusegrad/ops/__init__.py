@@ -516,6 +516,8 @@ def inplace(self: Tensor, op: str, fn: Any, *args: Any, **kwargs: Any) -> Tensor
     _check_inplace(self, op, needs_graph)
     _check_writable(self, op)  # before computing anything (PyTorch checks overlap first too)
     if not needs_graph:
+        if len(args) == 1 and not kwargs and _inplace_ufunc(self, fn, args[0]):
+            return self
         with _grad_mode.no_grad():
             result = fn(self, *args, **kwargs)
         _write(self, result, op)
@@ -539,6 +541,54 @@ def inplace(self: Tensor, op: str, fn: Any, *args: Any, **kwargs: Any) -> Tensor
     if _forward_state.level is not None:
         _forward_state.level.inplace_update(self, result)
     return self
+
+
+# in-place arithmetic whose out-of-place result would be the ufunc's on the same operands:
+# the op surface's function -> the ufunc (``_inplace_ufunc``); filled once the surface exists
+_INPLACE_UFUNCS: dict = {}
+_INPLACE_DTYPES = (_dt.float32, _dt.float64)
+
+
+def _inplace_ufunc(self: Tensor, fn: Any, other: Any) -> bool:
+    """``self op= other`` as one ufunc call writing into ``self``'s memory, where the general
+    path (the op out of place, then a copy into ``self``) would compute the same values: a plain
+    CPU float32/float64 ``self`` recording nothing (grad mode or no history: the caller decided),
+    no tracer, no forward AD, and ``other`` a Python number or a tensor of ``self``'s dtype and
+    shape (or 0-d).  numpy computes overlapping operands as if from copies.  One pass over the
+    memory instead of three and no temporary: ``clip_grad_norm_``'s scaling of the LSTM-LM's
+    gradients (1.5 M values) 0.6 -> 0.1 ms.  False, with nothing done, otherwise."""
+    ufunc = _INPLACE_UFUNCS.get(fn)
+    if (
+        ufunc is None
+        or self._dtype not in _INPLACE_DTYPES
+        or _forward_state.level is not None
+        or (_tracer_threads and _tracer_state.tracer is not None)
+        or registry.ERROR_STATE is None
+    ):
+        return False
+    data = self._data
+    if type(data) is not np.ndarray:
+        return False
+    kind = type(other)
+    if kind is float or kind is int:
+        operand = _scalar_tensor(other, self._dtype)._data
+    elif (
+        (kind is Tensor or kind is _ViewTensor)
+        and other._dtype is self._dtype
+        and type(other._data) is np.ndarray
+        and (other._data.shape == data.shape or other._data.ndim == 0)
+    ):
+        operand = other._data
+    else:
+        return False
+    out = _writable(data)
+    token = registry.ERROR_STATE.set(registry.QUIET)
+    try:
+        ufunc(out, operand, out=out)
+    finally:
+        registry.ERROR_STATE.reset(token)
+    self._version_counter.bump()
+    return True
 
 
 def _zero_grad_through(result: Tensor, old: Tensor) -> Tensor:
@@ -917,6 +967,9 @@ def _record_names() -> dict[str, Any]:
 
 def _install_methods() -> None:
     g = globals()
+    _INPLACE_UFUNCS.update(
+        {add: np.add, sub: np.subtract, mul: np.multiply, div: np.true_divide}  # noqa: F405
+    )
     records = _record_names()
     twice = set(records) & (set(_METHODS) | set(_INPLACE))
     if twice:

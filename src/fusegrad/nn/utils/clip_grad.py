@@ -14,9 +14,15 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
+from ... import dtypes as _dt
+from ...autograd.forward_state import state as _forward_state
 from ...autograd.grad_mode import no_grad
+from ...autograd.tracer import current as current_tracer
 from ...errors import FusegradError
 from ...ops import amax, clamp, matmul, norm, sqrt, stack, tensor
+from ...ops.registry import ERROR_STATE, QUIET
 from ...tensor import Tensor
 
 _TensorOrTensors = Tensor | Iterable[Tensor]
@@ -55,6 +61,34 @@ def _vector_norm(x: Tensor, norm_type: float) -> Tensor:
     return norm(x.reshape(-1), p=norm_type)
 
 
+def _total_2_norm(ts: list[Tensor]) -> Tensor | None:
+    """The total 2-norm of ``ts`` computed on their arrays: what ``_vector_norm``'s tensor ops
+    compute (the root of each vector's BLAS dot product with itself, then the same over the
+    stacked norms), the same kernels in the same order, without a tensor per step -- about
+    eight ops per gradient (the LSTM-LM's eleven gradients: 0.85 -> 0.3 ms for the whole
+    clip).  None, for the tensor ops, where those could be observed or differ: a tracer (a
+    compiled step records them), forward AD, CUDA, empty tensors, other dtypes, mixed dtypes."""
+    if current_tracer() is not None or _forward_state.level is not None:
+        return None
+    dtype = ts[0]._dtype
+    if dtype not in (_dt.float32, _dt.float64):
+        return None
+    arrays = []
+    for t in ts:
+        a = t._data
+        if t._dtype is not dtype or type(a) is not np.ndarray or a.size == 0:
+            return None
+        arrays.append(a.reshape(-1))
+    token = ERROR_STATE.set(QUIET) if ERROR_STATE is not None else None
+    try:
+        norms = np.array([np.sqrt(np.dot(a, a)) for a in arrays], dtype.np)
+        total = np.sqrt(np.dot(norms, norms))
+    finally:
+        if token is not None:
+            ERROR_STATE.reset(token)
+    return Tensor._make(np.asarray(total, dtype.np))
+
+
 def get_total_norm(
     tensors: _TensorOrTensors,
     norm_type: float = 2.0,
@@ -67,8 +101,10 @@ def get_total_norm(
     if not ts:
         return tensor(0.0)
     with no_grad():
-        norms = [_vector_norm(t, norm_type) for t in ts]
-        total = _vector_norm(stack([n.to(norms[0].dtype) for n in norms]), norm_type)
+        total = _total_2_norm(ts) if norm_type == 2.0 else None
+        if total is None:
+            norms = [_vector_norm(t, norm_type) for t in ts]
+            total = _vector_norm(stack([n.to(norms[0].dtype) for n in norms]), norm_type)
     if error_if_nonfinite and not bool(total.isfinite()):
         raise NonFiniteNormError(
             f"The total norm of order {norm_type} for gradients from `parameters` is "
