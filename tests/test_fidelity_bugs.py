@@ -505,3 +505,110 @@ def test_binary_cross_entropy_values_at_the_ends_are_pytorchs() -> None:
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
     ends = F.binary_cross_entropy(fg.tensor([0.0, 1.0]), fg.tensor([1.0, 0.0]), reduction="none")
     np.testing.assert_array_equal(ends.numpy(), [100.0, 100.0])
+
+
+# ``fg.tensor(data, dtype=...)`` of Python numbers beyond the dtype's range: a float dtype gives
+# +-inf silently (numpy's cast warned "overflow encountered in cast"); an integer dtype refuses
+# a number it cannot hold ("value cannot be converted to type ... without overflow"), except
+# PyTorch's wrap of negative ints into uint8 (-1 -> 255, down to -255); Python ints beyond int64
+# refuse an integer dtype and convert to a float one; numpy arrays cast as numpy casts them
+# (wrapping), silently.  Each case in three spellings: a scalar, a list, a nested list.
+_OVERFLOW_CASES = [
+    (1e300, "float32"),
+    (-1e300, "float16"),
+    (3.5e38, "float32"),
+    (65519.0, "float16"),  # (rounds to the largest finite float16)
+    (65520.0, "float16"),
+    (1e300, None),  # (the default float dtype)
+    (1e300j, "complex64"),
+    (1e300, "complex64"),
+    (2**64, "float32"),
+    (10**400, "float64"),
+    (float("nan"), "bool"),
+    (1e300, "bool"),
+    (-1, "uint8"),
+    (-255, "uint8"),
+    (-256, "uint8"),
+    (300, "uint8"),
+    (255.9, "uint8"),
+    (-0.5, "uint8"),
+    (127.9, "int8"),
+    (-128.0, "int8"),
+    (-129.0, "int8"),
+    (-129, "int8"),
+    (2**31, "int32"),
+    (-(2**31), "int32"),
+    (1e20, "int16"),
+    (2**63 - 1, "int64"),
+    (9.3e18, "int64"),
+    (float(2**63), "int64"),  # (PyTorch's bound check passes it: INT64_MIN, as numpy's cast)
+    (float("nan"), "int64"),
+    (float("inf"), "int32"),
+    (2**63, "int64"),
+    (2**63, None),
+    (2**100, None),
+    (-(2**63) - 1, "int64"),
+    (True, "int8"),
+]
+
+
+def _build(lib: Any, value: Any, dtype: str | None, spelling: int) -> Any:
+    data = [value, [value, 0], [[value], [0]]][spelling]
+    return lib.tensor(data, dtype=None if dtype is None else getattr(lib, dtype))
+
+
+def _tensor_outcome(lib: Any, value: Any, dtype: str | None, spelling: int) -> Any:
+    """The values (float64 or complex128, compared with NaN) and dtype name, or the error's
+    base class among RuntimeError, ValueError, OverflowError, TypeError."""
+    try:
+        t = _build(lib, value, dtype, spelling)
+    except (OverflowError, TypeError, ValueError, RuntimeError) as e:
+        for base in (OverflowError, TypeError, ValueError, RuntimeError):
+            if isinstance(e, base):
+                return base
+    return np.asarray(t.tolist()), str(t.dtype).rsplit(".", 1)[-1]
+
+
+@needs_torch
+@pytest.mark.parametrize("spelling", [0, 1, 2], ids=["scalar", "list", "nested"])
+@pytest.mark.parametrize(("value", "dtype"), _OVERFLOW_CASES, ids=lambda v: repr(v)[:24])
+def test_tensor_of_numbers_beyond_the_dtypes_range_is_pytorchs(
+    value: Any, dtype: str | None, spelling: int
+) -> None:
+    torch = _torch()
+    want = _tensor_outcome(torch, value, dtype, spelling)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no numpy RuntimeWarning on the way)
+        got = _tensor_outcome(fg, value, dtype, spelling)
+    if isinstance(want, type):
+        assert got is want or (isinstance(got, type) and issubclass(got, want)), (got, want)
+        return
+    assert not isinstance(got, type), f"fusegrad raised {got.__name__}, PyTorch gave {want}"
+    np.testing.assert_array_equal(got[0], want[0])
+    assert got[1] == want[1]
+
+
+def test_an_integer_dtypes_overflow_error_names_the_value_and_range() -> None:
+    with pytest.raises(RuntimeError, match=r"cannot be converted to type uint8 without overflow"):
+        fg.tensor([1, 300], dtype=fg.uint8)
+    with pytest.raises(RuntimeError, match=r"-129.*\[-128, 127\]"):
+        fg.tensor([[1.0], [-129.0]], dtype=fg.int8)
+
+
+@needs_torch
+@pytest.mark.parametrize(
+    ("array", "dtype"),
+    [
+        (np.array([300, -1, 2]), "uint8"),
+        (np.array([1e300, -1e300]), "float32"),
+        (np.array([2.0**40, 3.5]), "int32"),
+    ],
+)
+def test_a_numpy_array_is_cast_silently_as_numpy_casts_it(array: np.ndarray, dtype: str) -> None:
+    torch = _torch()
+    want = torch.tensor(array, dtype=getattr(torch, dtype)).numpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fg.tensor(array, dtype=getattr(fg, dtype)).numpy()
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == want.dtype

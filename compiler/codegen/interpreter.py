@@ -115,6 +115,10 @@ CORE = frozenset(
         # these two: without them a classifier's step compiled both machines
         "isnan",
         "isinf",
+        # F.binary_cross_entropy and its input gradient (GANs, VAEs): before they were
+        # primitives, their composite's ops were all core ones
+        "binary_cross_entropy",
+        "binary_cross_entropy_backward",
     }
     & set(OPCODES)
 )

@@ -42,7 +42,7 @@ from .autograd.tracer import notify_side_effect as _side_effect
 from .autograd.tracer import state as _tracer_state
 from .cuda.array import CudaArray, to_device
 from .device import CPU, as_device
-from .errors import AutogradError, DTypeError, IndexOutOfRange, ShapeError
+from .errors import ArgumentError, AutogradError, DTypeError, IndexOutOfRange, ShapeError
 from .size import Size
 from .storage import to_host
 
@@ -666,16 +666,118 @@ def legacy_array(args: tuple, dtype: _dt.dtype, name: str) -> Any:
 
 
 def _to_array(data: Any, dtype: Any = None) -> np.ndarray:
-    """Copy ``data`` into a fresh array with PyTorch's dtype inference."""
+    """Copy ``data`` into a fresh array with PyTorch's dtype inference and conversions: a number
+    beyond a float dtype's range is +-inf, silently; a Python number that an integer dtype
+    cannot hold raises PyTorch's overflow error (``_python_numbers_as``); arrays and tensors
+    are cast as numpy casts them (wrapping), silently, as PyTorch's."""
     if isinstance(data, Tensor):
         arr = np.array(to_host(data._data), copy=True)
     else:
         arr = _infer(data, dtype is not None)
     if dtype is not None:
-        arr = arr.astype(_dt.as_dtype(dtype).np, copy=False)
+        target = _dt.as_dtype(dtype).np
+        if arr.dtype != target:
+            if (target.kind in "iu" or arr.dtype.kind == "O") and not isinstance(
+                data, (Tensor, np.ndarray)
+            ):  # Python numbers for an integer dtype, or ints beyond int64
+                arr = _python_numbers_as(arr, target)
+            if arr.dtype.kind in "biu" and target.kind in "biu":
+                arr = arr.astype(target, copy=False)  # (integer casts never warn)
+            else:
+                arr = _quiet_cast(arr, target)
     elif arr.dtype not in (d.np for d in _dt.ALL):
-        arr = arr.astype(_dt.as_dtype(arr.dtype).np)
+        arr = _quiet_cast(arr, _dt.as_dtype(arr.dtype).np)
     return arr
+
+
+# numpy's error state (a context variable since numpy 2, as the op registry uses it): casts set
+# it to "ignore" around themselves, 0.3 us where ``np.errstate`` takes 1
+try:
+    from numpy._core._ufunc_config import _extobj_contextvar as _NUMPY_ERRORS
+    from numpy._core._ufunc_config import _make_extobj
+
+    _IGNORE_ERRORS: Any = _make_extobj(all="ignore")
+    _set_errors, _reset_errors = _NUMPY_ERRORS.set, _NUMPY_ERRORS.reset
+except ImportError:  # pragma: no cover - numpy < 2
+    _NUMPY_ERRORS = None
+
+
+def _quiet_cast(arr: np.ndarray, target: Any) -> np.ndarray:
+    """``arr`` as ``target`` without numpy's warnings: a float beyond a narrower float's range
+    is +-inf, and NaN, inf or an out-of-range float cast to an integer is what numpy's cast
+    gives (PyTorch's casts are silent)."""
+    if _NUMPY_ERRORS is None:  # pragma: no cover
+        with np.errstate(all="ignore"):
+            return arr.astype(target, copy=False)
+    token = _set_errors(_IGNORE_ERRORS)
+    try:
+        return arr.astype(target, copy=False)
+    finally:
+        _reset_errors(token)
+
+
+def _python_numbers_as(arr: np.ndarray, target: np.dtype) -> np.ndarray:
+    """Check Python numbers (``arr``, as ``_infer`` read them) against an integer ``target`` as
+    PyTorch does, and convert ints beyond int64 (an object or uint64 array) for a float one.
+
+    PyTorch refuses a float that is NaN or outside ``[min, max]`` of the integer dtype, and an
+    int outside it -- except that an unsigned dtype takes ints down to ``-max`` (wrapping:
+    ``tensor(-1, dtype=uint8)`` is 255) -- with ``value cannot be converted to type ... without
+    overflow``; an int beyond int64 is refused by every integer dtype (``Overflow when
+    unpacking long long``).  Bool dtypes take anything (nonzero is True)."""
+    if target.kind in "fc":
+        if arr.dtype.kind == "O":  # ints beyond int64: float() each (OverflowError past 1e308)
+            return np.array(arr.tolist(), dtype=np.float64)
+        return arr
+    if target.kind not in "iu" or arr.dtype.kind == "b":
+        return arr
+    if arr.dtype.kind == "O" or arr.dtype == np.uint64:  # (ints beyond int64: ``_infer``)
+        raise ValueError(
+            f"tensor: Overflow when unpacking long long: an int beyond int64 "
+            f"({_first_beyond_int64(arr)}) for dtype {_dt.as_dtype(target).name}"
+        )
+    if arr.dtype.kind not in "fiu":  # (complex: numpy's cast refuses it)
+        return arr
+    lo, hi = _INTEGER_RANGES[target.char]
+    if arr.dtype.kind == "f":  # (compared as doubles, as PyTorch: 2.0**63 passes for int64)
+        lo, hi = float(lo), float(hi)
+    elif target.kind == "u":
+        lo = -hi  # (PyTorch wraps negative ints into unsigned dtypes)
+    if arr.size == 0:
+        return arr
+    if arr.size <= 64:  # (Python's comparisons: a fraction of numpy's calls' time)
+        items = arr.reshape(-1).tolist()
+        if arr.dtype.kind == "f":
+            inside = all(lo <= x <= hi for x in items)  # (NaN: False)
+        else:
+            inside = lo <= min(items) and max(items) <= hi
+    else:
+        inside = bool(((arr >= lo) & (arr <= hi)).all())
+    if not inside:
+        flat = arr.reshape(-1)
+        value = flat[~((flat >= lo) & (flat <= hi))][0].item()
+        name = _dt.as_dtype(target).name
+        raise ArgumentError(
+            f"tensor: value cannot be converted to type {name} without overflow: {value!r} is "
+            f"outside [{int(lo)}, {int(hi)}]"
+        )
+    return arr
+
+
+# each integer dtype's [min, max] (numpy's ``iinfo`` takes a microsecond per call)
+_INTEGER_RANGES = {
+    np.dtype(t).char: (int(np.iinfo(t).min), int(np.iinfo(t).max))
+    for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
+}
+
+
+def _first_beyond_int64(data: Any) -> Any:
+    """The first Python int of ``data`` (nested lists or an object array) beyond int64."""
+    items = _flat(data.tolist() if isinstance(data, np.ndarray) else data)
+    for x in items:
+        if type(x) is int and not -(2**63) <= x < 2**63:
+            return x
+    return items[0] if items else data
 
 
 def _infer(data: Any, dtype_given: bool = False) -> np.ndarray:
@@ -684,27 +786,47 @@ def _infer(data: Any, dtype_given: bool = False) -> np.ndarray:
     exactly 0.1 and ``1e200`` does not overflow on its way through float32."""
     if isinstance(data, np.ndarray):
         return np.array(data, copy=True)
-    if isinstance(data, (list, tuple)) and any(isinstance(d, Tensor) for d in _flat(data)):
-        data = _untensor(data)
+    if isinstance(data, (list, tuple)):
+        leaves = _flat(data)  # (one walk serves every question below)
+        if any(isinstance(d, Tensor) for d in leaves):
+            data = _untensor(data)
+            leaves = _flat(data)
+    else:
+        leaves = [data]
     arr = np.array(data)
+    if (
+        arr.dtype.kind in "fuO"
+        and leaves
+        and type(leaves[0]) is int  # (one look rules out a list of floats)
+        and all(type(x) is int for x in leaves)
+    ):
+        # Python ints beyond int64, which numpy holds as uint64, float64 or objects: a float
+        # dtype converts them (``_python_numbers_as``), as PyTorch does; without a dtype they
+        # are int64's, which cannot hold them
+        if dtype_given:
+            return arr if arr.dtype.kind != "f" else np.array(data, dtype=object)
+        raise ValueError(
+            f"tensor: Overflow when unpacking long long: {_first_beyond_int64(data)} is beyond "
+            "int64 (give a float dtype to convert it)"
+        )
     if dtype_given and arr.dtype.kind != "O":
         return arr
     if arr.dtype.kind == "f" and not isinstance(data, np.generic):
         # Python floats are the default float dtype (float32), not numpy's float64; numpy float
         # scalars inside a list keep their own precision (PyTorch: [np.float64(1.5)] is float64)
-        typed = [e.dtype for e in _flat(data) if isinstance(e, np.floating)]
+        typed = [e.dtype for e in leaves if isinstance(e, np.floating)]
         widest = max(typed, key=lambda d: d.itemsize) if typed else None
         if widest is None or widest.itemsize < _dt.get_default_dtype().np.itemsize:
-            arr = arr.astype(_dt.get_default_dtype().np)
+            arr = _quiet_cast(arr, _dt.get_default_dtype().np)  # (1e300: inf, silently)
         else:
-            arr = arr.astype(_dt.as_dtype(widest).np)
+            arr = _quiet_cast(arr, _dt.as_dtype(widest).np)
     elif arr.dtype.kind == "c" and not isinstance(data, np.generic):
         # Python complex numbers are the default complex dtype (complex64 beside float32);
         # numpy scalars inside a list keep their own precision, as for floats
-        typed = [e.dtype for e in _flat(data) if isinstance(e, (np.floating, np.complexfloating))]
+        typed = [e.dtype for e in leaves if isinstance(e, (np.floating, np.complexfloating))]
         wide = any(d.itemsize >= (16 if d.kind == "c" else 8) for d in typed)
         default = _dt.get_default_complex_dtype()
-        arr = arr.astype((_dt.complex128 if wide else default).np)
+        arr = _quiet_cast(arr, (_dt.complex128 if wide else default).np)
     elif arr.dtype.kind in "iu" and not isinstance(data, np.generic):
         arr = arr.astype(np.int64)
     elif arr.dtype.kind == "O":

@@ -58,8 +58,8 @@ def _every_expression_kernel(dtype: Any) -> tuple[Kernel, dict, list]:
             operands = (p, x, y)
         elif op == "sign":
             operands = (finite,)
-        else:
-            operands = (x, y)[:arity]
+        else:  # (a third operand: binary_cross_entropy_backward's target)
+            operands = (x, y, finite)[:arity]
         if op == "cast":
             attrs = {"dtype": fg.bool}  # float -> bool: "!= 0", defined for every value
         shape, out_dtype = REGISTRY[op].meta(

@@ -479,6 +479,58 @@ def _where(node, g, cond):
     )
 
 
+# ---- binary cross entropy (ops/primitives.py, "binary cross entropy") --------------------------
+#
+# PyTorch's formulas, including its second derivatives, which it writes with ``p + eps`` and a
+# float64 ``eps`` where the first derivative (the primitive's kernel) has ``max(., eps)`` with
+# float32's 1e-12: the two agree to about 1e-12 relative away from saturation, and at a
+# saturated point each gives what PyTorch's does.  The loss's weight and reduction are ops of
+# their own around the primitive, so they never appear here.
+
+BCE_EPSILON = 1e-12
+
+
+def bce_target_gradient(g, p):
+    """The target's gradient ``-g logit(p)``, as ``-(log p - log1p(-p))``: +-inf where ``p``
+    is 0 or 1 and -0 at 1/2, as PyTorch's; its own derivative there is -inf, also PyTorch's."""
+    return g * -(p.log() - (-p).log1p())
+
+
+def bce_input_curvature(p, t):
+    """The derivative of ``(p - t) / max((1 - p) p, eps)`` with respect to ``p``, PyTorch's
+    ``(p^2 - 2 p t + t) / ((p + eps)^2 (1 - p + eps)^2)``."""
+    eps = BCE_EPSILON
+    return (p * p - 2.0 * p * t + t) / ((p + eps).pow(2) * (1.0 - p + eps).pow(2))
+
+
+def bce_target_curvature(p):
+    """The derivative of ``(p - t) / max((1 - p) p, eps)`` with respect to ``t``."""
+    return -(1.0 / F.maximum((1.0 - p) * p, BCE_EPSILON))
+
+
+@vjp("binary_cross_entropy", save={"p": "p t", "t": "p"})
+def _binary_cross_entropy(node, g, p, t):
+    """The input's gradient is the ``binary_cross_entropy_backward`` primitive (finite where
+    ``p`` saturates: 0 when the target agrees), the target's ``-g logit(p)``."""
+    needs = node.needs_input_grad
+    gp = F.apply(F.REGISTRY["binary_cross_entropy_backward"], (g, p, t), {}) if needs[0] else None
+    return gp, (bce_target_gradient(g, p) if needs[1] else None)
+
+
+@vjp("binary_cross_entropy_backward", save={"g": "p t", "p": "g p t", "t": "g p"})
+def _binary_cross_entropy_backward(node, gg, g, p, t):
+    """``g (p - t) / max((1 - p) p, eps)`` differentiated: with respect to ``g`` PyTorch's
+    ``(p - t) / ((p + eps) (1 - p + eps))``, to ``p`` and ``t`` the curvatures above, times
+    ``g``."""
+    needs = node.needs_input_grad
+    eps = BCE_EPSILON
+    return (
+        (p - t) / ((p + eps) * (1.0 - p + eps)) * gg if needs[0] else None,
+        bce_input_curvature(p, t) * (gg * g) if needs[1] else None,
+        bce_target_curvature(p) * (gg * g) if needs[2] else None,
+    )
+
+
 # ---- reductions --------------------------------------------------------------------------------
 
 

@@ -404,6 +404,33 @@ def _matmul(p, t, out, attrs):
     return _add(ta @ b if ta is not None else None, a @ tb if tb is not None else None)
 
 
+# ---- binary cross entropy: PyTorch's forward-mode formulas, from the reverse rules' parts ----
+
+
+@jvp("binary_cross_entropy")
+def _binary_cross_entropy(p, t, out, attrs):
+    prob, target = p
+    tp, tt = t
+    from_input = None
+    if tp is not None:
+        from_input = _apply(REGISTRY["binary_cross_entropy_backward"], (tp, prob, target), {})
+    from_target = _derivatives.bce_target_gradient(tt, prob) if tt is not None else None
+    return _add(from_input, from_target)
+
+
+@jvp("binary_cross_entropy_backward")
+def _binary_cross_entropy_backward(p, t, out, attrs):
+    g, prob, target = p
+    tg, tp, tt = t
+    return _add(
+        _apply(REGISTRY["binary_cross_entropy_backward"], (tg, prob, target), {})
+        if tg is not None
+        else None,
+        _derivatives.bce_input_curvature(prob, target) * (tp * g) if tp is not None else None,
+        _derivatives.bce_target_curvature(prob) * (tt * g) if tt is not None else None,
+    )
+
+
 # ---- complex numbers ---------------------------------------------------------------------------
 
 for _name in ("conj_physical", "real", "imag", "view_as_real", "view_as_complex"):

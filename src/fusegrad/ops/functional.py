@@ -29,7 +29,7 @@ from ..autograd.node_names import torch_node_name as _torch_node_name
 from ..autograd.tracer import current as _current_tracer
 from ..autograd.tracer import notify_check as _check
 from ..autograd.tracer import notify_created as _created
-from ..errors import DTypeError, IndexOutOfRange, ShapeError, describe
+from ..errors import AutogradError, DTypeError, IndexOutOfRange, ShapeError, describe
 from ..size import broadcast_shapes as _broadcast_shapes
 from ..tensor import Tensor
 from . import classification as _classification
@@ -58,7 +58,7 @@ from .elementwise import (
     where,
 )
 from .elementwise import rsqrt as _rsqrt
-from .generated import abs, eq, exp, log, log1p, maximum, minimum, mul, sigmoid, sqrt, tanh
+from .generated import abs, eq, exp, log, log1p, minimum, mul, sigmoid, sqrt, tanh
 from .generated import ge as _ge
 from .indexing import embedding, one_hot  # (re-exported: F.embedding, F.one_hot)
 from .linalg import einsum, linear
@@ -475,23 +475,41 @@ def _legacy(size_average: bool | None, reduce: bool | None, reduction: str) -> s
 def binary_cross_entropy(
     input: Tensor, target: Tensor, weight: Tensor | None = None, reduction: str = "mean"
 ) -> Tensor:
+    """PyTorch's ``(t - 1) max(log1p(-p), -100) - t max(log p, -100)``, times ``weight``
+    (broadcast to the input's shape, never differentiated), reduced.  One primitive
+    (``ops/primitives.py``, "binary cross entropy") whose rule is PyTorch's: the input's
+    gradient ``g (p - t) / max((1 - p) p, 1e-12)``, finite where ``p`` saturates, the target's
+    ``-g logit(p)``."""
     p, t = to_tensor(input), to_tensor(target)
     if p.shape != t.shape:
         raise ShapeError(
             f"binary_cross_entropy: target {describe(t)} must have the same size as input "
             f"{describe(p)}"
         )
-    # PyTorch clamps the logs at -100 so that p in {0, 1} gives a finite loss: a maximum with
-    # -100, one op where clamp's gradient rule for NaN takes five (the values and gradients
-    # are clamp's: below the bound none, NaN stays NaN without one; a tie at exactly -100,
-    # which no float32 or float64 probability reaches, would split the gradient)
-    log_p = log(p)
-    bound = _ew._like(-100.0, log_p)
-    log_p = maximum(log_p, bound)
-    log_1mp = maximum(log1p(neg(p)), bound)  # (as PyTorch: exact for a tiny p)
-    loss = neg(t * log_p + sub(1.0, t) * log_1mp)
+    common = _dt.result_type(p, t)
+    if common.category < 2:  # (integer or bool operands: the loss is the default float dtype)
+        common = _dt.get_default_dtype()
+    if p._dtype is not common:
+        p = cast(p, common)
+    if t._dtype is not common:
+        t = cast(t, common)
+    w = None
     if weight is not None:
-        loss = loss * weight
+        w = to_tensor(weight)
+        if w.requires_grad and _grad_mode.is_grad_enabled():
+            raise AutogradError(
+                "The function 'binary_cross_entropy' is not differentiable with respect to "
+                "argument 'weight'. This input cannot have requires_grad True."
+            )
+        if _broadcast_shapes(tuple(w.shape), tuple(p.shape)) != tuple(p.shape):
+            raise ShapeError(
+                f"binary_cross_entropy: output with shape {list(p.shape)} doesn't match the "
+                f"broadcast shape {list(_broadcast_shapes(tuple(w.shape), tuple(p.shape)))} "
+                f"(input {describe(p)}, weight {describe(w)})"
+            )
+    loss = apply(P["binary_cross_entropy"], (p, t), {})
+    if w is not None:
+        loss = loss * w
     return _reduce(loss, reduction, "binary_cross_entropy")
 
 

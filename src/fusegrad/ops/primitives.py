@@ -768,6 +768,87 @@ def _where_by_bits(cond, a, b):  # type: ignore[no-untyped-def]
     return out
 
 
+# ---- binary cross entropy --------------------------------------------------------------------
+#
+# ``F.binary_cross_entropy`` as two primitives rather than a composite of logs, so that its
+# gradient is PyTorch's formula and not the chain rule through the logs: the chain rule
+# multiplies 0 by log's 1/0 where a probability saturates (p = 0 with target 0, p = 1 with
+# target 1) and gives NaN, where PyTorch's gradient is g (p - t) / max((1 - p) p, 1e-12),
+# finite (0 there).  The forward is one kernel instead of ten ops.  Both are elementwise with a
+# lowering, so compiled code fuses them with their neighbours and CUDA runs them from the same
+# expressions.  The constants are PyTorch's CPU kernel's: the logs stop at -100 (a saturated
+# probability gives a loss of 0 or 100, not inf), and 1e-12 bounds the gradient's denominator
+# -- held as a float32 there, so float64 gradients too divide by float32(1e-12), which is
+# 9.999999960041972e-13 (at p = 0 with target 1 the gradient is -1000000003995.8029).
+
+_BCE_LOG_BOUND = -100.0
+_BCE_EPSILON = 9.999999960041972e-13  # float(np.float32(1e-12))
+_BCE_CONSTANTS: dict[str, tuple] = {}  # dtype char -> (-100, 1, 1e-12) as read-only 0-d arrays
+
+
+def _bce_constants(dtype):  # type: ignore[no-untyped-def]
+    constants = _BCE_CONSTANTS.get(dtype.char)
+    if constants is None:
+        constants = tuple(
+            np.array(v, dtype) for v in (_BCE_LOG_BOUND, 1.0, _BCE_EPSILON)
+        )  # (0-d arrays: numpy converts a Python number on every call otherwise)
+        for c in constants:
+            c.flags.writeable = False
+        _BCE_CONSTANTS[dtype.char] = constants
+    return constants
+
+
+@primitive(
+    "binary_cross_entropy",
+    "elementwise",
+    "p t",
+    lowering=Lowering(
+        "(({1} - {one}) * _maximum({log1p}(-{0}), np.{dtype}(-100.0))"
+        " - {1} * _maximum({log}({0}), np.{dtype}(-100.0)))",
+        (_libm("log1p"), _libm("log")),
+    ),
+)
+@_quiet_kernel
+def _binary_cross_entropy(p, t):  # type: ignore[no-untyped-def]
+    """``(t - 1) max(log1p(-p), -100) - t max(log(p), -100)``, PyTorch's unreduced loss (log1p
+    keeps a tiny ``p``'s loss exact)."""
+    bound, one, _ = _bce_constants(p.dtype)
+    if p.ndim == 0 or p.shape != t.shape:  # (0-d: numpy scalars take no ``out=``)
+        first = (t - one) * np.maximum(np.log1p(-p), bound)
+        return np.asarray(first - t * np.maximum(np.log(p), bound), dtype=p.dtype)
+    first = np.negative(p)
+    np.log1p(first, out=first)
+    np.maximum(first, bound, out=first)
+    second = np.log(p)
+    np.maximum(second, bound, out=second)
+    np.multiply(t, second, out=second)
+    np.multiply(first, np.subtract(t, one), out=first)
+    return np.subtract(first, second, out=first)
+
+
+@primitive(
+    "binary_cross_entropy_backward",
+    "elementwise",
+    "g p t",
+    lowering=Lowering(
+        "({0} * ({1} - {2}) / _maximum(({one} - {1}) * {1}, np.{dtype}(9.999999960041972e-13)))"
+    ),
+)
+@_quiet_kernel
+def _binary_cross_entropy_backward(g, p, t):  # type: ignore[no-untyped-def]
+    """``binary_cross_entropy``'s input gradient ``g (p - t) / max((1 - p) p, eps)``, ``eps``
+    float32's 1e-12 (see above)."""
+    _, one, eps = _bce_constants(p.dtype)
+    if p.ndim == 0 or not (p.shape == t.shape == g.shape):
+        return np.asarray(g * (p - t) / np.maximum((one - p) * p, eps), dtype=p.dtype)
+    denominator = np.subtract(one, p)
+    np.multiply(denominator, p, out=denominator)
+    np.maximum(denominator, eps, out=denominator)
+    numerator = np.subtract(p, t)
+    np.multiply(g, numerator, out=numerator)
+    return np.divide(numerator, denominator, out=numerator)
+
+
 # ---- reductions -----------------------------------------------------------------------------
 @primitive("sum", "reduce", "x", method=True)
 @_quiet_kernel
@@ -1425,7 +1506,8 @@ REAL_ONLY = frozenset(
     "maximum minimum remainder floor_divide lt le gt ge amax amin argmax argmin argsort "
     "cummax_index mode_index searchsorted histc attention attention_backward rnn_sequence "
     "rnn_sequence_backward convolution convolution_backward_input convolution_backward_weight "
-    "avg_pool avg_pool_backward pool_index pool_take pool_scatter".split()
+    "avg_pool avg_pool_backward pool_index pool_take pool_scatter binary_cross_entropy "
+    "binary_cross_entropy_backward".split()
 )
 
 
