@@ -11,10 +11,11 @@ on none of them does not require grad, as in eager mode.
 The node's backward is the VJP of the captured graph (``vjp_graph``): the same derivative rules,
 applied to the graph's primitives in reverse, recording a second IR graph that recomputes the
 first-order values it needs; that graph runs as a compiled program of its own, built once per
-captured graph.  When the node's backward must itself be recorded (``create_graph`` again: a
-third order), or the second graph cannot be built, the node evaluates the captured graph op by
-op with eager tensors and differentiates that (same values, eager speed), and says so in the
-``perf`` log.
+captured graph and pattern of the node's outputs that received a gradient: the others take no
+part, as in eager mode (a zero cotangent is not an absent one where a derivative is infinite).
+When the node's backward must itself be recorded (``create_graph`` again: a third order), or
+the second graph cannot be built, the node evaluates the captured graph op by op with eager
+tensors and differentiates that (same values, eager speed), and says so in the ``perf`` log.
 """
 
 from __future__ import annotations
@@ -211,50 +212,59 @@ class CompiledGradBackward(Node):
         if self._saved is None:
             raise AutogradError(_freed_message)
         sources = [s.unpack(self) for s in self._saved]
-        cots = [
-            g if g is not None else self._zeros(tuple(v.shape), v.dtype)
-            for g, v in zip(grads, self._outputs)
-        ]
+        # only the outputs that received a gradient take part, as in eager mode (a zero
+        # cotangent for the others would be no zero term where their derivative is infinite:
+        # BCE's target gradient -logit(p) at p = 0 makes 0 * -inf = NaN)
+        present = tuple(g is not None for g in grads)
+        cots = [g for g in grads if g is not None]
         result = None
-        if not grad_mode.is_grad_enabled():
-            program = self._program()
+        if not cots:
+            result = [None] * len(self._needed)
+        elif not grad_mode.is_grad_enabled():
+            program = self._program(present)
             if program is not None:
                 emit(events.COMPILED_RUN)
                 arrays = [t._data for t in sources]
                 inst = program.instance(program.graph.hints)
                 result = program._run(inst, None, arrays, [], cots, None, None, len(self._needed))
         if result is None:
-            result = self._eager(sources, cots)
+            result = self._eager(sources, cots, present)
         if not retain:
             self.release()
         return tuple(result)
 
-    def vjp(self) -> Graph | None:
-        """The VJP graph (built once per captured graph and set of inputs needing grad), or
-        None when it cannot be built (logged)."""
-        key = ("graph", tuple(self._needed), tuple(self._outputs))
+    def vjp(self, present: tuple | None = None) -> Graph | None:
+        """The VJP graph from the outputs ``present`` marks (default: all) to the inputs that
+        need grad (built once per captured graph and pattern), or None when it cannot be built
+        (logged)."""
+        outputs = (
+            self._outputs if present is None else [v for v, p in zip(self._outputs, present) if p]
+        )
+        key = ("graph", tuple(self._needed), tuple(outputs))
         if key not in self._cache:
             inputs = [v for v in self._graph.values if v.op == "input"]
             try:
-                graph = vjp_graph(self._graph, self._outputs, [inputs[k] for k in self._needed])
+                graph = vjp_graph(self._graph, outputs, [inputs[k] for k in self._needed])
             except Exception as e:  # noqa: BLE001 - the eager path computes the same
                 logs.log("perf", f"compiled double backward: no VJP graph ({e!r}); eager")
                 graph = None
             self._cache[key] = graph
         return self._cache[key]
 
-    def _program(self) -> Any:
-        """The compiled VJP program (once per captured graph), or None."""
+    def _program(self, present: tuple) -> Any:
+        """The compiled VJP program (once per captured graph and pattern of the outputs that
+        have a gradient, ``present``), or None."""
         key = (
             "program",
             tuple(self._needed),
             tuple(self._outputs),
+            present,
             self._mode,
             self._device,
             config.program_key(),
         )
         if key not in self._cache:
-            graph = self.vjp()
+            graph = self.vjp(present)
             self._cache[key] = (
                 None
                 if graph is None
@@ -266,7 +276,7 @@ class CompiledGradBackward(Node):
             )
         return self._cache[key]
 
-    def _eager(self, sources: list, cots: list) -> list:
+    def _eager(self, sources: list, cots: list, present: tuple) -> list:
         """Evaluate the captured graph op by op on the sources (recording, so that this
         backward is differentiable again) and differentiate that."""
         values: dict[Value, Tensor] = {}
@@ -298,7 +308,7 @@ class CompiledGradBackward(Node):
                                 "derivative; run this backward outside compiled autograd"
                             )
                     values[v] = registry.apply(prim, args, dict(v.attrs))
-        outs = [values[v] for v in self._outputs]
+        outs = [values[v] for v, p in zip(self._outputs, present) if p]
         pairs = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
         wanted = [sources[k] for k in self._needed]
         got = _grad(
@@ -394,7 +404,13 @@ class _Inline:
     def inline(capture: Any, node: CompiledGradBackward, grads: list) -> tuple:
         if capture.env is not None:
             raise NeedsData("a compiled double backward's graph has concrete sizes")
-        vjp = node.vjp()
+        # only the outputs that receive a gradient take part, as in ``apply`` (which outputs
+        # do is the graph's structure, in the walk key)
+        present = tuple(g is not None for g in grads)
+        roots = [g for g in grads if g is not None]
+        if not roots:
+            return tuple(None for _ in node._edges)
+        vjp = node.vjp(present)
         if vjp is None:
             raise Refused(f"{node.name()}: its VJP graph could not be built (see the perf log)")
         graph = capture.graph
@@ -406,9 +422,7 @@ class _Inline:
             index = v.attr("index")
             if v.attr("kind") == "saved":
                 return capture.unpack(saved[index], node)._value
-            if grads[index] is not None:
-                return capture.as_value(grads[index])
-            return graph.full(tuple(v.shape), 0, v.dtype, node.name())
+            return capture.as_value(roots[index])
 
         mapped = copy_values(vjp, graph, input_of, node.name())
         results: list = [None] * len(node._edges)

@@ -136,13 +136,9 @@ def test_compiled_autograd_gives_eagers_answers(dtype: str, create_graph: bool) 
     _assert_compiled_autograd_is_eager(dtype, create_graph, target=not create_graph)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="compiler/double.py gives the outputs of a compiled create_graph backward that get "
-    "no gradient a zero cotangent (CompiledGradBackward.apply), where eager has none: the "
-    "target's gradient -logit(p), infinite at p in {0, 1}, has the derivative -inf there, "
-    "and 0 * -inf makes the input's second derivative NaN",
-)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_compiled_second_order_with_a_target_that_requires_grad(dtype: str) -> None:
+    """The second backward reaches only the input's gradient; the target's gradient, whose
+    derivative is infinite at saturation, gets no cotangent (``CompiledGradBackward`` runs the
+    VJP from the outputs that have one: a zero for it would make 0 * -inf = NaN)."""
     _assert_compiled_autograd_is_eager(dtype, create_graph=True, target=True)
