@@ -735,7 +735,8 @@ def _rnn_sequence(node, g, w_hh, h0, out, *state):
     c0 = state[0] if lstm else None
     w_hr = state[1] if proj else None
     if is_grad_enabled():
-        grads = rnn_sequence_grads(mode, reverse, g, out, w_hh, h0, c0, w_hr, batch_sizes)
+        lead = tuple(node.input_shapes[0][:-1])
+        grads = rnn_sequence_grads(mode, reverse, g, out, w_hh, h0, c0, w_hr, batch_sizes, lead)
         dx, dh0, dc0, dw_hh, dw_hr, db_hh = grads
     else:
         x_shape = node.input_shapes[0]

@@ -946,11 +946,13 @@ def _rnn_sequence(x_gates, w_hh, h0, *state, mode, reverse, bias, proj, batch_si
     is the input projection ``x W_ih^T + b_ih`` of every step, ``w_hh`` (G H, P), ``h0``
     (N, P), then c0 (N, H) for ``mode="LSTM"``, w_hr (P, H) when ``proj`` and b_hh (G H) when
     ``bias``; P is H except for an LSTM's projection; ``reverse`` runs from the last step to the
-    first.  Returns (T, N, W): per step the output h, then what the backward needs (LSTM: c, i,
-    f, g, o, W = P + 5 H; GRU: r, z, n, hn, W = 5 H; RNN: nothing more, W = H).  With
-    ``batch_sizes`` (a PackedSequence's, longest sequence first) ``x_gates`` and the result are
-    the packed rows instead, (sum of batch_sizes, ...): step t has ``batch_sizes[t]`` rows.  One
-    numba kernel (``recurrent_kernels``)."""
+    first.  Returns one flat buffer of the T N rows' values in two parts: the outputs h (T, N, P)
+    first, contiguous (what reads the layer's output reads it without a copy), then what the
+    backward needs (T, N, S H; LSTM: c, i, f, g, o, S = 5; GRU: r, z, n, hn, S = 4; RNN:
+    nothing, S = 0).  With ``batch_sizes`` (a PackedSequence's, longest sequence first)
+    ``x_gates`` holds the packed rows instead, (sum of batch_sizes, G H): step t has
+    ``batch_sizes[t]`` rows, and so has the result.  One numba kernel
+    (``recurrent_kernels``)."""
     c0 = state[0] if mode == "LSTM" else None
     w_hr = state[1] if proj else None
     b_hh = state[-1] if bias else None
@@ -1493,16 +1495,23 @@ def _set_metas() -> None:
         ),
     )
 
-    def rnn_sequence_meta(shapes, dtypes, mode, reverse, bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
+    def rnn_row_width(shapes, mode):  # type: ignore[no-untyped-def]
+        """The values per row of ``rnn_sequence``'s flat result: P + S H (its docstring)."""
         size = shapes[1][1]  # (P: H, or an LSTM's projection)
-        width = size + 5 * shapes[3][1] if mode == "LSTM" else (5 if mode == "GRU" else 1) * size
-        return tuple(shapes[0][:-1]) + (width,), dtypes[0]
+        if mode == "LSTM":
+            return size + 5 * shapes[3][1]
+        return size + (4 * size if mode == "GRU" else 0)
+
+    def rnn_sequence_meta(shapes, dtypes, mode, reverse, bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
+        rows = 1
+        for d in shapes[0][:-1]:
+            rows = rows * d
+        return (rows * rnn_row_width(shapes, mode),), dtypes[0]
 
     def rnn_sequence_backward_meta(shapes, dtypes, mode, reverse, proj, batch_sizes):  # type: ignore[no-untyped-def]
         (gates, size), batch = shapes[2], shapes[3][0]
-        rows = 1
-        for d in shapes[1][:-1]:
-            rows = rows * d
+        # (g, out, w_hh, h0, state*): the row width from the shapes after ``out``'s
+        rows = shapes[1][0] // rnn_row_width([shapes[0]] + list(shapes[2:]), mode)
         total = rows * gates + batch * size + gates * size + gates
         if mode == "LSTM":
             hidden = shapes[4][1]
