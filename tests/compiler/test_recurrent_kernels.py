@@ -193,3 +193,31 @@ def test_layer_output_is_read_in_place(caplog: pytest.LogCaptureFixture) -> None
     assert copies, [r.getMessage() for r in caplog.records]
     assert not [c for c in copies if "reads a copy" in c], copies
     assert not compiler.counters.fallbacks, compiler.counters
+
+
+@pytest.mark.parametrize("cls", ["LSTM", "GRU", "RNN"])
+def test_compiled_backward_is_symbolic_in_sequence_length_and_batch(cls: str) -> None:
+    """One capture serves other sequence lengths and batch sizes: the backward primitive takes
+    the parts of the flat result and of its gradient as (rows, ...) views, so no size is
+    specialised (the gradients equal eager's at each size)."""
+    fg.manual_seed(0)
+    model = getattr(nn, cls)(3, 4, num_layers=2).double()
+    rng = np.random.default_rng(5)
+    for steps, batch in ((5, 2), (7, 6), (9, 8)):
+        x = rng.standard_normal((steps, batch, 3))
+        results = []
+        for compiled in (False, True):
+            model.zero_grad()
+            xt = fg.tensor(x, requires_grad=True)
+            out, _ = model(xt)
+            loss = (out * out).sum()
+            if compiled:
+                with compiler.compiled_autograd():
+                    loss.backward()
+            else:
+                loss.backward()
+            results.append([xt.grad.numpy()] + [p.grad.numpy().copy() for p in model.parameters()])
+        for a, b in zip(*results):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    assert compiler.counters.captures == 1, compiler.counters
+    assert compiler.counters.compiled_runs == 3, compiler.counters

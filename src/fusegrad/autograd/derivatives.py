@@ -35,7 +35,7 @@ from ..errors import AutogradError
 from ..ops.convolution import convolution_grads
 from ..ops.indexing import embedding_grad
 from ..ops.norms import norm_grads
-from ..ops.recurrent import rnn_sequence_grads
+from ..ops.recurrent import STATE_WIDTH, packed_parts, rnn_sequence_grads
 from ..ops.registry import vjp
 from ..ops.resample import resample_grad, resample_input_grad
 from ..ops.spectral import dual_norm
@@ -745,7 +745,12 @@ def _rnn_sequence(node, g, w_hh, h0, out, *state):
         gates, size = w_hh.shape[0], w_hh.shape[1]
         hidden = c0.shape[1] if lstm else size
         attrs = {"mode": mode, "reverse": reverse, "proj": proj, "batch_sizes": batch_sizes}
-        inputs = (g, out, w_hh, h0) + ((c0,) if lstm else ()) + ((w_hr,) if proj else ())
+        # the gradient and the result in their two parts, views (rows, P) and (rows, S H)
+        width = STATE_WIDTH[mode] * hidden
+        g_h, g_s = packed_parts(g, (rows,), size, width)
+        out_h, out_s = packed_parts(out, (rows,), size, width)
+        inputs = (g_h, g_s, out_h, out_s, w_hh, h0)
+        inputs += ((c0,) if lstm else ()) + ((w_hr,) if proj else ())
         flat = F.apply(F.REGISTRY["rnn_sequence_backward"], inputs, attrs)
         sizes = [rows * gates, batch * size, batch * hidden if lstm else 0]
         sizes += [gates * size, size * hidden if proj else 0, gates]

@@ -332,20 +332,23 @@ def _previous_states(outputs: CudaArray, h0: CudaArray, offsets: list, sizes: li
     return before
 
 
-def rnn_sequence_backward(g, out, w_hh, h0, *state, mode, reverse, proj, batch_sizes):  # type: ignore[no-untyped-def]
-    """The gradients of ``rnn_sequence`` for ``g``, flat: x_gates, h0, c0 (LSTM), w_hh, w_hr
+def rnn_sequence_backward(
+    g_h, g_s, out_h, out_s, w_hh, h0, *state, mode, reverse, proj, batch_sizes
+):  # type: ignore[no-untyped-def]
+    """The gradients of ``rnn_sequence`` for the two parts of its result's gradient (``g_h``,
+    ``g_s``; ``out_h``, ``out_s`` the result's), flat: x_gates, h0, c0 (LSTM), w_hh, w_hr
     (``proj``), b_hh (``ops/recurrent_kernels.rnn_backward``)."""
     lstm = mode == "LSTM"
     c0 = contiguous(state[0]) if lstm else None
     w_hr = contiguous(state[1]) if proj else None
-    dtype = np.dtype(out.dtype)
+    dtype = np.dtype(out_h.dtype)
     gate_size, size = w_hh.shape
     batch = h0.shape[0]
     hidden = size if c0 is None else c0.shape[1]
-    width = STATE_WIDTH[mode] * hidden  # (the saved state's columns per row)
-    rows_total = out.shape[0] // (size + width)
-    g_h, g_s = _packed_parts(contiguous(g), rows_total, size, width)
-    out_h, out_s = _packed_parts(contiguous(out), rows_total, size, width)
+    rows_total = out_h.shape[0]
+    g_h, out_h = contiguous(g_h), contiguous(out_h)
+    g_s = contiguous(g_s) if mode in ("LSTM", "GRU") else None  # (an RNN's: no columns)
+    out_s = contiguous(out_s) if mode in ("LSTM", "GRU") else None
     offsets, sizes = _steps(rows_total, batch, batch_sizes)
     parts = [rows_total * gate_size, batch * size, batch * hidden if lstm else 0]
     parts += [gate_size * size, size * hidden if proj else 0, gate_size]

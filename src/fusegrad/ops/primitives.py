@@ -959,15 +959,24 @@ def _rnn_sequence(x_gates, w_hh, h0, *state, mode, reverse, bias, proj, batch_si
     return _recurrent_kernels()[0](mode, x_gates, w_hh, h0, c0, b_hh, reverse, w_hr, batch_sizes)
 
 
-@primitive("rnn_sequence_backward", "opaque", "g out w_hh h0 state*", differentiable=False)
-def _rnn_sequence_backward(g, out, w_hh, h0, *state, mode, reverse, proj, batch_sizes):  # type: ignore[no-untyped-def]
-    """The gradients of ``rnn_sequence`` for the gradient ``g`` of its packed output ``out``
-    (``state``: c0 for the LSTM, then w_hr when ``proj``), flat: x_gates, h0, c0 (LSTM), w_hh,
-    w_hr (``proj``), b_hh.  Not differentiable: the rule computes a differentiable composite
-    instead where a graph of the gradient is wanted (``create_graph``)."""
+@primitive(
+    "rnn_sequence_backward", "opaque", "g_h g_s out_h out_s w_hh h0 state*", differentiable=False
+)
+def _rnn_sequence_backward(
+    g_h, g_s, out_h, out_s, w_hh, h0, *state, mode, reverse, proj, batch_sizes
+):  # type: ignore[no-untyped-def]
+    """The gradients of ``rnn_sequence`` for the gradient of its flat packed result, both in
+    their two parts (rows, P) and (rows, S H): ``g_h``, ``g_s`` the gradient's, ``out_h``,
+    ``out_s`` the result's (``state``: c0 for the LSTM, then w_hr when ``proj``); flat:
+    x_gates, h0, c0 (LSTM), w_hh, w_hr (``proj``), b_hh.  (The parts as inputs of their own:
+    their row count is the first size, so a compiled backward stays symbolic in it.)  Not
+    differentiable: the rule computes a differentiable composite instead where a graph of the
+    gradient is wanted (``create_graph``)."""
     c0 = state[0] if mode == "LSTM" else None
     w_hr = state[1] if proj else None
-    return _recurrent_kernels()[1](mode, g, out, w_hh, h0, c0, reverse, w_hr, batch_sizes)
+    return _recurrent_kernels()[1](
+        mode, g_h, g_s, out_h, out_s, w_hh, h0, c0, reverse, w_hr, batch_sizes
+    )
 
 
 # Convolution and pooling as single primitives with kernels of their own (not composites of
@@ -1495,26 +1504,23 @@ def _set_metas() -> None:
         ),
     )
 
-    def rnn_row_width(shapes, mode):  # type: ignore[no-untyped-def]
-        """The values per row of ``rnn_sequence``'s flat result: P + S H (its docstring)."""
-        size = shapes[1][1]  # (P: H, or an LSTM's projection)
-        if mode == "LSTM":
-            return size + 5 * shapes[3][1]
-        return size + (4 * size if mode == "GRU" else 0)
-
     def rnn_sequence_meta(shapes, dtypes, mode, reverse, bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
         rows = 1
         for d in shapes[0][:-1]:
             rows = rows * d
-        return (rows * rnn_row_width(shapes, mode),), dtypes[0]
+        size = shapes[1][1]  # (P: H, or an LSTM's projection); then P + S H values per row
+        if mode == "LSTM":
+            width = size + 5 * shapes[3][1]
+        else:
+            width = size + (4 * size if mode == "GRU" else 0)
+        return (rows * width,), dtypes[0]
 
     def rnn_sequence_backward_meta(shapes, dtypes, mode, reverse, proj, batch_sizes):  # type: ignore[no-untyped-def]
-        (gates, size), batch = shapes[2], shapes[3][0]
-        # (g, out, w_hh, h0, state*): the row width from the shapes after ``out``'s
-        rows = shapes[1][0] // rnn_row_width([shapes[0]] + list(shapes[2:]), mode)
+        # (g_h, g_s, out_h, out_s, w_hh, h0, state*)
+        (gates, size), batch, rows = shapes[4], shapes[5][0], shapes[0][0]
         total = rows * gates + batch * size + gates * size + gates
         if mode == "LSTM":
-            hidden = shapes[4][1]
+            hidden = shapes[6][1]
             total += batch * hidden + (size * hidden if proj else 0)
         return (total,), dtypes[1]
 

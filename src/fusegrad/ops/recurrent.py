@@ -27,10 +27,10 @@ __all__ = ["rnn_layer", "rnn_sequence", "rnn_sequence_grads"]
 
 # how many hidden-size columns a row's saved state has in ``rnn_sequence``'s result, beside its
 # output h (``ops/primitives.py``, ``recurrent_kernels.STATE_WIDTH``)
-_STATE_WIDTH = {"LSTM": 5, "GRU": 4, "RNN_TANH": 0, "RNN_RELU": 0}
+STATE_WIDTH = {"LSTM": 5, "GRU": 4, "RNN_TANH": 0, "RNN_RELU": 0}
 
 
-def _packed_parts(packed: Tensor, lead: tuple, size: int, state: int) -> tuple[Tensor, Tensor]:
+def packed_parts(packed: Tensor, lead: tuple, size: int, state: int) -> tuple[Tensor, Tensor]:
     """The two parts of ``rnn_sequence``'s flat result (or of its gradient) as views of it: the
     outputs h (``lead`` + (size,)) and the saved states (``lead`` + (state,)); ``lead`` is
     (T, N) or a packed sequence's (rows,)."""
@@ -154,12 +154,12 @@ def rnn_sequence_grads(
     gate_size, size = w_hh.shape[0], w_hh.shape[1]
     hidden = c0.shape[1] if mode == "LSTM" and c0 is not None else size
     batch = h0.shape[0]
-    state = _STATE_WIDTH[mode] * hidden
+    state = STATE_WIDTH[mode] * hidden
     if lead is None:
         total = out.shape[0] // (size + state)
         lead = (total,) if batch_sizes is not None else (total // batch, batch)
-    g_h, g_s = _packed_parts(g, lead, size, state)
-    out_h, out_s = _packed_parts(out, lead, size, state)
+    g_h, g_s = packed_parts(g, lead, size, state)
+    out_h, out_s = packed_parts(out, lead, size, state)
     if batch_sizes is None:
         steps = lead[0]
         sizes = [batch] * steps

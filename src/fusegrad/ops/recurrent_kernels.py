@@ -540,8 +540,10 @@ def rnn_forward(
 
 def rnn_backward(
     mode: str,
-    g: np.ndarray,
-    out: np.ndarray,
+    g_h: np.ndarray,
+    g_s: np.ndarray,
+    out_h: np.ndarray,
+    out_s: np.ndarray,
     w_hh: np.ndarray,
     h0: np.ndarray,
     c0: np.ndarray | None,
@@ -549,11 +551,12 @@ def rnn_backward(
     w_hr: np.ndarray | None = None,
     batch_sizes: tuple | None = None,
 ) -> np.ndarray:
-    """The gradients of ``rnn_sequence`` for the gradient ``g`` of its flat packed output
-    ``out`` (``rnn_forward``), flat and in this order: x_gates (rows, G H), h0 (N, P), c0
-    (N, H; LSTM only), w_hh (G H, P), w_hr (P, H; with a projection only), b_hh (G H).  P is
-    H except for a projection."""
-    arrays = {"g": g, "out": out, "w_hh": w_hh, "h0": h0}
+    """The gradients of ``rnn_sequence`` for the gradient of its flat packed output
+    (``rnn_forward``), both in their two parts (``packed_parts``: ``g_h``, ``g_s`` the
+    gradient's, ``out_h``, ``out_s`` the output's), flat and in this order: x_gates (rows,
+    G H), h0 (N, P), c0 (N, H; LSTM only), w_hh (G H, P), w_hr (P, H; with a projection
+    only), b_hh (G H).  P is H except for a projection."""
+    arrays = {"g_h": g_h, "g_s": g_s, "out_h": out_h, "out_s": out_s, "w_hh": w_hh, "h0": h0}
     if c0 is not None:
         arrays["c0"] = c0
     if w_hr is not None:
@@ -562,11 +565,10 @@ def rnn_backward(
     gate_size, size = w_hh.shape
     batch = h0.shape[0]
     hidden = size if c0 is None else c0.shape[1]
-    state = STATE_WIDTH[mode] * hidden
-    rows = out.shape[0] // (size + state)
+    rows = out_h.shape[0]
     offsets, sizes = _steps((rows // batch if batch else 0,), batch, batch_sizes)
-    g_h, g_s = packed_parts(np.ascontiguousarray(g), rows, size, state)
-    out_h, out_s = packed_parts(np.ascontiguousarray(out), rows, size, state)
+    g_h, g_s = np.ascontiguousarray(g_h), np.ascontiguousarray(g_s)
+    out_h, out_s = np.ascontiguousarray(out_h), np.ascontiguousarray(out_s)
     lstm = mode == "LSTM"
     proj = w_hr is not None
     parts = [rows * gate_size, batch * size, batch * hidden if lstm else 0]
