@@ -731,6 +731,7 @@ def _rnn_sequence(node, g, w_hh, h0, out, *state):
     op surface (``ops.recurrent.rnn_sequence_grads``), which differentiate again."""
     mode, reverse = node.attrs["mode"], node.attrs["reverse"]
     bias, proj, batch_sizes = node.attrs["bias"], node.attrs["proj"], node.attrs["batch_sizes"]
+    input_bias = node.attrs["input_bias"]
     lstm = mode == "LSTM"
     c0 = state[0] if lstm else None
     w_hr = state[1] if proj else None
@@ -771,7 +772,17 @@ def _rnn_sequence(node, g, w_hh, h0, out, *state):
     if proj:
         result.append(dw_hr if need[4] else None)
     if bias:
-        result.append(db_hh if need[-1] else None)
+        result.append(db_hh if need[len(result)] else None)
+    if input_bias and need[len(result)]:
+        # b_ih is added with x_gates: its gradient sums x_gates's over the rows, which is
+        # b_hh's for an LSTM and an RNN (the same gates' gradients; a copy, as .grad is its
+        # own tensor), the GRU's differs in the n gate
+        if bias and mode != "GRU":
+            result.append(db_hh.clone())
+        else:
+            result.append(dx.reshape(-1, dx.shape[-1]).sum(0))
+    elif input_bias:
+        result.append(None)
     return tuple(result)
 
 

@@ -41,7 +41,7 @@ def sigmoid(x):
 
 
 @cuda.jit
-def lstm_step(pre, x, first, b, c, m, h, out_h, out, direct, n):
+def lstm_step(pre, x, first, b, bi, c, m, h, out_h, out, direct, n):
     hidden = c.shape[1]
     gi = hidden
     gf = 2 * hidden
@@ -51,10 +51,13 @@ def lstm_step(pre, x, first, b, c, m, h, out_h, out, direct, n):
         r = i // hidden
         j = i % hidden
         row = first + r
-        ig = sigmoid(x[row, j] + (pre[r, j] + b[j]))
-        fg = sigmoid(x[row, hidden + j] + (pre[r, hidden + j] + b[hidden + j]))
-        cg = tanh(x[row, 2 * hidden + j] + (pre[r, 2 * hidden + j] + b[2 * hidden + j]))
-        og = sigmoid(x[row, 3 * hidden + j] + (pre[r, 3 * hidden + j] + b[3 * hidden + j]))
+        ig = sigmoid((x[row, j] + bi[j]) + (pre[r, j] + b[j]))
+        k = hidden + j
+        fg = sigmoid((x[row, k] + bi[k]) + (pre[r, k] + b[k]))
+        k = 2 * hidden + j
+        cg = tanh((x[row, k] + bi[k]) + (pre[r, k] + b[k]))
+        k = 3 * hidden + j
+        og = sigmoid((x[row, k] + bi[k]) + (pre[r, k] + b[k]))
         out[row, gi + j] = ig
         out[row, gf + j] = fg
         out[row, gg + j] = cg
@@ -71,19 +74,21 @@ def lstm_step(pre, x, first, b, c, m, h, out_h, out, direct, n):
 
 
 @cuda.jit
-def gru_step(pre, x, first, b, h, out_h, out, n):
+def gru_step(pre, x, first, b, bi, h, out_h, out, n):
     hidden = h.shape[1]
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         r = i // hidden
         j = i % hidden
         row = first + r
-        rg = sigmoid(x[row, j] + (pre[r, j] + b[j]))
-        z = sigmoid(x[row, hidden + j] + (pre[r, hidden + j] + b[hidden + j]))
+        rg = sigmoid((x[row, j] + bi[j]) + (pre[r, j] + b[j]))
+        k = hidden + j
+        z = sigmoid((x[row, k] + bi[k]) + (pre[r, k] + b[k]))
         hn = pre[r, 2 * hidden + j] + b[2 * hidden + j]
         out[row, j] = rg
         out[row, hidden + j] = z
         out[row, 3 * hidden + j] = hn
-        new = tanh(x[row, 2 * hidden + j] + out[row, j] * out[row, 3 * hidden + j])
+        k = 2 * hidden + j
+        new = tanh((x[row, k] + bi[k]) + out[row, j] * out[row, 3 * hidden + j])
         out[row, 2 * hidden + j] = new
         new = out[row, 2 * hidden + j]
         h[r, j] = new + out[row, hidden + j] * (h[r, j] - new)
@@ -91,13 +96,13 @@ def gru_step(pre, x, first, b, h, out_h, out, n):
 
 
 @cuda.jit
-def rnn_step(pre, x, first, b, relu, zero, h, out, n):
+def rnn_step(pre, x, first, b, bi, relu, zero, h, out, n):
     hidden = h.shape[1]
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         r = i // hidden
         j = i % hidden
         row = first + r
-        v = x[row, j] + (pre[r, j] + b[j])
+        v = (x[row, j] + bi[j]) + (pre[r, j] + b[j])
         if relu:
             if not (v > zero or v != v):
                 v = zero
@@ -255,7 +260,7 @@ def _typed(value: float, dtype: np.dtype) -> Any:
     return np.array(value, dtype)[()]
 
 
-def rnn_sequence(x_gates, w_hh, h0, *state, mode, reverse, bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
+def rnn_sequence(x_gates, w_hh, h0, *state, mode, reverse, bias, input_bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
     """The packed values of one layer and direction, flat
     (``ops/recurrent_kernels.rnn_forward``)."""
     lstm = mode == "LSTM"
@@ -267,11 +272,14 @@ def rnn_sequence(x_gates, w_hh, h0, *state, mode, reverse, bias, proj, batch_siz
     flat = contiguous(x_gates).reshape((-1, x_gates.shape[-1]))
     rows_total = flat.shape[0]
     offsets, sizes = _steps(rows_total, batch, batch_sizes)
-    if bias:
-        b = contiguous(state[-1])
-    else:
-        b = empty((gate_size,), dtype)
-        fill(b, 0)
+    biases = []  # b_hh, then b_ih (the input projection's, added to x_gates here)
+    for given, k in ((bias, -2 if input_bias else -1), (input_bias, -1)):
+        if given:
+            biases.append(contiguous(state[k]))
+        else:
+            biases.append(empty((gate_size,), dtype))
+            fill(biases[-1], 0)
+    b, bi = biases
     w_hh_t = _t(w_hh)
     h = contiguous(h0, force=True)
     hidden = c0.shape[1] if lstm else size
@@ -291,19 +299,20 @@ def rnn_sequence(x_gates, w_hh, h0, *state, mode, reverse, bias, proj, batch_siz
         pre = contiguous(matmul(_rows(h, 0, rows), w_hh_t))
         n = rows * hidden
         x, bk, oh = flat.kernel_array(), b.kernel_array(), out_h.kernel_array()
+        bik = bi.kernel_array()
         if lstm:
             direct = w_hr is None
-            _launch("lstm_step", n, pre.kernel_array(), x, first, bk, c.kernel_array(),
+            _launch("lstm_step", n, pre.kernel_array(), x, first, bk, bik, c.kernel_array(),
                     m.kernel_array(), h.kernel_array(), oh, out.kernel_array(), direct)  # fmt: skip
             if not direct:
                 hp = contiguous(matmul(_rows(m, 0, rows), w_hr_t))
                 copy_into(_rows(h, 0, rows), hp)
                 _launch("copy_rows", rows * size, oh, first, hp.kernel_array(), 0)
         elif mode == "GRU":
-            _launch("gru_step", n, pre.kernel_array(), x, first, bk, h.kernel_array(), oh,
+            _launch("gru_step", n, pre.kernel_array(), x, first, bk, bik, h.kernel_array(), oh,
                     out.kernel_array())  # fmt: skip
         else:
-            _launch("rnn_step", n, pre.kernel_array(), x, first, bk, mode == "RNN_RELU",
+            _launch("rnn_step", n, pre.kernel_array(), x, first, bk, bik, mode == "RNN_RELU",
                     _typed(0, dtype), h.kernel_array(), oh)  # fmt: skip
     return packed
 

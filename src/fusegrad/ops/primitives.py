@@ -939,24 +939,27 @@ def _recurrent_kernels():  # type: ignore[no-untyped-def]
 # One primitive per recurrent layer and direction over the whole sequence (not a composite of
 # per-step ops) for speed: the op loop ran about ten eager ops per time step, 7x-10x slower than
 # PyTorch's fused kernels (issue 27).  ``state`` holds c0 (LSTM only), then w_hr when ``proj``
-# (an LSTM's projection), then b_hh when ``bias``.
+# (an LSTM's projection), then b_hh when ``bias``, then b_ih when ``input_bias``.
 @primitive("rnn_sequence", "opaque", "x_gates w_hh h0 state*")
-def _rnn_sequence(x_gates, w_hh, h0, *state, mode, reverse, bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
+def _rnn_sequence(x_gates, w_hh, h0, *state, mode, reverse, bias, input_bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
     """The recurrence of one LSTM / GRU / RNN layer in one direction: ``x_gates`` (T, N, G H)
-    is the input projection ``x W_ih^T + b_ih`` of every step, ``w_hh`` (G H, P), ``h0``
-    (N, P), then c0 (N, H) for ``mode="LSTM"``, w_hr (P, H) when ``proj`` and b_hh (G H) when
-    ``bias``; P is H except for an LSTM's projection; ``reverse`` runs from the last step to the
-    first.  Returns one flat buffer of the T N rows' values in two parts: the outputs h (T, N, P)
-    first, contiguous (what reads the layer's output reads it without a copy), then what the
-    backward needs (T, N, S H; LSTM: c, i, f, g, o, S = 5; GRU: r, z, n, hn, S = 4; RNN:
-    nothing, S = 0).  With ``batch_sizes`` (a PackedSequence's, longest sequence first)
-    ``x_gates`` holds the packed rows instead, (sum of batch_sizes, G H): step t has
-    ``batch_sizes[t]`` rows, and so has the result.  One numba kernel
-    (``recurrent_kernels``)."""
+    is the input projection ``x W_ih^T`` of every step, ``w_hh`` (G H, P), ``h0`` (N, P), then
+    c0 (N, H) for ``mode="LSTM"``, w_hr (P, H) when ``proj``, b_hh (G H) when ``bias`` and
+    b_ih (G H, added to ``x_gates``) when ``input_bias``; P is H except for an LSTM's
+    projection; ``reverse`` runs from the last step to the first.  Returns one flat buffer of
+    the T N rows' values in two parts: the outputs h (T, N, P) first, contiguous (what reads
+    the layer's output reads it without a copy), then what the backward needs (T, N, S H;
+    LSTM: c, i, f, g, o, S = 5; GRU: r, z, n, hn, S = 4; RNN: nothing, S = 0).  With
+    ``batch_sizes`` (a PackedSequence's, longest sequence first) ``x_gates`` holds the packed
+    rows instead, (sum of batch_sizes, G H): step t has ``batch_sizes[t]`` rows, and so has
+    the result.  One numba kernel (``recurrent_kernels``)."""
     c0 = state[0] if mode == "LSTM" else None
     w_hr = state[1] if proj else None
-    b_hh = state[-1] if bias else None
-    return _recurrent_kernels()[0](mode, x_gates, w_hh, h0, c0, b_hh, reverse, w_hr, batch_sizes)
+    b_ih = state[-1] if input_bias else None
+    b_hh = state[-2 if input_bias else -1] if bias else None
+    return _recurrent_kernels()[0](
+        mode, x_gates, w_hh, h0, c0, b_hh, reverse, w_hr, batch_sizes, b_ih
+    )
 
 
 @primitive(
@@ -1504,7 +1507,7 @@ def _set_metas() -> None:
         ),
     )
 
-    def rnn_sequence_meta(shapes, dtypes, mode, reverse, bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
+    def rnn_sequence_meta(shapes, dtypes, mode, reverse, bias, input_bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
         rows = 1
         for d in shapes[0][:-1]:
             rows = rows * d

@@ -2,13 +2,14 @@
 ``rnn_sequence`` and ``rnn_sequence_backward`` primitives of ``ops/primitives.py``), as
 PyTorch's fused LSTM / GRU / RNN kernels: the time loop runs in native code.
 
-The input projection ``x_gates = x @ W_ih^T + b_ih`` of every time step is computed before, by
-one ordinary matmul (``ops/recurrent.py``); the kernels take it and run the recurrence.  They
+The input projection ``x_gates = x @ W_ih^T`` of every time step is computed before, by one
+ordinary matmul (``ops/recurrent.py``); the kernels take it, add its bias ``b_ih`` as they read
+it, and run the recurrence.  They
 work on rows: a padded (T, N, G H) sequence is T steps of N rows, a PackedSequence's data has
 ``batch_sizes[t]`` rows at step t (the sequences still running, longest first), and a row not
 running at a step keeps its state.  Per step ``t`` (``reverse``: from the last step to the
 first) the forward computes ``h @ W_hh^T`` with one BLAS call (numpy's own BLAS, called by
-name: ``_gemm`` below), adds ``b_hh`` and ``x_gates[t]``, applies the gates and
+name: ``_gemm`` below), adds ``b_hh`` and ``x_gates[t] + b_ih``, applies the gates and
 writes, per row, the output h and the values the backward needs.  The result of
 ``rnn_sequence`` is one flat buffer of two parts (``packed_parts``): first every row's output h
 (rows, P), contiguous, so that what reads the layer's output (dropout, the next layer's input
@@ -228,7 +229,7 @@ _JIT = {"cache": True, "fastmath": {"contract"}, "error_model": "numpy"}
 
 @numba.njit(**_JIT)
 def _lstm_forward(
-    x_gates, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse, out_h, out_s, blas
+    x_gates, offsets, sizes, w_hh_t, b_hh, b_ih, h0, c0, w_hr_t, reverse, out_h, out_s, blas
 ):  # type: ignore[no-untyped-def]
     """The LSTM's steps: h (P) into ``out_h``, c, i, f, g, o (H each) into ``out_s``; P = H
     without a projection (``w_hr_t`` None: numba compiles that case apart, its branches
@@ -250,7 +251,7 @@ def _lstm_forward(
             p, x, o = pre[n], x_gates[first_row + n], out_s[first_row + n]
             cn, mn = c[n], m[n]
             for j in range(gate_size):
-                p[j] = x[j] + (p[j] + b_hh[j])
+                p[j] = (x[j] + b_ih[j]) + (p[j] + b_hh[j])
             for j in range(hidden):
                 o[gi + j] = _sigmoid(p[j])
             for j in range(hidden):
@@ -278,7 +279,7 @@ def _lstm_forward(
 
 
 @numba.njit(**_JIT)
-def _gru_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out_h, out_s, blas):  # type: ignore[no-untyped-def]
+def _gru_forward(x_gates, offsets, sizes, w_hh_t, b_hh, b_ih, h0, reverse, out_h, out_s, blas):  # type: ignore[no-untyped-def]
     steps = sizes.shape[0]
     batch, hidden = h0.shape
     gate_size = x_gates.shape[1]
@@ -293,13 +294,13 @@ def _gru_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out_h, out_
             for j in range(gate_size):
                 p[j] = p[j] + b_hh[j]
             for j in range(hidden):
-                o[j] = _sigmoid(x[j] + p[j])  # r
+                o[j] = _sigmoid((x[j] + b_ih[j]) + p[j])  # r
             for j in range(hidden):
-                o[hidden + j] = _sigmoid(x[hidden + j] + p[hidden + j])  # z
+                o[hidden + j] = _sigmoid((x[hidden + j] + b_ih[hidden + j]) + p[hidden + j])  # z
             for j in range(hidden):
                 o[3 * hidden + j] = p[2 * hidden + j]  # hn = h W_hn^T + b_hn
             for j in range(hidden):
-                p[j] = x[2 * hidden + j] + o[j] * p[2 * hidden + j]
+                p[j] = (x[2 * hidden + j] + b_ih[2 * hidden + j]) + o[j] * p[2 * hidden + j]
             for j in range(hidden):
                 o[2 * hidden + j] = _tanh(p[j])  # n
             for j in range(hidden):
@@ -311,7 +312,7 @@ def _gru_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out_h, out_
 
 
 @numba.njit(**_JIT)
-def _rnn_forward(relu, x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out_h, zero, blas):  # type: ignore[no-untyped-def]
+def _rnn_forward(relu, x_gates, offsets, sizes, w_hh_t, b_hh, b_ih, h0, reverse, out_h, zero, blas):  # type: ignore[no-untyped-def]
     steps = sizes.shape[0]
     batch, hidden = h0.shape
     h = h0.copy()
@@ -324,11 +325,11 @@ def _rnn_forward(relu, x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out_h
             p, x, hn = pre[n], x_gates[first_row + n], h[n]
             if relu:
                 for j in range(hidden):
-                    v = x[j] + (p[j] + b_hh[j])
+                    v = (x[j] + b_ih[j]) + (p[j] + b_hh[j])
                     hn[j] = v if v > zero or v != v else zero  # (NaN stays NaN)
             else:
                 for j in range(hidden):
-                    hn[j] = _tanh(x[j] + (p[j] + b_hh[j]))
+                    hn[j] = _tanh((x[j] + b_ih[j]) + (p[j] + b_hh[j]))
             o = out_h[first_row + n]
             for j in range(hidden):
                 o[j] = hn[j]
@@ -498,6 +499,7 @@ def rnn_forward(
     reverse: bool,
     w_hr: np.ndarray | None = None,
     batch_sizes: tuple | None = None,
+    b_ih: np.ndarray | None = None,
 ) -> np.ndarray:
     """The packed values of one layer and direction (module docstring), flat: the outputs h
     of the rows (T N of a padded sequence, or a packed sequence's rows: ``batch_sizes``), then
@@ -510,12 +512,15 @@ def rnn_forward(
         arrays["w_hr"] = w_hr
     if b_hh is not None:
         arrays["b_hh"] = b_hh
+    if b_ih is not None:
+        arrays["b_ih"] = b_ih
     dtype = _check("rnn_sequence", mode, arrays)
     size = w_hh.shape[1]
     offsets, sizes = _steps(x_gates.shape, h0.shape[0], batch_sizes)
     flat = np.ascontiguousarray(x_gates).reshape(-1, x_gates.shape[-1])
     h0 = np.ascontiguousarray(h0)
     b_hh = np.zeros(w_hh.shape[0], dtype) if b_hh is None else np.ascontiguousarray(b_hh)
+    b_ih = np.zeros(w_hh.shape[0], dtype) if b_ih is None else np.ascontiguousarray(b_ih)
     w_hh_t = np.ascontiguousarray(w_hh.T)
     reverse = bool(reverse)
     rows = flat.shape[0]
@@ -527,14 +532,14 @@ def rnn_forward(
         c0 = np.ascontiguousarray(c0)
         w_hr_t = None if w_hr is None else np.ascontiguousarray(w_hr.T)
         _lstm_forward(
-            flat, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse, out_h, out_s, BLAS
+            flat, offsets, sizes, w_hh_t, b_hh, b_ih, h0, c0, w_hr_t, reverse, out_h, out_s, BLAS
         )
     elif mode == "GRU":
-        _gru_forward(flat, offsets, sizes, w_hh_t, b_hh, h0, reverse, out_h, out_s, BLAS)
+        _gru_forward(flat, offsets, sizes, w_hh_t, b_hh, b_ih, h0, reverse, out_h, out_s, BLAS)
     else:
         relu = mode == "RNN_RELU"
         zero = dtype.type(0)
-        _rnn_forward(relu, flat, offsets, sizes, w_hh_t, b_hh, h0, reverse, out_h, zero, BLAS)
+        _rnn_forward(relu, flat, offsets, sizes, w_hh_t, b_hh, b_ih, h0, reverse, out_h, zero, BLAS)
     return out
 
 
