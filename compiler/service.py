@@ -26,6 +26,8 @@ compilation service".
 
 from __future__ import annotations
 
+import hashlib
+import os
 import sys
 import threading
 import time
@@ -33,12 +35,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numba
 import numpy as np
 
 from . import events, logs, workers
 from . import trace as _trace
 from .cache import LRU, KeyHistory, Programs, Slot
-from .codegen import numba_cpu
+from .codegen import diskcache, numba_cpu
 from .events import emit
 from .ir import Graph
 from .program import Program
@@ -202,6 +205,59 @@ def _generates_more(program: Program, sizes: tuple | None) -> bool:
     return any(inst.numels[k] > GENERATED_ABOVE for k in inst.variant.schedule.interpreted)
 
 
+def _choice_file(first: Program, what: str) -> str | None:
+    """The file in the disk cache that remembers a ``Trial`` between ``first`` (a program of
+    steps) and its ``what`` candidate ("native segments", "generated code for the larger
+    kernels"); None when trials are not remembered (``config.remember_trials``), there is no
+    disk cache, or the program cannot be named across processes."""
+    if not config.remember_trials:
+        return None
+    directory = diskcache.cache_dir()
+    if directory is None:
+        return None
+    try:
+        key = workers.identity(first)
+    except Exception:  # noqa: BLE001 - a graph that does not pickle: nothing is remembered
+        return None
+    key += f"|{what}|{numba.__version__}|{sys.version}".encode()
+    return os.path.join(directory, f"fusegrad_trial_{hashlib.sha1(key).hexdigest()[:20]}")
+
+
+def remember_choice(first: Program, what: str, kept: int) -> None:
+    """Write down which candidate a finished ``Trial`` kept (0: ``first``, 1: the ``what``
+    candidate), for the next background compile of the same program, in this process or a
+    later one (``remembered_choice``).  A cache that cannot be written remembers nothing."""
+    path = _choice_file(first, what)
+    if path is None:
+        return
+    try:
+        with open(path, "w", encoding="ascii") as f:
+            f.write(str(kept))
+    except OSError:
+        pass
+
+
+def remembered_choice(first: Program, what: str) -> int | None:
+    """The candidate an earlier ``Trial`` between ``first`` and its ``what`` candidate kept
+    (0 or 1), or None when none is remembered: then both are compiled and a trial chooses.  A
+    remembered choice saves a warm start the loser's compile (its kernels loaded from the disk
+    cache: about 0.1 s of the GPT step's 0.34) and the trial's dozen calls, half of them on the
+    slower program; the choice is the one measured on this machine, as long as the cache keeps
+    it (clearing the cache, or ``FUSEGRAD_REMEMBER_TRIALS=0``, measures again)."""
+    path = _choice_file(first, what)
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="ascii") as f:
+            kept = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    if kept not in (0, 1):
+        return None
+    logs.log("perf", f"{what} {'kept' if kept else 'dropped'} as an earlier trial chose")
+    return kept
+
+
 class Trial:
     """Two compiled programs of one graph -- a program of steps and its native segments, or a
     captured backward's program and the same with generated code for its larger kernels
@@ -238,10 +294,13 @@ class Trial:
             program.time_externs = kernels_only
 
     def _end(self, best: Program) -> Program:
-        """``best`` stays in the slot: the trial is over."""
+        """``best`` stays in the slot: the trial is over (and remembered on disk,
+        ``remember_choice``, when both candidates were measured)."""
         self.slot.program, self.slot.trial = best, None
         for program in self.candidates:
             program.time_externs = False
+        if min(map(len, self.times)) >= self.RUNS:
+            remember_choice(self.candidates[0], self.what[0], self.candidates.index(best))
         return best
 
     def next(self) -> Program:
@@ -539,14 +598,35 @@ class Service:
         launch = workers.Launch() if in_worker else None
 
         def work(publish: Callable[[Program], None]) -> Program:
+            try:
+                return _work(publish)
+            finally:
+                if launch is not None:  # (a build that raised started no worker)
+                    launch.done()
+
+        def _work(publish: Callable[[Program], None]) -> Program:
             program = built if built is not None else build()
-            _compile(program, prepare_args, launch)
             if _upgrades(program):
                 what, change = "native segments", {"native": True}
             elif _generates_more(program, prepare_args[3]):
                 change = {"interpreter_max_elements": GENERATED_ABOVE}
                 what = "generated code for the larger kernels"
             else:
+                _compile(program, prepare_args, launch)
+                return program
+            remembered = remembered_choice(program, what)
+            if remembered == 1:  # an earlier trial kept the other: it is compiled, and runs, alone
+                try:
+                    other = Program(program.graph, **{**program.settings, **change})
+                    _compile(other, prepare_args, launch)
+                    return other
+                except Exception as e:  # noqa: BLE001 - (the first program after all)
+                    logs.log("perf", f"{what} not compiled ({type(e).__name__}: {e})")
+                    remembered, launch2 = 0, workers.Launch() if in_worker else None
+            else:
+                launch2 = launch
+            _compile(program, prepare_args, launch2)
+            if remembered == 0:  # (an earlier trial kept this program: no second candidate)
                 return program
             # the program runs compiled from the next call on; the other candidate (its native
             # segments, or its larger kernels as generated code) compiles meanwhile (a second

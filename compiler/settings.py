@@ -69,6 +69,12 @@ class Config:
         # the disk cache is filled even when the script exits first.  False: on the compile
         # thread.  ``FUSEGRAD_COMPILE_WORKERS=0`` sets False.
         self.compile_workers = os.environ.get("FUSEGRAD_COMPILE_WORKERS", "1") != "0"
+        # a ``service.Trial`` between two candidate programs (interpreted or generated larger
+        # kernels; native segments) writes which one it kept into the disk cache, and the next
+        # background compile of the same program in any process builds that one alone, with
+        # no trial.  False: every process measures again.  ``FUSEGRAD_REMEMBER_TRIALS=0``
+        # sets False.
+        self.remember_trials = os.environ.get("FUSEGRAD_REMEMBER_TRIALS", "1") != "0"
 
     # the settings ``program_key`` holds, in its order
     PROGRAM_KEY = ("interpreter_max_elements", "row_fusion")

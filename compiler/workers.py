@@ -114,7 +114,7 @@ def compile_elsewhere(program: Program, prepare_args: tuple, launch: Launch) -> 
     # one worker per program at a time, whichever process started it: its lock file is held
     # for the worker's life (the worker inherits the descriptor)
     lock_path = os.path.join(
-        directory, f"fusegrad_worker_{hashlib.sha1(_identity(program)).hexdigest()[:20]}.lock"
+        directory, f"fusegrad_worker_{hashlib.sha1(identity(program)).hexdigest()[:20]}.lock"
     )
     lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -141,11 +141,11 @@ def _done_marker(directory: str, program: Program) -> str:
     (named by the program and the numba and Python that compiled it)."""
     import numba  # (loaded already: the program was built)
 
-    key = _identity(program) + f"|{numba.__version__}|{sys.version}".encode()
+    key = identity(program) + f"|{numba.__version__}|{sys.version}".encode()
     return os.path.join(directory, f"fusegrad_compiled_{hashlib.sha1(key).hexdigest()[:20]}.done")
 
 
-def _identity(program: Program) -> bytes:
+def identity(program: Program) -> bytes:
     """What names a program across processes: its generated source (hashed into the module's
     file name), else its pickled graph and settings."""
     source = program.source_path

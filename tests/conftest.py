@@ -11,6 +11,9 @@ import pytest
 # on its own (tests/compiler/test_background_compile.py switches it on).  Subprocesses the tests
 # start inherit it.
 os.environ.setdefault("FUSEGRAD_BACKGROUND_COMPILE", "0")
+# A trial between two candidate programs is run again in every test, whatever earlier runs left
+# in the disk cache (tests/compiler/test_background_compile.py switches remembering on to test it).
+os.environ.setdefault("FUSEGRAD_REMEMBER_TRIALS", "0")
 
 
 # The suites that run as pytest processes of their own (tests/early_suites.py: the CUDA suites,

@@ -490,3 +490,60 @@ def test_a_program_times_its_extern_steps_when_asked() -> None:
         h = xa @ w.detach().numpy()
         want = xa.T @ (2 * np.tanh(h) * (1 - np.tanh(h) ** 2))
         np.testing.assert_allclose(g, want, rtol=1e-10, atol=1e-12)
+
+
+def test_a_trials_choice_is_remembered_by_the_next_compile(
+    background: Any, caplog: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """``config.remember_trials``: a finished trial writes which candidate it kept into the
+    disk cache; the next background compile of the same program (here after
+    ``compiler.reset()``, as a new process would) builds that one alone, runs no trial, and says
+    so on the ``perf`` log.  Every call has eager's gradients; without a remembered choice the
+    trial runs again."""
+    import logging
+
+    from fusegrad.compiler import service as _service
+
+    monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "remember_trials", True)
+    rng = np.random.default_rng(11)
+    w = fg.tensor(rng.standard_normal((32, 128)) / 6, requires_grad=True)
+    b = fg.tensor(rng.standard_normal(128) / 6, requires_grad=True)
+
+    def calls(n: int) -> str:
+        compiler.set_logs("perf")
+        caplog.clear()
+        try:
+            with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
+                with compiler.compiled_autograd():
+                    for i in range(n):
+                        if i == 1:
+                            assert compiler.wait_for_compiles(120)
+                        for got, want in zip(*_larger_kernels_backward(rng, w, b)):
+                            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+        finally:
+            compiler.set_logs(None)
+        return caplog.text
+
+    text = calls(2 * (_service.Trial.RUNS + 1) + 3)
+    kept = "generated code for the larger kernels kept:" in text
+    assert kept or "generated code for the larger kernels dropped:" in text
+    (program,) = compiler.cached_programs()
+    limit = program.interpreter_max_elements
+    assert list(tmp_path.glob("fusegrad_trial_*"))
+
+    compiler.reset()
+    text = calls(4)
+    remembered = "kept" if kept else "dropped"
+    assert f"generated code for the larger kernels {remembered} as an earlier trial chose" in text
+    assert "ms for interpreting them" not in text  # (no trial)
+    (program,) = compiler.cached_programs()
+    assert program.interpreter_max_elements == limit
+    assert compiler.counters.background_compiles == 1
+
+    # not remembered: the next compile runs the trial again
+    monkeypatch.setattr(config, "remember_trials", False)
+    compiler.reset()
+    text = calls(2 * (_service.Trial.RUNS + 1) + 3)
+    assert "as an earlier trial chose" not in text
+    assert "ms for interpreting them" in text

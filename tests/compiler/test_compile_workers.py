@@ -203,7 +203,7 @@ def test_one_worker_per_program_across_processes(
     monkeypatch.setattr(config, "background_compile", True)
     monkeypatch.setattr(config, "compile_workers", True)
     monkeypatch.setattr(config, "native_programs", False)
-    monkeypatch.setattr(workers, "_identity", lambda program: b"the same program")
+    monkeypatch.setattr(workers, "identity", lambda program: b"the same program")
     name = hashlib.sha1(b"the same program").hexdigest()[:20]
     held = os.open(tmp_path / f"fusegrad_worker_{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(held, fcntl.LOCK_EX)  # (as the other process's worker would)

@@ -36,7 +36,7 @@ from ..ops.convolution import convolution_grads
 from ..ops.indexing import embedding_grad
 from ..ops.norms import norm_grads
 from ..ops.recurrent import STATE_WIDTH, packed_parts, rnn_sequence_grads
-from ..ops.registry import vjp
+from ..ops.registry import vjp, vjp_arrays
 from ..ops.resample import resample_grad, resample_input_grad
 from ..ops.spectral import dual_norm
 from .grad_mode import is_grad_enabled
@@ -48,6 +48,12 @@ from .tracer import state as _tracer_state
 # (``_dtype`` is metadata that every tensor, symbolic ones included, has.)
 _COMPLEX = 3  # ``dtype.category`` of complex dtypes
 
+# The array forms (``vjp_arrays``) make their tensor forms' kernel calls: the same ufuncs on the
+# same operands, a wrapped Python number being a 0-d array of the operand's dtype
+# (``_no_grad_scalar``); the engine calls them for float32 and float64 arrays only.
+_ONE = {np.dtype(t): np.array(1.0, t) for t in (np.float32, np.float64)}
+_TWO = {np.dtype(t): np.array(2.0, t) for t in (np.float32, np.float64)}
+
 # ---- elementwise unary -------------------------------------------------------------------------
 
 
@@ -56,9 +62,19 @@ def _neg(node, g):
     return (-g,)
 
 
+@vjp_arrays("neg")
+def _neg_arrays(node, g):
+    return (np.negative(g),)
+
+
 @vjp("exp", save="out")
 def _exp(node, g, out):
     return (g * (out if out._dtype.category != _COMPLEX else out.conj()),)
+
+
+@vjp_arrays("exp")
+def _exp_arrays(node, g, out):
+    return (np.multiply(g, out),)
 
 
 @vjp("expm1", save="out")
@@ -69,6 +85,11 @@ def _expm1(node, g, out):
 @vjp("log", save="x")
 def _log(node, g, x):
     return (g / x.conj(),)
+
+
+@vjp_arrays("log")
+def _log_arrays(node, g, x):
+    return (np.true_divide(g, x),)
 
 
 @vjp("log1p", save="x")
@@ -90,6 +111,11 @@ def _cos(node, g, x):
 def _tanh(node, g, out):
     d = 1.0 - out * out
     return (g * (d if d._dtype.category != _COMPLEX else d.conj()),)
+
+
+@vjp_arrays("tanh")
+def _tanh_arrays(node, g, out):
+    return (np.multiply(g, np.subtract(_ONE[out.dtype], np.multiply(out, out))),)
 
 
 @vjp("asin", save="x")
@@ -142,9 +168,19 @@ def _sigmoid(node, g, out):
     return (g * (d if d._dtype.category != _COMPLEX else d.conj()),)
 
 
+@vjp_arrays("sigmoid")
+def _sigmoid_arrays(node, g, out):
+    return (np.multiply(g, np.multiply(out, np.subtract(_ONE[out.dtype], out))),)
+
+
 @vjp("sqrt", save="out")
 def _sqrt(node, g, out):
     return (g / (out * 2.0).conj(),)
+
+
+@vjp_arrays("sqrt")
+def _sqrt_arrays(node, g, out):
+    return (np.true_divide(g, np.multiply(out, _TWO[out.dtype])),)
 
 
 @vjp("reciprocal", save="out")
@@ -322,6 +358,11 @@ def _sub(node, g):
     return (g, -g if node.needs_input_grad[1] else None)
 
 
+@vjp_arrays("sub")
+def _sub_arrays(node, g):
+    return (g, np.negative(g) if node.needs_input_grad[1] else None)
+
+
 @vjp("mul", save={"a": "b", "b": "a"})  # each operand only for the other's gradient
 def _mul(node, g, a, b):
     need = node.needs_input_grad
@@ -333,11 +374,25 @@ def _mul(node, g, a, b):
     return (ga, gb)
 
 
+@vjp_arrays("mul")
+def _mul_arrays(node, g, a, b):
+    need = node.needs_input_grad
+    return (np.multiply(g, b) if need[0] else None, np.multiply(g, a) if need[1] else None)
+
+
 @vjp("div", save={"a": "b", "b": "a b"})
 def _div(node, g, a, b):
     need = node.needs_input_grad
     ga = g / b.conj() if need[0] else None
     gb = -(g * a.conj()) / (b * b).conj() if need[1] else None
+    return (ga, gb)
+
+
+@vjp_arrays("div")
+def _div_arrays(node, g, a, b):
+    need = node.needs_input_grad
+    ga = np.true_divide(g, b) if need[0] else None
+    gb = np.true_divide(np.negative(np.multiply(g, a)), np.multiply(b, b)) if need[1] else None
     return (ga, gb)
 
 
@@ -442,9 +497,23 @@ def _sum(node, g):
     return (g.broadcast_to(shape),)
 
 
+@vjp_arrays("sum")
+def _sum_arrays(node, g):
+    shape = node.input_shapes[0]
+    dim, keepdim = node.attrs["dim"], node.attrs["keepdim"]
+    if not keepdim and dim is not None:
+        g = g.reshape(_keepdim_shape(shape, dim))
+    return (np.broadcast_to(g, shape),)
+
+
 @vjp("sum_to")
 def _sum_to(node, g):
     return (g.broadcast_to(node.input_shapes[0]),)
+
+
+@vjp_arrays("sum_to")
+def _sum_to_arrays(node, g):
+    return (np.broadcast_to(g, node.input_shapes[0]),)
 
 
 def _extremum(node, g, x, out):

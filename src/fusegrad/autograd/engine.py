@@ -462,6 +462,11 @@ def _run_on_fresh_thread(fn: Callable[..., Any], args: tuple) -> Any:
     return outcome["result"]
 
 
+# rules with an array form run by it on the engine's common path (``OpNode.run_arrays``); the
+# tests switch it off to compare the two forms bit for bit
+array_rules = True
+
+
 def _execute(
     roots: Sequence[Tensor],
     grad_roots: Sequence[Tensor],
@@ -516,6 +521,15 @@ def _execute(
     # grad()/backward(inputs=...) -- is run here, as ``_run_node`` would run it (its first
     # branch), without its frames; ``task.capture`` is fixed for the call
     plain_nodes = executor is EAGER and not task.capture
+    # their rules by their array forms where they have one (``OpNode.run_arrays``): no tensor
+    # a rule makes can be observed -- no graph is built, no tracer sees the ops, no tangents
+    by_arrays = (
+        array_rules
+        and plain_nodes
+        and not create_graph
+        and _forward_state.level is None
+        and tracer.current() is None
+    )
     pop, push = heapq.heappop, heapq.heappush
     # An OpNode that a node makes ready runs next without a trip through the heap when no ready
     # node was created after it (the heap's order exactly: an OpNode's sequence number is its
@@ -561,7 +575,13 @@ def _execute(
                     and node._post_hooks is None
                     and not (anomaly_threads and anomaly_state.enabled)
                 ):
-                    results = node.run_rule(g0, retain_graph)
+                    results = (
+                        node.run_arrays(g0, retain_graph)
+                        if by_arrays and node._rule.arrays is not None
+                        else None
+                    )
+                    if results is None:
+                        results = node.run_rule(g0, retain_graph)
                     if type(results) is not tuple or len(results) != len(node._edges):
                         results = check_results(node, results)
                     grads = None

@@ -57,6 +57,20 @@ _make = Tensor._make  # (bound once: unpack runs per saved tensor per backward)
 # ``_edge`` (vmap's batched tensors) is asked.  Filled as types are met (``_edge_is_plain``).
 _PLAIN_EDGE: set = set()
 _ndarray = np.ndarray  # (a module global: ``np.ndarray`` is two lookups per use)
+# the dtypes whose rules may run by their array forms (``OpNode.run_arrays``)
+_ARRAY_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _wrap(r: Any, g: Any, data: Any) -> Any:
+    """An array form's result as a gradient: None stays None, the incoming gradient's own array
+    stays that tensor (as the tensor form returns it), numpy's 0-d scalars become arrays."""
+    if r is None:
+        return None
+    if r is data:
+        return g
+    return _make(r if type(r) is _ndarray else np.asarray(r))
+
+
 _NO_EDGE = (None, 0)
 # ``needs_input_grad`` of one and two inputs: shared tuples (indexed by the flags)
 _NEEDS_ONE = ((False,), (True,))
@@ -727,6 +741,54 @@ class OpNode(Node):
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
         return self.run_rule(grads[0], retain)
+
+    def run_arrays(self, g: Any, retain: bool) -> tuple | None:
+        """``run_rule`` by the rule's array form (``Rule.arrays``, the same kernel calls on the
+        arrays), for the engine's common path when no tensor of the rule could be observed
+        (grad mode off, no tracer, no forward AD: the engine checks those); None, with nothing
+        done, unless the gradient and the saved values are numpy arrays of one float dtype
+        held in the node's slots, unchanged."""
+        data = g._data
+        if type(data) is not _ndarray or data.dtype not in _ARRAY_DTYPES:
+            return None
+        rule = self._rule
+        saved = self._saved_list
+        if saved is _COMPACT:
+            steps = self._steps
+            unsaved = self._unsaved
+            if self._c0.value != self._v0 or (unsaved is not None and len(rule.save_index) != 2):
+                return None
+            s0 = self._s0
+            if steps[0][0] == "input":
+                s0 = s0._data
+            if type(s0) is not _ndarray or s0.dtype is not data.dtype:
+                return None
+            if len(steps) == 2:
+                s1 = self._s1
+                if steps[1][0] == "input":
+                    s1 = s1._data
+                if (
+                    self._c1.value != self._v1
+                    or type(s1) is not _ndarray
+                    or s1.dtype is not data.dtype
+                ):
+                    return None
+                result = rule.arrays(self, data, s0, s1)  # type: ignore[misc]
+            elif unsaved is None:
+                result = rule.arrays(self, data, s0)  # type: ignore[misc]
+            elif unsaved[0] == 0:
+                result = rule.arrays(self, data, None, s0)  # type: ignore[misc]
+            else:
+                result = rule.arrays(self, data, s0, None)  # type: ignore[misc]
+            if not retain:
+                self.release()
+        elif not rule.save_index:
+            result = rule.arrays(self, data)  # type: ignore[misc]
+        else:
+            return None
+        if len(result) == 1:
+            return (_wrap(result[0], g, data),)
+        return tuple(_wrap(r, g, data) for r in result)
 
     def run_rule(self, g: Any, retain: bool) -> tuple:
         """``apply`` given the one incoming gradient (the engine's common path calls this)."""

@@ -172,6 +172,8 @@ class Rule:
     save_plans: tuple[tuple[tuple[tuple[str, int], ...], tuple[int, ...] | None], ...] = field(
         init=False, compare=False, repr=False
     )
+    # the rule's array form (``vjp_arrays``), or None
+    arrays: Callable[..., tuple] | None = None
 
     def __post_init__(self) -> None:
         inputs = REGISTRY[self.prim].inputs
@@ -300,6 +302,25 @@ def vjp(
         if name in RULES:
             raise ValueError(f"rule for {name!r} registered twice")
         RULES[name] = Rule(name, fn, names, tuple(index), save_for)
+        return fn
+
+    return register
+
+
+def vjp_arrays(name: str) -> Callable[[Callable[..., tuple]], Callable[..., tuple]]:
+    """Register the array form of ``name``'s derivative rule: ``fn(node, g, *saved)`` with the
+    numpy arrays of the incoming gradient and of the saved values (None for one not saved), which
+    makes exactly the kernel calls of the rule's tensor form -- the same ufuncs on the same
+    operands in the same order, so the same bits -- without a tensor per intermediate value.
+    The eager engine uses it where nothing could tell the two apart (``OpNode.run_arrays``: grad
+    mode off, no tracer, no forward AD, one float dtype, numpy arrays); everything else (double
+    backward, the compiler's capture, CUDA) runs the tensor form, the definition."""
+
+    def register(fn: Callable[..., tuple]) -> Callable[..., tuple]:
+        rule = RULES[name]
+        if rule.arrays is not None:
+            raise ValueError(f"array rule for {name!r} registered twice")
+        RULES[name] = dataclasses.replace(rule, arrays=fn)
         return fn
 
     return register
