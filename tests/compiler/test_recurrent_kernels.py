@@ -165,3 +165,59 @@ def test_compiled_backward_of_a_packed_sequence_matches_eager() -> None:
         for a, b in zip(*results):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
     assert compiler.counters.compiled_runs == 2, compiler.counters
+
+
+def test_layer_output_is_read_in_place(caplog: pytest.LogCaptureFixture) -> None:
+    """The layer's output h is a contiguous block of the primitive's flat result (eager), so a
+    compiled module whose dropout and next layer read it makes no copy of it (the ``perf``
+    log's copies of the forward and backward programs, their kernels generated code)."""
+    import logging
+
+    fg.manual_seed(0)
+    model = _LanguageModel("LSTM")
+    out, _ = model.rnn(model.embed(fg.tensor(_tokens(1)[0])))
+    assert out.is_contiguous() and out._base is not None  # (a view of the result, no copy)
+    comp = fg.compile(model)
+    compiler.set_logs("perf")
+    previous = compiler.config.interpreter_max_elements
+    compiler.config.interpreter_max_elements = 0  # every kernel generated code (flat loops)
+    try:
+        with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
+            for tokens in _tokens(3):
+                logits, _ = comp(fg.tensor(tokens), None)
+                logits.square().sum().backward()
+    finally:
+        compiler.set_logs(None)
+        compiler.config.interpreter_max_elements = previous
+    copies = [r.getMessage() for r in caplog.records if "copies" in r.getMessage()]
+    assert copies, [r.getMessage() for r in caplog.records]
+    assert not [c for c in copies if "reads a copy" in c], copies
+    assert not compiler.counters.fallbacks, compiler.counters
+
+
+@pytest.mark.parametrize("cls", ["LSTM", "GRU", "RNN"])
+def test_compiled_backward_is_symbolic_in_sequence_length_and_batch(cls: str) -> None:
+    """One capture serves other sequence lengths and batch sizes: the backward primitive takes
+    the parts of the flat result and of its gradient as (rows, ...) views, so no size is
+    specialised (the gradients equal eager's at each size)."""
+    fg.manual_seed(0)
+    model = getattr(nn, cls)(3, 4, num_layers=2).double()
+    rng = np.random.default_rng(5)
+    for steps, batch in ((5, 2), (7, 6), (9, 8)):
+        x = rng.standard_normal((steps, batch, 3))
+        results = []
+        for compiled in (False, True):
+            model.zero_grad()
+            xt = fg.tensor(x, requires_grad=True)
+            out, _ = model(xt)
+            loss = (out * out).sum()
+            if compiled:
+                with compiler.compiled_autograd():
+                    loss.backward()
+            else:
+                loss.backward()
+            results.append([xt.grad.numpy()] + [p.grad.numpy().copy() for p in model.parameters()])
+        for a, b in zip(*results):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    assert compiler.counters.captures == 1, compiler.counters
+    assert compiler.counters.compiled_runs == 3, compiler.counters

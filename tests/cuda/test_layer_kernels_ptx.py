@@ -79,16 +79,18 @@ def test_resample_kernels_compile(dtype: str) -> None:
 def test_recurrent_kernels_compile(dtype: str) -> None:
     a, v = _arr(dtype, 2), _arr(dtype, 1)
     scalar = numba.from_dtype(np.dtype(dtype))
-    _compiles(recurrent._kernel("lstm_step"), (a, a, I64, v, a, a, a, a, I64, B, I64))
-    _compiles(recurrent._kernel("gru_step"), (a, a, I64, v, a, a, I64))
-    _compiles(recurrent._kernel("rnn_step"), (a, a, I64, v, B, scalar, a, a, I64))
+    _compiles(recurrent._kernel("lstm_step"), (a, a, I64, v, v, a, a, a, a, a, B, I64))
+    _compiles(recurrent._kernel("gru_step"), (a, a, I64, v, v, a, a, a, I64))
+    _compiles(recurrent._kernel("rnn_step"), (a, a, I64, v, v, B, scalar, a, a, I64))
     _compiles(recurrent._kernel("copy_rows"), (a, I64, a, I64, I64))
     _compiles(recurrent._kernel("add_rows"), (a, a, a, I64))
     _compiles(recurrent._kernel("state_grad"), (a, I64, a, a, I64))
     _compiles(
         recurrent._kernel("lstm_back"),
-        (a, a, I64, I64, I64, a, a, a, I64, B, a, a, scalar, I64),
+        (a, a, I64, I64, I64, a, a, a, B, a, a, scalar, I64),
     )
-    _compiles(recurrent._kernel("gru_back"), (a, a, I64, I64, I64, a, a, a, a, a, scalar, I64))
+    _compiles(
+        recurrent._kernel("gru_back"), (a, a, a, a, I64, I64, I64, a, a, a, a, a, scalar, I64)
+    )
     _compiles(recurrent._kernel("rnn_back"), (a, a, I64, B, a, a, scalar, scalar, I64))
     _compiles(recurrent._kernel("column_sum"), (a, v, I64))

@@ -272,6 +272,7 @@ def test_kernel_names_op_shapes_and_dtypes_on_mixed_dtypes() -> None:
             mode="LSTM",
             reverse=False,
             bias=False,
+            input_bias=False,
             proj=False,
             batch_sizes=None,
         )
@@ -357,3 +358,37 @@ def test_gradcheck_of_a_packed_layer(mode: str, reverse: bool) -> None:
 
     assert gradcheck(fn, ts)
     assert gradgradcheck(fn, ts)
+
+
+@pytest.mark.parametrize("with_b_hh", [True, False], ids=["b_hh", "no_b_hh"])
+@pytest.mark.parametrize("mode", MODES)
+def test_input_bias_added_in_the_kernel(mode: str, with_b_hh: bool) -> None:
+    """``b_ih`` given to the primitive (as ``rnn_layer`` does) is the same as added to
+    ``x_gates`` beforehand (values, and the gradients of every input with it), and its
+    gradient passes gradcheck, also under create_graph (gradgradcheck)."""
+    rng = np.random.default_rng(13)
+    size = GATES[mode] * 2
+    shapes = [(3, 2, size), (size, 2), (2, 2), (2, 2), (size,), (size,)]
+    arrays = [rng.uniform(-1, 1, s) for s in shapes]
+    weights = None  # (of the output in the loss: drawn once the output's size is known)
+
+    def run(a: list, fused_bias: bool) -> Any:
+        c0 = a[3] if mode == "LSTM" else None
+        b_hh = a[4] if with_b_hh else None
+        if fused_bias:
+            return rnn_sequence(mode, a[0], a[1], a[2], c0, b_hh, False, b_ih=a[5])
+        return rnn_sequence(mode, a[0] + a[5], a[1], a[2], c0, b_hh, False)
+
+    results = []
+    for fused_bias in (True, False):
+        ts = [fg.tensor(v, requires_grad=True) for v in arrays]
+        out = run(ts, fused_bias)
+        weights = rng.uniform(-1, 1, out.shape) if weights is None else weights
+        (out * fg.tensor(weights)).sum().backward()
+        used = [0, 1, 2, 5] + ([3] if mode == "LSTM" else []) + ([4] if with_b_hh else [])
+        results.append([out.detach().numpy()] + [ts[k].grad.numpy() for k in used])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    ts = [fg.tensor(v, requires_grad=True) for v in arrays]
+    assert gradcheck(lambda *a: run(list(a), True), ts)
+    assert gradgradcheck(lambda *a: run(list(a), True), ts)

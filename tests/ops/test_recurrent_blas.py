@@ -77,9 +77,13 @@ def _forward_backward(mode: str, reverse: bool, a: dict, rng: np.random.Generato
         a["batch_sizes"],
     )  # fmt: skip
     g = np.random.default_rng(5).standard_normal(out.shape).astype(out.dtype)
+    rows = int(np.prod(a["x_gates"].shape[:-1]))
+    size, hidden = a["w_hh"].shape[1], a["w_hh"].shape[0] // GATES[mode]
+    parts = [rk.packed_parts(v, rows, size, rk.STATE_WIDTH[mode] * hidden) for v in (g, out)]
     grads = rk.rnn_backward(
-        mode, g, out, a["w_hh"], a["h0"], a["c0"], reverse, a["w_hr"], a["batch_sizes"]
-    )
+        mode, *parts[0], *parts[1], a["w_hh"], a["h0"], a["c0"], reverse, a["w_hr"],
+        a["batch_sizes"],
+    )  # fmt: skip
     return out, grads
 
 

@@ -35,7 +35,7 @@ from ..errors import AutogradError
 from ..ops.convolution import convolution_grads
 from ..ops.indexing import embedding_grad
 from ..ops.norms import norm_grads
-from ..ops.recurrent import rnn_sequence_grads
+from ..ops.recurrent import STATE_WIDTH, packed_parts, rnn_sequence_grads
 from ..ops.registry import vjp, vjp_arrays
 from ..ops.resample import resample_grad, resample_input_grad
 from ..ops.spectral import dual_norm
@@ -852,11 +852,13 @@ def _rnn_sequence(node, g, w_hh, h0, out, *state):
     op surface (``ops.recurrent.rnn_sequence_grads``), which differentiate again."""
     mode, reverse = node.attrs["mode"], node.attrs["reverse"]
     bias, proj, batch_sizes = node.attrs["bias"], node.attrs["proj"], node.attrs["batch_sizes"]
+    input_bias = node.attrs["input_bias"]
     lstm = mode == "LSTM"
     c0 = state[0] if lstm else None
     w_hr = state[1] if proj else None
     if is_grad_enabled():
-        grads = rnn_sequence_grads(mode, reverse, g, out, w_hh, h0, c0, w_hr, batch_sizes)
+        lead = tuple(node.input_shapes[0][:-1])
+        grads = rnn_sequence_grads(mode, reverse, g, out, w_hh, h0, c0, w_hr, batch_sizes, lead)
         dx, dh0, dc0, dw_hh, dw_hr, db_hh = grads
     else:
         x_shape = node.input_shapes[0]
@@ -865,7 +867,12 @@ def _rnn_sequence(node, g, w_hh, h0, out, *state):
         gates, size = w_hh.shape[0], w_hh.shape[1]
         hidden = c0.shape[1] if lstm else size
         attrs = {"mode": mode, "reverse": reverse, "proj": proj, "batch_sizes": batch_sizes}
-        inputs = (g, out, w_hh, h0) + ((c0,) if lstm else ()) + ((w_hr,) if proj else ())
+        # the gradient and the result in their two parts, views (rows, P) and (rows, S H)
+        width = STATE_WIDTH[mode] * hidden
+        g_h, g_s = packed_parts(g, (rows,), size, width)
+        out_h, out_s = packed_parts(out, (rows,), size, width)
+        inputs = (g_h, g_s, out_h, out_s, w_hh, h0)
+        inputs += ((c0,) if lstm else ()) + ((w_hr,) if proj else ())
         flat = F.apply(F.REGISTRY["rnn_sequence_backward"], inputs, attrs)
         sizes = [rows * gates, batch * size, batch * hidden if lstm else 0]
         sizes += [gates * size, size * hidden if proj else 0, gates]
@@ -886,7 +893,17 @@ def _rnn_sequence(node, g, w_hh, h0, out, *state):
     if proj:
         result.append(dw_hr if need[4] else None)
     if bias:
-        result.append(db_hh if need[-1] else None)
+        result.append(db_hh if need[len(result)] else None)
+    if input_bias and need[len(result)]:
+        # b_ih is added with x_gates: its gradient sums x_gates's over the rows, which is
+        # b_hh's for an LSTM and an RNN (the same gates' gradients; a copy, as .grad is its
+        # own tensor), the GRU's differs in the n gate
+        if bias and mode != "GRU":
+            result.append(db_hh.clone())
+        else:
+            result.append(dx.reshape(-1, dx.shape[-1]).sum(0))
+    elif input_bias:
+        result.append(None)
     return tuple(result)
 
 

@@ -7,7 +7,8 @@ The host walks the time steps (their row ranges are known on the host: a padded 
 steps have N rows each, a packed one's ``batch_sizes[t]``, longest first); per step the state's
 product ``h W_hh^T`` is one device matmul (``cuda/matmul.py``) and the gates one kernel, one
 thread per (row, hidden unit), which writes the packed values the backward reads (the same
-layout as the CPU kernels': LSTM ``h, c, i, f, g, o``, GRU ``h, r, z, n, hn``, RNN ``h``).  The
+flat layout as the CPU kernels': every row's output h first, then every row's saved state,
+LSTM ``c, i, f, g, o``, GRU ``r, z, n, hn``, RNN nothing).  The
 backward walks the steps the other way: one kernel per step for the gates' gradients, one
 matmul for the state's gradient to the step before; then ``dW_hh`` is one product of the
 gates' gradients by the states each step read, ``db_hh`` a column sum (in float64), and an
@@ -29,7 +30,8 @@ from .array import CudaArray, contiguous, copy_into, empty, probe_view
 from .kernels import build, fill, launch_config
 from .matmul import matmul
 
-PACKED_WIDTH = {"RNN_TANH": 1, "RNN_RELU": 1, "GRU": 5}
+# how many hidden-size columns a row's saved state has (``ops/recurrent_kernels.STATE_WIDTH``)
+STATE_WIDTH = {"LSTM": 5, "GRU": 4, "RNN_TANH": 0, "RNN_RELU": 0}
 
 _SOURCE = """
 @cuda.jit(device=True, inline="always")
@@ -39,63 +41,68 @@ def sigmoid(x):
 
 
 @cuda.jit
-def lstm_step(pre, x, first, b, c, m, h, out, size, direct, n):
+def lstm_step(pre, x, first, b, bi, c, m, h, out_h, out, direct, n):
     hidden = c.shape[1]
-    gi = size + hidden
-    gf = size + 2 * hidden
-    gg = size + 3 * hidden
-    go = size + 4 * hidden
+    gi = hidden
+    gf = 2 * hidden
+    gg = 3 * hidden
+    go = 4 * hidden
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         r = i // hidden
         j = i % hidden
         row = first + r
-        ig = sigmoid(x[row, j] + (pre[r, j] + b[j]))
-        fg = sigmoid(x[row, hidden + j] + (pre[r, hidden + j] + b[hidden + j]))
-        cg = tanh(x[row, 2 * hidden + j] + (pre[r, 2 * hidden + j] + b[2 * hidden + j]))
-        og = sigmoid(x[row, 3 * hidden + j] + (pre[r, 3 * hidden + j] + b[3 * hidden + j]))
+        ig = sigmoid((x[row, j] + bi[j]) + (pre[r, j] + b[j]))
+        k = hidden + j
+        fg = sigmoid((x[row, k] + bi[k]) + (pre[r, k] + b[k]))
+        k = 2 * hidden + j
+        cg = tanh((x[row, k] + bi[k]) + (pre[r, k] + b[k]))
+        k = 3 * hidden + j
+        og = sigmoid((x[row, k] + bi[k]) + (pre[r, k] + b[k]))
         out[row, gi + j] = ig
         out[row, gf + j] = fg
         out[row, gg + j] = cg
         out[row, go + j] = og
         cn = out[row, gf + j] * c[r, j] + out[row, gi + j] * out[row, gg + j]
         c[r, j] = cn
-        out[row, size + j] = cn
+        out[row, j] = cn
         mn = out[row, go + j] * tanh(c[r, j])
         if direct:
             h[r, j] = mn
-            out[row, j] = h[r, j]
+            out_h[row, j] = h[r, j]
         else:
             m[r, j] = mn
 
 
 @cuda.jit
-def gru_step(pre, x, first, b, h, out, n):
+def gru_step(pre, x, first, b, bi, h, out_h, out, n):
     hidden = h.shape[1]
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         r = i // hidden
         j = i % hidden
         row = first + r
-        rg = sigmoid(x[row, j] + (pre[r, j] + b[j]))
-        z = sigmoid(x[row, hidden + j] + (pre[r, hidden + j] + b[hidden + j]))
+        rg = sigmoid((x[row, j] + bi[j]) + (pre[r, j] + b[j]))
+        k = hidden + j
+        z = sigmoid((x[row, k] + bi[k]) + (pre[r, k] + b[k]))
         hn = pre[r, 2 * hidden + j] + b[2 * hidden + j]
-        out[row, hidden + j] = rg
-        out[row, 2 * hidden + j] = z
-        out[row, 4 * hidden + j] = hn
-        new = tanh(x[row, 2 * hidden + j] + out[row, hidden + j] * out[row, 4 * hidden + j])
-        out[row, 3 * hidden + j] = new
-        new = out[row, 3 * hidden + j]
-        h[r, j] = new + out[row, 2 * hidden + j] * (h[r, j] - new)
-        out[row, j] = h[r, j]
+        out[row, j] = rg
+        out[row, hidden + j] = z
+        out[row, 3 * hidden + j] = hn
+        k = 2 * hidden + j
+        new = tanh((x[row, k] + bi[k]) + out[row, j] * out[row, 3 * hidden + j])
+        out[row, 2 * hidden + j] = new
+        new = out[row, 2 * hidden + j]
+        h[r, j] = new + out[row, hidden + j] * (h[r, j] - new)
+        out_h[row, j] = h[r, j]
 
 
 @cuda.jit
-def rnn_step(pre, x, first, b, relu, zero, h, out, n):
+def rnn_step(pre, x, first, b, bi, relu, zero, h, out, n):
     hidden = h.shape[1]
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         r = i // hidden
         j = i % hidden
         row = first + r
-        v = x[row, j] + (pre[r, j] + b[j])
+        v = (x[row, j] + bi[j]) + (pre[r, j] + b[j])
         if relu:
             if not (v > zero or v != v):
                 v = zero
@@ -129,24 +136,24 @@ def state_grad(g, first, dh, dht, n):
 
 
 @cuda.jit
-def lstm_back(g, out, first, prev_first, prev_rows, c0, dm, dc, size, proj, ms, dx, one, n):
+def lstm_back(g, out, first, prev_first, prev_rows, c0, dm, dc, proj, ms, dx, one, n):
     hidden = c0.shape[1]
-    gi = size + hidden
-    gf = size + 2 * hidden
-    gg = size + 3 * hidden
-    go = size + 4 * hidden
+    gi = hidden
+    gf = 2 * hidden
+    gg = 3 * hidden
+    go = 4 * hidden
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         r = i // hidden
         j = i % hidden
         row = first + r
         if r < prev_rows:
-            c_prev = out[prev_first + r, size + j]
+            c_prev = out[prev_first + r, j]
         else:
             c_prev = c0[r, j]
-        tc = tanh(out[row, size + j])
+        tc = tanh(out[row, j])
         if proj:
             ms[row, j] = out[row, go + j] * tc
-        dcv = g[row, size + j] + dc[r, j] + dm[r, j] * out[row, go + j] * (one - tc * tc)
+        dcv = g[row, j] + dc[r, j] + dm[r, j] * out[row, go + j] * (one - tc * tc)
         ig = out[row, gi + j]
         dx[row, j] = (dcv * out[row, gg + j] + g[row, gi + j]) * ig * (one - ig)
         fg = out[row, gf + j]
@@ -159,27 +166,27 @@ def lstm_back(g, out, first, prev_first, prev_rows, c0, dm, dc, size, proj, ms, 
 
 
 @cuda.jit
-def gru_back(g, out, first, prev_first, prev_rows, h0, dh, dx, dhg, direct, one, n):
+def gru_back(g_h, g, out_h, out, first, prev_first, prev_rows, h0, dh, dx, dhg, direct, one, n):
     hidden = h0.shape[1]
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         r = i // hidden
         j = i % hidden
         row = first + r
         if r < prev_rows:
-            h_prev = out[prev_first + r, j]
+            h_prev = out_h[prev_first + r, j]
         else:
             h_prev = h0[r, j]
-        dhv = g[row, j] + dh[r, j]
-        z = out[row, 2 * hidden + j]
-        new = out[row, 3 * hidden + j]
-        dx[row, 2 * hidden + j] = (dhv * (one - z) + g[row, 3 * hidden + j]) * (one - new * new)
-        dx[row, hidden + j] = (dhv * (h_prev - new) + g[row, 2 * hidden + j]) * z * (one - z)
-        rg = out[row, hidden + j]
-        dr = (dx[row, 2 * hidden + j] * out[row, 4 * hidden + j] + g[row, hidden + j])
+        dhv = g_h[row, j] + dh[r, j]
+        z = out[row, hidden + j]
+        new = out[row, 2 * hidden + j]
+        dx[row, 2 * hidden + j] = (dhv * (one - z) + g[row, 2 * hidden + j]) * (one - new * new)
+        dx[row, hidden + j] = (dhv * (h_prev - new) + g[row, hidden + j]) * z * (one - z)
+        rg = out[row, j]
+        dr = (dx[row, 2 * hidden + j] * out[row, 3 * hidden + j] + g[row, j])
         dx[row, j] = dr * rg * (one - rg)
         dhg[row, j] = dx[row, j]
         dhg[row, hidden + j] = dx[row, hidden + j]
-        dhg[row, 2 * hidden + j] = dx[row, 2 * hidden + j] * rg + g[row, 4 * hidden + j]
+        dhg[row, 2 * hidden + j] = dx[row, 2 * hidden + j] * rg + g[row, 3 * hidden + j]
         direct[r, j] = dhv * z
 
 
@@ -239,12 +246,23 @@ def _t(a: CudaArray) -> CudaArray:
     return probe_view(a, lambda p: p.T)
 
 
+def _packed_parts(
+    packed: CudaArray, rows: int, size: int, state: int
+) -> tuple[CudaArray, CudaArray | None]:
+    """The outputs h (rows, size) and saved states (rows, state; None for an RNN's none) of a
+    flat packed result or its gradient (``ops/recurrent_kernels.packed_parts``)."""
+    outputs = _rows(packed, 0, rows * size).reshape((rows, size))
+    states = _rows(packed, rows * size, rows * state).reshape((rows, state)) if state else None
+    return outputs, states
+
+
 def _typed(value: float, dtype: np.dtype) -> Any:
     return np.array(value, dtype)[()]
 
 
-def rnn_sequence(x_gates, w_hh, h0, *state, mode, reverse, bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
-    """The packed values of one layer and direction (``ops/recurrent_kernels.rnn_forward``)."""
+def rnn_sequence(x_gates, w_hh, h0, *state, mode, reverse, bias, input_bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
+    """The packed values of one layer and direction, flat
+    (``ops/recurrent_kernels.rnn_forward``)."""
     lstm = mode == "LSTM"
     c0 = state[0] if lstm else None
     w_hr = state[1] if proj else None
@@ -254,22 +272,24 @@ def rnn_sequence(x_gates, w_hh, h0, *state, mode, reverse, bias, proj, batch_siz
     flat = contiguous(x_gates).reshape((-1, x_gates.shape[-1]))
     rows_total = flat.shape[0]
     offsets, sizes = _steps(rows_total, batch, batch_sizes)
-    if bias:
-        b = contiguous(state[-1])
-    else:
-        b = empty((gate_size,), dtype)
-        fill(b, 0)
+    biases = []  # b_hh, then b_ih (the input projection's, added to x_gates here)
+    for given, k in ((bias, -2 if input_bias else -1), (input_bias, -1)):
+        if given:
+            biases.append(contiguous(state[k]))
+        else:
+            biases.append(empty((gate_size,), dtype))
+            fill(biases[-1], 0)
+    b, bi = biases
     w_hh_t = _t(w_hh)
     h = contiguous(h0, force=True)
+    hidden = c0.shape[1] if lstm else size
+    width = STATE_WIDTH[mode] * hidden  # (the saved state's columns per row)
+    packed = empty((rows_total * (size + width),), dtype)
+    out_h, out = _packed_parts(packed, rows_total, size, width)
     if lstm:
-        hidden = c0.shape[1]
         c = contiguous(c0, force=True)
         m = empty((batch, hidden), dtype)
-        out = empty((rows_total, size + 5 * hidden), dtype)
         w_hr_t = None if w_hr is None else _t(w_hr)
-    else:
-        hidden = size
-        out = empty((rows_total, PACKED_WIDTH[mode] * size), dtype)
     steps = len(sizes)
     for s in range(steps):
         t = steps - 1 - s if reverse else s
@@ -278,22 +298,23 @@ def rnn_sequence(x_gates, w_hh, h0, *state, mode, reverse, bias, proj, batch_siz
             continue
         pre = contiguous(matmul(_rows(h, 0, rows), w_hh_t))
         n = rows * hidden
-        x, bk, o = flat.kernel_array(), b.kernel_array(), out.kernel_array()
+        x, bk, oh = flat.kernel_array(), b.kernel_array(), out_h.kernel_array()
+        bik = bi.kernel_array()
         if lstm:
             direct = w_hr is None
-            _launch("lstm_step", n, pre.kernel_array(), x, first, bk, c.kernel_array(),
-                    m.kernel_array(), h.kernel_array(), o, size, direct)  # fmt: skip
+            _launch("lstm_step", n, pre.kernel_array(), x, first, bk, bik, c.kernel_array(),
+                    m.kernel_array(), h.kernel_array(), oh, out.kernel_array(), direct)  # fmt: skip
             if not direct:
                 hp = contiguous(matmul(_rows(m, 0, rows), w_hr_t))
                 copy_into(_rows(h, 0, rows), hp)
-                _launch("copy_rows", rows * size, out.kernel_array(), first,
-                        hp.kernel_array(), 0)  # fmt: skip
+                _launch("copy_rows", rows * size, oh, first, hp.kernel_array(), 0)
         elif mode == "GRU":
-            _launch("gru_step", n, pre.kernel_array(), x, first, bk, h.kernel_array(), o)
+            _launch("gru_step", n, pre.kernel_array(), x, first, bk, bik, h.kernel_array(), oh,
+                    out.kernel_array())  # fmt: skip
         else:
-            _launch("rnn_step", n, pre.kernel_array(), x, first, bk, mode == "RNN_RELU",
-                    _typed(0, dtype), h.kernel_array(), o)  # fmt: skip
-    return out.reshape(tuple(x_gates.shape[:-1]) + (out.shape[1],))
+            _launch("rnn_step", n, pre.kernel_array(), x, first, bk, bik, mode == "RNN_RELU",
+                    _typed(0, dtype), h.kernel_array(), oh)  # fmt: skip
+    return packed
 
 
 def _previous_states(outputs: CudaArray, h0: CudaArray, offsets: list, sizes: list,
@@ -320,19 +341,23 @@ def _previous_states(outputs: CudaArray, h0: CudaArray, offsets: list, sizes: li
     return before
 
 
-def rnn_sequence_backward(g, out, w_hh, h0, *state, mode, reverse, proj, batch_sizes):  # type: ignore[no-untyped-def]
-    """The gradients of ``rnn_sequence`` for ``g``, flat: x_gates, h0, c0 (LSTM), w_hh, w_hr
+def rnn_sequence_backward(
+    g_h, g_s, out_h, out_s, w_hh, h0, *state, mode, reverse, proj, batch_sizes
+):  # type: ignore[no-untyped-def]
+    """The gradients of ``rnn_sequence`` for the two parts of its result's gradient (``g_h``,
+    ``g_s``; ``out_h``, ``out_s`` the result's), flat: x_gates, h0, c0 (LSTM), w_hh, w_hr
     (``proj``), b_hh (``ops/recurrent_kernels.rnn_backward``)."""
     lstm = mode == "LSTM"
     c0 = contiguous(state[0]) if lstm else None
     w_hr = contiguous(state[1]) if proj else None
-    dtype = np.dtype(out.dtype)
+    dtype = np.dtype(out_h.dtype)
     gate_size, size = w_hh.shape
     batch = h0.shape[0]
     hidden = size if c0 is None else c0.shape[1]
-    g = contiguous(g).reshape((-1, out.shape[-1]))
-    out = contiguous(out).reshape((-1, out.shape[-1]))
-    rows_total = out.shape[0]
+    rows_total = out_h.shape[0]
+    g_h, out_h = contiguous(g_h), contiguous(out_h)
+    g_s = contiguous(g_s) if mode in ("LSTM", "GRU") else None  # (an RNN's: no columns)
+    out_s = contiguous(out_s) if mode in ("LSTM", "GRU") else None
     offsets, sizes = _steps(rows_total, batch, batch_sizes)
     parts = [rows_total * gate_size, batch * size, batch * hidden if lstm else 0]
     parts += [gate_size * size, size * hidden if proj else 0, gate_size]
@@ -351,7 +376,9 @@ def rnn_sequence_backward(g, out, w_hh, h0, *state, mode, reverse, proj, batch_s
     h0 = contiguous(h0)
     w_hh = contiguous(w_hh)
     one, zero = _typed(1, dtype), _typed(0, dtype)
-    gk, ok, dxk = g.kernel_array(), out.kernel_array(), dx_gates.kernel_array()
+    ghk, ohk, dxk = g_h.kernel_array(), out_h.kernel_array(), dx_gates.kernel_array()
+    gsk = None if g_s is None else g_s.kernel_array()
+    osk = None if out_s is None else out_s.kernel_array()
     if lstm:
         dc = seg(2, (batch, hidden))
         fill(dc, 0)
@@ -375,28 +402,26 @@ def rnn_sequence_backward(g, out, w_hh, h0, *state, mode, reverse, proj, batch_s
         n = rows * hidden
         if lstm:
             dht = _rows(dh_step, 0, rows) if not proj else _rows(dhs, first, rows)
-            _launch("state_grad", rows * size, gk, first, dh.kernel_array(), dht.kernel_array())
+            _launch("state_grad", rows * size, ghk, first, dh.kernel_array(), dht.kernel_array())
             dm = contiguous(matmul(dht, w_hr)) if proj else dht
-            _launch("lstm_back", n, gk, ok, first, prev_first, prev_rows, c0.kernel_array(),
-                    dm.kernel_array(), dc.kernel_array(), size, bool(proj), ms.kernel_array(),
+            _launch("lstm_back", n, gsk, osk, first, prev_first, prev_rows, c0.kernel_array(),
+                    dm.kernel_array(), dc.kernel_array(), bool(proj), ms.kernel_array(),
                     dxk, one)  # fmt: skip
             copy_into(_rows(dh, 0, rows), matmul(_rows(dx_gates, first, rows), w_hh))
         elif mode == "GRU":
-            _launch("gru_back", n, gk, ok, first, prev_first, prev_rows, h0.kernel_array(),
-                    dh.kernel_array(), dxk, dh_gates.kernel_array(), direct.kernel_array(),
-                    one)  # fmt: skip
+            _launch("gru_back", n, ghk, gsk, ohk, osk, first, prev_first, prev_rows,
+                    h0.kernel_array(), dh.kernel_array(), dxk, dh_gates.kernel_array(),
+                    direct.kernel_array(), one)  # fmt: skip
             product = contiguous(matmul(_rows(dh_gates, first, rows), w_hh))
             _launch("add_rows", rows * size, _rows(dh, 0, rows).kernel_array(),
                     product.kernel_array(), _rows(direct, 0, rows).kernel_array())  # fmt: skip
         else:
-            _launch("rnn_back", n, gk, ok, first, mode == "RNN_RELU", dh.kernel_array(), dxk,
+            _launch("rnn_back", n, ghk, ohk, first, mode == "RNN_RELU", dh.kernel_array(), dxk,
                     one, zero)  # fmt: skip
             copy_into(_rows(dh, 0, rows), matmul(_rows(dx_gates, first, rows), w_hh))
     if proj:
         copy_into(seg(4, (size, hidden)), matmul(_t(dhs), ms))
-    states = _previous_states(
-        contiguous(probe_view(out, lambda p: p[:, :size])), h0, offsets, sizes, bool(reverse)
-    )
+    states = _previous_states(out_h, h0, offsets, sizes, bool(reverse))
     copy_into(seg(3, (gate_size, size)), matmul(_t(dh_gates), states))
     _launch("column_sum", gate_size, dh_gates.kernel_array(), seg(5, (gate_size,)).kernel_array())
     return flat

@@ -1020,33 +1020,47 @@ def _recurrent_kernels():  # type: ignore[no-untyped-def]
 # One primitive per recurrent layer and direction over the whole sequence (not a composite of
 # per-step ops) for speed: the op loop ran about ten eager ops per time step, 7x-10x slower than
 # PyTorch's fused kernels (issue 27).  ``state`` holds c0 (LSTM only), then w_hr when ``proj``
-# (an LSTM's projection), then b_hh when ``bias``.
+# (an LSTM's projection), then b_hh when ``bias``, then b_ih when ``input_bias``.
 @primitive("rnn_sequence", "opaque", "x_gates w_hh h0 state*")
-def _rnn_sequence(x_gates, w_hh, h0, *state, mode, reverse, bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
+def _rnn_sequence(x_gates, w_hh, h0, *state, mode, reverse, bias, input_bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
     """The recurrence of one LSTM / GRU / RNN layer in one direction: ``x_gates`` (T, N, G H)
-    is the input projection ``x W_ih^T + b_ih`` of every step, ``w_hh`` (G H, P), ``h0``
-    (N, P), then c0 (N, H) for ``mode="LSTM"``, w_hr (P, H) when ``proj`` and b_hh (G H) when
-    ``bias``; P is H except for an LSTM's projection; ``reverse`` runs from the last step to the
-    first.  Returns (T, N, W): per step the output h, then what the backward needs (LSTM: c, i,
-    f, g, o, W = P + 5 H; GRU: r, z, n, hn, W = 5 H; RNN: nothing more, W = H).  With
-    ``batch_sizes`` (a PackedSequence's, longest sequence first) ``x_gates`` and the result are
-    the packed rows instead, (sum of batch_sizes, ...): step t has ``batch_sizes[t]`` rows.  One
-    numba kernel (``recurrent_kernels``)."""
+    is the input projection ``x W_ih^T`` of every step, ``w_hh`` (G H, P), ``h0`` (N, P), then
+    c0 (N, H) for ``mode="LSTM"``, w_hr (P, H) when ``proj``, b_hh (G H) when ``bias`` and
+    b_ih (G H, added to ``x_gates``) when ``input_bias``; P is H except for an LSTM's
+    projection; ``reverse`` runs from the last step to the first.  Returns one flat buffer of
+    the T N rows' values in two parts: the outputs h (T, N, P) first, contiguous (what reads
+    the layer's output reads it without a copy), then what the backward needs (T, N, S H;
+    LSTM: c, i, f, g, o, S = 5; GRU: r, z, n, hn, S = 4; RNN: nothing, S = 0).  With
+    ``batch_sizes`` (a PackedSequence's, longest sequence first) ``x_gates`` holds the packed
+    rows instead, (sum of batch_sizes, G H): step t has ``batch_sizes[t]`` rows, and so has
+    the result.  One numba kernel (``recurrent_kernels``)."""
     c0 = state[0] if mode == "LSTM" else None
     w_hr = state[1] if proj else None
-    b_hh = state[-1] if bias else None
-    return _recurrent_kernels()[0](mode, x_gates, w_hh, h0, c0, b_hh, reverse, w_hr, batch_sizes)
+    b_ih = state[-1] if input_bias else None
+    b_hh = state[-2 if input_bias else -1] if bias else None
+    return _recurrent_kernels()[0](
+        mode, x_gates, w_hh, h0, c0, b_hh, reverse, w_hr, batch_sizes, b_ih
+    )
 
 
-@primitive("rnn_sequence_backward", "opaque", "g out w_hh h0 state*", differentiable=False)
-def _rnn_sequence_backward(g, out, w_hh, h0, *state, mode, reverse, proj, batch_sizes):  # type: ignore[no-untyped-def]
-    """The gradients of ``rnn_sequence`` for the gradient ``g`` of its packed output ``out``
-    (``state``: c0 for the LSTM, then w_hr when ``proj``), flat: x_gates, h0, c0 (LSTM), w_hh,
-    w_hr (``proj``), b_hh.  Not differentiable: the rule computes a differentiable composite
-    instead where a graph of the gradient is wanted (``create_graph``)."""
+@primitive(
+    "rnn_sequence_backward", "opaque", "g_h g_s out_h out_s w_hh h0 state*", differentiable=False
+)
+def _rnn_sequence_backward(
+    g_h, g_s, out_h, out_s, w_hh, h0, *state, mode, reverse, proj, batch_sizes
+):  # type: ignore[no-untyped-def]
+    """The gradients of ``rnn_sequence`` for the gradient of its flat packed result, both in
+    their two parts (rows, P) and (rows, S H): ``g_h``, ``g_s`` the gradient's, ``out_h``,
+    ``out_s`` the result's (``state``: c0 for the LSTM, then w_hr when ``proj``); flat:
+    x_gates, h0, c0 (LSTM), w_hh, w_hr (``proj``), b_hh.  (The parts as inputs of their own:
+    their row count is the first size, so a compiled backward stays symbolic in it.)  Not
+    differentiable: the rule computes a differentiable composite instead where a graph of the
+    gradient is wanted (``create_graph``)."""
     c0 = state[0] if mode == "LSTM" else None
     w_hr = state[1] if proj else None
-    return _recurrent_kernels()[1](mode, g, out, w_hh, h0, c0, reverse, w_hr, batch_sizes)
+    return _recurrent_kernels()[1](
+        mode, g_h, g_s, out_h, out_s, w_hh, h0, c0, reverse, w_hr, batch_sizes
+    )
 
 
 # Convolution and pooling as single primitives with kernels of their own (not composites of
@@ -1579,19 +1593,23 @@ def _set_metas() -> None:
         ),
     )
 
-    def rnn_sequence_meta(shapes, dtypes, mode, reverse, bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
-        size = shapes[1][1]  # (P: H, or an LSTM's projection)
-        width = size + 5 * shapes[3][1] if mode == "LSTM" else (5 if mode == "GRU" else 1) * size
-        return tuple(shapes[0][:-1]) + (width,), dtypes[0]
+    def rnn_sequence_meta(shapes, dtypes, mode, reverse, bias, input_bias, proj, batch_sizes):  # type: ignore[no-untyped-def]
+        rows = 1
+        for d in shapes[0][:-1]:
+            rows = rows * d
+        size = shapes[1][1]  # (P: H, or an LSTM's projection); then P + S H values per row
+        if mode == "LSTM":
+            width = size + 5 * shapes[3][1]
+        else:
+            width = size + (4 * size if mode == "GRU" else 0)
+        return (rows * width,), dtypes[0]
 
     def rnn_sequence_backward_meta(shapes, dtypes, mode, reverse, proj, batch_sizes):  # type: ignore[no-untyped-def]
-        (gates, size), batch = shapes[2], shapes[3][0]
-        rows = 1
-        for d in shapes[1][:-1]:
-            rows = rows * d
+        # (g_h, g_s, out_h, out_s, w_hh, h0, state*)
+        (gates, size), batch, rows = shapes[4], shapes[5][0], shapes[0][0]
         total = rows * gates + batch * size + gates * size + gates
         if mode == "LSTM":
-            hidden = shapes[4][1]
+            hidden = shapes[6][1]
             total += batch * hidden + (size * hidden if proj else 0)
         return (total,), dtypes[1]
 

@@ -25,6 +25,22 @@ from .shape import cat, stack
 
 __all__ = ["rnn_layer", "rnn_sequence", "rnn_sequence_grads"]
 
+# how many hidden-size columns a row's saved state has in ``rnn_sequence``'s result, beside its
+# output h (``ops/primitives.py``, ``recurrent_kernels.STATE_WIDTH``)
+STATE_WIDTH = {"LSTM": 5, "GRU": 4, "RNN_TANH": 0, "RNN_RELU": 0}
+
+
+def packed_parts(packed: Tensor, lead: tuple, size: int, state: int) -> tuple[Tensor, Tensor]:
+    """The two parts of ``rnn_sequence``'s flat result (or of its gradient) as views of it: the
+    outputs h (``lead`` + (size,)) and the saved states (``lead`` + (state,)); ``lead`` is
+    (T, N) or a packed sequence's (rows,)."""
+    rows = 1
+    for d in lead:
+        rows = rows * d
+    outputs = packed.narrow(0, 0, rows * size).reshape(*lead, size)
+    states = packed.narrow(0, rows * size, rows * state).reshape(*lead, state)
+    return outputs, states
+
 
 def rnn_sequence(
     mode: str,
@@ -36,16 +52,21 @@ def rnn_sequence(
     reverse: bool,
     w_hr: Tensor | None = None,
     batch_sizes: tuple[int, ...] | None = None,
+    b_ih: Tensor | None = None,
 ) -> Tensor:
-    """The ``rnn_sequence`` primitive: the packed values of the recurrence (see
-    ``ops/primitives.py``); ``c0`` and ``w_hr`` (a projection) for the LSTM only, ``b_hh``
-    optional; ``batch_sizes``: ``x_gates`` holds a PackedSequence's rows."""
+    """The ``rnn_sequence`` primitive: the packed values of the recurrence, flat (the outputs
+    h, then the saved states: see ``ops/primitives.py``); ``c0`` and ``w_hr`` (a projection)
+    for the LSTM only, ``b_hh`` and ``b_ih`` (the input projection's bias, added here rather
+    than to ``x_gates``) optional; ``batch_sizes``: ``x_gates`` holds a PackedSequence's
+    rows."""
     state = [c0] if mode == "LSTM" else []
     state += ([] if w_hr is None else [w_hr]) + ([] if b_hh is None else [b_hh])
+    state += [] if b_ih is None else [b_ih]
     attrs = {
         "mode": mode,
         "reverse": bool(reverse),
         "bias": b_hh is not None,
+        "input_bias": b_ih is not None,
         "proj": w_hr is not None,
         "batch_sizes": None if batch_sizes is None else tuple(int(b) for b in batch_sizes),
     }
@@ -82,25 +103,39 @@ def rnn_layer(
     ``w_hr`` (P, H).  With ``batch_sizes``, ``x`` is a PackedSequence's data (rows, in) and the
     output its packed rows (rows, P); each sequence's final state is its own last step's."""
     size = w_hh.shape[1]
+    # the input projection without its bias: the kernel adds b_ih as it reads x_gates (the
+    # same sums, in the same order), which saves a pass over the (T N, G H) product forwards
+    # and a sum over its rows backwards (the bias's gradient: the rule's, from the kernel's)
     if batch_sizes is None:
         steps, batch = x.shape[0], x.shape[1]
         # the input projection as one 2-D product: numpy's matmul of a (T, N, in) stack runs
         # one product per time step (2.4x slower measured at 35 x 20 x 200 by 800), and the
         # weight's gradient of a stacked product is a stack of products summed afterwards
-        rows = x.reshape(steps * batch, x.shape[2])
-        x_gates = linear(rows, w_ih, b_ih).reshape(steps, batch, w_ih.shape[0])
+        x_rows = x.reshape(steps * batch, x.shape[2])
+        x_gates = linear(x_rows, w_ih).reshape(steps, batch, w_ih.shape[0])
     else:
-        x_gates = linear(x, w_ih, b_ih)
-    packed = rnn_sequence(mode, x_gates, w_hh, h0, c0, b_hh, reverse, w_hr, batch_sizes)
+        x_gates = linear(x, w_ih)
+    packed = rnn_sequence(mode, x_gates, w_hh, h0, c0, b_hh, reverse, w_hr, batch_sizes, b_ih=b_ih)
+    # the outputs h are the flat result's first part, contiguous: what reads them (dropout,
+    # the next layer's input projection) reads them in place
+    lead = tuple(x_gates.shape[:-1])
+    rows = 1
+    for d in lead:
+        rows = rows * d
+    output = packed.narrow(0, 0, rows * size).reshape(*lead, size)
+    cells = None  # an LSTM's cell states: the first H columns of its saved states
+    if mode == "LSTM" and c0 is not None:
+        hidden = c0.shape[1]
+        states = packed.narrow(0, rows * size, rows * 5 * hidden).reshape(*lead, 5 * hidden)
+        cells = states.narrow(-1, 0, hidden)
     if batch_sizes is not None:
         index = notify_created(Tensor._make(_last_rows(batch_sizes, reverse)))
-        last = index_select(packed, 0, index)
-        output = packed if mode in ("RNN_TANH", "RNN_RELU") else packed.narrow(1, 0, size)
+        h_n = index_select(output, 0, index)
+        c_n = index_select(cells, 0, index) if cells is not None else None
     else:
-        last = packed[0] if reverse else packed[packed.shape[0] - 1]
-        output = packed if mode in ("RNN_TANH", "RNN_RELU") else packed.narrow(2, 0, size)
-    h_n = last.narrow(1, 0, size)
-    c_n = last.narrow(1, size, c0.shape[1]) if mode == "LSTM" and c0 is not None else None
+        last = 0 if reverse else output.shape[0] - 1
+        h_n = output[last]
+        c_n = cells[last] if cells is not None else None
     return output, h_n, c_n
 
 
@@ -114,17 +149,26 @@ def rnn_sequence_grads(
     c0: Tensor | None,
     w_hr: Tensor | None = None,
     batch_sizes: Sequence[int] | None = None,
+    lead: tuple | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor | None, Tensor]:
     """The gradients of ``rnn_sequence`` -- ``(x_gates, h0, c0 (LSTM, else None), w_hh,
-    w_hr (a projection, else None), b_hh)`` -- for the gradient ``g`` of its packed output
-    ``out``, in the op surface: the same backpropagation through time as the kernel
-    (``recurrent_kernels``), one step at a time, differentiable again.  Every packed column's
-    gradient counts, the gates' included."""
+    w_hr (a projection, else None), b_hh)`` -- for the gradient ``g`` of its flat packed
+    output ``out``, in the op surface: the same backpropagation through time as the kernel
+    (``recurrent_kernels``), one step at a time, differentiable again.  Every packed value's
+    gradient counts, the saved gates' included.  ``lead``: the rows' shape, ``x_gates``'s but
+    its last size ((T, N), or a packed sequence's (rows,)); found from ``out``'s size if None
+    (not for a padded batch of none)."""
     gate_size, size = w_hh.shape[0], w_hh.shape[1]
     hidden = c0.shape[1] if mode == "LSTM" and c0 is not None else size
     batch = h0.shape[0]
+    state = STATE_WIDTH[mode] * hidden
+    if lead is None:
+        total = out.shape[0] // (size + state)
+        lead = (total,) if batch_sizes is not None else (total // batch, batch)
+    g_h, g_s = packed_parts(g, lead, size, state)
+    out_h, out_s = packed_parts(out, lead, size, state)
     if batch_sizes is None:
-        steps = out.shape[0]
+        steps = lead[0]
         sizes = [batch] * steps
         offsets: list[int] = []
     else:
@@ -160,7 +204,6 @@ def rnn_sequence_grads(
     def col(a: Tensor, start: int) -> Tensor:
         return a.narrow(-1, start, hidden)
 
-    outputs = out.narrow(-1, 0, size)
     dh = zeros_like(h0)
     dc = None if c0 is None else zeros_like(c0)
     dw_hr = None
@@ -169,13 +212,13 @@ def rnn_sequence_grads(
     h_prev: list[Tensor] = [None] * steps  # type: ignore[list-item]
     for t in range(steps) if reverse else range(steps - 1, -1, -1):
         rows = sizes[t]
-        gt, o = at(g, t), at(out, t)
-        h_prev[t] = before(outputs, h0, t)
+        gt, o = at(g_s, t), at(out_s, t)
+        h_prev[t] = before(out_h, h0, t)
         dh_rows = dh if rows == batch else dh.narrow(0, 0, rows)
-        dhv = gt.narrow(-1, 0, size) + dh_rows
+        dhv = at(g_h, t) + dh_rows
         if mode == "LSTM":
-            cell, i, f, gc, go = (col(o, size + k * hidden) for k in range(5))
-            c_prev = before(out.narrow(-1, size, hidden), c0, t)
+            cell, i, f, gc, go = (col(o, k * hidden) for k in range(5))
+            c_prev = before(col(out_s, 0), c0, t)
             dc_rows = dc if rows == batch else dc.narrow(0, 0, rows)  # type: ignore[union-attr]
             tc = tanh(cell)
             dm = dhv
@@ -183,11 +226,11 @@ def rnn_sequence_grads(
                 dm = dhv @ w_hr
                 step_w_hr = dhv.mT @ (go * tc)
                 dw_hr = step_w_hr if dw_hr is None else dw_hr + step_w_hr
-            dcv = col(gt, size) + dc_rows + dm * go * (1.0 - tc * tc)
-            di = dcv * gc + col(gt, size + hidden)
-            df = dcv * c_prev + col(gt, size + 2 * hidden)
-            dg = dcv * i + col(gt, size + 3 * hidden)
-            do = dm * tc + col(gt, size + 4 * hidden)
+            dcv = col(gt, 0) + dc_rows + dm * go * (1.0 - tc * tc)
+            di = dcv * gc + col(gt, hidden)
+            df = dcv * c_prev + col(gt, 2 * hidden)
+            dg = dcv * i + col(gt, 3 * hidden)
+            do = dm * tc + col(gt, 4 * hidden)
             pre = [
                 di * i * (1.0 - i),
                 df * f * (1.0 - f),
@@ -198,18 +241,18 @@ def rnn_sequence_grads(
             dc = update(dc, dcv * f, rows)  # type: ignore[arg-type]
             dh = update(dh, dx[t] @ w_hh, rows)
         elif mode == "GRU":
-            r, z, new, hn = (col(o, k * hidden) for k in range(1, 5))
-            dz = dhv * (h_prev[t] - new) + col(gt, 2 * hidden)
-            dnew = dhv * (1.0 - z) + col(gt, 3 * hidden)
+            r, z, new, hn = (col(o, k * hidden) for k in range(4))
+            dz = dhv * (h_prev[t] - new) + col(gt, hidden)
+            dnew = dhv * (1.0 - z) + col(gt, 2 * hidden)
             dn_pre = dnew * (1.0 - new * new)
-            dr = dn_pre * hn + col(gt, hidden)
-            dhn = dn_pre * r + col(gt, 4 * hidden)
+            dr = dn_pre * hn + col(gt, 0)
+            dhn = dn_pre * r + col(gt, 3 * hidden)
             dr_pre, dz_pre = dr * r * (1.0 - r), dz * z * (1.0 - z)
             dx[t] = cat([dr_pre, dz_pre, dn_pre], -1)
             dhg[t] = cat([dr_pre, dz_pre, dhn], -1)
             dh = update(dh, dhv * z + dhg[t] @ w_hh, rows)
         else:
-            value = col(o, 0)
+            value = at(out_h, t)
             if mode == "RNN_TANH":
                 dx[t] = dhv * (1.0 - value * value)
             else:

@@ -2,20 +2,24 @@
 ``rnn_sequence`` and ``rnn_sequence_backward`` primitives of ``ops/primitives.py``), as
 PyTorch's fused LSTM / GRU / RNN kernels: the time loop runs in native code.
 
-The input projection ``x_gates = x @ W_ih^T + b_ih`` of every time step is computed before, by
-one ordinary matmul (``ops/recurrent.py``); the kernels take it and run the recurrence.  They
+The input projection ``x_gates = x @ W_ih^T`` of every time step is computed before, by one
+ordinary matmul (``ops/recurrent.py``); the kernels take it, add its bias ``b_ih`` as they read
+it, and run the recurrence.  They
 work on rows: a padded (T, N, G H) sequence is T steps of N rows, a PackedSequence's data has
 ``batch_sizes[t]`` rows at step t (the sequences still running, longest first), and a row not
 running at a step keeps its state.  Per step ``t`` (``reverse``: from the last step to the
 first) the forward computes ``h @ W_hh^T`` with one BLAS call (numpy's own BLAS, called by
-name: ``_gemm`` below), adds ``b_hh`` and ``x_gates[t]``, applies the gates and
-writes, per row, the values the backward needs beside the output (the packed layout of
-``rnn_sequence``):
+name: ``_gemm`` below), adds ``b_hh`` and ``x_gates[t] + b_ih``, applies the gates and
+writes, per row, the output h and the values the backward needs.  The result of
+``rnn_sequence`` is one flat buffer of two parts (``packed_parts``): first every row's output h
+(rows, P), contiguous, so that what reads the layer's output (dropout, the next layer's input
+projection, a decoder) reads it where it is, without a copy; then every row's saved state
+(rows, S H):
 
-* ``RNN_TANH`` / ``RNN_RELU``: ``h`` (H columns; the activation's derivative comes from it);
-* ``LSTM``: ``h, c, i, f, g, o`` (P + 5 H: the cell state and the activated gates; with a
+* ``RNN_TANH`` / ``RNN_RELU``: nothing (S = 0: the activation's derivative comes from h);
+* ``LSTM``: ``c, i, f, g, o`` (S = 5: the cell state and the activated gates; with a
   projection ``h = (o tanh c) W_hr^T`` has P columns, one more BLAS call per step, else P = H);
-* ``GRU``: ``h, r, z, n, hn`` (5 H: the gates and ``hn = h W_hn^T + b_hn``, the term ``r``
+* ``GRU``: ``r, z, n, hn`` (S = 4: the gates and ``hn = h W_hn^T + b_hn``, the term ``r``
   multiplies).
 
 The backward (backpropagation through time) walks the steps in the other order with the
@@ -45,8 +49,19 @@ from numba.extending import intrinsic, overload
 
 from fusegrad.compiler.codegen.fastmath import fast_sigmoid_f32, fast_tanh_f32
 
-# how many hidden-size columns a row packs for a GRU or an RNN (see the module docstring)
-PACKED_WIDTH = {"RNN_TANH": 1, "RNN_RELU": 1, "GRU": 5}
+# how many hidden-size columns a row's saved state has, beside its output h (module docstring)
+STATE_WIDTH = {"LSTM": 5, "GRU": 4, "RNN_TANH": 0, "RNN_RELU": 0}
+
+
+def packed_parts(
+    packed: np.ndarray, rows: int, size: int, state: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The two parts of ``rnn_sequence``'s flat result (or of its gradient), as views: the
+    outputs h (rows, ``size``) and the saved states (rows, ``state``)."""
+    return (
+        packed[: rows * size].reshape(rows, size),
+        packed[rows * size : rows * (size + state)].reshape(rows, state),
+    )
 
 
 def _tanh(x):  # type: ignore[no-untyped-def]
@@ -213,10 +228,12 @@ _JIT = {"cache": True, "fastmath": {"contract"}, "error_model": "numpy"}
 
 
 @numba.njit(**_JIT)
-def _lstm_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse, out, blas):  # type: ignore[no-untyped-def]
-    """The LSTM's packed steps: h (P), c, i, f, g, o (H each); P = H without a projection
-    (``w_hr_t`` None: numba compiles that case apart, its branches pruned), else
-    h = (o tanh c) W_hr^T (one more BLAS call per step)."""
+def _lstm_forward(
+    x_gates, offsets, sizes, w_hh_t, b_hh, b_ih, h0, c0, w_hr_t, reverse, out_h, out_s, blas
+):  # type: ignore[no-untyped-def]
+    """The LSTM's steps: h (P) into ``out_h``, c, i, f, g, o (H each) into ``out_s``; P = H
+    without a projection (``w_hr_t`` None: numba compiles that case apart, its branches
+    pruned), else h = (o tanh c) W_hr^T (one more BLAS call per step)."""
     steps = sizes.shape[0]
     batch, hidden = c0.shape
     gate_size = x_gates.shape[1]
@@ -225,16 +242,16 @@ def _lstm_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse
     c = c0.copy()
     m = h if w_hr_t is None else np.empty((batch, hidden), x_gates.dtype)  # o tanh(c)
     pre = np.empty((batch, gate_size), x_gates.dtype)
-    gi, gf, gg, go = size + hidden, size + 2 * hidden, size + 3 * hidden, size + 4 * hidden
+    gi, gf, gg, go = hidden, 2 * hidden, 3 * hidden, 4 * hidden
     for s in range(steps):
         t = steps - 1 - s if reverse else s
         rows, first_row = sizes[t], offsets[t]
         _gemm(h[:rows], w_hh_t, pre[:rows], blas)
         for n in range(rows):
-            p, x, o = pre[n], x_gates[first_row + n], out[first_row + n]
+            p, x, o = pre[n], x_gates[first_row + n], out_s[first_row + n]
             cn, mn = c[n], m[n]
             for j in range(gate_size):
-                p[j] = x[j] + (p[j] + b_hh[j])
+                p[j] = (x[j] + b_ih[j]) + (p[j] + b_hh[j])
             for j in range(hidden):
                 o[gi + j] = _sigmoid(p[j])
             for j in range(hidden):
@@ -248,20 +265,21 @@ def _lstm_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse
             for j in range(hidden):
                 mn[j] = o[go + j] * _tanh(cn[j])
             for j in range(hidden):
-                o[size + j] = cn[j]
+                o[j] = cn[j]
             if w_hr_t is None:
+                oh = out_h[first_row + n]
                 for j in range(hidden):
-                    o[j] = mn[j]
+                    oh[j] = mn[j]
         if w_hr_t is not None:
             _gemm(m[:rows], w_hr_t, h[:rows], blas)
             for n in range(rows):
-                o, hn = out[first_row + n], h[n]
+                oh, hn = out_h[first_row + n], h[n]
                 for j in range(size):
-                    o[j] = hn[j]
+                    oh[j] = hn[j]
 
 
 @numba.njit(**_JIT)
-def _gru_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out, blas):  # type: ignore[no-untyped-def]
+def _gru_forward(x_gates, offsets, sizes, w_hh_t, b_hh, b_ih, h0, reverse, out_h, out_s, blas):  # type: ignore[no-untyped-def]
     steps = sizes.shape[0]
     batch, hidden = h0.shape
     gate_size = x_gates.shape[1]
@@ -272,28 +290,29 @@ def _gru_forward(x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out, blas):
         rows, first_row = sizes[t], offsets[t]
         _gemm(h[:rows], w_hh_t, pre[:rows], blas)
         for n in range(rows):
-            p, x, o, hn = pre[n], x_gates[first_row + n], out[first_row + n], h[n]
+            p, x, o, hn = pre[n], x_gates[first_row + n], out_s[first_row + n], h[n]
             for j in range(gate_size):
                 p[j] = p[j] + b_hh[j]
             for j in range(hidden):
-                o[hidden + j] = _sigmoid(x[j] + p[j])  # r
+                o[j] = _sigmoid((x[j] + b_ih[j]) + p[j])  # r
             for j in range(hidden):
-                o[2 * hidden + j] = _sigmoid(x[hidden + j] + p[hidden + j])  # z
+                o[hidden + j] = _sigmoid((x[hidden + j] + b_ih[hidden + j]) + p[hidden + j])  # z
             for j in range(hidden):
-                o[4 * hidden + j] = p[2 * hidden + j]  # hn = h W_hn^T + b_hn
+                o[3 * hidden + j] = p[2 * hidden + j]  # hn = h W_hn^T + b_hn
             for j in range(hidden):
-                p[j] = x[2 * hidden + j] + o[hidden + j] * p[2 * hidden + j]
+                p[j] = (x[2 * hidden + j] + b_ih[2 * hidden + j]) + o[j] * p[2 * hidden + j]
             for j in range(hidden):
-                o[3 * hidden + j] = _tanh(p[j])  # n
+                o[2 * hidden + j] = _tanh(p[j])  # n
             for j in range(hidden):
-                new = o[3 * hidden + j]
-                hn[j] = new + o[2 * hidden + j] * (hn[j] - new)  # (1 - z) n + z h
+                new = o[2 * hidden + j]
+                hn[j] = new + o[hidden + j] * (hn[j] - new)  # (1 - z) n + z h
+            oh = out_h[first_row + n]
             for j in range(hidden):
-                o[j] = hn[j]
+                oh[j] = hn[j]
 
 
 @numba.njit(**_JIT)
-def _rnn_forward(relu, x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out, zero, blas):  # type: ignore[no-untyped-def]
+def _rnn_forward(relu, x_gates, offsets, sizes, w_hh_t, b_hh, b_ih, h0, reverse, out_h, zero, blas):  # type: ignore[no-untyped-def]
     steps = sizes.shape[0]
     batch, hidden = h0.shape
     h = h0.copy()
@@ -306,12 +325,12 @@ def _rnn_forward(relu, x_gates, offsets, sizes, w_hh_t, b_hh, h0, reverse, out, 
             p, x, hn = pre[n], x_gates[first_row + n], h[n]
             if relu:
                 for j in range(hidden):
-                    v = x[j] + (p[j] + b_hh[j])
+                    v = (x[j] + b_ih[j]) + (p[j] + b_hh[j])
                     hn[j] = v if v > zero or v != v else zero  # (NaN stays NaN)
             else:
                 for j in range(hidden):
-                    hn[j] = _tanh(x[j] + (p[j] + b_hh[j]))
-            o = out[first_row + n]
+                    hn[j] = _tanh((x[j] + b_ih[j]) + (p[j] + b_hh[j]))
+            o = out_h[first_row + n]
             for j in range(hidden):
                 o[j] = hn[j]
 
@@ -330,42 +349,44 @@ def _previous_row(offsets, sizes, t, n, reverse):  # type: ignore[no-untyped-def
 
 @numba.njit(**_JIT)
 def _lstm_backward(
-    g, out, offsets, sizes, w_hh, c0, w_hr, reverse, dx_gates, dh, dc, dhs, ms, one, blas
+    g_h, g_s, out_s, offsets, sizes, w_hh, c0, w_hr, reverse, dx_gates, dh, dc, dhs, ms, one, blas
 ):  # type: ignore[no-untyped-def]
-    """``dh``, ``dc``: zeros in, the gradients of h0 and c0 out.  With a projection (``w_hr``
+    """``g_h``, ``g_s``: the gradients of the outputs h and of the saved states ``out_s``.
+    ``dh``, ``dc``: zeros in, the gradients of h0 and c0 out.  With a projection (``w_hr``
     not None), ``dhs`` and ``ms`` receive each row's gradient of h and its ``m = o tanh c``
     (for ``dW_hr``)."""
     steps = sizes.shape[0]
     batch, hidden = c0.shape
     size = hidden if w_hr is None else dh.shape[1]  # (the same size: LLVM sees it)
-    gi, gf, gg, go = size + hidden, size + 2 * hidden, size + 3 * hidden, size + 4 * hidden
-    tc = np.empty(hidden, out.dtype)
-    dcv = np.empty(hidden, out.dtype)
-    dh_step = np.empty((batch, size), out.dtype)
-    dm = dh_step if w_hr is None else np.empty((batch, hidden), out.dtype)  # d(o tanh c)
+    gi, gf, gg, go = hidden, 2 * hidden, 3 * hidden, 4 * hidden
+    dtype = out_s.dtype
+    tc = np.empty(hidden, dtype)
+    dcv = np.empty(hidden, dtype)
+    dh_step = np.empty((batch, size), dtype)
+    dm = dh_step if w_hr is None else np.empty((batch, hidden), dtype)  # d(o tanh c)
     for s in range(steps):
         t = s if reverse else steps - 1 - s
         rows, first_row = sizes[t], offsets[t]
         dht = dh_step[:rows] if w_hr is None else dhs[first_row : first_row + rows]
         for n in range(rows):
-            gt, dhn, dn = g[first_row + n], dh[n], dht[n]
+            gt, dhn, dn = g_h[first_row + n], dh[n], dht[n]
             for j in range(size):
                 dn[j] = gt[j] + dhn[j]
         if w_hr is not None:
             _gemm(dht, w_hr, dm[:rows], blas)
         for n in range(rows):
             row = first_row + n
-            gt, o, dx, dmn, dcn = g[row], out[row], dx_gates[row], dm[n], dc[n]
+            gt, o, dx, dmn, dcn = g_s[row], out_s[row], dx_gates[row], dm[n], dc[n]
             before = _previous_row(offsets, sizes, t, n, reverse)
-            c_prev = c0[n] if before < 0 else out[before, size : size + hidden]
+            c_prev = c0[n] if before < 0 else out_s[before, :hidden]
             for j in range(hidden):
-                tc[j] = _tanh(o[size + j])
+                tc[j] = _tanh(o[j])
             if w_hr is not None:
                 mt = ms[row]
                 for j in range(hidden):
                     mt[j] = o[go + j] * tc[j]
             for j in range(hidden):
-                dcv[j] = gt[size + j] + dcn[j] + dmn[j] * o[go + j] * (one - tc[j] * tc[j])
+                dcv[j] = gt[j] + dcn[j] + dmn[j] * o[go + j] * (one - tc[j] * tc[j])
             for j in range(hidden):
                 i = o[gi + j]
                 dx[j] = (dcv[j] * o[gg + j] + gt[gi + j]) * i * (one - i)
@@ -385,45 +406,48 @@ def _lstm_backward(
 
 
 @numba.njit(**_JIT)
-def _gru_backward(g, out, offsets, sizes, w_hh, h0, reverse, dx_gates, dh_gates, dh, one, blas):  # type: ignore[no-untyped-def]
+def _gru_backward(
+    g_h, g_s, out_h, out_s, offsets, sizes, w_hh, h0, reverse, dx_gates, dh_gates, dh, one, blas
+):  # type: ignore[no-untyped-def]
     """``dh``: zeros in, the gradient of h0 out; ``dh_gates``: the gradient of
     ``h W_hh^T + b_hh`` per step (``dx_gates``'s but for the n gate: ``dn r``)."""
     steps = sizes.shape[0]
     batch, hidden = h0.shape
-    dhv = np.empty(hidden, out.dtype)
-    direct = np.empty((batch, hidden), out.dtype)  # z dh, straight to h_{t-1}
+    dhv = np.empty(hidden, out_s.dtype)
+    direct = np.empty((batch, hidden), out_s.dtype)  # z dh, straight to h_{t-1}
     for s in range(steps):
         t = s if reverse else steps - 1 - s
         rows, first_row = sizes[t], offsets[t]
         for n in range(rows):
             row = first_row + n
-            gt, o, dx, dhg, dhn = g[row], out[row], dx_gates[row], dh_gates[row], dh[n]
+            gh, gt, o = g_h[row], g_s[row], out_s[row]
+            dx, dhg, dhn = dx_gates[row], dh_gates[row], dh[n]
             before = _previous_row(offsets, sizes, t, n, reverse)
-            h_prev = h0[n] if before < 0 else out[before, :hidden]
+            h_prev = h0[n] if before < 0 else out_h[before]
             for j in range(hidden):
-                dhv[j] = gt[j] + dhn[j]
+                dhv[j] = gh[j] + dhn[j]
             for j in range(hidden):  # dn_pre = (dh (1 - z) + g_n) (1 - n^2)
-                z, new = o[2 * hidden + j], o[3 * hidden + j]
-                dx[2 * hidden + j] = (dhv[j] * (one - z) + gt[3 * hidden + j]) * (one - new * new)
+                z, new = o[hidden + j], o[2 * hidden + j]
+                dx[2 * hidden + j] = (dhv[j] * (one - z) + gt[2 * hidden + j]) * (one - new * new)
             for j in range(hidden):  # dz_pre
-                z, new = o[2 * hidden + j], o[3 * hidden + j]
-                dx[hidden + j] = (dhv[j] * (h_prev[j] - new) + gt[2 * hidden + j]) * z * (one - z)
+                z, new = o[hidden + j], o[2 * hidden + j]
+                dx[hidden + j] = (dhv[j] * (h_prev[j] - new) + gt[hidden + j]) * z * (one - z)
             for j in range(hidden):  # dr_pre
-                r = o[hidden + j]
-                dx[j] = (dx[2 * hidden + j] * o[4 * hidden + j] + gt[hidden + j]) * r * (one - r)
+                r = o[j]
+                dx[j] = (dx[2 * hidden + j] * o[3 * hidden + j] + gt[j]) * r * (one - r)
             for j in range(hidden):
                 dhg[j] = dx[j]
                 dhg[hidden + j] = dx[hidden + j]
             for j in range(hidden):  # d hn
-                dhg[2 * hidden + j] = dx[2 * hidden + j] * o[hidden + j] + gt[4 * hidden + j]
+                dhg[2 * hidden + j] = dx[2 * hidden + j] * o[j] + gt[3 * hidden + j]
             for j in range(hidden):
-                direct[n, j] = dhv[j] * o[2 * hidden + j]
+                direct[n, j] = dhv[j] * o[hidden + j]
         _gemm(dh_gates[first_row : first_row + rows], w_hh, dh[:rows], blas)
         dh[:rows] += direct[:rows]
 
 
 @numba.njit(**_JIT)
-def _rnn_backward(relu, g, out, offsets, sizes, w_hh, reverse, dx_gates, dh, one, zero, blas):  # type: ignore[no-untyped-def]
+def _rnn_backward(relu, g_h, out_h, offsets, sizes, w_hh, reverse, dx_gates, dh, one, zero, blas):  # type: ignore[no-untyped-def]
     steps = sizes.shape[0]
     hidden = dh.shape[1]
     for s in range(steps):
@@ -431,7 +455,7 @@ def _rnn_backward(relu, g, out, offsets, sizes, w_hh, reverse, dx_gates, dh, one
         rows, first_row = sizes[t], offsets[t]
         for n in range(rows):
             row = first_row + n
-            gt, o, dx, dhn = g[row], out[row], dx_gates[row], dh[n]
+            gt, o, dx, dhn = g_h[row], out_h[row], dx_gates[row], dh[n]
             if relu:
                 for j in range(hidden):
                     dx[j] = gt[j] + dhn[j] if o[j] > zero else zero
@@ -475,11 +499,12 @@ def rnn_forward(
     reverse: bool,
     w_hr: np.ndarray | None = None,
     batch_sizes: tuple | None = None,
+    b_ih: np.ndarray | None = None,
 ) -> np.ndarray:
-    """The packed values of one layer and direction (module docstring): (T, N, W), or
-    (rows, W) for a packed sequence's (rows, G H) ``x_gates`` (``batch_sizes``); W is P + 5 H
-    for an LSTM (P: its projection ``w_hr`` (P, H)'s size, else H), 5 H for a GRU, H for an
-    RNN."""
+    """The packed values of one layer and direction (module docstring), flat: the outputs h
+    of the rows (T N of a padded sequence, or a packed sequence's rows: ``batch_sizes``), then
+    their saved states (``packed_parts``): rows (P + S H) values, P the size of h (H, or an
+    LSTM's projection ``w_hr`` (P, H)'s size), S the state width (``STATE_WIDTH``)."""
     arrays = {"x_gates": x_gates, "w_hh": w_hh, "h0": h0}
     if c0 is not None:
         arrays["c0"] = c0
@@ -487,34 +512,43 @@ def rnn_forward(
         arrays["w_hr"] = w_hr
     if b_hh is not None:
         arrays["b_hh"] = b_hh
+    if b_ih is not None:
+        arrays["b_ih"] = b_ih
     dtype = _check("rnn_sequence", mode, arrays)
     size = w_hh.shape[1]
     offsets, sizes = _steps(x_gates.shape, h0.shape[0], batch_sizes)
     flat = np.ascontiguousarray(x_gates).reshape(-1, x_gates.shape[-1])
     h0 = np.ascontiguousarray(h0)
     b_hh = np.zeros(w_hh.shape[0], dtype) if b_hh is None else np.ascontiguousarray(b_hh)
+    b_ih = np.zeros(w_hh.shape[0], dtype) if b_ih is None else np.ascontiguousarray(b_ih)
     w_hh_t = np.ascontiguousarray(w_hh.T)
     reverse = bool(reverse)
+    rows = flat.shape[0]
+    hidden = c0.shape[1] if mode == "LSTM" else size
+    state = STATE_WIDTH[mode] * hidden
+    out = np.empty(rows * (size + state), dtype)
+    out_h, out_s = packed_parts(out, rows, size, state)
     if mode == "LSTM":
         c0 = np.ascontiguousarray(c0)
-        out = np.empty((flat.shape[0], size + 5 * c0.shape[1]), dtype)
         w_hr_t = None if w_hr is None else np.ascontiguousarray(w_hr.T)
-        _lstm_forward(flat, offsets, sizes, w_hh_t, b_hh, h0, c0, w_hr_t, reverse, out, BLAS)
+        _lstm_forward(
+            flat, offsets, sizes, w_hh_t, b_hh, b_ih, h0, c0, w_hr_t, reverse, out_h, out_s, BLAS
+        )
+    elif mode == "GRU":
+        _gru_forward(flat, offsets, sizes, w_hh_t, b_hh, b_ih, h0, reverse, out_h, out_s, BLAS)
     else:
-        out = np.empty((flat.shape[0], PACKED_WIDTH[mode] * size), dtype)
-        if mode == "GRU":
-            _gru_forward(flat, offsets, sizes, w_hh_t, b_hh, h0, reverse, out, BLAS)
-        else:
-            relu = mode == "RNN_RELU"
-            zero = dtype.type(0)
-            _rnn_forward(relu, flat, offsets, sizes, w_hh_t, b_hh, h0, reverse, out, zero, BLAS)
-    return out.reshape(x_gates.shape[:-1] + (out.shape[1],))
+        relu = mode == "RNN_RELU"
+        zero = dtype.type(0)
+        _rnn_forward(relu, flat, offsets, sizes, w_hh_t, b_hh, b_ih, h0, reverse, out_h, zero, BLAS)
+    return out
 
 
 def rnn_backward(
     mode: str,
-    g: np.ndarray,
-    out: np.ndarray,
+    g_h: np.ndarray,
+    g_s: np.ndarray,
+    out_h: np.ndarray,
+    out_s: np.ndarray,
     w_hh: np.ndarray,
     h0: np.ndarray,
     c0: np.ndarray | None,
@@ -522,10 +556,12 @@ def rnn_backward(
     w_hr: np.ndarray | None = None,
     batch_sizes: tuple | None = None,
 ) -> np.ndarray:
-    """The gradients of ``rnn_sequence`` for the gradient ``g`` of its packed output, flat and
-    in this order: x_gates (rows, G H), h0 (N, P), c0 (N, H; LSTM only), w_hh (G H, P),
-    w_hr (P, H; with a projection only), b_hh (G H).  P is H except for a projection."""
-    arrays = {"g": g, "out": out, "w_hh": w_hh, "h0": h0}
+    """The gradients of ``rnn_sequence`` for the gradient of its flat packed output
+    (``rnn_forward``), both in their two parts (``packed_parts``: ``g_h``, ``g_s`` the
+    gradient's, ``out_h``, ``out_s`` the output's), flat and in this order: x_gates (rows,
+    G H), h0 (N, P), c0 (N, H; LSTM only), w_hh (G H, P), w_hr (P, H; with a projection
+    only), b_hh (G H).  P is H except for a projection."""
+    arrays = {"g_h": g_h, "g_s": g_s, "out_h": out_h, "out_s": out_s, "w_hh": w_hh, "h0": h0}
     if c0 is not None:
         arrays["c0"] = c0
     if w_hr is not None:
@@ -534,10 +570,10 @@ def rnn_backward(
     gate_size, size = w_hh.shape
     batch = h0.shape[0]
     hidden = size if c0 is None else c0.shape[1]
-    offsets, sizes = _steps(out.shape, batch, batch_sizes)
-    g = np.ascontiguousarray(g).reshape(-1, out.shape[-1])
-    out = np.ascontiguousarray(out).reshape(-1, out.shape[-1])
-    rows = out.shape[0]
+    rows = out_h.shape[0]
+    offsets, sizes = _steps((rows // batch if batch else 0,), batch, batch_sizes)
+    g_h, g_s = np.ascontiguousarray(g_h), np.ascontiguousarray(g_s)
+    out_h, out_s = np.ascontiguousarray(out_h), np.ascontiguousarray(out_s)
     lstm = mode == "LSTM"
     proj = w_hr is not None
     parts = [rows * gate_size, batch * size, batch * hidden if lstm else 0]
@@ -564,17 +600,22 @@ def rnn_backward(
         ms = np.empty((rows, hidden) if proj else (1, 1), dtype)
         w_hr_c = np.ascontiguousarray(w_hr) if proj else None
         _lstm_backward(
-            g, out, offsets, sizes, w_hh, c0, w_hr_c, reverse, dx_gates, dh0, dc0, dhs, ms,
-            one, BLAS,
+            g_h, g_s, out_s, offsets, sizes, w_hh, c0, w_hr_c, reverse, dx_gates, dh0, dc0,
+            dhs, ms, one, BLAS,
         )  # fmt: skip
         if dw_hr is not None:
             np.dot(dhs.T, ms, dw_hr)
     elif mode == "GRU":
-        _gru_backward(g, out, offsets, sizes, w_hh, h0, reverse, dx_gates, dh_gates, dh0, one, BLAS)
+        _gru_backward(
+            g_h, g_s, out_h, out_s, offsets, sizes, w_hh, h0, reverse, dx_gates, dh_gates, dh0,
+            one, BLAS,
+        )  # fmt: skip
     else:
         relu = mode == "RNN_RELU"
-        _rnn_backward(relu, g, out, offsets, sizes, w_hh, reverse, dx_gates, dh0, one, zero, BLAS)
-    np.dot(dh_gates.T, _previous_states(out[:, :size], h0, offsets, sizes, reverse), dw_hh)
+        _rnn_backward(
+            relu, g_h, out_h, offsets, sizes, w_hh, reverse, dx_gates, dh0, one, zero, BLAS
+        )
+    np.dot(dh_gates.T, _previous_states(out_h, h0, offsets, sizes, reverse), dw_hh)
     db_hh[:] = dh_gates.sum(0)
     return flat
 
