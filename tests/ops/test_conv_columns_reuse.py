@@ -125,3 +125,9 @@ def test_at_most_a_few_small_columns_are_kept() -> None:
     with fg.no_grad():
         big(fg.randn(64, 64, 16, 16))  # (columns of 2,359,296 values: too large to keep)
     assert all(cols.nbytes <= ck._RECENT_BYTES for _, _, cols in ck._recent.entries)
+    medium = fg.nn.Conv2d(64, 4, 3, 1, 1, bias=False)
+    with fg.no_grad():
+        for _ in range(ck._RECENT_ENTRIES):  # (columns of 5.3 MB each)
+            medium(fg.randn(16, 64, 12, 12))
+    held = [cols.nbytes for _, _, cols in ck._recent.entries]
+    assert 0 < sum(held) <= ck._RECENT_TOTAL and len(held) < ck._RECENT_ENTRIES

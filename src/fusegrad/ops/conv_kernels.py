@@ -164,16 +164,17 @@ _recent = _RecentColumns()
 # a step)
 _RECENT_ENTRIES = 8
 _RECENT_BYTES = 8 << 20
+_RECENT_TOTAL = 24 << 20  # (all of them: what an inference that needs none holds on to)
 
 
 def _columns_of(x: np.ndarray, key: tuple, make: Any, forward: bool) -> np.ndarray:
     """``make()``, the columns of ``x`` for ``key`` (their layout and geometry), shared between a
     convolution and its weight's gradient: the forward computes them and keeps them (the latest
-    ``_RECENT_ENTRIES``, each at most ``_RECENT_BYTES``); the weight's gradient takes the ones
-    the latest forward made of the same array object (the one autograd or a program saved:
-    what changes its values in between bumps its version, and the backward refuses it) and
-    computes them where there are none.  Holding the array keeps its identity from being
-    reused."""
+    ``_RECENT_ENTRIES``, each at most ``_RECENT_BYTES``, ``_RECENT_TOTAL`` in all); the
+    weight's gradient takes the ones the latest forward made of the same array object (the one
+    autograd or a program saved: what changes its values in between bumps its version, and the
+    backward refuses it) and computes them where there are none.  Holding the array keeps its
+    identity from being reused."""
     key = (key, x.shape, x.strides, x.dtype)
     entries = _recent.entries
     for i, (held, k, cols) in enumerate(entries):
@@ -185,7 +186,9 @@ def _columns_of(x: np.ndarray, key: tuple, make: Any, forward: bool) -> np.ndarr
     cols = make()
     if forward and cols.nbytes <= _RECENT_BYTES:
         entries.append((x, key, cols))
-        if len(entries) > _RECENT_ENTRIES:
+        while len(entries) > _RECENT_ENTRIES or (
+            sum(c.nbytes for _, _, c in entries) > _RECENT_TOTAL
+        ):
             del entries[0]
     return cols  # type: ignore[no-any-return]
 
