@@ -167,6 +167,26 @@ _RECENT_BYTES = 8 << 20
 _RECENT_TOTAL = 24 << 20  # (all of them: what an inference that needs none holds on to)
 
 
+def _kept_columns(
+    x: np.ndarray,
+    layout: str,
+    kernel: tuple,
+    stride: tuple,
+    padding: tuple,
+    dilation: tuple,
+    outs: tuple,
+    forward: bool,
+) -> np.ndarray:
+    """``x``'s columns in ``layout`` -- "last" (``_columns_last``), "sample" or "batch"
+    (``_columns`` by sample or not) -- through ``_columns_of``."""
+    if layout == "last":
+        make = lambda: _columns_last(x, kernel, stride, padding, dilation, outs)  # noqa: E731
+    else:
+        by_sample = layout == "sample"
+        make = lambda: _columns(x, kernel, stride, padding, dilation, outs, by_sample)  # noqa: E731
+    return _columns_of(x, (layout, kernel, stride, padding, dilation, outs), make, forward)
+
+
 def _columns_of(x: np.ndarray, key: tuple, make: Any, forward: bool) -> np.ndarray:
     """``make()``, the columns of ``x`` for ``key`` (their layout and geometry), shared between a
     convolution and its weight's gradient: the forward computes them and keeps them (the latest
@@ -453,12 +473,7 @@ def conv_forward(
         return out
     by_sample = _by_sample(outs)
     if _channels_last(by_sample, x.shape[1], groups):
-        cols = _columns_of(
-            x,
-            ("last", kernel, stride, padding, dilation, outs),
-            lambda: _columns_last(x, kernel, stride, padding, dilation, outs),
-            True,
-        )
+        cols = _kept_columns(x, "last", kernel, stride, padding, dilation, outs, True)
         rows = cols @ _weight_last(w).T
         out = np.ascontiguousarray(rows.reshape(batch, -1, out_c).transpose(0, 2, 1))
         out = out.reshape(batch, out_c, *outs)
@@ -472,23 +487,13 @@ def conv_forward(
         chunks = _sample_chunks(batch, wmat.shape[-1] * groups * length * x.itemsize)
         for lo, hi in chunks:
             if len(chunks) == 1:  # (the whole batch: kept for the weight's gradient)
-                cols = _columns_of(
-                    x,
-                    ("sample", kernel, stride, padding, dilation, outs),
-                    lambda: _columns(x, kernel, stride, padding, dilation, outs, True),
-                    True,
-                )
+                cols = _kept_columns(x, "sample", kernel, stride, padding, dilation, outs, True)
             else:
                 cols = _columns(x[lo:hi], kernel, stride, padding, dilation, outs, True)
             np.matmul(wmat, cols.reshape(hi - lo, groups, -1, length), out=out[lo:hi])
         out = out.reshape(batch, out_c, *outs)
     else:  # (groups, O / groups, N L) -> (N, O, *outs)
-        cols = _columns_of(
-            x,
-            ("batch", kernel, stride, padding, dilation, outs),
-            lambda: _columns(x, kernel, stride, padding, dilation, outs, False),
-            True,
-        )
+        cols = _kept_columns(x, "batch", kernel, stride, padding, dilation, outs, True)
         out = np.matmul(wmat, cols.reshape(groups, -1, cols.shape[-1]))
         out = _moved(out.reshape(out_c, batch, -1), 0, 1)
         out = out.reshape(batch, out_c, *outs)
@@ -578,12 +583,7 @@ def conv_backward_weight(
         return gw.reshape(out_c, 1, *kernel)
     by_sample = _by_sample(outs)
     if _channels_last(by_sample, channels, groups):
-        cols = _columns_of(
-            x,
-            ("last", kernel, stride, padding, dilation, outs),
-            lambda: _columns_last(x, kernel, stride, padding, dilation, outs),
-            False,
-        )
+        cols = _kept_columns(x, "last", kernel, stride, padding, dilation, outs, False)
         total = _rows_last(g).T @ cols  # (O, taps C)
         return _moved(total.reshape(out_c, *kernel, channels), -1, 1)
     if by_sample:  # a few samples at a time (``_CHUNK_BYTES``), summed
@@ -593,23 +593,13 @@ def conv_backward_weight(
         chunks = _sample_chunks(batch, groups * width * length * x.itemsize)
         for lo, hi in chunks:
             if len(chunks) == 1:  # (the forward's, where it kept them)
-                cols = _columns_of(
-                    x,
-                    ("sample", kernel, stride, padding, dilation, outs),
-                    lambda: _columns(x, kernel, stride, padding, dilation, outs, True),
-                    False,
-                )
+                cols = _kept_columns(x, "sample", kernel, stride, padding, dilation, outs, False)
             else:
                 cols = _columns(x[lo:hi], kernel, stride, padding, dilation, outs, True)
             cols = cols.reshape(hi - lo, groups, width, length)
             total += np.matmul(gmat[lo:hi], cols.transpose(0, 1, 3, 2)).sum(0)
     else:
-        cols = _columns_of(
-            x,
-            ("batch", kernel, stride, padding, dilation, outs),
-            lambda: _columns(x, kernel, stride, padding, dilation, outs, False),
-            False,
-        )
+        cols = _kept_columns(x, "batch", kernel, stride, padding, dilation, outs, False)
         cols = cols.reshape(groups, -1, cols.shape[-1])
         total = np.matmul(_channels_first(g, groups), cols.transpose(0, 2, 1))
     return total.reshape(out_c, channels // groups, *kernel)
