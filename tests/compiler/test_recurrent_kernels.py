@@ -33,6 +33,21 @@ class _LanguageModel(nn.Module):
         return self.decoder(out), hidden
 
 
+def _squared_output_grads(model: fg.nn.Module, x: np.ndarray, compiled: bool) -> list:
+    """The input's and parameters' gradients of the sum of squares of ``model``'s output, the
+    backward under ``compiled_autograd()`` or eager."""
+    model.zero_grad()
+    xt = fg.tensor(x, requires_grad=True)
+    out, _ = model(xt)
+    loss = (out * out).sum()
+    if compiled:
+        with compiler.compiled_autograd():
+            loss.backward()
+    else:
+        loss.backward()
+    return [xt.grad.numpy()] + [p.grad.numpy().copy() for p in model.parameters()]
+
+
 def _tokens(count: int, steps: int = 7) -> list:
     rng = np.random.default_rng(4)
     return [rng.integers(0, 11, (steps + 1, 3)) for _ in range(count)]
@@ -99,16 +114,7 @@ def test_compiled_backward_matches_eager(cls: str) -> None:
     x = np.random.default_rng(1).standard_normal((2, 5, 3)).astype(np.float32)
 
     def grads(compiled: bool) -> list:
-        model.zero_grad()
-        xt = fg.tensor(x, requires_grad=True)
-        out, _ = model(xt)
-        loss = (out * out).sum()
-        if compiled:
-            with compiler.compiled_autograd():
-                loss.backward()
-        else:
-            loss.backward()
-        return [xt.grad.numpy()] + [p.grad.numpy().copy() for p in model.parameters()]
+        return _squared_output_grads(model, x, compiled)
 
     want = grads(False)
     for _ in range(3):
@@ -207,16 +213,7 @@ def test_compiled_backward_is_symbolic_in_sequence_length_and_batch(cls: str) ->
         x = rng.standard_normal((steps, batch, 3))
         results = []
         for compiled in (False, True):
-            model.zero_grad()
-            xt = fg.tensor(x, requires_grad=True)
-            out, _ = model(xt)
-            loss = (out * out).sum()
-            if compiled:
-                with compiler.compiled_autograd():
-                    loss.backward()
-            else:
-                loss.backward()
-            results.append([xt.grad.numpy()] + [p.grad.numpy().copy() for p in model.parameters()])
+            results.append(_squared_output_grads(model, x, compiled))
         for a, b in zip(*results):
             np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
     assert compiler.counters.captures == 1, compiler.counters
