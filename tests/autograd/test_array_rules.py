@@ -106,6 +106,9 @@ def test_sums_over_dims_and_a_scalar_gradient(dtype: Any, monkeypatch: pytest.Mo
     _same_bits(_grads(build, leaves, True, monkeypatch), _grads(build, leaves, False, monkeypatch))
 
 
+@pytest.mark.compiled_differs(
+    "the array forms are the eager engine's: a compiled backward runs its program instead"
+)
 def test_the_array_forms_run_on_the_common_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """A plain backward runs the array forms (each once per node); a backward with
     ``create_graph`` (the gradient has history), one under forward AD's dual level, and nodes
