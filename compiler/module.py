@@ -675,11 +675,16 @@ class AOTEntry:
         prev = grad_mode._state.enabled
         grad_mode._state.enabled = False
         try:
-            return program.run_step(arrays, [], {}, self.n_inputs, sizes)  # type: ignore[no-any-return]
+            grads_out = program.run_step(arrays, [], {}, self.n_inputs, sizes)
         finally:
             grad_mode._state.enabled = prev
             if notice is not None:
                 notice.stop()
+        for slot in program.fresh_outputs(sizes):
+            # (its own array, handed out once: a leaf's first .grad takes it as it is)
+            if grads_out[slot] is not None:
+                _engine.give(grads_out[slot])
+        return grads_out  # type: ignore[no-any-return]
 
 
 _ABSENT = object()

@@ -147,6 +147,7 @@ class Variant:
         }
         self.first_run = True
         self.compile_seconds = 0.0
+        self.fresh_outputs: frozenset[int] | None = None  # (``Program.fresh_outputs``)
         # per thread: two threads running this variant at once must not share buffers
         self.pools = threading.local()
         if logs.enabled("fusion"):
@@ -518,6 +519,21 @@ class Program:
         finally:
             grad_mode._state.enabled = prev_mode
             self.last_seconds = time.perf_counter() - start  # (``service.Trial``)
+
+    def fresh_outputs(self, sizes: tuple | None = None) -> frozenset[int]:
+        """The output slots whose arrays a run computes afresh and hands out once
+        (``BufferPlan.fresh``): after ``run_step`` nothing but the returned tensor holds them."""
+        variant = self.instance(self.graph.hints if sizes is None else sizes).variant
+        if variant.fresh_outputs is None:
+            fresh, epilogue = variant.buffers.fresh, variant.schedule.epilogue
+            variant.fresh_outputs = frozenset(
+                slot
+                for kind, slot, v in self.graph.effects
+                if kind not in ("grad", "input_grad", "write", "check")
+                and v in fresh
+                and v not in epilogue
+            )
+        return variant.fresh_outputs
 
     def prepare(
         self,

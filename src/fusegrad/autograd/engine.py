@@ -52,6 +52,7 @@ import contextlib
 import heapq
 import itertools
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -135,6 +136,26 @@ def check_hook_result(hook: Any, old: Tensor, new: Any) -> Tensor:
             f"expected {old._dtype.name}"
         )
     return new
+
+
+# gradients a compiled module's backward program computed into arrays of their own and hands
+# out once (``give``): nothing else holds them, so a leaf whose ``.grad`` is unset takes such a
+# tensor itself rather than a copy (PyTorch steals a gradient no one else references); id ->
+# weak reference, dropped when the tensor dies
+_given: dict[int, Any] = {}
+
+
+def give(g: Tensor) -> None:
+    """Let the engine make ``g`` a leaf's first ``.grad`` without copying it (``_run_node``):
+    only for a tensor that no one else holds or will read (a program's fresh output)."""
+    key = id(g)
+    _given[key] = weakref.ref(g, lambda _, key=key: _given.pop(key, None))
+
+
+def _taken(g: Tensor) -> bool:
+    """Whether ``g`` was given (``give``); a given tensor is taken once."""
+    ref = _given.pop(id(g), None)
+    return ref is not None and ref() is g
 
 
 def accumulate_grad(t: Tensor, g: Tensor, create_graph: bool) -> None:
@@ -779,7 +800,23 @@ def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
         results: tuple = ()
         if grads[0] is not None:
             var = node.variable
-            executor.accumulate_grad(var, grads[0], task.create_graph)
+            g = grads[0]
+            if (
+                _given
+                and var._grad is None
+                and executor is EAGER
+                and not task.create_graph
+                and not var._hooks
+                and not node._pre_hooks
+                and _taken(g)
+                and type(g) is Tensor
+                and g._dtype is var._dtype
+                and type(g._data) is np.ndarray
+                and g._data.flags.writeable
+            ):
+                var._grad = g  # (given: a program's fresh array, held by nothing else)
+            else:
+                executor.accumulate_grad(var, g, task.create_graph)
             if var._post_acc_hooks:
                 for k, hook in enumerate(list(var._post_acc_hooks.values())):
                     executor.post_acc_grad_hook(hook, node, k, var)
