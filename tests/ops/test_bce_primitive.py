@@ -57,28 +57,30 @@ def _leaves(dtype: str, shape: tuple = (3, 4)) -> tuple[np.ndarray, np.ndarray]:
     return p, t
 
 
-def _fg_grads(
-    p: np.ndarray, t: np.ndarray, weight: Any = None, reduction: str = "mean", g: Any = None
+def _grads(
+    lib: Any,
+    p: np.ndarray,
+    t: np.ndarray,
+    weight: Any = None,
+    reduction: str = "mean",
+    g: Any = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    pt = fg.tensor(p, requires_grad=True)
-    tt = fg.tensor(t, requires_grad=True)
-    w = None if weight is None else fg.tensor(weight)
-    loss = F.binary_cross_entropy(pt, tt, weight=w, reduction=reduction)
-    grad = fg.ones_like(loss) if g is None else fg.tensor(g)
-    gp, gt = fg.autograd.grad(loss, (pt, tt), grad)
+    """The loss and the gradients of input and target, by fusegrad or by PyTorch (``lib``)."""
+    pt = lib.tensor(p, requires_grad=True)
+    tt = lib.tensor(t, requires_grad=True)
+    w = None if weight is None else lib.tensor(weight)
+    loss = lib.nn.functional.binary_cross_entropy(pt, tt, weight=w, reduction=reduction)
+    grad = lib.ones_like(loss) if g is None else lib.tensor(g)
+    gp, gt = lib.autograd.grad(loss, (pt, tt), grad)
     return loss.detach().numpy(), gp.numpy(), gt.numpy()
 
 
-def _torch_grads(
-    p: np.ndarray, t: np.ndarray, weight: Any = None, reduction: str = "mean", g: Any = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    pt = torch.tensor(p, requires_grad=True)
-    tt = torch.tensor(t, requires_grad=True)
-    w = None if weight is None else torch.tensor(weight)
-    loss = torch.nn.functional.binary_cross_entropy(pt, tt, weight=w, reduction=reduction)
-    grad = torch.ones_like(loss) if g is None else torch.tensor(g)
-    gp, gt = torch.autograd.grad(loss, (pt, tt), grad)
-    return loss.detach().numpy(), gp.numpy(), gt.numpy()
+def _fg_grads(p: np.ndarray, t: np.ndarray, *args: Any, **kwargs: Any) -> tuple:
+    return _grads(fg, p, t, *args, **kwargs)
+
+
+def _torch_grads(p: np.ndarray, t: np.ndarray, *args: Any, **kwargs: Any) -> tuple:
+    return _grads(torch, p, t, *args, **kwargs)
 
 
 def _assert_close(got: np.ndarray, want: np.ndarray, dtype: str, what: str) -> None:

@@ -967,9 +967,10 @@ def _record_names() -> dict[str, Any]:
 
 def _install_methods() -> None:
     g = globals()
-    _INPLACE_UFUNCS.update(
-        {add: np.add, sub: np.subtract, mul: np.multiply, div: np.true_divide}  # noqa: F405
-    )
+    # the records' own ufuncs; ``div``'s kernel is ``true_divide`` cast back to the float
+    # operands' dtype, which it already is for same-dtype floats
+    _INPLACE_UFUNCS.update({g[n]: REGISTRY[n].ufunc for n in ("add", "sub", "mul")})
+    _INPLACE_UFUNCS[g["div"]] = np.true_divide
     records = _record_names()
     twice = set(records) & (set(_METHODS) | set(_INPLACE))
     if twice:
