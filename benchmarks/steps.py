@@ -389,16 +389,22 @@ def compile_child(name: str) -> dict[str, Any]:
     while fc.counters.step_runs == 0 and len(calls) < 5:
         calls.append(impl.step()["step"])
     # with the JIT in the background (``config.background_compile``), calls go on running the
-    # step uncompiled until the compiled program is ready: the time until it first runs
-    # (the one call after the wait runs it)
+    # step uncompiled until a compiled program is published (the first of a background
+    # compile's candidates; a second may still compile, and a trial keep the faster): the time
+    # until a call has run compiled code, as a user's loop sees it
+    counters = fc.counters
+    deadline = start + 600.0
+    while counters.step_runs - counters.uncompiled_runs == 0 and common.clock() < deadline:
+        impl.step()
+    until_compiled = common.clock() - start
     fc.wait_for_compiles()
-    impl.step()
     return {
         "import_s": t1 - t0,
         "calls_s": calls,
         "until_first_replay_s": sum(calls),
-        "until_compiled_s": common.clock() - start,
-        "background_compile": fc.counters.background_compiles > 0,
+        "until_compiled_s": until_compiled,
+        "until_all_compiled_s": common.clock() - start,
+        "background_compile": counters.background_compiles > 0,
     }
 
 
