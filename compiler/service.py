@@ -103,20 +103,25 @@ class CompileNotice:
 # ---- background compiles -----------------------------------------------------------------------
 
 
+# ``publish(program, origin)``: the calls run ``program`` while the job goes on; ``origin`` is
+# the job's first program (it names a trial's choice on disk)
+Publish = Callable[..., None]
+
+
 class BackgroundBuild:
     """A program built and run once on scratch data (``work``: build, then ``Program.prepare``:
     numba compiles or loads its kernels), on a daemon thread of its own, while the calls that
     need it run uncompiled.  The thread may read arrays the uncompiled calls update meanwhile
     (parameters): the values it computes are thrown away, only the compiled code is kept."""
 
-    def __init__(
-        self, work: Callable[[Callable[[Program], None]], Program], uncompiled: Any, what: str
-    ) -> None:
+    def __init__(self, work: Callable[[Publish], Program], uncompiled: Any, what: str) -> None:
         self.program: Program | None = None
         self.uncompiled = uncompiled
         # a first program the calls may run while the job goes on (``work`` publishes it:
         # a compiled program of steps, while its native segments compile)
         self.first: Program | None = None
+        # the job's first program, which names a trial's choice on disk (``remember_choice``)
+        self.origin: Program | None = None
         self.error: BaseException | None = None
         self.seconds = 0.0
         self.done = threading.Event()
@@ -128,13 +133,14 @@ class BackgroundBuild:
         )
         thread.start()
 
-    def _work(self, work: Callable[[Callable[[Program], None]], Program], what: str) -> None:
+    def _work(self, work: Callable[[Publish], Program], what: str) -> None:
         notice = CompileNotice()
         notice.start(what)
         start = time.perf_counter()
 
-        def publish(program: Program) -> None:
+        def publish(program: Program, origin: Program) -> None:
             self.first = program
+            self.origin = origin
             notice.stop()
 
         try:
@@ -282,8 +288,12 @@ class Trial:
         native: Program,
         what: tuple[str, str] = ("native segments", "the program of steps"),
         kernels_only: bool = False,
+        origin: Program | None = None,
     ) -> None:
         self.slot = slot
+        # the program whose identity names the choice on disk: the background compile's first
+        # (``remembered_choice`` looks it up before anything else is built)
+        self.origin = steps if origin is None else origin
         self.what = what  # (the second candidate and the first, in words: the ``perf`` log)
         self.candidates = (steps, native)
         self.times: tuple[list[float], list[float]] = ([], [])
@@ -300,7 +310,7 @@ class Trial:
         for program in self.candidates:
             program.time_externs = False
         if min(map(len, self.times)) >= self.RUNS:
-            remember_choice(self.candidates[0], self.what[0], self.candidates.index(best))
+            remember_choice(self.origin, self.what[0], self.candidates.index(best))
         return best
 
     def next(self) -> Program:
@@ -597,27 +607,39 @@ class Service:
         in_worker = background.worker and config.compile_workers
         launch = workers.Launch() if in_worker else None
 
-        def work(publish: Callable[[Program], None]) -> Program:
+        def work(publish: Publish) -> Program:
             try:
                 return _work(publish)
             finally:
                 if launch is not None:  # (a build that raised started no worker)
                     launch.done()
 
-        def _work(publish: Callable[[Program], None]) -> Program:
+        def _work(publish: Publish) -> Program:
             program = built if built is not None else build()
+            larger = _generates_more(program, prepare_args[3])
+            to_larger = {"interpreter_max_elements": GENERATED_ABOVE}
             if _upgrades(program):
+                # (the program of steps the native one is tried against: ``program``, or,
+                # where it interprets larger kernels, the same with those as generated code --
+                # a native program generates every kernel, so it is measured against the best
+                # program of steps, not the quick first one)
                 what, change = "native segments", {"native": True}
-            elif _generates_more(program, prepare_args[3]):
-                change = {"interpreter_max_elements": GENERATED_ABOVE}
-                what = "generated code for the larger kernels"
+            elif larger:
+                what, change, larger = "generated code for the larger kernels", to_larger, False
             else:
                 _compile(program, prepare_args, launch)
                 return program
+
+            def candidate(settings: dict) -> Program:
+                return Program(program.graph, **{**program.settings, **settings})
+
+            def later() -> workers.Launch | None:  # (a worker that yields to first programs)
+                return workers.Launch(later=True) if in_worker else None
+
             remembered = remembered_choice(program, what)
             if remembered == 1:  # an earlier trial kept the other: it is compiled, and runs, alone
                 try:
-                    other = Program(program.graph, **{**program.settings, **change})
+                    other = candidate(change)
                     _compile(other, prepare_args, launch)
                     return other
                 except Exception as e:  # noqa: BLE001 - (the first program after all)
@@ -626,18 +648,27 @@ class Service:
             else:
                 launch2 = launch
             _compile(program, prepare_args, launch2)
-            if remembered == 0:  # (an earlier trial kept this program: no second candidate)
-                return program
+            current = program
+            if larger:  # the program of steps with generated larger kernels, published
+                publish(program, origin=program)
+                try:
+                    current = candidate(to_larger)
+                    _compile(current, prepare_args, later())
+                except Exception as e:  # noqa: BLE001 - (the first program stays)
+                    logs.log("perf", f"generated code for the larger kernels not compiled ({e!r})")
+                    current = program
+            if remembered == 0:  # (an earlier trial kept the program of steps: no native one)
+                return current
             # the program runs compiled from the next call on; the other candidate (its native
             # segments, or its larger kernels as generated code) compiles meanwhile (a second
             # worker for a worker's program), then a ``Trial`` keeps the faster of the two
-            publish(program)
+            publish(current, origin=program)
             try:
-                other = Program(program.graph, **{**program.settings, **change})
-                _compile(other, prepare_args, workers.Launch() if in_worker else None)
+                other = candidate(change)
+                _compile(other, prepare_args, later())
             except Exception as e:  # noqa: BLE001 - (the first program stays)
                 logs.log("perf", f"{what} not compiled ({type(e).__name__}: {e})")
-                return program
+                return current
             return other
 
         uncompiled = background.uncompiled() if background.uncompiled is not None else None
@@ -661,7 +692,7 @@ class Service:
                 # the program of steps and its native segments: the faster one stays
                 slot.program = job.first
                 if job.program.native:
-                    slot.trial = Trial(slot, job.first, job.program)
+                    slot.trial = Trial(slot, job.first, job.program, origin=job.origin)
                 else:
                     words = ("generated code for the larger kernels", "interpreting them")
                     slot.trial = Trial(slot, job.first, job.program, words, kernels_only=True)

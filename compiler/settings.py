@@ -52,17 +52,16 @@ class Config:
         self.background_compile = os.environ.get("FUSEGRAD_BACKGROUND_COMPILE", "1") != "0"
         # native segments (``codegen.native_cpu``): the programs of recorded steps and modules
         # (concrete sizes, CPU) run their steps as one numba call per run of steps that native
-        # code can run, instead of one Python dispatch per step.  False (the default): never.
-        # None (``FUSEGRAD_NATIVE=auto``): a background compile goes on to them once the
-        # program of steps runs compiled (numba takes about 4x as long over them: a minute for
-        # the GPT step, in a worker process), and when both are ready the faster of the two
-        # stays (``service.Trial``, measured over the next calls); a foreground build makes the
-        # program of steps.  Not the default: the second stage slows the calls that run
-        # meanwhile (the demo's compiled steps took 2-10 ms instead of 0.7 ms for its last 28
-        # epochs; the cause is not known yet).  True (``FUSEGRAD_NATIVE=1``): every such program is
-        # built with them at once.  Read when a program is built.
-        self.native_programs: bool | None = {"1": True, "auto": None}.get(
-            os.environ.get("FUSEGRAD_NATIVE", ""), False
+        # code can run, instead of one Python dispatch per step.  None (the default;
+        # ``FUSEGRAD_NATIVE=auto``): a background compile goes on to them once the program of
+        # steps runs compiled (numba takes about 4x as long over them: a minute for the GPT
+        # step, in a worker process that leaves the slots to first programs), and when both
+        # are ready the faster of the two stays (``service.Trial``, measured over the next
+        # calls, its choice remembered on disk); a foreground build makes the program of
+        # steps.  True (``FUSEGRAD_NATIVE=1``): every such program is built with them at once.
+        # False (``FUSEGRAD_NATIVE=0``): never.  Read when a program is built.
+        self.native_programs: bool | None = {"1": True, "0": False}.get(
+            os.environ.get("FUSEGRAD_NATIVE", ""), None
         )
         # a background compile of a whole step's or a compiled module's program runs numba in
         # a worker process (``workers``): no GIL taken from the calls that run meanwhile, and

@@ -30,7 +30,10 @@ At most ``slots()`` workers compile at once on the machine, whichever processes 
 (one less than the cores, at least one; ``FUSEGRAD_COMPILE_SLOTS`` sets the number): a
 worker starts at once and waits for a slot (a lock file in the cache directory, held for its
 life) before it builds anything, so a script that compiles many programs leaves a queue of
-waiting workers rather than one numba compile per program fighting for the cores.
+waiting workers rather than one numba compile per program fighting for the cores.  The workers
+of later candidates (a program's native segments, its larger kernels as generated code: the
+program already runs compiled) take no slot while a first program's worker waits for one, so
+the programs that calls still run uncompiled are compiled first (``take_slot``).
 """
 
 from __future__ import annotations
@@ -69,11 +72,14 @@ class Launch:
     """A background compile that is to start a worker (made on the caller's thread); ``done``
     once the worker has started or will not.  The interpreter's exit waits for every one."""
 
-    def __init__(self) -> None:
+    def __init__(self, later: bool = False) -> None:
         global _launches
         with _launches_changed:
             _launches += 1
         self.pending = True
+        # a later candidate's compile (a program's native segments, its larger kernels as
+        # generated code): its worker leaves the slots to workers of first programs
+        self.later = later
 
     def done(self) -> None:
         global _launches
@@ -166,7 +172,8 @@ def _spawn(payload: bytes, directory: str, lock: int, launch: Launch) -> str | N
     start = time.perf_counter()
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fusegrad.compiler.workers", path],
+            [sys.executable, "-m", "fusegrad.compiler.workers", path]
+            + (["--later"] if launch.later else []),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
@@ -211,26 +218,76 @@ def try_slot(directory: str, count: int) -> int | None:
     return None
 
 
-def take_slot(directory: str, count: int, poll_s: float = 0.2) -> int:
-    """A slot, waiting for one to free up."""
-    while True:
-        fd = try_slot(directory, count)
-        if fd is not None:
-            return fd
-        time.sleep(poll_s)
+def take_slot(directory: str, count: int, poll_s: float = 0.2, later: bool = False) -> int:
+    """A slot, waiting for one to free up.  A worker of a first program says it waits (a file
+    named by its process id, ``fusegrad_worker_first_<pid>.wait``, while it waits); a ``later``
+    worker takes no slot while one of those waits, so that the programs calls are waiting for
+    compile before the second candidates of programs that already run compiled."""
+    marker = None
+    if not later:
+        marker = os.path.join(directory, f"fusegrad_worker_first_{os.getpid()}.wait")
+        try:
+            with open(marker, "w"):
+                pass
+        except OSError:
+            marker = None
+    try:
+        while True:
+            if not (later and first_waiting(directory)):
+                fd = try_slot(directory, count)
+                if fd is not None:
+                    return fd
+            time.sleep(poll_s)
+    finally:
+        if marker is not None:
+            try:
+                os.unlink(marker)
+            except OSError:
+                pass
 
 
-def _main(path: str) -> int:
-    """The worker: wait for a slot (``slots``), then build the program in ``path``'s payload
-    and run its warm-up, at a lower scheduling priority than the process that runs the calls
-    meanwhile (on a small machine the worker would otherwise take a core from them)."""
+def first_waiting(directory: str) -> bool:
+    """Whether a worker of a first program waits for a slot (a marker of a process that is gone
+    is removed)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return False
+    for name in names:
+        if not (name.startswith("fusegrad_worker_first_") and name.endswith(".wait")):
+            continue
+        pid = name[len("fusegrad_worker_first_") : -len(".wait")]
+        if pid.isdigit() and _alive(int(pid)):
+            return True
+        try:
+            os.unlink(os.path.join(directory, name))
+        except OSError:
+            pass
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (someone else's process: it exists)
+        return True
+    return True
+
+
+def _main(path: str, later: bool = False) -> int:
+    """The worker: wait for a slot (``slots``; a ``later`` candidate's worker after the first
+    programs' workers, ``take_slot``), then build the program in ``path``'s payload and run its
+    warm-up, at a lower scheduling priority than the process that runs the calls meanwhile (on
+    a small machine the worker would otherwise take a core from them)."""
     try:
         os.nice(10)
     except (AttributeError, OSError):  # (not POSIX, or not allowed: the same priority)
         pass
     slot = None
     if fcntl is not None:
-        slot = take_slot(os.path.dirname(os.path.abspath(path)), slots())
+        slot = take_slot(os.path.dirname(os.path.abspath(path)), slots(), later=later)
     try:
         with open(path, "rb") as f:
             graph, settings, prepare_args = pickle.load(f)
@@ -255,4 +312,4 @@ def _main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1]))
+    sys.exit(_main(sys.argv[1], later="--later" in sys.argv[2:]))

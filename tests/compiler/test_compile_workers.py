@@ -254,3 +254,53 @@ def test_workers_wait_for_a_compile_slot_across_processes(
     os.close(first)
     assert other_process_gets_one()
     os.close(second)
+
+
+def test_a_later_candidates_worker_leaves_the_slot_to_a_waiting_first_program(
+    tmp_path: Path,
+) -> None:
+    """``take_slot(later=True)`` (a program's native segments or larger generated kernels:
+    the program already runs compiled) takes no slot while a first program's worker waits for
+    one (its marker names a live process), and takes it once that worker stops waiting.  A
+    marker of a process that is gone is removed, not waited for.  A first program's worker
+    marks itself while it waits and removes its marker with the slot."""
+    pytest.importorskip("fcntl")
+    directory = str(tmp_path)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    stale = tmp_path / f"fusegrad_worker_first_{int(gone.stdout)}.wait"
+    stale.touch()
+    assert not workers.first_waiting(directory)
+    assert not stale.exists()
+    waiting = tmp_path / f"fusegrad_worker_first_{os.getpid()}.wait"  # (this process: alive)
+    waiting.touch()
+    assert workers.first_waiting(directory)
+    taken: list[int] = []
+    later = threading.Thread(
+        target=lambda: taken.append(workers.take_slot(directory, 1, poll_s=0.02, later=True))
+    )
+    later.start()
+    time.sleep(0.5)
+    assert not taken  # the slot is free, but a first program waits
+    waiting.unlink()
+    later.join(30)
+    assert taken and taken[0] >= 0
+    os.close(taken[0])
+    # a first program's worker: its marker exists while it waits, and not after
+    held = workers.try_slot(directory, 1)
+    assert held is not None
+    first: list[int] = []
+    thread = threading.Thread(
+        target=lambda: first.append(workers.take_slot(directory, 1, poll_s=0.02))
+    )
+    thread.start()
+    time.sleep(0.3)
+    assert workers.first_waiting(directory) and not first
+    os.close(held)
+    thread.join(30)
+    assert first and not workers.first_waiting(directory)
+    os.close(first[0])

@@ -352,3 +352,82 @@ def test_a_kernel_over_grouped_dims_runs_in_a_native_segment(monkeypatch: Any) -
         for p in ran
         for k in p.kernels
     )
+
+
+def test_native_segments_are_tried_against_generated_larger_kernels(
+    monkeypatch: Any, caplog: Any, tmp_path: Any
+) -> None:
+    """``native_programs`` None, a whole step whose first program interprets kernels over
+    ``service.GENERATED_ABOVE`` elements: the background compile publishes the first program,
+    then the same step with those kernels as generated code, then compiles its native segments;
+    the trial is between the native program and the generated-larger one (a native program
+    generates every kernel), and its choice is remembered under the first program, so that the
+    next compile of the step (``compiler.reset()``, as a new process would) builds the kept one
+    without a trial.  Every call equals eager's step."""
+    from fusegrad.compiler import service as _service
+
+    monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compiler.config, "native_programs", None)
+    monkeypatch.setattr(compiler.config, "background_compile", True)
+    monkeypatch.setattr(compiler.config, "compile_workers", False)  # (a thread: quicker here)
+    monkeypatch.setattr(compiler.config, "remember_trials", True)
+    trials: list = []
+    init = _service.Trial.__init__
+
+    def recorded(self: Any, slot: Any, steps: Any, other: Any, *args: Any, **kw: Any) -> None:
+        trials.append((steps, other))
+        init(self, slot, steps, other, *args, **kw)
+
+    monkeypatch.setattr(_service.Trial, "__init__", recorded)
+
+    def run(compiled: bool) -> tuple:
+        rng = np.random.default_rng(13)
+        w = fg.tensor(rng.standard_normal((32, 128)) / 6, requires_grad=True)
+        b = fg.tensor(rng.standard_normal(128) / 6, requires_grad=True)
+        opt = fg.optim.SGD([w, b], lr=0.05, momentum=0.9)
+
+        def step(x: fg.Tensor) -> fg.Tensor:
+            opt.zero_grad()
+            h = x @ w + b  # 64 x 128 = 8,192 elements per elementwise kernel
+            loss = (h.tanh() * h.sigmoid()).square().sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        fn = fg.compile(step) if compiled else step
+        losses = []
+        for i in range(2 * (_service.Trial.RUNS + 1) + 6):
+            if compiled and i == 3:
+                assert compiler.wait_for_compiles(300)
+            losses.append(fn(fg.tensor(rng.standard_normal((64, 32)))).item())
+        return losses, w.detach().numpy(), b.detach().numpy()
+
+    def logged(compiled: bool) -> tuple[tuple, str]:
+        compiler.set_logs("perf")
+        caplog.clear()
+        try:
+            with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
+                got = run(compiled)
+        finally:
+            compiler.set_logs(None)
+        return got, caplog.text
+
+    want = run(False)
+    got, text = logged(True)
+    kept = "native segments kept:" in text
+    assert kept or "native segments dropped:" in text
+    assert "ms for the program of steps" in text
+    ((steps, native),) = trials
+    assert native.native and not steps.native
+    assert steps.interpreter_max_elements == _service.GENERATED_ABOVE
+    assert compiler.config.interpreter_max_elements > _service.GENERATED_ABOVE
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)
+
+    compiler.reset()
+    trials.clear()
+    got, text = logged(True)
+    assert f"native segments {'kept' if kept else 'dropped'} as an earlier trial chose" in text
+    assert not trials and "ms for the program of steps" not in text
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)
