@@ -355,10 +355,12 @@ class Program:
         )
         self.native = native and self.native_eligible
         self.last_seconds: float | None = None  # the last ``run_step``/``run_bound``'s wall time
-        # while ``time_externs`` (a ``service.Trial`` between interpreted and generated larger
-        # kernels): the seconds of the last run spent in its extern steps, which both candidates
-        # run alike (a convolution's products: most of a step that is mostly convolutions)
-        self.time_externs = False
+        # while ``time_externs`` (a ``service.Trial``: True, every extern step, between
+        # interpreted and generated larger kernels; a set of values, those extern steps, between
+        # a program of steps and its native segments): the seconds of the last run spent in
+        # those extern steps, which both candidates run alike (a convolution's products: most
+        # of a step that is mostly convolutions)
+        self.time_externs: bool | frozenset = False
         self.extern_seconds = 0.0
         with _trace.phase("fusion"):
             self.fused = _schedule.steps(graph, mode)
@@ -646,7 +648,8 @@ class Program:
             fast = plain.get(k)
             if fast is not None and k not in segments:  # (what ``_step`` does for it)
                 kernel, attrs, values, v, dtype = fast
-                if timing:
+                timed = timing is True or (timing and v in timing)
+                if timed:
                     began = time.perf_counter()
                 if observing is None:
                     result = kernel(*[env[i] for i in values], **attrs)
@@ -654,7 +657,7 @@ class Program:
                     arrays = [env[i] for i in values]
                     result = kernel(*arrays, **attrs)
                     note_copies(observing, k, v, arrays, result)
-                if timing:
+                if timed:
                     extern_seconds += time.perf_counter() - began
                 if type(result) is not np.ndarray:
                     result = np.asarray(result)
@@ -684,7 +687,9 @@ class Program:
                 else:
                     for v, a in zip(seg.outputs, results):
                         env[v] = a
-            elif timing and type(steps[k]) is Extern:
+            elif (
+                timing and type(steps[k]) is Extern and (timing is True or steps[k].value in timing)
+            ):
                 began = time.perf_counter()
                 self._step(k, steps[k], env, inst, w, leaves, inputs, dry)
                 extern_seconds += time.perf_counter() - began

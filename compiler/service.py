@@ -44,6 +44,7 @@ from .cache import LRU, KeyHistory, Programs, Slot
 from .codegen import diskcache, numba_cpu
 from .events import emit
 from .ir import Graph
+from .passes.fuse import Extern
 from .program import Program
 from .settings import config
 
@@ -300,8 +301,14 @@ class Trial:
         self.runs = [0, 0]
         self.last: int | None = None
         self.kernels_only = kernels_only
+        # the extern steps whose time is left out of the comparison: all of them between
+        # interpreted and generated kernels; between a program of steps and its native
+        # segments, those the native program runs from Python too (a convolution's products:
+        # the same work in both, and on a busy machine their noise would decide)
+        timed: bool | frozenset = True if kernels_only else _python_externs(native)
+        self.outside = bool(timed)
         for program in self.candidates:
-            program.time_externs = kernels_only
+            program.time_externs = timed
 
     def _end(self, best: Program) -> Program:
         """``best`` stays in the slot: the trial is over (and remembered on disk,
@@ -321,7 +328,7 @@ class Trial:
             program = self.candidates[last]
             seconds = program.last_seconds
             if self.runs[last] > 1 and seconds is not None:
-                if self.kernels_only:
+                if self.outside:
                     seconds -= program.extern_seconds
                 self.times[last].append(seconds)
         if sum(self.runs) > 4 * self.RUNS:  # (a program that does not time its runs)
@@ -334,11 +341,27 @@ class Trial:
                 "perf",
                 f"{what} {'kept' if native < steps else 'dropped'}: "
                 f"{native * 1e3:.3f} ms against {steps * 1e3:.3f} ms for {against}"
-                + (" (outside the extern steps)" if self.kernels_only else ""),
+                + (
+                    " (outside the extern steps)"
+                    if self.kernels_only
+                    else " (outside the extern steps both run from Python)"
+                    if self.outside
+                    else ""
+                ),
             )
             return best
         self.last = 1 if last == 0 else 0 if last == 1 else 1
         return self.candidates[self.last]
+
+
+def _python_externs(native: Program) -> frozenset:
+    """The values of the extern steps a native program runs from Python (outside its
+    segments), which its program of steps runs from Python as well: empty for anything else."""
+    if not getattr(native, "native", False):
+        return frozenset()
+    variant = native.default
+    steps = variant.schedule.steps
+    return frozenset(steps[k].value for k in variant.python_steps if isinstance(steps[k], Extern))
 
 
 # the background compiles still running (``wait_for_compiles``)

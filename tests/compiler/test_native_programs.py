@@ -431,3 +431,66 @@ def test_native_segments_are_tried_against_generated_larger_kernels(
     assert not trials and "ms for the program of steps" not in text
     for g, e in zip(got, want):
         np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)
+
+
+def test_a_native_trial_leaves_out_the_externs_both_programs_run_from_python(
+    caplog: Any,
+) -> None:
+    """Between a program of steps and its native segments, the trial compares the time outside
+    the extern steps the native program runs from Python too (a convolution here: the same
+    work in both, whose noise would otherwise decide): those are the same IR values in both
+    programs, each program times them while the trial runs, and the calls still equal eager's
+    step."""
+    from fusegrad.compiler import service as _service
+    from fusegrad.compiler.passes.fuse import Extern
+
+    def run(compiled: bool, trial: bool = False) -> tuple:
+        fg.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(2, 3, 3), nn.Tanh(), nn.Flatten(), nn.Linear(48, 5))
+        model = model.double()
+        opt = fg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+        def step(x: fg.Tensor, y: fg.Tensor) -> fg.Tensor:
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+
+        fn = fg.compile(step) if compiled else step
+        rng = np.random.default_rng(5)
+        batches = [
+            (fg.tensor(rng.standard_normal((4, 2, 6, 6))), fg.tensor(rng.integers(0, 5, 4)))
+            for _ in range(2 * (_service.Trial.RUNS + 1) + 6)
+        ]
+        losses = []
+        for i, (x, y) in enumerate(batches):
+            if trial and i == 3:  # the step runs compiled: a trial against its program of steps
+                ((slot,),) = [list(e.programs.slots.values()) for e in fn.entries.values()]
+                native = slot.program
+                steps = Program(native.graph, **{**native.settings, "native": False})
+                common = _service._python_externs(native)
+                assert any(v.op.startswith("conv") for v in common)
+                assert common <= {
+                    s.value for s in steps.default.schedule.steps if isinstance(s, Extern)
+                }
+                slot.trial = _service.Trial(slot, steps, native)
+                assert steps.time_externs == native.time_externs == common
+            if trial and i == 8:  # (both have run in the trial: each timed the convolutions)
+                assert steps.extern_seconds > 0 and native.extern_seconds > 0
+            losses.append(fn(x, y).item())
+        if trial:
+            assert slot.trial is None and steps.time_externs is False
+        return losses, [p.detach().numpy() for p in model.parameters()]
+
+    want = run(False)
+    compiler.set_logs("perf")
+    try:
+        with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
+            got = run(True, trial=True)
+    finally:
+        compiler.set_logs(None)
+    assert "(outside the extern steps both run from Python)" in caplog.text
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-10, atol=1e-12)
+    for g, w in zip(got[1], want[1]):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
