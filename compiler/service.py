@@ -305,7 +305,7 @@ class Trial:
         # interpreted and generated kernels; between a program of steps and its native
         # segments, those the native program runs from Python too (a convolution's products:
         # the same work in both, and on a busy machine their noise would decide)
-        timed: bool | frozenset = True if kernels_only else _python_externs(native)
+        timed: bool | frozenset = True if kernels_only else _python_externs(native) or False
         self.outside = bool(timed)
         for program in self.candidates:
             program.time_externs = timed
