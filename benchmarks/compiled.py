@@ -1560,6 +1560,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         impls["fg_compiled"].step()  # this process's first compiled backward of this graph
         fc.wait_for_compiles()  # (compiled on a thread, the first backward eager meanwhile)
         calls["fg_compiled_in_process"] = common.clock() - t0
+        # the calls of a trial between a program's two candidates (interpreted or generated
+        # larger kernels, native segments: ``service.Trial``, they run in turn and the faster
+        # stays), before anything is measured
+        settle = 2 * (importlib.import_module("fusegrad.compiler.service").Trial.RUNS + 1) + 1
+        for _ in range(settle):
+            impls["fg_step"].step()
+            impls["fg_compiled"].step()
         after_first = fc.counters.captures
         progress.stage(f"measuring {len(impls)} implementations, {warmup}+{reps} repetitions")
         stats[wl.label] = common.measure_interleaved(
