@@ -182,6 +182,8 @@ class _Emitter:
 
     def _permute(self, v: Value) -> list[str]:
         dims = tuple(int(d) for d in v.attr("dims"))
+        if dims == (1, 0):  # (a matrix's transpose: typed F-contiguous, read by BLAS as is)
+            return [f"v{v.id} = transpose2(v{v.inputs[0].id})"]
         return [f"v{v.id} = permute(v{v.inputs[0].id}, {dims!r})"]
 
     def _broadcast_to(self, v: Value) -> list[str]:
@@ -492,6 +494,7 @@ from fusegrad.compiler.codegen.native_helpers import (
     sum_rows_f,
     sum_rows_i,
     take_rows,
+    transpose2,
 )
 """
 

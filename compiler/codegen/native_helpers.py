@@ -13,7 +13,8 @@ compute what the primitives' eager kernels compute (``ops/primitives.py``), with
   reductions do: the result may differ from numpy's pairwise float32 sum in the last bits,
   within the compiled-vs-eager tolerances (docs/numerics.md);
 * ``amax`` propagates NaN as numpy's does (a NaN anywhere in a row is the row's maximum);
-* products are numpy's (``np.dot``: BLAS through scipy, in the operands' dtype).
+* products are numpy's (``np.dot``: BLAS through scipy, in the operands' dtype); a matrix's
+  transpose reaches BLAS as its transposed operand, not as a copy (``transpose2``).
 
 ``cache=True``: compiled once per machine, then loaded from numba's cache.
 """
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from numba import types
+from numba.extending import overload
 
 _JIT = {"cache": True, "nogil": True, "error_model": "numpy"}
 
@@ -144,6 +147,27 @@ def permute(a: np.ndarray, dims: tuple) -> np.ndarray:  # pragma: no cover - num
 
 
 @numba.njit(**_JIT)
+def transpose2(a: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+    """A matrix's transpose: of a C-contiguous matrix, typed F-contiguous (``permute`` types
+    any permutation as of any layout), so that a product reads it as BLAS's transposed
+    operand instead of copying it (``blas_operand``)."""
+    return a.T
+
+
+def blas_operand(a: np.ndarray) -> np.ndarray:  # pragma: no cover - numba (overloaded below)
+    """``a`` as BLAS can read it: itself when numba types it C- or F-contiguous (a weight's
+    transpose, ``transpose2``: BLAS's transposed operand, no copy), else a C-contiguous copy."""
+    raise NotImplementedError("blas_operand runs in numba code only")
+
+
+@overload(blas_operand)
+def _blas_operand(a):  # type: ignore[no-untyped-def]  # (unannotated: numba matches its names)
+    if isinstance(a, types.Array) and a.layout in ("C", "F"):
+        return lambda a: a
+    return lambda a: np.ascontiguousarray(a)
+
+
+@numba.njit(**_JIT)
 def broadcast(a: np.ndarray, shape: tuple) -> np.ndarray:  # pragma: no cover - numba
     return np.broadcast_to(a, shape)
 
@@ -151,7 +175,7 @@ def broadcast(a: np.ndarray, shape: tuple) -> np.ndarray:  # pragma: no cover - 
 @numba.njit(**_JIT)
 def matmul2(a: np.ndarray, b: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
     """``a @ b`` of two matrices."""
-    return np.dot(np.ascontiguousarray(a), np.ascontiguousarray(b))
+    return np.dot(blas_operand(a), blas_operand(b))
 
 
 @numba.njit(**_JIT)
@@ -159,7 +183,7 @@ def matmul_rows(a: np.ndarray, b: np.ndarray, rows: int, shape: tuple) -> np.nda
     """``a @ b`` for a batch of rows ``a`` and one matrix ``b``: one product of all the rows
     (``rows`` of them), reshaped to ``shape``."""
     flat = np.ascontiguousarray(a).reshape((rows, a.shape[-1]))
-    return np.dot(flat, np.ascontiguousarray(b)).reshape(shape)
+    return np.dot(flat, blas_operand(b)).reshape(shape)
 
 
 @numba.njit(**_JIT)
