@@ -516,7 +516,8 @@ def _impl(
     def params() -> list:
         return [p.detach().numpy().copy() for m in modules.values() for p in m.parameters()]
 
-    return steps.StepImpl(timed, params)
+    compiled = [fn] if wrap_step is not None else list(nets.values()) if wrap_model else []
+    return steps.StepImpl(timed, params, compiled=compiled)
 
 
 def run(
@@ -605,6 +606,7 @@ def run(
             }
         )
         rows.append(row)
+        wl_notes["programs"] = steps.program_notes(impls)
         notes[name] = wl_notes
         if on_row is not None:
             on_row(row)

@@ -26,7 +26,7 @@ import copy
 import importlib
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,48 @@ class StepImpl:
     params: Callable[[], list]
     first_calls_s: float | None = None
     module: Any = None  # the compiled model (``fg_module``)
+    compiled: list = field(default_factory=list)  # fg.compile's results (``program_notes``)
+
+
+def program_notes(impls: dict[str, StepImpl]) -> str:
+    """The programs of the whole step and of ``compile(model)`` after their trials
+    (``program_summary``), for a workload's notes."""
+    return (
+        "; ".join(
+            f"{label}: {program_summary(impls[key].compiled)}"
+            for key, label in (("fg_step", "whole step"), ("fg_module", "compile(model)"))
+            if key in impls
+        )
+        + " (native N seg. X/Y: N native segments run X of the program's Y steps)"
+    )
+
+
+def program_summary(compiled: Sequence[Any]) -> str:
+    """What runs the compiled functions' and modules' replays after their trials: per program
+    (a whole step's, a compiled module's forward and backward), its native segments and how
+    many of its steps they run (``explain``'s first line of a native program), or "steps" for
+    a program of steps; "none" when nothing was recorded."""
+    programs = []
+    for obj in compiled:
+        entries = getattr(obj, "entries", None)  # (a compiled function)
+        if entries is None:
+            entries = getattr(obj, "_aot", None)  # (a compiled module)
+        for entry in entries.values() if entries is not None else ():
+            step = getattr(entry, "step", entry)
+            tables = (getattr(step, "programs", None), getattr(entry, "backward_programs", None))
+            for table in tables:
+                if table is not None:
+                    programs.extend(table.programs())
+    parts = []
+    for program in programs:
+        variant = program.default
+        steps = len(variant.schedule.steps)
+        if program.native:
+            inside = sum(seg.last - seg.first + 1 for seg in variant.segments.values())
+            parts.append(f"native {len(variant.segments)} seg. {inside}/{steps}")
+        else:
+            parts.append(f"steps {steps}")
+    return ", ".join(parts) or "none"
 
 
 def _build(torch: Any, name: str) -> Any:
@@ -114,6 +156,7 @@ def _impl(
         return loss
 
     fn = wrap_step(step) if wrap_step is not None else step
+    compiled = [fn] if wrap_step is not None else [net] if wrap_model is not None else []
     counter = [0]
     generator = [rng]  # this implementation's generator state (fusegrad's: None for torch)
 
@@ -138,7 +181,9 @@ def _impl(
     def params() -> list:
         return [p.detach().numpy().copy() for p in model.parameters()]
 
-    return StepImpl(timed, params, module=net if wrap_model is not None else None)
+    return StepImpl(
+        timed, params, module=net if wrap_model is not None else None, compiled=compiled
+    )
 
 
 def run(
@@ -228,6 +273,7 @@ def run(
                 },
             }
         )
+        wl_notes["programs"] = program_notes(impls)
         saved = saved_bytes(impls["fg_module"].module)
         if saved is not None:
             checks[name]["compile_model_saved_bytes"] = saved
