@@ -215,8 +215,10 @@ def _generates_more(program: Program, sizes: tuple | None) -> bool:
 def _choice_file(first: Program, what: str) -> str | None:
     """The file in the disk cache that remembers a ``Trial`` between ``first`` (a program of
     steps) and its ``what`` candidate ("native segments", "generated code for the larger
-    kernels"); None when trials are not remembered (``config.remember_trials``), there is no
-    disk cache, or the program cannot be named across processes."""
+    kernels"), named by the first program, the code generators' sources (``_codegen_stamp``),
+    numba's version and Python's; None when trials are not remembered
+    (``config.remember_trials``), there is no disk cache, or the program cannot be named across
+    processes."""
     if not config.remember_trials:
         return None
     directory = diskcache.cache_dir()
@@ -226,8 +228,25 @@ def _choice_file(first: Program, what: str) -> str | None:
         key = workers.identity(first)
     except Exception:  # noqa: BLE001 - a graph that does not pickle: nothing is remembered
         return None
-    key += f"|{what}|{numba.__version__}|{sys.version}".encode()
+    key += f"|{what}|{numba.__version__}|{sys.version}|{_codegen_stamp()}".encode()
     return os.path.join(directory, f"fusegrad_trial_{hashlib.sha1(key).hexdigest()[:20]}")
+
+
+_stamp: list[str] = []
+
+
+def _codegen_stamp() -> str:
+    """A hash of the code generators' sources (``compiler/codegen``): a choice measured with
+    other generated code (another fusegrad) is not remembered as this one's."""
+    if not _stamp:
+        digest = hashlib.sha1()
+        folder = os.path.dirname(os.path.abspath(diskcache.__file__))
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), "rb") as f:
+                    digest.update(name.encode() + f.read())
+        _stamp.append(digest.hexdigest()[:16])
+    return _stamp[0]
 
 
 def remember_choice(first: Program, what: str, kept: int) -> None:

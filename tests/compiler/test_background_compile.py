@@ -547,3 +547,25 @@ def test_a_trials_choice_is_remembered_by_the_next_compile(
     text = calls(2 * (_service.Trial.RUNS + 1) + 3)
     assert "as an earlier trial chose" not in text
     assert "ms for interpreting them" in text
+
+
+def test_a_remembered_choice_belongs_to_the_code_generators_that_measured_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A trial's remembered choice is named by the first program and by the code generators'
+    sources (``service._codegen_stamp``): another fusegrad's generated code is measured again
+    rather than inheriting a choice made between other programs."""
+    from types import SimpleNamespace
+
+    from fusegrad.compiler import service as _service
+
+    monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "remember_trials", True)
+    first = SimpleNamespace(source_path=str(tmp_path / "fusegrad_generated_0123abcd.py"))
+    assert _service.remembered_choice(first, "native segments") is None  # type: ignore[arg-type]
+    _service.remember_choice(first, "native segments", 1)  # type: ignore[arg-type]
+    assert _service.remembered_choice(first, "native segments") == 1  # type: ignore[arg-type]
+    assert _service.remembered_choice(first, "generated code") is None  # type: ignore[arg-type]
+    assert len(_service._codegen_stamp()) == 16
+    monkeypatch.setattr(_service, "_stamp", ["another generator"])
+    assert _service.remembered_choice(first, "native segments") is None  # type: ignore[arg-type]
