@@ -2,16 +2,16 @@
 without walking the graph.
 
 A compiled region (``fusegrad.compiler.Region``, the thread's tracer inside
-``compiled_autograd()``) runs every primitive eagerly and hands the node it created to
-``record``, which appends it to this thread's current ``Tape``.  Each recorded node gets a tape
-position and a *state*: an int that identifies the structure of the whole prefix up to it -- per
-node its primitive, attributes, input and output shapes and dtypes, and its edges, written as
-tape positions of earlier nodes or numbers of leaves (in order of first use), so which node or
-leaf is the same object is part of it.  Equal states mean equal prefixes: states are interned in
-a trie of ``(previous state, node entry)`` and never reused.  ``tape_key`` turns the roots'
-states into the key of a backward, and a ``Binding`` (made once, from the walk of the first such
-backward) finds the walk's saved arrays, leaves and nodes in any graph recorded with the same
-key.
+``compiled_autograd()``) lets every primitive run eagerly and hands each node a call made
+(``Tracer.made``) to ``record``, which appends it to this thread's current ``Tape``.  Each
+recorded node gets a tape position and a *state*: an int that identifies the structure of the
+whole prefix up to it -- per node its primitive, attributes, input and output shapes and
+dtypes, and its edges, written as tape positions of earlier nodes or numbers of leaves (in order
+of first use), so which node or leaf is the same object is part of it.  Equal states mean equal
+prefixes: states are interned in a trie of ``(previous state, node entry)`` and never reused.
+``tape_key`` turns the roots' states into the key of a backward, and a ``Binding`` (made once,
+from the walk of the first such backward) finds the walk's saved arrays, leaves and nodes in any
+graph recorded with the same key.
 
 Nothing here is a promise that the graph is unchanged since it was recorded: the eager core keeps
 no record of what happened to a graph, and the compiler asks it for none.  The structure a tape
@@ -21,11 +21,12 @@ freed, modified in place or given unpack hooks, and leaves read for rematerialis
 versions they had when their op ran -- and any failed check sends the backward to the walk, which
 raises the eager engine's own errors.  The per-node part of these checks is skipped when the
 eager core's change stamp (``graph_base.changes``: hook registrations, releases, version bumps
-anywhere) has not moved since the tape's first node was made.
+anywhere) has not moved since the tape's first node was made (``record`` reads it then).
 
 The tape holds its nodes and leaves' AccumulateGrad nodes through weak references only, so it
-never keeps a graph alive; positions are found by ``id`` and confirmed through the weak
-reference (an id may be reused once its object is gone).  A tape stops recording (``open``
+never keeps a graph alive.  A node's position is found by its ``_seq``, which no other node
+ever has (an ``id`` may be reused once its object is gone); a leaf's number by the ``id`` of
+its AccumulateGrad, confirmed through the weak reference.  A tape stops recording (``open``
 false) when a node has an edge to a node that is not on it (made outside the region, on another
 thread, a custom Function), when saved-tensor hooks are active, for CUDA tensors (their graphs
 take the walk, which keys the device), when an attribute cannot be hashed, or past ``MAX_TAPE``
@@ -86,30 +87,21 @@ class Tape:
         self.serial = next(_serials)
         self.nodes: list = []  # weak references, by tape position
         self.states: list[int] = []  # prefix state after each position
-        self.index_of: dict[int, int] = {}  # id(node) -> tape position
+        self.index_of: dict[int, int] = {}  # node._seq -> tape position
         self.leaves: list = []  # weak references to AccumulateGrad nodes, by leaf number
         self.leaf_of: dict[int, int] = {}  # id(AccumulateGrad) -> leaf number
         self.versions: dict[int, int] = {}  # position -> its leaf input's version (remat only)
         self.state = 0  # the empty prefix
         self.open = True
-        # ``changes.value`` before the first node on the tape was made (-1: none recorded yet)
+        # ``changes.value`` when the tape's first node was recorded, right after it was made
+        # (nothing between moves it): -1 while none is
         self.stamp = -1
 
     def position(self, node: Any) -> int:
         """``node``'s position on this tape, or -1."""
-        index = self.index_of.get(id(node), -1)
-        if index >= 0 and self.nodes[index]() is not node:
+        if type(node) is not OpNode:  # (only OpNodes are recorded: their ``_seq`` is unique)
             return -1
-        return index
-
-    def leaf_number(self, acc: Any) -> int:
-        """The number of leaf accumulator ``acc`` on this tape (numbered on first use)."""
-        number = self.leaf_of.get(id(acc), -1)
-        if number >= 0 and self.leaves[number]() is acc:
-            return number
-        number = self.leaf_of[id(acc)] = len(self.leaves)
-        self.leaves.append(weakref.ref(acc))
-        return number
+        return self.index_of.get(node._seq, -1)
 
 
 class _State(threading.local):
@@ -152,8 +144,10 @@ state = _State()
 
 def record(tape: Tape, node: OpNode, inputs: tuple, out: Tensor) -> None:
     """Append ``node`` (created by a primitive call on ``inputs``, result ``out``) to
-    ``tape``.  Runs for every op inside a compiled region, so it is kept lean: one loop over the
-    edges, one tuple and one dict lookup, names bound once."""
+    ``tape``.  Runs for every node made inside a compiled region (``Region.made``), where its
+    cost is that of the bytecodes it runs and of the tables it touches, which the forward's
+    kernels have evicted: one loop over the edges, one tuple and one trie lookup, names bound
+    once."""
     codes = []
     index_of = tape.index_of
     for child, nr in node._edges:
@@ -162,13 +156,19 @@ def record(tape: Tape, node: OpNode, inputs: tuple, out: Tensor) -> None:
             continue
         kind = type(child)
         if kind is OpNode:
-            index = index_of.get(id(child), -1)
-            if index < 0 or nr >= 1024 or tape.nodes[index]() is not child:
+            # (a node's ``_seq`` is never reused, unlike an ``id``: finding it in ``index_of``
+            # proves that it is the node recorded there)
+            index = index_of.get(child._seq, -1)
+            if index < 0 or nr >= 1024:
                 tape.open = False
                 return
             codes.append(index << 10 | nr)
         elif kind is AccumulateGrad:
-            codes.append(-2 - tape.leaf_number(child))
+            number = tape.leaf_of.get(id(child), -1)
+            if number < 0 or tape.leaves[number]() is not child:
+                number = tape.leaf_of[id(child)] = len(tape.leaves)
+                tape.leaves.append(_weak(child))
+            codes.append(-2 - number)
         else:
             tape.open = False
             return
@@ -204,10 +204,12 @@ def record(tape: Tape, node: OpNode, inputs: tuple, out: Tensor) -> None:
     if index >= MAX_TAPE:
         tape.open = False
         return
+    if not index:  # (nothing in the eager core moved the stamp since the node was made)
+        tape.stamp = changes.value
     tape.state = state_id
     nodes.append(_weak(node))
     tape.states.append(state_id)
-    index_of[id(node)] = index
+    index_of[node._seq] = index
     if name in REMATERIALISE and codes[0] <= -2:
         tape.versions[index] = inputs[0]._version_counter.value
 
