@@ -59,14 +59,11 @@ from .service import Background, CompileNotice, service
 from .settings import config
 from .tape import Binding, Unbindable, leaf_key, tape_key
 
-# bound once: ``Region.made`` runs for every node made in a compiled region
-_tape_state = _tape.state
-_record = _tape.record
-
 
 class Region(Tracer):
     """The tracer of a thread inside ``compiled_autograd()`` / a ``compile``d function: records
-    the primitive calls it runs on the thread's tape, and compiles ``backward``/``grad``."""
+    the nodes that primitive calls make on the thread's tape, and compiles
+    ``backward``/``grad``."""
 
     # an optimizer's update under no_grad makes no nodes, so nothing of it is on the tape: its
     # multi-tensor kernel may run instead of the tensor ops (``fusegrad.optim._foreach``)
@@ -80,10 +77,9 @@ class Region(Tracer):
         self.fullgraph = fullgraph
         self.mode = mode
 
-    def made(self, node: Any, inputs: tuple, out: Tensor) -> None:
-        tape = _tape_state.tape
-        if tape is not None and tape.open:
-            _record(tape, node, inputs, out)
+    # each node a call makes goes on this thread's tape (the function itself, one frame less
+    # per node than a method calling it)
+    made = _tape.record
 
     def backward(
         self,
@@ -162,7 +158,7 @@ def _run_from_tape(region: Region, fast: tuple, grads: Sequence[Tensor], retain:
     """Run the program filed under the tape key ``fast`` when the tape binds and it is ready;
     whether it ran."""
     entry = service.tapes.get(fast[1])
-    bound = entry.binding.bind(fast[0]) if entry is not None else None
+    bound = entry.binding.bind(fast[0], fast[2]) if entry is not None else None
     if bound is None:
         return False
     arrays, leaves, release = bound
@@ -445,12 +441,12 @@ def _device_of(w: Walk, grads: Sequence[Tensor]) -> str | None:
 def _remember_tape(fast: tuple, w: Walk, region: Region, filed: tuple) -> None:
     """File where the program is (``filed``: its table and program key) under the tape key, so
     the next such backward skips the walk."""
-    tape, key = fast
+    tape, key, roots = fast
     lk = leaf_key(w.leaves)
     if lk is None:
         return
     try:
-        binding = Binding(w, tape)
+        binding = Binding(w, tape, roots)
     except Unbindable as e:
         emit(events.NO_TAPE, str(e))
         return

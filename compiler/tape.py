@@ -23,14 +23,17 @@ raises the eager engine's own errors.  The per-node part of these checks is skip
 eager core's change stamp (``graph_base.changes``: hook registrations, releases, version bumps
 anywhere) has not moved since the tape's first node was made (``record`` reads it then).
 
-The tape holds its nodes and leaves' AccumulateGrad nodes through weak references only, so it
-never keeps a graph alive.  A node's position is found by its ``_seq``, which no other node
-ever has (an ``id`` may be reused once its object is gone); a leaf's number by the ``id`` of
-its AccumulateGrad, confirmed through the weak reference.  A tape stops recording (``open``
-false) when a node has an edge to a node that is not on it (made outside the region, on another
-thread, a custom Function), when saved-tensor hooks are active, for CUDA tensors (their graphs
-take the walk, which keys the device), when an attribute cannot be hashed, or past ``MAX_TAPE``
-nodes; nodes recorded before that keep their states.
+The tape holds no reference to its nodes and only weak ones to its leaves' AccumulateGrad
+nodes, so it never keeps a graph alive (and costs no object per node): a node's position is
+found by its ``_seq``, which no other node ever has (an ``id`` may be reused once its object
+is gone), a leaf's number by the ``id`` of its AccumulateGrad, confirmed through the weak
+reference, and a ``Binding`` reaches the nodes it needs from the roots' nodes, through edges.
+
+A tape stops recording (``open`` false) when a node has an edge to a node that is not on it
+(made outside the region, on another thread, a custom Function), when saved-tensor hooks are
+active, for CUDA tensors (their graphs take the walk, which keys the device), when an
+attribute cannot be hashed, or past ``MAX_TAPE`` nodes; nodes recorded before that keep their
+states.
 
 State is per thread (``state``): the tape new nodes go on, and the previous one (each backward
 in a region starts a new tape; a second root of the last forward is on the previous one).
@@ -74,7 +77,6 @@ class Tape:
         "index_of",
         "leaf_of",
         "leaves",
-        "nodes",
         "open",
         "serial",
         "stamp",
@@ -85,8 +87,7 @@ class Tape:
 
     def __init__(self) -> None:
         self.serial = next(_serials)
-        self.nodes: list = []  # weak references, by tape position
-        self.states: list[int] = []  # prefix state after each position
+        self.states: list[int] = []  # prefix state after each position (its length: the nodes)
         self.index_of: dict[int, int] = {}  # node._seq -> tape position
         self.leaves: list = []  # weak references to AccumulateGrad nodes, by leaf number
         self.leaf_of: dict[int, int] = {}  # id(AccumulateGrad) -> leaf number
@@ -142,12 +143,16 @@ class _State(threading.local):
 state = _State()
 
 
-def record(tape: Tape, node: OpNode, inputs: tuple, out: Tensor) -> None:
-    """Append ``node`` (created by a primitive call on ``inputs``, result ``out``) to
-    ``tape``.  Runs for every node made inside a compiled region (``Region.made``), where its
-    cost is that of the bytecodes it runs and of the tables it touches, which the forward's
-    kernels have evicted: one loop over the edges, one tuple and one trie lookup, names bound
+def record(region: Any, node: OpNode, inputs: tuple, out: Tensor) -> None:
+    """``Region.made``: append ``node`` (made by a primitive call on ``inputs``, result ``out``)
+    to this thread's tape, while it is open.  Runs for every node made inside a compiled region,
+    where its cost is that of the bytecodes it runs and of the tables it touches (which the
+    forward's kernels evict), so it is kept lean: one frame (it is the region's method itself),
+    one loop over the edges, one tuple and one trie lookup, no object kept per node, names bound
     once."""
+    tape = state.tape
+    if tape is None or not tape.open:
+        return
     codes = []
     index_of = tape.index_of
     for child, nr in node._edges:
@@ -199,16 +204,15 @@ def record(tape: Tape, node: OpNode, inputs: tuple, out: Tensor) -> None:
         if len(_trie) >= MAX_TRIE:
             _trie.clear()
         state_id = _trie[entry] = next(_states)
-    nodes = tape.nodes
-    index = len(nodes)
+    states = tape.states
+    index = len(states)
     if index >= MAX_TAPE:
         tape.open = False
         return
     if not index:  # (nothing in the eager core moved the stamp since the node was made)
         tape.stamp = changes.value
     tape.state = state_id
-    nodes.append(_weak(node))
-    tape.states.append(state_id)
+    states.append(state_id)
     index_of[node._seq] = index
     if name in REMATERIALISE and codes[0] <= -2:
         tape.versions[index] = inputs[0]._version_counter.value
@@ -220,8 +224,9 @@ _weak = weakref.ref
 
 def tape_key(
     roots: Sequence[Tensor], grad_roots: Sequence[Tensor], accumulate: bool
-) -> tuple[Tape, tuple] | None:
-    """The tape this backward's graph was recorded on and its key, or None (walk instead).
+) -> tuple[Tape, tuple, list] | None:
+    """The tape this backward's graph was recorded on, its key and the roots' nodes, or None
+    (walk instead).
 
     Every root must be the output of a node on one of this thread's two latest tapes.  The key
     is the tape state of the latest root (its prefix holds every node reachable from the roots)
@@ -229,10 +234,12 @@ def tape_key(
     tape = None
     best = -1
     entries: list = [accumulate, len(roots)]
+    nodes = []
     for r, g in zip(roots, grad_roots):
         n, nr = r._edge()
         if type(n) is not OpNode:
             return None
+        nodes.append(n)
         index = -1
         if tape is None:
             for candidate in (state.tape, state.previous):
@@ -249,7 +256,7 @@ def tape_key(
         entries += (index, nr, g._data.shape, g._dtype)
     if tape is None:
         return None
-    return tape, (tape.states[best], *entries)
+    return tape, (tape.states[best], *entries), nodes
 
 
 class Unbindable(Exception):
@@ -260,20 +267,43 @@ class Binding:
     """Where a walk's runtime arguments are in any graph recorded with the same tape key.
 
     Built once from the walk of a backward whose tape key missed; ``bind`` then finds, in a
-    fresh graph of the same structure, the walk's OpNodes (by tape position, in walk order), its
+    fresh graph of the same structure, the walk's OpNodes in walk order -- from the roots' nodes,
+    each node as edge ``e`` of one found before it: the key fixes every edge, so the path that
+    led to a position in the first graph leads to the node at that position in any other -- its
     saved arrays (walk order is node order, then each node's saved tensors), its leaves and the
-    nodes to free -- checking what the key does not fix (see the module docstring): the saved
+    nodes to free, checking what the key does not fix (see the module docstring): the saved
     arrays the walk found to be one array (``saved_alias``) must still be one array, and
     rematerialisation reads a leaf that must be the saved array's source, unchanged since its
     op ran.  Arrays the walk found distinct but now are one need no check: the program then reads
     one array twice."""
 
-    def __init__(self, w: Any, tape: Tape) -> None:
+    def __init__(self, w: Any, tape: Tape, roots: list) -> None:
         op_nodes = [n for n in w.nodes if type(n) is OpNode]
         positions = [tape.position(n) for n in op_nodes]
         if any(p < 0 for p in positions):
             raise Unbindable("a node of the walk is not on the tape")
         self.node_index = tuple(positions)
+        # the OpNodes reachable from the roots' nodes, breadth first: after the roots' own, each
+        # found as edge ``e`` of the ``k``-th found (``paths``); ``order``: which found node each
+        # node of the walk is
+        found = list(roots)
+        where: dict[int, int] = {}
+        for k, n in enumerate(found):
+            where.setdefault(id(n), k)
+        paths = []
+        k = 0
+        while k < len(found):
+            for e, (child, _) in enumerate(found[k]._edges):
+                if type(child) is OpNode and id(child) not in where:
+                    where[id(child)] = len(found)
+                    found.append(child)
+                    paths.append((k, e))
+            k += 1
+        order = [where.get(id(n), -1) for n in op_nodes]
+        if -1 in order:
+            raise Unbindable("a node of the walk is not reachable from the roots")
+        self.paths = tuple(paths)
+        self.order = tuple(order)
         accumulators = [n for n in w.nodes if type(n) is AccumulateGrad]
         numbers = []
         for acc in accumulators:
@@ -297,14 +327,23 @@ class Binding:
         self.release = tuple(p for p, n in enumerate(op_nodes) if n._saved)
 
     def signature(self) -> tuple:
-        return (self.node_index, self.leaf_index, self.aliases, self.remat_checks)
+        return (
+            self.node_index,
+            self.paths,
+            self.order,
+            self.leaf_index,
+            self.aliases,
+            self.remat_checks,
+        )
 
-    def bind(self, tape: Tape) -> tuple[list, list, list] | None:
-        """(saved arrays in walk order, leaves, nodes to free), or None when a check fails."""
-        refs = tape.nodes
-        nodes = [refs[i]() for i in self.node_index]
-        if None in nodes:
-            return None
+    def bind(self, tape: Tape, roots: list) -> tuple[list, list, list] | None:
+        """(saved arrays in walk order, leaves, nodes to free) in the graph of the roots' nodes
+        ``roots`` (recorded on ``tape`` with this binding's key), or None when a check fails."""
+        found = list(roots)
+        append = found.append
+        for k, e in self.paths:
+            append(found[k]._edges[e][0])
+        nodes = [found[k] for k in self.order]
         if tape.stamp == changes.value:
             # no hook registered, nothing released, no version bumped anywhere since the tape's
             # first node was made: its nodes are as they were recorded

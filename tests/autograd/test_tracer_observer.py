@@ -73,12 +73,13 @@ def test_an_observer_is_told_of_every_node_and_asked_for_no_call() -> None:
     x, w = _leaves()
     want = _ops(x, w)
     observer = _Observer()
+    before = tracer.state.tracer  # (None; the suite's compiled run has a region here)
     with tracer.tracing(observer):
         assert tracer.state.tracer is observer and tracer.state.calls is None
         got = _ops(x, w)
         with fg.no_grad():
             assert _ops(x, w).grad_fn is None  # (no node, nothing told)
-    assert tracer.state.calls is None and tracer.state.tracer is None
+    assert tracer.state.tracer is before
     nodes = _graph(got)
     assert len(nodes) == len(observer.made_nodes) == len(_graph(want)) == 15
     assert {id(n) for n in nodes} == {id(n) for n in observer.made_nodes}

@@ -461,7 +461,7 @@ def test_ops_on_the_fast_paths_are_recorded() -> None:
             loss = _fast_path_ops(x, w)
             tape = _tape.state.tape
             nodes = _op_nodes(loss)
-            assert tape.open and len(nodes) == len(tape.nodes) == 22
+            assert tape.open and len(nodes) == len(tape.states) == 22
             assert sorted(tape.position(n) for n in nodes) == list(range(len(nodes)))
             loss.backward()
         np.testing.assert_allclose(x.grad.numpy(), want[0], rtol=1e-5, atol=1e-6)
@@ -487,7 +487,7 @@ def test_a_node_made_off_the_tape_closes_it_where_a_recorded_node_was() -> None:
             h = (x * w).tanh()
         assert tape.position(h.grad_fn) == -1
         loss = (h * 3.0).sum()
-        assert not tape.open and len(tape.nodes) == 2
+        assert not tape.open and len(tape.states) == 2
         loss.backward()
     np.testing.assert_allclose(x.grad.numpy(), want[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(w.grad.numpy(), want[1], rtol=1e-5, atol=1e-6)
