@@ -517,3 +517,28 @@ def test_a_node_of_the_previous_tape_closes_the_new_one() -> None:
     for _ in range(3):
         for a, b in zip(step(True), want):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_binding_reaches_every_node_from_several_roots() -> None:
+    """Two roots, one an ancestor of the other, over a DAG (a node used twice, a leaf used
+    three times): the binding finds the nodes of each new graph through the edges from the
+    roots' nodes -- the tape keeps none -- and the tape path's gradients are eager's."""
+
+    def roots(x: fg.Tensor, w: fg.Tensor) -> list:
+        a = (x * w).tanh()
+        b = a * a + w
+        c = (b.exp() * a).sum()
+        return [c, (b * w).sum()]
+
+    def run(compiled: bool) -> list:
+        x, w = _leaves(seed=3)
+        with compiler.compiled_autograd() if compiled else _null():
+            outs = roots(x, w)
+            fg.autograd.backward(outs, [fg.ones_like(o) for o in outs])
+        return [x.grad.numpy().copy(), w.grad.numpy().copy()]
+
+    want = run(False)
+    for _ in range(4):
+        for a, b in zip(run(True), want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert compiler.counters.tape_hits == 3 and not compiler.counters.fallbacks
