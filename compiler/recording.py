@@ -555,13 +555,18 @@ class Recorder(Tracer):
                     self.after_suffix(inputs)
             except StepBreak as e:
                 self.stop(str(e))
-        out = self.delegate.apply(prim, inputs, attrs)
+        # (the call runs eagerly: the region ``delegate`` takes no calls, it sees the node
+        # made through ``made``)
+        out = _registry.run(prim, inputs, attrs)
         if self.broken is None:
             try:
                 self.record(prim, inputs, attrs, out)
             except StepBreak as e:
                 self.stop(str(e))
         return out
+
+    def made(self, node: Any, inputs: tuple, out: Tensor) -> None:
+        self.delegate.made(node, inputs, out)  # (the region records it on the tape)
 
     def record(self, prim: Any, inputs: tuple, attrs: dict, out: Tensor) -> None:
         values = tuple(self.value_of(t) for t in inputs)

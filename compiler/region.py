@@ -2,8 +2,10 @@
 ``fusegrad.compiler.compiled_autograd()`` (and inside a ``fusegrad.compile``d function whose
 call is not replayed as a whole step) the thread's tracer is a ``Region``.
 
-A region records every primitive call on the thread's tape (``tape``) and sends every
-``backward()`` and ``autograd.grad()`` through ``run``:
+A region lets every primitive call run eagerly (it takes no calls: ``Tracer.sees_calls``, so
+the op surface's fast paths run as in eager mode), records every node the calls make
+(``Tracer.made``) on the thread's tape (``tape``), and sends every ``backward()`` and
+``autograd.grad()`` through ``run``:
 
 1. **the tape path**: a backward whose forward was recorded on this thread's tape is keyed and
    bound from the tape, without walking the graph (``tape.tape_key``, ``tape.Binding``); a
@@ -37,9 +39,7 @@ import numpy as np
 from fusegrad.autograd import anomaly as _anomaly
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd.engine import graph_task
-from fusegrad.autograd.node import OpNode
 from fusegrad.autograd.tracer import Tracer, tracing
-from fusegrad.ops import registry as _registry
 from fusegrad.tensor import Tensor
 
 from . import admission, double, events, passes
@@ -59,35 +59,27 @@ from .service import Background, CompileNotice, service
 from .settings import config
 from .tape import Binding, Unbindable, leaf_key, tape_key
 
-# bound once: ``Region.apply`` runs for every op in a compiled region
-_tape_state = _tape.state
-_run = _registry.run
-_record = _tape.record
-
 
 class Region(Tracer):
     """The tracer of a thread inside ``compiled_autograd()`` / a ``compile``d function: records
-    the primitive calls it runs on the thread's tape, and compiles ``backward``/``grad``."""
+    the nodes that primitive calls make on the thread's tape, and compiles
+    ``backward``/``grad``."""
 
     # an optimizer's update under no_grad makes no nodes, so nothing of it is on the tape: its
     # multi-tensor kernel may run instead of the tensor ops (``fusegrad.optim._foreach``)
     sees_updates = False
 
+    # every op runs eagerly: dispatch need not ask ``apply``, and the op surface's fast paths
+    # run as in eager mode; the nodes the calls make come to ``made``
+    sees_calls = False
+
     def __init__(self, fullgraph: bool, mode: str) -> None:
         self.fullgraph = fullgraph
         self.mode = mode
 
-    def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
-        tape = _tape_state.tape
-        if tape is not None and not tape.nodes:
-            tape.stamp = _tape.changes.value  # before the tape's first node is made
-        out = _run(prim, inputs, attrs)
-        node = out.grad_fn
-        if type(node) is OpNode:  # a node made by this call: record its structure
-            tape = _tape_state.tape  # (the same one, unless the op ran a backward)
-            if tape is not None and tape.open:
-                _record(tape, node, inputs, out)
-        return out
+    # each node a call makes goes on this thread's tape (the function itself, one frame less
+    # per node than a method calling it)
+    made = _tape.record
 
     def backward(
         self,
@@ -166,7 +158,7 @@ def _run_from_tape(region: Region, fast: tuple, grads: Sequence[Tensor], retain:
     """Run the program filed under the tape key ``fast`` when the tape binds and it is ready;
     whether it ran."""
     entry = service.tapes.get(fast[1])
-    bound = entry.binding.bind(fast[0]) if entry is not None else None
+    bound = entry.binding.bind(fast[0], fast[2]) if entry is not None else None
     if bound is None:
         return False
     arrays, leaves, release = bound
@@ -449,12 +441,12 @@ def _device_of(w: Walk, grads: Sequence[Tensor]) -> str | None:
 def _remember_tape(fast: tuple, w: Walk, region: Region, filed: tuple) -> None:
     """File where the program is (``filed``: its table and program key) under the tape key, so
     the next such backward skips the walk."""
-    tape, key = fast
+    tape, key, roots = fast
     lk = leaf_key(w.leaves)
     if lk is None:
         return
     try:
-        binding = Binding(w, tape)
+        binding = Binding(w, tape, roots)
     except Unbindable as e:
         emit(events.NO_TAPE, str(e))
         return

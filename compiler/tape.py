@@ -2,16 +2,16 @@
 without walking the graph.
 
 A compiled region (``fusegrad.compiler.Region``, the thread's tracer inside
-``compiled_autograd()``) runs every primitive eagerly and hands the node it created to
-``record``, which appends it to this thread's current ``Tape``.  Each recorded node gets a tape
-position and a *state*: an int that identifies the structure of the whole prefix up to it -- per
-node its primitive, attributes, input and output shapes and dtypes, and its edges, written as
-tape positions of earlier nodes or numbers of leaves (in order of first use), so which node or
-leaf is the same object is part of it.  Equal states mean equal prefixes: states are interned in
-a trie of ``(previous state, node entry)`` and never reused.  ``tape_key`` turns the roots'
-states into the key of a backward, and a ``Binding`` (made once, from the walk of the first such
-backward) finds the walk's saved arrays, leaves and nodes in any graph recorded with the same
-key.
+``compiled_autograd()``) lets every primitive run eagerly and hands each node a call made
+(``Tracer.made``) to ``record``, which appends it to this thread's current ``Tape``.  Each
+recorded node gets a tape position and a *state*: an int that identifies the structure of the
+whole prefix up to it -- per node its primitive, attributes, input and output shapes and
+dtypes, and its edges, written as tape positions of earlier nodes or numbers of leaves (in order
+of first use), so which node or leaf is the same object is part of it.  Equal states mean equal
+prefixes: states are interned in a trie of ``(previous state, node entry)`` and never reused.
+``tape_key`` turns the roots' states into the key of a backward, and a ``Binding`` (made once,
+from the walk of the first such backward) finds the walk's saved arrays, leaves and nodes in any
+graph recorded with the same key.
 
 Nothing here is a promise that the graph is unchanged since it was recorded: the eager core keeps
 no record of what happened to a graph, and the compiler asks it for none.  The structure a tape
@@ -21,15 +21,19 @@ freed, modified in place or given unpack hooks, and leaves read for rematerialis
 versions they had when their op ran -- and any failed check sends the backward to the walk, which
 raises the eager engine's own errors.  The per-node part of these checks is skipped when the
 eager core's change stamp (``graph_base.changes``: hook registrations, releases, version bumps
-anywhere) has not moved since the tape's first node was made.
+anywhere) has not moved since the tape's first node was made (``record`` reads it then).
 
-The tape holds its nodes and leaves' AccumulateGrad nodes through weak references only, so it
-never keeps a graph alive; positions are found by ``id`` and confirmed through the weak
-reference (an id may be reused once its object is gone).  A tape stops recording (``open``
-false) when a node has an edge to a node that is not on it (made outside the region, on another
-thread, a custom Function), when saved-tensor hooks are active, for CUDA tensors (their graphs
-take the walk, which keys the device), when an attribute cannot be hashed, or past ``MAX_TAPE``
-nodes; nodes recorded before that keep their states.
+The tape holds no reference to its nodes and only weak ones to its leaves' AccumulateGrad
+nodes, so it never keeps a graph alive (and costs no object per node): a node's position is
+found by its ``_seq``, which no other node ever has (an ``id`` may be reused once its object
+is gone), a leaf's number by the ``id`` of its AccumulateGrad, confirmed through the weak
+reference, and a ``Binding`` reaches the nodes it needs from the roots' nodes, through edges.
+
+A tape stops recording (``open`` false) when a node has an edge to a node that is not on it
+(made outside the region, on another thread, a custom Function), when saved-tensor hooks are
+active, for CUDA tensors (their graphs take the walk, which keys the device), when an
+attribute cannot be hashed, or past ``MAX_TAPE`` nodes; nodes recorded before that keep their
+states.
 
 State is per thread (``state``): the tape new nodes go on, and the previous one (each backward
 in a region starts a new tape; a second root of the last forward is on the previous one).
@@ -73,7 +77,6 @@ class Tape:
         "index_of",
         "leaf_of",
         "leaves",
-        "nodes",
         "open",
         "serial",
         "stamp",
@@ -84,32 +87,22 @@ class Tape:
 
     def __init__(self) -> None:
         self.serial = next(_serials)
-        self.nodes: list = []  # weak references, by tape position
-        self.states: list[int] = []  # prefix state after each position
-        self.index_of: dict[int, int] = {}  # id(node) -> tape position
+        self.states: list[int] = []  # prefix state after each position (its length: the nodes)
+        self.index_of: dict[int, int] = {}  # node._seq -> tape position
         self.leaves: list = []  # weak references to AccumulateGrad nodes, by leaf number
         self.leaf_of: dict[int, int] = {}  # id(AccumulateGrad) -> leaf number
         self.versions: dict[int, int] = {}  # position -> its leaf input's version (remat only)
         self.state = 0  # the empty prefix
         self.open = True
-        # ``changes.value`` before the first node on the tape was made (-1: none recorded yet)
+        # ``changes.value`` when the tape's first node was recorded, right after it was made
+        # (nothing between moves it): -1 while none is
         self.stamp = -1
 
     def position(self, node: Any) -> int:
         """``node``'s position on this tape, or -1."""
-        index = self.index_of.get(id(node), -1)
-        if index >= 0 and self.nodes[index]() is not node:
+        if type(node) is not OpNode:  # (only OpNodes are recorded: their ``_seq`` is unique)
             return -1
-        return index
-
-    def leaf_number(self, acc: Any) -> int:
-        """The number of leaf accumulator ``acc`` on this tape (numbered on first use)."""
-        number = self.leaf_of.get(id(acc), -1)
-        if number >= 0 and self.leaves[number]() is acc:
-            return number
-        number = self.leaf_of[id(acc)] = len(self.leaves)
-        self.leaves.append(weakref.ref(acc))
-        return number
+        return self.index_of.get(node._seq, -1)
 
 
 class _State(threading.local):
@@ -150,10 +143,16 @@ class _State(threading.local):
 state = _State()
 
 
-def record(tape: Tape, node: OpNode, inputs: tuple, out: Tensor) -> None:
-    """Append ``node`` (created by a primitive call on ``inputs``, result ``out``) to
-    ``tape``.  Runs for every op inside a compiled region, so it is kept lean: one loop over the
-    edges, one tuple and one dict lookup, names bound once."""
+def record(region: Any, node: OpNode, inputs: tuple, out: Tensor) -> None:
+    """``Region.made``: append ``node`` (made by a primitive call on ``inputs``, result ``out``)
+    to this thread's tape, while it is open.  Runs for every node made inside a compiled region,
+    where its cost is that of the bytecodes it runs and of the tables it touches (which the
+    forward's kernels evict), so it is kept lean: one frame (it is the region's method itself),
+    one loop over the edges, one tuple and one trie lookup, no object kept per node, names bound
+    once."""
+    tape = state.tape
+    if tape is None or not tape.open:
+        return
     codes = []
     index_of = tape.index_of
     for child, nr in node._edges:
@@ -162,13 +161,19 @@ def record(tape: Tape, node: OpNode, inputs: tuple, out: Tensor) -> None:
             continue
         kind = type(child)
         if kind is OpNode:
-            index = index_of.get(id(child), -1)
-            if index < 0 or nr >= 1024 or tape.nodes[index]() is not child:
+            # (a node's ``_seq`` is never reused, unlike an ``id``: finding it in ``index_of``
+            # proves that it is the node recorded there)
+            index = index_of.get(child._seq, -1)
+            if index < 0 or nr >= 1024:
                 tape.open = False
                 return
             codes.append(index << 10 | nr)
         elif kind is AccumulateGrad:
-            codes.append(-2 - tape.leaf_number(child))
+            number = tape.leaf_of.get(id(child), -1)
+            if number < 0 or tape.leaves[number]() is not child:
+                number = tape.leaf_of[id(child)] = len(tape.leaves)
+                tape.leaves.append(_weak(child))
+            codes.append(-2 - number)
         else:
             tape.open = False
             return
@@ -199,15 +204,16 @@ def record(tape: Tape, node: OpNode, inputs: tuple, out: Tensor) -> None:
         if len(_trie) >= MAX_TRIE:
             _trie.clear()
         state_id = _trie[entry] = next(_states)
-    nodes = tape.nodes
-    index = len(nodes)
+    states = tape.states
+    index = len(states)
     if index >= MAX_TAPE:
         tape.open = False
         return
+    if not index:  # (nothing in the eager core moved the stamp since the node was made)
+        tape.stamp = changes.value
     tape.state = state_id
-    nodes.append(_weak(node))
-    tape.states.append(state_id)
-    index_of[id(node)] = index
+    states.append(state_id)
+    index_of[node._seq] = index
     if name in REMATERIALISE and codes[0] <= -2:
         tape.versions[index] = inputs[0]._version_counter.value
 
@@ -218,8 +224,9 @@ _weak = weakref.ref
 
 def tape_key(
     roots: Sequence[Tensor], grad_roots: Sequence[Tensor], accumulate: bool
-) -> tuple[Tape, tuple] | None:
-    """The tape this backward's graph was recorded on and its key, or None (walk instead).
+) -> tuple[Tape, tuple, list] | None:
+    """The tape this backward's graph was recorded on, its key and the roots' nodes, or None
+    (walk instead).
 
     Every root must be the output of a node on one of this thread's two latest tapes.  The key
     is the tape state of the latest root (its prefix holds every node reachable from the roots)
@@ -227,10 +234,12 @@ def tape_key(
     tape = None
     best = -1
     entries: list = [accumulate, len(roots)]
+    nodes = []
     for r, g in zip(roots, grad_roots):
         n, nr = r._edge()
         if type(n) is not OpNode:
             return None
+        nodes.append(n)
         index = -1
         if tape is None:
             for candidate in (state.tape, state.previous):
@@ -247,7 +256,7 @@ def tape_key(
         entries += (index, nr, g._data.shape, g._dtype)
     if tape is None:
         return None
-    return tape, (tape.states[best], *entries)
+    return tape, (tape.states[best], *entries), nodes
 
 
 class Unbindable(Exception):
@@ -258,20 +267,43 @@ class Binding:
     """Where a walk's runtime arguments are in any graph recorded with the same tape key.
 
     Built once from the walk of a backward whose tape key missed; ``bind`` then finds, in a
-    fresh graph of the same structure, the walk's OpNodes (by tape position, in walk order), its
+    fresh graph of the same structure, the walk's OpNodes in walk order -- from the roots' nodes,
+    each node as edge ``e`` of one found before it: the key fixes every edge, so the path that
+    led to a position in the first graph leads to the node at that position in any other -- its
     saved arrays (walk order is node order, then each node's saved tensors), its leaves and the
-    nodes to free -- checking what the key does not fix (see the module docstring): the saved
+    nodes to free, checking what the key does not fix (see the module docstring): the saved
     arrays the walk found to be one array (``saved_alias``) must still be one array, and
     rematerialisation reads a leaf that must be the saved array's source, unchanged since its
     op ran.  Arrays the walk found distinct but now are one need no check: the program then reads
     one array twice."""
 
-    def __init__(self, w: Any, tape: Tape) -> None:
+    def __init__(self, w: Any, tape: Tape, roots: list) -> None:
         op_nodes = [n for n in w.nodes if type(n) is OpNode]
         positions = [tape.position(n) for n in op_nodes]
         if any(p < 0 for p in positions):
             raise Unbindable("a node of the walk is not on the tape")
         self.node_index = tuple(positions)
+        # the OpNodes reachable from the roots' nodes, breadth first: after the roots' own, each
+        # found as edge ``e`` of the ``k``-th found (``paths``); ``order``: which found node each
+        # node of the walk is
+        found = list(roots)
+        where: dict[int, int] = {}
+        for k, n in enumerate(found):
+            where.setdefault(id(n), k)
+        paths = []
+        k = 0
+        while k < len(found):
+            for e, (child, _) in enumerate(found[k]._edges):
+                if type(child) is OpNode and id(child) not in where:
+                    where[id(child)] = len(found)
+                    found.append(child)
+                    paths.append((k, e))
+            k += 1
+        order = [where.get(id(n), -1) for n in op_nodes]
+        if -1 in order:
+            raise Unbindable("a node of the walk is not reachable from the roots")
+        self.paths = tuple(paths)
+        self.order = tuple(order)
         accumulators = [n for n in w.nodes if type(n) is AccumulateGrad]
         numbers = []
         for acc in accumulators:
@@ -295,14 +327,23 @@ class Binding:
         self.release = tuple(p for p, n in enumerate(op_nodes) if n._saved)
 
     def signature(self) -> tuple:
-        return (self.node_index, self.leaf_index, self.aliases, self.remat_checks)
+        return (
+            self.node_index,
+            self.paths,
+            self.order,
+            self.leaf_index,
+            self.aliases,
+            self.remat_checks,
+        )
 
-    def bind(self, tape: Tape) -> tuple[list, list, list] | None:
-        """(saved arrays in walk order, leaves, nodes to free), or None when a check fails."""
-        refs = tape.nodes
-        nodes = [refs[i]() for i in self.node_index]
-        if None in nodes:
-            return None
+    def bind(self, tape: Tape, roots: list) -> tuple[list, list, list] | None:
+        """(saved arrays in walk order, leaves, nodes to free) in the graph of the roots' nodes
+        ``roots`` (recorded on ``tape`` with this binding's key), or None when a check fails."""
+        found = list(roots)
+        append = found.append
+        for k, e in self.paths:
+            append(found[k]._edges[e][0])
+        nodes = [found[k] for k in self.order]
         if tape.stamp == changes.value:
             # no hook registered, nothing released, no version bumped anywhere since the tape's
             # first node was made: its nodes are as they were recorded

@@ -415,3 +415,130 @@ def test_saved_tensor_hooks_registered_after_the_forward_leave_the_tape() -> Non
     assert log == ["pack", "unpack"]
     assert compiler.counters.tape_hits == 1
     assert compiler.counters.compiled_runs == 3 and not compiler.counters.fallbacks
+
+
+# ---- the region observes: ops run on the op surface's fast paths, nodes come to ``made`` -------
+
+
+def _op_nodes(root: fg.Tensor) -> list:
+    """The OpNodes reachable from ``root`` (iteratively)."""
+    from fusegrad.autograd.node import OpNode
+
+    seen: dict[int, Any] = {}
+    stack = [root.grad_fn]
+    while stack:
+        n = stack.pop()
+        if n is None or id(n) in seen:
+            continue
+        seen[id(n)] = n
+        stack.extend(child for child, _ in n._edges)
+    return [n for n in seen.values() if type(n) is OpNode]
+
+
+def _fast_path_ops(x: fg.Tensor, w: fg.Tensor) -> fg.Tensor:
+    # every form the op surface's fast paths take (``ops._fast_forward``, ``_fast_reverse``,
+    # ``_fast_rsub``, the generated functions, ``neg``): + - * / of two tensors of one dtype and
+    # of a tensor and a Python number, a number on the left, rsub, unary and binary functions
+    a = x + w
+    b = a - x
+    c = b * w
+    d = c / (w * w + 1.0)
+    e = ((d + 0.5) - 1.5) * 2.0 / 3.0
+    f = 1.0 / ((3.0 * (2.0 + e)) ** 2 + 1.0)
+    g = 1.0 - f
+    h = fg.maximum(fg.exp(g * 0.1), x)
+    return fg.tanh(-h).sum()
+
+
+def test_ops_on_the_fast_paths_are_recorded() -> None:
+    """Inside a region the op surface's fast paths run (the region takes no calls); every node
+    they make is on the tape, and the tape path's gradients are eager's."""
+    x, w = _leaves()
+    want = _eager_grads(_fast_path_ops, x, w)
+    for _ in range(3):
+        x.grad = w.grad = None
+        with compiler.compiled_autograd():
+            loss = _fast_path_ops(x, w)
+            tape = _tape.state.tape
+            nodes = _op_nodes(loss)
+            assert tape.open and len(nodes) == len(tape.states) == 22
+            assert sorted(tape.position(n) for n in nodes) == list(range(len(nodes)))
+            loss.backward()
+        np.testing.assert_allclose(x.grad.numpy(), want[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(w.grad.numpy(), want[1], rtol=1e-5, atol=1e-6)
+    assert compiler.counters.captures == 1 and compiler.counters.tape_hits == 2
+    assert not compiler.counters.fallbacks
+
+
+def test_a_node_made_off_the_tape_closes_it_where_a_recorded_node_was() -> None:
+    """A node the tape never recorded -- made while the region's tracer was hidden, likely at the
+    address of a recorded node that is gone -- is not taken for that node: the tape closes, and
+    the walk computes eager's gradients."""
+    from fusegrad.autograd.tracer import tracing
+
+    x, w = _leaves()
+    want = _eager_grads(lambda x, w: ((x * w).tanh() * 3.0).sum(), x, w)
+    x.grad = w.grad = None
+    with compiler.compiled_autograd():
+        gone = (x * w).tanh()  # recorded at positions 0 and 1
+        tape = _tape.state.tape
+        del gone
+        with tracing(None):  # not recorded
+            h = (x * w).tanh()
+        assert tape.position(h.grad_fn) == -1
+        loss = (h * 3.0).sum()
+        assert not tape.open and len(tape.states) == 2
+        loss.backward()
+    np.testing.assert_allclose(x.grad.numpy(), want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w.grad.numpy(), want[1], rtol=1e-5, atol=1e-6)
+    assert compiler.counters.tape_hits == 0
+
+
+def test_a_node_of_the_previous_tape_closes_the_new_one() -> None:
+    """After a backward, new nodes go on a new tape, whose positions start again at 0: an edge
+    to a node of the previous tape (at a position the new tape also has) closes the new tape."""
+    x, w = _leaves()
+
+    def step(compiled: bool) -> list:
+        x.grad = w.grad = None
+        with compiler.compiled_autograd() if compiled else _null():
+            h = (x * w).tanh()  # positions 0, 1 of the first tape
+            (h * 2.0).sum().backward(retain_graph=True)
+            first = _tape.state.previous
+            y = (w + 1.0) * h  # positions 0, 1 of the second tape; h's node is not on it
+            if compiled:
+                assert first is not None and first.position(h.grad_fn) == 1
+                assert _tape.state.tape.position(h.grad_fn) == -1
+                assert not _tape.state.tape.open
+            y.sum().backward()
+        return [x.grad.numpy().copy(), w.grad.numpy().copy()]
+
+    want = step(False)
+    for _ in range(3):
+        for a, b in zip(step(True), want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_binding_reaches_every_node_from_several_roots() -> None:
+    """Two roots, one an ancestor of the other, over a DAG (a node used twice, a leaf used
+    three times): the binding finds the nodes of each new graph through the edges from the
+    roots' nodes -- the tape keeps none -- and the tape path's gradients are eager's."""
+
+    def roots(x: fg.Tensor, w: fg.Tensor) -> list:
+        a = (x * w).tanh()
+        b = a * a + w
+        c = (b.exp() * a).sum()
+        return [c, (b * w).sum()]
+
+    def run(compiled: bool) -> list:
+        x, w = _leaves(seed=3)
+        with compiler.compiled_autograd() if compiled else _null():
+            outs = roots(x, w)
+            fg.autograd.backward(outs, [fg.ones_like(o) for o in outs])
+        return [x.grad.numpy().copy(), w.grad.numpy().copy()]
+
+    want = run(False)
+    for _ in range(4):
+        for a, b in zip(run(True), want):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert compiler.counters.tape_hits == 3 and not compiler.counters.fallbacks

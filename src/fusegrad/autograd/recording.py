@@ -184,6 +184,10 @@ class RegionRecorder(Tracer):
                 rec.hold(holder, t)
         return out
 
+    def made(self, node: Any, inputs: tuple, out: Tensor) -> None:
+        if self.previous is not None:  # (a compiled region records the node)
+            self.previous.made(node, inputs, out)
+
     def full(self, shape: tuple, value: Any, dtype: Any, device: Any) -> Any:
         previous = self.previous
         out = NotImplemented if previous is None else previous.full(shape, value, dtype, device)

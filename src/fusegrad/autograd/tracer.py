@@ -8,7 +8,13 @@ innermost tracer:
 
 * ``ops.registry.apply`` hands every primitive call to ``tracer.apply(prim, inputs, attrs)``,
   which returns the op's result, or NotImplemented to let the primitive run eagerly
-  (``ops.registry.run``, which a tracer may also call itself);
+  (``ops.registry.run``, which a tracer may also call itself) -- unless the tracer declares
+  ``sees_calls = False``: its ``apply`` is then never asked, and the op surface's fast paths
+  run as they do without a tracer;
+* ``ops.registry.run``, having recorded a backward node for a call, tells the tracer
+  ``tracer.made(node, inputs, out)`` (compiled autograd's region records the forward's graph
+  from this alone, so its calls need not pass through ``apply``; a tracer that delegates calls
+  to the one it replaced hands this on too);
 * ``autograd.backward`` / ``autograd.grad`` hand their validated arguments to
   ``tracer.backward(...)``, which returns the result, or NotImplemented to let the eager engine
   run the call (``engine.run_backward``, which a tracer may also call itself);
@@ -79,10 +85,20 @@ class Tracer:
     # there must compute what the eager forward did.)
     prefers_composites = False
 
+    # False for a tracer whose ``apply`` would let every call run eagerly (it only observes,
+    # through ``made`` and the notifications): op dispatch then does not ask it, and the op
+    # surface's fast paths -- which otherwise take the generic path under any tracer -- run as
+    # without one.  Compiled autograd's region sets it: it records the nodes calls make.
+    sees_calls = True
+
     def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
         """Primitive ``prim`` called on Tensors ``inputs`` with keyword ``attrs``: its result, or
         NotImplemented to let it run eagerly."""
         return NotImplemented
+
+    def made(self, node: Any, inputs: tuple, out: Tensor) -> None:
+        """``ops.registry.run`` recorded backward node ``node`` (an ``OpNode``) for a primitive
+        call on Tensors ``inputs`` whose result is ``out`` (after ``out.grad_fn`` is set)."""
 
     def full(self, shape: tuple, value: Any, dtype: Any, device: Any) -> Any:
         """A constant of ``shape`` (fusegrad ``dtype``) filled with ``value``, or
@@ -223,24 +239,31 @@ tracer_threads: list = []
 
 class _State(threading.local):
     def __init__(self) -> None:
-        self._tracer: Tracer | None = None
+        # the tracer (set through ``tracer``); ``innermost`` is the same, as a plain attribute
+        # for the reads on every call (``ops.registry.run``'s ``made``)
+        self.innermost: Tracer | None = None
+        # the tracer when it takes primitive calls (``Tracer.sees_calls``), else None: what op
+        # dispatch and the fast paths read
+        self.calls: Tracer | None = None
 
     @property
     def tracer(self) -> Tracer | None:
-        return self._tracer
+        return self.innermost
 
     @tracer.setter
     def tracer(self, tracer: Tracer | None) -> None:
-        if (tracer is None) != (self._tracer is None):
+        if (tracer is None) != (self.innermost is None):
             if tracer is None:
                 tracer_threads.pop()
             else:
                 tracer_threads.append(None)
-        self._tracer = tracer
+        self.innermost = tracer
+        self.calls = tracer if tracer is not None and tracer.sees_calls else None
 
 
 state = _State()
-"""This thread's innermost tracer (``state.tracer``), read by op dispatch and ``backward``."""
+"""This thread's innermost tracer (``state.tracer``; ``state.calls``: the same when it takes
+primitive calls), read by op dispatch and ``backward``."""
 
 
 def current() -> Tracer | None:

@@ -266,6 +266,10 @@ class BatchTracer(Tracer):
             phys = rule(prim, operands, attrs, self.size)
         return self.wrap(phys)
 
+    def made(self, node: Any, inputs: tuple, out: Any) -> None:
+        if self.prev is not None:  # (a call it let run eagerly: the enclosing tracer's)
+            self.prev.made(node, inputs, out)
+
     def full(self, shape: tuple, value: Any, dtype: Any, device: Any) -> Any:
         if self.prev is None:
             return NotImplemented

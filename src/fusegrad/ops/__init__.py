@@ -1158,7 +1158,7 @@ def _fast_forward(fn: Any, prim: Any) -> Any:
                 type(a) is _ndarray
                 and type(b) is _ndarray
                 and _forward_state.level is None
-                and (not _tracer_threads or _tracer_state.tracer is None)
+                and (not _tracer_threads or _tracer_state.calls is None)
             ):
                 # numpy's ufunc says whether the shapes broadcast (``generated._run_broadcast``,
                 # in line here)
@@ -1174,13 +1174,13 @@ def _fast_forward(fn: Any, prim: Any) -> Any:
             if not ((kind is float or kind is int) and self._dtype.category == 2):
                 return full(self, other)
             if _forward_state.level is None and (
-                not _tracer_threads or _tracer_state.tracer is None
+                not _tracer_threads or _tracer_state.calls is None
             ):
                 if not _grad_off_threads or _grad_state._enabled:
                     return _run(prim, (self, _scalar_tensor(other, self._dtype)), {})
                 return _run(prim, (self, _no_grad_scalar(other, self._dtype)), {})
             operands = (self, _scalar_tensor(other, self._dtype))
-        if _forward_state.level is None and (not _tracer_threads or _tracer_state.tracer is None):
+        if _forward_state.level is None and (not _tracer_threads or _tracer_state.calls is None):
             return _run(prim, operands, {})
         return apply(prim, operands, {})
 
@@ -1195,7 +1195,7 @@ def _fast_reverse(fn: Any, prim: Any) -> Any:
         kind = type(other)
         if not ((kind is float or kind is int) and self._dtype.category == 2):
             return full(self, other)
-        if _forward_state.level is None and (not _tracer_threads or _tracer_state.tracer is None):
+        if _forward_state.level is None and (not _tracer_threads or _tracer_state.calls is None):
             if not _grad_off_threads or _grad_state._enabled:
                 return _run(prim, (_scalar_tensor(other, self._dtype), self), {})
             return _run(prim, (_no_grad_scalar(other, self._dtype), self), {})
@@ -1214,7 +1214,7 @@ def _fast_rsub(full: Any) -> Any:
             (kind is float or kind is int)
             and self._dtype.category == 2
             and _forward_state.level is None
-            and (not _tracer_threads or _tracer_state.tracer is None)
+            and (not _tracer_threads or _tracer_state.calls is None)
         ):
             if not _grad_off_threads or _grad_state._enabled:
                 out = _run(prim, (_scalar_tensor(other, self._dtype), self), {})

@@ -127,7 +127,7 @@ def neg(input: Any) -> Tensor:
     x = to_tensor(input)
     if x._dtype is _dt.bool_:
         raise DTypeError("neg: negation, the `-` operator, on a bool tensor is not supported")
-    if _forward_state.level is None and (not _tracer_threads or _tracer_state.tracer is None):
+    if _forward_state.level is None and (not _tracer_threads or _tracer_state.calls is None):
         return _run(_NEG, (x,), {})  # (``apply``'s decision in line: ``-g`` in many rules)
     return apply(_NEG, (x,), {})
 

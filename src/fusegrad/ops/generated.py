@@ -51,7 +51,7 @@ def _fast_binary(name: str, a: Any, b: Any) -> Tensor | None:
                 type(x) is _ndarray
                 and type(y) is _ndarray
                 and _forward_state.level is None
-                and (not _tracer_threads or _tracer_state.tracer is None)
+                and (not _tracer_threads or _tracer_state.calls is None)
             ):
                 return _run_broadcast(P[name], a, b)
             if x.shape != y.shape:
@@ -142,7 +142,7 @@ def surface_function(prim: Primitive) -> Callable[..., Tensor]:
         def op(input: Any) -> Tensor:
             if isinstance(input, Tensor) and input._dtype.category >= min_category:
                 if _forward_state.level is None and (
-                    not _tracer_threads or _tracer_state.tracer is None
+                    not _tracer_threads or _tracer_state.calls is None
                 ):
                     return run(prim, (input,), {})
                 return apply(prim, (input,), {})
@@ -160,7 +160,7 @@ def surface_function(prim: Primitive) -> Callable[..., Tensor]:
             ):
                 a, b = input._data, other._data
                 if _forward_state.level is None and (
-                    not _tracer_threads or _tracer_state.tracer is None
+                    not _tracer_threads or _tracer_state.calls is None
                 ):
                     if type(a) is _ndarray and type(b) is _ndarray:
                         try:  # (``_run_broadcast`` in line: the derivative rules' products)

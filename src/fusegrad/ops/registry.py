@@ -14,11 +14,11 @@ lowering table and interpreter, the target spellings of scalar functions, the CU
 (``RULES``) and is looked up by name.  Composites (softmax, layer_norm, ...) never appear here:
 they are written in the op surface over these primitives.
 
-``apply`` sends every call to this thread's tracer first, when one is installed
-(``autograd.tracer``, the eager core's one extension point): the compiler's capture records
-derivative rules written in the op surface as IR instead of computing them (docs/ARCHITECTURE.md,
-contract
-3), and its compiled regions record forwards.  ``run`` is the eager execution proper.
+``apply`` sends every call to this thread's tracer first, when one is installed and takes
+calls (``autograd.tracer``, the eager core's one extension point): the compiler's capture
+records derivative rules written in the op surface as IR instead of computing them
+(docs/ARCHITECTURE.md, contract 3).  ``run`` is the eager execution proper; it tells the tracer
+of every backward node it makes (``Tracer.made``: the compiler's regions record forwards so).
 """
 
 from __future__ import annotations
@@ -355,7 +355,7 @@ def apply(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
     level = _forward_state.level
     if level is not None:
         return level.apply(prim, inputs, attrs, JVPS, _apply_primal)
-    tracer = _tracer_state.tracer if _tracer_threads else None
+    tracer = _tracer_state.calls if _tracer_threads else None  # (one that takes calls)
     if tracer is not None:
         result = tracer.apply(prim, inputs, attrs)
         if result is not NotImplemented:
@@ -365,7 +365,7 @@ def apply(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
 
 def _apply_primal(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
     """``apply`` without forward AD (the primal computation of a dual call)."""
-    tracer = _tracer_state.tracer
+    tracer = _tracer_state.calls
     if tracer is not None:
         result = tracer.apply(prim, inputs, attrs)
         if result is not NotImplemented:
@@ -442,4 +442,8 @@ def run(prim: Primitive, inputs: tuple, attrs: dict) -> Any:
         out.grad_fn = node
         if _anomaly_threads and _anomaly_state.enabled:
             _record_forward_trace(node)
+        if _tracer_threads:  # (``Tracer.made``: compiled autograd records the node)
+            tracer = _tracer_state.innermost
+            if tracer is not None:
+                tracer.made(node, inputs, out)
     return out
