@@ -1563,8 +1563,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         # the calls of a trial between a program's two candidates (interpreted or generated
         # larger kernels, native segments: ``service.Trial``, they run in turn and the faster
         # stays), before anything is measured
-        settle = 2 * (importlib.import_module("fusegrad.compiler.service").Trial.RUNS + 1) + 1
-        for _ in range(settle):
+        service = importlib.import_module("fusegrad.compiler.service")
+        for calls_made in range(4 * (service.Trial.RUNS + 1)):
+            if calls_made >= 2 and not service.trials_running():
+                break
             impls["fg_step"].step()
             impls["fg_compiled"].step()
         after_first = fc.counters.captures

@@ -572,18 +572,16 @@ def run(
         # kernels or generated code, ``service.Trial``: they run in turn, the faster stays),
         # before anything is measured; eager takes as many steps.
         breaks_before = dict(fc.counters.step_breaks)
-        trial = importlib.import_module("fusegrad.compiler.service").Trial
-        settle = 0 if quick else 2 * (trial.RUNS + 1) + 1
         for key in ("fg_step", "fg_module"):
             t0 = common.clock()
             for _ in range(3):
                 impls[key].step()
             fc.wait_for_compiles()
             impls[key].first_calls_s = common.clock() - t0
-            for _ in range(settle):
-                impls[key].step()
-        for _ in range(3 + settle):
+        for _ in range(3):
             impls["fg_eager"].step()
+        if not quick:
+            steps.settle(impls, ("fg_step", "fg_module"), ("fg_eager",))
         warmup, reps = QUICK_REPS if quick else REPS
         before = (fc.counters.step_runs, breaks_before)
         medians, checks[name] = steps.measure(

@@ -60,6 +60,26 @@ class StepImpl:
     compiled: list = field(default_factory=list)  # fg.compile's results (``program_notes``)
 
 
+def settle(impls: dict[str, StepImpl], keys: Sequence[str], others: Sequence[str]) -> int:
+    """After the compiled implementations' first calls (their background compiles waited for):
+    call each of ``keys`` until no ``service.Trial`` between two candidate programs runs any
+    more (they run in turn and the faster stays: only the kept program is measured), then every
+    one of ``keys`` and ``others`` as often, so that all have taken the same steps (their
+    parameters are compared).  Returns the calls made per implementation."""
+    service = importlib.import_module("fusegrad.compiler.service")
+    limit = 4 * (service.Trial.RUNS + 1)
+    counts = dict.fromkeys(keys, 0)
+    for key in keys:
+        while counts[key] < limit and (counts[key] < 2 or service.trials_running()):
+            impls[key].step()
+            counts[key] += 1
+    total = max(counts.values(), default=0)
+    for key in [*keys, *others]:
+        for _ in range(total - counts.get(key, 0)):
+            impls[key].step()
+    return total
+
+
 def program_notes(impls: dict[str, StepImpl]) -> str:
     """The programs of the whole step and of ``compile(model)`` after their trials
     (``program_summary``), for a workload's notes."""
@@ -202,7 +222,6 @@ def run(
     ``on_row`` gets each workload's row as soon as it is measured (the streamed table);
     ``progress`` is ``live.Progress``'s mode for the per-workload display on stderr."""
     fc = importlib.import_module("fusegrad.compiler")
-    Trial = importlib.import_module("fusegrad.compiler.service").Trial
     rows, checks, notes = [], {}, {}
     for index, name in enumerate(names, 1):
         bar = live.Progress(name, mode=progress, position=(index, len(names)))
@@ -236,17 +255,15 @@ def run(
         # Then the calls that choose between a program of steps and its native segments,
         # which a background compile makes both of (``service.Trial``: they run in turn, the
         # faster stays), before anything is measured; eager takes as many steps.
-        settle = 2 * (Trial.RUNS + 1) + 1
         for key in ("fg_step", "fg_compiled", "fg_module"):
             t0 = common.clock()
             for _ in range(3):
                 impls[key].step()
             fc.wait_for_compiles()  # (compiled on a thread while the calls ran uncompiled)
             impls[key].first_calls_s = common.clock() - t0
-            for _ in range(settle):
-                impls[key].step()
-        for _ in range(3 + settle):
+        for _ in range(3):
             impls["fg_eager"].step()
+        settle(impls, ("fg_step", "fg_compiled", "fg_module"), ("fg_eager",))
         warmup, reps = QUICK_REPS if quick else REPS[name]
         before = (fc.counters.step_runs, dict(fc.counters.step_breaks))
         medians, checks[name] = measure(

@@ -31,6 +31,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -328,11 +329,13 @@ class Trial:
         self.outside = bool(timed)
         for program in self.candidates:
             program.time_externs = timed
+        _trials.add(self)
 
     def _end(self, best: Program) -> Program:
         """``best`` stays in the slot: the trial is over (and remembered on disk,
         ``remember_choice``, when both candidates were measured)."""
         self.slot.program, self.slot.trial = best, None
+        _trials.discard(self)
         for program in self.candidates:
             program.time_externs = False
         if min(map(len, self.times)) >= self.RUNS:
@@ -371,6 +374,16 @@ class Trial:
             return best
         self.last = 1 if last == 0 else 0 if last == 1 else 1
         return self.candidates[self.last]
+
+
+# the trials still running (a trial whose slot was evicted goes with it)
+_trials: weakref.WeakSet[Trial] = weakref.WeakSet()
+
+
+def trials_running() -> int:
+    """How many ``Trial``s still run their candidates in turn (benchmarks call the programs
+    until none does, so that only the kept programs are measured)."""
+    return len(_trials)
 
 
 def _python_externs(native: Program) -> frozenset:

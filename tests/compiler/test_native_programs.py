@@ -517,3 +517,29 @@ def test_a_transposed_matrix_reaches_blas_without_a_copy(dtype: Any) -> None:
     rows = rng.standard_normal((2, 3, 5)).astype(dtype)
     got = nh.matmul_rows(rows, wt, 6, (2, 3, 9))
     np.testing.assert_allclose(got, rows @ w.T, rtol=1e-5, atol=1e-6)
+
+
+def test_trials_running_counts_the_trials_that_have_not_ended() -> None:
+    """``service.trials_running``: a trial counts from its start until it keeps a program (or
+    its slot is dropped with it), so that benchmarks measure only kept programs."""
+    import gc
+    from types import SimpleNamespace
+
+    from fusegrad.compiler import service as _service
+    from fusegrad.compiler.cache import Slot
+
+    before = _service.trials_running()
+    slot = Slot()
+    a, b = SimpleNamespace(last_seconds=None), SimpleNamespace(last_seconds=None)
+    slot.trial = _service.Trial(slot, a, b)  # type: ignore[arg-type]
+    assert _service.trials_running() == before + 1
+    while slot.trial is not None:
+        program = slot.trial.next()
+        program.last_seconds = 1.0 if program is a else 2.0
+    assert slot.program is a and _service.trials_running() == before
+    dropped = Slot()
+    dropped.trial = _service.Trial(dropped, a, b)  # type: ignore[arg-type]
+    assert _service.trials_running() == before + 1
+    del dropped
+    gc.collect()
+    assert _service.trials_running() == before
