@@ -671,6 +671,11 @@ class Service:
 
         def _work(publish: Publish) -> Program:
             program = built if built is not None else build()
+            if in_worker:
+                # the interpreter, compiling in a worker since the step's first call
+                # (``workers.warm_interpreter``): the program's worker loads it rather than
+                # compiles it a second time
+                workers.wait_for_warming()
             larger = _generates_more(program, prepare_args[3])
             to_larger = {"interpreter_max_elements": GENERATED_ABOVE}
             if _upgrades(program):

@@ -50,12 +50,13 @@ import numpy as np
 
 from fusegrad.autograd.node import Node, _freed_message
 from fusegrad.autograd.tracer import tracing
+from fusegrad.dtypes import get_default_dtype
 from fusegrad.errors import AutogradError
 from fusegrad.ops import registry as _registry
 from fusegrad.optim.optimizer import Optimizer
 from fusegrad.tensor import Tensor
 
-from . import admission, events, passes
+from . import admission, events, passes, workers
 from . import tape as _tape
 from . import trace as _trace
 from .admission import CompilationError
@@ -559,6 +560,8 @@ class CompiledFunction:
                 return self.fn(*args, **kwargs)
         if not self.warmed_up and not self.entries.recordings:
             self.warmed_up = True
+            if self.mode != "debug":  # (a background compile may follow: its interpreter)
+                workers.warm_interpreter(get_default_dtype().name)
             pending = _state_pending(watch.optimizers)
             if pending:
                 # this call creates the optimizer's state (PyTorch's optimizers make it lazily

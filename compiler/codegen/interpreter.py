@@ -264,19 +264,34 @@ _machines: dict[str, ModuleType] = {}  # flags -> the loaded interpreter module
 _machine_lock = threading.Lock()
 
 
+def flags(core: bool = False) -> str:
+    """What names the interpreter's module (with its source): version, machine, CPU flags."""
+    return f"interpreter v{INTERPRETER_VERSION}{' core' if core else ''}|{numba_cpu._flags()}"
+
+
+def module_name(core: bool = False) -> str:
+    """The name of the interpreter's module: a hash of its source and ``flags``."""
+    return common.module_name(source(core), flags(core))
+
+
+def loaded(core: bool = False) -> bool:
+    """Whether this process loaded the interpreter's module (the core machine when ``core``)."""
+    return flags(core) in _machines
+
+
 def machine(core: bool = False) -> ModuleType:
     """The interpreter's module (the core machine when ``core``), generated and loaded on first
     use (once per process; numba compiles each ``run_ops_*`` on its first call, or loads it
     from the disk cache, through ``diskcache``'s guarded cache like every generated module)."""
-    flags = f"interpreter v{INTERPRETER_VERSION}{' core' if core else ''}|{numba_cpu._flags()}"
-    module = _machines.get(flags)
+    key = flags(core)
+    module = _machines.get(key)
     if module is None:
         with _machine_lock:
-            module = _machines.get(flags)
+            module = _machines.get(key)
             if module is None:
                 entry_points = tuple(f"run_ops_{dtype}" for dtype in FLOAT_DTYPES)
-                module, _, _ = common.load_module(source(core), flags, _loaded, entry_points)
-                _machines[flags] = module
+                module, _, _ = common.load_module(source(core), key, _loaded, entry_points)
+                _machines[key] = module
     return module
 
 
