@@ -55,14 +55,18 @@ import threading
 import time
 from typing import Any
 
+import numba
+import numpy as np
+
 from . import logs
 
 try:
     import fcntl
 except ImportError:  # (not POSIX: no worker processes)
     fcntl = None  # type: ignore[assignment]
-from .codegen import diskcache
+from .codegen import diskcache, interpreter
 from .program import Program
+from .settings import config
 
 # the worker's exit status when the payload could not be read (the parent's reason)
 _BAD_PAYLOAD = 3
@@ -151,7 +155,6 @@ def compile_elsewhere(program: Program, prepare_args: tuple, launch: Launch) -> 
 def _done_marker(directory: str, program: Program) -> str:
     """The file that says a worker compiled ``program`` into the disk cache of ``directory``
     (named by the program and the numba and Python that compiled it)."""
-    import numba  # (loaded already: the program was built)
 
     key = identity(program) + f"|{numba.__version__}|{sys.version}".encode()
     return os.path.join(directory, f"fusegrad_compiled_{hashlib.sha1(key).hexdigest()[:20]}.done")
@@ -208,10 +211,6 @@ _warming_lock = threading.Lock()
 def _interpreter_marker(directory: str, dtype: str) -> str:
     """The file that says a worker compiled the interpreter's core machine for ``dtype`` into
     the disk cache of ``directory`` (named by its module, numba's version and Python's)."""
-    import numba
-
-    from .codegen import interpreter
-
     key = f"{interpreter.module_name(core=True)}|{dtype}|{numba.__version__}|{sys.version}"
     key = key.encode()
     return os.path.join(directory, f"fusegrad_interpreter_{hashlib.sha1(key).hexdigest()[:20]}")
@@ -225,9 +224,6 @@ def warm_interpreter(dtype: str) -> None:
     and the program's worker finds it on disk.  Nothing is started when
     workers are off, there is no disk cache, the interpreter is loaded in this process, a
     worker warmed it before (its marker file) or is warming it now."""
-    from .codegen import interpreter
-    from .settings import config
-
     if (
         fcntl is None
         or not config.compile_workers
@@ -272,10 +268,6 @@ def wait_for_warming() -> None:
 def _warm_main(dtype: str) -> int:
     """The worker of ``warm_interpreter``: compile (or load) the core machine's ``run_ops`` for
     ``dtype`` under a compile slot, then leave the marker."""
-    import numpy as np
-
-    from .codegen import interpreter
-
     try:
         os.nice(10)
     except (AttributeError, OSError):
