@@ -155,7 +155,6 @@ def compile_elsewhere(program: Program, prepare_args: tuple, launch: Launch) -> 
 def _done_marker(directory: str, program: Program) -> str:
     """The file that says a worker compiled ``program`` into the disk cache of ``directory``
     (named by the program and the numba and Python that compiled it)."""
-
     key = identity(program) + f"|{numba.__version__}|{sys.version}".encode()
     return os.path.join(directory, f"fusegrad_compiled_{hashlib.sha1(key).hexdigest()[:20]}.done")
 
