@@ -40,6 +40,7 @@ from typing import Any
 from ..ir import Value
 from ..passes.fuse import Extern, Kernel
 from ..symbolic import has_sym
+from . import native_helpers
 from .common import collapsed
 
 # the dtypes native code handles (numba's names)
@@ -478,7 +479,10 @@ def _segment(
 
 _DECORATOR = '@numba.njit(cache=True, nogil=True, error_model="numpy")'
 
-PRELUDE = """
+# (the products' library is part of the source: a module compiled against numpy's BLAS is
+# never loaded from the cache where that library is missing, ``native_helpers.GEMM``)
+PRELUDE = f"""
+# products: {"numpy's BLAS (gemm)" if native_helpers.GEMM else "numba's np.dot"}
 from fusegrad.compiler.codegen.native_helpers import (
     add_rows_at,
     broadcast,

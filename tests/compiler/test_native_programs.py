@@ -543,3 +543,38 @@ def test_trials_running_counts_the_trials_that_have_not_ended() -> None:
     del dropped
     gc.collect()
     assert _service.trials_running() == before
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_native_products_call_numpys_blas_and_equal_numpys(dtype: Any) -> None:
+    """``native_helpers.product``: where numpy ships its OpenBLAS, a segment's products call its
+    gemm (the library numpy's ``@`` calls; numba's np.dot calls scipy's, measured slower), with
+    each operand C- or F-contiguous (an F one as the transposed operand) and any other layout
+    copied first; every form equals numpy's product."""
+    from fusegrad.compiler.codegen import native_helpers as nh
+
+    assert nh.GEMM == (nh._numpy_blas() is not None)
+    if nh.GEMM:
+        assert nh.product is nh._product_gemm
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((6, 4)).astype(dtype)
+    b = rng.standard_normal((4, 5)).astype(dtype)
+    forms = {
+        "C": lambda x: x,
+        "F": np.asfortranarray,
+        "strided": lambda x: np.repeat(x, 2, axis=1)[:, ::2],
+    }
+    for fa, la in forms.items():
+        for fb, lb in forms.items():
+            x, y = la(a), lb(b)
+            got = nh.matmul2(x, y)
+            assert got.flags.c_contiguous, (fa, fb)
+            np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-6, err_msg=f"{fa} {fb}")
+    batch_a = rng.standard_normal((3, 6, 4)).astype(dtype)
+    batch_b = rng.standard_normal((3, 4, 5)).astype(dtype)
+    got = nh.matmul_batch(
+        batch_a, batch_b.transpose(0, 2, 1).copy().transpose(0, 2, 1), 3, (3, 6, 5)
+    )
+    np.testing.assert_allclose(got, batch_a @ batch_b, rtol=1e-5, atol=1e-6)
+    got = nh.matmul_rows(batch_a, nh.transpose2(b.T.copy()), 18, (3, 6, 5))
+    np.testing.assert_allclose(got, batch_a @ b, rtol=1e-5, atol=1e-6)
