@@ -693,8 +693,16 @@ class Service:
             def candidate(settings: dict) -> Program:
                 return Program(program.graph, **{**program.settings, **settings})
 
-            def later() -> workers.Launch | None:  # (a worker that yields to first programs)
-                return workers.Launch(later=True) if in_worker else None
+            def later(settings: dict, words: str) -> Program | None:
+                """A later candidate, compiled (its worker yields to first programs), or None
+                when it does not compile (the published program stays)."""
+                try:
+                    other = candidate(settings)
+                    _compile(other, prepare_args, workers.Launch(later=True) if in_worker else None)
+                except Exception as e:  # noqa: BLE001 - (the published program stays)
+                    logs.log("perf", f"{words} not compiled ({type(e).__name__}: {e})")
+                    return None
+                return other
 
             remembered = remembered_choice(program, what)
             if remembered == 1:  # an earlier trial kept the other: it is compiled, and runs, alone
@@ -711,25 +719,14 @@ class Service:
             current = program
             if larger:  # the program of steps with generated larger kernels, published
                 publish(program, origin=program)
-                try:
-                    current = candidate(to_larger)
-                    _compile(current, prepare_args, later())
-                except Exception as e:  # noqa: BLE001 - (the first program stays)
-                    logs.log("perf", f"generated code for the larger kernels not compiled ({e!r})")
-                    current = program
+                current = later(to_larger, "generated code for the larger kernels") or program
             if remembered == 0:  # (an earlier trial kept the program of steps: no native one)
                 return current
             # the program runs compiled from the next call on; the other candidate (its native
             # segments, or its larger kernels as generated code) compiles meanwhile (a second
             # worker for a worker's program), then a ``Trial`` keeps the faster of the two
             publish(current, origin=program)
-            try:
-                other = candidate(change)
-                _compile(other, prepare_args, later())
-            except Exception as e:  # noqa: BLE001 - (the first program stays)
-                logs.log("perf", f"{what} not compiled ({type(e).__name__}: {e})")
-                return current
-            return other
+            return later(change, what) or current
 
         uncompiled = background.uncompiled() if background.uncompiled is not None else None
         slot.job = BackgroundBuild(work, uncompiled, background.what)

@@ -370,36 +370,14 @@ def test_compiled_autograd_tries_generated_code_for_its_larger_kernels(
 
 
 def test_a_whole_step_tries_generated_code_for_its_larger_kernels(
-    background: Any, caplog: Any
+    background: Any, caplog: Any, larger_kernels_step: Any
 ) -> None:
     """A whole step's program (``hot``) interpreting kernels over ``GENERATED_ABOVE`` elements
     gets the same second candidate as a captured backward when native segments are off: after
     the trial the kept program is the faster one, and every call equals eager's step."""
     import logging
 
-    from fusegrad.compiler import service as _service
-
-    def run(compiled: bool) -> tuple:
-        rng = np.random.default_rng(13)
-        w = fg.tensor(rng.standard_normal((32, 128)) / 6, requires_grad=True)
-        b = fg.tensor(rng.standard_normal(128) / 6, requires_grad=True)
-        opt = fg.optim.SGD([w, b], lr=0.05, momentum=0.9)
-
-        def step(x: fg.Tensor) -> fg.Tensor:
-            opt.zero_grad()
-            h = x @ w + b  # 64 x 128 = 8,192 elements per elementwise kernel
-            loss = (h.tanh() * h.sigmoid()).square().sum()
-            loss.backward()
-            opt.step()
-            return loss
-
-        fn = fg.compile(step) if compiled else step
-        losses = []
-        for i in range(2 * (_service.Trial.RUNS + 1) + 6):
-            if compiled and i == 3:
-                assert compiler.wait_for_compiles(120)
-            losses.append(fn(fg.tensor(rng.standard_normal((64, 32)))).item())
-        return losses, w.detach().numpy(), b.detach().numpy()
+    run = larger_kernels_step
 
     want = run(False)
     compiler.set_logs("perf")

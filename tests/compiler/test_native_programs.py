@@ -355,7 +355,7 @@ def test_a_kernel_over_grouped_dims_runs_in_a_native_segment(monkeypatch: Any) -
 
 
 def test_native_segments_are_tried_against_generated_larger_kernels(
-    monkeypatch: Any, caplog: Any, tmp_path: Any
+    monkeypatch: Any, caplog: Any, tmp_path: Any, larger_kernels_step: Any
 ) -> None:
     """``native_programs`` None, a whole step whose first program interprets kernels over
     ``service.GENERATED_ABOVE`` elements: the background compile publishes the first program,
@@ -380,27 +380,7 @@ def test_native_segments_are_tried_against_generated_larger_kernels(
 
     monkeypatch.setattr(_service.Trial, "__init__", recorded)
 
-    def run(compiled: bool) -> tuple:
-        rng = np.random.default_rng(13)
-        w = fg.tensor(rng.standard_normal((32, 128)) / 6, requires_grad=True)
-        b = fg.tensor(rng.standard_normal(128) / 6, requires_grad=True)
-        opt = fg.optim.SGD([w, b], lr=0.05, momentum=0.9)
-
-        def step(x: fg.Tensor) -> fg.Tensor:
-            opt.zero_grad()
-            h = x @ w + b  # 64 x 128 = 8,192 elements per elementwise kernel
-            loss = (h.tanh() * h.sigmoid()).square().sum()
-            loss.backward()
-            opt.step()
-            return loss
-
-        fn = fg.compile(step) if compiled else step
-        losses = []
-        for i in range(2 * (_service.Trial.RUNS + 1) + 6):
-            if compiled and i == 3:
-                assert compiler.wait_for_compiles(300)
-            losses.append(fn(fg.tensor(rng.standard_normal((64, 32)))).item())
-        return losses, w.detach().numpy(), b.detach().numpy()
+    run = larger_kernels_step
 
     def logged(compiled: bool) -> tuple[tuple, str]:
         compiler.set_logs("perf")
