@@ -77,7 +77,12 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the ``benchmarks`` package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import common, live, plot  # after the script path fix above
+from benchmarks import (  # after the script path fix above
+    common,
+    live,
+    plot,
+    steps,  # (``settle``: the calls of the trials before measuring)
+)
 from benchmarks import eager_overhead as eager  # MLP inputs and hand-written numpy MLP
 
 # numpy, fusegrad, torch and jax are imported in ``main`` only, after the thread count is pinned.
@@ -1563,12 +1568,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         # the calls of a trial between a program's two candidates (interpreted or generated
         # larger kernels, native segments: ``service.Trial``, they run in turn and the faster
         # stays), before anything is measured
-        service = importlib.import_module("fusegrad.compiler.service")
-        for calls_made in range(4 * (service.Trial.RUNS + 1)):
-            if calls_made >= 2 and not service.trials_running():
-                break
-            impls["fg_step"].step()
-            impls["fg_compiled"].step()
+        steps.settle(impls, ("fg_step", "fg_compiled"), ())
         after_first = fc.counters.captures
         progress.stage(f"measuring {len(impls)} implementations, {warmup}+{reps} repetitions")
         stats[wl.label] = common.measure_interleaved(
