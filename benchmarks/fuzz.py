@@ -11,7 +11,9 @@ status is 1 when anything failed, 0 otherwise.
 
 Options: ``--seed S`` (first seed, default 0), ``--max-ops K`` (statements per program, default
 ``fuzzgen.DEFAULT_MAX_OPS``), ``--threads N`` (BLAS / numba threads, fixed before numpy is
-imported, default 1), ``--json PATH`` (totals and findings), ``--no-shrink``.
+imported, default 1), ``--json PATH`` (totals and findings), ``--no-shrink``, ``--only NAMES``
+(comma-separated short names of ``ONLY``: run every program under just these configurations,
+whether or not its seed draws them; ``--only native`` is the campaign of the native runtime).
 """
 
 from __future__ import annotations
@@ -29,6 +31,17 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "benchmarks" / "results" / "fuzz"
 PROGRESS_EVERY_S = 5.0
+# ``--only``'s short names of fuzzgen's configurations (fuzzgen.CONFIGS is keyed by long names)
+ONLY = {
+    "default": "default",
+    "cached": "default, cached",
+    "debug": "debug",
+    "generated": "generated code",
+    "gradcheck": "gradcheck",
+    "whole": "whole step",
+    "module": "compile(module)",
+    "native": "native whole step",
+}
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -43,9 +56,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, default=None, help="write totals and findings")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="repro script directory")
     parser.add_argument("--no-shrink", action="store_true", help="write full repros only")
+    parser.add_argument(
+        "--only", default=None, help=f"configurations to run, of: {', '.join(ONLY)}"
+    )
     args = parser.parse_args(argv)
     if args.programs < 1:
         parser.error("--programs must be at least 1")
+    if args.only is not None:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = [n for n in names if n not in ONLY]
+        if unknown or not names:
+            parser.error(f"--only: unknown configuration(s) {unknown}; known: {', '.join(ONLY)}")
+        args.only = names
     return args
 
 
@@ -67,11 +89,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from benchmarks import fuzzgen
 
     max_ops = args.max_ops or fuzzgen.DEFAULT_MAX_OPS
+    only = None if args.only is None else [fuzzgen.CONFIGS[ONLY[n]] for n in args.only]
     args.out.mkdir(parents=True, exist_ok=True)
     seeds = range(args.seed, args.seed + args.programs)
+    which = "every configuration" if only is None else "only " + ", ".join(c.name for c in only)
     print(
         f"fuzzing {args.programs} programs (seeds {seeds[0]}..{seeds[-1]}, up to {max_ops} "
-        f"statements), {args.threads} thread(s); repros -> {args.out}",
+        f"statements, {which}), {args.threads} thread(s); repros -> {args.out}",
         flush=True,
     )
     start = last = time.perf_counter()
@@ -82,6 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     fallbacks: Counter = Counter()
     fallback_programs = eager_errors = 0
     captures = builds = cache_hits = compiled_runs = 0
+    native_runs = native_steps = native_programs = 0
+    native_dropped: Counter = Counter()
     gradchecks: Counter = Counter()
     inconclusive: list[int] = []  # seeds whose eager backward fails gradcheck too
     generator_errors: list[str] = []
@@ -93,11 +119,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             generator_errors.append(f"seed {seed}: {type(e).__name__}: {e}")
             print(f"generator error, {generator_errors[-1]}", flush=True)
             continue
-        report = fuzzgen.check(program)
+        report = fuzzgen.check(program, only)
         captures += report.captures
         builds += report.builds
         cache_hits += report.cache_hits
         compiled_runs += report.compiled_runs
+        native_runs += report.native_runs
+        native_steps += report.native_steps
+        native_programs += report.native_runs > 0
+        native_dropped.update(report.native_dropped)
         fallbacks.update(report.fallbacks)
         fallback_programs += bool(report.fallbacks)
         eager_errors += report.eager_error is not None
@@ -130,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "programs": len(seeds),
         "first_seed": args.seed,
         "max_ops": max_ops,
+        "only": args.only,
         "failing_programs": sum(failing.values()),
         "mismatches": kinds["mismatch"],
         "crashes": kinds["crash"],
@@ -145,6 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cache_hits": cache_hits,
         "cache_hit_rate": cache_hits / lookups if lookups else 0.0,
         "compiled_runs": compiled_runs,
+        "native_programs": native_programs,
+        "native_runs": native_runs,
+        "native_steps": native_steps,
+        "native_dropped": dict(native_dropped),
         "gradcheck": dict(gradchecks),
         "gradcheck_inconclusive_seeds": inconclusive,
         "generator_errors": generator_errors,
@@ -206,6 +241,11 @@ def _print_totals(t: dict[str, Any], out: Path) -> None:
         f"cache               {t['cache_hits']} hits, {t['builds']} programs built "
         f"({t['captures']} graph captures): hit rate {100 * t['cache_hit_rate']:.1f}% of "
         f"program lookups ({t['compiled_runs']} compiled runs)"
+    )
+    dropped = ", ".join(f"{k} {v}" for k, v in t["native_dropped"].items()) or "none"
+    print(
+        f"native segments     {t['native_runs']} calls ran {t['native_steps']} steps, in "
+        f"{t['native_programs']} programs; segments run step by step instead: {dropped}"
     )
     gc = t["gradcheck"]
     print(f"gradcheck           {sum(gc.values())} programs: {dict(gc)}")

@@ -1298,6 +1298,9 @@ class Report:
     compiled_runs: int = 0
     step_runs: int = 0  # whole-step replays
     step_breaks: Counter = field(default_factory=Counter)  # recordings not replayable, by reason
+    native_runs: int = 0  # native segment calls that ran to the end
+    native_steps: int = 0  # program steps those calls ran
+    native_dropped: Counter = field(default_factory=Counter)  # segments run step by step, why
     eager_error: str | None = None  # the exception eager raised (compiled must match it)
     gradcheck: str = "n/a"  # "passed", "failed", "skipped (...)", "inconclusive (...)", "n/a"
     seconds: float = 0.0
@@ -1455,11 +1458,17 @@ def _counts() -> tuple:
         Counter(c.fallbacks),
         c.step_runs,
         Counter(c.step_breaks),
+        c.native_runs,
+        c.native_steps,
+        Counter(c.native_dropped),
     )
 
 
-def check(program: Program) -> Report:
-    """Run ``program`` eagerly and under every configuration; see the module docstring."""
+def check(program: Program, only: Sequence[Config] | None = None) -> Report:
+    """Run ``program`` eagerly and under every configuration; see the module docstring.
+
+    ``only``: run just these configurations (each whether or not the seed draws it; gradcheck
+    only when ``GRADCHECK`` is among them and the program is smooth)."""
     start = time.perf_counter()
     report = Report(program.seed)
     module = _Module(program)
@@ -1467,7 +1476,8 @@ def check(program: Program) -> Report:
     eager = references[1.0][0]
     if isinstance(eager, Exception):
         report.eager_error = f"{type(eager).__name__}: {eager}"
-    for config in program.configs():
+    configs = program.configs() if only is None else [c for c in only if c is not GRADCHECK]
+    for config in configs:
         for scale in config.scales:
             if scale not in references:
                 references[scale] = _reference(program, module, scale)
@@ -1478,7 +1488,8 @@ def check(program: Program) -> Report:
         finding = _run_config(program, module, config, *references[scale], report)
         if finding is not None:
             report.findings.append(finding)
-    if program.gradcheck and not isinstance(eager, Exception):
+    wanted = only is None or GRADCHECK in only
+    if wanted and program.gradcheck and not isinstance(eager, Exception):
         report.gradcheck = _gradcheck(program, module, report)
     report.seconds = time.perf_counter() - start
     return report
@@ -1550,6 +1561,9 @@ def _add_counts(report: Report, before: tuple) -> None:
     report.cache_hits += after[2] - before[2]
     report.compiled_runs += after[3] - before[3]
     report.fallbacks.update(after[4] - before[4])
+    report.native_runs += after[7] - before[7]
+    report.native_steps += after[8] - before[8]
+    report.native_dropped.update(after[9] - before[9])
 
 
 def _verdict(
@@ -1700,7 +1714,10 @@ def _gradcheck(program: Program, module: _Module, report: Report) -> str:
             return f"skipped (eager objective raised {type(e).__name__})"
     before = _counts()
     try:
-        with warnings.catch_warnings(), compiler.compiled_autograd():
+        # in the foreground, as the repro script runs it: a background compile would run
+        # gradcheck's first backwards uncompiled and the later ones compiled, whose rounding
+        # differs, and gradcheck's reentrancy check (exact) would fail on that
+        with warnings.catch_warnings(), GRADCHECK.settings(), compiler.compiled_autograd():
             warnings.simplefilter("ignore")
             fg.autograd.gradcheck(objective, leaves())
     except Exception as e:

@@ -58,6 +58,11 @@ class Counters:
     * checkpoints_rerun: checkpointed functions whose Python a compiled program ran again (the
       unpack hook as an opaque step), because a replay could not vouch for it, by reason (a
       reentrant one counts in opaque_functions instead).
+    * native_runs: calls of native segments (``codegen.native_cpu``) that ran to the end, and
+      native_steps: the program steps those calls ran.
+    * native_dropped: native segments whose steps ran one by one instead, by reason ("not
+      compiled": numba could not compile it; "raised": a call raised, and its steps ran again
+      one by one to raise eager's error).
     * batched_vjps: Jacobian blocks (``jacobian(vectorize=True)``, one per output) whose rows
       one batched program computed (``batching``).
 
@@ -84,6 +89,9 @@ class Counters:
     checkpoints_replayed: int = 0
     checkpoints_rerun: Counter = field(default_factory=Counter)
     batched_vjps: int = 0
+    native_runs: int = 0
+    native_steps: int = 0
+    native_dropped: Counter = field(default_factory=Counter)
     # not a count: ``time.perf_counter()`` when a program last started an allreduce (a DDP
     # bucket): the moment its last gradient was done (``benchmarks.distributed`` reads it)
     last_allreduce_start: float = 0.0

@@ -683,10 +683,13 @@ class Program:
                     # the step at fault raises eager's error (state untouched: effects follow)
                     for j in done:
                         self._step(j, steps[j], env, inst, w, leaves, inputs, dry)
+                    counters.native_dropped["raised"] += 1
                     logs.log("perf", f"native {seg.name} raised {e!r}; its steps ran one by one")
                 else:
                     for v, a in zip(seg.outputs, results):
                         env[v] = a
+                    counters.native_runs += 1
+                    counters.native_steps += len(done)
             elif (
                 timing and type(steps[k]) is Extern and (timing is True or steps[k].value in timing)
             ):
@@ -754,6 +757,7 @@ def _compiles(seg: Any, env: dict, variant: Variant) -> bool:
         seg.fn.compile(types)
     except (numba.core.errors.NumbaError, NotImplementedError) as e:
         variant.segments.pop(seg.first, None)
+        counters.native_dropped["not compiled"] += 1
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         logs.log("perf", f"native segment {seg.name} not compiled ({first}); steps run one by one")
         variant.python_steps[seg.first] = f"{seg.name} could not be compiled ({first[:200]})"

@@ -261,3 +261,57 @@ def test_every_fourth_program_also_runs_as_native_segments() -> None:
     report = fuzzgen.check(program)
     assert report.ok, [f.verdict for f in report.findings]
     assert compiler.config.native_programs == before  # (restored after the configuration)
+
+
+def test_only_runs_the_named_configurations_and_counts_native_segment_calls(monkeypatch) -> None:
+    """``check(program, only)`` (``python -m benchmarks.fuzz --only native``) runs just those
+    configurations, a native one whether or not the seed draws it, and the report counts the
+    native segment calls that ran (``compiler.counters.native_runs``): a campaign of the native
+    runtime can show that native code ran."""
+    ran: list[str] = []
+    run_config = fuzzgen._run_config
+
+    def recording(program, module, config, *rest):  # type: ignore[no-untyped-def]
+        ran.append(config.name)
+        return run_config(program, module, config, *rest)
+
+    monkeypatch.setattr(fuzzgen, "_run_config", recording)
+    program = fuzzgen.generate(200000)  # (a whole step of 2 segment steps; seed 0 mod 4)
+    assert fuzzgen.NATIVE not in program.configs()
+    report = fuzzgen.check(program, [fuzzgen.NATIVE])
+    assert report.ok, [f.verdict for f in report.findings]
+    assert ran == [fuzzgen.NATIVE.name]
+    assert report.native_runs >= 1 and report.native_steps >= 2 * report.native_runs
+    assert not report.native_dropped
+    smooth = next(s for s in range(0, 200, 10) if fuzzgen.generate(s, MAX_OPS).gradcheck)
+    report = fuzzgen.check(fuzzgen.generate(smooth, MAX_OPS), [fuzzgen.DEFAULT])
+    assert report.gradcheck == "n/a"  # (not among the configurations asked for)
+
+
+def test_only_rejects_unknown_configuration_names() -> None:
+    from benchmarks import fuzz
+
+    assert fuzz.parse_args(["--only", "native,debug"]).only == ["native", "debug"]
+    with pytest.raises(SystemExit):
+        fuzz.parse_args(["--only", "nativ"])
+
+
+def test_gradcheck_of_the_campaign_compiles_in_the_foreground(monkeypatch) -> None:
+    """gradcheck runs its backward several times and wants the same values each time (its
+    reentrancy check is exact): with a background compile, the first calls ran uncompiled and
+    the later ones compiled, rounding differently, and a campaign reported "not reentrant" for
+    a program whose repro script (foreground) passed."""
+    seen: list[bool] = []
+    gradcheck = fg.autograd.gradcheck
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(compiler.config.background_compile)
+        return gradcheck(*args, **kwargs)
+
+    monkeypatch.setattr(fg.autograd, "gradcheck", spy)
+    monkeypatch.setattr(compiler.config, "background_compile", True)
+    smooth = next(s for s in range(0, 200, 10) if fuzzgen.generate(s, MAX_OPS).gradcheck)
+    report = fuzzgen.check(fuzzgen.generate(smooth, MAX_OPS), [fuzzgen.GRADCHECK])
+    assert report.gradcheck == "passed", report.findings
+    assert seen and seen[0] is False
+    assert compiler.config.background_compile is True  # (restored)
