@@ -211,6 +211,38 @@ class Variant:
                 f"native: {len(self.segments)} segment(s) run {inside} of {steps} steps "
                 f"({steps - inside} step(s) by Python)"
             )
+        if program.device == "cuda":
+            kernels = sum(isinstance(s, Kernel) for s in self.schedule.steps)
+            externs = len(self.schedule.steps) - kernels
+            launched = [
+                (inst.sizes, sum(c.launches for c in inst.calls.values()))
+                for inst in list(program._instances.values())
+                if inst.variant is self and inst.calls
+            ]
+            counts = "; ".join(
+                f"{n} launch(es) of generated code{' at sizes ' + str(list(z)) if z else ''}"
+                for z, n in launched
+            )
+            from fusegrad.cuda.ops import host_round_trip  # (numba-cuda: loaded for CUDA)
+
+            trips = [
+                (k, s.value, why)
+                for k, s in enumerate(self.schedule.steps)
+                if isinstance(s, Extern)
+                and (why := host_round_trip(s.value.op, len(s.value.inputs), s.value.dtype))
+            ]
+            lines.append(
+                f"cuda: one launch sequence per call, on the default stream: {kernels} generated "
+                f"kernel(s) and {externs} extern(s) (eager CUDA kernels); "
+                + (
+                    f"{len(trips)} host round trip(s)"
+                    if trips
+                    else "nothing copied between host and device, no wait for the device"
+                )
+                + (f"; prepared: {counts}" if counts else "")
+            )
+            for k, v, why in trips:
+                lines.append(f"host round trip, step {k}: %{v.id} = {v.op}: {why}")
         observed = [
             (inst.sizes, inst.copies)
             for inst in list(program._instances.values())
@@ -290,7 +322,9 @@ class Instance:
             for k, s in enumerate(steps)
             if (fns := self.variant.kernel_fns.get(id(s))) is not None
         }
-        self.calls: dict[int, _KernelCall] = {}  # by step, made on the kernel's first call
+        # by step, made on the kernel's first call: a CPU kernel's ``_KernelCall``, a CUDA
+        # kernel's launch sequence (``numba_cuda.Prepared``)
+        self.calls: dict[int, Any] = {}
         # the copies its first run on the CPU made, by step (``note_copies``); None until then
         self.copies: dict[int, str] | None = None
         self.observing: dict[int, str] | None = None  # (filled during that run)
@@ -602,7 +636,7 @@ class Program:
                     env[v] = result
         elif self.device == "cuda":
             cuda_kernel = variant.cuda_kernels[id(step)]
-            _run_cuda_kernel(step, cuda_kernel, env, schedule.epilogue, leaves, inst)
+            _run_cuda_kernel(step, cuda_kernel, env, schedule.epilogue, leaves, inst, k)
         elif k in schedule.interpreted:
             env.update(
                 variant.interpreted[id(step)](env, inst.numels[k], inst.shapes, inst.spaces[k])
@@ -1217,10 +1251,11 @@ def _cuda_extern(v: Value, arrays: list, attrs: dict) -> Any:
 
 
 def _run_cuda_kernel(
-    kernel: Kernel, compiled: Any, env: dict, epilogue: Any, leaves: list, inst: Instance
+    kernel: Kernel, compiled: Any, env: dict, epilogue: Any, leaves: list, inst: Instance, k: int
 ) -> None:
-    """Launch a fused kernel of a CUDA program (``numba_cuda.run_kernel``); ``.grad +=``
-    epilogues write straight into the leaves' existing device ``.grad`` arrays."""
+    """Enqueue the launches of fused kernel ``k`` of a CUDA program, prepared once per size
+    vector (``numba_cuda.prepare``, kept in ``inst.calls``); ``.grad +=`` epilogues write
+    straight into the leaves' existing device ``.grad`` arrays."""
     # (numba-cuda and the CUDA eager kernels: loaded by the first CUDA program)
     from fusegrad.cuda.generated import wrap
 
@@ -1236,15 +1271,18 @@ def _run_cuda_kernel(
             grad._version_counter.bump()
         else:
             late.append(v)
-    inputs = {}
+    inputs = []
     for v in kernel.inputs:
         a = env[v]
         if type(a) is np.ndarray:  # a saved Python scalar (0-d): uploaded once, then cached
             from fusegrad.cuda.ops import device_scalar  # (numba-cuda, as above)
 
             a = device_scalar(a)
-        inputs[v] = a.kernel_array()
-    results = numba_cuda.run_kernel(compiled, inputs, grads, inst.sizes)
+        inputs.append(a.kernel_array())
+    prepared = inst.calls.get(k)
+    if prepared is None:
+        prepared = inst.calls[k] = numba_cuda.prepare(compiled, inst.sizes)
+    results = numba_cuda.launch(prepared, inputs, grads)
     shapes = inst.shapes
     for v, out in results.items():
         if v not in plan.accumulate:

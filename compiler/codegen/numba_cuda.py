@@ -674,8 +674,23 @@ def _flattenable(a: Any) -> bool:
     return a.ndim <= 1 or bool(a.is_c_contiguous())
 
 
-def _zeros(shape: tuple, dtype: np.dtype) -> Any:
-    return cuda.to_device(np.zeros(shape, dtype))
+@cuda.jit(cache=True)
+def _fill_zero(flat):  # type: ignore[no-untyped-def]
+    """Zeros into a 1-D device array (a grid-stride loop): no host array, no transfer."""
+    start, stride = cuda.grid(1), cuda.gridsize(1)
+    for i in range(start, flat.shape[0], stride):
+        flat[i] = 0
+
+
+def _zeros(shape: tuple, dtype: np.dtype, settings: DeviceSettings) -> Any:
+    """A device array of zeros, filled on the device (a host array of zeros copied over would
+    be a transfer per call)."""
+    out = cuda.device_array(shape, dtype)
+    n = math.prod(shape)
+    if n:
+        threads = settings.threads
+        _fill_zero[min(-(-n // threads), settings.max_blocks), threads](out.reshape(n))
+    return out
 
 
 def _slices(tiles: int, summed: int, rows: int, settings: DeviceSettings) -> int:
@@ -685,6 +700,164 @@ def _slices(tiles: int, summed: int, rows: int, settings: DeviceSettings) -> int
     wanted = -(-settings.reduction_blocks // max(tiles, 1))
     most = max(1, summed // (rows * MIN_PER_THREAD))
     return max(1, min(wanted, most))
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One launch of a prepared kernel: the function, its grid and block, and for a reduction
+    group the number of kept elements, the partial sums per kept element (``slices``) and the
+    grid of the ``finish_reduction`` launch that adds them."""
+
+    fn: Any
+    blocks: int
+    block: Any  # threads per block: an int, or (tile, rows) for a reduction group
+    writes_outputs: bool
+    reductions: tuple[tuple[Value, np.dtype, np.dtype, tuple], ...]  # (value, dtype, acc, shape)
+    kept: int
+    slices: int
+    finish_blocks: int
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A compiled kernel's launch sequence for one size vector (``prepare``): every grid, block,
+    shape and scratch size ``launch`` needs, decided once, so that a call only binds its arrays
+    and enqueues the launches (``Program`` keeps one per step and size vector)."""
+
+    kernel: CompiledKernel
+    n: int  # elements of the iteration space
+    space: tuple[int, ...]  # the loop's dims (``(1,)`` for a 0-d space)
+    full: tuple[bool, ...]  # per input: spans the whole space (a flat launch reads it as 1-D)
+    outputs: tuple[tuple[int, ...], ...]  # the full-size outputs' shapes
+    reductions: tuple[tuple[int, ...], ...]  # the reductions' shapes
+    flat: tuple[_Row, ...] | None  # the one-loop form, where the plan has one
+    strided: tuple[_Row, ...]
+    zero_dim: bool  # a 0-d space: outputs are passed as one-element 1-D arrays
+
+    @property
+    def launches(self) -> int:
+        """Launches of the general form (the flat form has as many or fewer)."""
+        rows = self.strided or self.flat or ()
+        return sum(1 + (len(row.reductions) if row.slices > 1 else 0) for row in rows)
+
+
+def _rows(
+    kernel: CompiledKernel, launches: Sequence[Launch], loop: tuple, n: int, sizes: Sequence[int]
+) -> tuple[_Row, ...]:
+    settings = kernel.settings
+    threads = settings.threads
+    rows = []
+    for launch in launches:
+        fn = kernel.functions[launch.name]
+        if not launch.reductions:
+            blocks = min(-(-n // threads), settings.max_blocks)
+            rows.append(_Row(fn, blocks, threads, launch.writes_outputs, (), 0, 1, 0))
+            continue
+        kept = 1 if launch.flat else math.prod(loop[d] for d in launch.kept)
+        tiles = -(-kept // launch.tile)
+        slices = _slices(tiles, n // kept, launch.rows, settings)
+        reductions = tuple(
+            (r, r.dtype.np, _accumulator_dtype(r), substitute(r.shape, sizes))
+            for r in launch.reductions
+        )
+        rows.append(
+            _Row(
+                fn,
+                min(tiles * slices, settings.max_blocks),
+                (launch.tile, launch.rows),
+                launch.writes_outputs,
+                reductions,
+                kept,
+                slices,
+                min(-(-kept // threads), settings.max_blocks),
+            )
+        )
+    return tuple(rows)
+
+
+def prepare(kernel: CompiledKernel, sizes: Sequence[int] = ()) -> Prepared:
+    """``kernel``'s launches for the size vector ``sizes`` (see ``Prepared``)."""
+    plan, settings = kernel.plan, kernel.settings
+    if settings.threads != plan.threads:
+        raise ValueError(
+            f"{plan.name}: generated for {plan.threads} threads per block, "
+            f"launched with settings for {settings.threads}"
+        )
+    space = substitute(plan.shape, sizes)
+    n = math.prod(space)
+    loop = space if space else (1,)
+    return Prepared(
+        kernel,
+        n,
+        loop,
+        tuple(v.shape == plan.shape for v in plan.inputs),
+        tuple(substitute(v.shape, sizes) for v in plan.outputs),
+        tuple(substitute(r.shape, sizes) for r in plan.reductions),
+        None if plan.flat is None else _rows(kernel, (plan.flat,), (n,), n, sizes),
+        _rows(kernel, plan.strided, loop, n, sizes),
+        not space,
+    )
+
+
+def launch(
+    prepared: Prepared, inputs: Sequence[Any], grads: Mapping[Value, Any] | None = None
+) -> dict[Value, Any]:
+    """Enqueue ``prepared``'s launches on ``inputs`` (device arrays of the values' shapes, in
+    ``plan.inputs`` order; host arrays and scalars are copied to the device).  ``grads`` maps
+    each accumulated output to the existing device array its result is added into, in place (a
+    missing one gets zeros, filled on the device).  Returns every output and reduction as a
+    device array of the value's shape.  Launches are queued on the default stream: nothing is
+    copied to or from the host, and nothing waits for the device."""
+    kernel = prepared.kernel
+    plan, settings = kernel.plan, kernel.settings
+    # 0-d inputs as 1-d arrays of one element (the simulator has no 0-d device arrays)
+    args = [_to_device(a) for a in inputs]
+    args = [a.reshape(1) if a.ndim == 0 else a for a in args]
+    outputs = []
+    for v, shape in zip(plan.outputs, prepared.outputs):
+        if v in plan.accumulate:
+            buf = grads.get(v) if grads is not None else None
+            outputs.append(_zeros(shape, v.dtype.np, settings) if buf is None else buf)
+        else:
+            outputs.append(cuda.device_array(shape, v.dtype.np))
+    results: dict[Value, Any] = dict(zip(plan.outputs, outputs))
+    n = prepared.n
+    if n == 0:  # nothing to launch: sums over nothing are zero
+        for r, shape in zip(plan.reductions, prepared.reductions):
+            results[r] = _zeros(shape, r.dtype.np, settings)
+        return results
+    full = prepared.full
+    rows = prepared.flat
+    if rows is not None and (
+        all(_flattenable(a) for a, f in zip(args, full) if f)
+        and all(_flattenable(o) for o in outputs)
+    ):
+        loop: tuple[int, ...] = (n,)
+        args = [a.reshape(n) if f else a for a, f in zip(args, full)]
+        written = [o.reshape(n) for o in outputs]
+    else:
+        rows = prepared.strided
+        loop = prepared.space
+        written = [o.reshape(1) for o in outputs] if prepared.zero_dim else outputs
+    finish = kernel.functions["finish_reduction"]
+    threads = settings.threads
+    for row in rows:
+        out = written if row.writes_outputs else []
+        if not row.reductions:
+            row.fn[row.blocks, row.block](*loop, *args, *out)
+            continue
+        kept, slices = row.kept, row.slices
+        reds = [cuda.device_array(kept, dtype) for _, dtype, _, _ in row.reductions]
+        parts = [
+            cuda.device_array(kept * slices if slices > 1 else 1, acc)
+            for _, _, acc, _ in row.reductions
+        ]
+        row.fn[row.blocks, row.block](*loop, *args, *out, *reds, *parts, slices)
+        for (r, _, _, shape), res, part in zip(row.reductions, reds, parts):
+            if slices > 1:
+                finish[row.finish_blocks, threads](part, res, kept, slices)
+            results[r] = res.reshape(shape)
+    return results
 
 
 def run_kernel(
@@ -701,79 +874,10 @@ def run_kernel(
     (``plan.accumulate``) to the existing device array its result is added into, in place (a
     missing one gets a zero array).  Returns every output and reduction of the kernel as a
     device array of the value's shape (for accumulated outputs, the array from ``grads``).
-    Launches are queued on the default stream; nothing is copied back to the host.  Shapes
-    with symbolic sizes are evaluated for the size vector ``sizes``.
-    """
-    plan, settings = kernel.plan, kernel.settings
-    if settings.threads != plan.threads:
-        raise ValueError(
-            f"{plan.name}: generated for {plan.threads} threads per block, "
-            f"launched with settings for {settings.threads}"
-        )
-    symbolic_space = plan.shape
-    space = substitute(plan.shape, sizes)
-    n = math.prod(space)
-    # 0-d inputs as 1-d arrays of one element (the simulator has no 0-d device arrays)
-    inputs = [_to_device(env[v]) for v in plan.inputs]
-    inputs = [a.reshape(1) if a.ndim == 0 else a for a in inputs]
-    outputs = []
-    for v in plan.outputs:
-        shape = substitute(v.shape, sizes)
-        if v in plan.accumulate:
-            buf = grads.get(v) if grads is not None else None
-            outputs.append(_zeros(shape, v.dtype.np) if buf is None else buf)
-        else:
-            outputs.append(cuda.device_array(shape, v.dtype.np))
-    results: dict[Value, Any] = dict(zip(plan.outputs, outputs))
-    if n == 0:  # nothing to launch: sums over nothing are zero
-        for r in plan.reductions:
-            results[r] = _zeros(substitute(r.shape, sizes), r.dtype.np)
-        return results
-
-    flat = plan.flat is not None and all(
-        _flattenable(a) for v, a in zip(plan.inputs, inputs) if v.shape == symbolic_space
-    )
-    flat = flat and all(_flattenable(o) for o in outputs)
-    if flat:
-        assert plan.flat is not None
-        loop: tuple[int, ...] = (n,)
-        args = [
-            a.reshape(n) if v.shape == symbolic_space else a for v, a in zip(plan.inputs, inputs)
-        ]
-        out_args = [o.reshape(n) for o in outputs]
-        launches: Sequence[Launch] = (plan.flat,)
-    else:
-        loop = space if space else (1,)
-        args = inputs
-        out_args = outputs if space else [o.reshape(1) for o in outputs]
-        launches = plan.strided
-    threads = settings.threads
-    for launch in launches:
-        fn = kernel.functions[launch.name]
-        written = out_args if launch.writes_outputs else []
-        if not launch.reductions:
-            blocks = min(-(-n // threads), settings.max_blocks)
-            fn[blocks, threads](*loop, *args, *written)
-            continue
-        kept = 1 if launch.flat else math.prod(loop[d] for d in launch.kept)
-        summed = n // kept
-        tiles = -(-kept // launch.tile)
-        slices = _slices(tiles, summed, launch.rows, settings)
-        reds = [cuda.device_array(kept, r.dtype.np) for r in launch.reductions]
-        parts = [
-            cuda.device_array(kept * slices if slices > 1 else 1, _accumulator_dtype(r))
-            for r in launch.reductions
-        ]
-        blocks = min(tiles * slices, settings.max_blocks)
-        fn[blocks, (launch.tile, launch.rows)](*loop, *args, *written, *reds, *parts, slices)
-        for r, res, part in zip(launch.reductions, reds, parts):
-            if slices > 1:
-                finish = kernel.functions["finish_reduction"]
-                finish[min(-(-kept // threads), settings.max_blocks), threads](
-                    part, res, kept, slices
-                )
-            results[r] = res.reshape(substitute(r.shape, sizes))
-    return results
+    Shapes with symbolic sizes are evaluated for the size vector ``sizes``.  A program prepares
+    each kernel once per size vector instead (``prepare``, ``launch``)."""
+    prepared = prepare(kernel, sizes)
+    return launch(prepared, [env[v] for v in kernel.plan.inputs], grads)
 
 
 # ---- ahead-of-time compilation ----------------------------------------------------------------

@@ -225,12 +225,16 @@ def test_strided_inputs_take_the_general_form() -> None:
     assert compiled.plan.flat is not None
     called: list = []
 
-    class Recording(dict):
-        def __getitem__(self, name: str) -> Any:
-            called.append(name)
-            return super().__getitem__(name)
+    class Launched:  # a kernel function that records its launches (``fn[grid, block]``)
+        def __init__(self, name: str, fn: Any) -> None:
+            self.name, self.fn = name, fn
 
-    compiled = dataclasses.replace(compiled, functions=Recording(compiled.functions))
+        def __getitem__(self, config: Any) -> Any:
+            called.append(self.name)
+            return self.fn[config]
+
+    functions = {name: Launched(name, fn) for name, fn in compiled.functions.items()}
+    compiled = dataclasses.replace(compiled, functions=functions)
     rng = np.random.default_rng(2)
     a, c = rng.standard_normal((6, 4)), rng.standard_normal((4, 6))
     transposed = cuda.to_device(a).T  # a non-contiguous view

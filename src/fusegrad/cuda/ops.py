@@ -168,6 +168,18 @@ _DATA_OPERANDS = {"getitem": 1, "index_put": 2, "index_add_at": 1}
 _INDEX_AT_1 = frozenset({"gather", "scatter", "scatter_add"})
 
 
+def host_round_trip(name: str, operands: int, dtype: Any) -> str | None:
+    """Why the eager CUDA kernel of primitive ``name`` (with ``operands`` operands and a result
+    of fusegrad dtype ``dtype``) reads device data on the host, or None when it does not: what
+    a compiled CUDA program's ``explain()`` lists as its host round trips."""
+    count = _DATA_OPERANDS.get(name)
+    if count is not None and (operands > count or name == "index_add_at"):
+        return "advanced indexing reads its index tensors on the host (element positions)"
+    if name == "floor_divide" and not dtype.is_floating_point:
+        return "integer floor_divide reads one flag on the host (is any divisor zero)"
+    return None
+
+
 def _advanced(name: str, data: list, index: list, attrs: dict) -> CudaArray:
     key = numpy_key(attrs["key"], tuple(advanced.host_index(i) for i in index))
     if name == "getitem":
