@@ -41,6 +41,7 @@ ONLY = {
     "whole": "whole step",
     "module": "compile(module)",
     "native": "native whole step",
+    "native-module": "native compile(module)",
 }
 
 

@@ -27,10 +27,10 @@ compares eager with one compiled configuration.  The checker executes exactly th
 with every float leaf scaled by ``NEW_SCALE`` (a program-cache hit that must compute on the new
 arrays, compared with eager on the scaled data); in ``mode="debug"`` (the reference executor);
 for every fourth seed with ``config.interpreter_max_elements = 0`` (every kernel as
-generated code); and, for another fourth, as a whole step built with native segments
-(``config.native_programs = True``).  Each configuration starts from empty in-memory program
-caches (compiled modules stay on disk): its result depends on nothing run before it, so the
-repro script, which runs that configuration alone, reproduces it.  Every
+generated code); and, for another fourth, as a whole step and as a compiled module, each built
+with native segments (``config.native_programs = True``).  Each configuration starts from
+empty in-memory program caches (compiled modules stay on disk): its result depends on nothing
+run before it, so the repro script, which runs that configuration alone, reproduces it.  Every
 gradient the program produces (leaf ``.grad``, ``retain_grad`` values, ``autograd.grad``
 results, whether a preset ``.grad`` kept its identity, the root gradients after backward) is
 compared.  A configuration that raises where eager does not is a *crash*; an exception eager
@@ -203,7 +203,14 @@ WHOLE = Config("whole step", scales=(1.0, NEW_SCALE), whole=True)
 MODULE = Config("compile(module)", scales=(1.0, NEW_SCALE), module=True)
 # the whole step as native segments (every fourth seed: numba compiles them for longer)
 NATIVE = Config("native whole step", scales=(1.0, NEW_SCALE), whole=True, native=True)
-CONFIGS = {c.name: c for c in (DEFAULT, CACHED, DEBUG, GENERATED, GRADCHECK, WHOLE, MODULE, NATIVE)}
+# the forward as a compiled module's program built with native segments (the same seeds): the
+# programs whose whole step cannot be recorded (a hook registered inside it, ...) reach native
+# code through it
+NATIVE_MODULE = Config("native compile(module)", scales=(1.0, NEW_SCALE), module=True, native=True)
+CONFIGS = {
+    c.name: c
+    for c in (DEFAULT, CACHED, DEBUG, GENERATED, GRADCHECK, WHOLE, MODULE, NATIVE, NATIVE_MODULE)
+}
 
 
 @dataclass(frozen=True)
@@ -231,7 +238,7 @@ class Program:
         if self.generated_code:
             configs.append(GENERATED)
         if self.native:
-            configs.append(NATIVE)
+            configs += [NATIVE, NATIVE_MODULE]
         return configs
 
     def source(self, config: Config = DEFAULT, verdict: str = "") -> str:

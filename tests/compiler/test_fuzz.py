@@ -252,8 +252,9 @@ def test_a_configuration_over_two_scales_is_compared_with_eager_over_the_same_sc
 def test_every_fourth_program_also_runs_as_native_segments() -> None:
     """Seeds 1 mod 4 add the whole step built with native segments (``native_programs``), and
     the repro script of that configuration sets it."""
-    assert fuzzgen.NATIVE in fuzzgen.generate(5).configs()
+    assert {fuzzgen.NATIVE, fuzzgen.NATIVE_MODULE} <= set(fuzzgen.generate(5).configs())
     assert fuzzgen.NATIVE not in fuzzgen.generate(6).configs()
+    assert fuzzgen.NATIVE_MODULE not in fuzzgen.generate(6).configs()
     program = fuzzgen.generate(5)
     assert "compiler.config.native_programs = True" in program.source(fuzzgen.NATIVE, "")
     assert "native_programs" not in program.source(fuzzgen.WHOLE, "")
@@ -292,6 +293,7 @@ def test_only_rejects_unknown_configuration_names() -> None:
     from benchmarks import fuzz
 
     assert fuzz.parse_args(["--only", "native,debug"]).only == ["native", "debug"]
+    assert fuzz.parse_args(["--only", "native-module"]).only == ["native-module"]
     with pytest.raises(SystemExit):
         fuzz.parse_args(["--only", "nativ"])
 
