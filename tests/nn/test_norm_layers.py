@@ -289,3 +289,28 @@ def test_whole_step_training_with_batch_norm_matches_eager(momentum: Any) -> Non
     assert not compiler.counters.step_breaks, compiler.counters.step_breaks
     assert compiler.counters.step_captures == 1 and compiler.counters.step_runs == 3
     compiler.reset()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_an_element_equal_to_its_mean_normalises_to_exactly_zero(dtype: str) -> None:
+    """Layer, group, instance and batch norm of constant rows or channels give exactly 0 (plus
+    the bias), as PyTorch's layer and group norm do: the normalisation is not contracted into
+    an FMA, which left the rounding error of ``mean * rstd`` (seed 1001831 of the native fuzz
+    campaign: a layer norm over one element gave 3e-16, and its ``** -1.5`` a finite gradient
+    where the compiled composite's exact 0 gave NaN)."""
+    x = np.full((4, 3, 5), 0.3, dtype=dtype)
+    x[:, 1] = 1 / 3
+    x[:, 2] = -2.7
+    t = fg.tensor(x)
+    bias = fg.tensor(np.array([0.5, -1.0, 2.0], dtype=dtype))
+    outputs = {
+        "layer": F.layer_norm(t, (5,)),
+        "layer over one element": F.layer_norm(t[..., :1], (1,)),
+        "group": F.group_norm(t, 3),
+        "instance": F.instance_norm(t),
+        "batch": F.batch_norm(t, None, None, training=True),
+    }
+    for name, out in outputs.items():
+        assert not out.numpy().any(), name
+    shifted = F.group_norm(t, 3, bias=bias).numpy()
+    np.testing.assert_array_equal(shifted, np.broadcast_to(bias.numpy()[:, None], x.shape))

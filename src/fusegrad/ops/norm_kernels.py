@@ -43,6 +43,11 @@ _JIT = {"cache": True, "fastmath": {"contract"}, "error_model": "numpy"}
 # accumulators); the elementwise passes keep their order of operations.  Not ``inline=
 # "always"``: numba inlines in its own IR, where the caller's flags would replace these
 _SUM_JIT = {**_JIT, "fastmath": {"contract", "reassoc"}}
+# the normalisation itself, ``x * a + b`` with ``b = -(mean * a)`` in the input's dtype, is not
+# contracted: as an FMA, an element equal to its mean came out as the rounding error of
+# ``mean * a`` (2e-6 for a float32 layer norm of a constant row) where PyTorch's layer and
+# group norm give exactly 0
+_MAP_JIT = {**_JIT, "fastmath": False}
 
 
 @numba.njit(**_SUM_JIT)
@@ -137,25 +142,24 @@ def _stat_of(n, c, groups, per_group, per_sample):  # type: ignore[no-untyped-de
     return c
 
 
-@numba.njit(**_JIT)
+@numba.njit(**_MAP_JIT)
 def _channel_forward(x, stats, weight, bias, has_w, has_b, groups, per_sample, eps, out):  # type: ignore[no-untyped-def]
     n_count, channels, spatial = x.shape
     per_group = channels // groups
     for n in range(n_count):
         for c in range(channels):
             k = _stat_of(n, c, groups, per_group, per_sample)
-            mean = np.float64(stats[0, k])
             scale = 1.0 / math.sqrt(np.float64(stats[1, k]) + eps)
             if has_w:
                 scale *= np.float64(weight[c])
-            shift = -mean * scale
-            if has_b:
-                shift += np.float64(bias[c])
             a = x.dtype.type(scale)
-            b = x.dtype.type(shift)
+            # ``-mean * a`` in the input's dtype, as ``row[s] * a`` is: exactly its negative
+            # where an element equals the mean
+            b = -(x.dtype.type(stats[0, k]) * a)
+            shift = x.dtype.type(bias[c]) if has_b else x.dtype.type(0.0)
             row, y = x[n, c], out[n, c]
             for s in range(spatial):
-                y[s] = row[s] * a + b
+                y[s] = (row[s] * a + b) + shift
 
 
 @numba.njit(**_JIT)
@@ -239,15 +243,13 @@ def _channel_backward(  # type: ignore[no-untyped-def]
 # ---- the row layout: x (R, D) ------------------------------------------------------------------
 
 
-@numba.njit(**_JIT)
+@numba.njit(**_MAP_JIT)
 def _row_forward(x, stats, weight, bias, eps, out):  # type: ignore[no-untyped-def]
     """``weight`` and ``bias`` (D,): ones and zeros where the call has none."""
     rows, width = x.shape
     for r in range(rows):
-        mean = np.float64(stats[0, r])
-        scale = 1.0 / math.sqrt(np.float64(stats[1, r]) + eps)
-        a = x.dtype.type(scale)
-        b = x.dtype.type(-mean * scale)
+        a = x.dtype.type(1.0 / math.sqrt(np.float64(stats[1, r]) + eps))
+        b = -(x.dtype.type(stats[0, r]) * a)  # (as in ``_channel_forward``)
         row, y = x[r], out[r]
         for d in range(width):
             y[d] = (row[d] * a + b) * weight[d] + bias[d]
