@@ -43,11 +43,9 @@ _JIT = {"cache": True, "fastmath": {"contract"}, "error_model": "numpy"}
 # accumulators); the elementwise passes keep their order of operations.  Not ``inline=
 # "always"``: numba inlines in its own IR, where the caller's flags would replace these
 _SUM_JIT = {**_JIT, "fastmath": {"contract", "reassoc"}}
-# the normalisation itself, ``x * a + b`` with ``b = -(mean * a)`` in the input's dtype, is not
-# contracted: as an FMA, an element equal to its mean came out as the rounding error of
-# ``mean * a`` (2e-6 for a float32 layer norm of a constant row) where PyTorch's layer and
-# group norm give exactly 0
-_MAP_JIT = {**_JIT, "fastmath": False}
+# no contraction at all: ``g * w - mean(g w)`` must subtract the rounded product (as an FMA it
+# leaves the product's rounding error where ``g w`` equals its mean)
+_EXACT_JIT = {**_JIT, "fastmath": False}
 
 
 @numba.njit(**_SUM_JIT)
@@ -142,7 +140,7 @@ def _stat_of(n, c, groups, per_group, per_sample):  # type: ignore[no-untyped-de
     return c
 
 
-@numba.njit(**_MAP_JIT)
+@numba.njit(**_JIT)
 def _channel_forward(x, stats, weight, bias, has_w, has_b, groups, per_sample, eps, out):  # type: ignore[no-untyped-def]
     n_count, channels, spatial = x.shape
     per_group = channels // groups
@@ -153,13 +151,14 @@ def _channel_forward(x, stats, weight, bias, has_w, has_b, groups, per_sample, e
             if has_w:
                 scale *= np.float64(weight[c])
             a = x.dtype.type(scale)
-            # ``-mean * a`` in the input's dtype, as ``row[s] * a`` is: exactly its negative
-            # where an element equals the mean
-            b = -(x.dtype.type(stats[0, k]) * a)
+            # ``(x - mean) * a``, not ``x * a - mean * a``: an element equal to the mean gives
+            # exactly the shift, as PyTorch's group norm (contracted into an FMA, the second
+            # form left the rounding error of ``mean * a``: 2e-6 for a float32 constant row)
+            m = x.dtype.type(stats[0, k])
             shift = x.dtype.type(bias[c]) if has_b else x.dtype.type(0.0)
             row, y = x[n, c], out[n, c]
             for s in range(spatial):
-                y[s] = (row[s] * a + b) + shift
+                y[s] = (row[s] - m) * a + shift
 
 
 @numba.njit(**_JIT)
@@ -212,7 +211,7 @@ def _channel_backward(  # type: ignore[no-untyped-def]
             mean_gwx[k] *= rstd[k] / count
     # the three coefficients per (sample, channel), then one loop nest per case: with the
     # ``training`` test inside the nest, LLVM vectorised neither row loop (3-4x slower)
-    coefficients = np.empty((3, n_count, channels))
+    coefficients = np.empty((4, n_count, channels))
     for n in range(n_count):
         for c in range(channels):
             k = _stat_of(n, c, groups, per_group, per_sample)
@@ -221,16 +220,22 @@ def _channel_backward(  # type: ignore[no-untyped-def]
             beta = -r * r * mean_gwx[k]
             coefficients[0, n, c] = r * wc
             coefficients[1, n, c] = beta
-            coefficients[2, n, c] = -beta * np.float64(stats[0, k]) - r * mean_gw[k]
+            coefficients[2, n, c] = -beta * np.float64(stats[0, k])
+            # mean(g w) / w, the term ``g`` is reduced by (``r w (g - mean(g w) / w)``); a zero
+            # weight has a zero gradient anyway
+            coefficients[3, n, c] = mean_gw[k] / wc if wc != 0.0 else 0.0
     if training:
         for n in range(n_count):
             for c in range(channels):
                 a = x.dtype.type(coefficients[0, n, c])
                 b = x.dtype.type(coefficients[1, n, c])
-                c0 = x.dtype.type(coefficients[2, n, c])
+                c1 = x.dtype.type(coefficients[2, n, c])
+                m = x.dtype.type(coefficients[3, n, c])
                 gr, xr, out = g[n, c], x[n, c], dx[n, c]
+                # each difference before its product (as ``_row_backward``): exactly 0 where
+                # ``g`` and ``x`` are constant over a statistic's elements
                 for s in range(spatial):
-                    out[s] = gr[s] * a + (xr[s] * b + c0)
+                    out[s] = (gr[s] - m) * a + (xr[s] * b + c1)
     else:
         for n in range(n_count):
             for c in range(channels):
@@ -243,19 +248,19 @@ def _channel_backward(  # type: ignore[no-untyped-def]
 # ---- the row layout: x (R, D) ------------------------------------------------------------------
 
 
-@numba.njit(**_MAP_JIT)
+@numba.njit(**_JIT)
 def _row_forward(x, stats, weight, bias, eps, out):  # type: ignore[no-untyped-def]
     """``weight`` and ``bias`` (D,): ones and zeros where the call has none."""
     rows, width = x.shape
     for r in range(rows):
         a = x.dtype.type(1.0 / math.sqrt(np.float64(stats[1, r]) + eps))
-        b = -(x.dtype.type(stats[0, r]) * a)  # (as in ``_channel_forward``)
+        m = x.dtype.type(stats[0, r])  # (``(x - mean) * a``: as in ``_channel_forward``)
         row, y = x[r], out[r]
         for d in range(width):
-            y[d] = (row[d] * a + b) * weight[d] + bias[d]
+            y[d] = ((row[d] - m) * a) * weight[d] + bias[d]
 
 
-@numba.njit(**_JIT)
+@numba.njit(**_EXACT_JIT)
 def _row_backward(g, x, stats, w, eps, need_x, dx, dw, db):  # type: ignore[no-untyped-def]
     """``w`` (D,): ones where the call has no weight.  One pass over the rows per gradient
     (the tests of what is wanted outside the loops, so that LLVM vectorises each: with them
@@ -286,13 +291,18 @@ def _row_backward(g, x, stats, w, eps, need_x, dx, dw, db):  # type: ignore[no-u
             mean_gw = sgw / width
             mean_gwx = sgwx * rstd / width
             beta = -rstd * rstd * mean_gwx
-            gamma = -beta * mean - rstd * mean_gw
             a = x.dtype.type(rstd)
             b = x.dtype.type(beta)
-            c0 = x.dtype.type(gamma)
+            # ``rstd (g w - mean(g w)) + beta (x - mean)``, each difference taken before its
+            # product: where ``g w`` is constant along the row and ``x`` too (a row of one
+            # element) the gradient is exactly 0, as PyTorch's (``g w * a + (x * b + c)``
+            # with ``c = -beta mean - rstd mean(g w)``, contracted into FMAs, left rounding
+            # errors of the products: 3e-14 for a float64 layer norm over one element)
+            m_gw = x.dtype.type(mean_gw)
+            c1 = x.dtype.type(-beta * mean)
             out = dx[r]
             for d in range(width):
-                out[d] = (gr[d] * w[d]) * a + (xr[d] * b + c0)
+                out[d] = (gr[d] * w[d] - m_gw) * a + (xr[d] * b + c1)
     if want_w:
         for d in range(width):
             dw[d] = acc_w[d]
