@@ -69,6 +69,7 @@ from numba import cuda
 
 from fusegrad import dtypes as _dt
 from fusegrad.ops.registry import ScalarFunction
+from fusegrad.storage import full
 
 from ..ir import Graph, Value
 from ..passes.fuse import Kernel
@@ -674,23 +675,10 @@ def _flattenable(a: Any) -> bool:
     return a.ndim <= 1 or bool(a.is_c_contiguous())
 
 
-@cuda.jit(cache=True)
-def _fill_zero(flat):  # type: ignore[no-untyped-def]
-    """Zeros into a 1-D device array (a grid-stride loop): no host array, no transfer."""
-    start, stride = cuda.grid(1), cuda.gridsize(1)
-    for i in range(start, flat.shape[0], stride):
-        flat[i] = 0
-
-
-def _zeros(shape: tuple, dtype: np.dtype, settings: DeviceSettings) -> Any:
-    """A device array of zeros, filled on the device (a host array of zeros copied over would
-    be a transfer per call)."""
-    out = cuda.device_array(shape, dtype)
-    n = math.prod(shape)
-    if n:
-        threads = settings.threads
-        _fill_zero[min(-(-n // threads), settings.max_blocks), threads](out.reshape(n))
-    return out
+def _zeros(shape: tuple, dtype: np.dtype) -> Any:
+    """A device array of zeros, filled on the device by the eager backend's fill kernel (a host
+    array of zeros copied over would be a transfer per call)."""
+    return full(shape, 0, dtype, True).kernel_array()
 
 
 def _slices(tiles: int, summed: int, rows: int, settings: DeviceSettings) -> int:
@@ -817,14 +805,14 @@ def launch(
     for v, shape in zip(plan.outputs, prepared.outputs):
         if v in plan.accumulate:
             buf = grads.get(v) if grads is not None else None
-            outputs.append(_zeros(shape, v.dtype.np, settings) if buf is None else buf)
+            outputs.append(_zeros(shape, v.dtype.np) if buf is None else buf)
         else:
             outputs.append(cuda.device_array(shape, v.dtype.np))
     results: dict[Value, Any] = dict(zip(plan.outputs, outputs))
     n = prepared.n
     if n == 0:  # nothing to launch: sums over nothing are zero
         for r, shape in zip(plan.reductions, prepared.reductions):
-            results[r] = _zeros(shape, r.dtype.np, settings)
+            results[r] = _zeros(shape, r.dtype.np)
         return results
     full = prepared.full
     rows = prepared.flat

@@ -69,13 +69,3 @@ def test_every_elementwise_formula_compiles_to_ptx(dtype: fg.dtype) -> None:
     kernels = corpus.expression_kernels(dtype)
     assert _compile_all(kernels) >= len(kernels)
 
-
-@pytest.mark.parametrize("dtype", ["float32", "float64", "int64", "bool"])
-def test_the_device_zero_fill_compiles_to_ptx(dtype: str) -> None:
-    """``numba_cuda._zeros`` fills on the device (``_fill_zero``) for every dtype an accumulated
-    output or a reduction may have."""
-    from numba import types
-
-    array = types.Array(getattr(types, "boolean" if dtype == "bool" else dtype), 1, "C")
-    ptx, _ = cuda.compile_ptx(nc._fill_zero.py_func, (array,), cc=CC)
-    assert ".entry" in ptx and ".target sm_90" in ptx
