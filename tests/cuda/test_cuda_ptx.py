@@ -68,4 +68,3 @@ def test_one_op_kernels_compile_to_ptx() -> None:
 def test_every_elementwise_formula_compiles_to_ptx(dtype: fg.dtype) -> None:
     kernels = corpus.expression_kernels(dtype)
     assert _compile_all(kernels) >= len(kernels)
-
