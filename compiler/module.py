@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from fusegrad import random as _random
+from fusegrad import storage as _storage
 from fusegrad.autograd import engine as _engine
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd import graph_base as _graph_base
@@ -516,7 +517,7 @@ class AOTEntry:
         bg = Graph()  # no output needs a gradient (inference): the forward program alone
         w = None
         if roots:
-            dummy = [Tensor._make(np.zeros(r._data.shape, r._dtype.np)) for r in roots]
+            dummy = [Tensor._make(_storage.full_like(r._data, 0)) for r in roots]
             w = _walk(roots, dummy, inputs, False, False)
             plan = admission.admit(w, admission.MODULE, inputs=inputs, accumulate=False)
             if isinstance(plan, str):
@@ -580,6 +581,7 @@ class AOTEntry:
             ("input", input_index[f]) if f in forward_inputs else ("output", slot[f]) for f in saved
         ]
         self.step = Step(rec, *rec.finish(out, internal, history=True))
+        self.device = self.step.device  # (the backward program runs where the forward's does)
         verify(rec.graph)
         self.n_outputs = rec.user_outputs
         # what eager would check before this backward: the saved inputs and saved outputs
@@ -630,7 +632,9 @@ class AOTEntry:
     def build_backward(self, graph: Graph) -> Program:
         """The backward program of ``graph`` (the module's backward, or a pruned one)."""
         with _trace.resume(self):  # (the trace report's section of this recording)
-            return service.build(passes.run(graph, check=False), mode=self.mode, recorded=True)
+            return service.build(
+                passes.run(graph, check=False), mode=self.mode, device=self.device, recorded=True
+            )
 
     def graph_for(self, present: tuple) -> Graph | None:
         """The backward graph for this pattern of output gradients (None: not prunable)."""
@@ -654,7 +658,7 @@ class AOTEntry:
             if graph is None:
                 return None
             background = None
-            if self.mode != "debug":
+            if self.mode != "debug" and self.device == "cpu":  # (CUDA: in the foreground)
                 background = Background(
                     owner="compiled module",
                     what="a compiled module's backward in the background (run uncompiled "

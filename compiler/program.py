@@ -45,6 +45,7 @@ from typing import Any
 import numba
 import numpy as np
 
+from fusegrad import storage as _storage
 from fusegrad.autograd import anomaly, grad_mode
 from fusegrad.autograd import engine as _engine
 from fusegrad.autograd.function import FunctionCtx
@@ -772,7 +773,7 @@ class Program:
                 _engine.accumulate_grad(inputs[slot], g, False)  # type: ignore[index]
             elif kind == "write":
                 target, bumps = targets[slot]  # type: ignore[index]
-                np.copyto(target._data, g._data)
+                _storage.copyto(target._data, g._data)  # (on the target's device)
                 counter = target._version_counter
                 for _ in range(bumps):
                     counter.bump()

@@ -37,6 +37,7 @@ import numpy as np
 
 import fusegrad
 from fusegrad import amp as _amp
+from fusegrad import storage as _storage
 from fusegrad.autograd import grad_mode
 from fusegrad.autograd.graph_base import epoch as _epoch
 from fusegrad.autograd.tracer import Tracer, tracing
@@ -78,7 +79,6 @@ CONTAINER_ITEMS = 64
 CONTAINER_DEPTH = 3
 
 
-_CUDA = "a CUDA tensor (whole-step compile runs on the CPU for now)"
 _HALF = fusegrad.dtypes.HALF  # numba has no CPU half type: steps holding one run eagerly
 _SMALL_INT = fusegrad.dtypes.SMALL_INT  # nor casts to them in generated code: eagerly too
 
@@ -460,6 +460,9 @@ class Recorder(Tracer):
         self.user_outputs = 0
         self.output_tensors: list[Tensor] = []  # the call's output tensors, by output slot
         self.fresh_slots: list[bool] = []  # per output slot: eager made it in new memory
+        # where the recorded arrays live: "cpu" or "cuda" (set by the first array that is not
+        # a 0-d host scalar; a program runs on one device: ``note_device``)
+        self.device: str | None = None
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def stop(self, reason: str) -> None:
@@ -485,10 +488,31 @@ class Recorder(Tracer):
         self.started = True
 
     @staticmethod
-    def _root(arr: np.ndarray) -> np.ndarray:
+    def _root(arr: Any) -> Any:
+        """What ``arr`` is a view of: its base array, or a CUDA array's device buffer."""
+        if type(arr) is CudaArray:
+            return arr.buffer
         while isinstance(arr.base, np.ndarray):
             arr = arr.base
         return arr
+
+    def note_device(self, arr: Any) -> None:
+        """``arr`` is an input, a constant or a new tensor of the program: its device must be
+        the recording's (a 0-d host array is a scalar, which a CUDA program reads too)."""
+        if type(arr) is CudaArray:
+            device = "cuda"
+        elif arr.ndim == 0:
+            return
+        else:
+            device = "cpu"
+        if self.device is None:
+            self.device = device
+        elif device != self.device:
+            raise StepBreak(
+                f"{'a CUDA' if device == 'cuda' else 'a CPU'} tensor at {_user_line()} in a call "
+                f"whose other tensors are on {'a CUDA device' if device == 'cpu' else 'the CPU'} "
+                "(a compiled program runs on one device)"
+            )
 
     def bind(self, t: Tensor, value: Value) -> None:
         arr = t._data
@@ -501,8 +525,6 @@ class Recorder(Tracer):
 
     def value_of(self, t: Tensor) -> Value:
         arr = t._data
-        if type(arr) is CudaArray:
-            raise StepBreak(_CUDA)
         found = self.values.get(id(arr))
         if found is not None:
             value, counter, version = found
@@ -537,6 +559,7 @@ class Recorder(Tracer):
 
     def new_input(self, t: Tensor, source: tuple) -> Value:
         arr = t._data
+        self.note_device(arr)
         index = len(self.sources)
         self.sources.append(source)
         self.input_arrays.append(arr)
@@ -571,6 +594,12 @@ class Recorder(Tracer):
     def record(self, prim: Any, inputs: tuple, attrs: dict, out: Tensor) -> None:
         values = tuple(self.value_of(t) for t in inputs)
         arr = out._data
+        if prim.name == "to_device" and attrs.get("device") != attrs.get("source"):
+            raise StepBreak(
+                f"a copy between the CPU and a CUDA device (.cpu(), .to(), .cuda()) at "
+                f"{_user_line()} (a compiled program runs on one device)"
+            )
+        self.note_device(arr)
         try:
             shape, dtype = prim.meta(
                 tuple(v.shape for v in values), tuple(v.dtype for v in values), **attrs
@@ -602,14 +631,17 @@ class Recorder(Tracer):
         self.forward_ops += 1
 
     def full(self, shape: tuple, value: Any, dtype: Any, device: Any) -> Any:
-        if self.broken is not None or (device is not None and str(device) != "cpu"):
+        on_cuda = device is not None and str(device).startswith("cuda")
+        if self.broken is not None or (device is not None and not on_cuda and str(device) != "cpu"):
             return NotImplemented
+        arr = _storage.full(shape, value, dtype.np, on_cuda)
         try:
             self.event(reading=True)  # (a new tensor: reads nothing an optimizer writes)
+            self.note_device(arr)
         except StepBreak as e:
             self.stop(str(e))
             return NotImplemented
-        t = Tensor._make(np.full(shape, value, dtype.np))
+        t = Tensor._make(arr)
         self.bind(t, self.graph.full(tuple(shape), value, dtype))
         return t
 
@@ -618,8 +650,7 @@ class Recorder(Tracer):
             return
         try:
             self.event(reading=True)  # (a new tensor: reads nothing an optimizer writes)
-            if type(t._data) is CudaArray:
-                raise StepBreak(_CUDA)
+            self.note_device(t._data)
             if t._requires_grad:
                 raise StepBreak(f"a tensor requiring grad created at {_user_line()}")
         except StepBreak as e:
@@ -635,8 +666,9 @@ class Recorder(Tracer):
                 self.stop(str(e))
         elif redo is None and t._data.ndim == 0 and t._data.dtype.kind in "fiub":
             self.bind(t, self.graph.scalar(t._data.item(), t._dtype))  # (foldable, fusable)
-        elif redo is None:
-            self.bind(t, self.graph.constant(t._data))
+        elif redo is None:  # (a CUDA constant: copied to the host once, the program uploads it)
+            data = t._data
+            self.bind(t, self.graph.constant(data.to_host() if type(data) is CudaArray else data))
         else:
             # a random draw, or a runtime scalar of an optimizer (``optim.hyper``): both made
             # again on every call, in the recording's order
@@ -688,7 +720,7 @@ class Recorder(Tracer):
         before them)."""
         writes = self.suffix_writes or set()
         for t in inputs:
-            if type(t._data) is not CudaArray and id(self._root(t._data)) in writes:
+            if id(self._root(t._data)) in writes:
                 owner, fn = self.suffix[0][0], self.suffix[0][1]
                 self.read_update_of = owner
                 raise StepBreak(
@@ -714,8 +746,6 @@ class Recorder(Tracer):
         try:
             self.event()
             arr = target._data
-            if type(arr) is CudaArray:
-                raise StepBreak(_CUDA)
             if id(arr) not in self.values:
                 self.value_of(target)  # an input written before it was read
             value = self.value_of(result)
@@ -820,8 +850,7 @@ class Recorder(Tracer):
             v for state in owner.state.values() for v in state.values() if isinstance(v, Tensor)
         ]
         for t in tensors:
-            if type(t._data) is not CudaArray:
-                self.suffix_writes.add(id(self._root(t._data)))
+            self.suffix_writes.add(id(self._root(t._data)))
 
     def backward(
         self,
@@ -1138,7 +1167,7 @@ class Recorder(Tracer):
             self.output_tensors.append(obj)
             # a result eager made in new memory must not come back as (part of) an input or a
             # constant of the program, as a simplified ``x * 1`` would
-            fresh = not any(np.may_share_memory(arr, a) for a in self.input_arrays)
+            fresh = not any(_storage.may_share_memory(arr, a) for a in self.input_arrays)
             self.fresh_slots.append(fresh)
             return ("out", len(outputs) - 1, fresh, freed)
         if id(obj) in reads and isinstance(obj, (float, list)):

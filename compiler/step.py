@@ -36,8 +36,13 @@ except values read last and returned (``return loss.item()``); tensors of unknow
 in-place writes to memory another recorded array shares (views); hooks, ``retain_grad`` and
 ``.grad`` assignments inside the function; data-dependent shapes; tensor ops after the optimizer
 step; outputs that still need autograd history (use ``compile(module)`` for a backward
-outside); CUDA tensors (not yet).  What is *not* detected -- Python side effects other than tensor
-ops, and Python state the guard does not watch -- is documented in docs/compile.md.
+outside); CPU and CUDA tensors in one call.  What is *not* detected -- Python side effects other
+than tensor ops, and Python state the guard does not watch -- is documented in docs/compile.md.
+
+**CUDA.**  A call whose tensors are CUDA tensors records as on the CPU, and its program is built
+for the device (``Step.device``): generated kernels from the CUDA emitter, externs through the
+eager CUDA kernels, constants uploaded once, ``.grad`` and in-place writes as device copies.  It
+compiles in the foreground (the background compile works on host copies).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from fusegrad import storage as _storage
 from fusegrad.autograd.node import Node, _freed_message
 from fusegrad.autograd.tracer import tracing
 from fusegrad.dtypes import get_default_dtype
@@ -120,6 +126,9 @@ class Step:
         """From a finished recording (``Recorder.finish``: ``spec``, ``bumps``,
         ``n_outputs``)."""
         self.graph = rec.graph
+        # where the program runs: "cuda" when the recorded tensors are CUDA tensors (its
+        # programs are built for the device and compiled in the foreground)
+        self.device = rec.device or "cpu"
         self.sources = rec.sources
         self.leaves = rec.leaves  # the recording call's (``describe``, ``explain``)
         # where each leaf is found on a call: ("arg", k) or ("ext", tensor)
@@ -178,7 +187,9 @@ class Step:
         if ready is not None:
             return ready
         background = None
-        if arrays is not None and leaves is not None and mode != "debug":
+        # (a CUDA program compiles in the foreground: a background compile runs the program on
+        # host scratch copies, in a worker process)
+        if arrays is not None and leaves is not None and mode != "debug" and self.device == "cpu":
             background = self.background(arrays, leaves, sizes)
         program, _ = service.obtain(
             self.programs, grad_key, lambda: self.build(grad_key, mode), background
@@ -217,6 +228,7 @@ class Step:
             return service.build(
                 passes.run(self.graph, check=False),
                 mode=mode,
+                device=self.device,
                 leaves_with_grad=frozenset(i for i, s in enumerate(grad_key) if s is not None),
                 recorded=True,
             )
@@ -279,7 +291,9 @@ class Step:
                 (where, ref), shape, dtype = source[1:]
                 grad = (args[ref] if where == "arg" else ref)._grad
                 arrays.append(
-                    np.zeros(shape, dtype.np) if grad is None else np.array(grad._data, copy=True)
+                    _storage.full(shape, 0, dtype.np, self.device == "cuda")
+                    if grad is None
+                    else _storage.copy(grad._data)
                 )
             elif sizes is not None and index in self.draw_shapes:
                 arrays.append(source[1](substitute(self.draw_shapes[index], sizes))._data)
@@ -296,10 +310,10 @@ class Step:
         if self.fresh_outputs:
             for k in self.unshared_outputs(program, sizes):
                 a = outputs[k]._data
-                if any(np.may_share_memory(a, b) for b in arrays) or any(
-                    np.may_share_memory(a, c) for c in program._fixed.values()
+                if any(_storage.may_share_memory(a, b) for b in arrays) or any(
+                    _storage.may_share_memory(a, c) for c in program._fixed.values()
                 ):
-                    outputs[k] = Tensor._make(a.copy())
+                    outputs[k] = Tensor._make(_storage.copy(a))
         if finish is not None:
             finish(outputs, arrays)
         for owner, fn, a, kw in self.suffix:
@@ -340,7 +354,13 @@ class Step:
             f"every call, in eager's order), {kinds.count('scalar')} runtime scalar(s) (learning "
             "rates, bias corrections: computed on every call)",
             f"  effects: {len(self.leaves)} .grad, {len(self.bumps)} in-place write(s), "
-            f"{self.n_outputs} output(s), {len(self.checks)} value check(s) (index ranges)",
+            f"{self.n_outputs} output(s), {len(self.checks)} value check(s) (index ranges)"
+            + (
+                ": their values are read on the host before the program, as eager's CUDA "
+                "kernels read them"
+                if self.checks and self.device == "cuda"
+                else ""
+            ),
             f"  replayed as calls: before the program {calls or 'nothing'}, after it "
             f"{after or 'nothing'} (their arguments and hyperparameters are read on every call)",
             f"  saved for backward: eager keeps {st['eager saved bytes']} bytes in its nodes; "
@@ -360,11 +380,14 @@ class Step:
         return "\n".join(lines)
 
     def run_checks(self, arrays: list, sizes: tuple | None = None) -> None:
+        """Eager's validations of this call's values (index ranges, class targets), computed
+        by the eager kernels before the program changes anything.  On CUDA the values checked
+        are read on the host, as eager's CUDA kernels read them."""
         env: dict[Value, Any] = {}
         graph = self.graph
         for v in self.check_plan:
             if v.op == "input":
-                env[v] = arrays[v.attr("index")]
+                env[v] = _storage.to_host(arrays[v.attr("index")])
             elif v.op == "scalar":
                 env[v] = np.array(v.attr("value"), dtype=v.dtype.np)
             elif v.op == "constant":
