@@ -11,7 +11,11 @@
 3. measures the device's copy bandwidth (device-to-device copy of a large buffer) and reports
    A's compiled backward at N=1e8 (float32) as a fraction of it, with two byte counts: the
    naive one (6 * 4 * N: read x, w, b, write three gradients, each counted as N floats) and the
-   minimum (4 * 4 * N: b and its gradient are one element).
+   minimum (4 * 4 * N: b and its gradient are one element);
+4. times whole training steps on the device (``benchmarks.steps``' C+SGD and GPT+AdamW):
+   fusegrad eager CUDA, fusegrad's whole step compiled for the device (``fusegrad.compile``),
+   PyTorch CUDA eager and ``torch.compile``, each step ended by a device synchronisation; the
+   parameters after the run are compared with fusegrad eager's.
 
 Prints markdown tables, writes JSON (default ``benchmarks/results/gpu_check.json``).  Gradients
 of every implementation are compared with fusegrad eager CUDA.  Exit status non-zero when a test
@@ -229,6 +233,97 @@ def benchmark(names: Sequence[str], quick: bool, torch: Any, torch_compile: bool
     return results
 
 
+STEP_IMPLS = ("fg_eager", "fg_step", "torch", "torch_compile")
+
+
+def step_benchmark(
+    names: Sequence[str], quick: bool, torch: Any, torch_compile: bool
+) -> dict[str, Any]:
+    """Section 4: whole training steps on the device (see the module docstring).  Returns
+    ``{"rows": [{"workload", "impls": {name: stats in ms}, "max_rel_param_difference"}],
+    "notes": {...}}``."""
+    import fusegrad as fg
+
+    from . import steps as sb
+
+    results: dict[str, Any] = {"rows": [], "notes": {}}
+    for name in names:
+        fg.manual_seed(0)
+        state = {k: v.detach().clone() for k, v in sb._build(fg, name).state_dict().items()}
+        data = sb._batches(np, name)
+        impls = {
+            "fg_eager": sb._impl(fg, name, state, data, device="cuda", sync=fg.cuda.synchronize),
+            "fg_step": sb._impl(
+                fg, name, state, data, wrap_step=fg.compile, device="cuda", sync=fg.cuda.synchronize
+            ),
+        }
+        if torch is not None:
+            tstate = {k: torch.from_numpy(v.numpy().copy()) for k, v in state.items()}
+            for key, wrap in (("torch", None), ("torch_compile", torch.compile)):
+                if key == "torch_compile" and not torch_compile:
+                    continue
+                impls[key] = sb._impl(
+                    torch,
+                    name,
+                    tstate,
+                    data,
+                    wrap_step=wrap,
+                    device="cuda",
+                    sync=torch.cuda.synchronize,
+                )
+        timed = {}
+        for key, impl in impls.items():
+            try:
+                for _ in range(3):  # (state, recording, the program's foreground compile)
+                    impl.step()
+            except Exception as e:  # noqa: BLE001 - reported, column skipped
+                results["notes"][f"{name} {key}"] = f"{type(e).__name__}: {e}"[:300]
+                continue
+            timed[key] = impl.step
+        warmup, reps = sb.QUICK_REPS if quick else sb.REPS[name]
+        stats = common.measure_interleaved(timed, warmup=warmup, reps=reps)
+        reference = impls["fg_eager"].params()
+        row: dict[str, Any] = {"workload": name, "impls": {}, "max_rel_param_difference": {}}
+        for key in timed:
+            row["impls"][key] = common.stats_dict(stats[key]["step"], 1e3)
+            if key != "fg_eager":
+                # (the implementations took different numbers of steps only if one failed)
+                got = impls[key].params()
+                row["max_rel_param_difference"][key] = max(
+                    float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) or 1.0))
+                    for a, b in zip(got, reference)
+                )
+        step_runs = fg.compiler.counters.step_runs
+        results["notes"][f"{name} whole-step replays so far"] = str(step_runs)
+        results["rows"].append(row)
+        print(render_step_row(row))
+    return results
+
+
+def render_step_row(row: dict[str, Any]) -> str:
+    cells = [row["workload"]]
+    for key, info in row["impls"].items():
+        cells.append(f"{key}: {info['median']:.3f} ms")
+    return " | ".join(cells)
+
+
+def render_step_table(results: dict[str, Any]) -> str:
+    rows = []
+    for row in results["rows"]:
+        med = {k: v["median"] for k, v in row["impls"].items()}
+        cells = [row["workload"]] + [common.format_number(med.get(k)) for k in STEP_IMPLS]
+        step = med.get("fg_step")
+        for peer in ("fg_eager", "torch", "torch_compile"):
+            ok = step is not None and med.get(peer)
+            cells.append(f"{step / med[peer]:.2f}×" if ok else "—")
+        diffs = row["max_rel_param_difference"]
+        cells.append(", ".join(f"{k} {v:.1e}" for k, v in diffs.items()) or "—")
+        rows.append(cells)
+    headers = ["workload (ms per step)", *STEP_IMPLS]
+    headers += ["step/fg eager", "step/torch", "step/torch.compile", "params vs fg eager"]
+    return common.markdown_table(headers, rows, ["l"] + ["r"] * (len(headers) - 1))
+
+
 def render_row(row: dict[str, Any]) -> str:
     cells = [row["workload"]]
     for name, info in row["impls"].items():
@@ -260,6 +355,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--no-torch-compile", action="store_true")
     parser.add_argument("--workloads", default="A,B,C,D", help="comma-separated subset")
+    parser.add_argument(
+        "--steps",
+        default="C+SGD,GPT+AdamW",
+        help="whole training steps to time on the device (benchmarks.steps' names; '' for none)",
+    )
     parser.add_argument(
         "--allow-simulator",
         action="store_true",
@@ -319,6 +419,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
     for key, note in payload["benchmarks"]["notes"].items():
         print(f"note: {key}: {note}")
+    step_names = [n.strip() for n in args.steps.split(",") if n.strip()]
+    if step_names:
+        payload["steps"] = step_benchmark(step_names, args.quick, torch, not args.no_torch_compile)
+        print(render_step_table(payload["steps"]))
+        for row in payload["steps"]["rows"]:
+            # (float32 training steps drift apart by rounding; a wrong program by far more)
+            failed |= any(v > 1e-2 for v in row["max_rel_param_difference"].values())
+        for key, note in payload["steps"]["notes"].items():
+            print(f"note: {key}: {note}")
     payload["environment"] = common.environment()
     common.write_json(args.json, payload)
     print(f"wrote {args.json}")

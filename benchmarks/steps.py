@@ -160,13 +160,19 @@ def _impl(
     wrap_model: Callable | None = None,
     context: Callable | None = None,
     rng: Any = None,
+    device: str = "cpu",
+    sync: Callable[[], None] | None = None,
 ) -> StepImpl:
-    """One implementation: a model loaded from ``state``, its optimizer and a step function."""
+    """One implementation: a model loaded from ``state``, its optimizer and a step function.
+    ``device``: where the model and the batches live; ``sync``: what ends a timed step there
+    (a device's kernels run asynchronously: ``benchmarks.gpu_check``)."""
     model = _build(torch, name)
     model.load_state_dict(copy.deepcopy(state))
+    if device != "cpu":
+        model.to(device)
     net = wrap_model(model) if wrap_model is not None else model
     opt = _optimizer(torch, name, model.parameters())
-    batches = [(torch.tensor(x), torch.tensor(y)) for x, y in data]
+    batches = [(torch.tensor(x, device=device), torch.tensor(y, device=device)) for x, y in data]
 
     def step(x: Any, y: Any) -> Any:
         opt.zero_grad()
@@ -189,17 +195,21 @@ def _impl(
             with context():
                 t0 = common.clock()
                 fn(x, y)
+                if sync is not None:
+                    sync()
                 t1 = common.clock()
         else:
             t0 = common.clock()
             fn(x, y)
+            if sync is not None:
+                sync()
             t1 = common.clock()
         if rng is not None:
             generator[0] = torch.random.get_rng_state()
         return {"step": t1 - t0}
 
     def params() -> list:
-        return [p.detach().numpy().copy() for p in model.parameters()]
+        return [p.detach().cpu().numpy().copy() for p in model.parameters()]
 
     return StepImpl(
         timed, params, module=net if wrap_model is not None else None, compiled=compiled
