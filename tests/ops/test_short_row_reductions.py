@@ -95,3 +95,46 @@ def test_gradient_and_softmax_through_the_kernel() -> None:
     y = fg.softmax(x, dim=-1)
     e = np.exp(x.detach().numpy() - x.detach().numpy().max(-1, keepdims=True))
     np.testing.assert_allclose(y.detach().numpy(), e / e.sum(-1, keepdims=True), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_long_rows_sum_as_numpys_pairwise_tree(dtype: Any) -> None:
+    """Rows longer than 128 elements split into halves, several levels deep (the kernel walks
+    numpy's recursive tree with a stack of its own): still numpy's sums to the bit."""
+    from fusegrad.ops import reduce_kernels
+
+    rng = np.random.default_rng(7)
+    for n in (129, 136, 257, 1000, 4099, 70001):
+        scale = rng.choice(np.array([1e-4, 1.0, 1e6]), size=(3, n))
+        x = (rng.standard_normal((3, n)) * scale).astype(dtype)
+        got = reduce_kernels.last_axis_sum(x, keepdim=False)
+        np.testing.assert_array_equal(got, np.sum(x, axis=-1), err_msg=f"row length {n}")
+
+
+def test_a_second_process_loads_the_row_sum_from_the_disk_cache(tmp_path: Any) -> None:
+    """The row-sum loop is cached across processes: a second process compiles nothing for it
+    (a self-recursive numba function was compiled again in every process)."""
+    import json
+    import subprocess
+    import sys
+
+    script = (
+        "import json, numpy as np\n"
+        "from fusegrad.ops import reduce_kernels as rk\n"
+        "x = np.ones((40, 300), np.float32)\n"
+        "rk.last_axis_sum(x, False)\n"
+        "fn = rk._rows_sum\n"
+        "print(json.dumps([sum(fn.stats.cache_hits.values()),"
+        " sum(fn.stats.cache_misses.values())]))\n"
+    )
+    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    runs = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+            ).stdout.splitlines()[-1]
+        )
+        for _ in range(2)
+    ]
+    assert runs[0] == [0, 1], runs  # (compiled, then saved)
+    assert runs[1] == [1, 0], runs  # (loaded)

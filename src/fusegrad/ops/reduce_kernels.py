@@ -46,52 +46,96 @@ _rows_max = _extreme_rows(True)
 _rows_min = _extreme_rows(False)
 
 
-def _pairwise_sums(zero):  # type: ignore[no-untyped-def]
-    """The row-sum loop for the float type of ``zero`` (numba types the literal by it)."""
+# the deepest split of ``_pairwise``' tree (rows of up to 2**64 elements)
+_DEPTH = 64
 
-    @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def pairwise(a, start, n):  # type: ignore[no-untyped-def]
-        if n < 8:
-            res = zero
-            for i in range(n):
-                res += a[start + i]
+
+# numpy's pairwise summation is recursive: a block of up to 128 elements is summed with eight
+# partial sums, a longer one split in halves (the first a multiple of 8) whose sums are added.
+# ``_pairwise`` walks the same tree with an explicit stack (the additions in the same order, so
+# the same bits).  The loops are module-level functions of the zero they start from (its type
+# is the rows' float type): numba keys its disk cache by a closure's variables, and a closure
+# over another compiled function (and a self-recursive one) was compiled again in every
+# process, 1.4 s at the first softmax.
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _block(a, start, n, zero):  # type: ignore[no-untyped-def]
+    """The sum of ``a[start:start + n]``, ``n <= 128``, as numpy's pairwise sum's leaf."""
+    if n < 8:
+        res = zero
+        for i in range(n):
+            res += a[start + i]
+        return res
+    r0, r1, r2, r3 = a[start], a[start + 1], a[start + 2], a[start + 3]
+    r4, r5, r6, r7 = a[start + 4], a[start + 5], a[start + 6], a[start + 7]
+    i = start + 8
+    end = start + n - n % 8
+    while i < end:
+        r0 += a[i]
+        r1 += a[i + 1]
+        r2 += a[i + 2]
+        r3 += a[i + 3]
+        r4 += a[i + 4]
+        r5 += a[i + 5]
+        r6 += a[i + 6]
+        r7 += a[i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < start + n:
+        res += a[i]
+        i += 1
+    return res
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _pairwise(a, start, n, zero, starts, sizes, states, lefts):  # type: ignore[no-untyped-def]
+    """The tree's sum: ``starts``/``sizes``/``states`` hold the path from the root to the node
+    being summed (state 0: not split yet; 1: its left half being summed; 2: its right half,
+    the left's sum in ``lefts``)."""
+    top = 0
+    starts[0], sizes[0], states[0] = start, n, 0
+    while True:
+        m = sizes[top]
+        if m > 128:  # split: the left half first
+            half = m // 2
+            half -= half % 8
+            states[top] = 1
+            top += 1
+            starts[top], sizes[top], states[top] = starts[top - 1], half, 0
+            continue
+        res = _block(a, starts[top], m, zero)
+        top -= 1
+        while top >= 0:  # hand the sum up the path
+            if states[top] == 1:  # a left half: its right half next
+                half = sizes[top] // 2
+                half -= half % 8
+                lefts[top] = res
+                states[top] = 2
+                top += 1
+                starts[top] = starts[top - 1] + half
+                sizes[top] = sizes[top - 1] - half
+                states[top] = 0
+                break
+            res = lefts[top] + res
+            top -= 1
+        if top < 0:
             return res
-        if n <= 128:
-            r0, r1, r2, r3 = a[start], a[start + 1], a[start + 2], a[start + 3]
-            r4, r5, r6, r7 = a[start + 4], a[start + 5], a[start + 6], a[start + 7]
-            i = start + 8
-            end = start + n - n % 8
-            while i < end:
-                r0 += a[i]
-                r1 += a[i + 1]
-                r2 += a[i + 2]
-                r3 += a[i + 3]
-                r4 += a[i + 4]
-                r5 += a[i + 5]
-                r6 += a[i + 6]
-                r7 += a[i + 7]
-                i += 8
-            res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-            while i < start + n:
-                res += a[i]
-                i += 1
-            return res
-        half = n // 2
-        half -= half % 8
-        return pairwise(a, start, half) + pairwise(a, start + half, n - half)
-
-    @numba.njit(cache=True, nogil=True, error_model="numpy")
-    def rows_sum(flat, n, out):  # type: ignore[no-untyped-def]
-        for r in range(out.shape[0]):
-            out[r] = zero + pairwise(flat, r * n, n)  # (numpy's reduction starts from 0)
-
-    return rows_sum
 
 
-_rows_sum = {
-    np.dtype(np.float32): _pairwise_sums(np.float32(0.0)),
-    np.dtype(np.float64): _pairwise_sums(0.0),
-}
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _rows_sum(flat, n, out, zero):  # type: ignore[no-untyped-def]
+    """``out[r]``: the pairwise sum of row ``r`` of ``flat`` (rows of ``n``)."""
+    starts = np.empty(_DEPTH, np.int64)
+    sizes = np.empty(_DEPTH, np.int64)
+    states = np.empty(_DEPTH, np.int64)
+    lefts = np.empty(_DEPTH, flat.dtype)
+    for r in range(out.shape[0]):
+        # (numpy's reduction starts from 0)
+        out[r] = zero + _pairwise(flat, r * n, n, zero, starts, sizes, states, lefts)
+
+
+_ZERO = {np.dtype(np.float32): np.float32(0.0), np.dtype(np.float64): np.float64(0.0)}
 
 
 def last_axis_sum(x: np.ndarray, keepdim: bool) -> np.ndarray:
@@ -99,7 +143,7 @@ def last_axis_sum(x: np.ndarray, keepdim: bool) -> np.ndarray:
     C-contiguous float32/float64 array with at least one element per row."""
     n = x.shape[-1]
     out = np.empty(x.size // n, x.dtype)
-    _rows_sum[x.dtype](x.reshape(-1), n, out)
+    _rows_sum(x.reshape(-1), n, out, _ZERO[x.dtype])
     shape = x.shape[:-1] + (1,) if keepdim else x.shape[:-1]
     return out.reshape(shape)
 
