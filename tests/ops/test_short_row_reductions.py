@@ -115,6 +115,7 @@ def test_a_second_process_loads_the_row_sum_from_the_disk_cache(tmp_path: Any) -
     """The row-sum loop is cached across processes: a second process compiles nothing for it
     (a self-recursive numba function was compiled again in every process)."""
     import json
+    import os
     import subprocess
     import sys
 
@@ -127,7 +128,7 @@ def test_a_second_process_loads_the_row_sum_from_the_disk_cache(tmp_path: Any) -
         "print(json.dumps([sum(fn.stats.cache_hits.values()),"
         " sum(fn.stats.cache_misses.values())]))\n"
     )
-    env = {**__import__("os").environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     runs = [
         json.loads(
             subprocess.run(
