@@ -216,3 +216,28 @@ def test_a_copy_between_devices_inside_a_step_breaks_with_its_reason() -> None:
         np.testing.assert_allclose(grad, ((1 - t * t).T @ x), rtol=1e-5, atol=1e-6)
     assert compiler.counters.step_runs == 0
     assert any("between the CPU and a CUDA device" in r for r in compiler.counters.step_breaks)
+
+
+def test_an_out_of_range_target_in_a_replayed_cuda_step_raises_eagers_error() -> None:
+    """The replay checks the class targets before the program runs (on the host, as eager's
+    CUDA kernel does): eager's error class and message, and the parameters and buffers are
+    untouched (the ``zero_grad()`` before the loss ran, as in eager)."""
+    rng = np.random.default_rng(5)
+    model, step = _classifier_step("cuda")
+    compiled = fg.compile(step)
+    x = fg.tensor(rng.standard_normal((5, 6)).astype(np.float32), device="cuda")
+    for _ in range(3):
+        compiled(x, fg.tensor(rng.integers(0, 3, 5), device="cuda"))
+    assert compiler.counters.step_runs == 1
+    before = {k: v.cpu().numpy().copy() for k, v in model.state_dict().items()}
+    bad = fg.tensor(np.array([0, 1, 7, 2, 0]), device="cuda")
+    with pytest.raises(IndexError) as compiled_error:
+        compiled(x, bad)
+    # (before the program: the prefix's zero_grad ran, as eager's does; nothing else moved)
+    for k, v in model.state_dict().items():
+        np.testing.assert_array_equal(v.cpu().numpy(), before[k], err_msg=k)
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(IndexError) as eager_error:
+        step(x, bad)
+    assert str(compiled_error.value) == str(eager_error.value)
+    assert "Target 7 is out of bounds" in str(compiled_error.value)
