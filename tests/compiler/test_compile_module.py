@@ -789,3 +789,80 @@ def test_a_cut_through_nodes_that_save_nothing_leaves_a_second_backward_running(
         results.append([g.numpy().copy() for g in gs] + [x.grad.numpy().copy()])
     for got, want in zip(results[1], results[0]):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+class _TwoLossHeads(nn.Module):
+    """Returns ``(h, loss, e)``, the loss and ``e`` each computed from ``h`` by ops that save
+    what they read (tanh, pow; exp)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3, dtype=fg.float64)
+
+    def forward(self, x: fg.Tensor) -> tuple:
+        h = self.fc(x)
+        return h, (h.tanh() ** 2).sum(), h.exp()
+
+
+@pytest.mark.parametrize("replayed", [False, True], ids=["recorded", "replayed"])
+def test_a_cut_frees_only_the_nodes_it_ran_for_a_later_backward_from_another_output(
+    replayed: bool,
+) -> None:
+    """Fuzz seed 3005251: ``autograd.grad(loss, [h])`` stops at the inner output ``h`` and
+    frees only the loss's nodes; a later backward from the other outer output ``e`` runs
+    nodes that backward did not run, and runs in eager (compiled, it raised "backward through
+    the graph a second time"); a later one from the loss raises in both."""
+    results = []
+    for compiled in (False, True):
+        fg.manual_seed(0)
+        m = _TwoLossHeads()
+        net = fg.compile(m) if compiled else m
+        x = _x(requires_grad=True)
+        for _ in range(2 if replayed else 0):  # (recorded, then replayed from here on)
+            net(x)
+        h, loss, e = net(x)
+        (d_h,) = fg.autograd.grad(loss, [h])
+        (e * 0.5).sum().backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second"):
+            loss.backward()
+        results.append([d_h.numpy(), x.grad.numpy(), m.fc.weight.grad.numpy()])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+class _SharedBelow(nn.Module):
+    """Returns ``(h, loss)``, the loss computed from ``h`` and from ``a``, which ``h`` is
+    computed from (``a``'s tanh saves its output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3, dtype=fg.float64)
+
+    def forward(self, x: fg.Tensor) -> tuple:
+        a = self.fc(x).tanh()
+        h = a * 2.0
+        return h, (h**2).sum() + a.sum()
+
+
+@pytest.mark.parametrize("replayed", [False, True], ids=["recorded", "replayed"])
+def test_a_cut_that_ran_nodes_below_the_inner_output_frees_them_for_its_backward(
+    replayed: bool,
+) -> None:
+    """``autograd.grad(loss, [h, fc.weight])`` runs ``a``'s tanh node by the loss's path
+    around the inner output ``h`` (and frees it): a later ``h.sum().backward()`` reaches it
+    and raises eager's error (compiled, it ran)."""
+    results = []
+    for compiled in (False, True):
+        fg.manual_seed(0)
+        m = _SharedBelow()
+        net = fg.compile(m) if compiled else m
+        x = _x()
+        for _ in range(2 if replayed else 0):  # (recorded, then replayed from here on)
+            net(x)
+        h, loss = net(x)
+        gs = fg.autograd.grad(loss, [h, m.fc.weight])
+        with pytest.raises(RuntimeError, match="backward through the graph a second"):
+            h.sum().backward()
+        results.append([g.numpy() for g in gs])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
