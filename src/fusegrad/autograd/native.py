@@ -146,7 +146,7 @@ def normalize(
 
     xs = _channels_view(x, groups)
     mean = xs.mean(dims, keepdim=True)
-    centred = xs - mean
+    centred = _centred(xs, mean, dims)
     var = (centred * centred).mean(dims, keepdim=True)
     rstd = (var + eps).rsqrt()
     out = centred * rstd
@@ -223,11 +223,11 @@ class _Normalization(Function):
                 # create_graph: the statistics again, from the input, so that the next
                 # derivative sees how they depend on it (the saved ones carry no history)
                 mean = xs.sum(dims, keepdim=True) * per_count
-                centred = xs - mean
+                centred = _centred(xs, mean, dims)
                 var = (centred * centred).sum(dims, keepdim=True) * per_count
                 rstd = (var + eps).rsqrt()
             else:
-                centred = xs - mean
+                centred = _centred(xs, mean, dims)
             normed = centred * rstd
             if need[1]:
                 full = normed if groups is None else normed.reshape(g.shape)
@@ -236,17 +236,50 @@ class _Normalization(Function):
                 if weight is not None:
                     g = g * (weight if param_shape is None else weight.reshape(param_shape))
                 gs = _channels_view(g, groups)
-                # rstd (gs - mean(gs) - normed mean(gs normed)) in the fused kernels' form
-                # (``ops/norm_kernels``: gs rstd + x beta + gamma, per statistic), so that
-                # infinities give their NaN and inf (fuzz seed 20485)
-                gs_mean = gs.sum(dims, keepdim=True) * per_count
-                proj = (gs * centred).sum(dims, keepdim=True) * per_count * rstd
-                beta = -(rstd * rstd * proj)
-                gamma = -(beta * mean) - rstd * gs_mean
-                gx = gs * rstd + (xs * beta + gamma)
+                if _one_element(xs, dims):
+                    gx = _one_element_gradient(gs, xs, rstd)
+                else:
+                    # rstd (gs - mean(gs) - normed mean(gs normed)) as gs rstd + x beta + gamma
+                    # per statistic, so that infinities give the fused kernels' NaN and inf
+                    # (fuzz seed 20485, when ``ops/norm_kernels`` took this form; they now
+                    # take rstd (gs - mean(gs)) + beta (x - mean))
+                    gs_mean = gs.sum(dims, keepdim=True) * per_count
+                    proj = (gs * centred).sum(dims, keepdim=True) * per_count * rstd
+                    beta = -(rstd * rstd * proj)
+                    gamma = -(beta * mean) - rstd * gs_mean
+                    gx = gs * rstd + (xs * beta + gamma)
                 if groups is not None:
                     gx = gx.reshape(g.shape)
         return gx, gw, gb, None, None, None, None, None, None, None, None
+
+
+def _one_element(xs: Tensor, dims: tuple) -> bool:
+    """Whether each statistic is over one element (a layer norm with ``normalized_shape``
+    (1,), a group norm with one element per group).  Sizes 1 are never symbols in a compiled
+    capture (``compiler/symbolic.py``): the answer holds for every call of its program."""
+    return all(xs.shape[d] == 1 for d in dims)
+
+
+def _centred(xs: Tensor, mean: Tensor, dims: tuple) -> Tensor:
+    """``x - mean``; over one element ``x * 0 + 0``: +0, NaN for an infinite or NaN ``x``, as
+    the fused kernels' ``x - mean`` (the mean of ``-0.0`` sums to +0 here: ``x - mean`` gave
+    -0) and PyTorch's."""
+    if _one_element(xs, dims):
+        return xs * 0.0 + 0.0
+    return xs - mean
+
+
+def _one_element_gradient(gs: Tensor, xs: Tensor, rstd: Tensor) -> Tensor:
+    """The input's gradient of a norm over one element: its output is constant (the shift), so
+    the gradient is exactly +0, NaN where ``g w`` or ``x`` is not finite or ``rstd`` is
+    infinite (``eps`` 0), as the layer norm's fused kernel (``ops/norm_kernels``) gives it
+    (PyTorch's: the same, or the rounding error of a product its kernel contracts; the group
+    norm's kernels leave that of ``g w / w``, docs/numerics.md).  Only products by 0: the
+    general form (``gs rstd - rstd mean(gs) + ...``) cancels a product against its own
+    rounded value, which compiled code contracts into an FMA that leaves the product's
+    rounding error (1e-14 in float64, 1e-6 in float32), amplified by later ops (native fuzz
+    seeds 3000330, 1009234).  ``+ 0.0``: +0, as the kernel's ``-0 + 0``."""
+    return (gs * 0.0 + xs * 0.0) * rstd + 0.0
 
 
 def _sum_over(t: Tensor, dims: tuple) -> Tensor:
