@@ -866,3 +866,43 @@ def test_a_cut_that_ran_nodes_below_the_inner_output_frees_them_for_its_backward
         results.append([g.numpy() for g in gs])
     for got, want in zip(results[1], results[0]):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+class _Twice(fg.autograd.Function):
+    """``2 x``, saving ``x`` (a custom Function: its backward runs without gradients too)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
+        ctx.save_for_backward(x)
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+        (x,) = ctx.saved_tensors
+        return g * 2.0
+
+
+class _FunctionHead(nn.Module):
+    """Returns ``(h, loss)``, ``h`` made by custom Functions, the loss computed from it."""
+
+    def forward(self, x: fg.Tensor) -> tuple:
+        h = _Twice.apply(_Twice.apply(x.mean(0, keepdim=True)))
+        return h, (h * h).sum()
+
+
+def test_a_cut_at_an_output_a_custom_function_made_runs_nothing_below_it() -> None:
+    """``autograd.grad(loss, [h, x])`` stops the loss's backward at the inner output ``h``,
+    whose node is a custom Function's: it must not run there (a Function's backward runs
+    without gradients too: its zeros flowed on below the cut, ran ``mean``'s node and freed
+    it, and the inner output's own backward raised "backward through the graph a second time"
+    on the recorded call)."""
+    results = []
+    for compiled in (False, True):
+        net = fg.compile(_FunctionHead()) if compiled else _FunctionHead()
+        for _ in range(3):  # (recorded, then replayed)
+            x = fg.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+            h, loss = net(x)
+            results.append([g.numpy() for g in fg.autograd.grad(loss, [h, x])])
+    for got, want in zip(results[3:], results[:3]):
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
