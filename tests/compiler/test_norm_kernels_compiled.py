@@ -222,3 +222,33 @@ def test_a_layer_norm_over_one_element_has_eagers_exact_zero_gradient_compiled(
         np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(want[zeros]))
     assert compiler.counters.step_runs == 2 and not compiler.counters.step_breaks
     assert (compiler.counters.native_runs > 0) == native, compiler.counters
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_layer_norm_over_one_element_has_eagers_exact_zero_gradient_under_compiled_autograd(
+    dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backward of an eager layer norm over one element, captured by compiled autograd
+    (the rule's composite, ``ops.norms.norm_grads``) and run as generated code: eager's exact
+    +0, NaN where ``x`` or ``g`` is not finite (fuzz seed 1005180: 1.8e-14 in float64)."""
+    monkeypatch.setattr(compiler.config, "interpreter_max_elements", 0)  # (generated code)
+    pairs = [(x, g) for x in _ONE_ELEMENT_X for g in _ONE_ELEMENT_G]
+    x_rows = np.array([[x] for x, _ in pairs], dtype=dtype)
+    g_rows = fg.tensor(np.array([[g] for _, g in pairs], dtype=dtype))
+    results = []
+    for compiled in (False, True, True):
+        x = fg.tensor(x_rows, requires_grad=True)
+        w = fg.tensor(np.array([0.7], dtype=dtype), requires_grad=True)
+        y = nn.functional.layer_norm(x, (1,), w)
+        if compiled:
+            with compiler.compiled_autograd():
+                y.backward(g_rows)
+        else:
+            y.backward(g_rows)
+        results.append((x.grad.numpy(), w.grad.numpy()))
+    for got, want in zip(results[2], results[0]):
+        np.testing.assert_array_equal(got, want)
+        zeros = want == 0
+        np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(want[zeros]))
+    assert compiler.counters.captures == 1 and compiler.counters.compiled_runs == 2
+    assert not compiler.counters.fallbacks, compiler.counters

@@ -245,13 +245,16 @@ def test_the_composite_over_one_element_gives_the_kernels_bits(dtype: str) -> No
         np.testing.assert_allclose(
             gx, t.grad.numpy(), rtol=0, atol=1e-4 if dtype == "float32" else 1e-12
         )
-    # create_graph: the input's gradient, differentiated again, is 0 as well
-    t = fg.tensor(x[finite][:, None], requires_grad=True)
-    with fused_norm_kernels(False):
-        out = F.layer_norm(t, (1,), fg.tensor(w, requires_grad=True))
-        (gt,) = fg.autograd.grad(out, t, fg.tensor(g[finite][:, None]), create_graph=True)
-        (ggt,) = fg.autograd.grad(gt.sum(), t, allow_unused=True, materialize_grads=True)
-    assert not gt.detach().numpy().any() and not ggt.numpy().any()
+    # create_graph (the kernel's rule then takes the composite, ``norm_grads``): the input's
+    # gradient, differentiated again, is 0 as well
+    for fused in (True, False):
+        t = fg.tensor(x[finite][:, None], requires_grad=True)
+        with fused_norm_kernels(fused):
+            out = F.layer_norm(t, (1,), fg.tensor(w, requires_grad=True))
+            (gt,) = fg.autograd.grad(out, t, fg.tensor(g[finite][:, None]), create_graph=True)
+            (ggt,) = fg.autograd.grad(gt.sum(), t, allow_unused=True, materialize_grads=True)
+        assert not gt.detach().numpy().any() and not ggt.numpy().any()
+        assert not np.signbit(gt.detach().numpy()).any()
 
 
 @pytest.mark.parametrize("need", ["x", "w", "b", "wb", "xb"])

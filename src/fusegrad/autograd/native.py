@@ -42,6 +42,7 @@ from .. import dtypes as _dtypes
 from ..ops import convolution as _convolution
 from ..ops import extra as _extra
 from ..ops import functional as _functional
+from ..ops import norms as _norms
 from ..ops import reduction as _reduction
 from ..ops.convolution import col2im, conv_columns, windows
 from ..ops.creation import full, ones_like, zeros_like
@@ -151,7 +152,7 @@ def normalize(
 
     xs = _channels_view(x, groups)
     mean = xs.mean(dims, keepdim=True)
-    centred = _centred(xs, mean, dims)
+    centred = _norms.centred(xs, mean, dims)
     var = (centred * centred).mean(dims, keepdim=True)
     rstd = (var + eps).rsqrt()
     out = centred * rstd
@@ -228,11 +229,11 @@ class _Normalization(Function):
                 # create_graph: the statistics again, from the input, so that the next
                 # derivative sees how they depend on it (the saved ones carry no history)
                 mean = xs.sum(dims, keepdim=True) * per_count
-                centred = _centred(xs, mean, dims)
+                centred = _norms.centred(xs, mean, dims)
                 var = (centred * centred).sum(dims, keepdim=True) * per_count
                 rstd = (var + eps).rsqrt()
             else:
-                centred = _centred(xs, mean, dims)
+                centred = _norms.centred(xs, mean, dims)
             normed = centred * rstd
             if need[1]:
                 full = normed if groups is None else normed.reshape(g.shape)
@@ -241,8 +242,8 @@ class _Normalization(Function):
                 if weight is not None:
                     g = g * (weight if param_shape is None else weight.reshape(param_shape))
                 gs = _channels_view(g, groups)
-                if _one_element(xs, dims):
-                    gx = _one_element_gradient(gs, xs, rstd)
+                if _norms.one_element(xs, dims):
+                    gx = _norms.one_element_gradient(gs, xs, rstd)
                 else:
                     # rstd (gs - mean(gs) - normed mean(gs normed)) as gs rstd + x beta + gamma
                     # per statistic, so that infinities give the fused kernels' NaN and inf
@@ -256,35 +257,6 @@ class _Normalization(Function):
                 if groups is not None:
                     gx = gx.reshape(g.shape)
         return gx, gw, gb, None, None, None, None, None, None, None, None
-
-
-def _one_element(xs: Tensor, dims: tuple) -> bool:
-    """Whether each statistic is over one element (a layer norm with ``normalized_shape``
-    (1,), a group norm with one element per group).  Sizes 1 are never symbols in a compiled
-    capture (``compiler/symbolic.py``): the answer holds for every call of its program."""
-    return all(xs.shape[d] == 1 for d in dims)
-
-
-def _centred(xs: Tensor, mean: Tensor, dims: tuple) -> Tensor:
-    """``x - mean``; over one element ``x * 0 + 0``: +0, NaN for an infinite or NaN ``x``, as
-    the fused kernels' ``x - mean`` (the mean of ``-0.0`` sums to +0 here: ``x - mean`` gave
-    -0) and PyTorch's."""
-    if _one_element(xs, dims):
-        return xs * 0.0 + 0.0
-    return xs - mean
-
-
-def _one_element_gradient(gs: Tensor, xs: Tensor, rstd: Tensor) -> Tensor:
-    """The input's gradient of a norm over one element: its output is constant (the shift), so
-    the gradient is exactly +0, NaN where ``g w`` or ``x`` is not finite or ``rstd`` is
-    infinite (``eps`` 0), as the layer norm's fused kernel (``ops/norm_kernels``) gives it
-    (PyTorch's: the same, or the rounding error of a product its kernel contracts; the group
-    norm's kernels leave that of ``g w / w``, docs/numerics.md).  Only products by 0: the
-    general form (``gs rstd - rstd mean(gs) + ...``) cancels a product against its own
-    rounded value, which compiled code contracts into an FMA that leaves the product's
-    rounding error (1e-14 in float64, 1e-6 in float32), amplified by later ops (native fuzz
-    seeds 3000330, 1009234).  ``+ 0.0``: +0, as the kernel's ``-0 + 0``."""
-    return (gs * 0.0 + xs * 0.0) * rstd + 0.0
 
 
 def _sum_over(t: Tensor, dims: tuple) -> Tensor:
