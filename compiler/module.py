@@ -240,6 +240,31 @@ def _nodes_below(starts: list, stops: frozenset = frozenset()) -> Iterator[Node]
         stack.extend(c for c, nr in n._edges if c is not None and (id(c), nr) not in stops)
 
 
+def _freed_by_cut(roots: list, ran: list, targets: list, inner: list) -> frozenset:
+    """The positions among ``roots`` from which a backward reaches a node that saved something
+    and that a backward from ``ran`` (some of the roots), with respect to ``targets`` and
+    stopped at the ``inner`` outputs, runs -- the nodes the engine runs: below ``ran`` without
+    crossing the inner outputs' edges, on a path to a target (``engine._needed``); a target
+    itself only where it leads on to another."""
+    stops = frozenset((id(t.grad_fn), t._output_nr) for t in inner if t.grad_fn is not None)
+    below = list(_nodes_below([r.grad_fn for r in ran], stops))
+    ends = {node for node, _ in (t._edge() for t in targets) if node is not None}
+    reachable = dict.fromkeys([*below, *(t.grad_fn for t in inner if t.grad_fn is not None)])
+    needed = _engine._needed(reachable, ends)
+    freed = {
+        n
+        for n in below
+        if n in needed
+        and (n not in ends or any(c in needed for c, _ in n._edges))
+        and getattr(n, "_saved", None)
+    }
+    if not freed:
+        return frozenset()
+    return frozenset(
+        k for k, r in enumerate(roots) if any(n in freed for n in _nodes_below([r.grad_fn]))
+    )
+
+
 def _shares_nodes(roots: list, inner: list) -> bool:
     """Whether a backward from ``roots`` stopped at the ``inner`` outputs may run a node that
     the inner outputs' own backward runs too (a path from the outer outputs to an input that
@@ -823,7 +848,7 @@ class AOTBackward(_ModuleNode):
         "_sizes",
         "_slots",
         "_state",
-        "_ran_cut",
+        "_freed_roots",
     )
     # (an inner node runs even when nothing from outside reaches it: it may hold the outer
     # outputs' gradients, deferred to it, ``_defer``)
@@ -856,9 +881,10 @@ class AOTBackward(_ModuleNode):
         self._redo = redo
         self._sizes = sizes  # the call's size vector (``dynamic``), or None
         # a backward stopped at the inner outputs ran this node without retaining the graph:
-        # eager's nodes between the outer and the inner outputs are freed then (the inner
-        # node, which shares ``state``, still runs)
-        self._ran_cut = False
+        # eager's nodes it ran are freed then.  Per such backward (its task id), the outputs
+        # (positions among the entry's roots) from which a later backward reaches one of
+        # those that saved something, and raises eager's error (``_ran_cut``)
+        self._freed_roots: list[tuple[int, frozenset]] = []
         # the outer outputs' gradients, deferred to this inner node by the outer one in the
         # running backward (``_defer``): (that backward's task, every output's gradient)
         self._deferred: tuple | None = None
@@ -878,7 +904,7 @@ class AOTBackward(_ModuleNode):
         inner = self._inner
         n_inner = len(inner._slots) if inner is not None else 0
         saved = self._state[0]
-        if self._ran_cut:
+        if self._freed_roots and self._reaches_freed(full):
             raise AutogradError(_freed_message)
         if saved is None:
             # freed by a backward through the whole module: a later one may still run the
@@ -903,9 +929,7 @@ class AOTBackward(_ModuleNode):
                 self._redo(tuple(full), mask and mask[: len(self._inputs)], inner._slots)
             )
             if not retain and not grad_mode.is_grad_enabled() and entry.saved_plan:
-                # (eager frees the nodes it ran: a later backward through them raises only
-                # where they saved something; fuzz seed 40280: flip, cumsum, neg save nothing)
-                self._ran_cut = getattr(self._redo, "cut_saves", True)
+                self._ran_cut(getattr(self._redo, "cut_freed", None))
             return result
         mask = _needed_edges(self)
         if mask is not None:
@@ -931,6 +955,34 @@ class AOTBackward(_ModuleNode):
             # frees only the nodes it ran; one from the outer outputs ran through all of them)
             self._state[0] = None
         return (*result, *(None,) * n_inner)
+
+    def _ran_cut(self, freed: frozenset | None) -> None:
+        """A backward stopped at the inner outputs ran without retaining the graph: eager
+        frees the nodes it ran, so a later backward raises eager's error where it reaches one
+        of those that saved something, and only there (fuzz seed 40280: flip, cumsum, neg save
+        nothing; seed 3005251: a later backward from another outer output, through nodes the
+        first did not run).  ``freed``: the outputs such a backward starts from (the redo's
+        ``cut_freed``; None: all of them).  Both nodes of the call keep it: a later backward
+        from the inner outputs reaches what the cut ran below them too (not the running one:
+        the inner node runs the rest of it)."""
+        if freed is None:
+            freed = frozenset(range(len(self._entry.root_slots)))
+        if freed:
+            task = _engine.current_graph_task_id()
+            for node in (self, self._inner):
+                if node is not None:
+                    node._freed_roots.append((task, freed))
+
+    def _reaches_freed(self, full: list) -> bool:
+        """Whether a backward with the outputs' gradients ``full`` starts from an output from
+        which an earlier backward's freed nodes are reached (``_ran_cut``)."""
+        task = _engine.current_graph_task_id()
+        return any(
+            full[k] is not None
+            for ran_in, freed in self._freed_roots
+            if ran_in != task
+            for k in freed
+        )
 
     def _defer(self, full: list, n_inner: int) -> bool:
         """Hand the outer outputs' gradients ``full`` on to the inner outputs' node, when the
@@ -1317,12 +1369,11 @@ class OptimizedModule(Module):
             pairs = [(r, g) for r, g in zip(roots, grads) if g is not None]
             if cut is not None:  # (``AOTBackward``: the outer outputs' backward, stopped)
                 inner = [roots[k] for k in cut]
-                # whether eager's nodes between the outer and the inner outputs save anything:
-                # a backward without retain_graph frees only those (``AOTBackward._ran_cut``)
-                stops = frozenset((id(t.grad_fn), t._output_nr) for t in inner)
-                outer = [r.grad_fn for r, _ in pairs]
-                redo.cut_saves = any(  # type: ignore[attr-defined]
-                    getattr(n, "_saved", None) for n in _nodes_below(outer, stops)
+                # which outputs a later backward would start from to reach a node this one
+                # runs that saved something: a backward without retain_graph frees those
+                # (``AOTBackward._ran_cut``)
+                redo.cut_freed = _freed_by_cut(  # type: ignore[attr-defined]
+                    roots, [r for r, _ in pairs], [*inputs, *inner], inner
                 )
                 found = _engine.run_backward(
                     [r for r, _ in pairs],

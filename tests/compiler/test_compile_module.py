@@ -789,3 +789,150 @@ def test_a_cut_through_nodes_that_save_nothing_leaves_a_second_backward_running(
         results.append([g.numpy().copy() for g in gs] + [x.grad.numpy().copy()])
     for got, want in zip(results[1], results[0]):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+class _TwoLossHeads(nn.Module):
+    """Returns ``(h, loss, e)``, the loss and ``e`` each computed from ``h`` by ops that save
+    what they read (tanh, pow; exp)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3, dtype=fg.float64)
+
+    def forward(self, x: fg.Tensor) -> tuple:
+        h = self.fc(x)
+        return h, (h.tanh() ** 2).sum(), h.exp()
+
+
+@pytest.mark.parametrize("replayed", [False, True], ids=["recorded", "replayed"])
+def test_a_cut_frees_only_the_nodes_it_ran_for_a_later_backward_from_another_output(
+    replayed: bool,
+) -> None:
+    """Fuzz seed 3005251: ``autograd.grad(loss, [h])`` stops at the inner output ``h`` and
+    frees only the loss's nodes; a later backward from the other outer output ``e`` runs
+    nodes that backward did not run, and runs in eager (compiled, it raised "backward through
+    the graph a second time"); a later one from the loss raises in both."""
+    results = []
+    for compiled in (False, True):
+        fg.manual_seed(0)
+        m = _TwoLossHeads()
+        net = fg.compile(m) if compiled else m
+        x = _x(requires_grad=True)
+        for _ in range(2 if replayed else 0):  # (recorded, then replayed from here on)
+            net(x)
+        h, loss, e = net(x)
+        (d_h,) = fg.autograd.grad(loss, [h])
+        (e * 0.5).sum().backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second"):
+            loss.backward()
+        results.append([d_h.numpy(), x.grad.numpy(), m.fc.weight.grad.numpy()])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+class _SharedBelow(nn.Module):
+    """Returns ``(h, loss)``, the loss computed from ``h`` and from ``a``, which ``h`` is
+    computed from (``a``'s tanh saves its output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3, dtype=fg.float64)
+
+    def forward(self, x: fg.Tensor) -> tuple:
+        a = self.fc(x).tanh()
+        h = a * 2.0
+        return h, (h**2).sum() + a.sum()
+
+
+@pytest.mark.parametrize("replayed", [False, True], ids=["recorded", "replayed"])
+def test_a_cut_that_ran_nodes_below_the_inner_output_frees_them_for_its_backward(
+    replayed: bool,
+) -> None:
+    """``autograd.grad(loss, [h, fc.weight])`` runs ``a``'s tanh node by the loss's path
+    around the inner output ``h`` (and frees it): a later ``h.sum().backward()`` reaches it
+    and raises eager's error (compiled, it ran)."""
+    results = []
+    for compiled in (False, True):
+        fg.manual_seed(0)
+        m = _SharedBelow()
+        net = fg.compile(m) if compiled else m
+        x = _x()
+        for _ in range(2 if replayed else 0):  # (recorded, then replayed from here on)
+            net(x)
+        h, loss = net(x)
+        gs = fg.autograd.grad(loss, [h, m.fc.weight])
+        with pytest.raises(RuntimeError, match="backward through the graph a second"):
+            h.sum().backward()
+        results.append([g.numpy() for g in gs])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+class _Twice(fg.autograd.Function):
+    """``2 x``, saving ``x`` (a custom Function: its backward runs without gradients too)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: fg.Tensor) -> fg.Tensor:
+        ctx.save_for_backward(x)
+        return x * 2.0
+
+    @staticmethod
+    def backward(ctx: Any, g: fg.Tensor) -> fg.Tensor:
+        (x,) = ctx.saved_tensors
+        return g * 2.0
+
+
+class _FunctionHead(nn.Module):
+    """Returns ``(h, loss)``, ``h`` made by custom Functions, the loss computed from it."""
+
+    def forward(self, x: fg.Tensor) -> tuple:
+        h = _Twice.apply(_Twice.apply(x.mean(0, keepdim=True)))
+        return h, (h * h).sum()
+
+
+def test_a_cut_at_an_output_a_custom_function_made_runs_nothing_below_it() -> None:
+    """``autograd.grad(loss, [h, x])`` stops the loss's backward at the inner output ``h``,
+    whose node is a custom Function's: it must not run there (a Function's backward runs
+    without gradients too: its zeros flowed on below the cut, ran ``mean``'s node and freed
+    it, and the inner output's own backward raised "backward through the graph a second time"
+    on the recorded call)."""
+    results = []
+    for compiled in (False, True):
+        net = fg.compile(_FunctionHead()) if compiled else _FunctionHead()
+        for _ in range(3):  # (recorded, then replayed)
+            x = fg.tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+            h, loss = net(x)
+            results.append([g.numpy() for g in fg.autograd.grad(loss, [h, x])])
+    for got, want in zip(results[3:], results[:3]):
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+class _WritesIntoLogSoftmax(nn.Module):
+    """Writes into its log_softmax's result in place (fuzz seed 1009962)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3, dtype=fg.float64)
+
+    def forward(self, x: fg.Tensor) -> fg.Tensor:
+        y = nn.functional.log_softmax(self.fc(x), -1)
+        y.masked_fill_(y > -1.0, -1.0)
+        return y
+
+
+def test_a_write_into_a_log_softmax_result_fails_the_backward_as_in_eager() -> None:
+    """The recorded forward's log_softmax saves its result, as eager's: the in-place write
+    into it fails the backward with eager's error on every call (the composite the
+    recording ran saved none, and the compiled module ran on: fuzz seeds 1000552, 1005447,
+    1009384, 1009962)."""
+    messages = []
+    for compiled in (False, True):
+        fg.manual_seed(0)
+        m = _WritesIntoLogSoftmax()
+        net = fg.compile(m) if compiled else m
+        for _ in range(3):
+            with pytest.raises(RuntimeError, match="modified by an inplace operation") as info:
+                net(_x()).sum().backward()
+            messages.append(str(info.value))
+    assert len(set(messages)) == 1, messages

@@ -176,3 +176,79 @@ def test_only_the_bias_needs_a_gradient_under_compiled_autograd(layer: str) -> N
             (m(x) * 2.0).square().sum().backward()
         grads.append(m.bias.grad.numpy().copy())
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-5, atol=1e-6)
+
+
+# rows of (x, g) for a layer norm over one element: finite, signed zeros, infinities, NaN
+_ONE_ELEMENT_X = [0.4034, -3.0, -0.0, 0.0, 1e30, np.inf, -np.inf, np.nan]
+_ONE_ELEMENT_G = [-0.134, 2.5, -0.0, np.inf, np.nan]
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["steps", "native"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_layer_norm_over_one_element_has_eagers_exact_zero_gradient_compiled(
+    dtype: str, native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A layer norm over one element is constant: its input's gradient is exactly +0 (NaN
+    where ``x`` or ``g`` is not finite), as eager's fused kernels and PyTorch give it.  The
+    compiled composite took ``gs rstd - rstd mean(gs)``, contracted into an FMA in generated
+    code: the product's rounding error (1e-14 float64, 1e-6 float32; native fuzz seeds 3000330,
+    3005088, 3005370, 1009234, 1000892, where later ops amplified it).  Forward values too,
+    bit for bit (signed zeros included)."""
+    monkeypatch.setattr(compiler.config, "native_programs", native)
+    pairs = [(x, g) for x in _ONE_ELEMENT_X for g in _ONE_ELEMENT_G]
+    x_rows = np.array([[x] for x, _ in pairs], dtype=dtype)
+    g_rows = np.array([[g] for _, g in pairs], dtype=dtype)
+
+    def step(x: fg.Tensor, w: fg.Tensor, b: fg.Tensor, g: fg.Tensor) -> fg.Tensor:
+        y = nn.functional.layer_norm((x * 2.0) * 0.5, (1,), w, b)  # (history, exact)
+        y.backward(g)
+        return y.detach()
+
+    results = []
+    for fn in (step, fg.compile(step)):
+        for _ in range(3):  # (compiled: recorded, then replayed)
+            x = fg.tensor(x_rows, requires_grad=True)
+            w = fg.tensor(np.array([0.7], dtype=dtype), requires_grad=True)
+            b = fg.tensor(np.array([0.2], dtype=dtype), requires_grad=True)
+            y = fn(x, w, b, fg.tensor(g_rows))
+        results.append((y.numpy(), x.grad.numpy(), w.grad.numpy(), b.grad.numpy()))
+    finite = np.isfinite(x_rows) & np.isfinite(g_rows)
+    eager_gx = results[0][1]
+    assert not eager_gx[finite].any()
+    assert np.isnan(eager_gx[~finite]).all()
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_array_equal(got, want)
+        zeros = want == 0
+        np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(want[zeros]))
+    assert compiler.counters.step_runs == 2 and not compiler.counters.step_breaks
+    assert (compiler.counters.native_runs > 0) == native, compiler.counters
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_layer_norm_over_one_element_has_eagers_exact_zero_gradient_under_compiled_autograd(
+    dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backward of an eager layer norm over one element, captured by compiled autograd
+    (the rule's composite, ``ops.norms.norm_grads``) and run as generated code: eager's exact
+    +0, NaN where ``x`` or ``g`` is not finite (fuzz seed 1005180: 1.8e-14 in float64)."""
+    monkeypatch.setattr(compiler.config, "interpreter_max_elements", 0)  # (generated code)
+    pairs = [(x, g) for x in _ONE_ELEMENT_X for g in _ONE_ELEMENT_G]
+    x_rows = np.array([[x] for x, _ in pairs], dtype=dtype)
+    g_rows = fg.tensor(np.array([[g] for _, g in pairs], dtype=dtype))
+    results = []
+    for compiled in (False, True, True):
+        x = fg.tensor(x_rows, requires_grad=True)
+        w = fg.tensor(np.array([0.7], dtype=dtype), requires_grad=True)
+        y = nn.functional.layer_norm(x, (1,), w)
+        if compiled:
+            with compiler.compiled_autograd():
+                y.backward(g_rows)
+        else:
+            y.backward(g_rows)
+        results.append((x.grad.numpy(), w.grad.numpy()))
+    for got, want in zip(results[2], results[0]):
+        np.testing.assert_array_equal(got, want)
+        zeros = want == 0
+        np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(want[zeros]))
+    assert compiler.counters.captures == 1 and compiler.counters.compiled_runs == 2
+    assert not compiler.counters.fallbacks, compiler.counters

@@ -206,6 +206,57 @@ def test_composite_path_agrees(kind: str, shape: tuple, arg: Any) -> None:
         np.testing.assert_allclose(a, e, rtol=1e-4, atol=2e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_composite_over_one_element_gives_the_kernels_bits(dtype: str) -> None:
+    """A layer norm over one element: the composite (what compiled programs, CUDA and other
+    dtypes run) gives the fused kernels' bits -- the shift forward (+0 before it, also for
+    ``x = -0.0``, where ``x - mean`` gave -0; NaN for an infinite or NaN ``x``), and an input
+    gradient of exactly +0, NaN where ``x`` or ``g`` is not finite (as PyTorch's, up to the
+    rounding of a product its kernel contracts); differentiated again (``create_graph``), 0
+    too.  Its backward multiplies by 0 only: the general form cancels a product against its
+    rounded value, which compiled code contracts into an FMA (native fuzz seeds 3000330,
+    1009234: 1e-14 in float64; tests/compiler/test_norm_kernels_compiled.py)."""
+    values = [0.4034, -3.0, -0.0, 0.0, np.inf, -np.inf, np.nan]
+    grads = [-0.134, 2.5, -0.0, np.inf, np.nan]
+    x = np.array([[v] for v in values for _ in grads], dtype=dtype)
+    g = np.array([[v] for _ in values for v in grads], dtype=dtype)
+    w, b = np.array([0.7], dtype=dtype), np.array([0.2], dtype=dtype)
+    results = []
+    for fused in (True, False):
+        ts = [fg.tensor(v, requires_grad=True) for v in (x, w)]
+        with fused_norm_kernels(fused):
+            out = F.layer_norm(ts[0], (1,), ts[1], fg.tensor(b))
+            no_bias = F.layer_norm(ts[0].detach(), (1,))
+        assert _uses_kernel(out) == fused
+        out.backward(fg.tensor(g))
+        results.append([out.detach().numpy(), no_bias.numpy()] + [t.grad.numpy() for t in ts])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_array_equal(got, want)
+        zeros = want == 0
+        np.testing.assert_array_equal(np.signbit(got[zeros]), np.signbit(want[zeros]))
+    finite = np.isfinite(x) & np.isfinite(g)
+    gx = results[1][2]
+    assert not gx[finite].any() and np.isnan(gx[~finite]).all()
+    if torch is not None:  # (0 too, or where its kernel contracts a product, its rounding)
+        t = torch.tensor(x, requires_grad=True)
+        torch.nn.functional.layer_norm(t, (1,), torch.tensor(w), torch.tensor(b)).backward(
+            torch.tensor(g)
+        )
+        np.testing.assert_allclose(
+            gx, t.grad.numpy(), rtol=0, atol=1e-4 if dtype == "float32" else 1e-12
+        )
+    # create_graph (the kernel's rule then takes the composite, ``norm_grads``): the input's
+    # gradient, differentiated again, is 0 as well
+    for fused in (True, False):
+        t = fg.tensor(x[finite][:, None], requires_grad=True)
+        with fused_norm_kernels(fused):
+            out = F.layer_norm(t, (1,), fg.tensor(w, requires_grad=True))
+            (gt,) = fg.autograd.grad(out, t, fg.tensor(g[finite][:, None]), create_graph=True)
+            (ggt,) = fg.autograd.grad(gt.sum(), t, allow_unused=True, materialize_grads=True)
+        assert not gt.detach().numpy().any() and not ggt.numpy().any()
+        assert not np.signbit(gt.detach().numpy()).any()
+
+
 @pytest.mark.parametrize("need", ["x", "w", "b", "wb", "xb"])
 def test_only_the_wanted_gradients(need: str) -> None:
     rng = np.random.default_rng(9)

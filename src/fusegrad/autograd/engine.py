@@ -201,6 +201,19 @@ def _discover(root_nodes: list[Node]) -> dict:
     return deps
 
 
+def _reach(root_nodes: list, cut: frozenset) -> set:
+    """The nodes reachable from the roots along edges not in ``cut``."""
+    seen = set(root_nodes)
+    stack = list(root_nodes)
+    while stack:
+        for edge in stack.pop()._edges:
+            nxt = edge[0]
+            if nxt is not None and nxt not in seen and edge not in cut:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
+
+
 def _needed(reachable: dict, targets: set) -> set:
     """The reachable nodes from which some target can be reached (targets included)."""
     parents: dict = {}
@@ -287,6 +300,7 @@ class _Task:
         "id",
         "inputs",
         "needed",
+        "reach",
         "retain_graph",
     )
 
@@ -309,6 +323,9 @@ class _Task:
         self.buffers: dict = {}
         # captured edges whose gradient stops there: it does not flow on into the node
         self.cut = cut
+        # with a cut: the nodes reached from the roots without crossing it (``_reach``); no
+        # other node runs
+        self.reach: set | None = None
         self.retain_graph = retain_graph
         self.create_graph = create_graph
         self.accumulate = accumulate
@@ -512,6 +529,8 @@ def _execute(
     task = _Task(
         retain_graph, create_graph, accumulate, inputs, needed, capture, executor, deps, cut
     )
+    if cut:
+        task.reach = _reach(root_nodes, cut)
 
     # node -> the summed incoming gradients: for a node of one output (``_ONE_OUTPUT``: nearly
     # all) the gradient itself, otherwise a list of one per output (None where none came)
@@ -781,6 +800,11 @@ def _run_node(node: Node, grads: list, task: _Task) -> tuple | None:
                     g,
                     task.create_graph,
                 )
+    # below a cut only (a cut node itself, once its gradient is captured): nothing flows
+    # there, and nothing runs -- not even a node that runs without gradients (a custom
+    # Function's, whose zeros would flow on and free the nodes they reach)
+    if task.reach is not None and node not in task.reach:
+        return None
     # a target whose own inputs lead to no other target: its gradient is all that is needed
     is_leaf_write = isinstance(node, AccumulateGrad) and task.accumulate
     if (

@@ -1,5 +1,5 @@
-"""conv2d and the normalisation layers as single backward nodes that save what PyTorch's native
-ops save, and only for the gradients that will be computed.
+"""conv2d, the normalisation layers and log_softmax as single backward nodes that save what
+PyTorch's native ops save, and only for the gradients that will be computed.
 
 Their forwards are composites of primitives (im2col and a matmul; means and a reciprocal
 square root).  Recorded primitive by primitive, every node of such a composite saves its own
@@ -11,7 +11,9 @@ per-primitive nodes), which saves
   (PyTorch's ``ConvolutionBackward0`` keeps both always);
 * the normalisations: the input, the per-row mean and reciprocal standard deviation (for the
   input's and the weight's gradients) and the weight (for the input's), as
-  ``NativeLayerNormBackward0`` / ``NativeBatchNormBackward0`` / ``NativeGroupNormBackward0`` do.
+  ``NativeLayerNormBackward0`` / ``NativeBatchNormBackward0`` / ``NativeGroupNormBackward0`` do;
+* log_softmax: its result, as ``LogSoftmaxBackward0`` does (the composite's nodes kept
+  ``exp(x - max)`` and the sum, and an in-place write into the result went unnoticed).
 
 The backwards are written with fusegrad ops on the saved values: they differentiate again
 (``create_graph``; the statistics are then recomputed from the saved input, so that their own
@@ -19,11 +21,13 @@ dependence on it is seen), compiled autograd traces them like derivative rules a
 and whole compiled steps take them in (``compiler/functions.py``).  Callers use the Functions
 only when a graph is recorded and no forward-mode AD level is active (whose tangents the
 composites' primitive rules give); otherwise they run the composite directly.  The norm
-layers use these Functions only where their fused primitives (``ops/norms.py``) do not run:
-CUDA tensors, dtypes other than float32/float64, and layer_norm inside compiled programs.
+layers and log_softmax use these Functions only where their fused primitives
+(``ops/norms.py``, ``ops/classification.py``) do not run: CUDA tensors, dtypes other than
+float32/float64, and layer_norm and log_softmax inside compiled programs.
 
 This module sits above the op surface and ``autograd.function`` (which imports ``ops``), so
 ``ops.functional`` cannot import it: importing it hands it to ``functional.install_native``
+(and ``reduction``'s, ``extra``'s, ``convolution``'s)
 (``fusegrad.autograd`` imports it after ``function``), as ``autograd.api`` installs
 ``Tensor.backward``.
 """
@@ -38,6 +42,8 @@ from .. import dtypes as _dtypes
 from ..ops import convolution as _convolution
 from ..ops import extra as _extra
 from ..ops import functional as _functional
+from ..ops import norms as _norms
+from ..ops import reduction as _reduction
 from ..ops.convolution import col2im, conv_columns, windows
 from ..ops.creation import full, ones_like, zeros_like
 from ..ops.elementwise import where
@@ -146,7 +152,7 @@ def normalize(
 
     xs = _channels_view(x, groups)
     mean = xs.mean(dims, keepdim=True)
-    centred = xs - mean
+    centred = _norms.centred(xs, mean, dims)
     var = (centred * centred).mean(dims, keepdim=True)
     rstd = (var + eps).rsqrt()
     out = centred * rstd
@@ -223,11 +229,11 @@ class _Normalization(Function):
                 # create_graph: the statistics again, from the input, so that the next
                 # derivative sees how they depend on it (the saved ones carry no history)
                 mean = xs.sum(dims, keepdim=True) * per_count
-                centred = xs - mean
+                centred = _norms.centred(xs, mean, dims)
                 var = (centred * centred).sum(dims, keepdim=True) * per_count
                 rstd = (var + eps).rsqrt()
             else:
-                centred = xs - mean
+                centred = _norms.centred(xs, mean, dims)
             normed = centred * rstd
             if need[1]:
                 full = normed if groups is None else normed.reshape(g.shape)
@@ -236,14 +242,18 @@ class _Normalization(Function):
                 if weight is not None:
                     g = g * (weight if param_shape is None else weight.reshape(param_shape))
                 gs = _channels_view(g, groups)
-                # rstd (gs - mean(gs) - normed mean(gs normed)) in the fused kernels' form
-                # (``ops/norm_kernels``: gs rstd + x beta + gamma, per statistic), so that
-                # infinities give their NaN and inf (fuzz seed 20485)
-                gs_mean = gs.sum(dims, keepdim=True) * per_count
-                proj = (gs * centred).sum(dims, keepdim=True) * per_count * rstd
-                beta = -(rstd * rstd * proj)
-                gamma = -(beta * mean) - rstd * gs_mean
-                gx = gs * rstd + (xs * beta + gamma)
+                if _norms.one_element(xs, dims):
+                    gx = _norms.one_element_gradient(gs, xs, rstd)
+                else:
+                    # rstd (gs - mean(gs) - normed mean(gs normed)) as gs rstd + x beta + gamma
+                    # per statistic, so that infinities give the fused kernels' NaN and inf
+                    # (fuzz seed 20485, when ``ops/norm_kernels`` took this form; they now
+                    # take rstd (gs - mean(gs)) + beta (x - mean))
+                    gs_mean = gs.sum(dims, keepdim=True) * per_count
+                    proj = (gs * centred).sum(dims, keepdim=True) * per_count * rstd
+                    beta = -(rstd * rstd * proj)
+                    gamma = -(beta * mean) - rstd * gs_mean
+                    gx = gs * rstd + (xs * beta + gamma)
                 if groups is not None:
                     gx = gx.reshape(g.shape)
         return gx, gw, gb, None, None, None, None, None, None, None, None
@@ -263,6 +273,37 @@ class BatchNorm(_Normalization):
 
 class GroupNorm(_Normalization):
     _node_name = "NativeGroupNormBackward0"
+
+
+def records_log_softmax(x: Tensor) -> bool:
+    """Whether ``log_softmax`` of ``x``, where its fused primitive does not run, records its
+    node here (``LogSoftmax``): when a graph is recorded and no forward-AD level is active
+    (whose tangents the composite's primitives carry), as the norm layers'."""
+    return _functional._records(x)
+
+
+class LogSoftmax(Function):
+    """``log_softmax``'s composite (``ops.reduction._log_softmax_composite``) as one node that
+    saves its result, as PyTorch's ``LogSoftmaxBackward0`` and the fused primitive's rule do:
+    an in-place write into the result then fails the backward with eager's error, where the
+    composite's own nodes saved ``exp(x - max)`` and the sum and did not see it (fuzz seeds
+    1000552, 1005447, 1009384, 1009962: whole steps and compiled modules, which record the
+    composite).  The backward is the fused rule's, ``g - exp(out) sum(g)``, in the op surface:
+    differentiable again, and fused by the compilers."""
+
+    _node_name = "LogSoftmaxBackward0"
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, dim: int) -> Tensor:
+        out = _owned(_reduction._log_softmax_composite(x, dim))
+        ctx.save_for_backward(out)
+        ctx.dim = dim
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple:
+        (out,) = ctx.saved_tensors
+        return g - out.exp() * g.sum(ctx.dim, keepdim=True), None
 
 
 class ScatterReduce(Function):
@@ -342,5 +383,6 @@ def _prod_backward(ctx: Any, g: Tensor) -> tuple:
 
 
 _functional.install_native(sys.modules[__name__])
+_reduction.install_native(sys.modules[__name__])
 _extra.install_native(sys.modules[__name__])
 _convolution.install_native(sys.modules[__name__])

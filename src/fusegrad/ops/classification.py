@@ -16,10 +16,13 @@ When the composites run instead (``fused_classification_runs``): inputs that are
 float32 / float64 arrays of one dtype, an empty input or class dim, a forward-AD level (the
 composites carry the tangents), a weight that requires grad (the composite differentiates
 it), and calls a compiler records or captures (``Tracer.prefers_composites``: the composite
-fuses into row kernels with its neighbours).  The rules compute their gradients in the op
-surface where a graph of the gradient is wanted (``create_graph``); a compiler's capture takes
-that form too, and there ``nll_loss`` without class weights indexes nothing (its sizes stay
-symbolic), while class weights, indexed by the targets, make the capture concrete-sized.
+fuses into row kernels with its neighbours).  Where a graph is recorded, the composite
+``log_softmax`` runs inside one node that saves its result as the primitive's rule does
+(``autograd.native.LogSoftmax``: an in-place write into the result fails its backward).  The
+rules compute their gradients in the op surface where a graph of the gradient is wanted
+(``create_graph``); a compiler's capture takes that form too, and there ``nll_loss``
+without class weights indexes nothing (its sizes stay symbolic), while class weights, indexed
+by the targets, make the capture concrete-sized.
 """
 
 from __future__ import annotations

@@ -270,6 +270,37 @@ def _reduced_view(x: Tensor, layout: str, groups: int | None, dims: int) -> tupl
     return view, ((0, 2) if layout == "batch" else (2,))
 
 
+def one_element(xs: Tensor, reduce: tuple) -> bool:
+    """Whether each statistic of ``xs`` (over its dims ``reduce``) is over one element: a
+    layer norm with ``normalized_shape`` (1,), a group norm with one element per group.  Sizes
+    1 are never symbols in a compiled capture (``compiler/symbolic.py``): the answer holds for
+    every call of its program."""
+    return all(xs.shape[d] == 1 for d in reduce)
+
+
+def centred(xs: Tensor, mean: Tensor, reduce: tuple) -> Tensor:
+    """``x - mean`` in the composites; over one element ``x * 0 + 0``: +0, NaN for an infinite
+    or NaN ``x``, as the kernels' ``x - mean`` and PyTorch's (the composite's mean of ``-0.0``
+    sums to +0: ``x - mean`` gave -0)."""
+    if one_element(xs, reduce):
+        return xs * 0.0 + 0.0
+    return xs - mean
+
+
+def one_element_gradient(gs: Tensor, xs: Tensor, rstd: Tensor) -> Tensor:
+    """The composites' input gradient of a norm over one element, ``gs`` being ``g w``: the
+    output is constant (the shift), so the gradient is exactly +0, NaN where ``g w`` or ``x``
+    is not finite or ``rstd`` infinite (``eps`` 0), as the layer norm's kernel gives it
+    (PyTorch's: the same, or the rounding error of a product its kernel contracts; the group
+    norm's kernel leaves that of ``g w / w``, docs/numerics.md).  Only products by 0: the
+    general form (``gs rstd - rstd mean(gs) + ...``) cancels a product against its own
+    rounded value, which generated code contracts into an FMA that leaves the product's
+    rounding error (1e-14 in float64, 1e-6 in float32), amplified by later ops (native fuzz
+    seeds 3000330, 1009234; fuzz seed 1005180 under compiled autograd).  ``+ 0.0``: +0, as
+    the kernel's ``-0 + 0``."""
+    return (gs * 0.0 + xs * 0.0) * rstd + 0.0
+
+
 def norm_grads(
     g: Tensor,
     x: Tensor,
@@ -292,12 +323,12 @@ def norm_grads(
     xs, reduce = _reduced_view(x, layout, groups, dims)
     if training:
         mu = xs.mean(reduce, keepdim=True)
-        centred = xs - mu
-        rstd = ((centred * centred).mean(reduce, keepdim=True) + eps).rsqrt()
+        diff = centred(xs, mu, reduce)
+        rstd = ((diff * diff).mean(reduce, keepdim=True) + eps).rsqrt()
     else:  # given statistics (batch layout): constants of the graph
-        centred = xs - mean.reshape(1, -1, 1)
+        diff = xs - mean.reshape(1, -1, 1)
         rstd = (var + eps).rsqrt().reshape(1, -1, 1)
-    xhat = centred * rstd
+    xhat = diff * rstd
     param_dims = tuple(range(x.ndim - dims)) if layout == "layer" else (0, *range(2, x.ndim))
     gx = gw = gb = None
     if need[2]:
@@ -311,12 +342,15 @@ def norm_grads(
         if weight is not None:
             gwt = g * (weight if layout == "layer" else weight.reshape(channel_shape))
         gs, _ = _reduced_view(gwt, layout, groups, dims)
-        if training:
-            # rstd (gs - mean(gs) - xhat mean(gs xhat)), in the kernels' form (``norm_kernels``:
-            # dx = gs rstd + x beta + gamma, per-statistic beta and gamma), so that infinities
-            # in the weight or the gradient give the kernels' NaN and inf (and PyTorch's)
+        if training and one_element(xs, reduce):
+            gx = one_element_gradient(gs, xs, rstd).reshape(x.shape)
+        elif training:
+            # rstd (gs - mean(gs) - xhat mean(gs xhat)), as dx = gs rstd + x beta + gamma with
+            # per-statistic beta and gamma (the kernels' form when written; ``norm_kernels``
+            # now takes each difference before its product), so that infinities in the weight
+            # or the gradient give the kernels' NaN and inf (and PyTorch's)
             m1 = gs.mean(reduce, keepdim=True)
-            m2 = (gs * centred).mean(reduce, keepdim=True) * rstd
+            m2 = (gs * diff).mean(reduce, keepdim=True) * rstd
             beta = -(rstd * rstd * m2)
             gamma = -(beta * mu) - rstd * m1
             gx = (gs * rstd + (xs * beta + gamma)).reshape(x.shape)

@@ -285,10 +285,28 @@ def log_softmax(input: Any, dim: int, dtype: Any = None) -> Tensor:
         return sub(x, logsumexp(x, d, keepdim=True))
     if _classification.fused_classification_runs(x):
         return apply(P["log_softmax"], (x,), {"dim": d})
-    # PyTorch's kernel's form (the fused primitive's): x - max - log(sum(exp(x - max))), the
-    # max a constant shift, so that a slice holding inf (or only -inf) is NaN throughout
+    if _native is not None and _native.records_log_softmax(x):
+        # one node that saves the result, as the fused primitive's (``autograd.native``)
+        return _native.LogSoftmax.apply(x, d)
+    return _log_softmax_composite(x, d)
+
+
+def _log_softmax_composite(x: Tensor, d: int) -> Tensor:
+    """``log_softmax`` of a float ``x`` along the (wrapped, non-empty) dim ``d`` in primitives,
+    PyTorch's kernel's form (the fused primitive's): ``x - max - log(sum(exp(x - max)))``, the
+    max a constant shift, so that a slice holding inf (or only -inf) is NaN throughout."""
     shifted = sub(x, amax(x, (d,), keepdim=True).detach())
     return sub(shifted, log(sum(exp(shifted), (d,), keepdim=True)))
+
+
+# ``autograd.native`` (above the op surface) hands itself over on import (see its docstring)
+_native: Any = None
+
+
+def install_native(module: Any) -> None:
+    """Called by ``fusegrad.autograd.native`` with itself."""
+    global _native
+    _native = module
 
 
 @_torch_node_name("CumprodBackward0")
