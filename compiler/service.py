@@ -721,6 +721,10 @@ class Service:
                 publish(program, origin=program)
                 current = later(to_larger, "generated code for the larger kernels") or program
             if remembered == 0:  # (an earlier trial kept the program of steps: no native one)
+                if current is not program:
+                    # the program that trial measured (its larger kernels generated) replaces
+                    # the first one as it did then: no trial again
+                    publish(current, origin=program)
                 return current
             # the program runs compiled from the next call on; the other candidate (its native
             # segments, or its larger kernels as generated code) compiles meanwhile (a second

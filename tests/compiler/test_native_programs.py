@@ -558,3 +558,33 @@ def test_native_products_call_numpys_blas_and_equal_numpys(dtype: Any) -> None:
     np.testing.assert_allclose(got, batch_a @ batch_b, rtol=1e-5, atol=1e-6)
     got = nh.matmul_rows(batch_a, nh.transpose2(b.T.copy()), 18, (3, 6, 5))
     np.testing.assert_allclose(got, batch_a @ b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_remembered_choice_of_the_program_of_steps_runs_no_trial(
+    monkeypatch: Any, tmp_path: Any, larger_kernels_step: Any
+) -> None:
+    """An earlier trial dropped the native segments (it kept the program of steps with its
+    larger kernels generated, the one it measured): the next compile builds that program, which
+    replaces the first one as it did then, with no trial between them (a trial between the
+    interpreted and the generated larger kernels ran when the dropped choice was timing's, in a
+    loaded CI run)."""
+    from fusegrad.compiler import service as _service
+
+    monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compiler.config, "native_programs", None)
+    monkeypatch.setattr(compiler.config, "background_compile", True)
+    monkeypatch.setattr(compiler.config, "compile_workers", False)
+    monkeypatch.setattr(_service, "remembered_choice", lambda first, what: 0)
+    trials: list = []
+    init = _service.Trial.__init__
+
+    def recorded(self: Any, slot: Any, steps: Any, other: Any, *args: Any, **kw: Any) -> None:
+        trials.append((steps, other))
+        init(self, slot, steps, other, *args, **kw)
+
+    monkeypatch.setattr(_service.Trial, "__init__", recorded)
+    want = larger_kernels_step(False)
+    got = larger_kernels_step(True)
+    assert not trials
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)
