@@ -354,6 +354,22 @@ def test_a_kernel_over_grouped_dims_runs_in_a_native_segment(monkeypatch: Any) -
     )
 
 
+def _recorded_trials(monkeypatch: Any) -> list:
+    """Every ``service.Trial`` made from now on, as (its program of steps, the other
+    candidate)."""
+    from fusegrad.compiler import service as _service
+
+    trials: list = []
+    init = _service.Trial.__init__
+
+    def recorded(self: Any, slot: Any, steps: Any, other: Any, *args: Any, **kw: Any) -> None:
+        trials.append((steps, other))
+        init(self, slot, steps, other, *args, **kw)
+
+    monkeypatch.setattr(_service.Trial, "__init__", recorded)
+    return trials
+
+
 def test_native_segments_are_tried_against_generated_larger_kernels(
     monkeypatch: Any, caplog: Any, tmp_path: Any, larger_kernels_step: Any
 ) -> None:
@@ -371,15 +387,7 @@ def test_native_segments_are_tried_against_generated_larger_kernels(
     monkeypatch.setattr(compiler.config, "background_compile", True)
     monkeypatch.setattr(compiler.config, "compile_workers", False)  # (a thread: quicker here)
     monkeypatch.setattr(compiler.config, "remember_trials", True)
-    trials: list = []
-    init = _service.Trial.__init__
-
-    def recorded(self: Any, slot: Any, steps: Any, other: Any, *args: Any, **kw: Any) -> None:
-        trials.append((steps, other))
-        init(self, slot, steps, other, *args, **kw)
-
-    monkeypatch.setattr(_service.Trial, "__init__", recorded)
-
+    trials = _recorded_trials(monkeypatch)
     run = larger_kernels_step
 
     def logged(compiled: bool) -> tuple[tuple, str]:
@@ -575,14 +583,7 @@ def test_a_remembered_choice_of_the_program_of_steps_runs_no_trial(
     monkeypatch.setattr(compiler.config, "background_compile", True)
     monkeypatch.setattr(compiler.config, "compile_workers", False)
     monkeypatch.setattr(_service, "remembered_choice", lambda first, what: 0)
-    trials: list = []
-    init = _service.Trial.__init__
-
-    def recorded(self: Any, slot: Any, steps: Any, other: Any, *args: Any, **kw: Any) -> None:
-        trials.append((steps, other))
-        init(self, slot, steps, other, *args, **kw)
-
-    monkeypatch.setattr(_service.Trial, "__init__", recorded)
+    trials = _recorded_trials(monkeypatch)
     want = larger_kernels_step(False)
     got = larger_kernels_step(True)
     assert not trials
