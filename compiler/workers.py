@@ -192,8 +192,10 @@ def _spawn(payload: bytes, directory: str, lock: int, launch: Launch) -> str | N
     except OSError as e:
         os.unlink(path)
         return f"no worker process ({e})"
-    launch.done()
+    # (logged before ``done``: the interpreter's exit waits only for ``done``, and a line
+    # logged after it could be lost; a loaded CI run lost it once)
     logs.log("perf", f"compiling in worker process {proc.pid}")
+    launch.done()
     _, err = proc.communicate()
     if proc.returncode != 0:
         lines = err.decode(errors="replace").strip().splitlines()
