@@ -32,6 +32,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import ops as F
 from ..errors import AutogradError
+from ..ops.classification import log_softmax_grad
 from ..ops.convolution import convolution_grads
 from ..ops.indexing import embedding_grad
 from ..ops.norms import norm_grads
@@ -928,7 +929,7 @@ def _log_softmax(node, g, out):
     dim = node.attrs["dim"]
     tracer = _tracer_state.tracer
     if is_grad_enabled() or (tracer is not None and tracer.prefers_composites):
-        return (g - out.exp() * g.sum(dim, keepdim=True),)
+        return (log_softmax_grad(g, out, dim),)
     return (F.apply(F.REGISTRY["log_softmax_backward"], (g, out), {"dim": dim}),)
 
 

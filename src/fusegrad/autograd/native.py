@@ -44,6 +44,7 @@ from ..ops import extra as _extra
 from ..ops import functional as _functional
 from ..ops import norms as _norms
 from ..ops import reduction as _reduction
+from ..ops.classification import log_softmax_grad
 from ..ops.convolution import col2im, conv_columns, windows
 from ..ops.creation import full, ones_like, zeros_like
 from ..ops.elementwise import where
@@ -288,8 +289,9 @@ class LogSoftmax(Function):
     an in-place write into the result then fails the backward with eager's error, where the
     composite's own nodes saved ``exp(x - max)`` and the sum and did not see it (fuzz seeds
     1000552, 1005447, 1009384, 1009962: whole steps and compiled modules, which record the
-    composite).  The backward is the fused rule's, ``g - exp(out) sum(g)``, in the op surface:
-    differentiable again, and fused by the compilers."""
+    composite).  The backward is the fused rule's, in the op surface
+    (``ops.classification.log_softmax_grad``): differentiable again, and fused by the
+    compilers."""
 
     _node_name = "LogSoftmaxBackward0"
 
@@ -303,7 +305,7 @@ class LogSoftmax(Function):
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple:
         (out,) = ctx.saved_tensors
-        return g - out.exp() * g.sum(ctx.dim, keepdim=True), None
+        return log_softmax_grad(g, out, ctx.dim), None
 
 
 class ScatterReduce(Function):

@@ -36,7 +36,7 @@ from ..autograd.tracer import state as _tracer_state
 from ..tensor import Tensor
 from .registry import primitive, set_meta
 
-__all__ = ["fused_classification_runs"]
+__all__ = ["fused_classification_runs", "log_softmax_grad"]
 
 
 @primitive("log_softmax", "opaque", "x")
@@ -52,6 +52,14 @@ def _log_softmax_backward(g, out, *, dim):  # type: ignore[no-untyped-def]
     """``log_softmax``'s input gradient ``g - exp(out) * sum(g)`` along ``dim``."""
     with np.errstate(all="ignore"):
         return g - np.exp(out) * np.sum(g, axis=dim, keepdims=True)
+
+
+def log_softmax_grad(g: Tensor, out: Tensor, dim: int) -> Tensor:
+    """``log_softmax``'s input gradient in the op surface, ``g - exp(out) sum(g)`` along
+    ``dim`` (``log_softmax_backward``'s formula, differentiable and fusable): the rule's form
+    where a graph of the gradient is wanted or a compiler captures it, and the backward of
+    ``autograd.native.LogSoftmax``."""
+    return g - out.exp() * g.sum(dim, keepdim=True)
 
 
 def _targets(target: np.ndarray, ignore_index: int, classes: int) -> tuple:
