@@ -201,6 +201,27 @@ class Graph:
             _dt.from_numpy_dtype(array.dtype),
         )
 
+    def at_sizes(self, sizes: tuple) -> Graph:
+        """This graph with every shape and size attribute evaluated for the size vector
+        ``sizes``: the same values (ids, ops, inputs, effects, constants), no symbol left
+        (``Program.per_size``: native code needs literal sizes).  Interning is not carried
+        over: the copy is for running, not for building on."""
+        out = Graph(constants=self.constants, effects=[], hints=(), recipes=self.recipes)
+        made: dict[Value, Value] = {}
+        for v in self.values:
+            made[v] = Value(
+                v.id,
+                v.op,
+                tuple(made[i] for i in v.inputs),
+                substitute(v.attrs, sizes),
+                tuple(int(d) for d in substitute(v.shape, sizes)),
+                v.dtype,
+                v.origin,
+            )
+            out.values.append(made[v])
+        out.effects = [(kind, slot, made[v]) for kind, slot, v in self.effects]
+        return out
+
     def inputs_of(self, kind: str) -> list[Value]:
         return sorted(
             (v for v in self.values if v.op == "input" and v.attr("kind") == kind),

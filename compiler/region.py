@@ -293,7 +293,7 @@ def _build(region: Region, w: Walk, captured: Captured, device: str) -> Program:
 
 def _cold(program: Program, w: Walk) -> bool:
     """Whether ``program`` has not run (so numba has not compiled it) for ``w``'s sizes."""
-    return config.background_compile and program.instance(w.sizes).variant.first_run
+    return config.background_compile and program.cold(w.sizes)
 
 
 def _program_change(table: Any, pkey: tuple) -> str:

@@ -188,6 +188,28 @@ def _upgrades(program: Program) -> bool:
     )
 
 
+def _specialises(program: Program) -> bool:
+    """Whether a background compile goes on to native segments at the call's sizes
+    (``Program.per_size``) for ``program``, a captured backward's program of steps on the CPU:
+    where it has at least ``NATIVE_MIN_STEPS`` steps (fewer leave little for a segment to save,
+    and native code generates every kernel, which the interpreter can beat on small ones)."""
+    return (
+        config.native_programs is not False
+        and not program.settings["hot"]
+        and not program.per_size
+        and program.device == "cpu"
+        and program.mode != "debug"
+        and len(program.default.schedule.steps) >= NATIVE_MIN_STEPS
+    )
+
+
+# a captured backward of fewer steps gets no native candidate (``_specialises``): a segment
+# saves each step's dispatch from Python (a few microseconds), and the GPT step's backward has 67
+NATIVE_MIN_STEPS = 16
+# the two candidates of each kind of trial (``Trial.what``; the first names its choice on disk)
+NATIVE = ("native segments", "the program of steps")
+NATIVE_AT_SIZES = ("native segments at the call's sizes", "the program of steps")
+
 # a program that interprets a kernel over more than this many elements
 # (``config.interpreter_max_elements`` allows up to 65,536) gets a second candidate from its
 # background compile: the same graph with generated code for those kernels.  Measured on the
@@ -307,7 +329,7 @@ class Trial:
         slot: Slot,
         steps: Program,
         native: Program,
-        what: tuple[str, str] = ("native segments", "the program of steps"),
+        what: tuple[str, str] = NATIVE,
         kernels_only: bool = False,
         origin: Program | None = None,
     ) -> None:
@@ -387,13 +409,19 @@ def trials_running() -> int:
 
 
 def _python_externs(native: Program) -> frozenset:
-    """The values of the extern steps a native program runs from Python (outside its
-    segments), which its program of steps runs from Python as well: empty for anything else."""
+    """The ids of the values of the extern steps a native program runs from Python (outside
+    its segments), which its program of steps runs from Python as well: empty for anything
+    else.  (Ids: a ``per_size`` program's native programs have graphs of their own, with the
+    same value ids.)"""
+    if getattr(native, "per_size", False):
+        native = next(iter(native.specialised.values()), None)  # (the one it was prepared for)
     if not getattr(native, "native", False):
         return frozenset()
     variant = native.default
     steps = variant.schedule.steps
-    return frozenset(steps[k].value for k in variant.python_steps if isinstance(steps[k], Extern))
+    return frozenset(
+        steps[k].value.id for k in variant.python_steps if isinstance(steps[k], Extern)
+    )
 
 
 # the background compiles still running (``wait_for_compiles``)
@@ -582,9 +610,10 @@ class Service:
             sizes_per_program=1 if recorded and not graph.hints else config.sizes_per_program,
             unpacked=unpacked,
             hot=recorded,
-            # native segments at once when asked for (True); with None a background compile
-            # goes on to them once the program of steps runs (``_upgrades``)
-            native=recorded and config.native_programs is True,
+            # native segments at once when asked for (True: a captured backward's at each size
+            # vector it runs at, ``Program.per_size``); with None a background compile goes on
+            # to them once the program of steps runs (``_upgrades``, ``_specialises``)
+            native=config.native_programs is True,
         )
 
     def uncompiled(self, graph: Graph) -> Program:
@@ -683,7 +712,11 @@ class Service:
                 # where it interprets larger kernels, the same with those as generated code --
                 # a native program generates every kernel, so it is measured against the best
                 # program of steps, not the quick first one)
-                what, change = "native segments", {"native": True}
+                what, change = NATIVE[0], {"native": True}
+            elif _specialises(program):
+                # (a captured backward: native at the warm-up's sizes, other sizes running
+                # the schedule of the program it is tried against)
+                what, change = NATIVE_AT_SIZES[0], {"native": True, **(to_larger if larger else {})}
             elif larger:
                 what, change, larger = "generated code for the larger kernels", to_larger, False
             else:
@@ -691,7 +724,9 @@ class Service:
                 return program
 
             def candidate(settings: dict) -> Program:
-                return Program(program.graph, **{**program.settings, **settings})
+                other = Program(program.graph, **{**program.settings, **settings})
+                other.double = program.double  # (a captured backward's, for create_graph)
+                return other
 
             def later(settings: dict, words: str) -> Program | None:
                 """A later candidate, compiled (its worker yields to first programs), or None
@@ -752,8 +787,9 @@ class Service:
             if job.first is not None and job.first is not job.program:
                 # the program of steps and its native segments: the faster one stays
                 slot.program = job.first
-                if job.program.native:
-                    slot.trial = Trial(slot, job.first, job.program, origin=job.origin)
+                if job.program.native or job.program.per_size:
+                    what = NATIVE if job.program.native else NATIVE_AT_SIZES
+                    slot.trial = Trial(slot, job.first, job.program, what, origin=job.origin)
                 else:
                     words = ("generated code for the larger kernels", "interpreting them")
                     slot.trial = Trial(slot, job.first, job.program, words, kernels_only=True)
