@@ -42,6 +42,7 @@ ONLY = {
     "module": "compile(module)",
     "native": "native whole step",
     "native-module": "native compile(module)",
+    "native-backward": "native compiled backward",
 }
 
 

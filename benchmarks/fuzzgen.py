@@ -207,9 +207,24 @@ NATIVE = Config("native whole step", scales=(1.0, NEW_SCALE), whole=True, native
 # programs whose whole step cannot be recorded (a hook registered inside it, ...) reach native
 # code through it
 NATIVE_MODULE = Config("native compile(module)", scales=(1.0, NEW_SCALE), module=True, native=True)
+# the compiled-autograd backward with native segments at its size vector (``Program.per_size``:
+# the program over symbolic sizes hands the call to a native program of its graph at the
+# call's sizes), the same seeds
+NATIVE_BACKWARD = Config("native compiled backward", scales=(1.0, NEW_SCALE), native=True)
 CONFIGS = {
     c.name: c
-    for c in (DEFAULT, CACHED, DEBUG, GENERATED, GRADCHECK, WHOLE, MODULE, NATIVE, NATIVE_MODULE)
+    for c in (
+        DEFAULT,
+        CACHED,
+        DEBUG,
+        GENERATED,
+        GRADCHECK,
+        WHOLE,
+        MODULE,
+        NATIVE,
+        NATIVE_MODULE,
+        NATIVE_BACKWARD,
+    )
 }
 
 
@@ -238,7 +253,7 @@ class Program:
         if self.generated_code:
             configs.append(GENERATED)
         if self.native:
-            configs += [NATIVE, NATIVE_MODULE]
+            configs += [NATIVE, NATIVE_MODULE, NATIVE_BACKWARD]
         return configs
 
     def source(self, config: Config = DEFAULT, verdict: str = "") -> str:
@@ -1240,6 +1255,8 @@ def _render(p: Program, config: Config, verdict: str) -> str:
         return "\n".join(lines) + "\n"
     if config.interpreter_max_elements is not None:
         add(f"    compiler.config.interpreter_max_elements = {config.interpreter_max_elements}")
+    if config.native:
+        add("    compiler.config.native_programs = True  # (native segments at the sizes)")
     add(f'    compiled = attempt(lambda: compiler.compiled_autograd(mode="{config.mode}"){scales})')
     add("    problems = differences(eager, compiled)")
     add("    print(compiler.counters)")

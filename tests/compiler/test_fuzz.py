@@ -252,12 +252,16 @@ def test_a_configuration_over_two_scales_is_compared_with_eager_over_the_same_sc
 def test_every_fourth_program_also_runs_as_native_segments() -> None:
     """Seeds 1 mod 4 add the whole step built with native segments (``native_programs``), and
     the repro script of that configuration sets it."""
-    assert {fuzzgen.NATIVE, fuzzgen.NATIVE_MODULE} <= set(fuzzgen.generate(5).configs())
+    assert {fuzzgen.NATIVE, fuzzgen.NATIVE_MODULE, fuzzgen.NATIVE_BACKWARD} <= set(
+        fuzzgen.generate(5).configs()
+    )
     assert fuzzgen.NATIVE not in fuzzgen.generate(6).configs()
     assert fuzzgen.NATIVE_MODULE not in fuzzgen.generate(6).configs()
     program = fuzzgen.generate(5)
     assert "compiler.config.native_programs = True" in program.source(fuzzgen.NATIVE, "")
+    assert "compiler.config.native_programs = True" in program.source(fuzzgen.NATIVE_BACKWARD, "")
     assert "native_programs" not in program.source(fuzzgen.WHOLE, "")
+    assert "native_programs" not in program.source(fuzzgen.DEFAULT, "")
     before = compiler.config.native_programs
     report = fuzzgen.check(program)
     assert report.ok, [f.verdict for f in report.findings]
