@@ -398,6 +398,7 @@ class Program:
         self.per_size = native and not hot and device == "cpu" and mode != "debug"
         self.native = native and self.native_eligible and not self.per_size
         self.specialised: dict[tuple, Program] = {}  # size vector -> its native program
+        self._not_native: set[tuple] = set()  # (size vectors whose native program failed)
         self.last_seconds: float | None = None  # the last ``run_step``/``run_bound``'s wall time
         # while ``time_externs`` (a ``service.Trial``: True, every extern step, between
         # interpreted and generated larger kernels; a set of value ids, those extern steps, between
@@ -469,17 +470,30 @@ class Program:
                     self._instances[sizes] = found
         return found
 
-    def _native_at(self, sizes: tuple, build: bool) -> Program | None:
+    def _native_at(self, sizes: tuple, build: bool, strict: bool = False) -> Program | None:
         """The native program of this (``per_size``) program's graph at ``sizes``: the one
         prepared for them, else, when ``build``, a new one (compiled by its first run); None
-        when there is none."""
+        when there is none.  A build that fails raises when ``strict`` (``prepare``: the
+        background compile keeps the program it has); otherwise it is logged (``perf``) and
+        those sizes run the program's own steps from then on."""
         found = self.specialised.get(sizes)
-        if found is None and build:
+        if found is None and build and sizes not in self._not_native:
             with self._lock:
                 found = self.specialised.get(sizes)
                 if found is None:
                     settings = {**self.settings, "sizes_per_program": 1, "hot": True}
-                    found = Program(self.graph.at_sizes(sizes), **settings)
+                    try:
+                        found = Program(self.graph.at_sizes(sizes), **settings)
+                    except Exception as e:  # noqa: BLE001 - (a limit of the emitters)
+                        if strict:
+                            raise
+                        self._not_native.add(sizes)
+                        logs.log(
+                            "perf",
+                            f"no native program at sizes {list(sizes)} "
+                            f"({type(e).__name__}: {e}); its steps run one by one",
+                        )
+                        return None
                     while len(self.specialised) >= max(self.sizes_per_program, 1):
                         self.specialised.pop(next(iter(self.specialised)))
                     self.specialised[sizes] = found
@@ -651,9 +665,9 @@ class Program:
         (``service.BackgroundBuild``, on a thread of its own).  Returns the seconds it took.
         A ``per_size`` program prepares its native program at ``sizes``."""
         if self.per_size:
-            native = self._native_at(self.graph.hints if sizes is None else sizes, True)
-            assert native is not None
-            return native.prepare(arrays, leaves, grad_roots)
+            native = self._native_at(self.graph.hints if sizes is None else sizes, True, True)
+            if native is not None:  # (None: it failed at these sizes before)
+                return native.prepare(arrays, leaves, grad_roots)
         inst = self.instance(self.graph.hints if sizes is None else sizes)
         variant = inst.variant
         prev_mode = grad_mode._state.enabled

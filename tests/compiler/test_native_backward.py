@@ -199,3 +199,32 @@ def test_a_graph_at_sizes_has_no_symbol_left() -> None:
     assert [(v.shape, v.attrs) for v in graph.values] == before
     # the shapes are those the symbols stood for: x's gradient has x's shape
     assert (3, 4, 8) in {v.shape for _, _, v in concrete.effects}
+
+
+def test_a_native_program_that_cannot_be_built_leaves_the_steps(
+    monkeypatch: Any, caplog: Any
+) -> None:
+    """A native program that fails to build at a size vector (a limit of the emitters) is
+    logged once, and the backward runs the program's own steps there, with eager's results."""
+
+    def fails(self: ir.Graph, sizes: tuple) -> ir.Graph:
+        raise NotImplementedError("no literal form for this attribute")
+
+    monkeypatch.setattr(ir.Graph, "at_sizes", fails)
+    fg.manual_seed(4)
+    model = _Small().to(fg.float64)
+    (x,) = _inputs([(3, 5, 8)])
+    want = _grads(model, x, False)
+    compiler.set_logs("perf")
+    try:
+        with caplog.at_level(logging.INFO, logger="fusegrad.compiler"):
+            for _ in range(2):
+                for g, w in zip(_grads(model, x, True), want):
+                    np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+    finally:
+        compiler.set_logs(None)
+    assert caplog.text.count("no native program at sizes [") == 1
+    assert "NotImplementedError: no literal form" in caplog.text
+    assert compiler.counters.native_runs == 0
+    (program,) = _native_backwards()
+    assert not program.specialised
