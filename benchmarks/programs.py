@@ -1,6 +1,8 @@
-"""Training steps shaped like real PyTorch programs: fusegrad eager, fusegrad ``compile(model)``
-(each model compiled, the step's Python and optimizers eager), fusegrad ``compile(step)`` (the
-whole step function compiled), PyTorch eager and ``torch.compile`` (each model compiled).
+"""Training steps shaped like real PyTorch programs: fusegrad eager, fusegrad eager with every
+backward compiled (the step inside ``compiled_autograd()``: a script's one-line change),
+fusegrad ``compile(model)`` (each model compiled, the step's Python and optimizers eager),
+fusegrad ``compile(step)`` (the whole step function compiled), PyTorch eager and
+``torch.compile`` (each model compiled).
 
 Each workload is written once against the PyTorch API and built for both frameworks, after the
 program it is named for (sizes as in those programs unless said; ``--quick`` shrinks them):
@@ -50,7 +52,7 @@ if __package__ in (None, ""):
 
 from benchmarks import common, live, models, steps  # noqa: E402
 
-IMPLS = ("fg_eager", "fg_module", "fg_step", "torch", "torch_compile")
+IMPLS = ("fg_eager", "fg_compiled", "fg_module", "fg_step", "torch", "torch_compile")
 WORKLOADS = ("LSTM-LM", "DCGAN", "Transformer", "VAE", "MNIST-CNN", "GPT")
 REPS = (2, 12)  # warm-up, measured steps
 QUICK_REPS = (1, 2)
@@ -484,10 +486,12 @@ def _impl(
     *,
     wrap_model: Callable | None = None,
     wrap_step: Callable | None = None,
+    context: Callable | None = None,
     rng: Any = None,
 ) -> steps.StepImpl:
     """One implementation of a workload: its modules loaded from ``states``, optimizers and
-    step function, and a timed call that runs the next batch."""
+    step function, and a timed call that runs the next batch (inside ``context()``, when
+    given: ``compiled_autograd``)."""
     modules = spec.modules(lib, small)
     for name, module in modules.items():
         module.load_state_dict(copy.deepcopy(states[name]))
@@ -505,9 +509,15 @@ def _impl(
         counter[0] += 1
         if rng is not None:
             lib.random.set_rng_state(generator[0])
-        t0 = common.clock()
-        _, *state = fn(*batch, *carry[0])
-        t1 = common.clock()
+        if context is not None:
+            with context():
+                t0 = common.clock()
+                _, *state = fn(*batch, *carry[0])
+                t1 = common.clock()
+        else:
+            t0 = common.clock()
+            _, *state = fn(*batch, *carry[0])
+            t1 = common.clock()
         carry[0] = tuple(state)
         if rng is not None:
             generator[0] = lib.random.get_rng_state()
@@ -548,6 +558,9 @@ def run(
         rng = fg.random.get_rng_state()  # every fusegrad implementation draws the same numbers
         impls = {
             "fg_eager": _impl(fg, spec, states, data, quick, rng=rng),
+            "fg_compiled": _impl(
+                fg, spec, states, data, quick, context=fc.compiled_autograd, rng=rng
+            ),
             "fg_module": _impl(fg, spec, states, data, quick, wrap_model=fg.compile, rng=rng),
             "fg_step": _impl(fg, spec, states, data, quick, wrap_step=fg.compile, rng=rng),
         }
@@ -572,7 +585,7 @@ def run(
         # kernels or generated code, ``service.Trial``: they run in turn, the faster stays),
         # before anything is measured; eager takes as many steps.
         breaks_before = dict(fc.counters.step_breaks)
-        for key in ("fg_step", "fg_module"):
+        for key in ("fg_step", "fg_module", "fg_compiled"):
             t0 = common.clock()
             for _ in range(3):
                 impls[key].step()
@@ -581,11 +594,11 @@ def run(
         for _ in range(3):
             impls["fg_eager"].step()
         if not quick:
-            steps.settle(impls, ("fg_step", "fg_module"), ("fg_eager",))
+            steps.settle(impls, ("fg_step", "fg_module", "fg_compiled"), ("fg_eager",))
         warmup, reps = QUICK_REPS if quick else REPS
         before = (fc.counters.step_runs, breaks_before)
         medians, checks[name] = steps.measure(
-            np, fc, impls, IMPLS, ("fg_module", "fg_step"), warmup, reps, bar, before
+            np, fc, impls, IMPLS, ("fg_compiled", "fg_module", "fg_step"), warmup, reps, bar, before
         )
         row: dict[str, Any] = {
             "workload": name,
@@ -593,7 +606,7 @@ def run(
             **medians,
             "first_calls_s": {k: i.first_calls_s for k, i in impls.items()},
         }
-        for num in ("fg_eager", "fg_module", "fg_step"):
+        for num in ("fg_eager", "fg_compiled", "fg_module", "fg_step"):
             for peer in ("torch", "torch_compile"):
                 row[f"{num}/{peer}"] = common.ratio(medians[num], medians[peer])
         row.update(
@@ -603,6 +616,7 @@ def run(
                 if o != "fg_step"
             }
         )
+        row["fg_compiled/fg_eager"] = common.ratio(medians["fg_compiled"], medians["fg_eager"])
         rows.append(row)
         wl_notes["programs"] = steps.program_notes(impls)
         notes[name] = wl_notes
@@ -617,6 +631,7 @@ def run(
 HEADERS = {k: steps.STEP_HEADERS[k] for k in IMPLS}
 RATIOS = [
     ("fg_eager/torch", "eager/torch"),
+    ("fg_compiled/fg_eager", "compiled bwd/fg eager"),
     ("fg_module/torch", "model/torch"),
     ("fg_step/torch", "step/torch"),
     ("fg_step/torch_compile", "step/torch.compile"),

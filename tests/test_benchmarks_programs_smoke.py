@@ -58,9 +58,17 @@ def test_rows_stream_and_the_table_has_every_column(
     done = [i for i, line in enumerate(lines) if " done in " in line]
     assert len(rows) == 2 and header < rows[0] < done[0] < rows[1] < done[1], lines
     headers = [c.strip() for c in lines[header].strip("|").split("|")]
-    assert headers[:5] == ["workload", "unit", "fg eager", "fg compile(model)", "fg whole step"]
+    assert headers[:6] == [
+        "workload",
+        "unit",
+        "fg eager",
+        "fg compiled bwd",
+        "fg compile(model)",
+        "fg whole step",
+    ]
+    assert "compiled bwd/fg eager" in headers
     assert headers[-1] == "first calls (s): model / step"
-    assert not any("torch" in h for h in headers[:5])
+    assert not any("torch" in h for h in headers[:6])
 
 
 def test_json_has_the_checks_and_compiled_variants_match_eager(
@@ -68,7 +76,7 @@ def test_json_has_the_checks_and_compiled_variants_match_eager(
 ) -> None:
     _, payload = programs_run
     assert payload["benchmark"] == "programs" and payload["quick"] is True
-    assert payload["implementations"] == ["fg_eager", "fg_module", "fg_step"]
+    assert payload["implementations"] == ["fg_eager", "fg_compiled", "fg_module", "fg_step"]
     assert [r["workload"] for r in payload["rows"]] == ["LSTM-LM", "VAE"]
     for name, check in payload["checks"].items():
         # (SGD and Adam over a few steps: float32 rounding stays small here)
@@ -77,7 +85,7 @@ def test_json_has_the_checks_and_compiled_variants_match_eager(
     for row in payload["rows"]:
         first = row["first_calls_s"]
         assert first["fg_step"] > 0 and first["fg_module"] > 0
-        assert row["fg_step/fg_eager"] > 0
+        assert row["fg_step/fg_eager"] > 0 and row["fg_compiled/fg_eager"] > 0
 
 
 @pytest.mark.parametrize("name", programs.WORKLOADS)
