@@ -345,15 +345,15 @@ def norm_grads(
         if training and one_element(xs, reduce):
             gx = one_element_gradient(gs, xs, rstd).reshape(x.shape)
         elif training:
-            # rstd (gs - mean(gs) - xhat mean(gs xhat)), as dx = gs rstd + x beta + gamma with
-            # per-statistic beta and gamma (the kernels' form when written; ``norm_kernels``
-            # now takes each difference before its product), so that infinities in the weight
-            # or the gradient give the kernels' NaN and inf (and PyTorch's)
+            # rstd (gs - mean(gs) - xhat mean(gs xhat)) in the kernels' form, rstd (gs -
+            # mean(gs)) + (x beta - beta mean), each difference before its product, with the
+            # projection's mean(gs) mean(diff) correction: as autograd.native's composite,
+            # whose comment says why (native fuzz seeds 1006197, 1000269, 1008724)
             m1 = gs.mean(reduce, keepdim=True)
-            m2 = (gs * diff).mean(reduce, keepdim=True) * rstd
+            drift = diff.mean(reduce, keepdim=True)
+            m2 = ((gs * diff).mean(reduce, keepdim=True) - m1 * drift) * rstd
             beta = -(rstd * rstd * m2)
-            gamma = -(beta * mu) - rstd * m1
-            gx = (gs * rstd + (xs * beta + gamma)).reshape(x.shape)
+            gx = ((gs - m1) * rstd + (xs * beta - beta * mu)).reshape(x.shape)
         else:
             gx = (gs * rstd).reshape(x.shape)
     return gx, gw, gb
