@@ -50,7 +50,7 @@ NaN, +inf and -inf at exactly the same positions (the sign of a zero is not comp
 elements within
 
     |compiled - eager| <= rtol * |eager| + FLOOR * u * max(max|eager|, max|root gradient|)
-                          + SHADOW * estimate
+                          + SHADOW * max(estimate, change)
 
 ``rtol`` is docs/numerics.md's (1e-10 float64, 1e-5 float32) and ``u`` the unit roundoff of the
 gradient's dtype.  The second term is a norm-wise floor of a few roundoffs of the scale of the
@@ -77,6 +77,19 @@ sum up); the estimate is one sample of that error and can be small by luck, so s
 element's floor is float32's, ``FLOOR * u_float32 * scale``.  A float64 result that the float32
 values do not reach keeps float64's floor, which is what finds a float64 rule computed in
 float32.
+
+The estimate is one sample of eager's rounding error, and where eager's value is an exact
+cancellation it is 0 by luck: ``change`` is a second measure.  The program runs eagerly
+``PERTURBED_RUNS`` more times with every finite nonzero root gradient moved by one ulp of its
+dtype, up or down at random (seeded): a change of the data below the rounding of any
+computation on it, so that whatever the results move by, ``change = max |eager - perturbed|``
+(``|eager|`` where a perturbed result is not finite), the results are determined no better
+than that, by eager or any other rounding.  It is what an ill-conditioned backward amplifies:
+a normalisation over a few elements whose gradient is multiplied by 1e30 (fuzz seed 1006449,
+native: eager's 0 is an exact cancellation for about half of the roundings, +-8.4e-15 for the
+others, compiled's -8.4e-15; the exact value is 2.7e-61).  Only root gradients move: the
+forward, and so every comparison, max and tie that routes the gradient, stays eager's, and a
+result that eager computes exactly (the +0 of a constant normalisation) stays exact.
 """
 
 from __future__ import annotations
@@ -124,6 +137,11 @@ RTOL = {"float32": 1e-5, "float64": 1e-10}
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "float64": 2.0**-53}
 FLOOR = 4.0  # norm-wise floor, in unit roundoffs of the scale of the backward's terms
 SHADOW = 4.0  # how many times the measured rounding error the compiled result may deviate
+# eager runs with the root gradients moved by one ulp: independent samples of eager's rounding;
+# their largest change is the estimate, and an element whose eager value is an exact
+# cancellation for about half of the roundings needs several (fuzz seed 1006449: 22 of 40
+# samples 0, the others +-8.4e-15; all of 8 samples 0 has odds 1 in 120)
+PERTURBED_RUNS = 8
 # relative change (to the backward's scale) of a float64 result in the float64 shadow beyond
 # which the result carries float32 rounding: far above float64 rounding, far below float32's
 MIXED = 2.0**-40
@@ -1174,6 +1192,11 @@ def _render(p: Program, config: Config, verdict: str) -> str:
         add("}")
     add("")
     add("")
+    add("def roots(outs):")
+    add('    """The root gradients: COTANGENTS in the dtypes of the outputs."""')
+    add("    return [fg.tensor(c, dtype=o.dtype) for c, o in zip(COTANGENTS, outs)]")
+    add("")
+    add("")
     add("def run(region=contextlib.nullcontext, scale=1.0):")
     add(f"    {tuple_} = leaves(scale)" if len(names) > 1 else f"    ({names[0]},) = leaves(scale)")
     lines.extend(_preset_lines(p))
@@ -1184,7 +1207,7 @@ def _render(p: Program, config: Config, verdict: str) -> str:
     indent = "        "
     if p.forward_in_region:
         add(f"{indent}outs, kept = FORWARD({args})")
-    add(f"{indent}C = [fg.tensor(c, dtype=o.dtype) for c, o in zip(COTANGENTS, outs)]")
+    add(f"{indent}C = roots(outs)")
     lines.extend(indent + line for line in p.backward)
     add("    return {")
     lines.extend(f'        "{label}": {expr},' for label, expr in p.results)
@@ -1209,7 +1232,7 @@ def _render(p: Program, config: Config, verdict: str) -> str:
     add(f"    {tuple_} = leaves(scale)" if len(names) > 1 else f"    ({names[0]},) = leaves(scale)")
     lines.extend(_preset_lines(p))
     add("    outs, _ = forward(*leaves(scale))  # (the root gradients' dtypes)")
-    add("    C = [fg.tensor(c, dtype=o.dtype) for c, o in zip(COTANGENTS, outs)]")
+    add("    C = roots(outs)")
     add(f"    result = step({', '.join([*names, 'C', *presets])})")
     for label, expr in p.results:
         if label.endswith("preset"):
@@ -1356,6 +1379,32 @@ class _Module:
             yield
         finally:
             self.ns["LO"], self.ns["HI"] = previous
+
+    @contextlib.contextmanager
+    def moved_roots(self, rng: np.random.Generator) -> Iterator[None]:
+        """``roots()`` with every finite nonzero element of every root gradient moved by one
+        ulp of its output's dtype, up or down at random: a change of the data below the
+        rounding of any computation on it (the comparison's perturbed runs)."""
+        original = self.ns["roots"]
+
+        def moved(outs: Sequence[Any]) -> list:
+            out = []
+            for t in original(outs):
+                a = t.numpy()
+                if t.dtype.is_floating_point and a.size:
+                    up = rng.random(a.shape) < 0.5
+                    toward = np.where(up, np.inf, -np.inf).astype(a.dtype)
+                    change = np.isfinite(a) & (a != 0)
+                    a = np.where(change, np.nextafter(a, toward), a)
+                    t = fg.tensor(a, dtype=t.dtype)
+                out.append(t)
+            return out
+
+        self.ns["roots"] = moved
+        try:
+            yield
+        finally:
+            self.ns["roots"] = original
 
     def run(
         self,
@@ -1521,17 +1570,26 @@ def check(program: Program, only: Sequence[Config] | None = None) -> Report:
 
 def _reference(
     program: Program, module: _Module, scale: float = 1.0
-) -> tuple[Any, list[dict], dict[str, float]]:
-    """Eager results, the shadow runs' (none when eager raised), and each result's term scale
-    (``_TermScales``: the largest gradient flowing into it).
+) -> tuple[Any, list[dict], dict[str, float], list[dict]]:
+    """Eager results, the shadow runs' (none when eager raised), each result's term scale
+    (``_TermScales``: the largest gradient flowing into it), and the perturbed runs' results.
 
     A shadow run is the same program with every float dtype changed to one precision: float64
     when the program uses float32 anywhere, float32 when it uses float64 anywhere (a mixed
-    program gets both)."""
+    program gets both).  A perturbed run is the same program, eagerly, with its root gradients
+    moved by one ulp (``_Module.moved_roots``; ``PERTURBED_RUNS`` of them, seeded by the
+    program's seed): see the module docstring."""
     term_scales: dict[str, float] = {}
     eager = module.run(scales=(scale,), term_scales=term_scales)
     if isinstance(eager, Exception):
-        return eager, [], {}
+        return eager, [], {}, []
+    rng = np.random.default_rng([program.seed, 1])
+    perturbed = []
+    for _ in range(PERTURBED_RUNS):
+        with module.moved_roots(rng):
+            moved = module.run(scales=(scale,))
+        if not isinstance(moved, Exception):
+            perturbed.append(moved)
     precisions = []
     if program.precision != "float64":
         precisions.append(fg.float64)
@@ -1543,7 +1601,7 @@ def _reference(
             shadow = module.run(scales=(scale,))
         if not isinstance(shadow, Exception):
             shadows.append(shadow)
-    return eager, shadows, term_scales
+    return eager, shadows, term_scales, perturbed
 
 
 def _run_config(
@@ -1553,6 +1611,7 @@ def _run_config(
     eager: Any,
     shadows: list[dict],
     term_scales: dict[str, float],
+    perturbed: list[dict],
     report: Report | None,
 ) -> Finding | None:
     if config is not CACHED:
@@ -1568,7 +1627,7 @@ def _run_config(
             got = module.run(config.region(), config.scales, whole=config.whole)
     if report is not None:
         _add_counts(report, before)
-    kind, problems = _verdict(eager, got, shadows, term_scales)
+    kind, problems = _verdict(eager, got, shadows, term_scales, perturbed)
     if not problems:
         return None
     verdict = "\n".join(problems)
@@ -1591,7 +1650,11 @@ def _add_counts(report: Report, before: tuple) -> None:
 
 
 def _verdict(
-    eager: Any, got: Any, shadows: list[dict], term_scales: dict[str, float] | None = None
+    eager: Any,
+    got: Any,
+    shadows: list[dict],
+    term_scales: dict[str, float] | None = None,
+    perturbed: Sequence[dict] = (),
 ) -> tuple[str, list[str]]:
     if isinstance(got, Exception) and not isinstance(eager, Exception):
         return "crash", [_format_exception(got)]
@@ -1606,7 +1669,7 @@ def _verdict(
             if isinstance(got, Exception)
             else "compiled raised nothing",
         ]
-    return "mismatch", compare(eager, got, shadows, term_scales=term_scales)
+    return "mismatch", compare(eager, got, shadows, term_scales=term_scales, perturbed=perturbed)
 
 
 def _format_exception(e: BaseException) -> str:
@@ -1620,13 +1683,15 @@ def compare(
     shadows: Sequence[dict] = (),
     root_scale: float | None = None,
     term_scales: dict[str, float] | None = None,
+    perturbed: Sequence[dict] = (),
 ) -> list[str]:
     """The differences between two results of ``run()`` (module docstring: Comparison).
 
     ``shadows`` are results of the shadow runs; ``root_scale`` is the largest root gradient,
     by default read from the results labelled ``C[...]`` (the root gradients after backward);
     ``term_scales`` is each result's largest incoming gradient (``_TermScales``), which raises
-    that result's scale above ``root_scale``."""
+    that result's scale above ``root_scale``; ``perturbed`` are results of eager runs with the
+    root gradients moved by one ulp (``_Module.moved_roots``)."""
     if root_scale is None:
         root_scale = max(
             (
@@ -1647,8 +1712,9 @@ def compare(
                 problems.append(f"{key}: eager {_short(want)}, compiled {_short(have)}")
             continue
         refs = [r[key] for r in shadows if isinstance(r.get(key), _Array)]
+        moved = [r[key] for r in perturbed if isinstance(r.get(key), _Array)]
         scale = max(root_scale, (term_scales or {}).get(key, 0.0))
-        problems += _compare_arrays(key, want, have, refs, scale)
+        problems += _compare_arrays(key, want, have, refs, scale, moved)
     return problems
 
 
@@ -1659,7 +1725,12 @@ def _short(value: Any) -> str:
 
 
 def _compare_arrays(
-    key: str, want: _Array, have: _Array, shadows: list[_Array], root_scale: float
+    key: str,
+    want: _Array,
+    have: _Array,
+    shadows: list[_Array],
+    root_scale: float,
+    perturbed: Sequence[_Array] = (),
 ) -> list[str]:
     a, b = want.values, have.values
     if want.dtype != have.dtype or a.shape != b.shape:
@@ -1679,7 +1750,7 @@ def _compare_arrays(
     if not finite.any():
         return []
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    tol = _tolerance(want.dtype, a64, finite, shadows, root_scale)
+    tol = _tolerance(want.dtype, a64, finite, shadows, root_scale, perturbed)
     with np.errstate(invalid="ignore"):  # inf - inf outside ``finite``
         err = np.where(finite, np.abs(b64 - a64), 0.0)
     bad = err > tol
@@ -1694,9 +1765,16 @@ def _compare_arrays(
 
 
 def _tolerance(
-    dtype: str, a64: np.ndarray, finite: np.ndarray, shadows: list[_Array], root_scale: float
+    dtype: str,
+    a64: np.ndarray,
+    finite: np.ndarray,
+    shadows: list[_Array],
+    root_scale: float,
+    perturbed: Sequence[_Array] = (),
 ) -> np.ndarray:
-    """Per element: rtol*|eager| + a norm-wise floor + the measured rounding error."""
+    """Per element: rtol*|eager| + a norm-wise floor + the measured rounding error (the
+    shadows' estimate, or eager's change under one-ulp perturbations of the root gradients,
+    whichever is larger)."""
     rtol, u = RTOL[dtype], UNIT_ROUNDOFF[dtype]
     magnitude = np.abs(np.where(finite, a64, 0.0))
     scale = max(float(magnitude.max()), root_scale)
@@ -1716,6 +1794,13 @@ def _tolerance(
             # estimate, can be small by luck)
             carries = np.where(finite, error, 0.0) > MIXED * scale
             tol = np.where(carries, tol + FLOOR * UNIT_ROUNDOFF["float32"] * scale, tol)
+    for moved in perturbed:
+        if moved.values.shape != a64.shape or moved.dtype != dtype:
+            continue
+        m64 = moved.values.astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            change = np.where(np.isfinite(m64), np.abs(a64 - m64), magnitude)
+        estimate = np.maximum(estimate, np.where(finite, change, 0.0))
     return tol + SHADOW * estimate
 
 
@@ -1793,8 +1878,8 @@ def shrink(finding: Finding, program: Program, budget_s: float = 60.0) -> Progra
             if finding.kind == "gradcheck":
                 return _gradcheck(candidate, module, Report(candidate.seed)) == "failed"
             config = CONFIGS[finding.config]
-            eager, shadows, term_scales = _reference(candidate, module, config.scales[-1])
-            found = _run_config(candidate, module, config, eager, shadows, term_scales, None)
+            references = _reference(candidate, module, config.scales[-1])
+            found = _run_config(candidate, module, config, *references, None)
         except Exception:
             return False
         return found is not None and found.kind == finding.kind

@@ -321,3 +321,73 @@ def test_gradcheck_of_the_campaign_compiles_in_the_foreground(monkeypatch) -> No
     assert report.gradcheck == "passed", report.findings
     assert seen and seen[0] is False
     assert compiler.config.background_compile is True  # (restored)
+
+
+def test_compare_allows_eagers_own_change_under_one_ulp_of_the_root_gradients() -> None:
+    # seed 1006449: eager's 0 is an exact cancellation for about half of the roundings; moving
+    # the root gradients by one ulp gives the other half, 8.4e-15 -- the compiled value
+    eager = _result([0.0, 1.0], "float64")
+    got = _result([-8.4e-15, 1.0], "float64")
+    moved = _result([8.4e-15, 1.0 + 2.0**-52], "float64")
+    unmoved = _result([0.0, 1.0], "float64")
+    assert fuzzgen.compare(eager, got)
+    assert fuzzgen.compare(eager, got, perturbed=[unmoved, moved]) == []
+    # the allowance is a few times the change measured, no more
+    assert fuzzgen.compare(eager, _result([-1e-13, 1.0], "float64"), perturbed=[moved])
+    # a perturbed run that overflows tells nothing about rounding: |eager| (as a shadow's)
+    assert fuzzgen.compare(eager, _result([0.0, 1.5], "float64"), perturbed=[moved])
+    overflow = _result([8.4e-15, np.inf], "float64")
+    assert fuzzgen.compare(eager, _result([0.0, 1.5], "float64"), perturbed=[overflow]) == []
+
+
+def test_moved_roots_moves_each_root_gradient_by_one_ulp_of_its_dtype() -> None:
+    program = fuzzgen.generate(1006449)
+    module = fuzzgen._Module(program)
+    outs = [fg.zeros(2, dtype=fg.float32), fg.zeros(2, dtype=fg.float64)]
+    module.ns["COTANGENTS"] = [np.array([0.1, 0.0]), np.array([-3.0, np.inf])]
+    plain = module.ns["roots"](outs)
+    with module.moved_roots(np.random.default_rng(0)):
+        moved = module.ns["roots"](outs)
+    assert [t.dtype for t in moved] == [t.dtype for t in plain]
+    for a, b in zip(plain, moved):
+        a, b = a.numpy(), b.numpy()
+        nonzero = np.isfinite(a) & (a != 0)
+        step = np.abs(np.nextafter(a[nonzero], np.inf, dtype=a.dtype) - a[nonzero])
+        np.testing.assert_array_equal(np.abs(b[nonzero] - a[nonzero]), step)
+        np.testing.assert_array_equal(b[~nonzero], a[~nonzero])  # (zeros and inf kept)
+    assert module.ns["roots"](outs)[0].numpy()[0] == np.float32(0.1)  # (restored)
+
+
+def test_a_deviation_beyond_eagers_rounding_is_still_reported_where_eager_is_unstable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seed 1006449 as native segments: a layer norm over 2 elements of ~1e29 and ~1, whose
+    gradient is then multiplied by a weight of 7.5e29.  The exact v3.grad[0, 2] is 2.7e-61
+    (mpmath); eager's is 0 for about half of the roundings of the root gradients, +-8.4e-15
+    for the others.  Compiled gave -8.4e-15 when the campaign found it (another build of the
+    program rounds to 1.8e-15), beyond the floor of 4.3e-15.  Here the compiled value is set:
+    eager's own value one ulp of the root gradients away passes, and fails without the
+    perturbed runs; a value 12 times further off is still a mismatch."""
+    program = fuzzgen.generate(1006449)
+    assert fuzzgen.check(program, [fuzzgen.NATIVE]).ok
+    verdict = fuzzgen._verdict
+    compiled_value = [0.0]
+
+    def setting(eager, got, *rest):  # type: ignore[no-untyped-def]
+        if isinstance(got, dict) and "v3.grad" in got:
+            values = got["v3.grad"].values.copy()
+            values[0, 2] = compiled_value[0]
+            got = {**got, "v3.grad": fuzzgen._Array(values, got["v3.grad"].dtype)}
+        return verdict(eager, got, *rest)
+
+    monkeypatch.setattr(fuzzgen, "_verdict", setting)
+    compiled_value[0] = -8.407790785948903e-15  # (eager's, roots moved by one ulp)
+    assert fuzzgen.check(program, [fuzzgen.NATIVE]).ok
+    compiled_value[0] = -1e-13
+    report = fuzzgen.check(program, [fuzzgen.NATIVE])
+    assert [f.kind for f in report.findings] == ["mismatch"]
+    message = report.findings[0].message
+    assert "v3.grad: 1 of 4 elements beyond tolerance; worst at (0, 2)" in message
+    monkeypatch.setattr(fuzzgen, "PERTURBED_RUNS", 0)  # (the checker before them)
+    compiled_value[0] = -8.407790785948903e-15
+    assert not fuzzgen.check(program, [fuzzgen.NATIVE]).ok
