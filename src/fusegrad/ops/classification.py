@@ -12,24 +12,25 @@ the NaN), its gradient ``g - exp(out) sum(g)``; ``nll_loss`` is ``-w[t] x[t]`` p
 where the target is ``ignore_index`` (whatever the input holds there), summed or divided by
 the sum of the weights (every target ignored: NaN loss, zero gradient).  ``softmax`` keeps its
 composite's values to the bit (``ops.reduction._softmax_composite``: ``exp(x - m) / sum(exp(x -
-m))``, ``m`` the maximum where it is finite and 0 where it is not, so a slice holding inf or
-NaN, or only -inf, is NaN throughout), and its node saves its result as PyTorch's
+m))``, ``m`` the maximum where it is finite and 0 where it is not, so a slice holding NaN or
+only -inf is NaN throughout, and one holding +inf is NaN at the infinities and 0 elsewhere,
+where PyTorch's kernel gives NaN throughout), and its node saves its result as PyTorch's
 ``SoftmaxBackward0`` does (the composite's nodes saved ``exp(x - m)`` and the sum, and an
 in-place write into the result went unnoticed); its gradient is PyTorch's
 ``out (g - sum(g out))``.
 
 When the composites run instead (``fused_classification_runs``): inputs that are not CPU
-float32 / float64 arrays of one dtype, an empty input or class dim, a forward-AD level (the
-composites carry the tangents), a weight that requires grad (the composite differentiates
-it), and calls a compiler records or captures (``Tracer.prefers_composites``: the composite
-fuses into row kernels with its neighbours).  Where a graph is recorded, the composite
-``log_softmax`` and ``softmax`` run inside one node each that saves the result as the
-primitive's rule does (``autograd.native.LogSoftmax``, ``Softmax``: an in-place write into
-the result fails its backward).  The
-rules compute their gradients in the op surface where a graph of the gradient is wanted
-(``create_graph``); a compiler's capture takes that form too, and there ``nll_loss``
-without class weights indexes nothing (its sizes stay symbolic), while class weights, indexed
-by the targets, make the capture concrete-sized.
+float32 / float64 arrays of one dtype, an empty input or class dim (and a 0-d input, for
+``softmax``), a forward-AD level (the composites carry the tangents), a weight that requires
+grad (the composite differentiates it), and calls a compiler records or captures
+(``Tracer.prefers_composites``: the composite fuses into row kernels with its neighbours).
+Where a graph is recorded, the composite ``log_softmax`` and ``softmax`` run inside one node
+each that saves the result as the primitive's rule does (``autograd.native.LogSoftmax``,
+``Softmax``: an in-place write into the result fails its backward).  The rules compute their
+gradients in the op surface where a graph of the gradient is wanted (``create_graph``); a
+compiler's capture takes that form too, and there ``nll_loss`` without class weights indexes
+nothing (its sizes stay symbolic), while class weights, indexed by the targets, make the
+capture concrete-sized.
 """
 
 from __future__ import annotations
