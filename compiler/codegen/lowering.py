@@ -91,6 +91,8 @@ EXTERNS = frozenset(
         "rnn_sequence_backward",  # its gradients (backpropagation through time), flat
         "embedding",  # F.embedding's lookup (numpy take)
         "embedding_backward",  # its scatter-add backward (fused CPU kernel, numba)
+        "softmax",  # softmax's eager kernel (numpy)
+        "softmax_backward",  # its gradient
         "log_softmax",  # log_softmax / cross_entropy's first half (numpy)
         "log_softmax_backward",  # its gradient
         "nll_loss",  # nll_loss / cross_entropy's second half (numpy)

@@ -91,15 +91,6 @@ def test_unmodified_values_after_a_restore_still_fail() -> None:
         y.backward()
 
 
-_COMPOSITE_SOFTMAX = (
-    "known gap: the composite softmax saves no result, so an in-place write into the result is "
-    "not caught; PyTorch's SoftmaxBackward0 saves it and raises. (log_softmax had the same gap "
-    "where its composite ran -- CUDA, whole-step recordings: fuzz seeds 1000552 and 1005447 -- "
-    "and is one node saving its result there now, autograd/native.py's LogSoftmax; a Softmax "
-    "node of the same kind would close this one)"
-)
-
-
 @pytest.mark.parametrize("dtype", ["float64", "float16"], ids=["fused", "composite"])
 def test_writing_into_a_log_softmax_result_fails_its_backward(dtype: str) -> None:
     """The fused primitive (CPU float32/float64) and the composite (here float16; also CUDA
@@ -113,11 +104,36 @@ def test_writing_into_a_log_softmax_result_fails_its_backward(dtype: str) -> Non
         y.sum().backward()
 
 
-@pytest.mark.xfail(strict=True, reason=_COMPOSITE_SOFTMAX)
-def test_writing_into_a_softmax_result_fails_its_backward() -> None:
-    x = fg.tensor([0.1, 0.2, -0.3], requires_grad=True)
-    y = fg.softmax(x, 0)
+@pytest.mark.parametrize(
+    "dtype", ["float32", "float64", "float16"], ids=["fused32", "fused64", "composite"]
+)
+@pytest.mark.parametrize("shape", [(3,), (2, 3), ()], ids=["1d", "2d", "0d"])
+def test_writing_into_a_softmax_result_fails_its_backward(dtype: str, shape: tuple) -> None:
+    """The fused primitive (CPU float32/float64) and the composite (here float16, and 0-d
+    inputs in every dtype; also CUDA and compiled recordings) both save the result, as
+    PyTorch's SoftmaxBackward0: the composite's own nodes saved ``exp(x - max)`` and the sum,
+    and the write went unnoticed."""
+    values = np.array([[0.1, 0.2, -0.3], [1.0, -2.0, 0.5]]).reshape(-1)[: int(np.prod(shape))]
+    x = fg.tensor(values.reshape(shape), dtype=getattr(fg, dtype), requires_grad=True)
+    y = fg.softmax(x, -1)
+    assert y.grad_fn.name() == "SoftmaxBackward0"
     with fg.no_grad():
         y.mul_(2.0)
-    with pytest.raises(RuntimeError, match=MODIFIED):
+    with pytest.raises(RuntimeError, match=MODIFIED) as info:
         y.sum().backward()
+    assert "output 0 of SoftmaxBackward0" in str(info.value)
+    assert x.grad is None
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float16"], ids=["fused", "composite"])
+def test_softmax_saves_its_result_not_its_input(dtype: str) -> None:
+    """As PyTorch's SoftmaxBackward0: writing into the input afterwards leaves the backward
+    working, with the gradient of the values it had (``diag(s) - s s^T``)."""
+    x = fg.tensor([0.1, 0.2, -0.3], dtype=getattr(fg, dtype), requires_grad=True)
+    y = fg.softmax(x, 0)
+    with fg.no_grad():
+        x.mul_(5.0)
+    (y * fg.tensor([1.0, 0.0, 0.0], dtype=x.dtype)).sum().backward()
+    s = y.detach().numpy().astype(np.float64)
+    want = s[0] * (np.eye(3)[0] - s)
+    np.testing.assert_allclose(x.grad.numpy(), want, rtol=1e-2 if dtype == "float16" else 1e-12)

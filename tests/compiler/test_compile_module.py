@@ -936,3 +936,32 @@ def test_a_write_into_a_log_softmax_result_fails_the_backward_as_in_eager() -> N
                 net(_x()).sum().backward()
             messages.append(str(info.value))
     assert len(set(messages)) == 1, messages
+
+
+class _WritesIntoSoftmax(nn.Module):
+    """Writes into its softmax's result in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3, dtype=fg.float64)
+
+    def forward(self, x: fg.Tensor) -> fg.Tensor:
+        y = nn.functional.softmax(self.fc(x), -1)
+        y.masked_fill_(y > 0.5, 0.5)
+        return y
+
+
+def test_a_write_into_a_softmax_result_fails_the_backward_as_in_eager() -> None:
+    """The recorded forward's softmax (its composite, inside one ``SoftmaxBackward0`` node)
+    saves its result, as eager's fused primitive: the in-place write into it fails the
+    backward with eager's error on every call."""
+    messages = []
+    for compiled in (False, True):
+        fg.manual_seed(0)
+        m = _WritesIntoSoftmax()
+        net = fg.compile(m) if compiled else m
+        for _ in range(3):
+            with pytest.raises(RuntimeError, match="modified by an inplace operation") as info:
+                net(_x()).sum().backward()
+            messages.append(str(info.value))
+    assert len(set(messages)) == 1, messages

@@ -981,3 +981,23 @@ def test_a_compiled_step_writing_into_a_log_softmax_result_fails_like_eager() ->
             fn(fg.tensor([0.1, 0.2, -0.3], requires_grad=True))
         messages.append(str(info.value))
     assert len(set(messages)) == 1, messages
+
+
+def test_a_compiled_step_writing_into_a_softmax_result_fails_like_eager() -> None:
+    """The same for softmax: eager's fused primitive and the recording's composite (one
+    ``SoftmaxBackward0`` node, ``autograd.native.Softmax``) both save the result, as
+    PyTorch's; the composite's own nodes saved ``exp(x - max)`` and the sum."""
+
+    def step(x: fg.Tensor) -> None:
+        y = fg.softmax(x, 0)
+        y.mul_(2.0)
+        y.sum().backward()
+
+    messages = []
+    compiled = fg.compile(step)
+    for fn in (step, compiled, compiled, compiled):
+        with pytest.raises(RuntimeError, match="modified by an inplace operation") as info:
+            fn(fg.tensor([0.1, 0.2, -0.3], requires_grad=True))
+        messages.append(str(info.value))
+    assert len(set(messages)) == 1, messages
+    assert "output 0 of SoftmaxBackward0" in messages[0]

@@ -32,7 +32,7 @@ import numpy as np
 from .. import dtypes as _dt
 from .. import ops as F
 from ..errors import AutogradError
-from ..ops.classification import log_softmax_grad
+from ..ops.classification import log_softmax_grad, softmax_grad
 from ..ops.convolution import convolution_grads
 from ..ops.indexing import embedding_grad
 from ..ops.norms import norm_grads
@@ -931,6 +931,19 @@ def _log_softmax(node, g, out):
     if is_grad_enabled() or (tracer is not None and tracer.prefers_composites):
         return (log_softmax_grad(g, out, dim),)
     return (F.apply(F.REGISTRY["log_softmax_backward"], (g, out), {"dim": dim}),)
+
+
+@vjp("softmax", save="out")
+def _softmax(node, g, out):
+    """``out (g - sum(g out))`` along the dim, PyTorch's formula: one kernel
+    (``softmax_backward``); in the op surface where a graph of the gradient is wanted
+    (``create_graph``: ``out`` carries the forward's history) or a compiler captures the
+    backward (it fuses the row sum and the elementwise work with their neighbours)."""
+    dim = node.attrs["dim"]
+    tracer = _tracer_state.tracer
+    if is_grad_enabled() or (tracer is not None and tracer.prefers_composites):
+        return (softmax_grad(g, out, dim),)
+    return (F.apply(F.REGISTRY["softmax_backward"], (g, out), {"dim": dim}),)
 
 
 @vjp("nll_loss", save="target weight")

@@ -172,6 +172,13 @@ def _log_softmax(p, t, out, attrs):
     return t[0] - (out.exp() * t[0]).sum(dim, keepdim=True)
 
 
+@jvp("softmax")
+def _softmax(p, t, out, attrs):
+    # (softmax runs its composite while a dual level is active; a direct call is exact)
+    dim = attrs["dim"]
+    return out * (t[0] - (out * t[0]).sum(dim, keepdim=True))
+
+
 @jvp("nll_loss")
 def _nll_loss(p, t, out, attrs):
     # linear in the input; the target and the weight carry no tangent

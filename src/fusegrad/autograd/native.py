@@ -1,5 +1,5 @@
-"""conv2d, the normalisation layers and log_softmax as single backward nodes that save what
-PyTorch's native ops save, and only for the gradients that will be computed.
+"""conv2d, the normalisation layers, softmax and log_softmax as single backward nodes that save
+what PyTorch's native ops save, and only for the gradients that will be computed.
 
 Their forwards are composites of primitives (im2col and a matmul; means and a reciprocal
 square root).  Recorded primitive by primitive, every node of such a composite saves its own
@@ -12,8 +12,9 @@ per-primitive nodes), which saves
 * the normalisations: the input, the per-row mean and reciprocal standard deviation (for the
   input's and the weight's gradients) and the weight (for the input's), as
   ``NativeLayerNormBackward0`` / ``NativeBatchNormBackward0`` / ``NativeGroupNormBackward0`` do;
-* log_softmax: its result, as ``LogSoftmaxBackward0`` does (the composite's nodes kept
-  ``exp(x - max)`` and the sum, and an in-place write into the result went unnoticed).
+* softmax and log_softmax: their result, as ``SoftmaxBackward0`` and ``LogSoftmaxBackward0``
+  do (the composites' nodes kept ``exp(x - max)`` and the sum, and an in-place write into the
+  result went unnoticed).
 
 The backwards are written with fusegrad ops on the saved values: they differentiate again
 (``create_graph``; the statistics are then recomputed from the saved input, so that their own
@@ -21,9 +22,10 @@ dependence on it is seen), compiled autograd traces them like derivative rules a
 and whole compiled steps take them in (``compiler/functions.py``).  Callers use the Functions
 only when a graph is recorded and no forward-mode AD level is active (whose tangents the
 composites' primitive rules give); otherwise they run the composite directly.  The norm
-layers and log_softmax use these Functions only where their fused primitives
+layers, softmax and log_softmax use these Functions only where their fused primitives
 (``ops/norms.py``, ``ops/classification.py``) do not run: CUDA tensors, dtypes other than
-float32/float64, and layer_norm and log_softmax inside compiled programs.
+float32/float64, empty and (softmax) 0-d inputs, and layer_norm, softmax and log_softmax
+inside compiled programs.
 
 This module sits above the op surface and ``autograd.function`` (which imports ``ops``), so
 ``ops.functional`` cannot import it: importing it hands it to ``functional.install_native``
@@ -44,7 +46,7 @@ from ..ops import extra as _extra
 from ..ops import functional as _functional
 from ..ops import norms as _norms
 from ..ops import reduction as _reduction
-from ..ops.classification import log_softmax_grad
+from ..ops.classification import log_softmax_grad, softmax_grad
 from ..ops.convolution import col2im, conv_columns, windows
 from ..ops.creation import full, ones_like, zeros_like
 from ..ops.elementwise import where
@@ -316,6 +318,36 @@ class LogSoftmax(Function):
     def backward(ctx: Any, g: Tensor) -> tuple:
         (out,) = ctx.saved_tensors
         return log_softmax_grad(g, out, ctx.dim), None
+
+
+def records_softmax(x: Tensor) -> bool:
+    """Whether ``softmax`` of ``x``, where its fused primitive does not run, records its node
+    here (``Softmax``): as ``records_log_softmax``."""
+    return _functional._records(x)
+
+
+class Softmax(Function):
+    """``softmax``'s composite (``ops.reduction._softmax_composite``) as one node that saves
+    its result, as PyTorch's ``SoftmaxBackward0`` and the fused primitive's rule do: an
+    in-place write into the result then fails the backward with eager's error, where the
+    composite's own nodes saved ``exp(x - max)`` and the sum and did not see it.  ``dim`` is
+    None for a 0-d input.  The backward is the fused rule's, in the op surface
+    (``ops.classification.softmax_grad``): differentiable again, and fused by the
+    compilers."""
+
+    _node_name = "SoftmaxBackward0"
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, dim: int | None) -> Tensor:
+        out = _owned(_reduction._softmax_composite(x, dim))
+        ctx.save_for_backward(out)
+        ctx.dim = dim
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple:
+        (out,) = ctx.saved_tensors
+        return softmax_grad(g, out, ctx.dim), None
 
 
 class ScatterReduce(Function):

@@ -2,7 +2,9 @@
 var/std, norm, logsumexp, softmax/log_softmax, cumsum, cumprod, logcumsumexp, all/any.
 
 Primitives: sum, amax, amin, prod, argmax, argmin, cumsum, all, any.  mean, var, std, norm,
-logsumexp, softmax, log_softmax and max/min with ``dim`` are composites.
+logsumexp and max/min with ``dim`` are composites; softmax and log_softmax are fused primitives
+on CPU float32/float64 (``ops/classification.py``) and composites elsewhere (inside one node
+where a graph is recorded: ``autograd.native``).
 """
 
 from __future__ import annotations
@@ -265,6 +267,20 @@ def softmax(input: Any, dim: int, dtype: Any = None) -> Tensor:
     if x._dtype.category != 2:
         raise DTypeError(f"softmax: expected a floating point tensor, got {describe(x)}")
     d = wrap_dim("softmax", dim, x.ndim) if x.ndim else None
+    if d is not None and _classification.fused_classification_runs(x):
+        return apply(P["softmax"], (x,), {"dim": d})
+    if _native is not None and _native.records_softmax(x):
+        # one node that saves the result, as the fused primitive's (``autograd.native``)
+        return _native.Softmax.apply(x, d)
+    return _softmax_composite(x, d)
+
+
+def _softmax_composite(x: Tensor, d: int | None) -> Tensor:
+    """``softmax`` of a float ``x`` along the (wrapped) dim ``d`` (None for a 0-d ``x``) in
+    primitives: ``exp(x - m) / sum(exp(x - m))``, ``m`` the detached maximum where it is
+    finite and 0 where it is not (a slice holding NaN or only -inf is NaN; one holding +inf is
+    NaN at the infinities and 0 elsewhere), the fused primitive's values to the bit
+    (``ops/classification.py``)."""
     dims = (d,) if d is not None else None
     m = amax(x, dims if dims else (), keepdim=True).detach() if x.numel() else x.detach()
     e = exp(sub(x, where(isfinite(m), m, 0.0)))
