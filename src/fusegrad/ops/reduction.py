@@ -277,13 +277,12 @@ def softmax(input: Any, dim: int, dtype: Any = None) -> Tensor:
 
 def _softmax_composite(x: Tensor, d: int | None) -> Tensor:
     """``softmax`` of a float ``x`` along the (wrapped) dim ``d`` (None for a 0-d ``x``) in
-    primitives: ``exp(x - m) / sum(exp(x - m))``, ``m`` the detached maximum where it is
-    finite and 0 where it is not (a slice holding NaN or only -inf is NaN; one holding +inf is
-    NaN at the infinities and 0 elsewhere), the fused primitive's values to the bit
-    (``ops/classification.py``)."""
+    primitives: ``exp(x - m) / sum(exp(x - m))``, ``m`` the detached maximum (a slice holding
+    NaN, +inf or only -inf is NaN throughout, as PyTorch's kernel gives), the fused
+    primitive's values to the bit (``ops/classification.py``)."""
     dims = (d,) if d is not None else None
     m = amax(x, dims if dims else (), keepdim=True).detach() if x.numel() else x.detach()
-    e = exp(sub(x, where(isfinite(m), m, 0.0)))
+    e = exp(sub(x, m))
     return div(e, sum(e, dims, keepdim=True))
 
 
