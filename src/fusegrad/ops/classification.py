@@ -12,9 +12,8 @@ the NaN), its gradient ``g - exp(out) sum(g)``; ``nll_loss`` is ``-w[t] x[t]`` p
 where the target is ``ignore_index`` (whatever the input holds there), summed or divided by
 the sum of the weights (every target ignored: NaN loss, zero gradient).  ``softmax`` keeps its
 composite's values to the bit (``ops.reduction._softmax_composite``: ``exp(x - m) / sum(exp(x -
-m))``, ``m`` the maximum where it is finite and 0 where it is not, so a slice holding NaN or
-only -inf is NaN throughout, and one holding +inf is NaN at the infinities and 0 elsewhere,
-where PyTorch's kernel gives NaN throughout), and its node saves its result as PyTorch's
+m))``, ``m`` the maximum, so a slice holding NaN, +inf or only -inf is NaN throughout, as
+PyTorch's kernel gives), and its node saves its result as PyTorch's
 ``SoftmaxBackward0`` does (the composite's nodes saved ``exp(x - m)`` and the sum, and an
 in-place write into the result went unnoticed); its gradient is PyTorch's
 ``out (g - sum(g out))``.
