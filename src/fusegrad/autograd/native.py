@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from .. import dtypes as _dtypes
@@ -295,29 +296,39 @@ def records_log_softmax(x: Tensor) -> bool:
     return _functional._records(x)
 
 
-class LogSoftmax(Function):
-    """``log_softmax``'s composite (``ops.reduction._log_softmax_composite``) as one node that
-    saves its result, as PyTorch's ``LogSoftmaxBackward0`` and the fused primitive's rule do:
-    an in-place write into the result then fails the backward with eager's error, where the
-    composite's own nodes saved ``exp(x - max)`` and the sum and did not see it (fuzz seeds
-    1000552, 1005447, 1009384, 1009962: whole steps and compiled modules, which record the
-    composite).  The backward is the fused rule's, in the op surface
-    (``ops.classification.log_softmax_grad``): differentiable again, and fused by the
-    compilers."""
+class _SavesItsResult(Function):
+    """A composite (``composite(x, dim)``) as one node that saves its result, as PyTorch's
+    node does: an in-place write into the result then fails the backward with eager's error,
+    where the composite's own nodes saved ``exp(x - max)`` and the sum and did not see it.  The
+    backward is the fused rule's, in the op surface (``gradient(g, out, dim)``): differentiable
+    again, and fused by the compilers."""
 
-    _node_name = "LogSoftmaxBackward0"
+    # (each subclass names its own, as static methods)
+    composite: Callable[[Tensor, Any], Tensor]
+    gradient: Callable[[Tensor, Tensor, Any], Tensor]
 
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, dim: int) -> Tensor:
-        out = _owned(_reduction._log_softmax_composite(x, dim))
+    @classmethod
+    def forward(cls, ctx: Any, x: Tensor, dim: Any) -> Tensor:  # type: ignore[override]
+        out = _owned(cls.composite(x, dim))
         ctx.save_for_backward(out)
         ctx.dim = dim
         return out
 
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple:
+    @classmethod
+    def backward(cls, ctx: Any, g: Tensor) -> tuple:  # type: ignore[override]
         (out,) = ctx.saved_tensors
-        return log_softmax_grad(g, out, ctx.dim), None
+        return cls.gradient(g, out, ctx.dim), None
+
+
+class LogSoftmax(_SavesItsResult):
+    """``log_softmax``'s composite (``ops.reduction._log_softmax_composite``), saving its result
+    as ``LogSoftmaxBackward0`` and the fused primitive's rule do (fuzz seeds 1000552, 1005447,
+    1009384, 1009962: whole steps and compiled modules, which record the composite, missed a
+    write into the result); its backward ``ops.classification.log_softmax_grad``."""
+
+    _node_name = "LogSoftmaxBackward0"
+    composite = staticmethod(_reduction._log_softmax_composite)
+    gradient = staticmethod(log_softmax_grad)
 
 
 def records_softmax(x: Tensor) -> bool:
@@ -326,28 +337,14 @@ def records_softmax(x: Tensor) -> bool:
     return _functional._records(x)
 
 
-class Softmax(Function):
-    """``softmax``'s composite (``ops.reduction._softmax_composite``) as one node that saves
-    its result, as PyTorch's ``SoftmaxBackward0`` and the fused primitive's rule do: an
-    in-place write into the result then fails the backward with eager's error, where the
-    composite's own nodes saved ``exp(x - max)`` and the sum and did not see it.  ``dim`` is
-    None for a 0-d input.  The backward is the fused rule's, in the op surface
-    (``ops.classification.softmax_grad``): differentiable again, and fused by the
-    compilers."""
+class Softmax(_SavesItsResult):
+    """``softmax``'s composite (``ops.reduction._softmax_composite``), saving its result as
+    ``SoftmaxBackward0`` and the fused primitive's rule do; ``dim`` is None for a 0-d input;
+    its backward ``ops.classification.softmax_grad``."""
 
     _node_name = "SoftmaxBackward0"
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, dim: int | None) -> Tensor:
-        out = _owned(_reduction._softmax_composite(x, dim))
-        ctx.save_for_backward(out)
-        ctx.dim = dim
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple:
-        (out,) = ctx.saved_tensors
-        return softmax_grad(g, out, ctx.dim), None
+    composite = staticmethod(_reduction._softmax_composite)
+    gradient = staticmethod(softmax_grad)
 
 
 class ScatterReduce(Function):
