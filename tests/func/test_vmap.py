@@ -244,5 +244,18 @@ def test_fallback_loop_for_primitives_without_a_rule() -> None:
     np.testing.assert_array_equal(got.numpy(), np.searchsorted(edges.numpy(), x.numpy()))
 
 
+def test_views_of_a_batched_scalar() -> None:
+    """A sample that is a scalar is a 0-d array (``view`` and forward AD's ``unpack_dual``
+    take views of it): ``jacfwd`` of a function with a scalar output under ``vmap``."""
+    from fusegrad.func import jacfwd
+
+    x = _t(3, 4)
+    np.testing.assert_allclose(
+        vmap(lambda u: u.sum().view(()) * 2)(x).numpy(), 2 * x.numpy().sum(1)
+    )
+    got = vmap(jacfwd(lambda u: (u * u).sum()))(x)
+    np.testing.assert_allclose(got.numpy(), 2 * x.numpy(), rtol=1e-12)
+
+
 def test_top_level_vmap_is_func_vmap() -> None:
     assert fg.vmap is vmap

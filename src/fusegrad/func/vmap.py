@@ -195,7 +195,7 @@ def _sample(phys: Tensor) -> np.ndarray:
     """One sample's array of a physical tensor (its first; an empty one for an empty batch)."""
     data = phys._data
     if data.shape[0]:
-        return data[0]
+        return data[0, ...]  # (a 0-d array for a batch of scalars, not a numpy scalar: views work)
     return np.zeros(data.shape[1:], data.dtype)
 
 
