@@ -1,12 +1,17 @@
 """``fusegrad.func.vmap``: against a loop over samples and against ``torch.func.vmap`` --
 in_dims/out_dims (ints, None, nested), nesting, chunk_size, randomness, the batching rules of
 the primitives (elementwise with broadcasting, reductions, movement, indexing, matmul) and the
-sample-by-sample fallback, in-place ops, autograd through and inside ``vmap``, and the errors."""
+sample-by-sample fallback, in-place ops, autograd through and inside ``vmap``, Jacobians under
+one and two levels of ``vmap`` (``vmap(jacrev(f))``: a backward of an outer level with output
+gradients of an inner one; against closed forms, torch.func and, over shapes, hypothesis), and
+the errors."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fusegrad as fg
 import fusegrad.nn.functional as Fn
@@ -244,5 +249,195 @@ def test_fallback_loop_for_primitives_without_a_rule() -> None:
     np.testing.assert_array_equal(got.numpy(), np.searchsorted(edges.numpy(), x.numpy()))
 
 
+def test_views_of_a_batched_scalar() -> None:
+    """A sample that is a scalar is a 0-d array (``view`` and forward AD's ``unpack_dual``
+    take views of it): ``jacfwd`` of a function with a scalar output under ``vmap``."""
+    from fusegrad.func import jacfwd
+
+    x = _t(3, 4)
+    np.testing.assert_allclose(
+        vmap(lambda u: u.sum().view(()) * 2)(x).numpy(), 2 * x.numpy().sum(1)
+    )
+    got = vmap(jacfwd(lambda u: (u * u).sum()))(x)
+    np.testing.assert_allclose(got.numpy(), 2 * x.numpy(), rtol=1e-12)
+
+
 def test_top_level_vmap_is_func_vmap() -> None:
     assert fg.vmap is vmap
+
+
+# ---- Jacobians under vmap: a backward of one level with output gradients of a level inside it
+
+
+_M = RNG.standard_normal((4, 3))
+_W1, _W2 = RNG.standard_normal((4, 5)), RNG.standard_normal((5, 2))
+
+
+def _softmax_jacobian(x: np.ndarray) -> np.ndarray:
+    s = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+    return np.diag(s) - np.outer(s, s)
+
+
+def _mlp_jacobian(x: np.ndarray) -> np.ndarray:
+    h = np.tanh(x @ _W1)
+    return (_W2.T * (1 - h * h)) @ _W1.T
+
+
+# functions of one sample x of shape (4,), written for fusegrad and torch alike (``lib``), with
+# their Jacobians in numpy
+JACOBIAN_CASES = [
+    ("sin", lambda lib, x: x.sin(), lambda x: np.diag(np.cos(x))),
+    ("matmul", lambda lib, x: x @ lib.tensor(_M), lambda x: _M.T),
+    ("sum", lambda lib, x: (x * x).sum(), lambda x: 2 * x),
+    ("softmax", lambda lib, x: x.softmax(-1), _softmax_jacobian),
+    (
+        "mlp",
+        lambda lib, x: (x @ lib.tensor(_W1)).tanh() @ lib.tensor(_W2),
+        _mlp_jacobian,
+    ),
+]
+
+
+def _per_sample(reference, xs: np.ndarray) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """``reference`` of every sample along the leading dims of ``xs`` (samples of shape (4,))."""
+    flat = xs.reshape(-1, xs.shape[-1])
+    out = np.stack([reference(x) for x in flat])
+    return out.reshape(*xs.shape[:-1], *out.shape[1:])
+
+
+@pytest.mark.parametrize("name,fn,jacobian", JACOBIAN_CASES, ids=[c[0] for c in JACOBIAN_CASES])
+def test_jacobians_under_vmap_are_each_samples(name, fn, jacobian) -> None:  # type: ignore[no-untyped-def]
+    """``jacrev``'s rows are a ``vmap`` inside the user's: its backward runs on the outer
+    level's graph with output gradients batched at the inner level, which must keep their own
+    batch (each row of every sample's Jacobian was the first row before)."""
+    from fusegrad.func import jacfwd, jacrev
+
+    f = lambda x: fn(fg, x)  # noqa: E731
+    xs = _t(3, 4)
+    want = _per_sample(jacobian, xs.numpy())
+    for label, transform in [
+        ("vmap(jacrev)", vmap(jacrev(f))),
+        ("vmap(jacrev, chunk_size=3)", vmap(jacrev(f, chunk_size=3))),
+        ("vmap(jacfwd)", vmap(jacfwd(f))),
+    ]:
+        np.testing.assert_allclose(
+            transform(xs).numpy(), want, rtol=1e-10, atol=1e-12, err_msg=label
+        )
+    # the batch along another dim, and two levels of vmap around the Jacobian
+    got = vmap(jacrev(f), in_dims=1)(xs.t().contiguous())
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-10, atol=1e-12)
+    xss = _t(2, 3, 4)
+    want2 = _per_sample(jacobian, xss.numpy())
+    for label, transform in [
+        ("vmap(vmap(jacrev))", vmap(vmap(jacrev(f)))),
+        ("vmap(jacrev(vmap))", vmap(jacrev(vmap(f)))),
+    ]:
+        got = transform(xss)
+        if label == "vmap(jacrev(vmap))":  # (the Jacobian of a batch of 3 samples, per sample)
+            got = fg.stack([got[:, i, ..., i, :] for i in range(3)], 1)
+        np.testing.assert_allclose(got.numpy(), want2, rtol=1e-10, atol=1e-12, err_msg=label)
+
+
+@pytest.mark.parametrize("name,fn,jacobian", JACOBIAN_CASES, ids=[c[0] for c in JACOBIAN_CASES])
+def test_jacobians_under_vmap_match_torch(name, fn, jacobian) -> None:  # type: ignore[no-untyped-def]
+    torch = pytest.importorskip("torch")
+    from fusegrad.func import jacfwd, jacrev
+
+    xs = _t(2, 3, 4)
+    txs = torch.tensor(xs.numpy())
+    ours_f = lambda x: fn(fg, x)  # noqa: E731
+    theirs_f = lambda x: fn(torch, x)  # noqa: E731
+    tf = torch.func
+    pairs = [
+        (vmap(jacrev(ours_f)), tf.vmap(tf.jacrev(theirs_f)), xs[0], txs[0]),
+        (
+            vmap(jacrev(ours_f, chunk_size=2)),
+            tf.vmap(tf.jacrev(theirs_f, chunk_size=2)),
+            xs[0],
+            txs[0],
+        ),
+        (vmap(jacfwd(ours_f)), tf.vmap(tf.jacfwd(theirs_f)), xs[0], txs[0]),
+        (vmap(vmap(jacrev(ours_f))), tf.vmap(tf.vmap(tf.jacrev(theirs_f))), xs, txs),
+        (vmap(jacrev(vmap(ours_f))), tf.vmap(tf.jacrev(tf.vmap(theirs_f))), xs, txs),
+        (jacrev(vmap(jacrev(ours_f))), tf.jacrev(tf.vmap(tf.jacrev(theirs_f))), xs[0], txs[0]),
+    ]
+    for k, (ours, theirs, x, tx) in enumerate(pairs):
+        np.testing.assert_allclose(
+            ours(x).numpy(), theirs(tx).numpy(), rtol=1e-10, atol=1e-12, err_msg=str(k)
+        )
+
+
+def test_second_order_and_unbatched_arguments_under_vmap() -> None:
+    """Reverse over reverse under ``vmap`` (three levels of batch: the user's and two of rows),
+    and the Jacobian with respect to an argument that ``vmap`` does not batch."""
+    from fusegrad.func import jacrev
+
+    xs = _t(3, 4)
+    x = xs.numpy()
+    scalar = lambda u: (u.sin() * u).sum()  # noqa: E731
+    second = np.stack([np.diag(2 * np.cos(r) - r * np.sin(r)) for r in x])
+    got = vmap(jacrev(jacrev(scalar)))(xs)
+    np.testing.assert_allclose(got.numpy(), second, rtol=1e-10, atol=1e-12)
+    w = _t(4)
+    pair = lambda u, v: (u * v).sin()  # noqa: E731
+    got_w = vmap(jacrev(pair, argnums=1), in_dims=(0, None))(xs, w)
+    want_w = np.stack([np.diag(np.cos(r * w.numpy()) * r) for r in x])
+    np.testing.assert_allclose(got_w.numpy(), want_w, rtol=1e-10, atol=1e-12)
+    got_x, got_w = vmap(jacrev(pair, argnums=(0, 1)), in_dims=(0, None))(xs, w)
+    want_x = np.stack([np.diag(np.cos(r * w.numpy()) * w.numpy()) for r in x])
+    np.testing.assert_allclose(got_x.numpy(), want_x, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got_w.numpy(), want_w, rtol=1e-10, atol=1e-12)
+
+
+class _SquareTimes(fg.autograd.Function):
+    """x * x * w with a hand-written backward (run at its vmap level, ``_LevelFunction``)."""
+
+    @staticmethod
+    def forward(ctx, x: fg.Tensor, w: fg.Tensor) -> fg.Tensor:  # type: ignore[no-untyped-def]
+        ctx.save_for_backward(x, w)
+        return x * x * w
+
+    @staticmethod
+    def backward(ctx, g: fg.Tensor) -> tuple:  # type: ignore[no-untyped-def]
+        x, w = ctx.saved_tensors
+        return 2 * x * w * g, x * x * g
+
+
+def test_jacobian_of_a_custom_function_under_vmap() -> None:
+    """The Function's backward runs at its level while the rows of ``jacrev`` batch inside it:
+    its gradients for a batched and an unbatched input are each sample's."""
+    from fusegrad.func import jacrev
+
+    xs, w = _t(3, 4), _t(4)
+    f = lambda u, v: _SquareTimes.apply(u.sin(), v)  # noqa: E731
+    got_x, got_w = vmap(jacrev(f, argnums=(0, 1)), in_dims=(0, None))(xs, w)
+    x, wn = xs.numpy(), w.numpy()
+    want_x = np.stack([np.diag(2 * np.sin(r) * np.cos(r) * wn) for r in x])
+    want_w = np.stack([np.diag(np.sin(r) ** 2) for r in x])
+    np.testing.assert_allclose(got_x.numpy(), want_x, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got_w.numpy(), want_w, rtol=1e-10, atol=1e-12)
+
+
+_sample_shapes = st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple)
+
+
+@settings(max_examples=20, deadline=None)
+@given(outer=st.integers(1, 3), inner=st.integers(1, 3), shape=_sample_shapes)
+def test_jacrev_under_nested_vmaps_over_shapes(outer: int, inner: int, shape: tuple) -> None:
+    """``x.sin() * x.sum()`` (a Jacobian that is not diagonal) of every sample of one and of two
+    levels of ``vmap``, against its closed form."""
+    from fusegrad.func import jacrev
+
+    xs = _t(outer, inner, *shape)
+    f = lambda u: u.sin() * u.sum()  # noqa: E731
+    n = int(np.prod(shape))
+
+    def jacobian(x: np.ndarray) -> np.ndarray:
+        flat = x.reshape(-1)
+        j = np.diag(np.cos(flat) * flat.sum()) + np.sin(flat)[:, None]
+        return j.reshape(shape + shape)
+
+    flat = xs.numpy().reshape(outer, inner, n)
+    want = np.stack([[jacobian(s.reshape(shape)) for s in row] for row in flat])
+    np.testing.assert_allclose(vmap(vmap(jacrev(f)))(xs).numpy(), want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(vmap(jacrev(f))(xs[0]).numpy(), want[0], rtol=1e-10, atol=1e-12)

@@ -17,7 +17,12 @@ every sample's gradient is its own row.  ``grad`` of a batched function with res
 unbatched input (``vmap(grad(loss), in_dims=(None, 0, 0))``) therefore lifts that input to a
 batched one first (``lift``), so that each sample gets its own gradient.  A ``grad`` call whose
 outputs are not batched but whose output gradients are (the vector-Jacobian products of
-``jacrev``) runs the derivative rules themselves on batched values, through the tracer.
+``jacrev``) runs the derivative rules themselves on batched values, through the tracer.  Where
+the outputs are batched at an outer level and the output gradients at a level inside it
+(``vmap(jacrev(f))``: jacrev's rows are a ``vmap`` inside the user's), the backward runs on the
+outer level's physical graph with that level taken out of the chain (``_without_level``) and
+the inner levels still batching: the output gradients hold the outer level's samples as an
+ordinary dim (``_lower``), and so do the input gradients until they are put back (``_raise``).
 
 A custom ``autograd.Function`` called on batched tensors runs its forward at the level (its
 ops are batched like any others) and gets one node on the physical tensors,
@@ -166,6 +171,8 @@ class _LevelFunction(Node):
 
     def apply(self, grads: tuple, retain: bool) -> tuple:
         level = self.level
+        if level.inside is not None:
+            return self._apply_inside(grads, retain)
         logical = tuple(None if g is None else level.wrap(g) for g in grads)
         with tracing(level):
             results = self.ctx.apply(logical, retain)
@@ -183,6 +190,29 @@ class _LevelFunction(Node):
                     out.append(r)
         return tuple(out)
 
+    def _apply_inside(self, grads: tuple, retain: bool) -> tuple:
+        """``apply`` in a backward that runs with the level taken out of the chain and the
+        levels inside it still batching (``_without_level``: ``jacrev`` of the Function under
+        ``vmap``): the gradients are values of the chain without the level; the level is put
+        back while the Function's backward runs on them, batched at it."""
+        level = self.level
+        inside = level.inside
+        logical = tuple(None if g is None else _raise(g, level) for g in grads)
+        inside.prev, level.inside = level, None
+        try:
+            results = self.ctx.apply(logical, retain)
+        finally:
+            inside.prev, level.inside = level.prev, inside
+        out = []
+        for r, (shape, _) in zip(results, self._input_meta):
+            if r is None:
+                out.append(None)
+            elif _batched_through(r, level) or tuple(r.shape) != tuple(shape):
+                out.append(_lower(r, level))  # (spread along the level where it is not batched)
+            else:  # an unbatched input's gradient, already one for all samples
+                out.append(r)
+        return tuple(out)
+
     def release(self) -> None:
         self.ctx.release()
 
@@ -191,11 +221,23 @@ def _batched_at(t: Any, level: BatchTracer) -> bool:
     return type(t) is BatchedTensor and t.__dict__["_level"] is level
 
 
+def _batched_through(t: Any, level: BatchTracer) -> bool:
+    """Whether ``t`` is batched at ``level``, itself or under the levels inside it."""
+    while type(t) is BatchedTensor:
+        owner = t.__dict__["_level"]
+        if owner is level:
+            return True
+        if owner.depth < level.depth:
+            return False
+        t = t.__dict__["_phys"]
+    return False
+
+
 def _sample(phys: Tensor) -> np.ndarray:
     """One sample's array of a physical tensor (its first; an empty one for an empty batch)."""
     data = phys._data
     if data.shape[0]:
-        return data[0]
+        return data[0, ...]  # (a 0-d array for a batch of scalars, not a numpy scalar: views work)
     return np.zeros(data.shape[1:], data.dtype)
 
 
@@ -216,6 +258,9 @@ class BatchTracer(Tracer):
         self.size = size
         self.randomness = randomness
         self.depth = prev.depth + 1 if isinstance(prev, BatchTracer) else 1
+        # the level that skips this one while a backward runs on its physical graph with the
+        # levels inside it still batching (``_without_level``); None otherwise
+        self.inside: BatchTracer | None = None
 
     def wrap(self, phys: Tensor) -> BatchedTensor:
         """A ``BatchedTensor`` of this level over the physical tensor ``phys``."""
@@ -290,29 +335,30 @@ class BatchTracer(Tracer):
             # reach a compiled region or recording below as one sample's tensors
             with without_tracer_below(roots[0], "a backward with batched output gradients"):
                 return self.backward(roots, grads, retain_graph, create_graph, inputs, accumulate)
-        batched = [_batched_at(r, self) for r in roots]
-        if not any(batched):
-            # the outputs are one sample's (a graph made outside this vmap) and the output
-            # gradients may be batched: the rules run here, on batched values
-            if self.prev is None:
+        level = _innermost_level(roots, self.levels())
+        if level is None:
+            # no output is batched (a graph made outside every vmap, as ``vjp``'s under
+            # ``vmap(vjp_fn)``) and the output gradients may be: the engine runs the rules here,
+            # through every level, on batched values
+            below = _tracer_below()
+            if below is None:
                 return NotImplemented
-            with tracing(self.prev):
-                return self.prev.backward(
-                    roots, grads, retain_graph, create_graph, inputs, accumulate
-                )
-        if not all(batched):
+            with tracing(below):
+                return below.backward(roots, grads, retain_graph, create_graph, inputs, accumulate)
+        if not all(_batched_at(r, level) for r in roots):
             raise RuntimeError(
                 "vmap: backward through outputs of which some are batched and some are not "
                 "is not supported; compute them in separate calls"
             )
-        with tracing(self.prev):
+        # the graph of the outputs is their batch's, one level down, where ``level``'s samples
+        # are rows: the backward runs there, with the levels above ``level`` still batching
+        # (their output gradients: ``jacrev``'s rows under ``vmap``, ``vmap(jacrev(f))``)
+        with _without_level(level, self):
             phys_roots = [r.__dict__["_phys"] for r in roots]
-            phys_grads = [
-                g.__dict__["_phys"] if _batched_at(g, self) else spread(g, self.size) for g in grads
-            ]
+            phys_grads = [_lower(g, level) for g in grads]
             phys_inputs = None
             if inputs is not None:
-                phys_inputs = [x.__dict__["_phys"] if _batched_at(x, self) else x for x in inputs]
+                phys_inputs = [x.__dict__["_phys"] if _batched_at(x, level) else x for x in inputs]
             if accumulate:
                 api.backward(phys_roots, phys_grads, retain_graph, create_graph, phys_inputs)
                 return None
@@ -324,10 +370,10 @@ class BatchTracer(Tracer):
                 create_graph=create_graph,
                 allow_unused=True,
             )
-        return [
-            None if g is None else (self.wrap(g) if _batched_at(x, self) else g)
-            for x, g in zip(inputs, results)
-        ]
+            return [
+                None if g is None else (_raise(g, level) if _batched_at(x, level) else g)
+                for x, g in zip(inputs, results)
+            ]
 
     # ---- what the batch cannot go through --------------------------------------------------
     def host_read(self, tensor: Tensor, what: str, result: Any = None) -> None:
@@ -395,6 +441,85 @@ class BatchTracer(Tracer):
         if self.prev is None:
             return NotImplemented
         return self.prev.opaque(owner, fn, args, kwargs)
+
+
+def _innermost_level(tensors: Any, chain: list[BatchTracer]) -> BatchTracer | None:
+    """The innermost of the levels ``chain`` (outermost first) at which one of ``tensors`` is
+    batched (a ``BatchedTensor``'s own level is the innermost it is batched at), or None."""
+    innermost = -1
+    for t in tensors:
+        if type(t) is BatchedTensor:
+            owner = t.__dict__["_level"]
+            for i, candidate in enumerate(chain):
+                if candidate is owner and i > innermost:
+                    innermost = i
+    return chain[innermost] if innermost >= 0 else None
+
+
+class _without_level:  # noqa: N801  (a context manager, used like a function)
+    """Run the block with ``level`` taken out of this thread's chain of levels, whose
+    innermost is ``innermost``: the level just inside it gets ``level.prev`` as its ``prev``
+    (put back afterwards), and the installed tracer is ``innermost`` (``level.prev`` when
+    ``level`` is the innermost).  In the block, ``level``'s physical tensors are values of
+    the levels that remain, and a tensor batched at the levels inside ``level`` holds
+    ``level``'s samples as an ordinary dim (``_lower``, ``_raise``).  ``level.inside`` names
+    the level that skips it meanwhile (``_LevelFunction`` puts it back for its own backward).
+    (A class, not a generator, as ``without_tracer_below``.)"""
+
+    def __init__(self, level: BatchTracer, innermost: BatchTracer) -> None:
+        self.level = level
+        self.innermost = innermost
+        self.inside: BatchTracer | None = None
+        self.installed: Any = None
+
+    def __enter__(self) -> None:
+        level = self.level
+        inside: Any = self.innermost
+        while inside is not level and inside.prev is not level:
+            inside = inside.prev
+        if inside is level:  # the innermost level: nothing batches inside it
+            self.installed = tracing(level.prev)
+        else:
+            self.inside = inside
+            inside.prev = level.prev
+            level.inside = inside
+            self.installed = tracing(self.innermost)
+        self.installed.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.installed.__exit__(*exc)
+        if self.inside is not None:
+            self.inside.prev = self.level
+            self.level.inside = None
+
+
+def _lower(t: Any, level: BatchTracer) -> Any:
+    """``t``, a value of the whole chain of levels, as a value of the chain without ``level``
+    (``_without_level``): its batch of ``level`` becomes its logical dim 0 (spread along it
+    where ``t`` is not batched at ``level``), and it stays batched at the levels inside
+    ``level`` that it was batched at, each of their samples holding ``level``'s as rows."""
+    if type(t) is BatchedTensor:
+        owner = t.__dict__["_level"]
+        if owner is level:
+            return t.__dict__["_phys"]
+        if owner.depth > level.depth:
+            rows = _lower(t.__dict__["_phys"], level)  # (level's batch, owner's batch, ...)
+            with tracing(owner.prev):
+                return owner.wrap(F.movedim(rows, 1, 0))
+    with tracing(level.prev):
+        return spread(t, level.size)
+
+
+def _raise(t: Any, level: BatchTracer) -> Any:
+    """The inverse of ``_lower``: ``t``, a value of the chain without ``level`` whose logical
+    dim 0 is ``level``'s batch, as a value of the whole chain, batched at ``level``."""
+    if type(t) is BatchedTensor:
+        owner = t.__dict__["_level"]
+        if owner.depth > level.depth:
+            with tracing(owner.prev):
+                rows = F.movedim(t.__dict__["_phys"], 0, 1)  # (level's batch, owner's, ...)
+            return owner.wrap(_raise(rows, level))
+    return level.wrap(t)
 
 
 def _tracer_below() -> Tracer | None:
