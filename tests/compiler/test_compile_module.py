@@ -908,57 +908,37 @@ def test_a_cut_at_an_output_a_custom_function_made_runs_nothing_below_it() -> No
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
 
 
-class _WritesIntoLogSoftmax(nn.Module):
-    """Writes into its log_softmax's result in place (fuzz seed 1009962)."""
+class _WritesIntoResult(nn.Module):
+    """Writes into its ``op``'s result in place (log_softmax: fuzz seed 1009962)."""
 
-    def __init__(self) -> None:
+    def __init__(self, op: Any, bound: float) -> None:
         super().__init__()
         self.fc = nn.Linear(4, 3, dtype=fg.float64)
+        self.op, self.bound = op, bound
 
     def forward(self, x: fg.Tensor) -> fg.Tensor:
-        y = nn.functional.log_softmax(self.fc(x), -1)
-        y.masked_fill_(y > -1.0, -1.0)
+        y = self.op(self.fc(x), -1)
+        y.masked_fill_(y > self.bound, self.bound)
         return y
 
 
-def test_a_write_into_a_log_softmax_result_fails_the_backward_as_in_eager() -> None:
-    """The recorded forward's log_softmax saves its result, as eager's: the in-place write
-    into it fails the backward with eager's error on every call (the composite the
-    recording ran saved none, and the compiled module ran on: fuzz seeds 1000552, 1005447,
-    1009384, 1009962)."""
+@pytest.mark.parametrize(
+    ("op", "bound"),
+    [(nn.functional.log_softmax, -1.0), (nn.functional.softmax, 0.5)],
+    ids=["log_softmax", "softmax"],
+)
+def test_a_write_into_a_softmax_result_fails_the_backward_as_in_eager(
+    op: Any, bound: float
+) -> None:
+    """The recorded forward's log_softmax and softmax (their composites, each inside one node,
+    ``autograd.native``) save their results, as eager's fused primitives: the in-place write
+    into one fails the backward with eager's error on every call (the composite the recording
+    ran saved none, and the compiled module ran on: fuzz seeds 1000552, 1005447, 1009384,
+    1009962)."""
     messages = []
     for compiled in (False, True):
         fg.manual_seed(0)
-        m = _WritesIntoLogSoftmax()
-        net = fg.compile(m) if compiled else m
-        for _ in range(3):
-            with pytest.raises(RuntimeError, match="modified by an inplace operation") as info:
-                net(_x()).sum().backward()
-            messages.append(str(info.value))
-    assert len(set(messages)) == 1, messages
-
-
-class _WritesIntoSoftmax(nn.Module):
-    """Writes into its softmax's result in place."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 3, dtype=fg.float64)
-
-    def forward(self, x: fg.Tensor) -> fg.Tensor:
-        y = nn.functional.softmax(self.fc(x), -1)
-        y.masked_fill_(y > 0.5, 0.5)
-        return y
-
-
-def test_a_write_into_a_softmax_result_fails_the_backward_as_in_eager() -> None:
-    """The recorded forward's softmax (its composite, inside one ``SoftmaxBackward0`` node)
-    saves its result, as eager's fused primitive: the in-place write into it fails the
-    backward with eager's error on every call."""
-    messages = []
-    for compiled in (False, True):
-        fg.manual_seed(0)
-        m = _WritesIntoSoftmax()
+        m = _WritesIntoResult(op, bound)
         net = fg.compile(m) if compiled else m
         for _ in range(3):
             with pytest.raises(RuntimeError, match="modified by an inplace operation") as info:
