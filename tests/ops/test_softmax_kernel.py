@@ -251,24 +251,27 @@ def test_forward_ad_of_the_primitive_equals_the_composites() -> None:
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-12, atol=1e-15)
 
 
-def test_vmap_batches_the_primitives_without_a_loop(monkeypatch: Any) -> None:
-    """``softmax`` and ``softmax_backward`` under ``vmap`` run once on the whole batch (their
-    batching rules), batched and unbatched operands alike, and equal a loop over samples."""
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_vmap_batches_the_primitives_without_a_loop(monkeypatch: Any, name: str) -> None:
+    """``softmax`` and ``log_softmax`` and their backward primitives under ``vmap`` run once on
+    the whole batch (their batching rules), batched and unbatched operands alike, and equal a
+    loop over samples."""
 
     def no_loop(prim: Any, *args: Any) -> Any:
         raise AssertionError(f"{prim.name} was computed sample by sample")
 
     monkeypatch.setattr(sys.modules["fusegrad.func.vmap"], "loop", no_loop)
+    op = getattr(fg, name)
     rng = np.random.default_rng(8)
     x = fg.tensor(rng.standard_normal((4, 3, 5)))
     for dim in (0, 1, -1):
-        got = vmap(lambda s, dim=dim: fg.softmax(s, dim))(x)
-        want = np.stack([fg.softmax(x[b], dim).numpy() for b in range(4)])
+        got = vmap(lambda s, dim=dim: op(s, dim))(x)
+        want = np.stack([op(x[b], dim).numpy() for b in range(4)])
         np.testing.assert_array_equal(got.numpy(), want)
-    out = fg.softmax(fg.tensor(rng.standard_normal((3, 5))), 1)
+    out = op(fg.tensor(rng.standard_normal((3, 5))), 1)
     g = fg.tensor(rng.standard_normal((4, 3, 5)))
-    prim = REGISTRY["softmax_backward"]
-    for operands, in_dims in (((g, out), (0, None)), ((g, g.softmax(-1)), (0, 0))):
+    prim = REGISTRY[f"{name}_backward"]
+    for operands, in_dims in (((g, out), (0, None)), ((g, op(g, -1)), (0, 0))):
         got = vmap(lambda a, b: apply(prim, (a, b), {"dim": -1}), in_dims=in_dims)(*operands)
         samples = [[o[b] if d == 0 else o for o, d in zip(operands, in_dims)] for b in range(4)]
         want = np.stack([apply(prim, tuple(s), {"dim": 1}).numpy() for s in samples])

@@ -146,10 +146,11 @@ def _along_dim(prim: Any, ins: list, attrs: dict, batch: int) -> Any:
     return apply(prim, (x,), {**attrs, "dim": _norm(attrs["dim"], max(rank, 1)) + 1})
 
 
-@batching("softmax", "softmax_backward")
+@batching("softmax", "softmax_backward", "log_softmax", "log_softmax_backward")
 def _softmax(prim: Any, ins: list, attrs: dict, batch: int) -> Any:
-    """The fused softmax and its gradient (``g``, ``out``) along the shifted dim, an unbatched
-    operand spread over the batch (each operand is one sample's shape)."""
+    """The fused softmax and log_softmax and their gradients (``g``, ``out``) along the
+    shifted dim, an unbatched operand spread over the batch (each operand is one sample's
+    shape)."""
     rank = max(_rank(x) for x in ins)
     args = tuple(moved(x, batch) for x in ins)
     return apply(prim, args, {**attrs, "dim": _norm(attrs["dim"], rank) + 1})
