@@ -35,7 +35,7 @@ from ..autograd import forward_ad as _fwAD
 from ..autograd import grad_mode as _grad_mode
 from ..tensor import Tensor
 from ._pytree import tree_flatten, tree_unflatten
-from .vmap import current_levels, lift, vmap, without_tracer_below
+from .vmap import current_levels, lift, vmap, without_tracer_below, zeros_batched_like
 
 
 class _Depth(threading.local):
@@ -65,7 +65,12 @@ def _fresh(x: Any) -> Any:
         )
     if _fwAD._state.level is not None and _fwAD.unpack_dual(x).tangent is not None:
         # a dual tensor (jacfwd of this transform: forward over reverse) keeps its tangent;
-        # it is not lifted under vmap (its tangent lives on it, not on a batch)
+        # under vmap primal and tangent are lifted apart (a spread of the dual would run the
+        # tangent's rule below the levels its tangent is batched at) and made a dual again
+        primal, tangent = _fwAD.unpack_dual(x)
+        levels = current_levels()
+        if levels:
+            x = _fwAD.make_dual(lift(primal, levels), lift(tangent, levels))
         return F.clone(x) if x.requires_grad else F.clone(x).requires_grad_(True)
     x = lift(x, current_levels())
     if x.requires_grad:
@@ -336,7 +341,9 @@ def _jvp_by_double_vjp(func: Callable, primals: tuple, tangents: list, has_aux: 
     out, vjp_fn = result[0], result[1]
     out_leaves, out_spec = tree_flatten(out)
     with _transform(), _grad_mode.enable_grad():
-        dummies = [F.zeros_like(o).requires_grad_(True) for o in out_leaves]
+        # batched as the outputs are: an unbatched dummy under
+        # vmap would be one leaf for every sample, its gradient the sum of their products
+        dummies = [zeros_batched_like(o).requires_grad_(True) for o in out_leaves]
         pulled, _ = tree_flatten(vjp_fn(tree_unflatten(dummies, out_spec), create_graph=True))
         pairs = [(g, t) for g, t in zip(pulled, tangents) if g.requires_grad]
         if pairs:
