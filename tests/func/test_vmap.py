@@ -577,3 +577,27 @@ def test_hessians_under_vmap_of_an_unbatched_argument() -> None:
     np.testing.assert_allclose(got.detach().numpy(), want_w, rtol=1e-9, atol=1e-11)
     got = func.vmap(func.hessian(lambda w, u: g(u, w)), in_dims=(0, None))(ws, x)
     np.testing.assert_allclose(got.detach().numpy(), want_w, rtol=1e-9, atol=1e-11)
+
+
+def test_forward_over_forward_keeps_a_graph_only_when_asked() -> None:
+    """``jvp`` inside ``jvp`` (by a double vjp) returns no graph for inputs that do not require
+    grad, as torch.func (``.numpy()`` of ``vmap(jacfwd(jacfwd(f)))`` raised before), and one
+    that reverse mode differentiates correctly where they do."""
+    import fusegrad.func as func
+
+    f = lambda u: (u.sin() * u).sum() * u.sum()  # noqa: E731
+    xs = _t(3, 4)
+    assert not func.jacfwd(func.jacfwd(f))(xs[0]).requires_grad
+    assert not func.vmap(func.jacfwd(func.jacfwd(f)))(xs).requires_grad
+    x = xs[0].clone().requires_grad_(True)
+    func.jacfwd(func.jacfwd(f))(x).sum().backward()
+    want = func.grad(lambda u: func.hessian(f)(u).sum())(xs[0])
+    np.testing.assert_allclose(x.grad.numpy(), want.numpy(), rtol=1e-9, atol=1e-11)
+    h = 1e-6  # against central differences of the Hessian's sum
+    numeric = np.zeros(4)
+    for i in range(4):
+        step = fg.tensor(np.eye(4)[i] * h)
+        up = func.hessian(f)(xs[0] + step).sum().item()
+        down = func.hessian(f)(xs[0] - step).sum().item()
+        numeric[i] = (up - down) / (2 * h)
+    np.testing.assert_allclose(x.grad.numpy(), numeric, rtol=1e-5, atol=1e-6)

@@ -340,9 +340,12 @@ def _jvp_by_double_vjp(func: Callable, primals: tuple, tangents: list, has_aux: 
     result = vjp(func, *primals, has_aux=has_aux)
     out, vjp_fn = result[0], result[1]
     out_leaves, out_spec = tree_flatten(out)
+    # the products' graph is kept only where something outside can differentiate it (an input
+    # or a tangent requires grad, or a transform encloses this one), as ``grad``'s is
+    keep = _keep_graph([*tree_flatten(primals)[0], *tangents])
     with _transform(), _grad_mode.enable_grad():
-        # batched as the outputs are: an unbatched dummy under
-        # vmap would be one leaf for every sample, its gradient the sum of their products
+        # batched as the outputs are: an unbatched dummy under vmap would be one leaf for every
+        # sample, its gradient the sum of their products
         dummies = [zeros_batched_like(o).requires_grad_(True) for o in out_leaves]
         pulled, _ = tree_flatten(vjp_fn(tree_unflatten(dummies, out_spec), create_graph=True))
         pairs = [(g, t) for g, t in zip(pulled, tangents) if g.requires_grad]
@@ -351,7 +354,7 @@ def _jvp_by_double_vjp(func: Callable, primals: tuple, tangents: list, has_aux: 
                 [g for g, _ in pairs],
                 dummies,
                 [t for _, t in pairs],
-                create_graph=_grad_mode.is_grad_enabled(),
+                create_graph=keep,
                 allow_unused=True,
             )
         else:
