@@ -601,3 +601,32 @@ def test_forward_over_forward_keeps_a_graph_only_when_asked() -> None:
         down = func.hessian(f)(xs[0] - step).sum().item()
         numeric[i] = (up - down) / (2 * h)
     np.testing.assert_allclose(x.grad.numpy(), numeric, rtol=1e-5, atol=1e-6)
+
+
+def test_hessian_with_in_place_ops_keeps_one_primal_per_column() -> None:
+    """``jacfwd``'s columns share one primal computation: a dual input is not lifted along the
+    level only its tangent is batched at (the Hessian of a function with an in-place op on a
+    slice was wrong once it was)."""
+    import fusegrad.func as func
+
+    def f(u: fg.Tensor) -> fg.Tensor:
+        y = u.clone()
+        y[1:].add_(u[:-1].sin() * 2)
+        return (y * y).sum()
+
+    x = _t(4)
+    xn = x.numpy()
+    # y = x + 2 [0, sin x0, sin x1, sin x2]; f = sum y^2; its Hessian by the chain rule
+    dy = np.eye(4) + 2 * np.diag(np.cos(xn[:-1]), -1)
+    y = xn + 2 * np.concatenate([[0.0], np.sin(xn[:-1])])
+    curvature = np.zeros((4, 4))
+    curvature[:-1, :-1] = np.diag(-2 * np.sin(xn[:-1]) * 2 * y[1:])
+    want = 2 * dy.T @ dy + curvature
+    for label, transform in [
+        ("hessian", func.hessian(f)),
+        ("jacfwd(grad)", func.jacfwd(func.grad(f))),
+        ("jacrev(grad)", func.jacrev(func.grad(f))),
+    ]:
+        np.testing.assert_allclose(
+            transform(x).detach().numpy(), want, rtol=1e-9, atol=1e-11, err_msg=label
+        )

@@ -35,7 +35,15 @@ from ..autograd import forward_ad as _fwAD
 from ..autograd import grad_mode as _grad_mode
 from ..tensor import Tensor
 from ._pytree import tree_flatten, tree_unflatten
-from .vmap import current_levels, lift, vmap, without_tracer_below, zeros_batched_like
+from .vmap import (
+    current_levels,
+    lift,
+    lift_dual,
+    tangent_only_levels,
+    vmap,
+    without_tracer_below,
+    zeros_batched_like,
+)
 
 
 class _Depth(threading.local):
@@ -55,7 +63,17 @@ def _transform() -> Iterator[None]:
         _depth.value -= 1
 
 
-def _fresh(x: Any) -> Any:
+def _shared_levels(inputs: list) -> list:
+    """The ``vmap`` levels the dual ones of a transform's ``inputs`` are not lifted along
+    (``vmap.tangent_only_levels``); none outside forward-mode AD."""
+    dual = _fwAD._state.level
+    levels = current_levels()
+    if dual is None or not levels:
+        return []
+    return tangent_only_levels(inputs, levels, dual)
+
+
+def _fresh(x: Any, shared: list) -> Any:
     """A transform's own version of input ``x`` (see the module docstring)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"expected the inputs being differentiated to be Tensors, got {type(x)}")
@@ -70,7 +88,7 @@ def _fresh(x: Any) -> Any:
         primal, tangent = _fwAD.unpack_dual(x)
         levels = current_levels()
         if levels:
-            x = _fwAD.make_dual(lift(primal, levels), lift(tangent, levels))
+            x = _fwAD.make_dual(*lift_dual(primal, tangent, levels, shared))
         return F.clone(x) if x.requires_grad else F.clone(x).requires_grad_(True)
     x = lift(x, current_levels())
     if x.requires_grad:
@@ -163,10 +181,11 @@ def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> C
             flat_inputs: list = []
             specs = []
             originals: list = []
+            shared = _shared_levels([x for i in nums for x in tree_flatten(args[i])[0]])
             for i in nums:
                 leaves, spec = tree_flatten(args[i])
                 originals.extend(leaves)
-                fresh = [_fresh(x) for x in leaves]
+                fresh = [_fresh(x, shared) for x in leaves]
                 flat_inputs.extend(fresh)
                 specs.append((spec, len(fresh)))
                 new_args[i] = tree_unflatten(fresh, spec)
@@ -229,7 +248,8 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     ``vmap`` (``jacrev``)."""
     with _transform(), _grad_mode.enable_grad():
         leaves, spec = tree_flatten(primals)
-        fresh = [_fresh(x) for x in leaves]
+        shared = _shared_levels(leaves)
+        fresh = [_fresh(x, shared) for x in leaves]
         keep = _keep_graph(leaves)
         out, aux = _split_aux(func(*tree_unflatten(fresh, spec)), has_aux, "vjp")
     out_leaves, out_spec = tree_flatten(out)

@@ -623,6 +623,30 @@ def lift(x: Tensor, levels: list[BatchTracer]) -> Tensor:
     return inner.wrap(phys)
 
 
+def tangent_only_levels(inputs: list, levels: list[BatchTracer], dual: Any) -> list:
+    """Of ``levels``, those at which some of a transform's dual ``inputs`` has its tangent
+    batched and none has its primal batched (``jacfwd``'s columns: its samples share one
+    primal computation, so the inputs are not lifted along it, ``lift_dual``)."""
+    pairs = [(x, _forward_ad._tangent(x, dual)) for x in inputs if isinstance(x, Tensor)]
+    return [
+        level
+        for level in levels
+        if any(t is not None and _batched_through(t, level) for _, t in pairs)
+        and not any(_batched_through(x, level) for x, _ in pairs)
+    ]
+
+
+def lift_dual(
+    primal: Tensor, tangent: Tensor, levels: list[BatchTracer], shared: list[BatchTracer]
+) -> tuple:
+    """A dual input's primal and tangent lifted apart (``lift``) for a transform's fresh
+    input: the tangent at every level, the primal at every level but those of ``shared``
+    (``tangent_only_levels``, computed over all the transform's inputs, so that they are all
+    lifted alike: ``vmap(hessian(f), in_dims=(None, 0))`` needs one primal per sample)."""
+    chosen = [level for level in levels if level not in shared or _batched_through(primal, level)]
+    return lift(primal, chosen), lift(tangent, levels)
+
+
 def zeros_batched_like(t: Tensor) -> Tensor:
     """Zeros like ``t``, batched at the same levels as ``t`` (each level's batch of zeros): a
     leaf made from it is one per sample, as ``t`` is."""
