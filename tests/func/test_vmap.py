@@ -441,3 +441,192 @@ def test_jacrev_under_nested_vmaps_over_shapes(outer: int, inner: int, shape: tu
     want = np.stack([[jacobian(s.reshape(shape)) for s in row] for row in flat])
     np.testing.assert_allclose(vmap(vmap(jacrev(f)))(xs).numpy(), want, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(vmap(jacrev(f))(xs[0]).numpy(), want[0], rtol=1e-10, atol=1e-12)
+
+
+# ---- forward mode under vmap: Hessians of every sample ----------------------------------------
+
+_v = _W2[:, 0]
+
+
+def _logsumexp_hessian(x: np.ndarray) -> np.ndarray:
+    p = np.exp(x - x.max()) / np.exp(x - x.max()).sum()
+    return np.diag(p) - np.outer(p, p)
+
+
+def _coupled_hessian(x: np.ndarray) -> np.ndarray:
+    ones = np.ones_like(x)
+    return 2 * x.sum() * np.eye(x.size) + 2 * (np.outer(x, ones) + np.outer(ones, x))
+
+
+def _mlp_hessian(x: np.ndarray) -> np.ndarray:
+    h = np.tanh(x @ _W1)
+    return (_W1 * (_v * -2 * h * (1 - h * h))) @ _W1.T
+
+
+# scalar functions of one sample x of shape (4,), for fusegrad and torch alike (``lib``), with
+# their Hessians in numpy
+HESSIAN_CASES = [
+    (
+        "sin_times",
+        lambda lib, x: (x.sin() * x).sum(),
+        lambda x: np.diag(2 * np.cos(x) - x * np.sin(x)),
+    ),
+    ("coupled", lambda lib, x: (x * x).sum() * x.sum(), _coupled_hessian),
+    ("logsumexp", lambda lib, x: x.logsumexp(-1), _logsumexp_hessian),
+    ("mlp", lambda lib, x: (x @ lib.tensor(_W1)).tanh() @ lib.tensor(_v), _mlp_hessian),
+]
+
+
+def _forward_transforms(func, f, t):  # type: ignore[no-untyped-def]
+    """Every nesting of forward mode and ``vmap`` that gives each sample's Hessian (or its
+    product with ``t``), by label, for ``func`` (fusegrad.func or torch.func)."""
+    return [
+        ("vmap(hessian)", func.vmap(func.hessian(f)), False),
+        ("vmap(jacfwd(grad))", func.vmap(func.jacfwd(func.grad(f))), False),
+        ("vmap(jacfwd(jacrev))", func.vmap(func.jacfwd(func.jacrev(f))), False),
+        ("vmap(jacfwd(jacfwd))", func.vmap(func.jacfwd(func.jacfwd(f))), False),
+        ("vmap(hessian, chunk_size=2)", func.vmap(func.hessian(f), chunk_size=2), False),
+        ("vmap(jvp(grad))", func.vmap(lambda u: func.jvp(func.grad(f), (u,), (t,))[1]), True),
+        (
+            "jvp(vmap(grad))",
+            lambda xs: func.jvp(func.vmap(func.grad(f)), (xs,), (t.expand(xs.shape),))[1],
+            True,
+        ),
+    ]
+
+
+@pytest.mark.parametrize("name,fn,hessian", HESSIAN_CASES, ids=[c[0] for c in HESSIAN_CASES])
+def test_hessians_under_vmap_are_each_samples(name, fn, hessian) -> None:  # type: ignore[no-untyped-def]
+    """Forward mode inside ``vmap`` differentiates a backward that runs on the batch's graph
+    (``BatchTracer.backward``): the batch must carry the samples' tangents (every Hessian was
+    zeros before), and a dummy cotangent of ``jvp`` of ``jvp`` be one per sample (each sample
+    got the sum of the samples' products before)."""
+    import fusegrad.func as func
+
+    f = lambda x: fn(fg, x)  # noqa: E731
+    xs, t = _t(3, 4), _t(4)
+    want = _per_sample(hessian, xs.numpy())
+    for label, transform, is_product in _forward_transforms(func, f, t):
+        expected = want @ t.numpy() if is_product else want
+        got = transform(xs).detach().numpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-11, err_msg=label)
+    # the batch along another dim, two levels of vmap, and the Jacobian of a batched gradient
+    got = func.vmap(func.hessian(f), in_dims=1)(xs.t().contiguous())
+    np.testing.assert_allclose(got.detach().numpy(), want, rtol=1e-9, atol=1e-11)
+    xss = _t(2, 3, 4)
+    got = func.vmap(func.vmap(func.hessian(f)))(xss)
+    np.testing.assert_allclose(
+        got.detach().numpy(), _per_sample(hessian, xss.numpy()), rtol=1e-9, atol=1e-11
+    )
+    blocks = func.jacfwd(func.vmap(func.grad(f)))(xs).detach().numpy()  # (3, 4, 3, 4)
+    for i in range(3):
+        np.testing.assert_allclose(blocks[i, :, i], want[i], rtol=1e-9, atol=1e-11)
+        others = np.delete(blocks[i], i, axis=1)
+        np.testing.assert_array_equal(others, np.zeros_like(others))
+
+
+@pytest.mark.parametrize("name,fn,hessian", HESSIAN_CASES, ids=[c[0] for c in HESSIAN_CASES])
+def test_hessians_under_vmap_match_torch(name, fn, hessian) -> None:  # type: ignore[no-untyped-def]
+    torch = pytest.importorskip("torch")
+    import fusegrad.func as func
+
+    xs, t = _t(3, 4), _t(4)
+    txs, tt = torch.tensor(xs.numpy()), torch.tensor(t.numpy())
+    ours = _forward_transforms(func, lambda x: fn(fg, x), t)
+    theirs = _forward_transforms(torch.func, lambda x: fn(torch, x), tt)
+    for (label, mine, _), (_, reference, _) in zip(ours, theirs):
+        np.testing.assert_allclose(
+            mine(xs).detach().numpy(),
+            reference(txs).detach().numpy(),
+            rtol=1e-9,
+            atol=1e-11,
+            err_msg=label,
+        )
+    xss = _t(2, 3, 4)
+    np.testing.assert_allclose(
+        func.vmap(func.vmap(func.hessian(lambda x: fn(fg, x))))(xss).detach().numpy(),
+        torch.func.vmap(torch.func.vmap(torch.func.hessian(lambda x: fn(torch, x))))(
+            torch.tensor(xss.numpy())
+        ).numpy(),
+        rtol=1e-9,
+        atol=1e-11,
+    )
+
+
+def test_hessians_under_vmap_of_an_unbatched_argument() -> None:
+    """The Hessian with respect to an argument that ``vmap`` does not batch: forward over
+    reverse lifts the dual input to one per sample (primal and tangent apart), or each
+    sample's Hessian is the sum of all the samples'."""
+    import fusegrad.func as func
+
+    x, ws = _t(4), _t(3, 4)
+    g = lambda u, w: (u * w).sin().sum()  # noqa: E731
+    xn, wn = x.numpy(), ws.numpy()
+    want_x = np.stack([np.diag(-np.sin(xn * w) * w * w) for w in wn])
+    want_w = np.stack([np.diag(-np.sin(xn * w) * xn * xn) for w in wn])
+    for label, transform in [
+        ("vmap(hessian)", func.hessian(g)),
+        ("vmap(jacfwd(grad))", func.jacfwd(func.grad(g))),
+        ("vmap(jacfwd(jacfwd))", func.jacfwd(func.jacfwd(g))),
+    ]:
+        got = func.vmap(transform, in_dims=(None, 0))(x, ws)
+        np.testing.assert_allclose(
+            got.detach().numpy(), want_x, rtol=1e-9, atol=1e-11, err_msg=label
+        )
+    got = func.vmap(func.hessian(g, argnums=1), in_dims=(None, 0))(x, ws)
+    np.testing.assert_allclose(got.detach().numpy(), want_w, rtol=1e-9, atol=1e-11)
+    got = func.vmap(func.hessian(lambda w, u: g(u, w)), in_dims=(0, None))(ws, x)
+    np.testing.assert_allclose(got.detach().numpy(), want_w, rtol=1e-9, atol=1e-11)
+
+
+def test_forward_over_forward_keeps_a_graph_only_when_asked() -> None:
+    """``jvp`` inside ``jvp`` (by a double vjp) returns no graph for inputs that do not require
+    grad, as torch.func (``.numpy()`` of ``vmap(jacfwd(jacfwd(f)))`` raised before), and one
+    that reverse mode differentiates correctly where they do."""
+    import fusegrad.func as func
+
+    f = lambda u: (u.sin() * u).sum() * u.sum()  # noqa: E731
+    xs = _t(3, 4)
+    assert not func.jacfwd(func.jacfwd(f))(xs[0]).requires_grad
+    assert not func.vmap(func.jacfwd(func.jacfwd(f)))(xs).requires_grad
+    x = xs[0].clone().requires_grad_(True)
+    func.jacfwd(func.jacfwd(f))(x).sum().backward()
+    want = func.grad(lambda u: func.hessian(f)(u).sum())(xs[0])
+    np.testing.assert_allclose(x.grad.numpy(), want.numpy(), rtol=1e-9, atol=1e-11)
+    h = 1e-6  # against central differences of the Hessian's sum
+    numeric = np.zeros(4)
+    for i in range(4):
+        step = fg.tensor(np.eye(4)[i] * h)
+        up = func.hessian(f)(xs[0] + step).sum().item()
+        down = func.hessian(f)(xs[0] - step).sum().item()
+        numeric[i] = (up - down) / (2 * h)
+    np.testing.assert_allclose(x.grad.numpy(), numeric, rtol=1e-5, atol=1e-6)
+
+
+def test_hessian_with_in_place_ops_keeps_one_primal_per_column() -> None:
+    """``jacfwd``'s columns share one primal computation: a dual input is not lifted along the
+    level only its tangent is batched at (the Hessian of a function with an in-place op on a
+    slice was wrong once it was)."""
+    import fusegrad.func as func
+
+    def f(u: fg.Tensor) -> fg.Tensor:
+        y = u.clone()
+        y[1:].add_(u[:-1].sin() * 2)
+        return (y * y).sum()
+
+    x = _t(4)
+    xn = x.numpy()
+    # y = x + 2 [0, sin x0, sin x1, sin x2]; f = sum y^2; its Hessian by the chain rule
+    dy = np.eye(4) + 2 * np.diag(np.cos(xn[:-1]), -1)
+    y = xn + 2 * np.concatenate([[0.0], np.sin(xn[:-1])])
+    curvature = np.zeros((4, 4))
+    curvature[:-1, :-1] = np.diag(-2 * np.sin(xn[:-1]) * 2 * y[1:])
+    want = 2 * dy.T @ dy + curvature
+    for label, transform in [
+        ("hessian", func.hessian(f)),
+        ("jacfwd(grad)", func.jacfwd(func.grad(f))),
+        ("jacrev(grad)", func.jacrev(func.grad(f))),
+    ]:
+        np.testing.assert_allclose(
+            transform(x).detach().numpy(), want, rtol=1e-9, atol=1e-11, err_msg=label
+        )

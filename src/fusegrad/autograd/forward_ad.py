@@ -161,11 +161,23 @@ class dual_level:
 # ---- tangents on tensors -----------------------------------------------------------------------
 
 
-def _set_tangent(t: Tensor, tangent: Tensor | None, level: _Level) -> None:
+def _set_tangent(t: Tensor, tangent: Tensor | None, level: _Level, follow: bool = True) -> None:
+    """``t``'s tangent at ``level`` becomes ``tangent``.  A tensor that stands for another one
+    (a ``vmap`` sample, whose batch holds the values the engine differentiates) is told, so
+    that the other gets the matching tangent (``_tangent_follows``; not with ``follow`` off,
+    what it calls when the tangent comes from the other)."""
     try:
         t.__dict__[_TANGENT] = (level, tangent)
     except AttributeError:  # a compiler's symbolic value without a __dict__
         return
+    if follow:
+        follows = getattr(t, "_tangent_follows", None)
+        if follows is not None:
+            suspended, _local.suspended = _local.suspended, True
+            try:
+                follows(tangent, level)
+            finally:
+                _local.suspended = suspended
     key, holders = id(t), level.holders
 
     def forget(ref: weakref.ref) -> None:  # the tensor died: its entry goes (bounded memory)
@@ -251,9 +263,13 @@ def apply_dual(prim: Any, inputs: tuple, attrs: dict, rules: dict, inner: Any) -
         node = getattr(out, "grad_fn", None)
         saved = getattr(node, "_saved", None)
         if saved:
+            # the node's saved output is the tensor that records it: under ``vmap`` the
+            # batch's, whose tangent is the whole batch's (``_recorded_by``), not one sample's
+            recorded_by = getattr(out, "_recorded_by", None)
+            own = tangent if recorded_by is None else _tangent(recorded_by(), level)
             for s in saved:
                 if s._is_output:  # (it keeps only the output's data)
-                    s._fw_tangent = (level, tangent)
+                    s._fw_tangent = (level, own)
     return out
 
 
@@ -324,6 +340,12 @@ def tangents_of(args: tuple) -> list | None:
         return None
     tangents = [_tangent(a, level) if isinstance(a, Tensor) else None for a in args]
     return tangents if any(t is not None for t in tangents) else None
+
+
+def active_level() -> _Level | None:
+    """The dual level where tangents are being computed on this thread now (None when there is
+    none, or while a primitive or a rule runs: then values get no tangents)."""
+    return None if _local.suspended else _state.level
 
 
 @contextlib.contextmanager

@@ -35,7 +35,15 @@ from ..autograd import forward_ad as _fwAD
 from ..autograd import grad_mode as _grad_mode
 from ..tensor import Tensor
 from ._pytree import tree_flatten, tree_unflatten
-from .vmap import current_levels, lift, vmap, without_tracer_below
+from .vmap import (
+    current_levels,
+    lift,
+    lift_dual,
+    tangent_only_levels,
+    vmap,
+    without_tracer_below,
+    zeros_batched_like,
+)
 
 
 class _Depth(threading.local):
@@ -55,7 +63,17 @@ def _transform() -> Iterator[None]:
         _depth.value -= 1
 
 
-def _fresh(x: Any) -> Any:
+def _shared_levels(inputs: list) -> list:
+    """The ``vmap`` levels the dual ones of a transform's ``inputs`` are not lifted along
+    (``vmap.tangent_only_levels``); none outside forward-mode AD."""
+    dual = _fwAD._state.level
+    levels = current_levels()
+    if dual is None or not levels:
+        return []
+    return tangent_only_levels(inputs, levels, dual)
+
+
+def _fresh(x: Any, shared: list) -> Any:
     """A transform's own version of input ``x`` (see the module docstring)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"expected the inputs being differentiated to be Tensors, got {type(x)}")
@@ -65,7 +83,12 @@ def _fresh(x: Any) -> Any:
         )
     if _fwAD._state.level is not None and _fwAD.unpack_dual(x).tangent is not None:
         # a dual tensor (jacfwd of this transform: forward over reverse) keeps its tangent;
-        # it is not lifted under vmap (its tangent lives on it, not on a batch)
+        # under vmap primal and tangent are lifted apart (a spread of the dual would run the
+        # tangent's rule below the levels its tangent is batched at) and made a dual again
+        primal, tangent = _fwAD.unpack_dual(x)
+        levels = current_levels()
+        if levels:
+            x = _fwAD.make_dual(*lift_dual(primal, tangent, levels, shared))
         return F.clone(x) if x.requires_grad else F.clone(x).requires_grad_(True)
     x = lift(x, current_levels())
     if x.requires_grad:
@@ -158,10 +181,11 @@ def grad_and_value(func: Callable, argnums: Any = 0, has_aux: bool = False) -> C
             flat_inputs: list = []
             specs = []
             originals: list = []
+            shared = _shared_levels([x for i in nums for x in tree_flatten(args[i])[0]])
             for i in nums:
                 leaves, spec = tree_flatten(args[i])
                 originals.extend(leaves)
-                fresh = [_fresh(x) for x in leaves]
+                fresh = [_fresh(x, shared) for x in leaves]
                 flat_inputs.extend(fresh)
                 specs.append((spec, len(fresh)))
                 new_args[i] = tree_unflatten(fresh, spec)
@@ -224,7 +248,8 @@ def vjp(func: Callable, *primals: Any, has_aux: bool = False) -> tuple:
     ``vmap`` (``jacrev``)."""
     with _transform(), _grad_mode.enable_grad():
         leaves, spec = tree_flatten(primals)
-        fresh = [_fresh(x) for x in leaves]
+        shared = _shared_levels(leaves)
+        fresh = [_fresh(x, shared) for x in leaves]
         keep = _keep_graph(leaves)
         out, aux = _split_aux(func(*tree_unflatten(fresh, spec)), has_aux, "vjp")
     out_leaves, out_spec = tree_flatten(out)
@@ -335,8 +360,13 @@ def _jvp_by_double_vjp(func: Callable, primals: tuple, tangents: list, has_aux: 
     result = vjp(func, *primals, has_aux=has_aux)
     out, vjp_fn = result[0], result[1]
     out_leaves, out_spec = tree_flatten(out)
+    # the products' graph is kept only where something outside can differentiate it (an input
+    # or a tangent requires grad, or a transform encloses this one), as ``grad``'s is
+    keep = _keep_graph([*tree_flatten(primals)[0], *tangents])
     with _transform(), _grad_mode.enable_grad():
-        dummies = [F.zeros_like(o).requires_grad_(True) for o in out_leaves]
+        # batched as the outputs are: an unbatched dummy under vmap would be one leaf for every
+        # sample, its gradient the sum of their products
+        dummies = [zeros_batched_like(o).requires_grad_(True) for o in out_leaves]
         pulled, _ = tree_flatten(vjp_fn(tree_unflatten(dummies, out_spec), create_graph=True))
         pairs = [(g, t) for g, t in zip(pulled, tangents) if g.requires_grad]
         if pairs:
@@ -344,7 +374,7 @@ def _jvp_by_double_vjp(func: Callable, primals: tuple, tangents: list, has_aux: 
                 [g for g, _ in pairs],
                 dummies,
                 [t for _, t in pairs],
-                create_graph=_grad_mode.is_grad_enabled(),
+                create_graph=keep,
                 allow_unused=True,
             )
         else:

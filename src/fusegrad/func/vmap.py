@@ -24,6 +24,14 @@ outer level's physical graph with that level taken out of the chain (``_without_
 the inner levels still batching: the output gradients hold the outer level's samples as an
 ordinary dim (``_lower``), and so do the input gradients until they are put back (``_raise``).
 
+Forward-mode AD runs above the levels: a primitive's JVP rule sees the samples, so a tangent
+is a sample's (batched at the levels inside and at the sample's own).  A backward under ``vmap``
+runs its rules on the physical graph, so the batch must hold the samples' tangents too: a
+tangent given to a ``BatchedTensor`` is given, lowered (``_lower``: the level's batch as dim 0),
+to its physical tensor (``BatchedTensor._tangent_follows``), and a batch with a tangent wrapped
+as samples (a backward's result) gives them its tangent raised (``_raise``, in ``wrap``).  So
+``vmap(hessian(f))``, ``vmap(jacfwd(grad(f)))`` and ``jvp`` of ``vmap`` agree with the loops.
+
 A custom ``autograd.Function`` called on batched tensors runs its forward at the level (its
 ops are batched like any others) and gets one node on the physical tensors,
 ``_LevelFunction``, which runs its ``backward`` at the same level on the batched gradients
@@ -50,7 +58,6 @@ from ..autograd import api
 from ..autograd import forward_ad as _forward_ad
 from ..autograd import tracer as _tracer
 from ..autograd.batching import RULES, loop, spread
-from ..autograd.forward_state import state as _forward_state
 from ..autograd.function import FunctionCtx
 from ..autograd.graph_base import Node
 from ..autograd.tracer import Tracer, tracing
@@ -99,6 +106,23 @@ class BatchedTensor(Tensor):
     def _edge(self) -> tuple:
         """The batch's edge: gradients flow to the physical tensor's history."""
         return self.__dict__["_phys"]._edge()
+
+    # ---- forward-mode AD: the batch holds the samples' tangents too -------------------------
+    def _tangent_follows(self, tangent: Tensor | None, dual: Any) -> None:
+        """Forward AD gave this sample a tangent (forward AD runs on samples, above ``vmap``):
+        the batch gets the samples' tangents, the level's batch as dim 0 (``_lower``), so that
+        a backward run on the physical graph (``BatchTracer.backward``) -- whose rules read
+        the physical tensors -- carries tangents (``vmap(jacfwd(grad(f)))``, ``hessian``)."""
+        level = self.__dict__["_level"]
+        lowered = None if tangent is None else _lower(tangent, level)
+        _forward_ad._set_tangent(self.__dict__["_phys"], lowered, dual)
+
+    def _recorded_by(self) -> Tensor:
+        """The tensor whose node records this one's history (the bottom of its batches)."""
+        t: Any = self
+        while type(t) is BatchedTensor:
+            t = t.__dict__["_phys"]
+        return t
 
     @property
     def requires_grad(self) -> bool:  # type: ignore[override]
@@ -281,6 +305,15 @@ class BatchTracer(Tracer):
         d = t.__dict__
         d["_phys"] = phys
         d["_level"] = self
+        dual = _forward_ad.active_level()
+        if dual is not None:
+            tangent = _forward_ad._tangent(phys, dual)
+            if tangent is not None:
+                # a batch with a tangent (a backward's result on the physical graph, an input
+                # of ``jvp(vmap(f))``): the samples' tangents are its tangent's samples
+                with _forward_ad.suspended():
+                    raised = _raise(tangent, self)
+                _forward_ad._set_tangent(t, raised, dual, follow=False)
         return t
 
     def levels(self) -> list[BatchTracer]:
@@ -590,6 +623,44 @@ def lift(x: Tensor, levels: list[BatchTracer]) -> Tensor:
     return inner.wrap(phys)
 
 
+def tangent_only_levels(inputs: list, levels: list[BatchTracer], dual: Any) -> list:
+    """Of ``levels``, those at which some of a transform's dual ``inputs`` has its tangent
+    batched and none has its primal batched (``jacfwd``'s columns: its samples share one
+    primal computation, so the inputs are not lifted along it, ``lift_dual``)."""
+    pairs = [(x, _forward_ad._tangent(x, dual)) for x in inputs if isinstance(x, Tensor)]
+    return [
+        level
+        for level in levels
+        if any(t is not None and _batched_through(t, level) for _, t in pairs)
+        and not any(_batched_through(x, level) for x, _ in pairs)
+    ]
+
+
+def lift_dual(
+    primal: Tensor, tangent: Tensor, levels: list[BatchTracer], shared: list[BatchTracer]
+) -> tuple:
+    """A dual input's primal and tangent lifted apart (``lift``) for a transform's fresh
+    input: the tangent at every level, the primal at every level but those of ``shared``
+    (``tangent_only_levels``, computed over all the transform's inputs, so that they are all
+    lifted alike: ``vmap(hessian(f), in_dims=(None, 0))`` needs one primal per sample)."""
+    chosen = [level for level in levels if level not in shared or _batched_through(primal, level)]
+    return lift(primal, chosen), lift(tangent, levels)
+
+
+def zeros_batched_like(t: Tensor) -> Tensor:
+    """Zeros like ``t``, batched at the same levels as ``t`` (each level's batch of zeros): a
+    leaf made from it is one per sample, as ``t`` is."""
+    levels = []
+    bottom: Any = t
+    while type(bottom) is BatchedTensor:
+        levels.append(bottom.__dict__["_level"])
+        bottom = bottom.__dict__["_phys"]
+    zeros = F.zeros_like(bottom)
+    for level in reversed(levels):
+        zeros = level.wrap(zeros)
+    return zeros
+
+
 def _describe(func: Callable) -> str:
     return getattr(func, "__name__", repr(func))
 
@@ -685,9 +756,7 @@ def _call(
             batched.append(x)
             continue
         phys = F.movedim(x, d, 0) if d % x.ndim else x
-        logical = level.wrap(phys)
-        _carry_tangent_in(level, phys, logical)
-        batched.append(logical)
+        batched.append(level.wrap(phys))  # (with its tangent, under forward-mode AD: ``wrap``)
     with tracing(level):
         out = func(*tree_unflatten(batched, spec), **kwargs)
     out_leaves, out_spec = tree_flatten(out)
@@ -711,7 +780,6 @@ def _call(
             results.append(value)
             continue
         phys = value.__dict__["_phys"] if _batched_at(value, level) else spread(value, size)
-        _carry_tangent_out(level, value, phys)
         if not -phys.ndim <= d < phys.ndim:
             raise ValueError(
                 f"vmap({_describe(func)}, ...): out_dim={d} for an output of "
@@ -719,29 +787,6 @@ def _call(
             )
         results.append(F.movedim(phys, 0, d) if d % phys.ndim else phys)
     return tree_unflatten(results, out_spec)
-
-
-def _carry_tangent_in(level: BatchTracer, phys: Tensor, logical: Tensor) -> None:
-    """Under forward-mode AD, a batched input's tangent: its physical tensor's, batched."""
-    dual = _forward_state.level
-    if dual is not None:
-        tangent = _forward_ad._tangent(phys, dual)
-        if tangent is not None:
-            _forward_ad._set_tangent(logical, level.wrap(tangent), dual)
-
-
-def _carry_tangent_out(level: BatchTracer, value: Tensor, phys: Tensor) -> None:
-    """Under forward-mode AD, an output's physical tensor gets the output's tangent (whole
-    batch), which the ``BatchedTensor`` held."""
-    dual = _forward_state.level
-    if dual is not None:
-        tangent = _forward_ad._tangent(value, dual)
-        if tangent is not None:
-            if _batched_at(tangent, level):
-                tangent = tangent.__dict__["_phys"]
-            else:
-                tangent = spread(tangent, level.size)
-            _forward_ad._set_tangent(phys, tangent, dual)
 
 
 def _prefix_dims(func: Callable, out_dims: Any, out: Any) -> list:
