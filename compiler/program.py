@@ -35,11 +35,12 @@ already gathered and checked by the binding (step 1).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numba
@@ -508,11 +509,17 @@ class Program:
             return native.default.first_run
         return self.instance(sizes).variant.first_run
 
-    def _handed_over(self, native: Program) -> None:
-        """After ``native`` ran a call of this program: its timings are this program's
-        (``service.Trial`` reads them here)."""
-        self.last_seconds = native.last_seconds
-        self.extern_seconds = native.extern_seconds
+    @contextlib.contextmanager
+    def _handed_over(self, native: Program) -> Iterator[None]:
+        """The block runs a call of this program as ``native``: it times the externs this
+        program is asked to, and its timings are this program's afterwards
+        (``service.Trial`` sets and reads them here)."""
+        native.time_externs = self.time_externs
+        try:
+            yield
+        finally:
+            self.last_seconds = native.last_seconds
+            self.extern_seconds = native.extern_seconds
 
     # ---- what explain(), logs and benchmarks show (the capture's variant) --------------------
     def __str__(self) -> str:
@@ -563,11 +570,8 @@ class Program:
         if self.per_size:
             native = self._native_at(sizes, config.native_programs is True)
             if native is not None:
-                native.time_externs = self.time_externs
-                try:
+                with self._handed_over(native):
                     return native.run(w, native.graph.hints, grad_roots, retain_graph, inputs)
-                finally:
-                    self._handed_over(native)
         saved_arrays = _saved_arrays(w, self.unpacked)  # checks first, before any write
         inst = self.instance(sizes)
         # as in the eager engine, the backward (and any user hook in it) runs without recording
@@ -597,13 +601,10 @@ class Program:
         if self.per_size:
             native = self._native_at(sizes, config.native_programs is True)
             if native is not None:
-                native.time_externs = self.time_externs
-                try:
+                with self._handed_over(native):
                     native.run_bound(
                         native.graph.hints, saved_arrays, leaves, release, grad_roots, retain_graph
                     )
-                finally:
-                    self._handed_over(native)
                 return
         inst = self.instance(sizes)
         prev_mode = grad_mode._state.enabled
