@@ -43,6 +43,7 @@ ONLY = {
     "native": "native whole step",
     "native-module": "native compile(module)",
     "native-backward": "native compiled backward",
+    "quick": "quick whole step",
 }
 
 

@@ -187,6 +187,9 @@ class Config:
     # the whole step's program built with native segments (``config.native_programs``): one
     # numba function per run of steps instead of a Python call per step
     native: bool = False
+    # whole-step and module programs built as their quick tier (``config.quick_programs``):
+    # every kernel interpreted or run by eager kernels, no generated code
+    quick: bool = False
 
     def region(self) -> Callable[[], Any]:
         return lambda: compiler.compiled_autograd(mode=self.mode)
@@ -196,15 +199,19 @@ class Config:
         previous = compiler.config.interpreter_max_elements
         background = compiler.config.background_compile
         native = compiler.config.native_programs
+        quick = compiler.config.quick_programs
         if self.interpreter_max_elements is not None:
             compiler.config.interpreter_max_elements = self.interpreter_max_elements
         # compiled code must run on the calls compared (no uncompiled run while it compiles)
         compiler.config.background_compile = False
         if self.native:
             compiler.config.native_programs = True
+        if self.quick:
+            compiler.config.quick_programs = True
         try:
             yield
         finally:
+            compiler.config.quick_programs = quick
             compiler.config.interpreter_max_elements = previous
             compiler.config.background_compile = background
             compiler.config.native_programs = native
@@ -229,6 +236,9 @@ NATIVE_MODULE = Config("native compile(module)", scales=(1.0, NEW_SCALE), module
 # the program over symbolic sizes hands the call to a native program of its graph at the
 # call's sizes), the same seeds
 NATIVE_BACKWARD = Config("native compiled backward", scales=(1.0, NEW_SCALE), native=True)
+# the whole step as its quick tier, what a background compile runs first (every seed: it
+# compiles nothing but the interpreter)
+QUICK = Config("quick whole step", scales=(1.0, NEW_SCALE), whole=True, quick=True)
 CONFIGS = {
     c.name: c
     for c in (
@@ -242,6 +252,7 @@ CONFIGS = {
         NATIVE,
         NATIVE_MODULE,
         NATIVE_BACKWARD,
+        QUICK,
     )
 }
 
@@ -267,7 +278,7 @@ class Program:
     native: bool = False  # also run the whole step as native segments
 
     def configs(self) -> list[Config]:
-        configs = [DEFAULT, CACHED, DEBUG, WHOLE, MODULE]
+        configs = [DEFAULT, CACHED, DEBUG, WHOLE, MODULE, QUICK]
         if self.generated_code:
             configs.append(GENERATED)
         if self.native:

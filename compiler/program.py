@@ -77,6 +77,8 @@ from .symbolic import has_sym, substitute
 # up to ``interpreter_max_elements // NON_FLAT_COST`` elements.  Measured on benchmark C's
 # 128x512 kernels (bias gradients): interpreted, its backward took ~10% longer.
 NON_FLAT_COST = 2
+# a ``quick`` program's interpreter bound: every eligible kernel
+QUICK_LIMIT = 1 << 62
 
 
 def _numel(shape: tuple) -> int:
@@ -99,7 +101,7 @@ class Variant:
             program.leaves_with_grad,
             lambda k: id(k) in small,
             rows=program.row_fusion,
-            small_rows=program.hot,
+            small_rows=program.hot and not program.quick,
         )
         steps = self.schedule.steps
         interpreted = self.schedule.interpreted
@@ -345,6 +347,7 @@ class Program:
         hot: bool = False,
         native: bool = False,
         row_fusion: bool | None = None,
+        quick: bool = False,
     ) -> None:
         self.graph = graph
         if row_fusion is None:
@@ -360,6 +363,7 @@ class Program:
             "hot": hot,
             "native": native,
             "row_fusion": row_fusion,
+            "quick": quick,
         }
         # the saved tensors (walk order) whose versions are checked before a run: those the
         # capture unpacked (None: every one)
@@ -379,6 +383,11 @@ class Program:
         # a program that runs many times (a whole training step): row kernels also replace
         # runs of interpreted kernels (a compile, then one call instead of one per kernel)
         self.hot = hot
+        # a first tier (``service._quick_first``): every kernel the interpreter can run is
+        # interpreted, whatever its size, none becomes a row kernel, and the others run value
+        # by value through their eager kernels, so that the program generates no code while
+        # its later candidates compile
+        self.quick = quick
         # runs of steps as native segments (``codegen.native_cpu``): CPU programs of concrete
         # sizes (recorded steps and modules), not the reference executor.  Every kernel is then
         # generated code (a segment calls it): interpreted kernels between segments split the
@@ -410,6 +419,8 @@ class Program:
         self.extern_seconds = 0.0
         with _trace.phase("fusion"):
             self.fused = _schedule.steps(graph, mode)
+            if quick:
+                self.fused = _schedule.interpreted_or_eager(self.fused, graph)
         self._interpretable = (
             [
                 (k, is_flat(k))
@@ -445,7 +456,7 @@ class Program:
 
     # ---- variants and instances -------------------------------------------------------------
     def variant(self, sizes: tuple) -> Variant:
-        limit = self.interpreter_max_elements
+        limit = QUICK_LIMIT if self.quick else self.interpreter_max_elements
         small = frozenset(
             id(k)
             for k, flat in self._interpretable

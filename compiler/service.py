@@ -45,7 +45,7 @@ from .cache import LRU, KeyHistory, Programs, Slot
 from .codegen import diskcache, numba_cpu
 from .events import emit
 from .ir import Graph
-from .passes.fuse import Extern
+from .passes.fuse import Extern, Kernel
 from .program import Program
 from .settings import config
 
@@ -181,10 +181,47 @@ def _upgrades(program: Program) -> bool:
     return (
         config.native_programs is not False
         and program.settings["hot"]
+        and not program.settings["quick"]
         and not program.native
         and program.device == "cpu"
         and program.mode != "debug"
         and program.native_eligible
+    )
+
+
+def _quick_first(program: Program) -> Program | None:
+    """The first tier of ``program``'s background compile, or None: where ``program`` (a
+    recorded step's or module's program of steps, on the CPU) has kernels to generate that the
+    interpreter could run (row kernels, kernels over its bound) and no worker compiled it before
+    (``workers.compiled_before``: a warm start loads it at once), the same graph with every
+    interpretable kernel interpreted and the rest by eager kernels (``Program.quick``), which
+    generates no code.  Measured on the GPT step, cold: the program of steps generates 20 row
+    kernels, about 15 s of numba's compile in a worker; the quick tier runs from the first call
+    after the interpreter's compile (a worker started by the step's first call)."""
+    if (
+        config.quick_programs is not None
+        or not program.settings["hot"]
+        or program.settings["quick"]
+        or program.native
+        or program.device != "cpu"
+        or program.mode != "default"
+        or program.interpreter_max_elements <= 0
+        or workers.compiled_before(program)
+    ):
+        return None
+    quick = Program(program.graph, **{**program.settings, "quick": True})
+    if _generated_kernels(quick) >= _generated_kernels(program):
+        return None
+    return quick
+
+
+def _generated_kernels(program: Program) -> int:
+    """How many kernels of ``program``'s variant for its capture's sizes are generated code."""
+    schedule = program.default.schedule
+    return sum(
+        1
+        for k, s in enumerate(schedule.steps)
+        if isinstance(s, Kernel) and k not in schedule.interpreted
     )
 
 
@@ -228,6 +265,7 @@ def _generates_more(program: Program, sizes: tuple | None) -> bool:
     if (
         program.device != "cpu"
         or program.mode == "debug"
+        or program.quick
         or program.interpreter_max_elements <= GENERATED_ABOVE
     ):
         return False
@@ -610,6 +648,7 @@ class Service:
             sizes_per_program=1 if recorded and not graph.hints else config.sizes_per_program,
             unpacked=unpacked,
             hot=recorded,
+            quick=recorded and config.quick_programs is True and device == "cpu",
             # native segments at once when asked for (True: a captured backward's at each size
             # vector it runs at, ``Program.per_size``); with None a background compile goes on
             # to them once the program of steps runs (``_upgrades``, ``_specialises``)
@@ -705,6 +744,25 @@ class Service:
                 # (``workers.warm_interpreter``): the program's worker loads it rather than
                 # compiles it a second time
                 workers.wait_for_warming()
+            quick, quick_published = _quick_first(program), False
+            if quick is not None:
+                # the first tier, published while the program compiles: it generates no
+                # code, so it runs once the interpreter is compiled (or loaded)
+                try:
+                    _compile(quick, prepare_args, None)
+                except Exception as e:  # noqa: BLE001 - (the program of steps follows)
+                    logs.log("perf", f"quick first tier not compiled ({type(e).__name__}: {e})")
+                else:
+                    publish(quick, origin=program)
+                    quick_published = True
+
+            def alone(p: Program) -> Program:
+                """``p``, the job's last program, which no trial follows: published, so that
+                the quick tier (the job's first program) is not tried against it."""
+                if quick_published:
+                    publish(p, origin=program)
+                return p
+
             larger = _generates_more(program, prepare_args[3])
             to_larger = {"interpreter_max_elements": GENERATED_ABOVE}
             if _upgrades(program):
@@ -721,7 +779,7 @@ class Service:
                 what, change, larger = "generated code for the larger kernels", to_larger, False
             else:
                 _compile(program, prepare_args, launch)
-                return program
+                return alone(program)
 
             def candidate(settings: dict) -> Program:
                 other = Program(program.graph, **{**program.settings, **settings})
@@ -744,7 +802,7 @@ class Service:
                 try:
                     other = candidate(change)
                     _compile(other, prepare_args, launch)
-                    return other
+                    return alone(other)
                 except Exception as e:  # noqa: BLE001 - (the first program after all)
                     logs.log("perf", f"{what} not compiled ({type(e).__name__}: {e})")
                     remembered, launch2 = 0, workers.Launch() if in_worker else None
@@ -760,7 +818,7 @@ class Service:
                     # the program that trial measured (its larger kernels generated) replaces
                     # the first one as it did then: no trial again
                     publish(current, origin=program)
-                return current
+                return alone(current)
             # the program runs compiled from the next call on; the other candidate (its native
             # segments, or its larger kernels as generated code) compiles meanwhile (a second
             # worker for a worker's program), then a ``Trial`` keeps the faster of the two

@@ -63,6 +63,16 @@ class Config:
         self.native_programs: bool | None = {"1": True, "0": False}.get(
             os.environ.get("FUSEGRAD_NATIVE", ""), None
         )
+        # the quick tier (``Program.quick``): a whole step's or compiled module's program with
+        # every kernel the interpreter can run interpreted, whatever its size, and the others
+        # by eager kernels, so that it generates no code.  None (the default): a background
+        # compile of such a program publishes its quick tier first, when the program has code to
+        # generate that nobody compiled before (the calls run it while the program compiles).
+        # True (``FUSEGRAD_QUICK=1``): such programs are built as their quick tier, and stay
+        # so (no generated code, no native segments).  False (``FUSEGRAD_QUICK=0``): never.
+        self.quick_programs: bool | None = {"1": True, "0": False}.get(
+            os.environ.get("FUSEGRAD_QUICK", ""), None
+        )
         # a background compile of a whole step's or a compiled module's program runs numba in
         # a worker process (``workers``): no GIL taken from the calls that run meanwhile, and
         # the disk cache is filled even when the script exits first.  False: on the compile

@@ -152,6 +152,12 @@ def compile_elsewhere(program: Program, prepare_args: tuple, launch: Launch) -> 
         os.close(lock)
 
 
+def compiled_before(program: Program) -> bool:
+    """Whether a worker compiled ``program`` into the disk cache before (its marker file)."""
+    directory = diskcache.cache_dir()
+    return directory is not None and os.path.exists(_done_marker(directory, program))
+
+
 def _done_marker(directory: str, program: Program) -> str:
     """The file that says a worker compiled ``program`` into the disk cache of ``directory``
     (named by the program and the numba and Python that compiled it)."""

@@ -54,6 +54,20 @@ def steps(graph: Graph, mode: str) -> list[Kernel | Extern]:
     return fuse(graph)
 
 
+def interpreted_or_eager(fused: list[Kernel | Extern], graph: Graph) -> list[Kernel | Extern]:
+    """``fused`` with each kernel the interpreter cannot run split into its values, each by its
+    primitive's eager kernel (as ``mode="debug"`` runs every value), in the graph's order: the
+    steps of a program that generates no code (``Program.quick``)."""
+    position = {v: k for k, v in enumerate(graph.values)}
+    out: list[Kernel | Extern] = []
+    for step in fused:
+        if isinstance(step, Kernel) and not eligible(step):
+            out.extend(Extern(v) for v in sorted(step.members(), key=position.__getitem__))
+        else:
+            out.append(step)
+    return out
+
+
 def interpretable(kernel: Kernel) -> bool:
     """Whether the interpreter can run ``kernel`` at all (its size is the caller's question)."""
     return eligible(kernel)

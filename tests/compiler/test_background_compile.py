@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 import fusegrad as fg
 from fusegrad import compiler
+from fusegrad.compiler.passes.fuse import Extern
 from fusegrad.compiler.program import Program
 from fusegrad.compiler.settings import config
 
@@ -52,10 +54,18 @@ def background(monkeypatch: pytest.MonkeyPatch) -> Any:
     assert compiler.wait_for_compiles(60)
 
 
-def _train(kind: str, compiled: bool, steps: int, gate: Any = None, open_at: int = 0) -> tuple:
+def _train(
+    kind: str,
+    compiled: bool,
+    steps: int,
+    gate: Any = None,
+    open_at: int = 0,
+    each: Callable[[int], None] | None = None,
+) -> tuple:
     """``steps`` AdamW steps of ``benchmarks.models``' ``kind`` in float64 (dropout on for the
     GPT) with the learning rate changing every step; the gate opens before call ``open_at``
-    and the background compile is waited for then (so later calls run compiled code)."""
+    and the background compile is waited for then (so later calls run compiled code);
+    ``each(i)`` is called before call ``i``."""
     sizes = {"vocab": 17, "width": 16, "heads": 4, "block": 8} if kind == "gpt" else {}
     fg.manual_seed(0)
     model = models.make(fg, kind, fg.float64, **sizes)
@@ -73,6 +83,8 @@ def _train(kind: str, compiled: bool, steps: int, gate: Any = None, open_at: int
     fg.manual_seed(2)  # dropout draws from here on
     losses, uncompiled = [], []
     for i in range(steps):
+        if each is not None:
+            each(i)
         if gate is not None and i == open_at:
             gate.set()
             assert compiler.wait_for_compiles(60)
@@ -101,6 +113,93 @@ def test_uncompiled_then_compiled_calls_match_eager(kind: str, background: Any) 
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     # (eager's layer norm is a fused kernel, the program's the composite: they sum in another
     # order, so small parameters differ by about 1e-11 after ten AdamW steps)
+    for (name, p), q in zip(got_model.named_parameters(), want_model.parameters()):
+        np.testing.assert_allclose(
+            p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-10, err_msg=name
+        )
+
+
+def test_a_whole_step_runs_its_quick_tier_while_its_program_compiles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A whole step whose program of steps generates row kernels (the GPT's layer norms and
+    softmaxes) first publishes its quick tier (``Program.quick``: everything interpreted or
+    by eager kernels, no code generated), which runs compiled while the program of steps
+    compiles; that one takes over when ready.  Every call equals eager's step."""
+    monkeypatch.setattr(config, "background_compile", True)
+    monkeypatch.setattr(config, "compile_workers", False)
+    monkeypatch.setattr(config, "native_programs", False)
+    gate, waiting = threading.Event(), threading.Event()
+    prepare, run_step = Program.prepare, Program.run_step
+    ran: list[tuple[str, bool]] = []
+
+    def gated(self: Program, *args: Any, **kwargs: Any) -> float:
+        if not self.quick:  # (the quick tier compiles, and is published, before this)
+            waiting.set()
+            assert gate.wait(60), "the test never opened the gate"
+        return prepare(self, *args, **kwargs)
+
+    def noted(self: Program, *args: Any, **kwargs: Any) -> Any:
+        ran.append((self.mode, self.quick))
+        return run_step(self, *args, **kwargs)
+
+    def each(i: int) -> None:
+        if i == 3:  # (the background compile started at call 3)
+            assert waiting.wait(60)
+
+    monkeypatch.setattr(Program, "prepare", gated)
+    monkeypatch.setattr(Program, "run_step", noted)
+    want_model, want, _ = _train("gpt", False, 10)
+    compiler.reset()
+    ran.clear()
+    got_model, got, uncompiled = _train("gpt", True, 10, gate, open_at=6, each=each)
+    assert uncompiled == [False, False, True] + [False] * 7
+    # call 3 uncompiled, calls 4-6 the quick tier, calls 7-10 the program of steps
+    assert ran == [("debug", False)] + [("default", True)] * 3 + [("default", False)] * 4, ran
+    assert compiler.counters.background_compiles == 1 and not compiler.counters.step_breaks
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    for (name, p), q in zip(got_model.named_parameters(), want_model.parameters()):
+        np.testing.assert_allclose(
+            p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-10, err_msg=name
+        )
+
+
+@pytest.mark.parametrize("kind", ["mlp", "gpt"])
+def test_the_quick_tier_generates_no_code_and_matches_eager(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whole steps built as their quick tier (``config.quick_programs`` True, in the
+    foreground): no kernel is generated code -- those the interpreter cannot run (the GPT's
+    cross-entropy over int64 targets) run value by value through eager kernels -- no later
+    candidate follows, and ten steps equal eager's."""
+    from fusegrad.compiler import service as _service
+
+    monkeypatch.setattr(config, "background_compile", False)
+    monkeypatch.setattr(config, "quick_programs", True)
+    build = _service.Service.build
+    built: list[Program] = []
+
+    def noted(self: Any, graph: Any, **kwargs: Any) -> Program:
+        program = build(self, graph, **kwargs)
+        built.append(program)
+        return program
+
+    monkeypatch.setattr(_service.Service, "build", noted)
+    want_model, want, _ = _train(kind, False, 10)
+    compiler.reset()
+    got_model, got, uncompiled = _train(kind, True, 10)
+    assert built and not any(uncompiled)
+    assert compiler.counters.step_runs == 8 and not compiler.counters.step_breaks
+    split = set()
+    for program in built:
+        assert program.quick and not _service._upgrades(program)
+        assert not _service._generates_more(program, None)
+        assert _service._generated_kernels(program) == 0
+        assert program.default.schedule.interpreted
+        split |= {s.value.op for s in program.fused if isinstance(s, Extern)}
+    if kind == "gpt":  # (the int64 kernel of cross-entropy's ignored targets, value by value)
+        assert {"eq", "where"} <= split, split
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     for (name, p), q in zip(got_model.named_parameters(), want_model.parameters()):
         np.testing.assert_allclose(
             p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-10, err_msg=name
