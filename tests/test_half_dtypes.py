@@ -237,3 +237,34 @@ def test_bfloat16_tensors_saved_here_load_in_a_fresh_process(tmp_path: os.PathLi
         assert back["x"].float().tolist() == {x.float().tolist()!r}
         """
     )
+
+
+def test_without_ml_dtypes_bfloat16_is_absent_and_says_why() -> None:
+    # (a None entry in sys.modules makes ``import ml_dtypes`` fail, and find_spec say None)
+    _run_fresh(
+        """
+        import sys
+
+        sys.modules["ml_dtypes"] = None
+        import numpy as np
+
+        import fusegrad as fg
+        from fusegrad import dtypes
+
+        assert dtypes.bfloat16 is None and len(dtypes.ALL) == 11
+        attempts = (
+            lambda: fg.bfloat16,
+            lambda: dtypes.as_dtype("bfloat16"),
+            lambda: fg.ones(2).bfloat16(),
+            lambda: fg.tensor([1.0], dtype="bfloat16"),
+        )
+        for attempt in attempts:
+            try:
+                attempt()
+            except (AttributeError, TypeError) as e:
+                assert "needs the optional ml_dtypes package" in str(e), e
+            else:
+                raise AssertionError("bfloat16 without ml_dtypes")
+        assert fg.from_numpy(np.ones(2, np.float32)).dtype is fg.float32
+        """
+    )
