@@ -108,7 +108,7 @@ class _LazyNumpyDtype(dtype):
         _NP_SLOT.__set__(self, None)
 
     @property
-    def np(self) -> np.dtype:  # type: ignore[override]
+    def np(self) -> np.dtype:
         npd = _NP_SLOT.__get__(self, dtype)
         if npd is None:
             npd = _resolve(self)
