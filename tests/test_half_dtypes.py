@@ -5,6 +5,9 @@ compiled programs that run such graphs eagerly with a stated reason."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -146,3 +149,122 @@ def test_from_numpy_takes_float16_and_says_so() -> None:
     assert t.dtype is fg.float16
     with pytest.raises(TypeError, match="float16"):
         fg.from_numpy(np.ones(2, np.uint16))
+
+
+# ---- bfloat16 without importing ml_dtypes up front --------------------------------------------
+#
+# ml_dtypes' extension takes about half a second to import, so fusegrad imports it only when a
+# bfloat16 value is first made or met (``dtypes._LazyNumpyDtype``). Each check runs in a fresh
+# process: in this one, other tests have imported it already.
+
+needs_bfloat16 = pytest.mark.skipif(dtypes.bfloat16 is None, reason="ml_dtypes not installed")
+
+
+def _run_fresh(code: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@needs_bfloat16
+def test_importing_fusegrad_leaves_ml_dtypes_unimported_until_bfloat16_is_used() -> None:
+    _run_fresh(
+        """
+        import sys
+        import fusegrad as fg
+        import fusegrad.compiler
+        import fusegrad.compiler.workers
+        from fusegrad import dtypes
+
+        assert "ml_dtypes" not in sys.modules
+        assert fg.bfloat16 is dtypes.bfloat16 and dtypes.bfloat16 in dtypes.ALL
+        assert dtypes.as_dtype("bfloat16") is fg.bfloat16
+        x = fg.tensor([1.0, 2.5, 3.14159, 1 / 3, -7.0])
+        assert fg.from_numpy(x.numpy()).dtype is fg.float32  # (float32 arrays: no import)
+        assert "ml_dtypes" not in sys.modules
+        b = x.to(fg.bfloat16)
+        assert "ml_dtypes" in sys.modules
+        assert b.dtype is fg.bfloat16 and (b * 2).dtype is fg.bfloat16
+        # rounded to bfloat16's 8 significant bits, to nearest
+        assert b.float().tolist() == [1.0, 2.5, 3.140625, 0.333984375, -7.0], b.float().tolist()
+        assert fg.zeros(2, dtype=fg.bfloat16).dtype is fg.bfloat16
+        assert fg.tensor([0.5], dtype="bfloat16").dtype is fg.bfloat16
+        assert x.bfloat16().dtype is fg.bfloat16
+        assert dtypes.bfloat16.np.name == "bfloat16"
+        """
+    )
+
+
+@needs_bfloat16
+def test_numpy_bfloat16_arrays_give_bfloat16_tensors() -> None:
+    # fusegrad first, ml_dtypes imported by the user afterwards: fusegrad's bfloat16 has not
+    # met ml_dtypes yet when it is handed the array
+    _run_fresh(
+        """
+        import fusegrad as fg
+        import ml_dtypes
+        import numpy as np
+
+        a = np.array([1.5, -2.0, 0.1], ml_dtypes.bfloat16)
+        for make in (fg.from_numpy, fg.tensor, fg.as_tensor, fg.asarray):
+            t = make(a)
+            assert t.dtype is fg.bfloat16, (make, t.dtype)
+            assert t.numpy().tobytes() == a.tobytes(), make
+        assert fg.dtypes.from_numpy_dtype(a.dtype) is fg.bfloat16
+        assert fg.dtypes.as_dtype(ml_dtypes.bfloat16) is fg.bfloat16
+        assert (fg.from_numpy(a) + 1).dtype is fg.bfloat16
+        assert fg.tensor(a, dtype=fg.float32).tolist() == a.astype(np.float32).tolist()
+        """
+    )
+
+
+@needs_bfloat16
+def test_bfloat16_tensors_saved_here_load_in_a_fresh_process(tmp_path: os.PathLike) -> None:
+    x = fg.tensor([1.0, -0.5, 3.14159, 1e-3]).to(fg.bfloat16)
+    path = os.path.join(tmp_path, "bf16.pt")
+    fg.save({"x": x, "dtype": fg.bfloat16}, path)
+    _run_fresh(
+        f"""
+        import io, sys
+        import fusegrad as fg
+
+        fg.save({{"y": fg.ones(2)}}, io.BytesIO())  # (no bfloat16 value: no import)
+        assert "ml_dtypes" not in sys.modules
+        back = fg.load({path!r})
+        assert back["x"].dtype is fg.bfloat16 and back["dtype"] is fg.bfloat16
+        assert back["x"].numpy().tobytes() == {x.numpy().tobytes()!r}
+        assert back["x"].float().tolist() == {x.float().tolist()!r}
+        """
+    )
+
+
+def test_without_ml_dtypes_bfloat16_is_absent_and_says_why() -> None:
+    # (a None entry in sys.modules makes ``import ml_dtypes`` fail, and find_spec say None)
+    _run_fresh(
+        """
+        import sys
+
+        sys.modules["ml_dtypes"] = None
+        import numpy as np
+
+        import fusegrad as fg
+        from fusegrad import dtypes
+
+        assert dtypes.bfloat16 is None and len(dtypes.ALL) == 11
+        attempts = (
+            lambda: fg.bfloat16,
+            lambda: dtypes.as_dtype("bfloat16"),
+            lambda: fg.ones(2).bfloat16(),
+            lambda: fg.tensor([1.0], dtype="bfloat16"),
+        )
+        for attempt in attempts:
+            try:
+                attempt()
+            except (AttributeError, TypeError) as e:
+                assert "needs the optional ml_dtypes package" in str(e), e
+            else:
+                raise AssertionError("bfloat16 without ml_dtypes")
+        assert fg.from_numpy(np.ones(2, np.float32)).dtype is fg.float32
+        """
+    )

@@ -3,7 +3,8 @@
 fusegrad has eleven dtypes (float32 default, float64, float16, int64, int32, int16, int8, uint8,
 bool, complex64, complex128), each a thin record around a numpy dtype, and a twelfth, bfloat16,
 when the optional ``ml_dtypes`` package is installed (numpy has no bfloat16; ``ml_dtypes`` adds
-it with numpy's arithmetic). float16 and bfloat16 are storage and eager-compute dtypes: numpy
+it with numpy's arithmetic), imported on bfloat16's first use, not with fusegrad
+(``_LazyNumpyDtype``). float16 and bfloat16 are storage and eager-compute dtypes: numpy
 computes each elementwise op on them in float32 and rounds (as PyTorch's CPU kernels do), but
 reductions accumulate in the narrow type where numpy does (PyTorch accumulates in float32), and
 compiled programs do not take them (numba has no CPU half type): a backward or whole step that
@@ -23,6 +24,7 @@ complex128). docs/complex.md describes the complex dtypes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.util import find_spec as _find_spec
 
 import numpy as np
 
@@ -85,13 +87,51 @@ complex64 = dtype("complex64", np.dtype(np.complex64), 3, 8)
 complex128 = dtype("complex128", np.dtype(np.complex128), 3, 16)
 _REAL_OF = {complex64: float32, complex128: float64}
 
-try:  # bfloat16: only with the optional ml_dtypes package (numpy has none)
-    import ml_dtypes as _ml_dtypes
-except ImportError:  # pragma: no cover - depends on the environment
-    _ml_dtypes = None
 
+class _LazyNumpyDtype(dtype):
+    """A dtype whose numpy dtype comes from an optional package, imported on the first read of
+    ``.np`` rather than with fusegrad: ml_dtypes' extension takes about half a second to import,
+    which every process (the user's and each compile worker) would otherwise pay at start-up
+    whether or not it ever meets a bfloat16 value. The object is the dtype singleton from the
+    start (identity comparisons stay valid); only ``.np`` waits. The tables keyed by numpy dtype
+    (``_BY_NP``, and ``tensor.py``'s) do not hold it until then: an array can only carry its
+    numpy dtype once the package has been imported, and a lookup that misses resolves it
+    (``as_dtype``), after which it joins ``_BY_NP``."""
+
+    __slots__ = ()
+
+    def __init__(self, name: str, category: int, itemsize: int) -> None:
+        # (the frozen dataclass's __init__ would assign ``np`` through the property below)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "category", category)
+        object.__setattr__(self, "itemsize", itemsize)
+        _NP_SLOT.__set__(self, None)
+
+    @property
+    def np(self) -> np.dtype:
+        npd = _NP_SLOT.__get__(self, dtype)
+        if npd is None:
+            npd = _resolve(self)
+        return npd
+
+
+_NP_SLOT = dtype.__dict__["np"]  # the slot under ``dtype.np`` (the property above shadows it)
+
+
+def _resolve(d: _LazyNumpyDtype) -> np.dtype:
+    """Import the package behind ``d`` (only bfloat16 has one: ml_dtypes), store its numpy
+    dtype in ``d`` and in ``_BY_NP``, and return it."""
+    import ml_dtypes  # (installed: checked by find_spec when ``d`` was made)
+
+    npd = np.dtype(getattr(ml_dtypes, d.name))
+    _NP_SLOT.__set__(d, npd)  # (two threads resolving at once store the same object)
+    _BY_NP[npd] = d
+    return npd
+
+
+# bfloat16: only with the optional ml_dtypes package (numpy has none), imported on first use
 bfloat16: dtype | None = (
-    dtype("bfloat16", np.dtype(_ml_dtypes.bfloat16), 2, 2) if _ml_dtypes is not None else None
+    _LazyNumpyDtype("bfloat16", 2, 2) if _find_spec("ml_dtypes") is not None else None
 )
 
 ALL = (bool_, int32, int64, float32, float64, float16, complex64, complex128) + (
@@ -103,7 +143,8 @@ ALL += (uint8, int8, int16)
 HALF = tuple(d for d in (float16, bfloat16) if d is not None)
 # the small integers: eager only too (generated code casts only to 32- and 64-bit types)
 SMALL_INT = (uint8, int8, int16)
-_BY_NP = {d.np: d for d in ALL}
+# numpy dtype -> fusegrad dtype; bfloat16 joins when ml_dtypes is imported (``_resolve``)
+_BY_NP = {d.np: d for d in ALL if not isinstance(d, _LazyNumpyDtype)}
 _BY_NAME = {d.name: d for d in ALL}
 _BY_NAME.update({"float": float32, "double": float64, "long": int64, "int": int32, "half": float16})
 _BY_NAME.update({"cfloat": complex64, "cdouble": complex128})
@@ -150,7 +191,10 @@ def as_dtype(d: object) -> dtype:
     if npd is not None and npd in _BY_NP:
         return _BY_NP[npd]
     if d == "bfloat16" or (npd is not None and npd.name == "bfloat16"):
-        raise TypeError("bfloat16 needs the optional ml_dtypes package (pip install ml_dtypes)")
+        if bfloat16 is None:
+            raise TypeError("bfloat16 needs the optional ml_dtypes package (pip install ml_dtypes)")
+        if npd == bfloat16.np:  # (ml_dtypes is imported already: something made ``npd``)
+            return bfloat16
     if npd is not None:
         # numpy dtypes fusegrad does not store: map to the nearest of its category
         if npd.kind == "f":
@@ -164,6 +208,14 @@ def as_dtype(d: object) -> dtype:
 
 def from_numpy_dtype(npd: np.dtype) -> dtype:
     return _BY_NP.get(npd) or as_dtype(npd)
+
+
+def is_stored(npd: np.dtype) -> bool:
+    """Whether ``npd`` is the numpy dtype of one of fusegrad's dtypes (bfloat16 included, without
+    importing ml_dtypes for a dtype that cannot be its)."""
+    if npd in _BY_NP:
+        return True
+    return bfloat16 is not None and npd.name == "bfloat16" and npd == bfloat16.np
 
 
 def _scalar_category(x: object) -> int:

@@ -217,7 +217,8 @@ def _write_archive(fh: IO[bytes], data: bytes, records: list[np.ndarray]) -> Non
         zf.writestr(_PREFIX + "data.pkl", data)
         for n, arr in enumerate(records):
             buf = io.BytesIO()
-            if _dt.bfloat16 is not None and arr.dtype == _dt.bfloat16.np:
+            if arr.dtype.name == "bfloat16" and _dt.is_stored(arr.dtype):  # (by name first: no
+                # import of ml_dtypes where no array can be its bfloat16)
                 arr = arr.view(np.uint16)  # (.npy has no bfloat16: its bits, marked)
                 zf.writestr(f"{_PREFIX}data/{n}.bfloat16", b"")
             np.save(buf, arr, allow_pickle=False)

@@ -46,11 +46,14 @@ from .errors import ArgumentError, AutogradError, DTypeError, IndexOutOfRange, S
 from .size import Size
 from .storage import to_host
 
-_DTYPE_OF = {d.np: d for d in _dt.ALL}
+# numpy dtype -> fusegrad dtype: dtypes' own table, which bfloat16 joins once ml_dtypes is
+# imported (fusegrad imports it only on first use; see dtypes._LazyNumpyDtype)
+_DTYPE_OF = _dt._BY_NP
 # The same by the numpy dtype's identity: arrays made by numpy carry these very dtype objects,
 # and a numpy dtype's hash is computed anew on every call (``_make`` runs once per op result).
-# Two live objects never share an id, and these dtypes live as long as the table.
-_DTYPE_BY_ID = {id(d.np): d for d in _dt.ALL}
+# Two live objects never share an id, and these dtypes live as long as the table (``_make``
+# adds a dtype's own numpy dtype, bfloat16's, on its first miss).
+_DTYPE_BY_ID = {id(npd): d for npd, d in _DTYPE_OF.items()}
 _grad_state = _grad_mode._state  # (``_make`` reads it per tensor; the object is never replaced)
 _inference_threads = _grad_mode.inference_threads
 # PyTorch's words, for numpy() and np.asarray() on a tensor that requires grad
@@ -166,6 +169,8 @@ class Tensor:
         dt = _DTYPE_BY_ID.get(id(npd))
         if dt is None:
             dt = _DTYPE_OF.get(npd) or _dt.from_numpy_dtype(npd)
+            if dt.np is npd:  # (bfloat16 after ml_dtypes' import; not '>f4' and the like)
+                _DTYPE_BY_ID[id(npd)] = dt
         t._dtype = dt
         t._requires_grad = False
         t.grad_fn = None
@@ -685,7 +690,7 @@ def _to_array(data: Any, dtype: Any = None) -> np.ndarray:
                 arr = arr.astype(target, copy=False)  # (integer casts never warn)
             else:
                 arr = _quiet_cast(arr, target)
-    elif arr.dtype not in (d.np for d in _dt.ALL):
+    elif not _dt.is_stored(arr.dtype):
         arr = _quiet_cast(arr, _dt.as_dtype(arr.dtype).np)
     return arr
 

@@ -81,7 +81,7 @@ def as_tensor(data: Any, dtype: Any = None, device: Any = None) -> Tensor:
         out = data if dtype is None else data.to(_dt.as_dtype(dtype))
         return out if device is None else out.to(device)
     dev = as_device(device)
-    if isinstance(data, np.ndarray) and data.dtype in (d.np for d in _dt.ALL) and dev is CPU:
+    if isinstance(data, np.ndarray) and _dt.is_stored(data.dtype) and dev is CPU:
         if dtype is None or _dt.as_dtype(dtype).np == data.dtype:
             return Tensor._make(data)
     return tensor(data, dtype=dtype, device=dev)
@@ -118,7 +118,7 @@ def asarray(
         arr = np.from_dlpack(obj)
     elif isinstance(obj, np.ndarray) or hasattr(obj, "__array__"):
         arr = np.asarray(obj)
-    if arr is not None and arr.dtype in (d.np for d in _dt.ALL) and dtype is None:
+    if arr is not None and _dt.is_stored(arr.dtype) and dtype is None:
         dev = as_device(device)
         if copy:
             arr = arr.copy()
@@ -148,7 +148,7 @@ def frombuffer(
 def from_dlpack(ext_tensor: Any) -> Tensor:
     """A tensor sharing the memory of a DLPack-capable CPU array (numpy, PyTorch, JAX, ...)."""
     arr = np.from_dlpack(ext_tensor)
-    if arr.dtype not in (d.np for d in _dt.ALL):
+    if not _dt.is_stored(arr.dtype):
         raise DTypeError(f"from_dlpack: fusegrad has no dtype for {arr.dtype}")
     return Tensor._make(arr)
 
@@ -164,7 +164,7 @@ def to_dlpack(tensor: Tensor) -> Any:
 def from_numpy(array: np.ndarray) -> Tensor:
     if not isinstance(array, np.ndarray):
         raise TypeError(f"from_numpy: expected np.ndarray, got {type(array).__name__}")
-    if array.dtype not in (d.np for d in _dt.ALL):
+    if not _dt.is_stored(array.dtype):
         raise DTypeError(
             f"from_numpy: can't convert np.ndarray of type {array.dtype}. The only supported "
             f"types are: {', '.join(d.name for d in _dt.ALL if d is not _dt.bool_)}, and bool."
