@@ -28,8 +28,8 @@ of every block adding into partial sum ``lane`` (float64 scratch from
 past the last whole block go into one more partial sum, ``tail`` (a scalar loop); at the end
 (of the row, for row sums) the partial sums are added pairwise in a fixed order, then the tail.
 (A row kernel's phase whose partial sums are all row sums, over rows of 64 to 127 elements,
-stores the terms in a row buffer in one loop and adds them in lanes in a second:
-``_RowKernel.split_row_sums``.)  The order depends
+stores the terms in a row buffer in one loop and adds them in lanes in a second, by a call of
+``cpu_helpers._buffer_sum``: ``_RowKernel.split_row_sums``.)  The order depends
 on the sizes only, never on the machine, its vector width or the thread count, so results are
 deterministic; it differs from numpy's pairwise summation in rounding
 only (docs/numerics.md).  The cost is compile time: the loop body appears twice (blocks and
@@ -99,7 +99,7 @@ __all__ = [
     "use_parallel",
 ]
 
-CODEGEN_VERSION = 3
+CODEGEN_VERSION = 4
 FASTMATH = ("contract",)
 # partial sums of a reduction along the innermost loop (module docstring, "Reductions"): enough
 # to amortise LLVM's per-block alias checks, few enough to add up cheaply per row
@@ -542,19 +542,22 @@ class _RowKernel:
         ]
         for k in row_lanes:
             r = self.reds[k]
-            lines += [
-                f"{indent}for lane in range({n_lanes}):",
-                f"{indent}    lanes{k}[lane] = 0.0",
-                f"{indent}tail{k} = 0.0",
-            ]
-            lines += _blocked_loop(
-                indent,
-                inner,
-                n_inner,
-                lambda summand, k=k: [f"{summand.format(k=k)} += rs{k}[{inner}]"],
-                n_lanes,
-            )
-            lines += _combine_lanes(k, indent, n_lanes)
+            if n_lanes == cpu_helpers.BUFFER_SUM_LANES:  # (the same loops, in one helper)
+                lines.append(f"{indent}total{k} = _buffer_sum(rs{k}, {n_inner}, lanes{k})")
+            else:
+                lines += [
+                    f"{indent}for lane in range({n_lanes}):",
+                    f"{indent}    lanes{k}[lane] = 0.0",
+                    f"{indent}tail{k} = 0.0",
+                ]
+                lines += _blocked_loop(
+                    indent,
+                    inner,
+                    n_inner,
+                    lambda summand, k=k: [f"{summand.format(k=k)} += rs{k}[{inner}]"],
+                    n_lanes,
+                )
+                lines += _combine_lanes(k, indent, n_lanes)
             lines.append(f"{indent}red{k}[{self.reduced_index(r)}] += total{k}")
             lines.append(f"{indent}v{r.id} = np.{r.dtype.name}(total{k})  # %{r.id}, this row")
         return lines
