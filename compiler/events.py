@@ -49,6 +49,8 @@ class Counters:
     * uncompiled_runs: whole-step replays (counted in step_runs too) and compiled modules'
       backwards run uncompiled, each value by its eager kernel, while their program was built
       in the background.
+    * quick_runs: runs of a quick tier's program (``Program.quick``: every kernel interpreted
+      or by eager kernels), the first a background compile publishes.
     * step_breaks: recordings that could not be replayed, by reason (the function then runs
       with compiled backward only, for that guard key).
     * opaque_functions: custom Function ``backward`` calls a compiled program ran eagerly, as
@@ -84,6 +86,7 @@ class Counters:
     step_warmups: int = 0
     background_compiles: int = 0
     uncompiled_runs: int = 0
+    quick_runs: int = 0
     step_breaks: Counter = field(default_factory=Counter)
     opaque_functions: Counter = field(default_factory=Counter)
     checkpoints_replayed: int = 0
@@ -139,6 +142,7 @@ CHECKPOINT_RERUN = "checkpoint rerun"  # a checkpoint's recomputation runs its P
 CHECKPOINTS_REPLAYED = "checkpoints replayed"  # detail: count (at capture, for explain)
 COMPILED_RUN = "compiled run"  # a backward ran compiled; detail: replayed, reruns
 UNCOMPILED_RUN = "uncompiled run"  # ran uncompiled while its program compiles elsewhere
+QUICK_RUN = "quick run"  # a quick tier's program ran (``Program.quick``)
 NEW_PROGRAM = "new program"  # a captured graph needs another program; reason: the change
 NO_TAPE = "no tape"  # a program cannot be found through the tape later; reason
 # The service: a program's life
@@ -311,6 +315,7 @@ _HANDLERS: dict[str, list[Callable[[str, dict], None]]] = {
     CHECKPOINTS_REPLAYED: [_checkpoints_noted],
     COMPILED_RUN: [_compiled_run],
     UNCOMPILED_RUN: [_count("uncompiled_runs")],
+    QUICK_RUN: [_count("quick_runs")],
     NEW_PROGRAM: [
         _log("recompiles", "new program, same graph: {reason}"),
         _traced(

@@ -758,6 +758,8 @@ class Program:
         dry: bool = False,
     ) -> list | None:
         variant = inst.variant
+        if self.quick and not dry:
+            emit(events.QUICK_RUN)
         schedule = variant.schedule
         epilogue = schedule.epilogue
         buffers = variant.buffers

@@ -156,7 +156,9 @@ def test_a_whole_step_runs_its_quick_tier_while_its_program_compiles(
     assert uncompiled == [False, False, True] + [False] * 7
     # call 3 uncompiled, calls 4-6 the quick tier, calls 7-10 the program of steps
     assert ran == [("debug", False)] + [("default", True)] * 3 + [("default", False)] * 4, ran
-    assert compiler.counters.background_compiles == 1 and not compiler.counters.step_breaks
+    counters = compiler.counters
+    assert counters.background_compiles == 1 and not counters.step_breaks
+    assert (counters.step_runs, counters.uncompiled_runs, counters.quick_runs) == (8, 1, 3)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     for (name, p), q in zip(got_model.named_parameters(), want_model.parameters()):
         np.testing.assert_allclose(
