@@ -129,13 +129,21 @@ def test_python_code_splits_segments_and_says_why() -> None:
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-def test_an_index_out_of_range_raises_eagers_error_and_changes_what_eager_does() -> None:
+@pytest.mark.parametrize("program", ["native", "quick"])
+def test_an_index_out_of_range_raises_eagers_error_and_changes_what_eager_does(
+    program: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Native segments, and the quick tier a background compile publishes first (every
+    kernel interpreted or by eager kernels): the replay raises eager's error, and nothing
+    changed."""
     data = _data(4)
     compiler.config.native_programs = False
     want_model, want_opt, eager_step, _ = _train("adamw", False, data)
-    compiler.config.native_programs = True
+    compiler.config.native_programs = program == "native"
+    monkeypatch.setattr(compiler.config, "quick_programs", True if program == "quick" else None)
     model, opt, fn, _ = _train("adamw", True, data)
     assert compiler.counters.step_runs == 2, compiler.counters
+    assert compiler.counters.quick_runs == (2 if program == "quick" else 0)
     bad = fg.tensor(np.full((4, 6), 11))  # one past the vocabulary
     with pytest.raises(IndexError) as replayed:
         fn(bad, data[0][1])
