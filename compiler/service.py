@@ -808,11 +808,28 @@ class Service:
                     remembered, launch2 = 0, workers.Launch() if in_worker else None
             else:
                 launch2 = launch
-            _compile(program, prepare_args, launch2)
-            current = program
-            if larger:  # the program of steps with generated larger kernels, published
-                publish(program, origin=program)
-                current = later(to_larger, "generated code for the larger kernels") or program
+            current = None
+            if quick_published and larger:
+                # the quick tier runs meanwhile: the next program is the one with generated
+                # larger kernels (the candidate the trial measures), not ``program`` first,
+                # which would only run in between (GPT step, cold: the native candidate
+                # compiled 10 s sooner)
+                try:
+                    current = candidate(to_larger)
+                    _compile(current, prepare_args, launch2)
+                except Exception as e:  # noqa: BLE001 - (``program`` instead)
+                    logs.log(
+                        "perf",
+                        f"generated code for the larger kernels not compiled "
+                        f"({type(e).__name__}: {e})",
+                    )
+                    current, launch2 = None, workers.Launch() if in_worker else None
+            if current is None:
+                _compile(program, prepare_args, launch2)
+                current = program
+                if larger:  # the program of steps with generated larger kernels, published
+                    publish(program, origin=program)
+                    current = later(to_larger, "generated code for the larger kernels") or program
             if remembered == 0:  # (an earlier trial kept the program of steps: no native one)
                 if current is not program:
                     # the program that trial measured (its larger kernels generated) replaces

@@ -166,6 +166,82 @@ def test_a_whole_step_runs_its_quick_tier_while_its_program_compiles(
         )
 
 
+def test_after_the_quick_tier_come_the_generated_larger_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A whole step (a layer norm and elementwise work over 64 x 128) whose program of steps
+    generates row kernels and interprets kernels over
+    ``GENERATED_ABOVE`` elements: after its quick tier, the next program the calls run is the
+    one with those kernels generated (the native candidate's rival), not the program of steps
+    with them interpreted, which is never built (its native candidate fails here, so it stays).
+    Every call equals eager's step."""
+    from fusegrad.compiler import service as _service
+
+    monkeypatch.setattr(config, "background_compile", True)
+    monkeypatch.setattr(config, "compile_workers", False)
+    monkeypatch.setattr(config, "native_programs", None)
+    monkeypatch.setattr(config, "remember_trials", False)
+    gate, waiting = threading.Event(), threading.Event()
+    prepare, run_step = Program.prepare, Program.run_step
+    ran: list[tuple[bool, int]] = []
+    prepared: list[tuple[bool, int]] = []
+
+    def gated(self: Program, *args: Any, **kwargs: Any) -> float:
+        if self.native:
+            raise RuntimeError("no native candidate in this test")
+        prepared.append((self.quick, self.interpreter_max_elements))
+        if not self.quick:
+            waiting.set()
+            assert gate.wait(60), "the test never opened the gate"
+        return prepare(self, *args, **kwargs)
+
+    def noted(self: Program, *args: Any, **kwargs: Any) -> Any:
+        if self.mode == "default":
+            ran.append((self.quick, self.interpreter_max_elements))
+        return run_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(Program, "prepare", gated)
+    monkeypatch.setattr(Program, "run_step", noted)
+
+    def run(compiled: bool) -> tuple:
+        rng = np.random.default_rng(5)
+        w = fg.tensor(rng.standard_normal((32, 128)) / 6, requires_grad=True)
+        g = fg.tensor(1 + rng.standard_normal(128) / 6, requires_grad=True)
+        opt = fg.optim.SGD([w, g], lr=0.05)
+
+        def step(x: fg.Tensor) -> fg.Tensor:
+            opt.zero_grad()
+            h = x @ w
+            n = fg.nn.functional.layer_norm(h, (128,), weight=g)
+            loss = (n.tanh() * n).sum() + (h.tanh() * h.sigmoid()).square().sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        fn = fg.compile(step) if compiled else step
+        losses = []
+        for i in range(9):
+            if compiled and i == 3:
+                assert waiting.wait(60)
+            if compiled and i == 6:
+                gate.set()
+                assert compiler.wait_for_compiles(120)
+            losses.append(fn(fg.tensor(rng.standard_normal((64, 32)))).item())
+        return losses, w.detach().numpy(), g.detach().numpy()
+
+    want = run(False)
+    compiler.reset()
+    ran.clear()
+    got = run(True)
+    limit, default = _service.GENERATED_ABOVE, config.interpreter_max_elements
+    assert ran == [(True, default)] * 3 + [(False, limit)] * 3, ran
+    # compiled: the quick tier, then the larger kernels generated (the program of steps with
+    # them interpreted is built, to be named, but never compiled)
+    assert prepared == [(True, default), (False, limit)], prepared
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("kind", ["mlp", "gpt"])
 def test_the_quick_tier_generates_no_code_and_matches_eager(
     kind: str, monkeypatch: pytest.MonkeyPatch
