@@ -158,6 +158,9 @@ def _buffer_sum(buf, n, lanes):  # type: ignore[no-untyped-def]
     return lanes[0] + tail
 
 
+# the CPU emitter's own helpers for its reductions (no CUDA counterpart)
+CPU_REDUCTION_HELPERS = ("_partial_sums", "_buffer_sum")
+
 # the target helpers generated modules import by name
 TARGET_HELPERS = (
     "_cast_bool",

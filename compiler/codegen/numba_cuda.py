@@ -128,8 +128,12 @@ globals().update(_RECORD_HELPERS)  # importable by generated modules, like the h
 
 # every helper generated modules import from here
 HELPERS = tuple(
-    sorted(h for h in cpu_helpers.TARGET_HELPERS + tuple(_RECORD_HELPERS) if h != "_partial_sums")
-)  # (``_partial_sums`` is the CPU emitter's scratch for its reductions)
+    sorted(
+        h
+        for h in cpu_helpers.TARGET_HELPERS + tuple(_RECORD_HELPERS)
+        if h not in cpu_helpers.CPU_REDUCTION_HELPERS
+    )
+)  # (``_partial_sums`` and ``_buffer_sum`` are the CPU emitter's, for its reductions)
 
 # Python's ``math`` raises (overflow, domain errors, nan to int) where the device returns inf or
 # nan; under the simulator generated modules use, under the same names, the records' Python
