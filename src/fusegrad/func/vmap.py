@@ -29,7 +29,10 @@ is a sample's (batched at the levels inside and at the sample's own).  A backwar
 runs its rules on the physical graph, so the batch must hold the samples' tangents too: a
 tangent given to a ``BatchedTensor`` is given, lowered (``_lower``: the level's batch as dim 0),
 to its physical tensor (``BatchedTensor._tangent_follows``), and a batch with a tangent wrapped
-as samples (a backward's result) gives them its tangent raised (``_raise``, in ``wrap``).  So
+as samples (a backward's result) gives them its tangent raised (``_raise``, in ``wrap``); an
+unbatched operand whose tangent is batched at the level (``jacfwd``'s shared primal, met by an
+input the inner transform lifted) enters the physical graph spread, with its tangent lowered
+(``BatchTracer._unbatched``).  So
 ``vmap(hessian(f))``, ``vmap(jacfwd(grad(f)))`` and ``jvp`` of ``vmap`` agree with the loops.
 
 A custom ``autograd.Function`` called on batched tensors runs its forward at the level (its
@@ -337,12 +340,36 @@ class BatchTracer(Tracer):
             with tracing(prev):
                 return prev.apply(prim, inputs, attrs)
         operands = [
-            (t.__dict__["_phys"], True) if _batched_at(t, self) else (t, False) for t in inputs
+            (t.__dict__["_phys"], True) if _batched_at(t, self) else self._unbatched(t)
+            for t in inputs
         ]
         rule = RULES.get(prim.name, loop)
         with tracing(self.prev):
             phys = rule(prim, operands, attrs, self.size)
         return self.wrap(phys)
+
+    def _unbatched(self, t: Any) -> tuple:
+        """The operand for an input not batched at this level: itself, unless forward-mode AD
+        gave it a tangent batched at this level (a dual whose primal is shared by the samples:
+        ``jacfwd``'s columns, whose primal computation is not lifted along the level).  The
+        physical graph that a backward runs on (``backward``: ``jacfwd(jacrev(g, 1), 0)``,
+        where ``g``'s other input is lifted) must then see the samples' tangents, so such an
+        operand enters as its spread with its tangent lowered to the physical one (``_lower``)
+        -- it would otherwise be saved with one sample's tangent, read as the first sample's
+        once the level is out of the chain.  The spread is materialised (``clone``): the rule
+        may take views of it, and a view's tangent is replayed from its base's, which the
+        spread, itself a view, is not."""
+        dual = _forward_ad._state.level
+        if dual is None or not isinstance(t, Tensor):
+            return (t, False)
+        tangent = _forward_ad._tangent(t, dual)
+        if tangent is None or not _batched_through(tangent, self):
+            return (t, False)
+        with _forward_ad.suspended(), tracing(self.prev):
+            phys = F.clone(spread(t, self.size))
+            lowered = _lower(tangent, self)
+            _forward_ad._set_tangent(phys, lowered, dual)
+        return (phys, True)
 
     def made(self, node: Any, inputs: tuple, out: Any) -> None:
         if self.prev is not None:  # (a call it let run eagerly: the enclosing tracer's)
