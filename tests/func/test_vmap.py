@@ -630,3 +630,104 @@ def test_hessian_with_in_place_ops_keeps_one_primal_per_column() -> None:
         np.testing.assert_allclose(
             transform(x).detach().numpy(), want, rtol=1e-9, atol=1e-11, err_msg=label
         )
+
+
+def _central_difference(fn, x: np.ndarray, t: np.ndarray, h: float = 1e-6) -> np.ndarray:  # type: ignore[no-untyped-def]
+    up = fn(fg.tensor(x + h * t)).detach().numpy()
+    down = fn(fg.tensor(x - h * t)).detach().numpy()
+    return (up - down) / (2 * h)
+
+
+# one sample's functions with an in-place op on an intermediate, or on a view of one
+IN_PLACE = ["slice_mul_", "slice_setitem", "transposed_row", "flat_view", "sigmoid_", "copy_"]
+
+
+def _in_place(name: str, u: fg.Tensor) -> fg.Tensor:  # (works on torch tensors too)
+    if name == "slice_mul_":
+        z = u.clone()
+        z[1:].mul_(2)
+        return z
+    if name == "slice_setitem":
+        z = u.clone()
+        z[1:] = z[1:] * 2
+        return z
+    if name == "transposed_row":
+        z = u.clone()
+        z.t()[0].mul_(u[1])
+        return z.sin()
+    if name == "flat_view":
+        z = u.clone()
+        z.reshape(-1)[2:5].mul_(u[0, :3].exp())
+        return z
+    if name == "sigmoid_":
+        z = u * 3
+        z.sigmoid_()
+        return z
+    z = u.clone()  # copy_
+    z.copy_(u.exp())
+    return z * u
+
+
+@pytest.mark.parametrize("name", IN_PLACE)
+def test_gradients_of_in_place_ops_on_views_under_vmap(name: str) -> None:
+    """``vmap(grad(f))`` where ``f`` writes in place into a view of an intermediate: the view's
+    batch is a view of the intermediate's batch (``batching._view``), so the write rewrites
+    its history (it was lost: ``z[1:].mul_(2)`` gave the gradient without the factor 2), and
+    the op runs on a copy of the old value (a version error otherwise)."""
+    import fusegrad.func as func
+
+    def loss(u):  # type: ignore[no-untyped-def]
+        return (_in_place(name, u) ** 2).sum()
+
+    x = _t(3, 3, 3)
+    got = vmap(func.grad(loss))(x).numpy()
+    np.testing.assert_allclose(got, _looped(func.grad(loss), (x,), (0,)), rtol=1e-10)
+    np.testing.assert_allclose(
+        vmap(vmap(func.grad(loss)))(x.reshape(3, 1, 3, 3)).numpy().reshape(3, 3, 3), got
+    )
+    torch = pytest.importorskip("torch")
+    want = torch.func.vmap(torch.func.grad(loss))(torch.tensor(x.numpy())).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", IN_PLACE)
+def test_forward_mode_jacobians_of_in_place_ops_under_vmap(name: str) -> None:
+    """``vmap(jacfwd(f))`` with an in-place op in ``f``: the columns' tangents are one for
+    every sample; a sample's in-place op makes them the sample's own.  The batch's tangent was a
+    broadcast view (the write raised), then the samples' tangents did not see the write."""
+    import fusegrad.func as func
+
+    x, t = _t(3, 3, 3), _t(3, 3, 3)
+    fn = lambda u: _in_place(name, u)  # noqa: E731
+    jac = vmap(func.jacfwd(fn))(x).numpy()
+    assert jac.shape == (3, 3, 3, 3, 3)
+    np.testing.assert_allclose(jac, _looped(func.jacfwd(fn), (x,), (0,)), rtol=1e-10)
+    along = np.einsum("bijkl,bkl->bij", jac, t.numpy())
+    np.testing.assert_allclose(
+        along, _central_difference(vmap(fn), x.numpy(), t.numpy()), rtol=1e-6, atol=1e-7
+    )
+    tangent = func.jvp(vmap(fn), (x,), (t,))[1].numpy()
+    np.testing.assert_allclose(tangent, along, rtol=1e-10, atol=1e-12)
+    torch = pytest.importorskip("torch")
+    want = torch.func.vmap(torch.func.jacfwd(fn))(torch.tensor(x.numpy())).numpy()
+    np.testing.assert_allclose(jac, want, rtol=1e-10, atol=1e-12)
+
+
+def test_jvp_of_vmap_with_an_in_place_op_on_an_intermediate() -> None:
+    """``jvp(vmap(h))`` with ``y = x * 2; y.mul_(y)``: the tangent is ``8 x t``, as finite
+    differences say.  (PyTorch 2.13's forward AD gives ``12 x t`` here: its ``mul_`` formula
+    reads the tangent of ``other`` after writing that of ``self``, the same tensor.)"""
+    import fusegrad.func as func
+
+    def h(u: fg.Tensor) -> fg.Tensor:
+        y = u * 2
+        y.mul_(y)
+        return y
+
+    x, t = _t(3, 4), _t(3, 4)
+    for fn in (vmap(h), vmap(vmap(h)), vmap(vmap(h), in_dims=1, out_dims=1)):
+        value, tangent = func.jvp(fn, (x,), (t,))
+        np.testing.assert_allclose(value.numpy(), 4 * x.numpy() ** 2)
+        np.testing.assert_allclose(tangent.numpy(), 8 * x.numpy() * t.numpy(), rtol=1e-12)
+    jac = vmap(func.jacfwd(h))(x).numpy()
+    np.testing.assert_allclose(jac, np.stack([np.diag(8 * row) for row in x.numpy()]))

@@ -35,6 +35,13 @@ input the inner transform lifted) enters the physical graph spread, with its tan
 (``BatchTracer._unbatched``).  So
 ``vmap(hessian(f))``, ``vmap(jacfwd(grad(f)))`` and ``jvp`` of ``vmap`` agree with the loops.
 
+In-place ops on a sample are computed out of place and written into the batch
+(``BatchedTensor._inplace_hook``), where the engine's in-place machinery records them: a view
+of a sample is a view of the batch (``batching._view``), so a write through it rewrites the
+base's history as outside ``vmap``, and its tangent is the base's tangent's view.  The write
+runs with the level out of the chain (``_physical``), as the batch's tangent may be batched
+at levels inside it (``vmap(jacfwd(f))``), and the samples then get the batch's new tangent.
+
 A custom ``autograd.Function`` called on batched tensors runs its forward at the level (its
 ops are batched like any others) and gets one node on the physical tensors,
 ``_LevelFunction``, which runs its ``backward`` at the same level on the batched gradients
@@ -59,6 +66,7 @@ import numpy as np
 from .. import ops as F
 from ..autograd import api
 from ..autograd import forward_ad as _forward_ad
+from ..autograd import grad_mode as _grad_mode
 from ..autograd import tracer as _tracer
 from ..autograd.batching import RULES, loop, spread
 from ..autograd.function import FunctionCtx
@@ -117,8 +125,32 @@ class BatchedTensor(Tensor):
         a backward run on the physical graph (``BatchTracer.backward``) -- whose rules read
         the physical tensors -- carries tangents (``vmap(jacfwd(grad(f)))``, ``hessian``)."""
         level = self.__dict__["_level"]
+        phys = self.__dict__["_phys"]
+        base = phys._base
+        if (
+            tangent is not None
+            and base is not None
+            and getattr(phys, "_view_info", None) is not None
+            and _forward_ad._tangent(base, dual) is not None
+        ):
+            # a view of a batch with a tangent (``batching._view``): its tangent is that view
+            # of the base's (``forward_ad._tangent`` replays it), sharing its memory, so that
+            # an in-place op on either is seen by the other
+            phys.__dict__.pop(_forward_ad._TANGENT, None)
+            return
         lowered = None if tangent is None else _lower(tangent, level)
-        _forward_ad._set_tangent(self.__dict__["_phys"], lowered, dual)
+        if tangent is not None and not _batched_through(tangent, level):
+            # one tangent for every sample (``vmap(jacfwd(f))``: the columns' tangents are the
+            # same for all samples), spread as a view: the batch's tangent is its own memory,
+            # which an in-place op on the batch writes per sample (cloned through the levels
+            # inside this one, at which ``lowered`` is batched as the tangent was)
+            lowered = F.clone(lowered)
+            _forward_ad._set_tangent(phys, lowered, dual)
+            # and the samples' tangent is that memory too, so that a write through the batch
+            # or a view of it (which reaches the physical tangent) is seen by the samples
+            self.__dict__[_forward_ad._TANGENT] = (dual, _raise(lowered, level))
+            return
+        _forward_ad._set_tangent(phys, lowered, dual)
 
     def _recorded_by(self) -> Tensor:
         """The tensor whose node records this one's history (the bottom of its batches)."""
@@ -149,13 +181,22 @@ class BatchedTensor(Tensor):
 
     def _inplace_hook(self, op: str, fn: Callable, args: tuple, kwargs: dict) -> Tensor:
         """An in-place op: computed out of place, then written into the batch by ``copy_`` on
-        the physical tensor (which records it there like any in-place op)."""
+        the physical tensor (which records it there like any in-place op).  Where a graph is
+        recorded, the op runs on a copy of the old value (as ``ops.inplace`` runs it on a
+        snapshot): its node may save its input, which the write would otherwise change under
+        it (``y.mul_(y)`` in ``vmap(grad(f))``: a version error)."""
         level = self.__dict__["_level"]
-        result = fn(self, *args, **kwargs)
+        operand: Tensor = self
+        if _grad_mode.is_grad_enabled() and (
+            self.requires_grad
+            or any(isinstance(a, Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
+        ):
+            operand = F.clone(self)
+        result = fn(operand, *args, **kwargs)
         if result.dtype != self.dtype:
             result = result.to(self.dtype)
         phys = self.__dict__["_phys"]
-        with tracing(level.prev):
+        with _physical(level):
             if _batched_at(result, level):
                 source = result.__dict__["_phys"]
             else:
@@ -163,6 +204,15 @@ class BatchedTensor(Tensor):
             phys.copy_(source)
         self._data = _sample(phys)
         self._version_counter.bump()
+        dual = _forward_ad.active_level()
+        if dual is not None:
+            # the write gave the batch its new tangent (``forward_ad.inplace_update``): the
+            # samples' is its tangent's samples again, as ``wrap`` gives a new batch's
+            tangent = _forward_ad._tangent(phys, dual)
+            if tangent is not None:
+                with _forward_ad.suspended():
+                    raised = _raise(tangent, level)
+                _forward_ad._set_tangent(self, raised, dual, follow=False)
         return self
 
     def __repr__(self) -> str:
@@ -242,6 +292,20 @@ class _LevelFunction(Node):
 
     def release(self) -> None:
         self.ctx.release()
+
+
+def _physical(level: BatchTracer) -> Any:
+    """Where an op on ``level``'s physical tensors runs: the chain of levels without ``level``
+    (``_without_level``), whose values they are, with their forward-AD tangents -- these are
+    batched at the levels inside ``level`` too (``_tangent_follows``: ``vmap(jacfwd(f))``'s
+    columns), so the write of a tangent (``forward_ad.inplace_update``) needs those levels
+    still batching.  Just ``level.prev`` when no level runs inside ``level``."""
+    innermost = _tracer.current()
+    if innermost is level or not isinstance(innermost, BatchTracer):
+        return tracing(level.prev)
+    if level not in innermost.levels():
+        return tracing(level.prev)
+    return _without_level(level, innermost)
 
 
 def _batched_at(t: Any, level: BatchTracer) -> bool:
