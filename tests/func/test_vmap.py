@@ -418,6 +418,67 @@ def test_jacobian_of_a_custom_function_under_vmap() -> None:
     np.testing.assert_allclose(got_w.numpy(), want_w, rtol=1e-10, atol=1e-12)
 
 
+def _exp_times(lib):  # type: ignore[no-untyped-def]
+    """``exp(x) * y`` as a custom Function in PyTorch's functorch style (``setup_context``,
+    ``generate_vmap_rule``), for ``lib`` (fusegrad or torch)."""
+
+    class ExpTimes(lib.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x, y):  # type: ignore[no-untyped-def]
+            return x.exp() * y
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):  # type: ignore[no-untyped-def]
+            x, y = inputs
+            ctx.save_for_backward(x, output)
+
+        @staticmethod
+        def backward(ctx, g):  # type: ignore[no-untyped-def]
+            x, out = ctx.saved_tensors
+            return g * out, g * x.exp()
+
+    return ExpTimes
+
+
+def test_custom_function_under_nested_vmaps() -> None:
+    """A Function called under two ``vmap`` levels: its node at the inner level is run by one at
+    the outer level (``_LevelFunction`` of a ``_LevelFunction``; setting it on the outer batch
+    raised).  Each input batched at either level, at both, or at neither."""
+    import fusegrad.func as func
+
+    fn = _exp_times(fg).apply
+    x, y = _t(2, 3, 4), _t(2, 3, 4)
+    xn, yn = x.numpy(), y.numpy()
+    loss = lambda u, v: fn(u, v).sum()  # noqa: E731
+    got = vmap(vmap(func.grad(loss, argnums=(0, 1))))(x, y)
+    np.testing.assert_allclose(got[0].numpy(), np.exp(xn) * yn, rtol=1e-12)
+    np.testing.assert_allclose(got[1].numpy(), np.exp(xn), rtol=1e-12)
+    got = vmap(vmap(func.grad(loss, argnums=(0, 1)), in_dims=(0, None)), in_dims=(None, 0))(
+        x[0], y[:, 0]
+    )
+    np.testing.assert_allclose(got[0].numpy(), np.exp(xn[0])[None] * yn[:, 0, None], rtol=1e-12)
+    np.testing.assert_allclose(
+        got[1].numpy(), np.broadcast_to(np.exp(xn[0])[None], (2, 3, 4)), rtol=1e-12
+    )
+    jac = vmap(vmap(func.jacrev(fn)))(x, y).numpy()
+    want = np.stack([[np.diag(r) for r in m] for m in np.exp(xn) * yn])
+    np.testing.assert_allclose(jac, want, rtol=1e-12)
+    # and through ordinary autograd around both levels
+    xr = x.detach().requires_grad_(True)
+    vmap(vmap(fn))(xr, y).sum().backward()
+    np.testing.assert_allclose(xr.grad.numpy(), np.exp(xn) * yn, rtol=1e-12)
+    torch = pytest.importorskip("torch")
+    theirs = _exp_times(torch).apply
+    want = torch.func.vmap(torch.func.vmap(torch.func.jacrev(theirs, argnums=(0, 1))))(
+        torch.tensor(xn), torch.tensor(yn)
+    )
+    ours = vmap(vmap(func.jacrev(fn, argnums=(0, 1))))(x, y)
+    for a, b in zip(ours, want):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12)
+
+
 _sample_shapes = st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple)
 
 

@@ -45,10 +45,11 @@ at levels inside it (``vmap(jacfwd(f))``), and the samples then get the batch's 
 A custom ``autograd.Function`` called on batched tensors runs its forward at the level (its
 ops are batched like any others) and gets one node on the physical tensors,
 ``_LevelFunction``, which runs its ``backward`` at the same level on the batched gradients
-(PyTorch's ``generate_vmap_rule``).  Conv and the norm layers, which run as such Functions
-outside ``vmap``, record their primitives one by one under it (``Tracer.primitive_nodes``), so
-a compiled recording around ``vmap`` (``fusegrad.compile(vmap(grad(f)))``) captures their
-rules like any primitive's.
+(PyTorch's ``generate_vmap_rule``); under nested levels, each enclosing level's node runs
+the node of the level inside it on its own batch.  Conv and the norm layers, which run as such
+Functions outside ``vmap``, record their primitives one by one under it
+(``Tracer.primitive_nodes``), so a compiled recording around ``vmap``
+(``fusegrad.compile(vmap(grad(f)))``) captures their rules like any primitive's.
 
 What ``vmap`` cannot see through: Python reading a batched tensor's values (``.item()``,
 ``bool()``, ``.numpy()``: data-dependent control flow) raises; random draws raise unless
@@ -96,12 +97,19 @@ class BatchedTensor(Tensor):
         # backward at this level (``_LevelFunction``)
         if value is None:
             return
-        if not isinstance(value, FunctionCtx):
-            raise RuntimeError("vmap: the history of a batched tensor lives on its batch")
         level = self.__dict__["_level"]
-        node = value.__dict__.get("_vmap_node")
-        if node is None:
-            node = value.__dict__["_vmap_node"] = _LevelFunction(value, level)
+        if isinstance(value, FunctionCtx):
+            node = value.__dict__.get("_vmap_node")
+            if node is None:
+                node = value.__dict__["_vmap_node"] = _LevelFunction(value, value, level)
+        elif isinstance(value, _LevelFunction):
+            # the node of a level inside this one (the Function ran under nested ``vmap``s):
+            # this level's node runs it on this level's batch, as it runs the Function's
+            node = value.outer
+            if node is None:
+                node = value.outer = _LevelFunction(value, value.root, level)
+        else:
+            raise RuntimeError("vmap: the history of a batched tensor lives on its batch")
         self.__dict__["_phys"].grad_fn = node
 
     @property  # type: ignore[override]
@@ -227,15 +235,27 @@ class _LevelFunction(Node):
     written for one sample -- on the batched gradients, at the ``vmap`` level the forward ran
     at, so that every op of the backward is batched by the same rules as the forward's."""
 
-    __slots__ = ("ctx", "level")
+    __slots__ = ("batched", "ctx", "level", "outer", "root")
 
-    def __init__(self, ctx: FunctionCtx, level: BatchTracer) -> None:
-        # the ctx's edges and input shapes are the physical inputs' already (``_edge``, and
-        # ``autograd.function`` takes a batched tensor's shape from its batch)
-        super().__init__(ctx._edges, ctx._input_meta)
-        self._seq = ctx._seq
+    def __init__(self, ctx: Node, root: FunctionCtx, level: BatchTracer) -> None:
+        # ``ctx`` is the Function's node ``root`` or, under nested ``vmap``s, the node of the
+        # level just inside this one; the edges are the bottom physical inputs' (``_edge``),
+        # and the input shapes those of the inputs in this level's enclosing one: what is
+        # left of each once every level from this one inwards is taken off
+        batching = root.__dict__.get("_input_batching") or (None,) * len(root._input_meta)
+        meta = []
+        batched = []
+        for (shape, dtype), chain in zip(root._input_meta, batching):
+            inner = [s for lvl, s in chain or () if lvl.depth >= level.depth]
+            meta.append((inner[-1] if inner else shape, dtype))
+            batched.append(any(lvl is level for lvl, _ in chain or ()))
+        super().__init__(root._edges, tuple(meta))
+        self._seq = root._seq
         self.ctx = ctx
+        self.root = root
         self.level = level
+        self.batched = tuple(batched)  # per input: whether it is batched at ``level``
+        self.outer: _LevelFunction | None = None  # the enclosing level's node, once made
 
     def name(self) -> str:
         return self.ctx.name()
@@ -255,12 +275,12 @@ class _LevelFunction(Node):
             results = self.ctx.apply(logical, retain)
         out = []
         with tracing(level.prev):
-            for r, (shape, _) in zip(results, self._input_meta):
+            for r, batched in zip(results, self.batched):
                 if r is None:
                     out.append(None)
                 elif _batched_at(r, level):
                     out.append(r.__dict__["_phys"])
-                elif tuple(r.shape) != tuple(shape):
+                elif batched:
                     # one gradient for every sample of a batched input
                     out.append(spread(r, level.size))
                 else:  # an unbatched input's gradient, already one for all samples
@@ -281,10 +301,10 @@ class _LevelFunction(Node):
         finally:
             inside.prev, level.inside = level.prev, inside
         out = []
-        for r, (shape, _) in zip(results, self._input_meta):
+        for r, batched in zip(results, self.batched):
             if r is None:
                 out.append(None)
-            elif _batched_through(r, level) or tuple(r.shape) != tuple(shape):
+            elif _batched_through(r, level) or batched:
                 out.append(_lower(r, level))  # (spread along the level where it is not batched)
             else:  # an unbatched input's gradient, already one for all samples
                 out.append(r)
