@@ -792,3 +792,28 @@ def test_jvp_of_vmap_with_an_in_place_op_on_an_intermediate() -> None:
         np.testing.assert_allclose(tangent.numpy(), 8 * x.numpy() * t.numpy(), rtol=1e-12)
     jac = vmap(func.jacfwd(h))(x).numpy()
     np.testing.assert_allclose(jac, np.stack([np.diag(8 * row) for row in x.numpy()]))
+
+
+@pytest.mark.parametrize("modes", ["jacfwd-jacrev", "jacrev-jacfwd", "jacfwd-jacfwd"])
+@pytest.mark.parametrize("argnums", [(1, 0), (0, 1), (0, 0)])
+@pytest.mark.parametrize("in_dims", [(0, 0), (None, 0), (0, None)])
+def test_second_derivatives_of_two_arguments_under_vmap(modes, argnums, in_dims) -> None:  # type: ignore[no-untyped-def]
+    """Mixed partials (and same-argument ones) of a two-argument function under ``vmap``: the
+    outer transform's tangents reach the inner one through an argument it may not
+    differentiate, whose primal is shared by the columns."""
+    import fusegrad.func as func
+
+    torch = pytest.importorskip("torch")
+    x, y = _t(4, 3), _t(4, 2)
+
+    def g(a, b):  # type: ignore[no-untyped-def]
+        return a[:, None] * b.tanh() * a.sum()
+
+    def build(lib):  # type: ignore[no-untyped-def]
+        outer, inner = (getattr(lib, name) for name in modes.split("-"))
+        return lib.vmap(outer(inner(g, argnums=argnums[0]), argnums=argnums[1]), in_dims=in_dims)
+
+    args = tuple(t if d == 0 else t[0] for t, d in zip((x, y), in_dims))
+    got = build(func)(*args).numpy()
+    want = build(torch.func)(*(torch.tensor(a.numpy()) for a in args))
+    np.testing.assert_allclose(got, want.numpy(force=True), rtol=1e-10, atol=1e-12)
