@@ -181,6 +181,29 @@ def test_jacobians_and_hessian() -> None:
     np.testing.assert_allclose(np.diag(j.numpy()), np.cos(x.numpy()))
 
 
+@pytest.mark.parametrize("outer", ["jacfwd", "jacrev"])
+@pytest.mark.parametrize("inner", ["jacfwd", "jacrev"])
+@pytest.mark.parametrize("argnums", [(1, 0), (0, 1)])
+@pytest.mark.parametrize("scalar", [True, False])
+def test_mixed_partials_with_different_argnums(outer, inner, argnums, scalar) -> None:  # type: ignore[no-untyped-def]
+    # the outer transform's tangents (or rows) reach the inner one through an argument it does
+    # not differentiate: ``jacfwd(jacrev(g, argnums=1), argnums=0)`` gave every column of the
+    # mixed partials the first one's values
+    (x, tx), (y, ty) = _pair(3), _pair(4)
+
+    def g(a, b):  # type: ignore[no-untyped-def]
+        if scalar:
+            return (a.sin()[:, None] * b.exp()).sum()
+        return a[:, None] * b.tanh() * a.sum()
+
+    inner_num, outer_num = argnums
+    ours = getattr(func, outer)(getattr(func, inner)(g, argnums=inner_num), argnums=outer_num)
+    theirs = getattr(torch.func, outer)(
+        getattr(torch.func, inner)(g, argnums=inner_num), argnums=outer_num
+    )
+    _close(ours(x, y), theirs(tx, ty))
+
+
 class MLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()

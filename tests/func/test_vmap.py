@@ -418,6 +418,67 @@ def test_jacobian_of_a_custom_function_under_vmap() -> None:
     np.testing.assert_allclose(got_w.numpy(), want_w, rtol=1e-10, atol=1e-12)
 
 
+def _exp_times(lib):  # type: ignore[no-untyped-def]
+    """``exp(x) * y`` as a custom Function in PyTorch's functorch style (``setup_context``,
+    ``generate_vmap_rule``), for ``lib`` (fusegrad or torch)."""
+
+    class ExpTimes(lib.autograd.Function):
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x, y):  # type: ignore[no-untyped-def]
+            return x.exp() * y
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):  # type: ignore[no-untyped-def]
+            x, y = inputs
+            ctx.save_for_backward(x, output)
+
+        @staticmethod
+        def backward(ctx, g):  # type: ignore[no-untyped-def]
+            x, out = ctx.saved_tensors
+            return g * out, g * x.exp()
+
+    return ExpTimes
+
+
+def test_custom_function_under_nested_vmaps() -> None:
+    """A Function called under two ``vmap`` levels: its node at the inner level is run by one at
+    the outer level (``_LevelFunction`` of a ``_LevelFunction``; setting it on the outer batch
+    raised).  Each input batched at either level, at both, or at neither."""
+    import fusegrad.func as func
+
+    fn = _exp_times(fg).apply
+    x, y = _t(2, 3, 4), _t(2, 3, 4)
+    xn, yn = x.numpy(), y.numpy()
+    loss = lambda u, v: fn(u, v).sum()  # noqa: E731
+    got = vmap(vmap(func.grad(loss, argnums=(0, 1))))(x, y)
+    np.testing.assert_allclose(got[0].numpy(), np.exp(xn) * yn, rtol=1e-12)
+    np.testing.assert_allclose(got[1].numpy(), np.exp(xn), rtol=1e-12)
+    got = vmap(vmap(func.grad(loss, argnums=(0, 1)), in_dims=(0, None)), in_dims=(None, 0))(
+        x[0], y[:, 0]
+    )
+    np.testing.assert_allclose(got[0].numpy(), np.exp(xn[0])[None] * yn[:, 0, None], rtol=1e-12)
+    np.testing.assert_allclose(
+        got[1].numpy(), np.broadcast_to(np.exp(xn[0])[None], (2, 3, 4)), rtol=1e-12
+    )
+    jac = vmap(vmap(func.jacrev(fn)))(x, y).numpy()
+    want = np.stack([[np.diag(r) for r in m] for m in np.exp(xn) * yn])
+    np.testing.assert_allclose(jac, want, rtol=1e-12)
+    # and through ordinary autograd around both levels
+    xr = x.detach().requires_grad_(True)
+    vmap(vmap(fn))(xr, y).sum().backward()
+    np.testing.assert_allclose(xr.grad.numpy(), np.exp(xn) * yn, rtol=1e-12)
+    torch = pytest.importorskip("torch")
+    theirs = _exp_times(torch).apply
+    want = torch.func.vmap(torch.func.vmap(torch.func.jacrev(theirs, argnums=(0, 1))))(
+        torch.tensor(xn), torch.tensor(yn)
+    )
+    ours = vmap(vmap(func.jacrev(fn, argnums=(0, 1))))(x, y)
+    for a, b in zip(ours, want):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-12)
+
+
 _sample_shapes = st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple)
 
 
@@ -630,3 +691,129 @@ def test_hessian_with_in_place_ops_keeps_one_primal_per_column() -> None:
         np.testing.assert_allclose(
             transform(x).detach().numpy(), want, rtol=1e-9, atol=1e-11, err_msg=label
         )
+
+
+def _central_difference(fn, x: np.ndarray, t: np.ndarray, h: float = 1e-6) -> np.ndarray:  # type: ignore[no-untyped-def]
+    up = fn(fg.tensor(x + h * t)).detach().numpy()
+    down = fn(fg.tensor(x - h * t)).detach().numpy()
+    return (up - down) / (2 * h)
+
+
+# one sample's functions with an in-place op on an intermediate, or on a view of one
+IN_PLACE = ["slice_mul_", "slice_setitem", "transposed_row", "flat_view", "sigmoid_", "copy_"]
+
+
+def _in_place(name: str, u: fg.Tensor) -> fg.Tensor:  # (works on torch tensors too)
+    if name == "slice_mul_":
+        z = u.clone()
+        z[1:].mul_(2)
+        return z
+    if name == "slice_setitem":
+        z = u.clone()
+        z[1:] = z[1:] * 2
+        return z
+    if name == "transposed_row":
+        z = u.clone()
+        z.t()[0].mul_(u[1])
+        return z.sin()
+    if name == "flat_view":
+        z = u.clone()
+        z.reshape(-1)[2:5].mul_(u[0, :3].exp())
+        return z
+    if name == "sigmoid_":
+        z = u * 3
+        z.sigmoid_()
+        return z
+    z = u.clone()  # copy_
+    z.copy_(u.exp())
+    return z * u
+
+
+@pytest.mark.parametrize("name", IN_PLACE)
+def test_gradients_of_in_place_ops_on_views_under_vmap(name: str) -> None:
+    """``vmap(grad(f))`` where ``f`` writes in place into a view of an intermediate: the view's
+    batch is a view of the intermediate's batch (``batching._view``), so the write rewrites
+    its history (it was lost: ``z[1:].mul_(2)`` gave the gradient without the factor 2), and
+    the op runs on a copy of the old value (a version error otherwise)."""
+    import fusegrad.func as func
+
+    def loss(u):  # type: ignore[no-untyped-def]
+        return (_in_place(name, u) ** 2).sum()
+
+    x = _t(3, 3, 3)
+    got = vmap(func.grad(loss))(x).numpy()
+    np.testing.assert_allclose(got, _looped(func.grad(loss), (x,), (0,)), rtol=1e-10)
+    np.testing.assert_allclose(
+        vmap(vmap(func.grad(loss)))(x.reshape(3, 1, 3, 3)).numpy().reshape(3, 3, 3), got
+    )
+    torch = pytest.importorskip("torch")
+    want = torch.func.vmap(torch.func.grad(loss))(torch.tensor(x.numpy())).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", IN_PLACE)
+def test_forward_mode_jacobians_of_in_place_ops_under_vmap(name: str) -> None:
+    """``vmap(jacfwd(f))`` with an in-place op in ``f``: the columns' tangents are one for
+    every sample; a sample's in-place op makes them the sample's own.  The batch's tangent was a
+    broadcast view (the write raised), then the samples' tangents did not see the write."""
+    import fusegrad.func as func
+
+    x, t = _t(3, 3, 3), _t(3, 3, 3)
+    fn = lambda u: _in_place(name, u)  # noqa: E731
+    jac = vmap(func.jacfwd(fn))(x).numpy()
+    assert jac.shape == (3, 3, 3, 3, 3)
+    np.testing.assert_allclose(jac, _looped(func.jacfwd(fn), (x,), (0,)), rtol=1e-10)
+    along = np.einsum("bijkl,bkl->bij", jac, t.numpy())
+    np.testing.assert_allclose(
+        along, _central_difference(vmap(fn), x.numpy(), t.numpy()), rtol=1e-6, atol=1e-7
+    )
+    tangent = func.jvp(vmap(fn), (x,), (t,))[1].numpy()
+    np.testing.assert_allclose(tangent, along, rtol=1e-10, atol=1e-12)
+    torch = pytest.importorskip("torch")
+    want = torch.func.vmap(torch.func.jacfwd(fn))(torch.tensor(x.numpy())).numpy()
+    np.testing.assert_allclose(jac, want, rtol=1e-10, atol=1e-12)
+
+
+def test_jvp_of_vmap_with_an_in_place_op_on_an_intermediate() -> None:
+    """``jvp(vmap(h))`` with ``y = x * 2; y.mul_(y)``: the tangent is ``8 x t``, as finite
+    differences say.  (PyTorch 2.13's forward AD gives ``12 x t`` here: its ``mul_`` formula
+    reads the tangent of ``other`` after writing that of ``self``, the same tensor.)"""
+    import fusegrad.func as func
+
+    def h(u: fg.Tensor) -> fg.Tensor:
+        y = u * 2
+        y.mul_(y)
+        return y
+
+    x, t = _t(3, 4), _t(3, 4)
+    for fn in (vmap(h), vmap(vmap(h)), vmap(vmap(h), in_dims=1, out_dims=1)):
+        value, tangent = func.jvp(fn, (x,), (t,))
+        np.testing.assert_allclose(value.numpy(), 4 * x.numpy() ** 2)
+        np.testing.assert_allclose(tangent.numpy(), 8 * x.numpy() * t.numpy(), rtol=1e-12)
+    jac = vmap(func.jacfwd(h))(x).numpy()
+    np.testing.assert_allclose(jac, np.stack([np.diag(8 * row) for row in x.numpy()]))
+
+
+@pytest.mark.parametrize("modes", ["jacfwd-jacrev", "jacrev-jacfwd", "jacfwd-jacfwd"])
+@pytest.mark.parametrize("argnums", [(1, 0), (0, 1), (0, 0)])
+@pytest.mark.parametrize("in_dims", [(0, 0), (None, 0), (0, None)])
+def test_second_derivatives_of_two_arguments_under_vmap(modes, argnums, in_dims) -> None:  # type: ignore[no-untyped-def]
+    """Mixed partials (and same-argument ones) of a two-argument function under ``vmap``: the
+    outer transform's tangents reach the inner one through an argument it may not
+    differentiate, whose primal is shared by the columns."""
+    import fusegrad.func as func
+
+    torch = pytest.importorskip("torch")
+    x, y = _t(4, 3), _t(4, 2)
+
+    def g(a, b):  # type: ignore[no-untyped-def]
+        return a[:, None] * b.tanh() * a.sum()
+
+    def build(lib):  # type: ignore[no-untyped-def]
+        outer, inner = (getattr(lib, name) for name in modes.split("-"))
+        return lib.vmap(outer(inner(g, argnums=argnums[0]), argnums=argnums[1]), in_dims=in_dims)
+
+    args = tuple(t if d == 0 else t[0] for t, d in zip((x, y), in_dims))
+    got = build(func)(*args).numpy()
+    want = build(torch.func)(*(torch.tensor(a.numpy()) for a in args))
+    np.testing.assert_allclose(got, want.numpy(force=True), rtol=1e-10, atol=1e-12)

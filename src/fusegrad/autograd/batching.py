@@ -24,6 +24,7 @@ from typing import Any
 
 from .. import ops as F
 from ..ops.registry import REGISTRY, apply
+from ..ops.views import _as_view
 
 Operand = tuple[Any, bool]  # (physical tensor, batched)
 Rule = Callable[[Any, list, dict, int], Any]  # (prim, operands, attrs, batch) -> physical out
@@ -159,23 +160,31 @@ def _softmax(prim: Any, ins: list, attrs: dict, batch: int) -> Any:
 # ---- movement ------------------------------------------------------------------------------
 
 
+def _view(prim: Any, x: Any, attrs: dict) -> Any:
+    """View primitive ``prim`` on physical ``x``, its result marked as a view of ``x`` (as the
+    op surface marks one sample's): an in-place op on a sample's view then writes into the
+    base's history on the physical graph (``ops.inplace``'s CopySlices), and forward AD finds
+    the view's tangent in the base's."""
+    return _as_view(apply(prim, (x,), attrs), x, prim.name, attrs)
+
+
 @batching("reshape")
 def _reshape(prim: Any, ins: list, attrs: dict, batch: int) -> Any:
-    return apply(prim, (ins[0][0],), {"shape": (batch, *attrs["shape"])})
+    return _view(prim, ins[0][0], {"shape": (batch, *attrs["shape"])})
 
 
 @batching("broadcast_to")
 def _broadcast_to(prim: Any, ins: list, attrs: dict, batch: int) -> Any:
     target = tuple(attrs["shape"])
     x = aligned(ins[0][0], len(target))
-    return apply(prim, (x,), {"shape": (batch, *target)})
+    return _view(prim, x, {"shape": (batch, *target)})
 
 
 @batching("permute")
 def _permute(prim: Any, ins: list, attrs: dict, batch: int) -> Any:
     rank = _rank(ins[0])
     dims = (0, *(_norm(d, rank) + 1 for d in attrs["dims"]))
-    return apply(prim, (ins[0][0],), {"dims": dims})
+    return _view(prim, ins[0][0], {"dims": dims})
 
 
 @batching("flip")
@@ -206,7 +215,7 @@ def _diagonal(prim: Any, ins: list, attrs: dict, batch: int) -> Any:
         "dim1": _norm(attrs["dim1"], rank) + 1,
         "dim2": _norm(attrs["dim2"], rank) + 1,
     }
-    return apply(prim, (ins[0][0],), shifted)
+    return _view(prim, ins[0][0], shifted)
 
 
 @batching("gather", "scatter", "scatter_add")
@@ -255,7 +264,7 @@ def _getitem(prim: Any, ins: list, attrs: dict, batch: int) -> Any:
     block is when that is after some dims."""
     key = tuple(attrs["key"])
     if not any(e[0] == "t" for e in key):
-        return apply(prim, (ins[0][0],), {"key": (("s", None, None, 1), *key)})
+        return _view(prim, ins[0][0], {"key": (("s", None, None, 1), *key)})
     block_rank = max(_rank(x) for x in ins[1:])
     where = F.reshape(F.arange(batch), (batch, *([1] * block_rank)))
     indices = [aligned(t, block_rank) if b else t for t, b in ins[1:]]

@@ -50,6 +50,20 @@ def _edge_meta(t: Tensor) -> tuple:
     return ((t if phys is None else phys)._data.shape, t._dtype)
 
 
+def _batching(t: Any) -> Any:
+    """For ``fusegrad.func.vmap``'s nodes of a Function called on batched tensors: ``t``'s
+    levels, innermost first, each with the shape of what it wraps (None for a tensor that is
+    not batched, or not a tensor)."""
+    if not isinstance(t, Tensor) or "_phys" not in t.__dict__:
+        return None
+    chain = []
+    while "_phys" in t.__dict__:
+        level = t.__dict__["_level"]
+        t = t.__dict__["_phys"]
+        chain.append((level, t._data.shape))
+    return tuple(chain)
+
+
 class FunctionCtx(Node):
     """The ``ctx`` of a custom Function and, once forward returns, its backward node."""
 
@@ -73,6 +87,9 @@ class FunctionCtx(Node):
         edges = tuple(a._edge() if isinstance(a, Tensor) else (None, 0) for a in args)
         meta = tuple(_edge_meta(a) if isinstance(a, Tensor) else ((), None) for a in args)
         super().__init__(edges, meta)
+        if any(isinstance(a, Tensor) and "_phys" in a.__dict__ for a in args):
+            # called under vmap: how each input is batched (``vmap._LevelFunction``)
+            self.__dict__["_input_batching"] = tuple(_batching(a) for a in args)
         self._cls = cls
         self._to_save: tuple = ()
         self._saved: list | None = None

@@ -29,16 +29,27 @@ is a sample's (batched at the levels inside and at the sample's own).  A backwar
 runs its rules on the physical graph, so the batch must hold the samples' tangents too: a
 tangent given to a ``BatchedTensor`` is given, lowered (``_lower``: the level's batch as dim 0),
 to its physical tensor (``BatchedTensor._tangent_follows``), and a batch with a tangent wrapped
-as samples (a backward's result) gives them its tangent raised (``_raise``, in ``wrap``).  So
+as samples (a backward's result) gives them its tangent raised (``_raise``, in ``wrap``); an
+unbatched operand whose tangent is batched at the level (``jacfwd``'s shared primal, met by an
+input the inner transform lifted) enters the physical graph spread, with its tangent lowered
+(``BatchTracer._unbatched``).  So
 ``vmap(hessian(f))``, ``vmap(jacfwd(grad(f)))`` and ``jvp`` of ``vmap`` agree with the loops.
+
+In-place ops on a sample are computed out of place and written into the batch
+(``BatchedTensor._inplace_hook``), where the engine's in-place machinery records them: a view
+of a sample is a view of the batch (``batching._view``), so a write through it rewrites the
+base's history as outside ``vmap``, and its tangent is the base's tangent's view.  The write
+runs with the level out of the chain (``_physical``), as the batch's tangent may be batched
+at levels inside it (``vmap(jacfwd(f))``), and the samples then get the batch's new tangent.
 
 A custom ``autograd.Function`` called on batched tensors runs its forward at the level (its
 ops are batched like any others) and gets one node on the physical tensors,
 ``_LevelFunction``, which runs its ``backward`` at the same level on the batched gradients
-(PyTorch's ``generate_vmap_rule``).  Conv and the norm layers, which run as such Functions
-outside ``vmap``, record their primitives one by one under it (``Tracer.primitive_nodes``), so
-a compiled recording around ``vmap`` (``fusegrad.compile(vmap(grad(f)))``) captures their
-rules like any primitive's.
+(PyTorch's ``generate_vmap_rule``); under nested levels, each enclosing level's node runs
+the node of the level inside it on its own batch.  Conv and the norm layers, which run as such
+Functions outside ``vmap``, record their primitives one by one under it
+(``Tracer.primitive_nodes``), so a compiled recording around ``vmap``
+(``fusegrad.compile(vmap(grad(f)))``) captures their rules like any primitive's.
 
 What ``vmap`` cannot see through: Python reading a batched tensor's values (``.item()``,
 ``bool()``, ``.numpy()``: data-dependent control flow) raises; random draws raise unless
@@ -56,6 +67,7 @@ import numpy as np
 from .. import ops as F
 from ..autograd import api
 from ..autograd import forward_ad as _forward_ad
+from ..autograd import grad_mode as _grad_mode
 from ..autograd import tracer as _tracer
 from ..autograd.batching import RULES, loop, spread
 from ..autograd.function import FunctionCtx
@@ -85,12 +97,19 @@ class BatchedTensor(Tensor):
         # backward at this level (``_LevelFunction``)
         if value is None:
             return
-        if not isinstance(value, FunctionCtx):
-            raise RuntimeError("vmap: the history of a batched tensor lives on its batch")
         level = self.__dict__["_level"]
-        node = value.__dict__.get("_vmap_node")
-        if node is None:
-            node = value.__dict__["_vmap_node"] = _LevelFunction(value, level)
+        if isinstance(value, FunctionCtx):
+            node = value.__dict__.get("_vmap_node")
+            if node is None:
+                node = value.__dict__["_vmap_node"] = _LevelFunction(value, value, level)
+        elif isinstance(value, _LevelFunction):
+            # the node of a level inside this one (the Function ran under nested ``vmap``s):
+            # this level's node runs it on this level's batch, as it runs the Function's
+            node = value.outer
+            if node is None:
+                node = value.outer = _LevelFunction(value, value.root, level)
+        else:
+            raise RuntimeError("vmap: the history of a batched tensor lives on its batch")
         self.__dict__["_phys"].grad_fn = node
 
     @property  # type: ignore[override]
@@ -114,8 +133,32 @@ class BatchedTensor(Tensor):
         a backward run on the physical graph (``BatchTracer.backward``) -- whose rules read
         the physical tensors -- carries tangents (``vmap(jacfwd(grad(f)))``, ``hessian``)."""
         level = self.__dict__["_level"]
+        phys = self.__dict__["_phys"]
+        base = phys._base
+        if (
+            tangent is not None
+            and base is not None
+            and getattr(phys, "_view_info", None) is not None
+            and _forward_ad._tangent(base, dual) is not None
+        ):
+            # a view of a batch with a tangent (``batching._view``): its tangent is that view
+            # of the base's (``forward_ad._tangent`` replays it), sharing its memory, so that
+            # an in-place op on either is seen by the other
+            phys.__dict__.pop(_forward_ad._TANGENT, None)
+            return
         lowered = None if tangent is None else _lower(tangent, level)
-        _forward_ad._set_tangent(self.__dict__["_phys"], lowered, dual)
+        if tangent is not None and not _batched_through(tangent, level):
+            # one tangent for every sample (``vmap(jacfwd(f))``: the columns' tangents are the
+            # same for all samples), spread as a view: the batch's tangent is its own memory,
+            # which an in-place op on the batch writes per sample (cloned through the levels
+            # inside this one, at which ``lowered`` is batched as the tangent was)
+            lowered = F.clone(lowered)
+            _forward_ad._set_tangent(phys, lowered, dual)
+            # and the samples' tangent is that memory too, so that a write through the batch
+            # or a view of it (which reaches the physical tangent) is seen by the samples
+            self.__dict__[_forward_ad._TANGENT] = (dual, _raise(lowered, level))
+            return
+        _forward_ad._set_tangent(phys, lowered, dual)
 
     def _recorded_by(self) -> Tensor:
         """The tensor whose node records this one's history (the bottom of its batches)."""
@@ -146,13 +189,22 @@ class BatchedTensor(Tensor):
 
     def _inplace_hook(self, op: str, fn: Callable, args: tuple, kwargs: dict) -> Tensor:
         """An in-place op: computed out of place, then written into the batch by ``copy_`` on
-        the physical tensor (which records it there like any in-place op)."""
+        the physical tensor (which records it there like any in-place op).  Where a graph is
+        recorded, the op runs on a copy of the old value (as ``ops.inplace`` runs it on a
+        snapshot): its node may save its input, which the write would otherwise change under
+        it (``y.mul_(y)`` in ``vmap(grad(f))``: a version error)."""
         level = self.__dict__["_level"]
-        result = fn(self, *args, **kwargs)
+        operand: Tensor = self
+        if _grad_mode.is_grad_enabled() and (
+            self.requires_grad
+            or any(isinstance(a, Tensor) and a.requires_grad for a in (*args, *kwargs.values()))
+        ):
+            operand = F.clone(self)
+        result = fn(operand, *args, **kwargs)
         if result.dtype != self.dtype:
             result = result.to(self.dtype)
         phys = self.__dict__["_phys"]
-        with tracing(level.prev):
+        with _physical(level):
             if _batched_at(result, level):
                 source = result.__dict__["_phys"]
             else:
@@ -160,6 +212,15 @@ class BatchedTensor(Tensor):
             phys.copy_(source)
         self._data = _sample(phys)
         self._version_counter.bump()
+        dual = _forward_ad.active_level()
+        if dual is not None:
+            # the write gave the batch its new tangent (``forward_ad.inplace_update``): the
+            # samples' is its tangent's samples again, as ``wrap`` gives a new batch's
+            tangent = _forward_ad._tangent(phys, dual)
+            if tangent is not None:
+                with _forward_ad.suspended():
+                    raised = _raise(tangent, level)
+                _forward_ad._set_tangent(self, raised, dual, follow=False)
         return self
 
     def __repr__(self) -> str:
@@ -174,15 +235,27 @@ class _LevelFunction(Node):
     written for one sample -- on the batched gradients, at the ``vmap`` level the forward ran
     at, so that every op of the backward is batched by the same rules as the forward's."""
 
-    __slots__ = ("ctx", "level")
+    __slots__ = ("batched", "ctx", "level", "outer", "root")
 
-    def __init__(self, ctx: FunctionCtx, level: BatchTracer) -> None:
-        # the ctx's edges and input shapes are the physical inputs' already (``_edge``, and
-        # ``autograd.function`` takes a batched tensor's shape from its batch)
-        super().__init__(ctx._edges, ctx._input_meta)
-        self._seq = ctx._seq
+    def __init__(self, ctx: Node, root: FunctionCtx, level: BatchTracer) -> None:
+        # ``ctx`` is the Function's node ``root`` or, under nested ``vmap``s, the node of the
+        # level just inside this one; the edges are the bottom physical inputs' (``_edge``),
+        # and the input shapes those of the inputs in this level's enclosing one: what is
+        # left of each once every level from this one inwards is taken off
+        batching = root.__dict__.get("_input_batching") or (None,) * len(root._input_meta)
+        meta = []
+        batched = []
+        for (shape, dtype), chain in zip(root._input_meta, batching):
+            inner = [s for lvl, s in chain or () if lvl.depth >= level.depth]
+            meta.append((inner[-1] if inner else shape, dtype))
+            batched.append(any(lvl is level for lvl, _ in chain or ()))
+        super().__init__(root._edges, tuple(meta))
+        self._seq = root._seq
         self.ctx = ctx
+        self.root = root
         self.level = level
+        self.batched = tuple(batched)  # per input: whether it is batched at ``level``
+        self.outer: _LevelFunction | None = None  # the enclosing level's node, once made
 
     def name(self) -> str:
         return self.ctx.name()
@@ -202,12 +275,12 @@ class _LevelFunction(Node):
             results = self.ctx.apply(logical, retain)
         out = []
         with tracing(level.prev):
-            for r, (shape, _) in zip(results, self._input_meta):
+            for r, batched in zip(results, self.batched):
                 if r is None:
                     out.append(None)
                 elif _batched_at(r, level):
                     out.append(r.__dict__["_phys"])
-                elif tuple(r.shape) != tuple(shape):
+                elif batched:
                     # one gradient for every sample of a batched input
                     out.append(spread(r, level.size))
                 else:  # an unbatched input's gradient, already one for all samples
@@ -228,10 +301,10 @@ class _LevelFunction(Node):
         finally:
             inside.prev, level.inside = level.prev, inside
         out = []
-        for r, (shape, _) in zip(results, self._input_meta):
+        for r, batched in zip(results, self.batched):
             if r is None:
                 out.append(None)
-            elif _batched_through(r, level) or tuple(r.shape) != tuple(shape):
+            elif _batched_through(r, level) or batched:
                 out.append(_lower(r, level))  # (spread along the level where it is not batched)
             else:  # an unbatched input's gradient, already one for all samples
                 out.append(r)
@@ -239,6 +312,20 @@ class _LevelFunction(Node):
 
     def release(self) -> None:
         self.ctx.release()
+
+
+def _physical(level: BatchTracer) -> Any:
+    """Where an op on ``level``'s physical tensors runs: the chain of levels without ``level``
+    (``_without_level``), whose values they are, with their forward-AD tangents -- these are
+    batched at the levels inside ``level`` too (``_tangent_follows``: ``vmap(jacfwd(f))``'s
+    columns), so the write of a tangent (``forward_ad.inplace_update``) needs those levels
+    still batching.  Just ``level.prev`` when no level runs inside ``level``."""
+    innermost = _tracer.current()
+    if innermost is level or not isinstance(innermost, BatchTracer):
+        return tracing(level.prev)
+    if level not in innermost.levels():
+        return tracing(level.prev)
+    return _without_level(level, innermost)
 
 
 def _batched_at(t: Any, level: BatchTracer) -> bool:
@@ -337,12 +424,36 @@ class BatchTracer(Tracer):
             with tracing(prev):
                 return prev.apply(prim, inputs, attrs)
         operands = [
-            (t.__dict__["_phys"], True) if _batched_at(t, self) else (t, False) for t in inputs
+            (t.__dict__["_phys"], True) if _batched_at(t, self) else self._unbatched(t)
+            for t in inputs
         ]
         rule = RULES.get(prim.name, loop)
         with tracing(self.prev):
             phys = rule(prim, operands, attrs, self.size)
         return self.wrap(phys)
+
+    def _unbatched(self, t: Any) -> tuple:
+        """The operand for an input not batched at this level: itself, unless forward-mode AD
+        gave it a tangent batched at this level (a dual whose primal is shared by the samples:
+        ``jacfwd``'s columns, whose primal computation is not lifted along the level).  The
+        physical graph that a backward runs on (``backward``: ``jacfwd(jacrev(g, 1), 0)``,
+        where ``g``'s other input is lifted) must then see the samples' tangents, so such an
+        operand enters as its spread with its tangent lowered to the physical one (``_lower``)
+        -- it would otherwise be saved with one sample's tangent, read as the first sample's
+        once the level is out of the chain.  The spread is materialised (``clone``): the rule
+        may take views of it, and a view's tangent is replayed from its base's, which the
+        spread, itself a view, is not."""
+        dual = _forward_ad._state.level
+        if dual is None or not isinstance(t, Tensor):
+            return (t, False)
+        tangent = _forward_ad._tangent(t, dual)
+        if tangent is None or not _batched_through(tangent, self):
+            return (t, False)
+        with _forward_ad.suspended(), tracing(self.prev):
+            phys = F.clone(spread(t, self.size))
+            lowered = _lower(tangent, self)
+            _forward_ad._set_tangent(phys, lowered, dual)
+        return (phys, True)
 
     def made(self, node: Any, inputs: tuple, out: Any) -> None:
         if self.prev is not None:  # (a call it let run eagerly: the enclosing tracer's)
