@@ -41,9 +41,9 @@ works).  Outputs saved for backward keep their tangent for that (``saved_output_
 Custom ``autograd.Function``s take part through their ``jvp`` staticmethod (tangents of the
 inputs, None where there is none, to tangents of the outputs; ``ctx.save_for_forward`` keeps
 what it needs); their forward runs without forward AD, and one without ``jvp`` raises as in
-PyTorch.  Difference from PyTorch: fusegrad has no ``torch.func``-style transforms, so
-higher-order forward derivatives are not available (one level at a time, as in PyTorch's
-``forward_ad``).
+PyTorch.  ``dual_level`` is one level at a time, as in PyTorch's ``forward_ad``; higher-order
+forward derivatives come from ``fusegrad.func`` (``jvp`` and ``jacfwd`` nest, and compose with
+``vmap`` and the reverse-mode transforms).
 """
 
 from __future__ import annotations
