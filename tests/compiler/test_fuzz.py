@@ -391,3 +391,23 @@ def test_a_deviation_beyond_eagers_rounding_is_still_reported_where_eager_is_uns
     monkeypatch.setattr(fuzzgen, "PERTURBED_RUNS", 0)  # (the checker before them)
     compiled_value[0] = -8.407790785948903e-15
     assert not fuzzgen.check(program, [fuzzgen.NATIVE]).ok
+
+
+def test_a_chunked_campaign_adds_up_to_the_campaign_in_one_process(tmp_path: Path) -> None:
+    """``--chunk``: a campaign run as child processes of a few programs each (numba never frees
+    what it compiled, so one process grows with every program) gives the totals of the same
+    campaign in one process, and its JSON holds them."""
+    import json
+
+    from benchmarks import fuzz
+
+    common = ["--seed", "5000", "--programs", "3", "--only", "quick,default"]
+    common += ["--out", str(tmp_path / "repros")]
+    assert fuzz.main([*common, "--chunk", "2", "--json", str(tmp_path / "chunked.json")]) == 0
+    assert fuzz.main([*common, "--chunk", "0", "--json", str(tmp_path / "whole.json")]) == 0
+    chunked = json.loads((tmp_path / "chunked.json").read_text())["totals"]
+    whole = json.loads((tmp_path / "whole.json").read_text())["totals"]
+    assert chunked["programs"] == 3 and chunked["first_seed"] == 5000
+    for key in (*fuzz._SUMMED, *fuzz._COUNTED, *fuzz._LISTED, "classes", "only", "max_ops"):
+        assert chunked[key] == whole[key], key
+    assert chunked["cache_hit_rate"] == pytest.approx(whole["cache_hit_rate"])
