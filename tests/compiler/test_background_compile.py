@@ -234,7 +234,10 @@ def test_after_the_quick_tier_come_the_generated_larger_kernels(
     ran.clear()
     got = run(True)
     limit, default = _service.GENERATED_ABOVE, config.interpreter_max_elements
-    assert ran == [(True, default)] * 3 + [(False, limit)] * 3, ran
+    # (SGD makes no state: the second call starts the background compile, and the third runs
+    # the quick tier or, when it is not published yet, uncompiled)
+    assert ran[-3:] == [(False, limit)] * 3 and set(ran[:-3]) == {(True, default)}, ran
+    assert len(ran) in (6, 7), ran
     # compiled: the quick tier, then the larger kernels generated (the program of steps with
     # them interpreted is built, to be named, but never compiled)
     assert prepared == [(True, default), (False, limit)], prepared
