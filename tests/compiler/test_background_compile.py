@@ -97,6 +97,14 @@ def _train(
     return model, losses, uncompiled
 
 
+def _same_parameters(got: Any, want: Any, atol: float) -> None:
+    """Two models' parameters equal to rtol 1e-9 (and ``atol``), each named when it is not."""
+    for (name, p), q in zip(got.named_parameters(), want.parameters()):
+        np.testing.assert_allclose(
+            p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=atol, err_msg=name
+        )
+
+
 @pytest.mark.parametrize("kind", ["mlp", "gpt"])
 def test_uncompiled_then_compiled_calls_match_eager(kind: str, background: Any) -> None:
     want_model, want, _ = _train(kind, False, 10)
@@ -113,10 +121,7 @@ def test_uncompiled_then_compiled_calls_match_eager(kind: str, background: Any) 
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     # (eager's layer norm is a fused kernel, the program's the composite: they sum in another
     # order, so small parameters differ by about 1e-11 after ten AdamW steps)
-    for (name, p), q in zip(got_model.named_parameters(), want_model.parameters()):
-        np.testing.assert_allclose(
-            p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-10, err_msg=name
-        )
+    _same_parameters(got_model, want_model, atol=1e-10)
 
 
 def test_a_whole_step_runs_its_quick_tier_while_its_program_compiles(
@@ -160,10 +165,7 @@ def test_a_whole_step_runs_its_quick_tier_while_its_program_compiles(
     assert counters.background_compiles == 1 and not counters.step_breaks
     assert (counters.step_runs, counters.uncompiled_runs, counters.quick_runs) == (8, 1, 3)
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
-    for (name, p), q in zip(got_model.named_parameters(), want_model.parameters()):
-        np.testing.assert_allclose(
-            p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-10, err_msg=name
-        )
+    _same_parameters(got_model, want_model, atol=1e-10)
 
 
 def test_after_the_quick_tier_come_the_generated_larger_kernels(
@@ -281,10 +283,7 @@ def test_the_quick_tier_generates_no_code_and_matches_eager(
     if kind == "gpt":  # (the int64 kernel of cross-entropy's ignored targets, value by value)
         assert {"eq", "where"} <= split, split
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
-    for (name, p), q in zip(got_model.named_parameters(), want_model.parameters()):
-        np.testing.assert_allclose(
-            p.detach().numpy(), q.detach().numpy(), rtol=1e-9, atol=1e-10, err_msg=name
-        )
+    _same_parameters(got_model, want_model, atol=1e-10)
 
 
 def test_compiled_program_takes_over_without_waiting(background: Any) -> None:

@@ -212,15 +212,9 @@ class BatchedTensor(Tensor):
             phys.copy_(source)
         self._data = _sample(phys)
         self._version_counter.bump()
-        dual = _forward_ad.active_level()
-        if dual is not None:
-            # the write gave the batch its new tangent (``forward_ad.inplace_update``): the
-            # samples' is its tangent's samples again, as ``wrap`` gives a new batch's
-            tangent = _forward_ad._tangent(phys, dual)
-            if tangent is not None:
-                with _forward_ad.suspended():
-                    raised = _raise(tangent, level)
-                _forward_ad._set_tangent(self, raised, dual, follow=False)
+        # the write gave the batch its new tangent (``forward_ad.inplace_update``): the
+        # samples' is its tangent's samples again, as ``wrap`` gives a new batch's
+        _samples_follow(self, phys, level)
         return self
 
     def __repr__(self) -> str:
@@ -314,6 +308,19 @@ class _LevelFunction(Node):
         self.ctx.release()
 
 
+def _samples_follow(t: BatchedTensor, phys: Tensor, level: BatchTracer) -> None:
+    """Give the samples ``t`` the tangent of their batch ``phys`` (at the active forward-AD
+    level), raised to ``level`` (``_raise``); nothing when there is none."""
+    dual = _forward_ad.active_level()
+    if dual is None:
+        return
+    tangent = _forward_ad._tangent(phys, dual)
+    if tangent is not None:
+        with _forward_ad.suspended():
+            raised = _raise(tangent, level)
+        _forward_ad._set_tangent(t, raised, dual, follow=False)
+
+
 def _physical(level: BatchTracer) -> Any:
     """Where an op on ``level``'s physical tensors runs: the chain of levels without ``level``
     (``_without_level``), whose values they are, with their forward-AD tangents -- these are
@@ -392,15 +399,9 @@ class BatchTracer(Tracer):
         d = t.__dict__
         d["_phys"] = phys
         d["_level"] = self
-        dual = _forward_ad.active_level()
-        if dual is not None:
-            tangent = _forward_ad._tangent(phys, dual)
-            if tangent is not None:
-                # a batch with a tangent (a backward's result on the physical graph, an input
-                # of ``jvp(vmap(f))``): the samples' tangents are its tangent's samples
-                with _forward_ad.suspended():
-                    raised = _raise(tangent, self)
-                _forward_ad._set_tangent(t, raised, dual, follow=False)
+        # a batch with a tangent (a backward's result on the physical graph, an input of
+        # ``jvp(vmap(f))``): the samples' tangents are its tangent's samples
+        _samples_follow(t, phys, self)
         return t
 
     def levels(self) -> list[BatchTracer]:
