@@ -59,7 +59,10 @@ import warnings
 from collections.abc import Collection
 from typing import Any
 
-from numba.core.caching import NullCache
+from numba.core.caching import FunctionCache, NullCache
+
+from fusegrad._numba_cache import FastFunctionCache
+from fusegrad._numba_cache import subclass as _subclass
 
 from .. import events, logs
 from ..events import emit
@@ -383,18 +386,6 @@ class _UncachedCounter(NullCache):  # type: ignore[misc]
         emit(events.NUMBA_COMPILED, "an entry point without a disk cache")
 
 
-# (mixin, numba base class) -> their subclass: made once per numba class (CPU and CUDA differ)
-_subclasses: dict[tuple[type, type], type] = {}
-
-
-def _subclass(prefix: str, mixin: type, base: type) -> type:
-    cls = _subclasses.get((mixin, base))
-    if cls is None:
-        namespace = {"__module__": __name__}
-        cls = _subclasses[mixin, base] = type(prefix + base.__name__, (mixin, base), namespace)
-    return cls
-
-
 def guard(function: Any, counted: bool) -> None:
     """Give numba function ``function`` (a CPU or CUDA dispatcher) a guarded cache in place of
     numba's own; ``counted``: it is an entry point whose specialisations the counters count.
@@ -407,8 +398,11 @@ def guard(function: Any, counted: bool) -> None:
         if counted:
             function._cache = _UncachedCounter()
         return
+    base = type(current)
+    if base is FunctionCache:  # (CPU: loaded without numba's start-up work, fusegrad._numba_cache)
+        base = FastFunctionCache
     try:
-        guarded = _subclass("Guarded", _GuardedCache, type(current))
+        guarded = _subclass("Guarded", _GuardedCache, base)
         function._cache = guarded(function.py_func, counted)
     except Exception as error:  # numba's own cache stays: it works, only unguarded
         logs.log("cache", f"cannot guard the numba cache of {function!r}: {error}")

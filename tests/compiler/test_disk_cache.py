@@ -495,3 +495,46 @@ def test_cuda_functions_get_the_same_guarded_cache(tmp_path: pathlib.Path) -> No
     env = _env(tmp_path)
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     _run(script, [], env)
+
+
+_LAZY_CHILD = textwrap.dedent(
+    """
+    import json, math, sys
+    import numba
+    import numpy as np
+    from fusegrad.compiler.codegen import fastmath
+
+    x = np.linspace(-3.0, 3.0, 1001, dtype=np.float32)
+    first = float(fastmath.fast_erf_f32(x[7]))  # compiled, or loaded from the disk cache
+    loaded = fastmath.fast_erf_f32.overloads.values()
+    report = {"library": [type(c.library).__name__ for c in loaded]}
+    if sys.argv[1] == "link":
+        @numba.njit(cache=False)
+        def erf_all(a):  # new code that calls the helper: numba links the helper's library
+            out = np.empty_like(a)
+            for i in range(a.size):
+                out[i] = fastmath.fast_erf_f32(a[i])
+            return out
+
+        got = erf_all(x)
+        want = np.array([math.erf(float(v)) for v in x], dtype=np.float32)
+        report["max_error"] = float(np.max(np.abs(got.astype(np.float64) - want)))
+        report["same_first"] = float(got[7]) == first
+    print(json.dumps(report))
+    """
+)
+
+
+def test_code_loaded_without_its_linking_module_still_links(tmp_path: pathlib.Path) -> None:
+    """A library loaded from the disk cache keeps its linking module unparsed
+    (``_LazyLinking``), which saves a warm start most of its loading; code compiled later in
+    the same process that calls the loaded function (a generated kernel calling a float32
+    helper) links it all the same and computes the same values."""
+    script = tmp_path / "child.py"
+    script.write_text(_LAZY_CHILD)
+    env = _env(tmp_path)
+    first, _ = _run(script, ["fill"], env)
+    assert first["library"] == ["JITCodeLibrary"], first  # compiled here, saved to disk
+    second, _ = _run(script, ["link"], env)
+    assert [n.startswith("LazyLinking") for n in second["library"]] == [True], second
+    assert second["same_first"] and second["max_error"] <= 2.4e-7, second

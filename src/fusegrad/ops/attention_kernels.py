@@ -28,6 +28,8 @@ from numba.extending import overload
 
 from fusegrad.compiler.codegen.fastmath import fast_exp_f32
 
+from .._numba_cache import fast_loading
+
 
 def _exp(x):  # type: ignore[no-untyped-def]
     """exp in the kernels: float32 through the compiler's vectorisable helper (1 ulp; numba
@@ -185,3 +187,6 @@ def attention_backward(
     grads = np.zeros((slabs, length + 2 * k.shape[1], width), dtype)
     _backward(g, q, k, v, packed, bias, has_bias, shared, dtype.type(scale), causal, grads)
     return grads
+
+
+fast_loading(globals())  # (loaded from the disk cache without numba's start-up work)

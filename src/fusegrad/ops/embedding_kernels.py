@@ -13,6 +13,8 @@ from __future__ import annotations
 import numba  # this module is imported on first use only (by the embedding primitives' kernels)
 import numpy as np
 
+from .._numba_cache import fast_loading
+
 
 @numba.njit(cache=True, fastmath={"contract"}, error_model="numpy")
 def _scatter_rows(g, idx, padding, by_freq, out):  # type: ignore[no-untyped-def]
@@ -47,3 +49,6 @@ def embedding_backward(
     padding = -1 if padding_idx is None else int(padding_idx)
     _scatter_rows(flat_g, flat_idx, padding, bool(by_freq), out)
     return out
+
+
+fast_loading(globals())  # (loaded from the disk cache without numba's start-up work)

@@ -18,6 +18,8 @@ import numpy as np
 
 from fusegrad.compiler.codegen.fastmath import fast_erf_f32
 
+from .._numba_cache import fast_loading
+
 
 @numba.njit(cache=True, nogil=True, fastmath={"contract"}, error_model="numpy")
 def _erf_loop(x, out):  # type: ignore[no-untyped-def]
@@ -31,3 +33,6 @@ def erf_f32(x: np.ndarray) -> np.ndarray:
     out = np.empty(flat.shape, np.float32)
     _erf_loop(flat, out)
     return out.reshape(x.shape)
+
+
+fast_loading(globals())  # (loaded from the disk cache without numba's start-up work)

@@ -38,6 +38,8 @@ import math
 import numba  # this module is imported on first use only (by the norm primitives' kernels)
 import numpy as np
 
+from .._numba_cache import fast_loading
+
 _JIT = {"cache": True, "fastmath": {"contract"}, "error_model": "numpy"}
 # the sums alone may be reassociated: LLVM then vectorises them (float64 lanes, several
 # accumulators); the elementwise passes keep their order of operations.  Not ``inline=
@@ -428,3 +430,6 @@ def backward(
             need[0], vdx, dw, db,
         )  # fmt: skip
     return flat
+
+
+fast_loading(globals())  # (loaded from the disk cache without numba's start-up work)

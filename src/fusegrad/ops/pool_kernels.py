@@ -30,6 +30,8 @@ from __future__ import annotations
 import numba  # imported on first use only (by the pooling and convolution primitives' kernels)
 from numba import uint64 as U
 
+from .._numba_cache import fast_load, fast_loading
+
 
 @numba.njit(cache=True, nogil=True)
 def _valid(count, step, shift, size):  # type: ignore[no-untyped-def]
@@ -234,7 +236,7 @@ def _columns_last(gather):  # type: ignore[no-untyped-def]
                                         cols[row + q] = 0
                                 row += span
 
-    return columns_last
+    return fast_load(columns_last)
 
 
 _gather_last = _columns_last(True)
@@ -428,3 +430,6 @@ def depthwise_backward_weight(g, xp, gw, stride, dilation):  # type: ignore[no-u
                                     for m in range(g.shape[4]):
                                         total += g[n, o, i, j, m] * xp[n, c, z, y, m * s2 + shift]
                     gw[o, a, b, q] = total
+
+
+fast_loading(globals())  # (loaded from the disk cache without numba's start-up work)

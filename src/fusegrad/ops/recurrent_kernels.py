@@ -49,6 +49,8 @@ from numba.extending import intrinsic, overload
 
 from fusegrad.compiler.codegen.fastmath import fast_sigmoid_f32, fast_tanh_f32
 
+from .._numba_cache import fast_loading
+
 # how many hidden-size columns a row's saved state has, beside its output h (module docstring)
 STATE_WIDTH = {"LSTM": 5, "GRU": 4, "RNN_TANH": 0, "RNN_RELU": 0}
 
@@ -651,3 +653,6 @@ def _previous_states(
             prev = int(offsets[t - 1])
             before[start : start + rows] = outputs[prev : prev + rows]
     return before
+
+
+fast_loading(globals())  # (loaded from the disk cache without numba's start-up work)

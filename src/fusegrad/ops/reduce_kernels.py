@@ -18,6 +18,8 @@ from __future__ import annotations
 import numba  # imported on first use only (by the amax/amin primitives' kernels)
 import numpy as np
 
+from .._numba_cache import fast_load, fast_loading
+
 
 def _extreme_rows(largest):  # type: ignore[no-untyped-def]
     """The row maximum (``largest``) or minimum loop; ``largest`` is a constant of the
@@ -39,7 +41,7 @@ def _extreme_rows(largest):  # type: ignore[no-untyped-def]
                     m = v if v <= m else m
             out[r] = np.nan if nan else m
 
-    return rows_extreme
+    return fast_load(rows_extreme)
 
 
 _rows_max = _extreme_rows(True)
@@ -157,3 +159,6 @@ def last_axis_extreme(x: np.ndarray, largest: bool, keepdim: bool) -> np.ndarray
     (_rows_max if largest else _rows_min)(rows, out)
     shape = x.shape[:-1] + (1,) if keepdim else x.shape[:-1]
     return out.reshape(shape)
+
+
+fast_loading(globals())  # (loaded from the disk cache without numba's start-up work)

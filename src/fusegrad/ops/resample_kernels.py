@@ -20,6 +20,8 @@ from __future__ import annotations
 import numba  # this module is imported on first use only (by the resampling primitives' kernels)
 import numpy as np
 
+from .._numba_cache import fast_loading
+
 _JIT = {"cache": True, "fastmath": {"contract"}, "error_model": "numpy"}
 
 
@@ -147,3 +149,6 @@ def backward(g: np.ndarray, input_shape: tuple, tables: list) -> np.ndarray:
     for axis, table in reversed(_passes(tuple(input_shape), tables)):
         grad = _adjoint_axis(grad, axis, table, input_shape[axis])
     return grad.copy() if grad is g else grad
+
+
+fast_loading(globals())  # (loaded from the disk cache without numba's start-up work)

@@ -32,6 +32,8 @@ from __future__ import annotations
 import numba  # imported on first use only (by the convolution primitives' kernels)
 import numpy as np
 
+from .._numba_cache import fast_loading
+
 _SIXTH, _12TH, _24TH = 1.0 / 6.0, 1.0 / 12.0, 1.0 / 24.0
 
 
@@ -218,3 +220,6 @@ def correlate(x: np.ndarray, u: np.ndarray, padding: tuple, chunk_bytes: int) ->
         np.matmul(u, v, out=m)  # (36, O, tiles)
         untile(m, y[lo : lo + n], th, tw)
     return y
+
+
+fast_loading(globals())  # (loaded from the disk cache without numba's start-up work)

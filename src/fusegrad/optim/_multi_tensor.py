@@ -28,6 +28,8 @@ from llvmlite import ir as _llvm_ir
 from numba import types
 from numba.extending import intrinsic
 
+from .._numba_cache import fast_loading
+
 # no fastmath: every operation rounds as numpy's does; error_model="numpy": a division by zero
 # gives inf/nan as numpy does instead of raising
 _JIT = {"cache": True, "error_model": "numpy", "nogil": True}
@@ -297,3 +299,6 @@ KERNELS = {
     "adagrad": adagrad,
     "adadelta": adadelta,
 }
+
+
+fast_loading(globals())  # (loaded from the disk cache without numba's start-up work)
