@@ -105,6 +105,12 @@ class CompileNotice:
 # ---- background compiles -----------------------------------------------------------------------
 
 
+# How long a call waits for a background job that only loads its program's code from the disk
+# cache (``BackgroundBuild.loading``) before it runs uncompiled instead.  Measured on the GPT step
+# (warm, 1 thread, a busy machine): loading took 76 ms of the thread's time but 0.19 s of wall
+# time beside the calls that ran uncompiled meanwhile, switching the interpreter lock with it.
+LOAD_WAIT = 1.0
+
 # ``publish(program, origin)``: the calls run ``program`` while the job goes on; ``origin`` is
 # the job's first program (it names a trial's choice on disk)
 Publish = Callable[..., None]
@@ -116,7 +122,9 @@ class BackgroundBuild:
     need it run uncompiled.  The thread may read arrays the uncompiled calls update meanwhile
     (parameters): the values it computes are thrown away, only the compiled code is kept."""
 
-    def __init__(self, work: Callable[[Publish], Program], uncompiled: Any, what: str) -> None:
+    def __init__(
+        self, work: Callable[[Publish, BackgroundBuild], Program], uncompiled: Any, what: str
+    ) -> None:
         self.program: Program | None = None
         self.uncompiled = uncompiled
         # a first program the calls may run while the job goes on (``work`` publishes it:
@@ -127,6 +135,11 @@ class BackgroundBuild:
         self.error: BaseException | None = None
         self.seconds = 0.0
         self.done = threading.Event()
+        # ``work`` says so when what it makes first is only loaded from the disk cache (a
+        # worker compiled it before): a call then waits for it (``LOAD_WAIT``) rather than run
+        # uncompiled beside it; ``ready`` is set once a program is published or the job is done
+        self.loading = False
+        self.ready = threading.Event()
         with _jobs_lock:
             _jobs.add(self)
             numba_cpu.background_compiles += 1  # (serial kernels meanwhile: ``use_parallel``)
@@ -135,7 +148,7 @@ class BackgroundBuild:
         )
         thread.start()
 
-    def _work(self, work: Callable[[Publish], Program], what: str) -> None:
+    def _work(self, work: Callable[[Publish, BackgroundBuild], Program], what: str) -> None:
         notice = CompileNotice()
         notice.start(what)
         start = time.perf_counter()
@@ -143,10 +156,11 @@ class BackgroundBuild:
         def publish(program: Program, origin: Program) -> None:
             self.first = program
             self.origin = origin
+            self.ready.set()
             notice.stop()
 
         try:
-            self.program = work(publish)
+            self.program = work(publish, self)
         except BaseException as e:  # (reported by the call that picks the program up)
             self.error = e
         finally:
@@ -155,14 +169,23 @@ class BackgroundBuild:
             with _jobs_lock:
                 numba_cpu.background_compiles -= 1
             self.done.set()
+            self.ready.set()
             with _jobs_lock:
                 _jobs.discard(self)
 
 
-def _compile(program: Program, prepare_args: tuple, launch: workers.Launch | None) -> None:
+def _compile(
+    program: Program,
+    prepare_args: tuple,
+    launch: workers.Launch | None,
+    job: BackgroundBuild | None = None,
+) -> None:
     """Run ``program`` once on the warm-up's scratch arrays, so that numba compiles (or loads)
     what it calls; with ``launch``, a worker process compiles it first and this thread loads
-    the worker's code from the disk cache."""
+    the worker's code from the disk cache.  For ``job``'s first program, ``job.loading`` says
+    whether a worker compiled it before (then this only loads it)."""
+    if job is not None and job.first is None:
+        job.loading = launch is not None and workers.compiled_before(program)
     try:
         if launch is not None:
             why = workers.compile_elsewhere(program, prepare_args, launch)
@@ -691,10 +714,15 @@ class Service:
         job = slot.job
         if job is not None:
             if not job.done.is_set():
+                if job.first is None and job.loading:
+                    # (only loading the disk cache's code: on its own the thread is done in a
+                    # fraction of the time it takes beside calls run uncompiled)
+                    job.ready.wait(LOAD_WAIT)
                 if job.first is not None:  # (compiled; its native segments are compiling)
                     return job.first, True
-                emit(events.UNCOMPILED_RUN)
-                return job.uncompiled, False
+                if not job.done.is_set():
+                    emit(events.UNCOMPILED_RUN)
+                    return job.uncompiled, False
             self._promote(slot, background)
             if slot.program is None:  # (its build failed: built here, failing as it would)
                 if notice is not None:
@@ -730,26 +758,46 @@ class Service:
         in_worker = background.worker and config.compile_workers
         launch = workers.Launch() if in_worker else None
 
-        def work(publish: Publish) -> Program:
+        def work(publish: Publish, job: BackgroundBuild) -> Program:
             try:
-                return _work(publish)
+                return _work(publish, job)
             finally:
                 if launch is not None:  # (a build that raised started no worker)
                     launch.done()
 
-        def _work(publish: Publish) -> Program:
+        def _work(publish: Publish, job: BackgroundBuild) -> Program:
             program = built if built is not None else build()
             if in_worker:
                 # the interpreter, compiling in a worker since the step's first call
                 # (``workers.warm_interpreter``): the program's worker loads it rather than
                 # compiles it a second time
                 workers.wait_for_warming()
-            quick, quick_published = _quick_first(program), False
+            larger = _generates_more(program, prepare_args[3])
+            to_larger = {"interpreter_max_elements": GENERATED_ABOVE}
+            what: str | None = None
+            if _upgrades(program):
+                # (the program of steps the native one is tried against: ``program``, or,
+                # where it interprets larger kernels, the same with those as generated code --
+                # a native program generates every kernel, so it is measured against the best
+                # program of steps, not the quick first one)
+                what, change = NATIVE[0], {"native": True}
+            elif _specialises(program):
+                # (a captured backward: native at the warm-up's sizes, other sizes running
+                # the schedule of the program it is tried against)
+                what, change = NATIVE_AT_SIZES[0], {"native": True, **(to_larger if larger else {})}
+            elif larger:
+                what, change, larger = "generated code for the larger kernels", to_larger, False
+            # a trial between the candidates ended before (in any process): their code is in
+            # the disk cache, so no quick tier (on a warm start it cost the GPT step its
+            # interpreter's load and a program built for nothing, and its calls a wait)
+            remembered = remembered_choice(program, what) if what is not None else None
+            quick = _quick_first(program) if remembered is None else None
+            quick_published = False
             if quick is not None:
                 # the first tier, published while the program compiles: it generates no
                 # code, so it runs once the interpreter is compiled (or loaded)
                 try:
-                    _compile(quick, prepare_args, None)
+                    _compile(quick, prepare_args, None, job=job)
                 except Exception as e:  # noqa: BLE001 - (the program of steps follows)
                     logs.log("perf", f"quick first tier not compiled ({type(e).__name__}: {e})")
                 else:
@@ -763,22 +811,8 @@ class Service:
                     publish(p, origin=program)
                 return p
 
-            larger = _generates_more(program, prepare_args[3])
-            to_larger = {"interpreter_max_elements": GENERATED_ABOVE}
-            if _upgrades(program):
-                # (the program of steps the native one is tried against: ``program``, or,
-                # where it interprets larger kernels, the same with those as generated code --
-                # a native program generates every kernel, so it is measured against the best
-                # program of steps, not the quick first one)
-                what, change = NATIVE[0], {"native": True}
-            elif _specialises(program):
-                # (a captured backward: native at the warm-up's sizes, other sizes running
-                # the schedule of the program it is tried against)
-                what, change = NATIVE_AT_SIZES[0], {"native": True, **(to_larger if larger else {})}
-            elif larger:
-                what, change, larger = "generated code for the larger kernels", to_larger, False
-            else:
-                _compile(program, prepare_args, launch)
+            if what is None:
+                _compile(program, prepare_args, launch, job=job)
                 return alone(program)
 
             def candidate(settings: dict) -> Program:
@@ -791,17 +825,21 @@ class Service:
                 when it does not compile (the published program stays)."""
                 try:
                     other = candidate(settings)
-                    _compile(other, prepare_args, workers.Launch(later=True) if in_worker else None)
+                    _compile(
+                        other,
+                        prepare_args,
+                        workers.Launch(later=True) if in_worker else None,
+                        job=job,
+                    )
                 except Exception as e:  # noqa: BLE001 - (the published program stays)
                     logs.log("perf", f"{words} not compiled ({type(e).__name__}: {e})")
                     return None
                 return other
 
-            remembered = remembered_choice(program, what)
             if remembered == 1:  # an earlier trial kept the other: it is compiled, and runs, alone
                 try:
                     other = candidate(change)
-                    _compile(other, prepare_args, launch)
+                    _compile(other, prepare_args, launch, job=job)
                     return alone(other)
                 except Exception as e:  # noqa: BLE001 - (the first program after all)
                     logs.log("perf", f"{what} not compiled ({type(e).__name__}: {e})")
@@ -809,14 +847,15 @@ class Service:
             else:
                 launch2 = launch
             current = None
-            if quick_published and larger:
-                # the quick tier runs meanwhile: the next program is the one with generated
-                # larger kernels (the candidate the trial measures), not ``program`` first,
-                # which would only run in between (GPT step, cold: the native candidate
-                # compiled 10 s sooner)
+            if larger and (quick_published or remembered == 0):
+                # the quick tier runs meanwhile, or an earlier trial kept the program of steps:
+                # the next program is the one with generated larger kernels (the candidate the
+                # trial measures), not ``program`` first, which would only run in between (GPT
+                # step, cold: the native candidate compiled 10 s sooner; warm, ``program``
+                # was never compiled, and its worker took 10 s)
                 try:
                     current = candidate(to_larger)
-                    _compile(current, prepare_args, launch2)
+                    _compile(current, prepare_args, launch2, job=job)
                 except Exception as e:  # noqa: BLE001 - (``program`` instead)
                     logs.log(
                         "perf",
@@ -825,7 +864,7 @@ class Service:
                     )
                     current, launch2 = None, workers.Launch() if in_worker else None
             if current is None:
-                _compile(program, prepare_args, launch2)
+                _compile(program, prepare_args, launch2, job=job)
                 current = program
                 if larger:  # the program of steps with generated larger kernels, published
                     publish(program, origin=program)

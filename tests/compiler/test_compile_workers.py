@@ -21,6 +21,7 @@ import pytest
 import fusegrad as fg
 from fusegrad import compiler, nn
 from fusegrad.compiler import workers
+from fusegrad.compiler.program import Program
 from fusegrad.compiler.settings import config
 
 pytestmark = pytest.mark.usefixtures("fresh_compiler")
@@ -28,7 +29,12 @@ pytestmark = pytest.mark.usefixtures("fresh_compiler")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _train(compiled: bool, steps: int) -> tuple[list[float], list[np.ndarray]]:
+def _train(
+    compiled: bool, steps: int, wait: bool = True, uncompiled: list | None = None
+) -> tuple[list[float], list[np.ndarray]]:
+    """``steps`` SGD steps of a small MLP (``compiled``: through ``fg.compile``, waiting for
+    the background compile after the third call when ``wait``); ``uncompiled`` gets, per call,
+    whether it ran uncompiled."""
     fg.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3)).double()
     opt = fg.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -46,8 +52,11 @@ def _train(compiled: bool, steps: int) -> tuple[list[float], list[np.ndarray]]:
     for i in range(steps):
         x = fg.tensor(rng.standard_normal((8, 6)))
         y = fg.tensor(rng.integers(0, 3, 8))
+        before = compiler.counters.uncompiled_runs
         losses.append(fn(x, y).item())
-        if compiled and i == 2:
+        if uncompiled is not None:
+            uncompiled.append(compiler.counters.uncompiled_runs > before)
+        if compiled and wait and i == 2:
             assert compiler.wait_for_compiles(300)
     return losses, [p.detach().numpy() for p in model.parameters()]
 
@@ -109,6 +118,44 @@ def test_a_program_a_worker_compiled_before_loads_without_a_worker(
     np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
     for g, w in zip(got[1], want[1]):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+
+
+def test_a_call_waits_for_a_program_the_cache_only_loads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Where a worker compiled the program before, the background job only loads its code:
+    the call after the one that started it waits for that (``service.LOAD_WAIT``) and runs
+    compiled, rather than run uncompiled beside the load (and slow it: both need the GIL)."""
+    monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "background_compile", True)
+    monkeypatch.setattr(config, "compile_workers", True)
+    monkeypatch.setattr(config, "native_programs", False)
+    want = _train(False, 8)
+    _train(True, 3)  # (a worker compiles it: its marker is written)
+    assert list(tmp_path.glob("fusegrad_compiled_*.done"))
+    compiler.reset()
+    prepare = Program.prepare
+
+    def slow(self: Program, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.3)  # (a large program's load)
+        return prepare(self, *args, **kwargs)
+
+    monkeypatch.setattr(Program, "prepare", slow)
+    uncompiled: list = []
+    got = _train(True, 8, wait=False, uncompiled=uncompiled)
+    # the third call starts the job and runs uncompiled; the fourth waits and runs compiled
+    assert uncompiled == [False, False, True] + [False] * 5, uncompiled
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    for g, w in zip(got[1], want[1]):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+
+    # a program nobody compiled before: the calls do not wait for its compile
+    compiler.reset()
+    monkeypatch.setattr(workers, "compiled_before", lambda program: False)
+    monkeypatch.setattr(workers, "compile_elsewhere", lambda *args: None)  # (compiles here)
+    uncompiled.clear()
+    _train(True, 8, wait=False, uncompiled=uncompiled)
+    assert uncompiled[:5] == [False, False, True, True, True], uncompiled
 
 
 def test_a_graph_that_does_not_pickle_compiles_on_the_thread(

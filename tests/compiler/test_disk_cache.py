@@ -538,3 +538,40 @@ def test_code_loaded_without_its_linking_module_still_links(tmp_path: pathlib.Pa
     second, _ = _run(script, ["link"], env)
     assert [n.startswith("LazyLinking") for n in second["library"]] == [True], second
     assert second["same_first"] and second["max_error"] <= 2.4e-7, second
+
+
+def test_a_generated_modules_bytecode_is_kept_and_checked(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_compiled``: a module's bytecode is written beside its source (``.fgc``) and used by
+    the next load of the same source at the same path; another source, a garbled file or
+    one written for another path is compiled again (and what runs is the source's code)."""
+    import builtins
+
+    path = str(tmp_path / "fusegrad_generated_test.py")
+    source = "def f(x):\n    return x * 3 + 1\n"
+    code = diskcache._compiled(path, source)
+    code_file = tmp_path / "fusegrad_generated_test.fgc"
+    assert code_file.exists() and code.co_filename == path
+    stored = code_file.read_bytes()
+    compiled: list = []
+    real = builtins.compile
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        compiled.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(builtins, "compile", counting)
+    namespace: dict = {}
+    exec(diskcache._compiled(path, source), namespace)  # the stored bytecode
+    assert namespace["f"](2) == 7 and compiled == []
+    other = "def f(x):\n    return x * 5\n"
+    exec(diskcache._compiled(path, other), namespace)  # another source at that path
+    assert namespace["f"](2) == 10 and compiled == [path]
+    code_file.write_bytes(stored[:40] + bytes([stored[40] ^ 0xFF]) + stored[41:])
+    exec(diskcache._compiled(path, source), namespace)  # garbled: compiled again
+    assert namespace["f"](2) == 7 and compiled == [path, path]
+    moved = str(tmp_path / "elsewhere.py")
+    (tmp_path / "elsewhere.fgc").write_bytes(stored)  # written for another path
+    exec(diskcache._compiled(moved, source), namespace)
+    assert compiled == [path, path, moved]
