@@ -90,6 +90,20 @@ native: eager's 0 is an exact cancellation for about half of the roundings, +-8.
 others, compiled's -8.4e-15; the exact value is 2.7e-61).  Only root gradients move: the
 forward, and so every comparison, max and tie that routes the gradient, stays eager's, and a
 result that eager computes exactly (the +0 of a constant normalisation) stays exact.
+
+The floor bounds a contraction's rounding error where the gradient is written, but a node
+whose terms cancel (``g - exp(out) sum(g)``, log_softmax's backward, at a class of
+probability 1 - 4e-16: terms of 0.555 leave 2.2e-16) carries an error of ``u * |terms|``
+into every node after it, which may amplify it (fuzz seed 301685, native: ``pow`` and
+``var`` downstream multiplied it by 51, and the compiled program's FMA gave 1.25e-14 where
+eager's separately rounded product gave 1.13e-14, both within 2.5 roundoffs of the terms
+times 51 of the exact 1.07e-14; the floor was 2.5e-16).  ``JITTERED_RUNS`` more eager runs
+measure that: after every node of the backward, each finite nonzero gradient element that is
+a cancellation (below ``sqrt(u)`` times the largest gradient the node received, its terms'
+scale) moves by ``u`` times that scale, up or down at random (``_Jitter``), and their
+changes join ``change``.  Elements of the size of the node's terms are not moved (they are
+exact to a roundoff, which the root perturbations sample), nor exact zeros, so that a
+constant gradient stays constant and eager's exact cancellations stay exact.
 """
 
 from __future__ import annotations
@@ -142,6 +156,9 @@ SHADOW = 4.0  # how many times the measured rounding error the compiled result m
 # cancellation for about half of the roundings needs several (fuzz seed 1006449: 22 of 40
 # samples 0, the others +-8.4e-15; all of 8 samples 0 has odds 1 in 120)
 PERTURBED_RUNS = 8
+# eager runs with the cancellations inside the backward moved by one roundoff of their terms
+# (``_Jitter``): what downstream nodes amplify an FMA's rounding error by (fuzz seed 301685)
+JITTERED_RUNS = 4
 # relative change (to the backward's scale) of a float64 result in the float64 shadow beyond
 # which the result carries float32 rounding: far above float64 rounding, far below float32's
 MIXED = 2.0**-40
@@ -1424,13 +1441,16 @@ class _Module:
         term_scales: dict[str, float] | None = None,
         whole: bool = False,
         module: bool = False,
+        jitter: np.random.Generator | None = None,
     ) -> Any:
         """Snapshots of run()'s results (once per leaf-data scale, the last kept), or the
         exception it raised.  ``term_scales`` (eager runs only) receives each result's term
-        scale (``_TermScales``)."""
+        scale (``_TermScales``); ``jitter`` (eager runs only): the backward's cancellations
+        move by a roundoff of their terms, at random from it (``_Jitter``)."""
         observer = _TermScales() if term_scales is not None else None
+        tracer = _Jitter(jitter) if jitter is not None else observer
         try:
-            with warnings.catch_warnings(), tracing(observer):
+            with warnings.catch_warnings(), tracing(tracer):
                 warnings.simplefilter("ignore")
                 step = fg.compile(self.ns["whole"]) if whole else None
                 if module:
@@ -1520,6 +1540,53 @@ class _TermScales(Executor, Tracer):
         return scales
 
 
+class _Jitter(Executor, Tracer):
+    """Runs an eager backward with every cancellation inside it moved by one roundoff of its
+    terms: after each node, a finite nonzero element of a gradient it returns that is below
+    ``sqrt(u)`` times the largest gradient the node received (so that at least half of its
+    significand cancelled, and an FMA contracting its terms could change it by ``u`` times
+    that) moves by ``u`` times that scale, up or down at random.  Later nodes then carry and
+    amplify the change as they would an FMA's rounding error (fuzz seed 301685).  Elements of
+    the terms' size, exact zeros and non-finite elements stay as they are."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def backward(  # type: ignore[override]
+        self,
+        roots: Sequence[Any],
+        grads: Sequence[Any],
+        retain_graph: bool,
+        create_graph: bool,
+        inputs: Sequence[Any] | None,
+        accumulate: bool,
+    ) -> Any:
+        return run_backward(
+            roots, grads, retain_graph, create_graph, inputs, accumulate, executor=self
+        )
+
+    def apply_node(self, node: Any, grads: list, retain_graph: bool) -> tuple:
+        terms = max((_finite_max(g) for g in grads), default=0.0)
+        results = super().apply_node(node, grads, retain_graph)
+        if terms == 0.0:
+            return results
+        return tuple(self._moved(r, terms) for r in results)
+
+    def _moved(self, r: Any, terms: float) -> Any:
+        if not isinstance(r, fg.Tensor) or r.dtype not in (fg.float32, fg.float64):
+            return r
+        a = r.detach().numpy()
+        u = UNIT_ROUNDOFF[r.dtype.name]
+        magnitude = np.abs(a)
+        with np.errstate(invalid="ignore"):
+            cancelled = np.isfinite(a) & (a != 0) & (magnitude < np.sqrt(u) * terms)
+        if not cancelled.any():
+            return r
+        sign = np.where(self.rng.random(a.shape) < 0.5, 1.0, -1.0)
+        delta = np.where(cancelled, sign * (u * terms), 0.0).astype(a.dtype)
+        return r + fg.tensor(delta, dtype=r.dtype)
+
+
 @dataclass(frozen=True)
 class _Array:
     values: np.ndarray
@@ -1589,7 +1656,8 @@ def _reference(
     when the program uses float32 anywhere, float32 when it uses float64 anywhere (a mixed
     program gets both).  A perturbed run is the same program, eagerly, with its root gradients
     moved by one ulp (``_Module.moved_roots``; ``PERTURBED_RUNS`` of them, seeded by the
-    program's seed): see the module docstring."""
+    program's seed), or with the cancellations inside its backward moved by a roundoff of
+    their terms (``_Jitter``; ``JITTERED_RUNS`` of them): see the module docstring."""
     term_scales: dict[str, float] = {}
     eager = module.run(scales=(scale,), term_scales=term_scales)
     if isinstance(eager, Exception):
@@ -1599,6 +1667,10 @@ def _reference(
     for _ in range(PERTURBED_RUNS):
         with module.moved_roots(rng):
             moved = module.run(scales=(scale,))
+        if not isinstance(moved, Exception):
+            perturbed.append(moved)
+    for _ in range(JITTERED_RUNS):
+        moved = module.run(scales=(scale,), jitter=rng)
         if not isinstance(moved, Exception):
             perturbed.append(moved)
     precisions = []

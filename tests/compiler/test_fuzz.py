@@ -389,8 +389,62 @@ def test_a_deviation_beyond_eagers_rounding_is_still_reported_where_eager_is_uns
     message = report.findings[0].message
     assert "v3.grad: 1 of 4 elements beyond tolerance; worst at (0, 2)" in message
     monkeypatch.setattr(fuzzgen, "PERTURBED_RUNS", 0)  # (the checker before them)
+    monkeypatch.setattr(fuzzgen, "JITTERED_RUNS", 0)
     compiled_value[0] = -8.407790785948903e-15
     assert not fuzzgen.check(program, [fuzzgen.NATIVE]).ok
+
+
+def test_jitter_moves_only_the_cancellations_inside_a_backward() -> None:
+    """``_Jitter``: after each node, a gradient element far below the node's incoming
+    gradients (a cancellation of terms of their size) moves by a roundoff of them; elements
+    of their size, exact zeros and non-finite elements stay, so a constant gradient stays
+    constant."""
+    jitter = fuzzgen._Jitter(np.random.default_rng(0))
+    u = 2.0**-53
+    r = fg.tensor([1e-20, -3e-17, 0.5, 0.0, np.inf, -1.0], dtype=fg.float64)
+    moved = jitter._moved(r, 1.0).numpy()
+    np.testing.assert_array_equal(np.abs(moved[:2] - r.numpy()[:2]), [u, u])
+    np.testing.assert_array_equal(moved[2:], r.numpy()[2:])
+    f32 = fg.tensor([1e-9, 0.25], dtype=fg.float32)
+    np.testing.assert_array_equal(
+        np.abs(jitter._moved(f32, 2.0).numpy() - f32.numpy()), np.float32([2.0**-23, 0.0])
+    )
+
+    def run(tracer: object, logits: list) -> np.ndarray:
+        x = fg.tensor(logits, dtype=fg.float64, requires_grad=True)
+        with tracing(tracer):
+            loss = fg.nn.functional.cross_entropy(x.square(), fg.tensor([1]), reduction="sum")
+            loss.backward()
+        return x.grad.numpy()
+
+    # a class of probability 1 - 4e-16: log_softmax's backward cancels terms of 1 to 4e-16
+    cancelling = [[6.0, 8.4558]]
+    plain = run(None, cancelling)
+    jittered = run(fuzzgen._Jitter(np.random.default_rng(1)), cancelling)
+    assert (np.abs(jittered - plain) > 1e-17).all(), (plain, jittered)
+    # no cancellation (probabilities of 0.5): nothing moves
+    even = [[1.0, -1.0]]
+    np.testing.assert_array_equal(
+        run(fuzzgen._Jitter(np.random.default_rng(1)), even), run(None, even)
+    )
+
+
+def test_compare_allows_a_cancellations_rounding_that_later_nodes_amplify() -> None:
+    """Fuzz seed 301685 as native segments: cross entropy of the squares of variances, its
+    target's probability 1 - 3.8e-16, so log_softmax's backward cancels terms of 0.555 to
+    2.2e-16 (eager) or 2.5e-16 (compiled: one FMA), which pow and var then multiply by 51.
+    Both are within a roundoff of the terms of the exact value; the floor (a few roundoffs of
+    the terms where the gradient is written) was 2.5e-16 against a difference of 1.2e-15.
+    The jittered runs measure the amplification; without them the campaign reported it."""
+    program = fuzzgen.generate(301685)
+    assert fuzzgen.check(program, [fuzzgen.NATIVE]).ok
+    saved = fuzzgen.JITTERED_RUNS
+    try:
+        fuzzgen.JITTERED_RUNS = 0  # (the checker before them)
+        report = fuzzgen.check(program, [fuzzgen.NATIVE])
+    finally:
+        fuzzgen.JITTERED_RUNS = saved
+    assert [f.kind for f in report.findings] == ["mismatch"], report.findings
 
 
 def test_a_chunked_campaign_adds_up_to_the_campaign_in_one_process(tmp_path: Path) -> None:
