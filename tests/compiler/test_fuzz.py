@@ -395,38 +395,33 @@ def test_a_deviation_beyond_eagers_rounding_is_still_reported_where_eager_is_uns
 
 
 def test_jitter_moves_only_the_cancellations_inside_a_backward() -> None:
-    """``_Jitter``: after each node, a gradient element far below the node's incoming
-    gradients (a cancellation of terms of their size) moves by a roundoff of them; elements
-    of their size, exact zeros and non-finite elements stay, so a constant gradient stays
-    constant."""
-    jitter = fuzzgen._Jitter(np.random.default_rng(0))
-    u = 2.0**-53
-    r = fg.tensor([1e-20, -3e-17, 0.5, 0.0, np.inf, -1.0], dtype=fg.float64)
-    moved = jitter._moved(r, 1.0).numpy()
-    np.testing.assert_array_equal(np.abs(moved[:2] - r.numpy()[:2]), [u, u])
-    np.testing.assert_array_equal(moved[2:], r.numpy()[2:])
-    f32 = fg.tensor([1e-9, 0.25], dtype=fg.float32)
-    np.testing.assert_array_equal(
-        np.abs(jitter._moved(f32, 2.0).numpy() - f32.numpy()), np.float32([2.0**-23, 0.0])
-    )
+    """``_Jitter``: each node's result moves by a measured sample of its rounding error where
+    that is beyond a few roundoffs of the result -- a cancellation (log_softmax's backward at
+    a class of probability 1 - 4e-16: terms of 1 cancel to 4e-16) -- and not where its rounding
+    is its own: the other class's gradient, a scaling by 1e-30, probabilities of 0.5, a
+    constant gradient."""
 
-    def run(tracer: object, logits: list) -> np.ndarray:
+    def run(jitter: bool, logits: list, scale: float = 1.0) -> np.ndarray:
         x = fg.tensor(logits, dtype=fg.float64, requires_grad=True)
+        tracer = fuzzgen._Jitter(np.random.default_rng(1)) if jitter else None
         with tracing(tracer):
-            loss = fg.nn.functional.cross_entropy(x.square(), fg.tensor([1]), reduction="sum")
+            z = (x * scale).square()
+            loss = fg.nn.functional.cross_entropy(z, fg.tensor([1]), reduction="sum")
             loss.backward()
         return x.grad.numpy()
 
-    # a class of probability 1 - 4e-16: log_softmax's backward cancels terms of 1 to 4e-16
     cancelling = [[6.0, 8.4558]]
-    plain = run(None, cancelling)
-    jittered = run(fuzzgen._Jitter(np.random.default_rng(1)), cancelling)
-    assert (np.abs(jittered - plain) > 1e-17).all(), (plain, jittered)
-    # no cancellation (probabilities of 0.5): nothing moves
-    even = [[1.0, -1.0]]
-    np.testing.assert_array_equal(
-        run(fuzzgen._Jitter(np.random.default_rng(1)), even), run(None, even)
-    )
+    plain = run(False, cancelling)
+    change = np.abs(run(True, cancelling) - plain)
+    # the target's gradient, p - 1, cancels; the other's, p, is a product (its own rounding)
+    assert change[0, 1] > 1e-17 and change[0, 0] == 0, (plain, change)
+    for logits, scale in (([[1.0, -1.0]], 1.0), ([[1e30, -1e30]], 1e-30)):
+        np.testing.assert_array_equal(run(True, logits, scale), run(False, logits, scale))
+    # a constant gradient stays constant
+    x = fg.tensor(np.random.default_rng(2).standard_normal((3, 4)), requires_grad=True)
+    with tracing(fuzzgen._Jitter(np.random.default_rng(3))):
+        ((x * 3.0).sum() * 0.1).backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.full((3, 4), 0.1 * 3.0))
 
 
 def test_compare_allows_a_cancellations_rounding_that_later_nodes_amplify() -> None:
