@@ -90,6 +90,21 @@ native: eager's 0 is an exact cancellation for about half of the roundings, +-8.
 others, compiled's -8.4e-15; the exact value is 2.7e-61).  Only root gradients move: the
 forward, and so every comparison, max and tie that routes the gradient, stays eager's, and a
 result that eager computes exactly (the +0 of a constant normalisation) stays exact.
+
+The floor bounds a contraction's rounding error where the gradient is written, but a node
+whose terms cancel (``g - exp(out) sum(g)``, log_softmax's backward, at a class of
+probability 1 - 4e-16: terms of 0.555 leave 2.2e-16) carries an error of ``u * |terms|``
+into every node after it, which may amplify it (fuzz seed 301685, native: ``pow`` and
+``var`` downstream multiplied it by 51, and the compiled program's FMA gave 1.25e-14 where
+eager's separately rounded product gave 1.13e-14, both within 2.5 roundoffs of the terms
+times 51 of the exact 1.07e-14; the floor was 2.5e-16).  ``JITTERED_RUNS`` more eager runs
+measure that: every node of the backward runs a second time on its incoming gradients scaled
+by a random factor in 1.25..1.75, and where its result scaled back differs from the first by more
+than a few roundoffs of the result (its rounding error is the terms', not its own), the element
+moves by that difference, up or down at random (``_Jitter``); the runs' changes join
+``change``.  Elements rounded to a few roundoffs of themselves (products, scalings, sums of one
+sign), exact zeros and non-finite elements stay, so that a constant gradient stays constant,
+eager's exact cancellations stay exact, and a gradient scaled by 1e-30 is not taken for one.
 """
 
 from __future__ import annotations
@@ -142,6 +157,9 @@ SHADOW = 4.0  # how many times the measured rounding error the compiled result m
 # cancellation for about half of the roundings needs several (fuzz seed 1006449: 22 of 40
 # samples 0, the others +-8.4e-15; all of 8 samples 0 has odds 1 in 120)
 PERTURBED_RUNS = 8
+# eager runs with the cancellations inside the backward moved by a measured sample of their
+# rounding error (``_Jitter``): what later nodes amplify an FMA's rounding by (fuzz seed 301685)
+JITTERED_RUNS = 4
 # relative change (to the backward's scale) of a float64 result in the float64 shadow beyond
 # which the result carries float32 rounding: far above float64 rounding, far below float32's
 MIXED = 2.0**-40
@@ -1424,13 +1442,16 @@ class _Module:
         term_scales: dict[str, float] | None = None,
         whole: bool = False,
         module: bool = False,
+        jitter: np.random.Generator | None = None,
     ) -> Any:
         """Snapshots of run()'s results (once per leaf-data scale, the last kept), or the
         exception it raised.  ``term_scales`` (eager runs only) receives each result's term
-        scale (``_TermScales``)."""
+        scale (``_TermScales``); ``jitter`` (eager runs only): the backward's cancellations
+        move by a sample of their rounding error, at random from it (``_Jitter``)."""
         observer = _TermScales() if term_scales is not None else None
+        tracer = _Jitter(jitter) if jitter is not None else observer
         try:
-            with warnings.catch_warnings(), tracing(observer):
+            with warnings.catch_warnings(), tracing(tracer):
                 warnings.simplefilter("ignore")
                 step = fg.compile(self.ns["whole"]) if whole else None
                 if module:
@@ -1520,6 +1541,74 @@ class _TermScales(Executor, Tracer):
         return scales
 
 
+class _Jitter(Executor, Tracer):
+    """Runs an eager backward with each node's result moved by a measured sample of its own
+    rounding error, where that error is beyond a few roundoffs of the result (a cancellation):
+    each node's rule runs a second time on its incoming gradients scaled by a random factor
+    in 1.25..1.75 (every rule is linear in them), and the second result scaled back
+    differs from the first only by rounding -- ``u`` times the terms the rule sums, not times
+    the result.  Where that difference exceeds ``8 u |result|``, the element moves by it, up
+    or down at random; later nodes then carry and amplify it as they would an FMA's rounding
+    error (fuzz seed 301685: log_softmax's backward cancels terms of 0.555 to 2.2e-16, which
+    pow and var multiply by 51).  Elements whose rounding is their own (a product, a sum of
+    terms of one sign, a scaling by 1e-30), exact zeros and non-finite elements stay, so a
+    constant gradient stays constant and eager's exact cancellations exact."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def backward(  # type: ignore[override]
+        self,
+        roots: Sequence[Any],
+        grads: Sequence[Any],
+        retain_graph: bool,
+        create_graph: bool,
+        inputs: Sequence[Any] | None,
+        accumulate: bool,
+    ) -> Any:
+        return run_backward(
+            roots, grads, retain_graph, create_graph, inputs, accumulate, executor=self
+        )
+
+    def apply_node(self, node: Any, grads: list, retain_graph: bool) -> tuple:
+        # (a factor of order 1, so that the second run's products round at other fractions
+        # of an ulp: a factor near 1 rounds them alike -- 0.555 f (1 - 2**-51) drops 2.22 f
+        # ulp of 0.555 f, rounded to 2 for every f below 1.12: seed 301685's cancellation)
+        factor = 1.0 + float(self.rng.uniform(0.25, 0.75))
+        floats = [isinstance(g, fg.Tensor) and g.dtype in _FLOATS for g in grads]
+        if not any(floats):
+            return super().apply_node(node, grads, retain_graph)
+        try:  # (first, keeping the saved tensors for the run that counts)
+            with fg.no_grad():
+                scaled = [g * factor if f else g for g, f in zip(grads, floats)]
+                again = super().apply_node(node, scaled, True)
+        except Exception:
+            again = None
+        results = super().apply_node(node, grads, retain_graph)
+        if again is None or len(again) != len(results):
+            return results
+        return tuple(self._moved(r, a, factor) for r, a in zip(results, again))
+
+    def _moved(self, r: Any, again: Any, factor: float) -> Any:
+        if not (isinstance(r, fg.Tensor) and isinstance(again, fg.Tensor)):
+            return r
+        if r.dtype not in _FLOATS or again.dtype != r.dtype or again.shape != r.shape:
+            return r
+        a = r.detach().numpy().astype(np.float64)
+        with np.errstate(all="ignore"):
+            noise = np.abs(again.detach().numpy().astype(np.float64) / factor - a)
+            moved = np.isfinite(a) & (a != 0) & np.isfinite(noise)
+            moved &= noise > 8.0 * UNIT_ROUNDOFF[r.dtype.name] * np.abs(a)
+        if not moved.any():
+            return r
+        sign = np.where(self.rng.random(a.shape) < 0.5, 1.0, -1.0)
+        delta = np.where(moved, sign * noise, 0.0).astype(r.detach().numpy().dtype)
+        return r + fg.tensor(delta, dtype=r.dtype)
+
+
+_FLOATS = (fg.float32, fg.float64)
+
+
 @dataclass(frozen=True)
 class _Array:
     values: np.ndarray
@@ -1589,7 +1678,8 @@ def _reference(
     when the program uses float32 anywhere, float32 when it uses float64 anywhere (a mixed
     program gets both).  A perturbed run is the same program, eagerly, with its root gradients
     moved by one ulp (``_Module.moved_roots``; ``PERTURBED_RUNS`` of them, seeded by the
-    program's seed): see the module docstring."""
+    program's seed), or with the cancellations inside its backward moved by a sample of their
+    rounding error (``_Jitter``; ``JITTERED_RUNS`` of them): see the module docstring."""
     term_scales: dict[str, float] = {}
     eager = module.run(scales=(scale,), term_scales=term_scales)
     if isinstance(eager, Exception):
@@ -1599,6 +1689,10 @@ def _reference(
     for _ in range(PERTURBED_RUNS):
         with module.moved_roots(rng):
             moved = module.run(scales=(scale,))
+        if not isinstance(moved, Exception):
+            perturbed.append(moved)
+    for _ in range(JITTERED_RUNS):
+        moved = module.run(scales=(scale,), jitter=rng)
         if not isinstance(moved, Exception):
             perturbed.append(moved)
     precisions = []

@@ -389,8 +389,57 @@ def test_a_deviation_beyond_eagers_rounding_is_still_reported_where_eager_is_uns
     message = report.findings[0].message
     assert "v3.grad: 1 of 4 elements beyond tolerance; worst at (0, 2)" in message
     monkeypatch.setattr(fuzzgen, "PERTURBED_RUNS", 0)  # (the checker before them)
+    monkeypatch.setattr(fuzzgen, "JITTERED_RUNS", 0)
     compiled_value[0] = -8.407790785948903e-15
     assert not fuzzgen.check(program, [fuzzgen.NATIVE]).ok
+
+
+def test_jitter_moves_only_the_cancellations_inside_a_backward() -> None:
+    """``_Jitter``: each node's result moves by a measured sample of its rounding error where
+    that is beyond a few roundoffs of the result -- a cancellation (log_softmax's backward at
+    a class of probability 1 - 4e-16: terms of 1 cancel to 4e-16) -- and not where its rounding
+    is its own: the other class's gradient, a scaling by 1e-30, probabilities of 0.5, a
+    constant gradient."""
+
+    def run(jitter: bool, logits: list, scale: float = 1.0) -> np.ndarray:
+        x = fg.tensor(logits, dtype=fg.float64, requires_grad=True)
+        tracer = fuzzgen._Jitter(np.random.default_rng(1)) if jitter else None
+        with tracing(tracer):
+            z = (x * scale).square()
+            loss = fg.nn.functional.cross_entropy(z, fg.tensor([1]), reduction="sum")
+            loss.backward()
+        return x.grad.numpy()
+
+    cancelling = [[6.0, 8.4558]]
+    plain = run(False, cancelling)
+    change = np.abs(run(True, cancelling) - plain)
+    # the target's gradient, p - 1, cancels; the other's, p, is a product (its own rounding)
+    assert change[0, 1] > 1e-17 and change[0, 0] == 0, (plain, change)
+    for logits, scale in (([[1.0, -1.0]], 1.0), ([[1e30, -1e30]], 1e-30)):
+        np.testing.assert_array_equal(run(True, logits, scale), run(False, logits, scale))
+    # a constant gradient stays constant
+    x = fg.tensor(np.random.default_rng(2).standard_normal((3, 4)), requires_grad=True)
+    with tracing(fuzzgen._Jitter(np.random.default_rng(3))):
+        ((x * 3.0).sum() * 0.1).backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.full((3, 4), 0.1 * 3.0))
+
+
+def test_compare_allows_a_cancellations_rounding_that_later_nodes_amplify() -> None:
+    """Fuzz seed 301685 as native segments: cross entropy of the squares of variances, its
+    target's probability 1 - 3.8e-16, so log_softmax's backward cancels terms of 0.555 to
+    2.2e-16 (eager) or 2.5e-16 (compiled: one FMA), which pow and var then multiply by 51.
+    Both are within a roundoff of the terms of the exact value; the floor (a few roundoffs of
+    the terms where the gradient is written) was 2.5e-16 against a difference of 1.2e-15.
+    The jittered runs measure the amplification; without them the campaign reported it."""
+    program = fuzzgen.generate(301685)
+    assert fuzzgen.check(program, [fuzzgen.NATIVE]).ok
+    saved = fuzzgen.JITTERED_RUNS
+    try:
+        fuzzgen.JITTERED_RUNS = 0  # (the checker before them)
+        report = fuzzgen.check(program, [fuzzgen.NATIVE])
+    finally:
+        fuzzgen.JITTERED_RUNS = saved
+    assert [f.kind for f in report.findings] == ["mismatch"], report.findings
 
 
 def test_a_chunked_campaign_adds_up_to_the_campaign_in_one_process(tmp_path: Path) -> None:

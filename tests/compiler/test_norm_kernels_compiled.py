@@ -342,3 +342,87 @@ def test_a_layer_norm_of_mean_dominated_rows_has_a_backward_stable_compiled_grad
     else:
         assert compiler.counters.captures == 1 and compiler.counters.compiled_runs == 1
         assert not compiler.counters.fallbacks, compiler.counters
+
+
+def _special_layer_norm_rows(dtype: str, weight: str) -> tuple:
+    """(x, w, b, g) of a layer norm over 3: fuzz seed 301666's (x with an infinite and a NaN
+    element, an infinite weight and bias element: ``weight`` "infinite"), and rows with an
+    infinite or NaN input or gradient under finite weights (``weight`` "finite")."""
+    x = np.array(
+        [
+            [[-0.7059, 0.9032, -0.0496], [0.1328, -1.2066, 2.0632], [0.1092, -0.6965, np.inf]],
+            [[0.4778, np.nan, -0.4984], [0.2746, -1.6543, 0.3233], [-0.0685, -0.4256, -1.174]],
+            [[0.1664, 0.1345, -0.1098], [-1.1387, 0.9702, 0.0248], [0.8803, -0.0491, -0.4539]],
+        ]
+    )
+    g = np.array(
+        [
+            [[0.311, -2.715, 0.15], [-0.125, -0.617, 0.267], [-0.986, 0.583, -1.08]],
+            [[0.558, 1.301, 0.465], [-0.967, 0.309, 0.253], [-0.892, 0.092, 1.166]],
+            [[0.581, -2.504, 0.695], [0.839, -0.204, 0.594], [0.148, -0.288, -0.541]],
+        ]
+    )
+    if weight == "infinite":
+        w = np.array([-0.1472, np.inf, -0.0993])
+        b = np.array([0.1333, -0.6738, np.inf])
+    else:
+        w = np.array([-0.1472, 0.7, -0.0993])
+        b = np.array([0.1333, np.nan, -np.inf])
+        g[0, 1, 0], g[1, 1, 2], g[2, 0, 1] = np.inf, -np.inf, np.nan
+        x[2, 2] = [0.4, 0.1, 0.3]  # (x's and x - mean's signs differ; g there: inf below)
+        g[2, 2, 1] = np.inf
+    return (*(a.astype(dtype) for a in (x, w, b, g)),)
+
+
+@pytest.mark.parametrize("how", ["captured", "debug", "steps", "native"])
+@pytest.mark.parametrize("weight", ["infinite", "finite"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_layer_norm_with_infinities_has_eagers_infinities_and_nans_compiled(
+    dtype: str, weight: str, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A layer norm's input gradient where its weight, bias, input or gradient hold infinities
+    or NaNs, compiled as eager computes it: captured by compiled autograd (``norm_grads``, as
+    generated code and in ``mode="debug"``) and as whole steps (``autograd.native``'s
+    composite; native segments too).  The composites' drift correction took ``inf * 0`` (or
+    ``inf - inf``) where eager's kernel gave an infinity (fuzz seed 301666: x.grad's row
+    [nan, nan, inf] came out NaN throughout, in every configuration); where ``g w`` is not
+    finite, eager and the composites now take PyTorch's coefficients
+    (tests/ops/test_norm_kernels.py)."""
+    monkeypatch.setattr(compiler.config, "interpreter_max_elements", 0)  # (generated code)
+    monkeypatch.setattr(compiler.config, "native_programs", how == "native")
+    x, w, b, g = _special_layer_norm_rows(dtype, weight)
+
+    def step(xt: fg.Tensor, wt: fg.Tensor, bt: fg.Tensor, gt: fg.Tensor) -> None:
+        nn.functional.layer_norm(xt, (3,), wt, bt).backward(gt, inputs=[xt])
+
+    def grad(run: Callable | None, mode: str | None = None) -> np.ndarray:
+        xt = fg.tensor(x, requires_grad=True)
+        wt, bt = fg.tensor(w, requires_grad=True), fg.tensor(b, requires_grad=True)
+        if mode is None:
+            (run or step)(xt, wt, bt, fg.tensor(g))
+        else:
+            with compiler.compiled_autograd(mode=mode):
+                step(xt, wt, bt, fg.tensor(g))
+        return xt.grad.numpy()
+
+    eager = grad(None)
+    if weight == "infinite":  # (PyTorch's too)
+        assert np.isnan(eager[2, 1, :2]).all() and np.isposinf(eager[2, 1, 2])
+    else:
+        assert np.isfinite(eager).any()
+    assert not np.isfinite(eager).all()
+    if how in ("captured", "debug"):
+        mode = "default" if how == "captured" else "debug"
+        results = [grad(None, mode) for _ in range(2)]
+        assert compiler.counters.captures == 1 and not compiler.counters.fallbacks
+    else:
+        compiled = fg.compile(step)
+        results = [grad(compiled) for _ in range(3)][1:]  # (recorded, then replayed)
+        assert compiler.counters.step_runs == 2 and not compiler.counters.step_breaks
+        assert (compiler.counters.native_runs > 0) == (how == "native"), compiler.counters
+    for got in results:
+        for test in (np.isnan, np.isposinf, np.isneginf):
+            np.testing.assert_array_equal(test(got), test(eager), err_msg=test.__name__)
+        finite = np.isfinite(eager)
+        rtol = 1e-5 if dtype == "float32" else 1e-12
+        np.testing.assert_allclose(got[finite], eager[finite], rtol=rtol, atol=rtol)

@@ -380,3 +380,87 @@ def test_shapes_property(kind: str, batch: int, channels: int, spatial: list, se
         (ref * ref).sum().backward()
     for t, r in zip(ts, refs):
         np.testing.assert_allclose(t.grad.numpy(), r.grad.numpy(), 1e-8, 1e-9)
+
+
+# ---- infinities and NaNs in a layer norm's backward: PyTorch's placement -------------------------
+
+
+def _special_layer_norm_case(dtype: str, weight: str) -> tuple:
+    """(x, w, b, g): rows of 5, an infinite bias element and a NaN one, rows holding an
+    infinite or NaN input or gradient, and the last three finite; a row whose x elements'
+    signs differ from those of x - mean (where PyTorch's uncentred sum and a centred one put
+    their infinities apart).  ``weight`` "infinite": one weight element is +inf (every row's
+    ``g w`` then holds one), and the first row is fuzz seed 301666's (x, g, w, b)."""
+    rng = np.random.default_rng(301666)
+    x = rng.standard_normal((10, 5))
+    x[0, :3] = [-1.1387, 0.9702, 0.0248]
+    x[1, 2] = np.inf
+    x[2, 0] = np.nan
+    x[3] = [0.4, 0.1, 0.3, 0.2, -0.05]  # (mean 0.19: x's and x - mean's signs differ)
+    g = rng.standard_normal((10, 5))
+    g[0, :3] = [0.839, -0.204, 0.594]
+    g[4, 1] = np.inf
+    g[5, 3] = -np.inf
+    g[6, 0] = np.nan
+    w = np.array([-0.1472, np.inf if weight == "infinite" else 0.7, -0.0993, 0.8, -1.2])
+    b = np.array([0.1333, -0.6738, np.inf, np.nan, 0.5])
+    return (*(a.astype(dtype) for a in (x, w, b, g)),)
+
+
+def _torch_layer_norm_input_grad(x: np.ndarray, w: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """PyTorch's CPU layer norm input gradient (``layer_norm_kernel.cpp``), ``a g w + b x + c``
+    per row with ``ds = sum(g w x)``, ``db = sum(g w)``, ``b = (db mean - ds) a^3 / N``, ``c =
+    -b mean - db a / N``, ``a = rstd`` -- in float64, for where its infinities and NaNs fall."""
+    x, w, g = (v.astype(np.float64) for v in (x, w, g))
+    n = x.shape[-1]
+    with np.errstate(all="ignore"):
+        mean = x.mean(-1, keepdims=True)
+        a = 1.0 / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-5)
+        gw = g * w
+        db = gw.sum(-1, keepdims=True)
+        ds = (gw * x).sum(-1, keepdims=True)
+        b = (db * mean - ds) * a * a * a / n
+        c = -b * mean - db * a / n
+        return a * gw + b * x + c
+
+
+def _assert_same_specials(got: np.ndarray, want: np.ndarray) -> None:
+    for test in (np.isnan, np.isposinf, np.isneginf):
+        np.testing.assert_array_equal(test(got), test(want), err_msg=test.__name__)
+
+
+@pytest.mark.parametrize("weight", ["infinite", "finite"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_layer_norm_input_gradient_puts_infinities_and_nans_where_pytorch_does(
+    dtype: str, weight: str
+) -> None:
+    """Where ``g w`` is not finite in a row, eager's kernel (and the composite it takes under
+    ``create_graph``, ``ops.norms.norm_grads``) gives PyTorch's infinities and NaNs: its
+    centred sum ``sum(g w (x - mean))`` put them by the signs of ``x - mean``, PyTorch's
+    ``sum(g w x)`` by those of ``x`` (fuzz seed 301666's row: [nan, nan, inf]).  Finite rows
+    keep their values (the composite path's, to rounding)."""
+    x, w, b, g = _special_layer_norm_case(dtype, weight)
+    want = _torch_layer_norm_input_grad(x, w, g)
+    if torch is not None:
+        t = torch.tensor(x, requires_grad=True)
+        torch.nn.functional.layer_norm(t, (5,), torch.tensor(w), torch.tensor(b)).backward(
+            torch.tensor(g)
+        )
+        _assert_same_specials(t.grad.numpy(), want)
+    results = []
+    for create_graph in (False, True):
+        xt = fg.tensor(x, requires_grad=True)
+        out = F.layer_norm(xt, (5,), fg.tensor(w, requires_grad=True), fg.tensor(b))
+        assert _uses_kernel(out)
+        out.backward(fg.tensor(g), create_graph=create_graph)
+        results.append(xt.grad.detach().numpy())
+    if weight == "infinite":
+        assert np.isnan(results[0][0, :2]).all() and np.isposinf(results[0][0, 2])
+    else:
+        assert np.isfinite(results[0][7:]).all()  # (rows without infinities)
+    for got in results:
+        _assert_same_specials(got, want)
+    finite = np.isfinite(results[0])
+    np.testing.assert_allclose(
+        results[1][finite], results[0][finite], rtol=1e-4 if dtype == "float32" else 1e-10
+    )

@@ -249,25 +249,17 @@ class _Normalization(Function):
                 if _norms.one_element(xs, dims):
                     gx = _norms.one_element_gradient(gs, xs, rstd)
                 else:
-                    # rstd (gs - mean(gs) - normed mean(gs normed)) in the fused kernels' form,
-                    # rstd (gs - mean(gs)) + (x beta - beta mean), each difference taken before
-                    # its product: where gs is constant over a statistic (the gradient of a
-                    # sum) the first term is exactly 0, and infinities give the kernels' NaN
-                    # and inf (fuzz seed 20485).  ``gs rstd + (x beta + gamma)``, with gamma =
-                    # -beta mean - rstd mean(gs), left the rounding error of gs rstd where the
-                    # exact gradient is 0.  And mean(gs centred) less mean(gs) mean(centred),
-                    # 0 in exact arithmetic (a corrected two-pass sum): centred = x - mean
-                    # with the mean rounded to x's dtype sums to n (mean - fl(mean)), so the
-                    # projection took |mean| u times mean(gs): for a constant gs an error
-                    # |mean| / std times the backward's terms (rstd |gs| u), where the exact
-                    # gradient is 0 for every x (native fuzz seeds 1006197, 1000269, 1008724;
-                    # tests/compiler/test_norm_kernels_compiled.py).  The eager kernels keep
-                    # the mean in x's dtype too and still have that error.
-                    gs_mean = gs.sum(dims, keepdim=True) * per_count
-                    drift = centred.sum(dims, keepdim=True) * per_count
-                    proj = (gs * centred).sum(dims, keepdim=True) * per_count - gs_mean * drift
-                    beta = -(rstd * rstd * (proj * rstd))
-                    gx = (gs - gs_mean) * rstd + (xs * beta - beta * mean)
+                    # ``ops.norms.training_input_gradient`` says why this form (fuzz seeds
+                    # 20485, 301666; native fuzz seeds 1006197, 1000269, 1008724)
+                    gx = _norms.training_input_gradient(
+                        gs,
+                        xs,
+                        centred,
+                        mean,
+                        rstd,
+                        lambda t: t.sum(dims, keepdim=True) * per_count,
+                        groups is None and param_shape is None,  # (a layer norm)
+                    )
                 if groups is not None:
                     gx = gx.reshape(g.shape)
         return gx, gw, gb, None, None, None, None, None, None, None, None

@@ -82,6 +82,16 @@ def _sum_products(g, x, mean):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(**_SUM_JIT)
+def _weighted_uncentred(g, x, w):  # type: ignore[no-untyped-def]
+    """sum(g w x) over one row, in float64 (PyTorch's ``ds``: ``_row_backward``'s rows where
+    ``g w`` is not finite)."""
+    total = 0.0
+    for s in range(g.shape[0]):
+        total += np.float64(g[s]) * np.float64(w[s]) * np.float64(x[s])
+    return total
+
+
+@numba.njit(**_SUM_JIT)
 def _weighted_products(g, x, w, mean):  # type: ignore[no-untyped-def]
     """(sum(g w), sum(g w (x - mean))) over one row, in float64."""
     sg = 0.0
@@ -302,6 +312,21 @@ def _row_backward(g, x, stats, w, eps, need_x, dx, dw, db):  # type: ignore[no-u
             # errors of the products: 3e-14 for a float64 layer norm over one element)
             m_gw = x.dtype.type(mean_gw)
             c1 = x.dtype.type(-beta * mean)
+            if not math.isfinite(sgw):
+                # ``g w`` infinite or NaN somewhere in the row (``x`` finite: else the
+                # statistics are NaN already): PyTorch's coefficients, ``a g w + b x + c``
+                # with ``b = (mean(g w) mean - mean(g w x)) rstd^3`` (uncentred, so its
+                # infinities follow the signs of ``x``, not of ``x - mean``) and ``c = -b
+                # mean - mean(g w) rstd``, no shift: each is infinite or NaN here, so only
+                # which terms are infinite matters, and the infinities and NaNs fall where
+                # PyTorch's do (the centred form put them elsewhere: fuzz seed 301666's
+                # infinite weight).  ``ops.norms.training_input_gradient``: the composites'.
+                mean_gwx_raw = _weighted_uncentred(gr, xr, w) / width
+                torch_b = (mean_gw * mean - mean_gwx_raw) * (rstd * rstd * rstd)
+                torch_c = -(torch_b * mean) - mean_gw * rstd
+                m_gw = x.dtype.type(0.0)
+                b = x.dtype.type(torch_b)
+                c1 = x.dtype.type(torch_c)
             out = dx[r]
             for d in range(width):
                 out[d] = (gr[d] * w[d] - m_gw) * a + (xr[d] * b + c1)

@@ -38,6 +38,7 @@ step in 0.66 ms as a composite against 1.08 ms with the kernels.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -51,7 +52,7 @@ from ..autograd.tracer import notify_created as _created
 from ..autograd.tracer import state as _tracer_state
 from ..cuda.array import CudaArray
 from ..tensor import Tensor
-from ._util import P, apply
+from ._util import P, apply, as_operand
 from .registry import primitive, set_meta
 
 __all__ = [
@@ -301,6 +302,73 @@ def one_element_gradient(gs: Tensor, xs: Tensor, rstd: Tensor) -> Tensor:
     return (gs * 0.0 + xs * 0.0) * rstd + 0.0
 
 
+def _where(condition: Tensor, input: Tensor, other: Any) -> Tensor:
+    """``where(condition, input, other)``, ``other`` a tensor or a number (the primitive:
+    ``ops.elementwise``, whose ``where`` this module may not import, loads after it)."""
+    return apply(P["where"], (condition, input, as_operand(other, input.dtype)), {})
+
+
+def training_input_gradient(
+    gs: Tensor,
+    xs: Tensor,
+    diff: Tensor,
+    mean: Tensor,
+    rstd: Tensor,
+    mean_of: Any,
+    rows: bool,
+) -> Tensor:
+    """The composites' input gradient of a norm in training (``norm_grads`` and
+    ``autograd.native``'s): ``gs`` is ``g w`` in the statistics' view ``xs``, ``diff`` its
+    ``x - mean``, ``mean`` and ``rstd`` the statistics (dims kept), ``mean_of`` the mean over a
+    statistic's elements (dims kept); ``rows``: a layer norm.
+
+    rstd (gs - mean(gs) - xhat mean(gs xhat)) in the fused kernels' form, rstd (gs - mean(gs))
+    + (x beta + c) with ``c = -beta mean``, each difference taken before its product: where
+    ``gs`` is constant over a statistic (the gradient of a sum) the first term is exactly 0,
+    and infinities give the kernels' NaN and inf (fuzz seed 20485).  ``gs rstd + (x beta +
+    gamma)``, with gamma = -beta mean - rstd mean(gs), left the rounding error of gs rstd where
+    the exact gradient is 0.  And mean(gs diff) less mean(gs) mean(diff), 0 in exact arithmetic
+    (a corrected two-pass sum): ``diff = x - mean`` with the mean rounded to x's dtype sums to
+    n (mean - fl(mean)), so the projection took |mean| u times mean(gs): for a constant gs an
+    error |mean| / std times the backward's terms (rstd |gs| u), where the exact gradient is 0
+    for every x (native fuzz seeds 1006197, 1000269, 1008724;
+    tests/compiler/test_norm_kernels_compiled.py).  The eager kernels keep the mean in x's
+    dtype too and still have that error.
+
+    Where ``mean(gs)`` is not finite (an infinite or NaN weight or gradient; the input finite)
+    the correction is left out: ``inf * mean(diff)`` is NaN where the drift is 0 or of the
+    sum's sign, where the kernels (which have no correction) give an infinity (fuzz seed
+    301666).  A layer norm's statistics there take PyTorch's coefficients instead, as its
+    kernel (``norm_kernels._row_backward``) does, so that infinities and NaNs fall where
+    PyTorch's ``a g w + b x + c`` puts them: ``b = (mean(gs) mean - mean(gs x)) rstd^3``,
+    ``c = -b mean - mean(gs) rstd`` -- every one of them infinite or NaN, so the order of the
+    terms does not matter there, only which are infinite -- and no shift by ``mean(gs)``.
+    ``mean(gs x)`` is not a sum of its own (one more sum per element: the compiled layer norm
+    ran 10-20% slower): the drift's sum takes ``gs x`` in place of ``x - mean`` where ``gs``
+    is not finite -- only in rows whose drift is not used, and there its infinities and NaNs
+    are exactly those of ``mean(gs x)``, the finite terms adding nothing that matters."""
+    m1 = mean_of(gs)
+    finite = m1.isfinite()
+    if rows:
+        # one sum for both: the drift where ``gs`` is finite, and where it is not ``gs x``,
+        # whose infinities and NaNs are then those of PyTorch's uncentred ``mean(gs x)``
+        # (``|gs| < inf``: finite, in one comparison that generated code vectorises)
+        drift = mean_of(_where(gs.abs() < math.inf, diff, gs * xs))
+    else:
+        drift = mean_of(diff)
+    correction = _where(finite, m1 * drift, 0.0)
+    projection = (mean_of(gs * diff) - correction) * rstd
+    beta = -(rstd * rstd * projection)
+    if not rows:
+        return (gs - m1) * rstd + (xs * beta - beta * mean)
+    torch_b = (m1 * mean - drift) * (rstd * rstd * rstd)
+    torch_c = -(torch_b * mean) - m1 * rstd
+    shift = _where(finite, m1, 0.0)
+    b = _where(finite, beta, torch_b)
+    c = _where(finite, -(beta * mean), torch_c)
+    return (gs - shift) * rstd + (xs * b + c)
+
+
 def norm_grads(
     g: Tensor,
     x: Tensor,
@@ -345,15 +413,9 @@ def norm_grads(
         if training and one_element(xs, reduce):
             gx = one_element_gradient(gs, xs, rstd).reshape(x.shape)
         elif training:
-            # rstd (gs - mean(gs) - xhat mean(gs xhat)) in the kernels' form, rstd (gs -
-            # mean(gs)) + (x beta - beta mean), each difference before its product, with the
-            # projection's mean(gs) mean(diff) correction: as autograd.native's composite,
-            # whose comment says why (native fuzz seeds 1006197, 1000269, 1008724)
-            m1 = gs.mean(reduce, keepdim=True)
-            drift = diff.mean(reduce, keepdim=True)
-            m2 = ((gs * diff).mean(reduce, keepdim=True) - m1 * drift) * rstd
-            beta = -(rstd * rstd * m2)
-            gx = ((gs - m1) * rstd + (xs * beta - beta * mu)).reshape(x.shape)
+            gx = training_input_gradient(
+                gs, xs, diff, mu, rstd, lambda t: t.mean(reduce, keepdim=True), layout == "layer"
+            ).reshape(x.shape)
         else:
             gx = (gs * rstd).reshape(x.shape)
     return gx, gw, gb
