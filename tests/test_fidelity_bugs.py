@@ -612,3 +612,16 @@ def test_a_numpy_array_is_cast_silently_as_numpy_casts_it(array: np.ndarray, dty
         got = fg.tensor(array, dtype=getattr(fg, dtype)).numpy()
     np.testing.assert_array_equal(got, want)
     assert got.dtype == want.dtype
+
+
+def test_tensor_where_takes_the_tensor_as_the_values_where_the_condition_holds() -> None:
+    """``x.where(condition, y)`` is ``torch.where(condition, x, y)`` (found while fixing fuzz
+    seed 301666: the tensor was taken as the condition)."""
+    x = fg.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    condition = fg.tensor([True, False, True])
+    y = x.where(condition, -1.0)
+    np.testing.assert_array_equal(y.detach().numpy(), [1.0, -1.0, 3.0])
+    y.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [1.0, 0.0, 1.0])
+    other = fg.tensor([10.0, 20.0, 30.0])
+    np.testing.assert_array_equal(x.detach().where(condition, other).numpy(), [1.0, 20.0, 3.0])

@@ -974,8 +974,15 @@ INPLACE_NAMES = (
     "index_reduce"
 ).split()
 
+def _tensor_where(self: Tensor, condition: Any, other: Any) -> Tensor:
+    """``x.where(condition, y)``: PyTorch's ``torch.where(condition, x, y)`` (the tensor is the
+    values where ``condition`` holds, not the condition)."""
+    return where(condition, self, other)
+
+
 # other methods, and properties, of Tensor
 OTHER_METHODS: dict[str, Any] = {
+    "where": _tensor_where,
     "type_as": _type_as,
     "new": _new,
     "ndimension": _ndimension,

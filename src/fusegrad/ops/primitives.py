@@ -710,9 +710,9 @@ for _name, _fn in [
     _elementwise(_name, "a b", _fn, None, method=True, inplace=True, differentiable=False)
 
 
-@primitive(
-    "where", "elementwise", "cond a b", lowering=Lowering("({1} if {0} else {2})"), method=True
-)
+# (no method from the record: ``Tensor.where(condition, other)`` takes the tensor as the values
+# where ``condition`` holds, ``extra.OTHER_METHODS``)
+@primitive("where", "elementwise", "cond a b", lowering=Lowering("({1} if {0} else {2})"))
 def _where(cond, a, b):  # type: ignore[no-untyped-def]
     if a.size >= _WHERE_BY_BITS_MIN and _where_by_bits_applies(cond, a, b):
         return _where_by_bits(cond, a, b)
