@@ -47,14 +47,26 @@ _CHILD = textwrap.dedent(
     z.sum().backward()
     opt = fg.optim.Adam([x, w], lr=0.1, foreach=True)          # the fused optimizer kernels
     opt.step()
+    import numba
+    from fusegrad._numba_cache import fast_load
+
+    @numba.njit(cache=True, parallel=True)
+    def total(a):  # a parallel loop: its threads' symbols come with its load
+        s = 0.0
+        for i in numba.prange(a.size):
+            s += a[i]
+        return s
+
+    fast_load(total)
+    summed = total(np.arange(10000.0))
     from fusegrad.ops import norm_kernels, reduce_kernels
     libraries = [
         type(c.library).__name__
-        for f in (norm_kernels._row_forward, reduce_kernels._rows_max)
+        for f in (norm_kernels._row_forward, reduce_kernels._rows_max, total)
         for c in f.overloads.values()
     ]
     print(json.dumps({
-        "values": [t.detach().numpy().tolist() for t in (x, w, z)],
+        "values": [t.detach().numpy().tolist() for t in (x, w, z)] + [summed],
         "refreshes": len(refreshes),
         "libraries": libraries,
     }))

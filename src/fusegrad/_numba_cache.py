@@ -176,13 +176,13 @@ class LazyRebuild:
             target_context.refresh()  # (numba's own loading, as numba does it)
             return super().rebuild(target_context, payload)  # type: ignore[misc]
         defined, needed = symbols
+        name, _kind, (object_code, shared_bitcode) = libdata
+        _libdata, fndesc, env, signature, objectmode, lifted, typeann, reload_init, envs = payload
+        for init in reload_init or ():  # (a parallel loop's: its threads' symbols)
+            init()
         if not _resolves(codegen, needed - defined):
             # a symbol some registry registers when imported: load them, as numba would
             target_context.refresh()
-        name, _kind, (object_code, shared_bitcode) = libdata
-        _libdata, fndesc, env, signature, objectmode, lifted, typeann, reload_init, envs = payload
-        for init in reload_init or ():
-            init()
         library = codegen.create_library(name)
         library.__class__ = subclass("LazyLinking", LazyLinking, type(library))
         library._fg_bitcode = shared_bitcode
