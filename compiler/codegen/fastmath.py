@@ -463,7 +463,7 @@ def fast_erf_f32(x: np.float32) -> np.float32:
 
 
 @_jit
-def _sincos_piece(d: int, j: int) -> float:
+def _sincos_piece(d: int | np.integer, j: int) -> float:
     """Piece ``j`` of the row of ``d = E - 152`` (selects, which vectorise to blends)."""
     c = _SINCOS[0, j]
     c = _SINCOS[1, j] if d >= SINCOS_ROW_SPAN else c
