@@ -219,9 +219,9 @@ _SINCOS_FIRST_EXPONENT = 152  # biased exponent of 2**25, from which digits are 
 
 def two_over_pi_bits(nbits: int) -> int:
     """floor(2/pi * 2**nbits) as a Python integer, from Machin's formula
-    pi = 16 atan(1/5) - 4 atan(1/239) in fixed point with 64 guard bits (exact unless the 64
-    digits after the last are all ones or all zeros, which they are not for nbits <= 256:
-    tests/compiler/test_fastmath.py compares with mpmath)."""
+    pi = 16 atan(1/5) - 4 atan(1/239) in fixed point with 64 guard bits: exact unless some 50
+    digits after the last are all ones or all zeros (tests/compiler/test_fastmath.py compares
+    the lengths used here and there with mpmath)."""
     w = nbits + 64
     one = 1 << w
 
@@ -473,20 +473,19 @@ def _sincos_piece(d: int | np.integer, j: int) -> float:
 
 @_jit
 def _sincos_reduce(x: np.float32) -> tuple[float, float, float]:
-    """(sin r, cos r, q) in float64 with x = r + (4n + q) * pi/2, |r| <= pi/4 (+ 2**-28).
+    """(sin r, cos r, q) in float64 with x = r + (4n + q) * pi/2, |r| <= pi/4 (+ 2**-27).
 
     x * 2/pi = p1 + p2 + p3 + p4 (mod 4) with p_j = x * piece_j, each product exact.  With
     d = E - 152 in [0, 26) past the row's first exponent, p1 < 2**51 is a multiple of
-    2**(d - 27), p2 < 2**22 one of 2**(d - 56), p3 < 2**-7, p4 < 2**-36.  p1's whole part k1
-    comes off exactly (a in [-1/2, 1/2]); p2 is split at 2**-27 (p2_hi, exact, and p2 - p2_hi)
-    so that t = a + p2_hi is exact (multiples of 2**-27 below 2**23; for d < 0, |x| < 2**25,
+    2**(d - 27), p2 < 2**22 one of 2**(d - 56), p3 < 2**-7, p4 < 2**-36.  p1 - k1, its
+    fraction, is exact; p2 is split at 2**-27 (p2_hi, exact, and p2 - p2_hi) so that
+    t = (p1 - k1) + p2_hi is exact (multiples of 2**-27 below 2**23; for d < 0, |x| < 2**25,
     it is exact from |x| >= 1 on, and below that nothing cancels); k2 = rint(t + p3) and
     t - k2 are exact; the last three additions either cancel exactly (Sterbenz) or round
-    relative to a result of their own size.  So f carries an absolute error below
-    2**-65 + 2**-52 |f|, while |f| >= 2**-29.86 for every float32 with k != 0 (the closest,
-    x = 16367173 * 2**72, found by an exhaustive search in exact integer arithmetic; the tests
-    compare results with numpy there and on every float32 of the large binades).  NaN and
-    +-inf give NaN (inf - inf)."""
+    relative to a result of their own size.  So f = x * 2/pi - k carries an absolute error
+    below 2**-65 + 2**-52 |f|, while |f| >= 2**-29.86 for every float32 with k != 0 (the
+    closest, x = 16367173 * 2**72, found by an exhaustive search in exact integer arithmetic,
+    which the tests repeat).  NaN and +-inf give NaN (inf - inf)."""
     d = ((_float_bits(x) >> 23) & 0xFF) - _SINCOS_FIRST_EXPONENT
     xd = np.float64(x)
     p1 = xd * _sincos_piece(d, 0)
