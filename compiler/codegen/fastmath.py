@@ -17,19 +17,19 @@ rounded to float32, measured over every float32 input -- 1 ulp for exp, expm1, l
 sin and cos, 2 for tanh and sigmoid, 0 for sqrt.  Special values follow numpy: NaN in -> NaN
 out, overflow -> inf, underflow -> 0 through the denormals, ``log(0) = -inf``,
 ``log(x < 0) = nan``, tanh, sigmoid and erf saturate exactly to their limits, and the sign of
-zero is kept where numpy keeps it.  ``sin``/``cos`` are accurate for
-``|x| <= SINCOS_ACCURATE_MAX`` (about 1.7e9); beyond it they return a value in ``[-1, 1]``
-without accuracy guarantee (a full Payne-Hanek reduction needs a per-lane table lookup that
-every call would pay for; float32 inputs that large are spaced >= 128 apart, so they are not
-meaningful angles).  Inputs must be float32 (the code generator guarantees it): another type
-would compile a float64 variant carrying float32 accuracy.
+zero is kept where numpy keeps it.  ``sin`` and ``cos`` hold their bound over the whole float32
+line: their argument reduction is exact (Payne-Hanek; the bits of 2/pi an input's exponent needs
+are picked by selects from a four-row table, see ``_sincos_reduce``), so ``cos(1e30)`` is
+numpy's (fuzz seed 301187: a value merely in [-1, 1] there moved an argmin).  Inputs must be
+float32 (the code generator guarantees it): another type would compile a float64 variant
+carrying float32 accuracy.
 
 How they are compiled, and why: the helpers rely on exact IEEE evaluation order (Cody-Waite
-reduction, the TwoSum in ``log1p``, the split scaling in ``exp``), which ``reassoc``/``nsz``
-fastmath flags would be free to rewrite (measured: with ``reassoc`` LLVM turned
-``(p * 2**k1) * 2**k2`` into ``p * 2**k`` and ``exp(88.4)`` overflowed to inf).  Generated
-kernels no longer use those flags (``numba_cpu``: ``contract`` only), but the helpers do not rely
-on their callers' flags.  Hence:
+reduction, the TwoSum in ``log1p``, the split scaling in ``exp``, the exact splits of the sin/cos
+reduction), which ``reassoc``/``nsz`` fastmath flags would be free to rewrite (measured: with
+``reassoc`` LLVM turned ``(p * 2**k1) * 2**k2`` into ``p * 2**k`` and ``exp(88.4)`` overflowed to
+inf).  Generated kernels no longer use those flags (``numba_cpu``: ``contract`` only), but the
+helpers do not rely on their callers' flags.  Hence:
 
 * ``fastmath={"contract"}`` is set explicitly.  numba *inherits* a caller's fastmath flags into a
   callee that does not set its own, so leaving it out would compile the helpers with whatever
@@ -46,7 +46,8 @@ emitter's flags, and that the loop vectorises.
 
 Coefficients: fitted by ``_fastmath_fit.py`` (weighted minimax by Lawson's algorithm against
 mpmath, rounded to float32 one coefficient at a time with refitting); nothing is copied from a
-library.  Range-reduction constants are standard splits of ln 2 and pi/2, noted where used.
+library.  Range-reduction constants: a standard split of ln 2, noted where used, and the binary
+digits of 2/pi, computed at import from Machin's formula (``two_over_pi_bits``).
 """
 
 from __future__ import annotations
@@ -78,10 +79,10 @@ FLOAT32_HELPERS: dict[str, str] = {
     "sqrt": "fast_sqrt_f32",
 }
 
-# Max error in float32 ulp over *every* float32 input (sin/cos: |x| <= SINCOS_ACCURATE_MAX),
-# measured exhaustively against numpy/libm float64 rounded to float32, with FMA (this machine)
-# and without (helpers compiled with no contraction, every 13th input); the same maxima both ways.
-# tests/compiler/test_fastmath.py asserts these bounds on a sweep of the whole float32 line.
+# Max error in float32 ulp over *every* float32 input, measured exhaustively against numpy/libm
+# float64 rounded to float32, with FMA (this machine) and without (helpers compiled with no
+# contraction, every 13th input); the same maxima both ways.  tests/compiler/test_fastmath.py
+# asserts these bounds on a sweep of the whole float32 line.
 MAX_ULP_ERROR: dict[str, int] = {
     "exp": 1,
     "expm1": 1,
@@ -94,10 +95,6 @@ MAX_ULP_ERROR: dict[str, int] = {
     "cos": 1,
     "sqrt": 0,
 }
-
-# |x| up to which sin/cos are accurate: the Cody-Waite multiple k = rint(x * 2/pi) must stay below
-# 2**30 so that k times each 23-bit piece of pi/2 is exact in float64.
-SINCOS_ACCURATE_MAX = float(2**30 * (math.pi / 2) * 0.999)
 
 # Flags: see "How they are compiled" in the module docstring.
 _jit = numba.njit(
@@ -201,13 +198,64 @@ _ERF_H6 = _f32(0.00016818041331134737)
 _ERF_H7 = _f32(-8.542414434487e-06)
 
 # sin/cos: reduction and polynomials in float64 (one rounding at the end, so <= 1 ulp).
-# pi/2 = _PIO2_1 + _PIO2_2 + _PIO2_3 to ~99 bits; _PIO2_1 and _PIO2_2 have at most 23 significant
-# bits so k * piece is exact for |k| < 2**30 (Cody-Waite), and x - k * _PIO2_1 is exact.
-_TWO_OVER_PI = 0.6366197723675814
-_PIO2_1 = float.fromhex("0x1.921fb4p+0")
-_PIO2_2 = float.fromhex("0x1.4442d0p-24")
-_PIO2_3 = float.fromhex("0x1.8469898cc5170p-48")
-_PIO4 = math.pi / 4 * 1.0001
+# Payne-Hanek reduction over the whole float32 line (see _sincos_reduce).  A finite float32 is
+# x = M * 2**(E - 150) with M an integer < 2**24 and E its biased exponent; the binary digits b_i
+# of 2/pi (weight 2**-i) with i <= E - 152 add only multiples of 4 (whole turns) to x * 2/pi, so
+# those are dropped.  Exponents share rows of SINCOS_ROW_SPAN: row r serves E in
+# [152 + 26r, 178 + 26r) (row 0 also every E below, where nothing is dropped) and holds the
+# SINCOS_PIECES pieces of SINCOS_PIECE_BITS digits that follow the dropped ones of its first
+# exponent:  piece j = sum of b_i * 2**-i for 26r + 29j < i <= 26r + 29(j + 1).  A 29-bit piece
+# times a 24-bit M is exact in float64.  The 116 digits of a row cover the 25 exponents past its
+# first, M's 24 digits and the quadrant's 2, and 65 more: the digits left out weigh < 2**-65 in
+# the reduced argument.  A row is picked by selects, not loaded per lane: a per-exponent table
+# read by a gather (3 pieces per lane) vectorises too, but a loop of sin took 2.3x the time of
+# the Cody-Waite helper this replaces (which was wrong from 1.7e9 on), the selects 1.7x.
+SINCOS_PIECE_BITS = 29
+SINCOS_PIECES = 4
+SINCOS_ROW_SPAN = 26
+SINCOS_ROWS = 4  # rows start at E = 152, 178, 204, 230: 230 + 26 > 255
+_SINCOS_FIRST_EXPONENT = 152  # biased exponent of 2**25, from which digits are dropped
+
+
+def two_over_pi_bits(nbits: int) -> int:
+    """floor(2/pi * 2**nbits) as a Python integer, from Machin's formula
+    pi = 16 atan(1/5) - 4 atan(1/239) in fixed point with 64 guard bits: exact unless some 50
+    digits after the last are all ones or all zeros (tests/compiler/test_fastmath.py compares
+    the lengths used here and there with mpmath)."""
+    w = nbits + 64
+    one = 1 << w
+
+    def atan_inv(n: int) -> int:  # atan(1/n) * 2**w, each term truncated
+        power = one // n
+        total = power
+        k = 1
+        while power:
+            power //= n * n
+            term = power // (2 * k + 1)
+            total = total - term if k % 2 else total + term
+            k += 1
+        return total
+
+    pi_w = 16 * atan_inv(5) - 4 * atan_inv(239)  # pi * 2**w, within a few hundred units
+    return ((2 << (2 * w)) // pi_w) >> 64
+
+
+def sincos_table() -> np.ndarray:
+    """(SINCOS_ROWS, SINCOS_PIECES) float64 pieces of 2/pi (see above); each exact."""
+    nbits = 256  # the last row ends at digit 26 * 3 + 29 * 4 = 194
+    digits = two_over_pi_bits(nbits)
+    mask = (1 << SINCOS_PIECE_BITS) - 1
+    table = np.empty((SINCOS_ROWS, SINCOS_PIECES), dtype=np.float64)
+    for row in range(SINCOS_ROWS):
+        for j in range(SINCOS_PIECES):
+            end = SINCOS_ROW_SPAN * row + SINCOS_PIECE_BITS * (j + 1)  # last digit's index
+            table[row, j] = math.ldexp((digits >> (nbits - end)) & mask, -end)
+    return table
+
+
+_SINCOS = sincos_table()  # read at constant indices only: numba folds them into the code
+_SINCOS_SPLIT = 1.5 * 2.0**25  # (p + this) - this rounds |p| < 2**24 to a multiple of 2**-27
+_PIO2 = math.pi / 2
 _QUARTER = 0.25
 _FOUR = 4.0
 # sin(r) = r * (1 + r**2 * S(r**2)), cos(r) = 1 - r**2/2 + r**4 * C(r**2), |r| <= pi/4
@@ -415,16 +463,43 @@ def fast_erf_f32(x: np.float32) -> np.float32:
 
 
 @_jit
+def _sincos_piece(d: int | np.integer, j: int) -> float:
+    """Piece ``j`` of the row of ``d = E - 152`` (selects, which vectorise to blends)."""
+    c = _SINCOS[0, j]
+    c = _SINCOS[1, j] if d >= SINCOS_ROW_SPAN else c
+    c = _SINCOS[2, j] if d >= 2 * SINCOS_ROW_SPAN else c
+    return _SINCOS[3, j] if d >= 3 * SINCOS_ROW_SPAN else c
+
+
+@_jit
 def _sincos_reduce(x: np.float32) -> tuple[float, float, float]:
-    """(sin r, cos r, q) in float64 with x = r + (4n + q) * pi/2, |r| <= pi/4."""
+    """(sin r, cos r, q) in float64 with x = r + (4n + q) * pi/2, |r| <= pi/4 (+ 2**-27).
+
+    x * 2/pi = p1 + p2 + p3 + p4 (mod 4) with p_j = x * piece_j, each product exact.  With
+    d = E - 152 in [0, 26) past the row's first exponent, p1 < 2**51 is a multiple of
+    2**(d - 27), p2 < 2**22 one of 2**(d - 56), p3 < 2**-7, p4 < 2**-36.  p1 - k1, its
+    fraction, is exact; p2 is split at 2**-27 (p2_hi, exact, and p2 - p2_hi) so that
+    t = (p1 - k1) + p2_hi is exact (multiples of 2**-27 below 2**23; for d < 0, |x| < 2**25,
+    it is exact from |x| >= 1 on, and below that nothing cancels); k2 = rint(t + p3) and
+    t - k2 are exact; the last three additions either cancel exactly (Sterbenz) or round
+    relative to a result of their own size.  So f = x * 2/pi - k carries an absolute error
+    below 2**-65 + 2**-52 |f|, while |f| >= 2**-29.86 for every float32 with k != 0 (the
+    closest, x = 16367173 * 2**72, found by an exhaustive search in exact integer arithmetic,
+    which the tests repeat).  NaN and +-inf give NaN (inf - inf)."""
+    d = ((_float_bits(x) >> 23) & 0xFF) - _SINCOS_FIRST_EXPONENT
     xd = np.float64(x)
-    k = np.rint(xd * _TWO_OVER_PI)
-    r = ((xd - k * _PIO2_1) - k * _PIO2_2) - k * _PIO2_3
-    # beyond SINCOS_ACCURATE_MAX r is inexact: keep it in range so the result stays in [-1, 1]
-    # (comparisons are false for NaN, which passes through)
-    r = _PIO4 if r > _PIO4 else r  # noqa: FURB136 (min() would not keep NaN)
-    r = -_PIO4 if r < -_PIO4 else r  # noqa: FURB136
-    q = k - _FOUR * np.floor(k * _QUARTER)  # k mod 4, exact in float64 for any k
+    p1 = xd * _sincos_piece(d, 0)
+    p2 = xd * _sincos_piece(d, 1)
+    p3 = xd * _sincos_piece(d, 2)
+    p4 = xd * _sincos_piece(d, 3)
+    k1 = np.rint(p1)
+    p2_hi = (p2 + _SINCOS_SPLIT) - _SINCOS_SPLIT
+    t = (p1 - k1) + p2_hi
+    k2 = np.rint(t + p3)
+    f = (((t - k2) + (p2 - p2_hi)) + p3) + p4  # x * 2/pi - k, |f| <= 1/2 + 2**-28
+    k = k1 + k2  # < 2**52: exact
+    r = f * _PIO2
+    q = k - _FOUR * np.floor(k * _QUARTER)  # k mod 4, exact in float64
     r2 = r * r
     s = r + r * (r2 * (_SIN_S0 + r2 * (_SIN_S1 + r2 * (_SIN_S2 + r2 * _SIN_S3))))
     c = 1.0 - 0.5 * r2 + (r2 * r2) * (_COS_C0 + r2 * (_COS_C1 + r2 * (_COS_C2 + r2 * _COS_C3)))
@@ -433,7 +508,7 @@ def _sincos_reduce(x: np.float32) -> tuple[float, float, float]:
 
 @_jit
 def fast_sin_f32(x: np.float32) -> np.float32:
-    """sin(x) in float32, <= 1 ulp for |x| <= SINCOS_ACCURATE_MAX; sin(+-inf) = nan."""
+    """sin(x) in float32, <= 1 ulp over every finite float32; sin(+-inf) = nan."""
     s, c, q = _sincos_reduce(x)
     odd = (q == 1.0) | (q == 3.0)
     y = c if odd else s
@@ -444,7 +519,7 @@ def fast_sin_f32(x: np.float32) -> np.float32:
 
 @_jit
 def fast_cos_f32(x: np.float32) -> np.float32:
-    """cos(x) in float32, <= 1 ulp for |x| <= SINCOS_ACCURATE_MAX; cos(+-inf) = nan."""
+    """cos(x) in float32, <= 1 ulp over every finite float32; cos(+-inf) = nan."""
     s, c, q = _sincos_reduce(x)
     odd = (q == 1.0) | (q == 3.0)
     y = s if odd else c

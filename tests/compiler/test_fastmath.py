@@ -12,7 +12,9 @@ is the distance in float32 ulp between the result and the reference (the distanc
 bit patterns read as ordered integers, so it counts denormal steps too).  Inputs: every 97th bit
 pattern of the whole float32 line (44 million values), every value within 2**15 bit patterns of
 each helper's critical points (range-reduction boundaries, overflow/underflow thresholds,
-saturation points, 0, 1), and special values.  Besides the ulp bound, NaN must map to NaN,
+saturation points, 0, 1), and special values; for sin and cos also every 31st float32 from 2**25
+up (where their reduction drops whole turns) and the float32 closest to a multiple of pi/2 in
+each binade, found by an exact search.  Besides the ulp bound, NaN must map to NaN,
 infinities and signed zeros must match the reference exactly.
 
 Compiled loops are built once per module (fixtures), so the module takes seconds, not minutes.
@@ -44,6 +46,15 @@ FLT_MAX = float(np.finfo(np.float32).max)
 FLT_MIN = float(np.finfo(np.float32).tiny)
 DENORMAL_MIN = float(np.finfo(np.float32).smallest_subnormal)
 
+# sin/cos: where their reduction starts dropping whole turns (2**25), where it changes rows of its
+# table (2**51, 2**77, 2**103), the float32 closest to a multiple of pi/2, 1e30 (fuzz seed 301187)
+# and the old Cody-Waite reduction's limit (1.7e9), both signs
+SINCOS_BOUNDARIES = [
+    sign * v
+    for v in [1e4 * math.pi, 2.0**25, 2.0**51, 2.0**77, 2.0**103, 16367173 * 2.0**72, 1e30, 1.686e9]
+    for sign in (1, -1)
+]
+
 # Points around which every float32 (+-WINDOW bit patterns) is tested, per helper.
 CRITICAL_POINTS: dict[str, list[float]] = {
     "exp": [0.0, -0.0, 0.34657, -0.34657, 88.72283935546875, -87.33654, -103.97208, 1.0],
@@ -53,8 +64,8 @@ CRITICAL_POINTS: dict[str, list[float]] = {
     "tanh": [0.0, -0.0, fastmath.TANH_POLY_MAX, -fastmath.TANH_POLY_MAX, 9.01, -9.01, 1e-4],
     "sigmoid": [0.0, -0.0, -87.33654, -103.27893, 16.635532, -16.635532, 88.72283935546875],
     "erf": [0.0, -0.0, fastmath.ERF_POLY_MAX, -fastmath.ERF_POLY_MAX, 3.9192, -3.9192, 4.0],
-    "sin": [0.0, -0.0, math.pi / 4, math.pi / 2, math.pi, 3 * math.pi / 4, 1e4 * math.pi, 1e5],
-    "cos": [0.0, -0.0, math.pi / 4, math.pi / 2, math.pi, 3 * math.pi / 4, 1e4 * math.pi, 1e5],
+    "sin": [0.0, -0.0, math.pi / 4, math.pi / 2, math.pi, 3 * math.pi / 4, 1e5, *SINCOS_BOUNDARIES],
+    "cos": [0.0, -0.0, math.pi / 4, math.pi / 2, math.pi, 3 * math.pi / 4, 1e5, *SINCOS_BOUNDARIES],
     "sqrt": [0.0, -0.0, FLT_MIN, 1.0, 2.0, FLT_MAX],
 }
 
@@ -145,11 +156,8 @@ def _apply(loop: Callable[..., Any], x: np.ndarray) -> np.ndarray:
 
 
 def _check(name: str, x: np.ndarray, got: np.ndarray, what: str) -> int:
-    """Assert classes match; return the max ulp error (sin/cos: inside their accurate range)."""
+    """Assert classes match; return the max ulp error."""
     ref = reference(name, x)
-    if name in ("sin", "cos"):
-        beyond = np.abs(x) > fastmath.SINCOS_ACCURATE_MAX
-        got, ref, x = got[~beyond], ref[~beyond], x[~beyond]
     worst, at, mismatch = _compare(x, got, ref)
     assert mismatch < 0, (
         f"{name}({x[mismatch]!r}) = {got[mismatch]!r}, numpy: {ref[mismatch]!r} ({what})"
@@ -215,8 +223,12 @@ def test_helpers_keep_their_flags_in_a_reassociating_caller(name: str) -> None:
         ("sigmoid", np.inf, 1.0), ("sigmoid", -np.inf, 0.0), ("sigmoid", -0.0, 0.5),
         ("sigmoid", -100.0, 3.8e-44),
         ("erf", np.inf, 1.0), ("erf", -np.inf, -1.0), ("erf", -0.0, -0.0), ("erf", 4.0, 1.0),
-        ("sin", np.inf, np.nan), ("sin", -0.0, -0.0), ("sin", DENORMAL_MIN, DENORMAL_MIN),
-        ("cos", np.inf, np.nan), ("cos", -np.inf, np.nan), ("cos", -0.0, 1.0),
+        ("sin", np.inf, np.nan), ("sin", -np.inf, np.nan), ("sin", -0.0, -0.0),
+        ("sin", DENORMAL_MIN, DENORMAL_MIN), ("sin", -DENORMAL_MIN, -DENORMAL_MIN),
+        ("sin", FLT_MAX, -0.521876514), ("sin", -FLT_MAX, 0.521876514),
+        ("cos", np.inf, np.nan), ("cos", -np.inf, np.nan), ("cos", -0.0, 1.0), ("cos", 0.0, 1.0),
+        ("cos", FLT_MAX, 0.853021026), ("cos", -FLT_MAX, 0.853021026),
+        ("cos", 1e30, -0.611604798),
         ("sqrt", -1.0, np.nan), ("sqrt", -0.0, -0.0), ("sqrt", np.inf, np.inf),
     ],
 )  # fmt: skip
@@ -234,34 +246,116 @@ def test_edge_values_exactly(
         )
 
 
+# ---- sin/cos over the whole line: huge arguments -------------------------------------------
+
+
+@numba.njit(error_model="numpy")
+def _closest_to_quarter_turns(limbs: np.ndarray, out: np.ndarray) -> None:
+    """For each biased exponent e (rows of ``limbs``: 96 bits of 2/pi as three 32-bit limbs,
+    starting after the digits that only add whole turns for that exponent), the mantissa M of
+    the float32 M * 2**(e - 150) whose x * 2/pi is closest to an integer, and that distance in
+    units of 2**-62: exact integer arithmetic (M * window mod 2**96), no floating point."""
+    mask32 = np.uint64(0xFFFFFFFF)
+    frac_mask = np.uint64((1 << 62) - 1)
+    half = np.uint64(1 << 61)
+    for e in range(limbs.shape[0]):
+        w2, w1, w0 = limbs[e, 0], limbs[e, 1], limbs[e, 2]
+        best = np.uint64(1 << 62)
+        best_m = 0
+        for m_int in range(1 << 23, 1 << 24):
+            m = np.uint64(m_int)
+            lo = m * w0
+            mid = m * w1 + (lo >> np.uint64(32))
+            hi = m * w2 + (mid >> np.uint64(32))
+            frac = ((hi << np.uint64(32)) | (mid & mask32)) & frac_mask  # 62 fraction bits
+            dist = np.uint64(1 << 62) - frac if frac >= half else frac
+            if dist < best:
+                best = dist
+                best_m = m_int
+        out[e, 0] = best_m
+        out[e, 1] = np.int64(best)
+
+
+def _closest_float32s_to_quarter_turns(first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
+    """(x, |x * 2/pi - k|) for the float32 closest to a multiple of pi/2 in each binade of biased
+    exponent first..last (``fastmath.two_over_pi_bits`` is checked against mpmath separately)."""
+    nbits = 320
+    digits = fastmath.two_over_pi_bits(nbits)
+    limbs = np.zeros((last - first + 1, 3), dtype=np.uint64)
+    for row, e in enumerate(range(first, last + 1)):
+        # digits from index e - 151 on (weight 2**-(e - 151)); those before add multiples of 4
+        shift = nbits - (e - 152 + 96)
+        window = (digits >> shift if shift >= 0 else digits << -shift) & ((1 << 96) - 1)
+        limbs[row] = [(window >> 64) & 0xFFFFFFFF, (window >> 32) & 0xFFFFFFFF, window & 0xFFFFFFFF]
+    out = np.zeros((last - first + 1, 2), dtype=np.int64)
+    _closest_to_quarter_turns(limbs, out)
+    x = np.array(
+        [math.ldexp(int(m), e - 150) for m, e in zip(out[:, 0], range(first, last + 1))],
+        dtype=np.float32,
+    )
+    return x, out[:, 1].astype(np.float64) * 2.0**-62
+
+
+def test_two_over_pi_digits_match_mpmath() -> None:
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workprec(400):
+        want = int(mpmath.floor(2 / mpmath.pi * mpmath.mpf(2) ** 320))
+    assert fastmath.two_over_pi_bits(320) == want  # the exact search's digits
+    assert fastmath.two_over_pi_bits(256) == want >> 64  # the module's
+    # the table's pieces are those digits, 29 at a time, each exact in float64
+    table = fastmath.sincos_table()
+    for row in range(fastmath.SINCOS_ROWS):
+        for j in range(fastmath.SINCOS_PIECES):
+            end = fastmath.SINCOS_ROW_SPAN * row + fastmath.SINCOS_PIECE_BITS * (j + 1)
+            piece = (want >> (320 - end)) & ((1 << fastmath.SINCOS_PIECE_BITS) - 1)
+            assert table[row, j] == math.ldexp(piece, -end)
+
+
 @pytest.mark.parametrize("name", ["sin", "cos"])
-def test_sincos_beyond_accurate_range_is_bounded(
+def test_sincos_closest_to_multiples_of_pi_over_2(
     name: str, loops: dict[str, Callable[..., Any]]
 ) -> None:
-    """Beyond SINCOS_ACCURATE_MAX the result is not accurate, but finite and in [-1, 1]."""
-    lo = int(np.array(fastmath.SINCOS_ACCURATE_MAX, dtype=np.float32).view(np.uint32)) + 1
+    """The float32s with the most cancellation in the reduction: in every binade from 0.5 up, the
+    one closest to a multiple of pi/2 (and every float32 within 2**10 bit patterns of it), both
+    signs.  The closest of all, 16367173 * 2**72, is 2**-29.86 (in units of pi/2) from one, the
+    bound ``fastmath._sincos_reduce`` relies on."""
+    x, dist = _closest_float32s_to_quarter_turns(126, 254)
+    assert math.log2(dist.min()) == pytest.approx(-29.8575, abs=1e-3)
+    assert x[np.argmin(dist)] == np.float32(16367173 * 2.0**72)
+    centres = x.view(np.uint32).astype(np.int64)
+    bits = (centres[:, None] + np.arange(-1024, 1025)).reshape(-1)
+    near = bits[bits < 0x7F800000].astype(np.uint32).view(np.float32)
+    near = np.concatenate([near, -near])
+    _check(name, near, _apply(loops[name], near), "closest to multiples of pi/2")
+
+
+@pytest.mark.parametrize("name", ["sin", "cos"])
+def test_sincos_dense_in_the_large_binades(
+    name: str, loops: dict[str, Callable[..., Any]], record_property: Any
+) -> None:
+    """Every 31st float32 from 2**25 (where the reduction starts dropping whole turns) to the
+    largest, alternately negated: 28 million inputs through every row of the reduction's table."""
+    lo = int(np.array(2.0**25, dtype=np.float32).view(np.uint32))
     hi = int(np.array(FLT_MAX, dtype=np.float32).view(np.uint32))
-    bits = np.arange(lo, hi + 1, 101, dtype=np.uint32)
-    x = np.concatenate([bits.view(np.float32), -bits.view(np.float32)])
-    got = _apply(loops[name], x)
-    assert np.all(np.isfinite(got)) and np.all(np.abs(got) <= 1.0)
+    worst = 0
+    for start in range(lo, hi + 1, CHUNK * 31):
+        bits = np.arange(start, min(start + CHUNK * 31, hi + 1), 31, dtype=np.uint32)
+        x = bits.view(np.float32).copy()
+        x[1::2] *= -1
+        worst = max(worst, _check(name, x, _apply(loops[name], x), "large binades"))
+    record_property("max_ulp", worst)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fuzz seed 301187: float32 sin/cos beyond SINCOS_ACCURATE_MAX are not numpy's, so "
-    "compiled cos(1e30) (-0.61 in numpy) moves amin's argmin and its gradient; needs an exact "
-    "reduction there (Payne-Hanek) or libm for those lanes",
-)
 @pytest.mark.parametrize("name", ["sin", "cos"])
-def test_sincos_beyond_accurate_range_match_numpy(
-    name: str, loops: dict[str, Callable[..., Any]]
-) -> None:
-    """Compiled code must give eager's values: float32 inputs beyond SINCOS_ACCURATE_MAX are
-    whole numbers, but still inputs a program can meet (a 1e30 in the fuzz's data)."""
-    x = np.array([1e30, -3e12, 2.5e9, FLT_MAX], dtype=np.float32)
-    want = getattr(np, name)(x.astype(np.float64)).astype(np.float32)
-    np.testing.assert_allclose(_apply(loops[name], x), want, rtol=1e-6, atol=1e-7)
+def test_sincos_huge_arguments_match_eager(name: str, loops: dict[str, Callable[..., Any]]) -> None:
+    """Compiled code gives eager's values for inputs a program can meet however large (fuzz seed
+    301187: compiled cos(1e30) was not numpy's -0.61 and moved amin's argmin and its gradient).
+    Eager float32 sin/cos is numpy's float32 loop: within one ulp of it."""
+    x = np.array([1e30, -1e30, -3e12, 2.5e9, FLT_MAX, -FLT_MAX, 16367173 * 2.0**72], np.float32)
+    got = _apply(loops[name], x)
+    eager = getattr(np, name)(x)
+    ulps = np.abs(got.view(np.int32).astype(np.int64) - eager.view(np.int32).astype(np.int64))
+    assert np.all(np.sign(got) == np.sign(eager)) and ulps.max() <= 1, (x, got, eager)
 
 
 # ---- vectorisation ------------------------------------------------------------------------------
