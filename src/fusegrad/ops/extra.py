@@ -974,6 +974,7 @@ INPLACE_NAMES = (
     "index_reduce"
 ).split()
 
+
 def _tensor_where(self: Tensor, condition: Any, other: Any) -> Tensor:
     """``x.where(condition, y)``: PyTorch's ``torch.where(condition, x, y)`` (the tensor is the
     values where ``condition`` holds, not the condition)."""
