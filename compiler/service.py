@@ -26,6 +26,7 @@ compilation service".
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import sys
@@ -140,6 +141,9 @@ class BackgroundBuild:
         # uncompiled beside it; ``ready`` is set once a program is published or the job is done
         self.loading = False
         self.ready = threading.Event()
+        # waiting for a worker process (no numba on this thread meanwhile: a process that
+        # exits need not wait for it, ``_finish_compiles_at_exit``)
+        self.waiting = False
         with _jobs_lock:
             _jobs.add(self)
             numba_cpu.background_compiles += 1  # (serial kernels meanwhile: ``use_parallel``)
@@ -188,12 +192,21 @@ def _compile(
         job.loading = launch is not None and workers.compiled_before(program)
     try:
         if launch is not None:
-            why = workers.compile_elsewhere(program, prepare_args, launch)
+            if job is not None:
+                job.waiting = True
+            try:
+                why = workers.compile_elsewhere(program, prepare_args, launch)
+            finally:
+                if job is not None:
+                    job.waiting = False
             if why is not None:
                 logs.log("perf", f"compiled on a thread, not in a worker process: {why}")
     finally:
         if launch is not None:
             launch.done()
+    if launch is not None and _exiting.is_set():
+        # (the process ends: the worker filled the cache for the next one)
+        raise RuntimeError("the process is exiting: the program was not loaded")
     program.prepare(*prepare_args)
 
 
@@ -505,6 +518,39 @@ def wait_for_compiles(timeout: float | None = None) -> bool:
         pending.done.wait(left)
 
 
+# How long a process that exits waits for the background compiles still running on its threads
+# (``_finish_compiles_at_exit``); set once it exits, so that a job whose worker process
+# finishes afterwards loads nothing.
+EXIT_WAIT_S = 60.0
+_exiting = threading.Event()
+
+
+@atexit.register
+def _finish_compiles_at_exit() -> None:
+    """A process that exits waits for its background compiles running numba on their threads
+    (not for those waiting for a worker process), at most ``EXIT_WAIT_S``.  The
+    compile threads are daemons: one still running when Python finalises is stopped where it
+    next takes the GIL, and when that is inside a callback from LLVM's C++ (numba's object
+    cache hooks, called while machine code is emitted or loaded) the stop unwinds through C++
+    frames and aborts the process ("terminate called without an active exception": a rank of
+    the distributed benchmark, once in CI, after it had printed its results).  Waiting also
+    leaves the finished code in the disk cache for the next run."""
+    _exiting.set()  # (a job whose worker returns after this loads nothing)
+    deadline = time.monotonic() + EXIT_WAIT_S
+    said = False
+    while time.monotonic() < deadline:
+        with _jobs_lock:
+            # (a job waiting for its worker process runs no numba code; the worker goes on
+            # and fills the cache for the next run, as a script that ends early wants)
+            busy = [j for j in _jobs if not j.waiting]
+        if not busy:
+            return
+        if not said:
+            logs.log("perf", f"waiting for {len(busy)} background compile(s) before exit")
+            said = True
+        busy[0].done.wait(0.05)
+
+
 @dataclass
 class Background:
     """How ``Service.obtain`` may compile a program off the caller's thread.
@@ -771,7 +817,11 @@ class Service:
                 # the interpreter, compiling in a worker since the step's first call
                 # (``workers.warm_interpreter``): the program's worker loads it rather than
                 # compiles it a second time
-                workers.wait_for_warming()
+                job.waiting = True
+                try:
+                    workers.wait_for_warming()
+                finally:
+                    job.waiting = False
             larger = _generates_more(program, prepare_args[3])
             to_larger = {"interpreter_max_elements": GENERATED_ABOVE}
             what: str | None = None

@@ -726,3 +726,61 @@ def test_a_remembered_choice_belongs_to_the_code_generators_that_measured_it(
     assert len(_service._codegen_stamp()) == 16
     monkeypatch.setattr(_service, "_stamp", ["another generator"])
     assert _service.remembered_choice(first, "native segments") is None  # type: ignore[arg-type]
+
+
+_EXIT_CHILD = """
+import sys, time
+import numpy as np
+import fusegrad as fg
+from fusegrad import compiler
+from fusegrad.compiler.program import Program
+from fusegrad.compiler.settings import config
+
+config.background_compile = True
+config.compile_workers = False
+config.native_programs = False
+prepare = Program.prepare
+
+def slow(self, *args, **kwargs):
+    time.sleep(1.0)  # (the compile still runs when the script ends)
+    result = prepare(self, *args, **kwargs)
+    with open(sys.argv[1], "a") as f:
+        f.write("prepared\\n")
+    return result
+
+Program.prepare = slow
+model = fg.nn.Linear(5, 3).double()
+opt = fg.optim.SGD(model.parameters(), lr=0.1)
+
+@fg.compile
+def step(x):
+    opt.zero_grad()
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    return loss
+
+x = fg.randn(4, 5, dtype=fg.float64)
+for _ in range(3):
+    step(x)
+assert compiler.counters.background_compiles == 1
+print("exiting")
+"""
+
+
+def test_a_script_that_ends_waits_for_its_background_compiles(tmp_path: Path) -> None:
+    """The compile threads are daemons; a script that ends while one runs waits for it
+    (``service._finish_compiles_at_exit``) rather than have Python stop it mid-compile (which
+    can abort the process from inside LLVM), and exits cleanly with the compile done."""
+    import os
+    import subprocess
+
+    script, marker = tmp_path / "child.py", tmp_path / "prepared.txt"
+    script.write_text(_EXIT_CHILD)
+    env = dict(os.environ, FUSEGRAD_CACHE_DIR=str(tmp_path / "cache"))
+    done = subprocess.run(
+        [sys.executable, str(script), str(marker)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "exiting" in done.stdout
+    assert marker.exists() and marker.read_text().count("prepared") >= 1
