@@ -21,6 +21,7 @@ import fusegrad.distributed as dist
 import fusegrad.distributed.autograd as dist_autograd
 import fusegrad.distributed.rpc as rpc
 import fusegrad.nn as nn
+from fusegrad.distributed import _rpc_agent
 from fusegrad.distributed.optim import DistributedOptimizer
 
 TIGHT = {"rtol": 1e-12, "atol": 1e-14}
@@ -32,7 +33,17 @@ def workers(request: pytest.FixtureRequest) -> Iterator[None]:
 
     rank = MPI.COMM_WORLD.Get_rank()
     options = rpc.RpcBackendOptions(rpc_timeout=30)
-    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=2, rpc_backend_options=options)
+    start = _rpc_agent.Agent.start
+
+    def recorded(agent: _rpc_agent.Agent) -> None:
+        STARTED.append(_rpc_agent._running.agent is agent)
+        start(agent)
+
+    _rpc_agent.Agent.start = recorded  # type: ignore[method-assign]
+    try:
+        rpc.init_rpc(f"worker{rank}", rank=rank, world_size=2, rpc_backend_options=options)
+    finally:
+        _rpc_agent.Agent.start = start  # type: ignore[method-assign]
     yield
     if request.session.testsfailed:
         return  # the other rank may be elsewhere: conftest.py aborts the job instead
@@ -120,6 +131,18 @@ def fails_in_backward(x: fg.Tensor) -> fg.Tensor:
 
 
 # -- rpc ---------------------------------------------------------------------------------------
+# whether the agent was this worker's running agent when it started serving (``workers``)
+STARTED: list[bool] = []
+
+
+def test_a_worker_serves_calls_only_once_its_agent_is_running() -> None:
+    """A peer whose ``init_rpc`` returned first may call in at once: the call must find this
+    worker's agent (``get_worker_info`` in the called function raised "RPC has not been
+    initialized" once in CI when the agent served before it was set)."""
+    assert STARTED == [True]
+    assert rpc.rpc_sync(other(), whoami) == other()
+
+
 def test_rpc_sync_async_then_and_calls_to_self() -> None:
     a, b = fg.tensor([1.0, 2.0]), fg.tensor([10.0, 20.0])
     assert rpc.rpc_sync(other(), add, args=(a, b)).tolist() == [11.0, 22.0]

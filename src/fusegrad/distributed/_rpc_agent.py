@@ -346,6 +346,11 @@ class Agent:
         self.thread = threading.Thread(
             target=self._progress, name="fusegrad-rpc-progress", daemon=True
         )
+
+    def start(self) -> None:
+        """Start serving requests: after ``set_running(self)``, so that a function another
+        worker calls here finds this worker's agent (``get_worker_info``: a peer whose
+        ``init_rpc`` returned first could call in before it was set)."""
         self.thread.start()
 
     @property

@@ -137,7 +137,9 @@ def init_rpc(
             comm.Free()
             raise ValueError(f"init_rpc: worker names must be unique, got {names}")
         _dist_context.set_worker_id(me)
-        set_running(Agent(comm, names, float(options.rpc_timeout), int(options.num_worker_threads)))
+        agent = Agent(comm, names, float(options.rpc_timeout), int(options.num_worker_threads))
+        set_running(agent)
+        agent.start()
 
 
 def shutdown(graceful: bool = True, timeout: float = 0) -> None:
