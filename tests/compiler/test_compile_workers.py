@@ -351,3 +351,48 @@ def test_a_later_candidates_worker_leaves_the_slot_to_a_waiting_first_program(
     thread.join(30)
     assert first and not workers.first_waiting(directory)
     os.close(first[0])
+
+
+def test_a_program_without_generated_code_is_named_alike_by_a_worker(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``workers.identity`` of a program with no generated module (every kernel interpreted)
+    is its pickled graph: the same after the round trip a worker's copy went through, so the
+    worker's marker (and a trial's remembered choice) names it in the next process too -- the
+    raw bytes differed, and such a step started a worker in every process."""
+    import pickle
+
+    monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(config, "background_compile", True)
+    monkeypatch.setattr(config, "compile_workers", True)
+    seen: list = []
+    elsewhere = workers.compile_elsewhere
+
+    def recorded(program: Program, *args: Any) -> Any:
+        seen.append(program)
+        return elsewhere(program, *args)
+
+    monkeypatch.setattr(workers, "compile_elsewhere", recorded)
+    x, w = fg.randn(64, requires_grad=True), fg.randn(64)
+    opt = fg.optim.SGD([x], lr=0.1)
+
+    @fg.compile
+    def step() -> fg.Tensor:
+        opt.zero_grad()
+        h = x
+        for _ in range(5):
+            h = (h * w + 0.1).tanh()
+        loss = h.sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(4):
+        step()
+    assert compiler.wait_for_compiles(300)
+    plain = [p for p in seen if not p.source_path]
+    assert plain, [p.source_path for p in seen]
+    for program in plain:
+        graph, settings = pickle.loads(pickle.dumps((program.graph, program.settings)))
+        assert workers.identity(Program(graph, **settings)) == workers.identity(program)
+        assert workers.compiled_before(program)
