@@ -141,6 +141,9 @@ class BackgroundBuild:
         # uncompiled beside it; ``ready`` is set once a program is published or the job is done
         self.loading = False
         self.ready = threading.Event()
+        # set once ``loading`` is known (the first program's compile starts, the job waits for
+        # the interpreter's worker, publishes or ends): a call waits for that first
+        self.decided = threading.Event()
         # waiting for a worker process (no numba on this thread meanwhile: a process that
         # exits need not wait for it, ``_finish_compiles_at_exit``)
         self.waiting = False
@@ -161,6 +164,7 @@ class BackgroundBuild:
             self.first = program
             self.origin = origin
             self.ready.set()
+            self.decided.set()
             notice.stop()
 
         try:
@@ -174,6 +178,7 @@ class BackgroundBuild:
                 numba_cpu.background_compiles -= 1
             self.done.set()
             self.ready.set()
+            self.decided.set()
             with _jobs_lock:
                 _jobs.discard(self)
 
@@ -190,6 +195,7 @@ def _compile(
     whether a worker compiled it before (then this only loads it)."""
     if job is not None and job.first is None:
         job.loading = launch is not None and workers.compiled_before(program)
+        job.decided.set()
     try:
         if launch is not None:
             if job is not None:
@@ -760,10 +766,14 @@ class Service:
         job = slot.job
         if job is not None:
             if not job.done.is_set():
-                if job.first is None and job.loading:
+                if job.first is None:
                     # (only loading the disk cache's code: on its own the thread is done in a
-                    # fraction of the time it takes beside calls run uncompiled)
-                    job.ready.wait(LOAD_WAIT)
+                    # fraction of the time it takes beside calls run uncompiled; whether it
+                    # only loads is known once it has built its first program)
+                    deadline = time.monotonic() + LOAD_WAIT
+                    job.decided.wait(LOAD_WAIT)
+                    if job.loading:
+                        job.ready.wait(max(0.0, deadline - time.monotonic()))
                 if job.first is not None:  # (compiled; its native segments are compiling)
                     return job.first, True
                 if not job.done.is_set():
@@ -818,6 +828,8 @@ class Service:
                 # (``workers.warm_interpreter``): the program's worker loads it rather than
                 # compiles it a second time
                 job.waiting = True
+                if workers.warming():  # (it compiles: the interpreter is not on disk yet)
+                    job.decided.set()
                 try:
                     workers.wait_for_warming()
                 finally:

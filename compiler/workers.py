@@ -270,6 +270,12 @@ def warm_interpreter(dtype: str) -> None:
     logs.log("perf", f"warming the interpreter ({dtype}) in worker process {_warming[dtype].pid}")
 
 
+def warming() -> bool:
+    """Whether a worker ``warm_interpreter`` started is still compiling."""
+    with _warming_lock:
+        return any(proc.poll() is None for proc in _warming.values())
+
+
 def wait_for_warming() -> None:
     """Wait for the workers ``warm_interpreter`` started (without the GIL)."""
     with _warming_lock:

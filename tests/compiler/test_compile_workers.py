@@ -141,6 +141,13 @@ def test_a_call_waits_for_a_program_the_cache_only_loads(
         return prepare(self, *args, **kwargs)
 
     monkeypatch.setattr(Program, "prepare", slow)
+    before = workers.compiled_before
+
+    def late(program: Program) -> bool:
+        time.sleep(0.2)  # (a busy machine: the job decides after the next call has begun)
+        return before(program)
+
+    monkeypatch.setattr(workers, "compiled_before", late)
     uncompiled: list = []
     got = _train(True, 8, wait=False, uncompiled=uncompiled)
     # the third call starts the job and runs uncompiled; the fourth waits and runs compiled
