@@ -56,6 +56,7 @@ from fusegrad.autograd.api import grad as _grad
 from fusegrad.autograd.function import FunctionCtx
 from fusegrad.autograd.graph_base import AccumulateGrad, Node
 from fusegrad.autograd.node import _freed_message
+from fusegrad.dtypes import get_default_dtype
 from fusegrad.errors import AutogradError
 from fusegrad.nn.module import Module
 from fusegrad.tensor import Tensor
@@ -1017,6 +1018,10 @@ class OptimizedModule(Module):
         object.__setattr__(self, "_dynamics", [])
         # fast guards of the latest replayed keys (``guard.FastGuard``)
         object.__setattr__(self, "_guards", Guards())
+        if mode != "debug":  # (as ``step.CompiledFunction``: the interpreter's worker starts now)
+            from . import workers
+
+            workers.warm_interpreter(get_default_dtype().name)
 
     # -- the original's state, not a copy -------------------------------------------------------
     @property

@@ -239,7 +239,7 @@ def _quick_first(program: Program) -> Program | None:
     interpretable kernel interpreted and the rest by eager kernels (``Program.quick``), which
     generates no code.  Measured on the GPT step, cold: the program of steps generates 20 row
     kernels, about 15 s of numba's compile in a worker; the quick tier runs from the first call
-    after the interpreter's compile (a worker started by the step's first call)."""
+    after the interpreter's compile (a worker started when the step was wrapped)."""
     if (
         config.quick_programs is not None
         or not program.settings["hot"]
@@ -824,7 +824,7 @@ class Service:
         def _work(publish: Publish, job: BackgroundBuild) -> Program:
             program = built if built is not None else build()
             if in_worker:
-                # the interpreter, compiling in a worker since the step's first call
+                # the interpreter, compiling in a worker since the step was wrapped
                 # (``workers.warm_interpreter``): the program's worker loads it rather than
                 # compiles it a second time
                 job.waiting = True

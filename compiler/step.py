@@ -516,6 +516,11 @@ class CompiledFunction:
         # fast guards of the latest replayed keys (``guard.FastGuard``)
         self.guards = Guards()
         self.__wrapped__ = fn
+        if mode != "debug":
+            # the interpreter's own compile (once per machine, several seconds) starts now, in
+            # a worker, not at the first call: a script builds its model and data between
+            # (``workers.warm_interpreter``; the first call tries again for another dtype)
+            workers.warm_interpreter(get_default_dtype().name)
 
     def name(self) -> str:
         return str(getattr(self.fn, "__qualname__", self.fn))

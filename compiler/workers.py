@@ -25,8 +25,9 @@ that fails (a graph that does not pickle, an error in the worker) is no error: i
 to the ``perf`` log, and the thread compiles as before.
 
 The interpreter's own compile (``codegen.interpreter``: several seconds, once per machine)
-gets a worker of its own at the first call of a compiled step (``warm_interpreter``), ahead of
-any program: it overlaps that call and the recording instead of following them, and the
+gets a worker of its own when ``fusegrad.compile`` wraps a step or a module (``warm_interpreter``;
+a step's first call asks again), ahead of any program: it overlaps the script's set-up, the first
+call and the recording instead of following them, and the
 program's worker then loads the interpreter instead of compiling it (measured on the cold GPT
 step: the program's worker took 11.6-12.5 s instead of 16-17).
 
@@ -231,10 +232,11 @@ def _interpreter_marker(directory: str, dtype: str) -> str:
 
 def warm_interpreter(dtype: str) -> None:
     """Start a worker that compiles the interpreter's core machine for ``dtype`` into the disk
-    cache, and return at once: called by the first call of a compiled step (it runs eagerly,
-    then the next records, then a background compile starts), so that the interpreter's own
-    compile (about 4.3 s, once per machine) overlaps that first call instead of following it,
-    and the program's worker finds it on disk.  Nothing is started when
+    cache, and return at once: called when ``fusegrad.compile`` wraps a step or a module and
+    by a step's first call (it runs eagerly, then the next records, then a background compile
+    starts), so that the interpreter's own compile (about 4.3 s, once per machine) overlaps the
+    script's set-up and that first call instead of following them, and the program's worker
+    finds it on disk.  Nothing is started when
     workers are off, there is no disk cache, the interpreter is loaded in this process, a
     worker warmed it before (its marker file) or is warming it now."""
     if (

@@ -82,32 +82,46 @@ def test_the_first_call_warms_the_interpreter_in_a_worker(
     assert _interpreter_compiles(cold)[0] >= 1
 
 
-def test_a_compiled_steps_first_call_asks_for_the_interpreter(
+def test_compiling_a_step_or_module_asks_for_the_interpreter_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The first call of a compiled step (it runs eagerly; a recording and a background compile
-    follow) asks ``warm_interpreter`` for the default dtype's interpreter, once; later calls
-    do not ask again, and a ``mode="debug"`` step (no kernels) never asks."""
+    """``fusegrad.compile`` asks ``warm_interpreter`` for the default dtype's interpreter when it
+    wraps a step or a module (a script builds its model and data before the first call: the
+    interpreter's compile overlaps them), and a step's first call asks again (a no-op unless the
+    default dtype changed); later calls do not ask, and ``mode="debug"`` (no kernels) never
+    asks."""
     import fusegrad as fg
 
     asked: list[str] = []
     monkeypatch.setattr(workers, "warm_interpreter", asked.append)
-    w = fg.randn(4, 3, requires_grad=True)
-    opt = fg.optim.SGD([w], lr=0.1)
+    params: list[fg.Tensor] = []
 
     def step(x: fg.Tensor) -> fg.Tensor:
-        opt.zero_grad()
+        (w,) = params
+        w.grad = None
         loss = (x @ w).tanh().sum()
         loss.backward()
-        opt.step()
+        with fg.no_grad():
+            w -= 0.1 * w.grad
         return loss
 
     compiled = fg.compile(step)
-    for _ in range(3):
-        compiled(fg.randn(2, 4))
+    assert asked == ["float32"]
+    fg.set_default_dtype(fg.float64)
+    try:
+        params.append(fg.randn(4, 3, requires_grad=True))
+        for _ in range(3):
+            compiled(fg.randn(2, 4))
+    finally:
+        fg.set_default_dtype(fg.float32)
+    assert asked == ["float32", "float64"]
+    params[0] = fg.randn(4, 3, requires_grad=True)
+    asked.clear()
+    fg.compile(fg.nn.Linear(3, 2))
     assert asked == ["float32"]
     asked.clear()
     debug = fg.compile(step, mode="debug")
+    fg.compile(fg.nn.Linear(3, 2), mode="debug")
     for _ in range(3):
         debug(fg.randn(2, 4))
     assert asked == []
