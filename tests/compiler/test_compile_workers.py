@@ -124,8 +124,8 @@ def test_a_call_waits_for_a_program_the_cache_only_loads(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Where a worker compiled the program before, the background job only loads its code:
-    the call after the one that started it waits for that (``service.LOAD_WAIT``) and runs
-    compiled, rather than run uncompiled beside the load (and slow it: both need the GIL)."""
+    the call that started it waits for that (``service.LOAD_WAIT``) and runs compiled, rather
+    than run uncompiled beside the load (and slow it: both need the GIL)."""
     monkeypatch.setenv("FUSEGRAD_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(config, "background_compile", True)
     monkeypatch.setattr(config, "compile_workers", True)
@@ -150,8 +150,8 @@ def test_a_call_waits_for_a_program_the_cache_only_loads(
     monkeypatch.setattr(workers, "compiled_before", late)
     uncompiled: list = []
     got = _train(True, 8, wait=False, uncompiled=uncompiled)
-    # the third call starts the job and runs uncompiled; the fourth waits and runs compiled
-    assert uncompiled == [False, False, True] + [False] * 5, uncompiled
+    # the third call starts the job, waits for it and runs compiled
+    assert uncompiled == [False] * 8, uncompiled
     np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
     for g, w in zip(got[1], want[1]):
         np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
