@@ -40,6 +40,8 @@ from typing import Any
 import numba
 import numpy as np
 
+from fusegrad.dtypes import get_default_dtype
+
 from . import events, logs, workers
 from . import trace as _trace
 from .cache import LRU, KeyHistory, Programs, Slot
@@ -193,9 +195,15 @@ def _compile(
     """Run ``program`` once on the warm-up's scratch arrays, so that numba compiles (or loads)
     what it calls; with ``launch``, a worker process compiles it first and this thread loads
     the worker's code from the disk cache.  For ``job``'s first program, ``job.loading`` says
-    whether a worker compiled it before (then this only loads it)."""
+    whether this only loads it: a worker compiled it before, or it is a quick tier (no generated
+    code) whose interpreter is on disk (its load ran beside uncompiled calls before)."""
     if job is not None and job.first is None:
-        job.loading = launch is not None and workers.compiled_before(program)
+        if launch is not None:
+            job.loading = workers.compiled_before(program)
+        else:
+            job.loading = program.settings["quick"] and workers.interpreter_ready(
+                get_default_dtype().name
+            )
         job.decided.set()
     try:
         if launch is not None:

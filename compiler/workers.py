@@ -272,6 +272,15 @@ def warm_interpreter(dtype: str) -> None:
     logs.log("perf", f"warming the interpreter ({dtype}) in worker process {_warming[dtype].pid}")
 
 
+def interpreter_ready(dtype: str) -> bool:
+    """Whether the interpreter's core machine for ``dtype`` loads without a compile: this
+    process has it, or a worker left its marker beside the disk cache."""
+    if interpreter.loaded(core=True):
+        return True
+    directory = diskcache.cache_dir()
+    return directory is not None and os.path.exists(_interpreter_marker(directory, dtype))
+
+
 def warming() -> bool:
     """Whether a worker ``warm_interpreter`` started is still compiling."""
     with _warming_lock:

@@ -17,6 +17,7 @@ import pytest
 
 import fusegrad as fg
 from fusegrad import compiler
+from fusegrad.compiler import workers
 from fusegrad.compiler.passes.fuse import Extern
 from fusegrad.compiler.program import Program
 from fusegrad.compiler.settings import config
@@ -39,6 +40,9 @@ def background(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(config, "compile_workers", False)
     # (no second stage to native segments: tests/compiler/test_native_programs.py)
     monkeypatch.setattr(config, "native_programs", False)
+    # (a quick tier compiles its interpreter: no call waits for it, as none waits for a compile;
+    # a call waits for a quick tier that only loads it: the quick tier's test below)
+    monkeypatch.setattr(workers, "interpreter_ready", lambda dtype: False)
     gate = threading.Event()
     gate.set()
     prepare = Program.prepare
@@ -124,16 +128,21 @@ def test_uncompiled_then_compiled_calls_match_eager(kind: str, background: Any) 
     _same_parameters(got_model, want_model, atol=1e-10)
 
 
+@pytest.mark.parametrize("interpreter_ready", [False, True])
 def test_a_whole_step_runs_its_quick_tier_while_its_program_compiles(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, interpreter_ready: bool
 ) -> None:
     """A whole step whose program of steps generates row kernels (the GPT's layer norms and
     softmaxes) first publishes its quick tier (``Program.quick``: everything interpreted or
     by eager kernels, no code generated), which runs compiled while the program of steps
-    compiles; that one takes over when ready.  Every call equals eager's step."""
+    compiles; that one takes over when ready.  Where the interpreter is on disk (or loaded)
+    the quick tier only loads it, and the call that started the job waits for it
+    (``service.LOAD_WAIT``) rather than run uncompiled beside the load.  Every call equals
+    eager's step."""
     monkeypatch.setattr(config, "background_compile", True)
     monkeypatch.setattr(config, "compile_workers", False)
     monkeypatch.setattr(config, "native_programs", False)
+    monkeypatch.setattr(workers, "interpreter_ready", lambda dtype: interpreter_ready)
     gate, waiting = threading.Event(), threading.Event()
     prepare, run_step = Program.prepare, Program.run_step
     ran: list[tuple[str, bool]] = []
@@ -158,12 +167,19 @@ def test_a_whole_step_runs_its_quick_tier_while_its_program_compiles(
     compiler.reset()
     ran.clear()
     got_model, got, uncompiled = _train("gpt", True, 10, gate, open_at=6, each=each)
-    assert uncompiled == [False, False, True] + [False] * 7
-    # call 3 uncompiled, calls 4-6 the quick tier, calls 7-10 the program of steps
-    assert ran == [("debug", False)] + [("default", True)] * 3 + [("default", False)] * 4, ran
+    # call 3 uncompiled (or the quick tier, where it only loads), calls 4-6 the quick tier,
+    # calls 7-10 the program of steps
+    quick = 3 + interpreter_ready
+    assert uncompiled == [False, False, not interpreter_ready] + [False] * 7
+    first = [("debug", False)] * (not interpreter_ready)  # (the uncompiled run's program)
+    assert ran == first + [("default", True)] * quick + [("default", False)] * 4, ran
     counters = compiler.counters
     assert counters.background_compiles == 1 and not counters.step_breaks
-    assert (counters.step_runs, counters.uncompiled_runs, counters.quick_runs) == (8, 1, 3)
+    assert (counters.step_runs, counters.uncompiled_runs, counters.quick_runs) == (
+        8,
+        1 - interpreter_ready,
+        quick,
+    )
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     _same_parameters(got_model, want_model, atol=1e-10)
 
@@ -183,6 +199,7 @@ def test_after_the_quick_tier_come_the_generated_larger_kernels(
     monkeypatch.setattr(config, "compile_workers", False)
     monkeypatch.setattr(config, "native_programs", None)
     monkeypatch.setattr(config, "remember_trials", False)
+    monkeypatch.setattr(workers, "interpreter_ready", lambda dtype: False)  # (see ``background``)
     gate, waiting = threading.Event(), threading.Event()
     prepare, run_step = Program.prepare, Program.run_step
     ran: list[tuple[bool, int]] = []
@@ -733,6 +750,7 @@ import sys, time
 import numpy as np
 import fusegrad as fg
 from fusegrad import compiler
+from fusegrad.compiler import workers
 from fusegrad.compiler.program import Program
 from fusegrad.compiler.settings import config
 

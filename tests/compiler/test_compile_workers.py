@@ -160,6 +160,7 @@ def test_a_call_waits_for_a_program_the_cache_only_loads(
     compiler.reset()
     monkeypatch.setattr(workers, "compiled_before", lambda program: False)
     monkeypatch.setattr(workers, "compile_elsewhere", lambda *args: None)  # (compiles here)
+    monkeypatch.setattr(config, "quick_programs", False)  # (a quick tier may only load)
     uncompiled.clear()
     _train(True, 8, wait=False, uncompiled=uncompiled)
     assert uncompiled[:5] == [False, False, True, True, True], uncompiled
