@@ -62,7 +62,7 @@ from fusegrad.nn.module import Module
 from fusegrad.tensor import Tensor
 from fusegrad.utils.checkpoint import CheckpointFunction
 
-from . import admission, events, passes
+from . import admission, events, passes, workers
 from . import tape as _tape
 from . import trace as _trace
 from .admission import CompilationError
@@ -1019,8 +1019,6 @@ class OptimizedModule(Module):
         # fast guards of the latest replayed keys (``guard.FastGuard``)
         object.__setattr__(self, "_guards", Guards())
         if mode != "debug":  # (as ``step.CompiledFunction``: the interpreter's worker starts now)
-            from . import workers
-
             workers.warm_interpreter(get_default_dtype().name)
 
     # -- the original's state, not a copy -------------------------------------------------------

@@ -782,7 +782,7 @@ class Service:
             if self._start(slot, build, background):
                 # (the call that started it waits too where the job only loads: it ran
                 # uncompiled beside the load before, 40 ms of the GPT step's warm start)
-                return self._from_job(slot, build, background, notice)
+                return self._from_job(slot, build, background, notice, starting=True)
         if slot.program is None:
             if notice is not None:
                 notice.start(background.what if background is not None else "a program")
@@ -795,13 +795,16 @@ class Service:
         build: Callable[[], Program],
         background: Background | None,
         notice: CompileNotice | None,
+        starting: bool = False,
     ) -> tuple[Any, bool]:
         """``obtain`` for a slot whose background job was started: its first program when
         published, the job's uncompiled path while it runs, or its program once done.  A job
-        that only loads its code from the disk cache is waited for (``LOAD_WAIT``)."""
+        that only loads its code from the disk cache is waited for (``LOAD_WAIT``); the call
+        that started (``starting``) a job that compiles runs uncompiled, whatever the job did
+        meanwhile."""
         job = slot.job
         assert job is not None
-        if not job.done.is_set():
+        if starting or not job.done.is_set():
             if job.first is None:
                 # (only loading the disk cache's code: on its own the thread is done in a
                 # fraction of the time it takes beside calls run uncompiled; whether it
@@ -810,6 +813,9 @@ class Service:
                 job.decided.wait(LOAD_WAIT)
                 if job.loading:
                     job.ready.wait(max(0.0, deadline - time.monotonic()))
+                elif starting:
+                    emit(events.UNCOMPILED_RUN)
+                    return job.uncompiled, False
             if job.first is not None:  # (compiled; its native segments are compiling)
                 return job.first, True
             if not job.done.is_set():
