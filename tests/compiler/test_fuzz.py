@@ -390,6 +390,7 @@ def test_a_deviation_beyond_eagers_rounding_is_still_reported_where_eager_is_uns
     assert "v3.grad: 1 of 4 elements beyond tolerance; worst at (0, 2)" in message
     monkeypatch.setattr(fuzzgen, "PERTURBED_RUNS", 0)  # (the checker before them)
     monkeypatch.setattr(fuzzgen, "JITTERED_RUNS", 0)
+    monkeypatch.setattr(fuzzgen, "FORWARD_JITTERED_RUNS", 0)  # (they jitter the backward too)
     compiled_value[0] = -8.407790785948903e-15
     assert not fuzzgen.check(program, [fuzzgen.NATIVE]).ok
 
@@ -433,13 +434,51 @@ def test_compare_allows_a_cancellations_rounding_that_later_nodes_amplify() -> N
     The jittered runs measure the amplification; without them the campaign reported it."""
     program = fuzzgen.generate(301685)
     assert fuzzgen.check(program, [fuzzgen.NATIVE]).ok
-    saved = fuzzgen.JITTERED_RUNS
+    saved = fuzzgen.JITTERED_RUNS, fuzzgen.FORWARD_JITTERED_RUNS
     try:
-        fuzzgen.JITTERED_RUNS = 0  # (the checker before them)
+        # (the checker before them; the forward-jittered runs jitter the backward too)
+        fuzzgen.JITTERED_RUNS = fuzzgen.FORWARD_JITTERED_RUNS = 0
         report = fuzzgen.check(program, [fuzzgen.NATIVE])
     finally:
-        fuzzgen.JITTERED_RUNS = saved
+        fuzzgen.JITTERED_RUNS, fuzzgen.FORWARD_JITTERED_RUNS = saved
     assert [f.kind for f in report.findings] == ["mismatch"], report.findings
+
+
+def test_forward_jitter_moves_each_rounded_forward_value_by_one_ulp() -> None:
+    """``_Jitter(rng, forward=True)``: every element a forward primitive rounded moves by one
+    ulp, up or down as its value says (equal values alike: a tie stays a tie); exact elements
+    (a floor, a maximum, a product by 2, a cast), zeros and infinities stay; the backward's
+    rules compute on the moved values but their own results do not move."""
+
+    def run(jitter: bool) -> list[np.ndarray]:
+        x = fg.tensor([0.3, 1.5, 0.0, -np.inf, 0.3], dtype=fg.float32, requires_grad=True)
+        tracer = fuzzgen._Jitter(np.random.default_rng(5), forward=True) if jitter else None
+        with tracing(tracer):
+            e = x.exp()
+            twice = x * 2.0
+            peak = fg.maximum(x.exp(), e)  # (a tie of two computations of one value)
+            floor = (x * 4.0).floor()
+            wide = x.to(fg.float64)
+            (e * twice).sum().backward()
+        return [t.detach().numpy() for t in (e, twice, peak, floor, wide, x.grad)]
+
+    plain, moved = run(False), run(True)
+    e, e_moved = plain[0], moved[0]
+    rounded = np.array([True, True, False, False, True])  # (exp(0) = 1 and exp(-inf) = 0)
+    ulps = np.abs(e_moved[rounded] - e[rounded]) / np.spacing(e[rounded])
+    np.testing.assert_array_equal(ulps, 1.0)
+    assert e_moved[0] == e_moved[4]  # (equal values move alike)
+    np.testing.assert_array_equal(e_moved[~rounded], e[~rounded])
+    for exact, exact_moved in zip(plain[3:5], moved[3:5]):  # the floor and the cast
+        np.testing.assert_array_equal(exact_moved, exact)
+    np.testing.assert_array_equal(moved[1], plain[1])  # (x * 2 is exact)
+    np.testing.assert_array_equal(moved[2], e_moved)  # (the tie stays a tie)
+    # x.grad = twice e + 2 e from the moved e; the rules' own results are not moved
+    x = np.array([0.3, 1.5, 0.0, 0.3], dtype=np.float32)
+    finite = np.array([0, 1, 2, 4])
+    want = e_moved[finite] * (x * np.float32(2.0)) + e_moved[finite] * np.float32(2.0)
+    np.testing.assert_array_equal(moved[5][finite], want)
+    assert (moved[5][finite] != plain[5][finite]).any()
 
 
 def test_a_chunked_campaign_adds_up_to_the_campaign_in_one_process(tmp_path: Path) -> None:
