@@ -105,6 +105,24 @@ moves by that difference, up or down at random (``_Jitter``); the runs' changes 
 ``change``.  Elements rounded to a few roundoffs of themselves (products, scalings, sums of one
 sign), exact zeros and non-finite elements stay, so that a constant gradient stays constant,
 eager's exact cancellations stay exact, and a gradient scaled by 1e-30 is not taken for one.
+
+All of that keeps eager's forward, which is what the configurations that run the forward
+eagerly compute from.  Those that compile it (whole step, compiled module, and their native and
+quick forms) compute the forward's values by other code: another exp, an FMA, a float64
+accumulator, each an ulp or a few from eager's, and the backward then amplifies that (fuzz seed
+302916, whole step: numpy's float32 exp(4.517175) is 91.57653, 2.1 ulp below the correctly
+rounded 91.576546 that compiled code computes, and sin(v9) cos(v9)'s gradient times v9 changes
+by 38 per unit of v9, so that one ulp of v9, 7.6e-6, is 2.9e-4 of grad(v5): eager 13.759516,
+compiled 13.758944, against a tolerance of 4.4e-4 whose shadow estimate was small by luck,
+eager's own exp error cancelling the rounding of v5).  ``FORWARD_JITTERED_RUNS`` more eager
+runs, jittered as above, also move every element that a forward primitive rounded by one ulp
+(``_forward_moved``: rounded where the primitive on its float inputs widened -- float32 to
+float64, float64 to long double -- gives another value, so that a selection, a sign, a floor
+or a product by 2 stays exact; a kernel that cannot compute in the wider dtype cannot tell, and
+its results stay), up or down as a hash of its value says, so that equal values
+move alike and a tie between two computations of one value stays a tie; zeros and non-finite
+elements stay.  Their changes join ``change`` for the configurations that compile the forward
+only.
 """
 
 from __future__ import annotations
@@ -129,6 +147,7 @@ from fusegrad import compiler
 from fusegrad.autograd.engine import Executor, run_backward
 from fusegrad.autograd.graph_base import AccumulateGrad
 from fusegrad.autograd.tracer import Tracer, tracing
+from fusegrad.ops.registry import run as run_primitive
 
 __all__ = [
     "CONFIGS",
@@ -160,6 +179,12 @@ PERTURBED_RUNS = 8
 # eager runs with the cancellations inside the backward moved by a measured sample of their
 # rounding error (``_Jitter``): what later nodes amplify an FMA's rounding by (fuzz seed 301685)
 JITTERED_RUNS = 4
+# eager runs that also move every value the forward rounds by one ulp (``_forward_moved``),
+# whose changes join the others' for the configurations that compile the forward (whole step,
+# compiled module): a compiled forward rounds otherwise (fuzz seed 302916: numpy's float32
+# exp is 2.1 ulp off where compiled code's is not, and exp's result meets a gradient of 38 per
+# unit)
+FORWARD_JITTERED_RUNS = 4
 # relative change (to the backward's scale) of a float64 result in the float64 shadow beyond
 # which the result carries float32 rounding: far above float64 rounding, far below float32's
 MIXED = 2.0**-40
@@ -1443,13 +1468,15 @@ class _Module:
         whole: bool = False,
         module: bool = False,
         jitter: np.random.Generator | None = None,
+        jitter_forward: bool = False,
     ) -> Any:
         """Snapshots of run()'s results (once per leaf-data scale, the last kept), or the
         exception it raised.  ``term_scales`` (eager runs only) receives each result's term
         scale (``_TermScales``); ``jitter`` (eager runs only): the backward's cancellations
-        move by a sample of their rounding error, at random from it (``_Jitter``)."""
+        move by a sample of their rounding error, at random from it (``_Jitter``), and with
+        ``jitter_forward`` every value the forward rounds moves by one ulp too."""
         observer = _TermScales() if term_scales is not None else None
-        tracer = _Jitter(jitter) if jitter is not None else observer
+        tracer = _Jitter(jitter, jitter_forward) if jitter is not None else observer
         try:
             with warnings.catch_warnings(), tracing(tracer):
                 warnings.simplefilter("ignore")
@@ -1552,10 +1579,18 @@ class _Jitter(Executor, Tracer):
     error (fuzz seed 301685: log_softmax's backward cancels terms of 0.555 to 2.2e-16, which
     pow and var multiply by 51).  Elements whose rounding is their own (a product, a sum of
     terms of one sign, a scaling by 1e-30), exact zeros and non-finite elements stay, so a
-    constant gradient stays constant and eager's exact cancellations exact."""
+    constant gradient stays constant and eager's exact cancellations exact.
 
-    def __init__(self, rng: np.random.Generator) -> None:
+    With ``forward``, it also takes the forward's primitive calls (``apply``) and moves every
+    element they round by one ulp (``_forward_moved``): the rounding of a compiled forward,
+    which the backward then amplifies (fuzz seed 302916)."""
+
+    def __init__(self, rng: np.random.Generator, forward: bool = False) -> None:
         self.rng = rng
+        # ``forward``: the forward's computed values move too (``_forward_moved``), each by one
+        # ulp in a direction that is a function of the value and of this salt alone
+        self.salt = int(rng.integers(1, 2**63)) if forward else None
+        self.backward_depth = 0  # (the rules a backward runs are not the forward's)
 
     def backward(  # type: ignore[override]
         self,
@@ -1566,8 +1601,34 @@ class _Jitter(Executor, Tracer):
         inputs: Sequence[Any] | None,
         accumulate: bool,
     ) -> Any:
-        return run_backward(
-            roots, grads, retain_graph, create_graph, inputs, accumulate, executor=self
+        self.backward_depth += 1
+        try:
+            return run_backward(
+                roots, grads, retain_graph, create_graph, inputs, accumulate, executor=self
+            )
+        finally:
+            self.backward_depth -= 1
+
+    def apply(self, prim: Any, inputs: tuple, attrs: dict) -> Any:
+        """A forward's primitive call (``forward`` runs only): run eagerly by a kernel whose
+        result moves as ``_forward_moved`` says; the backward node is eager's, saving the moved
+        result, as a compiled forward's backward reads the compiled forward's values.  Movement
+        primitives (views, copies, gathers) compute nothing and stay, and so do casts, which
+        compiled code rounds to nearest as numpy does."""
+        if self.salt is None or self.backward_depth or prim.kind == "movement":
+            return NotImplemented
+        if prim.name == "cast":
+            return NotImplemented
+        kernel = prim.kernel
+
+        def moved_kernel(*arrays: Any, **kwargs: Any) -> Any:
+            data = kernel(*arrays, **kwargs)
+            if self.backward_depth or self.salt is None:  # (a rule that calls node.prim)
+                return data
+            return _forward_moved(data, kernel, arrays, kwargs, self.salt)
+
+        return run_primitive(
+            dataclasses.replace(prim, kernel=moved_kernel, ufunc=None), inputs, attrs
         )
 
     def apply_node(self, node: Any, grads: list, retain_graph: bool) -> tuple:
@@ -1607,6 +1668,58 @@ class _Jitter(Executor, Tracer):
 
 
 _FLOATS = (fg.float32, fg.float64)
+# the dtype each float dtype's exactness is checked in (``_forward_moved``): x86's long double
+# has 11 more bits than float64
+_WIDER = {np.dtype(np.float32): np.dtype(np.float64), np.dtype(np.float64): np.dtype(np.longdouble)}
+_HASH = np.uint64(0x9E3779B97F4A7C15)  # (Fibonacci hashing's odd constant)
+
+
+def _forward_moved(
+    data: Any, kernel: Callable[..., Any], arrays: tuple, attrs: dict, salt: int
+) -> Any:
+    """A forward kernel's result ``data`` with each element the kernel rounded moved by one ulp
+    of its dtype (``_Jitter``'s forward runs): a compiled forward computes the same values by
+    other code -- another exp (numpy's float32 exp is 2.1 ulp off at 4.517175, fuzz seed
+    302916), an FMA, a float64 accumulator -- so its values differ from eager's by an ulp or a
+    few, and the results that depend on them move by what the program amplifies that by.
+
+    An element moves where the kernel rounded it: where the same kernel on the float inputs
+    widened (float32 to float64, float64 to long double) gives another value.  Exact elements
+    (a selection, a maximum, a sign, a floor, a product by 2, a mean of one element) stay, so
+    that compiled code, which computes them exactly too, is not granted the spread of a floor
+    moved across an integer or of a tie broken; so do the results of a kernel that cannot
+    compute in the wider dtype (it raises, or computes in float64 anyway), which cannot tell.
+    Zeros and non-finite elements stay.  The direction is a hash of the element's
+    bits and ``salt``: equal values move alike, so that a tie between two computations of the
+    same value stays a tie, as it does in compiled code."""
+    if not isinstance(data, np.ndarray) or data.dtype not in _WIDER or data.size == 0:
+        return data
+    wider = _WIDER[data.dtype]
+    try:
+        widened = [
+            a.astype(wider) if isinstance(a, np.ndarray) and a.dtype in _WIDER else a
+            for a in arrays
+        ]
+        with np.errstate(all="ignore"):
+            exact = np.asarray(kernel(*widened, **attrs))
+        rounded = np.broadcast_to(data.astype(wider) != exact, data.shape)
+    except Exception:  # (a kernel that takes no wider dtype)
+        return data
+    if exact.dtype != wider:
+        # a kernel that computes in float64 whatever its input (scipy's functions, the norm
+        # kernels' statistics) cannot tell which of its float64 elements are exact: they stay,
+        # as in the checker without these runs (a layer norm over one element, whose mean is
+        # exact and whose output is 0: moving the mean made the zeros unequal, and the amax
+        # of them took another route, fuzz seed 303090)
+        return data
+    move = rounded & np.isfinite(data) & (data != 0)
+    if not move.any():
+        return data
+    bits = data.view(np.uint32 if data.dtype == np.float32 else np.uint64).astype(np.uint64)
+    mixed = (bits ^ np.uint64(salt)) * _HASH  # (uint64 arrays wrap)
+    up = ((mixed ^ (mixed >> np.uint64(29))) >> np.uint64(40)) & np.uint64(1)
+    toward = np.where(up == 1, np.inf, -np.inf).astype(data.dtype)
+    return np.where(move, np.nextafter(data, toward), data)
 
 
 @dataclass(frozen=True)
@@ -1670,7 +1783,7 @@ def check(program: Program, only: Sequence[Config] | None = None) -> Report:
 
 def _reference(
     program: Program, module: _Module, scale: float = 1.0
-) -> tuple[Any, list[dict], dict[str, float], list[dict]]:
+) -> tuple[Any, list[dict], dict[str, float], list[dict], list[dict]]:
     """Eager results, the shadow runs' (none when eager raised), each result's term scale
     (``_TermScales``: the largest gradient flowing into it), and the perturbed runs' results.
 
@@ -1679,11 +1792,13 @@ def _reference(
     program gets both).  A perturbed run is the same program, eagerly, with its root gradients
     moved by one ulp (``_Module.moved_roots``; ``PERTURBED_RUNS`` of them, seeded by the
     program's seed), or with the cancellations inside its backward moved by a sample of their
-    rounding error (``_Jitter``; ``JITTERED_RUNS`` of them): see the module docstring."""
+    rounding error (``_Jitter``; ``JITTERED_RUNS`` of them), and the runs that also move every
+    value the forward rounds by one ulp (``FORWARD_JITTERED_RUNS``), for the configurations
+    that compile the forward: see the module docstring."""
     term_scales: dict[str, float] = {}
     eager = module.run(scales=(scale,), term_scales=term_scales)
     if isinstance(eager, Exception):
-        return eager, [], {}, []
+        return eager, [], {}, [], []
     rng = np.random.default_rng([program.seed, 1])
     perturbed = []
     for _ in range(PERTURBED_RUNS):
@@ -1695,6 +1810,11 @@ def _reference(
         moved = module.run(scales=(scale,), jitter=rng)
         if not isinstance(moved, Exception):
             perturbed.append(moved)
+    forward_moved = []
+    for _ in range(FORWARD_JITTERED_RUNS):
+        moved = module.run(scales=(scale,), jitter=rng, jitter_forward=True)
+        if not isinstance(moved, Exception):
+            forward_moved.append(moved)
     precisions = []
     if program.precision != "float64":
         precisions.append(fg.float64)
@@ -1706,7 +1826,7 @@ def _reference(
             shadow = module.run(scales=(scale,))
         if not isinstance(shadow, Exception):
             shadows.append(shadow)
-    return eager, shadows, term_scales, perturbed
+    return eager, shadows, term_scales, perturbed, forward_moved
 
 
 def _run_config(
@@ -1717,6 +1837,7 @@ def _run_config(
     shadows: list[dict],
     term_scales: dict[str, float],
     perturbed: list[dict],
+    forward_moved: list[dict],
     report: Report | None,
 ) -> Finding | None:
     if config is not CACHED:
@@ -1732,6 +1853,8 @@ def _run_config(
             got = module.run(config.region(), config.scales, whole=config.whole)
     if report is not None:
         _add_counts(report, before)
+    if config.whole or config.module:  # (the forward compiled: its values rounded otherwise)
+        perturbed = perturbed + forward_moved
     kind, problems = _verdict(eager, got, shadows, term_scales, perturbed)
     if not problems:
         return None
