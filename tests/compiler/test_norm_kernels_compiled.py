@@ -426,3 +426,62 @@ def test_a_layer_norm_with_infinities_has_eagers_infinities_and_nans_compiled(
         finite = np.isfinite(eager)
         rtol = 1e-5 if dtype == "float32" else 1e-12
         np.testing.assert_allclose(got[finite], eager[finite], rtol=rtol, atol=rtol)
+
+
+def _overflowing_layer_norm_rows(dtype: str) -> tuple:
+    """(x, w, b, g) of a layer norm over 3: fuzz seed 304442's, whose first row's variance
+    overflows float32 (to +inf: rstd 0) and whose ``g w (x - mean)`` overflows float32 there
+    too (1e30 times 1e30); in float64 neither does."""
+    x = np.array([[[1.4346, 1e30, -2.0528]], [[-0.1616, 1.9407, -1.0172]]])
+    w = np.array([0.5779, 0.2285, 1e30])
+    b = np.array([0.1663, 0.5088, -0.2394])
+    g = np.array([[[0.624, 0.435, 1.854]], [[1.883, 0.539, -0.475]]])
+    return (*(a.astype(dtype) for a in (x, w, b, g)),)
+
+
+@pytest.mark.parametrize("how", ["captured", "debug", "steps", "native"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_layer_norm_whose_variance_overflows_has_eagers_gradients_compiled(
+    dtype: str, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A float32 layer norm whose variance overflows (rstd 0) in a row where ``g w (x -
+    mean)`` overflows float32 too: eager's kernel sums those products in float64, so the row's
+    input gradient is 0; the composites formed them in float32, and ``mean(g w (x - mean))
+    rstd`` was ``inf * 0``, NaN throughout the row (fuzz seed 304442).  In float64 nothing
+    overflows: the same gradients, to rounding.  The weight's and bias's too, compiled as in
+    the infinities' test above."""
+    monkeypatch.setattr(compiler.config, "interpreter_max_elements", 0)  # (generated code)
+    monkeypatch.setattr(compiler.config, "native_programs", how == "native")
+    x, w, b, g = _overflowing_layer_norm_rows(dtype)
+
+    def step(xt: fg.Tensor, wt: fg.Tensor, bt: fg.Tensor, gt: fg.Tensor) -> None:
+        (nn.functional.layer_norm(xt, (3,), wt, bt) * gt).sum().backward()
+
+    def grads(run: Callable | None, mode: str | None = None) -> list[np.ndarray]:
+        leaves = [fg.tensor(v, requires_grad=True) for v in (x, w, b)]
+        if mode is None:
+            (run or step)(*leaves, fg.tensor(g))
+        else:
+            with compiler.compiled_autograd(mode=mode):
+                step(*leaves, fg.tensor(g))
+        return [t.grad.numpy() for t in leaves]
+
+    eager = grads(None)
+    assert all(np.isfinite(e).all() for e in eager)
+    if dtype == "float32":
+        assert (eager[0][0] == 0).all()
+    if how in ("captured", "debug"):
+        mode = "default" if how == "captured" else "debug"
+        results = [grads(None, mode) for _ in range(2)]
+        assert compiler.counters.captures == 1 and not compiler.counters.fallbacks
+    else:
+        compiled = fg.compile(step)
+        results = [grads(compiled) for _ in range(3)][1:]  # (recorded, then replayed)
+        assert compiler.counters.step_runs == 2 and not compiler.counters.step_breaks
+        assert (compiler.counters.native_runs > 0) == (how == "native"), compiler.counters
+    rtol = 1e-5 if dtype == "float32" else 1e-10
+    for got in results:
+        for got_grad, want in zip(got, eager):
+            # (the rows' terms are up to 1e30 times larger than some gradients: rounding is
+            # relative to the largest, as the fuzz checker's floor)
+            np.testing.assert_allclose(got_grad, want, rtol=rtol, atol=rtol * np.abs(want).max())

@@ -464,3 +464,42 @@ def test_layer_norm_input_gradient_puts_infinities_and_nans_where_pytorch_does(
     np.testing.assert_allclose(
         results[1][finite], results[0][finite], rtol=1e-4 if dtype == "float32" else 1e-10
     )
+
+
+# ---- statistics that overflow: the composites' products ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kind,shape,arg",
+    [("layer", (2, 3), (3,)), ("batch", (2, 2, 3), None), ("instance", (2, 2, 3), None),
+     ("group", (2, 4, 3), 2)],
+)  # fmt: skip
+def test_the_composites_gradients_where_a_variance_overflows_are_the_kernels(
+    kind: str, shape: tuple, arg: Any
+) -> None:
+    """A float32 statistic whose variance overflows (rstd 0) and whose ``g w (x - mean)``
+    overflows float32 too: the kernels sum those products in float64, so its input gradient is
+    0 (``inf * 0`` nowhere); the composite (taken under ``create_graph``, and by other dtypes,
+    CUDA and compiled programs: ``fused_norm_kernels(False)``) formed them in float32 and gave
+    NaN throughout the statistic (fuzz seed 304442, a layer norm compiled).  The weight's and
+    bias's gradients too."""
+    rng = np.random.default_rng(304442)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w, b = (v.astype(np.float32) for v in _params(kind, shape, arg, rng))
+    g = rng.standard_normal(shape).astype(np.float32)
+    x.flat[0] = w.flat[0] = 1e30  # (x - mean and g w: about 1e30 each, the variance 1e59)
+    results = []
+    for fused, create_graph in ((True, False), (True, True), (False, False)):
+        ts = [fg.tensor(v, requires_grad=True) for v in (x, w, b)]
+        with fused_norm_kernels(fused):
+            out = _call(fg, kind, ts[0], arg, ts[1], ts[2], 1e-5)
+        assert _uses_kernel(out) == fused
+        out.backward(fg.tensor(g), create_graph=create_graph)
+        results.append([t.grad.detach().numpy() for t in ts])
+    assert all(np.isfinite(r).all() for r in results[0])
+    for got in results[1:]:
+        for a, e in zip(got, results[0]):
+            _assert_same_specials(a, e)
+            # (the finite statistics' gradients cancel terms of 1e30: their rounding is
+            # relative to the largest, as the fuzz checker's floor)
+            np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5 * np.abs(e).max())

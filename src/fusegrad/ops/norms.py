@@ -335,6 +335,22 @@ def training_input_gradient(
     tests/compiler/test_norm_kernels_compiled.py).  The eager kernels keep the mean in x's
     dtype too and still have that error.
 
+    Where rstd is 0 (the variance overflowed: the output is the shift) and ``mean(gs)`` is
+    finite, a projection narrower than float64 is 0, as the kernels': their float64 sums of
+    products are finite there and times rstd 0; ``gs diff`` in float32 overflowed (``|gs| |x
+    - mean|`` past 3.4e38) and ``inf * 0`` was NaN throughout the statistic (fuzz seed
+    304442: a layer norm of a row holding 1e30, weighted 1e30 there;
+    tests/compiler/test_norm_kernels_compiled.py, tests/ops/test_norm_kernels.py).  In
+    float64 the kernels' products overflow where these do, and their NaN is kept.  Other
+    forms cost more: ``mean(gs xhat)`` (``xhat = diff rstd``, terms at most ``|gs|
+    sqrt(n)``) waits for rstd, one more pass over each row where the row kernel computes the
+    statistics too (compiled autograd's backward of a (4096, 768) float32 layer norm, one
+    thread: medians 6.3-6.6 -> 6.8-7.1 ms), and float64 products put a second float dtype
+    into the row kernels, which neither the interpreter of small kernels nor row fusion takes
+    (tests/compiler/test_row_fusion.py failed).  So where rstd is not 0 (a variance within float32's
+    range) a float32 ``gs diff`` past 3.4e38 still overflows where the kernels' products do
+    not.
+
     Where ``mean(gs)`` is not finite (an infinite or NaN weight or gradient; the input finite)
     the correction is left out: ``inf * mean(diff)`` is NaN where the drift is 0 or of the
     sum's sign, where the kernels (which have no correction) give an infinity (fuzz seed
@@ -358,6 +374,10 @@ def training_input_gradient(
         drift = mean_of(diff)
     correction = _where(finite, m1 * drift, 0.0)
     projection = (mean_of(gs * diff) - correction) * rstd
+    if projection.dtype.itemsize < 8:
+        # rstd 0 (the variance overflowed): the kernels' float64 sum times 0 is 0, where
+        # ``gs diff`` or the correction may have overflowed here (fuzz seed 304442)
+        projection = _where((rstd != 0.0).logical_or(finite.logical_not()), projection, 0.0)
     beta = -(rstd * rstd * projection)
     if not rows:
         return (gs - m1) * rstd + (xs * beta - beta * mean)
