@@ -202,10 +202,10 @@ def _cut_backward(
     along the node's edges to the inner node, which adds what uses outside send and runs the
     rest).  Eagerly, through the real graph: the nodes it runs are freed as eager frees them
     (without ``retain``) unless the inner node's backward still runs through one of them."""
-    keep = retain or create or _shares_nodes(roots, inner)
     mask = _needed_edges(node)
     n = len(inputs)
     wanted = inputs if mask is None else [t for t, m in zip(inputs, mask[:n]) if m]
+    keep = retain or create or _shares_nodes(roots, inner, [*wanted, *inner])
     stashed = _stash_hooks(wanted)
     try:
         result = _engine.run_backward(
@@ -266,16 +266,27 @@ def _freed_by_cut(roots: list, ran: list, targets: list, inner: list) -> frozens
     )
 
 
-def _shares_nodes(roots: list, inner: list) -> bool:
-    """Whether a backward from ``roots`` stopped at the ``inner`` outputs may run a node that
-    the inner outputs' own backward runs too (a path from the outer outputs to an input that
-    passes below the inner outputs without going through them): those must stay unfreed (a
-    leaf's accumulator holds nothing to free)."""
+def _shares_nodes(roots: list, inner: list, targets: list) -> bool:
+    """Whether a backward from ``roots`` with respect to ``targets``, stopped at the ``inner``
+    outputs, runs a node that the inner outputs' own backward runs too (a path from the outer
+    outputs to an input that passes below the inner outputs without going through them):
+    those must stay unfreed (a leaf's accumulator holds nothing to free).  Only the nodes it
+    runs count, as in ``_freed_by_cut``: a node below both that leads to no target is not
+    run, and keeping the graph for it left the nodes the backward did run unfreed, where
+    eager frees them (fuzz seed 309663: ``autograd.grad`` of the outer output with respect to
+    it and the inner one, then a backward through the outer one raised nothing)."""
     below = {id(n) for n in _nodes_below([t.grad_fn for t in inner])}
     stops = frozenset((id(t.grad_fn), t._output_nr) for t in inner if t.grad_fn is not None)
+    ran = list(_nodes_below([r.grad_fn for r in roots], stops))
+    ends = {node for node, _ in (t._edge() for t in targets) if node is not None}
+    reachable = dict.fromkeys([*ran, *(t.grad_fn for t in inner if t.grad_fn is not None)])
+    needed = _engine._needed(reachable, ends)
     return any(
-        id(n) in below and type(n) is not AccumulateGrad
-        for n in _nodes_below([r.grad_fn for r in roots], stops)
+        id(n) in below
+        and type(n) is not AccumulateGrad
+        and n in needed
+        and (n not in ends or any(c in needed for c, _ in n._edges))
+        for n in ran
     )
 
 

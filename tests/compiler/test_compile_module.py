@@ -945,3 +945,40 @@ def test_a_write_into_a_softmax_result_fails_the_backward_as_in_eager(
                 net(_x()).sum().backward()
             messages.append(str(info.value))
     assert len(set(messages)) == 1, messages
+
+
+class _SharedBelowHooked(nn.Module):
+    """Fuzz seed 309663's shape: returns ``(out, h)``, ``out`` computed from the inner output
+    ``h`` and from ``a``, which ``h`` is computed from too; a tensor hook inside (its backward
+    runs eagerly, through the real graph: ``CompiledModuleBackward``)."""
+
+    def forward(self, x: fg.Tensor) -> tuple:
+        a = fg.nn.functional.logsigmoid(x)
+        s = (a.roll(1, 0) + 1).sigmoid()
+        s.register_hook(lambda g: g + 1.0)
+        h = fg.addcmul(s, s, s, value=0.5)
+        return fg.addcmul(h, a, h, value=0.5), h
+
+
+@pytest.mark.parametrize("replayed", [False, True], ids=["recorded", "replayed"])
+def test_a_cut_that_runs_no_shared_node_frees_the_nodes_it_ran(replayed: bool) -> None:
+    """Fuzz seed 309663: ``autograd.grad(out, [out, h])`` runs only ``out``'s node (to reach
+    the inner output ``h``) and eager frees it: a later ``out.sum().backward()`` raises.  The
+    node below both (``a``'s) leads to no target, so the cut does not run it and need not
+    keep the graph for the inner output's backward (compiled, it kept it: nothing raised)."""
+    results = []
+    for compiled in (False, True):
+        m = _SharedBelowHooked()
+        net = fg.compile(m) if compiled else m
+        x0 = np.linspace(-1.5, 0.7, 20).reshape(4, 5)
+        for _ in range(2 if replayed else 0):  # (recorded, then replayed from here on)
+            net(fg.tensor(x0, requires_grad=True))
+        x = fg.tensor(x0, requires_grad=True)
+        out, h = net(x)
+        d_out, d_h = fg.autograd.grad(out, [out, h], grad_outputs=fg.ones_like(out))
+        with pytest.raises(RuntimeError, match="backward through the graph a second"):
+            (out * 0.5).sum().backward()
+        h.sum().backward()
+        results.append([d_out.numpy(), d_h.numpy(), x.grad.numpy()])
+    for got, want in zip(results[1], results[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
