@@ -241,24 +241,26 @@ def _nodes_below(starts: list, stops: frozenset = frozenset()) -> Iterator[Node]
         stack.extend(c for c, nr in n._edges if c is not None and (id(c), nr) not in stops)
 
 
-def _freed_by_cut(roots: list, ran: list, targets: list, inner: list) -> frozenset:
-    """The positions among ``roots`` from which a backward reaches a node that saved something
-    and that a backward from ``ran`` (some of the roots), with respect to ``targets`` and
-    stopped at the ``inner`` outputs, runs -- the nodes the engine runs: below ``ran`` without
-    crossing the inner outputs' edges, on a path to a target (``engine._needed``); a target
-    itself only where it leads on to another."""
+def _cut_runs(roots: list, targets: list, inner: list) -> list[Node]:
+    """The nodes a backward from ``roots`` with respect to ``targets``, stopped at the
+    ``inner`` outputs, runs -- the nodes the engine runs: below ``roots`` without crossing the
+    inner outputs' edges, on a path to a target (``engine._needed``); a target itself only
+    where it leads on to another."""
     stops = frozenset((id(t.grad_fn), t._output_nr) for t in inner if t.grad_fn is not None)
-    below = list(_nodes_below([r.grad_fn for r in ran], stops))
+    below = list(_nodes_below([r.grad_fn for r in roots], stops))
     ends = {node for node, _ in (t._edge() for t in targets) if node is not None}
     reachable = dict.fromkeys([*below, *(t.grad_fn for t in inner if t.grad_fn is not None)])
     needed = _engine._needed(reachable, ends)
-    freed = {
-        n
-        for n in below
-        if n in needed
-        and (n not in ends or any(c in needed for c, _ in n._edges))
-        and getattr(n, "_saved", None)
-    }
+    return [
+        n for n in below if n in needed and (n not in ends or any(c in needed for c, _ in n._edges))
+    ]
+
+
+def _freed_by_cut(roots: list, ran: list, targets: list, inner: list) -> frozenset:
+    """The positions among ``roots`` from which a backward reaches a node that saved something
+    and that a backward from ``ran`` (some of the roots), with respect to ``targets`` and
+    stopped at the ``inner`` outputs, runs (``_cut_runs``)."""
+    freed = {n for n in _cut_runs(ran, targets, inner) if getattr(n, "_saved", None)}
     if not freed:
         return frozenset()
     return frozenset(
@@ -271,22 +273,13 @@ def _shares_nodes(roots: list, inner: list, targets: list) -> bool:
     outputs, runs a node that the inner outputs' own backward runs too (a path from the outer
     outputs to an input that passes below the inner outputs without going through them):
     those must stay unfreed (a leaf's accumulator holds nothing to free).  Only the nodes it
-    runs count, as in ``_freed_by_cut``: a node below both that leads to no target is not
-    run, and keeping the graph for it left the nodes the backward did run unfreed, where
-    eager frees them (fuzz seed 309663: ``autograd.grad`` of the outer output with respect to
-    it and the inner one, then a backward through the outer one raised nothing)."""
+    runs count (``_cut_runs``): a node below both that leads to no target is not run, and
+    keeping the graph for it left the nodes the backward did run unfreed, where eager frees
+    them (fuzz seed 309663: ``autograd.grad`` of the outer output with respect to it and the
+    inner one, then a backward through the outer one raised nothing)."""
     below = {id(n) for n in _nodes_below([t.grad_fn for t in inner])}
-    stops = frozenset((id(t.grad_fn), t._output_nr) for t in inner if t.grad_fn is not None)
-    ran = list(_nodes_below([r.grad_fn for r in roots], stops))
-    ends = {node for node, _ in (t._edge() for t in targets) if node is not None}
-    reachable = dict.fromkeys([*ran, *(t.grad_fn for t in inner if t.grad_fn is not None)])
-    needed = _engine._needed(reachable, ends)
     return any(
-        id(n) in below
-        and type(n) is not AccumulateGrad
-        and n in needed
-        and (n not in ends or any(c in needed for c, _ in n._edges))
-        for n in ran
+        id(n) in below and type(n) is not AccumulateGrad for n in _cut_runs(roots, targets, inner)
     )
 
 
