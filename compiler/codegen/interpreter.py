@@ -7,9 +7,12 @@ list and runs it with ``run_ops_<dtype>``: one numba function per float dtype, c
 (and cached on disk), that executes each op as a vectorisable loop over a block of registers
 (``regs[r, :n]``, all in cache).  Its results equal the generated kernels' to rounding.
 
-The interpreter is itself generated, once, from the lowering table (``machine``): its opcodes are
-the primitives with a lowering expression (``OPCODES``, in registry order, after the two copies
-below), and the loop of each opcode computes that expression, with operands ``x[i]``, ``y[i]``,
+The interpreter is itself generated, once, from the lowering table (``machine``): its loops
+(``LOOPS``) are a copy and the primitives with a lowering expression, in registry order, except
+those another loop computes exactly with its operands reordered or a constant operand
+(``REWRITES``: ``lt`` is ``gt`` swapped, ``isnan(x)`` is ``x != x``, ...); ``OPCODES`` maps every
+interpretable op to its loop.  The loop of each opcode computes that expression, with operands
+``x[i]``, ``y[i]``,
 ``z[i]`` (the registers of the op's operands), spelled as the CPU emitter spells it — float32
 math through ``fastmath``'s vectorisable helpers, float64 through libm and the compiled helpers
 (``common.format_expression`` with ``numba_cpu.SPELLING``).  A primitive added to the registry
@@ -53,7 +56,7 @@ from . import common, numba_cpu
 from .common import is_single, reduction_target
 from .lowering import EXPRESSIONS
 
-INTERPRETER_VERSION = 3
+INTERPRETER_VERSION = 4
 
 # the largest iteration space run by the interpreter (elements; ``config``'s default)
 MAX_ELEMENTS = INTERPRETER_MAX_ELEMENTS
@@ -61,26 +64,49 @@ MAX_ELEMENTS = INTERPRETER_MAX_ELEMENTS
 # elements per block of ``run_ops``: 8 KiB float32 rows, so an op's operands stay in L1/L2
 BLOCK = 2048
 
-# ops that are copies in the registers (see the module docstring)
-_COPIES = ("broadcast_to", "cast")
+# Ops that another op's loop computes exactly, from their operands reordered or with a constant
+# operand: (the loop's op, its operands: an int is the op's operand of that index, a float a
+# constant's register).  Each loop costs about 0.1 s of the interpreter's compile, and these
+# are the same IEEE operations: a copy (a ``broadcast_to``'s register already holds the
+# broadcast values; a cast between the kernel's one float dtype and bool, as 0.0 / 1.0, is a
+# copy too, float -> bool being ``ne 0``), ``x < y`` is ``y > x`` (NaN included), ``isnan(x)`` is
+# ``x != x``, ``1 / x`` a division, and ``not x`` is ``x == 0`` (-0 and NaN included).
+REWRITES: dict[str, tuple[str, tuple]] = {
+    "broadcast_to": ("copy", (0,)),
+    "cast": ("copy", (0,)),
+    "clone": ("copy", (0,)),
+    "lt": ("gt", (1, 0)),
+    "le": ("ge", (1, 0)),
+    "isnan": ("ne", (0, 0)),
+    "reciprocal": ("div", (1.0, 0)),
+    "logical_not": ("eq", (0, 0.0)),
+}
 
-OPCODES: dict[str, int] = {
+# the machine's loops, numbered: a copy, then every lowering that is not rewritten
+LOOPS: dict[str, int] = {
     name: i
-    for i, name in enumerate(_COPIES + tuple(name for name in EXPRESSIONS if name not in _COPIES))
+    for i, name in enumerate(("copy",) + tuple(op for op in EXPRESSIONS if op not in REWRITES))
+}
+
+# every op the interpreter runs -> the opcode of the loop that computes it
+OPCODES: dict[str, int] = {
+    op: LOOPS[REWRITES[op][0] if op in REWRITES else op]
+    for op in ("broadcast_to",) + tuple(EXPRESSIONS)
 }
 
 # not an IR op: broadcast one of the call's scalars into a register (``run_ops``)
-FILL = len(OPCODES)
+FILL = len(LOOPS)
 
 # The opcodes of the *core* machine: what neural-network backwards are made of.  Compiling the
 # interpreter costs about 0.1 s per opcode loop on top of a fixed cost (measured: 32 core
-# opcodes 4.1-4.4 s, all 47 7.0-7.3 s), so a kernel that uses only these runs on a machine
+# loops 4.1-4.4 s, all 47 7.0-7.3 s, before ``REWRITES``), so a kernel that uses only these runs on a machine
 # without the rarer loops (trigonometry, rounding, atan2/hypot/logaddexp, erfc, the gamma
 # family, xor); a kernel that needs one of those runs on the full machine, which
 # is compiled (or loaded) when first needed.
 CORE = frozenset(
     {
-        *_COPIES,
+        "broadcast_to",
+        "cast",
         "neg",
         "exp",
         "expm1",
@@ -198,7 +224,7 @@ _DECORATOR = '@numba.njit(cache=True, error_model="numpy", fastmath={"contract"}
 
 def _loop(op: str, dtype: str) -> str:
     """The statement computing ``op`` for element ``i`` of a block."""
-    if op in _COPIES:
+    if op == "copy":
         return "out[i] = x[i]"
     operands = ["x[i]", "y[i]", "z[i]"][: len(REGISTRY[op].inputs)]
     expr = common.format_expression(
@@ -212,7 +238,8 @@ def _loop(op: str, dtype: str) -> str:
 def source(core: bool = False) -> str:
     """The interpreter's module source: ``run_ops_float32`` and ``run_ops_float64``, over every
     opcode or (``core``) over ``CORE`` only, with the same numbering."""
-    ops = [(op, code) for op, code in OPCODES.items() if not core or op in CORE]
+    codes = {OPCODES[op] for op in CORE} if core else set(LOOPS.values())
+    ops = [(op, code) for op, code in LOOPS.items() if code in codes]
     parts = [
         _HEADER.format(
             version=INTERPRETER_VERSION,
@@ -248,8 +275,12 @@ def _dispatch(ops: list[tuple[str, int]], dtype: str, indent: str) -> list[str]:
         )
     lines = []
     for k, (op, code) in enumerate(ops):
-        template = "a copy" if op in _COPIES else EXPRESSIONS[op]
-        lines.append(f"{indent}{'if' if k == 0 else 'elif'} op == {code}:  # {op}: {template}")
+        template = "a copy" if op == "copy" else EXPRESSIONS[op]
+        also = sorted(name for name, (loop, _) in REWRITES.items() if loop == op)
+        note = f" (also {', '.join(also)})" if also else ""
+        lines.append(
+            f"{indent}{'if' if k == 0 else 'elif'} op == {code}:  # {op}: {template}{note}"
+        )
         lines.append(f"{indent}    for i in range(m):")
         lines.append(f"{indent}        {_loop(op, dtype)}")
     return lines
@@ -302,8 +333,6 @@ def merge(group: list[Kernel], needed_outside: Any) -> Kernel:
     only after its loop): ``fuse.merge_kernels``."""
     return merge_kernels(group, needed_outside)
 
-
-_ZERO = object()  # the register key of the 0.0 constant used by float -> bool casts
 
 
 class InterpretedKernel:
@@ -370,17 +399,19 @@ class InterpretedKernel:
         computed = set(kernel.values)
         code = []
         for k, v in enumerate(kernel.values):
-            args = []
-            for i in v.inputs:
-                if i in reg:
-                    args.append(reg[i])
-                else:  # an IR scalar: a register filled once per call
-                    args.append(scalar_register(i, i.attr("value")))
-            opcode = OPCODES[v.op]
+            operands = [
+                reg[i] if i in reg else scalar_register(i, i.attr("value"))  # (an IR scalar)
+                for i in v.inputs
+            ]
             if v.op == "cast" and v.dtype.name == "bool" and v.inputs[0].dtype.is_floating_point:
-                # float -> bool is "!= 0" (bool -> float and same-dtype casts are copies)
-                opcode = OPCODES["ne"]
-                args = [args[0], scalar_register(_ZERO, 0.0)]
+                loop, spec = "ne", (0, 0.0)  # float -> bool is "!= 0"
+            else:
+                loop, spec = REWRITES.get(v.op, (v.op, tuple(range(len(operands)))))
+            args = [
+                operands[s] if type(s) is int else scalar_register(("constant", s), s)
+                for s in spec
+            ]
+            opcode = LOOPS[loop]
             reg[v] = new_register()
             args += [0] * (3 - len(args))
             code.append([opcode, reg[v], *args[:3]])

@@ -11,7 +11,8 @@ import pytest
 
 import fusegrad as fg
 from fusegrad import compiler
-from fusegrad.compiler.codegen.interpreter import CORE, OPCODES
+from fusegrad.compiler.codegen import interpreter
+from fusegrad.compiler.codegen.interpreter import CORE, LOOPS, OPCODES, REWRITES
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +77,51 @@ def test_large_kernels_use_generated_code() -> None:
 
 
 def test_opcode_table_is_dense() -> None:
-    assert sorted(OPCODES.values()) == list(range(len(OPCODES)))
+    assert sorted(LOOPS.values()) == list(range(len(LOOPS)))
+    assert set(OPCODES.values()) == set(LOOPS.values())
+    for op, (loop, _) in REWRITES.items():
+        assert OPCODES[op] == LOOPS[loop] and op not in LOOPS
+
+
+# special values of every kind: signed zeros, denormals, infinities, NaN, ties and near-ties
+_SPECIAL = [0.0, -0.0, 1.0, -1.0, 2.0, 0.5, 1e-45, -1e-45, 1e-310, 3.4e38, -3.4e38, 1e300]
+_SPECIAL += [np.inf, -np.inf, np.nan, 1.0000001, 0.99999994, -2.5, 7.0, 1e-30]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy meeting inf and nan
+@pytest.mark.parametrize("dtype", [fg.float32, fg.float64], ids=lambda d: d.name)
+@pytest.mark.parametrize("boolean", [False, True], ids=["float", "bool"])
+@pytest.mark.parametrize("op", sorted(set(REWRITES) - {"broadcast_to"}))
+def test_rewritten_ops_are_exact(op: str, boolean: bool, dtype: Any) -> None:
+    """An op another loop computes (``REWRITES``: operands swapped, repeated or a constant)
+    gives eager's result bit for bit, on every pair of special values (bool operands, as
+    0.0 / 1.0 in the registers, for the ops that take them)."""
+    from fusegrad.compiler.ir import Graph
+    from fusegrad.compiler.passes.fuse import Kernel
+    from fusegrad.ops.registry import REGISTRY
+
+    arity = len(REGISTRY[op].inputs)
+    if boolean and op not in ("cast", "clone", "logical_not"):
+        pytest.skip("a float op")
+    values = np.array(_SPECIAL, dtype=dtype.np)
+    if boolean:
+        values = np.array([False, True])
+    a, b = (np.ascontiguousarray(m.ravel()) for m in np.meshgrid(values, values))
+    g = Graph()
+    operands = tuple(g.input("saved", k, (a.size,), fg.bool if boolean else dtype) for k in range(arity))
+    attrs = {"dtype": dtype} if op == "cast" else {}
+    out_dtype = REGISTRY[op].meta((a.shape,) * arity, tuple(i.dtype for i in operands), **attrs)[1]
+    v = g.add(op, operands, attrs, a.shape, out_dtype)
+    # (a float input beside bool operands: the kernel's one float dtype)
+    extra = g.input("saved", arity, a.shape, dtype)
+    kernel = Kernel(shape=a.shape, values=[v], inputs=[*operands, extra], outputs=[v])
+    assert interpreter.eligible(kernel)
+    env = dict(zip(operands, (a, b)))
+    env[extra] = np.zeros(a.shape, dtype.np)
+    got = interpreter.InterpretedKernel(kernel)(env)[v]
+    want = np.asarray(REGISTRY[op].kernel(*[env[i] for i in operands], **attrs), dtype=out_dtype.np)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=op)
 
 
 def _rows_and_columns(x: fg.Tensor, w: fg.Tensor, b: fg.Tensor) -> fg.Tensor:

@@ -115,13 +115,16 @@ def test_every_lowering_matches_its_eager_kernel(run: Any, dtype: Any) -> None:
 
 
 def test_the_interpreter_runs_every_lowering() -> None:
-    """Its opcodes are the lowerings (plus broadcast reads), in one dense numbering."""
+    """Its opcodes are the lowerings (plus broadcast reads), each a loop of its own or one that
+    computes it exactly (``REWRITES``), the loops in one dense numbering."""
     assert set(interpreter.OPCODES) == set(EXPRESSIONS) | {"broadcast_to"}
-    assert sorted(interpreter.OPCODES.values()) == list(range(len(interpreter.OPCODES)))
+    assert sorted(interpreter.LOOPS.values()) == list(range(len(interpreter.LOOPS)))
+    assert set(interpreter.LOOPS) == {"copy"} | set(interpreter.OPCODES) - set(interpreter.REWRITES)
     source = interpreter.source()
-    for op, code in interpreter.OPCODES.items():
+    for op, code in interpreter.LOOPS.items():
         assert f"op == {code}:  # {op}:" in source
     core = interpreter.source(core=True)
-    for op, code in interpreter.OPCODES.items():
-        assert (f"op == {code}:  # {op}:" in core) == (op in interpreter.CORE)
-    assert len(interpreter.CORE) < len(interpreter.OPCODES)
+    core_loops = {interpreter.OPCODES[op] for op in interpreter.CORE}
+    for op, code in interpreter.LOOPS.items():
+        assert (f"op == {code}:  # {op}:" in core) == (code in core_loops)
+    assert len(core_loops) < len(interpreter.LOOPS)
