@@ -234,7 +234,7 @@ def warm_interpreter(dtype: str) -> None:
     """Start a worker that compiles the interpreter's core machine for ``dtype`` into the disk
     cache, and return at once: called when ``fusegrad.compile`` wraps a step or a module and
     by a step's first call (it runs eagerly, then the next records, then a background compile
-    starts), so that the interpreter's own compile (about 4.3 s, once per machine) overlaps the
+    starts), so that the interpreter's own compile (about 4 s, once per machine) overlaps the
     script's set-up and that first call instead of following them, and the program's worker
     finds it on disk.  Nothing is started when
     workers are off, there is no disk cache, the interpreter is loaded in this process, a
