@@ -98,11 +98,11 @@ OPCODES: dict[str, int] = {
 FILL = len(LOOPS)
 
 # The opcodes of the *core* machine: what neural-network backwards are made of.  Compiling the
-# interpreter costs about 0.1 s per opcode loop on top of a fixed cost (measured: 32 core
-# loops 4.1-4.4 s, all 47 7.0-7.3 s, before ``REWRITES``), so a kernel that uses only these runs on a machine
-# without the rarer loops (trigonometry, rounding, atan2/hypot/logaddexp, erfc, the gamma
-# family, xor); a kernel that needs one of those runs on the full machine, which
-# is compiled (or loaded) when first needed.
+# interpreter costs about 0.1 s per opcode loop on top of a fixed cost (measured before
+# ``REWRITES``: 32 core loops 4.1-4.4 s, all 47 7.0-7.3 s), so a kernel that uses only these
+# runs on a machine without the rarer loops (trigonometry, rounding, atan2/hypot/logaddexp,
+# erfc, the gamma family, xor); a kernel that needs one of those runs on the full machine,
+# which is compiled (or loaded) when first needed.
 CORE = frozenset(
     {
         "broadcast_to",
@@ -334,7 +334,6 @@ def merge(group: list[Kernel], needed_outside: Any) -> Kernel:
     return merge_kernels(group, needed_outside)
 
 
-
 class InterpretedKernel:
     """A kernel encoded as an op list over registers (see the module docstring).
 
@@ -408,8 +407,7 @@ class InterpretedKernel:
             else:
                 loop, spec = REWRITES.get(v.op, (v.op, tuple(range(len(operands)))))
             args = [
-                operands[s] if type(s) is int else scalar_register(("constant", s), s)
-                for s in spec
+                operands[s] if type(s) is int else scalar_register(("constant", s), s) for s in spec
             ]
             opcode = LOOPS[loop]
             reg[v] = new_register()
