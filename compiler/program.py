@@ -184,9 +184,7 @@ class Variant:
                     frozenset(_SPECIAL) | frozenset(_COLLECTIVE),
                     # (with one thread at most -- numba's pool is fixed at import -- no kernel
                     # ever runs its prange variant: large kernels join segments too)
-                    numba_cpu.PARALLEL_MIN_ELEMENTS
-                    if numba.config.NUMBA_NUM_THREADS > 1
-                    else math.inf,
+                    numba_cpu.PARALLEL_MIN_ELEMENTS if numba_cpu.POOL_THREADS > 1 else math.inf,
                 )
                 source += native_cpu.emit_segments(segments)
         if not generated and not segments:

@@ -65,7 +65,7 @@ try:
     import fcntl
 except ImportError:  # (not POSIX: no worker processes)
     fcntl = None  # type: ignore[assignment]
-from .codegen import diskcache, interpreter
+from .codegen import diskcache, interpreter, numba_cpu
 from .program import Program
 from .settings import config
 
@@ -181,15 +181,26 @@ def identity(program: Program) -> bytes:
     return pickle.dumps(pickle.loads(state), protocol=pickle.HIGHEST_PROTOCOL)
 
 
+def _worker_env(directory: str) -> dict[str, str]:
+    """The environment of a worker: this process's, with its import path (the worker imports
+    fusegrad and the generated modules as this process does), its disk cache, and the size of
+    its numba thread pool (``numba_cpu.POOL_THREADS``), which a program's native segments
+    depend on.  A script that set ``NUMBA_NUM_THREADS`` after importing fusegrad gave its
+    workers another size than its own, so a worker built another program than the one the
+    process then loaded: a worker on every warm start, and a compile in the process itself."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
+    env["FUSEGRAD_CACHE_DIR"] = directory
+    env["NUMBA_NUM_THREADS"] = str(numba_cpu.POOL_THREADS)
+    return env
+
+
 def _spawn(payload: bytes, directory: str, lock: int, launch: Launch) -> str | None:
     """Start the worker on ``payload`` (it holds ``lock`` while it runs) and wait for it."""
     fd, path = tempfile.mkstemp(prefix="fusegrad_worker_", suffix=".pkl", dir=directory)
     with os.fdopen(fd, "wb") as f:
         f.write(payload)
-    env = dict(os.environ)
-    # the worker imports fusegrad (and the generated modules) as this process does
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
-    env["FUSEGRAD_CACHE_DIR"] = directory
+    env = _worker_env(directory)
     start = time.perf_counter()
     try:
         proc = subprocess.Popen(
@@ -254,9 +265,7 @@ def warm_interpreter(dtype: str) -> None:
         directory = diskcache.cache_dir()
         if directory is None or os.path.exists(_interpreter_marker(directory, dtype)):
             return
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if isinstance(p, str) and p)
-        env["FUSEGRAD_CACHE_DIR"] = directory
+        env = _worker_env(directory)
         try:
             _warming[dtype] = subprocess.Popen(
                 [sys.executable, "-m", "fusegrad.compiler.workers", "--interpreter", dtype],

@@ -117,6 +117,13 @@ SPLIT_ROWS_FROM = 64
 # numba has more than one thread): below it, waking the thread pool costs more than it saves
 PARALLEL_MIN_ELEMENTS = 1 << 16
 
+# the size of numba's thread pool, as it was when this module was imported: numba reads
+# ``NUMBA_NUM_THREADS`` again into ``numba.config`` whenever it reloads its configuration, so a
+# script that set the variable after importing fusegrad would see the value change under it,
+# while the pool keeps the size it was launched with.  Programs are planned with this value,
+# and workers get it (``workers._worker_env``), so that a worker builds the same program.
+POOL_THREADS = int(numba.config.NUMBA_NUM_THREADS)
+
 
 def _float32_helper(fn: ScalarFunction) -> str | None:
     """The vectorisable float32 helper of ``fn`` (``fastmath``), when there is one."""

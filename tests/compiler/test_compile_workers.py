@@ -404,3 +404,29 @@ def test_a_program_without_generated_code_is_named_alike_by_a_worker(
         graph, settings = pickle.loads(pickle.dumps((program.graph, program.settings)))
         assert workers.identity(Program(graph, **settings)) == workers.identity(program)
         assert workers.compiled_before(program)
+
+
+def test_a_worker_gets_this_processs_numba_pool_size(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """numba's pool size is fixed at its import, and a program's native segments depend on it:
+    a script that sets ``NUMBA_NUM_THREADS`` after importing fusegrad must not give its workers
+    another size than its own (they would build another program than the one it loads)."""
+    import numba
+
+    from fusegrad.compiler.codegen import numba_cpu
+
+    own = numba.config.NUMBA_NUM_THREADS
+    assert numba_cpu.POOL_THREADS == own
+    monkeypatch.setenv("NUMBA_NUM_THREADS", str(own + 3))
+    env = workers._worker_env(str(tmp_path))
+    assert env["FUSEGRAD_CACHE_DIR"] == str(tmp_path)
+    assert env["NUMBA_NUM_THREADS"] == str(own)
+    seen = subprocess.run(
+        [sys.executable, "-c", "import numba; print(numba.config.NUMBA_NUM_THREADS)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert int(seen.stdout) == own
