@@ -9,19 +9,18 @@ list and runs it with ``run_ops_<dtype>``: one numba function per float dtype, c
 
 The interpreter is itself generated, once, from the lowering table (``machine``): its loops
 (``LOOPS``) are a copy and the primitives with a lowering expression, in registry order, except
-those another loop computes exactly with its operands reordered or a constant operand
-(``REWRITES``: ``lt`` is ``gt`` swapped, ``isnan(x)`` is ``x != x``, ...); ``OPCODES`` maps every
-interpretable op to its loop.  The loop of each opcode computes that expression, with operands
-``x[i]``, ``y[i]``,
-``z[i]`` (the registers of the op's operands), spelled as the CPU emitter spells it — float32
-math through ``fastmath``'s vectorisable helpers, float64 through libm and the compiled helpers
-(``common.format_expression`` with ``numba_cpu.SPELLING``).  A primitive added to the registry
-is interpretable without a line here.  The source is loaded like a generated kernel module
+those another loop computes exactly with its operands reordered or a constant operand (``REWRITES``:
+``lt`` is ``gt`` swapped, ``isnan(x)`` is ``x != x``, ...); ``OPCODES`` maps every interpretable op
+to its loop.  The loop of each opcode computes that expression, with operands ``x[i]``, ``y[i]``,
+``z[i]`` (the registers of the op's operands), spelled as the CPU emitter spells it — float32 math
+through ``fastmath``'s vectorisable helpers, float64 through libm and the compiled helpers
+(``common.format_expression`` with ``numba_cpu.SPELLING``).  A primitive added to the registry is
+interpretable without a line here.  The source is loaded like a generated kernel module
 (``common.load_module``: written once under a name hashed from the source and the CPU emitter's
-flags), so numba's ``cache=True`` keeps the compiled interpreter across processes.  There are
-two machines with one opcode numbering: the *core* one (``CORE``: the ops neural-network
-backwards are made of) and the full one; a kernel runs on the core machine when all its ops are
-core ones, so most programs never pay for compiling the rarer loops.
+flags), so numba's ``cache=True`` keeps the compiled interpreter across processes.  There are two
+machines with one opcode numbering: the *core* one (``CORE``: the ops neural-network backwards are
+made of) and the full one; a kernel runs on the core machine when all its ops are core ones, so most
+programs never pay for compiling the rarer loops.
 
 Eligible kernels (``eligible``): every value float or bool in one float dtype and over the
 kernel's whole iteration space, ops from ``OPCODES`` only, and sums as reductions.  Inputs may be
